@@ -1,0 +1,1 @@
+"""Repository-level pytest configuration: nothing here is needed by users of the plugin."""
