@@ -98,8 +98,13 @@ class GoldenExtension(SingleFileSnapshotExtension):
         return cls.dirname(test_location=test_location)
 
     @classmethod
+    def get_location(cls, *, test_location: PyTestLocation, index: Any = 0) -> str:
+        return str(cls.case_path(cls._case_id(test_location)))
+
+    @classmethod
     def get_snapshot_name(cls, *, test_location: PyTestLocation, index: Any = 0) -> str:
-        return cls.case_path(cls._case_id(test_location)).stem
+        # The name syrupy relates to the test; the file itself is named by case id.
+        return test_location.snapshot_name
 
     @classmethod
     def matches_test_location(cls, *, test_location: PyTestLocation, snapshot_location: str) -> bool:

@@ -1,0 +1,147 @@
+"""``verl-compat``: the audit's stages as commands, for use outside pytest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_verl_compat.manifest import Bindings, Case
+
+
+def _name_value(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _session(args: argparse.Namespace):  # noqa: ANN202 - imported lazily
+    from pytest_verl_compat.session import AuditOptions, AuditSession
+
+    session = AuditSession.start(
+        AuditOptions(manifest=args.manifest, upstream=args.upstream, rootdir=str(Path.cwd()))
+    )
+    if session.manifest_error:
+        raise SystemExit(f"verl-compat: {session.manifest_error}")
+    return session
+
+
+def _script_case(session, script: str, args: argparse.Namespace) -> Case:  # noqa: ANN001
+    """A one-off case for a script path, read with the manifest's bindings plus the flags."""
+    from pytest_verl_compat.manifest import InputPin
+    from pytest_verl_compat.upstream import sha256_file
+
+    path = Path(script).resolve()
+    extra = Bindings(
+        variables=dict(getattr(args, "env", None) or []),
+        substitutions=dict(tuple(s) for s in (getattr(args, "subst", None) or [])),
+        args=tuple(getattr(args, "arg", None) or ()),
+    )
+    return Case(
+        id=path.stem,
+        kind="user",
+        line=0,
+        launch=str(path),
+        inputs=(InputPin(str(path), sha256_file(path)),),
+        bindings=session.manifest.bindings.overlay(extra),
+    )
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.launch import LaunchBindings, LaunchReadError, read_launch
+    from pytest_verl_compat.manifest import load_manifest
+    from pytest_verl_compat.session import embedded_root
+
+    manifest = load_manifest(args.manifest or embedded_root() / "corpus" / "manifest.yaml")
+    bindings = manifest.bindings.overlay(
+        Bindings(
+            variables=dict(args.env or []),
+            substitutions=dict(tuple(s) for s in (args.subst or [])),
+            args=tuple(args.arg or ()),
+        )
+    )
+    try:
+        read = read_launch(
+            args.script,
+            LaunchBindings(env=dict(bindings.variables), substitutions=dict(bindings.substitutions), args=bindings.args),
+        )
+    except LaunchReadError as exc:
+        print(f"verl-compat read: {exc}", file=sys.stderr)
+        return 2
+    for field in read.argv:
+        print(field)
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    import yaml
+
+    from pytest_verl_compat.session import StageFailed, StageUnavailable
+
+    session = _session(args)
+    target = args.target
+    case = _script_case(session, target, args) if Path(target).is_file() else None
+    if case is None:
+        try:
+            case = session.manifest.case(target)
+        except KeyError as exc:
+            print(f"verl-compat compose: {exc.args[0]}", file=sys.stderr)
+            return 2
+    try:
+        if case.kind == "user":
+            from pytest_verl_compat.read import read_case_fields
+
+            fields = read_case_fields(case, Path("/")).fields
+            composition = session.composer().compose(fields, case.bindings.variables)
+        else:
+            composition = session.outcome(case).composition
+    except (StageFailed, StageUnavailable, Exception) as exc:  # noqa: BLE001 - reported, not raised
+        print(f"verl-compat compose: {exc}", file=sys.stderr)
+        return 2
+    if not composition.composed:
+        print(f"verl-compat compose: composition rejected: {composition.reason}", file=sys.stderr)
+        return 1
+    sys.stdout.write(yaml.safe_dump(composition.resolved, sort_keys=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-compat", description=__doc__)
+    parser.add_argument("--manifest", help="corpus manifest (default: the embedded one)")
+    parser.add_argument(
+        "--upstream", help="verl checkout folder (default: $VERL_UPSTREAM, then the installed verl)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def bindings_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--env", action="append", type=_name_value, metavar="NAME=VALUE", help="set a variable")
+        p.add_argument(
+            "--subst",
+            action="append",
+            nargs=2,
+            metavar=("COMMAND", "OUTPUT"),
+            help="bind the output of a command substitution by its exact text",
+        )
+        p.add_argument("--arg", action="append", metavar="WORD", help="append a word to \"$@\"")
+
+    read = sub.add_parser("read", help="print a launch script's explicit fields, one per line")
+    read.add_argument("script")
+    bindings_flags(read)
+    read.set_defaults(func=cmd_read)
+
+    compose = sub.add_parser("compose", help="print the resolved mapping of a case or script as YAML")
+    compose.add_argument("target", metavar="CASE|SCRIPT")
+    bindings_flags(compose)
+    compose.set_defaults(func=cmd_compose)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

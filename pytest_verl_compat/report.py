@@ -1,0 +1,132 @@
+"""Report stage: audit counts in the terminal, JUnit properties, and the JSON audit."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_verl_compat.session import AuditSession
+from pytest_verl_compat.snapshot import dumps, write_atomic
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class AuditReporter:
+    """Collects per-case facts from test reports (local or from xdist workers) on the controller."""
+
+    def __init__(self, config: pytest.Config, session: AuditSession) -> None:
+        self.config = config
+        self.session = session
+        # case id -> stage -> "passed" | "failed" | "skipped"
+        self.status: dict[str, dict[str, str]] = defaultdict(dict)
+        self.facts: dict[str, dict[str, Any]] = defaultdict(dict)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Record each stage's status and facts for its case."""
+        props = dict(report.user_properties)
+        case_id, stage = props.get("verl_case"), props.get("verl_stage")
+        if not case_id:
+            return
+        # A failing setup or teardown also fails the stage; otherwise the call phase decides.
+        if report.when == "call" or report.outcome != "passed":
+            previous = self.status[case_id].get(stage)
+            if previous != "failed":
+                self.status[case_id][stage] = report.outcome
+        for name, value in report.user_properties:
+            if name == "verl_facts":
+                self.facts[case_id].update(json.loads(value))
+
+    def audit(self) -> dict[str, Any]:
+        """The machine-readable audit: upstream, one entry per case in manifest order, totals."""
+        manifest = self.session.manifest
+        upstream = self.session.upstream
+        cases = []
+        for case in self.session.cases:
+            if case.id not in self.status:
+                continue  # deselected or not collected
+            facts = self.facts.get(case.id, {})
+            status = self.status[case.id]
+            outcome = facts.get("outcome")
+            if status.get("compose") == "failed" and outcome is None:
+                outcome = "error"
+            cases.append(
+                {
+                    "id": case.id,
+                    "kind": case.kind,
+                    "outcome": outcome or "not_composed",
+                    "reason": facts.get("reason", ""),
+                    "inputs": [{"path": pin.path, "sha256": pin.sha256} for pin in case.inputs],
+                    "explicit_fields": facts.get("explicit_fields", []),
+                    "resolved_leaf_count": facts.get("resolved_leaf_count"),
+                    "fields_source": facts.get("fields_source"),
+                    "stages": dict(sorted(status.items())),
+                }
+            )
+        return {
+            "upstream": {
+                "version": manifest.upstream.version if manifest else None,
+                "commit": manifest.upstream.commit if manifest else None,
+                "tree_sha256": upstream.tree_sha256 if upstream else None,
+                "source": upstream.kind if upstream else None,
+            },
+            "cases": cases,
+            "totals": self.totals(cases),
+        }
+
+    def totals(self, cases: list[dict[str, Any]]) -> dict[str, int]:
+        def count(stage: str, outcome: str) -> int:
+            return sum(1 for c in cases if c["stages"].get(stage) == outcome)
+
+        return {
+            "cases": len(cases),
+            "read": count("read", "passed"),
+            "read_skipped": count("read", "skipped"),
+            "composed": sum(1 for c in cases if c["outcome"] == "composed"),
+            "composition_rejections": sum(1 for c in cases if c["outcome"] == "composition_rejection"),
+            "trusted_equal": count("trusted", "passed"),
+            "trusted_skipped": count("trusted", "skipped"),
+            "golden_matched": count("snapshot", "passed"),
+            "failed_cases": sum(1 for c in cases if "failed" in c["stages"].values()),
+        }
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Write the JSON audit and the JUnit suite totals (controller only)."""
+        if _is_worker(self.config):
+            return
+        audit = self.audit()
+        from _pytest.junitxml import xml_key
+
+        xml = self.config.stash.get(xml_key, None)
+        if xml is not None:
+            for name, value in audit["totals"].items():
+                xml.add_global_property(f"verl_corpus_{name}", value)
+            xml.add_global_property("verl_corpus_tree_sha256", audit["upstream"]["tree_sha256"] or "")
+        if self.session.options.report:
+            write_atomic(Path(self.session.options.report), dumps(audit))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One section with the audit counts."""
+        if _is_worker(self.config):
+            return
+        terminalreporter.write_sep("=", "verl corpus audit")
+        if self.session.manifest_error:
+            terminalreporter.write_line(f"manifest error: {self.session.manifest_error}")
+            return
+        upstream = self.session.upstream
+        terminalreporter.write_line(
+            f"upstream: {upstream.describe() if upstream else 'none: ' + self.session.upstream_reason}"
+        )
+        totals = self.audit()["totals"]
+        terminalreporter.write_line(
+            f"{totals['cases']} cases; {totals['read']} read ({totals['read_skipped']} skipped); "
+            f"{totals['composed']} composed; {totals['composition_rejections']} composition rejections; "
+            f"{totals['trusted_equal']} equal to upstream's entry point ({totals['trusted_skipped']} skipped); "
+            f"{totals['golden_matched']} match golden; {totals['failed_cases']} failed"
+        )

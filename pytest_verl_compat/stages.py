@@ -1,0 +1,163 @@
+"""The audit's test functions: one per stage, parametrized by corpus case.
+
+They are ordinary test functions (not custom items) because syrupy's ``snapshot`` fixture
+only serves ``pytest.Function`` items.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_verl_compat.compose import count_leaves
+from pytest_verl_compat.manifest import Case
+from pytest_verl_compat.plugin import audit_session_key
+from pytest_verl_compat.session import AuditSession, StageFailed, StageUnavailable
+from pytest_verl_compat.snapshot import golden_extension
+from pytest_verl_compat.trusted import first_difference, trusted_composition
+from pytest_verl_compat.upstream import installed_verl_root, tree_sha256
+
+CASE_STAGES = ("read", "compose", "trusted", "snapshot")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize every stage test by the manifest's cases, ids from the manifest."""
+    if "verl_case" not in metafunc.fixturenames:
+        return
+    session = metafunc.config.stash[audit_session_key]
+    params = [pytest.param(case, id=case.id) for case in session.cases]
+    assert params or session.manifest_error, "the corpus manifest lists no cases"
+    metafunc.parametrize("verl_case", params)
+
+
+@pytest.fixture
+def verl_audit(request: pytest.FixtureRequest) -> AuditSession:
+    session = request.config.stash[audit_session_key]
+    if session.manifest_error:
+        pytest.fail(session.manifest_error, pytrace=False)
+    return session
+
+
+def _record(request: pytest.FixtureRequest, case: Case, stage: str, **facts: Any) -> None:
+    """Per-case facts travel with the test report (also from xdist workers) to JUnit and JSON."""
+    props = request.node.user_properties
+    props.append(("verl_case", case.id))
+    props.append(("verl_stage", stage))
+    for key, value in facts.items():
+        if isinstance(value, str | int | float | bool):
+            props.append((key, value))
+    props.append(("verl_facts", json.dumps(facts, sort_keys=True)))
+
+
+def _run(stage_call: Any) -> Any:
+    """Turn stage exceptions into skips and failures with their message, no traceback."""
+    try:
+        return stage_call()
+    except StageUnavailable as exc:
+        pytest.skip(str(exc))
+    except StageFailed as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def test_read(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+    """The launch script's literal arguments, without executing anything."""
+    _record(request, verl_case, "read", inputs=[pin.path for pin in verl_case.inputs])
+    fields = _run(lambda: verl_audit.read(verl_case))
+    _record(request, verl_case, "read", explicit_field_count=len(fields.fields))
+
+
+def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+    """Hydra composition of the pinned tree with the explicit fields, resolved."""
+    outcome = _run(lambda: verl_audit.outcome(verl_case))
+    composition = outcome.composition
+    facts: dict[str, Any] = {
+        "outcome": composition.outcome,
+        "reason": composition.reason,
+        "fields_source": outcome.fields_source,
+        "explicit_fields": list(outcome.fields.fields),
+        "input_sha256": ";".join(f"{p.path}={p.sha256}" for p in verl_case.inputs),
+        "missing": list(composition.missing),
+    }
+    if composition.composed:
+        facts["resolved_leaf_count"] = count_leaves(composition.resolved)
+    _record(request, verl_case, "compose", **facts)
+    expected = (verl_case.expected or {}).get("outcome")
+    if expected == "composition_rejection" or not composition.composed:
+        # Rejections are failures unless the manifest expects exactly this one.
+        assert composition.outcome == (expected or "composed"), (
+            f"outcome={composition.outcome} ({composition.reason}), but should be "
+            f"{expected or 'composed'} [{verl_case.id}]"
+        )
+
+
+def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+    """In-process composition equals upstream's own entry point (values, types, key order)."""
+    mode = verl_audit.options.trusted
+    if mode == "off":
+        pytest.skip("trusted composition switched off (--verl-corpus-trusted=off)")
+    installed = installed_verl_root()
+    if installed is None or installed[1] != verl_audit.manifest.upstream.version:
+        reason = f"upstream verl {verl_audit.manifest.upstream.version} not installed"
+        if mode == "require":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    outcome = _run(lambda: verl_audit.outcome(verl_case))
+    installed_tree = tree_sha256(installed[0] / verl_audit.manifest.upstream.config_dir)
+    if installed_tree != verl_audit.upstream.tree_sha256:
+        pytest.skip(
+            f"installed verl's tree {installed_tree} is not the composed tree {verl_audit.upstream.tree_sha256}"
+        )
+    result = trusted_composition(
+        installed_tree, outcome.fields.fields, verl_case.bindings.variables, request.config.cache
+    )
+    _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
+    composition = outcome.composition
+    if not composition.composed:
+        assert not result.ok, (
+            f"upstream entry point composed what Hydra's compose API rejected ({composition.reason}) "
+            f"[{verl_case.id}]"
+        )
+        return
+    assert result.ok, f"upstream entry point failed: {result.error} [{verl_case.id}]"
+    difference = first_difference(composition.resolved, result.resolved)
+    assert difference is None, f"resolved mapping differs from upstream's entry point at {difference} [{verl_case.id}]"
+
+
+def test_snapshot(verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest) -> None:
+    """Explicit fields and the complete resolved mapping match the golden file."""
+    payload = _run(lambda: verl_audit.golden_payload(verl_case))
+    _record(request, verl_case, "snapshot", golden=str(verl_audit.golden_path(verl_case).name))
+    assert payload == snapshot(extension_class=golden_extension(verl_audit.golden_dir, "compose"))
+
+
+def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+    """The config tree is the pinned one, and composes to upstream's own generated reference."""
+    if verl_audit.upstream is None:
+        pytest.skip(f"no upstream config tree: {verl_audit.upstream_reason}")
+    pin = verl_audit.manifest.upstream
+    request.node.user_properties.append(("verl_tree", verl_audit.upstream.describe()))
+    assert verl_audit.upstream.tree_sha256 == pin.tree_sha256, (
+        f"tree_sha256={verl_audit.upstream.tree_sha256}, but should be {pin.tree_sha256} "
+        f"(the pinned verl {pin.version} tree) [{verl_audit.upstream.config_dir}]"
+    )
+    generated_path = Path(verl_audit.upstream.config_dir) / "_generated_ppo_trainer.yaml"
+    generated = yaml.safe_load(generated_path.read_text(encoding="utf-8"))
+    from omegaconf import OmegaConf
+
+    composed = OmegaConf.to_container(verl_audit.composer().compose_config([]), resolve=False)
+    # The generated reference is printed from a tree where the engine is already chosen.
+    composed.pop("model_engine", None)
+    difference = first_difference(composed, generated)
+    assert difference is None, f"override-free composition differs from {generated_path.name} at {difference}"
+
+
+def test_golden_orphans(verl_audit: AuditSession) -> None:
+    """Every golden file belongs to a case (syrupy's own cleanup is off for these folders)."""
+    known = {verl_audit.golden_path(case) for case in verl_audit.cases}
+    folder = verl_audit.golden_dir / "compose"
+    orphans = sorted(str(p) for p in folder.rglob("*.json") if p not in known) if folder.is_dir() else []
+    assert not orphans, f"golden files without a case (delete them): {orphans}"

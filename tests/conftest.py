@@ -1,0 +1,39 @@
+"""Shared fixtures: where the pinned upstream inputs are, and pytester helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def upstream_path(env: str, folder: str) -> Path | None:
+    """An upstream folder from an environment variable, else ../shared/upstream/<folder>."""
+    value = os.environ.get(env)
+    path = Path(value) if value else REPO.parent / "shared" / "upstream" / folder
+    return path if path.is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def upstream_checkout() -> Path:
+    path = upstream_path("VERL_UPSTREAM", "verl-v0.9.0")
+    if path is None:
+        pytest.skip("no verl v0.9.0 checkout (set VERL_UPSTREAM)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def upstream_091() -> Path:
+    path = upstream_path("VERL_UPSTREAM_091", "verl-v0.9.1")
+    if path is None:
+        pytest.skip("no verl v0.9.1 tree (set VERL_UPSTREAM_091)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One pytest cache for every pytester run, so upstream's slow entry point runs once per case."""
+    return tmp_path_factory.mktemp("verl-cache")

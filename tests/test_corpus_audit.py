@@ -1,0 +1,177 @@
+"""The corpus audit end to end, through pytester: stages, embedded default, snapshots, reports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_verl_compat.session import embedded_root
+
+pytestmark = pytest.mark.slow
+
+OFFICIAL = ["ppo", "grpo", "rloo", "reinforce_plus_plus", "grpo_lora", "grpo_reward_model", "dr_grpo"]
+
+
+def run_audit(pytester: pytest.Pytester, cache: Path, *args: str) -> pytest.RunResult:
+    """``pytest --verl-corpus`` in a subprocess (it imports Hydra), sharing one trusted cache."""
+    return pytester.runpytest_subprocess(
+        "--verl-corpus", "-p", "no:randomly", "-o", f"cache_dir={cache}", "-rs", *args
+    )
+
+
+def copy_corpus(tmp: Path) -> tuple[Path, Path]:
+    """A writable copy of the embedded manifest and golden files."""
+    root = embedded_root()
+    shutil.copytree(root / "corpus", tmp / "corpus")
+    shutil.copytree(root / "golden", tmp / "golden")
+    manifest = tmp / "corpus" / "manifest.yaml"
+    data = yaml.safe_load(manifest.read_text())
+    data["golden_dir"] = "../golden"
+    manifest.write_text(yaml.safe_dump(data, sort_keys=False))
+    return manifest, tmp / "golden"
+
+
+def test_checkout_all_stages_pass(
+    pytester: pytest.Pytester, upstream_checkout: Path, shared_cache_dir: Path
+) -> None:
+    report = pytester.path / "audit.json"
+    junit = pytester.path / "junit.xml"
+    result = run_audit(
+        pytester,
+        shared_cache_dir,
+        f"--verl-corpus-upstream={upstream_checkout}",
+        f"--verl-corpus-report={report}",
+        f"--junitxml={junit}",
+        "-n",
+        "2",
+    )
+    stages = 4
+    result.assert_outcomes(passed=len(OFFICIAL) * stages + 2)
+    result.stdout.fnmatch_lines(["*verl corpus audit*", "7 cases; 7 read (0 skipped); 7 composed;*"])
+    audit = json.loads(report.read_text())
+    assert [case["id"] for case in audit["cases"]] == OFFICIAL
+    assert audit["upstream"]["commit"] == "483b8a009ba3a97563edee3a19887e4862b8094a"
+    assert audit["totals"]["trusted_equal"] == 7
+    for case in audit["cases"]:
+        assert case["outcome"] == "composed"
+        assert case["resolved_leaf_count"] > 800
+        assert case["inputs"] and all(len(pin["sha256"]) == 64 for pin in case["inputs"])
+    grpo = next(case for case in audit["cases"] if case["id"] == "grpo")
+    assert (
+        "data.train_files=['/home/verl/data/gsm8k/train.parquet', '/home/verl/data/math/train.parquet']"
+        in grpo["explicit_fields"]
+    )
+    dr_grpo = next(case for case in audit["cases"] if case["id"] == "dr_grpo")
+    assert dr_grpo["explicit_fields"][-3:] == [
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "algorithm.norm_adv_by_std_in_grpo=False",
+    ]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    totals = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert totals["verl_corpus_cases"] == "7"
+    assert totals["verl_corpus_composed"] == "7"
+    case_props = [
+        {p.get("name"): p.get("value") for p in tc.find("properties")}
+        for tc in suite.iter("testcase")
+        if tc.get("name").startswith("test_compose")
+    ]
+    assert {props["verl_case"] for props in case_props} == set(OFFICIAL)
+    assert all(props["outcome"] == "composed" and props["resolved_leaf_count"] for props in case_props)
+
+
+def test_embedded_default_skips_read_with_reason(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, shared_cache_dir: Path
+) -> None:
+    pytest.importorskip("verl", reason="the embedded default takes the tree from an installed verl")
+    monkeypatch.delenv("VERL_UPSTREAM", raising=False)
+    result = run_audit(pytester, shared_cache_dir)
+    result.assert_outcomes(passed=len(OFFICIAL) * 3 + 2, skipped=len(OFFICIAL))
+    result.stdout.fnmatch_lines(
+        [
+            "*upstream: distribution *verl 0.9.0*",
+            "*has no launch scripts; explicit fields come from the golden snapshot*",
+            "7 cases; 0 read (7 skipped); 7 composed;*",
+        ]
+    )
+
+
+def test_snapshot_change_is_shown_by_dotted_path_and_accepted_by_update(
+    pytester: pytest.Pytester, upstream_checkout: Path, shared_cache_dir: Path
+) -> None:
+    manifest, golden = copy_corpus(pytester.path)
+    grpo = golden / "compose" / "grpo.json"
+    data = json.loads(grpo.read_text())
+    data["resolved"]["actor_rollout_ref"]["actor"]["optim"]["lr"] = 5e-7
+    del data["resolved"]["trainer"]["project_name"]
+    grpo.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    args = (f"--verl-corpus-upstream={upstream_checkout}", f"--verl-corpus-manifest={manifest}", "-k", "snapshot")
+
+    failed = run_audit(pytester, shared_cache_dir, *args)
+    failed.assert_outcomes(passed=len(OFFICIAL) - 1, failed=1, deselected=len(OFFICIAL) * 3 + 2)
+    failed.stdout.fnmatch_lines(
+        [
+            "*~ resolved.actor_rollout_ref.actor.optim.lr: 5e-07 -> 1e-06*",
+            "*+ resolved.trainer.project_name: \"verl_grpo_gsm8k_math\"*",
+            "*--snapshot-update*",
+        ]
+    )
+    before = {p.name: p.read_bytes() for p in (golden / "compose").glob("*.json")}
+
+    updated = run_audit(pytester, shared_cache_dir, *args, "--snapshot-update", "-n", "2")
+    assert updated.ret == 0
+    after = {p.name: p.read_bytes() for p in (golden / "compose").glob("*.json")}
+    assert after.keys() == before.keys(), "an update must never delete other cases' golden files"
+    assert after["grpo.json"] == (embedded_root() / "golden" / "compose" / "grpo.json").read_bytes()
+    assert all(after[name] == before[name] for name in before if name != "grpo.json")
+
+    run_audit(pytester, shared_cache_dir, *args).assert_outcomes(passed=len(OFFICIAL), deselected=len(OFFICIAL) * 3 + 2)
+
+
+def test_deselecting_a_case_keeps_its_golden_file(
+    pytester: pytest.Pytester, upstream_checkout: Path, shared_cache_dir: Path
+) -> None:
+    manifest, golden = copy_corpus(pytester.path)
+    before = sorted(p.name for p in (golden / "compose").glob("*.json"))
+    result = run_audit(
+        pytester,
+        shared_cache_dir,
+        f"--verl-corpus-upstream={upstream_checkout}",
+        f"--verl-corpus-manifest={manifest}",
+        "-k",
+        "grpo and not lora and not reward",
+        "--snapshot-update",
+    )
+    assert result.ret == 0
+    assert sorted(p.name for p in (golden / "compose").glob("*.json")) == before
+
+
+def test_pinned_hash_mismatch_fails_only_that_case(
+    pytester: pytest.Pytester, upstream_checkout: Path, shared_cache_dir: Path
+) -> None:
+    manifest, _ = copy_corpus(pytester.path)
+    data = yaml.safe_load(manifest.read_text())
+    ppo = next(case for case in data["cases"] if case["id"] == "ppo")
+    ppo["inputs"][0]["sha256"] = "0" * 64
+    manifest.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = run_audit(
+        pytester,
+        shared_cache_dir,
+        f"--verl-corpus-upstream={upstream_checkout}",
+        f"--verl-corpus-manifest={manifest}",
+        "--verl-corpus-trusted=off",
+        "-k",
+        "read or compose",
+    )
+    result.assert_outcomes(passed=(len(OFFICIAL) - 1) * 2, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ppo_trainer/run_qwen3_8b_fsdp.sh: pinned sha256 " + "0" * 64
+            + ", found 6923473eb21475130725e9194120c18536dea3e107b01cda9d82ba4785eed6de*"
+        ]
+    )
