@@ -17,7 +17,7 @@ def _name_value(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _session(args: argparse.Namespace):  # noqa: ANN202 - imported lazily
+def _session(args: argparse.Namespace):
     from pytest_verl_compat.session import AuditOptions, AuditSession
 
     session = AuditSession.start(
@@ -28,7 +28,7 @@ def _session(args: argparse.Namespace):  # noqa: ANN202 - imported lazily
     return session
 
 
-def _script_case(session, script: str, args: argparse.Namespace) -> Case:  # noqa: ANN001
+def _script_case(session, script: str, args: argparse.Namespace) -> Case:
     """A one-off case for a script path, read with the manifest's bindings plus the flags."""
     from pytest_verl_compat.manifest import InputPin
     from pytest_verl_compat.upstream import sha256_file
@@ -65,7 +65,11 @@ def cmd_read(args: argparse.Namespace) -> int:
     try:
         read = read_launch(
             args.script,
-            LaunchBindings(env=dict(bindings.variables), substitutions=dict(bindings.substitutions), args=bindings.args),
+            LaunchBindings(
+                env=dict(bindings.variables),
+                substitutions=dict(bindings.substitutions),
+                args=bindings.args,
+            ),
         )
     except LaunchReadError as exc:
         print(f"verl-compat read: {exc}", file=sys.stderr)
@@ -97,7 +101,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
             composition = session.composer().compose(fields, case.bindings.variables)
         else:
             composition = session.outcome(case).composition
-    except (StageFailed, StageUnavailable, Exception) as exc:  # noqa: BLE001 - reported, not raised
+    except (StageFailed, StageUnavailable, Exception) as exc:
         print(f"verl-compat compose: {exc}", file=sys.stderr)
         return 2
     if not composition.composed:
@@ -116,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def bindings_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--env", action="append", type=_name_value, metavar="NAME=VALUE", help="set a variable")
+        p.add_argument(
+            "--env", action="append", type=_name_value, metavar="NAME=VALUE", help="set a variable"
+        )
         p.add_argument(
             "--subst",
             action="append",
@@ -124,14 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
             metavar=("COMMAND", "OUTPUT"),
             help="bind the output of a command substitution by its exact text",
         )
-        p.add_argument("--arg", action="append", metavar="WORD", help="append a word to \"$@\"")
+        p.add_argument("--arg", action="append", metavar="WORD", help='append a word to "$@"')
 
     read = sub.add_parser("read", help="print a launch script's explicit fields, one per line")
     read.add_argument("script")
     bindings_flags(read)
     read.set_defaults(func=cmd_read)
 
-    compose = sub.add_parser("compose", help="print the resolved mapping of a case or script as YAML")
+    compose = sub.add_parser(
+        "compose", help="print the resolved mapping of a case or script as YAML"
+    )
     compose.add_argument("target", metavar="CASE|SCRIPT")
     bindings_flags(compose)
     compose.set_defaults(func=cmd_compose)

@@ -149,8 +149,12 @@ def _dotted(path: Any) -> str:
     return out or "<top level>"
 
 
-def _first_error(validator: jsonschema.Validator, instance: Any) -> jsonschema.ValidationError | None:
-    errors = sorted(validator.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.message))
+def _first_error(
+    validator: jsonschema.Validator, instance: Any
+) -> jsonschema.ValidationError | None:
+    errors = sorted(
+        validator.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.message)
+    )
     return jsonschema.exceptions.best_match(errors) if errors else None
 
 
@@ -162,7 +166,7 @@ def load_manifest(path: str | Path) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read the manifest: {exc.strerror}") from exc
     try:
-        raw_with_lines = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        raw_with_lines = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw_with_lines, dict):
@@ -172,7 +176,10 @@ def load_manifest(path: str | Path) -> Manifest:
     schema = _schema()
     # The top level is checked with an unconstrained case list, so that one bad case does
     # not take down the others; each case is then checked on its own below.
-    top_schema = {**schema, "properties": {**schema["properties"], "cases": {"type": "array", "minItems": 1}}}
+    top_schema = {
+        **schema,
+        "properties": {**schema["properties"], "cases": {"type": "array", "minItems": 1}},
+    }
     validator_cls = jsonschema.validators.validator_for(schema)
     error = _first_error(validator_cls(top_schema), raw)
     if error is not None:
@@ -197,8 +204,12 @@ def load_manifest(path: str | Path) -> Manifest:
             continue
         if case_id in by_id:
             first = by_id[case_id].line
-            message = f"{path}:{line}: duplicate case id {case_id!r} (first defined at line {first})"
-            cases.append(Case(id=f"{case_id}#duplicate-{index}", kind="invalid", line=line, error=message))
+            message = (
+                f"{path}:{line}: duplicate case id {case_id!r} (first defined at line {first})"
+            )
+            cases.append(
+                Case(id=f"{case_id}#duplicate-{index}", kind="invalid", line=line, error=message)
+            )
             continue
         raw_by_id[case_id] = raw_case
         case = _build_case(path, raw_case, line, bindings, raw_by_id)

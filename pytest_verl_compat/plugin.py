@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_verl_compat.session import AuditSession
+    pass
 
 audit_session_key = pytest.StashKey["AuditSession"]()
 
@@ -80,7 +80,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="trusted composition through upstream's entry point: auto (when verl is installed), "
         "off, or require (fail when it cannot run)",
     )
-    parser.addini("verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None)
+    parser.addini(
+        "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None
+    )
     parser.addini("verl_corpus_manifest", "corpus manifest path, relative to rootdir", default=None)
     parser.addini("verl_corpus_golden", "golden snapshot folder, relative to rootdir", default=None)
 
@@ -100,7 +102,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_verl_compat.session import AuditOptions, AuditSession
 
     options = AuditOptions(
-        manifest=config.getoption("verl_corpus_manifest") or _ini_path(config, "verl_corpus_manifest"),
+        manifest=config.getoption("verl_corpus_manifest")
+        or _ini_path(config, "verl_corpus_manifest"),
         upstream=config.getoption("verl_corpus_upstream"),
         upstream_ini=_ini_path(config, "verl_corpus_upstream"),
         golden=config.getoption("verl_corpus_golden") or _ini_path(config, "verl_corpus_golden"),

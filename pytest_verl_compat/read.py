@@ -43,7 +43,10 @@ def override_block(root: Path, block: OverrideBlock) -> list[str]:
                 fields.extend(shlex.split(line, comments=True))
             return fields
     raise LaunchReadError(
-        str(path), None, "override block", f"no fenced code block under the heading {block.heading!r}"
+        str(path),
+        None,
+        "override block",
+        f"no fenced code block under the heading {block.heading!r}",
     )
 
 

@@ -88,7 +88,9 @@ class AuditReporter:
             "read": count("read", "passed"),
             "read_skipped": count("read", "skipped"),
             "composed": sum(1 for c in cases if c["outcome"] == "composed"),
-            "composition_rejections": sum(1 for c in cases if c["outcome"] == "composition_rejection"),
+            "composition_rejections": sum(
+                1 for c in cases if c["outcome"] == "composition_rejection"
+            ),
             "trusted_equal": count("trusted", "passed"),
             "trusted_skipped": count("trusted", "skipped"),
             "golden_matched": count("snapshot", "passed"),
@@ -107,7 +109,9 @@ class AuditReporter:
         if xml is not None:
             for name, value in audit["totals"].items():
                 xml.add_global_property(f"verl_corpus_{name}", value)
-            xml.add_global_property("verl_corpus_tree_sha256", audit["upstream"]["tree_sha256"] or "")
+            xml.add_global_property(
+                "verl_corpus_tree_sha256", audit["upstream"]["tree_sha256"] or ""
+            )
         if self.session.options.report:
             write_atomic(Path(self.session.options.report), dumps(audit))
 

@@ -71,7 +71,9 @@ class AuditSession:
         session = cls(options)
         root = embedded_root()
         rootdir = Path(options.rootdir)
-        manifest_path = Path(options.manifest) if options.manifest else root / "corpus" / "manifest.yaml"
+        manifest_path = (
+            Path(options.manifest) if options.manifest else root / "corpus" / "manifest.yaml"
+        )
         if options.manifest and not manifest_path.is_absolute():
             manifest_path = Path.cwd() / manifest_path
         try:
@@ -113,7 +115,11 @@ class AuditSession:
         if case.error:
             raise StageFailed(case.error)
         if self.upstream is None or not self.upstream.has_scripts:
-            where = "no upstream" if self.upstream is None else f"the {self.upstream.kind} at {self.upstream.root}"
+            where = (
+                "no upstream"
+                if self.upstream is None
+                else f"the {self.upstream.kind} at {self.upstream.root}"
+            )
             raise StageUnavailable(
                 f"{where} has no launch scripts; explicit fields come from the golden snapshot "
                 f"{self.golden_path(case)} (pinned by the inputs' sha256). For the read stage, pass "
@@ -121,7 +127,7 @@ class AuditSession:
             )
         try:
             return read_case_fields(case, self.upstream.root)
-        except Exception as exc:  # noqa: BLE001 - every read error fails this case only
+        except Exception as exc:
             raise StageFailed(f"[{case.id}] {exc}") from exc
 
     def golden_path(self, case: Case) -> Path:
@@ -131,7 +137,9 @@ class AuditSession:
         """Explicit fields recorded in the golden snapshot, only if it pins the same inputs."""
         golden = read_golden(self.golden_dir, "compose", case.id)
         if golden is None:
-            raise StageFailed(f"[{case.id}] no launch scripts here and no golden file {self.golden_path(case)}")
+            raise StageFailed(
+                f"[{case.id}] no launch scripts here and no golden file {self.golden_path(case)}"
+            )
         pinned = [{"path": pin.path, "sha256": pin.sha256} for pin in case.inputs]
         if golden.get("inputs") != pinned:
             raise StageFailed(

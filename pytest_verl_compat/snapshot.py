@@ -107,17 +107,23 @@ class GoldenExtension(SingleFileSnapshotExtension):
         return test_location.snapshot_name
 
     @classmethod
-    def matches_test_location(cls, *, test_location: PyTestLocation, snapshot_location: str) -> bool:
+    def matches_test_location(
+        cls, *, test_location: PyTestLocation, snapshot_location: str
+    ) -> bool:
         return Path(snapshot_location) == cls.case_path(cls._case_id(test_location))
 
-    def discover_snapshots(self, *, test_location: PyTestLocation, ignore_extensions: Any = None) -> SnapshotCollections:
+    def discover_snapshots(
+        self, *, test_location: PyTestLocation, ignore_extensions: Any = None
+    ) -> SnapshotCollections:
         return SnapshotCollections()
 
     def serialize(self, data: Any, **_: Any) -> str:
         return dumps(data)
 
     @classmethod
-    def write_snapshot_collection(cls, *, snapshot_collection: SnapshotCollection, name_order: Any = None) -> None:
+    def write_snapshot_collection(
+        cls, *, snapshot_collection: SnapshotCollection, name_order: Any = None
+    ) -> None:
         data = next(iter(snapshot_collection)).data
         write_atomic(Path(snapshot_collection.location), data)
 
@@ -134,7 +140,9 @@ class GoldenExtension(SingleFileSnapshotExtension):
 
 def golden_extension(golden_dir: Path, stage: str) -> type[GoldenExtension]:
     """A GoldenExtension bound to one golden folder and stage (syrupy takes classes, not instances)."""
-    return type(f"Golden_{stage}", (GoldenExtension,), {"golden_dir": Path(golden_dir), "stage": stage})
+    return type(
+        f"Golden_{stage}", (GoldenExtension,), {"golden_dir": Path(golden_dir), "stage": stage}
+    )
 
 
 def read_golden(golden_dir: Path, stage: str, case_id: str) -> dict[str, Any] | None:

@@ -124,14 +124,18 @@ def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixt
         return
     assert result.ok, f"upstream entry point failed: {result.error} [{verl_case.id}]"
     difference = first_difference(composition.resolved, result.resolved)
-    assert difference is None, f"resolved mapping differs from upstream's entry point at {difference} [{verl_case.id}]"
+    assert difference is None, (
+        f"resolved mapping differs from upstream's entry point at {difference} [{verl_case.id}]"
+    )
 
 
-def test_snapshot(verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest) -> None:
+def test_snapshot(
+    verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
+) -> None:
     """Explicit fields and the complete resolved mapping match the golden file."""
     payload = _run(lambda: verl_audit.golden_payload(verl_case))
     _record(request, verl_case, "snapshot", golden=str(verl_audit.golden_path(verl_case).name))
-    assert payload == snapshot(extension_class=golden_extension(verl_audit.golden_dir, "compose"))
+    assert payload == snapshot.use_extension(golden_extension(verl_audit.golden_dir, "compose"))
 
 
 def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
@@ -152,12 +156,16 @@ def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest)
     # The generated reference is printed from a tree where the engine is already chosen.
     composed.pop("model_engine", None)
     difference = first_difference(composed, generated)
-    assert difference is None, f"override-free composition differs from {generated_path.name} at {difference}"
+    assert difference is None, (
+        f"override-free composition differs from {generated_path.name} at {difference}"
+    )
 
 
 def test_golden_orphans(verl_audit: AuditSession) -> None:
     """Every golden file belongs to a case (syrupy's own cleanup is off for these folders)."""
     known = {verl_audit.golden_path(case) for case in verl_audit.cases}
     folder = verl_audit.golden_dir / "compose"
-    orphans = sorted(str(p) for p in folder.rglob("*.json") if p not in known) if folder.is_dir() else []
+    orphans = (
+        sorted(str(p) for p in folder.rglob("*.json") if p not in known) if folder.is_dir() else []
+    )
     assert not orphans, f"golden files without a case (delete them): {orphans}"

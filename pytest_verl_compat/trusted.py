@@ -38,7 +38,9 @@ def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, s
     return "verl_corpus/trusted/" + hashlib.sha256(payload.encode()).hexdigest()
 
 
-def run_entry_point(fields: Sequence[str], variables: Mapping[str, str], timeout: float = 300) -> TrustedResult:
+def run_entry_point(
+    fields: Sequence[str], variables: Mapping[str, str], timeout: float = 300
+) -> TrustedResult:
     """Run upstream's entry point; Hydra prints the job config and exits before the task runs."""
     # The manifest's variables only, as the launch reader saw them, plus what Python needs.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", **variables}

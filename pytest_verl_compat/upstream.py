@@ -31,8 +31,12 @@ class UpstreamTree:
         return self.kind == "checkout"
 
     def describe(self) -> str:
-        version = self.version or "unknown version"
-        return f"{self.kind} {self.root} ({self.source}; {version}; tree sha256 {self.tree_sha256})"
+        version = f"verl {self.version}" if self.version else "unknown verl version"
+        if self.source == "distribution":
+            return (
+                f"installed {version} distribution at {self.root}; tree sha256 {self.tree_sha256}"
+            )
+        return f"{self.kind} {self.root} (from {self.source}); {version}; tree sha256 {self.tree_sha256}"
 
 
 def sha256_file(path: Path) -> str:
@@ -46,7 +50,9 @@ def sha256_file(path: Path) -> str:
 def tree_sha256(config_dir: Path) -> str:
     """Hash of the YAML files of a config tree: their relative paths and contents, sorted."""
     digest = hashlib.sha256()
-    for file in sorted(config_dir.rglob("*.yaml"), key=lambda p: p.relative_to(config_dir).as_posix()):
+    for file in sorted(
+        config_dir.rglob("*.yaml"), key=lambda p: p.relative_to(config_dir).as_posix()
+    ):
         digest.update(f"{file.relative_to(config_dir).as_posix()}\0{sha256_file(file)}\n".encode())
     return digest.hexdigest()
 
@@ -85,7 +91,9 @@ def distribution_tree(pin: UpstreamPin) -> tuple[UpstreamTree | None, str]:
     config_dir = root / pin.config_dir
     if not (config_dir / f"{pin.config_name}.yaml").is_file():
         return None, f"installed verl {version} at {root} has no {pin.config_dir}"
-    tree = UpstreamTree(root, config_dir, "distribution", "distribution", tree_sha256(config_dir), version)
+    tree = UpstreamTree(
+        root, config_dir, "distribution", "distribution", tree_sha256(config_dir), version
+    )
     return tree, ""
 
 
@@ -93,7 +101,11 @@ def locate_upstream(
     pin: UpstreamPin, *, option: str | None, ini: str | None, rootdir: Path
 ) -> tuple[UpstreamTree | None, str]:
     """Find the upstream tree: option, then VERL_UPSTREAM, then ini, then the installed verl."""
-    for source, value in (("option", option), ("VERL_UPSTREAM", os.environ.get("VERL_UPSTREAM")), ("ini", ini)):
+    for source, value in (
+        ("option", option),
+        ("VERL_UPSTREAM", os.environ.get("VERL_UPSTREAM")),
+        ("ini", ini),
+    ):
         if value:
             base = rootdir if source == "ini" else Path.cwd()
             return checkout_tree(base / value, pin, source), ""

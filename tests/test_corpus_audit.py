@@ -14,7 +14,15 @@ from pytest_verl_compat.session import embedded_root
 
 pytestmark = pytest.mark.slow
 
-OFFICIAL = ["ppo", "grpo", "rloo", "reinforce_plus_plus", "grpo_lora", "grpo_reward_model", "dr_grpo"]
+OFFICIAL = [
+    "ppo",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "grpo_lora",
+    "grpo_reward_model",
+    "dr_grpo",
+]
 
 
 def run_audit(pytester: pytest.Pytester, cache: Path, *args: str) -> pytest.RunResult:
@@ -52,7 +60,9 @@ def test_checkout_all_stages_pass(
     )
     stages = 4
     result.assert_outcomes(passed=len(OFFICIAL) * stages + 2)
-    result.stdout.fnmatch_lines(["*verl corpus audit*", "7 cases; 7 read (0 skipped); 7 composed;*"])
+    result.stdout.fnmatch_lines(
+        ["*verl corpus audit*", "7 cases; 7 read (0 skipped); 7 composed;*"]
+    )
     audit = json.loads(report.read_text())
     assert [case["id"] for case in audit["cases"]] == OFFICIAL
     assert audit["upstream"]["commit"] == "483b8a009ba3a97563edee3a19887e4862b8094a"
@@ -82,7 +92,9 @@ def test_checkout_all_stages_pass(
         if tc.get("name").startswith("test_compose")
     ]
     assert {props["verl_case"] for props in case_props} == set(OFFICIAL)
-    assert all(props["outcome"] == "composed" and props["resolved_leaf_count"] for props in case_props)
+    assert all(
+        props["outcome"] == "composed" and props["resolved_leaf_count"] for props in case_props
+    )
 
 
 def test_embedded_default_skips_read_with_reason(
@@ -94,9 +106,9 @@ def test_embedded_default_skips_read_with_reason(
     result.assert_outcomes(passed=len(OFFICIAL) * 3 + 2, skipped=len(OFFICIAL))
     result.stdout.fnmatch_lines(
         [
-            "*upstream: distribution *verl 0.9.0*",
-            "*has no launch scripts; explicit fields come from the golden snapshot*",
+            "*upstream: installed verl 0.9.0 distribution at *",
             "7 cases; 0 read (7 skipped); 7 composed;*",
+            "*has no launch scripts; explicit fields come from the golden snapshot*",
         ]
     )
 
@@ -110,14 +122,19 @@ def test_snapshot_change_is_shown_by_dotted_path_and_accepted_by_update(
     data["resolved"]["actor_rollout_ref"]["actor"]["optim"]["lr"] = 5e-7
     del data["resolved"]["trainer"]["project_name"]
     grpo.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    args = (f"--verl-corpus-upstream={upstream_checkout}", f"--verl-corpus-manifest={manifest}", "-k", "snapshot")
+    args = (
+        f"--verl-corpus-upstream={upstream_checkout}",
+        f"--verl-corpus-manifest={manifest}",
+        "-k",
+        "snapshot",
+    )
 
     failed = run_audit(pytester, shared_cache_dir, *args)
     failed.assert_outcomes(passed=len(OFFICIAL) - 1, failed=1, deselected=len(OFFICIAL) * 3 + 2)
     failed.stdout.fnmatch_lines(
         [
             "*~ resolved.actor_rollout_ref.actor.optim.lr: 5e-07 -> 1e-06*",
-            "*+ resolved.trainer.project_name: \"verl_grpo_gsm8k_math\"*",
+            '*+ resolved.trainer.project_name: "verl_grpo_gsm8k_math"*',
             "*--snapshot-update*",
         ]
     )
@@ -130,7 +147,9 @@ def test_snapshot_change_is_shown_by_dotted_path_and_accepted_by_update(
     assert after["grpo.json"] == (embedded_root() / "golden" / "compose" / "grpo.json").read_bytes()
     assert all(after[name] == before[name] for name in before if name != "grpo.json")
 
-    run_audit(pytester, shared_cache_dir, *args).assert_outcomes(passed=len(OFFICIAL), deselected=len(OFFICIAL) * 3 + 2)
+    run_audit(pytester, shared_cache_dir, *args).assert_outcomes(
+        passed=len(OFFICIAL), deselected=len(OFFICIAL) * 3 + 2
+    )
 
 
 def test_deselecting_a_case_keeps_its_golden_file(
@@ -171,7 +190,8 @@ def test_pinned_hash_mismatch_fails_only_that_case(
     result.assert_outcomes(passed=(len(OFFICIAL) - 1) * 2, failed=2)
     result.stdout.fnmatch_lines(
         [
-            "*ppo_trainer/run_qwen3_8b_fsdp.sh: pinned sha256 " + "0" * 64
+            "*ppo_trainer/run_qwen3_8b_fsdp.sh: pinned sha256 "
+            + "0" * 64
             + ", found 6923473eb21475130725e9194120c18536dea3e107b01cda9d82ba4785eed6de*"
         ]
     )
