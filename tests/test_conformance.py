@@ -1,0 +1,92 @@
+"""Our reference math against upstream verl 0.9.0: every conformance case, then the mutants."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_verl_compat.conformance import (
+    COMPONENTS,
+    MUTATIONS,
+    ConformanceCase,
+    ConformanceResult,
+    conformance_cases,
+    load_tolerances,
+    run_case,
+    run_mutation_check,
+    upstream_missing_reason,
+)
+
+TOLERANCES = Path(__file__).resolve().parents[1] / "corpus" / "conformance.yaml"
+CASES = conformance_cases(load_tolerances(TOLERANCES))
+MISSING_UPSTREAM = upstream_missing_reason()
+needs_upstream = pytest.mark.skipif(MISSING_UPSTREAM is not None, reason=str(MISSING_UPSTREAM))
+
+
+def assert_conforms(result: ConformanceResult) -> None:
+    __tracebackhide__ = True
+    if not result.passed:
+        pytest.fail(result.message, pytrace=False)
+
+
+def test_case_ids_are_unique_and_cover_every_component() -> None:
+    ids = [case.id for case in CASES]
+    assert ids, "no conformance cases were generated"
+    assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
+    assert {case.component for case in CASES} == set(COMPONENTS)
+    assert {case.dtype for case in CASES} == {"float32", "float64"}
+    assert "advantage.grpo[no-std-ragged-float64]" in ids
+
+
+def test_float64_tolerances_are_tight() -> None:
+    loose = [c.id for c in CASES if c.dtype == "float64" and c.rtol > 1e-10 and not c.divergence]
+    assert not loose, f"float64 cases looser than 1e-10 without a known divergence: {loose}"
+
+
+def test_tolerance_file_rejects_loose_float64_and_unmatched_divergences(tmp_path: Path) -> None:
+    data = yaml.safe_load(TOLERANCES.read_text(encoding="utf-8"))
+    data["tolerances"]["kl"]["float64"]["rtol"] = 1e-6
+    loose = tmp_path / "loose.yaml"
+    loose.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ValueError, match="at most 1e-10"):
+        load_tolerances(loose)
+
+    data = yaml.safe_load(TOLERANCES.read_text(encoding="utf-8"))
+    data["known_divergences"][0]["variants"] = ["no_such_estimator"]
+    with pytest.raises(ValueError, match="match no case"):
+        conformance_cases(data)
+
+
+@needs_upstream
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in CASES])
+def test_conformance(case: ConformanceCase, record_property: pytest.RecordProperty) -> None:
+    result = run_case(case)
+    record_property("max_abs_err", result.max_abs_err)
+    record_property("max_grad_abs_err", result.max_grad_abs_err)
+    assert_conforms(result)
+
+
+@needs_upstream
+def test_a_module_of_substitutes_replaces_our_functions() -> None:
+    case = next(c for c in CASES if c.id == "kl.k3[large-float64]")
+    broken = types.ModuleType("broken")
+    broken.kl_penalty = lambda log_prob, ref, name: (log_prob - ref) * 0  # type: ignore[attr-defined]
+    result = run_case(case, broken)
+    assert not result.passed
+    assert "kl.k3[large-float64]" in result.message and "rtol=1e-10" in result.message
+
+
+@needs_upstream
+def test_every_mutant_is_killed(record_property: pytest.RecordProperty) -> None:
+    outcome = run_mutation_check(CASES)
+    killed = [name for name, dead, _ in outcome if dead]
+    print(f"mutation check: {len(killed)}/{len(outcome)} mutants killed")
+    for name, dead, failed in outcome:
+        print(f"  {name:<34} {'killed' if dead else 'SURVIVED'} by {len(failed)} cases")
+    record_property("mutants_killed", f"{len(killed)}/{len(outcome)}")
+    assert len(outcome) == len(MUTATIONS) >= 12
+    survivors = [name for name, dead, _ in outcome if not dead]
+    assert not survivors, f"mutants survived: {survivors}, but every mutant should be killed"
