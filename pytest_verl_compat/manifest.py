@@ -104,7 +104,8 @@ class Manifest:
     profile: str | None = None
     golden_dir: Path | None = None
     known_divergences: tuple[Mapping[str, str], ...] = ()
-    tolerances: Mapping[str, Any] = field(default_factory=dict)
+    # Tolerances and known divergences of the conformance stage, a file beside the manifest.
+    conformance: Path | None = None
 
     def case(self, case_id: str) -> Case:
         for case in self.cases:
@@ -217,6 +218,7 @@ def load_manifest(path: str | Path) -> Manifest:
         cases.append(case)
 
     golden = raw.get("golden_dir")
+    conformance = raw.get("conformance")
     return Manifest(
         path=path,
         upstream=UpstreamPin(**raw["upstream"]),
@@ -225,7 +227,7 @@ def load_manifest(path: str | Path) -> Manifest:
         profile=raw.get("profile"),
         golden_dir=(path.parent / golden).resolve() if golden else None,
         known_divergences=tuple(raw.get("known_divergences", ())),
-        tolerances=raw.get("tolerances", {}),
+        conformance=(path.parent / conformance).resolve() if conformance else None,
     )
 
 

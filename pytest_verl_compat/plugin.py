@@ -73,6 +73,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write the machine-readable audit as JSON to PATH",
     )
     group.addoption(
+        "--verl-corpus-conformance-report",
+        dest="verl_corpus_conformance_report",
+        default=None,
+        metavar="PATH",
+        help="write the conformance stage's results (ours against upstream verl) as JSON to PATH",
+    )
+    group.addoption(
         "--verl-corpus-trusted",
         dest="verl_corpus_trusted",
         type=_trusted_mode,
@@ -108,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
         upstream_ini=_ini_path(config, "verl_corpus_upstream"),
         golden=config.getoption("verl_corpus_golden") or _ini_path(config, "verl_corpus_golden"),
         report=config.getoption("verl_corpus_report"),
+        conformance_report=config.getoption("verl_corpus_conformance_report"),
         trusted=config.getoption("verl_corpus_trusted"),
         rootdir=str(config.rootpath),
     )

@@ -26,10 +26,15 @@ class AuditReporter:
         # case id -> stage -> "passed" | "failed" | "skipped"
         self.status: dict[str, dict[str, str]] = defaultdict(dict)
         self.facts: dict[str, dict[str, Any]] = defaultdict(dict)
+        self.conformance: dict[str, dict[str, Any]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Record each stage's status and facts for its case."""
         props = dict(report.user_properties)
+        if "verl_conformance" in props and report.when == "call":
+            result = json.loads(props["verl_conformance"])
+            result["passed"] = result["passed"] and report.passed
+            self.conformance[result["case"]] = result
         case_id, stage = props.get("verl_case"), props.get("verl_stage")
         if not case_id:
             return
@@ -114,6 +119,47 @@ class AuditReporter:
             )
         if self.session.options.report:
             write_atomic(Path(self.session.options.report), dumps(audit))
+        if self.session.options.conformance_report:
+            write_atomic(
+                Path(self.session.options.conformance_report), dumps(self.conformance_report())
+            )
+
+    def conformance_report(self) -> dict[str, Any]:
+        """Conformance results in the stage's case order (stable across runs and -n)."""
+        from pytest_verl_compat.upstream import installed_verl_root
+
+        installed = installed_verl_root()
+        order = {case.id: index for index, case in enumerate(self.session.conformance_cases())}
+        results = sorted(self.conformance.values(), key=lambda r: order.get(r["case"], len(order)))
+        return {
+            "upstream": {"verl": installed[1] if installed else None},
+            "results": [
+                {
+                    "component": r["component"],
+                    "variant": r["variant"],
+                    "case": r["case"],
+                    "samples": r["samples"],
+                    "max_abs_err": r["max_abs_err"],
+                    "max_grad_abs_err": r["max_grad_abs_err"],
+                    "passed": r["passed"],
+                }
+                for r in results
+            ],
+        }
+
+    def conformance_matrix(self) -> list[str]:
+        """One line per component: each mode with passed/total cases."""
+        table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        for result in self.conformance.values():
+            cell = table[result["component"]][result["variant"]]
+            cell[0] += int(result["passed"])
+            cell[1] += 1
+        width = max((len(c) for c in table), default=0)
+        return [
+            f"{component:<{width}}  "
+            + "  ".join(f"{mode} {ok}/{n}" for mode, (ok, n) in sorted(modes.items()))
+            for component, modes in sorted(table.items())
+        ]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One section with the audit counts."""
@@ -134,3 +180,10 @@ class AuditReporter:
             f"{totals['trusted_equal']} equal to upstream's entry point ({totals['trusted_skipped']} skipped); "
             f"{totals['golden_matched']} match golden; {totals['failed_cases']} failed"
         )
+        if self.conformance:
+            passed = sum(1 for r in self.conformance.values() if r["passed"])
+            terminalreporter.write_line(
+                f"conformance with upstream verl: {passed}/{len(self.conformance)} cases within tolerance"
+            )
+            for line in self.conformance_matrix():
+                terminalreporter.write_line(f"  {line}")

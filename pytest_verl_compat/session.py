@@ -39,6 +39,7 @@ class AuditOptions:
     upstream_ini: str | None = None
     golden: str | None = None
     report: str | None = None
+    conformance_report: str | None = None
     trusted: str = "auto"  # "auto": run when verl is installed; "off"; "require"
     rootdir: str = "."
 
@@ -63,8 +64,10 @@ class AuditSession:
     upstream: UpstreamTree | None = None
     upstream_reason: str = ""
     golden_dir: Path = Path("golden")
+    conformance_error: str = ""
     _outcomes: dict[str, CaseOutcome] = field(default_factory=dict)
     _composer: Composer | None = None
+    _conformance: list[Any] | None = None
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -101,6 +104,21 @@ class AuditSession:
     @property
     def cases(self) -> tuple[Case, ...]:
         return self.manifest.cases if self.manifest else ()
+
+    def conformance_cases(self) -> list[Any]:
+        """The conformance stage's cases, from the tolerance file the manifest names."""
+        if self._conformance is None:
+            self._conformance = []
+            if self.manifest is not None and self.manifest.conformance is not None:
+                from pytest_verl_compat.conformance import conformance_cases, load_tolerances
+
+                try:
+                    self._conformance = conformance_cases(
+                        load_tolerances(self.manifest.conformance)
+                    )
+                except (OSError, ValueError, KeyError) as exc:
+                    self.conformance_error = f"{self.manifest.conformance}: {exc}"
+        return self._conformance
 
     def composer(self) -> Composer:
         if self.upstream is None:

@@ -26,12 +26,15 @@ CASE_STAGES = ("read", "compose", "trusted", "snapshot")
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize every stage test by the manifest's cases, ids from the manifest."""
-    if "verl_case" not in metafunc.fixturenames:
-        return
     session = metafunc.config.stash[audit_session_key]
-    params = [pytest.param(case, id=case.id) for case in session.cases]
-    assert params or session.manifest_error, "the corpus manifest lists no cases"
-    metafunc.parametrize("verl_case", params)
+    if "verl_case" in metafunc.fixturenames:
+        params = [pytest.param(case, id=case.id) for case in session.cases]
+        assert params or session.manifest_error, "the corpus manifest lists no cases"
+        metafunc.parametrize("verl_case", params)
+    if "conformance_case" in metafunc.fixturenames:
+        cases = session.conformance_cases()
+        assert cases or session.manifest_error or session.conformance_error, "no conformance cases"
+        metafunc.parametrize("conformance_case", [pytest.param(c, id=c.id) for c in cases])
 
 
 @pytest.fixture
@@ -169,3 +172,40 @@ def test_golden_orphans(verl_audit: AuditSession) -> None:
         sorted(str(p) for p in folder.rglob("*.json") if p not in known) if folder.is_dir() else []
     )
     assert not orphans, f"golden files without a case (delete them): {orphans}"
+
+
+def test_conformance(conformance_case: Any, request: pytest.FixtureRequest) -> None:
+    """Our reference math equals upstream verl's, values and gradients, within the case's tolerance."""
+    from pytest_verl_compat.conformance import run_case, upstream_missing_reason
+
+    missing = upstream_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    result = run_case(conformance_case)
+    request.node.user_properties.append(
+        (
+            "verl_conformance",
+            json.dumps(
+                {
+                    "component": result.component,
+                    "variant": result.variant,
+                    "case": result.case_id,
+                    "samples": result.samples,
+                    "max_abs_err": result.max_abs_err,
+                    "max_grad_abs_err": result.max_grad_abs_err,
+                    "passed": result.passed,
+                    "rtol": conformance_case.rtol,
+                    "atol": conformance_case.atol,
+                },
+                sort_keys=True,
+            ),
+        )
+    )
+    if not result.passed:
+        pytest.fail(result.message, pytrace=False)
+
+
+def test_conformance_tolerances(verl_audit: AuditSession) -> None:
+    """The conformance tolerance file is readable and every known divergence matches a case."""
+    verl_audit.conformance_cases()
+    assert not verl_audit.conformance_error, verl_audit.conformance_error
