@@ -83,7 +83,9 @@ class GoldenExtension(SingleFileSnapshotExtension):
 
     @classmethod
     def _case_id(cls, test_location: PyTestLocation) -> str:
-        return test_location.item.callspec.id  # type: ignore[attr-defined]
+        # syrupy also asks about items that never asserted (skipped, or not parametrized).
+        callspec = getattr(test_location.item, "callspec", None)
+        return callspec.id if callspec is not None else test_location.testname
 
     @classmethod
     def case_path(cls, case_id: str) -> Path:
