@@ -182,6 +182,16 @@ class AuditSession:
         self._outcomes[case.id] = result
         return result
 
+    def reference_config(self, case: Case) -> Any:
+        """The reference trainer's typed config for a composed case (a ``ReferenceTrainerConfig``)."""
+        from pytest_verl_compat.lower import reference_config
+
+        composition = self.outcome(case).composition
+        if not composition.composed:
+            raise StageFailed(f"[{case.id}] composition rejected: {composition.reason}")
+        profile = (self.manifest.profile if self.manifest else None) or "verl-0.9.0-single-device"
+        return reference_config(composition.resolved, case_id=case.id, profile=profile)
+
     def golden_payload(self, case: Case) -> dict[str, Any]:
         """What the compose golden file holds for a case."""
         outcome = self.outcome(case)

@@ -1,0 +1,253 @@
+"""The reference trainer's typed configuration, produced by the compiler from a resolved verl config.
+
+Every field names the verl key it comes from. Units follow upstream exactly: batch sizes
+marked "prompts" count prompts and expand by ``rollout.n`` into trajectories, as upstream's
+``_update_actor`` / ``_update_critic`` do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and its schedule (``actor_rollout_ref.actor.optim.*`` or ``critic.optim.*``)."""
+
+    lr: float
+    """Peak learning rate (``optim.lr``)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (``optim.weight_decay``)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas (``optim.betas``)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (``actor.grad_clip`` / ``optim.clip_grad``)."""
+    lr_warmup_steps: int = -1
+    """Warm-up optimizer steps; -1 means use the ratio (``optim.lr_warmup_steps``)."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a share of total training steps (``optim.lr_warmup_steps_ratio``)."""
+    lr_scheduler_type: str = "constant"
+    """``constant`` or ``cosine`` after warm-up (``optim.lr_scheduler_type``)."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine schedule as a share of ``lr`` (``optim.min_lr_ratio``)."""
+    num_cycles: float = 0.5
+    """Cosine cycles (``optim.num_cycles``)."""
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """Policy update (``actor_rollout_ref.actor.*``)."""
+
+    optim: OptimConfig
+    ppo_mini_batch_size: int
+    """Prompts per mini-batch; trajectories per mini-batch = this × ``rollout.n``."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per training step (``actor.ppo_epochs``)."""
+    micro_batch_size: int | None = None
+    """Trajectories per gradient-accumulation micro-batch on one device (lowered from
+    ``ppo_micro_batch_size_per_gpu`` or the dynamic token budget); ``None`` means one micro-batch."""
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (``actor.clip_ratio_c``)."""
+    policy_loss_mode: str = "vanilla"
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
+    """Constant divisor of ``seq-mean-token-sum-norm`` (``actor.loss_scale_factor``)."""
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    shuffle: bool = False
+    """Shuffle trajectories before splitting into mini-batches (``actor.shuffle``)."""
+    data_loader_seed: int = 42
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """Value model update (``critic.*``); only present for GAE."""
+
+    optim: OptimConfig
+    ppo_mini_batch_size: int
+    """Prompts per mini-batch, expanded by ``rollout.n`` like the actor's."""
+    ppo_epochs: int = 1
+    micro_batch_size: int | None = None
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
+    shuffle: bool = False
+    data_loader_seed: int = 42
+    warmup_steps: int = 0
+    """Training steps that update only the critic (``trainer.critic_warmup``)."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling (``actor_rollout_ref.rollout.*``)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    val_n: int = 1
+    val_temperature: float = 0.0
+    val_top_k: int = -1
+    val_top_p: float = 1.0
+    val_do_sample: bool = False
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Advantage estimation and KL in reward (``algorithm.*``)."""
+
+    adv_estimator: str
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl_type: str = "fixed"
+    kl_coef: float = 0.001
+    kl_horizon: int = 10000
+    kl_target: float = 0.1
+    filter_groups_enable: bool = False
+    filter_groups_metric: str | None = None
+    """Per-trajectory metric whose variance within a group must be non-zero (``acc``, ``score``,
+    ``seq_reward``, ``seq_final_reward``)."""
+    max_num_gen_batches: int = 0
+    """Generation batches allowed to refill filtered groups; 0 means unlimited."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompts (``data.*``)."""
+
+    train_batch_size: int
+    """Prompts per training step."""
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    shuffle: bool = True
+    seed: int | None = None
+    truncation: str = "error"
+    filter_overlong_prompts: bool = False
+    val_batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Policy model (``actor_rollout_ref.model.*``) or critic model (``critic.model.*``)."""
+
+    path: str
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: str | tuple[str, ...] = "all-linear"
+    exclude_modules: str | tuple[str, ...] | None = None
+    enable_gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Scoring (``reward.*``)."""
+
+    reward_manager: str = "naive"
+    reward_model_enable: bool = False
+    reward_model_path: str | None = None
+    custom_reward_function_path: str | None = None
+    custom_reward_function_name: str = "compute_score"
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The loop (``trainer.*``)."""
+
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    project_name: str = "verl_examples"
+    experiment_name: str = "gsm8k"
+    balance_batch: bool = True
+
+
+@dataclass(frozen=True)
+class ReferenceTrainerConfig:
+    """Everything the reference trainer needs for one accepted case."""
+
+    case_id: str
+    profile: str
+    algorithm: AlgorithmConfig
+    data: DataConfig
+    actor: ActorConfig
+    rollout: RolloutConfig
+    model: ModelConfig
+    reward: RewardConfig
+    trainer: TrainerConfig
+    critic: CriticConfig | None = None
+    critic_model: ModelConfig | None = None
+    use_reference_policy: bool = False
+    """A frozen reference policy is needed (KL loss or KL in reward)."""
+    bindings: tuple[str, ...] = ()
+    """Dotted paths that need a local runtime binding (model, data, reward)."""
+    lowered: dict[str, str] = field(default_factory=dict)
+    """Dotted path → how the distributed setting was lowered to one device."""
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def actor_updates_per_step(self) -> int:
+        """Optimizer steps per training step: epochs × prompt mini-batches."""
+        return self.actor.ppo_epochs * (
+            self.data.train_batch_size // self.actor.ppo_mini_batch_size
+        )
+
+    @property
+    def critic_updates_per_step(self) -> int:
+        if self.critic is None:
+            return 0
+        return self.critic.ppo_epochs * (
+            self.data.train_batch_size // self.critic.ppo_mini_batch_size
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReferenceTrainerConfig:
+        """Inverse of ``to_dict`` (lists back to tuples for the tuple-typed fields)."""
+
+        def optim(raw: dict[str, Any]) -> OptimConfig:
+            return OptimConfig(**{**raw, "betas": tuple(raw["betas"])})
+
+        def model(raw: dict[str, Any] | None) -> ModelConfig | None:
+            if raw is None:
+                return None
+            fixed = dict(raw)
+            for key in ("target_modules", "exclude_modules"):
+                if isinstance(fixed.get(key), list):
+                    fixed[key] = tuple(fixed[key])
+            return ModelConfig(**fixed)
+
+        critic = data.get("critic")
+        return cls(
+            case_id=data["case_id"],
+            profile=data["profile"],
+            algorithm=AlgorithmConfig(**data["algorithm"]),
+            data=DataConfig(**data["data"]),
+            actor=ActorConfig(**{**data["actor"], "optim": optim(data["actor"]["optim"])}),
+            rollout=RolloutConfig(**data["rollout"]),
+            model=model(data["model"]),  # type: ignore[arg-type]
+            reward=RewardConfig(**data["reward"]),
+            trainer=TrainerConfig(**data["trainer"]),
+            critic=CriticConfig(**{**critic, "optim": optim(critic["optim"])}) if critic else None,
+            critic_model=model(data.get("critic_model")),
+            use_reference_policy=data.get("use_reference_policy", False),
+            bindings=tuple(data.get("bindings", ())),
+            lowered=dict(data.get("lowered", {})),
+        )
