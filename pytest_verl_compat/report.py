@@ -27,6 +27,7 @@ class AuditReporter:
         self.status: dict[str, dict[str, str]] = defaultdict(dict)
         self.facts: dict[str, dict[str, Any]] = defaultdict(dict)
         self.conformance: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Record each stage's status and facts for its case."""
@@ -46,60 +47,29 @@ class AuditReporter:
         for name, value in report.user_properties:
             if name == "verl_facts":
                 self.facts[case_id].update(json.loads(value))
+            elif name == "verl_audit_entry":
+                self.entries[case_id] = json.loads(value)
 
     def audit(self) -> dict[str, Any]:
-        """The machine-readable audit: upstream, one entry per case in manifest order, totals."""
-        manifest = self.session.manifest
-        upstream = self.session.upstream
-        cases = []
-        for case in self.session.cases:
-            if case.id not in self.status:
-                continue  # deselected or not collected
-            facts = self.facts.get(case.id, {})
-            status = self.status[case.id]
-            outcome = facts.get("outcome")
-            if status.get("compose") == "failed" and outcome is None:
-                outcome = "error"
-            cases.append(
-                {
-                    "id": case.id,
-                    "kind": case.kind,
-                    "outcome": outcome or "not_composed",
-                    "reason": facts.get("reason", ""),
-                    "inputs": [{"path": pin.path, "sha256": pin.sha256} for pin in case.inputs],
-                    "explicit_fields": facts.get("explicit_fields", []),
-                    "resolved_leaf_count": facts.get("resolved_leaf_count"),
-                    "fields_source": facts.get("fields_source"),
-                    "stages": dict(sorted(status.items())),
-                }
-            )
-        return {
-            "upstream": {
-                "version": manifest.upstream.version if manifest else None,
-                "commit": manifest.upstream.commit if manifest else None,
-                "tree_sha256": upstream.tree_sha256 if upstream else None,
-                "source": upstream.kind if upstream else None,
-            },
-            "cases": cases,
-            "totals": self.totals(cases),
-        }
+        """The machine-readable audit, from the compile stage's entries, in manifest order."""
+        entries = [self.entries[case.id] for case in self.session.cases if case.id in self.entries]
+        return build_audit(self.session, entries)
 
-    def totals(self, cases: list[dict[str, Any]]) -> dict[str, int]:
+    def stage_totals(self) -> dict[str, int]:
+        """How the stages went in this run (these depend on what ran, so they are not in the JSON)."""
+
         def count(stage: str, outcome: str) -> int:
-            return sum(1 for c in cases if c["stages"].get(stage) == outcome)
+            return sum(1 for status in self.status.values() if status.get(stage) == outcome)
 
         return {
-            "cases": len(cases),
             "read": count("read", "passed"),
             "read_skipped": count("read", "skipped"),
-            "composed": sum(1 for c in cases if c["outcome"] == "composed"),
-            "composition_rejections": sum(
-                1 for c in cases if c["outcome"] == "composition_rejection"
-            ),
             "trusted_equal": count("trusted", "passed"),
             "trusted_skipped": count("trusted", "skipped"),
             "golden_matched": count("snapshot", "passed"),
-            "failed_cases": sum(1 for c in cases if "failed" in c["stages"].values()),
+            "failed_cases": sum(
+                1 for status in self.status.values() if "failed" in status.values()
+            ),
         }
 
     @pytest.hookimpl(tryfirst=True)
@@ -173,12 +143,13 @@ class AuditReporter:
         terminalreporter.write_line(
             f"upstream: {upstream.describe() if upstream else 'none: ' + self.session.upstream_reason}"
         )
-        totals = self.audit()["totals"]
+        totals, stages = self.audit()["totals"], self.stage_totals()
+        for line in summary_lines(totals):
+            terminalreporter.write_line(line)
         terminalreporter.write_line(
-            f"{totals['cases']} cases; {totals['read']} read ({totals['read_skipped']} skipped); "
-            f"{totals['composed']} composed; {totals['composition_rejections']} composition rejections; "
-            f"{totals['trusted_equal']} equal to upstream's entry point ({totals['trusted_skipped']} skipped); "
-            f"{totals['golden_matched']} match golden; {totals['failed_cases']} failed"
+            f"stages: {stages['read']} read ({stages['read_skipped']} skipped); "
+            f"{stages['trusted_equal']} equal to upstream's entry point ({stages['trusted_skipped']} skipped); "
+            f"{stages['golden_matched']} match golden; {stages['failed_cases']} cases with a failed stage"
         )
         if self.conformance:
             passed = sum(1 for r in self.conformance.values() if r["passed"])
@@ -187,3 +158,47 @@ class AuditReporter:
             )
             for line in self.conformance_matrix():
                 terminalreporter.write_line(f"  {line}")
+
+
+def build_audit(session: AuditSession, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The audit JSON: the same bytes from pytest and from ``verl-compat audit``."""
+    manifest = session.manifest
+    return {
+        "upstream": {
+            "version": manifest.upstream.version if manifest else None,
+            "commit": manifest.upstream.commit if manifest else None,
+            "tree_sha256": manifest.upstream.tree_sha256 if manifest else None,
+        },
+        "profile": session.profile_name,
+        "cases": entries,
+        "totals": audit_totals(entries),
+    }
+
+
+def audit_totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    outcomes = [entry["outcome"] for entry in entries]
+    leaf_classes: dict[str, int] = {}
+    for entry in entries:
+        for klass, count in entry["leaf_classes"].items():
+            leaf_classes[klass] = leaf_classes.get(klass, 0) + count
+    return {
+        "cases": len(entries),
+        "official": sum(1 for e in entries if e["kind"] == "official"),
+        "derived": sum(1 for e in entries if e["kind"] == "derived"),
+        "composed": sum(1 for o in outcomes if o != "composition_rejection"),
+        "accepted": outcomes.count("accepted"),
+        "semantic_rejections": outcomes.count("semantic_rejection"),
+        "composition_rejections": outcomes.count("composition_rejection"),
+        "warnings": sum(1 for e in entries for f in e["findings"] if f["level"] == "warning"),
+        "leaf_classes": leaf_classes,
+    }
+
+
+def summary_lines(totals: dict[str, Any]) -> list[str]:
+    classes = ", ".join(f"{klass} {count}" for klass, count in totals["leaf_classes"].items())
+    return [
+        f"{totals['cases']} cases; {totals['composed']} composed; {totals['accepted']} accepted; "
+        f"{totals['semantic_rejections']} semantic rejections; "
+        f"{totals['composition_rejections']} composition rejections",
+        f"resolved leaves by class: {classes or 'none compiled'}",
+    ]

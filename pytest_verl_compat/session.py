@@ -68,6 +68,7 @@ class AuditSession:
     _outcomes: dict[str, CaseOutcome] = field(default_factory=dict)
     _composer: Composer | None = None
     _conformance: list[Any] | None = None
+    _reports: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -182,15 +183,68 @@ class AuditSession:
         self._outcomes[case.id] = result
         return result
 
+    @property
+    def profile_name(self) -> str:
+        from pytest_verl_compat.compile import DEFAULT_PROFILE
+
+        return (self.manifest.profile if self.manifest else None) or DEFAULT_PROFILE
+
+    def compile(self, case: Case) -> Any:
+        """Compile stage: the ``CompileReport`` of a composed case, or None when not composed."""
+        if case.id not in self._reports:
+            from pytest_verl_compat.compile import compile_resolved, load_profile
+
+            outcome = self.outcome(case)
+            composition = outcome.composition
+            self._reports[case.id] = (
+                compile_resolved(
+                    composition.resolved,
+                    case_id=case.id,
+                    profile=load_profile(self.profile_name),
+                    explicit_fields=outcome.fields.fields,
+                )
+                if composition.composed
+                else None
+            )
+        return self._reports[case.id]
+
+    def audit_entry(self, case: Case) -> dict[str, Any]:
+        """The case's entry of the audit JSON: machine-independent, so it can be a golden file."""
+        outcome = self.outcome(case)
+        composition = outcome.composition
+        report = self.compile(case)
+        return {
+            "id": case.id,
+            "kind": case.kind,
+            "outcome": report.outcome if report else composition.outcome,
+            "reason": report.reason if report else composition.reason,
+            "inputs": [{"path": pin.path, "sha256": pin.sha256} for pin in case.inputs],
+            "explicit_fields": list(outcome.fields.fields),
+            "resolved_leaf_count": count_leaves(composition.resolved)
+            if composition.composed
+            else 0,
+            "leaf_classes": report.counts if report else {},
+            "findings": [f.to_json() for f in report.findings] if report else [],
+        }
+
     def reference_config(self, case: Case) -> Any:
-        """The reference trainer's typed config for a composed case (a ``ReferenceTrainerConfig``)."""
+        """The reference trainer's typed config for an accepted case (a ``ReferenceTrainerConfig``)."""
         from pytest_verl_compat.lower import reference_config
 
-        composition = self.outcome(case).composition
-        if not composition.composed:
-            raise StageFailed(f"[{case.id}] composition rejected: {composition.reason}")
-        profile = (self.manifest.profile if self.manifest else None) or "verl-0.9.0-single-device"
-        return reference_config(composition.resolved, case_id=case.id, profile=profile)
+        report = self.compile(case)
+        if report is None:
+            raise StageFailed(
+                f"[{case.id}] composition rejected: {self.outcome(case).composition.reason}"
+            )
+        if not report.accepted:
+            raise StageFailed(f"[{case.id}] rejected by profile {report.profile}: {report.reason}")
+        return reference_config(
+            self.outcome(case).composition.resolved,
+            case_id=case.id,
+            profile=report.profile,
+            bindings=tuple(report.bindings),
+            lowered=report.lowered,
+        )
 
     def golden_payload(self, case: Case) -> dict[str, Any]:
         """What the compose golden file holds for a case."""

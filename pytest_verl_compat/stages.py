@@ -21,8 +21,6 @@ from pytest_verl_compat.snapshot import golden_extension
 from pytest_verl_compat.trusted import first_difference, trusted_composition
 from pytest_verl_compat.upstream import installed_verl_root, tree_sha256
 
-CASE_STAGES = ("read", "compose", "trusted", "snapshot")
-
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize every stage test by the manifest's cases, ids from the manifest."""
@@ -95,6 +93,30 @@ def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixt
             f"outcome={composition.outcome} ({composition.reason}), but should be "
             f"{expected or 'composed'} [{verl_case.id}]"
         )
+
+
+def test_compile(
+    verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
+) -> None:
+    """Every resolved leaf classified by the profile; the case accepted or rejected with a reason."""
+    entry = _run(lambda: verl_audit.audit_entry(verl_case))
+    props = request.node.user_properties
+    props.append(("verl_case", verl_case.id))
+    props.append(("verl_stage", "compile"))
+    props.append(("outcome", entry["outcome"]))
+    for klass, count in entry["leaf_classes"].items():
+        props.append((f"leaves_{klass}", count))
+    props.append(("verl_audit_entry", json.dumps(entry, sort_keys=True)))
+    expected = (verl_case.expected or {}).get("outcome", "accepted")
+    assert entry["outcome"] == expected, (
+        f"outcome={entry['outcome']} ({entry['reason']}), but should be {expected} [{verl_case.id}]"
+    )
+    report = verl_audit.compile(verl_case)
+    if report is None:
+        return  # nothing was composed, so there is no compile report to snapshot
+    assert report.to_json() == snapshot.use_extension(
+        golden_extension(verl_audit.golden_dir, "compile")
+    )
 
 
 def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
