@@ -117,11 +117,8 @@ def _kl_findings(resolved: Mapping[str, Any]) -> list[Finding]:
                 evidence="verl/trainer/ppo/core_algos.py AdaptiveKLController.update divides by horizon and target",
             )
         )
-    if (
-        (algo["use_kl_in_reward"]
-        and ctrl["kl_coef"] < 0)
-        or (actor["use_kl_loss"]
-        and actor["kl_loss_coef"] < 0)
+    if (algo["use_kl_in_reward"] and ctrl["kl_coef"] < 0) or (
+        actor["use_kl_loss"] and actor["kl_loss_coef"] < 0
     ):
         findings.append(
             Finding(

@@ -151,6 +151,16 @@ class AuditReporter:
             f"{stages['trusted_equal']} equal to upstream's entry point ({stages['trusted_skipped']} skipped); "
             f"{stages['golden_matched']} match golden; {stages['failed_cases']} cases with a failed stage"
         )
+        verdicts = [f for f in self.facts.values() if "upstream_validate" in f]
+        if verdicts:
+            from pytest_verl_compat.upstream_validate import STAND_INS
+
+            differ = [f for f in verdicts if f["upstream_validate"] != f["ours"]]
+            terminalreporter.write_line(
+                f"upstream validate_config: {len(verdicts)} cases checked; agrees on {len(verdicts) - len(differ)}; "
+                f"differs on {len(differ)} (each explained in the manifest)"
+            )
+            terminalreporter.write_line(f"  stand-ins: {'; '.join(STAND_INS)}")
         if self.conformance:
             passed = sum(1 for r in self.conformance.values() if r["passed"])
             terminalreporter.write_line(

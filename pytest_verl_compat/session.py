@@ -69,6 +69,7 @@ class AuditSession:
     _composer: Composer | None = None
     _conformance: list[Any] | None = None
     _reports: dict[str, Any] = field(default_factory=dict)
+    _verdicts: dict[str, dict[str, str]] | None = None
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -226,6 +227,22 @@ class AuditSession:
             "leaf_classes": report.counts if report else {},
             "findings": [f.to_json() for f in report.findings] if report else [],
         }
+
+    def upstream_verdict(self, case: Case, cache: Any = None) -> dict[str, str]:
+        """Upstream validate_config's verdict, computed for every composed case in one subprocess."""
+        if self._verdicts is None:
+            from pytest_verl_compat.upstream_validate import upstream_verdicts
+
+            composed = [
+                c for c in self.cases if not c.error and self.outcome(c).composition.composed
+            ]
+            mappings = [self.outcome(c).composition.resolved for c in composed]
+            try:
+                verdicts = upstream_verdicts(mappings, cache)
+            except RuntimeError as exc:
+                raise StageFailed(str(exc)) from exc
+            self._verdicts = {c.id: v for c, v in zip(composed, verdicts, strict=True)}
+        return self._verdicts[case.id]
 
     def reference_config(self, case: Case) -> Any:
         """The reference trainer's typed config for an accepted case (a ``ReferenceTrainerConfig``)."""

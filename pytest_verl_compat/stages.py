@@ -119,6 +119,29 @@ def test_compile(
     )
 
 
+def test_upstream_validate(
+    verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest
+) -> None:
+    """Upstream's own validate_config verdict next to ours; a difference must be explained in the manifest."""
+    if installed_verl_root() is None:
+        pytest.skip(f"upstream verl {verl_audit.manifest.upstream.version} not installed")
+    entry = _run(lambda: verl_audit.audit_entry(verl_case))
+    if entry["outcome"] == "composition_rejection":
+        pytest.skip("not composed: upstream's validate_config never sees this case")
+    verdict = _run(lambda: verl_audit.upstream_verdict(verl_case, request.config.cache))
+    ours = "passes" if entry["outcome"] == "accepted" else "fails"
+    _record(
+        request, verl_case, "upstream_validate", upstream_validate=verdict["verdict"], ours=ours
+    )
+    if verdict["verdict"] == ours:
+        return
+    explained = (verl_case.upstream or {}).get("validate_config")
+    assert explained == verdict["verdict"] and (verl_case.upstream or {}).get("why"), (
+        f"upstream validate_config {verdict['verdict']} ({verdict['message']}), but the compiler "
+        f"{ours[:-2]}ed the case and the manifest explains no difference [{verl_case.id}]"
+    )
+
+
 def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
     """In-process composition equals upstream's own entry point (values, types, key order)."""
     mode = verl_audit.options.trusted

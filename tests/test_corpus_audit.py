@@ -62,14 +62,17 @@ def test_checkout_all_stages_pass(
         "-k",
         "not conformance",
     )
-    stages = 5  # read, compose, compile, trusted, snapshot
-    result.assert_outcomes(passed=CASES * stages + 2)
+    stages = (
+        5  # read, compose, compile, trusted, snapshot; upstream_validate skips the 2 uncomposed
+    )
+    result.assert_outcomes(passed=CASES * stages + 14 + 2, skipped=2)
     result.stdout.fnmatch_lines(
         [
             "*verl corpus audit*",
             "16 cases; 14 composed; 12 accepted; 2 semantic rejections; 2 composition rejections",
             "resolved leaves by class: *",
             "stages: 16 read (0 skipped); 16 equal to upstream's entry point (0 skipped); 16 match golden;*",
+            "upstream validate_config: 14 cases checked; agrees on 12; differs on 2*",
         ]
     )
     audit = json.loads(report.read_text())
@@ -113,7 +116,7 @@ def test_embedded_default_skips_read_with_reason(
         pytest.skip("the embedded default takes the tree from an installed verl")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
     result = run_audit(pytester, shared_cache_dir, "-k", "not conformance")
-    result.assert_outcomes(passed=CASES * 4 + 2, skipped=CASES)
+    result.assert_outcomes(passed=CASES * 4 + 14 + 2, skipped=CASES + 2)
     result.stdout.fnmatch_lines(
         [
             "*upstream: installed verl 0.9.0 distribution at *",
