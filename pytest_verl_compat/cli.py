@@ -152,6 +152,46 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Compose a case or script with extra fields and print its findings, one per line."""
+    import dataclasses
+
+    from pytest_verl_compat.session import StageFailed, StageUnavailable
+
+    session = _session(args)
+    target = args.target
+    if Path(target).is_file():
+        case = _script_case(session, target, args)
+        from pytest_verl_compat.read import read_case_fields
+
+        fields = read_case_fields(case, Path("/")).fields
+        case = dataclasses.replace(case, kind="user", launch=None, inputs=(), overrides=fields)
+    else:
+        try:
+            case = session.manifest.case(target)
+        except KeyError as exc:
+            print(f"verl-compat check: {exc.args[0]}", file=sys.stderr)
+            return 2
+    if args.set:
+        case = dataclasses.replace(
+            case, id=f"{case.id}+set", overrides=case.overrides + tuple(args.set)
+        )
+    try:
+        report = session.compile(case)
+    except (StageFailed, StageUnavailable) as exc:
+        print(f"verl-compat check: {exc}", file=sys.stderr)
+        return 2
+    if report is None:
+        print(f"ERROR <composition>: {session.outcome(case).composition.reason}")
+        return 1
+    for finding in report.findings:
+        print(finding.line())
+    for problem in (leaf.problem for leaf in report.leaves if leaf.problem):
+        print(f"ERROR {problem}")
+    print(f"{report.outcome}: {report.reason}", file=sys.stderr)
+    return 0 if report.accepted else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-compat", description=__doc__)
     parser.add_argument("--manifest", help="corpus manifest (default: the embedded one)")
@@ -184,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     compose.add_argument("target", metavar="CASE|SCRIPT")
     bindings_flags(compose)
     compose.set_defaults(func=cmd_compose)
+
+    check = sub.add_parser("check", help="print a case's findings; exit 1 on an error")
+    check.add_argument("target", metavar="CASE|SCRIPT")
+    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
+    bindings_flags(check)
+    check.set_defaults(func=cmd_check)
 
     audit = sub.add_parser("audit", help="regenerate the audit JSON of every case (no pytest)")
     mode = audit.add_mutually_exclusive_group()

@@ -28,6 +28,7 @@ class AuditReporter:
         self.facts: dict[str, dict[str, Any]] = defaultdict(dict)
         self.conformance: dict[str, dict[str, Any]] = {}
         self.entries: dict[str, dict[str, Any]] = {}
+        self.compile_seconds: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Record each stage's status and facts for its case."""
@@ -45,6 +46,8 @@ class AuditReporter:
             if previous != "failed":
                 self.status[case_id][stage] = report.outcome
         for name, value in report.user_properties:
+            if name == "verl_compile_seconds":
+                self.compile_seconds[case_id] = value
             if name == "verl_facts":
                 self.facts[case_id].update(json.loads(value))
             elif name == "verl_audit_entry":
@@ -143,9 +146,14 @@ class AuditReporter:
         terminalreporter.write_line(
             f"upstream: {upstream.describe() if upstream else 'none: ' + self.session.upstream_reason}"
         )
-        totals, stages = self.audit()["totals"], self.stage_totals()
+        audit = self.audit()
+        totals, stages = audit["totals"], self.stage_totals()
         for line in summary_lines(totals):
             terminalreporter.write_line(line)
+        field = [e for e in audit["cases"] if e["kind"] == "field"]
+        if field:
+            for line in field_lines(self.session, field, self.compile_seconds):
+                terminalreporter.write_line(line)
         terminalreporter.write_line(
             f"stages: {stages['read']} read ({stages['read_skipped']} skipped); "
             f"{stages['trusted_equal']} equal to upstream's entry point ({stages['trusted_skipped']} skipped); "
@@ -181,7 +189,9 @@ def build_audit(session: AuditSession, entries: list[dict[str, Any]]) -> dict[st
         },
         "profile": session.profile_name,
         "cases": entries,
-        "totals": audit_totals(entries),
+        # The field corpus has its own totals, so the official + derived audit reads the same.
+        "totals": audit_totals([e for e in entries if e["kind"] != "field"]),
+        "field_totals": audit_totals([e for e in entries if e["kind"] == "field"]),
     }
 
 
@@ -212,3 +222,24 @@ def summary_lines(totals: dict[str, Any]) -> list[str]:
         f"{totals['composition_rejections']} composition rejections",
         f"resolved leaves by class: {classes or 'none compiled'}",
     ]
+
+
+def field_lines(
+    session: AuditSession, entries: list[dict[str, Any]], seconds: dict[str, float]
+) -> list[str]:
+    """One line per field case: upstream 0.9.0's behaviour next to ours."""
+    totals = audit_totals(entries)
+    lines = [
+        f"field corpus: {totals['cases']} cases; {totals['semantic_rejections']} errors caught; "
+        f"{totals['accepted']} accepted with {totals['warnings']} warnings"
+    ]
+    for entry in entries:
+        case = session.manifest.case(entry["id"])
+        upstream = case.upstream or {}
+        levels = [f["level"] for f in entry["findings"]]
+        verdict = "error" if "error" in levels else ("warning" if "warning" in levels else "clean")
+        took = f" in {seconds[entry['id']]:.1f} s" if entry["id"] in seconds else ""
+        lines.append(
+            f"  {entry['id']}: verl 0.9.0: {upstream.get('behaviour', '?')}; here: {verdict}{took}"
+        )
+    return lines

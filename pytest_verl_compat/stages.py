@@ -7,6 +7,7 @@ only serves ``pytest.Function`` items.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,9 @@ def test_compile(
     verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
 ) -> None:
     """Every resolved leaf classified by the profile; the case accepted or rejected with a reason."""
+    started = time.perf_counter()
     entry = _run(lambda: verl_audit.audit_entry(verl_case))
+    elapsed = time.perf_counter() - started
     props = request.node.user_properties
     props.append(("verl_case", verl_case.id))
     props.append(("verl_stage", "compile"))
@@ -107,10 +110,14 @@ def test_compile(
     for klass, count in entry["leaf_classes"].items():
         props.append((f"leaves_{klass}", count))
     props.append(("verl_audit_entry", json.dumps(entry, sort_keys=True)))
+    props.append(("verl_compile_seconds", round(elapsed, 3)))
     expected = (verl_case.expected or {}).get("outcome", "accepted")
     assert entry["outcome"] == expected, (
         f"outcome={entry['outcome']} ({entry['reason']}), but should be {expected} [{verl_case.id}]"
     )
+    found = {f"{f['level']}:{f['path']}" for f in entry["findings"]}
+    missing = [want for want in (verl_case.expected or {}).get("findings", []) if want not in found]
+    assert not missing, f"findings={sorted(found)}, but should include {missing} [{verl_case.id}]"
     report = verl_audit.compile(verl_case)
     if report is None:
         return  # nothing was composed, so there is no compile report to snapshot
@@ -135,10 +142,16 @@ def test_upstream_validate(
     )
     if verdict["verdict"] == ours:
         return
-    explained = (verl_case.upstream or {}).get("validate_config")
-    assert explained == verdict["verdict"] and (verl_case.upstream or {}).get("why"), (
+    upstream = verl_case.upstream or {}
+    # A field case's recorded behaviour (fails late, silent, notice only) says validate_config passes.
+    explained = upstream.get("validate_config") or (
+        "passes" if upstream.get("behaviour") in {"fails late", "silent", "notice only"} else None
+    )
+    reason = upstream.get("why") or upstream.get("detail")
+    assert explained == verdict["verdict"] and reason, (
         f"upstream validate_config {verdict['verdict']} ({verdict['message']}), but the compiler "
-        f"{ours[:-2]}ed the case and the manifest explains no difference [{verl_case.id}]"
+        f"{'accepted' if ours == 'passes' else 'rejected'} the case and the manifest explains no "
+        f"difference [{verl_case.id}]"
     )
 
 

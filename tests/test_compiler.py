@@ -133,11 +133,16 @@ def session(upstream_checkout: Path) -> AuditSession:
     return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
 
 
-def test_sixteen_cases_reach_their_expected_outcomes(session: AuditSession) -> None:
+def test_every_case_reaches_its_expected_outcome_and_findings(session: AuditSession) -> None:
     entries = [session.audit_entry(case) for case in session.cases]
-    assert len(entries) == 16
+    assert len(entries) == 25
+    assert sum(1 for e in entries if e["kind"] != "field") == 16
     for case, entry in zip(session.cases, entries, strict=True):
         assert entry["outcome"] == (case.expected or {}).get("outcome", "accepted"), case.id
+        found = {f"{f['level']}:{f['path']}" for f in entry["findings"]}
+        assert set((case.expected or {}).get("findings", [])) <= found, case.id
+        if case.kind == "official":
+            assert not [f for f in entry["findings"] if f["level"] == "error"], case.id
         if entry["outcome"] != "composition_rejection":
             assert sum(entry["leaf_classes"].values()) == entry["resolved_leaf_count"]
 

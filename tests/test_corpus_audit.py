@@ -14,7 +14,8 @@ from pytest_verl_compat.session import embedded_root
 from pytest_verl_compat.upstream import installed_verl_root
 
 pytestmark = pytest.mark.slow
-CASES = 16  # the seven official cases and nine derived ones
+CASES = 25  # seven official, nine derived and nine field cases
+COMPOSED = 23  # all but the two composition rejections
 
 OFFICIAL = [
     "ppo",
@@ -65,14 +66,14 @@ def test_checkout_all_stages_pass(
     stages = (
         5  # read, compose, compile, trusted, snapshot; upstream_validate skips the 2 uncomposed
     )
-    result.assert_outcomes(passed=CASES * stages + 14 + 2, skipped=2)
+    result.assert_outcomes(passed=CASES * stages + COMPOSED + 2, skipped=2)
     result.stdout.fnmatch_lines(
         [
             "*verl corpus audit*",
             "16 cases; 14 composed; 12 accepted; 2 semantic rejections; 2 composition rejections",
             "resolved leaves by class: *",
-            "stages: 16 read (0 skipped); 16 equal to upstream's entry point (0 skipped); 16 match golden;*",
-            "upstream validate_config: 14 cases checked; agrees on 12; differs on 2*",
+            "stages: 25 read (0 skipped); 25 equal to upstream's entry point (0 skipped); 25 match golden;*",
+            "upstream validate_config: 23 cases checked; agrees on 14; differs on 9*",
         ]
     )
     audit = json.loads(report.read_text())
@@ -116,12 +117,12 @@ def test_embedded_default_skips_read_with_reason(
         pytest.skip("the embedded default takes the tree from an installed verl")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
     result = run_audit(pytester, shared_cache_dir, "-k", "not conformance")
-    result.assert_outcomes(passed=CASES * 4 + 14 + 2, skipped=CASES + 2)
+    result.assert_outcomes(passed=CASES * 4 + COMPOSED + 2, skipped=CASES + 2)
     result.stdout.fnmatch_lines(
         [
             "*upstream: installed verl 0.9.0 distribution at *",
             "16 cases; 14 composed; 12 accepted;*",
-            "stages: 0 read (16 skipped); 16 equal to upstream's entry point*",
+            "stages: 0 read (25 skipped); 25 equal to upstream's entry point*",
             "*has no launch scripts; explicit fields come from the golden snapshot*",
         ]
     )

@@ -51,7 +51,7 @@ def test_bad_case_field_names_file_case_and_field_and_spares_the_others(tmp_path
     assert str(tmp_path / "manifest.yaml") in message
     assert "case 'grpo'" in message
     assert "cases[1].inputs[0].sha256" in message
-    assert sum(1 for case in manifest.cases if not case.error) == 6
+    assert sum(1 for case in manifest.cases if not case.error) == len(manifest.cases) - 1
 
 
 def test_duplicate_ids_are_rejected_precisely(tmp_path: Path) -> None:
@@ -162,3 +162,27 @@ def test_cli_compose_prints_resolved_yaml(upstream_checkout: Path) -> None:
     resolved = yaml.safe_load(result.stdout)
     assert resolved["actor_rollout_ref"]["actor"]["loss_agg_mode"] == "seq-mean-token-sum-norm"
     assert resolved["algorithm"]["norm_adv_by_std_in_grpo"] is False
+
+
+def test_cli_check_prints_findings_and_exits_1_on_error(upstream_checkout: Path) -> None:
+    bad = cli(
+        "--upstream", str(upstream_checkout), "check", "grpo", "--set", "data.train_batch_size=100"
+    )
+    assert bad.returncode == 1
+    assert bad.stdout.startswith(
+        "ERROR data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size: "
+    )
+    assert "100 prompts × n=5 = 500 responses" in bad.stdout and "(set " in bad.stdout
+    script = str(upstream_checkout / "examples/grpo_trainer/run_qwen3_8b_fsdp.sh")
+    warn = cli(
+        "--upstream",
+        str(upstream_checkout),
+        "check",
+        script,
+        "--set",
+        "actor_rollout_ref.rollout.n=1",
+    )
+    assert warn.returncode == 0, warn.stderr
+    assert warn.stdout.startswith("WARNING actor_rollout_ref.rollout.n: ")
+    clean = cli("--upstream", str(upstream_checkout), "check", "ppo")
+    assert clean.returncode == 0 and clean.stdout == ""
