@@ -1,0 +1,128 @@
+"""The shipped prompt set and a stateful, checkpointable prompt sampler.
+
+`data/prompts.jsonl` holds arithmetic and word problems with integer answers, split into
+``train`` and ``val``. It was generated once by `generate_prompts(seed=0)` (run this module as a
+script to regenerate it) and is committed, so runs never depend on generation code changing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROMPTS_PATH = Path(__file__).parent / "data" / "prompts.jsonl"
+NAMES = ("ann", "bob", "cy", "dee", "eve", "max", "sam", "tom")
+THINGS = ("pens", "cups", "eggs", "hats", "keys", "nuts")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    uid: str
+    prompt: str
+    answer: str
+    split: str
+
+
+def generate_prompts(seed: int = 0, train: int = 320, val: int = 40) -> list[dict[str, str]]:
+    """Deterministic problems: two thirds arithmetic, one third word problems."""
+    rng = random.Random(seed)
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
+    while len(rows) < train + val:
+        a, b = rng.randint(0, 20), rng.randint(0, 20)
+        kind = rng.choice(("add", "sub", "mul", "word", "word"))
+        if kind == "add":
+            text, answer = f"{a}+{b}=", a + b
+        elif kind == "sub":
+            a, b = max(a, b), min(a, b)
+            text, answer = f"{a}-{b}=", a - b
+        elif kind == "mul":
+            a, b = a % 10, b % 10
+            text, answer = f"{a}*{b}=", a * b
+        else:
+            name, thing = rng.choice(NAMES), rng.choice(THINGS)
+            text = f"{name} has {a} {thing} and gets {b} more. how many {thing}? "
+            answer = a + b
+        if text in seen:
+            continue
+        seen.add(text)
+        split = "train" if len(rows) < train else "val"
+        rows.append(
+            {
+                "uid": f"{split}-{len(rows):04d}",
+                "prompt": text,
+                "answer": str(answer),
+                "split": split,
+            }
+        )
+    return rows
+
+
+def load_prompts(path: str | Path = PROMPTS_PATH, split: str = "train") -> list[Prompt]:
+    """Rows of one split; a missing file fails naming the field it binds."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.train_files: prompt file {str(path)!r} does not exist")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    prompts = [Prompt(**row) for row in rows if row["split"] == split]
+    if not prompts:
+        raise ValueError(f"data.train_files: {str(path)!r} has no {split!r} rows")
+    return prompts
+
+
+class PromptSampler:
+    """Yields batches of prompt indices, epoch after epoch, from an explicit generator.
+
+    Each epoch's order is a permutation drawn from a generator seeded with (seed, epoch), so
+    the state is just (epoch, position): a resumed sampler continues exactly where it stopped,
+    with no dependence on global RNG (verl's RandomSampler note: it "could not recover").
+    """
+
+    def __init__(self, size: int, batch_size: int, *, seed: int, shuffle: bool) -> None:
+        if batch_size > size:
+            raise ValueError(f"data.train_batch_size={batch_size} exceeds the {size} prompts")
+        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def next_batch(self) -> list[int]:
+        """The next `batch_size` indices; a short tail is dropped, as verl's drop_last does."""
+        if self.position + self.batch_size > self.size:
+            self.epoch, self.position = self.epoch + 1, 0
+        batch = self._order(self.epoch)[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "size": self.size,
+            "batch_size": self.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("seed", "shuffle", "size", "batch_size"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"sampler checkpoint has {key}={state[key]!r}, run has {getattr(self, key)!r}"
+                )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+if __name__ == "__main__":
+    PROMPTS_PATH.parent.mkdir(exist_ok=True)
+    PROMPTS_PATH.write_text("".join(json.dumps(row) + "\n" for row in generate_prompts()))
+    print(f"wrote {PROMPTS_PATH}")
