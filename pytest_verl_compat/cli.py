@@ -192,6 +192,42 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.accepted else 1
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a run's resolved configuration file directly: no launch reading, no composition."""
+    from pytest_verl_compat.compile import compile_resolved, load_profile
+    from pytest_verl_compat.compose import Composer
+    from pytest_verl_compat.resolved import ResolvedFileError, check_resolved, load_resolved
+    from pytest_verl_compat.snapshot import dumps
+    from pytest_verl_compat.upstream import checkout_tree
+
+    session = _session(args)
+    try:
+        mapping = load_resolved(Path(args.resolved))
+    except ResolvedFileError as exc:
+        print(f"verl-compat compile: {exc}", file=sys.stderr)
+        return 2
+    pin = session.manifest.upstream
+    others = []
+    for tree_path in args.tree or []:
+        tree = checkout_tree(Path(tree_path), pin, "option")
+        others.append((f"the tree at {tree_path}", Composer(tree.config_dir, pin.config_name)))
+    check = check_resolved(mapping, session.composer(), f"verl {pin.version}", others)
+    for line in check.lines():
+        print(line, file=sys.stderr)
+    if not check.from_pinned_tree or check.unresolved:
+        print(
+            f"verl-compat compile: {args.resolved} is not a complete verl {pin.version} mapping",
+            file=sys.stderr,
+        )
+        return 1
+    report = compile_resolved(
+        mapping, case_id=Path(args.resolved).stem, profile=load_profile(session.profile_name)
+    )
+    summary = {key: value for key, value in report.to_json().items() if key != "leaves"}
+    sys.stdout.write(dumps(report.to_json() if args.full else summary))
+    return 0 if report.accepted else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-compat", description=__doc__)
     parser.add_argument("--manifest", help="corpus manifest (default: the embedded one)")
@@ -225,6 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
     bindings_flags(compose)
     compose.set_defaults(func=cmd_compose)
 
+    comp = sub.add_parser(
+        "compile", help="compile a resolved configuration file (e.g. .hydra/config.yaml)"
+    )
+    comp.add_argument("resolved", metavar="RESOLVED.yaml")
+    comp.add_argument(
+        "--tree", action="append", metavar="PATH", help="another upstream tree to compare with"
+    )
+    comp.add_argument("--full", action="store_true", help="include every leaf's class")
+    comp.set_defaults(func=cmd_compile)
+
     check = sub.add_parser("check", help="print a case's findings; exit 1 on an error")
     check.add_argument("target", metavar="CASE|SCRIPT")
     check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
@@ -239,6 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--write", action="store_true", help="write golden/audit.json")
     mode.add_argument("--json", metavar="FILE", help="write the audit JSON to FILE")
     audit.set_defaults(func=cmd_audit)
+
+    from pytest_verl_compat.train_cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

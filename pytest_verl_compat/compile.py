@@ -182,7 +182,7 @@ class CompileReport:
             "outcome": self.outcome,
             "reason": self.reason,
             "leaf_classes": self.counts,
-            "required_bindings": self.bindings,
+            "required_bindings": sorted(self.bindings),
             "lowered": self.lowered,
             "findings": [f.to_json() for f in self.findings],
             # Classes only: the rules' reasons live once in the profile, not in every report.

@@ -174,6 +174,10 @@ class AuditSession:
             return self._outcomes[case.id]
         if case.error:
             raise StageFailed(case.error)
+        if case.resolved is not None:
+            result = self._resolved_outcome(case)
+            self._outcomes[case.id] = result
+            return result
         try:
             fields, source = self.read(case), "launch"
         except StageUnavailable:
@@ -262,6 +266,29 @@ class AuditSession:
             bindings=tuple(report.bindings),
             lowered=report.lowered,
         )
+
+    def _resolved_outcome(self, case: Case) -> CaseOutcome:
+        """A ``resolved`` case: a run's resolved configuration file, checked against the pinned tree."""
+        from pytest_verl_compat.resolved import ResolvedFileError, check_resolved, load_resolved
+        from pytest_verl_compat.upstream import check_pins
+
+        assert self.manifest is not None and case.resolved is not None
+        folder = self.manifest.path.parent
+        bad = [check for check in check_pins(folder, case.inputs) if not check.ok]
+        if bad:
+            raise StageFailed("; ".join(check.message() for check in bad))
+        try:
+            mapping = load_resolved(folder / case.resolved)
+        except ResolvedFileError as exc:
+            raise StageFailed(f"[{case.id}] {exc}") from exc
+        check = check_resolved(mapping, self.composer(), f"verl {self.manifest.upstream.version}")
+        fields = ExplicitFields((), None)
+        if not check.from_pinned_tree or check.unresolved:
+            reason = "; ".join(check.lines(limit=5))
+            return CaseOutcome(
+                fields, "resolved", Composition("composition_rejection", reason=reason)
+            )
+        return CaseOutcome(fields, "resolved", Composition("composed", resolved=mapping))
 
     def golden_payload(self, case: Case) -> dict[str, Any]:
         """What the compose golden file holds for a case."""

@@ -1,0 +1,78 @@
+"""Resolved configuration files as input: compiled like composed cases, other versions recognised."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_verl_compat.compile import compile_resolved, load_profile
+from pytest_verl_compat.compose import Composer
+from pytest_verl_compat.resolved import check_resolved
+from pytest_verl_compat.session import embedded_root
+
+GOLDEN = embedded_root() / "golden"
+OFFICIAL = [
+    "ppo",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "grpo_lora",
+    "grpo_reward_model",
+    "dr_grpo",
+]
+
+
+def write_resolved(tmp_path: Path, case_id: str) -> Path:
+    """The case's resolved mapping as verl writes it to .hydra/config.yaml (YAML, key order kept)."""
+    resolved = json.loads((GOLDEN / "compose" / f"{case_id}.json").read_text())["resolved"]
+    path = tmp_path / f"{case_id}.yaml"
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("case_id", OFFICIAL)
+def test_resolved_file_compiles_to_the_composed_cases_report(tmp_path: Path, case_id: str) -> None:
+    path = write_resolved(tmp_path, case_id)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest_verl_compat.cli", "compile", str(path), "--full"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    from_file = json.loads(result.stdout)
+    composed = json.loads((GOLDEN / "compile" / f"{case_id}.json").read_text())
+    from_file.pop("case"), composed.pop("case")
+    assert from_file == composed
+
+
+def test_a_091_mapping_is_recognised_as_not_090(
+    upstream_checkout: Path, upstream_091: Path
+) -> None:
+    composer_091 = Composer(upstream_091 / "verl/trainer/config", "ppo_trainer")
+    mapping = composer_091.compose(["actor_rollout_ref.rollout.name=vllm"], {}).resolved
+    pinned = Composer(upstream_checkout / "verl/trainer/config", "ppo_trainer")
+    check = check_resolved(mapping, pinned, "verl 0.9.0", [("verl 0.9.1", composer_091)])
+    assert not check.from_pinned_tree
+    assert "data.continuous_token.enable" in check.pinned.missing
+    assert check.best.label == "verl 0.9.1" and check.best.mismatches == 0
+    assert any("most likely comes from verl 0.9.1" in line for line in check.lines())
+
+
+def test_unresolved_interpolations_and_missing_values_are_listed(
+    tmp_path: Path, upstream_checkout: Path
+) -> None:
+    mapping = json.loads((GOLDEN / "compose" / "grpo.json").read_text())["resolved"]
+    mapping["trainer"]["experiment_name"] = "${trainer.project_name}_x"
+    check = check_resolved(
+        mapping, Composer(upstream_checkout / "verl/trainer/config", "ppo_trainer"), "verl 0.9.0"
+    )
+    assert check.unresolved == ["trainer.experiment_name: ${trainer.project_name}_x"]
+    assert "reward.reward_model.rollout.name: ???" in check.missing
+    report = compile_resolved(mapping, case_id="x", profile=load_profile())
+    assert report.accepted  # the compiler itself does not resolve; the check stops such files first
