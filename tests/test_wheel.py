@@ -1,0 +1,73 @@
+"""The built wheel: what it contains, what it leaves out, and its metadata."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("pytest_verl_compat-*.whl")
+    return built
+
+
+def test_wheel_ships_corpus_golden_and_profiles_but_no_tests_or_upstream_files(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    for required in (
+        "pytest_verl_compat/plugin.py",
+        "pytest_verl_compat/py.typed",
+        "pytest_verl_compat/data/manifest.schema.json",
+        "pytest_verl_compat/profiles/verl-0.9.0-single-device.yaml",
+        "pytest_verl_compat/_embedded/corpus/manifest.yaml",
+        "pytest_verl_compat/_embedded/corpus/conformance.yaml",
+        "pytest_verl_compat/_embedded/golden/audit.json",
+        "pytest_verl_compat/_embedded/golden/compose/grpo.json",
+        "pytest_verl_compat/_embedded/golden/compile/derived/missing-filter-metric.json",
+        "reference_trainer/trainer.py",
+        "reference_trainer/data/prompts.jsonl",
+    ):
+        assert required in names, required
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", ".ci/", "docs/"))]
+    assert not [
+        n for n in names if n.endswith((".sh", "conftest.py")) or "/verl/trainer/config/" in n
+    ]
+
+
+def test_wheel_metadata_is_complete(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+    meta = Parser().parsestr(archive.read(meta_name).decode())
+    assert meta["Name"] == "pytest-verl-compat"
+    assert meta["Version"]
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert "Framework :: Pytest" in meta.get_all("Classifier")
+    assert meta.get_all("Project-URL")
+    assert "verl==0.9.0; extra == 'upstream'" in meta.get_all("Requires-Dist")
+    entry_points = archive.read(meta_name.replace("METADATA", "entry_points.txt")).decode()
+    assert "verl_corpus = pytest_verl_compat.plugin" in entry_points
+    assert "verl-compat = pytest_verl_compat.cli:main" in entry_points
