@@ -192,7 +192,11 @@ class AuditSession:
     def profile_name(self) -> str:
         from pytest_verl_compat.compile import DEFAULT_PROFILE
 
-        return (self.manifest.profile if self.manifest else None) or DEFAULT_PROFILE
+        name = (self.manifest.profile if self.manifest else None) or DEFAULT_PROFILE
+        if name.endswith((".yaml", ".yml")) and self.manifest is not None:
+            # A profile file is relative to the manifest, like golden_dir.
+            return str((self.manifest.path.parent / name).resolve())
+        return name
 
     def compile(self, case: Case) -> Any:
         """Compile stage: the ``CompileReport`` of a composed case, or None when not composed."""

@@ -31,8 +31,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         assert params or session.manifest_error, "the corpus manifest lists no cases"
         metafunc.parametrize("verl_case", params)
     if "conformance_case" in metafunc.fixturenames:
+        # A manifest without a conformance file (a user's own corpus) has no conformance cases.
         cases = session.conformance_cases()
-        assert cases or session.manifest_error or session.conformance_error, "no conformance cases"
         metafunc.parametrize("conformance_case", [pytest.param(c, id=c.id) for c in cases])
 
 
@@ -207,7 +207,9 @@ def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest)
     request.node.user_properties.append(("verl_tree", verl_audit.upstream.describe()))
     assert verl_audit.upstream.tree_sha256 == pin.tree_sha256, (
         f"tree_sha256={verl_audit.upstream.tree_sha256}, but should be {pin.tree_sha256} "
-        f"(the pinned verl {pin.version} tree) [{verl_audit.upstream.config_dir}]"
+        f"(the pinned verl {pin.version} tree) [{verl_audit.upstream.config_dir}]; the profile is "
+        f"not retargeted. `verl-compat drift --against {verl_audit.upstream.root}` reports the drift "
+        "leaf by leaf; `verl-compat retarget` writes a new profile version to accept it"
     )
     generated_path = Path(verl_audit.upstream.config_dir) / "_generated_ppo_trainer.yaml"
     generated = yaml.safe_load(generated_path.read_text(encoding="utf-8"))

@@ -1,0 +1,180 @@
+"""A user's own launch scripts: `verl-compat init`, bind, audit, edit, see the diff, accept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from pytest_verl_compat.init_manifest import PLACEHOLDER, case_id, init_manifest
+from pytest_verl_compat.manifest import load_manifest
+from pytest_verl_compat.upstream import sha256_file
+
+COMMON = """\
+    data.train_files="$HOME/data/gsm8k/train.parquet" \\
+    actor_rollout_ref.model.path=Qwen/Qwen3-0.6B \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \\
+"""
+
+GRPO = f"""\
+#!/usr/bin/env bash
+set -euo pipefail
+COMMIT=$(git rev-parse --short HEAD)
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+{COMMON}    data.train_batch_size=64 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    actor_rollout_ref.rollout.n=4 \\
+    trainer.experiment_name="grpo_${{COMMIT}}" \\
+    "$@"
+"""
+
+DR_GRPO = f"""\
+#!/usr/bin/env bash
+set -euo pipefail
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    algorithm.norm_adv_by_std_in_grpo=False \\
+{COMMON}    data.train_batch_size=32 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=8 \\
+    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm \\
+    actor_rollout_ref.rollout.n=8 \\
+    trainer.experiment_name="drgrpo_$(date +%Y%m%d_%H%M)"
+"""
+
+
+def user_folder(root: Path, config_dir: Path) -> Path:
+    """The user's upstream root: their scripts under examples/, the pinned tree as a symlink."""
+    (root / "verl" / "trainer").mkdir(parents=True)
+    (root / "verl" / "trainer" / "config").symlink_to(config_dir)
+    (root / "examples").mkdir()
+    (root / "examples" / "my_grpo.sh").write_text(GRPO)
+    (root / "examples" / "My-DrGRPO.sh").write_text(DR_GRPO)
+    return root
+
+
+def test_case_ids() -> None:
+    taken: set[str] = set()
+    assert case_id("My-DrGRPO", taken) == "my_drgrpo"
+    assert case_id("my_drgrpo", taken) == "my_drgrpo_2"
+    assert case_id("---", taken) == "script"
+
+
+def test_init_manifest_validates(tmp_path: Path, upstream_checkout: Path) -> None:
+    root = user_folder(tmp_path / "user", upstream_checkout / "verl" / "trainer" / "config")
+    (root / "examples" / "not_a_launcher.sh").write_text("#!/bin/bash\necho hello\n")
+    text = init_manifest(root)
+    raw = yaml.safe_load(text)
+    schema = json.loads(
+        (Path(__file__).parents[1] / "pytest_verl_compat/data/manifest.schema.json").read_text()
+    )
+    jsonschema.validate(raw, schema)
+    embedded = yaml.safe_load((Path(__file__).parents[1] / "corpus" / "manifest.yaml").read_text())
+    assert raw["upstream"] == embedded["upstream"]
+    assert raw["environment"]["variables"] == {"HOME": "/home/verl"}
+    # Unknown substitutions wait for a value; the embedded corpus's known ones are prefilled.
+    assert raw["environment"]["substitutions"] == {
+        "git rev-parse --short HEAD": PLACEHOLDER,
+        "date +%Y%m%d_%H%M": "20260101_0000",
+    }
+    assert "# examples/my_grpo.sh:3" in text
+    assert "# examples/My-DrGRPO.sh:" in text
+    assert [c["id"] for c in raw["cases"]] == ["my_drgrpo", "my_grpo", "not_a_launcher"]
+    for case in raw["cases"]:
+        assert case["kind"] == "user"
+        assert case["inputs"] == [
+            {"path": case["launch"], "sha256": sha256_file(root / case["launch"])}
+        ]
+    assert "# cannot read yet: examples/not_a_launcher.sh" in text
+
+
+def test_init_cli(tmp_path: Path, upstream_checkout: Path, capsys: pytest.CaptureFixture) -> None:
+    import argparse
+
+    from pytest_verl_compat.drift_cli import add_drift_parsers
+
+    root = user_folder(tmp_path / "user", upstream_checkout / "verl" / "trainer" / "config")
+    parser = argparse.ArgumentParser()
+    add_drift_parsers(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "m.yaml"
+    args = parser.parse_args(["init", str(root), "--out", str(out)])
+    assert args.func(args) == 0
+    assert f'bind every "{PLACEHOLDER}"' in capsys.readouterr().err
+    assert load_manifest(out).cases[0].id == "my_drgrpo"
+    assert args.func(args) == 2, "an existing manifest is not overwritten without --force"
+
+
+def run_audit(pytester: pytest.Pytester, cache: Path, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "--verl-corpus",
+        "-p",
+        "no:randomly",
+        "-o",
+        f"cache_dir={cache}",
+        "-rfEs",
+        # The conformance stage checks the plugin's math, not the user's scripts.
+        "-k",
+        "not conformance",
+        *args,
+    )
+
+
+@pytest.mark.slow
+def test_user_manifest_through_every_stage(
+    pytester: pytest.Pytester, upstream_checkout: Path, shared_cache_dir: Path
+) -> None:
+    root = user_folder(pytester.path / "user", upstream_checkout / "verl" / "trainer" / "config")
+    manifest = pytester.path / "user" / "manifest.yaml"
+    init_manifest(root, manifest)
+    manifest.write_text(manifest.read_text().replace(f'"{PLACEHOLDER}"', '"abc1234"'))
+    loaded = load_manifest(manifest)
+    assert [c.id for c in loaded.cases] == ["my_drgrpo", "my_grpo"]
+    assert all(c.error is None for c in loaded.cases)
+    args = (f"--verl-corpus-manifest={manifest}", f"--verl-corpus-upstream={root}")
+
+    first = run_audit(pytester, shared_cache_dir, *args, "--snapshot-update")
+    assert first.ret == 0, first.stdout.str()[-4000:]
+    golden = root / "golden"
+    assert sorted(p.name for p in (golden / "compose").iterdir()) == [
+        "my_drgrpo.json",
+        "my_grpo.json",
+    ]
+    snapshot = json.loads((golden / "compose" / "my_grpo.json").read_text())
+    assert "trainer.experiment_name=grpo_abc1234" in snapshot["explicit_fields"]
+
+    green = run_audit(pytester, shared_cache_dir, *args)
+    # read, compose, compile, upstream_validate, trusted, snapshot per case; tree; orphans.
+    green.assert_outcomes(passed=2 * 6 + 2)
+    green.stdout.fnmatch_lines(["2 cases; 2 composed; 2 accepted; *"])
+
+    # The user doubles the batch and re-pins the script: the snapshot shows what moved.
+    script = root / "examples" / "my_grpo.sh"
+    old_sha = sha256_file(script)
+    script.write_text(script.read_text().replace("train_batch_size=64", "train_batch_size=128"))
+    manifest.write_text(manifest.read_text().replace(old_sha, sha256_file(script)))
+    changed = run_audit(pytester, shared_cache_dir, *args)
+    assert changed.ret == 1
+    changed.stdout.fnmatch_lines(
+        [
+            "*golden differs at these leaves (- golden, + now):*",
+            '*~ explicit_fields[[]*[]]: "data.train_batch_size=64" -> "data.train_batch_size=128"*',
+            "*~ resolved.data.train_batch_size: 64 -> 128*",
+            "*run pytest --verl-corpus --snapshot-update to accept the change*",
+        ],
+        consecutive=False,
+    )
+    failed = {r.split(" ")[1].split("::", 1)[1] for r in changed.outlines if r.startswith("FAILED")}
+    assert failed == {"test_snapshot[my_grpo]"}, changed.stdout.str()[-3000:]
+
+    accepted = run_audit(pytester, shared_cache_dir, *args, "--snapshot-update")
+    assert accepted.ret == 0, accepted.stdout.str()[-4000:]
+    accepted.stdout.fnmatch_lines(["*1 snapshot updated*"])
+    again = run_audit(pytester, shared_cache_dir, *args)
+    again.assert_outcomes(passed=2 * 6 + 2)
