@@ -1,4 +1,4 @@
-"""Compose stage: Hydra 1.3.2's compose API on the pinned tree, resolved into a plain mapping."""
+"""Compose stage: Hydra 1.3.2's compose on the pinned tree (or its exact fast path), resolved."""
 
 from __future__ import annotations
 
@@ -238,8 +238,9 @@ class _FastPathUnavailable(Exception):
 class Composer:
     """Composes override lists on one config tree; keeps Hydra initialised between calls.
 
-    ``fast=False`` always runs Hydra's full compose (the reference the fast path is tested
-    against).
+    The override-free composition is memoised per process by the sha256 of the tree's files
+    (hashed at this Composer's first use) and the config name. ``fast=False`` always runs
+    Hydra's full compose (the reference the fast path is tested against).
     """
 
     def __init__(self, config_dir: Path, config_name: str, *, fast: bool = True) -> None:
@@ -299,8 +300,22 @@ class Composer:
                 resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
         except (HydraException, OmegaConfBaseException, ValueError, KeyError) as exc:
             return Composition("composition_rejection", reason=_clean_message(exc, self.config_dir))
+        except Exception as exc:
+            # Hydra lets some malformed overrides through to a bare TypeError (e.g. a group
+            # override with a list of numbers, `model_engine=[0]`); still the input's fault.
+            return Composition("composition_rejection", reason=_clean_message(exc, self.config_dir))
         assert isinstance(resolved, dict)
         return Composition("composed", resolved=resolved, missing=tuple(_missing_paths(cfg)))
+
+    def _resolution_rejection(
+        self, cfg: DictConfig, variables: Mapping[str, str]
+    ) -> Composition | None:
+        try:
+            with deterministic_resolvers(variables):
+                OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+        except (HydraException, OmegaConfBaseException, ValueError, KeyError) as exc:
+            return Composition("composition_rejection", reason=_clean_message(exc, self.config_dir))
+        return None
 
     def _eligible(self, base: _Base, fields: Sequence[str]) -> list[Any]:
         overrides = []
@@ -375,7 +390,12 @@ class Composer:
                         child = parent_node._get_child(path[-1], throw_on_missing_value=False)
                         target[path[-1]] = _export(child, resolve=True)
             except (OmegaConfBaseException, ValueError, KeyError) as exc:
-                raise _FastPathUnavailable(str(exc)) from exc
+                # The config is the one Hydra would return, so resolving it whole as the slow
+                # path does raises Hydra's error, with its full key, without composing again.
+                rejection = self._resolution_rejection(cfg, variables)
+                if rejection is None:
+                    raise _FastPathUnavailable(str(exc)) from exc
+                return rejection
         finally:
             for parent, part in reversed(created):
                 parent.__dict__["_content"].pop(part, None)

@@ -1,0 +1,274 @@
+"""The fast composition path against Hydra's own ``compose``: same mapping, same key order and
+types, or the same exception and message, for every golden case and generated override lists."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_verl_compat import compose as compose_module
+from pytest_verl_compat.compose import Composer, Composition, deterministic_resolvers
+
+REPO = Path(__file__).resolve().parents[1]
+UPSTREAM = Path(os.environ.get("VERL_UPSTREAM") or REPO.parent / "shared/upstream/verl-v0.9.0")
+CONFIG_DIR = UPSTREAM / "verl/trainer/config"
+VARIABLES = {"HOME": "/home/verl"}
+GOLDEN = sorted((REPO / "golden/compose").rglob("*.json"))
+# Generated lists are composed twice (fast, and by Hydra at ~0.8 s); spread over several tests so
+# `-n 2` shares them out. VERL_FUZZ_EXAMPLES scales every generated test.
+EXAMPLES = int(os.environ.get("VERL_FUZZ_EXAMPLES", "70"))
+
+pytestmark = pytest.mark.skipif(
+    not CONFIG_DIR.is_dir(), reason=f"no verl v0.9.0 config tree at {CONFIG_DIR} (VERL_UPSTREAM)"
+)
+
+
+def hydra_reference(fields: Sequence[str], variables: dict[str, str]) -> Composition:
+    """Plain ``hydra.compose`` and ``OmegaConf.to_container``, nothing of ours but the resolvers."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = compose(config_name="ppo_trainer", overrides=list(fields))
+        with deterministic_resolvers(variables):
+            resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except Exception as exc:  # the Composer turns every compose error into a rejection
+        reason = f"{type(exc).__name__}: {exc}".replace(str(CONFIG_DIR), "<config_dir>").strip()
+        return Composition("composition_rejection", reason=reason)
+    assert isinstance(resolved, dict)
+    return Composition(
+        "composed", resolved=resolved, missing=tuple(compose_module._missing_paths(cfg))
+    )
+
+
+def typed(value: Any) -> Any:
+    """A comparable form that keeps key order and types (``1 == 1.0 == True`` otherwise)."""
+    if isinstance(value, dict):
+        return ("dict", tuple((type(k).__name__, k, typed(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("list", tuple(typed(v) for v in value))
+    if isinstance(value, float) and math.isnan(value):
+        return ("float", "nan")
+    return (type(value).__name__, value)
+
+
+def assert_same(fields: Sequence[str], fast: Composition, reference: Composition) -> None:
+    __tracebackhide__ = True
+    assert (fast.outcome, fast.reason) == (reference.outcome, reference.reason), fields
+    assert typed(fast.resolved) == typed(reference.resolved), fields
+    assert fast.missing == reference.missing, fields
+
+
+def assert_base_untouched(composer: Composer) -> None:
+    """The shared override-free composition must come back from every call unchanged."""
+    __tracebackhide__ = True
+    from omegaconf import OmegaConf
+
+    base = composer._base()
+    assert typed(OmegaConf.to_container(base.cfg, resolve=False)) == typed(base.plain)
+
+
+@pytest.fixture(scope="module")
+def composer() -> Composer:
+    return Composer(CONFIG_DIR, "ppo_trainer")
+
+
+@pytest.fixture(scope="module")
+def reference_base() -> dict[str, Any]:
+    result = hydra_reference([], VARIABLES)
+    assert result.resolved is not None
+    return result.resolved
+
+
+@pytest.mark.parametrize(
+    "golden", GOLDEN, ids=[str(p.relative_to(REPO / "golden/compose"))[:-5] for p in GOLDEN]
+)
+def test_golden_cases_compose_as_hydra_does(composer: Composer, golden: Path) -> None:
+    fields = json.loads(golden.read_text())["explicit_fields"]
+    fast = composer.compose(fields, VARIABLES)
+    assert_same(fields, fast, hydra_reference(fields, VARIABLES))
+    assert_base_untouched(composer)
+
+
+def test_golden_cases_take_the_fast_path(composer: Composer) -> None:
+    """Every official case avoids Hydra (rejections fall back on purpose)."""
+    for golden in GOLDEN:
+        payload = json.loads(golden.read_text())
+        if payload["outcome"] != "composed":
+            continue
+        composer._fast_compose(payload["explicit_fields"], VARIABLES)
+
+
+def test_override_free_config_is_hydras(composer: Composer) -> None:
+    from omegaconf import OmegaConf
+
+    fast = OmegaConf.to_container(composer.compose_config([]), resolve=False)
+    reference = Composer(CONFIG_DIR, "ppo_trainer", fast=False).compose_config([])
+    assert typed(fast) == typed(OmegaConf.to_container(reference, resolve=False))
+
+
+# --- generated override lists --------------------------------------------------------------------
+
+
+def _paths(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out.append((path, item))
+            out.extend(_paths(item, path))
+    return out
+
+
+def _base_paths() -> list[tuple[str, Any]]:
+    if not CONFIG_DIR.is_dir():
+        return [("trainer.nnodes", 1)]
+    return _paths(Composer(CONFIG_DIR, "ppo_trainer")._base().plain)
+
+
+BASE_PATHS = _base_paths()
+KEYS = [path for path, _ in BASE_PATHS]
+LEAF_KEYS = [path for path, value in BASE_PATHS if not isinstance(value, dict | list)]
+DICT_KEYS = [path for path, value in BASE_PATHS if isinstance(value, dict)]
+LIST_KEYS = [path for path, value in BASE_PATHS if isinstance(value, list)]
+NAME = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
+
+primitive = st.one_of(
+    st.integers(-(10**12), 10**12).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["true", "False", "TRUE", "null", "NULL", "1e-6", "0.6", "1_000", "+5", "-0"]),
+    st.sampled_from(["low_var_kl", "Qwen/Qwen3-8B", "vllm", "a-b", "x:y", "inf", "nan", "-inf"]),
+    NAME,
+)
+quoted = st.text(
+    alphabet=st.characters(codec="ascii", exclude_characters="'\\\r\n\x0b\x0c\x1c\x1d\x1e\x1f\x85"),
+    max_size=12,
+).map(lambda s: f"'{s}'")
+interpolation = st.one_of(
+    st.sampled_from(KEYS).map(lambda k: f"${{{k}}}"),
+    st.sampled_from(
+        [
+            "${does.not.exist}",
+            "${oc.env:HOME}",
+            "${oc.env:NOT_BOUND}",
+            "${oc.env:NOT_BOUND,fallback}",
+            "${now:%Y}",
+            "${..nnodes}",
+            "pre_${trainer.nnodes}_post",
+            "\\${escaped}",
+            "${oc.select:trainer.nnodes,3}",
+            "${oc.decode:'[1, 2]'}",
+        ]
+    ),
+)
+scalar = st.one_of(primitive, quoted, interpolation)
+value = st.recursive(
+    scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+        st.dictionaries(NAME, inner, max_size=3).map(
+            lambda d: "{" + ",".join(f"{k}:{v}" for k, v in d.items()) + "}"
+        ),
+    ),
+    max_leaves=5,
+)
+
+existing_assignment = st.builds(
+    lambda key, v: f"{key}={v}",
+    st.sampled_from(LEAF_KEYS + LIST_KEYS + DICT_KEYS),
+    value,
+)
+addition = st.builds(
+    lambda prefix, key, name, v: f"{prefix}{key}.{name}={v}" if key else f"{prefix}{name}={v}",
+    st.sampled_from(["+", "++", ""]),
+    st.sampled_from(["", *DICT_KEYS]),
+    NAME,
+    value,
+)
+re_add = st.builds(
+    lambda prefix, key, v: f"{prefix}{key}={v}",
+    st.sampled_from(["+", "++"]),
+    st.sampled_from(KEYS),
+    value,
+)
+hydra_only = st.sampled_from(
+    [
+        "model_engine=megatron",
+        "model_engine=dp",
+        "data=legacy_data",
+        "actor@actor_rollout_ref.actor=dp_actor",
+        "+actor@extra=dp_actor",
+        "~trainer.nnodes",
+        "~trainer.nnodes=1",
+        "~trainer.nnodes=2",
+        "~does.not.exist",
+        "trainer.nnodes=1,2",
+        "trainer.nnodes=range(1,3)",
+        "trainer.nnodes=choice(1,2)",
+        "trainer.logger=glob(*)",
+        "hydra.job.name=x",
+        "+hydra.foo=1",
+        "trainer..nnodes=1",
+        "=1",
+        "trainer.nnodes",
+        "trainer.nnodes=[1,",
+        "critic={enable: false}",
+        "algorithm.rollout_correction=rollout_correction",
+        "trainer.nnodes=${trainer.n_gpus_per_node}",
+        "trainer.does_not_exist=1",
+        "does_not_exist.x=1",
+        "trainer.nnodes.x=1",
+        "+trainer.nnodes.x=1",
+        "trainer=[]",
+        "model_engine=[0]",  # Hydra raises a bare TypeError for this one
+    ]
+)
+OFFICIAL = json.loads((REPO / "golden/compose/grpo.json").read_text())["explicit_fields"]
+with_official = st.booleans()
+
+
+def _check(composer: Composer, fields: list[str]) -> None:
+    fast = composer.compose(fields, VARIABLES)
+    assert_same(fields, fast, hydra_reference(fields, VARIABLES))
+    assert_base_untouched(composer)
+
+
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@SETTINGS
+@given(fields=st.lists(existing_assignment, min_size=1, max_size=4), official=with_official)
+def test_new_values_of_existing_keys(composer: Composer, fields: list[str], official: bool) -> None:
+    _check(composer, (OFFICIAL if official else []) + fields)
+
+
+@SETTINGS
+@given(fields=st.lists(st.one_of(addition, re_add), min_size=1, max_size=4), official=with_official)
+def test_additions(composer: Composer, fields: list[str], official: bool) -> None:
+    _check(composer, (OFFICIAL if official else []) + fields)
+
+
+@SETTINGS
+@given(
+    fields=st.lists(
+        st.one_of(existing_assignment, addition, hydra_only, hydra_only), min_size=1, max_size=4
+    )
+)
+def test_mixed_with_hydra_only_overrides(composer: Composer, fields: list[str]) -> None:
+    _check(composer, fields)
