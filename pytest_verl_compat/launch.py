@@ -20,6 +20,7 @@ Deliberate differences from bash, each documented where it is implemented:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -328,8 +329,25 @@ def _shfmt() -> str | None:
     return shutil.which("shfmt")
 
 
+# shfmt's printed tree by sha256 of the script: a corpus reads the same few scripts many times
+# (every derived case re-reads its base), and each shfmt start costs more than the evaluation.
+_TREE_TEXT: dict[str, bytes] = {}
+_TREE_TEXT_LIMIT = 512
+
+
 def _parse(label: str, data: bytes) -> Node:
-    """The typed syntax tree of ``data``, as printed by ``shfmt --to-json``."""
+    """The typed syntax tree of ``data``, as printed by ``shfmt --to-json`` (memoised by hash)."""
+    digest = hashlib.sha256(data).hexdigest()
+    cached = _TREE_TEXT.get(digest)
+    if cached is not None:
+        return json.loads(cached)  # a fresh tree each time: callers may annotate it
+    tree = _parse_uncached(label, data)
+    if len(_TREE_TEXT) < _TREE_TEXT_LIMIT:
+        _TREE_TEXT[digest] = json.dumps(tree).encode()
+    return tree
+
+
+def _parse_uncached(label: str, data: bytes) -> Node:
     exe = _shfmt()
     if exe is None:
         raise LaunchReadError(
