@@ -85,8 +85,16 @@ class AuditReporter:
 
         xml = self.config.stash.get(xml_key, None)
         if xml is not None:
-            for name, value in audit["totals"].items():
-                xml.add_global_property(f"verl_corpus_{name}", value)
+            totals = {**audit["totals"], **self.stage_totals()}
+            totals.update({f"field_{k}": v for k, v in audit["field_totals"].items()})
+            for name, value in totals.items():
+                # Payloads stay flat builtin values: one property per leaf class.
+                if isinstance(value, dict):
+                    for key, count in value.items():
+                        xml.add_global_property(f"verl_corpus_{name}_{key}", count)
+                else:
+                    xml.add_global_property(f"verl_corpus_{name}", value)
+            xml.add_global_property("verl_corpus_profile", audit["profile"])
             xml.add_global_property(
                 "verl_corpus_tree_sha256", audit["upstream"]["tree_sha256"] or ""
             )
