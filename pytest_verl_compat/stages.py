@@ -135,7 +135,9 @@ def test_upstream_validate(
     entry = _run(lambda: verl_audit.audit_entry(verl_case))
     if entry["outcome"] == "composition_rejection":
         pytest.skip("not composed: upstream's validate_config never sees this case")
-    verdict = _run(lambda: verl_audit.upstream_verdict(verl_case, request.config.cache))
+    verdict = _run(
+        lambda: verl_audit.upstream_verdict(verl_case, getattr(request.config, "cache", None))
+    )
     ours = "passes" if entry["outcome"] == "accepted" else "fails"
     _record(
         request, verl_case, "upstream_validate", upstream_validate=verdict["verdict"], ours=ours
@@ -173,7 +175,10 @@ def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixt
             f"installed verl's tree {installed_tree} is not the composed tree {verl_audit.upstream.tree_sha256}"
         )
     result = trusted_composition(
-        installed_tree, outcome.fields.fields, verl_case.bindings.variables, request.config.cache
+        installed_tree,
+        outcome.fields.fields,
+        verl_case.bindings.variables,
+        getattr(request.config, "cache", None),
     )
     _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     composition = outcome.composition
