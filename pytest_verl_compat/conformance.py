@@ -18,51 +18,20 @@ import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-UPSTREAM_VERSION = "0.9.0"
-MISSING_UPSTREAM = f"upstream verl {UPSTREAM_VERSION} not installed"
+from pytest_verl_compat.conformance_plan import (
+    AGG_MODE_NAMES,
+    DTYPE_NAMES,
+    ConformanceCase,
+    upstream_missing_reason,
+)
 
-COMPONENTS = (
-    "advantage",
-    "policy_loss",
-    "agg_loss",
-    "kl",
-    "kl_in_reward",
-    "value_loss",
-    "entropy",
-    "log_prob",
-    "microbatch",
-)
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
-AGG_MODE_NAMES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-KL_PENALTY_NAMES = (
-    "kl",
-    "k1",
-    "abs",
-    "mse",
-    "k2",
-    "low_var_kl",
-    "k3",
-    "k1+",
-    "k3+",
-    "kl+",
-    "low_var_kl+",
-    "abs+",
-)
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 # Settings shared by every case (the data, not the tolerances, vary between cases).
 CLIP = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
@@ -80,24 +49,6 @@ KL_STEPS = 4
 
 
 # --------------------------------------------------------------------------- public types
-
-
-@dataclass(frozen=True)
-class ConformanceCase:
-    """One comparison: a component's variant on one family of inputs in one dtype."""
-
-    id: str
-    component: str
-    variant: str
-    family: str
-    dtype: str
-    rtol: float
-    atol: float
-    samples: int = 3
-    # verl computes clip fractions in float32 whatever the input dtype (`.float()`).
-    fraction_rtol: float = 1e-5
-    fraction_atol: float = 1e-6
-    divergence: str = ""  # the reason of a known divergence that loosened this case's tolerance
 
 
 @dataclass(frozen=True)
@@ -125,151 +76,6 @@ class Mutation:
         replaced = self.patch(namespace)
         assert set(replaced) == set(self.replaces), (self.name, sorted(replaced))
         return {**namespace, **replaced}
-
-
-# --------------------------------------------------------------------------- tolerances
-
-
-def load_tolerances(path: str | Path) -> dict[str, Any]:
-    """Read and check `corpus/conformance.yaml`: per component and dtype rtol/atol, samples."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or not isinstance(data.get("tolerances"), dict):
-        raise ValueError(f"{path}: expected a mapping with a 'tolerances' mapping")
-    tolerances = data["tolerances"]
-    missing = [c for c in COMPONENTS if c not in tolerances]
-    unknown = sorted(set(tolerances) - set(COMPONENTS))
-    if missing or unknown:
-        raise ValueError(f"{path}: components missing {missing}, unknown {unknown}")
-    for component, per_dtype in tolerances.items():
-        for dtype in DTYPES:
-            entry = (per_dtype or {}).get(dtype)
-            if not isinstance(entry, dict) or set(entry) != {"rtol", "atol"}:
-                raise ValueError(
-                    f"{path}: tolerances.{component}.{dtype} needs exactly rtol and atol"
-                )
-        if per_dtype["float64"]["rtol"] > 1e-10:
-            raise ValueError(
-                f"{path}: tolerances.{component}.float64.rtol={per_dtype['float64']['rtol']}, "
-                "but should be at most 1e-10 (loosen single cases under known_divergences)"
-            )
-    samples = data.get("samples", 3)
-    if not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"{path}: samples={samples!r}, but should be a positive integer")
-    required = {"component", "variants", "families", "dtype", "rtol", "atol", "reason"}
-    for entry in data.get("known_divergences") or []:
-        if not isinstance(entry, dict) or set(entry) != required:
-            raise ValueError(f"{path}: known divergence {entry!r} needs exactly {sorted(required)}")
-    return data
-
-
-def _divergence_matches(
-    entry: Mapping[str, Any], component: str, variant: str, family: str, dtype: str
-) -> bool:
-    """A known-divergence entry's selectors; `families: all` selects every family."""
-    families = entry["families"]
-    return (
-        entry["component"] == component
-        and variant in entry["variants"]
-        and (families == "all" or family in families)
-        and entry["dtype"] == dtype
-    )
-
-
-def _case_plan() -> dict[str, list[tuple[str, str]]]:
-    """(variant, family) pairs of every component, before dtypes."""
-    plan: dict[str, list[tuple[str, str]]] = {}
-    plan["advantage"] = [
-        *(("gae", f) for f in ("ragged", "multiturn", "empty", "long")),
-        *(
-            ("grpo", f)
-            for f in ("ragged", "groups", "empty", "long", "no-std-ragged", "no-std-groups")
-        ),
-        *(("rloo", f) for f in ("ragged", "groups", "empty")),
-        *(("reinforce_plus_plus", f) for f in ("ragged", "multiturn", "empty", "long")),
-        *(("reinforce_plus_plus_baseline", f) for f in ("ragged", "groups", "empty")),
-    ]
-    scenarios = ("ragged-global", "empty-local")
-    plan["policy_loss"] = [
-        *(("vanilla", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in scenarios),
-        ("vanilla", "token-mean-long-global"),
-        *(("actor", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in scenarios),
-    ]
-    plan["agg_loss"] = [
-        (mode, s)
-        for mode in AGG_MODE_NAMES
-        for s in ("ragged-global", "empty-local", "multiturn-global")
-    ]
-    plan["kl"] = [(name, f) for name in KL_PENALTY_NAMES for f in ("ragged", "large")]
-    plan["kl_in_reward"] = [
-        (ctrl, f) for ctrl in ("fixed", "adaptive") for f in ("kl-ragged", "low_var_kl-empty")
-    ]
-    plan["value_loss"] = [(mode, s) for mode in AGG_MODE_NAMES for s in scenarios]
-    plan["entropy"] = [("logits", f) for f in ("normal", "large", "temperature")]
-    plan["log_prob"] = [("logits", f) for f in ("normal", "large", "temperature", "long")]
-    plan["microbatch"] = [
-        (mode, f"{side}-{loss}")
-        for mode in AGG_MODE_NAMES
-        for loss in ("actor", "critic")
-        for side in ("ours", "upstream")
-    ]
-    return plan
-
-
-def conformance_cases(tolerances: Mapping[str, Any]) -> list[ConformanceCase]:
-    """Every case, in a stable order, with its tolerance; ids are unique."""
-    samples = int(tolerances.get("samples", 3))
-    table = tolerances["tolerances"]
-    divergences = list(tolerances.get("known_divergences") or [])
-    used = [False] * len(divergences)
-    cases: list[ConformanceCase] = []
-    for component, pairs in _case_plan().items():
-        for variant, family in pairs:
-            for dtype in DTYPES:
-                rtol, atol = table[component][dtype]["rtol"], table[component][dtype]["atol"]
-                reason = ""
-                for k, entry in enumerate(divergences):
-                    if _divergence_matches(entry, component, variant, family, dtype):
-                        rtol, atol, reason = entry["rtol"], entry["atol"], entry["reason"]
-                        used[k] = True
-                fraction = table[component]["float32"]
-                cases.append(
-                    ConformanceCase(
-                        id=f"{component}.{variant}[{family}-{dtype}]",
-                        component=component,
-                        variant=variant,
-                        family=family,
-                        dtype=dtype,
-                        rtol=float(rtol),
-                        atol=float(atol),
-                        samples=samples,
-                        fraction_rtol=float(fraction["rtol"]),
-                        fraction_atol=float(fraction["atol"]),
-                        divergence=str(reason).strip(),
-                    )
-                )
-    unmatched = [
-        f"{d['component']} {d['variants']} {d['families']} {d['dtype']}"
-        for d, hit in zip(divergences, used, strict=True)
-        if not hit
-    ]
-    if unmatched:
-        raise ValueError(f"known divergences match no case: {unmatched}")
-    ids = [case.id for case in cases]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise ValueError(f"duplicate conformance case ids: {duplicates}")
-    return cases
-
-
-def upstream_missing_reason() -> str | None:
-    """Why upstream cannot be compared against, or None; imports nothing."""
-    try:
-        version = metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return MISSING_UPSTREAM
-    if version != UPSTREAM_VERSION:
-        return f"{MISSING_UPSTREAM} (found verl {version})"
-    return None
 
 
 # --------------------------------------------------------------------------- our namespace

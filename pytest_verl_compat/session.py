@@ -112,7 +112,7 @@ class AuditSession:
         if self._conformance is None:
             self._conformance = []
             if self.manifest is not None and self.manifest.conformance is not None:
-                from pytest_verl_compat.conformance import conformance_cases, load_tolerances
+                from pytest_verl_compat.conformance_plan import conformance_cases, load_tolerances
 
                 try:
                     self._conformance = conformance_cases(

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from deepdiff import DeepDiff
 from syrupy.data import SnapshotCollection, SnapshotCollections
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 from syrupy.location import PyTestLocation
@@ -50,6 +49,9 @@ def _short(value: Any) -> str:
 
 def leaf_diff(old: Any, new: Any, limit: int = MAX_DIFF_LINES) -> list[str]:
     """Changed leaves as ``+ path: new``, ``- path: old``, ``~ path: old -> new``, capped."""
+    # deepdiff imports pandas when it is installed (half a second); only a mismatch needs it.
+    from deepdiff import DeepDiff
+
     diff = DeepDiff(old, new, view="tree", ignore_order=False, verbose_level=2)
     lines: list[str] = []
     for kind in sorted(diff.keys()):

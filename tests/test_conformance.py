@@ -9,14 +9,16 @@ import pytest
 import yaml
 
 from pytest_verl_compat.conformance import (
-    COMPONENTS,
     MUTATIONS,
-    ConformanceCase,
     ConformanceResult,
-    conformance_cases,
-    load_tolerances,
     run_case,
     run_mutation_check,
+)
+from pytest_verl_compat.conformance_plan import (
+    COMPONENTS,
+    ConformanceCase,
+    conformance_cases,
+    load_tolerances,
     upstream_missing_reason,
 )
 
