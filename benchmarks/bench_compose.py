@@ -179,6 +179,7 @@ def bench_synthetic(upstream: Path, count: int) -> dict[str, Any]:
     composer = Composer(upstream / "verl/trainer/config", "ppo_trainer")
     profile = load_profile(manifest.profile or DEFAULT_PROFILE)
     marks: dict[int, float] = {}
+    rss: dict[int, float] = {}
     outcomes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="bench-corpus-") as tmp:
         corpus = synthetic_corpus(upstream, count, Path(tmp))
@@ -198,9 +199,22 @@ def bench_synthetic(upstream: Path, count: int) -> dict[str, Any]:
                 outcomes[composition.outcome] = outcomes.get(composition.outcome, 0) + 1
             if index % 50 == 0:
                 marks[index] = time.perf_counter() - start
+                rss[index] = _current_rss_mib()
         total = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"total": total, "marks": marks, "outcomes": outcomes, "peak_rss_mib": peak_kib / 1024}
+    return {
+        "total": total,
+        "marks": marks,
+        "rss": rss,
+        "outcomes": outcomes,
+        "peak_rss_mib": peak_kib / 1024,
+    }
+
+
+def _current_rss_mib() -> float:
+    """Resident memory now (Linux), to show that it stays flat as the corpus grows."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,7 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{cases}-case audit cold (pytest subprocess): {cold:.2f} s")
 
     synthetic = bench_synthetic(upstream, args.scripts)
-    marks = ", ".join(f"{n}: {t:.2f} s" for n, t in sorted(synthetic["marks"].items()))
+    marks = ", ".join(
+        f"{n}: {t:.2f} s, {synthetic['rss'][n]:.0f} MiB"
+        for n, t in sorted(synthetic["marks"].items())
+    )
     print(
         f"\nsynthetic corpus of {args.scripts} scripts: {synthetic['total']:.2f} s "
         f"({marks}); outcomes {synthetic['outcomes']}; peak RSS {synthetic['peak_rss_mib']:.0f} MiB"
