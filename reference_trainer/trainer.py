@@ -41,16 +41,21 @@ from reference_trainer.checkpoint import (
     save_checkpoint,
 )
 from reference_trainer.config import OptimConfig, ReferenceTrainerConfig
-from reference_trainer.data import PROMPTS_PATH, Prompt, PromptSampler, load_prompts
+from reference_trainer.data import PROMPTS_PATH, Prompt, PromptSampler, load_prompts, prompt_text
 from reference_trainer.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from reference_trainer.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.losses import actor_loss, value_loss
 from reference_trainer.masked import masked_mean
+from reference_trainer.packing import pack, packing_supported, unpack
+from reference_trainer.reasoning_gym_prompts import reasoning_gym_reward
 from reference_trainer.reward import RewardModelScorer, length_reward, rule_correct, rule_reward
 from reference_trainer.tiny import TINY, build_tiny_value_model, load_policy
 
 # ---------------------------------------------------------------------------------------------
 # Local budget and the adaptation ledger
+
+REWARDS = ("rule", "length", "reasoning-gym")
+TINY_LR = 2e-3
 
 
 @dataclass(frozen=True)
@@ -63,14 +68,16 @@ class LocalBudget:
     """Prompts per step; mini-batches keep upstream's train_batch_size / ppo_mini_batch_size."""
     max_response_length: int = 16
     max_prompt_length: int = 64
-    actor_lr: float = 2e-3
-    """A 0.3M-parameter model at upstream's 1e-6 would not move in a few dozen steps."""
-    critic_lr: float = 2e-3
+    actor_lr: float | None = None
+    """None: 2e-3 for the tiny model (at upstream's 1e-6 a 0.3M-parameter model would not move
+    in a few dozen steps), upstream's learning rate for a real `model` folder."""
+    critic_lr: float | None = None
     n: int | None = None
     """Responses per prompt; None keeps upstream's rollout.n."""
     reward: str = "rule"
-    """``rule`` (first integer equals the answer), ``length`` (learning-signal test) or
-    ``model`` (the reward model folder of ``reward_model_path``)."""
+    """``rule`` (first integer equals the answer), ``length`` (learning-signal test),
+    ``reasoning-gym`` (the task's scorer; prompts from `verl-compat prompts`) or ``model``
+    (the reward model folder of ``reward_model_path``)."""
     length_target: int = 4
     """Target response length in tokens (EOS included) of the length reward."""
     reward_model_path: str | None = None
@@ -131,10 +138,11 @@ def adapt(
             "tiny model hidden size is 96",
         )
 
-    def optim(base: OptimConfig, name: str, lr: float) -> OptimConfig:
-        return dataclasses.replace(
-            base, lr=note(f"{name}.lr", base.lr, lr, "tiny model, few steps")
-        )
+    def optim(base: OptimConfig, name: str, lr: float | None) -> OptimConfig:
+        if lr is None:
+            lr = TINY_LR if budget.model == TINY else base.lr
+        reason = "tiny model, few steps" if budget.model == TINY else "local choice"
+        return dataclasses.replace(base, lr=note(f"{name}.lr", base.lr, lr, reason))
 
     actor = dataclasses.replace(
         cfg.actor,
@@ -230,13 +238,20 @@ def adapt(
         "reward.reward_manager",
         cfg.reward.reward_manager,
         f"{cfg.reward.reward_manager}/{reward_kind}",
-        f"rule: first integer equals the answer; length: stop at {budget.length_target} tokens",
+        {
+            "model": "a local sequence-classification reward model",
+            "rule": "first integer equals the answer",
+            "length": f"stop at {budget.length_target} tokens",
+            "reasoning-gym": "the reasoning-gym task's own answer scorer",
+        }.get(reward_kind, reward_kind),
     )
     note(
         "data.train_files",
         "gsm8k/math parquet (launch script)",
         budget.prompts_path,
-        "shipped arithmetic and word problems",
+        "shipped arithmetic and word problems"
+        if budget.prompts_path == str(PROMPTS_PATH)
+        else "local prompt file",
     )
     note(
         "data.val_files",
@@ -247,7 +262,7 @@ def adapt(
     note(
         "trainer.n_gpus_per_node",
         "8 GPUs, vLLM rollout, FSDP, bf16",
-        "1 CPU thread, HF sampling loop, float32",
+        "1 CPU thread, KV-cache sampling loop, float32",
         "hardware",
     )
     if model.enable_gradient_checkpointing:
@@ -370,7 +385,10 @@ def generate(
     """Sample `n` responses per prompt; masks come from positions, never from token values."""
     expanded = [p for p in prompts for _ in range(n)]
     encoded = tokenizer(
-        [p.prompt for p in expanded], return_tensors="pt", padding=True, add_special_tokens=False
+        [prompt_text(tokenizer, p) for p in expanded],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
     )
     prompt_ids, prompt_mask = encoded["input_ids"], encoded["attention_mask"]
     rows = len(expanded)
@@ -417,16 +435,35 @@ def generate(
 # Model passes
 
 
-def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def _response_outputs(model: torch.nn.Module, batch: Batch, pad_id: int | None) -> torch.Tensor:
+    """Model outputs at the positions that predict each response token, `(batch, width, ...)`.
+
+    With `pad_id` the real tokens are packed (padding removed, see `packing`); without it the
+    padded rectangle runs as is (models whose forward reads the attention mask itself).
+    """
+    width = batch.responses.shape[1]
+    if pad_id is None or not packing_supported(model):
+        return model(**batch.model_inputs()).logits[:, -width - 1 : -1]
+    packed = pack(batch.prompt_ids, batch.prompt_mask, batch.responses, batch.response_mask, pad_id)
+    # No cache: transformers only derives the block-causal mask when none is passed.
+    outputs = model(
+        input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
+    ).logits
+    return unpack(outputs, packed)
+
+
+def response_logits(
+    model: torch.nn.Module, batch: Batch, pad_id: int | None = None
+) -> torch.Tensor:
     """Logits `(batch, response_length, vocab)` predicting each response token."""
-    width = batch.responses.shape[1]
-    return model(**batch.model_inputs()).logits[:, -width - 1 : -1, :]
+    return _response_outputs(model, batch, pad_id)
 
 
-def response_values(critic: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def response_values(
+    critic: torch.nn.Module, batch: Batch, pad_id: int | None = None
+) -> torch.Tensor:
     """Values `(batch, response_length)` of the state before each response token (verl's slice)."""
-    width = batch.responses.shape[1]
-    return critic(**batch.model_inputs()).logits[:, -width - 1 : -1, 0]
+    return _response_outputs(critic, batch, pad_id)[..., 0]
 
 
 def micro_batches(rows: torch.Tensor, size: int | None) -> Iterator[torch.Tensor]:
@@ -512,6 +549,8 @@ class ReferenceTrainer:
         self._check_bindings()
         loaded = load_policy(self.cfg.model.path, self.seed)
         self.tokenizer = loaded.tokenizer
+        # Training-side passes drop the padding (verl's use_remove_padding; same function).
+        self.pad_id = self.tokenizer.pad_token_id
         self.train_prompts = self._fitting(load_prompts(budget.prompts_path, "train"))
         self.val_prompts = self._fitting(load_prompts(budget.prompts_path, "val"))
         self.val_prompts = self.val_prompts[: budget.val_prompts]
@@ -578,8 +617,8 @@ class ReferenceTrainer:
                     f"reward.reward_model.model_path: {path!r} is not a "
                     "local reward model folder (no config.json)"
                 )
-        elif self.budget.reward not in ("rule", "length"):
-            raise ValueError(f"reward: unknown {self.budget.reward!r}; valid: rule, length")
+        elif self.budget.reward not in REWARDS:
+            raise ValueError(f"reward: unknown {self.budget.reward!r}; valid: {', '.join(REWARDS)}")
         if (
             self.cfg.critic_model is not None
             and self.budget.critic_model is not None
@@ -593,7 +632,12 @@ class ReferenceTrainer:
         """Prompts within max_prompt_length: dropped with filter_overlong_prompts, else an error."""
         limit = self.cfg.data.max_prompt_length
         lengths = [
-            len(self.tokenizer(p.prompt, add_special_tokens=False)["input_ids"]) for p in prompts
+            len(
+                self.tokenizer(prompt_text(self.tokenizer, p), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
+            for p in prompts
         ]
         if self.cfg.data.filter_overlong_prompts:
             return [p for p, n in zip(prompts, lengths, strict=True) if n <= limit]
@@ -663,14 +707,19 @@ class ReferenceTrainer:
             self.tokenizer.decode(row[: int(n)], skip_special_tokens=True)
             for row, n in zip(batch.responses, lengths, strict=True)
         ]
-        acc = [float(rule_correct(t, p.answer)) for t, p in zip(texts, batch.prompts, strict=True)]
+        pairs = list(zip(texts, batch.prompts, strict=True))
+        acc = [float(rule_correct(t, p.answer)) for t, p in pairs]
         if self.scorer is not None:
             rewards = self.scorer.score([p.prompt for p in batch.prompts], texts)
         elif self.budget.reward == "length":
             width = batch.responses.shape[1]
             rewards = [length_reward(int(n), self.budget.length_target, width) for n in lengths]
+        elif self.budget.reward == "reasoning-gym":
+            rewards = [reasoning_gym_reward(t, p) for t, p in pairs]
+            # The task's scorer decides correctness; full marks count as accurate.
+            acc = [float(r >= 1.0) for r in rewards]
         else:
-            rewards = [rule_reward(t, p.answer) for t, p in zip(texts, batch.prompts, strict=True)]
+            rewards = [rule_reward(t, p.answer) for t, p in pairs]
         scores = torch.zeros_like(batch.response_mask)
         scores[torch.arange(len(batch)), (lengths - 1).clamp_min(0)] = torch.tensor(rewards)
         batch.tensors["token_level_scores"] = scores
@@ -682,18 +731,18 @@ class ReferenceTrainer:
     def log_probs(self, batch: Batch) -> None:
         temperature = self.cfg.rollout.temperature
         self.policy.eval()
-        logits = response_logits(self.policy, batch)
+        logits = response_logits(self.policy, batch, self.pad_id)
         batch.tensors["old_log_probs"] = log_probs_from_logits(logits, batch.responses, temperature)
         if self.cfg.use_reference_policy:
             with self.reference_context():
                 ref_model = self.policy if self.lora else self.ref
-                ref_logits = response_logits(ref_model, batch)
+                ref_logits = response_logits(ref_model, batch, self.pad_id)
             batch.tensors["ref_log_prob"] = log_probs_from_logits(
                 ref_logits, batch.responses, temperature
             )
         if self.critic is not None:
             self.critic.eval()
-            batch.tensors["values"] = response_values(self.critic, batch)
+            batch.tensors["values"] = response_values(self.critic, batch, self.pad_id)
 
     def advantages(self, batch: Batch) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -750,7 +799,7 @@ class ReferenceTrainer:
                 for micro_rows in micro_batches(rows, spec.micro_batch_size):
                     micro = batch.select(micro_rows)
                     loss, metrics = value_loss(
-                        response_values(self.critic, micro),
+                        response_values(self.critic, micro, self.pad_id),
                         micro.tensors["values"],
                         micro.tensors["returns"],
                         micro.response_mask,
@@ -786,7 +835,7 @@ class ReferenceTrainer:
                 accumulated: dict[str, float] = {}
                 for micro_rows in micro_batches(rows, spec.micro_batch_size):
                     micro = batch.select(micro_rows)
-                    logits = response_logits(self.policy, micro)
+                    logits = response_logits(self.policy, micro, self.pad_id)
                     log_prob = log_probs_from_logits(logits, micro.responses, temperature)
                     entropy = entropy_from_logits(logits, temperature)
                     if spec.entropy_coeff == 0:
