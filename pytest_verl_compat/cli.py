@@ -286,11 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--json", metavar="FILE", help="write the audit JSON to FILE")
     audit.set_defaults(func=cmd_audit)
 
+    from pytest_verl_compat.assets_cli import add_asset_parsers
     from pytest_verl_compat.drift_cli import add_drift_parsers
     from pytest_verl_compat.train_cli import add_train_parser
 
     add_train_parser(sub)
     add_drift_parsers(sub)
+    add_asset_parsers(sub)
     return parser
 
 

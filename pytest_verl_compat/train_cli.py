@@ -31,16 +31,21 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of init, data and sampling")
     parser.add_argument(
         "--reward",
-        choices=("rule", "length"),
+        choices=("rule", "length", "reasoning-gym"),
         default="rule",
-        help="rule: first integer equals the answer; length: learning-signal reward",
+        help="rule: first integer equals the answer; length: learning-signal reward; "
+        "reasoning-gym: the task's scorer (prompts from `verl-compat prompts`)",
     )
+    parser.add_argument("--prompts", help="prompt file (default: the shipped arithmetic set)")
     parser.add_argument(
         "--reward-model",
         help="reward model folder for cases with a reward model; 'tiny' trains one in the run folder",
     )
     parser.add_argument("--train-batch-size", type=_positive, default=8, help="prompts per step")
     parser.add_argument("--response-length", type=_positive, default=16, help="max new tokens")
+    parser.add_argument(
+        "--prompt-length", type=_positive, default=64, help="max prompt tokens (default 64)"
+    )
     parser.add_argument("--n", type=_positive, help="responses per prompt (default: upstream's)")
     parser.add_argument(
         "--save-freq", type=int, help="checkpoint every N steps (default: upstream)"
@@ -105,10 +110,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         steps=args.steps,
         train_batch_size=args.train_batch_size,
         max_response_length=args.response_length,
+        max_prompt_length=args.prompt_length,
         n=args.n,
         reward=args.reward,
         reward_model_path=reward_model,
         model=args.model,
+        **({"prompts_path": args.prompts} if args.prompts else {}),
         save_freq=args.save_freq,
         test_freq=args.test_freq,
         seed=args.seed,

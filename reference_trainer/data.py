@@ -26,6 +26,26 @@ class Prompt:
     prompt: str
     answer: str
     split: str
+    system: str = ""
+    """A system message, used when the tokenizer has a chat template."""
+    task: str = ""
+    """The reasoning-gym task that scores this prompt; empty: the rule reward."""
+    source: str = ""
+    """Where the reasoning-gym problem came from (JSON: seed, size, index)."""
+
+
+def prompt_text(tokenizer: Any, prompt: Prompt) -> str:
+    """What the policy reads: the chat-templated prompt when the tokenizer has a template.
+
+    verl's data set applies the chat template with a generation prompt; the tiny tokenizer
+    has none, so its prompts are the raw text.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return prompt.prompt
+    messages = [{"role": "user", "content": prompt.prompt}]
+    if prompt.system:
+        messages.insert(0, {"role": "system", "content": prompt.system})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def generate_prompts(seed: int = 0, train: int = 320, val: int = 40) -> list[dict[str, str]]:
