@@ -142,16 +142,21 @@ def main() -> int:
         print("-" * len(header))
         for updates in args.updates:
             ours = child(
-                [sys.executable, __file__, "--worker", "ours", "--model", str(model_dir)]
-                + ["--steps", str(args.steps), "--updates", str(updates)]
+                [
+                    *(sys.executable, __file__, "--worker", "ours", "--model", str(model_dir)),
+                    *("--steps", str(args.steps), "--updates", str(updates)),
+                ]
             )
             trl = None
             if have_trl:
                 trl = child(
-                    [args.trl_python, str(HERE / "trl_grpo_worker.py"), "--model", str(model_dir)]
-                    + ["--prompts", str(prompts), "--steps", str(args.steps)]
-                    + ["--updates", str(updates), "--prompts-per-step", str(PROMPTS_PER_STEP)]
-                    + ["--n", str(RESPONSES), "--max-new-tokens", str(MAX_NEW_TOKENS)]
+                    [
+                        *(args.trl_python, str(HERE / "trl_grpo_worker.py")),
+                        *("--model", str(model_dir), "--prompts", str(prompts)),
+                        *("--steps", str(args.steps), "--updates", str(updates)),
+                        *("--prompts-per-step", str(PROMPTS_PER_STEP), "--n", str(RESPONSES)),
+                        *("--max-new-tokens", str(MAX_NEW_TOKENS)),
+                    ]
                 )
             for result in (ours, trl):
                 if result is None:

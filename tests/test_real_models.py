@@ -83,9 +83,11 @@ def test_train_cli_runs_grpo_on_reasoning_gym_prompts(
 
     out = tmp_path / "run"
     code = main(
-        ["train", "grpo", "--steps", "1", "--out", str(out), "--no-progress"]
-        + ["--prompts", str(arithmetic_prompts), "--reward", "reasoning-gym", "--n", "2"]
-        + ["--train-batch-size", "2", "--response-length", "8", "--test-freq", "-1"]
+        [
+            *("train", "grpo", "--steps", "1", "--out", str(out), "--no-progress"),
+            *("--prompts", str(arithmetic_prompts), "--reward", "reasoning-gym", "--n", "2"),
+            *("--train-batch-size", "2", "--response-length", "8", "--test-freq", "-1"),
+        ]
     )
     assert code == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
