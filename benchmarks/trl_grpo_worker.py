@@ -83,7 +83,7 @@ def main() -> int:
         disable_tqdm=True,
         dataloader_num_workers=0,
         log_completions=False,
-        model_init_kwargs={"attn_implementation": "eager", "dtype": "float32"},
+        model_init_kwargs={"dtype": "float32"},  # transformers picks the attention (sdpa)
     )
 
     class StepClock(TrainerCallback):

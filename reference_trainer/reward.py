@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 from reference_trainer.data import Prompt, load_prompts
-from reference_trainer.tiny import build_tiny_reward_model, build_tiny_tokenizer
+from reference_trainer.tiny import ATTENTION, build_tiny_reward_model, build_tiny_tokenizer
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -63,7 +63,7 @@ class RewardModelScorer:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         tokenizer.padding_side = "right"
         model = AutoModelForSequenceClassification.from_pretrained(
-            path, local_files_only=True, attn_implementation="eager", dtype=torch.float32
+            path, local_files_only=True, attn_implementation=ATTENTION, dtype=torch.float32
         )
         model.eval()
         return cls(model, tokenizer, str(path))

@@ -27,6 +27,9 @@ PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 # The prompt set's alphabet; an unknown character maps to <unk> rather than failing.
 ALPHABET = string.ascii_lowercase + string.digits + " +-*=?.,'"
 TINY = "tiny"
+# torch's fused attention: on the packed training passes (`packing.py`) it measured ~1.5x
+# faster than transformers' eager attention here; sampling uses the rollout engine anyway.
+ATTENTION = "sdpa"
 # A one-output head; without a matching id2label transformers warns about the default two.
 ONE_LABEL = {"num_labels": 1, "id2label": {0: "LABEL_0"}, "label2id": {"LABEL_0": 0}}
 
@@ -77,7 +80,7 @@ def build_tiny_policy(tokenizer: PreTrainedTokenizerFast, seed: int) -> PreTrain
     with _forked_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(
-            tiny_config(tokenizer), attn_implementation="eager"
+            tiny_config(tokenizer), attn_implementation=ATTENTION
         )
     return model
 
@@ -91,7 +94,7 @@ def build_tiny_value_model(config: Qwen2Config, seed: int) -> PreTrainedModel:
             {**config.to_dict(), **ONE_LABEL, "classifier_dropout": 0.0, "hidden_dropout": 0.0}
         )
         model = AutoModelForTokenClassification.from_config(
-            critic_config, attn_implementation="eager"
+            critic_config, attn_implementation=ATTENTION
         )
     return model
 
@@ -103,7 +106,9 @@ def build_tiny_reward_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> Pr
         config = Qwen2Config.from_dict(
             {**tiny_config(tokenizer).to_dict(), **ONE_LABEL, "classifier_dropout": 0.0}
         )
-        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
+        model = AutoModelForSequenceClassification.from_config(
+            config, attn_implementation=ATTENTION
+        )
     return model
 
 
@@ -134,7 +139,7 @@ def load_policy(model: str, seed: int) -> LoadedPolicy:
             "from eos"
         )
     policy = AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, attn_implementation="eager", dtype=torch.float32
+        folder, local_files_only=True, attn_implementation=ATTENTION, dtype=torch.float32
     )
     return LoadedPolicy(policy, tokenizer, str(folder))
 
