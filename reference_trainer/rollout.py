@@ -2,10 +2,12 @@
 
 Why it exists: verl never samples with the training model. Its rollout worker hands the
 current weights to a separate inference engine (vLLM or SGLang), samples there, and then
-recomputes old and reference log-probs with the training model. The reference trainer follows
-that split: this module is its inference engine, and `trainer.response_logits` (the HF model,
-no cache) still produces every log-prob that enters a loss. A float32 rounding difference in
-sampling therefore changes at most which token is drawn, never the training semantics.
+recomputes old and reference log-probs in separate no-gradient passes. The reference trainer
+follows that split: this module is its inference engine for sampling and for those no-gradient
+passes (`DecoderSnapshot.response_logits`), and the HF model (`trainer.response_logits`, with
+autograd) computes the log-probs of the update. Both compute the same float32 function, so the
+engine changes rounding (1e-7), never the training semantics; verl's own old-log-prob and
+update passes differ by more (other micro-batches and kernels).
 
 What it buys: for the tiny policies the HF forward of one decode step is almost all Python and
 small-op overhead (mask construction, cache classes, the rotary module, seven projections per

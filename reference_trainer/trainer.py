@@ -6,7 +6,9 @@ rollout → score → old/ref log-probs (→ values) → advantages (KL in rewar
 
 Where this departs from verl 0.9.0, and why (each change is also written to the run's
 `adaptations.json` ledger with the upstream and local values):
-- sampling is a plain loop over the HF model with an explicit generator, not vLLM/SGLang;
+- sampling is our KV-cache engine (`rollout.py`, falling back to the HF model) with an explicit
+  generator, not vLLM/SGLang; the no-gradient old/ref log-prob passes run on it too, and the
+  training passes pack real tokens (`packing.py`, verl's use_remove_padding);
 - batch sizes, lengths, learning rates and the step budget are scaled to a CPU (`LocalBudget`);
 - prompts are the shipped arithmetic set (`reference_trainer/data/prompts.jsonl`), not gsm8k;
 - float32 on one device, one torch thread (bit-reproducible; 2 threads were *slower* here);
