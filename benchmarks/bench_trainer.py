@@ -15,7 +15,7 @@ it wants a newer transformers than verl 0.9.0 allows) and reports the median sec
 (the first step, which warms caches, is dropped) and its peak resident memory.
 
     python benchmarks/bench_trainer.py --setup-trl benchmarks/.trl-venv   # once, ~2 min
-    python benchmarks/bench_trainer.py [--steps 8] [--updates 1 4] [--trl-python PATH]
+    python benchmarks/bench_trainer.py [--steps 10] [--repeat 3] [--updates 4 1] [--trl-python PATH]
 """
 
 from __future__ import annotations
@@ -102,6 +102,19 @@ def child(cmd: list[str]) -> dict | None:
     return json.loads(lines[-1])
 
 
+def summary(runs: list[dict | None]) -> dict | None:
+    """Median over runs of each run's median step time; the largest peak memory."""
+    done = [r for r in runs if r is not None]
+    if not done:
+        return None
+    return {
+        **done[-1],
+        "runs": [r["median_step_seconds"] for r in done],
+        "median_step_seconds": statistics.median(r["median_step_seconds"] for r in done),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in done),
+    }
+
+
 def setup_trl(venv: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin/python"), "-m", "pip", "install", "--quiet"]
@@ -111,8 +124,9 @@ def setup_trl(venv: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="training steps per run")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per run")
     parser.add_argument("--updates", type=int, nargs="+", default=[4, 1], choices=[1, 4])
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side")
     parser.add_argument(
         "--trl-python",
         default=os.environ.get("TRL_PYTHON", str(DEFAULT_TRL_VENV / "bin/python")),
@@ -137,33 +151,45 @@ def main() -> int:
             f"workload: {PROMPTS_PER_STEP} prompts x {RESPONSES} responses, <= {MAX_NEW_TOKENS} "
             f"new tokens, {args.steps} steps, 1 thread, tiny Qwen2 from {model_dir.name}/"
         )
-        header = f"{'updates':>7} | {'side':>4} | {'s/step':>7} | {'peak MiB':>8} | {'resp len':>8}"
+        header = (
+            f"{'updates':>7} | {'side':>4} | {'s/step':>7} | {'peak MiB':>8} | {'resp len':>8} | "
+            "median s/step of each run"
+        )
         print(header)
         print("-" * len(header))
         for updates in args.updates:
-            ours = child(
-                [
-                    *(sys.executable, __file__, "--worker", "ours", "--model", str(model_dir)),
-                    *("--steps", str(args.steps), "--updates", str(updates)),
-                ]
-            )
-            trl = None
-            if have_trl:
-                trl = child(
-                    [
-                        *(args.trl_python, str(HERE / "trl_grpo_worker.py")),
-                        *("--model", str(model_dir), "--prompts", str(prompts)),
-                        *("--steps", str(args.steps), "--updates", str(updates)),
-                        *("--prompts-per-step", str(PROMPTS_PER_STEP), "--n", str(RESPONSES)),
-                        *("--max-new-tokens", str(MAX_NEW_TOKENS)),
-                    ]
+            ours_runs, trl_runs = [], []
+            # Alternate the two sides: a shared machine's load then hits both alike.
+            for _ in range(args.repeat):
+                ours_runs.append(
+                    child(
+                        [
+                            *(sys.executable, __file__, "--worker", "ours"),
+                            *("--model", str(model_dir), "--steps", str(args.steps)),
+                            *("--updates", str(updates)),
+                        ]
+                    )
                 )
+                if have_trl:
+                    trl_runs.append(
+                        child(
+                            [
+                                *(args.trl_python, str(HERE / "trl_grpo_worker.py")),
+                                *("--model", str(model_dir), "--prompts", str(prompts)),
+                                *("--steps", str(args.steps), "--updates", str(updates)),
+                                *("--prompts-per-step", str(PROMPTS_PER_STEP)),
+                                *("--n", str(RESPONSES), "--max-new-tokens", str(MAX_NEW_TOKENS)),
+                            ]
+                        )
+                    )
+            ours, trl = summary(ours_runs), summary(trl_runs)
             for result in (ours, trl):
                 if result is None:
                     continue
+                runs = ", ".join(f"{x:.3f}" for x in result["runs"])
                 print(
                     f"{updates:>7} | {result['side']:>4} | {result['median_step_seconds']:7.3f} | "
-                    f"{result['peak_rss_mib']:8.0f} | {result['mean_response_length']:8.1f}"
+                    f"{result['peak_rss_mib']:8.0f} | {result['mean_response_length']:8.1f} | {runs}"
                 )
             if ours and trl:
                 time_ratio = ours["median_step_seconds"] / trl["median_step_seconds"]
@@ -175,7 +201,7 @@ def main() -> int:
                 )
             if ours:
                 phases = ", ".join(f"{k[9:]} {v:.3f}" for k, v in ours["phases"].items())
-                print(f"{'':>7} | ours by phase (s): {phases}")
+                print(f"{'':>7} | ours by phase (s, last run): {phases}")
         if not have_trl:
             print(
                 f"TRL not run: no python at {args.trl_python}; create it with "
