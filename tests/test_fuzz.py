@@ -117,20 +117,22 @@ def _check_manifest(tmp_path: Path, text: str) -> None:
     ids = [case.id for case in manifest.cases]
     for case in manifest.cases:
         assert case.error is None or isinstance(case.error, str)
-    # A duplicate id is reported on the later case, never silently merged.
+    # A duplicate id is reported on every later case, never silently merged.
     assert all(
-        ids.count(case.id) == 1 or case.error or ids.index(case.id) != i
+        ids.count(case.id) == 1 or case.error or ids.index(case.id) == i
         for i, case in enumerate(manifest.cases)
     )
 
 
-@settings(max_examples=100, deadline=1000, suppress_health_check=FIXTURES)
+# No per-example deadline: a load takes ~55 ms, but one took 1.25 s (then 86 ms on the rerun)
+# while the trainer tests shared the two cores, and hypothesis fails such a test as flaky.
+@settings(max_examples=100, deadline=None, suppress_health_check=FIXTURES)
 @given(data=mutated_manifest())
 def test_mutated_manifest_loads_or_raises_manifest_error(tmp_path: Path, data: Any) -> None:
     _check_manifest(tmp_path, yaml.safe_dump(data, sort_keys=False))
 
 
-@settings(max_examples=100, deadline=1000, suppress_health_check=FIXTURES)
+@settings(max_examples=100, deadline=None, suppress_health_check=FIXTURES)
 @given(cut=st.integers(0, len(MANIFEST.read_text())), junk=st.text(max_size=8))
 def test_truncated_manifest_text_loads_or_raises_manifest_error(
     tmp_path: Path, cut: int, junk: str
