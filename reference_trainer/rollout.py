@@ -322,25 +322,49 @@ class DecoderSnapshot:
         )
 
     def start(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_new_tokens: int,
+        rows: torch.Tensor | None = None,
     ) -> KVCacheDecoder:
-        """Encode a left-padded prompt batch; the decoder's `.logits` predict the first token."""
-        return KVCacheDecoder(self, input_ids, attention_mask, max_new_tokens)
+        """Encode a left-padded prompt batch; the decoder's `.logits` predict the first token.
+
+        `rows` (optional, index into the prompts) expands the batch after the prompt pass:
+        GRPO's n responses per prompt share one prompt computation, as vLLM's prefix cache
+        and verl's prefix grouper do.
+        """
+        decoder = KVCacheDecoder(self, input_ids, attention_mask, max_new_tokens)
+        if rows is not None:
+            decoder.expand(rows)
+        return decoder
 
     @torch.no_grad()
     def response_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        responses: torch.Tensor,
+        response_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """Logits `(batch, response_width, vocab)` predicting each response token, no cache.
+        """Logits `(batch, response_length, vocab)` predicting each response token.
 
-        The inputs are a rollout batch's left-padded prompts then right-padded responses (the
-        trainer's `Batch.model_inputs()`); the result equals the HF model's
-        `logits[:, -response_width - 1 : -1]` on them to float32 rounding, with zeros where
-        the predicted position is padding.
+        The inputs are a rollout batch (left-padded prompts, right-padded responses); the
+        result equals the HF model's `logits[:, -response_length - 1 : -1]` on their
+        concatenation to float32 rounding, with zeros where the predicted token is padding.
+        Rows with the same prompt share its computation.
         """
-        decoder = KVCacheDecoder.__new__(KVCacheDecoder)
-        decoder._allocate(self, input_ids.shape[0], input_ids.shape[1])
-        return decoder._score(input_ids, attention_mask, response_width)
+        unique, rows = torch.unique(
+            torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True
+        )
+        width = prompt_ids.shape[1]
+        decoder = self.start(unique[:, :width], unique[:, width:], responses.shape[1], rows)
+        first = decoder.logits
+        out = first.new_zeros((*responses.shape, first.shape[-1]))
+        out[:, 0] = first
+        if responses.shape[1] > 1:
+            out[:, 1:] = decoder.extend(responses[:, :-1], response_mask[:, :-1])
+        return out * response_mask[..., None].to(out.dtype)
 
 
 class KVCacheDecoder:
@@ -396,34 +420,6 @@ class KVCacheDecoder:
         self.values = [like.new_empty(cache_shape) for _ in snapshot.layers]
         self.rotary_table = self._rotary_table(like)
 
-    def _score(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int
-    ) -> torch.Tensor:
-        """One causal pass over whole sequences; logits at the positions that predict responses."""
-        batch, length = input_ids.shape
-        keep = attention_mask.bool()
-        like = self.snapshot.embedding
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-        causal = torch.ones(length, length, dtype=torch.bool, device=keep.device).tril()
-        mask = like.new_full((batch, 1, 1, length, length), torch.finfo(like.dtype).min)
-        mask.masked_fill_(causal & keep[:, None, None, None, :], 0.0)
-        # The positions whose outputs predict a real response token: the last prompt token and
-        # every real response token but the last. Only they need the final norm and lm_head.
-        wanted = torch.zeros_like(keep)
-        wanted[:, -response_width - 1 : -1] = keep[:, -response_width:]
-        real_index = keep.reshape(-1).nonzero().squeeze(1)
-        hidden = self._forward(input_ids, positions, mask, real_index, keep_all=True)
-        # `hidden` rows follow real_index; pick the wanted ones among them.
-        picked = wanted.reshape(-1)[real_index]
-        logits = F.linear(
-            rms_norm(hidden[picked], self.snapshot.final_norm, self.snapshot.eps),
-            self.snapshot.lm_head_weight,
-            self.snapshot.lm_head_bias,
-        )
-        out = logits.new_zeros((batch * length, logits.shape[-1]))
-        out[real_index[picked]] = logits
-        return out.view(batch, length, -1)[:, -response_width - 1 : -1]
-
     def _rotary_table(self, like: torch.Tensor) -> torch.Tensor:
         """(capacity, 2 * head_dim): cos, then sign-folded sin, per position; one gather a step."""
         # The model's own rotary module computes cos/sin, so rope scaling stays its business.
@@ -434,6 +430,48 @@ class KVCacheDecoder:
         sin = sin.clone()
         sin[..., : self.snapshot.head_dim // 2].neg_()
         return torch.cat([cos[0], sin[0]], dim=-1)
+
+    def expand(self, rows: torch.Tensor) -> None:
+        """Continue with rows `rows` of the encoded batch (repeats allowed), e.g. n per prompt."""
+        self.keys = [keys[rows] for keys in self.keys]
+        self.values = [values[rows] for values in self.values]
+        self.additive_mask = self.additive_mask[rows]
+        self.real_token_count = self.real_token_count[rows]
+        self.logits = self.logits[rows]
+
+    @torch.no_grad()
+    def extend(self, token_ids: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """Append `new` tokens per row at once; logits `(batch, new, vocab)` after each.
+
+        `live` (batch, new) is their attention-mask block (1 for real tokens). One causal pass:
+        a token sees the cached slots and the earlier live tokens of its own row. Logits of
+        dead positions are zero. The cache is not reused afterwards (scoring only).
+        """
+        batch, new = token_ids.shape
+        if self.filled + new > self.capacity:
+            raise RuntimeError(f"KV cache full: {self.capacity} slots were allocated")
+        live = live.bool()
+        start = self.filled
+        self.additive_mask[:, 0, 0, 0, start : start + new].masked_fill_(live, 0.0)
+        positions = self.real_token_count + live.long().cumsum(-1) - 1
+        columns = torch.arange(start + new, device=live.device)
+        causal = columns[None, :] <= (start + torch.arange(new, device=live.device))[:, None]
+        keys_open = self.additive_mask[:, :, :, :, : start + new] == 0
+        mask = torch.where(
+            causal[None, None, None] & keys_open,
+            0.0,
+            torch.finfo(self.additive_mask.dtype).min,
+        ).to(self.additive_mask.dtype)
+        real_index = live.reshape(-1).nonzero().squeeze(1)
+        hidden = self._forward(token_ids, positions.clamp_min(0), mask, real_index, keep_all=True)
+        logits = F.linear(
+            rms_norm(hidden, self.snapshot.final_norm, self.snapshot.eps),
+            self.snapshot.lm_head_weight,
+            self.snapshot.lm_head_bias,
+        )
+        out = logits.new_zeros((batch * new, logits.shape[-1]))
+        out[real_index] = logits
+        return out.view(batch, new, -1)
 
     @torch.no_grad()
     def advance(self, token_ids: torch.Tensor, live: torch.Tensor) -> torch.Tensor:

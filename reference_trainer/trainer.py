@@ -432,12 +432,15 @@ def generate(
     """
     expanded = [p for p in prompts for _ in range(n)]
     encoded = tokenizer(
-        [prompt_text(tokenizer, p) for p in expanded],
+        [prompt_text(tokenizer, p) for p in prompts],
         return_tensors="pt",
         padding=True,
         add_special_tokens=False,
     )
-    prompt_ids, prompt_mask = encoded["input_ids"], encoded["attention_mask"]
+    # Row i of the rollout is response i % n of prompt i // n.
+    prompt_rows = torch.arange(len(prompts)).repeat_interleave(n)
+    prompt_ids = encoded["input_ids"][prompt_rows]
+    prompt_mask = encoded["attention_mask"][prompt_rows]
     rows = len(expanded)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     responses = torch.full((rows, max_new_tokens), pad, dtype=torch.long)
@@ -448,7 +451,12 @@ def generate(
     # own cache; both encode the prompt once, then one token per row per step.
     snapshot = DecoderSnapshot.from_model(policy) if fast else None
     next_logits = (
-        _EngineSteps(snapshot.start(prompt_ids, prompt_mask, max_new_tokens))
+        # The n responses of a prompt share its prompt pass.
+        _EngineSteps(
+            snapshot.start(
+                encoded["input_ids"], encoded["attention_mask"], max_new_tokens, prompt_rows
+            )
+        )
         if snapshot is not None
         else _HFSteps(policy, prompt_ids, prompt_mask)
     )
@@ -795,9 +803,8 @@ class ReferenceTrainer:
         snapshot = DecoderSnapshot.from_model(model)
         if snapshot is None:
             return response_logits(model, batch, self.pad_id)
-        inputs = batch.model_inputs()
         return snapshot.response_logits(
-            inputs["input_ids"], inputs["attention_mask"], batch.responses.shape[1]
+            batch.prompt_ids, batch.prompt_mask, batch.responses, batch.response_mask
         )
 
     def advantages(self, batch: Batch) -> dict[str, float]:

@@ -333,15 +333,14 @@ def test_scoring_pass_equals_the_hf_response_logits() -> None:
     for layer in lora.base_model.model.model.layers:
         for module in (layer.self_attn.q_proj, layer.mlp.down_proj):
             torch.nn.init.normal_(module.lora_B["default"].weight, std=0.05)
-    inputs = batch.model_inputs()
-    width = batch.responses.shape[1]
+    rollout = (batch.prompt_ids, batch.prompt_mask, batch.responses, batch.response_mask)
     for model in (policy, lora):
         snapshot = DecoderSnapshot.from_model(model)
         assert snapshot is not None
-        engine = snapshot.response_logits(inputs["input_ids"], inputs["attention_mask"], width)
+        engine = snapshot.response_logits(*rollout)
         with torch.no_grad():
             hf = response_logits(model, batch)
         torch.testing.assert_close(engine[mask], hf[mask], rtol=1e-5, atol=1e-5)
         assert torch.count_nonzero(engine[~mask]) == 0
-        again = snapshot.response_logits(inputs["input_ids"], inputs["attention_mask"], width)
+        again = snapshot.response_logits(*rollout)
         assert torch.equal(engine, again)
