@@ -123,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
         result = trainer.run(resume=args.resume)
-    except (FileNotFoundError, ValueError, CheckpointError) as exc:
+    except (FileNotFoundError, ImportError, ValueError, CheckpointError) as exc:
         print(f"verl-compat train: {exc}", file=sys.stderr)
         return 2
     scored = [row for row in result.metrics if "critic/score/mean" in row]

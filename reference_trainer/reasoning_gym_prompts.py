@@ -77,6 +77,17 @@ def _scorer(task: str) -> Callable[[str | None, dict[str, Any]], float]:
     return _reasoning_gym().get_score_answer_fn(task)
 
 
+def check_reasoning_gym_prompts(prompts: list[Prompt], path: str | Path) -> None:
+    """Before training: every prompt names its task, and reasoning-gym is importable."""
+    untasked = [p.uid for p in prompts if not p.task]
+    if untasked:
+        raise ValueError(
+            f"data.train_files: {str(path)!r} is not a reasoning-gym prompt file ({len(untasked)} "
+            f"prompts name no task, e.g. {untasked[0]!r}); write one with `verl-compat prompts`"
+        )
+    _reasoning_gym()
+
+
 def reasoning_gym_reward(response: str, prompt: Prompt) -> float:
     """The task's own score of the answer inside `<answer>` tags (0 without tags)."""
     if not prompt.task:

@@ -49,7 +49,10 @@ from reference_trainer.logprobs import entropy_from_logits, log_probs_from_logit
 from reference_trainer.losses import actor_loss, value_loss
 from reference_trainer.masked import masked_mean
 from reference_trainer.packing import pack, packing_supported, unpack
-from reference_trainer.reasoning_gym_prompts import reasoning_gym_reward
+from reference_trainer.reasoning_gym_prompts import (
+    check_reasoning_gym_prompts,
+    reasoning_gym_reward,
+)
 from reference_trainer.reward import RewardModelScorer, length_reward, rule_correct, rule_reward
 from reference_trainer.rollout import DecoderSnapshot, KVCacheDecoder
 from reference_trainer.tiny import ATTENTION, TINY, build_tiny_value_model, load_policy
@@ -602,6 +605,8 @@ class ReferenceTrainer:
         self.train_prompts = self._fitting(load_prompts(budget.prompts_path, "train"))
         self.val_prompts = self._fitting(load_prompts(budget.prompts_path, "val"))
         self.val_prompts = self.val_prompts[: budget.val_prompts]
+        if budget.reward == "reasoning-gym" and not self.cfg.reward.reward_model_enable:
+            check_reasoning_gym_prompts(self.train_prompts + self.val_prompts, budget.prompts_path)
         self.base_model = loaded.model
         self.lora = self.cfg.model.lora_rank > 0
         self.policy = self._wrap_lora(loaded.model) if self.lora else loaded.model

@@ -99,6 +99,18 @@ def test_train_cli_runs_grpo_on_reasoning_gym_prompts(
     assert fields["reward.reward_manager"]["local"].endswith("/reasoning-gym")
 
 
+def test_reasoning_gym_reward_on_plain_prompts_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_verl_compat.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "grpo", "--steps", "1", "--out", str(out), "--reward", "reasoning-gym"])
+    assert code == 2
+    assert "data.train_files" in capsys.readouterr().err
+    assert not (out / "metrics.jsonl").exists()
+
+
 def test_smollm2_export_without_the_wheel_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
