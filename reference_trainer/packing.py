@@ -39,6 +39,9 @@ class PackedBatch:
     """(batch row, response column) the same output belongs to."""
     shape: tuple[int, int]  # (batch, response_length)
     row_tokens: tuple[int, ...]  # real tokens per packed row (the rest is tail pad)
+    attention_mask: torch.Tensor | None = None
+    """(rows, 1, length, length) additive block mask when prompts are shared; None: the
+    position ids alone separate the trajectories."""
 
 
 PACKED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
@@ -70,51 +73,77 @@ def pack(
     response_mask: torch.Tensor,
     pad_id: int,
     max_tokens: int = PACK_TOKENS,
+    share_prompts: bool = True,
 ) -> PackedBatch:
     """Each trajectory's real prompt and its response up to the last predicted token.
 
-    Rows are balanced: as many as `max_tokens` requires, each trajectory into the least
-    filled row, longest first, so the tail padding of the rectangle stays small.
+    With `share_prompts`, trajectories with the same prompt (GRPO's n responses) form one
+    segment: the prompt once, then each response, which attends to the prompt and to itself
+    only (verl's prefix grouper); an explicit block mask then replaces the position-id one.
+    Segments are packed into balanced rows: as many as `max_tokens` requires, each segment
+    into the least filled row, longest first, so the tail padding stays small.
     """
     prompt_lengths = prompt_mask.sum(-1).tolist()
     response_lengths = response_mask.sum(-1).long().tolist()
     width = prompt_ids.shape[1]
-    # The output at the last prompt token predicts response token 0, and so on; the last
-    # response token predicts nothing that is trained, so it is not fed.
-    sequences = [
-        torch.cat([prompt_ids[i, width - p :], responses[i, : max(r - 1, 0)]])
-        for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths, strict=True))
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(prompt_lengths)):
+        key = tuple(prompt_ids[i, width - prompt_lengths[i] :].tolist()) if share_prompts else i
+        groups.setdefault(key, []).append(i)
+    # A segment: one prompt, then the fed tokens of each member. The output at the last prompt
+    # token predicts response token 0 of every member; the last response token predicts
+    # nothing that is trained, so it is not fed.
+    segments = [
+        (members, [max(response_lengths[i] - 1, 0) for i in members]) for members in groups.values()
     ]
-    total = sum(len(tokens) for tokens in sequences)
-    row_count = max(1, min(len(sequences), -(-total // max_tokens)))
-    members: list[list[int]] = [[] for _ in range(row_count)]
+    sizes = [prompt_lengths[m[0]] + sum(fed) for m, fed in segments]
+    row_count = max(1, min(len(segments), -(-sum(sizes) // max_tokens)))
+    rows: list[list[int]] = [[] for _ in range(row_count)]
     fill = [0] * row_count
-    for i in sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i)):
+    for s in sorted(range(len(segments)), key=lambda s: (-sizes[s], s)):
         k = min(range(row_count), key=lambda k: (fill[k], k))
-        members[k].append(i)
-        fill[k] += len(sequences[i])
-    rows = [[sequences[i] for i in sorted(row)] for row in members]
-    source_rows, source_cols, target_rows, target_cols = [], [], [], []
-    for k, row in enumerate(members):
-        start = 0
-        for i in sorted(row):
-            p, r = prompt_lengths[i], response_lengths[i]
-            source_rows.extend([k] * r)
-            source_cols.extend(range(start + p - 1, start + p - 1 + r))
-            target_rows.extend([i] * r)
-            target_cols.extend(range(r))
-            start += len(sequences[i])
+        rows[k].append(s)
+        fill[k] += sizes[s]
     length = max(fill)
-    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), length), dtype=torch.long)
-    for k, pieces in enumerate(rows):
+    input_ids = torch.full((row_count, length), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((row_count, length), dtype=torch.long)
+    # Per column: its segment (the tail is one more) and whose response it is (-1: shared).
+    segment_of = torch.full((row_count, length), -1, dtype=torch.long)
+    member_of = torch.full((row_count, length), -1, dtype=torch.long)
+    source_rows, source_cols, target_rows, target_cols = [], [], [], []
+    for k, row in enumerate(rows):
         column = 0
-        for tokens in pieces:
-            input_ids[k, column : column + len(tokens)] = tokens
-            position_ids[k, column : column + len(tokens)] = torch.arange(len(tokens))
-            column += len(tokens)
-        # The tail padding restarts at 0 too: a separate run that nothing real attends to.
+        for s in sorted(row):
+            members, fed = segments[s]
+            p = prompt_lengths[members[0]]
+            input_ids[k, column : column + p] = prompt_ids[members[0], width - p :]
+            position_ids[k, column : column + p] = torch.arange(p)
+            segment_of[k, column : column + p] = s
+            prompt_end = column + p
+            column = prompt_end
+            for i, f in zip(members, fed, strict=True):
+                input_ids[k, column : column + f] = responses[i, :f]
+                position_ids[k, column : column + f] = torch.arange(p, p + f)
+                segment_of[k, column : column + f] = s
+                member_of[k, column : column + f] = i
+                r = response_lengths[i]
+                source_rows.extend([k] * r)
+                source_cols.extend([prompt_end - 1, *range(column, column + r - 1)][:r])
+                target_rows.extend([i] * r)
+                target_cols.extend(range(r))
+                column += f
+        # The tail padding restarts at 0: a separate run that nothing real attends to.
         position_ids[k, column:] = torch.arange(length - column)
+        segment_of[k, column:] = len(segments)
+    attention_mask = None
+    if any(len(members) > 1 for members, _ in segments):
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        same_segment = segment_of[:, :, None] == segment_of[:, None, :]
+        visible = (member_of[:, None, :] == -1) | (member_of[:, :, None] == member_of[:, None, :])
+        allowed = causal & same_segment & visible
+        attention_mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(
+            ~allowed, torch.finfo(torch.float32).min
+        )[:, None]
     return PackedBatch(
         input_ids,
         position_ids,
@@ -122,6 +151,7 @@ def pack(
         (torch.tensor(target_rows, dtype=torch.long), torch.tensor(target_cols, dtype=torch.long)),
         (prompt_ids.shape[0], responses.shape[1]),
         tuple(fill),
+        attention_mask,
     )
 
 

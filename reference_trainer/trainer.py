@@ -498,7 +498,10 @@ def _response_outputs(model: torch.nn.Module, batch: Batch, pad_id: int | None) 
     packed = pack(batch.prompt_ids, batch.prompt_mask, batch.responses, batch.response_mask, pad_id)
     # No cache: transformers only derives the block-causal mask when none is passed.
     outputs = model(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=packed.attention_mask,
+        use_cache=False,
     ).logits
     return unpack(outputs, packed)
 

@@ -46,9 +46,24 @@ def test_packed_rows_hold_each_trajectory_once(rollout) -> None:
         tokenizer.pad_token_id,
         max_tokens=64,
     )
-    # Real tokens only: the last response token predicts nothing, so it is not fed.
-    real = int(batch.prompt_mask.sum() + batch.response_mask.sum()) - len(batch)
+    unshared = pack(
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.responses,
+        batch.response_mask,
+        tokenizer.pad_token_id,
+        share_prompts=False,
+    )
+    assert unshared.attention_mask is None, "position ids alone separate unshared trajectories"
+    assert sum(unshared.row_tokens) == int(
+        batch.prompt_mask.sum() + batch.response_mask.sum()
+    ) - len(batch)
+    # Real tokens only, each prompt once for its 4 responses; the last response token predicts
+    # nothing, so it is not fed.
+    prompts_once = int(batch.prompt_mask[::4].sum())
+    real = prompts_once + int(batch.response_mask.sum()) - len(batch)
     assert sum(packed.row_tokens) == real
+    assert packed.attention_mask is not None
     assert max(packed.row_tokens) == packed.input_ids.shape[1]
     assert packed.input_ids.numel() < 0.75 * (batch.prompt_ids.numel() + batch.responses.numel())
     # The output that predicts response token t sits on the input holding token t - 1.
