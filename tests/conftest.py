@@ -37,3 +37,31 @@ def upstream_091() -> Path:
 def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One pytest cache for every pytester run, so upstream's slow entry point runs once per case."""
     return tmp_path_factory.mktemp("verl-cache")
+
+
+@pytest.fixture(scope="session")
+def sample_rollout():
+    """Sample the trainer's rollout batch from the first shipped training prompts.
+
+    Temperature 1 without top-k/top-p filtering; `stream` picks the sampling generator, so
+    tests that need rows finishing at different steps can choose one that gives them.
+    """
+    from reference_trainer.data import PROMPTS_PATH, load_prompts
+    from reference_trainer.trainer import _generator, generate
+
+    def sample(policy, tokenizer, *, prompts, n, max_new_tokens, stream, do_sample=True, fast=True):
+        return generate(
+            policy,
+            tokenizer,
+            load_prompts(PROMPTS_PATH, "train")[:prompts],
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=1.0,
+            top_k=-1,
+            top_p=1.0,
+            do_sample=do_sample,
+            generator=_generator(0, stream),
+            fast=fast,
+        )
+
+    return sample

@@ -6,31 +6,18 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from reference_trainer.data import PROMPTS_PATH, load_prompts
 from reference_trainer.packing import pack, packing_supported
 from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer, build_tiny_value_model
-from reference_trainer.trainer import _generator, generate, response_logits, response_values
+from reference_trainer.trainer import response_logits, response_values
 
 
 @pytest.fixture(scope="module")
-def rollout():
+def rollout(sample_rollout):
     torch.set_num_threads(1)
     tokenizer = build_tiny_tokenizer()
     policy = build_tiny_policy(tokenizer, seed=0).eval()
     # The first prompts mix 4-character arithmetic with 49-character word problems.
-    prompts = load_prompts(PROMPTS_PATH, "train")[:8]
-    batch = generate(
-        policy,
-        tokenizer,
-        prompts,
-        n=4,
-        max_new_tokens=24,
-        temperature=1.0,
-        top_k=-1,
-        top_p=1.0,
-        do_sample=True,
-        generator=_generator(0, 1),
-    )
+    batch = sample_rollout(policy, tokenizer, prompts=8, n=4, max_new_tokens=24, stream=1)
     lengths = batch.response_mask.sum(-1)
     assert lengths.min() < lengths.max(), "the batch should mix finished and truncated rows"
     return tokenizer, policy, batch

@@ -271,26 +271,19 @@ def test_merged_adapter_reads_the_merged_weight_and_declines_when_disabled() -> 
 
 
 @pytest.mark.parametrize("do_sample", [True, False], ids=["sampled", "greedy"])
-def test_generate_with_the_engine_equals_the_hf_loop(do_sample: bool) -> None:
+def test_generate_with_the_engine_equals_the_hf_loop(sample_rollout, do_sample: bool) -> None:
     """The trainer's rollouts: same tokens and masks from the engine as from the HF forward."""
-    from reference_trainer.data import PROMPTS_PATH, load_prompts
-    from reference_trainer.trainer import _generator, generate
-
     tokenizer = build_tiny_tokenizer()
     policy = build_tiny_policy(tokenizer, seed=3).eval()
-    prompts = load_prompts(PROMPTS_PATH, "train")[:8]
     runs = [
-        generate(
+        sample_rollout(
             policy,
             tokenizer,
-            prompts,
+            prompts=8,
             n=4,
             max_new_tokens=24,
-            temperature=1.0,
-            top_k=-1,
-            top_p=1.0,
+            stream=7,
             do_sample=do_sample,
-            generator=_generator(0, 7),
             fast=fast,
         )
         for fast in (True, False)
@@ -303,27 +296,15 @@ def test_generate_with_the_engine_equals_the_hf_loop(do_sample: bool) -> None:
         assert lengths.min() < lengths.max(), "rows should finish at different steps"
 
 
-def test_scoring_pass_equals_the_hf_response_logits() -> None:
+def test_scoring_pass_equals_the_hf_response_logits(sample_rollout) -> None:
     """The engine's no-cache pass over whole rollouts (old and reference log-probs)."""
     from peft import LoraConfig, get_peft_model
 
-    from reference_trainer.data import PROMPTS_PATH, load_prompts
-    from reference_trainer.trainer import _generator, generate, response_logits
+    from reference_trainer.trainer import response_logits
 
     tokenizer = build_tiny_tokenizer()
     policy = build_tiny_policy(tokenizer, seed=5).eval()
-    batch = generate(
-        policy,
-        tokenizer,
-        load_prompts(PROMPTS_PATH, "train")[:6],
-        n=3,
-        max_new_tokens=16,
-        temperature=1.0,
-        top_k=-1,
-        top_p=1.0,
-        do_sample=True,
-        generator=_generator(0, 9),
-    )
+    batch = sample_rollout(policy, tokenizer, prompts=6, n=3, max_new_tokens=16, stream=9)
     mask = batch.response_mask.bool()
     assert not bool(mask.all()), "some rows should stop early"
     lora = get_peft_model(
