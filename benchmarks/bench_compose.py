@@ -66,7 +66,7 @@ def official_fields() -> dict[str, list[str]]:
 
 
 def bench_per_case(upstream: Path, reps: int, entry_point: bool) -> list[dict[str, Any]]:
-    from pytest_verl_compat.compose import Composer
+    from pytest_verl_compat.pipeline.compose import Composer
 
     config_dir = upstream / "verl/trainer/config"
     variables = {"HOME": "/home/verl"}
@@ -117,7 +117,7 @@ def audit_cold(upstream: Path) -> float:
 
 def audit_warm(upstream: Path, reps: int) -> tuple[float, float, int]:
     """(first in-process pass, median of later passes, cases) through AuditSession."""
-    from pytest_verl_compat.session import AuditOptions, AuditSession
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 
     def one_pass() -> int:
         session = AuditSession.start(AuditOptions(upstream=str(upstream)))
@@ -150,7 +150,7 @@ MODELS = ["Qwen/Qwen3-8B", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B-
 
 def synthetic_corpus(upstream: Path, count: int, folder: Path) -> list[tuple[Path, dict[str, str]]]:
     """Copies of the official scripts with other `${X:-default}` defaults and other env values."""
-    from pytest_verl_compat.manifest import load_manifest
+    from pytest_verl_compat.pipeline.manifest import load_manifest
 
     manifest = load_manifest(REPO / "corpus/manifest.yaml")
     scripts = sorted({c.launch for c in manifest.cases if c.launch and c.kind == "official"})
@@ -169,10 +169,12 @@ def synthetic_corpus(upstream: Path, count: int, folder: Path) -> list[tuple[Pat
 
 
 def bench_synthetic(upstream: Path, count: int) -> dict[str, Any]:
-    from pytest_verl_compat.compile import DEFAULT_PROFILE, compile_resolved, load_profile
-    from pytest_verl_compat.compose import Composer
-    from pytest_verl_compat.launch import LaunchBindings, read_launch
-    from pytest_verl_compat.manifest import load_manifest
+    from pytest_verl_compat.bash import read_launch
+    from pytest_verl_compat.model import Bindings
+    from pytest_verl_compat.pipeline.compile import compile_resolved
+    from pytest_verl_compat.pipeline.compose import Composer
+    from pytest_verl_compat.pipeline.manifest import load_manifest
+    from pytest_verl_compat.pipeline.profile import DEFAULT_PROFILE, load_profile
 
     manifest = load_manifest(REPO / "corpus/manifest.yaml")
     substitutions = dict(manifest.cases[0].bindings.substitutions)
@@ -185,7 +187,7 @@ def bench_synthetic(upstream: Path, count: int) -> dict[str, Any]:
         corpus = synthetic_corpus(upstream, count, Path(tmp))
         start = time.perf_counter()
         for index, (path, env) in enumerate(corpus, start=1):
-            read = read_launch(path, LaunchBindings(env=env, substitutions=substitutions))
+            read = read_launch(path, Bindings(variables=env, substitutions=substitutions))
             composition = composer.compose(read.argv, env)
             if composition.composed:
                 report = compile_resolved(

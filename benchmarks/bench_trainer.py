@@ -55,8 +55,9 @@ def export_workload(folder: Path) -> tuple[Path, Path]:
 
 def run_ours(model_dir: str, steps: int, updates: int) -> dict:
     """Our side, in this process (the parent starts it as a subprocess)."""
-    from pytest_verl_compat.session import AuditOptions, AuditSession
-    from reference_trainer.trainer import LocalBudget, ReferenceTrainer
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from reference_trainer.budget import LocalBudget
+    from reference_trainer.trainer import ReferenceTrainer
 
     session = AuditSession.start(AuditOptions(upstream=None))
     cfg = session.reference_config(session.manifest.case("grpo"))

@@ -1,4 +1,4 @@
-"""The shipped prompt set and a stateful, checkpointable prompt sampler.
+"""The shipped prompt set, the prompt-length filter and a checkpointable prompt sampler.
 
 `data/prompts.jsonl` holds arithmetic and word problems with integer answers, split into
 ``train`` and ``val``. It was generated once by `generate_prompts(seed=0)` (run this module as a
@@ -46,6 +46,24 @@ def prompt_text(tokenizer: Any, prompt: Prompt) -> str:
     if prompt.system:
         messages.insert(0, {"role": "system", "content": prompt.system})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def fitting_prompts(
+    prompts: list[Prompt], tokenizer: Any, limit: int, *, drop_overlong: bool
+) -> list[Prompt]:
+    """Prompts within max_prompt_length: dropped with filter_overlong_prompts, else an error."""
+    lengths = [
+        len(tokenizer(prompt_text(tokenizer, p), add_special_tokens=False)["input_ids"])
+        for p in prompts
+    ]
+    if drop_overlong:
+        return [p for p, n in zip(prompts, lengths, strict=True) if n <= limit]
+    if max(lengths) > limit:
+        raise ValueError(
+            f"data.max_prompt_length={limit}: a prompt has {max(lengths)} "
+            "tokens (set data.filter_overlong_prompts to drop such prompts)"
+        )
+    return prompts
 
 
 def generate_prompts(seed: int = 0, train: int = 320, val: int = 40) -> list[dict[str, str]]:

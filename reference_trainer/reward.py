@@ -1,7 +1,8 @@
 """Scoring: the rule reward, the length reward for learning-signal tests, and a reward model.
 
 All scorers map (prompt text, response text, response length in tokens) to one float per
-trajectory; the trainer puts it on the last valid token, as verl's reward managers do.
+trajectory; `score_batch` (the trainer's score phase) puts it on the last valid token, as verl's
+reward managers do.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from reference_trainer.batching import Batch
 from reference_trainer.data import Prompt, load_prompts
+from reference_trainer.reasoning_gym_prompts import reasoning_gym_reward
 from reference_trainer.tiny import ATTENTION, build_tiny_reward_model, build_tiny_tokenizer
 
 _INTEGER = re.compile(r"-?\d+")
@@ -74,6 +78,45 @@ class RewardModelScorer:
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True)  # type: ignore[operator]
         logits = self.model(**encoded).logits
         return logits[:, 0].tolist()
+
+
+def score_batch(
+    batch: Batch,
+    tokenizer: Any,
+    *,
+    scorer: RewardModelScorer | None,
+    reward: str,
+    length_target: int,
+) -> None:
+    """Token-level scores: the sequence reward on the last valid token, as verl places it.
+
+    `scorer` (a reward model) wins over `reward` (``length``, ``reasoning-gym``, else the rule).
+    Also fills the batch's ``acc``, ``score`` and decoded texts.
+    """
+    lengths = batch.response_mask.sum(-1).long()
+    texts = [
+        tokenizer.decode(row[: int(n)], skip_special_tokens=True)
+        for row, n in zip(batch.responses, lengths, strict=True)
+    ]
+    pairs = list(zip(texts, batch.prompts, strict=True))
+    acc = [float(rule_correct(t, p.answer)) for t, p in pairs]
+    if scorer is not None:
+        rewards = scorer.score([p.prompt for p in batch.prompts], texts)
+    elif reward == "length":
+        width = batch.responses.shape[1]
+        rewards = [length_reward(int(n), length_target, width) for n in lengths]
+    elif reward == "reasoning-gym":
+        rewards = [reasoning_gym_reward(t, p) for t, p in pairs]
+        # The task's scorer decides correctness; full marks count as accurate.
+        acc = [float(r >= 1.0) for r in rewards]
+    else:
+        rewards = [rule_reward(t, p.answer) for t, p in pairs]
+    scores = torch.zeros_like(batch.response_mask)
+    scores[torch.arange(len(batch)), (lengths - 1).clamp_min(0)] = torch.tensor(rewards)
+    batch.tensors["token_level_scores"] = scores
+    batch.tensors["acc"] = torch.tensor(acc)
+    batch.tensors["score"] = torch.tensor(rewards, dtype=torch.float32)
+    batch.texts = texts
 
 
 def preference_pairs(prompts: Sequence[Prompt], seed: int) -> list[tuple[str, str]]:

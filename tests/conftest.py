@@ -47,7 +47,7 @@ def sample_rollout():
     tests that need rows finishing at different steps can choose one that gives them.
     """
     from reference_trainer.data import PROMPTS_PATH, load_prompts
-    from reference_trainer.trainer import _generator, generate
+    from reference_trainer.generation import _generator, generate
 
     def sample(policy, tokenizer, *, prompts, n, max_new_tokens, stream, do_sample=True, fast=True):
         return generate(

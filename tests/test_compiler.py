@@ -9,21 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from corpus_facts import AUDIT, OFFICIAL
 
-from pytest_verl_compat.compile import CLASSES, compile_resolved, load_profile
-from pytest_verl_compat.compose import count_leaves
-from pytest_verl_compat.session import AuditOptions, AuditSession, embedded_root
+from pytest_verl_compat.model import LEAF_CLASSES
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.compile import compile_resolved
+from pytest_verl_compat.pipeline.compose import count_leaves
+from pytest_verl_compat.pipeline.manifest import embedded_root
+from pytest_verl_compat.pipeline.profile import load_profile
 
 GOLDEN = embedded_root() / "golden"
-OFFICIAL = [
-    "ppo",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "grpo_lora",
-    "grpo_reward_model",
-    "dr_grpo",
-]
 
 
 def resolved(case_id: str) -> dict:
@@ -43,7 +38,7 @@ def test_official_cases_are_accepted_with_every_leaf_classified(case_id: str, pr
     assert sum(report.counts.values()) == count_leaves(mapping)
     assert report.counts["unknown"] == 0
     assert not [leaf for leaf in report.leaves if leaf.klass == "unsupported" and leaf.problem]
-    assert all(leaf.klass in CLASSES for leaf in report.leaves)
+    assert all(leaf.klass in LEAF_CLASSES for leaf in report.leaves)
     assert not [f for f in report.findings if f.level == "error"]
 
 
@@ -135,8 +130,8 @@ def session(upstream_checkout: Path) -> AuditSession:
 
 def test_every_case_reaches_its_expected_outcome_and_findings(session: AuditSession) -> None:
     entries = [session.audit_entry(case) for case in session.cases]
-    assert len(entries) == 25
-    assert sum(1 for e in entries if e["kind"] != "field") == 16
+    assert len(entries) == len(AUDIT["cases"])
+    assert sum(1 for e in entries if e["kind"] != "field") == AUDIT["totals"]["cases"]
     for case, entry in zip(session.cases, entries, strict=True):
         assert entry["outcome"] == (case.expected or {}).get("outcome", "accepted"), case.id
         found = {f"{f['level']}:{f['path']}" for f in entry["findings"]}
@@ -148,7 +143,7 @@ def test_every_case_reaches_its_expected_outcome_and_findings(session: AuditSess
 
 
 def test_reference_config_needs_an_accepted_case(session: AuditSession) -> None:
-    from pytest_verl_compat.session import StageFailed
+    from pytest_verl_compat.model import StageFailed
 
     config = session.reference_config(session.manifest.case("ppo"))
     assert config.critic is not None and config.actor_updates_per_step == 4

@@ -7,20 +7,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conformance_mutants import MUTATIONS, run_mutation_check
 
-from pytest_verl_compat.conformance import (
-    MUTATIONS,
-    ConformanceResult,
-    run_case,
-    run_mutation_check,
-)
-from pytest_verl_compat.conformance_plan import (
+from pytest_verl_compat.conformance.compare import ConformanceResult
+from pytest_verl_compat.conformance.plan import (
     COMPONENTS,
     ConformanceCase,
     conformance_cases,
     load_tolerances,
     upstream_missing_reason,
 )
+from pytest_verl_compat.conformance.run import run_case
 
 TOLERANCES = Path(__file__).resolve().parents[1] / "corpus" / "conformance.yaml"
 CASES = conformance_cases(load_tolerances(TOLERANCES))

@@ -9,23 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from corpus_facts import OFFICIAL
 
-from pytest_verl_compat.session import embedded_root
-from pytest_verl_compat.upstream import installed_verl_root
+from pytest_verl_compat.pipeline.manifest import embedded_root
+from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 pytestmark = pytest.mark.slow
 CASES = 25  # seven official, nine derived and nine field cases
 COMPOSED = 23  # all but the two composition rejections
-
-OFFICIAL = [
-    "ppo",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "grpo_lora",
-    "grpo_reward_model",
-    "dr_grpo",
-]
 
 
 def run_audit(pytester: pytest.Pytester, cache: Path, *args: str) -> pytest.RunResult:

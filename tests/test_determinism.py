@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_verl_compat.compose import Composer
+from pytest_verl_compat.pipeline.compose import Composer
 
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("VERL_UPSTREAM") or REPO.parent / "shared/upstream/verl-v0.9.0")

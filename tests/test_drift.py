@@ -9,31 +9,29 @@ from typing import Any
 
 import pytest
 import yaml
+from corpus_facts import OFFICIAL
 
-from pytest_verl_compat.compile import load_profile, profile_path
-from pytest_verl_compat.drift import (
+from pytest_verl_compat.cli.drift import add_drift_parsers
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.manifest import embedded_root
+from pytest_verl_compat.pipeline.pins import sha256_file, tree_sha256
+from pytest_verl_compat.pipeline.profile import load_profile, profile_path
+from pytest_verl_compat.upstream.drift import (
     OUTCOME_NOTE,
     drift_report,
     has_drift,
     render_markdown,
     section_of,
 )
-from pytest_verl_compat.drift_cli import add_drift_parsers
-from pytest_verl_compat.retarget import is_observing, new_rules, retarget_cases, retarget_profile
-from pytest_verl_compat.session import AuditOptions, AuditSession, embedded_root
-from pytest_verl_compat.upstream import sha256_file, tree_sha256
+from pytest_verl_compat.upstream.retarget import (
+    is_observing,
+    new_rules,
+    retarget_cases,
+    retarget_profile,
+)
 
 pytestmark = pytest.mark.slow
 
-OFFICIAL = [
-    "ppo",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "grpo_lora",
-    "grpo_reward_model",
-    "dr_grpo",
-]
 METRIC = "algorithm.filter_groups.metric"
 CASE_KEYS = {"id", "added", "removed", "changed", "unclassified", "outcome", "composition_error"}
 
@@ -276,7 +274,7 @@ def test_retarget_workflow(
 
 
 def test_retarget_refuses_to_overwrite_the_pinned_profile(upstream_091: Path) -> None:
-    from pytest_verl_compat.retarget import RetargetError
+    from pytest_verl_compat.upstream.retarget import RetargetError
 
     with pytest.raises(RetargetError, match="pinned profile"):
         retarget_profile("verl-0.9.0-single-device", upstream_091, "verl-0.9.0-single-device")

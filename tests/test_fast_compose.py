@@ -14,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_verl_compat import compose as compose_module
-from pytest_verl_compat.compose import Composer, Composition, deterministic_resolvers
+from pytest_verl_compat.model import Composition
+from pytest_verl_compat.pipeline import compose as compose_module
+from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.hydra_internals import deterministic_resolvers
 
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("VERL_UPSTREAM") or REPO.parent / "shared/upstream/verl-v0.9.0")

@@ -14,9 +14,10 @@ from bash_oracle import BASH, ENV, UNBOUND_MARKER, run_bash
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pytest_verl_compat.compose import Composer, Composition
-from pytest_verl_compat.launch import LaunchBindings, read_launch_text
-from pytest_verl_compat.manifest import Manifest, ManifestError, load_manifest
+from pytest_verl_compat.bash import read_launch_text
+from pytest_verl_compat.model import Bindings, Composition, Manifest
+from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.manifest import ManifestError, load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("VERL_UPSTREAM") or REPO.parent / "shared/upstream/verl-v0.9.0")
@@ -197,8 +198,8 @@ def launch_script(draw: st.DrawFn) -> tuple[str, dict[str, str]]:
 def test_generated_script_argv_matches_bash(tmp_path: Path, script: tuple[str, dict[str, str]]):
     # Each example runs bash and shfmt in subprocesses, hence no per-example deadline.
     text, extra = script
-    bindings = LaunchBindings(env={"HOME": "/home/verl", **extra})
-    oracle = run_bash(text.encode(), tmp_path, bindings.env, {})
+    bindings = Bindings(variables={"HOME": "/home/verl", **extra})
+    oracle = run_bash(text.encode(), tmp_path, bindings.variables, {})
     assert oracle.argv is not None, f"bash exited {oracle.returncode}: {oracle.stderr}\n{text}"
     assert all(UNBOUND_MARKER not in field for field in oracle.argv)
     read = read_launch_text(text, bindings, path="generated.sh")

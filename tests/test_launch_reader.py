@@ -12,8 +12,7 @@ from bash_oracle import BASH, ENV, UNBOUND_MARKER, run_bash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_verl_compat.launch import (
-    LaunchBindings,
+from pytest_verl_compat.bash import (
     LaunchExited,
     LaunchRead,
     LaunchReadError,
@@ -21,6 +20,7 @@ from pytest_verl_compat.launch import (
     read_launch,
     read_launch_text,
 )
+from pytest_verl_compat.model import Bindings
 
 UPSTREAM = Path(
     os.environ.get("VERL_UPSTREAM")
@@ -35,7 +35,7 @@ NPU_PROBE = "python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu"
 DATE = "date +%Y%m%d_%H%M"
 HOME = {"HOME": "/home/verl"}
 SUBSTITUTIONS = {NPU_PROBE: "gpu", DATE: "20260101_0000"}
-DEFAULT = LaunchBindings(env=HOME, substitutions=SUBSTITUTIONS)
+DEFAULT = Bindings(variables=HOME, substitutions=SUBSTITUTIONS)
 LAUNCH = "python3 -m verl.trainer.main_ppo"
 
 OFFICIAL = (
@@ -49,14 +49,14 @@ OFFICIAL = (
 GRPO = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
 
 
-def bindings(env: Mapping[str, str] | None = None, args: tuple[str, ...] = ()) -> LaunchBindings:
+def bindings(env: Mapping[str, str] | None = None, args: tuple[str, ...] = ()) -> Bindings:
     """The default bindings with extra variables and positional parameters."""
-    return LaunchBindings(env={**HOME, **(env or {})}, substitutions=SUBSTITUTIONS, args=args)
+    return Bindings(variables={**HOME, **(env or {})}, substitutions=SUBSTITUTIONS, args=args)
 
 
-def assert_same_as_bash(data: bytes, tmp_path: Path, b: LaunchBindings, label: str) -> LaunchRead:
+def assert_same_as_bash(data: bytes, tmp_path: Path, b: Bindings, label: str) -> LaunchRead:
     """The reader's launch equals bash's (argv, environment, line); returns the reader's."""
-    oracle = run_bash(data, tmp_path, b.env, b.substitutions, b.args)
+    oracle = run_bash(data, tmp_path, b.variables, b.substitutions, b.args)
     read = read_launch(label, b, text=data.decode())
     assert oracle.argv is not None, f"bash exited {oracle.returncode}: {oracle.stderr}"
     assert all(UNBOUND_MARKER not in field for field in oracle.argv)
@@ -134,7 +134,7 @@ def test_grpo_gb200_sglang_variant(tmp_path: Path) -> None:
 def test_grpo_exit_variant(env: dict[str, str], tmp_path: Path) -> None:
     data = (UPSTREAM / GRPO).read_bytes()
     b = bindings(env)
-    oracle = run_bash(data, tmp_path, b.env, b.substitutions, b.args)
+    oracle = run_bash(data, tmp_path, b.variables, b.substitutions, b.args)
     assert oracle.returncode == 1
     assert oracle.argv is None
     with pytest.raises(LaunchExited) as caught:
@@ -177,13 +177,13 @@ def test_official_scripts_list_their_substitutions() -> None:
 @needs_upstream
 def test_unbound_probe_is_reported_not_run() -> None:
     with pytest.raises(LaunchReadError) as caught:
-        read_launch(UPSTREAM / GRPO, LaunchBindings(env=HOME))
+        read_launch(UPSTREAM / GRPO, Bindings(variables=HOME))
     err = caught.value
     assert err.construct == "command substitution"
     assert NPU_PROBE in err.detail and "--subst" in err.detail
     # With DEVICE bound, bash never evaluates the probe, so it needs no binding.
     read = read_launch(
-        UPSTREAM / GRPO, LaunchBindings(env={**HOME, "DEVICE": "gpu"}, substitutions={DATE: "x"})
+        UPSTREAM / GRPO, Bindings(variables={**HOME, "DEVICE": "gpu"}, substitutions={DATE: "x"})
     )
     assert "trainer.experiment_name=qwen3_8b_grpo_vllm_fsdp_x" in read.argv
 
@@ -236,7 +236,7 @@ def test_bound_substitution_is_never_executed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    b = LaunchBindings(substitutions={"touch SOMEFILE": "made\n\n"})
+    b = Bindings(substitutions={"touch SOMEFILE": "made\n\n"})
     read = read_launch_text(f"X=$(touch SOMEFILE)\n{LAUNCH} x=$X\n", b)
     assert read.argv == ("x=made",)
     assert os.listdir(tmp_path) == []
@@ -245,12 +245,12 @@ def test_bound_substitution_is_never_executed(
 def test_unbound_substitution_message_names_file_line_and_text() -> None:
     script = "A=1\n\nSTAMP=$(date)\n"
     with pytest.raises(LaunchReadError) as caught:
-        read_launch_text(script + f"{LAUNCH}\n", LaunchBindings(), path="run.sh")
+        read_launch_text(script + f"{LAUNCH}\n", Bindings(), path="run.sh")
     assert str(caught.value) == (
         "run.sh:3: command substitution: $(date) has no binding; pass --subst 'date' OUTPUT"
     )
     with pytest.raises(LaunchReadError) as caught:
-        read_launch_text(f"{LAUNCH} `hostname -f`\n", LaunchBindings(), path="run.sh")
+        read_launch_text(f"{LAUNCH} `hostname -f`\n", Bindings(), path="run.sh")
     assert "`hostname -f`" in str(caught.value)
     assert caught.value.line == 1
 
@@ -937,7 +937,7 @@ def test_random_words_expand_like_bash(
     else:
         body = f'B=({line})\n{LAUNCH} "${{B[@]}}"\n'
     text = PRELUDE + body
-    b = LaunchBindings(env=HOME, args=("1 2", "", "3"))
+    b = Bindings(variables=HOME, args=("1 2", "", "3"))
     try:
         got = read_launch_text(text, b)
     except LaunchReadError as err:
@@ -945,5 +945,5 @@ def test_random_words_expand_like_bash(
         # rejects a few words bash accepts (such as the array element `=`).
         assert err.construct in ("tilde expansion", "syntax error"), str(err)
         return
-    oracle = run_bash(text.encode(), tmp_path_factory.mktemp("words"), b.env, {}, b.args)
+    oracle = run_bash(text.encode(), tmp_path_factory.mktemp("words"), b.variables, {}, b.args)
     assert got.argv == oracle.argv

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_verl_compat.compose import Composer, count_leaves
-from pytest_verl_compat.manifest import ManifestError, load_manifest
-from pytest_verl_compat.session import embedded_root
+from pytest_verl_compat.pipeline.compose import Composer, count_leaves
+from pytest_verl_compat.pipeline.manifest import ManifestError, embedded_root, load_manifest
 
 MANIFEST = embedded_root() / "corpus" / "manifest.yaml"
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from reference_trainer.generation import response_logits, response_values
 from reference_trainer.packing import pack, packing_supported
 from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer, build_tiny_value_model
-from reference_trainer.trainer import response_logits, response_values
 
 
 @pytest.fixture(scope="module")

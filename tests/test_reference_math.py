@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_trainer.advantages import (
+from reference_trainer.math.advantages import (
     ADVANTAGE_ESTIMATORS,
     gae_advantages,
     grpo_advantages,
@@ -18,18 +18,18 @@ from reference_trainer.advantages import (
     reinforce_plus_plus_baseline_advantages,
     rloo_advantages,
 )
-from reference_trainer.aggregation import AGG_MODES, agg_loss
-from reference_trainer.kl import (
+from reference_trainer.math.aggregation import AGG_MODES, agg_loss
+from reference_trainer.math.kl import (
     KL_PENALTIES,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_in_reward,
     kl_penalty,
 )
-from reference_trainer.logprobs import entropy_from_logits, log_probs_from_logits
-from reference_trainer.losses import POLICY_LOSSES, actor_loss, value_loss, vanilla_policy_loss
-from reference_trainer.masked import masked_mean, masked_whiten
-from reference_trainer.registry import UnknownNameError
+from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
+from reference_trainer.math.losses import POLICY_LOSSES, actor_loss, value_loss, vanilla_policy_loss
+from reference_trainer.math.masked import masked_mean, masked_whiten
+from reference_trainer.math.registry import UnknownNameError
 
 D = torch.float64
 

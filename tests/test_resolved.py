@@ -9,22 +9,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from corpus_facts import OFFICIAL
 
-from pytest_verl_compat.compile import compile_resolved, load_profile
-from pytest_verl_compat.compose import Composer
-from pytest_verl_compat.resolved import check_resolved
-from pytest_verl_compat.session import embedded_root
+from pytest_verl_compat.pipeline.compile import compile_resolved
+from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.manifest import embedded_root
+from pytest_verl_compat.pipeline.profile import load_profile
+from pytest_verl_compat.pipeline.resolved import check_resolved
 
 GOLDEN = embedded_root() / "golden"
-OFFICIAL = [
-    "ppo",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "grpo_lora",
-    "grpo_reward_model",
-    "dr_grpo",
-]
 
 
 def write_resolved(tmp_path: Path, case_id: str) -> Path:

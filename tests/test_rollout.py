@@ -300,7 +300,7 @@ def test_scoring_pass_equals_the_hf_response_logits(sample_rollout) -> None:
     """The engine's no-cache pass over whole rollouts (old and reference log-probs)."""
     from peft import LoraConfig, get_peft_model
 
-    from reference_trainer.trainer import response_logits
+    from reference_trainer.generation import response_logits
 
     tokenizer = build_tiny_tokenizer()
     policy = build_tiny_policy(tokenizer, seed=5).eval()

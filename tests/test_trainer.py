@@ -14,28 +14,21 @@ from typing import Any
 
 import pytest
 import torch
+from corpus_facts import OFFICIAL
 
+from reference_trainer.budget import LocalBudget
 from reference_trainer.checkpoint import CheckpointError, complete_checkpoints
 from reference_trainer.config import ReferenceTrainerConfig
 from reference_trainer.tiny import ATTENTION
-from reference_trainer.trainer import LocalBudget, ReferenceTrainer, RunResult
+from reference_trainer.trainer import ReferenceTrainer, RunResult
 
-OFFICIAL = (
-    "ppo",
-    "grpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "grpo_lora",
-    "grpo_reward_model",
-    "dr_grpo",
-)
 # Keys that legitimately differ between two identical runs: wall-clock measurements.
 CLOCK_PREFIXES = ("timing_s/", "perf/")
 
 
 @pytest.fixture(scope="module")
 def configs() -> dict[str, ReferenceTrainerConfig]:
-    from pytest_verl_compat.session import AuditOptions, AuditSession
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 
     session = AuditSession.start(AuditOptions(upstream=None))
     return {case: session.reference_config(session.manifest.case(case)) for case in OFFICIAL}
@@ -256,7 +249,7 @@ def test_group_filtering_refills_to_full_groups(
 
 
 def _cli(*argv: str) -> int:
-    from pytest_verl_compat.train_cli import add_train_parser
+    from pytest_verl_compat.cli.train import add_train_parser
 
     parser = argparse.ArgumentParser()
     add_train_parser(parser.add_subparsers(dest="command"))
@@ -334,8 +327,9 @@ def test_critic_warmup_holds_the_actor_like_verl(
 
 RUN_IN_PROCESS = """
 import sys
-from pytest_verl_compat.session import AuditOptions, AuditSession
-from reference_trainer.trainer import LocalBudget, ReferenceTrainer
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from reference_trainer.budget import LocalBudget
+from reference_trainer.trainer import ReferenceTrainer
 session = AuditSession.start(AuditOptions(upstream=None))
 cfg = session.reference_config(session.manifest.case("grpo"))
 budget = LocalBudget(steps=4, save_freq=2, reward="length", test_freq=-1,
@@ -410,8 +404,8 @@ def test_micro_batches_do_not_change_the_update(
 
 def test_rollout_masks_come_from_positions() -> None:
     from reference_trainer.data import load_prompts
+    from reference_trainer.generation import generate, response_logits
     from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer
-    from reference_trainer.trainer import generate, response_logits
 
     tokenizer = build_tiny_tokenizer()
     policy = build_tiny_policy(tokenizer, seed=0).eval()

@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 import yaml
 
-from pytest_verl_compat.init_manifest import PLACEHOLDER, case_id, init_manifest
-from pytest_verl_compat.manifest import load_manifest
-from pytest_verl_compat.upstream import sha256_file
+from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, case_id, init_manifest
+from pytest_verl_compat.pipeline.manifest import load_manifest
+from pytest_verl_compat.pipeline.pins import sha256_file
 
 COMMON = """\
     data.train_files="$HOME/data/gsm8k/train.parquet" \\
@@ -98,7 +98,7 @@ def test_init_manifest_validates(tmp_path: Path, upstream_checkout: Path) -> Non
 def test_init_cli(tmp_path: Path, upstream_checkout: Path, capsys: pytest.CaptureFixture) -> None:
     import argparse
 
-    from pytest_verl_compat.drift_cli import add_drift_parsers
+    from pytest_verl_compat.cli.drift import add_drift_parsers
 
     root = user_folder(tmp_path / "user", upstream_checkout / "verl" / "trainer" / "config")
     parser = argparse.ArgumentParser()

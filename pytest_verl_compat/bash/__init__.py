@@ -1,0 +1,41 @@
+"""Launch reader: the argv of a script's final ``python3 -m verl.trainer.main_ppo``, never run.
+
+The script is parsed by mvdan/sh's ``shfmt --to-json`` and the typed syntax tree is interpreted
+here, with bash semantics, for the subset of bash that launch scripts use.  Nothing the script
+names is ever executed: command substitutions are answered only from
+``Bindings.substitutions`` and every construct whose effect cannot be known statically
+raises :class:`LaunchReadError` naming the file, the line and the construct.
+
+Deliberate differences from bash, each documented where it is implemented:
+
+* Pathname expansion is never performed.  An unquoted word that still holds ``*``, ``?`` or
+  ``[`` after expansion stays literal, which is what bash produces when nothing matches.
+* Commands other than the shell builtins modelled here are skipped as if they succeeded
+  (status 0); their output matters only through ``substitutions``.
+* Variables bash sets by itself (``PWD``, ``PATH``, ``RANDOM``, ...) are unknown unless bound in
+  ``Bindings.variables``; referencing one is an error instead of a guess.
+* Text whose meaning depends on the locale (non-ASCII in ``${#X}``, slices, patterns, case
+  changes or ``$'\\u...'``) is rejected: the audit's oracle runs bash in the C locale.
+
+The modules, each importing only those before it: ``errors`` (what is raised, the budgets),
+``parse`` (shfmt and the tree), ``words`` (quoting and fields), ``state`` (the shell and its
+variables), ``arithmetic``, ``braces``, ``patterns``, ``expansion``, ``conditions``
+(``[[ ]]`` and ``test``), ``builtins`` and ``interpreter`` (statements and the launcher).  The
+interpreter is one class stacked from a mixin per layer, ``state`` at the bottom.
+"""
+
+from __future__ import annotations
+
+from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
+from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
+from pytest_verl_compat.bash.parse import command_substitutions
+from pytest_verl_compat.bash.state import LaunchRead
+
+__all__ = [
+    "LaunchExited",
+    "LaunchRead",
+    "LaunchReadError",
+    "command_substitutions",
+    "read_launch",
+    "read_launch_text",
+]

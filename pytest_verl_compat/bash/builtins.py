@@ -1,0 +1,317 @@
+"""Builtins: those that change the shell (``set``, ``shift``, ``exit``, ...) and assignments.
+
+Builtins whose effect cannot be known statically are rejected here, each with the reason.
+"""
+
+from __future__ import annotations
+
+from pytest_verl_compat.bash.arithmetic import _legal_integer
+from pytest_verl_compat.bash.conditions import _Conditions
+from pytest_verl_compat.bash.errors import _Exit, _LoopControl
+from pytest_verl_compat.bash.parse import Node, _line
+from pytest_verl_compat.bash.state import (
+    _LAUNCHER_MODULE,
+    _SET_FLAGS,
+    _SET_HARMLESS_FLAGS,
+    _SET_HARMLESS_NAMES,
+    _SET_NAMED,
+)
+from pytest_verl_compat.bash.words import _is_name
+
+_NOT_A_DECLARATION = (
+    "after an assignment, quoted or expanded, bash reads its arguments as ordinary words"
+)
+# Builtins whose effect on the shell cannot be reproduced without running something.
+_REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
+    "eval": ("eval", "evaluates text as code at run time"),
+    "source": ("source", "reads and runs another file; read that file on its own"),
+    ".": ("source", "reads and runs another file; read that file on its own"),
+    "trap": ("trap", "installs code that runs on signals or exit"),
+    "alias": ("alias", "aliases can rename any command, including the launcher"),
+    "unalias": ("alias", "aliases can rename any command, including the launcher"),
+    "enable": ("enable", "can swap builtins for loadable ones"),
+    "read": ("read", "sets variables from input at run time"),
+    "mapfile": ("mapfile", "sets variables from input at run time"),
+    "readarray": ("readarray", "sets variables from input at run time"),
+    "getopts": ("getopts", "sets variables from arguments at run time"),
+    "shopt": ("shopt", "changes shell options this reader does not model"),
+    "return": ("return", "`return` outside a function"),
+    "coproc": ("coproc", "runs a command concurrently with the script"),
+    "fc": ("fc", "re-runs commands from history"),
+    "local": ("local", "`local` outside a function"),
+    "declare": ("declare", _NOT_A_DECLARATION),
+    "typeset": ("typeset", _NOT_A_DECLARATION),
+    "export": ("export", _NOT_A_DECLARATION),
+    "readonly": ("readonly", _NOT_A_DECLARATION),
+    "let": ("let", "`let` after an assignment, quoted or expanded: its words are not arithmetic"),
+}
+
+
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh"})
+
+
+# bash expands an external command's redirections after forking, so their side effects (such
+# as ``${X:=v}``) stay in the child; a builtin's are expanded in the shell itself.
+_BASH_BUILTINS = frozenset(
+    (
+        ": . [ alias bg bind break builtin caller cd command compgen complete compopt continue "
+        "declare dirs disown echo enable eval exec exit export false fc fg getopts hash help "
+        "history jobs kill let local logout mapfile popd printf pushd pwd read readarray "
+        "readonly return set shift shopt source suspend test times trap true type typeset "
+        "ulimit umask unalias unset wait"
+    ).split()
+)
+
+
+class _Builtins(_Conditions):
+    """The modelled builtins, declarations and assignments."""
+
+    def builtin(self, argv: list[str], line: int) -> int:
+        """Builtins that change the shell; anything else is skipped as a success."""
+        name = argv[0]
+        if name in (":", "true"):
+            return 0
+        if name == "false":
+            return 1
+        if name in ("[", "test"):
+            return self.test_builtin(argv, line)
+        if name == "exit":
+            return self.exit_builtin(argv, line)
+        if name == "set":
+            return self.set_builtin(argv, line)
+        if name == "shift":
+            return self.shift_builtin(argv, line)
+        if name == "unset":
+            return self.unset_builtin(argv, line)
+        if name in ("break", "continue"):
+            if not self.loop_depth:
+                self.fail(line, name, f"`{name}` outside a loop")
+            levels = 1
+            if len(argv) > 1:
+                parsed = _legal_integer(argv[1])
+                if parsed is None or parsed < 1:
+                    self.fail(line, name, f"invalid loop count {argv[1]!r}")
+                levels = parsed
+            raise _LoopControl(name, min(levels, self.loop_depth))
+        if name == "exec":
+            if len(argv) > 1:
+                self.fail(line, "exec", "replaces the shell with another program")
+            return 0
+        if name in _REJECTED_BUILTINS:
+            construct, detail = _REJECTED_BUILTINS[name]
+            self.fail(line, construct, detail)
+        if name == "printf" and len(argv) > 1 and argv[1].startswith("-v"):
+            self.fail(line, "printf -v", "sets a variable from formatted output")
+        if _LAUNCHER_MODULE in argv[1:]:
+            self.fail(
+                line, "indirect launcher", f"`{name}` runs {_LAUNCHER_MODULE}; call it directly"
+            )
+        if name.rsplit("/", 1)[-1] in _SHELLS and any("main_ppo" in a for a in argv[1:]):
+            self.fail(line, "indirect launcher", f"`{name}` runs shell code that mentions main_ppo")
+        return 0
+
+    def exit_builtin(self, argv: list[str], line: int) -> int:
+        """``exit [N]``."""
+        if len(argv) > 2:
+            return 1  # bash: "too many arguments", and the shell keeps running
+        if len(argv) == 1:
+            raise _Exit(self.sh.status, line)
+        value = _legal_integer(argv[1])
+        raise _Exit(2 if value is None else value & 255, line)
+
+    def set_builtin(self, argv: list[str], line: int) -> int:
+        """``set`` options and ``set -- ARGS``."""
+        options = self.sh.options
+        i = 1
+        while i < len(argv):
+            arg = argv[i]
+            if arg == "--":
+                self.sh.positional = argv[i + 1 :]
+                return 0
+            if arg == "-":
+                if i + 1 < len(argv):
+                    self.sh.positional = argv[i + 1 :]
+                return 0
+            if len(arg) < 2 or arg[0] not in "-+":
+                self.sh.positional = argv[i:]
+                return 0
+            on = arg[0] == "-"
+            for flag in arg[1:]:
+                if flag == "o":
+                    i += 1
+                    if i >= len(argv):
+                        return 0  # `set -o` alone lists the options
+                    option = argv[i]
+                    if option in _SET_NAMED:
+                        (options.add if on else options.discard)(_SET_NAMED[option])
+                    elif option not in _SET_HARMLESS_NAMES:
+                        self.fail(line, f"set -o {option}", "shell option not supported")
+                elif flag in _SET_FLAGS:
+                    (options.add if on else options.discard)(_SET_FLAGS[flag])
+                elif flag not in _SET_HARMLESS_FLAGS:
+                    self.fail(line, f"set {arg[0]}{flag}", "shell option not supported")
+            i += 1
+        return 0
+
+    def shift_builtin(self, argv: list[str], line: int) -> int:
+        """``shift [N]``."""
+        count = 1
+        if len(argv) > 1:
+            parsed = _legal_integer(argv[1])
+            if parsed is None or parsed < 0:
+                self.fail(line, "shift", f"invalid shift count {argv[1]!r}")
+            count = parsed
+        if count > len(self.sh.positional):
+            return 1
+        self.sh.positional = self.sh.positional[count:]
+        return 0
+
+    def unset_builtin(self, argv: list[str], line: int) -> int:
+        """``unset [-v|-f] NAME...``; there are no functions, so ``-f`` does nothing."""
+        functions = False
+        for arg in argv[1:]:
+            if arg in ("-v", "-f", "-fv", "-vf"):
+                functions = arg == "-f"
+                continue
+            if arg.startswith("-"):
+                self.fail(line, f"unset {arg}", "option not supported")
+            if functions:
+                continue
+            name, bracket, rest = arg.partition("[")
+            if not _is_name(name):
+                self.fail(line, "unset", f"not a variable name: {arg!r}")
+            if name in self.sh.readonly:
+                self.fail(line, "unset", f"{name} is readonly")
+            if bracket:
+                if not rest.endswith("]"):
+                    self.fail(line, "unset", f"bad array subscript {arg!r}")
+                index = self.arith_text(rest[:-1], line)
+                value = self.sh.vars.get(name)
+                if isinstance(value, dict):
+                    value.pop(index, None)
+                elif isinstance(value, str) and index == 0:
+                    del self.sh.vars[name]
+                continue
+            self.sh.vars.pop(name, None)
+            self.sh.exported.discard(name)
+        return 0
+
+    # ---------------------------------------------------------------- declarations
+
+    def declaration(self, cmd: Node, line: int) -> int:
+        """``export``, ``declare``/``typeset`` and ``readonly`` with the options modelled here."""
+        variant = (cmd.get("Variant") or {}).get("Value", "")
+        if variant == "local":
+            self.fail(line, "local", "`local` outside a function")
+        allowed = {
+            "export": ("np", ""),
+            "declare": ("axgrp", "x"),
+            "typeset": ("axgrp", "x"),
+            "readonly": ("pa", ""),
+        }
+        if variant not in allowed:
+            self.fail(line, variant or "declaration", "not supported")
+        on: set[str] = set()
+        off: set[str] = set()
+        assigns: list[Node] = []
+        for arg in cmd.get("Args") or []:
+            if arg.get("Naked") and arg.get("Name") is None:
+                parts = (arg.get("Value") or {}).get("Parts") or []
+                text = parts[0].get("Value", "") if len(parts) == 1 else ""
+                if len(parts) == 1 and parts[0].get("Type") == "Lit" and text[:1] in ("-", "+"):
+                    if text in ("-", "--"):
+                        continue
+                    (on if text[0] == "-" else off).update(text[1:])
+                    continue
+                self.fail(line, variant, "a name or option that is not a literal word")
+            assigns.append(arg)
+        allowed_on, allowed_off = allowed[variant]
+        for flag in sorted(on - set(allowed_on)):
+            self.fail(line, f"{variant} -{flag}", "option not supported")
+        for flag in sorted(off - set(allowed_off)):
+            self.fail(line, f"{variant} +{flag}", "option not supported")
+        if "p" in on:
+            if assigns:
+                self.fail(line, f"{variant} -p", "printing with names is not supported")
+            return 0
+        export = (variant == "export" and "n" not in on) or "x" in on
+        unexport = (variant == "export" and "n" in on) or "x" in off
+        readonly = variant == "readonly" or "r" in on
+        for assign in assigns:
+            name = assign["Name"]["Value"]
+            if not assign.get("Naked"):
+                self.assign(assign)
+            if "a" in on:
+                current = self.sh.vars.get(name)
+                if isinstance(current, str):
+                    self.sh.vars[name] = {0: current}
+            if export:
+                self.sh.exported.add(name)
+            if unexport:
+                self.sh.exported.discard(name)
+            if readonly:
+                self.sh.readonly.add(name)
+        return 0
+
+    # ---------------------------------------------------------------- assignments
+
+    def assign(self, assign: Node) -> None:
+        """One assignment word: scalar, ``+=``, ``A=( ... )``, ``A+=( ... )`` or ``A[i]=v``."""
+        line = _line(assign)
+        name = assign["Name"]["Value"]
+        self.check_assignable(name, line)
+        append = bool(assign.get("Append"))
+        current = self.sh.vars.get(name)
+        if assign.get("Array") is not None:
+            if assign.get("Index") is not None:
+                self.fail(line, "assignment", f"{name}[...] cannot be assigned a list")
+            elements = self.array_elements(assign["Array"])
+            if append:
+                base = dict(current) if isinstance(current, dict) else {}
+                if isinstance(current, str):
+                    base[0] = current
+            else:
+                base = {}
+            following = max(base) + 1 if base else 0
+            for index, value in elements:
+                if index is None:
+                    index = following
+                elif index < 0:
+                    index += max(base) + 1 if base else 0
+                    if index < 0:
+                        self.fail(line, "assignment", f"{name}: bad array subscript")
+                base[index] = value
+                following = index + 1
+            self.store(name, base, line)
+            return
+        value = self.string(assign.get("Value"), tilde="assign")
+        if assign.get("Index") is not None:
+            index = self.arith(assign["Index"])
+            array = dict(current) if isinstance(current, dict) else {}
+            if isinstance(current, str):
+                array[0] = current
+            if index < 0:
+                index += max(array) + 1 if array else 0
+                if index < 0:
+                    self.fail(line, "assignment", f"{name}: bad array subscript")
+            array[index] = array.get(index, "") + value if append else value
+            self.store(name, array, line)
+            return
+        if isinstance(current, dict):
+            array = dict(current)
+            array[0] = array.get(0, "") + value if append else value
+            self.store(name, array, line)
+            return
+        self.store(name, (current or "") + value if append else value, line)
+
+    def array_elements(self, array: Node) -> list[tuple[int | None, str]]:
+        """The elements of ``( ... )``: plain words split like arguments, ``[i]=v`` not split."""
+        elements: list[tuple[int | None, str]] = []
+        for elem in array.get("Elems") or []:
+            if elem.get("Index") is not None:
+                index = self.arith(elem["Index"])
+                elements.append((index, self.string(elem.get("Value"), tilde="assign")))
+            elif elem.get("Value") is not None:
+                fields = self.fields([elem["Value"]], assignment_words=False)
+                elements.extend((None, f) for f in fields)
+        return elements

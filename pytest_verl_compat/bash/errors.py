@@ -1,0 +1,67 @@
+"""What the launch reader raises: its public errors, its budgets and internal control flow.
+
+Nothing here imports the rest of the package.
+"""
+
+from __future__ import annotations
+
+# Budgets that keep hostile or generated scripts from exhausting time or memory; real launch
+# scripts are several orders of magnitude below each of them.
+_MAX_STEPS = 200_000
+_MAX_VALUE = 1_000_000
+_MAX_FIELDS = 100_000
+_MAX_PATTERN_SUBJECT = 10_000
+_SHFMT_TIMEOUT = 60
+
+
+class LaunchReadError(Exception):
+    """A launch script could not be read statically."""
+
+    def __init__(self, path: str, line: int | None, construct: str, detail: str) -> None:
+        super().__init__(path, line, construct, detail)
+        self.path = path
+        self.line = line
+        self.construct = construct
+        self.detail = detail
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.construct}: {self.detail}"
+
+
+class LaunchExited(LaunchReadError):
+    """The script reaches `exit` before the launcher."""
+
+    def __init__(self, path: str, line: int | None, status: int) -> None:
+        super().__init__(
+            path, line, "exit", f"the script exits with status {status} before the launcher"
+        )
+        # Keep args matching this signature so the exception survives pickling (xdist).
+        self.args = (path, line, status)
+        self.status = status
+
+
+class _Budget(Exception):
+    """A resource budget was exceeded (converted to LaunchReadError with a line)."""
+
+
+class _Exit(Exception):
+    """The shell exits (``exit``, or ``set -e`` after a failure)."""
+
+    def __init__(self, status: int, line: int) -> None:
+        super().__init__(status, line)
+        self.status = status
+        self.line = line
+
+
+class _LoopControl(Exception):
+    """``break`` or ``continue`` unwinding to the enclosing ``for``."""
+
+    def __init__(self, kind: str, levels: int) -> None:
+        super().__init__(kind, levels)
+        self.kind = kind
+        self.levels = levels
+
+
+class _TestSyntax(Exception):
+    """A ``[`` / ``test`` expression that bash rejects with status 2."""

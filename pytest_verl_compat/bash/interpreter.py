@@ -1,0 +1,383 @@
+"""The interpreter: statements, commands and the launcher, over the layers below it.
+
+:func:`read_launch` and :func:`read_launch_text` parse a script and run :class:`_Interpreter`
+on its tree; every failure surfaces as a :class:`LaunchReadError`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from pytest_verl_compat.bash.builtins import _BASH_BUILTINS, _Builtins
+from pytest_verl_compat.bash.errors import (
+    _MAX_STEPS,
+    LaunchExited,
+    LaunchReadError,
+    _Budget,
+    _Exit,
+    _LoopControl,
+)
+from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
+from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, _LAUNCHER_PYTHONS, LaunchRead
+from pytest_verl_compat.bash.words import _Fields
+from pytest_verl_compat.model import Bindings
+
+
+def read_launch(
+    path: str | os.PathLike[str], bindings: Bindings, *, text: str | None = None
+) -> LaunchRead:
+    """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it."""
+    label, data = _load(path, text)
+    return _read(label, data, bindings)
+
+
+def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
+    """Read a script given as text; ``path`` only labels error messages and ``$0``."""
+    label, data = _load(path, text)
+    return _read(label, data, bindings)
+
+
+def _read(label: str, data: bytes, bindings: Bindings) -> LaunchRead:
+    """Parse and interpret; every failure surfaces as a LaunchReadError."""
+    tree = _parse(label, data)
+    try:
+        return _Interpreter(label, data, bindings).run(tree)
+    except LaunchReadError:
+        raise
+    except RecursionError:
+        raise LaunchReadError(label, None, "nesting", "the script nests too deeply") from None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        # The contract is "a LaunchRead or a LaunchReadError": a tree shape this reader does
+        # not know is reported as unsupported rather than leaking an internal error.
+        raise LaunchReadError(
+            label, None, "unsupported syntax", f"syntax tree not understood ({exc!r})"
+        ) from None
+
+
+class _Interpreter(_Builtins):
+    """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
+
+    # ---------------------------------------------------------------- top level
+
+    def run(self, tree: Node) -> LaunchRead:
+        """Run the whole script and return its last launcher command."""
+        try:
+            self.stmts(tree.get("Stmts") or [], exempt=False)
+        except _Exit as done:
+            if self.launch is None:
+                raise LaunchExited(self.path, done.line, done.status) from None
+        except _LoopControl:
+            self.fail(self.line, "loop control", "`break`/`continue` outside a loop")
+        except _Budget as exc:
+            self.fail(self.line, "limit", str(exc))
+        if self.launch is None:
+            self.fail(
+                None,
+                "no launcher",
+                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings",
+            )
+        return self.launch
+
+    def stmts(self, stmts: list[Node], exempt: bool) -> int:
+        """Run a statement list; its status is the last statement's."""
+        status = 0
+        for stmt in stmts:
+            status = self.stmt(stmt, exempt)
+        return status
+
+    def stmt(self, stmt: Node, exempt: bool) -> int:
+        """Run one statement. ``exempt``: set -e is ignored here (conditions, && lists, !)."""
+        self.steps += 1
+        if self.steps > _MAX_STEPS:
+            self.fail(_line(stmt), "limit", "the script runs too many commands")
+        self.line = _line(stmt)
+        cmd = stmt.get("Cmd")
+        redirs = stmt.get("Redirs") or []
+        if stmt.get("Coprocess"):
+            self.fail(self.line, "coprocess", "`|&` runs a command concurrently with the script")
+        if stmt.get("Background"):
+            # A background job runs in a subshell: it may launch, but changes nothing here.
+            self.subshell(lambda: self.command(cmd, redirs, stmt, exempt))
+            status = 0
+        elif stmt.get("Negated"):
+            status = 0 if self.command(cmd, redirs, stmt, exempt=True) else 1
+        else:
+            status = self.command(cmd, redirs, stmt, exempt)
+        self.sh.status = status
+        return status
+
+    def errexit(self, status: int, exempt: bool, line: int) -> int:
+        """Apply ``set -e`` to a command's status."""
+        if status and not exempt and "errexit" in self.sh.options:
+            raise _Exit(status, line)
+        return status
+
+    @contextmanager
+    def forked(self) -> Iterator[None]:
+        """Run the body on a copy of the shell state, as bash runs a subshell."""
+        saved, depth = self.sh, self.loop_depth
+        self.sh = saved.fork()
+        self.loop_depth = 0
+        try:
+            yield
+        finally:
+            self.sh, self.loop_depth = saved, depth
+
+    def subshell(self, body: Callable[[], int]) -> int:
+        """Run ``body`` in a subshell and return its exit status."""
+        with self.forked():
+            try:
+                return body()
+            except _Exit as done:
+                return done.status
+            except _LoopControl:
+                return 0
+
+    # ---------------------------------------------------------------- commands
+
+    def command(self, cmd: Node | None, redirs: list[Node], stmt: Node, exempt: bool) -> int:
+        """Run the command of a statement with its redirections."""
+        line = _line(stmt)
+        if cmd is None:
+            self.redirections(redirs, launcher=False)
+            return 0
+        kind = cmd.get("Type")
+        if kind == "CallExpr":
+            return self.call(cmd, redirs, exempt)
+        for redir in redirs:
+            if redir.get("Op") in ("<<", "<<-", "<<<"):
+                # The input could reach a launcher inside the compound command.
+                self.fail(_line(redir), "here-document", "input redirected into a compound command")
+        self.redirections(redirs, launcher=False)
+        if kind == "IfClause":
+            return self.if_clause(cmd, exempt)
+        if kind == "CaseClause":
+            return self.case_clause(cmd, exempt)
+        if kind == "Block":
+            return self.stmts(cmd.get("Stmts") or [], exempt)
+        if kind == "Subshell":
+            status = self.subshell(lambda: self.stmts(cmd.get("Stmts") or [], exempt))
+            return self.errexit(status, exempt, line)
+        if kind == "BinaryCmd":
+            return self.binary(cmd, exempt, line)
+        if kind == "ForClause":
+            return self.for_clause(cmd, exempt)
+        if kind == "WhileClause":
+            loop = "until" if cmd.get("Until") else "while"
+            self.fail(line, f"{loop} loop", "its iteration count cannot be known statically")
+        if kind == "FuncDecl":
+            name = (cmd.get("Name") or {}).get("Value", "?")
+            self.fail(
+                line,
+                "function definition",
+                f"`{name}` could shadow any command, including `python3`",
+            )
+        if kind == "ArithmCmd":
+            value = self.arith(cmd["X"])
+            return self.errexit(0 if value else 1, exempt, line)
+        if kind == "LetClause":
+            value = 0
+            for expr in cmd.get("Exprs") or []:
+                value = self.arith(expr)
+            return self.errexit(0 if value else 1, exempt, line)
+        if kind == "TestClause":
+            return self.errexit(0 if self.cond(cmd["X"]) else 1, exempt, line)
+        if kind == "DeclClause":
+            return self.declaration(cmd, line)
+        if kind == "TimeClause":
+            inner = cmd.get("Stmt")
+            return self.stmt(inner, exempt) if inner else 0
+        if kind == "CoprocClause":
+            self.fail(line, "coproc", "runs a command concurrently with the script")
+        self.fail(line, str(kind), "this shell construct is not supported by the launch reader")
+
+    def binary(self, cmd: Node, exempt: bool, line: int) -> int:
+        """``&&``, ``||`` and pipelines."""
+        op = cmd.get("Op")
+        if op in ("&&", "||"):
+            status = self.stmt(cmd["X"], exempt=True)
+            if (status == 0) == (op == "&&"):
+                return self.stmt(cmd["Y"], exempt)
+            return status
+        if op not in ("|", "|&"):
+            self.fail(line, f"operator {op}", "not supported")
+        parts: list[Node] = []
+
+        def flatten(stmt: Node) -> None:
+            inner = stmt.get("Cmd") or {}
+            plain = not (stmt.get("Negated") or stmt.get("Background") or stmt.get("Redirs"))
+            if plain and inner.get("Type") == "BinaryCmd" and inner.get("Op") in ("|", "|&"):
+                flatten(inner["X"])
+                flatten(inner["Y"])
+            else:
+                parts.append(stmt)
+
+        flatten(cmd["X"])
+        flatten(cmd["Y"])
+        # Every element of a pipeline runs in its own subshell (lastpipe is off in scripts).
+        statuses = [self.subshell(lambda s=part: self.stmt(s, exempt)) for part in parts]  # type: ignore[misc]
+        if "pipefail" in self.sh.options:
+            status = next((s for s in reversed(statuses) if s), 0)
+        else:
+            status = statuses[-1]
+        return self.errexit(status, exempt, line)
+
+    def if_clause(self, cmd: Node, exempt: bool) -> int:
+        """``if``/``elif``/``else``; conditions run with set -e ignored."""
+        clause: Node | None = cmd
+        while clause is not None:
+            cond = clause.get("Cond")
+            if not cond:
+                return self.stmts(clause.get("Then") or [], exempt)
+            if self.stmts(cond, exempt=True) == 0:
+                return self.stmts(clause.get("Then") or [], exempt)
+            clause = clause.get("Else")
+        return 0
+
+    def case_clause(self, cmd: Node, exempt: bool) -> int:
+        """``case``: first matching pattern, with ``;&`` and ``;;&`` continuations."""
+        subject = self.string(cmd["Word"], tilde="start")
+        items = cmd.get("Items") or []
+        status = 0
+        index = 0
+        while index < len(items):
+            item = items[index]
+            if not any(self.match(pattern, subject) for pattern in item.get("Patterns") or []):
+                index += 1
+                continue
+            status = self.stmts(item.get("Stmts") or [], exempt)
+            op = item.get("Op", ";;")
+            while op == ";&" and index + 1 < len(items):
+                index += 1
+                status = self.stmts(items[index].get("Stmts") or [], exempt)
+                op = items[index].get("Op", ";;")
+            if op == ";;&":
+                index += 1
+                continue
+            return status
+        return status
+
+    def for_clause(self, cmd: Node, exempt: bool) -> int:
+        """``for NAME in WORDS``: the word list bounds the iterations."""
+        line = _line(cmd)
+        loop = cmd.get("Loop") or {}
+        if cmd.get("Select"):
+            self.fail(line, "select loop", "reads its choice from input at run time")
+        if loop.get("Type") != "WordIter":
+            self.fail(line, "for ((...)) loop", "its iteration count cannot be known statically")
+        name = loop["Name"]["Value"]
+        if "InPos" in loop:
+            items = self.fields(loop.get("Items") or [])
+        else:
+            items = list(self.sh.positional)
+        status = 0
+        self.loop_depth += 1
+        try:
+            for item in items:
+                self.set_scalar(name, item, line)
+                try:
+                    status = self.stmts(cmd.get("Do") or [], exempt)
+                except _LoopControl as ctl:
+                    if ctl.levels > 1:
+                        ctl.levels -= 1
+                        raise
+                    if ctl.kind == "break":
+                        break
+        finally:
+            self.loop_depth -= 1
+        return status
+
+    # ---------------------------------------------------------------- simple commands
+
+    def call(self, cmd: Node, redirs: list[Node], exempt: bool) -> int:
+        """A simple command: assignments, the launcher, modelled builtins, or a skipped command."""
+        line = _line(cmd)
+        assigns = cmd.get("Assigns") or []
+        argv = self.fields(cmd.get("Args") or [])
+        if not argv:
+            # Assignment-only (or empty after expansion): the assignments persist.
+            for assign in assigns:
+                self.assign(assign)
+            self.redirections(redirs, launcher=False)
+            return 0
+        # Prefix assignments only reach the command's environment.
+        temporary: dict[str, str] = {}
+        for assign in assigns:
+            name = assign["Name"]["Value"]
+            if assign.get("Array") is not None or assign.get("Index") is not None:
+                self.fail(line, "assignment", f"array assignment to {name} before a command")
+            value = self.string(assign.get("Value"), tilde="assign")
+            if assign.get("Append"):
+                current = temporary.get(name, self.lookup(name, None, line))
+                value = (current or "") + value
+            temporary[name] = value
+        if self.is_launcher(argv):
+            with self.forked():
+                self.redirections(redirs, launcher=True)
+            env = self.environment()
+            env.update(temporary)
+            self.launch = LaunchRead(tuple(argv[3:]), line, dict(sorted(env.items())))
+            return 0
+        if argv[0] in _BASH_BUILTINS:
+            self.redirections(redirs, launcher=False)
+        else:
+            with self.forked():
+                self.redirections(redirs, launcher=False)
+        status = self.builtin(argv, line)
+        return self.errexit(status, exempt, line)
+
+    @staticmethod
+    def is_launcher(argv: list[str]) -> bool:
+        """Whether the expanded words start ``python3 -m verl.trainer.main_ppo``."""
+        return (
+            len(argv) >= 3
+            and argv[0] in _LAUNCHER_PYTHONS
+            and argv[1] == "-m"
+            and argv[2] == _LAUNCHER_MODULE
+        )
+
+    def environment(self) -> dict[str, str]:
+        """The exported scalar variables (bash does not export arrays)."""
+        env: dict[str, str] = {}
+        for name in self.sh.exported:
+            value = self.sh.vars.get(name)
+            if isinstance(value, str):
+                env[name] = value
+        return env
+
+    def redirections(self, redirs: list[Node], launcher: bool) -> None:
+        """Expand redirection targets (for their side effects and errors); open nothing."""
+        for redir in redirs:
+            line = _line(redir)
+            op = redir.get("Op")
+            number = (redir.get("N") or {}).get("Value", "")
+            if number.startswith("{"):
+                self.fail(line, "redirection", f"{number} assigns a file descriptor to a variable")
+            if op in ("<<", "<<-"):
+                if launcher:
+                    self.fail(line, "here-document", "feeds the launcher's standard input")
+                if self.heredoc_expands(redir.get("Word")):
+                    body = redir.get("Hdoc") or {}
+                    fb = _Fields(split=False)
+                    for part in body.get("Parts") or []:
+                        if part.get("Type") != "Lit":
+                            self.part(part, fb, quoted=True, pword=False)
+                continue
+            if op == "<<<":
+                if launcher:
+                    self.fail(line, "here-string", "feeds the launcher's standard input")
+                self.string(redir.get("Word"), tilde="start")
+                continue
+            targets = self.fields([redir["Word"]]) if redir.get("Word") else []
+            if len(targets) != 1:
+                self.fail(line, "redirection", "ambiguous redirect")
+
+    @staticmethod
+    def heredoc_expands(word: Node | None) -> bool:
+        """Whether a here-document body is expanded (its delimiter is unquoted)."""
+        for part in (word or {}).get("Parts") or []:
+            if part.get("Type") != "Lit" or "\\" in part.get("Value", ""):
+                return False
+        return True

@@ -1,0 +1,253 @@
+"""Interpreter state: the launcher it looks for, shell options, variables and their values.
+
+:class:`_State` is the base of the interpreter's mixin layers: it holds the bindings, the
+mutable :class:`_Shell` and the variable table operations every layer needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from pytest_verl_compat.bash.errors import _MAX_FIELDS, _MAX_VALUE, LaunchReadError
+from pytest_verl_compat.model import Bindings
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.bash.parse import Node
+    from pytest_verl_compat.bash.words import _Fields
+
+
+_LAUNCHER_PYTHONS = frozenset({"python3", "python"})
+_LAUNCHER_MODULE = "verl.trainer.main_ppo"
+
+
+# Variables bash itself provides to every script: without a binding their value is unknown, so
+# reading one is an error rather than the silent "unset" that the remaining names get.
+_BASH_PROVIDED = frozenset(
+    {
+        "BASH",
+        "BASHOPTS",
+        "BASHPID",
+        "BASH_ALIASES",
+        "BASH_ARGC",
+        "BASH_ARGV",
+        "BASH_ARGV0",
+        "BASH_CMDS",
+        "BASH_COMMAND",
+        "BASH_LINENO",
+        "BASH_SOURCE",
+        "BASH_SUBSHELL",
+        "BASH_VERSINFO",
+        "BASH_VERSION",
+        "DIRSTACK",
+        "EPOCHREALTIME",
+        "EPOCHSECONDS",
+        "EUID",
+        "FUNCNAME",
+        "GROUPS",
+        "HISTCMD",
+        "HOSTNAME",
+        "HOSTTYPE",
+        "IFS",
+        "LINENO",
+        "MACHTYPE",
+        "OPTERR",
+        "OPTIND",
+        "OSTYPE",
+        "PATH",
+        "PIPESTATUS",
+        "PPID",
+        "PS4",
+        "PWD",
+        "RANDOM",
+        "SECONDS",
+        "SHELLOPTS",
+        "SHLVL",
+        "SRANDOM",
+        "UID",
+    }
+)
+
+
+_SET_FLAGS = {"e": "errexit", "u": "nounset", "a": "allexport", "B": "braceexpand"}
+# Options that change nothing this reader computes (tracing, job control, history, ...).
+_SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTEp")
+_SET_HARMLESS_NAMES = frozenset(
+    {
+        "xtrace",
+        "verbose",
+        "noglob",
+        "hashall",
+        "histexpand",
+        "monitor",
+        "notify",
+        "noclobber",
+        "physical",
+        "errtrace",
+        "functrace",
+        "privileged",
+        "ignoreeof",
+        "nolog",
+        "emacs",
+        "vi",
+        "history",
+        "interactive-comments",
+    }
+)
+_SET_NAMED = {
+    "errexit": "errexit",
+    "nounset": "nounset",
+    "pipefail": "pipefail",
+    "allexport": "allexport",
+    "braceexpand": "braceexpand",
+}
+
+
+@dataclass(frozen=True)
+class LaunchRead:
+    """The launcher command as bash would run it."""
+
+    argv: tuple[str, ...]
+    line: int
+    exported: Mapping[str, str]
+
+
+Value = str | dict[int, str]
+
+
+class _Shell:
+    """The mutable shell state; copied for subshells so their changes are discarded."""
+
+    def __init__(
+        self,
+        variables: dict[str, Value],
+        exported: set[str],
+        readonly: set[str],
+        positional: list[str],
+        options: set[str],
+        status: int = 0,
+    ) -> None:
+        self.vars = variables
+        self.exported = exported
+        self.readonly = readonly
+        self.positional = positional
+        self.options = options
+        self.status = status
+
+    def fork(self) -> _Shell:
+        """An independent copy, as a subshell gets."""
+        return _Shell(
+            {k: (v if isinstance(v, str) else dict(v)) for k, v in self.vars.items()},
+            set(self.exported),
+            set(self.readonly),
+            list(self.positional),
+            set(self.options),
+            self.status,
+        )
+
+
+class _State:
+    """The interpreter's state and variables; each layer above adds one group of methods.
+
+    The layers are mixins stacked in import order (arithmetic, patterns, expansion, conditions,
+    builtins, interpreter); the few calls that go up the stack are declared here for the type
+    checker only.
+    """
+
+    def __init__(self, path: str, data: bytes, bindings: Bindings) -> None:
+        self.path = path
+        self.data = data
+        self.substitutions = dict(bindings.substitutions)
+        env = {str(k): str(v) for k, v in bindings.variables.items()}
+        self.sh = _Shell(
+            dict(env),
+            set(env),
+            set(),
+            [str(a) for a in bindings.args],
+            {"braceexpand"},
+        )
+        self.launch: LaunchRead | None = None
+        self.steps = 0
+        self.loop_depth = 0
+        self.line = 0
+
+    # ---------------------------------------------------------------- errors
+
+    def fail(self, line: int | None, construct: str, detail: str) -> NoReturn:
+        """Raise the reader's error for this script."""
+        raise LaunchReadError(self.path, line or None, construct, detail)
+
+    if TYPE_CHECKING:
+        # Implemented by _Expansion; arithmetic and patterns expand words through them.
+
+        def part(self, part: Node, fb: _Fields, quoted: bool, pword: bool) -> None: ...
+
+        def ansi_c(self, text: str, line: int) -> str: ...
+
+    # ---------------------------------------------------------------- assignments
+
+    def check_assignable(self, name: str, line: int) -> None:
+        """Reject assignments bash would refuse or that change how words split."""
+        if name in self.sh.readonly:
+            self.fail(line, "assignment", f"{name} is readonly")
+        if name == "IFS":
+            self.fail(line, "assignment", "changing IFS changes word splitting; not supported")
+
+    def store(self, name: str, value: Value, line: int) -> None:
+        """Set a variable, enforcing the size budget and ``set -a``."""
+        size = len(value) if isinstance(value, str) else sum(len(v) for v in value.values())
+        if size > _MAX_VALUE or (isinstance(value, dict) and len(value) > _MAX_FIELDS):
+            self.fail(line, "limit", f"the value of {name} grows too large")
+        self.sh.vars[name] = value
+        if "allexport" in self.sh.options:
+            self.sh.exported.add(name)
+
+    def set_scalar(self, name: str, value: str, line: int) -> None:
+        """``name=value`` as bash does it (element 0 when ``name`` is an array)."""
+        self.check_assignable(name, line)
+        current = self.sh.vars.get(name)
+        if isinstance(current, dict):
+            updated = dict(current)
+            updated[0] = value
+            self.store(name, updated, line)
+        else:
+            self.store(name, value, line)
+
+    # ---------------------------------------------------------------- variables
+
+    def lookup(self, name: str, index: int | None, line: int) -> str | None:
+        """A variable's value (or one element), or None when unset."""
+        if name not in self.sh.vars and name in _BASH_PROVIDED:
+            self.fail(
+                line,
+                "bash variable",
+                f"${name} is set by bash at run time; bind it in the environment to read it",
+            )
+        value = self.sh.vars.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return value if index in (None, 0) else None
+        if index is None:
+            index = 0
+        if index < 0:
+            index += max(value) + 1 if value else 0
+        return value.get(index)
+
+    def elements(self, name: str, line: int) -> list[str] | None:
+        """All elements of an array (a scalar is one element), or None when unset."""
+        if name not in self.sh.vars and name in _BASH_PROVIDED:
+            self.fail(line, "bash variable", f"${name} is set by bash at run time; bind it")
+        value = self.sh.vars.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return [value]
+        return [value[k] for k in sorted(value)]
+
+    def unbound(self, line: int, name: str) -> NoReturn:
+        """bash's ``set -u`` abort."""
+        self.fail(
+            line, "unbound variable", f"{name}: unbound variable (set -u aborts the script here)"
+        )

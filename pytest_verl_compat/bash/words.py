@@ -1,0 +1,183 @@
+"""Words: quoting, literal text, ASCII-only value helpers and the field builder.
+
+A word before expansion is a list of items (:data:`_Item`): unquoted characters, protected
+(:class:`_Quoted`) text, or syntax-tree parts still to expand.  :class:`_Fields` collects the
+expanded text into fields, splitting only unquoted expansion results on IFS whitespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pytest_verl_compat.bash.errors import _MAX_FIELDS, _Budget
+from pytest_verl_compat.bash.parse import Node
+
+_IFS_WHITESPACE = " \t\n"
+
+
+_ANSI_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "e": "\x1b",
+    "E": "\x1b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "?": "?",
+}
+
+
+def _sq(text: str) -> str:
+    """``text`` single-quoted for a shell command line."""
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _is_name(text: str) -> bool:
+    """Whether ``text`` is a bash variable name."""
+    if not text or not (text[0] == "_" or ("a" <= text[0] <= "z") or ("A" <= text[0] <= "Z")):
+        return False
+    return all(c == "_" or (c.isascii() and c.isalnum()) for c in text)
+
+
+def _could_be_user(text: str) -> bool:
+    """Whether ``text`` is a plausible login name (``[a-z_][a-z0-9_.-]*``, any case)."""
+    if not text or not (text[0] == "_" or (text[0].isascii() and text[0].isalpha())):
+        return False
+    return all(c in "_.-" or (c.isascii() and c.isalnum()) for c in text)
+
+
+def _ascii_digits(text: str) -> bool:
+    """Whether ``text`` is a non-empty run of ASCII decimal digits."""
+    return bool(text) and all("0" <= c <= "9" for c in text)
+
+
+def _ascii_case(text: str, op: str) -> str:
+    """Bash's ``^^ ^ ,, ,`` case changes; only ASCII letters change in the C locale."""
+    upper = op.startswith("^")
+    if len(op) == 2:
+        return "".join(_ascii_case_char(c, upper) for c in text)
+    return _ascii_case_char(text[:1], upper) + text[1:] if text else text
+
+
+def _ascii_case_char(c: str, upper: bool) -> str:
+    """One character with its ASCII case changed."""
+    if upper and "a" <= c <= "z":
+        return chr(ord(c) - 32)
+    if not upper and "A" <= c <= "Z":
+        return chr(ord(c) + 32)
+    return c
+
+
+def _unescape_dq(text: str) -> str:
+    """Backslash removal inside double quotes: only before ``$ ` " \\`` and newline."""
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in '$`"\\\n':
+            if text[i + 1] != "\n":
+                out.append(text[i + 1])
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _lit_chunks(text: str) -> Iterator[tuple[str, bool]]:
+    """An unquoted literal as (text, escaped) runs; escaped runs are single characters."""
+    start = 0
+    i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            if i > start:
+                yield text[start:i], False
+            # A trailing lone backslash stands for itself.
+            yield (text[i + 1] if i + 1 < len(text) else "\\"), True
+            i += 2
+            start = i
+        else:
+            i += 1
+    if start < len(text):
+        yield text[start:], False
+
+
+class _Quoted:
+    """A run of text inside a word that is protected from brace expansion and splitting."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+# A word before expansion: unquoted characters (str of length 1), protected text, or parts.
+_Item = str | _Quoted | Node
+
+
+class _Fields:
+    """Accumulates expansion results into fields, splitting only unquoted expansion results."""
+
+    def __init__(self, split: bool) -> None:
+        self.split = split
+        self.fields: list[str] = []
+        self.buf: list[str] = []
+        # Whether the field in progress exists even if empty (it holds quoted or literal text).
+        self.content = False
+
+    def text(self, value: str) -> None:
+        """Append text that is never split (literal or quoted)."""
+        self.buf.append(value)
+        self.content = True
+
+    def expanded(self, value: str) -> None:
+        """Append the result of an unquoted expansion, splitting on IFS whitespace."""
+        if not self.split:
+            self.buf.append(value)
+            return
+        start = 0
+        for i, c in enumerate(value):
+            if c in _IFS_WHITESPACE:
+                if i > start:
+                    self.buf.append(value[start:i])
+                    self.content = True
+                self.delimit()
+                start = i + 1
+        if start < len(value):
+            self.buf.append(value[start:])
+            self.content = True
+
+    def delimit(self) -> None:
+        """End the field in progress if it exists."""
+        if self.content:
+            self.fields.append("".join(self.buf))
+            if len(self.fields) > _MAX_FIELDS:
+                raise _Budget("too many words")
+        self.buf = []
+        self.content = False
+
+    def hard(self) -> None:
+        """End the field in progress unconditionally (between the elements of ``"$@"``)."""
+        self.content = True
+        self.delimit()
+
+    def finish(self) -> list[str]:
+        """All fields (split mode)."""
+        self.delimit()
+        return self.fields
+
+    def joined(self) -> str:
+        """The single string (non-split mode)."""
+        return "".join(self.buf)
+
+
+def _is_char(item: _Item, c: str) -> bool:
+    """Whether an item is the unquoted character ``c``."""
+    return type(item) is str and item == c

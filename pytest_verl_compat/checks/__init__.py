@@ -1,0 +1,25 @@
+"""Findings: what the pinned verl release would report only at trainer start, or never, said statically.
+
+Each check is one decorated function (id, level, evidence) in the module of its family; importing
+this package registers them all. Errors reject the case; warnings keep it accepted but are
+reported. Every finding cites the upstream source that makes it true.
+"""
+
+from __future__ import annotations
+
+from pytest_verl_compat.checks import (  # noqa: F401  (importing a family registers its checks)
+    algorithm,
+    batch,
+    fields,
+    parallel,
+    upstream_validation,
+)
+from pytest_verl_compat.checks.registry import CHECKS, Check, CheckInput, Hit, check, run_checks
+from pytest_verl_compat.model import Finding
+
+__all__ = ["CHECKS", "Check", "CheckInput", "Hit", "check", "semantic_findings"]
+
+
+def semantic_findings(inp: CheckInput) -> list[Finding]:
+    """Every finding for one resolved mapping, in a stable order."""
+    return run_checks(inp)

@@ -1,0 +1,156 @@
+"""Algorithm settings: KL control, group filtering, group estimators, registered names."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+
+from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.roles import GROUP_ESTIMATORS, get
+from pytest_verl_compat.checks.upstream_names import FILTER_METRICS, REGISTRIES
+
+
+@check(
+    "kl.adaptive-controller-needs-horizon-and-target",
+    level="error",
+    evidence="verl/trainer/ppo/core_algos.py AdaptiveKLController.update divides by horizon and target",
+)
+def adaptive_kl_controller(inp: CheckInput) -> Iterator[Hit]:
+    algo = inp.resolved["algorithm"]
+    ctrl = algo["kl_ctrl"]
+    if (
+        algo["use_kl_in_reward"]
+        and ctrl["type"] == "adaptive"
+        and (ctrl["horizon"] <= 0 or ctrl["target_kl"] <= 0)
+    ):
+        yield Hit(
+            "algorithm.kl_ctrl.horizon, algorithm.kl_ctrl.target_kl",
+            f"the adaptive KL controller needs a positive horizon and target (got {ctrl['horizon']}, {ctrl['target_kl']})",
+        )
+
+
+@check("kl.negative-coefficient", level="error")
+def negative_kl_coefficient(inp: CheckInput) -> Iterator[Hit]:
+    algo = inp.resolved["algorithm"]
+    actor = inp.resolved["actor_rollout_ref"]["actor"]
+    if (algo["use_kl_in_reward"] and algo["kl_ctrl"]["kl_coef"] < 0) or (
+        actor["use_kl_loss"] and actor["kl_loss_coef"] < 0
+    ):
+        yield Hit(
+            "algorithm.kl_ctrl.kl_coef, actor_rollout_ref.actor.kl_loss_coef",
+            "a negative KL coefficient rewards moving away from the reference",
+        )
+
+
+@check(
+    "kl.applied-twice",
+    level="warning",
+    evidence="verl/utils/config.py:170 prints only a NOTICE (verl #265)",
+)
+def kl_applied_twice(inp: CheckInput) -> Iterator[Hit]:
+    if (
+        inp.resolved["algorithm"]["use_kl_in_reward"]
+        and inp.resolved["actor_rollout_ref"]["actor"]["use_kl_loss"]
+    ):
+        yield Hit(
+            "algorithm.use_kl_in_reward, actor_rollout_ref.actor.use_kl_loss",
+            "KL to the reference is applied twice: once in the reward and once as a loss",
+            fix="keep one of them (GRPO recipes use the KL loss)",
+        )
+
+
+@check(
+    "filter-groups.no-metric",
+    level="error",
+    evidence="verl/trainer/ppo/v1/trainer_base.py:199 (_resolve_filter_groups_metric)",
+)
+def filter_groups_without_metric(inp: CheckInput) -> Iterator[Hit]:
+    groups = inp.resolved["algorithm"]["filter_groups"]
+    if groups["enable"] and not groups["metric"]:
+        yield Hit(
+            "algorithm.filter_groups.metric",
+            "group filtering is enabled but no metric is set; upstream raises only at trainer start",
+            fix=f"set algorithm.filter_groups.metric to one of {', '.join(FILTER_METRICS)}",
+        )
+
+
+@check(
+    "filter-groups.colocated-reward-model",
+    level="error",
+    evidence="verl/trainer/ppo/v1/trainer_base.py:203",
+)
+def filter_groups_with_colocated_reward_model(inp: CheckInput) -> Iterator[Hit]:
+    groups = inp.resolved["algorithm"]["filter_groups"]
+    reward_model = inp.resolved["reward"]["reward_model"]
+    if groups["enable"] and reward_model["enable"] and not reward_model["enable_resource_pool"]:
+        yield Hit(
+            "algorithm.filter_groups.enable, reward.reward_model.enable_resource_pool",
+            "group filtering needs rewards at sampling time, which a colocated reward model does not give",
+            fix="set reward.reward_model.enable_resource_pool=True or use a rule reward",
+        )
+
+
+@check(
+    "filter-groups.max-num-gen-batches-ignored",
+    level="warning",
+    evidence="verl/trainer/ppo/v1/trainer_base.py:211",
+)
+def filter_groups_refill_limit(inp: CheckInput) -> Iterator[Hit]:
+    groups = inp.resolved["algorithm"]["filter_groups"]
+    if groups["enable"] and groups["max_num_gen_batches"] > 0:
+        yield Hit(
+            "algorithm.filter_groups.max_num_gen_batches",
+            f"upstream {inp.version}'s V1 replay buffer ignores max_num_gen_batches={groups['max_num_gen_batches']}; "
+            "the reference trainer honours it as the refill limit",
+            fix="bound concurrency with algorithm.filter_groups.max_inflight_gen_batches",
+        )
+
+
+def _group_of_one(inp: CheckInput, grpo: bool) -> Iterator[Hit]:
+    estimator = inp.resolved["algorithm"]["adv_estimator"]
+    n = inp.resolved["actor_rollout_ref"]["rollout"]["n"]
+    if estimator in GROUP_ESTIMATORS and int(n) < 2 and estimator.startswith("grpo") == grpo:
+        yield Hit(
+            "actor_rollout_ref.rollout.n",
+            f"{estimator} compares responses within a group, but n={n}: "
+            "every group has one response (GRPO then uses mean 0 and std 1, so the advantage is the raw score)",
+            fix="set actor_rollout_ref.rollout.n to 2 or more",
+        )
+
+
+_GROUP_EVIDENCE = "verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage (groups of one)"
+
+
+@check("group.one-response-grpo", level="warning", evidence=_GROUP_EVIDENCE)
+def grpo_group_of_one(inp: CheckInput) -> Iterator[Hit]:
+    """GRPO's groups of one still train on the raw score: a warning."""
+    return _group_of_one(inp, grpo=True)
+
+
+@check("group.one-response", level="error", evidence=_GROUP_EVIDENCE)
+def group_of_one(inp: CheckInput) -> Iterator[Hit]:
+    """Leave-one-out and the other group baselines have nothing to compare with: an error."""
+    return _group_of_one(inp, grpo=False)
+
+
+def _registered_name(path: str) -> object:
+    names, _ = REGISTRIES[path]
+
+    def run(inp: CheckInput) -> Iterator[Hit]:
+        value = get(inp.resolved, path)
+        if value in names:
+            return
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        yield Hit(
+            path,
+            f"{value!r} is not registered in verl {inp.version}; valid: {', '.join(names)}",
+            fix=f"{hint}use one of the registered names",
+        )
+
+    return run
+
+
+# One check per upstream registry, each citing where upstream registers its names.
+for _path, (_names, _evidence) in REGISTRIES.items():
+    check(f"registry.{_path}", level="error", evidence=_evidence)(_registered_name(_path))  # type: ignore[arg-type]

@@ -1,0 +1,204 @@
+"""Batch arithmetic: mini-batches against the batch, responses against ranks, micro-batch sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.roles import gpu_count, need_critic, need_reference_policy
+
+
+def _mini_batch_roles(resolved: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    roles = [("actor_rollout_ref.actor", resolved["actor_rollout_ref"]["actor"])]
+    if need_critic(resolved):
+        roles.append(("critic", resolved["critic"]))
+    return roles
+
+
+def _sizes(resolved: Mapping[str, Any]) -> tuple[int, int]:
+    return int(resolved["data"]["train_batch_size"]), int(
+        resolved["actor_rollout_ref"]["rollout"]["n"]
+    )
+
+
+@check("batch.mini-batch-not-positive", level="error")
+def mini_batch_not_positive(inp: CheckInput) -> Iterator[Hit]:
+    for prefix, role in _mini_batch_roles(inp.resolved):
+        mini = int(role["ppo_mini_batch_size"])
+        if mini <= 0:
+            yield Hit(f"{prefix}.ppo_mini_batch_size", f"must be positive, got {mini}")
+
+
+@check(
+    "batch.mini-batch-larger-than-batch",
+    level="error",
+    evidence="verl/workers/config/actor.py:231 (ActorConfig.validate, skipped when use_dynamic_bsz=True)",
+)
+def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
+    train, n = _sizes(inp.resolved)
+    for prefix, role in _mini_batch_roles(inp.resolved):
+        mini = int(role["ppo_mini_batch_size"])
+        if 0 < mini and mini > train:
+            yield Hit(
+                f"data.train_batch_size, {prefix}.ppo_mini_batch_size",
+                f"the mini-batch ({mini} prompts = {mini * n} responses) is larger than the batch "
+                f"({train} prompts = {train * n} responses); no optimizer step would see a full mini-batch",
+                fix=f"set {prefix}.ppo_mini_batch_size to a divisor of {train}",
+            )
+
+
+@check(
+    "batch.mini-batch-does-not-divide-batch",
+    level="error",
+    evidence="verl/trainer/ppo/ray_trainer.py _update_actor/_update_critic split the batch by ppo_mini_batch_size * rollout.n",
+)
+def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
+    train, n = _sizes(inp.resolved)
+    for prefix, role in _mini_batch_roles(inp.resolved):
+        mini = int(role["ppo_mini_batch_size"])
+        if 0 < mini <= train and train % mini:
+            yield Hit(
+                f"data.train_batch_size, {prefix}.ppo_mini_batch_size",
+                f"{train} prompts × n={n} = {train * n} responses per step do not split into mini-batches "
+                f"of {mini} prompts × {n} = {mini * n} responses ({train * n} / {mini * n} = {train * n / (mini * n):.2f})",
+                fix=f"use a mini-batch size that divides {train}",
+            )
+
+
+def _data_parallel(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(GPUs, sequence-parallel size, data-parallel ranks) as the FSDP device mesh forms them."""
+    n_gpus = gpu_count(resolved)
+    sp = int(resolved["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
+    return n_gpus, sp, max(n_gpus // max(sp, 1), 1)
+
+
+@check(
+    "batch.mini-batch-over-ranks",
+    level="error",
+    evidence="verl/utils/config.py:110 checks only when use_dynamic_bsz=False; the update splits mini-batches across ranks (verl PR #552)",
+)
+def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
+    train, n = _sizes(inp.resolved)
+    mini = int(inp.resolved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"])
+    n_gpus, sp, dp = _data_parallel(inp.resolved)
+    mini_responses = mini * n
+    if mini <= train and not train % mini and mini_responses % dp:
+        yield Hit(
+            "actor_rollout_ref.actor.ppo_mini_batch_size, trainer.n_gpus_per_node",
+            f"a mini-batch of {mini} prompts × n={n} = {mini_responses} responses does not split over "
+            f"{dp} data-parallel ranks ({n_gpus} GPUs / sequence parallel {sp}): "
+            f"{mini_responses} / {dp} = {mini_responses / dp:.2f} responses per GPU",
+            fix=f"use a mini-batch whose responses divide by {dp}",
+        )
+
+
+@check(
+    "batch.responses-over-ranks",
+    level="error",
+    evidence="verl/utils/config.py:110 (skipped when use_dynamic_bsz=True); verl #473, PR #559",
+)
+def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
+    train, n = _sizes(inp.resolved)
+    _, _, dp = _data_parallel(inp.resolved)
+    responses = train * n
+    if responses % dp:
+        pad = dp - responses % dp
+        yield Hit(
+            "data.train_batch_size, actor_rollout_ref.rollout.n, trainer.n_gpus_per_node",
+            f"{train} prompts × n={n} = {responses} responses per step do not divide over {dp} "
+            f"data-parallel ranks; a trainer would pad {pad} dummy responses or fail",
+            fix=f"make train_batch_size × n a multiple of {dp}",
+        )
+
+
+@check(
+    "batch.token-budget-below-sequence",
+    level="error",
+    evidence="verl/utils/seqlen_balancing.py rearrange_micro_batches asserts max_token_len >= the longest sequence, after the first rollout (verl #571)",
+)
+def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
+    resolved = inp.resolved
+    arr, data = resolved["actor_rollout_ref"], resolved["data"]
+    _, sp, _ = _data_parallel(resolved)
+    longest = int(data["max_prompt_length"]) + int(data["max_response_length"])
+    budgets = [
+        (
+            "actor_rollout_ref.actor",
+            arr["actor"].get("use_dynamic_bsz"),
+            "ppo_max_token_len_per_gpu",
+            arr["actor"],
+        ),
+        (
+            "actor_rollout_ref.rollout",
+            arr["rollout"].get("log_prob_use_dynamic_bsz"),
+            "log_prob_max_token_len_per_gpu",
+            arr["rollout"],
+        ),
+    ]
+    if need_reference_policy(resolved):
+        budgets.append(
+            (
+                "actor_rollout_ref.ref",
+                arr["ref"].get("log_prob_use_dynamic_bsz"),
+                "log_prob_max_token_len_per_gpu",
+                arr["ref"],
+            )
+        )
+    if need_critic(resolved):
+        critic = resolved["critic"]
+        budgets.append(
+            ("critic", critic.get("use_dynamic_bsz"), "ppo_max_token_len_per_gpu", critic)
+        )
+        budgets.append(
+            ("critic", critic.get("use_dynamic_bsz"), "forward_max_token_len_per_gpu", critic)
+        )
+    for prefix, dynamic, key, section in budgets:
+        budget = section.get(key)
+        if dynamic and budget is not None and int(budget) * sp < longest:
+            yield Hit(
+                f"{prefix}.{key}, data.max_response_length",
+                f"one sequence can be {data['max_prompt_length']} + {data['max_response_length']} = {longest} "
+                f"tokens, more than the per-GPU token budget {budget} × sequence parallel {sp}",
+                fix=f"raise {prefix}.{key} to at least {-(-longest // sp)}",
+            )
+
+
+@check(
+    "batch.deprecated-global-micro-batch",
+    level="error",
+    evidence="verl/workers/config/actor.py:203 and verl/utils/config.py:141 treat it as deprecated; verl PR #833",
+)
+def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
+    """Deprecated global micro-batch sizes, which the pinned release no longer divides by the GPU count."""
+    resolved = inp.resolved
+    arr = resolved["actor_rollout_ref"]
+    n_gpus = max(gpu_count(resolved), 1)
+    sections = [
+        ("actor_rollout_ref.actor", arr["actor"], "ppo_micro_batch_size", "use_dynamic_bsz"),
+        (
+            "actor_rollout_ref.rollout",
+            arr["rollout"],
+            "log_prob_micro_batch_size",
+            "log_prob_use_dynamic_bsz",
+        ),
+        (
+            "actor_rollout_ref.ref",
+            arr["ref"],
+            "log_prob_micro_batch_size",
+            "log_prob_use_dynamic_bsz",
+        ),
+    ]
+    if need_critic(resolved):
+        sections.append(("critic", resolved["critic"], "ppo_micro_batch_size", "use_dynamic_bsz"))
+    for prefix, section, key, dynamic in sections:
+        value = section.get(key)
+        if value is None or section.get(dynamic):
+            continue
+        per_gpu = max(int(value) // n_gpus, 1)
+        yield Hit(
+            f"{prefix}.{key}",
+            f"the global micro-batch size {value} is deprecated and no longer converted to a per-GPU "
+            f"size; over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
+            fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
+        )

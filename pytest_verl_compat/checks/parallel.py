@@ -1,0 +1,79 @@
+"""Parallel layouts and LoRA serving: what must fit the GPUs and the rollout backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.roles import gpu_count
+
+
+def _lora(resolved: Mapping[str, Any]) -> bool:
+    model = resolved["actor_rollout_ref"]["model"]
+    return int(model.get("lora_rank") or 0) > 0 or int(model["lora"].get("rank") or 0) > 0
+
+
+@check(
+    "lora.sglang-needs-merge",
+    level="error",
+    evidence="verl {version} LoRA docs (docs/advance/ppo_lora.rst); verl PR #5220",
+)
+def lora_sglang_merge(inp: CheckInput) -> Iterator[Hit]:
+    arr = inp.resolved["actor_rollout_ref"]
+    if (
+        _lora(inp.resolved)
+        and arr["rollout"]["name"] == "sglang"
+        and not arr["model"]["lora"].get("merge")
+    ):
+        yield Hit(
+            "actor_rollout_ref.rollout.name, actor_rollout_ref.model.lora.merge",
+            "LoRA with the SGLang rollout needs the adapter merged into the weights",
+            fix="set actor_rollout_ref.model.lora.merge=True or use rollout.name=vllm",
+        )
+
+
+@check(
+    "lora.vllm-dummy-weights",
+    level="warning",
+    evidence="examples/tuning/lora/run_qwen3_8b_fsdp.sh (load_format=safetensors, layered_summon=True)",
+)
+def lora_vllm_dummy_weights(inp: CheckInput) -> Iterator[Hit]:
+    rollout = inp.resolved["actor_rollout_ref"]["rollout"]
+    if _lora(inp.resolved) and rollout["name"] == "vllm" and rollout["load_format"] == "dummy":
+        yield Hit(
+            "actor_rollout_ref.rollout.load_format",
+            "LoRA with vLLM starts from dummy weights; the official LoRA script uses safetensors",
+            fix="set actor_rollout_ref.rollout.load_format=safetensors",
+        )
+
+
+@check(
+    "parallel.rollout-replicas",
+    level="error",
+    evidence="verl/workers/rollout/replica.py builds n_gpus / (tp × pp) replicas",
+)
+def rollout_replicas(inp: CheckInput) -> Iterator[Hit]:
+    rollout = inp.resolved["actor_rollout_ref"]["rollout"]
+    n_gpus = gpu_count(inp.resolved)
+    tp = int(rollout["tensor_model_parallel_size"]) * int(rollout["pipeline_model_parallel_size"])
+    if n_gpus and (tp > n_gpus or n_gpus % tp):
+        yield Hit(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size, trainer.n_gpus_per_node",
+            f"rollout replicas of {tp} GPUs (tensor × pipeline parallel) do not fit {n_gpus} GPUs",
+        )
+
+
+@check(
+    "parallel.sequence-parallel-divides-gpus",
+    level="error",
+    evidence="verl/workers/engine/fsdp device mesh (dp × sp = world size)",
+)
+def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
+    n_gpus = gpu_count(inp.resolved)
+    sp = int(inp.resolved["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
+    if n_gpus and n_gpus % sp:
+        yield Hit(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+            f"sequence parallel size {sp} does not divide {n_gpus} GPUs",
+        )

@@ -1,0 +1,86 @@
+"""The finding registry: one decorated function per check, with its id, level and evidence.
+
+A check reads one resolved mapping (plus the explicit fields and the leaf verdicts) and yields
+:class:`Hit` values; the registry turns each into a :class:`Finding` with the check's level and
+evidence. Adding a check is one decorated function in the module of its family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pytest_verl_compat.model import Finding, LeafVerdict, Level
+
+
+class Hit(NamedTuple):
+    """One place a check fires: the dotted path(s), what is wrong, and how to fix it."""
+
+    path: str
+    message: str
+    fix: str = ""
+
+
+class ProfileInfo(NamedTuple):
+    """The compiling profile, as checks see it: its name and the upstream version it describes."""
+
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    """What every check reads."""
+
+    resolved: Mapping[str, Any]
+    explicit_fields: tuple[str, ...]
+    leaves: tuple[LeafVerdict, ...]
+    profile: ProfileInfo | Any  # anything with `name` and `version` (a pipeline Profile)
+
+    @property
+    def version(self) -> str:
+        """The upstream version the findings speak of, from the profile (never a literal)."""
+        return str(self.profile.version)
+
+
+CheckFunction = Callable[[CheckInput], Iterable[Hit]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check. ``evidence`` may name ``{profile}`` and ``{version}``, filled per run."""
+
+    id: str
+    level: Level
+    evidence: str
+    run: CheckFunction
+
+    def findings(self, inp: CheckInput) -> list[Finding]:
+        evidence = self.evidence.format(profile=inp.profile.name, version=inp.version)
+        return [
+            Finding(self.level, hit.path, hit.message, hit.fix, evidence) for hit in self.run(inp)
+        ]
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def check(
+    check_id: str, *, level: Level, evidence: str = ""
+) -> Callable[[CheckFunction], CheckFunction]:
+    """Register ``function`` as the check ``check_id``; ids are unique across families."""
+
+    def register(function: CheckFunction) -> CheckFunction:
+        if check_id in CHECKS:
+            raise ValueError(f"check {check_id!r} is registered twice")
+        CHECKS[check_id] = Check(check_id, level, evidence, function)
+        return function
+
+    return register
+
+
+def run_checks(inp: CheckInput) -> list[Finding]:
+    """Every registered check on one input, in a stable order (level, path, message)."""
+    findings = [finding for entry in CHECKS.values() for finding in entry.findings(inp)]
+    return sorted(findings, key=Finding.sort_key)

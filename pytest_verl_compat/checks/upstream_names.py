@@ -1,0 +1,106 @@
+"""Names upstream registers and keys it dropped, read from the pinned release's source.
+
+Data, not logic: each entry cites the upstream file that defines it.
+"""
+
+from __future__ import annotations
+
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+# The pinned release's registries, read from its source (file:line in each entry's evidence).
+REGISTRIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "algorithm.adv_estimator": (
+        (
+            "gae",
+            "grpo",
+            "reinforce_plus_plus",
+            "reinforce_plus_plus_baseline",
+            "remax",
+            "rloo",
+            "opo",
+            "grpo_passk",
+            "gpg",
+            "rloo_vectorized",
+            "grpo_vectorized",
+            "optimal_token_baseline",
+            "tir_optimal_token_baseline",
+            "gdpo",
+        ),
+        "verl/trainer/ppo/core_algos.py:88 (AdvantageEstimator)",
+    ),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": (
+        (
+            "vanilla",
+            "dppo_tv",
+            "dppo_kl",
+            "gspo",
+            "sapo",
+            "gpg",
+            "clip_cov",
+            "kl_cov",
+            "geo_mean",
+            "dro",
+            "cispo",
+            "bypass_mode",
+        ),
+        "verl/trainer/ppo/core_algos.py:1285-2412 (register_policy_loss)",
+    ),
+    "actor_rollout_ref.actor.kl_loss_type": (
+        (
+            "kl",
+            "k1",
+            "abs",
+            "mse",
+            "k2",
+            "low_var_kl",
+            "k3",
+            "full",
+            "kl+",
+            "k1+",
+            "abs+",
+            "mse+",
+            "k2+",
+            "low_var_kl+",
+            "k3+",
+        ),
+        "verl/trainer/ppo/core_algos.py:2227 (kl_penalty_forward; a trailing + selects straight-through)",
+    ),
+    "algorithm.kl_penalty": (
+        ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
+        "verl/trainer/ppo/core_algos.py:2227 (kl_penalty_forward)",
+    ),
+    "reward.reward_manager.name": (
+        ("naive", "batch", "dapo", "prime", "gdpo", "remote"),
+        "verl/workers/reward_manager/*.py and verl/experimental/reward_loop/reward_manager/*.py (@register)",
+    ),
+    "actor_rollout_ref.rollout.name": (
+        ("vllm", "sglang", "trtllm"),
+        "verl/workers/rollout/base.py:88 (_ROLLOUT_REGISTRY)",
+    ),
+    "actor_rollout_ref.rollout.mode": (
+        ("async",),
+        "verl/workers/rollout/base.py:88 (_ROLLOUT_REGISTRY: async only)",
+    ),
+    "actor_rollout_ref.actor.loss_agg_mode": (
+        (
+            "token-mean",
+            "token-sum",
+            "seq-mean-token-sum",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum-norm",
+        ),
+        "verl/workers/config/actor.py:216 (valid_loss_agg_modes)",
+    ),
+}
+
+# Legacy top-level reward keys that the pinned release no longer reads, and the key that replaced
+# each.
+LEGACY_REWARD_KEYS: dict[str, str] = {
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.reward_kwargs": "reward.reward_kwargs (via +reward.reward_kwargs.*)",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+}

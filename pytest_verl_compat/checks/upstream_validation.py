@@ -1,0 +1,86 @@
+"""The checks of upstream's ``validate_config`` (verl/utils/config.py) and worker configs, statically."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.roles import gpu_count, need_reference_policy
+
+
+@check("validate.responses-over-gpus", level="error", evidence="verl/utils/config.py:110")
+def responses_over_gpus(inp: CheckInput) -> Iterator[Hit]:
+    rollout = inp.resolved["actor_rollout_ref"]["rollout"]
+    if inp.resolved["actor_rollout_ref"]["actor"]["use_dynamic_bsz"]:
+        return
+    n_gpus = gpu_count(inp.resolved)
+    responses = int(inp.resolved["data"]["train_batch_size"]) * int(rollout["n"])
+    if n_gpus and responses % n_gpus:
+        yield Hit(
+            "data.train_batch_size, actor_rollout_ref.rollout.n, trainer.n_gpus_per_node",
+            f"{responses} responses per step do not divide over {n_gpus} GPUs",
+        )
+
+
+@check("validate.no-micro-batch-size", level="error", evidence="verl/workers/config/actor.py:212")
+def no_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
+    actor = inp.resolved["actor_rollout_ref"]["actor"]
+    if (
+        not actor["use_dynamic_bsz"]
+        and actor["ppo_micro_batch_size"] is None
+        and actor["ppo_micro_batch_size_per_gpu"] is None
+    ):
+        yield Hit(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            "dynamic batch size is off and no micro-batch size is set",
+            fix="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        )
+
+
+@check("validate.no-log-prob-micro-batch-size", level="error", evidence="verl/utils/config.py:141")
+def no_log_prob_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
+    arr = inp.resolved["actor_rollout_ref"]
+    if arr["actor"]["use_dynamic_bsz"]:
+        return
+    sections = [("actor_rollout_ref.rollout", arr["rollout"])]
+    if need_reference_policy(inp.resolved):
+        sections.append(("actor_rollout_ref.ref", arr["ref"]))
+    for prefix, section in sections:
+        if (
+            section["log_prob_micro_batch_size"] is None
+            and section["log_prob_micro_batch_size_per_gpu"] is None
+        ):
+            yield Hit(
+                f"{prefix}.log_prob_micro_batch_size_per_gpu",
+                "dynamic batch size is off and no log-prob micro-batch size is set",
+                fix=f"set {prefix}.log_prob_micro_batch_size_per_gpu",
+            )
+
+
+@check(
+    "validate.sampled-validation-temperature", level="error", evidence="verl/utils/config.py:187"
+)
+def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
+    rollout = inp.resolved["actor_rollout_ref"]["rollout"]
+    if rollout["val_kwargs"]["do_sample"] and rollout["temperature"] <= 0:
+        yield Hit(
+            "actor_rollout_ref.rollout.val_kwargs.do_sample, actor_rollout_ref.rollout.temperature",
+            "sampled validation needs a positive temperature",
+        )
+
+
+@check(
+    "validate.sequence-parallel-needs-remove-padding",
+    level="error",
+    evidence="verl/workers/config/actor.py:339 (FSDPActorConfig.validate)",
+)
+def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
+    arr = inp.resolved["actor_rollout_ref"]
+    if (
+        arr["actor"]["ulysses_sequence_parallel_size"] > 1
+        and not arr["model"]["use_remove_padding"]
+    ):
+        yield Hit(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size, actor_rollout_ref.model.use_remove_padding",
+            "sequence parallelism needs use_remove_padding=True",
+        )

@@ -1,0 +1,57 @@
+"""``verl-compat audit``: the audit JSON of every case, without pytest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pytest_verl_compat.cli.common import open_session
+from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.report import build_audit, summary_lines
+from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Regenerate the audit JSON; with --check, compare it byte for byte with the golden one."""
+    session = open_session(args)
+    entries = []
+    for case in session.cases:
+        try:
+            entries.append(session.audit_entry(case))
+        except (StageFailed, StageUnavailable) as exc:
+            print(f"verl-compat audit: {exc}", file=sys.stderr)
+            return 2
+    text = dumps(build_audit(session, entries))
+    golden = session.golden_dir / "audit.json"
+    for line in summary_lines(build_audit(session, entries)["totals"]):
+        print(line)
+    if args.check:
+        if not golden.is_file() or golden.read_text(encoding="utf-8") != text:
+            old = json.loads(golden.read_text(encoding="utf-8")) if golden.is_file() else {}
+            print(f"verl-compat audit: {golden} is out of date:", file=sys.stderr)
+            for line in leaf_diff(old, json.loads(text)):
+                print(f"  {line}", file=sys.stderr)
+            print("run `verl-compat audit --write` to accept", file=sys.stderr)
+            return 1
+        print(f"{golden} is up to date")
+        return 0
+    target = Path(args.json) if args.json else (golden if args.write else None)
+    if target is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(target, text)
+        print(f"wrote {target}")
+    return 0
+
+
+def add_audit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    audit = sub.add_parser("audit", help="regenerate the audit JSON of every case (no pytest)")
+    mode = audit.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check", action="store_true", help="compare with golden/audit.json byte for byte"
+    )
+    mode.add_argument("--write", action="store_true", help="write golden/audit.json")
+    mode.add_argument("--json", metavar="FILE", help="write the audit JSON to FILE")
+    audit.set_defaults(func=cmd_audit)

@@ -1,0 +1,154 @@
+"""``verl-compat drift``, ``retarget`` and ``init``: subcommands for moving to a new verl release.
+
+``add_drift_parsers(subparsers)`` registers them on the ``verl-compat`` parser; they read the
+parent parser's ``--manifest`` and ``--upstream`` when it has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _folder(value: str) -> str:
+    if not Path(value).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a folder")
+    return value
+
+
+def _pinned_session(args: argparse.Namespace) -> Any:
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+    session = AuditSession.start(
+        AuditOptions(
+            manifest=getattr(args, "manifest", None),
+            upstream=getattr(args, "upstream", None),
+            rootdir=str(Path.cwd()),
+        )
+    )
+    if session.manifest_error:
+        raise SystemExit(f"verl-compat: {session.manifest_error}")
+    return session
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    """Exit 1 when the other tree drifts from the pinned one, 0 when not, 2 when it cannot run."""
+    from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+    from pytest_verl_compat.upstream.drift import (
+        DriftError,
+        drift_report,
+        has_drift,
+        render_markdown,
+    )
+
+    try:
+        report = drift_report(_pinned_session(args), Path(args.against))
+    except DriftError as exc:
+        print(f"verl-compat drift: {exc}", file=sys.stderr)
+        return 2
+    markdown = render_markdown(report)
+    if args.json:
+        write_atomic(Path(args.json), dumps(report))
+    if args.markdown:
+        write_atomic(Path(args.markdown), markdown)
+    if not args.json and not args.markdown:
+        sys.stdout.write(markdown)
+    return 1 if has_drift(report) else 0
+
+
+def cmd_retarget(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.upstream.retarget import RetargetError, retarget_cases, retarget_profile
+
+    session = _pinned_session(args)
+    pin = session.pin
+    # Cases are composed on the other tree too, so leaves their overrides bring in get rules.
+    cases = retarget_cases(session) if session.upstream is not None else []
+    try:
+        path = retarget_profile(
+            session.profile_name,
+            Path(args.against),
+            args.profile,
+            out_dir=Path(args.out) if args.out else None,
+            version=args.version,
+            config_dir=pin.config_dir,
+            config_name=pin.config_name,
+            cases=cases,
+        )
+    except RetargetError as exc:
+        print(f"verl-compat retarget: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    print(
+        "set `profile:` in the manifest to this file and update the upstream pin, then run "
+        "pytest --verl-corpus --snapshot-update and review the golden diff"
+    )
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, init_manifest
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not args.force:
+        print(f"verl-compat init: {out} exists (use --force to overwrite)", file=sys.stderr)
+        return 2
+    text = init_manifest(Path(args.folder), out)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        print(f"wrote {out}")
+    if PLACEHOLDER in text:
+        print(f'bind every "{PLACEHOLDER}" in the manifest before auditing', file=sys.stderr)
+    return 0
+
+
+def add_drift_parsers(subparsers: Any) -> None:
+    """Register ``drift``, ``retarget`` and ``init`` on an ``add_subparsers()`` object."""
+    drift = subparsers.add_parser(
+        "drift",
+        help="compare the corpus on another verl tree with the pinned one "
+        "(exit 1 when it drifts, 0 when not)",
+    )
+    drift.add_argument(
+        "--against",
+        required=True,
+        type=_folder,
+        metavar="PATH",
+        help="folder laid out like a verl checkout (the config tree is enough)",
+    )
+    drift.add_argument("--json", metavar="FILE", help="write the drift report as JSON to FILE")
+    drift.add_argument(
+        "--markdown", metavar="FILE", help="write a summary for a pull request to FILE"
+    )
+    drift.set_defaults(func=cmd_drift)
+
+    retarget = subparsers.add_parser(
+        "retarget",
+        help="write a new profile for another verl tree: the pinned rules plus a "
+        "not-yet-reviewed rule for every leaf they cannot classify",
+    )
+    retarget.add_argument("--against", required=True, type=_folder, metavar="PATH")
+    retarget.add_argument(
+        "--profile", required=True, metavar="NEW_NAME", help="e.g. verl-0.9.1-single-device"
+    )
+    retarget.add_argument(
+        "--out",
+        metavar="DIR",
+        help="folder for the profile (default: beside the pinned one)",
+    )
+    retarget.add_argument(
+        "--version",
+        metavar="VERSION",
+        help="verl version of the other tree, when it has no version file and the name has none",
+    )
+    retarget.set_defaults(func=cmd_retarget)
+
+    init = subparsers.add_parser(
+        "init", help="write a starter manifest for a folder of your own launch scripts"
+    )
+    init.add_argument("folder", type=_folder, metavar="FOLDER")
+    init.add_argument("--out", metavar="FILE", help="write the manifest to FILE (default: stdout)")
+    init.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    init.set_defaults(func=cmd_init)

@@ -1,0 +1,151 @@
+"""Commands that show one case: read, compose, check, compile."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from pytest_verl_compat.bash import LaunchReadError, read_launch
+from pytest_verl_compat.cli.common import (
+    add_bindings_flags,
+    case_for_target,
+    flag_bindings,
+    open_session,
+)
+from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    manifest = load_manifest(args.manifest or default_manifest_path())
+    bindings = manifest.bindings.overlay(flag_bindings(args))
+    try:
+        read = read_launch(args.script, bindings)
+    except LaunchReadError as exc:
+        print(f"verl-compat read: {exc}", file=sys.stderr)
+        return 2
+    for field in read.argv:
+        print(field)
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    import yaml
+
+    session = open_session(args)
+    try:
+        case = case_for_target(session, args.target, args)
+    except KeyError as exc:
+        print(f"verl-compat compose: {exc.args[0]}", file=sys.stderr)
+        return 2
+    try:
+        composition = session.outcome(case).composition
+    except (StageFailed, StageUnavailable) as exc:
+        print(f"verl-compat compose: {exc}", file=sys.stderr)
+        return 2
+    if not composition.composed:
+        print(f"verl-compat compose: composition rejected: {composition.reason}", file=sys.stderr)
+        return 1
+    sys.stdout.write(yaml.safe_dump(composition.resolved, sort_keys=False))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Compose a case or script with extra fields and print its findings, one per line."""
+    session = open_session(args)
+    try:
+        case = case_for_target(session, args.target, args)
+    except KeyError as exc:
+        print(f"verl-compat check: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if args.set:
+        case = dataclasses.replace(
+            case, id=f"{case.id}+set", overrides=case.overrides + tuple(args.set)
+        )
+    try:
+        report = session.compile(case)
+    except (StageFailed, StageUnavailable) as exc:
+        print(f"verl-compat check: {exc}", file=sys.stderr)
+        return 2
+    if report is None:
+        print(f"ERROR <composition>: {session.outcome(case).composition.reason}")
+        return 1
+    for finding in report.findings:
+        print(finding.line())
+    for problem in (leaf.problem for leaf in report.leaves if leaf.problem):
+        print(f"ERROR {problem}")
+    print(f"{report.outcome}: {report.reason}", file=sys.stderr)
+    return 0 if report.accepted else 1
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a run's resolved configuration file directly: no launch reading, no composition."""
+    from pytest_verl_compat.pipeline.compile import compile_resolved
+    from pytest_verl_compat.pipeline.compose import Composer
+    from pytest_verl_compat.pipeline.pins import checkout_tree
+    from pytest_verl_compat.pipeline.profile import load_profile
+    from pytest_verl_compat.pipeline.resolved import (
+        ResolvedFileError,
+        check_resolved,
+        load_resolved,
+    )
+    from pytest_verl_compat.pipeline.snapshot import dumps
+
+    session = open_session(args)
+    try:
+        mapping = load_resolved(Path(args.resolved))
+    except ResolvedFileError as exc:
+        print(f"verl-compat compile: {exc}", file=sys.stderr)
+        return 2
+    pin = session.pin
+    others = []
+    for tree_path in args.tree or []:
+        tree = checkout_tree(Path(tree_path), pin, "option")
+        others.append((f"the tree at {tree_path}", Composer(tree.config_dir, pin.config_name)))
+    check = check_resolved(mapping, session.composer(), f"verl {pin.version}", others)
+    for line in check.lines():
+        print(line, file=sys.stderr)
+    if not check.from_pinned_tree or check.unresolved:
+        print(
+            f"verl-compat compile: {args.resolved} is not a complete verl {pin.version} mapping",
+            file=sys.stderr,
+        )
+        return 1
+    report = compile_resolved(
+        mapping, case_id=Path(args.resolved).stem, profile=load_profile(session.profile_name)
+    )
+    summary = {key: value for key, value in report.to_json().items() if key != "leaves"}
+    sys.stdout.write(dumps(report.to_json() if args.full else summary))
+    return 0 if report.accepted else 1
+
+
+def add_inspect_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    read = sub.add_parser("read", help="print a launch script's explicit fields, one per line")
+    read.add_argument("script")
+    add_bindings_flags(read)
+    read.set_defaults(func=cmd_read)
+
+    compose = sub.add_parser(
+        "compose", help="print the resolved mapping of a case or script as YAML"
+    )
+    compose.add_argument("target", metavar="CASE|SCRIPT")
+    add_bindings_flags(compose)
+    compose.set_defaults(func=cmd_compose)
+
+    comp = sub.add_parser(
+        "compile", help="compile a resolved configuration file (e.g. .hydra/config.yaml)"
+    )
+    comp.add_argument("resolved", metavar="RESOLVED.yaml")
+    comp.add_argument(
+        "--tree", action="append", metavar="PATH", help="another upstream tree to compare with"
+    )
+    comp.add_argument("--full", action="store_true", help="include every leaf's class")
+    comp.set_defaults(func=cmd_compile)
+
+    check = sub.add_parser("check", help="print a case's findings; exit 1 on an error")
+    check.add_argument("target", metavar="CASE|SCRIPT")
+    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
+    add_bindings_flags(check)
+    check.set_defaults(func=cmd_check)

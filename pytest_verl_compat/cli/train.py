@@ -1,0 +1,134 @@
+"""``verl-compat train CASE``: train a tiny model locally with the case's compiled config.
+
+CASE is a manifest case id (``grpo``, ``ppo``, ...) or a launch-script path. The run folder gets
+``metrics.jsonl``/``metrics.csv``/``metrics.png``, ``adaptations.json`` (every upstream field the
+local run changes), ``checkpoints/`` and ``final/`` (the actor in HF format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from reference_trainer.config import ReferenceTrainerConfig
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``train`` on the ``verl-compat`` sub-command parser."""
+    parser = subparsers.add_parser("train", help="train a tiny model with a case's config")
+    parser.add_argument("case", help="manifest case id or launch-script path")
+    parser.add_argument("--steps", type=_positive, default=20, help="training steps (default 20)")
+    parser.add_argument("--out", help="run folder (default runs/<case>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--model", default="tiny", help="'tiny' or a local HF causal-LM folder")
+    parser.add_argument("--seed", type=int, default=0, help="seed of init, data and sampling")
+    parser.add_argument(
+        "--reward",
+        choices=("rule", "length", "reasoning-gym"),
+        default="rule",
+        help="rule: first integer equals the answer; length: learning-signal reward; "
+        "reasoning-gym: the task's scorer (prompts from `verl-compat prompts`)",
+    )
+    parser.add_argument("--prompts", help="prompt file (default: the shipped arithmetic set)")
+    parser.add_argument(
+        "--reward-model",
+        help="reward model folder for cases with a reward model; 'tiny' trains one in the run folder",
+    )
+    parser.add_argument("--train-batch-size", type=_positive, default=8, help="prompts per step")
+    parser.add_argument("--response-length", type=_positive, default=16, help="max new tokens")
+    parser.add_argument(
+        "--prompt-length", type=_positive, default=64, help="max prompt tokens (default 64)"
+    )
+    parser.add_argument("--n", type=_positive, help="responses per prompt (default: upstream's)")
+    parser.add_argument(
+        "--save-freq", type=int, help="checkpoint every N steps (default: upstream)"
+    )
+    parser.add_argument("--test-freq", type=int, help="validate every N steps (default: upstream)")
+    parser.add_argument("--manifest", dest="train_manifest", help="corpus manifest")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=cmd_train)
+    assert isinstance(parser, argparse.ArgumentParser)
+    return parser
+
+
+def _config(target: str, manifest: str | None) -> ReferenceTrainerConfig:
+    """The case's ReferenceTrainerConfig, through the compile gate, from the manifest or a script."""
+    session = AuditSession.start(AuditOptions(manifest=manifest, upstream=None))
+    if session.manifest_error or session.manifest is None:
+        raise ValueError(session.manifest_error)
+    if Path(target).is_file():
+        case = session.case_for_script(target)
+    else:
+        case = session.manifest.case(target)
+    return session.reference_config(case)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run the reference trainer; 0 on success, 2 on a bad case or binding."""
+    try:
+        cfg = _config(args.case, getattr(args, "train_manifest", None))
+    except (StageFailed, StageUnavailable, KeyError, ValueError) as exc:
+        print(f"verl-compat train: {exc}", file=sys.stderr)
+        return 2
+
+    from reference_trainer.budget import LocalBudget
+    from reference_trainer.checkpoint import CheckpointError
+    from reference_trainer.reward import train_reward_model
+    from reference_trainer.trainer import ReferenceTrainer
+
+    out = Path(args.out or Path("runs") / cfg.case_id)
+    reward_model = args.reward_model
+    if reward_model == "tiny":
+        reward_model = str(out / "reward_model")
+        if not (Path(reward_model) / "config.json").is_file():
+            print(f"training a tiny reward model in {reward_model}", file=sys.stderr)
+            train_reward_model(reward_model, seed=args.seed)
+    budget = LocalBudget(
+        steps=args.steps,
+        train_batch_size=args.train_batch_size,
+        max_response_length=args.response_length,
+        max_prompt_length=args.prompt_length,
+        n=args.n,
+        reward=args.reward,
+        reward_model_path=reward_model,
+        model=args.model,
+        **({"prompts_path": args.prompts} if args.prompts else {}),
+        save_freq=args.save_freq,
+        test_freq=args.test_freq,
+        seed=args.seed,
+    )
+    try:
+        trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
+        result = trainer.run(resume=args.resume)
+    except (FileNotFoundError, ImportError, ValueError, CheckpointError) as exc:
+        print(f"verl-compat train: {exc}", file=sys.stderr)
+        return 2
+    scored = [row for row in result.metrics if "critic/score/mean" in row]
+    if scored:
+        first, last = scored[0]["critic/score/mean"], scored[-1]["critic/score/mean"]
+        print(f"{cfg.case_id}: {result.final_step} steps, reward {first:.3f} -> {last:.3f}")
+    print(f"run folder: {result.out}; HF export: {result.export}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry until ``train`` is registered in ``verl-compat``."""
+    parser = argparse.ArgumentParser(prog="verl-compat")
+    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Running one conformance case: seeded inputs, both sides, every quantity compared."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from pytest_verl_compat.conformance.compare import (
+    Check,
+    ConformanceResult,
+    case_result,
+    compare_outputs,
+)
+from pytest_verl_compat.conformance.components import SIDES
+from pytest_verl_compat.conformance.inputs import INPUTS, case_generator
+from pytest_verl_compat.conformance.plan import ConformanceCase, upstream_missing_reason
+from pytest_verl_compat.conformance.sides import resolve_namespace
+
+__all__ = ["ConformanceResult", "run_case", "upstream_missing_reason"]
+
+
+@functools.cache
+def _cached_reference(case: ConformanceCase, sample: int) -> dict[str, Any]:
+    """Upstream's side of a case: it never changes, so the mutation check reuses it."""
+    inputs = INPUTS[case.component](case, case_generator(case, sample))
+    return SIDES[case.component].reference(case, inputs, {})
+
+
+def run_case(
+    case: ConformanceCase, ours: ModuleType | Mapping[str, Any] | None = None
+) -> ConformanceResult:
+    """Compare our functions (or the substitutes in `ours`) with upstream on the case's samples."""
+    reason = upstream_missing_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    namespace = resolve_namespace(ours)
+    component = SIDES[case.component]
+    checks: list[Check] = []
+    for sample in range(case.samples):
+        inputs = INPUTS[case.component](case, case_generator(case, sample))
+        if component.reference_uses_ours(case):
+            expected = component.reference(case, inputs, namespace)
+        else:
+            expected = _cached_reference(case, sample)
+        try:
+            actual = component.candidate(case, inputs, namespace)
+        except Exception as error:  # a mutant may raise; that is a failure, not a crash
+            checks.append(
+                Check(
+                    "call",
+                    sample,
+                    math.inf,
+                    f"{component.labels[0]} raised {error!r} [{case.id} sample {sample}]",
+                )
+            )
+            continue
+        checks.extend(compare_outputs(case, sample, actual, expected, component.labels))
+    return case_result(case, checks)

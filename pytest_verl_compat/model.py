@@ -1,0 +1,282 @@
+"""The shared vocabulary of every layer: cases, bindings, fields, compositions, verdicts, findings.
+
+Every other module takes these words from here; nothing here imports the rest of the package, so
+any layer may import it. Strings that cross process boundaries or land in golden files (outcomes,
+leaf classes, levels, JSON keys) are defined here once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, get_args
+
+# --- outcomes, classes and levels ------------------------------------------------------------
+
+Outcome = Literal["composed", "composition_rejection", "accepted", "semantic_rejection"]
+COMPOSED: Final = "composed"
+COMPOSITION_REJECTION: Final = "composition_rejection"
+ACCEPTED: Final = "accepted"
+SEMANTIC_REJECTION: Final = "semantic_rejection"
+
+LeafClass = Literal["exact", "lowered", "binding", "inert", "unsupported", "unknown"]
+# In report order; `unknown` is never a rule's class: it is what no rule matched.
+LEAF_CLASSES: Final[tuple[LeafClass, ...]] = get_args(LeafClass)
+RULE_CLASSES: Final[tuple[LeafClass, ...]] = LEAF_CLASSES[:-1]
+
+Level = Literal["error", "warning", "info"]
+LEVELS: Final[tuple[Level, ...]] = get_args(Level)
+
+# `script` is a one-off case for a launch script named on the command line, never a manifest kind.
+CaseKind = Literal["official", "derived", "field", "user", "resolved", "script", "invalid"]
+SCRIPT: Final = "script"
+
+# Where a case's explicit fields came from.
+FieldsSource = Literal["launch", "golden", "resolved"]
+
+# --- JSON keys that travel between processes (xdist workers, JUnit, the audit report) --------
+
+KEY_CASE: Final = "verl_case"
+KEY_STAGE: Final = "verl_stage"
+KEY_FACTS: Final = "verl_facts"
+KEY_AUDIT_ENTRY: Final = "verl_audit_entry"
+KEY_COMPILE_SECONDS: Final = "verl_compile_seconds"
+KEY_CONFORMANCE: Final = "verl_conformance"
+
+
+# --- the exceptions every stage raises --------------------------------------------------------
+
+
+class StageUnavailable(Exception):
+    """A stage cannot run here, for a reason that is not the case's fault (becomes a skip)."""
+
+
+class StageFailed(Exception):
+    """A stage failed for this case (becomes a test failure with this message)."""
+
+
+# --- the manifest's words --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bindings:
+    """What a launch script sees: its variables, command-substitution outputs and ``"$@"``."""
+
+    variables: Mapping[str, str] = field(default_factory=dict)
+    substitutions: Mapping[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+
+    def overlay(self, other: Bindings) -> Bindings:
+        """Return these bindings with ``other``'s entries taking precedence."""
+        return Bindings(
+            variables={**self.variables, **other.variables},
+            substitutions={**self.substitutions, **other.substitutions},
+            args=other.args or self.args,
+        )
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> Bindings:
+        raw = raw or {}
+        return cls(
+            variables=dict(raw.get("variables", {})),
+            substitutions=dict(raw.get("substitutions", {})),
+            args=tuple(raw.get("args", ())),
+        )
+
+
+@dataclass(frozen=True)
+class InputPin:
+    """One upstream file a case reads, relative to the upstream root, with its sha256."""
+
+    path: str
+    sha256: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class OverrideBlock:
+    """A fenced block of overrides under a Markdown heading (e.g. the README's Dr. GRPO)."""
+
+    path: str
+    heading: str
+
+
+@dataclass(frozen=True)
+class UpstreamPin:
+    """The upstream release the corpus is pinned to."""
+
+    repository: str
+    tag: str
+    commit: str
+    version: str
+    config_dir: str
+    config_name: str
+    tree_sha256: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus case; ``error`` is set when its manifest entry is malformed."""
+
+    id: str
+    kind: str
+    line: int
+    title: str = ""
+    launch: str | None = None
+    base: str | None = None
+    resolved: str | None = None
+    overrides: tuple[str, ...] = ()
+    override_blocks: tuple[OverrideBlock, ...] = ()
+    inputs: tuple[InputPin, ...] = ()
+    bindings: Bindings = field(default_factory=Bindings)
+    expected: Mapping[str, Any] | None = None
+    upstream: Mapping[str, Any] | None = None
+    notes: str = ""
+    error: str | None = None
+
+    def pinned_inputs(self) -> list[dict[str, str]]:
+        return [pin.to_json() for pin in self.inputs]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest; malformed cases are kept, with their error, so only they fail."""
+
+    path: Path
+    upstream: UpstreamPin
+    bindings: Bindings
+    cases: tuple[Case, ...]
+    profile: str | None = None
+    golden_dir: Path | None = None
+    known_divergences: tuple[Mapping[str, str], ...] = ()
+    # Tolerances and known divergences of the conformance stage, a file beside the manifest.
+    conformance: Path | None = None
+
+    def case(self, case_id: str) -> Case:
+        for case in self.cases:
+            if case.id == case_id:
+                return case
+        known = ", ".join(c.id for c in self.cases)
+        raise KeyError(f"no case {case_id!r} in {self.path}; known cases: {known}")
+
+
+# --- what the stages produce -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExplicitFields:
+    """The override list a case passes to ``verl.trainer.main_ppo``, with where it came from."""
+
+    fields: tuple[str, ...]
+    launch_line: int | None
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A composed case: its resolved mapping, or the reason Hydra rejected it."""
+
+    outcome: Outcome  # COMPOSED or COMPOSITION_REJECTION
+    resolved: dict[str, Any] | None = None
+    reason: str = ""
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def composed(self) -> bool:
+        return self.outcome == COMPOSED
+
+    @property
+    def mapping(self) -> dict[str, Any]:
+        """The resolved mapping of a composed case; asking a rejection for it is a bug."""
+        if self.resolved is None:
+            raise ValueError(f"not composed: {self.reason}")
+        return self.resolved
+
+
+@dataclass(frozen=True)
+class LeafVerdict:
+    """One resolved leaf, its class and why."""
+
+    path: str
+    value: Any
+    klass: LeafClass
+    reason: str
+    rule: str = ""
+    detail: str = ""
+    problem: str = ""  # why this leaf rejects the case, if it does
+    no_effect: bool = False  # setting it explicitly signals an intent 0.9.x ignores
+
+
+@dataclass(frozen=True)
+class Finding:
+    """``LEVEL path: message (fix)``, with the upstream evidence."""
+
+    level: Level
+    path: str
+    message: str
+    fix: str = ""
+    evidence: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "level": self.level,
+            "path": self.path,
+            "message": self.message,
+            "fix": self.fix,
+            "evidence": self.evidence,
+        }
+
+    def line(self) -> str:
+        fix = f" ({self.fix})" if self.fix else ""
+        return f"{self.level.upper()} {self.path}: {self.message}{fix}"
+
+    def sort_key(self) -> tuple[int, str, str]:
+        return (LEVELS.index(self.level), self.path, self.message)
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What the compiler concluded about one resolved mapping."""
+
+    case_id: str
+    profile: str
+    outcome: Outcome  # ACCEPTED or SEMANTIC_REJECTION
+    reason: str
+    leaves: tuple[LeafVerdict, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counter = Counter(leaf.klass for leaf in self.leaves)
+        return {klass: counter.get(klass, 0) for klass in LEAF_CLASSES}
+
+    @property
+    def bindings(self) -> list[str]:
+        return [leaf.path for leaf in self.leaves if leaf.klass == "binding"]
+
+    @property
+    def lowered(self) -> dict[str, str]:
+        return {leaf.path: leaf.detail for leaf in self.leaves if leaf.klass == "lowered"}
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome == ACCEPTED
+
+    def to_json(self) -> dict[str, Any]:
+        """The snapshotted compile report: per-leaf verdicts, counts, bindings, findings."""
+        return {
+            "case": self.case_id,
+            "profile": self.profile,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "leaf_classes": self.counts,
+            "required_bindings": sorted(self.bindings),
+            "lowered": self.lowered,
+            "findings": [f.to_json() for f in self.findings],
+            # Classes only: the rules' reasons live once in the profile, not in every report.
+            "leaves": {leaf.path: leaf.klass for leaf in self.leaves},
+            "problems": [leaf.problem for leaf in self.leaves if leaf.problem],
+        }

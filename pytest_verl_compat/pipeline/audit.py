@@ -1,0 +1,320 @@
+"""The audit session: options, the manifest, the upstream tree, and per-case results cached per process.
+
+Every front end (the pytest stages, the CLI, the trainer command) goes through one session, so a
+case is read, composed and compiled the same way everywhere, and only an accepted compile report
+lowers to the reference trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.bash import LaunchReadError
+from pytest_verl_compat.model import (
+    COMPOSED,
+    COMPOSITION_REJECTION,
+    SCRIPT,
+    Bindings,
+    Case,
+    CompileReport,
+    Composition,
+    ExplicitFields,
+    FieldsSource,
+    InputPin,
+    Manifest,
+    StageFailed,
+    StageUnavailable,
+    UpstreamPin,
+)
+from pytest_verl_compat.pipeline.compile import compile_resolved
+from pytest_verl_compat.pipeline.compose import Composer, count_leaves
+from pytest_verl_compat.pipeline.lower import NotAccepted, reference_config
+from pytest_verl_compat.pipeline.manifest import (
+    ManifestError,
+    default_manifest_path,
+    embedded_root,
+    load_manifest,
+)
+from pytest_verl_compat.pipeline.pins import (
+    UpstreamError,
+    UpstreamTree,
+    check_pins,
+    locate_upstream,
+    sha256_file,
+)
+from pytest_verl_compat.pipeline.profile import default_profile, load_profile
+from pytest_verl_compat.pipeline.read import PinMismatch, read_case_fields
+from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
+from pytest_verl_compat.pipeline.snapshot import read_golden
+from reference_trainer.config import ReferenceTrainerConfig
+
+# A user's own script is read from its absolute path, so its pins are checked from the root.
+_FILESYSTEM_ROOT = Path("/")
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """Options as builtin values (xdist ships them to workers)."""
+
+    manifest: str | None = None
+    upstream: str | None = None
+    upstream_ini: str | None = None
+    golden: str | None = None
+    report: str | None = None
+    conformance_report: str | None = None
+    trusted: str = "auto"  # "auto": run when verl is installed; "off"; "require"
+    rootdir: str = "."
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """Where a case ended up after reading and composing."""
+
+    fields: ExplicitFields
+    fields_source: FieldsSource
+    composition: Composition
+    error: str = ""
+
+
+@dataclass
+class AuditSession:
+    """Everything the stage tests share; built once per process from the options."""
+
+    options: AuditOptions
+    manifest: Manifest | None = None
+    manifest_error: str = ""
+    upstream: UpstreamTree | None = None
+    upstream_reason: str = ""
+    golden_dir: Path = Path("golden")
+    _outcomes: dict[str, CaseOutcome] = field(default_factory=dict)
+    _composer: Composer | None = None
+    _reports: dict[str, CompileReport | None] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, options: AuditOptions) -> AuditSession:
+        session = cls(options)
+        root = embedded_root()
+        rootdir = Path(options.rootdir)
+        manifest_path = Path(options.manifest) if options.manifest else default_manifest_path()
+        if options.manifest and not manifest_path.is_absolute():
+            manifest_path = Path.cwd() / manifest_path
+        try:
+            session.manifest = load_manifest(manifest_path)
+        except ManifestError as exc:
+            session.manifest_error = str(exc)
+            return session
+        if options.golden:
+            session.golden_dir = (Path.cwd() / options.golden).resolve()
+        elif session.manifest.golden_dir is not None:
+            session.golden_dir = session.manifest.golden_dir
+        else:
+            session.golden_dir = root / "golden"
+        try:
+            session.upstream, session.upstream_reason = locate_upstream(
+                session.manifest.upstream,
+                option=options.upstream,
+                ini=options.upstream_ini,
+                rootdir=rootdir,
+            )
+        except UpstreamError as exc:
+            session.upstream_reason = str(exc)
+        return session
+
+    @property
+    def pin(self) -> UpstreamPin:
+        """The pinned upstream release (asked only once the manifest has loaded)."""
+        assert self.manifest is not None, self.manifest_error
+        return self.manifest.upstream
+
+    @property
+    def cases(self) -> tuple[Case, ...]:
+        return self.manifest.cases if self.manifest else ()
+
+    def composer(self) -> Composer:
+        if self.upstream is None:
+            raise StageUnavailable(f"no upstream config tree: {self.upstream_reason}")
+        if self._composer is None:
+            assert self.manifest is not None
+            self._composer = Composer(self.upstream.config_dir, self.manifest.upstream.config_name)
+        return self._composer
+
+    def read(self, case: Case) -> ExplicitFields:
+        """Read stage: needs a checkout with the launch scripts."""
+        if case.error:
+            raise StageFailed(case.error)
+        if self.upstream is None or not self.upstream.has_scripts:
+            where = (
+                "no upstream"
+                if self.upstream is None
+                else f"the {self.upstream.kind} at {self.upstream.root}"
+            )
+            assert self.manifest is not None
+            raise StageUnavailable(
+                f"{where} has no launch scripts; explicit fields come from the golden snapshot "
+                f"{self.golden_path(case)} (pinned by the inputs' sha256). For the read stage, pass "
+                f"--verl-corpus-upstream PATH to a verl v{self.manifest.upstream.version} checkout"
+            )
+        try:
+            return read_case_fields(case, self.upstream.root)
+        except (LaunchReadError, PinMismatch, OSError) as exc:
+            raise StageFailed(f"[{case.id}] {exc}") from exc
+
+    def golden_path(self, case: Case) -> Path:
+        return self.golden_dir / "compose" / f"{case.id}.json"
+
+    def golden_fields(self, case: Case) -> ExplicitFields:
+        """Explicit fields recorded in the golden snapshot, only if it pins the same inputs."""
+        golden = read_golden(self.golden_dir, "compose", case.id)
+        if golden is None:
+            raise StageFailed(
+                f"[{case.id}] no launch scripts here and no golden file {self.golden_path(case)}"
+            )
+        pinned = case.pinned_inputs()
+        if golden.get("inputs") != pinned:
+            raise StageFailed(
+                f"[{case.id}] golden file {self.golden_path(case)} pins inputs {golden.get('inputs')}, "
+                f"but the manifest pins {pinned}"
+            )
+        return ExplicitFields(tuple(golden["explicit_fields"]), None)
+
+    def outcome(self, case: Case) -> CaseOutcome:
+        """Read (or take from golden) and compose a case, once per process."""
+        if case.id in self._outcomes:
+            return self._outcomes[case.id]
+        if case.error:
+            raise StageFailed(case.error)
+        if case.resolved is not None:
+            result = self._resolved_outcome(case)
+            self._outcomes[case.id] = result
+            return result
+        source: FieldsSource
+        if case.kind == SCRIPT:
+            fields, source = self._read_script(case), "launch"
+        else:
+            try:
+                fields, source = self.read(case), "launch"
+            except StageUnavailable:
+                fields, source = self.golden_fields(case), "golden"
+        composition = self.composer().compose(fields.fields, case.bindings.variables)
+        result = CaseOutcome(fields, source, composition)
+        self._outcomes[case.id] = result
+        return result
+
+    def case_for_script(self, script: str | Path, extra: Bindings | None = None) -> Case:
+        """A one-off case for a launch script path, read with the manifest's bindings plus ``extra``.
+
+        Every command that takes a script goes through this case and the session's stages, so
+        such a script is read, composed and compiled exactly as a manifest case is.
+        """
+        assert self.manifest is not None
+        path = Path(script).resolve()
+        return Case(
+            id=path.stem,
+            kind=SCRIPT,
+            line=0,
+            launch=str(path),
+            inputs=(InputPin(str(path), sha256_file(path)),),
+            bindings=self.manifest.bindings.overlay(extra or Bindings()),
+        )
+
+    def _read_script(self, case: Case) -> ExplicitFields:
+        try:
+            return read_case_fields(case, _FILESYSTEM_ROOT)
+        except (LaunchReadError, PinMismatch, OSError) as exc:
+            raise StageFailed(str(exc)) from exc
+
+    @property
+    def profile_name(self) -> str:
+        name = (self.manifest.profile if self.manifest else None) or default_profile()
+        if name.endswith((".yaml", ".yml")) and self.manifest is not None:
+            # A profile file is relative to the manifest, like golden_dir.
+            return str((self.manifest.path.parent / name).resolve())
+        return name
+
+    def compile(self, case: Case) -> CompileReport | None:
+        """Compile stage: the ``CompileReport`` of a composed case, or None when not composed."""
+        if case.id not in self._reports:
+            outcome = self.outcome(case)
+            composition = outcome.composition
+            self._reports[case.id] = (
+                compile_resolved(
+                    composition.resolved or {},
+                    case_id=case.id,
+                    profile=load_profile(self.profile_name),
+                    explicit_fields=outcome.fields.fields,
+                )
+                if composition.composed
+                else None
+            )
+        return self._reports[case.id]
+
+    def audit_entry(self, case: Case) -> dict[str, Any]:
+        """The case's entry of the audit JSON: machine-independent, so it can be a golden file."""
+        outcome = self.outcome(case)
+        composition = outcome.composition
+        report = self.compile(case)
+        return {
+            "id": case.id,
+            "kind": case.kind,
+            "outcome": report.outcome if report else composition.outcome,
+            "reason": report.reason if report else composition.reason,
+            "inputs": case.pinned_inputs(),
+            "explicit_fields": list(outcome.fields.fields),
+            "resolved_leaf_count": count_leaves(composition.resolved)
+            if composition.composed
+            else 0,
+            "leaf_classes": report.counts if report else {},
+            "findings": [f.to_json() for f in report.findings] if report else [],
+        }
+
+    def reference_config(self, case: Case) -> ReferenceTrainerConfig:
+        """The reference trainer's typed config: only from an accepted compile report (the gate)."""
+        report = self.compile(case)
+        if report is None:
+            raise StageFailed(
+                f"[{case.id}] composition rejected: {self.outcome(case).composition.reason}"
+            )
+        try:
+            return reference_config(self.outcome(case).composition.resolved or {}, report)
+        except NotAccepted as exc:
+            raise StageFailed(str(exc)) from exc
+
+    def _resolved_outcome(self, case: Case) -> CaseOutcome:
+        """A ``resolved`` case: a run's resolved configuration file, checked against the pinned tree."""
+        assert self.manifest is not None and case.resolved is not None
+        folder = self.manifest.path.parent
+        bad = [check for check in check_pins(folder, case.inputs) if not check.ok]
+        if bad:
+            raise StageFailed("; ".join(check.message() for check in bad))
+        try:
+            mapping = load_resolved(folder / case.resolved)
+        except ResolvedFileError as exc:
+            raise StageFailed(f"[{case.id}] {exc}") from exc
+        check = check_resolved(mapping, self.composer(), f"verl {self.manifest.upstream.version}")
+        fields = ExplicitFields((), None)
+        if not check.from_pinned_tree or check.unresolved:
+            reason = "; ".join(check.lines(limit=5))
+            return CaseOutcome(
+                fields, "resolved", Composition(COMPOSITION_REJECTION, reason=reason)
+            )
+        return CaseOutcome(fields, "resolved", Composition(COMPOSED, resolved=mapping))
+
+    def golden_payload(self, case: Case) -> dict[str, Any]:
+        """What the compose golden file holds for a case."""
+        outcome = self.outcome(case)
+        composition = outcome.composition
+        payload: dict[str, Any] = {
+            "case": case.id,
+            "inputs": case.pinned_inputs(),
+            "explicit_fields": list(outcome.fields.fields),
+            "outcome": composition.outcome,
+        }
+        if composition.composed:
+            payload["missing"] = list(composition.missing)
+            payload["resolved_leaf_count"] = count_leaves(composition.resolved)
+            payload["resolved"] = composition.resolved
+        else:
+            payload["reason"] = composition.reason
+        return payload

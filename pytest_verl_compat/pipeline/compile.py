@@ -1,0 +1,91 @@
+"""Compile stage: classify every resolved leaf against a versioned profile, accept or reject the case."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_verl_compat.checks import CheckInput, semantic_findings
+from pytest_verl_compat.model import (
+    ACCEPTED,
+    SEMANTIC_REJECTION,
+    CompileReport,
+    LeafVerdict,
+)
+from pytest_verl_compat.pipeline.compose import iter_leaves
+from pytest_verl_compat.pipeline.profile import Profile, load_profile
+
+
+def _same(a: Any, b: Any) -> bool:
+    # 1 == True in Python; a profile value `true` must not accept the integer 1.
+    return type(a) is type(b) and a == b
+
+
+def classify_leaf(profile: Profile, path: str, value: Any) -> LeafVerdict:
+    """The first matching rule's class; ``unknown`` (a rejection) when none matches."""
+    rule = profile.rule_for(path)
+    if rule is None:
+        return LeafVerdict(
+            path,
+            value,
+            "unknown",
+            f"no rule of profile {profile.name} classifies this field",
+            problem=f"{path}: unknown field (value {value!r}); profile {profile.name} has no rule for it",
+        )
+    problem = ""
+    if rule.klass == "unsupported" and not any(_same(value, n) for n in rule.neutral or ()):
+        neutral = ", ".join(repr(n) for n in rule.neutral or ())
+        problem = f"{path}={value!r} is not supported ({rule.reason}); supported: {neutral}"
+    elif rule.values is not None and not any(_same(value, v) for v in rule.values):
+        allowed = ", ".join(str(v) for v in rule.values)
+        problem = f"{path}={value!r} is not supported by the reference trainer; supported values: {allowed}"
+    return LeafVerdict(
+        path,
+        value,
+        rule.klass,
+        rule.reason,
+        " | ".join(rule.patterns),
+        rule.detail,
+        problem,
+        rule.no_effect,
+    )
+
+
+def classify(profile: Profile, resolved: Mapping[str, Any]) -> list[LeafVerdict]:
+    return [classify_leaf(profile, path, value) for path, value in iter_leaves(resolved)]
+
+
+def compile_resolved(
+    resolved: Mapping[str, Any],
+    *,
+    case_id: str,
+    profile: Profile | None = None,
+    explicit_fields: Sequence[str] = (),
+) -> CompileReport:
+    """Classify every leaf and run the semantic checks; any problem or error rejects the case."""
+    profile = profile or load_profile()
+    leaves = classify(profile, resolved)
+    findings = semantic_findings(
+        CheckInput(resolved, tuple(explicit_fields), tuple(leaves), profile)
+    )
+    problems = [leaf.problem for leaf in leaves if leaf.problem]
+    errors = [f"{f.path}: {f.message}" for f in findings if f.level == "error"]
+    if problems or errors:
+        reasons = problems + errors
+        more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
+        return CompileReport(
+            case_id,
+            profile.name,
+            SEMANTIC_REJECTION,
+            "; ".join(reasons[:3]) + more,
+            tuple(leaves),
+            tuple(findings),
+        )
+    return CompileReport(
+        case_id,
+        profile.name,
+        ACCEPTED,
+        "every leaf is understood by the reference trainer",
+        tuple(leaves),
+        tuple(findings),
+    )

@@ -1,0 +1,329 @@
+"""Compose stage: Hydra 1.3.2's compose on the pinned tree (or its exact fast path), resolved."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import Container, DictConfig, ListConfig, OmegaConf
+from omegaconf.basecontainer import BaseContainer
+from omegaconf.errors import OmegaConfBaseException
+
+from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
+from pytest_verl_compat.pipeline.hydra_internals import (
+    apply_value_overrides,
+    config_repository,
+    deterministic_resolvers,
+    grammar_parse_cache,
+    parse_override,
+)
+
+MISSING = "???"
+# What Hydra and OmegaConf raise for a bad override list. Hydra lets some malformed overrides
+# through to a bare TypeError (e.g. a group override with a list of numbers, `model_engine=[0]`);
+# still the input's fault. Anything else is a bug here and propagates.
+_INPUT_ERRORS = (HydraException, OmegaConfBaseException, ValueError, KeyError, TypeError)
+
+
+def count_leaves(value: Any) -> int:
+    """Leaves of a resolved mapping: list items one by one; an empty mapping or list is one leaf."""
+    if isinstance(value, Mapping) and value:
+        return sum(count_leaves(v) for v in value.values())
+    if isinstance(value, list) and value:
+        return sum(count_leaves(v) for v in value)
+    return 1
+
+
+def iter_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield (dotted path, value) for every leaf; list items are addressed as ``path[i]``."""
+    if isinstance(value, Mapping) and value:
+        for key, item in value.items():
+            yield from iter_leaves(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list) and value:
+        for index, item in enumerate(value):
+            yield from iter_leaves(item, f"{prefix}[{index}]")
+    else:
+        yield prefix, value
+
+
+def _string_keys(mapping: dict[Any, Any]) -> dict[str, Any]:
+    # OmegaConf types container keys loosely; a verl tree composed from YAML has string keys.
+    return mapping
+
+
+def _missing_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            path = f"{prefix}.{key!s}" if prefix else str(key)
+            if OmegaConf.is_missing(node, key):
+                yield path
+            else:
+                yield from _missing_paths(node._get_node(key), path)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            if OmegaConf.is_missing(node, index):
+                yield f"{prefix}[{index}]"
+            else:
+                yield from _missing_paths(node._get_node(index), f"{prefix}[{index}]")
+
+
+def _clean_message(exc: BaseException, config_dir: Path) -> str:
+    """Hydra's message, without machine-specific paths, so snapshots stay byte-identical."""
+    message = f"{type(exc).__name__}: {exc}".replace(str(config_dir), "<config_dir>")
+    return message.strip()
+
+
+# --- The fast path ------------------------------------------------------------------------------
+#
+# Hydra spends ~0.7 s per compose rebuilding the defaults tree of verl's 100-odd YAML files. When
+# no override names a config group, that tree is the same for every case: Hydra's
+# `_load_configuration_impl` composes the override-free config, sets struct mode and then applies
+# the value overrides one by one with `ConfigLoaderImpl._apply_overrides_to_config`. The fast path
+# keeps that override-free composition (per tree hash and config name) and calls the same
+# function on it, so assignment, `+`, `++`, merges and Hydra's checks are Hydra's own code. Anything
+# else (group overrides, deletions, sweeps, `hydra.*`, or any exception) goes through Hydra.
+
+
+@dataclass
+class _Base:
+    """The override-free composition of one tree, shared by every Composer in the process."""
+
+    cfg: DictConfig  # struct mode, without the `hydra` node, exactly as `hydra.compose` returns it
+    plain: dict[str, Any]  # `cfg` exported without resolving: interpolations stay strings
+    repository: Any  # Hydra's ConfigRepository, to ask whether a key names a config group
+
+
+_BASES: dict[tuple[str, str], _Base] = {}
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*")
+
+
+def tree_digest(config_dir: Path) -> str:
+    """sha256 over the relative paths and bytes of every file under ``config_dir``."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(config_dir).rglob("*") if p.is_file()):
+        digest.update(file.relative_to(config_dir).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _export(node: Any, resolve: bool) -> Any:
+    """What ``OmegaConf.to_container`` puts at a node's place in its parent (``get_node_value``)."""
+    if resolve:
+        node = node._dereference_node()
+    if isinstance(node, Container):
+        return BaseContainer._to_content(node, resolve=resolve, throw_on_missing=False)
+    return node._value()
+
+
+def _interpolation_paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    # An unresolved export shows every interpolation, container or leaf, as a string with `${`
+    # (OmegaConf's own test in `get_value_kind`); everything else resolves to itself.
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _interpolation_paths(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _interpolation_paths(item, (*path, index))
+    elif isinstance(value, str) and "${" in value:
+        yield path
+
+
+def _plain_missing(value: Any, prefix: str = "") -> Iterator[str]:
+    """`_missing_paths` computed on the unresolved export (`???` marks a missing node)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(item, str) and item == MISSING:
+                yield path
+            else:
+                yield from _plain_missing(item, path)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, str) and item == MISSING:
+                yield f"{prefix}[{index}]"
+            else:
+                yield from _plain_missing(item, f"{prefix}[{index}]")
+
+
+def _copy_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _copy_plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_plain(item) for item in value]
+    return value
+
+
+class _FastPathUnavailable(Exception):
+    """The overrides need Hydra's defaults machinery; compose with Hydra instead."""
+
+
+class Composer:
+    """Composes override lists on one config tree; keeps Hydra initialised between calls.
+
+    The override-free composition is memoised per process by the sha256 of the tree's files
+    (hashed at this Composer's first use) and the config name. ``fast=False`` always runs
+    Hydra's full compose (the reference the fast path is tested against).
+    """
+
+    def __init__(self, config_dir: Path, config_name: str, *, fast: bool = True) -> None:
+        self.config_dir = Path(config_dir)
+        self.config_name = config_name
+        self.fast = fast
+        self._digest: str | None = None
+
+    @contextlib.contextmanager
+    def _hydra(self) -> Iterator[None]:
+        # GlobalHydra is process-wide: another tree, or another user of Hydra in the same
+        # pytest process, may have initialised it.
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(self.config_dir), version_base=None):
+            yield
+
+    def _hydra_compose(self, fields: Sequence[str]) -> DictConfig:
+        with self._hydra():
+            return compose(config_name=self.config_name, overrides=list(fields))
+
+    def _base(self) -> _Base:
+        if self._digest is None:
+            self._digest = tree_digest(self.config_dir)
+        key = (self._digest, self.config_name)
+        base = _BASES.get(key)
+        if base is None:
+            with self._hydra():
+                cfg = compose(config_name=self.config_name, overrides=[])
+                repository = config_repository()
+            plain = OmegaConf.to_container(cfg, resolve=False)
+            assert isinstance(plain, dict)
+            base = _BASES[key] = _Base(cfg, _string_keys(plain), repository)
+        return base
+
+    def compose_config(self, fields: Sequence[str]) -> DictConfig:
+        """The unresolved composed config (raises Hydra's own exceptions)."""
+        if self.fast and not fields:
+            return copy.deepcopy(self._base().cfg)
+        return self._hydra_compose(fields)
+
+    def compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
+        """Compose and resolve; Hydra and OmegaConf errors become a composition rejection."""
+        if self.fast:
+            try:
+                return self._fast_compose(fields, variables)
+            except (_FastPathUnavailable, *_INPUT_ERRORS):
+                # Hydra's own compose produces the result or the exact error message.
+                pass
+        return self._slow_compose(fields, variables)
+
+    def _slow_compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
+        try:
+            cfg = self._hydra_compose(fields)
+            with deterministic_resolvers(variables):
+                resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+        except _INPUT_ERRORS as exc:
+            return Composition(COMPOSITION_REJECTION, reason=_clean_message(exc, self.config_dir))
+        assert isinstance(resolved, dict)
+        return Composition(
+            COMPOSED, resolved=_string_keys(resolved), missing=tuple(_missing_paths(cfg))
+        )
+
+    def _resolution_rejection(
+        self, cfg: DictConfig, variables: Mapping[str, str]
+    ) -> Composition | None:
+        try:
+            with deterministic_resolvers(variables):
+                OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+        except (HydraException, OmegaConfBaseException, ValueError, KeyError) as exc:
+            return Composition(COMPOSITION_REJECTION, reason=_clean_message(exc, self.config_dir))
+        return None
+
+    def _eligible(self, base: _Base, fields: Sequence[str]) -> list[Any]:
+        overrides = []
+        for line in fields:
+            override = parse_override(line)
+            key = override.key_or_group
+            if (
+                override.package is not None
+                or override.is_sweep_override()
+                or override.is_delete()
+                or override.is_hydra_override()
+                or key == "hydra"
+                or not _KEY.fullmatch(key)
+                or base.repository.group_exists(key)
+            ):
+                raise _FastPathUnavailable(line)
+            overrides.append(override)
+        return overrides
+
+    def _fast_compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
+        base = self._base()
+        overrides = self._eligible(base, fields)
+        cfg = base.cfg
+        # Overrides are applied in place to the shared base: each key's existing node is swapped
+        # for a private copy first (or its first missing component is noted), and the originals
+        # are put back afterwards, so the base itself is never written to.
+        swapped: list[tuple[DictConfig, Any, Any]] = []
+        created: list[tuple[DictConfig, Any]] = []
+        exports: list[tuple[tuple[Any, ...], DictConfig, Any]] = []
+        try:
+            for override in overrides:
+                node: Any = cfg
+                parts = override.key_or_group.split(".")
+                for depth, part in enumerate(parts):
+                    if not isinstance(node, DictConfig) or (
+                        node._is_none() or node._is_missing() or node._is_interpolation()
+                    ):
+                        raise _FastPathUnavailable(override.input_line)
+                    content = node.__dict__["_content"]
+                    if part not in content:
+                        created.append((node, part))
+                        exports.append((tuple(parts[:depth]), node, part))
+                        break
+                    if depth == len(parts) - 1:
+                        original = content[part]
+                        private = copy.deepcopy(original)
+                        private._set_parent(node)
+                        content[part] = private
+                        swapped.append((node, part, original))
+                        exports.append((tuple(parts[:depth]), node, part))
+                    node = content[part]
+            apply_value_overrides(overrides, cfg)
+            plain = _copy_plain(base.plain)
+            for path, parent, part in exports:
+                target = plain
+                for step in path:
+                    target = target[step]
+                if not isinstance(target, dict):
+                    raise _FastPathUnavailable(".".join(map(str, path)))
+                target[part] = _export(parent._get_node(part), resolve=False)
+            missing = tuple(_plain_missing(plain))
+            try:
+                with deterministic_resolvers(variables), grammar_parse_cache():
+                    for path in list(_interpolation_paths(plain)):
+                        parent_node: Any = cfg
+                        target = plain
+                        for step in path[:-1]:
+                            parent_node = parent_node._get_child(step)
+                            target = target[step]
+                        child = parent_node._get_child(path[-1], throw_on_missing_value=False)
+                        target[path[-1]] = _export(child, resolve=True)
+            except (OmegaConfBaseException, ValueError, KeyError) as exc:
+                # The config is the one Hydra would return, so resolving it whole as the slow
+                # path does raises Hydra's error, with its full key, without composing again.
+                rejection = self._resolution_rejection(cfg, variables)
+                if rejection is None:
+                    raise _FastPathUnavailable(str(exc)) from exc
+                return rejection
+        finally:
+            for parent, part in reversed(created):
+                parent.__dict__["_content"].pop(part, None)
+            for parent, part, original in reversed(swapped):
+                parent.__dict__["_content"][part] = original
+        return Composition(COMPOSED, resolved=plain, missing=missing)

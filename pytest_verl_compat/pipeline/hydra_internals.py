@@ -1,0 +1,109 @@
+"""Every use of Hydra's and OmegaConf's internals, in one place, each scoped and restored.
+
+The fast compose path reuses Hydra's own override machinery (so assignment, ``+``, ``++`` and
+Hydra's checks stay Hydra's code) and resolves under resolvers that never read the machine. The
+private entry points it needs are named here, once, so a Hydra or OmegaConf upgrade breaks one
+module; every patch is a context manager that puts the original back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.basecontainer import BaseContainer
+
+_PARSED: dict[str, Any] = {}
+_PARSE_TREES: dict[tuple[Any, ...], Any] = {}
+
+
+@contextlib.contextmanager
+def deterministic_resolvers(variables: Mapping[str, str]) -> Iterator[None]:
+    """Shadow the resolvers that read the machine (``oc.env``, Hydra's ``now``) while resolving.
+
+    ``oc.env`` answers from the manifest's bindings only, so a resolved mapping never depends on
+    the machine; ``now`` is refused because it reads the clock. OmegaConf has no public way to
+    save and restore a resolver, so the registry itself is saved and put back.
+    """
+    saved = dict(BaseContainer._resolvers)
+
+    def env(key: str, default: Any = "__unset__") -> Any:
+        if key in variables:
+            return variables[key]
+        if default != "__unset__":
+            return default
+        raise KeyError(f"environment variable {key!r} is not bound in the manifest")
+
+    def now(*_: Any) -> Any:
+        raise ValueError("the `now` resolver reads the clock; bind a literal value instead")
+
+    OmegaConf.register_new_resolver("oc.env", env, replace=True)
+    OmegaConf.register_new_resolver("now", now, replace=True)
+    try:
+        yield
+    finally:
+        BaseContainer._resolvers.clear()
+        BaseContainer._resolvers.update(saved)
+
+
+def parse_override(line: str) -> Any:
+    # Hydra's ANTLR parser costs about a millisecond per override; an Override is never mutated
+    # by `_apply_overrides_to_config`, so the parse of a string is kept.
+    parsed = _PARSED.get(line)
+    if parsed is None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_override(line)
+        if len(_PARSED) < 100_000:
+            _PARSED[line] = parsed
+    return parsed
+
+
+def _cached_grammar_parse(value: str, *args: Any, **kwargs: Any) -> Any:
+    key = (value, args, tuple(sorted(kwargs.items())))
+    tree = _PARSE_TREES.get(key)
+    if tree is None:
+        from omegaconf import grammar_parser
+
+        tree = grammar_parser.parse(value, *args, **kwargs)
+        if len(_PARSE_TREES) < 100_000:
+            _PARSE_TREES[key] = tree
+    return tree
+
+
+@contextlib.contextmanager
+def grammar_parse_cache() -> Iterator[None]:
+    """Let OmegaConf reuse the parse tree of an interpolation string it has parsed before.
+
+    The parse tree is a pure function of the string and OmegaConf's visitor only reads it; the
+    same ~80 interpolation strings of verl's tree are otherwise parsed again for every case.
+    """
+    import omegaconf.base
+
+    saved = omegaconf.base.parse  # type: ignore[attr-defined]
+    omegaconf.base.parse = _cached_grammar_parse  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        omegaconf.base.parse = saved  # type: ignore[attr-defined]
+
+
+def apply_value_overrides(overrides: Sequence[Any], cfg: DictConfig) -> None:
+    """Hydra 1.3.2's own application of value overrides to a composed config (private API).
+
+    ``hydra._internal.config_loader_impl.ConfigLoaderImpl._apply_overrides_to_config`` is the
+    function Hydra's ``_load_configuration_impl`` calls after composing the defaults tree.
+    """
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(list(overrides), cfg)
+
+
+def config_repository() -> Any:
+    """The initialised Hydra's config repository, to ask whether a key names a config group."""
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None
+    return hydra.config_loader.repository  # type: ignore[attr-defined]

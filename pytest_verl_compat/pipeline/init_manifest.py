@@ -1,0 +1,154 @@
+"""``verl-compat init``: a starter manifest for a folder of the user's own launch scripts.
+
+The folder acts as the upstream root of the audit: input paths are relative to it, and it
+needs the pinned verl config tree at ``verl/trainer/config`` (a symlink to a checkout or to
+the installed verl will do). The ``upstream`` block still pins that tree, copied from the
+embedded manifest, so a different verl version is noticed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_verl_compat.bash import LaunchReadError, command_substitutions, read_launch
+from pytest_verl_compat.model import Bindings
+from pytest_verl_compat.pipeline.manifest import default_manifest_path, embedded_root
+from pytest_verl_compat.pipeline.pins import sha256_file
+
+PLACEHOLDER = "BIND_ME"
+_UPSTREAM_KEYS = (
+    "repository",
+    "tag",
+    "commit",
+    "version",
+    "config_dir",
+    "config_name",
+    "tree_sha256",
+)
+
+
+def _scalar(value: str) -> str:
+    # A JSON string is a valid YAML double-quoted scalar, whatever it contains.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def case_id(stem: str, taken: set[str]) -> str:
+    """A manifest id from a file stem: lowercase ``[a-z0-9_]``, unique among ``taken``."""
+    base = re.sub(r"[^a-z0-9_]+", "_", stem.lower()).strip("_") or "script"
+    candidate, number = base, 2
+    while candidate in taken:
+        candidate, number = f"{base}_{number}", number + 1
+    taken.add(candidate)
+    return candidate
+
+
+def launch_scripts(folder: Path) -> list[Path]:
+    """Every ``*.sh`` under the folder, sorted; symlinked folders (the config tree) not followed."""
+    found: list[Path] = []
+    for directory, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found.extend(Path(directory) / name for name in filenames if name.endswith(".sh"))
+    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def _embedded_manifest() -> dict[str, Any]:
+    raw: dict[str, Any] = yaml.safe_load(default_manifest_path().read_text(encoding="utf-8"))
+    return raw
+
+
+def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
+    """The starter manifest's YAML for the scripts under ``folder``; also written to ``out``."""
+    folder = Path(folder).resolve()
+    embedded = _embedded_manifest()
+    known = embedded["environment"].get("substitutions", {})
+    home = embedded["environment"].get("variables", {}).get("HOME", "/home/verl")
+
+    scripts = launch_scripts(folder)
+    substitutions: dict[str, list[str]] = {}
+    problems: dict[Path, str] = {}
+    for script in scripts:
+        rel = script.relative_to(folder).as_posix()
+        try:
+            for line, text in command_substitutions(script):
+                substitutions.setdefault(text, []).append(f"{rel}:{line}")
+        except LaunchReadError as exc:
+            problems[script] = str(exc)
+    bindings = Bindings(
+        variables={"HOME": home},
+        substitutions={text: known.get(text, PLACEHOLDER) for text in substitutions},
+    )
+
+    out_lines = [
+        f"# Starter manifest for the launch scripts under {folder}, written by `verl-compat init`.",
+        "# Input paths are relative to the folder given as --verl-corpus-upstream; it must hold",
+        "# the pinned verl config tree at verl/trainer/config (a symlink will do).",
+        f'# Replace every "{PLACEHOLDER}" with the output the command prints on the machine',
+        "# you launch from; nothing is executed when the scripts are read.",
+        "schema_version: 1",
+        "",
+        "upstream:",
+    ]
+    out_lines += [f"  {key}: {_scalar(str(embedded['upstream'][key]))}" for key in _UPSTREAM_KEYS]
+    conformance = embedded_root() / "corpus" / "conformance.yaml"
+    out_lines += [
+        "",
+        "# Snapshots of these cases, beside this manifest.",
+        "golden_dir: golden",
+        "",
+        "# Tolerances of the conformance stage (the plugin's math against upstream verl's); it",
+        "# does not depend on your scripts, so the plugin's own file serves.",
+        f"conformance: {_scalar(str(conformance))}",
+        "",
+        "environment:",
+        "  variables:",
+        f"    HOME: {_scalar(home)}",
+    ]
+    if substitutions:
+        out_lines.append("  substitutions:")
+        for text in sorted(substitutions):
+            value = known.get(text, PLACEHOLDER)
+            origin = " (value from the embedded corpus)" if text in known else ""
+            out_lines.append(f"    # {', '.join(substitutions[text])}{origin}")
+            out_lines.append(f"    {_scalar(text)}: {_scalar(value)}")
+    else:
+        out_lines.append("  substitutions: {}")
+    out_lines += ["  args: []", "", "cases:"]
+    first = True
+
+    taken: set[str] = set()
+    if not scripts:
+        out_lines.append(f"  # no *.sh file under {folder}")
+    for script in scripts:
+        rel = script.relative_to(folder).as_posix()
+        problem = problems.get(script)
+        if problem is None:
+            try:
+                read_launch(script, bindings)
+            except LaunchReadError as exc:
+                problem = str(exc)
+        if not first:
+            out_lines.append("")
+        first = False
+        if problem is not None:
+            # Paths in the reader's message are this machine's; the relative one is enough.
+            for text in problem.replace(str(script), rel).splitlines():
+                out_lines.append(f"  # cannot read yet: {text}")
+        out_lines += [
+            f"  - id: {case_id(script.stem, taken)}",
+            "    kind: user",
+            f"    title: {_scalar(rel)}",
+            f"    launch: {_scalar(rel)}",
+            "    inputs:",
+            f"      - path: {_scalar(rel)}",
+            f"        sha256: {sha256_file(script)}",
+        ]
+    text = "\n".join(out_lines) + "\n"
+    if out is not None:
+        Path(out).write_text(text, encoding="utf-8")
+    return text

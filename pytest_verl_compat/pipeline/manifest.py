@@ -1,0 +1,208 @@
+"""Corpus manifest: the cases to audit, their pinned inputs and their environment bindings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from pytest_verl_compat.model import Bindings, Case, InputPin, Manifest, OverrideBlock, UpstreamPin
+
+
+class ManifestError(Exception):
+    """The manifest as a whole cannot be used (unreadable, or its top level is malformed)."""
+
+
+def embedded_root() -> Path:
+    """Folder holding ``corpus/`` and ``golden/``: the wheel's ``_embedded`` or the source tree."""
+    packaged = Path(str(resources.files("pytest_verl_compat"))) / "_embedded"
+    if (packaged / "corpus").is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2]
+
+
+def default_manifest_path() -> Path:
+    return embedded_root() / "corpus" / "manifest.yaml"
+
+
+def _schema() -> dict[str, Any]:
+    text = resources.files("pytest_verl_compat").joinpath("data/manifest.schema.json").read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+class _LineLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
+    """Safe YAML loader that remembers the line of every mapping, for error messages."""
+
+
+def _construct_mapping_with_line(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping: dict[str, Any] = loader.construct_mapping(node, deep=True)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_with_line
+)
+
+
+def _strip_lines(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_lines(v) for k, v in value.items() if k != "__line__"}
+    if isinstance(value, list):
+        return [_strip_lines(v) for v in value]
+    return value
+
+
+def _dotted(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _first_error(
+    validator: jsonschema.Validator, instance: Any
+) -> jsonschema.ValidationError | None:
+    errors = sorted(
+        validator.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.message)
+    )
+    return jsonschema.exceptions.best_match(errors) if errors else None
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate a manifest; only an unusable top level raises ``ManifestError``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the manifest: {exc.strerror}") from exc
+    try:
+        raw_with_lines = yaml.load(text, Loader=_LineLoader)
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw_with_lines, dict):
+        raise ManifestError(f"{path}: expected a mapping at the top level")
+    raw = _strip_lines(raw_with_lines)
+
+    schema = _schema()
+    # The top level is checked with an unconstrained case list, so that one bad case does
+    # not take down the others; each case is then checked on its own below.
+    top_schema = {
+        **schema,
+        "properties": {**schema["properties"], "cases": {"type": "array", "minItems": 1}},
+    }
+    validator_cls = jsonschema.validators.validator_for(schema)
+    error = _first_error(validator_cls(top_schema), raw)
+    if error is not None:
+        raise ManifestError(f"{path}: field {_dotted(error.absolute_path)}: {error.message}")
+    case_validator = validator_cls({**schema["$defs"]["case"], "$defs": schema["$defs"]})
+
+    bindings = Bindings.from_mapping(raw["environment"])
+    raw_cases = raw["cases"]
+    line_cases = raw_with_lines["cases"]
+    by_id: dict[str, Case] = {}
+    cases: list[Case] = []
+    raw_by_id: dict[str, dict[str, Any]] = {}
+    for index, (raw_case, lined) in enumerate(zip(raw_cases, line_cases, strict=True)):
+        line = lined.get("__line__", 0) if isinstance(lined, dict) else 0
+        case_id = raw_case.get("id") if isinstance(raw_case, dict) else None
+        label = case_id if isinstance(case_id, str) and case_id else f"cases[{index}]"
+        error = _first_error(case_validator, raw_case)
+        if error is not None:
+            where = _dotted(["cases", index, *error.absolute_path])
+            message = f"{path}:{line}: case {label!r}: field {where}: {error.message}"
+            cases.append(Case(id=label, kind="invalid", line=line, error=message))
+            continue
+        assert isinstance(case_id, str)  # the case schema requires it
+        if case_id in by_id:
+            first = by_id[case_id].line
+            message = (
+                f"{path}:{line}: duplicate case id {case_id!r} (first defined at line {first})"
+            )
+            cases.append(
+                Case(id=f"{case_id}#duplicate-{index}", kind="invalid", line=line, error=message)
+            )
+            continue
+        raw_by_id[case_id] = raw_case
+        case = _build_case(path, raw_case, line, bindings, raw_by_id)
+        by_id[case_id] = case
+        cases.append(case)
+
+    golden = raw.get("golden_dir")
+    conformance = raw.get("conformance")
+    return Manifest(
+        path=path,
+        upstream=UpstreamPin(**raw["upstream"]),
+        bindings=bindings,
+        cases=tuple(cases),
+        profile=raw.get("profile"),
+        golden_dir=(path.parent / golden).resolve() if golden else None,
+        known_divergences=tuple(raw.get("known_divergences", ())),
+        conformance=(path.parent / conformance).resolve() if conformance else None,
+    )
+
+
+def _build_case(
+    path: Path,
+    raw: Mapping[str, Any],
+    line: int,
+    defaults: Bindings,
+    earlier: Mapping[str, Mapping[str, Any]],
+) -> Case:
+    """Turn a schema-valid entry into a Case, inheriting launch and inputs from its base."""
+    launch = raw.get("launch")
+    blocks = tuple(OverrideBlock(**b) for b in raw.get("override_blocks", ()))
+    inputs = tuple(InputPin(**i) for i in raw.get("inputs", ()))
+    overrides = tuple(raw.get("overrides", ()))
+    case_bindings = Bindings.from_mapping(raw.get("environment"))
+    base_id = raw.get("base")
+    error = None
+    if base_id is not None:
+        # A derived case is its base's launch plus its own overrides; the base must come first
+        # so that a cycle cannot be written.
+        base = earlier.get(base_id)
+        if base is None or base_id == raw["id"]:
+            error = (
+                f"{path}:{line}: case {raw['id']!r}: field base: {base_id!r} is not a case defined "
+                "above this one"
+            )
+        else:
+            base_case = _build_case(path, base, line, Bindings(), earlier)
+            launch = base_case.launch
+            blocks = base_case.override_blocks + blocks
+            inputs = base_case.inputs + tuple(i for i in inputs if i not in base_case.inputs)
+            overrides = base_case.overrides + overrides
+            case_bindings = base_case.bindings.overlay(case_bindings)
+    if launch is not None and not any(pin.path == launch for pin in inputs):
+        error = error or (
+            f"{path}:{line}: case {raw['id']!r}: field inputs: the launch script {launch!r} "
+            "has no sha256 pin"
+        )
+    missing_pins = [b.path for b in blocks if not any(pin.path == b.path for pin in inputs)]
+    if missing_pins:
+        error = error or (
+            f"{path}:{line}: case {raw['id']!r}: field inputs: {missing_pins[0]!r} has no sha256 pin"
+        )
+    return Case(
+        id=raw["id"],
+        kind=raw["kind"],
+        line=line,
+        title=raw.get("title", ""),
+        launch=launch,
+        base=base_id,
+        resolved=raw.get("resolved"),
+        overrides=overrides,
+        override_blocks=blocks,
+        inputs=inputs,
+        bindings=defaults.overlay(case_bindings),
+        expected=raw.get("expected"),
+        upstream=raw.get("upstream"),
+        notes=raw.get("notes", ""),
+        error=error,
+    )

@@ -1,0 +1,116 @@
+"""Versioned profiles: ordered dotted-path rules that give every resolved leaf one class.
+
+A profile is data (``profiles/NAME.yaml``): adding a rule touches the YAML only. The upstream
+version a profile describes comes from the file, never from code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_verl_compat.model import RULE_CLASSES, LeafClass
+
+# The profile the embedded corpus is compiled with when its manifest names none.
+DEFAULT_PROFILE_FILE = "profiles/default.txt"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Dotted-path patterns mapped to one class, with the reason and what the class needs."""
+
+    patterns: tuple[str, ...]
+    klass: LeafClass
+    reason: str
+    detail: str = ""  # exact: target field; lowered: the lowering; binding: what is bound
+    values: tuple[Any, ...] | None = None  # exact/binding/lowered: the supported values
+    neutral: tuple[Any, ...] | None = None  # unsupported: values that keep the feature off
+    # Setting the field explicitly signals an intent upstream ignores (legacy, deprecated, or a
+    # switch of a feature this profile keeps off); the explicit-field check warns about it.
+    no_effect: bool = False
+    regex: re.Pattern[str] = field(default=re.compile(""), compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A versioned profile: an ordered list of rules; the first match classifies a leaf."""
+
+    name: str
+    version: str
+    tree_sha256: str
+    rules: tuple[Rule, ...]
+    path: str
+    _memo: dict[str, Rule | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def rule_for(self, dotted: str) -> Rule | None:
+        # Every case has the same ~880 paths; matching ~150 rules per path dominated compile time.
+        if dotted in self._memo:
+            return self._memo[dotted]
+        found = next((rule for rule in self.rules if rule.regex.fullmatch(dotted)), None)
+        self._memo[dotted] = found
+        return found
+
+
+def _pattern_regex(patterns: Iterable[str]) -> re.Pattern[str]:
+    # `**` crosses segments, `*` stays inside one; list indices are written `[*]` or `[0]`.
+    parts = []
+    for pattern in patterns:
+        escaped = re.escape(pattern).replace(r"\*\*", "\0").replace(r"\*", r"[^.\[]*")
+        parts.append(escaped.replace("\0", r".*"))
+    return re.compile("|".join(f"(?:{p})" for p in parts))
+
+
+def default_profile() -> str:
+    """The shipped default profile's name (data beside the profiles, not a literal in code)."""
+    return resources.files("pytest_verl_compat").joinpath(DEFAULT_PROFILE_FILE).read_text().strip()
+
+
+def profile_path(name: str) -> Path:
+    return Path(str(resources.files("pytest_verl_compat") / "profiles" / f"{name}.yaml"))
+
+
+@lru_cache(maxsize=8)
+def load_profile(name_or_path: str | None = None) -> Profile:
+    """A profile by name (shipped in the package) or by path to its YAML file."""
+    name_or_path = name_or_path or default_profile()
+    # Profile names contain dots (verl-0.9.0-...), so only a YAML suffix means a path.
+    path = (
+        Path(name_or_path)
+        if name_or_path.endswith((".yaml", ".yml"))
+        else profile_path(name_or_path)
+    )
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    rules = []
+    for index, entry in enumerate(raw["rules"]):
+        klass = entry["class"]
+        if klass not in RULE_CLASSES:
+            raise ValueError(
+                f"{path}: rules[{index}]: class {klass!r} is not one of {RULE_CLASSES}"
+            )
+        patterns = entry["match"] if isinstance(entry["match"], list) else [entry["match"]]
+        rules.append(
+            Rule(
+                patterns=tuple(patterns),
+                klass=klass,
+                reason=entry["reason"],
+                detail=entry.get("target") or entry.get("lowering") or entry.get("binding") or "",
+                values=tuple(entry["values"]) if "values" in entry else None,
+                neutral=tuple(entry["neutral"]) if "neutral" in entry else None,
+                no_effect=bool(entry.get("no_effect", False)),
+                regex=_pattern_regex(patterns),
+            )
+        )
+    return Profile(
+        name=raw["profile"],
+        version=str(raw["upstream"]["version"]),
+        tree_sha256=raw["upstream"]["tree_sha256"],
+        rules=tuple(rules),
+        path=str(path),
+    )

@@ -1,0 +1,58 @@
+"""Read stage: the explicit launch fields of a case, exactly as Hydra receives them."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+
+from pytest_verl_compat.bash import LaunchReadError, read_launch
+from pytest_verl_compat.model import Case, ExplicitFields, OverrideBlock
+from pytest_verl_compat.pipeline.pins import check_pins
+
+
+class PinMismatch(Exception):
+    """An input file's sha256 differs from the one pinned in the manifest."""
+
+
+def override_block(root: Path, block: OverrideBlock) -> list[str]:
+    """The lines of the first fenced code block under a Markdown heading, one override each."""
+    path = root / block.path
+    tokens = MarkdownIt().parse(path.read_text(encoding="utf-8"))
+    in_section = False
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            title = tokens[index + 1].content.strip()
+            if in_section:
+                break
+            in_section = title == block.heading
+        elif in_section and token.type == "fence":
+            fields: list[str] = []
+            for line in token.content.splitlines():
+                # The block is written as shell words, so quoting follows shell rules.
+                fields.extend(shlex.split(line, comments=True))
+            return fields
+    raise LaunchReadError(
+        str(path),
+        None,
+        "override block",
+        f"no fenced code block under the heading {block.heading!r}",
+    )
+
+
+def read_case_fields(case: Case, root: Path) -> ExplicitFields:
+    """Verify the pinned inputs, read the launch script and append the case's extra overrides."""
+    bad = [check for check in check_pins(root, case.inputs) if not check.ok]
+    if bad:
+        raise PinMismatch("; ".join(check.message() for check in bad))
+    fields: list[str] = []
+    line = None
+    if case.launch is not None:
+        read = read_launch(root / case.launch, case.bindings)
+        fields.extend(read.argv)
+        line = read.line
+    for block in case.override_blocks:
+        fields.extend(override_block(root, block))
+    fields.extend(case.overrides)
+    return ExplicitFields(tuple(fields), line)

@@ -1,0 +1,80 @@
+"""The audit JSON (``golden/audit.json``) and its summary lines, from the compile stage's entries.
+
+The same bytes come from ``pytest --verl-corpus --verl-corpus-report`` and ``verl-compat audit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_verl_compat.model import ACCEPTED, COMPOSITION_REJECTION, SEMANTIC_REJECTION
+from pytest_verl_compat.pipeline.audit import AuditSession
+
+
+def build_audit(session: AuditSession, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The audit JSON: the same bytes from pytest and from ``verl-compat audit``."""
+    manifest = session.manifest
+    return {
+        "upstream": {
+            "version": manifest.upstream.version if manifest else None,
+            "commit": manifest.upstream.commit if manifest else None,
+            "tree_sha256": manifest.upstream.tree_sha256 if manifest else None,
+        },
+        "profile": session.profile_name,
+        "cases": entries,
+        # The field corpus has its own totals, so the official + derived audit reads the same.
+        "totals": audit_totals([e for e in entries if e["kind"] != "field"]),
+        "field_totals": audit_totals([e for e in entries if e["kind"] == "field"]),
+    }
+
+
+def audit_totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    outcomes = [entry["outcome"] for entry in entries]
+    leaf_classes: dict[str, int] = {}
+    for entry in entries:
+        for klass, count in entry["leaf_classes"].items():
+            leaf_classes[klass] = leaf_classes.get(klass, 0) + count
+    return {
+        "cases": len(entries),
+        "official": sum(1 for e in entries if e["kind"] == "official"),
+        "derived": sum(1 for e in entries if e["kind"] == "derived"),
+        "composed": sum(1 for o in outcomes if o != COMPOSITION_REJECTION),
+        "accepted": outcomes.count(ACCEPTED),
+        "semantic_rejections": outcomes.count(SEMANTIC_REJECTION),
+        "composition_rejections": outcomes.count(COMPOSITION_REJECTION),
+        "warnings": sum(1 for e in entries for f in e["findings"] if f["level"] == "warning"),
+        "leaf_classes": leaf_classes,
+    }
+
+
+def summary_lines(totals: dict[str, Any]) -> list[str]:
+    classes = ", ".join(f"{klass} {count}" for klass, count in totals["leaf_classes"].items())
+    return [
+        f"{totals['cases']} cases; {totals['composed']} composed; {totals['accepted']} accepted; "
+        f"{totals['semantic_rejections']} semantic rejections; "
+        f"{totals['composition_rejections']} composition rejections",
+        f"resolved leaves by class: {classes or 'none compiled'}",
+    ]
+
+
+def field_lines(
+    session: AuditSession, entries: list[dict[str, Any]], seconds: dict[str, float]
+) -> list[str]:
+    """One line per field case: the pinned upstream's behaviour next to ours."""
+    assert session.manifest is not None
+    version = session.manifest.upstream.version
+    totals = audit_totals(entries)
+    lines = [
+        f"field corpus: {totals['cases']} cases; {totals['semantic_rejections']} errors caught; "
+        f"{totals['accepted']} accepted with {totals['warnings']} warnings"
+    ]
+    for entry in entries:
+        case = session.manifest.case(entry["id"])
+        upstream = case.upstream or {}
+        levels = [f["level"] for f in entry["findings"]]
+        verdict = "error" if "error" in levels else ("warning" if "warning" in levels else "clean")
+        took = f" in {seconds[entry['id']]:.1f} s" if entry["id"] in seconds else ""
+        lines.append(
+            f"  {entry['id']}: verl {version}: {upstream.get('behaviour', '?')}; here: {verdict}{took}"
+        )
+    return lines

@@ -1,0 +1,72 @@
+"""Golden files: byte-deterministic JSON, atomic writes, and diffs by dotted path."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# A diff longer than this stalls CI logs and helps nobody; the file diff has the rest.
+MAX_DIFF_LINES = 40
+
+
+def dumps(data: Any) -> str:
+    """Byte-deterministic JSON: sorted keys, fixed indentation, trailing newline."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder, then rename: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _dotted(path: list[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def leaf_diff(old: Any, new: Any, limit: int = MAX_DIFF_LINES) -> list[str]:
+    """Changed leaves as ``+ path: new``, ``- path: old``, ``~ path: old -> new``, capped."""
+    # deepdiff imports pandas when it is installed (half a second); only a mismatch needs it.
+    from deepdiff import DeepDiff
+
+    diff = DeepDiff(old, new, view="tree", ignore_order=False, verbose_level=2)
+    lines: list[str] = []
+    for kind in sorted(diff.keys()):
+        for level in diff[kind]:
+            path = _dotted(level.path(output_format="list"))
+            if kind.endswith("_added"):
+                lines.append(f"+ {path}: {_short(level.t2)}")
+            elif kind.endswith("_removed"):
+                lines.append(f"- {path}: {_short(level.t1)}")
+            else:
+                lines.append(f"~ {path}: {_short(level.t1)} -> {_short(level.t2)}")
+    lines.sort(key=lambda line: (line[2:].split(":", 1)[0], line[0]))
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"... and {len(lines) - limit} more changed leaves"]
+    return lines
+
+
+def read_golden(golden_dir: Path, stage: str, case_id: str) -> dict[str, Any] | None:
+    path = golden_dir / stage / f"{case_id}.json"
+    if not path.is_file():
+        return None
+    golden: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return golden

@@ -1,0 +1,128 @@
+"""pytest11 entry point: options only; the audit loads when ``--verl-corpus`` is given.
+
+Nothing heavy (Hydra, torch, verl) is imported here, so installing the plugin costs other
+test suites nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+TRUSTED_MODES = ("auto", "off", "require")
+
+
+def _trusted_mode(value: str) -> str:
+    if value not in TRUSTED_MODES:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(TRUSTED_MODES)}")
+    return value
+
+
+def _existing_dir(value: str) -> str:
+    if not Path(value).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a folder")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register the verl-corpus option group."""
+    group = parser.getgroup("verl-corpus", "verl launch-script conformance audit")
+    group.addoption(
+        "--verl-corpus",
+        action="store_true",
+        dest="verl_corpus",
+        default=False,
+        help="run the corpus audit: one test per case and stage (read, compose, trusted, snapshot)",
+    )
+    group.addoption(
+        "--verl-corpus-upstream",
+        dest="verl_corpus_upstream",
+        type=_existing_dir,
+        default=None,
+        metavar="PATH",
+        help="upstream folder laid out like a verl checkout (examples/ and verl/trainer/config); "
+        "default: $VERL_UPSTREAM, the ini key, then the installed verl distribution",
+    )
+    group.addoption(
+        "--verl-corpus-manifest",
+        dest="verl_corpus_manifest",
+        default=None,
+        metavar="PATH",
+        help="corpus manifest to audit instead of the embedded one",
+    )
+    group.addoption(
+        "--verl-corpus-golden",
+        dest="verl_corpus_golden",
+        default=None,
+        metavar="DIR",
+        help="folder of golden snapshots (default: the manifest's golden_dir, else the embedded one)",
+    )
+    group.addoption(
+        "--verl-corpus-report",
+        dest="verl_corpus_report",
+        default=None,
+        metavar="PATH",
+        help="write the machine-readable audit as JSON to PATH",
+    )
+    group.addoption(
+        "--verl-corpus-conformance-report",
+        dest="verl_corpus_conformance_report",
+        default=None,
+        metavar="PATH",
+        help="write the conformance stage's results (ours against upstream verl) as JSON to PATH",
+    )
+    group.addoption(
+        "--verl-corpus-trusted",
+        dest="verl_corpus_trusted",
+        type=_trusted_mode,
+        default="auto",
+        help="trusted composition through upstream's entry point: auto (when verl is installed), "
+        "off, or require (fail when it cannot run)",
+    )
+    parser.addini(
+        "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None
+    )
+    parser.addini("verl_corpus_manifest", "corpus manifest path, relative to rootdir", default=None)
+    parser.addini("verl_corpus_golden", "golden snapshot folder, relative to rootdir", default=None)
+
+
+def _ini_path(config: pytest.Config, name: str) -> str | None:
+    value = config.getini(name)
+    return str(config.rootpath / value) if value else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the audit session and its reporter, only when --verl-corpus is given."""
+    if not config.getoption("verl_corpus"):
+        return
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.plugin import stages
+    from pytest_verl_compat.plugin.keys import audit_state_key
+    from pytest_verl_compat.plugin.report import AuditReporter
+    from pytest_verl_compat.plugin.state import AuditState
+
+    options = AuditOptions(
+        manifest=config.getoption("verl_corpus_manifest")
+        or _ini_path(config, "verl_corpus_manifest"),
+        upstream=config.getoption("verl_corpus_upstream"),
+        upstream_ini=_ini_path(config, "verl_corpus_upstream"),
+        golden=config.getoption("verl_corpus_golden") or _ini_path(config, "verl_corpus_golden"),
+        report=config.getoption("verl_corpus_report"),
+        conformance_report=config.getoption("verl_corpus_conformance_report"),
+        trusted=config.getoption("verl_corpus_trusted"),
+        rootdir=str(config.rootpath),
+    )
+    state = AuditState.start(AuditSession.start(options))
+    config.stash[audit_state_key] = state
+    config.pluginmanager.register(AuditReporter(config, state), "verl-corpus-reporter")
+
+    # The stage tests live in the package; collect them instead of the ini's testpaths, or
+    # beside the paths the user named.
+    stages_path = str(Path(stages.__file__))
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        config.args.append(stages_path)
+    else:
+        config.args[:] = [stages_path]

@@ -1,0 +1,94 @@
+"""Snapshot stage's syrupy extension: one golden JSON file per case, diffs by dotted path."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from syrupy.data import SnapshotCollection, SnapshotCollections
+from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
+from syrupy.location import PyTestLocation
+
+from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
+
+
+class GoldenExtension(SingleFileSnapshotExtension):
+    """One ``<golden>/<stage>/<case id>.json`` per case; the test's parameter id names the file.
+
+    Syrupy's discovery of unused snapshots is switched off: it keys files by test-file
+    location, which these shared golden folders are not, and it would delete the snapshots
+    of skipped or deselected cases on ``--snapshot-update``. Orphaned golden files are
+    reported by the plugin's own check instead.
+    """
+
+    golden_dir: Path = Path("golden")
+    stage: str = "compose"
+    file_extension = "json"
+    _write_mode = WriteMode.TEXT
+
+    @classmethod
+    def _case_id(cls, test_location: PyTestLocation) -> str:
+        # syrupy also asks about items that never asserted (skipped, or not parametrized).
+        callspec = getattr(test_location.item, "callspec", None)
+        return callspec.id if callspec is not None else test_location.testname
+
+    @classmethod
+    def case_path(cls, case_id: str) -> Path:
+        return cls.golden_dir / cls.stage / f"{case_id}.json"
+
+    @classmethod
+    def dirname(cls, *, test_location: PyTestLocation) -> str:
+        return str(cls.case_path(cls._case_id(test_location)).parent)
+
+    @classmethod
+    def discovery_dirname(cls, *, test_location: PyTestLocation) -> str:
+        return cls.dirname(test_location=test_location)
+
+    @classmethod
+    def get_location(cls, *, test_location: PyTestLocation, index: Any = 0) -> str:
+        return str(cls.case_path(cls._case_id(test_location)))
+
+    @classmethod
+    def get_snapshot_name(cls, *, test_location: PyTestLocation, index: Any = 0) -> str:
+        # The name syrupy relates to the test; the file itself is named by case id.
+        return test_location.snapshot_name
+
+    @classmethod
+    def matches_test_location(
+        cls, *, test_location: PyTestLocation, snapshot_location: str
+    ) -> bool:
+        return Path(snapshot_location) == cls.case_path(cls._case_id(test_location))
+
+    def discover_snapshots(
+        self, *, test_location: PyTestLocation, ignore_extensions: Any = None
+    ) -> SnapshotCollections:
+        return SnapshotCollections()
+
+    def serialize(self, data: Any, **_: Any) -> str:
+        return dumps(data)
+
+    @classmethod
+    def write_snapshot_collection(
+        cls, *, snapshot_collection: SnapshotCollection, name_order: Any = None
+    ) -> None:
+        data = next(iter(snapshot_collection)).data
+        write_atomic(Path(snapshot_collection.location), str(data))
+
+    def diff_lines(self, serialized_data: Any, snapshot_data: Any) -> Iterator[str]:
+        try:
+            old, new = json.loads(str(snapshot_data)), json.loads(str(serialized_data))
+        except json.JSONDecodeError:
+            yield from super().diff_lines(serialized_data, snapshot_data)
+            return
+        yield "golden differs at these leaves (- golden, + now):"
+        yield from leaf_diff(old, new)
+        yield "run pytest --verl-corpus --snapshot-update to accept the change"
+
+
+def golden_extension(golden_dir: Path, stage: str) -> type[GoldenExtension]:
+    """A GoldenExtension bound to one golden folder and stage (syrupy takes classes, not instances)."""
+    return type(
+        f"Golden_{stage}", (GoldenExtension,), {"golden_dir": Path(golden_dir), "stage": stage}
+    )

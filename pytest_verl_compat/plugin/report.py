@@ -1,0 +1,199 @@
+"""Report stage: audit counts in the terminal, JUnit properties, and the JSON audit."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_verl_compat.model import (
+    KEY_AUDIT_ENTRY,
+    KEY_CASE,
+    KEY_COMPILE_SECONDS,
+    KEY_CONFORMANCE,
+    KEY_FACTS,
+    KEY_STAGE,
+)
+from pytest_verl_compat.pipeline.report import build_audit, field_lines, summary_lines
+from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+from pytest_verl_compat.plugin.state import AuditState
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class AuditReporter:
+    """Collects per-case facts from test reports (local or from xdist workers) on the controller."""
+
+    def __init__(self, config: pytest.Config, state: AuditState) -> None:
+        self.config = config
+        self.state = state
+        self.session = state.session
+        # case id -> stage -> "passed" | "failed" | "skipped"
+        self.status: dict[str, dict[str, str]] = defaultdict(dict)
+        self.facts: dict[str, dict[str, Any]] = defaultdict(dict)
+        self.conformance: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.compile_seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Record each stage's status and facts for its case."""
+        # Builtin values only: they travel from xdist workers.
+        props: dict[str, Any] = dict(report.user_properties)
+        if KEY_CONFORMANCE in props and report.when == "call":
+            result = json.loads(props[KEY_CONFORMANCE])
+            result["passed"] = result["passed"] and report.passed
+            self.conformance[result["case"]] = result
+        case_id: str | None = props.get(KEY_CASE)
+        stage: str = props.get(KEY_STAGE, "")
+        if not case_id:
+            return
+        # A failing setup or teardown also fails the stage; otherwise the call phase decides.
+        if report.when == "call" or report.outcome != "passed":
+            previous = self.status[case_id].get(stage)
+            if previous != "failed":
+                self.status[case_id][stage] = report.outcome
+        properties: list[tuple[str, Any]] = list(report.user_properties)
+        for name, value in properties:
+            if name == KEY_COMPILE_SECONDS:
+                self.compile_seconds[case_id] = value
+            if name == KEY_FACTS:
+                self.facts[case_id].update(json.loads(value))
+            elif name == KEY_AUDIT_ENTRY:
+                self.entries[case_id] = json.loads(value)
+
+    def audit(self) -> dict[str, Any]:
+        """The machine-readable audit, from the compile stage's entries, in manifest order."""
+        entries = [self.entries[case.id] for case in self.session.cases if case.id in self.entries]
+        return build_audit(self.session, entries)
+
+    def stage_totals(self) -> dict[str, int]:
+        """How the stages went in this run (these depend on what ran, so they are not in the JSON)."""
+
+        def count(stage: str, outcome: str) -> int:
+            return sum(1 for status in self.status.values() if status.get(stage) == outcome)
+
+        return {
+            "read": count("read", "passed"),
+            "read_skipped": count("read", "skipped"),
+            "trusted_equal": count("trusted", "passed"),
+            "trusted_skipped": count("trusted", "skipped"),
+            "golden_matched": count("snapshot", "passed"),
+            "failed_cases": sum(
+                1 for status in self.status.values() if "failed" in status.values()
+            ),
+        }
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Write the JSON audit and the JUnit suite totals (controller only)."""
+        if _is_worker(self.config):
+            return
+        audit = self.audit()
+        from _pytest.junitxml import xml_key
+
+        xml = self.config.stash.get(xml_key, None)
+        if xml is not None:
+            totals = {**audit["totals"], **self.stage_totals()}
+            totals.update({f"field_{k}": v for k, v in audit["field_totals"].items()})
+            for name, value in totals.items():
+                # Payloads stay flat builtin values: one property per leaf class.
+                if isinstance(value, dict):
+                    for key, count in value.items():
+                        xml.add_global_property(f"verl_corpus_{name}_{key}", count)
+                else:
+                    xml.add_global_property(f"verl_corpus_{name}", value)
+            xml.add_global_property("verl_corpus_profile", audit["profile"])
+            xml.add_global_property(
+                "verl_corpus_tree_sha256", audit["upstream"]["tree_sha256"] or ""
+            )
+        if self.session.options.report:
+            write_atomic(Path(self.session.options.report), dumps(audit))
+        if self.session.options.conformance_report:
+            write_atomic(
+                Path(self.session.options.conformance_report), dumps(self.conformance_report())
+            )
+
+    def conformance_report(self) -> dict[str, Any]:
+        """Conformance results in the stage's case order (stable across runs and -n)."""
+        from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+        installed = installed_verl_root()
+        order = {case.id: index for index, case in enumerate(self.state.conformance_cases())}
+        results = sorted(self.conformance.values(), key=lambda r: order.get(r["case"], len(order)))
+        return {
+            "upstream": {"verl": installed[1] if installed else None},
+            "results": [
+                {
+                    "component": r["component"],
+                    "variant": r["variant"],
+                    "case": r["case"],
+                    "samples": r["samples"],
+                    "max_abs_err": r["max_abs_err"],
+                    "max_grad_abs_err": r["max_grad_abs_err"],
+                    "passed": r["passed"],
+                }
+                for r in results
+            ],
+        }
+
+    def conformance_matrix(self) -> list[str]:
+        """One line per component: each mode with passed/total cases."""
+        table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        for result in self.conformance.values():
+            cell = table[result["component"]][result["variant"]]
+            cell[0] += int(result["passed"])
+            cell[1] += 1
+        width = max((len(c) for c in table), default=0)
+        return [
+            f"{component:<{width}}  "
+            + "  ".join(f"{mode} {ok}/{n}" for mode, (ok, n) in sorted(modes.items()))
+            for component, modes in sorted(table.items())
+        ]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One section with the audit counts."""
+        if _is_worker(self.config):
+            return
+        terminalreporter.write_sep("=", "verl corpus audit")
+        if self.session.manifest_error:
+            terminalreporter.write_line(f"manifest error: {self.session.manifest_error}")
+            return
+        upstream = self.session.upstream
+        terminalreporter.write_line(
+            f"upstream: {upstream.describe() if upstream else 'none: ' + self.session.upstream_reason}"
+        )
+        audit = self.audit()
+        totals, stages = audit["totals"], self.stage_totals()
+        for line in summary_lines(totals):
+            terminalreporter.write_line(line)
+        field = [e for e in audit["cases"] if e["kind"] == "field"]
+        if field:
+            for line in field_lines(self.session, field, self.compile_seconds):
+                terminalreporter.write_line(line)
+        terminalreporter.write_line(
+            f"stages: {stages['read']} read ({stages['read_skipped']} skipped); "
+            f"{stages['trusted_equal']} equal to upstream's entry point ({stages['trusted_skipped']} skipped); "
+            f"{stages['golden_matched']} match golden; {stages['failed_cases']} cases with a failed stage"
+        )
+        verdicts = [f for f in self.facts.values() if "upstream_validate" in f]
+        if verdicts:
+            from pytest_verl_compat.upstream.validate import STAND_INS
+
+            differ = [f for f in verdicts if f["upstream_validate"] != f["ours"]]
+            terminalreporter.write_line(
+                f"upstream validate_config: {len(verdicts)} cases checked; agrees on {len(verdicts) - len(differ)}; "
+                f"differs on {len(differ)} (each explained in the manifest)"
+            )
+            terminalreporter.write_line(f"  stand-ins: {'; '.join(STAND_INS)}")
+        if self.conformance:
+            passed = sum(1 for r in self.conformance.values() if r["passed"])
+            terminalreporter.write_line(
+                f"conformance with upstream verl: {passed}/{len(self.conformance)} cases within tolerance"
+            )
+            for line in self.conformance_matrix():
+                terminalreporter.write_line(f"  {line}")
