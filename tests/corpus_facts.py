@@ -16,9 +16,9 @@ MANIFEST: dict[str, Any] = yaml.safe_load((REPO / "corpus" / "manifest.yaml").re
 AUDIT: dict[str, Any] = json.loads((REPO / "golden" / "audit.json").read_text())
 
 
-def case_ids(kind: str) -> tuple[str, ...]:
+def case_ids(kind: str) -> list[str]:
     """The manifest's case ids of one kind, in manifest order."""
-    return tuple(case["id"] for case in MANIFEST["cases"] if case["kind"] == kind)
+    return [case["id"] for case in MANIFEST["cases"] if case["kind"] == kind]
 
 
 OFFICIAL = case_ids("official")

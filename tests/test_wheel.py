@@ -39,7 +39,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_ships_corpus_golden_and_profiles_but_no_tests_or_upstream_files(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for required in (
-        "pytest_verl_compat/plugin.py",
+        "pytest_verl_compat/plugin/__init__.py",
         "pytest_verl_compat/py.typed",
         "pytest_verl_compat/data/manifest.schema.json",
         "pytest_verl_compat/profiles/verl-0.9.0-single-device.yaml",
