@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.registry import CheckFunction, CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import GROUP_ESTIMATORS, get
 from pytest_verl_compat.checks.upstream_names import FILTER_METRICS, REGISTRIES
 
@@ -133,7 +133,7 @@ def group_of_one(inp: CheckInput) -> Iterator[Hit]:
     return _group_of_one(inp, grpo=False)
 
 
-def _registered_name(path: str) -> object:
+def _registered_name(path: str) -> CheckFunction:
     names, _ = REGISTRIES[path]
 
     def run(inp: CheckInput) -> Iterator[Hit]:
@@ -153,4 +153,4 @@ def _registered_name(path: str) -> object:
 
 # One check per upstream registry, each citing where upstream registers its names.
 for _path, (_names, _evidence) in REGISTRIES.items():
-    check(f"registry.{_path}", level="error", evidence=_evidence)(_registered_name(_path))  # type: ignore[arg-type]
+    check(f"registry.{_path}", level="error", evidence=_evidence)(_registered_name(_path))
