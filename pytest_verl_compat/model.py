@@ -123,7 +123,7 @@ class Case:
     """One corpus case; ``error`` is set when its manifest entry is malformed."""
 
     id: str
-    kind: str
+    kind: CaseKind
     line: int
     title: str = ""
     launch: str | None = None

@@ -14,12 +14,13 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     parallel,
     upstream_validation,
 )
-from pytest_verl_compat.checks.registry import CHECKS, Check, CheckInput, Hit, check, run_checks
-from pytest_verl_compat.model import Finding
+from pytest_verl_compat.checks.registry import (
+    CHECKS,
+    Check,
+    CheckInput,
+    Hit,
+    check,
+    semantic_findings,
+)
 
 __all__ = ["CHECKS", "Check", "CheckInput", "Hit", "check", "semantic_findings"]
-
-
-def semantic_findings(inp: CheckInput) -> list[Finding]:
-    """Every finding for one resolved mapping, in a stable order."""
-    return run_checks(inp)

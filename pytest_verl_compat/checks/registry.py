@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pytest_verl_compat.model import Finding, LeafVerdict, Level
 
@@ -22,8 +22,18 @@ class Hit(NamedTuple):
     fix: str = ""
 
 
+class ProfileLike(Protocol):
+    """The compiling profile as checks see it (a pipeline ``Profile`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
 class ProfileInfo(NamedTuple):
-    """The compiling profile, as checks see it: its name and the upstream version it describes."""
+    """A profile's name and upstream version without the profile itself (for direct callers)."""
 
     name: str
     version: str
@@ -36,7 +46,7 @@ class CheckInput:
     resolved: Mapping[str, Any]
     explicit_fields: tuple[str, ...]
     leaves: tuple[LeafVerdict, ...]
-    profile: ProfileInfo | Any  # anything with `name` and `version` (a pipeline Profile)
+    profile: ProfileLike
 
     @property
     def version(self) -> str:
@@ -80,7 +90,7 @@ def check(
     return register
 
 
-def run_checks(inp: CheckInput) -> list[Finding]:
+def semantic_findings(inp: CheckInput) -> list[Finding]:
     """Every registered check on one input, in a stable order (level, path, message)."""
     findings = [finding for entry in CHECKS.values() for finding in entry.findings(inp)]
     return sorted(findings, key=Finding.sort_key)

@@ -23,9 +23,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         except (StageFailed, StageUnavailable) as exc:
             print(f"verl-compat audit: {exc}", file=sys.stderr)
             return 2
-    text = dumps(build_audit(session, entries))
+    audit = build_audit(session, entries)
+    text = dumps(audit)
     golden = session.golden_dir / "audit.json"
-    for line in summary_lines(build_audit(session, entries)["totals"]):
+    for line in summary_lines(audit["totals"]):
         print(line)
     if args.check:
         if not golden.is_file() or golden.read_text(encoding="utf-8") != text:

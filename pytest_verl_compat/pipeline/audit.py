@@ -156,10 +156,7 @@ class AuditSession:
                 f"{self.golden_path(case)} (pinned by the inputs' sha256). For the read stage, pass "
                 f"--verl-corpus-upstream PATH to a verl v{self.manifest.upstream.version} checkout"
             )
-        try:
-            return read_case_fields(case, self.upstream.root)
-        except (LaunchReadError, PinMismatch, OSError) as exc:
-            raise StageFailed(f"[{case.id}] {exc}") from exc
+        return self._read_from(case, self.upstream.root, label=f"[{case.id}] ")
 
     def golden_path(self, case: Case) -> Path:
         return self.golden_dir / "compose" / f"{case.id}.json"
@@ -191,7 +188,7 @@ class AuditSession:
             return result
         source: FieldsSource
         if case.kind == SCRIPT:
-            fields, source = self._read_script(case), "launch"
+            fields, source = self._read_from(case, _FILESYSTEM_ROOT), "launch"
         else:
             try:
                 fields, source = self.read(case), "launch"
@@ -219,11 +216,13 @@ class AuditSession:
             bindings=self.manifest.bindings.overlay(extra or Bindings()),
         )
 
-    def _read_script(self, case: Case) -> ExplicitFields:
+    @staticmethod
+    def _read_from(case: Case, root: Path, label: str = "") -> ExplicitFields:
+        """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate."""
         try:
-            return read_case_fields(case, _FILESYSTEM_ROOT)
+            return read_case_fields(case, root)
         except (LaunchReadError, PinMismatch, OSError) as exc:
-            raise StageFailed(str(exc)) from exc
+            raise StageFailed(f"{label}{exc}") from exc
 
     @property
     def profile_name(self) -> str:
@@ -240,7 +239,7 @@ class AuditSession:
             composition = outcome.composition
             self._reports[case.id] = (
                 compile_resolved(
-                    composition.resolved or {},
+                    composition.mapping,
                     case_id=case.id,
                     profile=load_profile(self.profile_name),
                     explicit_fields=outcome.fields.fields,
@@ -277,7 +276,7 @@ class AuditSession:
                 f"[{case.id}] composition rejected: {self.outcome(case).composition.reason}"
             )
         try:
-            return reference_config(self.outcome(case).composition.resolved or {}, report)
+            return reference_config(self.outcome(case).composition.mapping, report)
         except NotAccepted as exc:
             raise StageFailed(str(exc)) from exc
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -28,6 +28,8 @@ from pytest_verl_compat.pipeline.hydra_internals import (
 )
 
 MISSING = "???"
+# OmegaConf types container keys loosely; a tree composed from YAML files has string keys.
+_Mapping = dict[str, Any]
 # What Hydra and OmegaConf raise for a bad override list. Hydra lets some malformed overrides
 # through to a bare TypeError (e.g. a group override with a list of numbers, `model_engine=[0]`);
 # still the input's fault. Anything else is a bug here and propagates.
@@ -53,11 +55,6 @@ def iter_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from iter_leaves(item, f"{prefix}[{index}]")
     else:
         yield prefix, value
-
-
-def _string_keys(mapping: dict[Any, Any]) -> dict[str, Any]:
-    # OmegaConf types container keys loosely; a verl tree composed from YAML has string keys.
-    return mapping
 
 
 def _missing_paths(node: Any, prefix: str = "") -> Iterator[str]:
@@ -203,7 +200,7 @@ class Composer:
                 repository = config_repository()
             plain = OmegaConf.to_container(cfg, resolve=False)
             assert isinstance(plain, dict)
-            base = _BASES[key] = _Base(cfg, _string_keys(plain), repository)
+            base = _BASES[key] = _Base(cfg, cast(_Mapping, plain), repository)
         return base
 
     def compose_config(self, fields: Sequence[str]) -> DictConfig:
@@ -231,7 +228,7 @@ class Composer:
             return Composition(COMPOSITION_REJECTION, reason=_clean_message(exc, self.config_dir))
         assert isinstance(resolved, dict)
         return Composition(
-            COMPOSED, resolved=_string_keys(resolved), missing=tuple(_missing_paths(cfg))
+            COMPOSED, resolved=cast(_Mapping, resolved), missing=tuple(_missing_paths(cfg))
         )
 
     def _resolution_rejection(

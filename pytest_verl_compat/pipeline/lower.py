@@ -173,5 +173,5 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
         critic_model=_model(critic["model"]) if uses_critic else None,
         use_reference_policy=bool(actor["use_kl_loss"] or algo["use_kl_in_reward"]),
         bindings=bindings,
-        lowered=dict(lowered or {}),
+        lowered=dict(lowered),
     )

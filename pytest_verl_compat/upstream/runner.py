@@ -40,13 +40,9 @@ class UpstreamRun:
 
 
 def referenced_variables(fields: Sequence[str], variables: Mapping[str, str]) -> dict[str, str]:
-    """The bound variables that the fields read through ``${oc.env:NAME}``, minus unsafe names."""
+    """The bound variables that the fields read through ``${oc.env:NAME}``."""
     named = {name for field in fields for name in _OC_ENV.findall(field)}
-    return {
-        name: value
-        for name, value in sorted(variables.items())
-        if name in named and not _UNSAFE_NAME.match(name)
-    }
+    return {name: value for name, value in sorted(variables.items()) if name in named}
 
 
 def sandbox_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -112,7 +112,7 @@ class UpstreamVerdicts:
             composed = [
                 c for c in session.cases if not c.error and session.outcome(c).composition.composed
             ]
-            mappings = [session.outcome(c).composition.resolved or {} for c in composed]
+            mappings = [session.outcome(c).composition.mapping for c in composed]
             try:
                 verdicts = upstream_verdicts(mappings, cache)
             except RuntimeError as exc:
