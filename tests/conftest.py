@@ -65,3 +65,11 @@ def sample_rollout():
         )
 
     return sample
+
+
+@pytest.fixture
+def canary(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A fresh canary (see tests/hostile_canary.py); assert ``not canary.fired()`` after the attack."""
+    from hostile_canary import make_canary
+
+    return make_canary(tmp_path_factory.mktemp("hostile"))
