@@ -126,3 +126,24 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.append(stages_path)
     else:
         config.args[:] = [stages_path]
+
+
+# Stages that wait for the upstream oracle process run last: it answers while the others run.
+_UPSTREAM_STAGES = ("test_upstream_validate", "test_trusted")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("verl_corpus"):
+        return
+    waiting = [item for item in items if item.name.split("[")[0] in _UPSTREAM_STAGES]
+    if waiting:
+        others = [item for item in items if item.name.split("[")[0] not in _UPSTREAM_STAGES]
+        items[:] = others + waiting
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from pytest_verl_compat.plugin.keys import audit_state_key
+
+    state = config.stash.get(audit_state_key, None)
+    if state is not None:
+        state.close()

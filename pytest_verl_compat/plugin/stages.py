@@ -27,11 +27,11 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.compose import count_leaves
-from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
+from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.plugin.golden import golden_extension
 from pytest_verl_compat.plugin.keys import audit_state_key
 from pytest_verl_compat.plugin.state import AuditState
-from pytest_verl_compat.upstream.trusted import first_difference, trusted_composition
+from pytest_verl_compat.upstream.trusted import TrustedCompositions, first_difference
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -90,7 +90,12 @@ def test_read(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixture
     _record(request, verl_case, "read", explicit_field_count=len(fields.fields))
 
 
-def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+def test_compose(
+    verl_case: Case,
+    verl_audit: AuditSession,
+    verl_state: AuditState,
+    request: pytest.FixtureRequest,
+) -> None:
     """Hydra composition of the pinned tree with the explicit fields, resolved."""
     outcome = _run(lambda: verl_audit.outcome(verl_case))
     composition = outcome.composition
@@ -105,6 +110,8 @@ def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixt
     if composition.composed:
         facts["resolved_leaf_count"] = count_leaves(composition.resolved)
     _record(request, verl_case, "compose", **facts)
+    if composition.composed:
+        verl_state.prefetch_upstream(verl_case, getattr(request.config, "cache", None))
     expected = (verl_case.expected or {}).get("outcome")
     if expected == "composition_rejection" or not composition.composed:
         # Rejections are failures unless the manifest expects exactly this one.
@@ -178,39 +185,26 @@ def test_upstream_validate(
     )
 
 
-def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+def test_trusted(
+    verl_case: Case,
+    verl_audit: AuditSession,
+    verl_state: AuditState,
+    request: pytest.FixtureRequest,
+) -> None:
     """In-process composition equals upstream's own entry point (values, types, key order)."""
-    mode = verl_audit.options.trusted
-    if mode == "off":
-        pytest.skip("trusted composition switched off (--verl-corpus-trusted=off)")
-    installed = installed_verl_root()
-    if installed is None or installed[1] != verl_audit.pin.version:
-        reason = f"upstream verl {verl_audit.pin.version} not installed"
-        if mode == "require":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    _record(request, verl_case, "trusted")
+    trusted = verl_state.trusted(getattr(request.config, "cache", None))
+    if not isinstance(trusted, TrustedCompositions):
+        if verl_audit.options.trusted == "require" and "switched off" not in trusted:
+            pytest.fail(trusted, pytrace=False)
+        pytest.skip(trusted)
     outcome = _run(lambda: verl_audit.outcome(verl_case))
-    assert verl_audit.upstream is not None  # the outcome above needed the tree
-    installed_tree = tree_sha256(installed[0] / verl_audit.pin.config_dir)
-    composed_tree = verl_audit.upstream.tree_sha256
-    if installed_tree != composed_tree:
-        pytest.skip(
-            f"installed verl's tree {installed_tree} is not the composed tree {composed_tree}"
-        )
-    result = trusted_composition(
-        installed_tree,
-        outcome.fields.fields,
-        verl_case.bindings.variables,
-        getattr(request.config, "cache", None),
-    )
-    _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     composition = outcome.composition
     if not composition.composed:
-        assert not result.ok, (
-            f"upstream entry point composed what Hydra's compose API rejected ({composition.reason}) "
-            f"[{verl_case.id}]"
-        )
-        return
+        # Never sent: a rejected case may carry what upstream's entry point must not see.
+        pytest.skip(f"composition rejected ({composition.reason}): not sent to upstream")
+    result = trusted.result(outcome.fields.fields, verl_case.bindings.variables)
+    _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     assert result.ok, f"upstream entry point failed: {result.error} [{verl_case.id}]"
     difference = first_difference(composition.resolved, result.resolved)
     assert difference is None, (
