@@ -26,6 +26,7 @@ from pytest_verl_compat.pipeline.hydra_internals import (
     grammar_parse_cache,
     parse_override,
 )
+from pytest_verl_compat.pipeline.targets import target_rejection
 
 MISSING = "???"
 # OmegaConf types container keys loosely; a tree composed from YAML files has string keys.
@@ -210,7 +211,16 @@ class Composer:
         return self._hydra_compose(fields)
 
     def compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
-        """Compose and resolve; Hydra and OmegaConf errors become a composition rejection."""
+        """Compose and resolve; Hydra and OmegaConf errors become a composition rejection, and
+        so does a ``_target_`` the tree does not name (see ``targets.py``)."""
+        composition = self._compose_values(fields, variables)
+        if composition.composed:
+            foreign = target_rejection(composition.mapping, self.config_dir)
+            if foreign is not None:
+                return Composition(COMPOSITION_REJECTION, reason=foreign)
+        return composition
+
+    def _compose_values(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
         if self.fast:
             try:
                 return self._fast_compose(fields, variables)

@@ -27,6 +27,7 @@ class AuditState:
     conformance_error: str = ""
     _conformance: list[ConformanceCase] | None = field(default=None, repr=False)
     _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
+    _gate: str | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, session: AuditSession) -> AuditState:
@@ -40,21 +41,35 @@ class AuditState:
         return self._trusted
 
     def _trusted_or_reason(self, cache: Any) -> TrustedCompositions | str:
-        session = self.session
-        if session.options.trusted == "off":
+        if self.session.options.trusted == "off":
             return "trusted composition switched off (--verl-corpus-trusted=off)"
-        installed = installed_verl_root()
-        if installed is None or installed[1] != session.pin.version:
-            return f"upstream verl {session.pin.version} not installed"
-        if session.upstream is None:
-            return f"no upstream config tree: {session.upstream_reason}"
-        installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
-        if installed_tree != session.upstream.tree_sha256:
-            return (
-                f"installed verl's tree {installed_tree} is not the composed tree "
-                f"{session.upstream.tree_sha256}"
-            )
-        return TrustedCompositions(self.oracle, installed_tree, cache)
+        gate = self.upstream_gate()
+        if gate.startswith("tree:"):
+            return TrustedCompositions(self.oracle, gate.removeprefix("tree:"), cache)
+        return gate
+
+    def upstream_gate(self) -> str:
+        """``tree:<sha256>`` when upstream's code may see this session's compositions, else why not.
+
+        Only compositions of the installed verl's own tree reach its code: a tree from elsewhere
+        (a drift tree, a user's folder) may name any ``_target_`` and is never sent.
+        """
+        if self._gate is None:
+            session = self.session
+            installed = installed_verl_root()
+            if installed is None or installed[1] != session.pin.version:
+                self._gate = f"upstream verl {session.pin.version} not installed"
+            elif session.upstream is None:
+                self._gate = f"no upstream config tree: {session.upstream_reason}"
+            else:
+                installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
+                composed = session.upstream.tree_sha256
+                self._gate = (
+                    f"tree:{installed_tree}"
+                    if installed_tree == composed
+                    else f"installed verl's tree {installed_tree} is not the composed tree {composed}"
+                )
+        return self._gate
 
     def prefetch_upstream(self, case: Case, cache: Any) -> None:
         """Send a composed case's questions to the oracle now; the answers are read later.
@@ -64,7 +79,7 @@ class AuditState:
         sent: only mappings Hydra's compose API accepted reach upstream's code.
         """
         outcome = self.session.outcome(case)
-        if not outcome.composition.composed or installed_verl_root() is None:
+        if not outcome.composition.composed or not self.upstream_gate().startswith("tree:"):
             return
         trusted = self.trusted(cache)
         if isinstance(trusted, TrustedCompositions):

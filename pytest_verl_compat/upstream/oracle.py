@@ -105,12 +105,17 @@ class UpstreamOracle:
         self._stderr: list[str] = []
         self._done = False
         self._condition = threading.Condition()
+        self._readers: list[threading.Thread] = []
 
     def _start(self) -> UpstreamProcess:
         if self._process is None:
             self._process = UpstreamProcess(PROCESS_MODULE)
-            for target in (self._read_answers, self._read_stderr):
-                threading.Thread(target=target, daemon=True).start()
+            self._readers = [
+                threading.Thread(target=target, daemon=True)
+                for target in (self._read_answers, self._read_stderr)
+            ]
+            for reader in self._readers:
+                reader.start()
         return self._process
 
     def _read_answers(self) -> None:
@@ -158,5 +163,8 @@ class UpstreamOracle:
 
     def close(self) -> None:
         if self._process is not None:
+            self._process.finish()
+            for reader in self._readers:
+                reader.join(timeout=10)
             self._process.close()
             self._process = None

@@ -111,8 +111,8 @@ class UpstreamProcess:
             encoding="utf-8",
         )
 
-    def close(self, timeout: float = 10) -> None:
-        """Close stdin (the process's signal to exit), wait, then remove its folder."""
+    def finish(self, timeout: float = 10) -> None:
+        """Close stdin (the process's signal to exit) and wait for it, killing it if it hangs."""
         process = self.process
         try:
             if process.stdin is not None and not process.stdin.closed:
@@ -121,4 +121,11 @@ class UpstreamProcess:
         except (OSError, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
+
+    def close(self) -> None:
+        """Finish, close the remaining pipes (once their readers are done), remove the folder."""
+        self.finish()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
         self._cwd.cleanup()

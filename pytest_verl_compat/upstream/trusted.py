@@ -31,6 +31,7 @@ class TrustedResult:
     resolved: dict[str, Any] | None
     error: str
     cached: bool
+    refused: bool = False  # never sent: the argv carries what upstream's entry point must not see
 
 
 def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, str]) -> str:
@@ -70,7 +71,7 @@ class TrustedCompositions:
         try:
             request = compose_request(fields, variables)
         except EntryArgvRefused as exc:
-            return TrustedResult(False, None, f"not sent to upstream: {exc}", False)
+            return TrustedResult(False, None, f"not sent to upstream: {exc}", False, refused=True)
         answer = self.oracle.answer(key, request)
         if answer["ok"]:
             result = TrustedResult(True, yaml.safe_load(answer["stdout"]), "", False)

@@ -19,9 +19,11 @@ import os
 import sys
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.model import Case, StageFailed
+from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, validate_request
 
 if TYPE_CHECKING:
@@ -53,10 +55,17 @@ def install_stand_ins() -> None:
 
 def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
     """validate_config's verdict on one resolved mapping (inside the oracle process)."""
+    import verl
     from omegaconf import OmegaConf
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils import config as config_utils
 
+    # Checked here too: whatever the sender, only classes verl's own tree names are instantiated.
+    foreign = foreign_targets(
+        mapping, tree_targets(Path(verl.__file__).parent / "trainer" / "config")
+    )
+    if foreign:
+        return {"verdict": "refused", "message": f"not sent to validate_config: {foreign[0]}"}
     cfg = OmegaConf.create(dict(mapping))
     # Stand-in for the hub load: without its _target_, the critic's model section stays a
     # plain mapping instead of an HFModelConfig that downloads the model's config.
