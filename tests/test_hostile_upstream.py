@@ -18,7 +18,7 @@ import yaml
 from hostile_canary import Canary
 
 from pytest_verl_compat.pipeline.compose import Composer
-from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, init_manifest
+from pytest_verl_compat.pipeline.init_manifest import init_manifest
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
 from pytest_verl_compat.upstream.oracle import (
