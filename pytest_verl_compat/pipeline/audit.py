@@ -47,6 +47,7 @@ from pytest_verl_compat.pipeline.pins import (
 from pytest_verl_compat.pipeline.profile import default_profile, load_profile
 from pytest_verl_compat.pipeline.read import PinMismatch, read_case_fields
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
+from pytest_verl_compat.pipeline.safe_input import confined
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from reference_trainer.config import ReferenceTrainerConfig
 
@@ -159,7 +160,8 @@ class AuditSession:
         return self._read_from(case, self.upstream.root, label=f"[{case.id}] ")
 
     def golden_path(self, case: Case) -> Path:
-        return self.golden_dir / "compose" / f"{case.id}.json"
+        # The id is checked when the manifest loads; confined() keeps that a guarantee here.
+        return confined(self.golden_dir / "compose", f"{case.id}.json")
 
     def golden_fields(self, case: Case) -> ExplicitFields:
         """Explicit fields recorded in the golden snapshot, only if it pins the same inputs."""

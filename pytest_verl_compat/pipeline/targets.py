@@ -14,11 +14,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file
 
 TARGET_KEY = "_target_"
-# A config file larger than this is not one of upstream's (the largest in 0.9.0 is ~40 KB).
-_MAX_TREE_FILE_BYTES = 2 * 1024 * 1024
 
 
 def _targets_in(node: Any) -> Iterator[Any]:
@@ -38,13 +36,11 @@ def tree_targets(config_dir: Path) -> frozenset[str]:
     """Every string ``_target_`` value in the tree's YAML files (the classes upstream names)."""
     found: set[str] = set()
     for file in sorted(Path(config_dir).rglob("*.yaml")):
-        if not file.is_file() or file.is_symlink() or file.stat().st_size > _MAX_TREE_FILE_BYTES:
-            continue  # not a config file of the tree; Hydra's own loading reports it if used
         try:
-            documents = list(yaml.safe_load_all(file.read_text(encoding="utf-8")))
-        except (yaml.YAMLError, UnicodeDecodeError):
-            continue
-        found.update(t for t in _targets_in(documents) if isinstance(t, str))
+            document = load_yaml_file(file, what="config file")
+        except InputError:
+            continue  # not a config file of the tree; composing the tree reports it if used
+        found.update(t for t in _targets_in(document) if isinstance(t, str))
     return frozenset(found)
 
 
