@@ -12,6 +12,14 @@ _MAX_VALUE = 1_000_000
 _MAX_FIELDS = 100_000
 _MAX_PATTERN_SUBJECT = 10_000
 _SHFMT_TIMEOUT = 60
+# Input bounds, checked before shfmt sees a byte. shfmt's tree takes about a kilobyte of memory
+# per byte of script (far more for many tiny statements), and its parser recurses once per
+# nesting level: 100k nested `(` cost it a gigabyte, and arithmetic parentheses overflow its
+# stack. The largest upstream example is under 12 KiB and nests fewer than 10 levels.
+_MAX_SCRIPT_BYTES = 1 << 20
+_MAX_NESTING = 200
+# shfmt's data segment (Go heap and goroutine stacks); a real script needs about 20 MiB.
+_SHFMT_MEMORY = 512 << 20
 
 
 class LaunchReadError(Exception):

@@ -484,7 +484,8 @@ class _Expansion(_Patterns):
         if name == "0":
             return self.path
         if _ascii_digits(name):
-            position = int(name)
+            # A position past 64 bits is past the end of any list.
+            position = int(name) if len(name) <= 19 else 1 << 63
             return self.sh.positional[position - 1] if position <= len(self.sh.positional) else None
         if name in ("$", "!", "-", "_"):
             self.fail(line, "special parameter", f"${name} is only known at run time")

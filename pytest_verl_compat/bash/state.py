@@ -127,6 +127,7 @@ class _Shell:
         positional: list[str],
         options: set[str],
         status: int = 0,
+        path_changed: int | None = None,
     ) -> None:
         self.vars = variables
         self.exported = exported
@@ -134,6 +135,8 @@ class _Shell:
         self.positional = positional
         self.options = options
         self.status = status
+        # The line of the first change to PATH: after it, `python3` may name another program.
+        self.path_changed = path_changed
 
     def fork(self) -> _Shell:
         """An independent copy, as a subshell gets."""
@@ -144,6 +147,7 @@ class _Shell:
             list(self.positional),
             set(self.options),
             self.status,
+            self.path_changed,
         )
 
 
@@ -193,6 +197,13 @@ class _State:
             self.fail(line, "assignment", f"{name} is readonly")
         if name == "IFS":
             self.fail(line, "assignment", "changing IFS changes word splitting; not supported")
+        if name == "PATH":
+            self.note_path_change(line)
+
+    def note_path_change(self, line: int) -> None:
+        """Remember the first change to PATH; the launcher refuses to run after one."""
+        if self.sh.path_changed is None:
+            self.sh.path_changed = line
 
     def store(self, name: str, value: Value, line: int) -> None:
         """Set a variable, enforcing the size budget and ``set -a``."""
