@@ -20,6 +20,9 @@ _MAX_SCRIPT_BYTES = 1 << 20
 _MAX_NESTING = 200
 # shfmt's data segment (Go heap and goroutine stacks); a real script needs about 20 MiB.
 _SHFMT_MEMORY = 512 << 20
+# shfmt's JSON indents every level, so its size grows with the square of the nesting depth
+# (1000 nested `if` print 188 MB); a real script's tree is about 50 bytes per byte of script.
+_MAX_TREE_BYTES = 64 << 20
 
 
 class LaunchReadError(Exception):
@@ -34,7 +37,9 @@ class LaunchReadError(Exception):
 
     def __str__(self) -> str:
         where = self.path if self.line is None else f"{self.path}:{self.line}"
-        return f"{where}: {self.construct}: {self.detail}"
+        # One line whatever the script holds: a file name or a quoted word may hold newlines.
+        text = f"{where}: {self.construct}: {self.detail}"
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class LaunchExited(LaunchReadError):

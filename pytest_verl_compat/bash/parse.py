@@ -21,6 +21,7 @@ from typing import Any
 from pytest_verl_compat.bash.errors import (
     _MAX_NESTING,
     _MAX_SCRIPT_BYTES,
+    _MAX_TREE_BYTES,
     _SHFMT_MEMORY,
     _SHFMT_TIMEOUT,
     LaunchReadError,
@@ -235,6 +236,13 @@ def _parse_uncached(label: str, data: bytes) -> Node:
         if first.strip() == "exceeded max depth":
             raise LaunchReadError(label, line, "nesting", "too deeply nested for shfmt")
         raise LaunchReadError(label, line, "syntax error", first.strip())
+    if len(proc.stdout) > _MAX_TREE_BYTES:
+        raise LaunchReadError(
+            label,
+            None,
+            "limit",
+            f"too large or too deeply nested: its syntax tree exceeds {_MAX_TREE_BYTES >> 20} MiB",
+        )
     try:
         tree = json.loads(proc.stdout)
     except RecursionError:
