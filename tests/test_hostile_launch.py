@@ -398,3 +398,24 @@ def test_size_limit_is_inclusive(tmp_path: Path) -> None:
     with pytest.raises(LaunchReadError) as caught:
         read_launch(tmp_path / "big.sh", _bindings({}))
     assert caught.value.construct == "size"
+
+
+@needs_bash
+def test_crlf_is_refused_because_bash_keeps_the_carriage_return(tmp_path: Path) -> None:
+    """shfmt reads CRLF as a newline, bash keeps the \\r in the last word of each line."""
+    data = f"X=1\r\n{LAUNCH} a=$X b\r\n".encode()
+    oracle = run_bash(data, tmp_path, HOME, {})
+    assert oracle.argv == ("a=1\r", "b\r")
+    with pytest.raises(LaunchReadError) as caught:
+        read_launch_text(data.decode(), _bindings({}), path="crlf.sh")
+    assert (caught.value.line, caught.value.construct) == (1, "carriage return")
+
+
+def test_error_stays_on_one_line_whatever_the_file_name(tmp_path: Path, canary: Canary) -> None:
+    name = "run\n.sh"
+    (tmp_path / name).write_text(f"X=$({canary.payload})\n{LAUNCH}\n")
+    cli = run_cli(tmp_path, name, {})
+    assert cli.returncode == 2
+    assert cli.stderr.count("\n") == 1, cli.stderr
+    assert cli.stderr.startswith("verl-compat read: run\\n.sh:1: command substitution: ")
+    assert not canary.fired()

@@ -201,14 +201,7 @@ def _parse_uncached(label: str, data: bytes) -> Node:
             label, None, "shfmt", "the shfmt binary (package shfmt-py) is not installed"
         )
     try:
-        proc = subprocess.run(
-            [exe, "--language-dialect=bash", "--to-json"],
-            input=data,
-            capture_output=True,
-            timeout=_SHFMT_TIMEOUT,
-            check=False,
-            preexec_fn=_limit_memory,
-        )
+        proc = _run_bounded([exe, "--language-dialect=bash", "--to-json"], data)
     except subprocess.TimeoutExpired:
         raise LaunchReadError(
             label, None, "limit", f"too large: shfmt did not finish in {_SHFMT_TIMEOUT} s"
@@ -254,11 +247,26 @@ def _parse_uncached(label: str, data: bytes) -> Node:
     return tree
 
 
-def _limit_memory() -> None:
-    """In the shfmt child: cap its data segment, so a hostile script fails fast instead of
-    taking gigabytes (Go reserves address space up front, so RLIMIT_AS would stop every run)."""
-    resource.setrlimit(resource.RLIMIT_DATA, (_SHFMT_MEMORY, _SHFMT_MEMORY))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _run_bounded(argv: list[str], data: bytes) -> subprocess.CompletedProcess[bytes]:
+    """Run shfmt on ``data`` with its data segment capped and a timeout.
+
+    The cap makes a hostile script fail fast instead of taking gigabytes. It is set with
+    prlimit after the start rather than in a preexec_fn (unsafe in a threaded process): shfmt
+    parses nothing before its input arrives. RLIMIT_AS would stop every run, as Go reserves
+    address space up front.
+    """
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        try:
+            resource.prlimit(proc.pid, resource.RLIMIT_DATA, (_SHFMT_MEMORY, _SHFMT_MEMORY))
+            resource.prlimit(proc.pid, resource.RLIMIT_CORE, (0, 0))
+            stdout, stderr = proc.communicate(data, timeout=_SHFMT_TIMEOUT)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def _line(node: Node) -> int:
