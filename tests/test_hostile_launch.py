@@ -193,6 +193,25 @@ CASES: dict[str, Case] = {
     ),
     "huge-array-index": _case("A[BIG & 3]=z\nLAUNCH ${A[@]} 'PAYLOAD'\n", Reads(("z", "PAYLOAD"))),
     "huge-exit": _case("X='PAYLOAD'\nexit BIG\nLAUNCH\n", Exits(2, 2)),
+    "huge-brace-step": _case(
+        "LAUNCH {1..3..-9223372036854775808} 'PAYLOAD'\n",
+        Reads(("{1..3..-9223372036854775808}", "PAYLOAD")),
+    ),
+    # ----------------------------------------------------------- glob backtracking
+    "glob-backtracking-test": _case(
+        "X=A9000\n[[ $X == *a*a*a*a*a*a*a*a*[b] ]] || Y=no\nLAUNCH a=$Y 'PAYLOAD'\n",
+        Reads(("a=no", "PAYLOAD")),
+    ),
+    "glob-backtracking-case": _case(
+        "X=A9000\ncase $X in *a*a*a*a*a*a*a*a*b) Y=yes ;; *) Y=no ;; esac\nLAUNCH a=$Y\n",
+        Reads(("a=no",)),
+    ),
+    "glob-backtracking-replace": _case(
+        "X=A9000\nY=${X//*a*a*a*a*a*b/z}\nLAUNCH ${#Y} 'PAYLOAD'\n", Reads(("9000", "PAYLOAD"))
+    ),
+    "glob-backtracking-suffix": _case(
+        "X=A9000\nY=${X%%a*a*a*a*a*a*[b]}\nLAUNCH ${#Y} 'PAYLOAD'\n", Reads(("9000", "PAYLOAD"))
+    ),
     "huge-shift": _case("shift BIG\nLAUNCH 'PAYLOAD'\n", Refused(1, "shift")),
     # ----------------------------------------------------------- wrapped builtins bash runs
     "builtin-set": _case("builtin set -- a 'PAYLOAD'\nLAUNCH \"$@\"\n", Reads(("a", "PAYLOAD"))),
@@ -216,7 +235,7 @@ CASES: dict[str, Case] = {
 
 
 def _script_bytes(case: Case, canary: Canary) -> bytes:
-    text = case.script.replace("LAUNCH", LAUNCH).replace("BIG", BIG)
+    text = case.script.replace("LAUNCH", LAUNCH).replace("BIG", BIG).replace("A9000", "a" * 9000)
     text = text.replace("PAYLOAD", canary.payload)
     return text.encode("latin-1" if case.raw else "utf-8")
 

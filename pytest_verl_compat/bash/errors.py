@@ -11,6 +11,9 @@ _MAX_STEPS = 200_000
 _MAX_VALUE = 1_000_000
 _MAX_FIELDS = 100_000
 _MAX_PATTERN_SUBJECT = 10_000
+# Steps of glob matching (one per live pattern position per character): globs are matched by
+# a set-of-positions automaton, linear in the text, but `${X//*a*b/r}` restarts at every offset.
+_MAX_PATTERN_STEPS = 2_000_000
 _SHFMT_TIMEOUT = 60
 # Input bounds, checked before shfmt sees a byte. shfmt's tree takes about a kilobyte of memory
 # per byte of script (far more for many tiny statements), and its parser recurses once per

@@ -173,6 +173,7 @@ class _State:
         )
         self.launch: LaunchRead | None = None
         self.steps = 0
+        self.pattern_steps = 0
         self.loop_depth = 0
         self.line = 0
 
