@@ -212,6 +212,13 @@ CASES: dict[str, Case] = {
     "glob-backtracking-suffix": _case(
         "X=A9000\nY=${X%%a*a*a*a*a*a*[b]}\nLAUNCH ${#Y} 'PAYLOAD'\n", Reads(("9000", "PAYLOAD"))
     ),
+    # ----------------------------------------------------------- work bombs (each step is small)
+    "copy-bomb": _case(
+        "X=xxxxxxxxxx\nX=$X$X$X$X$X$X$X$X$X$X; X=$X$X$X$X$X$X$X$X$X$X; X=$X$X$X$X$X$X$X$X$X$X\n"
+        "X=$X$X$X$X$X$X$X$X$X$X; X=$X$X$X$X$X$X$X$X$X$X\n"
+        "for i in {1..99999}; do\n  [[ $X == *y* ]] || Y=$X\ndone\nLAUNCH 'PAYLOAD'\n",
+        Refused(5, "limit"),
+    ),
     "huge-shift": _case("shift BIG\nLAUNCH 'PAYLOAD'\n", Refused(1, "shift")),
     # ----------------------------------------------------------- wrapped builtins bash runs
     "builtin-set": _case("builtin set -- a 'PAYLOAD'\nLAUNCH \"$@\"\n", Reads(("a", "PAYLOAD"))),

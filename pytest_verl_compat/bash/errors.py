@@ -14,6 +14,9 @@ _MAX_PATTERN_SUBJECT = 10_000
 # Steps of glob matching (one per live pattern position per character): globs are matched by
 # a set-of-positions automaton, linear in the text, but `${X//*a*b/r}` restarts at every offset.
 _MAX_PATTERN_STEPS = 2_000_000
+# Characters produced by all expansions together: each step is bounded, but 200k steps that
+# each copy a 1 MB value would take minutes.
+_MAX_WORK = 100_000_000
 _SHFMT_TIMEOUT = 60
 # Input bounds, checked before shfmt sees a byte. shfmt's tree takes about a kilobyte of memory
 # per byte of script (far more for many tiny statements), and its parser recurses once per

@@ -101,6 +101,7 @@ class _Glob:
     def ends(self, text: str, start: int) -> list[int]:
         """Every ``end`` (ascending) such that ``text[start:end]`` matches the whole glob."""
         if self.checked is None or self.checked[0] is not text:
+            self.spend(len(text) // 64)  # the scan below runs at C speed
             self.checked = (text, self.required.issubset(text))
         if not self.checked[1]:
             return []

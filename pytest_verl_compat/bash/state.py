@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from pytest_verl_compat.bash.errors import _MAX_FIELDS, _MAX_VALUE, LaunchReadError
+from pytest_verl_compat.bash.errors import (
+    _MAX_FIELDS,
+    _MAX_VALUE,
+    _MAX_WORK,
+    LaunchReadError,
+    _Budget,
+)
 from pytest_verl_compat.model import Bindings
 
 if TYPE_CHECKING:
@@ -174,6 +180,7 @@ class _State:
         self.launch: LaunchRead | None = None
         self.steps = 0
         self.pattern_steps = 0
+        self.work = 0
         self.loop_depth = 0
         self.line = 0
 
@@ -189,6 +196,12 @@ class _State:
         def part(self, part: Node, fb: _Fields, quoted: bool, pword: bool) -> None: ...
 
         def ansi_c(self, text: str, line: int) -> str: ...
+
+    def charge(self, characters: int) -> None:
+        """Count characters produced by expansions against the script's work budget."""
+        self.work += characters
+        if self.work > _MAX_WORK:
+            raise _Budget(f"the script expands more than {_MAX_WORK} characters in all")
 
     # ---------------------------------------------------------------- assignments
 
