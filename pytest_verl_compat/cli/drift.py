@@ -63,7 +63,8 @@ def cmd_retarget(args: argparse.Namespace) -> int:
             session.profile_name,
             Path(args.against),
             args.profile,
-            out_dir=Path(args.out) if args.out else None,
+            # Never beside the pinned profile by default: that is inside the installed package.
+            out_dir=Path(args.out) if args.out else Path.cwd(),
             version=args.version,
             config_dir=pin.config_dir,
             config_name=pin.config_name,
@@ -136,7 +137,7 @@ def add_drift_parsers(subparsers: Any, common: argparse.ArgumentParser | None = 
     retarget.add_argument(
         "--out",
         metavar="DIR",
-        help="folder for the profile (default: beside the pinned one)",
+        help="folder for the profile (default: the current folder)",
     )
     retarget.add_argument(
         "--version",
