@@ -101,6 +101,9 @@ def test_a_failure_node_id_pastes_back_to_rerun_exactly_that_test(
     again.assert_outcomes(failed=1)
     again.stdout.fnmatch_lines([f"rootdir: {pytester.path}*"])
     assert [line.split()[1] for line in again.outlines if line.startswith("FAILED ")] == failed
+    # The module's own path works too, without adding the whole module again.
+    by_path = run(pytester, *args, f"{STAGES_MODULE}::test_snapshot[grpo]")
+    by_path.assert_outcomes(failed=1)
 
 
 def test_user_tests_and_testpaths_stay_when_the_audit_is_in_addopts(

@@ -35,11 +35,21 @@ def add_stage_tests(config: pytest.Config) -> None:
             str(_STAGES_PATH) + arg[len(NODE_PREFIX) :] if arg in named else arg for arg in args
         ]
         return
+    if any(_is_stages_path(arg) for arg in args):
+        return  # the module's own path, given as it is
     from_command_line = "--verl-corpus" in config.invocation_params.args
     if config.args_source == pytest.Config.ArgsSource.ARGS or not from_command_line:
         args.append(str(_STAGES_PATH))
     else:
         args[:] = [str(_STAGES_PATH)]
+
+
+def _is_stages_path(arg: str) -> bool:
+    path = Path(arg.split("::", 1)[0])
+    try:
+        return path.resolve() == _STAGES_PATH
+    except OSError:
+        return False
 
 
 class CorpusCollector:
