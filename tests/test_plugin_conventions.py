@@ -136,6 +136,19 @@ def test_a_run_with_nothing_to_audit_says_so(pytester: pytest.Pytester) -> None:
     )
 
 
+def test_a_partial_selection_says_its_totals_are_partial(
+    pytester: pytest.Pytester, tree: None
+) -> None:
+    from corpus_facts import MANIFEST
+
+    result = run(pytester, "--verl-corpus", f"{NODE_PREFIX}::test_compile[grpo]")
+    result.assert_outcomes(passed=1)
+    total = len(MANIFEST["cases"])
+    result.stdout.fnmatch_lines(
+        [f"partial run: 1 of {total} corpus cases selected; the totals below count only these"]
+    )
+
+
 # --- JUnit -------------------------------------------------------------------------------------
 
 # What pytest's JUnit schema (junit-10.xsd, which pytest's own tests validate xunit2 files

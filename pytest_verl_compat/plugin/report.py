@@ -215,6 +215,12 @@ class AuditReporter:
             terminalreporter.write_line(
                 f"no corpus case audited: {nothing}", yellow=True, bold=True
             )
+        elif len(self.status) < len(self.session.cases):
+            terminalreporter.write_line(
+                f"partial run: {len(self.status)} of {len(self.session.cases)} corpus cases "
+                "selected; the totals below count only these",
+                yellow=True,
+            )
         totals, stages = audit["totals"], self.stage_totals()
         for line in summary_lines(totals):
             terminalreporter.write_line(line)
