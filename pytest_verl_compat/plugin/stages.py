@@ -120,6 +120,7 @@ def test_read(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixture
 
 def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
     """Hydra composition of the pinned tree with the explicit fields, resolved."""
+    _record(request, verl_case, "compose")  # a failure below still counts as this stage's
     outcome = _run(lambda: verl_audit.outcome(verl_case))
     composition = outcome.composition
     facts: dict[str, Any] = {
@@ -146,6 +147,7 @@ def test_compile(
     verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
 ) -> None:
     """Every resolved leaf classified by the profile; the case accepted or rejected with a reason."""
+    _record(request, verl_case, "compile")
     started = time.perf_counter()
     entry = _run(lambda: verl_audit.audit_entry(verl_case))
     elapsed = time.perf_counter() - started
@@ -252,6 +254,7 @@ def test_snapshot(
     verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
 ) -> None:
     """Explicit fields and the complete resolved mapping match the golden file."""
+    _record(request, verl_case, "snapshot")
     payload = _run(lambda: verl_audit.golden_payload(verl_case))
     _record(request, verl_case, "snapshot", golden=str(verl_audit.golden_path(verl_case).name))
     assert payload == snapshot.use_extension(golden_extension(verl_audit.golden_dir, "compose"))
