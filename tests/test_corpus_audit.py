@@ -49,6 +49,9 @@ def test_checkout_all_stages_pass(
         f"--verl-corpus-upstream={upstream_checkout}",
         f"--verl-corpus-report={report}",
         f"--junitxml={junit}",
+        # Per-case properties have a place in xunit1 testcases only (pytest's xunit2 schema).
+        "-o",
+        "junit_family=xunit1",
         "-n",
         "2",
         "-k",

@@ -7,6 +7,7 @@ lowers to the reference trainer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,9 @@ class AuditSession:
         """Read stage: needs a checkout with the launch scripts."""
         if case.error:
             raise StageFailed(case.error)
-        if self.upstream is None or not self.upstream.has_scripts:
+        if self.upstream is None or not (
+            self.upstream.has_scripts or self._inputs_present(case, self.upstream.root)
+        ):
             where = (
                 "no upstream"
                 if self.upstream is None
@@ -158,6 +161,26 @@ class AuditSession:
                 f"--verl-corpus-upstream PATH to a verl v{self.manifest.upstream.version} checkout"
             )
         return self._read_from(case, self.upstream.root, label=f"[{case.id}] ")
+
+    @staticmethod
+    def _inputs_present(case: Case, root: Path) -> bool:
+        # A folder of the user's own scripts needs no examples/ to be read: its cases' inputs are there.
+        return bool(case.inputs) and all((root / pin.path).is_file() for pin in case.inputs)
+
+    def with_overrides(self, case: Case, overrides: tuple[str, ...]) -> Case:
+        """``case`` plus extra overrides, its fields read (or taken from golden) as ``case``'s are."""
+        if not overrides:
+            return case
+        if case.resolved is not None:
+            raise StageFailed(f"[{case.id}] a resolved configuration takes no extra overrides")
+        base = self.outcome(case)
+        extended = dataclasses.replace(
+            case, id=f"{case.id}+set", overrides=case.overrides + overrides
+        )
+        fields = ExplicitFields(base.fields.fields + overrides, base.fields.launch_line)
+        composition = self.composer().compose(fields.fields, case.bindings.variables)
+        self._outcomes[extended.id] = CaseOutcome(fields, base.fields_source, composition)
+        return extended
 
     def golden_path(self, case: Case) -> Path:
         # The id is checked when the manifest loads; confined() keeps that a guarantee here.
