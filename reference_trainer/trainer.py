@@ -41,8 +41,11 @@ import torch
 from reference_trainer.batching import Batch, batch_metrics, concat_batches, informative_groups
 from reference_trainer.budget import LocalBudget, adapt, check_bindings
 from reference_trainer.checkpoint import (
+    MANIFEST,
+    RESUMABLE,
     CheckpointError,
     complete_checkpoints,
+    config_differences,
     load_checkpoint,
     save_checkpoint,
 )
@@ -58,13 +61,16 @@ from reference_trainer.reward import RewardModelScorer, score_batch
 from reference_trainer.run_files import (
     append_row,
     append_samples,
+    claim_run_folder,
     export_hf,
+    locked_run_folder,
     plot_metrics,
     reset_logs,
     write_csv,
     write_ledger,
 )
 from reference_trainer.tiny import load_policy
+from reference_trainer.tracking import Progress, Tracking, silence_library_bars
 from reference_trainer.updates import actor_update, critic_update
 
 
@@ -101,6 +107,8 @@ class ReferenceTrainer:
         self.progress = progress
         self.seed = budget.seed
         check_bindings(self.cfg, budget)
+        if not progress:
+            silence_library_bars()
         loaded = load_policy(self.cfg.model.path, self.seed)
         self.tokenizer = loaded.tokenizer
         # Training-side passes drop the padding (verl's use_remove_padding; same function).
@@ -170,9 +178,19 @@ class ReferenceTrainer:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def run(self, *, resume: bool = False, stop_after: int | None = None) -> RunResult:
-        """Train to `total_training_steps`; `stop_after` ends early (a simulated interruption)."""
-        self.out.mkdir(parents=True, exist_ok=True)
+    def run(
+        self, *, resume: bool = False, stop_after: int | None = None, overwrite: bool = False
+    ) -> RunResult:
+        """Train to `total_training_steps`; `stop_after` ends early (a simulated interruption).
+
+        The run folder is locked for the run; a fresh run refuses an earlier run's files
+        unless `overwrite` (see `run_files`).
+        """
+        with locked_run_folder(self.out):
+            claim_run_folder(self.out, resume=resume, overwrite=overwrite)
+            return self._run(resume=resume, stop_after=stop_after)
+
+    def _run(self, *, resume: bool, stop_after: int | None) -> RunResult:
         metrics_path = self.out / "metrics.jsonl"
         if resume:
             found = complete_checkpoints(self.out / "checkpoints")
@@ -180,36 +198,46 @@ class ReferenceTrainer:
                 raise CheckpointError(f"{self.out / 'checkpoints'}: no complete checkpoint")
             self.load(found[-1])
         history = reset_logs(self.out, self.step, resume=resume)
-        write_ledger(self.out / "adaptations.json", self.cfg, self.upstream, self.ledger)
         trainer_cfg = self.cfg.trainer
-        if not resume and trainer_cfg.val_before_train:
-            history.append(append_row(metrics_path, {"step": 0, **self.validate()}))
-        last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
-        bar = _progress(self.progress, self.step, self.total_steps, self.cfg.case_id)
-        while self.step < last:
-            metrics = self.train_step()
-            if trainer_cfg.test_freq > 0 and (
-                self.step % trainer_cfg.test_freq == 0 or self.step == self.total_steps
-            ):
-                metrics.update(self.validate())
-            history.append(append_row(metrics_path, {"step": self.step, **metrics}))
-            append_samples(self.out / "samples.jsonl", self.step, self.last_batch)
-            # Checkpoints only at rollout boundaries, and always at the last step of this run.
-            if (trainer_cfg.save_freq > 0 and self.step % trainer_cfg.save_freq == 0) or (
-                self.step == last
-            ):
-                self.save()
-            if bar is not None:
-                bar.update(1)
+        tracking = Tracking(
+            trainer_cfg.logger,
+            self.out,
+            trainer_cfg.project_name,
+            trainer_cfg.experiment_name,
+            self.cfg.to_dict(),
+        )
+        ledger = self.ledger + tracking.ledger
+        write_ledger(self.out / "adaptations.json", self.cfg, self.upstream, ledger)
+        try:
+            if not resume and trainer_cfg.val_before_train:
+                history.append(append_row(metrics_path, {"step": 0, **self.validate()}))
+                tracking.log({k: v for k, v in history[-1].items() if k != "step"}, 0)
+            last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
+            bar = Progress(self.progress, self.step, self.total_steps, self.cfg.case_id)
+            while self.step < last:
+                metrics = self.train_step()
+                if trainer_cfg.test_freq > 0 and (
+                    self.step % trainer_cfg.test_freq == 0 or self.step == self.total_steps
+                ):
+                    metrics.update(self.validate())
+                history.append(append_row(metrics_path, {"step": self.step, **metrics}))
+                tracking.log(metrics, self.step)
+                append_samples(self.out / "samples.jsonl", self.step, self.last_batch)
+                # Checkpoints only at rollout boundaries, and always at the last step of this run.
+                if (trainer_cfg.save_freq > 0 and self.step % trainer_cfg.save_freq == 0) or (
+                    self.step == last
+                ):
+                    self.save()
                 live = {
                     "reward": f"{metrics['critic/score/mean']:.3f}",
                     "tok/s": f"{metrics['perf/throughput']:.0f}",
                 }
                 if "actor/ref_kl" in metrics:
                     live["kl"] = f"{metrics['actor/ref_kl']:.4f}"
-                bar.set_postfix(live)
-        if bar is not None:
+                bar.update(live)
             bar.close()
+        finally:
+            tracking.finish()
         export = None
         if self.step >= self.total_steps:
             export = self.export(self.out / "final")
@@ -457,11 +485,25 @@ class ReferenceTrainer:
 
     def load(self, folder: Path) -> None:
         loaded = load_checkpoint(folder)
-        if loaded["config"] != json.loads(json.dumps(self.cfg.to_dict())):
+        for name in ("config", "trainer_state", "actor", "actor_optimizer", "actor_scheduler"):
+            if name not in loaded:
+                raise CheckpointError(f"{folder / MANIFEST}: lists no {name} file")
+        differing = config_differences(
+            loaded["config"], json.loads(json.dumps(self.cfg.to_dict())), ignore=RESUMABLE
+        )
+        if differing:
+            shown = ", ".join(differing[:8]) + (", ..." if len(differing) > 8 else "")
             raise CheckpointError(
-                f"{folder / 'config.json'}: the checkpoint's resolved config "
-                "differs from this run's"
+                f"{folder / 'config.json'}: the checkpoint's resolved config differs from "
+                f"this run's in {shown}"
             )
+        try:
+            self._restore(folder, loaded)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"{folder}: does not fit this run ({first[:300]})") from None
+
+    def _restore(self, folder: Path, loaded: dict[str, Any]) -> None:
         actor = loaded["actor"]
         if self.lora:
             params = dict(self.policy.named_parameters())
@@ -495,11 +537,3 @@ class ReferenceTrainer:
     def export(self, folder: Path) -> Path:
         """The final actor in HF format; LoRA: the adapter, its base, and a merged model."""
         return export_hf(folder, self.policy, self.tokenizer, self.cfg, lora=self.lora)
-
-
-def _progress(enabled: bool, initial: int, total: int, case: str) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=f"train {case}", unit="step")

@@ -2,7 +2,10 @@
 
 CASE is a manifest case id (``grpo``, ``ppo``, ...) or a launch-script path. The run folder gets
 ``metrics.jsonl``/``metrics.csv``/``metrics.png``, ``adaptations.json`` (every upstream field the
-local run changes), ``checkpoints/`` and ``final/`` (the actor in HF format).
+local run changes), ``checkpoints/`` and ``final/`` (the actor in HF format), plus what the case's
+``trainer.logger`` asks for where it works offline (console, ``file_logger/``, ``tensorboard_log/``).
+A run locks its folder; a fresh run refuses an earlier run's folder unless ``--overwrite``; a
+``--resume`` with more ``--steps`` extends a finished run. Every bad input is one line naming its file.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("case", help="manifest case id or launch-script path")
     parser.add_argument("--steps", type=_positive, default=20, help="training steps (default 20)")
     parser.add_argument("--out", help="run folder (default runs/<case>)")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint (more --steps than before extend a finished run)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run's files in --out (a fresh run refuses them otherwise)",
+    )
     parser.add_argument("--model", default="tiny", help="'tiny' or a local HF causal-LM folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, data and sampling")
     parser.add_argument(
@@ -56,7 +68,12 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--test-freq", type=int, help="validate every N steps (default: upstream)")
     parser.add_argument("--manifest", dest="train_manifest", help="corpus manifest")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress output at all (transformers' bars included); without it, a bar on "
+        "a terminal and one line per step otherwise",
+    )
     parser.set_defaults(func=cmd_train)
     assert isinstance(parser, argparse.ArgumentParser)
     return parser
@@ -85,9 +102,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reference_trainer.budget import LocalBudget
     from reference_trainer.checkpoint import CheckpointError
     from reference_trainer.reward import train_reward_model
+    from reference_trainer.run_files import RunFolderError
+    from reference_trainer.tracking import silence_library_bars
     from reference_trainer.trainer import ReferenceTrainer
 
+    if args.no_progress:
+        silence_library_bars()
     out = Path(args.out or Path("runs") / cfg.case_id)
+    if out.exists() and not out.is_dir():
+        print(f"verl-compat train: {out}: --out is a file, not a folder", file=sys.stderr)
+        return 2
     reward_model = args.reward_model
     if reward_model == "tiny":
         reward_model = str(out / "reward_model")
@@ -110,9 +134,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     try:
         trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
-        result = trainer.run(resume=args.resume)
-    except (FileNotFoundError, ImportError, ValueError, CheckpointError) as exc:
-        print(f"verl-compat train: {exc}", file=sys.stderr)
+        result = trainer.run(resume=args.resume, overwrite=args.overwrite)
+    except (ImportError, ValueError, CheckpointError, RunFolderError) as exc:
+        print(f"verl-compat train: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"verl-compat train: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     scored = [row for row in result.metrics if "critic/score/mean" in row]
     if scored:
@@ -120,6 +148,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"{cfg.case_id}: {result.final_step} steps, reward {first:.3f} -> {last:.3f}")
     print(f"run folder: {result.out}; HF export: {result.export}")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
