@@ -352,3 +352,19 @@ def test_lock_file_is_released_when_the_process_ends(tmp_path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no BlockingIOError: released
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--seed", "9" * 30), ("--seed", "-1"), ("--steps", "9" * 30), ("--save-freq", "9" * 30)],
+)
+def test_huge_integers_on_the_command_line_are_one_line(
+    option: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _cli("grpo", option, value, "--out", str(tmp_path / "run"), "--no-progress")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {option}: expected an integer from " in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()

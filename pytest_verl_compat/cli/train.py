@@ -19,12 +19,33 @@ from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from reference_trainer.config import ReferenceTrainerConfig
 
+INT_LIMIT = 2**31 - 1
+"""No count or frequency of a CPU run comes near this; larger values overflow torch/numpy."""
+
+
+def _integer(text: str, low: int, high: int) -> int:
+    try:
+        value = int(text) if len(text) <= 20 else None
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from {low} to {high}, got {text[:40]!r}"
+        )
+    return value
+
 
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _integer(text, 1, INT_LIMIT)
+
+
+def _frequency(text: str) -> int:
+    return _integer(text, -1, INT_LIMIT)
+
+
+def _seed(text: str) -> int:
+    # numpy's legacy seeding takes 0 .. 2**32 - 1.
+    return _integer(text, 0, 2**32 - 1)
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,7 +65,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="replace an earlier run's files in --out (a fresh run refuses them otherwise)",
     )
     parser.add_argument("--model", default="tiny", help="'tiny' or a local HF causal-LM folder")
-    parser.add_argument("--seed", type=int, default=0, help="seed of init, data and sampling")
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of init, data and sampling")
     parser.add_argument(
         "--reward",
         choices=("rule", "length", "reasoning-gym"),
@@ -64,9 +85,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--n", type=_positive, help="responses per prompt (default: upstream's)")
     parser.add_argument(
-        "--save-freq", type=int, help="checkpoint every N steps (default: upstream)"
+        "--save-freq", type=_frequency, help="checkpoint every N steps (default: upstream)"
     )
-    parser.add_argument("--test-freq", type=int, help="validate every N steps (default: upstream)")
+    parser.add_argument(
+        "--test-freq", type=_frequency, help="validate every N steps (default: upstream)"
+    )
     parser.add_argument("--manifest", dest="train_manifest", help="corpus manifest")
     parser.add_argument(
         "--no-progress",
