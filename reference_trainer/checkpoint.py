@@ -93,8 +93,17 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Finished checkpoint folders, oldest first (temporary folders are never listed)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / COMPLETE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+    found = [
+        p
+        for p in root.iterdir()
+        if re.fullmatch(rf"{PREFIX}[0-9]{{1,9}}", p.name) and (p / COMPLETE).is_file()
+    ]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step in a checkpoint folder's name (`global_step_<k>`)."""
+    return int(folder.name[len(PREFIX) :])
 
 
 def _manifest(folder: Path) -> dict[str, str]:

@@ -44,6 +44,7 @@ from reference_trainer.checkpoint import (
     MANIFEST,
     RESUMABLE,
     CheckpointError,
+    checkpoint_step,
     complete_checkpoints,
     config_differences,
     load_checkpoint,
@@ -488,6 +489,16 @@ class ReferenceTrainer:
         for name in ("config", "trainer_state", "actor", "actor_optimizer", "actor_scheduler"):
             if name not in loaded:
                 raise CheckpointError(f"{folder / MANIFEST}: lists no {name} file")
+        step = (
+            loaded["trainer_state"].get("step")
+            if isinstance(loaded["trainer_state"], dict)
+            else None
+        )
+        if type(step) is not int or step != checkpoint_step(folder):
+            raise CheckpointError(
+                f"{folder / 'trainer_state.json'}: step {step!r} is not the folder's step "
+                f"{checkpoint_step(folder)}"
+            )
         differing = config_differences(
             loaded["config"], json.loads(json.dumps(self.cfg.to_dict())), ignore=RESUMABLE
         )

@@ -186,3 +186,24 @@ def test_a_symlinked_metrics_file_is_not_replaced(
     with pytest.raises(RunFolderError, match=rf"^{run / 'metrics.jsonl'}: not a regular file"):
         resume(cfg, run)
     assert target.read_bytes() == before
+
+
+def test_a_checkpoint_folder_with_a_non_numeric_step_is_not_a_checkpoint(
+    cfg: ReferenceTrainerConfig, run: Path
+) -> None:
+    fake = run / "checkpoints" / "global_step_x"
+    fake.mkdir()
+    (fake / "COMPLETE").write_text("x\n")
+    assert resume(cfg, run) == 2
+
+
+@pytest.mark.parametrize("step", ['"2"', "7", "-1"])
+def test_a_state_whose_step_is_not_the_folders_is_refused(
+    step: str, cfg: ReferenceTrainerConfig, run: Path
+) -> None:
+    checkpoint = last_checkpoint(run)
+    state = checkpoint / "trainer_state.json"
+    state.write_text(state.read_text().replace('"step": 2', f'"step": {step}', 1))
+    relist(checkpoint)
+    with pytest.raises(CheckpointError, match=rf"^{state}: step .* is not the folder's step 2$"):
+        resume(cfg, run)

@@ -368,3 +368,21 @@ def test_huge_integers_on_the_command_line_are_one_line(
     assert f"error: argument {option}: expected an integer from " in err.strip().splitlines()[-1]
     assert "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_wandb_runs_offline_under_the_run_folder_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    from reference_trainer.tracking import Tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracking = Tracking(("wandb",), tmp_path, "project", "experiment", {"seed": 0})
+    tracking.log({"critic/score/mean": 0.5}, 1)
+    tracking.finish()
+    assert [(a.field, a.local) for a in tracking.ledger] == [
+        ("trainer.logger[wandb]", "wandb offline")
+    ]
+    assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "no offline run written"
