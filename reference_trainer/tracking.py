@@ -200,13 +200,14 @@ class Progress:
     def __init__(self, enabled: bool, initial: int, total: int, case: str) -> None:
         self.enabled, self.step, self.total, self.case = enabled, initial, total, case
         self.bar: Any = None
-        if not enabled:
+        if not enabled or not sys.stderr.isatty():
+            # Off a terminal, transformers' bars (e.g. the export's "Writing model shards")
+            # would write carriage-return frames into the log.
             silence_library_bars()
             return
-        if sys.stderr.isatty():
-            from tqdm import tqdm
+        from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc=f"train {case}", unit="step")
+        self.bar = tqdm(total=total, initial=initial, desc=f"train {case}", unit="step")
 
     def update(self, live: dict[str, str]) -> None:
         self.step += 1

@@ -249,24 +249,30 @@ def test_the_case_config_carries_the_scripts_logger(cfg: ReferenceTrainerConfig)
 # -- progress output ----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def library_bars() -> Iterator[None]:
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    # Bars on at the start (an earlier test may have silenced them) and again afterwards.
+    hf_logging.enable_progress_bar()
+    enable_progress_bars()
+    yield
+    hf_logging.enable_progress_bar()
+    enable_progress_bars()
+
+
 def test_progress_is_one_line_per_step_without_carriage_returns_off_a_terminal(
-    cfg: ReferenceTrainerConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    library_bars: None,
+    cfg: ReferenceTrainerConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     ReferenceTrainer(cfg, tiny_budget(steps=2), tmp_path, progress=True).run()
     err = capsys.readouterr().err
     assert "\r" not in err
     steps = [line for line in err.splitlines() if line.startswith("train grpo: step ")]
     assert [line.split()[3] for line in steps] == ["1/2", "2/2"]
-
-
-@pytest.fixture
-def library_bars() -> Iterator[None]:
-    from huggingface_hub.utils import enable_progress_bars
-    from transformers.utils import logging as hf_logging
-
-    yield
-    hf_logging.enable_progress_bar()
-    enable_progress_bars()
 
 
 def test_no_progress_silences_transformers_bars(
