@@ -392,3 +392,28 @@ def test_wandb_runs_offline_under_the_run_folder_when_asked(
         ("trainer.logger[wandb]", "wandb offline")
     ]
     assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "no offline run written"
+
+
+def test_cli_resume_over_a_torn_line_warns_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = (
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        "--test-freq",
+        "-1",
+        "--response-length",
+        "8",
+    )
+    assert _cli("grpo", "--steps", "1", *common) == 0
+    metrics = tmp_path / "metrics.jsonl"
+    torn = len(metrics.read_text().splitlines()) + 1
+    with metrics.open("a") as handle:
+        handle.write('{"step": 2, "crit')
+    capsys.readouterr()
+    assert _cli("grpo", "--steps", "2", "--resume", *common) == 0
+    err = capsys.readouterr().err.splitlines()
+    expected = f"verl-compat train: warning: {metrics}:{torn}: dropped a torn last line"
+    assert [line for line in err if "warning" in line] == [f"{expected} (an interrupted write)"]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()][-2:] == [1, 2]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reference_trainer.budget import LocalBudget
     from reference_trainer.checkpoint import CheckpointError
     from reference_trainer.reward import train_reward_model
-    from reference_trainer.run_files import RunFolderError
+    from reference_trainer.run_files import RunFolderError, TornLineWarning
     from reference_trainer.tracking import silence_library_bars
     from reference_trainer.trainer import ReferenceTrainer
 
@@ -156,8 +157,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
-        result = trainer.run(resume=args.resume, overwrite=args.overwrite)
+        with warnings.catch_warnings():
+            # A torn log line is a warning the user should read as one line, not a source dump.
+            warnings.simplefilter("always", TornLineWarning)
+            warnings.showwarning = _show_warning
+            trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
+            result = trainer.run(resume=args.resume, overwrite=args.overwrite)
     except (ImportError, ValueError, CheckpointError, RunFolderError) as exc:
         print(f"verl-compat train: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -171,6 +176,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"{cfg.case_id}: {result.final_step} steps, reward {first:.3f} -> {last:.3f}")
     print(f"run folder: {result.out}; HF export: {result.export}")
     return 0
+
+
+def _show_warning(message: Warning | str, *_: Any, **__: Any) -> None:
+    print(f"verl-compat train: warning: {message}", file=sys.stderr)
 
 
 def _one_line(exc: BaseException) -> str:
