@@ -209,10 +209,14 @@ class Progress:
 
         self.bar = tqdm(total=total, initial=initial, desc=f"train {case}", unit="step")
 
-    def update(self, live: dict[str, str]) -> None:
-        self.step += 1
+    def update(self, steps: int = 1) -> None:
+        self.step += steps
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(steps)
+
+    def set_postfix(self, live: dict[str, str]) -> None:
+        """The step's live numbers: on the bar, or as the step's line off a terminal."""
+        if self.bar is not None:
             self.bar.set_postfix(live)
         elif self.enabled:
             fields = " ".join(f"{k}={v}" for k, v in live.items())

@@ -185,11 +185,22 @@ class ReferenceTrainer:
         """Train to `total_training_steps`; `stop_after` ends early (a simulated interruption).
 
         The run folder is locked for the run; a fresh run refuses an earlier run's files
-        unless `overwrite` (see `run_files`).
+        unless `overwrite` (see `run_files`). `trainer.logger` is honoured by `tracking`.
         """
         with locked_run_folder(self.out):
             claim_run_folder(self.out, resume=resume, overwrite=overwrite)
-            return self._run(resume=resume, stop_after=stop_after)
+            trainer_cfg = self.cfg.trainer
+            self.tracking = Tracking(
+                trainer_cfg.logger,
+                self.out,
+                trainer_cfg.project_name,
+                trainer_cfg.experiment_name,
+                self.cfg.to_dict(),
+            )
+            try:
+                return self._run(resume=resume, stop_after=stop_after)
+            finally:
+                self.tracking.finish()
 
     def _run(self, *, resume: bool, stop_after: int | None) -> RunResult:
         metrics_path = self.out / "metrics.jsonl"
@@ -199,46 +210,39 @@ class ReferenceTrainer:
                 raise CheckpointError(f"{self.out / 'checkpoints'}: no complete checkpoint")
             self.load(found[-1])
         history = reset_logs(self.out, self.step, resume=resume)
-        trainer_cfg = self.cfg.trainer
-        tracking = Tracking(
-            trainer_cfg.logger,
-            self.out,
-            trainer_cfg.project_name,
-            trainer_cfg.experiment_name,
-            self.cfg.to_dict(),
-        )
-        ledger = self.ledger + tracking.ledger
+        ledger = self.ledger + self.tracking.ledger
         write_ledger(self.out / "adaptations.json", self.cfg, self.upstream, ledger)
-        try:
-            if not resume and trainer_cfg.val_before_train:
-                history.append(append_row(metrics_path, {"step": 0, **self.validate()}))
-                tracking.log({k: v for k, v in history[-1].items() if k != "step"}, 0)
-            last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
-            bar = Progress(self.progress, self.step, self.total_steps, self.cfg.case_id)
-            while self.step < last:
-                metrics = self.train_step()
-                if trainer_cfg.test_freq > 0 and (
-                    self.step % trainer_cfg.test_freq == 0 or self.step == self.total_steps
-                ):
-                    metrics.update(self.validate())
-                history.append(append_row(metrics_path, {"step": self.step, **metrics}))
-                tracking.log(metrics, self.step)
-                append_samples(self.out / "samples.jsonl", self.step, self.last_batch)
-                # Checkpoints only at rollout boundaries, and always at the last step of this run.
-                if (trainer_cfg.save_freq > 0 and self.step % trainer_cfg.save_freq == 0) or (
-                    self.step == last
-                ):
-                    self.save()
+        trainer_cfg = self.cfg.trainer
+        if not resume and trainer_cfg.val_before_train:
+            history.append(append_row(metrics_path, {"step": 0, **self.validate()}))
+            self.tracking.log({k: v for k, v in history[-1].items() if k != "step"}, 0)
+        last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
+        bar = _progress(self.progress, self.step, self.total_steps, self.cfg.case_id)
+        while self.step < last:
+            metrics = self.train_step()
+            if trainer_cfg.test_freq > 0 and (
+                self.step % trainer_cfg.test_freq == 0 or self.step == self.total_steps
+            ):
+                metrics.update(self.validate())
+            history.append(append_row(metrics_path, {"step": self.step, **metrics}))
+            self.tracking.log(metrics, self.step)
+            append_samples(self.out / "samples.jsonl", self.step, self.last_batch)
+            # Checkpoints only at rollout boundaries, and always at the last step of this run.
+            if (trainer_cfg.save_freq > 0 and self.step % trainer_cfg.save_freq == 0) or (
+                self.step == last
+            ):
+                self.save()
+            if bar is not None:
+                bar.update(1)
                 live = {
                     "reward": f"{metrics['critic/score/mean']:.3f}",
                     "tok/s": f"{metrics['perf/throughput']:.0f}",
                 }
                 if "actor/ref_kl" in metrics:
                     live["kl"] = f"{metrics['actor/ref_kl']:.4f}"
-                bar.update(live)
+                bar.set_postfix(live)
+        if bar is not None:
             bar.close()
-        finally:
-            tracking.finish()
         export = None
         if self.step >= self.total_steps:
             export = self.export(self.out / "final")
@@ -548,3 +552,8 @@ class ReferenceTrainer:
     def export(self, folder: Path) -> Path:
         """The final actor in HF format; LoRA: the adapter, its base, and a merged model."""
         return export_hf(folder, self.policy, self.tokenizer, self.cfg, lora=self.lora)
+
+
+def _progress(enabled: bool, initial: int, total: int, case: str) -> Progress:
+    """A tqdm bar on a terminal, a line per step elsewhere, silence when disabled (`tracking`)."""
+    return Progress(enabled, initial, total, case)
