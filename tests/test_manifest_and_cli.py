@@ -196,3 +196,223 @@ def test_cli_check_prints_findings_and_exits_1_on_error(upstream_checkout: Path)
     assert warn.stdout.startswith("WARNING actor_rollout_ref.rollout.n: ")
     clean = cli("--upstream", str(upstream_checkout), "check", "ppo")
     assert clean.returncode == 0 and clean.stdout == ""
+
+
+# --- documented commands on the installed verl only, and the CLI's conventions ----------------
+
+
+def cli_here(cwd: Path, *args: str, env: dict[str, str] | None = None):
+    """The CLI from ``cwd`` with no checkout in the environment: the installed verl is the tree."""
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if k != "VERL_UPSTREAM"}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_verl_compat.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env=environ,
+    )
+
+
+@pytest.fixture
+def installed_verl() -> None:
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+    if installed_verl_root() is None:
+        pytest.skip("needs the installed verl (the [upstream] extra)")
+
+
+def test_check_with_set_needs_only_the_installed_verl(tmp_path: Path, installed_verl: None) -> None:
+    result = cli_here(tmp_path, "check", "grpo", "--set", "data.train_batch_size=100")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith(
+        "ERROR data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size: "
+    )
+    assert "100 prompts × n=5 = 500 responses" in result.stdout
+    # The same case without --set is accepted: the override, not the golden lookup, decides.
+    clean = cli_here(tmp_path, "check", "grpo")
+    assert clean.returncode == 0 and clean.stdout == "", clean.stderr
+
+
+def test_check_script_needs_only_the_installed_verl(
+    tmp_path: Path, installed_verl: None, upstream_checkout: Path
+) -> None:
+    script = tmp_path / "my.sh"
+    script.write_bytes(
+        (upstream_checkout / "examples/grpo_trainer/run_qwen3_8b_fsdp.sh").read_bytes()
+    )
+    result = cli_here(tmp_path, "check", "my.sh", "--set", "actor_rollout_ref.rollout.n=1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("WARNING actor_rollout_ref.rollout.n: ")
+
+
+def test_version_and_exit_codes_are_documented(tmp_path: Path) -> None:
+    from importlib import metadata
+
+    version = cli_here(tmp_path, "--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"verl-compat {metadata.version('pytest-verl-compat')}"
+    helped = cli_here(tmp_path, "--help")
+    assert "exit status: 0 clean, 1 findings or drift, 2 usage" in " ".join(helped.stdout.split())
+
+
+def test_did_you_mean_for_subcommands_and_case_ids(tmp_path: Path) -> None:
+    typo = cli_here(tmp_path, "chek", "grpo")
+    assert typo.returncode == 2
+    assert "did you mean 'check'?" in typo.stderr
+    case = cli_here(tmp_path, "check", "grop")
+    assert case.returncode == 2
+    assert "no case 'grop'" in case.stderr and "did you mean 'grpo'?" in case.stderr
+    assert "known cases" not in case.stderr and case.stdout == ""
+
+
+def test_a_missing_file_is_not_found_not_no_case(tmp_path: Path) -> None:
+    for args, message in (
+        (("check", "missing.sh"), "missing.sh: launch script not found"),
+        (("compose", "./scripts/run.sh"), "./scripts/run.sh: launch script not found"),
+        (("read", "missing.sh"), "missing.sh: launch script not found"),
+        (("compile", "missing.yaml"), "missing.yaml: resolved configuration not found"),
+        (("check", "grpo", "--manifest", "nope.yaml"), "nope.yaml: manifest not found"),
+        (("audit", "--manifest", "nope.yaml"), "nope.yaml: manifest not found"),
+    ):
+        result = cli_here(tmp_path, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and "no case" not in result.stderr
+
+
+def test_manifest_and_upstream_are_accepted_after_every_case_command(
+    tmp_path: Path, upstream_checkout: Path
+) -> None:
+    from pytest_verl_compat.cli import build_parser
+
+    parser = build_parser()
+    for command in (
+        "read x",
+        "compose x",
+        "check x",
+        "compile x",
+        "audit",
+        "train x",
+        "drift --against .",
+        "retarget --against . --profile p",
+    ):
+        args = parser.parse_args([*command.split(), "--manifest", "m.yaml", "--upstream", "u"])
+        assert (args.manifest, args.upstream) == ("m.yaml", "u"), command
+        before = parser.parse_args(["--manifest", "m.yaml", "--upstream", "u", *command.split()])
+        assert (before.manifest, before.upstream) == ("m.yaml", "u"), command
+    after = cli_here(tmp_path, "compose", "dr_grpo", "--upstream", str(upstream_checkout))
+    assert after.returncode == 0, after.stderr
+
+
+def test_audit_stdout_is_only_json(tmp_path: Path, installed_verl: None) -> None:
+    import json
+
+    result = cli_here(tmp_path, "audit")
+    assert result.returncode == 0, result.stderr
+    audit = json.loads(result.stdout)
+    assert audit["totals"]["cases"] == 16
+    assert "16 cases; 14 composed" in result.stderr
+
+
+def test_an_internal_error_is_exit_3_not_a_finding(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from pytest_verl_compat import cli
+    from pytest_verl_compat.cli import inspect
+
+    def broken(args: object) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(inspect, "cmd_check", broken)
+    assert cli.main(["check", "grpo"]) == 3
+    err = capsys.readouterr().err
+    assert "verl-compat check: internal error (a bug, please report it): RuntimeError: a bug" in err
+
+
+def test_a_missing_extra_is_named_in_one_line(tmp_path: Path) -> None:
+    # torch made unimportable, as in an install without the [trainer] extra.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from pytest_verl_compat.cli import main\n"
+        "raise SystemExit(main(['train', 'grpo', '--steps', '1', '--out', 'run']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "verl-compat train: needs the [trainer] extra (torch is not installed): "
+        "pip install 'pytest-verl-compat[trainer]'"
+    )
+    assert "Traceback" not in result.stderr
+
+
+# --- `verl-compat init` for a folder of one's own scripts (docs/drift.md) ----------------------
+
+
+def own_scripts(root: Path, upstream_checkout: Path) -> Path:
+    """docs/drift.md's layout: scripts at the top of the folder, the tree as a symlink, no examples/."""
+    (root / "verl" / "trainer").mkdir(parents=True)
+    (root / "verl" / "trainer" / "config").symlink_to(upstream_checkout / "verl/trainer/config")
+    script = upstream_checkout / "examples/ppo_trainer/run_qwen3_8b_fsdp.sh"
+    (root / "ppo.sh").write_bytes(script.read_bytes())
+    return root
+
+
+def test_init_prints_bind_me_only_when_something_is_left_to_bind(
+    tmp_path: Path, upstream_checkout: Path
+) -> None:
+    root = own_scripts(tmp_path / "my-runs", upstream_checkout)
+    done = cli_here(tmp_path, "init", "my-runs", "--out", "my-runs/manifest.yaml")
+    assert done.returncode == 0, done.stderr
+    assert "BIND_ME" not in done.stderr and "BIND_ME" not in (root / "manifest.yaml").read_text()
+    assert done.stdout == "", "messages go to stderr"
+    (root / "git.sh").write_text("C=$(git rev-parse HEAD)\npython3 -m verl.trainer.main_ppo a=$C\n")
+    left = cli_here(tmp_path, "init", "my-runs", "--out", "my-runs/manifest.yaml", "--force")
+    assert 'bind every "BIND_ME" in the manifest before auditing: git rev-parse HEAD' in left.stderr
+
+
+def test_init_writes_no_machine_path(tmp_path: Path, upstream_checkout: Path) -> None:
+    from pytest_verl_compat.pipeline.init_manifest import init_manifest
+
+    root = own_scripts(tmp_path / "my-runs", upstream_checkout)
+    text = init_manifest(root)
+    assert str(tmp_path) not in text
+    assert str(embedded_root()) not in text, "the plugin's own install path is not portable"
+    manifest = root / "manifest.yaml"
+    manifest.write_text(text)
+    assert load_manifest(manifest).conformance is None
+
+
+def test_init_quotes_every_string_it_writes(tmp_path: Path, upstream_checkout: Path) -> None:
+    from pytest_verl_compat.pipeline.init_manifest import init_manifest
+
+    root = own_scripts(tmp_path / "my-runs", upstream_checkout)
+    hostile = "a\nprofile: evil\n\u2028golden_dir: etc\x85#.sh"
+    (root / hostile).write_text("X=$(hostname)\npython3 -m verl.trainer.main_ppo a=$X\n")
+    text = init_manifest(root)
+    raw = yaml.safe_load(text)
+    assert "profile" not in raw and raw["golden_dir"] == "golden"
+    assert [c["launch"] for c in raw["cases"]] == [hostile, "ppo.sh"]
+    manifest = root / "manifest.yaml"
+    manifest.write_text(text)
+    loaded = load_manifest(manifest)
+    assert all(case.error is None for case in loaded.cases)
+
+
+def test_a_folder_without_examples_is_read_as_a_tree(
+    tmp_path: Path, upstream_checkout: Path
+) -> None:
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.pipeline.init_manifest import init_manifest
+
+    root = own_scripts(tmp_path / "my-runs", upstream_checkout)
+    init_manifest(root, root / "manifest.yaml")
+    session = AuditSession.start(
+        AuditOptions(manifest=str(root / "manifest.yaml"), upstream=str(root))
+    )
+    (case,) = session.cases
+    fields = session.read(case)
+    assert "algorithm.adv_estimator=gae" in fields.fields

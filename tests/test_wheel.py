@@ -66,8 +66,31 @@ def test_wheel_metadata_is_complete(wheel: Path) -> None:
     assert meta["Version"]
     assert meta["License-Expression"] == "Apache-2.0"
     assert "Framework :: Pytest" in meta.get_all("Classifier")
-    assert meta.get_all("Project-URL")
+    # This project's pages only: verl's repository is not where this package lives.
+    assert not [url for url in meta.get_all("Project-URL") or [] if "verl-project" in url]
     assert "verl==0.9.0; extra == 'upstream'" in meta.get_all("Requires-Dist")
     entry_points = archive.read(meta_name.replace("METADATA", "entry_points.txt")).decode()
     assert "verl_corpus = pytest_verl_compat.plugin" in entry_points
     assert "verl-compat = pytest_verl_compat.cli:main" in entry_points
+
+
+def test_plain_install_is_light_and_the_trainer_is_an_extra(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = Parser().parsestr(archive.read(meta_name).decode()).get_all("Requires-Dist")
+    plain = [r.split(";")[0] for r in requires if "extra ==" not in r]
+    heavy = ("torch", "transformers", "peft", "matplotlib")
+    assert not [r for r in plain if r.split("=")[0].split(">")[0].split("<")[0] in heavy], plain
+    trainer = {r.split(";")[0] for r in requires if "extra == 'trainer'" in r}
+    assert {"torch==2.13.0", "transformers>=4.51", "peft>=0.15", "matplotlib>=3.8"} <= trainer
+    # The test extra includes the trainer's (hatchling writes the self-reference out).
+    test = {r.split(";")[0] for r in requires if "extra == 'test'" in r}
+    assert trainer <= test
+
+
+def test_license_is_in_the_repository_and_the_wheel(wheel: Path) -> None:
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    archive = zipfile.ZipFile(wheel)
+    (licensed,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert archive.read(licensed).decode() == text

@@ -11,7 +11,13 @@ Deliberate differences from bash, each documented where it is implemented:
 * Pathname expansion is never performed.  An unquoted word that still holds ``*``, ``?`` or
   ``[`` after expansion stays literal, which is what bash produces when nothing matches.
 * Commands other than the shell builtins modelled here are skipped as if they succeeded
-  (status 0); their output matters only through ``substitutions``.
+  (status 0); their output matters only through ``substitutions``.  A builtin reached through
+  ``builtin``/``command`` is the builtin itself.  Refused instead: a child shell (``bash -c``,
+  code piped or fed into ``sh``, ``nohup bash ...``), ``hash -p``, and any change to ``PATH``
+  before the launcher, since each can make ``python3`` run something else unseen.
+* Input is bounded before shfmt sees it: a regular file of at most 1 MiB, brackets nested at
+  most 200 deep, shfmt itself capped in memory and time.  NUL bytes, carriage returns (which
+  bash keeps in words) and invalid UTF-8 are refused with the line they are on.
 * Variables bash sets by itself (``PWD``, ``PATH``, ``RANDOM``, ...) are unknown unless bound in
   ``Bindings.variables``; referencing one is an error instead of a guess.
 * Text whose meaning depends on the locale (non-ASCII in ``${#X}``, slices, patterns, case

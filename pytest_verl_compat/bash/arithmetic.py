@@ -15,6 +15,19 @@ def _wrap(value: int) -> int:
     return value - _INT64 if value >= 1 << 63 else value
 
 
+def _decimal_wrapped(digits: str) -> int:
+    """ASCII decimal digits as bash's arithmetic reads them: wrapped to 64 bits as it goes.
+
+    Read in chunks: Python refuses ``int()`` of more than 4300 digits, and the chunks keep the
+    cost linear in the length of the constant.
+    """
+    value = 0
+    for start in range(0, len(digits), 18):
+        chunk = digits[start : start + 18]
+        value = (value * 10 ** len(chunk) + int(chunk)) % _INT64
+    return _wrap(value)
+
+
 def _parse_number(text: str) -> int | None:
     """A bash integer constant (decimal, 0octal, 0xhex, base#digits); None if not a number."""
     # Malformed constants raise ValueError: bash rejects them instead of reading a name.
@@ -24,7 +37,7 @@ def _parse_number(text: str) -> int | None:
         base_text, _, digits = text.partition("#")
         if not _ascii_digits(base_text):
             return None
-        base = int(base_text)
+        base = int(base_text) if len(base_text) <= 2 else 0
         if not 2 <= base <= 64 or not digits:
             raise ValueError(f"invalid arithmetic base in {text!r}")
         value = 0
@@ -43,7 +56,7 @@ def _parse_number(text: str) -> int | None:
                 raise ValueError(f"invalid digit in {text!r}")
             if d >= base:
                 raise ValueError(f"value too great for base in {text!r}")
-            value = value * base + d
+            value = (value * base + d) % _INT64
         return _wrap(value)
     if text[0] not in "0123456789":
         return None
@@ -58,7 +71,7 @@ def _parse_number(text: str) -> int | None:
         if any(c in "89" for c in text):
             raise ValueError(f"value too great for base in {text!r}")
         return _wrap(int(text, 8))
-    return _wrap(int(text))
+    return _decimal_wrapped(text)
 
 
 def _legal_integer(text: str) -> int | None:
@@ -70,7 +83,12 @@ def _legal_integer(text: str) -> int | None:
         body = body[1:]
     if not _ascii_digits(body):
         return None
-    return _wrap(sign * int(body))
+    # bash's legal_number is strtoimax: a value outside 64 bits is not a number at all.
+    body = body.lstrip("0") or "0"
+    if len(body) > 19:
+        return None
+    value = sign * int(body)
+    return value if -(1 << 63) <= value < 1 << 63 else None
 
 
 class _Arithmetic(_State):

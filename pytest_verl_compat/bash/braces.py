@@ -153,6 +153,8 @@ def _brace_sequence(amble: list[_Item], line: int, shell: _State) -> list[str] |
         return None
     if step == 0:
         step = 1
+    if step == -(1 << 63) and start < end:
+        return None  # bash negates the increment to count upwards, and -INT64_MIN overflows
     step = abs(step) if start <= end else -abs(step)
     count = abs(end - start) // abs(step) + 1
     if count > _MAX_FIELDS:

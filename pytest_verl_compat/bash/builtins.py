@@ -47,7 +47,34 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
 }
 
 
-_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh"})
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
+# Programs that run the command given in their arguments: a shell among those arguments runs
+# code this reader never sees.
+_RUNNERS = frozenset(
+    "env nice nohup timeout stdbuf setsid sudo doas xargs time taskset numactl chrt ionice "
+    "chroot flock unbuffer script watch strace ltrace".split()
+)
+
+
+def _options(words: list[str]) -> list[str]:
+    """The leading option words (``-x``/``+x``), up to ``--`` or the first operand."""
+    found: list[str] = []
+    for word in words:
+        if word == "--" or len(word) < 2 or word[0] not in "-+":
+            break
+        found.append(word)
+    return found
+
+
+def _operands(words: list[str]) -> list[str]:
+    """The words after the leading options (and after ``--``)."""
+    rest = words[len(_options(words)) :]
+    return rest[1:] if rest[:1] == ["--"] else rest
+
+
+def _is_option(word: str, letter: str) -> bool:
+    """Whether a short-option word such as ``-ec`` holds ``letter``."""
+    return not word.startswith("--") and letter in word[1:]
 
 
 # bash expands an external command's redirections after forking, so their side effects (such
@@ -68,47 +95,113 @@ class _Builtins(_Conditions):
 
     def builtin(self, argv: list[str], line: int) -> int:
         """Builtins that change the shell; anything else is skipped as a success."""
-        name = argv[0]
+        unwrapped = self.unwrap(argv, line)
+        if isinstance(unwrapped, int):
+            return unwrapped
+        words, wrappers = unwrapped
+        # A builtin reached through `builtin`/`command` is named with them in errors.
+        prefix = "".join(f"{wrapper} " for wrapper in wrappers)
+        name = words[0]
         if name in (":", "true"):
             return 0
         if name == "false":
             return 1
         if name in ("[", "test"):
-            return self.test_builtin(argv, line)
+            return self.test_builtin(words, line)
         if name == "exit":
-            return self.exit_builtin(argv, line)
+            return self.exit_builtin(words, line)
         if name == "set":
-            return self.set_builtin(argv, line)
+            return self.set_builtin(words, line)
         if name == "shift":
-            return self.shift_builtin(argv, line)
+            return self.shift_builtin(words, line)
         if name == "unset":
-            return self.unset_builtin(argv, line)
+            return self.unset_builtin(words, line)
         if name in ("break", "continue"):
             if not self.loop_depth:
                 self.fail(line, name, f"`{name}` outside a loop")
             levels = 1
-            if len(argv) > 1:
-                parsed = _legal_integer(argv[1])
+            if len(words) > 1:
+                parsed = _legal_integer(words[1])
                 if parsed is None or parsed < 1:
-                    self.fail(line, name, f"invalid loop count {argv[1]!r}")
+                    self.fail(line, name, f"invalid loop count {words[1]!r}")
                 levels = parsed
             raise _LoopControl(name, min(levels, self.loop_depth))
         if name == "exec":
-            if len(argv) > 1:
-                self.fail(line, "exec", "replaces the shell with another program")
+            if len(words) > 1:
+                self.fail(line, f"{prefix}exec", "replaces the shell with another program")
             return 0
         if name in _REJECTED_BUILTINS:
             construct, detail = _REJECTED_BUILTINS[name]
-            self.fail(line, construct, detail)
-        if name == "printf" and len(argv) > 1 and argv[1].startswith("-v"):
-            self.fail(line, "printf -v", "sets a variable from formatted output")
+            self.fail(line, f"{prefix}{construct}", detail)
+        if name == "hash" and any(_is_option(a, "p") for a in _options(words[1:])):
+            self.fail(
+                line, f"{prefix}hash -p", "binds a command name to any file, `python3` included"
+            )
+        if name == "printf" and len(words) > 1 and words[1].startswith("-v"):
+            self.fail(line, f"{prefix}printf -v", "sets a variable from formatted output")
         if _LAUNCHER_MODULE in argv[1:]:
             self.fail(
-                line, "indirect launcher", f"`{name}` runs {_LAUNCHER_MODULE}; call it directly"
+                line, "indirect launcher", f"`{argv[0]}` runs {_LAUNCHER_MODULE}; call it directly"
             )
-        if name.rsplit("/", 1)[-1] in _SHELLS and any("main_ppo" in a for a in argv[1:]):
+        program = name.rsplit("/", 1)[-1]
+        if program in _SHELLS and any("main_ppo" in a for a in words[1:]):
             self.fail(line, "indirect launcher", f"`{name}` runs shell code that mentions main_ppo")
+        if program in _SHELLS:
+            self.child_shell(program, words, line)
+        if program in _RUNNERS:
+            for word in words[1:]:
+                if word.rsplit("/", 1)[-1] in _SHELLS:
+                    self.fail(
+                        line,
+                        f"{program} {word.rsplit('/', 1)[-1]}",
+                        "runs a child shell whose code this reader cannot see",
+                    )
         return 0
+
+    def unwrap(self, argv: list[str], line: int) -> tuple[list[str], list[str]] | int:
+        """The command that ``builtin``/``command`` prefixes run, with the prefixes; or the
+        status bash gives when they run nothing (no name, a bad option, not a builtin)."""
+        words = argv
+        wrappers: list[str] = []
+        while words[0] in ("builtin", "command"):
+            wrapper, rest = words[0], words[1:]
+            options = ""
+            while rest and rest[0].startswith("-") and rest[0] != "-":
+                if rest[0] == "--":
+                    rest = rest[1:]
+                    break
+                if wrapper == "builtin" or set(rest[0][1:]) - set("pvV"):
+                    return 2  # bash: invalid option
+                options += rest[0][1:]
+                rest = rest[1:]
+            if not rest:
+                return 0
+            if wrapper == "builtin" and rest[0] not in _BASH_BUILTINS:
+                return 1  # bash: not a shell builtin
+            if "v" in options or "V" in options:
+                # `command -v NAME` only describes NAME; like any other command it is assumed
+                # to succeed.
+                return 0
+            wrappers.append(f"{wrapper} -{options}" if options else wrapper)
+            words = rest
+        return words, wrappers
+
+    def child_shell(self, program: str, words: list[str], line: int) -> None:
+        """A shell started as a command runs code this reader never sees: refuse it."""
+        operands = list(_operands(words[1:]))
+        if any(_is_option(a, "c") for a in _options(words[1:])):
+            self.fail(line, f"{program} -c", "runs a string as code in a child shell")
+        if not operands or any(_is_option(a, "s") for a in _options(words[1:])):
+            self.fail(
+                line,
+                f"{program} stdin",
+                "a child shell runs the code fed to its standard input",
+            )
+        self.fail(
+            line,
+            f"{program} script",
+            f"runs {operands[0]!r} in a child shell; read that file on its own",
+        )
 
     def exit_builtin(self, argv: list[str], line: int) -> int:
         """``exit [N]``."""
@@ -182,6 +275,8 @@ class _Builtins(_Conditions):
                 self.fail(line, "unset", f"not a variable name: {arg!r}")
             if name in self.sh.readonly:
                 self.fail(line, "unset", f"{name} is readonly")
+            if name == "PATH":
+                self.note_path_change(line)
             if bracket:
                 if not rest.endswith("]"):
                     self.fail(line, "unset", f"bad array subscript {arg!r}")

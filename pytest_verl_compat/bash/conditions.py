@@ -39,7 +39,7 @@ class _Conditions(_Expansion):
                 return self.cond(node["X"]) or self.cond(node["Y"])
             left = self.string(node["X"], tilde="start")
             if op in ("==", "=", "!="):
-                matched = self.compile_pattern(node["Y"], line).fullmatch(left) is not None
+                matched = self.compile_pattern(node["Y"], line).fullmatch(left)
                 return matched if op != "!=" else not matched
             if op == "=~":
                 self.fail(line, "[[ =~ ]]", "regular-expression matching is not supported")

@@ -11,7 +11,24 @@ _MAX_STEPS = 200_000
 _MAX_VALUE = 1_000_000
 _MAX_FIELDS = 100_000
 _MAX_PATTERN_SUBJECT = 10_000
+# Steps of glob matching (one per live pattern position per character): globs are matched by
+# a set-of-positions automaton, linear in the text, but `${X//*a*b/r}` restarts at every offset.
+_MAX_PATTERN_STEPS = 2_000_000
+# Characters produced by all expansions together: each step is bounded, but 200k steps that
+# each copy a 1 MB value would take minutes.
+_MAX_WORK = 100_000_000
 _SHFMT_TIMEOUT = 60
+# Input bounds, checked before shfmt sees a byte. shfmt's tree takes about a kilobyte of memory
+# per byte of script (far more for many tiny statements), and its parser recurses once per
+# nesting level: 100k nested `(` cost it a gigabyte, and arithmetic parentheses overflow its
+# stack. The largest upstream example is under 12 KiB and nests fewer than 10 levels.
+_MAX_SCRIPT_BYTES = 1 << 20
+_MAX_NESTING = 200
+# shfmt's data segment (Go heap and goroutine stacks); a real script needs about 20 MiB.
+_SHFMT_MEMORY = 512 << 20
+# shfmt's JSON indents every level, so its size grows with the square of the nesting depth
+# (1000 nested `if` print 188 MB); a real script's tree is about 50 bytes per byte of script.
+_MAX_TREE_BYTES = 64 << 20
 
 
 class LaunchReadError(Exception):
@@ -26,7 +43,9 @@ class LaunchReadError(Exception):
 
     def __str__(self) -> str:
         where = self.path if self.line is None else f"{self.path}:{self.line}"
-        return f"{where}: {self.construct}: {self.detail}"
+        # One line whatever the script holds: a file name or a quoted word may hold newlines.
+        text = f"{where}: {self.construct}: {self.detail}"
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class LaunchExited(LaunchReadError):

@@ -67,7 +67,9 @@ class _Expansion(_Patterns):
                     fb.delimit()
         except _Budget as exc:
             self.fail(self.line, "limit", str(exc))
-        return fb.finish()
+        result = fb.finish()
+        self.charge(sum(map(len, result)) + len(result))
+        return result
 
     def string(self, word: Node | None, tilde: str | None) -> str:
         """Expand a word to one string: no brace expansion, no splitting."""
@@ -76,7 +78,9 @@ class _Expansion(_Patterns):
         fb = _Fields(split=False)
         items = self.word_items(word.get("Parts") or [])
         self.emit_items(self.tilde(items, tilde, _line(word)), fb, pword=False)
-        return fb.joined()
+        result = fb.joined()
+        self.charge(len(result))
+        return result
 
     def tilde(self, items: list[_Item], mode: str | None, line: int) -> list[_Item]:
         """Tilde expansion with bash's rules for each kind of word (``mode``)."""
@@ -484,7 +488,8 @@ class _Expansion(_Patterns):
         if name == "0":
             return self.path
         if _ascii_digits(name):
-            position = int(name)
+            # A position past 64 bits is past the end of any list.
+            position = int(name) if len(name) <= 19 else 1 << 63
             return self.sh.positional[position - 1] if position <= len(self.sh.positional) else None
         if name in ("$", "!", "-", "_"):
             self.fail(line, "special parameter", f"${name} is only known at run time")

@@ -314,6 +314,15 @@ class _Interpreter(_Builtins):
                 value = (current or "") + value
             temporary[name] = value
         if self.is_launcher(argv):
+            changed = line if "PATH" in temporary else self.sh.path_changed
+            if changed is not None:
+                # bash looks `python3` up in the changed PATH: it could be any program.
+                self.fail(
+                    changed,
+                    "PATH change",
+                    f"PATH is changed before the launcher on line {line}, so `{argv[0]}` may "
+                    "not be Python",
+                )
             with self.forked():
                 self.redirections(redirs, launcher=True)
             env = self.environment()

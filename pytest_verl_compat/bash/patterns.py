@@ -1,12 +1,17 @@
-"""Patterns: bash globs as regular expressions, case patterns and ``${X#p}``/``${X/p/r}``."""
+"""Patterns: bash globs, case patterns and ``${X#p}``/``${X/p/r}``.
+
+A glob is matched by an automaton over its positions (never by a backtracking regular
+expression, where ``*a*a*a*a*b`` on a long value takes exponential time), and every step is
+counted against a budget.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from pytest_verl_compat.bash.arithmetic import _Arithmetic
-from pytest_verl_compat.bash.errors import _MAX_PATTERN_SUBJECT
+from pytest_verl_compat.bash.errors import _MAX_PATTERN_STEPS, _MAX_PATTERN_SUBJECT, _Budget
 from pytest_verl_compat.bash.parse import Node, _line
 from pytest_verl_compat.bash.words import _Fields, _lit_chunks
 
@@ -31,40 +36,105 @@ class _GlobClassError(Exception):
     """An unknown ``[:class:]`` in a bracket expression."""
 
 
-def _glob_regex(chars: list[tuple[str, bool]]) -> str:
-    """Translate bash glob characters (special or literal) into a regular expression."""
-    out: list[str] = []
+# One glob element: a literal character, `?`, `*`, or a bracket expression (as a compiled
+# one-character regular expression).
+_Atom = tuple[str, "str | re.Pattern[str] | None"]
+
+
+def _glob_atoms(chars: list[tuple[str, bool]]) -> list[_Atom]:
+    """Bash glob characters (special or literal) as a list of glob elements."""
+    out: list[_Atom] = []
     i = 0
     n = len(chars)
     while i < n:
         c, special = chars[i]
         if not special:
-            out.append(re.escape(c))
-            i += 1
-            continue
-        if c == "*":
-            out.append(".*")
+            out.append(("lit", c))
+        elif c == "*":
+            if not out or out[-1][0] != "star":  # `**` is `*`
+                out.append(("star", None))
         elif c == "?":
-            out.append(".")
+            out.append(("any", None))
         elif c == "\\":
             # In an expanded pattern a backslash quotes the next character.
             if i + 1 < n:
-                out.append(re.escape(chars[i + 1][0]))
+                out.append(("lit", chars[i + 1][0]))
                 i += 1
             else:
-                out.append(re.escape(c))
+                out.append(("lit", c))
         elif c == "[":
             bracket = _glob_bracket(chars, i)
             if bracket is None:
-                out.append(re.escape(c))
+                out.append(("lit", c))
             else:
                 regex, i = bracket
-                out.append(regex)
+                out.append(("class", re.compile(regex, re.DOTALL)))
                 continue
         else:
-            out.append(re.escape(c))
+            out.append(("lit", c))
         i += 1
-    return "".join(out)
+    return out
+
+
+class _Glob:
+    """A glob as a set-of-positions automaton; ``spend`` is charged for every step."""
+
+    def __init__(self, atoms: list[_Atom], spend: Callable[[int], None]) -> None:
+        self.atoms = atoms
+        self.spend = spend
+        size = len(atoms)
+        # closure[k]: the positions reachable from k without reading (a `*` may match nothing).
+        closure: list[frozenset[int]] = [frozenset({size})]
+        for k in range(size - 1, -1, -1):
+            here = {k} | (closure[0] if atoms[k][0] == "star" else set())
+            closure.insert(0, frozenset(here))
+        self.closure = closure
+        # Characters every match contains: a text without one of them matches nowhere, which
+        # answers the common "no match" case without stepping through the text.
+        self.required = frozenset(arg for kind, arg in atoms if kind == "lit")
+        self.checked: tuple[str, bool] | None = None
+
+    def reversed(self) -> _Glob:
+        """The glob that matches the reversed strings (for suffix operations)."""
+        return _Glob(self.atoms[::-1], self.spend)
+
+    def ends(self, text: str, start: int) -> list[int]:
+        """Every ``end`` (ascending) such that ``text[start:end]`` matches the whole glob."""
+        if self.checked is None or self.checked[0] is not text:
+            self.spend(len(text) // 64)  # the scan below runs at C speed
+            self.checked = (text, self.required.issubset(text))
+        if not self.checked[1]:
+            return []
+        atoms, closure, final = self.atoms, self.closure, len(self.atoms)
+        states = closure[0]
+        found = [start] if final in states else []
+        for pos in range(start, len(text)):
+            self.spend(len(states))
+            ch = text[pos]
+            following: set[int] = set()
+            for k in states:
+                if k == final:
+                    continue
+                kind, arg = atoms[k]
+                if kind == "star":
+                    following |= closure[k]
+                elif (
+                    kind == "any"
+                    or (kind == "lit" and arg == ch)
+                    or (kind == "class" and isinstance(arg, re.Pattern) and arg.fullmatch(ch))
+                ):
+                    following |= closure[k + 1]
+            if not following:
+                break
+            states = frozenset(following)
+            if final in states:
+                found.append(pos + 1)
+        return found
+
+    def fullmatch(self, text: str) -> bool:
+        """Whether the whole of ``text`` matches."""
+        ends = self.ends(text, 0)
+        return bool(ends) and ends[-1] == len(text)
 
 
 def _glob_bracket(chars: list[tuple[str, bool]], start: int) -> tuple[str, int] | None:
@@ -143,37 +213,38 @@ class _Patterns(_Arithmetic):
                 chars.extend((c, True) for c in fb.joined())
         return chars
 
-    def compile_pattern(self, word: Node | None, line: int) -> re.Pattern[str]:
-        """A bash glob pattern word as a regular expression matching whole strings."""
+    def compile_pattern(self, word: Node | None, line: int) -> _Glob:
+        """A bash glob pattern word as a matcher of whole strings."""
+        return self.glob(self.pattern_chars(word), line)
+
+    def glob(self, chars: list[tuple[str, bool]], line: int) -> _Glob:
         try:
-            return re.compile(_glob_regex(self.pattern_chars(word)), re.DOTALL)
+            return _Glob(_glob_atoms(chars), self.spend_pattern_steps)
         except (re.error, _GlobClassError) as exc:
             self.fail(line, "pattern", f"unsupported pattern: {exc}")
 
+    def spend_pattern_steps(self, count: int) -> None:
+        self.pattern_steps += count
+        if self.pattern_steps > _MAX_PATTERN_STEPS:
+            raise _Budget("pattern matching takes too many steps")
+
     def match(self, word: Node, subject: str) -> bool:
         """Whether ``subject`` matches a case pattern."""
-        return self.compile_pattern(word, _line(word)).fullmatch(subject) is not None
+        return self.compile_pattern(word, _line(word)).fullmatch(subject)
 
     def remove_affix(self, value: str, op: str, word: Node | None, line: int) -> str:
-        """``${X#p} ${X##p} ${X%p} ${X%%p}``."""
+        """``${X#p} ${X##p} ${X%p} ${X%%p}``: shortest or longest prefix or suffix."""
         self.check_pattern_subject(value, line)
-        rx = self.compile_pattern(word, line)
-        n = len(value)
-        if op == "#":
-            cuts: Iterator[int] = iter(range(0, n + 1))
-        elif op == "##":
-            cuts = iter(range(n, -1, -1))
-        elif op == "%":
-            cuts = iter(range(n, -1, -1))
-        else:
-            cuts = iter(range(0, n + 1))
-        for cut in cuts:
-            if op.startswith("#"):
-                if rx.fullmatch(value, 0, cut):
-                    return value[cut:]
-            elif rx.fullmatch(value, cut, n):
-                return value[:cut]
-        return value
+        glob = self.compile_pattern(word, line)
+        if op.startswith("#"):
+            ends = glob.ends(value, 0)
+            if not ends:
+                return value
+            return value[(ends[0] if op == "#" else ends[-1]) :]
+        lengths = glob.reversed().ends(value[::-1], 0)
+        if not lengths:
+            return value
+        return value[: len(value) - (lengths[0] if op == "%" else lengths[-1])]
 
     def replace(self, value: str, repl: Node, line: int) -> str:
         """``${X/p/r} ${X//p/r} ${X/#p/r} ${X/%p/r}`` (bash 5.2: unquoted ``&`` is the match)."""
@@ -197,28 +268,27 @@ class _Patterns(_Arithmetic):
             if anchor == "%":
                 return value + render("")
             return value
-        try:
-            rx = re.compile(_glob_regex(chars), re.DOTALL)
-        except (re.error, _GlobClassError) as exc:
-            self.fail(line, "pattern", f"unsupported pattern: {exc}")
+        glob = self.glob(chars, line)
         n = len(value)
         if anchor == "#":
-            for end in range(n, -1, -1):
-                if rx.fullmatch(value, 0, end):
-                    return render(value[:end]) + value[end:]
-            return value
+            ends = glob.ends(value, 0)
+            if not ends:
+                return value
+            return render(value[: ends[-1]]) + value[ends[-1] :]
         if anchor == "%":
-            for start in range(0, n + 1):
-                if rx.fullmatch(value, start, n):
-                    return value[:start] + render(value[start:])
-            return value
+            lengths = glob.reversed().ends(value[::-1], 0)
+            if not lengths:
+                return value
+            start = n - lengths[-1]
+            return value[:start] + render(value[start:])
         out: list[str] = []
         i = 0
         replaced = False
         while i < n:
             if replaced and not repl.get("All"):
                 break
-            found = next((e for e in range(n, i, -1) if rx.fullmatch(value, i, e)), None)
+            ends = glob.ends(value, i)
+            found = ends[-1] if ends and ends[-1] > i else None
             if found is None:
                 out.append(value[i])
                 i += 1
@@ -227,7 +297,7 @@ class _Patterns(_Arithmetic):
             i = found
             replaced = True
         out.append(value[i:])
-        if n == 0 and rx.fullmatch(""):
+        if n == 0 and glob.fullmatch(""):
             return render("")
         return "".join(out)
 

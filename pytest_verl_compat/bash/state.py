@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from pytest_verl_compat.bash.errors import _MAX_FIELDS, _MAX_VALUE, LaunchReadError
+from pytest_verl_compat.bash.errors import (
+    _MAX_FIELDS,
+    _MAX_VALUE,
+    _MAX_WORK,
+    LaunchReadError,
+    _Budget,
+)
 from pytest_verl_compat.model import Bindings
 
 if TYPE_CHECKING:
@@ -127,6 +133,7 @@ class _Shell:
         positional: list[str],
         options: set[str],
         status: int = 0,
+        path_changed: int | None = None,
     ) -> None:
         self.vars = variables
         self.exported = exported
@@ -134,6 +141,8 @@ class _Shell:
         self.positional = positional
         self.options = options
         self.status = status
+        # The line of the first change to PATH: after it, `python3` may name another program.
+        self.path_changed = path_changed
 
     def fork(self) -> _Shell:
         """An independent copy, as a subshell gets."""
@@ -144,6 +153,7 @@ class _Shell:
             list(self.positional),
             set(self.options),
             self.status,
+            self.path_changed,
         )
 
 
@@ -169,6 +179,8 @@ class _State:
         )
         self.launch: LaunchRead | None = None
         self.steps = 0
+        self.pattern_steps = 0
+        self.work = 0
         self.loop_depth = 0
         self.line = 0
 
@@ -185,6 +197,12 @@ class _State:
 
         def ansi_c(self, text: str, line: int) -> str: ...
 
+    def charge(self, characters: int) -> None:
+        """Count characters produced by expansions against the script's work budget."""
+        self.work += characters
+        if self.work > _MAX_WORK:
+            raise _Budget(f"the script expands more than {_MAX_WORK} characters in all")
+
     # ---------------------------------------------------------------- assignments
 
     def check_assignable(self, name: str, line: int) -> None:
@@ -193,6 +211,13 @@ class _State:
             self.fail(line, "assignment", f"{name} is readonly")
         if name == "IFS":
             self.fail(line, "assignment", "changing IFS changes word splitting; not supported")
+        if name == "PATH":
+            self.note_path_change(line)
+
+    def note_path_change(self, line: int) -> None:
+        """Remember the first change to PATH; the launcher refuses to run after one."""
+        if self.sh.path_changed is None:
+            self.sh.path_changed = line
 
     def store(self, name: str, value: Value, line: int) -> None:
         """Set a variable, enforcing the size budget and ``set -a``."""

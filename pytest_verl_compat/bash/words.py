@@ -56,11 +56,16 @@ def _ascii_digits(text: str) -> bool:
     return bool(text) and all("0" <= c <= "9" for c in text)
 
 
+_LOWER_ASCII = "abcdefghijklmnopqrstuvwxyz"
+_TO_UPPER = str.maketrans(_LOWER_ASCII, _LOWER_ASCII.upper())
+_TO_LOWER = str.maketrans(_LOWER_ASCII.upper(), _LOWER_ASCII)
+
+
 def _ascii_case(text: str, op: str) -> str:
     """Bash's ``^^ ^ ,, ,`` case changes; only ASCII letters change in the C locale."""
     upper = op.startswith("^")
     if len(op) == 2:
-        return "".join(_ascii_case_char(c, upper) for c in text)
+        return text.translate(_TO_UPPER if upper else _TO_LOWER)
     return _ascii_case_char(text[:1], upper) + text[1:] if text else text
 
 

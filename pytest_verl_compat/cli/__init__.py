@@ -6,33 +6,107 @@ One module per command group; each adds its subcommands to the parser built here
 from __future__ import annotations
 
 import argparse
+import traceback
 from collections.abc import Sequence
+from importlib import metadata
+from typing import NoReturn
 
 from pytest_verl_compat.cli.assets import add_asset_parsers
 from pytest_verl_compat.cli.audit import add_audit_parser
+from pytest_verl_compat.cli.common import (
+    EXIT_INTERNAL,
+    EXIT_USAGE,
+    add_case_source,
+    case_source_options,
+    did_you_mean,
+    run_command,
+    say,
+)
 from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
 from pytest_verl_compat.cli.train import add_train_parser
 
+# The optional dependencies by top-level module, and the extra that installs them.
+EXTRAS = {
+    "torch": "trainer",
+    "transformers": "trainer",
+    "peft": "trainer",
+    "safetensors": "trainer",
+    "tqdm": "trainer",
+    "matplotlib": "trainer",
+    "gguf": "smollm2",
+    "reasoning_gym": "smollm2",
+    "verl": "upstream",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a "did you mean" for a mistyped subcommand or choice."""
+
+    def error(self, message: str) -> NoReturn:
+        if "invalid choice: " in message:
+            word = message.split("invalid choice: ", 1)[1].split("'")[1]
+            choices = [
+                name
+                for action in self._actions
+                for name in (action.choices or ())
+                if isinstance(name, str)
+            ]
+            message += did_you_mean(word, choices)
+        super().error(message)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pytest-verl-compat")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verl-compat", description=__doc__.splitlines()[0])
-    parser.add_argument("--manifest", help="corpus manifest (default: the embedded one)")
-    parser.add_argument(
-        "--upstream", help="verl checkout folder (default: $VERL_UPSTREAM, then the installed verl)"
+    parser = _Parser(
+        prog="verl-compat",
+        description=__doc__.splitlines()[0],
+        epilog="exit status: 0 clean, 1 findings or drift, 2 usage or unreadable input, "
+        "3 internal error",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_inspect_parsers(sub)
-    add_audit_parser(sub)
-    add_train_parser(sub)
-    add_drift_parsers(sub)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--manifest", metavar="PATH", help="corpus manifest (default: the embedded one)"
+    )
+    parser.add_argument(
+        "--upstream",
+        metavar="PATH",
+        help="verl checkout folder (default: $VERL_UPSTREAM, then the installed verl)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    common = case_source_options()
+    add_inspect_parsers(sub, common)
+    add_audit_parser(sub, common)
+    add_case_source(add_train_parser(sub))
+    add_drift_parsers(sub, common)
     add_asset_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return run_command(args.command, args.func, args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        top = (getattr(exc, "name", None) or "").split(".")[0]
+        if isinstance(exc, ModuleNotFoundError) and top in EXTRAS:
+            say(
+                args.command,
+                f"needs the [{EXTRAS[top]}] extra ({top} is not installed): "
+                f"pip install 'pytest-verl-compat[{EXTRAS[top]}]'",
+            )
+            return EXIT_USAGE
+        traceback.print_exc()
+        say(args.command, f"internal error (a bug, please report it): {type(exc).__name__}: {exc}")
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -38,7 +38,11 @@ def cmd_prompts(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"verl-compat prompts: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.train} train and {args.val} val {args.task} problems to {path}")
+    print(
+        f"verl-compat prompts: wrote {args.train} train and {args.val} val {args.task} problems "
+        f"to {path}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -50,5 +54,8 @@ def cmd_model(args: argparse.Namespace) -> int:
     except (ImportError, FileNotFoundError) as exc:
         print(f"verl-compat model: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote SmolLM2-135M-Instruct (float32, dequantised from Q4_1) to {path}")
+    print(
+        f"verl-compat model: wrote SmolLM2-135M-Instruct (float32, dequantised from Q4_1) to {path}",
+        file=sys.stderr,
+    )
     return 0

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from pytest_verl_compat.cli.common import open_session
+from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, open_session, say
 from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.report import build_audit, summary_lines
 from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
@@ -21,34 +22,37 @@ def cmd_audit(args: argparse.Namespace) -> int:
         try:
             entries.append(session.audit_entry(case))
         except (StageFailed, StageUnavailable) as exc:
-            print(f"verl-compat audit: {exc}", file=sys.stderr)
-            return 2
+            say("audit", str(exc))
+            return EXIT_USAGE
     audit = build_audit(session, entries)
     text = dumps(audit)
     golden = session.golden_dir / "audit.json"
+    # The summary is a message: stdout holds only the JSON (`verl-compat audit | python -m json.tool`).
     for line in summary_lines(audit["totals"]):
-        print(line)
+        print(line, file=sys.stderr)
     if args.check:
         if not golden.is_file() or golden.read_text(encoding="utf-8") != text:
             old = json.loads(golden.read_text(encoding="utf-8")) if golden.is_file() else {}
-            print(f"verl-compat audit: {golden} is out of date:", file=sys.stderr)
+            say("audit", f"{golden} is out of date:")
             for line in leaf_diff(old, json.loads(text)):
                 print(f"  {line}", file=sys.stderr)
             print("run `verl-compat audit --write` to accept", file=sys.stderr)
-            return 1
-        print(f"{golden} is up to date")
-        return 0
+            return EXIT_FINDINGS
+        say("audit", f"{golden} is up to date")
+        return EXIT_OK
     target = Path(args.json) if args.json else (golden if args.write else None)
     if target is None:
         sys.stdout.write(text)
     else:
         write_atomic(target, text)
-        print(f"wrote {target}")
-    return 0
+        say("audit", f"wrote {target}")
+    return EXIT_OK
 
 
-def add_audit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    audit = sub.add_parser("audit", help="regenerate the audit JSON of every case (no pytest)")
+def add_audit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    audit = sub.add_parser(
+        "audit", parents=[common], help="print the audit JSON of every case (no pytest)"
+    )
     mode = audit.add_mutually_exclusive_group()
     mode.add_argument(
         "--check", action="store_true", help="compare with golden/audit.json byte for byte"

@@ -1,12 +1,74 @@
-"""What every command shares: the session from the global options, bindings flags, script cases."""
+"""What every command shares: exit codes, case-source options, the session, script cases.
+
+Exit codes (the README's table): 0 clean, 1 findings / drift / a stale golden file, 2 usage
+(bad arguments, unknown case, missing file, unreadable input), 3 an internal error (a bug).
+Requested output goes to stdout, every message to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
 from pathlib import Path
+from typing import Any
 
 from pytest_verl_compat.model import Bindings, Case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+
+class UsageError(Exception):
+    """A one-line message for the user; the command exits with ``EXIT_USAGE``."""
+
+
+def say(command: str, message: str) -> None:
+    """A message for the user: on stderr, prefixed with the command."""
+    print(
+        f"verl-compat {command}: {message}" if command else f"verl-compat: {message}",
+        file=sys.stderr,
+    )
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """``; did you mean 'x'?`` for the closest choices, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def case_source_options() -> argparse.ArgumentParser:
+    """A parent parser with ``--manifest`` and ``--upstream``, for every subcommand that reads cases."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_case_source(parent)
+    return parent
+
+
+def add_case_source(parser: argparse.ArgumentParser) -> None:
+    """``--manifest`` and ``--upstream`` on a subcommand.
+
+    They are accepted before or after the subcommand; SUPPRESS keeps a subcommand's parser from
+    overwriting a value given before it.
+    """
+    group = parser.add_argument_group("case source")
+    group.add_argument(
+        "--manifest",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="corpus manifest (default: the embedded one)",
+    )
+    group.add_argument(
+        "--upstream",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="verl checkout or folder with verl/trainer/config "
+        "(default: $VERL_UPSTREAM, then the installed verl)",
+    )
 
 
 def name_value(text: str) -> tuple[str, str]:
@@ -39,18 +101,53 @@ def flag_bindings(args: argparse.Namespace) -> Bindings:
     )
 
 
+def existing_file(path: str, what: str = "file") -> Path:
+    """The path, or a UsageError saying it is not found."""
+    found = Path(path).expanduser()
+    if not found.is_file():
+        raise UsageError(f"{path}: {what} not found")
+    return found
+
+
 def open_session(args: argparse.Namespace) -> AuditSession:
+    manifest = getattr(args, "manifest", None)
+    if manifest is not None:
+        existing_file(manifest, "manifest")
+    upstream = getattr(args, "upstream", None)
+    if upstream is not None and not Path(upstream).expanduser().is_dir():
+        raise UsageError(f"{upstream}: upstream folder not found")
     session = AuditSession.start(
-        AuditOptions(manifest=args.manifest, upstream=args.upstream, rootdir=str(Path.cwd()))
+        AuditOptions(manifest=manifest, upstream=upstream, rootdir=str(Path.cwd()))
     )
     if session.manifest_error:
-        raise SystemExit(f"verl-compat: {session.manifest_error}")
+        raise UsageError(session.manifest_error)
     return session
 
 
+def _looks_like_path(target: str) -> bool:
+    return target.endswith((".sh", ".bash")) or target.startswith((".", "/", "~"))
+
+
 def case_for_target(session: AuditSession, target: str, args: argparse.Namespace) -> Case:
-    """A manifest case by id, or a one-off case for a script path (raises KeyError otherwise)."""
-    if Path(target).is_file():
-        return session.case_for_script(target, flag_bindings(args))
+    """A manifest case by id, or a one-off case for a script path (raises UsageError otherwise)."""
+    if Path(target).expanduser().is_file():
+        return session.case_for_script(Path(target).expanduser(), flag_bindings(args))
     assert session.manifest is not None
-    return session.manifest.case(target)
+    ids = [case.id for case in session.cases]
+    if target in ids:
+        return session.manifest.case(target)
+    if _looks_like_path(target):
+        raise UsageError(f"{target}: launch script not found")
+    raise UsageError(
+        f"no case {target!r} in {session.manifest.path}{did_you_mean(target, ids)} "
+        f"({len(ids)} cases; a launch script path also works)"
+    )
+
+
+def run_command(command: str, func: Any, args: argparse.Namespace) -> int:
+    """Run a subcommand; a UsageError becomes its one-line message and exit 2."""
+    try:
+        return int(func(args))
+    except UsageError as exc:
+        say(command, str(exc))
+        return EXIT_USAGE

@@ -11,26 +11,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    open_session,
+    say,
+)
+
 
 def _folder(value: str) -> str:
     if not Path(value).expanduser().is_dir():
         raise argparse.ArgumentTypeError(f"{value!r} is not a folder")
     return value
-
-
-def _pinned_session(args: argparse.Namespace) -> Any:
-    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-
-    session = AuditSession.start(
-        AuditOptions(
-            manifest=getattr(args, "manifest", None),
-            upstream=getattr(args, "upstream", None),
-            rootdir=str(Path.cwd()),
-        )
-    )
-    if session.manifest_error:
-        raise SystemExit(f"verl-compat: {session.manifest_error}")
-    return session
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
@@ -44,10 +37,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
     )
 
     try:
-        report = drift_report(_pinned_session(args), Path(args.against))
+        report = drift_report(open_session(args), Path(args.against))
     except DriftError as exc:
-        print(f"verl-compat drift: {exc}", file=sys.stderr)
-        return 2
+        say("drift", str(exc))
+        return EXIT_USAGE
     markdown = render_markdown(report)
     if args.json:
         write_atomic(Path(args.json), dumps(report))
@@ -55,13 +48,13 @@ def cmd_drift(args: argparse.Namespace) -> int:
         write_atomic(Path(args.markdown), markdown)
     if not args.json and not args.markdown:
         sys.stdout.write(markdown)
-    return 1 if has_drift(report) else 0
+    return EXIT_FINDINGS if has_drift(report) else EXIT_OK
 
 
 def cmd_retarget(args: argparse.Namespace) -> int:
     from pytest_verl_compat.upstream.retarget import RetargetError, retarget_cases, retarget_profile
 
-    session = _pinned_session(args)
+    session = open_session(args)
     pin = session.pin
     # Cases are composed on the other tree too, so leaves their overrides bring in get rules.
     cases = retarget_cases(session) if session.upstream is not None else []
@@ -70,44 +63,51 @@ def cmd_retarget(args: argparse.Namespace) -> int:
             session.profile_name,
             Path(args.against),
             args.profile,
-            out_dir=Path(args.out) if args.out else None,
+            # Never beside the pinned profile by default: that is inside the installed package.
+            out_dir=Path(args.out) if args.out else Path.cwd(),
             version=args.version,
             config_dir=pin.config_dir,
             config_name=pin.config_name,
             cases=cases,
         )
     except RetargetError as exc:
-        print(f"verl-compat retarget: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    print(
+        say("retarget", str(exc))
+        return EXIT_USAGE
+    say("retarget", f"wrote {path}")
+    say(
+        "retarget",
         "set `profile:` in the manifest to this file and update the upstream pin, then run "
-        "pytest --verl-corpus --snapshot-update and review the golden diff"
+        "pytest --verl-corpus --snapshot-update and review the golden diff",
     )
-    return 0
+    return EXIT_OK
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, init_manifest
+    from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, init_manifest, unbound
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
-        print(f"verl-compat init: {out} exists (use --force to overwrite)", file=sys.stderr)
-        return 2
+        say("init", f"{out} exists (use --force to overwrite)")
+        return EXIT_USAGE
     text = init_manifest(Path(args.folder), out)
     if out is None:
         sys.stdout.write(text)
     else:
-        print(f"wrote {out}")
-    if PLACEHOLDER in text:
-        print(f'bind every "{PLACEHOLDER}" in the manifest before auditing', file=sys.stderr)
-    return 0
+        say("init", f"wrote {out}")
+    left = unbound(text)
+    if left:
+        say(
+            "init", f'bind every "{PLACEHOLDER}" in the manifest before auditing: {", ".join(left)}'
+        )
+    return EXIT_OK
 
 
-def add_drift_parsers(subparsers: Any) -> None:
+def add_drift_parsers(subparsers: Any, common: argparse.ArgumentParser | None = None) -> None:
     """Register ``drift``, ``retarget`` and ``init`` on an ``add_subparsers()`` object."""
+    parents = [common] if common is not None else []
     drift = subparsers.add_parser(
         "drift",
+        parents=parents,
         help="compare the corpus on another verl tree with the pinned one "
         "(exit 1 when it drifts, 0 when not)",
     )
@@ -126,6 +126,7 @@ def add_drift_parsers(subparsers: Any) -> None:
 
     retarget = subparsers.add_parser(
         "retarget",
+        parents=parents,
         help="write a new profile for another verl tree: the pinned rules plus a "
         "not-yet-reviewed rule for every leaf they cannot classify",
     )
@@ -136,7 +137,7 @@ def add_drift_parsers(subparsers: Any) -> None:
     retarget.add_argument(
         "--out",
         metavar="DIR",
-        help="folder for the profile (default: beside the pinned one)",
+        help="folder for the profile (default: the current folder)",
     )
     retarget.add_argument(
         "--version",

@@ -3,81 +3,85 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from pytest_verl_compat.bash import LaunchReadError, read_launch
 from pytest_verl_compat.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
     add_bindings_flags,
     case_for_target,
+    existing_file,
     flag_bindings,
     open_session,
+    say,
 )
 from pytest_verl_compat.model import StageFailed, StageUnavailable
-from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
+from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
+from pytest_verl_compat.pipeline.pins import UpstreamError
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.manifest or default_manifest_path())
+    script = existing_file(args.script, "launch script")
+    manifest_path = getattr(args, "manifest", None)
+    try:
+        manifest = load_manifest(
+            existing_file(manifest_path, "manifest") if manifest_path else default_manifest_path()
+        )
+    except ManifestError as exc:
+        raise UsageError(str(exc)) from exc
     bindings = manifest.bindings.overlay(flag_bindings(args))
     try:
-        read = read_launch(args.script, bindings)
+        read = read_launch(script, bindings)
     except LaunchReadError as exc:
-        print(f"verl-compat read: {exc}", file=sys.stderr)
-        return 2
+        say("read", str(exc))
+        return EXIT_USAGE
     for field in read.argv:
         print(field)
-    return 0
+    return EXIT_OK
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
     import yaml
 
     session = open_session(args)
-    try:
-        case = case_for_target(session, args.target, args)
-    except KeyError as exc:
-        print(f"verl-compat compose: {exc.args[0]}", file=sys.stderr)
-        return 2
+    case = case_for_target(session, args.target, args)
     try:
         composition = session.outcome(case).composition
     except (StageFailed, StageUnavailable) as exc:
-        print(f"verl-compat compose: {exc}", file=sys.stderr)
-        return 2
+        say("compose", str(exc))
+        return EXIT_USAGE
     if not composition.composed:
-        print(f"verl-compat compose: composition rejected: {composition.reason}", file=sys.stderr)
-        return 1
+        say("compose", f"composition rejected: {composition.reason}")
+        return EXIT_FINDINGS
     sys.stdout.write(yaml.safe_dump(composition.resolved, sort_keys=False))
-    return 0
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Compose a case or script with extra fields and print its findings, one per line."""
     session = open_session(args)
+    case = case_for_target(session, args.target, args)
     try:
-        case = case_for_target(session, args.target, args)
-    except KeyError as exc:
-        print(f"verl-compat check: {exc.args[0]}", file=sys.stderr)
-        return 2
-    if args.set:
-        case = dataclasses.replace(
-            case, id=f"{case.id}+set", overrides=case.overrides + tuple(args.set)
-        )
-    try:
+        # The base case's fields come from its script or its golden file; --set adds to them.
+        case = session.with_overrides(case, tuple(args.set or ()))
         report = session.compile(case)
     except (StageFailed, StageUnavailable) as exc:
-        print(f"verl-compat check: {exc}", file=sys.stderr)
-        return 2
+        say("check", str(exc))
+        return EXIT_USAGE
     if report is None:
         print(f"ERROR <composition>: {session.outcome(case).composition.reason}")
-        return 1
+        return EXIT_FINDINGS
     for finding in report.findings:
         print(finding.line())
     for problem in (leaf.problem for leaf in report.leaves if leaf.problem):
         print(f"ERROR {problem}")
-    print(f"{report.outcome}: {report.reason}", file=sys.stderr)
-    return 0 if report.accepted else 1
+    say("check", f"{report.outcome}: {report.reason}")
+    return EXIT_OK if report.accepted else EXIT_FINDINGS
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -95,47 +99,51 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     session = open_session(args)
     try:
-        mapping = load_resolved(Path(args.resolved))
+        mapping = load_resolved(existing_file(args.resolved, "resolved configuration"))
     except ResolvedFileError as exc:
-        print(f"verl-compat compile: {exc}", file=sys.stderr)
-        return 2
+        say("compile", str(exc))
+        return EXIT_USAGE
     pin = session.pin
     others = []
     for tree_path in args.tree or []:
-        tree = checkout_tree(Path(tree_path), pin, "option")
+        try:
+            tree = checkout_tree(Path(tree_path), pin, "option")
+        except UpstreamError as exc:
+            raise UsageError(str(exc)) from exc
         others.append((f"the tree at {tree_path}", Composer(tree.config_dir, pin.config_name)))
     check = check_resolved(mapping, session.composer(), f"verl {pin.version}", others)
     for line in check.lines():
         print(line, file=sys.stderr)
     if not check.from_pinned_tree or check.unresolved:
-        print(
-            f"verl-compat compile: {args.resolved} is not a complete verl {pin.version} mapping",
-            file=sys.stderr,
-        )
-        return 1
+        say("compile", f"{args.resolved} is not a complete verl {pin.version} mapping")
+        return EXIT_FINDINGS
     report = compile_resolved(
         mapping, case_id=Path(args.resolved).stem, profile=load_profile(session.profile_name)
     )
     summary = {key: value for key, value in report.to_json().items() if key != "leaves"}
     sys.stdout.write(dumps(report.to_json() if args.full else summary))
-    return 0 if report.accepted else 1
+    return EXIT_OK if report.accepted else EXIT_FINDINGS
 
 
-def add_inspect_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    read = sub.add_parser("read", help="print a launch script's explicit fields, one per line")
+def add_inspect_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    read = sub.add_parser(
+        "read", parents=[common], help="print a launch script's explicit fields, one per line"
+    )
     read.add_argument("script")
     add_bindings_flags(read)
     read.set_defaults(func=cmd_read)
 
     compose = sub.add_parser(
-        "compose", help="print the resolved mapping of a case or script as YAML"
+        "compose", parents=[common], help="print the resolved mapping of a case or script as YAML"
     )
     compose.add_argument("target", metavar="CASE|SCRIPT")
     add_bindings_flags(compose)
     compose.set_defaults(func=cmd_compose)
 
     comp = sub.add_parser(
-        "compile", help="compile a resolved configuration file (e.g. .hydra/config.yaml)"
+        "compile",
+        parents=[common],
+        help="compile a resolved configuration file (e.g. .hydra/config.yaml)",
     )
     comp.add_argument("resolved", metavar="RESOLVED.yaml")
     comp.add_argument(
@@ -144,7 +152,9 @@ def add_inspect_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     comp.add_argument("--full", action="store_true", help="include every leaf's class")
     comp.set_defaults(func=cmd_compile)
 
-    check = sub.add_parser("check", help="print a case's findings; exit 1 on an error")
+    check = sub.add_parser(
+        "check", parents=[common], help="print a case's findings; exit 1 on an error"
+    )
     check.add_argument("target", metavar="CASE|SCRIPT")
     check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
     add_bindings_flags(check)

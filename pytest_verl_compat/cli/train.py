@@ -91,7 +91,6 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--test-freq", type=_frequency, help="validate every N steps (default: upstream)"
     )
-    parser.add_argument("--manifest", dest="train_manifest", help="corpus manifest")
     parser.add_argument(
         "--no-progress",
         action="store_true",
@@ -103,9 +102,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _config(target: str, manifest: str | None) -> ReferenceTrainerConfig:
+def _config(
+    target: str, manifest: str | None, upstream: str | None = None
+) -> ReferenceTrainerConfig:
     """The case's ReferenceTrainerConfig, through the compile gate, from the manifest or a script."""
-    session = AuditSession.start(AuditOptions(manifest=manifest, upstream=None))
+    session = AuditSession.start(AuditOptions(manifest=manifest, upstream=upstream))
     if session.manifest_error or session.manifest is None:
         raise ValueError(session.manifest_error)
     if Path(target).is_file():
@@ -118,7 +119,7 @@ def _config(target: str, manifest: str | None) -> ReferenceTrainerConfig:
 def cmd_train(args: argparse.Namespace) -> int:
     """Run the reference trainer; 0 on success, 2 on a bad case or binding."""
     try:
-        cfg = _config(args.case, getattr(args, "train_manifest", None))
+        cfg = _config(args.case, getattr(args, "manifest", None), getattr(args, "upstream", None))
     except (StageFailed, StageUnavailable, KeyError, ValueError) as exc:
         print(f"verl-compat train: {exc}", file=sys.stderr)
         return 2

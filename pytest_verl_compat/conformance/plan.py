@@ -13,9 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
+from pytest_verl_compat.pipeline.safe_input import load_yaml_file
 
 COMPONENTS = (
     "advantage",
@@ -130,7 +129,7 @@ class ConformanceCase:
 
 def load_tolerances(path: str | Path) -> dict[str, Any]:
     """Read and check `corpus/conformance.yaml`: per component and dtype rtol/atol, samples."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    data = load_yaml_file(path, what="tolerance file")  # InputError (a ValueError) names it
     if not isinstance(data, dict) or not isinstance(data.get("tolerances"), dict):
         raise ValueError(f"{path}: expected a mapping with a 'tolerances' mapping")
     tolerances = data["tolerances"]

@@ -7,6 +7,7 @@ lowers to the reference trainer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from pytest_verl_compat.pipeline.pins import (
 from pytest_verl_compat.pipeline.profile import default_profile, load_profile
 from pytest_verl_compat.pipeline.read import PinMismatch, read_case_fields
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
+from pytest_verl_compat.pipeline.safe_input import confined
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from reference_trainer.config import ReferenceTrainerConfig
 
@@ -144,7 +146,9 @@ class AuditSession:
         """Read stage: needs a checkout with the launch scripts."""
         if case.error:
             raise StageFailed(case.error)
-        if self.upstream is None or not self.upstream.has_scripts:
+        if self.upstream is None or not (
+            self.upstream.has_scripts or self._inputs_present(case, self.upstream.root)
+        ):
             where = (
                 "no upstream"
                 if self.upstream is None
@@ -158,8 +162,29 @@ class AuditSession:
             )
         return self._read_from(case, self.upstream.root, label=f"[{case.id}] ")
 
+    @staticmethod
+    def _inputs_present(case: Case, root: Path) -> bool:
+        # A folder of the user's own scripts needs no examples/ to be read: its cases' inputs are there.
+        return bool(case.inputs) and all((root / pin.path).is_file() for pin in case.inputs)
+
+    def with_overrides(self, case: Case, overrides: tuple[str, ...]) -> Case:
+        """``case`` plus extra overrides, its fields read (or taken from golden) as ``case``'s are."""
+        if not overrides:
+            return case
+        if case.resolved is not None:
+            raise StageFailed(f"[{case.id}] a resolved configuration takes no extra overrides")
+        base = self.outcome(case)
+        extended = dataclasses.replace(
+            case, id=f"{case.id}+set", overrides=case.overrides + overrides
+        )
+        fields = ExplicitFields(base.fields.fields + overrides, base.fields.launch_line)
+        composition = self.composer().compose(fields.fields, case.bindings.variables)
+        self._outcomes[extended.id] = CaseOutcome(fields, base.fields_source, composition)
+        return extended
+
     def golden_path(self, case: Case) -> Path:
-        return self.golden_dir / "compose" / f"{case.id}.json"
+        # The id is checked when the manifest loads; confined() keeps that a guarantee here.
+        return confined(self.golden_dir / "compose", f"{case.id}.json")
 
     def golden_fields(self, case: Case) -> ExplicitFields:
         """Explicit fields recorded in the golden snapshot, only if it pins the same inputs."""

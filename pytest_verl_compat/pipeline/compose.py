@@ -26,6 +26,8 @@ from pytest_verl_compat.pipeline.hydra_internals import (
     grammar_parse_cache,
     parse_override,
 )
+from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml, read_bytes, read_text
+from pytest_verl_compat.pipeline.targets import target_rejection
 
 MISSING = "???"
 # OmegaConf types container keys loosely; a tree composed from YAML files has string keys.
@@ -104,11 +106,21 @@ _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*")
 
 
 def tree_digest(config_dir: Path) -> str:
-    """sha256 over the relative paths and bytes of every file under ``config_dir``."""
+    """sha256 over the relative paths and bytes of every file under ``config_dir``.
+
+    The tree may be a stranger's: before Hydra opens anything, every entry must be a folder or a
+    bounded regular file, and every YAML file must pass the bounded loader (no alias bombs, no
+    duplicate keys); otherwise InputError names the file.
+    """
     digest = hashlib.sha256()
-    for file in sorted(p for p in Path(config_dir).rglob("*") if p.is_file()):
+    for file in sorted(p for p in Path(config_dir).rglob("*") if not p.is_dir()):
+        data = read_bytes(file, what="config file")
+        # OmegaConf's own loader refuses duplicate keys; an anchor is what an alias bomb needs,
+        # and only files with one pay for the bounded parse (~5 ms per file).
+        if file.suffix in {".yaml", ".yml"} and b"&" in data:
+            load_yaml(read_text(file, what="config file"), str(file))
         digest.update(file.relative_to(config_dir).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(file.read_bytes()).digest())
+        digest.update(hashlib.sha256(data).digest())
     return digest.hexdigest()
 
 
@@ -181,6 +193,7 @@ class Composer:
     def _hydra(self) -> Iterator[None]:
         # GlobalHydra is process-wide: another tree, or another user of Hydra in the same
         # pytest process, may have initialised it.
+        self._tree_digest()  # no Hydra read of a tree whose files were not checked (InputError)
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(self.config_dir), version_base=None):
             yield
@@ -189,10 +202,13 @@ class Composer:
         with self._hydra():
             return compose(config_name=self.config_name, overrides=list(fields))
 
-    def _base(self) -> _Base:
+    def _tree_digest(self) -> str:
         if self._digest is None:
             self._digest = tree_digest(self.config_dir)
-        key = (self._digest, self.config_name)
+        return self._digest
+
+    def _base(self) -> _Base:
+        key = (self._tree_digest(), self.config_name)
         base = _BASES.get(key)
         if base is None:
             with self._hydra():
@@ -210,7 +226,20 @@ class Composer:
         return self._hydra_compose(fields)
 
     def compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
-        """Compose and resolve; Hydra and OmegaConf errors become a composition rejection."""
+        """Compose and resolve; Hydra and OmegaConf errors become a composition rejection, and
+        so does a ``_target_`` the tree does not name (see ``targets.py``)."""
+        try:
+            self._tree_digest()  # checks the tree's files before Hydra opens any of them
+        except InputError as exc:
+            return Composition(COMPOSITION_REJECTION, reason=str(exc))
+        composition = self._compose_values(fields, variables)
+        if composition.composed:
+            foreign = target_rejection(composition.mapping, self.config_dir)
+            if foreign is not None:
+                return Composition(COMPOSITION_REJECTION, reason=foreign)
+        return composition
+
+    def _compose_values(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
         if self.fast:
             try:
                 return self._fast_compose(fields, variables)

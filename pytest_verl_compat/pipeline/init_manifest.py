@@ -18,8 +18,9 @@ import yaml
 
 from pytest_verl_compat.bash import LaunchReadError, command_substitutions, read_launch
 from pytest_verl_compat.model import Bindings
-from pytest_verl_compat.pipeline.manifest import default_manifest_path, embedded_root
+from pytest_verl_compat.pipeline.manifest import default_manifest_path
 from pytest_verl_compat.pipeline.pins import sha256_file
+from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 PLACEHOLDER = "BIND_ME"
 _UPSTREAM_KEYS = (
@@ -33,9 +34,27 @@ _UPSTREAM_KEYS = (
 )
 
 
+# What JSON leaves raw but YAML reads as a line break (\x85, \u2028, \u2029) or refuses as
+# non-printable (C1 controls, surrogates from undecodable file names, \ufffe, \uffff).
+_NOT_YAML_TEXT = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+
+
 def _scalar(value: str) -> str:
-    # A JSON string is a valid YAML double-quoted scalar, whatever it contains.
-    return json.dumps(value, ensure_ascii=False)
+    """A double-quoted YAML scalar on one line, whatever the text holds."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _NOT_YAML_TEXT.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _comment(value: str) -> str:
+    """Text for a ``#`` comment: escaped like a scalar, so a file name cannot end the comment."""
+    return _scalar(value)[1:-1]
+
+
+def unbound(text: str) -> list[str]:
+    """The substitutions of a starter manifest still waiting for a value."""
+    raw = yaml.safe_load(text) or {}
+    substitutions = (raw.get("environment") or {}).get("substitutions") or {}
+    return sorted(key for key, value in substitutions.items() if value == PLACEHOLDER)
 
 
 def case_id(stem: str, taken: set[str]) -> str:
@@ -85,25 +104,25 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     )
 
     out_lines = [
-        f"# Starter manifest for the launch scripts under {folder}, written by `verl-compat init`.",
+        f"# Starter manifest for the launch scripts under {_comment(folder.name)}/, written by "
+        "`verl-compat init`.",
         "# Input paths are relative to the folder given as --verl-corpus-upstream; it must hold",
         "# the pinned verl config tree at verl/trainer/config (a symlink will do).",
-        f'# Replace every "{PLACEHOLDER}" with the output the command prints on the machine',
-        "# you launch from; nothing is executed when the scripts are read.",
-        "schema_version: 1",
-        "",
-        "upstream:",
     ]
+    if PLACEHOLDER in bindings.substitutions.values():
+        out_lines += [
+            f'# Replace every "{PLACEHOLDER}" with the output the command prints on the machine',
+            "# you launch from; nothing is executed when the scripts are read.",
+        ]
+    out_lines += ["schema_version: 1", "", "upstream:"]
     out_lines += [f"  {key}: {_scalar(str(embedded['upstream'][key]))}" for key in _UPSTREAM_KEYS]
-    conformance = embedded_root() / "corpus" / "conformance.yaml"
     out_lines += [
         "",
         "# Snapshots of these cases, beside this manifest.",
         "golden_dir: golden",
         "",
-        "# Tolerances of the conformance stage (the plugin's math against upstream verl's); it",
-        "# does not depend on your scripts, so the plugin's own file serves.",
-        f"conformance: {_scalar(str(conformance))}",
+        "# No `conformance:` file: that stage checks the plugin's math against upstream verl's and",
+        "# does not depend on your scripts; `pytest --verl-corpus -k conformance` runs it.",
         "",
         "environment:",
         "  variables:",
@@ -114,7 +133,7 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
         for text in sorted(substitutions):
             value = known.get(text, PLACEHOLDER)
             origin = " (value from the embedded corpus)" if text in known else ""
-            out_lines.append(f"    # {', '.join(substitutions[text])}{origin}")
+            out_lines.append(f"    # {_comment(', '.join(substitutions[text]))}{origin}")
             out_lines.append(f"    {_scalar(text)}: {_scalar(value)}")
     else:
         out_lines.append("  substitutions: {}")
@@ -123,7 +142,7 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
 
     taken: set[str] = set()
     if not scripts:
-        out_lines.append(f"  # no *.sh file under {folder}")
+        out_lines.append(f"  # no *.sh file under {_comment(folder.name)}/")
     for script in scripts:
         rel = script.relative_to(folder).as_posix()
         problem = problems.get(script)
@@ -138,7 +157,7 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
         if problem is not None:
             # Paths in the reader's message are this machine's; the relative one is enough.
             for text in problem.replace(str(script), rel).splitlines():
-                out_lines.append(f"  # cannot read yet: {text}")
+                out_lines.append(f"  # cannot read yet: {_comment(text)}")
         out_lines += [
             f"  - id: {case_id(script.stem, taken)}",
             "    kind: user",
@@ -150,5 +169,5 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
         ]
     text = "\n".join(out_lines) + "\n"
     if out is not None:
-        Path(out).write_text(text, encoding="utf-8")
+        write_atomic(Path(out), text)
     return text

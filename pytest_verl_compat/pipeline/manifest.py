@@ -12,6 +12,13 @@ import jsonschema
 import yaml
 
 from pytest_verl_compat.model import Bindings, Case, InputPin, Manifest, OverrideBlock, UpstreamPin
+from pytest_verl_compat.pipeline.safe_input import (
+    SAFE_CASE_ID,
+    BoundedLoader,
+    InputError,
+    load_yaml,
+    read_text,
+)
 
 
 class ManifestError(Exception):
@@ -36,8 +43,8 @@ def _schema() -> dict[str, Any]:
     return schema
 
 
-class _LineLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
-    """Safe YAML loader that remembers the line of every mapping, for error messages."""
+class _LineLoader(BoundedLoader):
+    """Bounded safe YAML loader that remembers the line of every mapping, for error messages."""
 
 
 def _construct_mapping_with_line(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
@@ -79,13 +86,9 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest; only an unusable top level raises ``ManifestError``."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read the manifest: {exc.strerror}") from exc
-    try:
-        raw_with_lines = yaml.load(text, Loader=_LineLoader)
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+        raw_with_lines = load_yaml(read_text(path, what="manifest"), str(path), _LineLoader)
+    except InputError as exc:
+        raise ManifestError(str(exc)) from exc
     if not isinstance(raw_with_lines, dict):
         raise ManifestError(f"{path}: expected a mapping at the top level")
     raw = _strip_lines(raw_with_lines)
@@ -112,8 +115,18 @@ def load_manifest(path: str | Path) -> Manifest:
     for index, (raw_case, lined) in enumerate(zip(raw_cases, line_cases, strict=True)):
         line = lined.get("__line__", 0) if isinstance(lined, dict) else 0
         case_id = raw_case.get("id") if isinstance(raw_case, dict) else None
-        label = case_id if isinstance(case_id, str) and case_id else f"cases[{index}]"
+        # An id names golden files and test ids: only a safe one is used even in a message's case.
+        safe_id = isinstance(case_id, str) and SAFE_CASE_ID.fullmatch(case_id) is not None
+        label = case_id if isinstance(case_id, str) and safe_id else f"cases[{index}]"
         error = _first_error(case_validator, raw_case)
+        if error is None and not safe_id:
+            message = (
+                f"{path}:{line}: case {label}: field {_dotted(['cases', index, 'id'])}: "
+                f"{case_id!r} is not a safe id (lowercase segments joined by '/', none starting "
+                "with '.', no newline)"
+            )
+            cases.append(Case(id=label, kind="invalid", line=line, error=message))
+            continue
         if error is not None:
             where = _dotted(["cases", index, *error.absolute_path])
             message = f"{path}:{line}: case {label!r}: field {where}: {error.message}"

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pytest_verl_compat.model import InputPin, UpstreamPin
+from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
 
 
 class UpstreamError(Exception):
@@ -40,11 +41,8 @@ class UpstreamTree:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 16), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """sha256 of a bounded regular file (a pinned input may be a link to /dev/zero or a FIFO)."""
+    return hashlib.sha256(read_bytes(path, what="pinned input")).hexdigest()
 
 
 def tree_sha256(config_dir: Path) -> str:
@@ -76,7 +74,10 @@ def checkout_tree(root: Path, pin: UpstreamPin, source: str) -> UpstreamTree:
             f"{root} ({source}) is not an upstream checkout: expected "
             f"{pin.config_dir}/{pin.config_name}.yaml inside it"
         )
-    digest = tree_sha256(config_dir)
+    try:
+        digest = tree_sha256(config_dir)
+    except InputError as exc:
+        raise UpstreamError(f"{root} ({source}): {exc}") from exc
     version = pin.version if digest == pin.tree_sha256 else None
     kind = "checkout" if (root / "examples").is_dir() else "distribution"
     return UpstreamTree(root, config_dir, source, kind, digest, version)

@@ -14,9 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pytest_verl_compat.model import RULE_CLASSES, LeafClass
+from pytest_verl_compat.pipeline.safe_input import load_yaml_file
 
 # The profile the embedded corpus is compiled with when its manifest names none.
 DEFAULT_PROFILE_FILE = "profiles/default.txt"
@@ -86,7 +85,9 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         if name_or_path.endswith((".yaml", ".yml"))
         else profile_path(name_or_path)
     )
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw = load_yaml_file(path, what="profile")  # InputError (a ValueError) names the file
+    if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
+        raise ValueError(f"{path}: expected a mapping with a 'rules' list")
     rules = []
     for index, entry in enumerate(raw["rules"]):
         klass = entry["class"]

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
+from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file
 
 
 class ResolvedFileError(Exception):
@@ -23,9 +22,9 @@ class ResolvedFileError(Exception):
 
 def load_resolved(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ResolvedFileError(f"{path}: cannot read a resolved configuration: {exc}") from exc
+        data = load_yaml_file(path, what="resolved configuration")
+    except InputError as exc:
+        raise ResolvedFileError(str(exc)) from exc
     if not isinstance(data, dict):
         raise ResolvedFileError(
             f"{path}: expected a mapping at the top level, got {type(data).__name__}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,35 @@ def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+class OutputRefused(OSError):
+    """An output path that must not be written (not a regular file)."""
+
+
+def _default_mode() -> int:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename: never half a file."""
+    """Write through a temporary file in the same folder, then rename: never half a file.
+
+    Only a regular file is replaced, keeping its mode; a new file gets the mode ``open`` would
+    give it. A device, a FIFO, a folder or a symlink at ``path`` is refused: renaming over
+    ``/dev/null`` (as root) or a link to ``/proc/self/fd/1`` would replace it with a file.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise OutputRefused(f"{path}: {kind}; refusing to replace it")
+    mode = stat.S_IMODE(info.st_mode) if info is not None else _default_mode()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
         os.replace(tmp, path)

@@ -12,6 +12,20 @@ from pathlib import Path
 import pytest
 
 TRUSTED_MODES = ("auto", "off", "require")
+# Every stage test, by the name in its node id (test_<stage>); --help lists them, a test keeps
+# this in step with plugin/stages.py.
+STAGES = (
+    "read",
+    "compose",
+    "trusted",
+    "compile",
+    "upstream_validate",
+    "snapshot",
+    "upstream_tree",
+    "golden_orphans",
+    "conformance",
+    "conformance_tolerances",
+)
 
 
 def _trusted_mode(value: str) -> str:
@@ -26,6 +40,12 @@ def _existing_dir(value: str) -> str:
     return value
 
 
+def _existing_file(value: str) -> str:
+    if not Path(value).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"{value!r}: file not found")
+    return value
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the verl-corpus option group."""
     group = parser.getgroup("verl-corpus", "verl launch-script conformance audit")
@@ -34,7 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         dest="verl_corpus",
         default=False,
-        help="run the corpus audit: one test per case and stage (read, compose, trusted, snapshot)",
+        help="run the corpus audit: one test per case and stage; stages: "
+        + ", ".join(STAGES)
+        + " (select with -k, e.g. -k 'snapshot and grpo'; node ids start with verl-corpus::)",
     )
     group.addoption(
         "--verl-corpus-upstream",
@@ -48,6 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--verl-corpus-manifest",
         dest="verl_corpus_manifest",
+        type=_existing_file,
         default=None,
         metavar="PATH",
         help="corpus manifest to audit instead of the embedded one",
@@ -57,7 +80,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="verl_corpus_golden",
         default=None,
         metavar="DIR",
-        help="folder of golden snapshots (default: the manifest's golden_dir, else the embedded one)",
+        help="folder of golden snapshots (default: the manifest's golden_dir, else the embedded "
+        "one, which --snapshot-update does not write when it is inside the installed package)",
     )
     group.addoption(
         "--verl-corpus-report",
@@ -78,8 +102,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="verl_corpus_trusted",
         type=_trusted_mode,
         default="auto",
-        help="trusted composition through upstream's entry point: auto (when verl is installed), "
-        "off, or require (fail when it cannot run)",
+        metavar="{" + ",".join(TRUSTED_MODES) + "}",
+        help="trusted composition through upstream's entry point: auto (when verl is installed; "
+        "the default), off, or require (fail when it cannot run)",
     )
     parser.addini(
         "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None
@@ -93,20 +118,27 @@ def _ini_path(config: pytest.Config, name: str) -> str | None:
     return str(config.rootpath / value) if value else None
 
 
+def _ini_file(config: pytest.Config, name: str) -> str | None:
+    path = _ini_path(config, name)
+    if path is not None and not Path(path).is_file():
+        raise pytest.UsageError(f"{name} = {config.getini(name)}: file not found ({path})")
+    return path
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Start the audit session and its reporter, only when --verl-corpus is given."""
     if not config.getoption("verl_corpus"):
         return
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-    from pytest_verl_compat.plugin import stages
+    from pytest_verl_compat.plugin import collect
     from pytest_verl_compat.plugin.keys import audit_state_key
     from pytest_verl_compat.plugin.report import AuditReporter
     from pytest_verl_compat.plugin.state import AuditState
 
     options = AuditOptions(
         manifest=config.getoption("verl_corpus_manifest")
-        or _ini_path(config, "verl_corpus_manifest"),
+        or _ini_file(config, "verl_corpus_manifest"),
         upstream=config.getoption("verl_corpus_upstream"),
         upstream_ini=_ini_path(config, "verl_corpus_upstream"),
         golden=config.getoption("verl_corpus_golden") or _ini_path(config, "verl_corpus_golden"),
@@ -115,14 +147,33 @@ def pytest_configure(config: pytest.Config) -> None:
         trusted=config.getoption("verl_corpus_trusted"),
         rootdir=str(config.rootpath),
     )
-    state = AuditState.start(AuditSession.start(options))
+    session = AuditSession.start(options)
+    refusal = collect.golden_write_refusal(config, session)
+    if refusal:
+        raise pytest.UsageError(refusal)
+    state = AuditState.start(session)
     config.stash[audit_state_key] = state
     config.pluginmanager.register(AuditReporter(config, state), "verl-corpus-reporter")
+    config.pluginmanager.register(collect.CorpusCollector(), "verl-corpus-collector")
+    collect.add_stage_tests(config)
 
-    # The stage tests live in the package; collect them instead of the ini's testpaths, or
-    # beside the paths the user named.
-    stages_path = str(Path(stages.__file__))
-    if config.args_source == pytest.Config.ArgsSource.ARGS:
-        config.args.append(stages_path)
-    else:
-        config.args[:] = [stages_path]
+
+# Stages that wait for the upstream oracle process run last: it answers while the others run.
+_UPSTREAM_STAGES = ("test_upstream_validate", "test_trusted")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("verl_corpus"):
+        return
+    waiting = [item for item in items if item.name.split("[")[0] in _UPSTREAM_STAGES]
+    if waiting:
+        others = [item for item in items if item.name.split("[")[0] not in _UPSTREAM_STAGES]
+        items[:] = others + waiting
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from pytest_verl_compat.plugin.keys import audit_state_key
+
+    state = config.stash.get(audit_state_key, None)
+    if state is not None:
+        state.close()

@@ -36,7 +36,7 @@ class GoldenExtension(SingleFileSnapshotExtension):
 
     @classmethod
     def case_path(cls, case_id: str) -> Path:
-        return cls.golden_dir / cls.stage / f"{case_id}.json"
+        return golden_file(cls.golden_dir, cls.stage, case_id)
 
     @classmethod
     def dirname(cls, *, test_location: PyTestLocation) -> str:
@@ -85,6 +85,34 @@ class GoldenExtension(SingleFileSnapshotExtension):
         yield "golden differs at these leaves (- golden, + now):"
         yield from leaf_diff(old, new)
         yield "run pytest --verl-corpus --snapshot-update to accept the change"
+
+
+class UnsafeCaseId(ValueError):
+    """A case id that would name a file outside its stage's golden folder."""
+
+
+def golden_file(golden_dir: Path, stage: str, case_id: str) -> Path:
+    """``<golden>/<stage>/<case id>.json``, refused unless it resolves inside ``<golden>/<stage>``."""
+    folder = Path(golden_dir) / stage
+    segments = case_id.split("/")
+    if any(not part or part.startswith(".") or "\\" in part for part in segments):
+        raise UnsafeCaseId(f"case id {case_id!r} is not a safe file name under {folder}")
+    path = folder / f"{case_id}.json"
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise UnsafeCaseId(f"case id {case_id!r} leads outside {folder}")
+    return path
+
+
+def golden_orphans(golden_dir: Path, stage: str, case_ids: set[str]) -> list[Path]:
+    """Golden files of a stage whose case id is not in the manifest, sorted."""
+    folder = Path(golden_dir) / stage
+    if not folder.is_dir():
+        return []
+    return sorted(
+        path
+        for path in folder.rglob("*.json")
+        if path.relative_to(folder).with_suffix("").as_posix() not in case_ids
+    )
 
 
 def golden_extension(golden_dir: Path, stage: str) -> type[GoldenExtension]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -11,3 +11,9 @@ if TYPE_CHECKING:
 
 # The annotation, not a subscript, carries the type: a subscript would import the heavy state here.
 audit_state_key: pytest.StashKey[AuditState] = pytest.StashKey()
+
+# Per-test facts for the audit (case, stage, facts, audit entry, conformance result): builtin
+# values that ride on the test report as ``report.verl_corpus`` (also from xdist workers), so
+# JUnit's per-case properties stay short.
+payload_key: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+REPORT_ATTRIBUTE = "verl_corpus"

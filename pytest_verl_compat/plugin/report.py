@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.report import build_audit, field_lines, summary_lines
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+from pytest_verl_compat.plugin.keys import REPORT_ATTRIBUTE, payload_key
 from pytest_verl_compat.plugin.state import AuditState
 
 
@@ -40,16 +41,28 @@ class AuditReporter:
         self.entries: dict[str, dict[str, Any]] = {}
         self.compile_seconds: dict[str, float] = {}
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """Put the test's audit payload on its report (it travels from xdist workers)."""
+        report = yield
+        payload = item.stash.get(payload_key, None)
+        if payload:
+            setattr(report, REPORT_ATTRIBUTE, dict(payload))
+        return report
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Record each stage's status and facts for its case."""
-        # Builtin values only: they travel from xdist workers.
-        props: dict[str, Any] = dict(report.user_properties)
-        if KEY_CONFORMANCE in props and report.when == "call":
-            result = json.loads(props[KEY_CONFORMANCE])
+        """Record each stage's status and facts for its case; name the JUnit classname."""
+        self._junit_classname(report)
+        payload: dict[str, Any] = getattr(report, REPORT_ATTRIBUTE, None) or {}
+        if KEY_CONFORMANCE in payload and report.when == "call":
+            result = dict(payload[KEY_CONFORMANCE])
             result["passed"] = result["passed"] and report.passed
             self.conformance[result["case"]] = result
-        case_id: str | None = props.get(KEY_CASE)
-        stage: str = props.get(KEY_STAGE, "")
+        case_id: str | None = payload.get(KEY_CASE)
+        stage: str = payload.get(KEY_STAGE, "")
         if not case_id:
             return
         # A failing setup or teardown also fails the stage; otherwise the call phase decides.
@@ -57,14 +70,28 @@ class AuditReporter:
             previous = self.status[case_id].get(stage)
             if previous != "failed":
                 self.status[case_id][stage] = report.outcome
-        properties: list[tuple[str, Any]] = list(report.user_properties)
-        for name, value in properties:
-            if name == KEY_COMPILE_SECONDS:
-                self.compile_seconds[case_id] = value
-            if name == KEY_FACTS:
-                self.facts[case_id].update(json.loads(value))
-            elif name == KEY_AUDIT_ENTRY:
-                self.entries[case_id] = json.loads(value)
+        if KEY_COMPILE_SECONDS in payload:
+            self.compile_seconds[case_id] = payload[KEY_COMPILE_SECONDS]
+        if KEY_FACTS in payload:
+            self.facts[case_id].update(payload[KEY_FACTS])
+        if KEY_AUDIT_ENTRY in payload:
+            self.entries[case_id] = payload[KEY_AUDIT_ENTRY]
+
+    def _junit_classname(self, report: pytest.TestReport) -> None:
+        """``verl_corpus.<stage>`` instead of the empty class name of a module outside rootdir."""
+        from pytest_verl_compat.plugin.collect import NODE_PREFIX
+
+        if _is_worker(self.config) or not report.nodeid.startswith(NODE_PREFIX + "::"):
+            return
+        from _pytest.junitxml import xml_key
+
+        xml = self.config.stash.get(xml_key, None)
+        if xml is None:
+            return
+        function = report.nodeid.split("::")[-1].split("[", 1)[0]
+        stage = function.removeprefix("test_")
+        # Attributes set before pytest's own reporter runs survive its record_testreport.
+        xml.node_reporter(report).add_attribute("classname", f"verl_corpus.{stage}")
 
     def audit(self) -> dict[str, Any]:
         """The machine-readable audit, from the compile stage's entries, in manifest order."""
@@ -111,12 +138,27 @@ class AuditReporter:
             xml.add_global_property(
                 "verl_corpus_tree_sha256", audit["upstream"]["tree_sha256"] or ""
             )
+            # One short property per audited case: the testcases of pytest's default JUnit
+            # family (xunit2) have no properties of their own.
+            for entry in audit["cases"]:
+                xml.add_global_property(f"verl_case:{entry['id']}", entry["outcome"])
         if self.session.options.report:
             write_atomic(Path(self.session.options.report), dumps(audit))
         if self.session.options.conformance_report:
             write_atomic(
                 Path(self.session.options.conformance_report), dumps(self.conformance_report())
             )
+
+    def nothing_audited(self) -> str:
+        """Why no stage of any corpus case ran to a verdict in this run, or "" when one did."""
+        verdicts = [v for stages in self.status.values() for v in stages.values() if v != "skipped"]
+        if verdicts:
+            return ""
+        if not self.status:
+            return "no corpus case was selected (check -k, -m or the node ids given)"
+        if self.session.upstream is None:
+            return f"no upstream config tree ({self.session.upstream_reason})"
+        return "every selected stage was skipped"
 
     def conformance_report(self) -> dict[str, Any]:
         """Conformance results in the stage's case order (stable across runs and -n)."""
@@ -168,6 +210,17 @@ class AuditReporter:
             f"upstream: {upstream.describe() if upstream else 'none: ' + self.session.upstream_reason}"
         )
         audit = self.audit()
+        nothing = self.nothing_audited()
+        if nothing:
+            terminalreporter.write_line(
+                f"no corpus case audited: {nothing}", yellow=True, bold=True
+            )
+        elif len(self.status) < len(self.session.cases):
+            terminalreporter.write_line(
+                f"partial run: {len(self.status)} of {len(self.session.cases)} corpus cases "
+                "selected; the totals below count only these",
+                yellow=True,
+            )
         totals, stages = audit["totals"], self.stage_totals()
         for line in summary_lines(totals):
             terminalreporter.write_line(line)

@@ -27,11 +27,10 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.compose import count_leaves
-from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
-from pytest_verl_compat.plugin.golden import golden_extension
-from pytest_verl_compat.plugin.keys import audit_state_key
+from pytest_verl_compat.plugin.golden import golden_extension, golden_orphans
+from pytest_verl_compat.plugin.keys import audit_state_key, payload_key
 from pytest_verl_compat.plugin.state import AuditState
-from pytest_verl_compat.upstream.trusted import first_difference, trusted_composition
+from pytest_verl_compat.upstream.trusted import TrustedCompositions, first_difference
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -62,15 +61,43 @@ def verl_audit(verl_state: AuditState) -> AuditSession:
     return session
 
 
+# Golden folders, one per stage that snapshots; orphans are looked for in each.
+GOLDEN_STAGES = ("compose", "compile")
+# JUnit property values are for people reading a CI page, not a transport.
+MAX_PROPERTY_CHARS = 300
+
+
+def _payload(request: pytest.FixtureRequest, key: str, value: Any) -> None:
+    """A builtin value for the audit; it travels on the test report (see plugin/keys.py)."""
+    request.node.stash.setdefault(payload_key, {})[key] = value
+
+
+def _property(request: pytest.FixtureRequest, name: str, value: str | int | float | bool) -> None:
+    """A short per-case JUnit property, where the JUnit family has a place for it.
+
+    pytest's default family, xunit2, has no ``properties`` in a testcase (its schema rejects
+    them); the per-case outcome is then a suite property (plugin/report.py).
+    """
+    if request.config.getini("junit_family") not in ("xunit1", "legacy"):
+        return
+    text = str(value)
+    if len(text) > MAX_PROPERTY_CHARS:
+        value = text[: MAX_PROPERTY_CHARS - 1] + "…"
+    request.node.user_properties.append((name, value))
+
+
 def _record(request: pytest.FixtureRequest, case: Case, stage: str, **facts: Any) -> None:
     """Per-case facts travel with the test report (also from xdist workers) to JUnit and JSON."""
-    props = request.node.user_properties
-    props.append((KEY_CASE, case.id))
-    props.append((KEY_STAGE, stage))
+    payload = request.node.stash.setdefault(payload_key, {})
+    if payload.get(KEY_CASE) is None:
+        _property(request, KEY_CASE, case.id)
+        _property(request, KEY_STAGE, stage)
+    payload[KEY_CASE] = case.id
+    payload[KEY_STAGE] = stage
+    payload.setdefault(KEY_FACTS, {}).update(json.loads(json.dumps(facts)))
     for key, value in facts.items():
         if isinstance(value, str | int | float | bool):
-            props.append((key, value))
-    props.append((KEY_FACTS, json.dumps(facts, sort_keys=True)))
+            _property(request, key, value)
 
 
 def _run(stage_call: Any) -> Any:
@@ -90,8 +117,14 @@ def test_read(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixture
     _record(request, verl_case, "read", explicit_field_count=len(fields.fields))
 
 
-def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+def test_compose(
+    verl_case: Case,
+    verl_audit: AuditSession,
+    verl_state: AuditState,
+    request: pytest.FixtureRequest,
+) -> None:
     """Hydra composition of the pinned tree with the explicit fields, resolved."""
+    _record(request, verl_case, "compose")  # a failure below still counts as this stage's
     outcome = _run(lambda: verl_audit.outcome(verl_case))
     composition = outcome.composition
     facts: dict[str, Any] = {
@@ -105,6 +138,8 @@ def test_compose(verl_case: Case, verl_audit: AuditSession, request: pytest.Fixt
     if composition.composed:
         facts["resolved_leaf_count"] = count_leaves(composition.resolved)
     _record(request, verl_case, "compose", **facts)
+    if composition.composed:
+        verl_state.prefetch_upstream(verl_case, getattr(request.config, "cache", None))
     expected = (verl_case.expected or {}).get("outcome")
     if expected == "composition_rejection" or not composition.composed:
         # Rejections are failures unless the manifest expects exactly this one.
@@ -118,17 +153,19 @@ def test_compile(
     verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
 ) -> None:
     """Every resolved leaf classified by the profile; the case accepted or rejected with a reason."""
+    _record(request, verl_case, "compile")
     started = time.perf_counter()
     entry = _run(lambda: verl_audit.audit_entry(verl_case))
     elapsed = time.perf_counter() - started
-    props = request.node.user_properties
-    props.append((KEY_CASE, verl_case.id))
-    props.append((KEY_STAGE, "compile"))
-    props.append(("outcome", entry["outcome"]))
-    for klass, count in entry["leaf_classes"].items():
-        props.append((f"leaves_{klass}", count))
-    props.append((KEY_AUDIT_ENTRY, json.dumps(entry, sort_keys=True)))
-    props.append((KEY_COMPILE_SECONDS, round(elapsed, 3)))
+    _record(
+        request,
+        verl_case,
+        "compile",
+        outcome=entry["outcome"],
+        **{f"leaves_{klass}": count for klass, count in entry["leaf_classes"].items()},
+    )
+    _payload(request, KEY_AUDIT_ENTRY, entry)
+    _payload(request, KEY_COMPILE_SECONDS, round(elapsed, 3))
     expected = (verl_case.expected or {}).get("outcome", "accepted")
     assert entry["outcome"] == expected, (
         f"outcome={entry['outcome']} ({entry['reason']}), but should be {expected} [{verl_case.id}]"
@@ -151,8 +188,9 @@ def test_upstream_validate(
     request: pytest.FixtureRequest,
 ) -> None:
     """Upstream's own validate_config verdict next to ours; a difference must be explained in the manifest."""
-    if installed_verl_root() is None:
-        pytest.skip(f"upstream verl {verl_audit.pin.version} not installed")
+    gate = verl_state.upstream_gate()
+    if not gate.startswith("tree:"):
+        pytest.skip(gate)
     entry = _run(lambda: verl_audit.audit_entry(verl_case))
     if entry["outcome"] == "composition_rejection":
         pytest.skip("not composed: upstream's validate_config never sees this case")
@@ -178,39 +216,28 @@ def test_upstream_validate(
     )
 
 
-def test_trusted(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+def test_trusted(
+    verl_case: Case,
+    verl_audit: AuditSession,
+    verl_state: AuditState,
+    request: pytest.FixtureRequest,
+) -> None:
     """In-process composition equals upstream's own entry point (values, types, key order)."""
-    mode = verl_audit.options.trusted
-    if mode == "off":
-        pytest.skip("trusted composition switched off (--verl-corpus-trusted=off)")
-    installed = installed_verl_root()
-    if installed is None or installed[1] != verl_audit.pin.version:
-        reason = f"upstream verl {verl_audit.pin.version} not installed"
-        if mode == "require":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    _record(request, verl_case, "trusted")  # a skip below still counts as this stage's
+    trusted = verl_state.trusted(getattr(request.config, "cache", None))
+    if not isinstance(trusted, TrustedCompositions):
+        if verl_audit.options.trusted == "require" and "switched off" not in trusted:
+            pytest.fail(trusted, pytrace=False)
+        pytest.skip(trusted)
     outcome = _run(lambda: verl_audit.outcome(verl_case))
-    assert verl_audit.upstream is not None  # the outcome above needed the tree
-    installed_tree = tree_sha256(installed[0] / verl_audit.pin.config_dir)
-    composed_tree = verl_audit.upstream.tree_sha256
-    if installed_tree != composed_tree:
-        pytest.skip(
-            f"installed verl's tree {installed_tree} is not the composed tree {composed_tree}"
-        )
-    result = trusted_composition(
-        installed_tree,
-        outcome.fields.fields,
-        verl_case.bindings.variables,
-        getattr(request.config, "cache", None),
-    )
-    _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     composition = outcome.composition
     if not composition.composed:
-        assert not result.ok, (
-            f"upstream entry point composed what Hydra's compose API rejected ({composition.reason}) "
-            f"[{verl_case.id}]"
-        )
-        return
+        # Never sent: a rejected case may carry what upstream's entry point must not see.
+        pytest.skip(f"composition rejected ({composition.reason}): not sent to upstream")
+    result = trusted.result(outcome.fields.fields, verl_case.bindings.variables)
+    _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
+    if result.refused:
+        pytest.skip(result.error)
     assert result.ok, f"upstream entry point failed: {result.error} [{verl_case.id}]"
     difference = first_difference(composition.resolved, result.resolved)
     assert difference is None, (
@@ -222,6 +249,7 @@ def test_snapshot(
     verl_case: Case, verl_audit: AuditSession, snapshot: Any, request: pytest.FixtureRequest
 ) -> None:
     """Explicit fields and the complete resolved mapping match the golden file."""
+    _record(request, verl_case, "snapshot")
     payload = _run(lambda: verl_audit.golden_payload(verl_case))
     _record(request, verl_case, "snapshot", golden=str(verl_audit.golden_path(verl_case).name))
     assert payload == snapshot.use_extension(golden_extension(verl_audit.golden_dir, "compose"))
@@ -232,7 +260,7 @@ def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest)
     if verl_audit.upstream is None:
         pytest.skip(f"no upstream config tree: {verl_audit.upstream_reason}")
     pin = verl_audit.pin
-    request.node.user_properties.append(("verl_tree", verl_audit.upstream.describe()))
+    _property(request, "verl_tree", verl_audit.upstream.describe())
     assert verl_audit.upstream.tree_sha256 == pin.tree_sha256, (
         f"tree_sha256={verl_audit.upstream.tree_sha256}, but should be {pin.tree_sha256} "
         f"(the pinned verl {pin.version} tree) [{verl_audit.upstream.config_dir}]; the profile is "
@@ -253,14 +281,26 @@ def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest)
     )
 
 
-def test_golden_orphans(verl_audit: AuditSession) -> None:
-    """Every golden file belongs to a case (syrupy's own cleanup is off for these folders)."""
-    known = {verl_audit.golden_path(case) for case in verl_audit.cases}
-    folder = verl_audit.golden_dir / "compose"
-    orphans = (
-        sorted(str(p) for p in folder.rglob("*.json") if p not in known) if folder.is_dir() else []
+def test_golden_orphans(verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
+    """Every golden file of every stage belongs to a case; --snapshot-update removes the others.
+
+    Syrupy's own cleanup is off for these folders (it would delete the files of deselected
+    cases); a file is an orphan here only when no manifest case has its id.
+    """
+    known = {case.id for case in verl_audit.cases}
+    orphans = [
+        path
+        for stage in GOLDEN_STAGES
+        for path in golden_orphans(verl_audit.golden_dir, stage, known)
+    ]
+    if orphans and request.config.getoption("update_snapshots", False):
+        for path in orphans:
+            path.unlink()
+        return
+    assert not orphans, (
+        f"golden files without a case: {[str(p) for p in orphans]} "
+        "(run pytest --verl-corpus --snapshot-update to delete them)"
     )
-    assert not orphans, f"golden files without a case (delete them): {orphans}"
 
 
 def test_conformance(conformance_case: Any, request: pytest.FixtureRequest) -> None:
@@ -272,25 +312,22 @@ def test_conformance(conformance_case: Any, request: pytest.FixtureRequest) -> N
     if missing:
         pytest.skip(missing)
     result = run_case(conformance_case)
-    request.node.user_properties.append(
-        (
-            KEY_CONFORMANCE,
-            json.dumps(
-                {
-                    "component": result.component,
-                    "variant": result.variant,
-                    "case": result.case_id,
-                    "samples": result.samples,
-                    "max_abs_err": result.max_abs_err,
-                    "max_grad_abs_err": result.max_grad_abs_err,
-                    "passed": result.passed,
-                    "rtol": conformance_case.rtol,
-                    "atol": conformance_case.atol,
-                },
-                sort_keys=True,
-            ),
-        )
+    _payload(
+        request,
+        KEY_CONFORMANCE,
+        {
+            "component": result.component,
+            "variant": result.variant,
+            "case": result.case_id,
+            "samples": result.samples,
+            "max_abs_err": float(result.max_abs_err),
+            "max_grad_abs_err": float(result.max_grad_abs_err),
+            "passed": bool(result.passed),
+            "rtol": conformance_case.rtol,
+            "atol": conformance_case.atol,
+        },
     )
+    _property(request, "max_abs_err", float(result.max_abs_err))
     if not result.passed:
         pytest.fail(result.message, pytrace=False)
 

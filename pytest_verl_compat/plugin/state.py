@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.conformance.plan import conformance_cases, load_tolerances
+from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
+from pytest_verl_compat.upstream.oracle import UpstreamOracle
+from pytest_verl_compat.upstream.trusted import TrustedCompositions
 from pytest_verl_compat.upstream.validate import UpstreamVerdicts
 
 if TYPE_CHECKING:
@@ -18,13 +22,72 @@ class AuditState:
     """The session, the conformance stage's cases and upstream's validate_config verdicts."""
 
     session: AuditSession
+    oracle: UpstreamOracle
     verdicts: UpstreamVerdicts
     conformance_error: str = ""
     _conformance: list[ConformanceCase] | None = field(default=None, repr=False)
+    _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
+    _gate: str | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, session: AuditSession) -> AuditState:
-        return cls(session, UpstreamVerdicts(session))
+        oracle = UpstreamOracle()
+        return cls(session, oracle, UpstreamVerdicts(session, oracle))
+
+    def trusted(self, cache: Any) -> TrustedCompositions | str:
+        """Upstream's entry point for this session, or why it cannot be the oracle here."""
+        if self._trusted is None:
+            self._trusted = self._trusted_or_reason(cache)
+        return self._trusted
+
+    def _trusted_or_reason(self, cache: Any) -> TrustedCompositions | str:
+        if self.session.options.trusted == "off":
+            return "trusted composition switched off (--verl-corpus-trusted=off)"
+        gate = self.upstream_gate()
+        if gate.startswith("tree:"):
+            return TrustedCompositions(self.oracle, gate.removeprefix("tree:"), cache)
+        return gate
+
+    def upstream_gate(self) -> str:
+        """``tree:<sha256>`` when upstream's code may see this session's compositions, else why not.
+
+        Only compositions of the installed verl's own tree reach its code: a tree from elsewhere
+        (a drift tree, a user's folder) may name any ``_target_`` and is never sent.
+        """
+        if self._gate is None:
+            session = self.session
+            installed = installed_verl_root()
+            if installed is None or installed[1] != session.pin.version:
+                self._gate = f"upstream verl {session.pin.version} not installed"
+            elif session.upstream is None:
+                self._gate = f"no upstream config tree: {session.upstream_reason}"
+            else:
+                installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
+                composed = session.upstream.tree_sha256
+                self._gate = (
+                    f"tree:{installed_tree}"
+                    if installed_tree == composed
+                    else f"installed verl's tree {installed_tree} is not the composed tree {composed}"
+                )
+        return self._gate
+
+    def prefetch_upstream(self, case: Case, cache: Any) -> None:
+        """Send a composed case's questions to the oracle now; the answers are read later.
+
+        The trusted and validate stages run last (see ``pytest_collection_modifyitems``), so the
+        oracle process works while the other stages run. Cases our composition rejected are never
+        sent: only mappings Hydra's compose API accepted reach upstream's code.
+        """
+        outcome = self.session.outcome(case)
+        if not outcome.composition.composed or not self.upstream_gate().startswith("tree:"):
+            return
+        trusted = self.trusted(cache)
+        if isinstance(trusted, TrustedCompositions):
+            trusted.prefetch(outcome.fields.fields, case.bindings.variables)
+        self.verdicts.prefetch(case, cache)
+
+    def close(self) -> None:
+        self.oracle.close()
 
     def conformance_cases(self) -> list[ConformanceCase]:
         """The conformance stage's cases, from the tolerance file the manifest names."""

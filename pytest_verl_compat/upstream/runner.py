@@ -45,12 +45,23 @@ def referenced_variables(fields: Sequence[str], variables: Mapping[str, str]) ->
     return {name: value for name, value in sorted(variables.items()) if name in named}
 
 
+def safe_variables(variables: Mapping[str, str] | None) -> dict[str, str]:
+    """The variables whose names cannot change how a process starts or what it loads."""
+    return {
+        name: value for name, value in (variables or {}).items() if not _UNSAFE_NAME.match(name)
+    }
+
+
 def sandbox_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH", _DEFAULT_PATH), **_BASE_ENVIRONMENT}
-    for name, value in (extra or {}).items():
-        if not _UNSAFE_NAME.match(name):
-            env[name] = value
-    return env
+    return {
+        "PATH": os.environ.get("PATH", _DEFAULT_PATH),
+        **_BASE_ENVIRONMENT,
+        **safe_variables(extra),
+    }
+
+
+def _command(module: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-I", "-m", module, *args]
 
 
 def run_module(
@@ -66,7 +77,7 @@ def run_module(
         env = sandbox_environment(variables)
         env["HOME"] = cwd  # nothing of the auditing user's home is read or written
         proc = subprocess.run(
-            [sys.executable, "-I", "-m", module, *args],
+            _command(module, args),
             cwd=cwd,
             env=env,
             input=stdin,
@@ -76,3 +87,45 @@ def run_module(
             check=False,
         )
     return UpstreamRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+class UpstreamProcess:
+    """A long-lived ``python -I -m module`` in a fresh empty folder, spoken to through its pipes.
+
+    For upstream code that is expensive to import (verl takes ~5 s): one process serves many
+    requests. The caller owns the protocol; this class owns the sandbox and the cleanup.
+    """
+
+    def __init__(self, module: str, args: Sequence[str] = ()) -> None:
+        self._cwd = tempfile.TemporaryDirectory(prefix="verl-upstream-")
+        env = sandbox_environment()
+        env["HOME"] = self._cwd.name
+        self.process = subprocess.Popen(
+            _command(module, args),
+            cwd=self._cwd.name,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+        )
+
+    def finish(self, timeout: float = 10) -> None:
+        """Close stdin (the process's signal to exit) and wait for it, killing it if it hangs."""
+        process = self.process
+        try:
+            if process.stdin is not None and not process.stdin.closed:
+                process.stdin.close()
+            process.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        """Finish, close the remaining pipes (once their readers are done), remove the folder."""
+        self.finish()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+        self._cwd.cleanup()

@@ -1,7 +1,8 @@
-"""Trusted composition: upstream's own entry point, run in a subprocess, as an independent oracle."""
+"""Trusted composition: upstream's own entry point, in the oracle process, as an independent check."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -10,7 +11,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from pytest_verl_compat.upstream.runner import referenced_variables, run_module
+from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle, compose_request
+from pytest_verl_compat.upstream.runner import referenced_variables
 
 
 class Cache(Protocol):
@@ -29,6 +31,7 @@ class TrustedResult:
     resolved: dict[str, Any] | None
     error: str
     cached: bool
+    refused: bool = False  # never sent: the argv carries what upstream's entry point must not see
 
 
 def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, str]) -> str:
@@ -36,36 +39,49 @@ def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, s
     return "verl_corpus/trusted/" + hashlib.sha256(payload.encode()).hexdigest()
 
 
-def run_entry_point(
-    fields: Sequence[str], variables: Mapping[str, str], timeout: float = 300
-) -> TrustedResult:
-    """Run upstream's entry point; Hydra prints the job config and exits before the task runs."""
-    run = run_module(
-        "verl.trainer.main_ppo",
-        ["--cfg", "job", "--resolve", *fields],
-        variables=referenced_variables(fields, variables),
-        timeout=timeout,
-    )
-    if run.returncode != 0:
-        return TrustedResult(
-            False, None, f"exit status {run.returncode}:\n{run.stderr_tail(12)}", False
-        )
-    return TrustedResult(True, yaml.safe_load(run.stdout), "", False)
+class TrustedCompositions:
+    """The entry point's resolved mapping per case, from the oracle process, cached by
+    (tree hash, fields, variables) in pytest's cache so a warm run starts no process at all."""
 
+    def __init__(self, oracle: UpstreamOracle, tree_sha256: str, cache: Cache | None) -> None:
+        self.oracle = oracle
+        self.tree_sha256 = tree_sha256
+        self.cache = cache
 
-def trusted_composition(
-    tree_sha256: str, fields: Sequence[str], variables: Mapping[str, str], cache: Cache | None
-) -> TrustedResult:
-    """The entry point's resolved mapping, cached by (tree hash, fields, variables)."""
-    key = cache_key(tree_sha256, fields, variables)
-    if cache is not None:
-        hit = cache.get(key, None)
+    def _cached(self, key: str) -> TrustedResult | None:
+        hit = self.cache.get(key, None) if self.cache is not None else None
         if isinstance(hit, dict) and "ok" in hit:
             return TrustedResult(hit["ok"], hit["resolved"], hit["error"], True)
-    result = run_entry_point(fields, variables)
-    if cache is not None:
-        cache.set(key, {"ok": result.ok, "resolved": result.resolved, "error": result.error})
-    return result
+        return None
+
+    def prefetch(self, fields: Sequence[str], variables: Mapping[str, str]) -> None:
+        """Ask now, so the answer is ready when the trusted stage reads it."""
+        variables = referenced_variables(fields, variables)
+        key = cache_key(self.tree_sha256, fields, variables)
+        if self._cached(key) is None:
+            with contextlib.suppress(EntryArgvRefused):  # result() reports the refusal
+                self.oracle.submit(key, compose_request(fields, variables))
+
+    def result(self, fields: Sequence[str], variables: Mapping[str, str]) -> TrustedResult:
+        variables = referenced_variables(fields, variables)
+        key = cache_key(self.tree_sha256, fields, variables)
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        try:
+            request = compose_request(fields, variables)
+        except EntryArgvRefused as exc:
+            return TrustedResult(False, None, f"not sent to upstream: {exc}", False, refused=True)
+        answer = self.oracle.answer(key, request)
+        if answer["ok"]:
+            result = TrustedResult(True, yaml.safe_load(answer["stdout"]), "", False)
+        else:
+            result = TrustedResult(False, None, answer["error"], False)
+        if self.cache is not None:
+            self.cache.set(
+                key, {"ok": result.ok, "resolved": result.resolved, "error": result.error}
+            )
+        return result
 
 
 def first_difference(ours: Any, theirs: Any, path: str = "") -> str | None:

@@ -1,7 +1,6 @@
 """Upstream's own verdict: the pinned verl's ``validate_config`` on each composed case, in a subprocess.
 
-Run as ``python -m pytest_verl_compat.upstream.validate`` with a JSON list of resolved mappings on
-stdin; prints one verdict per mapping. Two parts of upstream validation need what a laptop does not
+Runs inside the oracle process (``oracle.py``), one resolved mapping per question. Two parts of upstream validation need what a laptop does not
 have, and are replaced by labelled stand-ins:
 
 - the vLLM LoRA rank check imports vllm; the stand-in applies the same allowed ranks that
@@ -19,11 +18,13 @@ import json
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.model import Case, StageFailed
-from pytest_verl_compat.upstream.runner import run_module
+from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
+from pytest_verl_compat.upstream.oracle import UpstreamOracle, validate_request
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -45,82 +46,75 @@ def _stand_in_lora_rank(lora_rank: int) -> int:
     return next(rank for rank in ALLOWED_LORA_RANKS if lora_rank <= rank)
 
 
-def _validate_all(mappings: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    # The real module imports vllm at the top; only its rank helper is used by validate_config.
+def install_stand_ins() -> None:
+    """Replace the module that imports vllm; only its rank helper is used by validate_config."""
     fake = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
     fake.get_vllm_max_lora_rank = _stand_in_lora_rank  # type: ignore[attr-defined]
     sys.modules["verl.workers.rollout.vllm_rollout.utils"] = fake
 
+
+def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
+    """validate_config's verdict on one resolved mapping (inside the oracle process)."""
+    import verl
     from omegaconf import OmegaConf
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils import config as config_utils
 
-    verdicts = []
-    for mapping in mappings:
-        cfg = OmegaConf.create(dict(mapping))
-        # Stand-in for the hub load: without its _target_, the critic's model section stays a
-        # plain mapping instead of an HFModelConfig that downloads the model's config.
-        if not os.path.isdir(str(cfg.critic.model.path)):
-            cfg.critic.model.pop("_target_", None)
-        printed = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(printed):
-                config_utils.validate_config(
-                    config=cfg,
-                    use_reference_policy=need_reference_policy(cfg),
-                    use_critic=need_critic(cfg),
-                )
-            verdicts.append(
-                {"verdict": "passes", "message": printed.getvalue().strip().splitlines()[-1]}
+    # Checked here too: whatever the sender, only classes verl's own tree names are instantiated.
+    foreign = foreign_targets(
+        mapping, tree_targets(Path(verl.__file__).parent / "trainer" / "config")
+    )
+    if foreign:
+        return {"verdict": "refused", "message": f"not sent to validate_config: {foreign[0]}"}
+    cfg = OmegaConf.create(dict(mapping))
+    # Stand-in for the hub load: without its _target_, the critic's model section stays a
+    # plain mapping instead of an HFModelConfig that downloads the model's config.
+    if not os.path.isdir(str(cfg.critic.model.path)):
+        cfg.critic.model.pop("_target_", None)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            config_utils.validate_config(
+                config=cfg,
+                use_reference_policy=need_reference_policy(cfg),
+                use_critic=need_critic(cfg),
             )
-        except Exception as exc:
-            verdicts.append(
-                {"verdict": "fails", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-            )
-    return verdicts
+    except Exception as exc:
+        return {"verdict": "fails", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    lines = printed.getvalue().strip().splitlines()
+    return {"verdict": "passes", "message": lines[-1] if lines else ""}
 
 
-def upstream_verdicts(
-    mappings: Sequence[Mapping[str, Any]], cache: Any = None
-) -> list[dict[str, str]]:
-    """Verdicts for several mappings from one subprocess (verl imports take ~10 s), cached."""
-    payload = json.dumps(list(mappings), sort_keys=True)
-    key = "verl_corpus/validate/" + hashlib.sha256(payload.encode()).hexdigest()
-    if cache is not None:
-        hit = cache.get(key, None)
-        if isinstance(hit, list):
-            return hit
-    run = run_module("pytest_verl_compat.upstream.validate", stdin=payload)
-    if run.returncode != 0:
-        raise RuntimeError("upstream validate_config runner failed:\n" + run.stderr_tail(15))
-    verdicts: list[dict[str, str]] = json.loads(run.stdout.strip().splitlines()[-1])
-    if cache is not None:
-        cache.set(key, verdicts)
-    return verdicts
+def verdict_cache_key(mapping: Mapping[str, Any]) -> str:
+    payload = json.dumps(mapping, sort_keys=True)
+    return "verl_corpus/validate/" + hashlib.sha256(payload.encode()).hexdigest()
 
 
 class UpstreamVerdicts:
-    """validate_config's verdict for every composed case of a session, from one subprocess."""
+    """validate_config's verdict for each composed case of a session, from the oracle process."""
 
-    def __init__(self, session: AuditSession) -> None:
+    def __init__(self, session: AuditSession, oracle: UpstreamOracle) -> None:
         self.session = session
-        self._verdicts: dict[str, dict[str, str]] | None = None
+        self.oracle = oracle
+
+    def prefetch(self, case: Case, cache: Any = None) -> None:
+        """Ask now (answers arrive while other stages run) unless the cache already knows."""
+        mapping = self.session.outcome(case).composition.mapping
+        key = verdict_cache_key(mapping)
+        if cache is None or not isinstance(cache.get(key, None), dict):
+            self.oracle.submit(key, validate_request(mapping))
 
     def verdict(self, case: Case, cache: Any = None) -> dict[str, str]:
-        if self._verdicts is None:
-            session = self.session
-            composed = [
-                c for c in session.cases if not c.error and session.outcome(c).composition.composed
-            ]
-            mappings = [session.outcome(c).composition.mapping for c in composed]
-            try:
-                verdicts = upstream_verdicts(mappings, cache)
-            except RuntimeError as exc:
-                raise StageFailed(str(exc)) from exc
-            self._verdicts = {c.id: v for c, v in zip(composed, verdicts, strict=True)}
-        return self._verdicts[case.id]
-
-
-if __name__ == "__main__":
-    results = _validate_all(json.loads(sys.stdin.read()))
-    sys.stdout.write("\n" + json.dumps(results) + "\n")
+        mapping = self.session.outcome(case).composition.mapping
+        key = verdict_cache_key(mapping)
+        hit = cache.get(key, None) if cache is not None else None
+        if isinstance(hit, dict):
+            return hit
+        try:
+            answer = self.oracle.answer(key, validate_request(mapping))
+        except RuntimeError as exc:
+            raise StageFailed(str(exc)) from exc
+        verdict = {"verdict": answer["verdict"], "message": answer["message"]}
+        if cache is not None:
+            cache.set(key, verdict)
+        return verdict

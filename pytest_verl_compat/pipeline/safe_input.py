@@ -1,0 +1,155 @@
+"""Untrusted files, bounded before they are parsed (issue 14, items 8-10).
+
+Manifests, resolved files, profiles, tolerance files and config trees may come from a stranger's
+pull request. Every one is read through ``read_text``: a regular file (not a FIFO that hangs a
+read, not a symlink to ``/dev/zero``), at most ``MAX_INPUT_BYTES``, strict UTF-8. YAML is then
+parsed by ``load_yaml``: a safe loader that refuses duplicate keys (a second ``cases:`` silently
+replacing the first) and documents whose aliases expand to more than ``MAX_YAML_NODES`` nodes
+(the "billion laughs": nine levels of nine aliases are 81 aliases but 10^9 nodes once anything
+walks the result). Every refusal is an ``InputError`` whose message names the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_INPUT_BYTES = 8 * 1024 * 1024  # the largest input we ship (a resolved file) is ~60 KB
+MAX_YAML_NODES = 1_000_000  # a resolved verl config has ~900 leaves
+MAX_YAML_DEPTH = 200
+
+# A case id is a path under the golden folder: segments of safe characters, none starting with
+# a dot (so no "..", no hidden files), no newline (``$`` alone would accept "id\n").
+SAFE_CASE_ID = re.compile(r"[a-z0-9_]+(/[a-z0-9_-][a-z0-9_.-]*)*")
+
+
+class InputError(ValueError):
+    """An input refused before or while parsing; the message names the file (and line)."""
+
+
+def read_bytes(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "file") -> bytes:
+    """A regular file's bytes, refusing devices, FIFOs, sockets, folders and oversized files."""
+    path = Path(path)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        reason = "not found" if isinstance(exc, FileNotFoundError) else exc.strerror
+        raise InputError(f"{path}: cannot read the {what}: {reason}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: the {what} is not a regular file")
+        if info.st_size > limit:
+            raise InputError(f"{path}: the {what} is {info.st_size} bytes; the limit is {limit}")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew while we read it
+        raise InputError(f"{path}: the {what} is larger than the limit of {limit} bytes")
+    return data
+
+
+def read_text(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "file") -> str:
+    """``read_bytes`` decoded as strict UTF-8; NUL bytes refused (no text format of ours has one)."""
+    data = read_bytes(path, limit, what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: the {what} is not UTF-8 text") from exc
+    if "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        raise InputError(f"{path}:{line}: the {what} contains a NUL byte")
+    return text
+
+
+class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
+    """PyYAML's safe loader, refusing duplicate keys and nesting deeper than MAX_YAML_DEPTH."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"line {mark.line + 1}: nested deeper than {MAX_YAML_DEPTH}")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor reports it
+            if first is not None:
+                raise yaml.YAMLError(f"line {line}: duplicate key {key!r} (first at line {first})")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def expanded_nodes(value: Any, limit: int = MAX_YAML_NODES) -> int:
+    """How many nodes walking ``value`` visits, counting shared (aliased) parts each time;
+    stops counting past ``limit``. Memoised by identity, so a bomb is measured, not walked."""
+    memo: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        known = memo.get(id(node))
+        if known is not None:
+            return known
+        memo[id(node)] = limit + 1  # a cycle (a recursive alias) counts as too large
+        items = node.values() if isinstance(node, dict) else node
+        total = 1
+        for item in items:
+            total += size(item)
+            if total > limit:
+                break
+        memo[id(node)] = min(total, limit + 1)
+        return memo[id(node)]
+
+    return size(value)
+
+
+def load_yaml(text: str, label: str, loader: type[BoundedLoader] = BoundedLoader) -> Any:
+    """Parse untrusted YAML text (``label`` names its file in errors)."""
+    try:
+        data = yaml.load(text, Loader=loader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise InputError(f"{label}: not valid YAML: {_one_line(exc)}") from exc
+    except RecursionError as exc:
+        raise InputError(f"{label}: not valid YAML: nested too deeply") from exc
+    if expanded_nodes(data) > MAX_YAML_NODES:
+        raise InputError(
+            f"{label}: its aliases expand to more than {MAX_YAML_NODES} nodes (refused)"
+        )
+    return data
+
+
+def load_yaml_file(path: str | Path, what: str = "file") -> Any:
+    return load_yaml(read_text(path, what=what), str(path))
+
+
+def _one_line(exc: yaml.YAMLError) -> str:
+    return " ".join(str(exc).split())
+
+
+def confined(root: Path, relative: str) -> Path:
+    """``root / relative``, refusing any result that resolves outside ``root``."""
+    candidate = (root / relative).resolve()
+    if not candidate.is_relative_to(root.resolve()):
+        raise InputError(f"{relative}: resolves outside {root}")
+    return candidate

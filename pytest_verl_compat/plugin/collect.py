@@ -1,0 +1,90 @@
+"""Where the stage tests come from: node ids that paste back, the user's own tests kept, and the
+embedded golden files protected from ``--snapshot-update``.
+
+The stage tests live in the installed package, outside the user's rootdir, so pytest would
+give them node ids without a path (``::test_snapshot[grpo]``) that cannot be run again. They
+get the path ``verl-corpus`` instead: ``pytest --verl-corpus "verl-corpus::test_snapshot[grpo]"``
+reruns exactly that test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pytest_verl_compat
+from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.plugin import stages
+
+NODE_PREFIX = "verl-corpus"
+_STAGES_PATH = Path(stages.__file__).resolve()
+
+
+def add_stage_tests(config: pytest.Config) -> None:
+    """Add the stage tests to what pytest collects.
+
+    Node ids of the stage tests that the user named are turned into the module's path; otherwise
+    the whole module is added beside the user's paths, or beside the testpaths when
+    ``--verl-corpus`` comes from addopts. ``pytest --verl-corpus`` alone runs only the audit.
+    """
+    args = config.args
+    named = [arg for arg in args if arg == NODE_PREFIX or arg.startswith(NODE_PREFIX + "::")]
+    if named:
+        args[:] = [
+            str(_STAGES_PATH) + arg[len(NODE_PREFIX) :] if arg in named else arg for arg in args
+        ]
+        return
+    if any(_is_stages_path(arg) for arg in args):
+        return  # the module's own path, given as it is
+    from_command_line = "--verl-corpus" in config.invocation_params.args
+    if config.args_source == pytest.Config.ArgsSource.ARGS or not from_command_line:
+        args.append(str(_STAGES_PATH))
+    else:
+        args[:] = [str(_STAGES_PATH)]
+
+
+def _is_stages_path(arg: str) -> bool:
+    path = Path(arg.split("::", 1)[0])
+    try:
+        return path.resolve() == _STAGES_PATH
+    except OSError:
+        return False
+
+
+class CorpusCollector:
+    """Collects the stage module under the node id ``verl-corpus``."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pycollect_makemodule(
+        self, module_path: Path, parent: pytest.Collector
+    ) -> pytest.Module | None:
+        """The stage module gets a node id that can be pasted back on the command line."""
+        if module_path.resolve() != _STAGES_PATH:
+            return None
+        return pytest.Module.from_parent(parent, path=module_path, nodeid=NODE_PREFIX)
+
+
+def embedded_golden_refusal(golden_dir: Path, *, named: bool, package_dir: Path) -> str | None:
+    """Why ``--snapshot-update`` must not write ``golden_dir``, or None when it may.
+
+    The embedded golden files of an installed wheel sit inside the package: an update there
+    changes the installation, not the user's project.
+    """
+    if named or not golden_dir.resolve().is_relative_to(package_dir.resolve()):
+        return None
+    return (
+        f"--snapshot-update would write the golden files inside the installed package "
+        f"({golden_dir}); name a folder to write with --verl-corpus-golden DIR (or audit a "
+        "manifest with golden_dir)"
+    )
+
+
+def golden_write_refusal(config: pytest.Config, session: AuditSession) -> str | None:
+    """The refusal for this run's golden folder, when --snapshot-update is given."""
+    if not config.getoption("update_snapshots", False) or session.manifest is None:
+        return None
+    named = bool(session.options.golden) or session.manifest.golden_dir is not None
+    return embedded_golden_refusal(
+        session.golden_dir, named=named, package_dir=Path(pytest_verl_compat.__file__).parent
+    )

