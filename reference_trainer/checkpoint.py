@@ -5,6 +5,11 @@ only when complete: every file first, then `manifest.json` (sha256 of each file)
 `COMPLETE` marker, then the rename. Loading checks the marker and every digest, so a truncated
 or corrupted file fails with its name instead of resuming from garbage. Older checkpoints are
 deleted only after a newer one is complete.
+
+A run folder may come from someone else, so loading trusts nothing but the manifest: only the
+files it lists load (a stray `trainer_state.pt` next to the verified `trainer_state.json` is
+never read), each name must be a plain file name inside the checkpoint folder (no `..`, no
+absolute path, no symlink) of bounded size, and `torch.load` runs with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,10 @@ from safetensors.torch import load_file, save_file
 COMPLETE = "COMPLETE"
 MANIFEST = "manifest.json"
 PREFIX = "global_step_"
+MAX_FILE_BYTES = 8 << 30
+"""No checkpoint file of a local run comes near this; anything larger is refused unread."""
+MAX_MANIFEST_BYTES = 1 << 20
+LOADERS = (".safetensors", ".pt", ".json")
 
 
 class CheckpointError(RuntimeError):
@@ -82,18 +93,65 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Finished checkpoint folders, oldest first (temporary folders are never listed)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / COMPLETE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+    found = [
+        p
+        for p in root.iterdir()
+        if re.fullmatch(rf"{PREFIX}[0-9]{{1,9}}", p.name) and (p / COMPLETE).is_file()
+    ]
+    return sorted(found, key=checkpoint_step)
 
 
-def verify_checkpoint(folder: Path) -> None:
-    """Raise CheckpointError naming the first missing or corrupted file."""
-    if not (folder / COMPLETE).is_file():
+def checkpoint_step(folder: Path) -> int:
+    """The step in a checkpoint folder's name (`global_step_<k>`)."""
+    return int(folder.name[len(PREFIX) :])
+
+
+def _manifest(folder: Path) -> dict[str, str]:
+    """The manifest's {file name: sha256}, every name checked to stay inside `folder`."""
+    path = folder / MANIFEST
+    if path.is_symlink() or not path.is_file():
+        raise CheckpointError(f"{path}: manifest missing (or not a regular file)")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        entries = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a JSON manifest ({exc})") from None
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"{path}: expected an object of file name to sha256")
+    for name, digest in entries.items():
+        if (
+            not isinstance(name, str)
+            or not _PLAIN_NAME.fullmatch(name)
+            or name in (".", "..", MANIFEST, COMPLETE)
+        ):
+            raise CheckpointError(
+                f"{path}: entry {name!r} is not a plain file name inside the checkpoint"
+            )
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise CheckpointError(f"{path}: entry {name!r} has no sha256 hex digest")
+        entry = folder / name
+        if entry.is_symlink():
+            raise CheckpointError(f"{entry}: a symlink; checkpoint files must be regular files")
+        if entry.exists() and not entry.is_file():
+            raise CheckpointError(f"{entry}: not a regular file")
+        if entry.is_file() and entry.stat().st_size > MAX_FILE_BYTES:
+            raise CheckpointError(f"{entry}: larger than {MAX_FILE_BYTES} bytes, refused unread")
+    return entries
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
+
+
+def verify_checkpoint(folder: Path) -> dict[str, str]:
+    """The verified manifest; raise CheckpointError naming the first bad, missing or corrupted file."""
+    if folder.is_symlink() or not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a checkpoint folder")
+    marker = folder / COMPLETE
+    if marker.is_symlink() or not marker.is_file():
         raise CheckpointError(f"{folder}: no {COMPLETE} marker, the checkpoint was not finished")
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{manifest_path}: manifest missing")
-    for name, expected in json.loads(manifest_path.read_text()).items():
+    entries = _manifest(folder)
+    for name, expected in entries.items():
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{path}: file listed in the manifest is missing")
@@ -102,17 +160,55 @@ def verify_checkpoint(folder: Path) -> None:
                 f"{path}: sha256 does not match the manifest (truncated or corrupted); "
                 "earlier checkpoints in the same folder are kept"
             )
+    return entries
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any]:
-    """Every file of a verified checkpoint, keyed by its stem."""
-    verify_checkpoint(folder)
+    """Every file the verified manifest lists, keyed by its stem; nothing else is read."""
+    entries = verify_checkpoint(folder)
     loaded: dict[str, Any] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix == ".safetensors":
-            loaded[path.stem] = load_file(path)
-        elif path.suffix == ".pt":
-            loaded[path.stem] = torch.load(path, weights_only=True)
-        elif path.suffix == ".json" and path.name != MANIFEST:
-            loaded[path.stem] = json.loads(path.read_text())
+    for name in sorted(entries):
+        path = folder / name
+        stem, suffix = path.stem, path.suffix
+        if suffix not in LOADERS:
+            continue
+        if stem in loaded:
+            raise CheckpointError(f"{path}: a second file for {stem!r} in the manifest")
+        try:
+            if suffix == ".safetensors":
+                loaded[stem] = load_file(path)
+            elif suffix == ".pt":
+                # weights_only: tensors and plain containers only, never a pickled callable.
+                loaded[stem] = torch.load(path, weights_only=True)
+            else:
+                loaded[stem] = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RuntimeError, OSError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{path}: cannot be loaded ({first})") from None
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe pickle"
+            raise CheckpointError(f"{path}: refused by the weights-only loader ({first})") from None
     return loaded
+
+
+RESUMABLE = frozenset({"trainer.total_training_steps", "trainer.logger"})
+"""Config fields a resumed run may change: a finished run is extended by asking for more steps."""
+
+
+def config_differences(
+    saved: Any, current: Any, *, ignore: frozenset[str], path: str = ""
+) -> list[str]:
+    """Dotted paths where two JSON config trees differ (fields in `ignore` are skipped)."""
+    if path in ignore:
+        return []
+    if isinstance(saved, dict) and isinstance(current, dict):
+        found: list[str] = []
+        for key in sorted(set(saved) | set(current), key=str):
+            child = f"{path}.{key}" if path else str(key)
+            if key not in saved or key not in current:
+                if child not in ignore:
+                    found.append(child)
+                continue
+            found.extend(config_differences(saved[key], current[key], ignore=ignore, path=child))
+        return found
+    return [] if saved == current else [path or "<root>"]

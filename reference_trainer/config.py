@@ -172,6 +172,8 @@ class TrainerConfig:
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     balance_batch: bool = True
+    logger: tuple[str, ...] = ("console",)
+    """Tracking backends (verl's Tracking: a name or a list of names); see `tracking.py`."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,9 @@ class ReferenceTrainerConfig:
             rollout=RolloutConfig(**data["rollout"]),
             model=model(data["model"]),  # type: ignore[arg-type]
             reward=RewardConfig(**data["reward"]),
-            trainer=TrainerConfig(**data["trainer"]),
+            trainer=TrainerConfig(
+                **{**data["trainer"], "logger": tuple(data["trainer"].get("logger", ("console",)))}
+            ),
             critic=CriticConfig(**{**critic, "optim": optim(critic["optim"])}) if critic else None,
             critic_model=model(data.get("critic_model")),
             use_reference_policy=data.get("use_reference_policy", False),

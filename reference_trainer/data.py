@@ -7,6 +7,7 @@ script to regenerate it) and is committed, so runs never depend on generation co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
@@ -101,16 +102,54 @@ def generate_prompts(seed: int = 0, train: int = 320, val: int = 40) -> list[dic
     return rows
 
 
+PROMPT_FIELDS = frozenset(f.name for f in dataclasses.fields(Prompt))
+REQUIRED_FIELDS = ("uid", "prompt", "answer", "split")
+MAX_PROMPT_FILE_BYTES = 256 << 20
+
+
 def load_prompts(path: str | Path = PROMPTS_PATH, split: str = "train") -> list[Prompt]:
-    """Rows of one split; a missing file fails naming the field it binds."""
+    """Rows of one split; a bad file or row fails naming the file, line and field."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"data.train_files: prompt file {str(path)!r} does not exist")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    prompts = [Prompt(**row) for row in rows if row["split"] == split]
+    if not path.is_file():
+        raise ValueError(f"{path}: data.train_files: the prompt file is not a regular file")
+    if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_PROMPT_FILE_BYTES} bytes")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        prompts.append(_prompt_row(line, f"{path}:{number}"))
+    prompts = [p for p in prompts if p.split == split]
     if not prompts:
         raise ValueError(f"data.train_files: {str(path)!r} has no {split!r} rows")
     return prompts
+
+
+def _prompt_row(line: str, where: str) -> Prompt:
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{where}: not a JSON row ({str(exc)[:200]})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a prompt row is a JSON object")
+    extra = sorted(set(row) - PROMPT_FIELDS)
+    if extra:
+        raise ValueError(
+            f"{where}: unknown key {extra[0]!r} (a row has {', '.join(sorted(PROMPT_FIELDS))})"
+        )
+    missing = [k for k in REQUIRED_FIELDS if k not in row]
+    if missing:
+        raise ValueError(f"{where}: missing key {missing[0]!r}")
+    wrong = [k for k, v in row.items() if not isinstance(v, str)]
+    if wrong:
+        raise ValueError(f"{where}: {wrong[0]!r} must be a string")
+    return Prompt(**row)
 
 
 class PromptSampler:

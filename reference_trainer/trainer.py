@@ -41,8 +41,12 @@ import torch
 from reference_trainer.batching import Batch, batch_metrics, concat_batches, informative_groups
 from reference_trainer.budget import LocalBudget, adapt, check_bindings
 from reference_trainer.checkpoint import (
+    MANIFEST,
+    RESUMABLE,
     CheckpointError,
+    checkpoint_step,
     complete_checkpoints,
+    config_differences,
     load_checkpoint,
     save_checkpoint,
 )
@@ -58,13 +62,16 @@ from reference_trainer.reward import RewardModelScorer, score_batch
 from reference_trainer.run_files import (
     append_row,
     append_samples,
+    claim_run_folder,
     export_hf,
+    locked_run_folder,
     plot_metrics,
     reset_logs,
     write_csv,
     write_ledger,
 )
 from reference_trainer.tiny import load_policy
+from reference_trainer.tracking import Progress, Tracking, silence_library_bars
 from reference_trainer.updates import actor_update, critic_update
 
 
@@ -101,6 +108,8 @@ class ReferenceTrainer:
         self.progress = progress
         self.seed = budget.seed
         check_bindings(self.cfg, budget)
+        if not progress:
+            silence_library_bars()
         loaded = load_policy(self.cfg.model.path, self.seed)
         self.tokenizer = loaded.tokenizer
         # Training-side passes drop the padding (verl's use_remove_padding; same function).
@@ -170,9 +179,30 @@ class ReferenceTrainer:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def run(self, *, resume: bool = False, stop_after: int | None = None) -> RunResult:
-        """Train to `total_training_steps`; `stop_after` ends early (a simulated interruption)."""
-        self.out.mkdir(parents=True, exist_ok=True)
+    def run(
+        self, *, resume: bool = False, stop_after: int | None = None, overwrite: bool = False
+    ) -> RunResult:
+        """Train to `total_training_steps`; `stop_after` ends early (a simulated interruption).
+
+        The run folder is locked for the run; a fresh run refuses an earlier run's files
+        unless `overwrite` (see `run_files`). `trainer.logger` is honoured by `tracking`.
+        """
+        with locked_run_folder(self.out):
+            claim_run_folder(self.out, resume=resume, overwrite=overwrite)
+            trainer_cfg = self.cfg.trainer
+            self.tracking = Tracking(
+                trainer_cfg.logger,
+                self.out,
+                trainer_cfg.project_name,
+                trainer_cfg.experiment_name,
+                self.cfg.to_dict(),
+            )
+            try:
+                return self._run(resume=resume, stop_after=stop_after)
+            finally:
+                self.tracking.finish()
+
+    def _run(self, *, resume: bool, stop_after: int | None) -> RunResult:
         metrics_path = self.out / "metrics.jsonl"
         if resume:
             found = complete_checkpoints(self.out / "checkpoints")
@@ -180,10 +210,12 @@ class ReferenceTrainer:
                 raise CheckpointError(f"{self.out / 'checkpoints'}: no complete checkpoint")
             self.load(found[-1])
         history = reset_logs(self.out, self.step, resume=resume)
-        write_ledger(self.out / "adaptations.json", self.cfg, self.upstream, self.ledger)
+        ledger = self.ledger + self.tracking.ledger
+        write_ledger(self.out / "adaptations.json", self.cfg, self.upstream, ledger)
         trainer_cfg = self.cfg.trainer
         if not resume and trainer_cfg.val_before_train:
             history.append(append_row(metrics_path, {"step": 0, **self.validate()}))
+            self.tracking.log({k: v for k, v in history[-1].items() if k != "step"}, 0)
         last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
         bar = _progress(self.progress, self.step, self.total_steps, self.cfg.case_id)
         while self.step < last:
@@ -193,6 +225,7 @@ class ReferenceTrainer:
             ):
                 metrics.update(self.validate())
             history.append(append_row(metrics_path, {"step": self.step, **metrics}))
+            self.tracking.log(metrics, self.step)
             append_samples(self.out / "samples.jsonl", self.step, self.last_batch)
             # Checkpoints only at rollout boundaries, and always at the last step of this run.
             if (trainer_cfg.save_freq > 0 and self.step % trainer_cfg.save_freq == 0) or (
@@ -457,11 +490,35 @@ class ReferenceTrainer:
 
     def load(self, folder: Path) -> None:
         loaded = load_checkpoint(folder)
-        if loaded["config"] != json.loads(json.dumps(self.cfg.to_dict())):
+        for name in ("config", "trainer_state", "actor", "actor_optimizer", "actor_scheduler"):
+            if name not in loaded:
+                raise CheckpointError(f"{folder / MANIFEST}: lists no {name} file")
+        step = (
+            loaded["trainer_state"].get("step")
+            if isinstance(loaded["trainer_state"], dict)
+            else None
+        )
+        if type(step) is not int or step != checkpoint_step(folder):
             raise CheckpointError(
-                f"{folder / 'config.json'}: the checkpoint's resolved config "
-                "differs from this run's"
+                f"{folder / 'trainer_state.json'}: step {step!r} is not the folder's step "
+                f"{checkpoint_step(folder)}"
             )
+        differing = config_differences(
+            loaded["config"], json.loads(json.dumps(self.cfg.to_dict())), ignore=RESUMABLE
+        )
+        if differing:
+            shown = ", ".join(differing[:8]) + (", ..." if len(differing) > 8 else "")
+            raise CheckpointError(
+                f"{folder / 'config.json'}: the checkpoint's resolved config differs from "
+                f"this run's in {shown}"
+            )
+        try:
+            self._restore(folder, loaded)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"{folder}: does not fit this run ({first[:300]})") from None
+
+    def _restore(self, folder: Path, loaded: dict[str, Any]) -> None:
         actor = loaded["actor"]
         if self.lora:
             params = dict(self.policy.named_parameters())
@@ -497,9 +554,6 @@ class ReferenceTrainer:
         return export_hf(folder, self.policy, self.tokenizer, self.cfg, lora=self.lora)
 
 
-def _progress(enabled: bool, initial: int, total: int, case: str) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=f"train {case}", unit="step")
+def _progress(enabled: bool, initial: int, total: int, case: str) -> Progress:
+    """A tqdm bar on a terminal, a line per step elsewhere, silence when disabled (`tracking`)."""
+    return Progress(enabled, initial, total, case)

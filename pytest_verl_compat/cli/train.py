@@ -2,13 +2,17 @@
 
 CASE is a manifest case id (``grpo``, ``ppo``, ...) or a launch-script path. The run folder gets
 ``metrics.jsonl``/``metrics.csv``/``metrics.png``, ``adaptations.json`` (every upstream field the
-local run changes), ``checkpoints/`` and ``final/`` (the actor in HF format).
+local run changes), ``checkpoints/`` and ``final/`` (the actor in HF format), plus what the case's
+``trainer.logger`` asks for where it works offline (console, ``file_logger/``, ``tensorboard_log/``).
+A run locks its folder; a fresh run refuses an earlier run's folder unless ``--overwrite``; a
+``--resume`` with more ``--steps`` extends a finished run. Every bad input is one line naming its file.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +20,33 @@ from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from reference_trainer.config import ReferenceTrainerConfig
 
+INT_LIMIT = 2**31 - 1
+"""No count or frequency of a CPU run comes near this; larger values overflow torch/numpy."""
+
+
+def _integer(text: str, low: int, high: int) -> int:
+    try:
+        value = int(text) if len(text) <= 20 else None
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from {low} to {high}, got {text[:40]!r}"
+        )
+    return value
+
 
 def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _integer(text, 1, INT_LIMIT)
+
+
+def _frequency(text: str) -> int:
+    return _integer(text, -1, INT_LIMIT)
+
+
+def _seed(text: str) -> int:
+    # numpy's legacy seeding takes 0 .. 2**32 - 1.
+    return _integer(text, 0, 2**32 - 1)
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -30,9 +55,18 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("case", help="manifest case id or launch-script path")
     parser.add_argument("--steps", type=_positive, default=20, help="training steps (default 20)")
     parser.add_argument("--out", help="run folder (default runs/<case>)")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint (more --steps than before extend a finished run)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run's files in --out (a fresh run refuses them otherwise)",
+    )
     parser.add_argument("--model", default="tiny", help="'tiny' or a local HF causal-LM folder")
-    parser.add_argument("--seed", type=int, default=0, help="seed of init, data and sampling")
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of init, data and sampling")
     parser.add_argument(
         "--reward",
         choices=("rule", "length", "reasoning-gym"),
@@ -52,10 +86,17 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--n", type=_positive, help="responses per prompt (default: upstream's)")
     parser.add_argument(
-        "--save-freq", type=int, help="checkpoint every N steps (default: upstream)"
+        "--save-freq", type=_frequency, help="checkpoint every N steps (default: upstream)"
     )
-    parser.add_argument("--test-freq", type=int, help="validate every N steps (default: upstream)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--test-freq", type=_frequency, help="validate every N steps (default: upstream)"
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress output at all (transformers' bars included); without it, a bar on "
+        "a terminal and one line per step otherwise",
+    )
     parser.set_defaults(func=cmd_train)
     assert isinstance(parser, argparse.ArgumentParser)
     return parser
@@ -86,9 +127,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reference_trainer.budget import LocalBudget
     from reference_trainer.checkpoint import CheckpointError
     from reference_trainer.reward import train_reward_model
+    from reference_trainer.run_files import RunFolderError, TornLineWarning
+    from reference_trainer.tracking import silence_library_bars
     from reference_trainer.trainer import ReferenceTrainer
 
+    if args.no_progress:
+        silence_library_bars()
     out = Path(args.out or Path("runs") / cfg.case_id)
+    if out.exists() and not out.is_dir():
+        print(f"verl-compat train: {out}: --out is a file, not a folder", file=sys.stderr)
+        return 2
     reward_model = args.reward_model
     if reward_model == "tiny":
         reward_model = str(out / "reward_model")
@@ -110,10 +158,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
-        result = trainer.run(resume=args.resume)
-    except (FileNotFoundError, ImportError, ValueError, CheckpointError) as exc:
-        print(f"verl-compat train: {exc}", file=sys.stderr)
+        with warnings.catch_warnings():
+            # A torn log line is a warning the user should read as one line, not a source dump.
+            warnings.simplefilter("always", TornLineWarning)
+            warnings.showwarning = _show_warning
+            trainer = ReferenceTrainer(cfg, budget, out, progress=not args.no_progress)
+            result = trainer.run(resume=args.resume, overwrite=args.overwrite)
+    except (ImportError, ValueError, CheckpointError, RunFolderError) as exc:
+        print(f"verl-compat train: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"verl-compat train: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     scored = [row for row in result.metrics if "critic/score/mean" in row]
     if scored:
@@ -121,6 +177,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"{cfg.case_id}: {result.final_step} steps, reward {first:.3f} -> {last:.3f}")
     print(f"run folder: {result.out}; HF export: {result.export}")
     return 0
+
+
+def _show_warning(message: Warning | str, *_: Any, **__: Any) -> None:
+    print(f"verl-compat train: warning: {message}", file=sys.stderr)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

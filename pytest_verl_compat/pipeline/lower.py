@@ -155,6 +155,12 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
             project_name=str(trainer["project_name"]),
             experiment_name=str(trainer["experiment_name"]),
             balance_batch=bool(trainer["balance_batch"]),
+            # verl's Tracking takes one name or a list (verl/utils/tracking.py:62-63).
+            logger=(
+                (str(trainer["logger"]),)
+                if isinstance(trainer["logger"], str)
+                else tuple(str(name) for name in trainer["logger"] or ())
+            ),
         ),
         critic=CriticConfig(
             optim=_optim(critic["optim"], critic.get("grad_clip")),
