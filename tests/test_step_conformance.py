@@ -1,0 +1,140 @@
+"""The step oracle: one training step of the reference trainer against verl 0.9.0's engine step."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpus_facts import OFFICIAL
+
+from pytest_verl_compat.conformance.step_plan import (
+    QUANTITIES,
+    SHAPE,
+    VARIANTS,
+    fixed_rollout,
+    load_step_tolerances,
+    step_settings,
+)
+from pytest_verl_compat.conformance.step_run import case_failures, report_json, run_steps
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.upstream.runner import run_module
+from reference_trainer.config import ReferenceTrainerConfig
+
+
+@pytest.fixture(scope="module")
+def official_configs() -> dict[str, ReferenceTrainerConfig]:
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    return {c.id: session.reference_config(c) for c in session.cases if c.kind == "official"}
+
+
+def test_tolerances_cover_every_quantity_and_variant(tmp_path: Path) -> None:
+    tolerances = load_step_tolerances()
+    assert set(tolerances) == set(VARIANTS)
+    assert all(set(t) == set(QUANTITIES) for t in tolerances.values())
+    bad = tmp_path / "step.yaml"
+    bad.write_text("tolerances:\n  sgd: {actor: {atol: 1, rtol: 0}}\n  adamw: {}\n")
+    with pytest.raises(ValueError, match=r"tolerances\.sgd lacks"):
+        load_step_tolerances(bad)
+
+
+def test_every_official_case_steps_through_several_mini_and_micro_batches_and_epochs(
+    official_configs: dict[str, ReferenceTrainerConfig],
+) -> None:
+    assert sorted(official_configs) == sorted(OFFICIAL)
+    trajectories = SHAPE["prompts"] * SHAPE["n"]
+    for cfg in official_configs.values():
+        s = step_settings(cfg, "sgd")
+        for role in ("actor", "critic"):
+            if s[role] is None:
+                continue
+            mini = s[role]["ppo_mini_batch_size"] * s["n"]
+            assert trajectories // mini >= 2 and mini // s[role]["micro_batch_size"] >= 2
+            assert s[role]["ppo_epochs"] >= 2
+        # The case's own algorithm travels: estimator, aggregation, KL terms, LoRA.
+        assert s["adv_estimator"] == cfg.algorithm.adv_estimator
+        assert s["actor"]["loss_agg_mode"] == cfg.actor.loss_agg_mode
+        assert (s["lora"] is not None) == (cfg.model.lora_rank > 0)
+
+
+def test_fixed_rollout_is_deterministic_ragged_and_grouped() -> None:
+    first, second = fixed_rollout(range(4, 40), 1), fixed_rollout(range(4, 40), 1)
+    assert first == second
+    assert len({len(r) for r in first["responses"]}) > 1
+    assert len({len(p) for p in first["prompts"]}) > 1
+    n = SHAPE["n"]
+    for g in range(SHAPE["prompts"]):
+        rows = range(g * n, (g + 1) * n)
+        assert len({tuple(first["prompts"][i]) for i in rows}) == 1
+        assert len({first["scores"][i] for i in rows}) > 1  # group advantages are not all zero
+
+
+def test_report_is_deterministic_and_names_failures() -> None:
+    entry: dict[str, Any] = {
+        "sgd": {"actor": {"max_abs_diff": 5.0e-4, "worst": "w", "passed": False}},
+        "adamw": {"actor": {"max_abs_diff": 1.23456e-5, "worst": "", "passed": True}},
+    }
+    assert case_failures(entry) == ["sgd.actor (max |diff| 0.0005 at w)"]
+    text = report_json({"grpo": entry})
+    assert text == report_json({"grpo": dict(reversed(list(entry.items())))})
+    assert json.loads(text)["grpo"]["adamw"]["actor"]["max_abs_diff"] == 1.23e-5
+
+
+needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+
+
+@pytest.mark.slow
+@needs_verl
+def test_a_per_micro_batch_token_normaliser_is_caught(
+    official_configs: dict[str, ReferenceTrainerConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutant the issue names: tokens normalised per micro-batch instead of per mini-batch."""
+    import reference_trainer.updates as updates
+
+    real = updates.actor_loss
+
+    def per_micro(*args: Any, **kwargs: Any) -> Any:
+        kwargs["batch_num_tokens"] = args[3].sum()  # the micro-batch's own response tokens
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(updates, "actor_loss", per_micro)
+    report = run_steps({"grpo": official_configs["grpo"]}, run_module, variants=("sgd",))
+    failures = case_failures(report["grpo"])
+    assert any(f.startswith("sgd.actor ") for f in failures), report
+
+
+@pytest.mark.slow
+@needs_verl
+def test_step_stage_passes_for_the_official_cases(
+    pytester: pytest.Pytester, upstream_checkout: Path
+) -> None:
+    """The plugin's `test_step[<case>]` stage, once: the seven official cases, both optimizers."""
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess(
+        "--verl-corpus",
+        f"--verl-corpus-upstream={upstream_checkout}",
+        "--verl-corpus-trusted=off",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-k",
+        "test_step",
+    )
+    result.assert_outcomes(passed=len(OFFICIAL))
+    steps = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if props.get("verl_stage") == "step":
+            steps[props["verl_case"]] = json.loads(props["step"])
+    assert sorted(steps) == sorted(OFFICIAL)
+    for entry in steps.values():
+        assert set(entry) == set(VARIANTS)
+        assert {"actor", "old_log_probs", "advantages", "metrics"} <= set(entry["sgd"])
+    # The tight comparison is tight: SGD leaves the weights within float32 rounding.
+    assert max(e["sgd"]["actor"]["max_abs_diff"] for e in steps.values()) < 1e-6
+    assert steps["ppo"]["sgd"]["critic"]["passed"] and "values" in steps["ppo"]["sgd"]
