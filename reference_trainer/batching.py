@@ -99,11 +99,44 @@ def informative_groups(uids: np.ndarray, metric: torch.Tensor) -> tuple[list[int
 
 
 def minibatches(rows: int, size: int, generator: torch.Generator | None) -> list[torch.Tensor]:
-    """Row indices of each mini-batch: shuffled with `generator`, in order without one."""
-    order = (
-        torch.randperm(rows, generator=generator) if generator is not None else torch.arange(rows)
+    """Row indices of one epoch's mini-batches: in order, or shuffled from `generator`.
+
+    Shuffled exactly as verl's `make_iterator` (verl/utils/tensordict_utils.py:593-612): a
+    DataLoader over the row indices whose RandomSampler draws from the update's one generator,
+    so each epoch continues that generator's stream (see `shuffle_generator`).
+    """
+    if generator is None:
+        return list(torch.arange(rows).split(size))
+    from torch.utils.data import DataLoader
+
+    # Each pass of the loader draws its base seed, then the sampler's permutation(s), from
+    # the generator; the same loader over the same generator gives verl's stream.
+    loader: DataLoader[int] = DataLoader(
+        range(rows),  # type: ignore[arg-type]  # a sequence is a map-style dataset
+        batch_size=size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=_rows,
     )
-    return list(order.split(size))
+    return [torch.as_tensor(mini, dtype=torch.long) for mini in loader]
+
+
+def _rows(items: list[int]) -> list[int]:
+    return [int(i) for i in items]
+
+
+def shuffle_generator(
+    shuffle: bool, data_loader_seed: int, rank: int = 0
+) -> torch.Generator | None:
+    """The generator of one update's mini-batch shuffles, or None without `shuffle`.
+
+    verl seeds one generator per update call with `data_loader_seed + DP rank`
+    (verl/workers/engine_workers.py:276, tensordict_utils.py:593-595): the same seed every
+    training step, and the critic's own `critic.data_loader_seed`.
+    """
+    if not shuffle:
+        return None
+    return torch.Generator().manual_seed(data_loader_seed + rank)
 
 
 def micro_batches(rows: torch.Tensor, size: int | None) -> Iterator[torch.Tensor]:

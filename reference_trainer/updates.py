@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from reference_trainer.batching import Batch, micro_batches, minibatches
+from reference_trainer.batching import Batch, micro_batches, minibatches, shuffle_generator
 from reference_trainer.config import ActorConfig, CriticConfig
-from reference_trainer.generation import _generator, response_logits, response_values
+from reference_trainer.generation import response_logits, response_values
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.math.losses import actor_loss, value_loss
 from reference_trainer.math.masked import masked_mean
@@ -36,8 +36,8 @@ def critic_update(
     rows_out: list[dict[str, float]] = []
     updates = 0
     mini = spec.ppo_mini_batch_size * n
-    for epoch in range(spec.ppo_epochs):
-        shuffle = _generator(spec.data_loader_seed + 1, step, epoch) if spec.shuffle else None
+    shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)
+    for _ in range(spec.ppo_epochs):
         for rows in minibatches(len(batch), mini, shuffle):
             tokens = batch.response_mask[rows].sum()
             optimizer.zero_grad()
@@ -60,7 +60,7 @@ def critic_update(
                 loss.backward()
                 _weighted(accumulated, metrics, float(micro.response_mask.sum() / tokens))
             grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), spec.optim.grad_clip)
-            optimizer.step()
+            _step_if_finite(optimizer, grad_norm)
             updates += 1
             rows_out.append({**accumulated, "critic/grad_norm": float(grad_norm)})
     scheduler.step()
@@ -84,8 +84,8 @@ def actor_update(
     rows_out: list[dict[str, float]] = []
     updates = 0
     mini = spec.ppo_mini_batch_size * n
-    for epoch in range(spec.ppo_epochs):
-        shuffle = _generator(spec.data_loader_seed, step, epoch) if spec.shuffle else None
+    shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)
+    for _ in range(spec.ppo_epochs):
         for rows in minibatches(len(batch), mini, shuffle):
             tokens = batch.response_mask[rows].sum()
             optimizer.zero_grad()
@@ -127,7 +127,7 @@ def actor_update(
                 _weighted(accumulated, metrics, share, 1.0 / len(micros))
             params = [p for p in policy.parameters() if p.requires_grad]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, spec.optim.grad_clip)
-            optimizer.step()
+            _step_if_finite(optimizer, grad_norm)
             updates += 1
             rows_out.append({**accumulated, "actor/grad_norm": float(grad_norm)})
     scheduler.step()
@@ -137,6 +137,15 @@ def actor_update(
 # The policy loss's own metrics: verl averages them over micro-batches unweighted
 # (AggregationType.MEAN, verl/workers/utils/losses.py:116), whatever each micro-batch's tokens.
 _MICRO_MEAN = frozenset({"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"})
+
+
+def _step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor) -> None:
+    """verl's engine skips the update (and drops the gradients) when the norm is not finite
+    (verl/workers/engine/fsdp/transformer_impl.py:791-796)."""
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad()
 
 
 def unpadded_scale(

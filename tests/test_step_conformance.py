@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -138,3 +139,112 @@ def test_step_stage_passes_for_the_official_cases(
     # The tight comparison is tight: SGD leaves the weights within float32 rounding.
     assert max(e["sgd"]["actor"]["max_abs_diff"] for e in steps.values()) < 1e-6
     assert steps["ppo"]["sgd"]["critic"]["passed"] and "values" in steps["ppo"]["sgd"]
+
+
+# ------------------------------------------------------------------ divergences settled
+
+
+def _lowered(mutate: Any) -> ReferenceTrainerConfig:
+    """The grpo case's resolved mapping, changed by `mutate`, compiled and lowered."""
+    import copy
+
+    from pytest_verl_compat.pipeline.compile import compile_resolved
+    from pytest_verl_compat.pipeline.lower import reference_config
+    from pytest_verl_compat.pipeline.manifest import embedded_root
+    from pytest_verl_compat.pipeline.profile import load_profile
+
+    golden = embedded_root() / "golden" / "compose" / "grpo.json"
+    mapping = copy.deepcopy(json.loads(golden.read_text())["resolved"])
+    mutate(mapping)
+    report = compile_resolved(mapping, case_id="grpo+changed", profile=load_profile())
+    assert report.accepted, report.reason
+    return reference_config(mapping, report)
+
+
+def test_the_gradient_clip_is_optim_clip_grad_and_actor_grad_clip_is_not_read() -> None:
+    """verl's engine clips at optim.clip_grad (transformer_impl.py:777-782)."""
+
+    def clip(mapping: dict[str, Any]) -> None:
+        mapping["actor_rollout_ref"]["actor"]["grad_clip"] = 0.3
+        mapping["actor_rollout_ref"]["actor"]["optim"]["clip_grad"] = 0.7
+
+    assert _lowered(clip).actor.optim.grad_clip == 0.7
+
+
+def test_zero_warmup_steps_take_the_ratio_and_zero_indexed_step_is_read() -> None:
+    """lr_warmup_steps <= 0 means the ratio (transformer_impl.py:495-497)."""
+    from reference_trainer.models import schedule
+
+    def warm(mapping: dict[str, Any]) -> None:
+        optim = mapping["actor_rollout_ref"]["actor"]["optim"]
+        optim.update(lr_warmup_steps=0, lr_warmup_steps_ratio=0.5, zero_indexed_step=False)
+
+    optim = _lowered(warm).actor.optim
+    assert optim.zero_indexed_step is False
+    factor = schedule(optim, 10)
+    assert [factor(s) for s in range(3)] == [0.0, 0.2, 0.4]
+    cosine = dataclasses.replace(optim, lr_scheduler_type="cosine", lr_warmup_steps=1)
+    # Not zero-indexed: step 0 is already step 1 of the schedule (torch_functional.py:757).
+    assert schedule(cosine, 10)(0) == 1.0
+    assert schedule(dataclasses.replace(cosine, zero_indexed_step=True), 10)(0) == 0.0
+
+
+def test_a_non_finite_gradient_norm_skips_the_optimizer_step() -> None:
+    """verl's engine zeroes the gradients and does not step (transformer_impl.py:791-796)."""
+    import torch
+
+    from reference_trainer.updates import _step_if_finite
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    weight.grad = torch.tensor([1.0, float("nan"), 1.0])
+    _step_if_finite(optimizer, torch.linalg.vector_norm(weight.grad))
+    assert torch.equal(weight.detach(), torch.ones(3)) and weight.grad is None
+    weight.grad = torch.ones(3)
+    _step_if_finite(optimizer, torch.linalg.vector_norm(weight.grad))
+    assert torch.equal(weight.detach(), torch.zeros(3))
+
+
+def test_dr_grpo_divides_by_the_micro_batchs_longest_response() -> None:
+    """V1's batches are unpadded: agg_loss's width is the micro-batch's longest response."""
+    import torch
+
+    from reference_trainer.updates import unpadded_scale
+
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0]])
+    assert unpadded_scale(None, "seq-mean-token-sum-norm", mask) == 3.0
+    assert unpadded_scale(7.0, "seq-mean-token-sum-norm", mask) == 7.0
+    assert unpadded_scale(None, "token-mean", mask) is None
+
+
+@needs_verl
+def test_shuffled_mini_batches_follow_verls_iterator_across_epochs() -> None:
+    """One generator per update, seeded data_loader_seed + rank (engine_workers.py:276)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils.tensordict_utils import make_iterator
+
+    from reference_trainer.batching import minibatches, shuffle_generator
+
+    rows, size, epochs, seed = 12, 4, 3, 42
+    td = TensorDict({"row": torch.arange(rows)}, batch_size=[rows])
+    theirs = [
+        mb["row"].tolist()
+        for mb in make_iterator(td, size, epochs, seed=seed, dataloader_kwargs={"shuffle": True})
+    ]
+    generator = shuffle_generator(True, seed)
+    ours = [mb.tolist() for _ in range(epochs) for mb in minibatches(rows, size, generator)]
+    assert ours == theirs
+    assert shuffle_generator(False, seed) is None
+
+
+@pytest.mark.slow
+@needs_verl
+def test_a_shuffled_case_steps_like_upstream() -> None:
+    """derived/data-order-actor-shuffle through the oracle: mini-batch membership and seeding."""
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    case = next(c for c in session.cases if c.id == "derived/data-order-actor-shuffle")
+    cfg = session.reference_config(case)
+    assert cfg.actor.shuffle
+    report = run_steps({case.id: cfg}, run_module, variants=("sgd",))
+    assert not case_failures(report[case.id]), report
