@@ -84,15 +84,16 @@ def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
 
 
 def informative_groups(uids: np.ndarray, metric: torch.Tensor) -> tuple[list[int], int]:
-    """The rows of the groups whose `metric` varies, and how many such groups.
+    """The rows of the groups DAPO's dynamic sampling keeps, and how many such groups.
 
-    DAPO's dynamic sampling (`algorithm.filter_groups`): in a group whose responses all score
-    alike, group-relative advantages are zero.
+    `algorithm.filter_groups` drops a group whose responses all score alike (its group-relative
+    advantages are zero); as verl's V1 replay buffer, a group of one response is kept
+    (verl/trainer/ppo/v1/replay_buffer.py:295 filters only `len(values) > 1` with zero std).
     """
     informative = [
         uid
         for uid in dict.fromkeys(uids.tolist())
-        if float(metric[uids == uid].std(unbiased=False)) > 0
+        if int((uids == uid).sum()) == 1 or float(metric[uids == uid].std(unbiased=False)) > 0
     ]
     rows = [i for i, uid in enumerate(uids.tolist()) if uid in set(informative)]
     return rows, len(informative)

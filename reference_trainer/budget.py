@@ -332,7 +332,8 @@ def check_bindings(cfg: ReferenceTrainerConfig, budget: LocalBudget) -> None:
         if not path or not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(
                 f"reward.reward_model.model_path: {path!r} is not a "
-                "local reward model folder (no config.json)"
+                "local reward model folder (no config.json); pass one with "
+                "`verl-compat train --reward-model DIR` (`--reward-model tiny` trains one)"
             )
     elif budget.reward not in REWARDS:
         raise ValueError(f"reward: unknown {budget.reward!r}; valid: {', '.join(REWARDS)}")

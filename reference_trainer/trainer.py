@@ -296,12 +296,8 @@ class ReferenceTrainer:
                 merged = concat_batches(kept, self.tokenizer.pad_token_id)
                 merged = merged.select(list(range(self.cfg.data.train_batch_size * rollout.n)))
                 return merged, {"train/num_gen_batches": float(generated)}
-            if alg.max_num_gen_batches > 0 and generated >= alg.max_num_gen_batches:
-                raise RuntimeError(
-                    f"algorithm.filter_groups: {generated} generation batches gave {groups} "
-                    f"groups with non-zero {alg.filter_groups_metric} variance, "
-                    f"{self.cfg.data.train_batch_size} needed (max_num_gen_batches)"
-                )
+            # max_num_gen_batches is not a bound here: verl's V1 trainer warns that its replay
+            # buffer ignores it and refills until the batch is full (v1/trainer_base.py:208-214).
 
     def score(self, batch: Batch) -> None:
         """Token-level scores, accuracy and decoded texts into `batch` (`reward.score_batch`)."""

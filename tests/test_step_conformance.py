@@ -248,3 +248,49 @@ def test_a_shuffled_case_steps_like_upstream() -> None:
     assert cfg.actor.shuffle
     report = run_steps({case.id: cfg}, run_module, variants=("sgd",))
     assert not case_failures(report[case.id]), report
+
+
+def test_filter_groups_keeps_single_response_groups_and_ignores_max_num_gen_batches() -> None:
+    """V1 drops only groups of several responses with zero std (replay_buffer.py:295)."""
+    import numpy as np
+    import torch
+
+    from pytest_verl_compat.pipeline.profile import load_profile
+    from reference_trainer.batching import informative_groups
+
+    uids = np.array(["a", "a", "b", "c", "c"])
+    rows, groups = informative_groups(uids, torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0]))
+    assert (rows, groups) == ([2, 3, 4], 2)
+    profile = load_profile()
+    rule = profile.rule_for("algorithm.filter_groups.max_num_gen_batches")
+    assert rule is not None and rule.klass == "inert" and "trainer_base.py:208" in rule.reason
+    source = (Path(__file__).parents[1] / "reference_trainer" / "trainer.py").read_text()
+    assert "raise RuntimeError" not in source
+
+
+def test_the_reward_model_reads_its_chat_template_over_prompt_and_response() -> None:
+    """verl's reward loop: [prompt messages, assistant response], no generation prompt."""
+    from reference_trainer.data import Prompt
+    from reference_trainer.reward import RewardModelScorer
+    from reference_trainer.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    scorer = RewardModelScorer(model=None, tokenizer=tokenizer, folder="")  # type: ignore[arg-type]
+    prompt = Prompt("u1", "2+2=", "4", "train", system="be brief")
+    text = scorer.reward_input(prompt, "4")
+    assert text == "<system>be brief<user>2+2=<assistant>4"
+
+
+def test_a_missing_reward_model_names_the_option_that_binds_it() -> None:
+    from reference_trainer.budget import LocalBudget, check_bindings
+
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    case = next(c for c in session.cases if c.id == "grpo_reward_model")
+    cfg = session.reference_config(case)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="tiny"))
+    with pytest.raises(FileNotFoundError, match="--reward-model DIR"):
+        check_bindings(cfg, LocalBudget())

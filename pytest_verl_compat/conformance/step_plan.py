@@ -194,4 +194,5 @@ def request_json(model_dir: str, cases: list[dict[str, Any]], rollout: dict[str,
 
 
 def settings_key(settings: dict[str, Any]) -> str:
-    return f"{settings['case']}.{settings['variant']}"
+    """The file name (no folders: case ids may hold "/") of one case and variant's result."""
+    return f"{settings['case'].replace('/', '__')}.{settings['variant']}"

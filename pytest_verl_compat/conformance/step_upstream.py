@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from pytest_verl_compat.conformance import step_upstream_patches
+from pytest_verl_compat.conformance.step_plan import settings_key
 
 
 def _compose(model_dir: str, s: dict[str, Any]) -> Any:
@@ -347,7 +348,7 @@ def main(argv: list[str]) -> int:
         started = time.perf_counter()
         result = run_case(request["model_dir"], s, request["rollout"])
         result["seconds"] = time.perf_counter() - started
-        name = f"{s['case']}.{s['variant']}"
+        name = settings_key(s)
         torch.save(result, os.path.join(out_dir, f"{name}.pt"))
         print(json.dumps({"case": name, "seconds": round(result["seconds"], 2)}), flush=True)
     return 0
