@@ -239,9 +239,20 @@ def _model_paths(
     cfg: ReferenceTrainerConfig, budget: LocalBudget, lora_rank: int, ledger: _Ledger
 ) -> tuple[ModelConfig, ModelConfig | None, str | None]:
     """Local folders (or the tiny model) for the policy, the critic and the reward model."""
+    lora_alpha = cfg.model.lora_alpha
+    if lora_rank != cfg.model.lora_rank and cfg.model.lora_rank > 0:
+        # peft scales the adapter's output by lora_alpha / r: keep that scale when r shrinks.
+        scaled = cfg.model.lora_alpha * lora_rank / cfg.model.lora_rank
+        lora_alpha = ledger.note(
+            "actor_rollout_ref.model.lora_alpha",
+            cfg.model.lora_alpha,
+            int(scaled) if float(scaled).is_integer() else scaled,
+            "scaled with lora_rank to keep the adapter's scale lora_alpha / lora_rank",
+        )
     model = dataclasses.replace(
         cfg.model,
         lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
         path=ledger.note(
             "actor_rollout_ref.model.path", cfg.model.path, budget.model, "no hub; local model"
         ),

@@ -145,7 +145,7 @@ class ModelConfig:
 
     path: str
     lora_rank: int = 0
-    lora_alpha: int = 16
+    lora_alpha: float = 16
     target_modules: str | tuple[str, ...] = "all-linear"
     exclude_modules: str | tuple[str, ...] | None = None
     enable_gradient_checkpointing: bool = False

@@ -50,8 +50,9 @@ from reference_trainer.config import ReferenceTrainerConfig
 from reference_trainer.data import Prompt, PromptSampler, fitting_prompts, load_prompts
 from reference_trainer.generation import _generator, generate, inference_logits, response_values
 from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
+from reference_trainer.math.aggregation import agg_loss
 from reference_trainer.math.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
-from reference_trainer.math.logprobs import log_probs_from_logits
+from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.models import build_critic, build_optimizer, wrap_lora
 from reference_trainer.reasoning_gym_prompts import check_reasoning_gym_prompts
 from reference_trainer.reward import RewardModelScorer, score_batch
@@ -65,7 +66,7 @@ from reference_trainer.run_files import (
     write_ledger,
 )
 from reference_trainer.tiny import load_policy
-from reference_trainer.updates import actor_update, critic_update
+from reference_trainer.updates import actor_update, critic_update, unpadded_scale
 
 
 @dataclass
@@ -234,7 +235,7 @@ class ReferenceTrainer:
             metrics.update(gen_metrics)
             self.last_batch = batch
             with phase("old_log_prob"):
-                self.log_probs(batch)
+                metrics.update(self.log_probs(batch))
             with phase("adv"):
                 metrics.update(self.advantages(batch))
             if self.critic is not None:
@@ -310,11 +311,26 @@ class ReferenceTrainer:
         )
 
     @torch.no_grad()
-    def log_probs(self, batch: Batch) -> None:
+    def log_probs(self, batch: Batch) -> dict[str, float]:
+        """Old and reference log-probs (and values) into `batch`; returns `actor/entropy`.
+
+        As verl's V1 trainer, `actor/entropy` is the old-log-prob pass's entropy over the whole
+        batch, aggregated with the actor's loss_agg_mode (v1/trainer_base.py:1519-1530).
+        """
         temperature = self.cfg.rollout.temperature
         self.policy.eval()
         logits = inference_logits(self.policy, batch, self.pad_id)
         batch.tensors["old_log_probs"] = log_probs_from_logits(logits, batch.responses, temperature)
+        actor = self.cfg.actor
+        entropy = agg_loss(
+            entropy_from_logits(logits, temperature),
+            batch.response_mask,
+            actor.loss_agg_mode,
+            loss_scale_factor=unpadded_scale(
+                actor.loss_scale_factor, actor.loss_agg_mode, batch.response_mask
+            ),
+        )
+        del logits
         if self.cfg.use_reference_policy:
             with self.reference_context():
                 ref_model = self.policy if self.lora else self.ref
@@ -325,6 +341,7 @@ class ReferenceTrainer:
         if self.critic is not None:
             self.critic.eval()
             batch.tensors["values"] = response_values(self.critic, batch, self.pad_id)
+        return {"actor/entropy": float(entropy)}
 
     def advantages(self, batch: Batch) -> dict[str, float]:
         metrics: dict[str, float] = {}

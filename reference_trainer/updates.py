@@ -17,7 +17,6 @@ from reference_trainer.config import ActorConfig, CriticConfig
 from reference_trainer.generation import response_logits, response_values
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.math.losses import actor_loss, value_loss
-from reference_trainer.math.masked import masked_mean
 
 
 def critic_update(
@@ -123,7 +122,7 @@ def actor_update(
                 )
                 loss.backward()
                 share = float(micro.response_mask.sum() / tokens)
-                metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro.response_mask))
+                # actor/entropy is the old-log-prob pass's (trainer.log_probs), as in verl's V1.
                 _weighted(accumulated, metrics, share, 1.0 / len(micros))
             params = [p for p in policy.parameters() if p.requires_grad]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, spec.optim.grad_clip)

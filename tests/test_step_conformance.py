@@ -294,3 +294,18 @@ def test_a_missing_reward_model_names_the_option_that_binds_it() -> None:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path="tiny"))
     with pytest.raises(FileNotFoundError, match="--reward-model DIR"):
         check_bindings(cfg, LocalBudget())
+
+
+def test_a_smaller_lora_rank_keeps_the_adapters_scale() -> None:
+    """peft scales by lora_alpha / r; grpo_lora's rank 64 -> 32 keeps 32 / 64 = 0.5."""
+    from reference_trainer.budget import LocalBudget, adapt
+
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    case = next(c for c in session.cases if c.id == "grpo_lora")
+    cfg = session.reference_config(case)
+    local, ledger = adapt(cfg, LocalBudget())
+    assert (
+        local.model.lora_alpha / local.model.lora_rank == cfg.model.lora_alpha / cfg.model.lora_rank
+    )
+    noted = {a.field: a for a in ledger}
+    assert noted["actor_rollout_ref.model.lora_alpha"].local == local.model.lora_alpha

@@ -34,6 +34,7 @@ ACTOR_METRICS = (
     "kl_loss",
     "grad_norm",
     "lr",
+    "entropy",
 )
 CRITIC_METRICS = ("vf_loss", "vf_clipfrac", "grad_norm", "lr")
 

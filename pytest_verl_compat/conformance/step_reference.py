@@ -203,7 +203,7 @@ def reference_step(
         )
     batch = _batch(rollout, tokenizer.pad_token_id)
     t = batch.tensors
-    ReferenceTrainer.log_probs(state, batch)  # type: ignore[arg-type]
+    pass_metrics = ReferenceTrainer.log_probs(state, batch)  # type: ignore[arg-type]
     with torch.no_grad():
         policy.train(False)
         from reference_trainer.generation import inference_logits
@@ -230,7 +230,10 @@ def reference_step(
     if critic is not None:
         metrics["critic"] = ReferenceTrainer.update_critic(state, batch)  # type: ignore[arg-type]
         result["critic"] = _trainable(critic, trainable_only=True)
-    metrics["actor"] = ReferenceTrainer.update_actor(state, batch)  # type: ignore[arg-type]
+    metrics["actor"] = {
+        **ReferenceTrainer.update_actor(state, batch),  # type: ignore[arg-type]
+        **pass_metrics,
+    }
     result["actor"] = _trainable(policy, trainable_only=lora)
     result["metrics"] = metrics
     return result

@@ -146,7 +146,7 @@ def run_case(model_dir: str, s: dict[str, Any], rollout: dict[str, Any]) -> dict
     import numpy as np
     import torch
     from verl import DataProto
-    from verl.trainer.ppo.core_algos import get_kl_controller
+    from verl.trainer.ppo.core_algos import agg_loss, get_kl_controller
     from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
     from verl.utils import tensordict_utils as tu
     from verl.utils.config import omega_conf_to_dataclass
@@ -328,6 +328,15 @@ def run_case(model_dir: str, s: dict[str, Any], rollout: dict[str, Any]) -> dict
         temperature=temperature,
     )
     metrics["actor"] = _metrics(tu.get(actor.update_actor(query), "metrics"))
+    # trainer_base._compute_old_log_prob's actor/entropy: the old-log-prob pass, whole batch.
+    metrics["actor"]["actor/entropy"] = float(
+        agg_loss(
+            loss_mat=padded(entropy),
+            loss_mask=mask,
+            loss_agg_mode=a["loss_agg_mode"],
+            loss_scale_factor=a["loss_scale_factor"],
+        )
+    )
     result["actor"] = _state(
         actor.actor.engine,  # type: ignore[union-attr]  # built by init_model
         trainable_only=s["lora"] is not None,
