@@ -309,3 +309,115 @@ def test_a_smaller_lora_rank_keeps_the_adapters_scale() -> None:
     )
     noted = {a.field: a for a in ledger}
     assert noted["actor_rollout_ref.model.lora_alpha"].local == local.model.lora_alpha
+
+
+# ------------------------------------------------------------------ honest ledgers
+
+
+def _set_leaf(mapping: Any, dotted: str, change: Any) -> Any:
+    """Change one leaf of a resolved mapping in place; the old value."""
+    import re
+
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", dotted)
+    holder = mapping
+    for part in parts[:-1]:
+        holder = holder[int(part[1:-1])] if part.startswith("[") else holder[part]
+    key: Any = int(parts[-1][1:-1]) if parts[-1].startswith("[") else parts[-1]
+    old = holder[key]
+    holder[key] = change(old)
+    return old
+
+
+def _perturbed(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 3
+    if isinstance(value, float):
+        return value * 0.5 + 0.125
+    return None  # strings: their supported values are checked by the compiler's value lists
+
+
+@pytest.mark.parametrize("case_id", OFFICIAL)
+def test_every_exact_leaf_reaches_the_trainers_config(case_id: str) -> None:
+    """An `exact` leaf is one the reference trainer follows: changing it changes the lowered
+    config (or the compiler rejects the new value). Critic leaves count only with a critic."""
+    import copy
+
+    from pytest_verl_compat.pipeline.compile import compile_resolved
+    from pytest_verl_compat.pipeline.lower import reference_config
+    from pytest_verl_compat.pipeline.manifest import embedded_root
+    from pytest_verl_compat.pipeline.profile import load_profile
+
+    profile = load_profile()
+    golden = embedded_root() / "golden" / "compose" / f"{case_id}.json"
+    mapping = json.loads(golden.read_text())["resolved"]
+    report = compile_resolved(mapping, case_id=case_id, profile=profile)
+    base = reference_config(mapping, report)
+    unread = []
+    for leaf in report.leaves:
+        if leaf.klass != "exact" or (base.critic is None and leaf.path.startswith("critic.")):
+            continue
+        if base.critic is None and leaf.path == "trainer.critic_warmup":
+            continue
+        changed = copy.deepcopy(mapping)
+        old = _set_leaf(
+            changed, leaf.path, lambda v: _perturbed(v) if _perturbed(v) is not None else v
+        )
+        if _perturbed(old) is None:
+            continue
+        again = compile_resolved(changed, case_id=case_id, profile=profile)
+        if again.accepted and reference_config(changed, again) == base:
+            unread.append(f"{leaf.path}={old!r}")
+    assert not unread, f"exact leaves the lowered config ignores: {unread} [{case_id}]"
+
+
+def test_every_trainer_config_field_is_read_by_the_trainer() -> None:
+    """Each field of ReferenceTrainerConfig (and its parts) is read somewhere in the trainer."""
+    import dataclasses as dc
+    import re
+
+    from reference_trainer import config
+
+    trainer_root = Path(config.__file__).parent
+    source = "\n".join(
+        p.read_text() for p in sorted(trainer_root.rglob("*.py")) if p.name != "config.py"
+    )
+    parts = [
+        config.OptimConfig,
+        config.ActorConfig,
+        config.CriticConfig,
+        config.RolloutConfig,
+        config.AlgorithmConfig,
+        config.DataConfig,
+        config.ModelConfig,
+        config.RewardConfig,
+        config.TrainerConfig,
+        config.ReferenceTrainerConfig,
+    ]
+    # Read only to describe a run or kept for the ledger, not for training.
+    descriptive = {"case_id", "profile", "bindings", "lowered", "project_name", "experiment_name"}
+    unread = {
+        f"{part.__name__}.{f.name}"
+        for part in parts
+        for f in dc.fields(part)
+        if f.name not in descriptive and not re.search(rf"\.{f.name}\b", source)
+    }
+    # Fields lowered from leaves that are not `exact` (or exact with one supported value, which
+    # is the trainer's only behaviour): the profile's class says what they do in a run.
+    from pytest_verl_compat.pipeline.profile import load_profile
+
+    not_exact = {
+        "AlgorithmConfig.max_num_gen_batches": "algorithm.filter_groups.max_num_gen_batches",
+        "DataConfig.val_batch_size": "data.val_batch_size",
+        "RewardConfig.custom_reward_function_path": "reward.custom_reward_function.path",
+        "RewardConfig.custom_reward_function_name": "reward.custom_reward_function.name",
+        "TrainerConfig.balance_batch": "trainer.balance_batch",
+        "DataConfig.truncation": "data.truncation",
+    }
+    profile = load_profile()
+    for field_name, leaf in not_exact.items():
+        rule = profile.rule_for(leaf)
+        assert rule is not None
+        assert rule.klass != "exact" or len(rule.values or ()) == 1, (field_name, rule.klass)
+    assert unread <= set(not_exact), f"config fields nothing in reference_trainer reads: {unread}"
