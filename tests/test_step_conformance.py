@@ -421,3 +421,41 @@ def test_every_trainer_config_field_is_read_by_the_trainer() -> None:
         assert rule is not None
         assert rule.klass != "exact" or len(rule.values or ()) == 1, (field_name, rule.klass)
     assert unread <= set(not_exact), f"config fields nothing in reference_trainer reads: {unread}"
+
+
+@pytest.mark.slow
+@needs_verl
+def test_a_dual_clip_bound_other_than_three_reaches_the_loss(
+    official_configs: dict[str, ReferenceTrainerConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """clip_ratio_c = 1.05 with tight clip ratios and a large step, so the dual clip binds in the
+    second epoch; a trainer that dropped clip_ratio_c (using the default 3) must differ."""
+    import pytest_verl_compat.conformance.step_plan as plan
+    import pytest_verl_compat.conformance.step_reference as step_reference
+    import reference_trainer.updates as updates
+
+    base = official_configs["grpo"]
+    actor = dataclasses.replace(
+        base.actor, clip_ratio_c=1.05, clip_ratio_low=0.01, clip_ratio_high=0.01
+    )
+    configs = {
+        cid: dataclasses.replace(base, case_id=cid, actor=actor) for cid in ("clip-c", "dropped")
+    }
+    monkeypatch.setitem(plan.LEARNING_RATES, "sgd", 0.2)
+    real_step, real_loss = step_reference.reference_step, updates.actor_loss
+
+    def dropped_c(*args: Any, **kwargs: Any) -> Any:
+        return real_loss(*args, **{**kwargs, "clip_ratio_c": 3.0})
+
+    def step(cfg: ReferenceTrainerConfig, *args: Any) -> Any:
+        if cfg.case_id == "dropped":
+            monkeypatch.setattr(updates, "actor_loss", dropped_c)
+        try:
+            return real_step(cfg, *args)
+        finally:
+            monkeypatch.setattr(updates, "actor_loss", real_loss)
+
+    monkeypatch.setattr(step_reference, "reference_step", step)
+    report = run_steps(configs, run_module, variants=("sgd",))
+    assert not case_failures(report["clip-c"]), report["clip-c"]
+    assert any(f.startswith("sgd.actor ") for f in case_failures(report["dropped"]))

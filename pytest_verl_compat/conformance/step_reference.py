@@ -14,6 +14,7 @@ quantities as `step_upstream`.
 from __future__ import annotations
 
 import dataclasses
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -203,8 +204,10 @@ def reference_step(
         )
     batch = _batch(rollout, tokenizer.pad_token_id)
     t = batch.tensors
+    passes_started = time.perf_counter()
     pass_metrics = ReferenceTrainer.log_probs(state, batch)  # type: ignore[arg-type]
-    with torch.no_grad():
+    pass_seconds = time.perf_counter() - passes_started
+    with torch.no_grad():  # the per-token entropy, for the comparison only (not timed)
         policy.train(False)
         from reference_trainer.generation import inference_logits
 
@@ -223,10 +226,14 @@ def reference_step(
         t["ref_log_prob"] = t["ref_log_prob"] + offsets
     if "values" in t:
         result["values"] = t["values"].clone()
+    advantages_started = time.perf_counter()
     ReferenceTrainer.advantages(state, batch)  # type: ignore[arg-type]
+    pass_seconds += time.perf_counter() - advantages_started
     for key in ("token_level_rewards", "advantages", "returns"):
         result[key] = t[key].clone()
     metrics: dict[str, dict[str, float]] = {}
+    updates_started = time.perf_counter()
+    result["pass_seconds"] = pass_seconds
     if critic is not None:
         metrics["critic"] = ReferenceTrainer.update_critic(state, batch)  # type: ignore[arg-type]
         result["critic"] = _trainable(critic, trainable_only=True)
@@ -236,4 +243,5 @@ def reference_step(
     }
     result["actor"] = _trainable(policy, trainable_only=lora)
     result["metrics"] = metrics
+    result["update_seconds"] = time.perf_counter() - updates_started
     return result

@@ -38,8 +38,14 @@ def run_steps(
     *,
     variants: tuple[str, ...] = VARIANTS,
     tolerance_path: Path | None = None,
+    timings: dict[str, dict[str, dict[str, float]]] | None = None,
 ) -> dict[str, Any]:
-    """The step report of `configs` (case id → lowered config)."""
+    """The step report of `configs` (case id → lowered config).
+
+    `timings`, when given, receives per `case.variant` each side's seconds of the no-gradient
+    passes (log-probs, values, advantages) and of the updates; they stay out of the report,
+    which is deterministic.
+    """
     import torch
 
     from pytest_verl_compat.conformance.step_compare import compare_step, summarise
@@ -71,6 +77,11 @@ def run_steps(
             up = torch.load(folder / "out" / f"{settings_key(s)}.pt", weights_only=False)
             ours = reference_step(configs[s["case"]], s, folder / "models", rollout)
             table = summarise(compare_step(ours, up, mask, tolerances[s["variant"]]))
+            if timings is not None:
+                timings[settings_key(s)] = {
+                    side: {k: float(r[k]) for k in ("pass_seconds", "update_seconds")}
+                    for side, r in (("ours", ours), ("upstream", up))
+                }
             report.setdefault(s["case"], {})[s["variant"]] = table
     return report
 

@@ -178,6 +178,7 @@ def run_case(model_dir: str, s: dict[str, Any], rollout: dict[str, Any]) -> dict
         critic.reset()
         critic.set_loss_fn(functools.partial(value_loss, config=critic_cfg))
 
+    passes_started = time.perf_counter()
     prompts = [torch.tensor(p) for p in rollout["prompts"]]
     responses = [torch.tensor(r) for r in rollout["responses"]]
     rows = len(prompts)
@@ -296,6 +297,7 @@ def run_case(model_dir: str, s: dict[str, Any], rollout: dict[str, Any]) -> dict
         td["values"] = values
 
     started = time.perf_counter()
+    result["pass_seconds"] = started - passes_started
     metrics: dict[str, dict[str, float]] = {}
     if critic is not None and s["critic"] is not None:  # trainer_base._update_critic
         c = s["critic"]
