@@ -102,6 +102,16 @@ def adapt(
     trainer = _trainer(cfg, budget, ledger)
     model, critic_model, reward_model_path = _model_paths(cfg, budget, lora_rank, ledger)
     _note_substitutions(cfg, budget, model, ledger)
+    # The compiler's lowered leaves: their distributed effect is replaced on one device.
+    for path in sorted(cfg.lowered):
+        ledger.entries.append(
+            Adaptation(
+                path,
+                cfg.lowered_values.get(path),
+                cfg.lowered[path],
+                f"lowered by the compiler (profile {cfg.profile})",
+            )
+        )
     local = dataclasses.replace(
         cfg,
         data=data,

@@ -197,6 +197,8 @@ class ReferenceTrainerConfig:
     """Dotted paths that need a local runtime binding (model, data, reward)."""
     lowered: dict[str, str] = field(default_factory=dict)
     """Dotted path → how the distributed setting was lowered to one device."""
+    lowered_values: dict[str, Any] = field(default_factory=dict)
+    """Dotted path → the lowered leaf's upstream value (for the run's adaptations ledger)."""
 
     @property
     def trajectories_per_step(self) -> int:
@@ -252,4 +254,5 @@ class ReferenceTrainerConfig:
             use_reference_policy=data.get("use_reference_policy", False),
             bindings=tuple(data.get("bindings", ())),
             lowered=dict(data.get("lowered", {})),
+            lowered_values=dict(data.get("lowered_values", {})),
         )

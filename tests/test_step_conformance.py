@@ -89,26 +89,6 @@ needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is n
 
 @pytest.mark.slow
 @needs_verl
-def test_a_per_micro_batch_token_normaliser_is_caught(
-    official_configs: dict[str, ReferenceTrainerConfig], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The mutant the issue names: tokens normalised per micro-batch instead of per mini-batch."""
-    import reference_trainer.updates as updates
-
-    real = updates.actor_loss
-
-    def per_micro(*args: Any, **kwargs: Any) -> Any:
-        kwargs["batch_num_tokens"] = args[3].sum()  # the micro-batch's own response tokens
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(updates, "actor_loss", per_micro)
-    report = run_steps({"grpo": official_configs["grpo"]}, run_module, variants=("sgd",))
-    failures = case_failures(report["grpo"])
-    assert any(f.startswith("sgd.actor ") for f in failures), report
-
-
-@pytest.mark.slow
-@needs_verl
 def test_step_stage_passes_for_the_official_cases(
     pytester: pytest.Pytester, upstream_checkout: Path
 ) -> None:
@@ -236,18 +216,6 @@ def test_shuffled_mini_batches_follow_verls_iterator_across_epochs() -> None:
     ours = [mb.tolist() for _ in range(epochs) for mb in minibatches(rows, size, generator)]
     assert ours == theirs
     assert shuffle_generator(False, seed) is None
-
-
-@pytest.mark.slow
-@needs_verl
-def test_a_shuffled_case_steps_like_upstream() -> None:
-    """derived/data-order-actor-shuffle through the oracle: mini-batch membership and seeding."""
-    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
-    case = next(c for c in session.cases if c.id == "derived/data-order-actor-shuffle")
-    cfg = session.reference_config(case)
-    assert cfg.actor.shuffle
-    report = run_steps({case.id: cfg}, run_module, variants=("sgd",))
-    assert not case_failures(report[case.id]), report
 
 
 def test_filter_groups_keeps_single_response_groups_and_ignores_max_num_gen_batches() -> None:
@@ -425,31 +393,44 @@ def test_every_trainer_config_field_is_read_by_the_trainer() -> None:
 
 @pytest.mark.slow
 @needs_verl
-def test_a_dual_clip_bound_other_than_three_reaches_the_loss(
+def test_the_oracle_sees_shuffling_dual_clip_and_mutants(
     official_configs: dict[str, ReferenceTrainerConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """clip_ratio_c = 1.05 with tight clip ratios and a large step, so the dual clip binds in the
-    second epoch; a trainer that dropped clip_ratio_c (using the default 3) must differ."""
+    """One upstream subprocess for four steps (SGD, lr 0.2):
+
+    - derived/data-order-actor-shuffle: mini-batch membership and V1's shuffle seeding;
+    - grpo with clip_ratio_c = 1.05 and clip ratios 0.01, so the dual clip binds in epoch 2;
+    - two mutants of our trainer that must fail: tokens normalised per micro-batch instead of
+      per mini-batch (the issue's), and clip_ratio_c dropped on its way to the loss.
+    """
     import pytest_verl_compat.conformance.step_plan as plan
     import pytest_verl_compat.conformance.step_reference as step_reference
     import reference_trainer.updates as updates
 
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    shuffled = next(c for c in session.cases if c.id == "derived/data-order-actor-shuffle")
     base = official_configs["grpo"]
-    actor = dataclasses.replace(
+    dual = dataclasses.replace(
         base.actor, clip_ratio_c=1.05, clip_ratio_low=0.01, clip_ratio_high=0.01
     )
-    configs = {
-        cid: dataclasses.replace(base, case_id=cid, actor=actor) for cid in ("clip-c", "dropped")
-    }
+    configs = {shuffled.id: session.reference_config(shuffled)}
+    assert configs[shuffled.id].actor.shuffle
+    for cid in ("clip-c", "clip-c-dropped"):
+        configs[cid] = dataclasses.replace(base, case_id=cid, actor=dual)
+    configs["per-micro"] = dataclasses.replace(base, case_id="per-micro")
     monkeypatch.setitem(plan.LEARNING_RATES, "sgd", 0.2)
     real_step, real_loss = step_reference.reference_step, updates.actor_loss
+
+    def per_micro(*args: Any, **kwargs: Any) -> Any:
+        return real_loss(*args, **{**kwargs, "batch_num_tokens": args[3].sum()})
 
     def dropped_c(*args: Any, **kwargs: Any) -> Any:
         return real_loss(*args, **{**kwargs, "clip_ratio_c": 3.0})
 
+    mutants = {"per-micro": per_micro, "clip-c-dropped": dropped_c}
+
     def step(cfg: ReferenceTrainerConfig, *args: Any) -> Any:
-        if cfg.case_id == "dropped":
-            monkeypatch.setattr(updates, "actor_loss", dropped_c)
+        monkeypatch.setattr(updates, "actor_loss", mutants.get(cfg.case_id, real_loss))
         try:
             return real_step(cfg, *args)
         finally:
@@ -457,5 +438,26 @@ def test_a_dual_clip_bound_other_than_three_reaches_the_loss(
 
     monkeypatch.setattr(step_reference, "reference_step", step)
     report = run_steps(configs, run_module, variants=("sgd",))
-    assert not case_failures(report["clip-c"]), report["clip-c"]
-    assert any(f.startswith("sgd.actor ") for f in case_failures(report["dropped"]))
+    for cid in (shuffled.id, "clip-c"):
+        assert not case_failures(report[cid]), (cid, report[cid])
+    for cid in mutants:
+        assert any(f.startswith("sgd.actor ") for f in case_failures(report[cid])), cid
+
+
+def test_the_ledger_lists_every_lowered_leaf_with_both_values() -> None:
+    """adaptations.json: each compiler-lowered field, its upstream value and the lowering."""
+    from reference_trainer.budget import LocalBudget, adapt
+
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    case = next(c for c in session.cases if c.id == "ppo")
+    cfg = session.reference_config(case)
+    _, ledger = adapt(cfg, LocalBudget())
+    noted = {a.field: a for a in ledger}
+    assert set(cfg.lowered) <= set(noted)
+    balance = noted["trainer.balance_batch"]
+    assert balance.upstream is True and "V1's reorder" in balance.local
+    assert (
+        noted["trainer.n_gpus_per_node"].upstream
+        == cfg.lowered_values["trainer.n_gpus_per_node"]
+        != 1
+    )
