@@ -461,3 +461,22 @@ def test_the_ledger_lists_every_lowered_leaf_with_both_values() -> None:
         == cfg.lowered_values["trainer.n_gpus_per_node"]
         != 1
     )
+
+
+def test_rollout_is_weights_are_rejected_by_the_profile() -> None:
+    """V1 multiplies the policy loss by rollout_is_weights when rollout correction is on
+    (verl/workers/utils/losses.py:87-88); the trainer has no such weights, so the profile
+    rejects turning it on instead of training without them."""
+    import copy
+
+    from pytest_verl_compat.pipeline.compile import compile_resolved
+    from pytest_verl_compat.pipeline.manifest import embedded_root
+    from pytest_verl_compat.pipeline.profile import load_profile
+
+    golden = embedded_root() / "golden" / "compose" / "grpo.json"
+    mapping = copy.deepcopy(json.loads(golden.read_text())["resolved"])
+    profile = load_profile()
+    assert compile_resolved(mapping, case_id="grpo", profile=profile).accepted
+    mapping["algorithm"]["rollout_correction"]["rollout_is"] = "token"
+    report = compile_resolved(mapping, case_id="grpo+is", profile=profile)
+    assert not report.accepted and "rollout_correction.rollout_is" in report.reason

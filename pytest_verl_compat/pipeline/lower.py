@@ -177,7 +177,5 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
         use_reference_policy=bool(actor["use_kl_loss"] or algo["use_kl_in_reward"]),
         bindings=bindings,
         lowered=dict(lowered),
-        lowered_values={
-            leaf.path: leaf.value for leaf in report.leaves if leaf.klass == "lowered"
-        },
+        lowered_values={leaf.path: leaf.value for leaf in report.leaves if leaf.klass == "lowered"},
     )
