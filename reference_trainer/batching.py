@@ -84,26 +84,60 @@ def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
 
 
 def informative_groups(uids: np.ndarray, metric: torch.Tensor) -> tuple[list[int], int]:
-    """The rows of the groups whose `metric` varies, and how many such groups.
+    """The rows of the groups DAPO's dynamic sampling keeps, and how many such groups.
 
-    DAPO's dynamic sampling (`algorithm.filter_groups`): in a group whose responses all score
-    alike, group-relative advantages are zero.
+    `algorithm.filter_groups` drops a group whose responses all score alike (its group-relative
+    advantages are zero); as verl's V1 replay buffer, a group of one response is kept
+    (verl/trainer/ppo/v1/replay_buffer.py:295 filters only `len(values) > 1` with zero std).
     """
     informative = [
         uid
         for uid in dict.fromkeys(uids.tolist())
-        if float(metric[uids == uid].std(unbiased=False)) > 0
+        if int((uids == uid).sum()) == 1 or float(metric[uids == uid].std(unbiased=False)) > 0
     ]
     rows = [i for i, uid in enumerate(uids.tolist()) if uid in set(informative)]
     return rows, len(informative)
 
 
 def minibatches(rows: int, size: int, generator: torch.Generator | None) -> list[torch.Tensor]:
-    """Row indices of each mini-batch: shuffled with `generator`, in order without one."""
-    order = (
-        torch.randperm(rows, generator=generator) if generator is not None else torch.arange(rows)
+    """Row indices of one epoch's mini-batches: in order, or shuffled from `generator`.
+
+    Shuffled exactly as verl's `make_iterator` (verl/utils/tensordict_utils.py:593-612): a
+    DataLoader over the row indices whose RandomSampler draws from the update's one generator,
+    so each epoch continues that generator's stream (see `shuffle_generator`).
+    """
+    if generator is None:
+        return list(torch.arange(rows).split(size))
+    from torch.utils.data import DataLoader
+
+    # Each pass of the loader draws its base seed, then the sampler's permutation(s), from
+    # the generator; the same loader over the same generator gives verl's stream.
+    loader: DataLoader[int] = DataLoader(
+        range(rows),  # type: ignore[arg-type]  # a sequence is a map-style dataset
+        batch_size=size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=_rows,
     )
-    return list(order.split(size))
+    return [torch.as_tensor(mini, dtype=torch.long) for mini in loader]
+
+
+def _rows(items: list[int]) -> list[int]:
+    return [int(i) for i in items]
+
+
+def shuffle_generator(
+    shuffle: bool, data_loader_seed: int, rank: int = 0
+) -> torch.Generator | None:
+    """The generator of one update's mini-batch shuffles, or None without `shuffle`.
+
+    verl seeds one generator per update call with `data_loader_seed + DP rank`
+    (verl/workers/engine_workers.py:276, tensordict_utils.py:593-595): the same seed every
+    training step, and the critic's own `critic.data_loader_seed`.
+    """
+    if not shuffle:
+        return None
+    return torch.Generator().manual_seed(data_loader_seed + rank)
 
 
 def micro_batches(rows: torch.Tensor, size: int | None) -> Iterator[torch.Tensor]:

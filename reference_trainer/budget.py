@@ -102,6 +102,16 @@ def adapt(
     trainer = _trainer(cfg, budget, ledger)
     model, critic_model, reward_model_path = _model_paths(cfg, budget, lora_rank, ledger)
     _note_substitutions(cfg, budget, model, ledger)
+    # The compiler's lowered leaves: their distributed effect is replaced on one device.
+    for path in sorted(cfg.lowered):
+        ledger.entries.append(
+            Adaptation(
+                path,
+                cfg.lowered_values.get(path),
+                cfg.lowered[path],
+                f"lowered by the compiler (profile {cfg.profile})",
+            )
+        )
     local = dataclasses.replace(
         cfg,
         data=data,
@@ -239,9 +249,20 @@ def _model_paths(
     cfg: ReferenceTrainerConfig, budget: LocalBudget, lora_rank: int, ledger: _Ledger
 ) -> tuple[ModelConfig, ModelConfig | None, str | None]:
     """Local folders (or the tiny model) for the policy, the critic and the reward model."""
+    lora_alpha = cfg.model.lora_alpha
+    if lora_rank != cfg.model.lora_rank and cfg.model.lora_rank > 0:
+        # peft scales the adapter's output by lora_alpha / r: keep that scale when r shrinks.
+        scaled = cfg.model.lora_alpha * lora_rank / cfg.model.lora_rank
+        lora_alpha = ledger.note(
+            "actor_rollout_ref.model.lora_alpha",
+            cfg.model.lora_alpha,
+            int(scaled) if float(scaled).is_integer() else scaled,
+            "scaled with lora_rank to keep the adapter's scale lora_alpha / lora_rank",
+        )
     model = dataclasses.replace(
         cfg.model,
         lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
         path=ledger.note(
             "actor_rollout_ref.model.path", cfg.model.path, budget.model, "no hub; local model"
         ),
@@ -332,7 +353,8 @@ def check_bindings(cfg: ReferenceTrainerConfig, budget: LocalBudget) -> None:
         if not path or not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(
                 f"reward.reward_model.model_path: {path!r} is not a "
-                "local reward model folder (no config.json)"
+                "local reward model folder (no config.json); pass one with "
+                "`verl-compat train --reward-model DIR` (`--reward-model tiny` trains one)"
             )
     elif budget.reward not in REWARDS:
         raise ValueError(f"reward: unknown {budget.reward!r}; valid: {', '.join(REWARDS)}")

@@ -23,9 +23,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam betas (``optim.betas``)."""
     grad_clip: float = 1.0
-    """Global gradient-norm clip (``actor.grad_clip`` / ``optim.clip_grad``)."""
+    """Global gradient-norm clip (``optim.clip_grad``; verl's engine never reads ``actor.grad_clip``)."""
     lr_warmup_steps: int = -1
-    """Warm-up optimizer steps; -1 means use the ratio (``optim.lr_warmup_steps``)."""
+    """Warm-up steps; ``<= 0`` means use the ratio, as verl's engine does (``optim.lr_warmup_steps``)."""
     lr_warmup_steps_ratio: float = 0.0
     """Warm-up as a share of total training steps (``optim.lr_warmup_steps_ratio``)."""
     lr_scheduler_type: str = "constant"
@@ -34,6 +34,8 @@ class OptimConfig:
     """Floor of the cosine schedule as a share of ``lr`` (``optim.min_lr_ratio``)."""
     num_cycles: float = 0.5
     """Cosine cycles (``optim.num_cycles``)."""
+    zero_indexed_step: bool = True
+    """Cosine schedule counts steps from 0; ``False`` shifts it by one (``optim.zero_indexed_step``)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ class ModelConfig:
 
     path: str
     lora_rank: int = 0
-    lora_alpha: int = 16
+    lora_alpha: float = 16
     target_modules: str | tuple[str, ...] = "all-linear"
     exclude_modules: str | tuple[str, ...] | None = None
     enable_gradient_checkpointing: bool = False
@@ -197,6 +199,8 @@ class ReferenceTrainerConfig:
     """Dotted paths that need a local runtime binding (model, data, reward)."""
     lowered: dict[str, str] = field(default_factory=dict)
     """Dotted path → how the distributed setting was lowered to one device."""
+    lowered_values: dict[str, Any] = field(default_factory=dict)
+    """Dotted path → the lowered leaf's upstream value (for the run's adaptations ledger)."""
 
     @property
     def trajectories_per_step(self) -> int:
@@ -254,4 +258,5 @@ class ReferenceTrainerConfig:
             use_reference_policy=data.get("use_reference_policy", False),
             bindings=tuple(data.get("bindings", ())),
             lowered=dict(data.get("lowered", {})),
+            lowered_values=dict(data.get("lowered_values", {})),
         )

@@ -69,14 +69,21 @@ def build_optimizer(
 
 
 def schedule(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
-    """verl's warm-up then constant or cosine multiplier, per training step."""
+    """verl's warm-up then constant or cosine multiplier, per training step.
+
+    As verl/workers/engine/fsdp/transformer_impl.py:495-497: `lr_warmup_steps <= 0` (0 included)
+    takes the warm-up from the ratio; the cosine schedule shifts its step by one when
+    `zero_indexed_step` is false (verl/utils/torch_functional.py:757-758), the constant one never.
+    """
     warmup = (
         optim.lr_warmup_steps
-        if optim.lr_warmup_steps >= 0
+        if optim.lr_warmup_steps > 0
         else int(optim.lr_warmup_steps_ratio * total_steps)
     )
 
     def factor(step: int) -> float:
+        if optim.lr_scheduler_type == "cosine" and not optim.zero_indexed_step:
+            step += 1
         if step < warmup:
             return step / max(1, warmup)
         if optim.lr_scheduler_type == "constant":

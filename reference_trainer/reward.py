@@ -72,9 +72,28 @@ class RewardModelScorer:
         model.eval()
         return cls(model, tokenizer, str(path))
 
+    def reward_input(self, prompt: Prompt, response: str) -> str:
+        """What the reward model reads, as verl's reward loop builds it.
+
+        verl appends the response as an assistant message to the prompt's messages and applies
+        the reward model's chat template without a generation prompt, dropping a leading BOS
+        that the tokenizer adds again (verl/experimental/reward_loop/reward_loop.py:203-228).
+        A tokenizer without a chat template reads prompt and response as plain text.
+        """
+        tokenizer: Any = self.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            return prompt.prompt + response
+        chat = [{"role": "user", "content": prompt.prompt}]
+        if prompt.system:
+            chat.insert(0, {"role": "system", "content": prompt.system})
+        chat.append({"role": "assistant", "content": response})
+        text = str(tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False))
+        bos = tokenizer.bos_token
+        return text[len(bos) :] if bos is not None and text.startswith(bos) else text
+
     @torch.no_grad()
-    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-        texts = [p + r for p, r in zip(prompts, responses, strict=True)]
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:
+        texts = [self.reward_input(p, r) for p, r in zip(prompts, responses, strict=True)]
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True)  # type: ignore[operator]
         logits = self.model(**encoded).logits
         return logits[:, 0].tolist()
@@ -101,7 +120,7 @@ def score_batch(
     pairs = list(zip(texts, batch.prompts, strict=True))
     acc = [float(rule_correct(t, p.answer)) for t, p in pairs]
     if scorer is not None:
-        rewards = scorer.score([p.prompt for p in batch.prompts], texts)
+        rewards = scorer.score(batch.prompts, texts)
     elif reward == "length":
         width = batch.responses.shape[1]
         rewards = [length_reward(int(n), length_target, width) for n in lengths]

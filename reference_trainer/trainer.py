@@ -54,8 +54,9 @@ from reference_trainer.config import ReferenceTrainerConfig
 from reference_trainer.data import Prompt, PromptSampler, fitting_prompts, load_prompts
 from reference_trainer.generation import _generator, generate, inference_logits, response_values
 from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
+from reference_trainer.math.aggregation import agg_loss
 from reference_trainer.math.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
-from reference_trainer.math.logprobs import log_probs_from_logits
+from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.models import build_critic, build_optimizer, wrap_lora
 from reference_trainer.reasoning_gym_prompts import check_reasoning_gym_prompts
 from reference_trainer.reward import RewardModelScorer, score_batch
@@ -72,7 +73,7 @@ from reference_trainer.run_files import (
 )
 from reference_trainer.tiny import load_policy
 from reference_trainer.tracking import Progress, Tracking, silence_library_bars
-from reference_trainer.updates import actor_update, critic_update
+from reference_trainer.updates import actor_update, critic_update, unpadded_scale
 
 
 @dataclass
@@ -267,7 +268,7 @@ class ReferenceTrainer:
             metrics.update(gen_metrics)
             self.last_batch = batch
             with phase("old_log_prob"):
-                self.log_probs(batch)
+                metrics.update(self.log_probs(batch))
             with phase("adv"):
                 metrics.update(self.advantages(batch))
             if self.critic is not None:
@@ -329,12 +330,8 @@ class ReferenceTrainer:
                 merged = concat_batches(kept, self.tokenizer.pad_token_id)
                 merged = merged.select(list(range(self.cfg.data.train_batch_size * rollout.n)))
                 return merged, {"train/num_gen_batches": float(generated)}
-            if alg.max_num_gen_batches > 0 and generated >= alg.max_num_gen_batches:
-                raise RuntimeError(
-                    f"algorithm.filter_groups: {generated} generation batches gave {groups} "
-                    f"groups with non-zero {alg.filter_groups_metric} variance, "
-                    f"{self.cfg.data.train_batch_size} needed (max_num_gen_batches)"
-                )
+            # max_num_gen_batches is not a bound here: verl's V1 trainer warns that its replay
+            # buffer ignores it and refills until the batch is full (v1/trainer_base.py:208-214).
 
     def score(self, batch: Batch) -> None:
         """Token-level scores, accuracy and decoded texts into `batch` (`reward.score_batch`)."""
@@ -347,11 +344,26 @@ class ReferenceTrainer:
         )
 
     @torch.no_grad()
-    def log_probs(self, batch: Batch) -> None:
+    def log_probs(self, batch: Batch) -> dict[str, float]:
+        """Old and reference log-probs (and values) into `batch`; returns `actor/entropy`.
+
+        As verl's V1 trainer, `actor/entropy` is the old-log-prob pass's entropy over the whole
+        batch, aggregated with the actor's loss_agg_mode (v1/trainer_base.py:1519-1530).
+        """
         temperature = self.cfg.rollout.temperature
         self.policy.eval()
         logits = inference_logits(self.policy, batch, self.pad_id)
         batch.tensors["old_log_probs"] = log_probs_from_logits(logits, batch.responses, temperature)
+        actor = self.cfg.actor
+        entropy = agg_loss(
+            entropy_from_logits(logits, temperature),
+            batch.response_mask,
+            actor.loss_agg_mode,
+            loss_scale_factor=unpadded_scale(
+                actor.loss_scale_factor, actor.loss_agg_mode, batch.response_mask
+            ),
+        )
+        del logits
         if self.cfg.use_reference_policy:
             with self.reference_context():
                 ref_model = self.policy if self.lora else self.ref
@@ -362,6 +374,7 @@ class ReferenceTrainer:
         if self.critic is not None:
             self.critic.eval()
             batch.tensors["values"] = response_values(self.critic, batch, self.pad_id)
+        return {"actor/entropy": float(entropy)}
 
     def advantages(self, batch: Batch) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from reference_trainer.batching import Batch, micro_batches, minibatches
+from reference_trainer.batching import Batch, micro_batches, minibatches, shuffle_generator
 from reference_trainer.config import ActorConfig, CriticConfig
-from reference_trainer.generation import _generator, response_logits, response_values
+from reference_trainer.generation import response_logits, response_values
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.math.losses import actor_loss, value_loss
-from reference_trainer.math.masked import masked_mean
 
 
 def critic_update(
@@ -36,8 +35,8 @@ def critic_update(
     rows_out: list[dict[str, float]] = []
     updates = 0
     mini = spec.ppo_mini_batch_size * n
-    for epoch in range(spec.ppo_epochs):
-        shuffle = _generator(spec.data_loader_seed + 1, step, epoch) if spec.shuffle else None
+    shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)
+    for _ in range(spec.ppo_epochs):
         for rows in minibatches(len(batch), mini, shuffle):
             tokens = batch.response_mask[rows].sum()
             optimizer.zero_grad()
@@ -53,12 +52,14 @@ def critic_update(
                     loss_agg_mode=spec.loss_agg_mode,
                     batch_num_tokens=tokens,
                     global_batch_size=len(rows),
-                    loss_scale_factor=spec.loss_scale_factor,
+                    loss_scale_factor=unpadded_scale(
+                        spec.loss_scale_factor, spec.loss_agg_mode, micro.response_mask
+                    ),
                 )
                 loss.backward()
                 _weighted(accumulated, metrics, float(micro.response_mask.sum() / tokens))
             grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), spec.optim.grad_clip)
-            optimizer.step()
+            _step_if_finite(optimizer, grad_norm)
             updates += 1
             rows_out.append({**accumulated, "critic/grad_norm": float(grad_norm)})
     scheduler.step()
@@ -82,13 +83,14 @@ def actor_update(
     rows_out: list[dict[str, float]] = []
     updates = 0
     mini = spec.ppo_mini_batch_size * n
-    for epoch in range(spec.ppo_epochs):
-        shuffle = _generator(spec.data_loader_seed, step, epoch) if spec.shuffle else None
+    shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)
+    for _ in range(spec.ppo_epochs):
         for rows in minibatches(len(batch), mini, shuffle):
             tokens = batch.response_mask[rows].sum()
             optimizer.zero_grad()
             accumulated: dict[str, float] = {}
-            for micro_rows in micro_batches(rows, spec.micro_batch_size):
+            micros = list(micro_batches(rows, spec.micro_batch_size))
+            for micro_rows in micros:
                 micro = batch.select(micro_rows)
                 logits = response_logits(policy, micro, pad_id)
                 log_prob = log_probs_from_logits(logits, micro.responses, temperature)
@@ -114,31 +116,67 @@ def actor_update(
                     loss_agg_mode=spec.loss_agg_mode,
                     batch_num_tokens=tokens,
                     global_batch_size=len(rows),
-                    loss_scale_factor=spec.loss_scale_factor,
+                    loss_scale_factor=unpadded_scale(
+                        spec.loss_scale_factor, spec.loss_agg_mode, micro.response_mask
+                    ),
                 )
                 loss.backward()
                 share = float(micro.response_mask.sum() / tokens)
-                metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro.response_mask))
-                _weighted(accumulated, metrics, share)
+                # actor/entropy is the old-log-prob pass's (trainer.log_probs), as in verl's V1.
+                _weighted(accumulated, metrics, share, 1.0 / len(micros))
             params = [p for p in policy.parameters() if p.requires_grad]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, spec.optim.grad_clip)
-            optimizer.step()
+            _step_if_finite(optimizer, grad_norm)
             updates += 1
             rows_out.append({**accumulated, "actor/grad_norm": float(grad_norm)})
     scheduler.step()
     return {**_mean_rows(rows_out), "actor/lr": scheduler.get_last_lr()[0]}, updates
 
 
-def _weighted(into: dict[str, float], metrics: dict[str, float], share: float) -> None:
+# The policy loss's own metrics: verl averages them over micro-batches unweighted
+# (AggregationType.MEAN, verl/workers/utils/losses.py:116), whatever each micro-batch's tokens.
+_MICRO_MEAN = frozenset({"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"})
+
+
+def _step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor) -> None:
+    """verl's engine skips the update (and drops the gradients) when the norm is not finite
+    (verl/workers/engine/fsdp/transformer_impl.py:791-796)."""
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad()
+
+
+def unpadded_scale(
+    loss_scale_factor: float | None, loss_agg_mode: str, response_mask: torch.Tensor
+) -> float | None:
+    """The divisor of `seq-mean-token-sum-norm` as verl's V1 engine applies it.
+
+    Without `loss_scale_factor`, `agg_loss` divides by the loss mask's width
+    (verl/trainer/ppo/core_algos.py:1190-1192). V1's micro-batches are unpadded nested tensors,
+    padded only inside the loss (verl/workers/utils/losses.py:91 and :181), so that width is the
+    micro-batch's longest response, not `data.max_response_length` nor our batch's width.
+    """
+    if loss_scale_factor is not None or loss_agg_mode != "seq-mean-token-sum-norm":
+        return loss_scale_factor
+    return float(response_mask.sum(-1).max())
+
+
+def _weighted(
+    into: dict[str, float], metrics: dict[str, float], share: float, micro_share: float = 1.0
+) -> None:
     """Sum micro-batch metrics into mini-batch ones.
 
     Loss terms are already divided by the mini-batch's global normalisers, so they add up;
-    per-token means are weighted by the micro-batch's share of the mini-batch's tokens;
-    coefficients are constants.
+    the policy loss's metrics are a plain mean over micro-batches (`micro_share` = 1 / their
+    count), as verl's; other per-token means are weighted by the micro-batch's share of the
+    mini-batch's tokens; coefficients are constants.
     """
     for key, value in metrics.items():
         if key.endswith("_coef") or key.endswith("_coeff"):
             into[key] = value
+        elif key in _MICRO_MEAN:
+            into[key] = into.get(key, 0.0) + value * micro_share
         elif key.endswith("_loss"):
             into[key] = into.get(key, 0.0) + value
         else:

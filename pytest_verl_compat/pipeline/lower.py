@@ -25,18 +25,21 @@ from reference_trainer.config import (
 )
 
 
-def _optim(raw: Mapping[str, Any], grad_clip: float | None) -> OptimConfig:
+def _optim(raw: Mapping[str, Any]) -> OptimConfig:
     return OptimConfig(
         lr=float(raw["lr"]),
         weight_decay=float(raw["weight_decay"]),
         betas=(float(raw["betas"][0]), float(raw["betas"][1])),
-        # The actor reads grad_clip; optim.clip_grad is the engine's copy of the same bound.
-        grad_clip=float(grad_clip if grad_clip is not None else raw["clip_grad"]),
+        # verl 0.9.0's engine clips at optim.clip_grad (verl/workers/engine/fsdp/
+        # transformer_impl.py:777-782) and never reads actor.grad_clip / critic.grad_clip; only
+        # a deprecated optim.grad_clip overrides it (verl/workers/config/optimizer.py:59-61).
+        grad_clip=float(raw["grad_clip"] if raw.get("grad_clip") is not None else raw["clip_grad"]),
         lr_warmup_steps=int(raw["lr_warmup_steps"]),
         lr_warmup_steps_ratio=float(raw["lr_warmup_steps_ratio"]),
         lr_scheduler_type=str(raw["lr_scheduler_type"]),
         min_lr_ratio=float(raw["min_lr_ratio"]),
         num_cycles=float(raw["num_cycles"]),
+        zero_indexed_step=bool(raw.get("zero_indexed_step", True)),
     )
 
 
@@ -108,7 +111,7 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
             val_batch_size=data["val_batch_size"],
         ),
         actor=ActorConfig(
-            optim=_optim(actor["optim"], actor.get("grad_clip")),
+            optim=_optim(actor["optim"]),
             ppo_mini_batch_size=int(actor["ppo_mini_batch_size"]),
             ppo_epochs=int(actor["ppo_epochs"]),
             micro_batch_size=_micro_batch(actor, "ppo_micro_batch_size_per_gpu"),
@@ -163,7 +166,7 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
             ),
         ),
         critic=CriticConfig(
-            optim=_optim(critic["optim"], critic.get("grad_clip")),
+            optim=_optim(critic["optim"]),
             ppo_mini_batch_size=int(critic["ppo_mini_batch_size"]),
             ppo_epochs=int(critic["ppo_epochs"]),
             micro_batch_size=_micro_batch(critic, "ppo_micro_batch_size_per_gpu"),
@@ -180,4 +183,5 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
         use_reference_policy=bool(actor["use_kl_loss"] or algo["use_kl_in_reward"]),
         bindings=bindings,
         lowered=dict(lowered),
+        lowered_values={leaf.path: leaf.value for leaf in report.leaves if leaf.klass == "lowered"},
     )

@@ -45,6 +45,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # A manifest without a conformance file (a user's own corpus) has no conformance cases.
         cases = state.conformance_cases()
         metafunc.parametrize("conformance_case", [pytest.param(c, id=c.id) for c in cases])
+    if "step_case" in metafunc.fixturenames:
+        # The step oracle trains the official cases; a user's corpus (no conformance file) has none.
+        has_conformance = session.manifest is not None and session.manifest.conformance
+        official = [c for c in session.cases if c.kind == "official"] if has_conformance else []
+        metafunc.parametrize("step_case", [pytest.param(c, id=c.id) for c in official])
 
 
 @pytest.fixture
@@ -336,3 +341,49 @@ def test_conformance_tolerances(verl_audit: AuditSession, verl_state: AuditState
     """The conformance tolerance file is readable and every known divergence matches a case."""
     verl_state.conformance_cases()
     assert not verl_state.conformance_error, verl_state.conformance_error
+
+
+_STEP_REPORTS: dict[tuple[str, ...], dict[str, Any]] = {}
+
+
+class TestStepConformance:
+    """The step oracle (`conformance/step_*.py`), about a minute and a half for the seven cases;
+    "conformance" in the class name keeps it out of `-k "not conformance"` runs, like the
+    function-level stage. (No `slow` mark: a plugin user's project has no such marker.)"""
+
+    def test_step(
+        self, step_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest
+    ) -> None:
+        """One training step of the reference trainer equals one of verl's V1 engine step."""
+        from pytest_verl_compat.conformance.plan import upstream_missing_reason
+        from pytest_verl_compat.conformance.step_run import (
+            StepOracleError,
+            case_failures,
+            run_steps,
+        )
+        from pytest_verl_compat.upstream.runner import run_module
+
+        missing = upstream_missing_reason()
+        if missing:
+            pytest.skip(missing)
+        # Every selected step case in one upstream subprocess (verl is imported once).
+        selected = tuple(
+            sorted(
+                item.callspec.params["step_case"].id
+                for item in request.session.items
+                if getattr(item, "originalname", "") == "test_step" and hasattr(item, "callspec")
+            )
+        ) or (step_case.id,)
+        if selected not in _STEP_REPORTS:
+            by_id = {c.id: c for c in verl_audit.cases}
+            configs = {
+                cid: _run(lambda c=by_id[cid]: verl_audit.reference_config(c)) for cid in selected
+            }
+            try:
+                _STEP_REPORTS[selected] = run_steps(configs, run_module)
+            except StepOracleError as exc:
+                pytest.fail(str(exc), pytrace=False)
+        entry = _STEP_REPORTS[selected][step_case.id]
+        _record(request, step_case, "step", step=json.dumps(entry, sort_keys=True))
+        failures = case_failures(entry)
+        assert not failures, f"step differs from upstream: {'; '.join(failures)} [{step_case.id}]"
