@@ -6,7 +6,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import gpu_count, need_critic, need_reference_policy
+from pytest_verl_compat.checks.roles import (
+    data_parallel,
+    gpu_count,
+    need_critic,
+    need_reference_policy,
+    sequence_parallel,
+)
 
 
 def _mini_batch_roles(resolved: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -66,13 +72,6 @@ def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
-def _data_parallel(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(GPUs, sequence-parallel size, data-parallel ranks) as the FSDP device mesh forms them."""
-    n_gpus = gpu_count(resolved)
-    sp = int(resolved["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
-    return n_gpus, sp, max(n_gpus // max(sp, 1), 1)
-
-
 @check(
     "batch.mini-batch-over-ranks",
     level="error",
@@ -81,13 +80,13 @@ def _data_parallel(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
 def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
     mini = int(inp.resolved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"])
-    n_gpus, sp, dp = _data_parallel(inp.resolved)
+    n_gpus, _, dp, factors = data_parallel(inp.resolved)
     mini_responses = mini * n
     if mini <= train and not train % mini and mini_responses % dp:
         yield Hit(
             "actor_rollout_ref.actor.ppo_mini_batch_size, trainer.n_gpus_per_node",
             f"a mini-batch of {mini} prompts × n={n} = {mini_responses} responses does not split over "
-            f"{dp} data-parallel ranks ({n_gpus} GPUs / sequence parallel {sp}): "
+            f"{dp} data-parallel ranks ({n_gpus} GPUs / ({factors})): "
             f"{mini_responses} / {dp} = {mini_responses / dp:.2f} responses per GPU",
             fix=f"use a mini-batch whose responses divide by {dp}",
         )
@@ -100,7 +99,7 @@ def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
 )
 def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
-    _, _, dp = _data_parallel(inp.resolved)
+    _, _, dp, _ = data_parallel(inp.resolved)
     responses = train * n
     if responses % dp:
         pad = dp - responses % dp
@@ -120,7 +119,7 @@ def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
 def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     resolved = inp.resolved
     arr, data = resolved["actor_rollout_ref"], resolved["data"]
-    _, sp, _ = _data_parallel(resolved)
+    sp = sequence_parallel(resolved)
     longest = int(data["max_prompt_length"]) + int(data["max_response_length"])
     budgets = [
         (

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import gpu_count
+from pytest_verl_compat.checks.roles import data_parallel, gpu_count, is_megatron
 
 
 def _lora(resolved: Mapping[str, Any]) -> bool:
@@ -64,16 +64,30 @@ def rollout_replicas(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
+def _layout_paths(resolved: Mapping[str, Any]) -> str:
+    if is_megatron(resolved):
+        engine = f"actor_rollout_ref.actor.{resolved['actor_rollout_ref']['actor']['strategy']}"
+        return ", ".join(
+            f"{engine}.{key}"
+            for key in (
+                "tensor_model_parallel_size",
+                "pipeline_model_parallel_size",
+                "context_parallel_size",
+            )
+        )
+    return "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+
+
 @check(
     "parallel.sequence-parallel-divides-gpus",
     level="error",
-    evidence="verl/workers/engine/fsdp device mesh (dp × sp = world size)",
+    evidence="verl/utils/config.py:90 (Megatron: GPUs % (tp × pp × cp)); the FSDP device mesh (dp × sp = world size)",
 )
 def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
-    n_gpus = gpu_count(inp.resolved)
-    sp = int(inp.resolved["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
-    if n_gpus and n_gpus % sp:
+    n_gpus, product, _, factors = data_parallel(inp.resolved)
+    if n_gpus and n_gpus % product:
         yield Hit(
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-            f"sequence parallel size {sp} does not divide {n_gpus} GPUs",
+            _layout_paths(inp.resolved),
+            f"the actor's model-parallel layout ({factors} = {product} GPUs) does not divide {n_gpus} GPUs",
+            fix=f"use a layout whose product divides {n_gpus}",
         )

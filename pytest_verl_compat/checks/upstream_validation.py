@@ -77,7 +77,7 @@ def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
 def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
     arr = inp.resolved["actor_rollout_ref"]
     if (
-        arr["actor"]["ulysses_sequence_parallel_size"] > 1
+        int(arr["actor"].get("ulysses_sequence_parallel_size") or 1) > 1
         and not arr["model"]["use_remove_padding"]
     ):
         yield Hit(
