@@ -159,6 +159,55 @@ def _copy_plain(value: Any) -> Any:
     return value
 
 
+# Hydra's own command-line flags (hydra/_internal/utils.py get_args_parser); each takes one value,
+# as `--flag=VALUE` or `--flag VALUE`.
+_CONFIG_PATH_FLAGS = ("--config-path", "-cp")
+_CONFIG_NAME_FLAGS = ("--config-name", "-cn")
+
+
+@dataclass(frozen=True)
+class HydraArgv:
+    """A launcher argv split as Hydra's argument parser splits it: flags, then overrides."""
+
+    config_path: str | None
+    config_name: str | None
+    overrides: tuple[str, ...]
+
+
+def split_hydra_argv(fields: Sequence[str]) -> HydraArgv:
+    """Take --config-path/-cp and --config-name/-cn out of the argv (the last one wins, as argparse)."""
+    config_path: str | None = None
+    config_name: str | None = None
+    overrides: list[str] = []
+    index = 0
+    while index < len(fields):
+        word = fields[index]
+        flag, eq, value = word.partition("=")
+        if flag in _CONFIG_PATH_FLAGS + _CONFIG_NAME_FLAGS:
+            if not eq:
+                index += 1
+                value = fields[index] if index < len(fields) else ""
+            if flag in _CONFIG_PATH_FLAGS:
+                config_path = value
+            else:
+                config_name = value
+        else:
+            overrides.append(word)
+        index += 1
+    return HydraArgv(config_path, config_name, tuple(overrides))
+
+
+def launcher_config_dir(config_dir: Path, config_path: str) -> Path:
+    """The primary config folder a `--config-path` selects.
+
+    Hydra resolves a relative path against the launcher module's package
+    (hydra/_internal/utils.py compute_search_path_dir: `pkg://verl.trainer/<path>`), and the pinned
+    tree's config folder is that package's `config/`; an absolute path is a folder on disk.
+    """
+    path = Path(config_path)
+    return path if path.is_absolute() else (config_dir.parent / path).resolve()
+
+
 class _FastPathUnavailable(Exception):
     """The overrides need Hydra's defaults machinery; compose with Hydra instead."""
 
@@ -176,6 +225,23 @@ class Composer:
         self.config_name = config_name
         self.fast = fast
         self._digest: str | None = None
+        self._siblings: dict[tuple[Path, str], Composer] = {}
+
+    def _for_argv(self, fields: Sequence[str]) -> tuple[Composer, tuple[str, ...]]:
+        """The composer of the config the argv's Hydra flags select, and the remaining overrides."""
+        argv = split_hydra_argv(fields)
+        config_dir = self.config_dir
+        if argv.config_path is not None:
+            config_dir = launcher_config_dir(self.config_dir, argv.config_path)
+        name = argv.config_name if argv.config_name is not None else self.config_name
+        if name.endswith(".yaml"):
+            name = name[: -len(".yaml")]
+        if name == self.config_name and config_dir in (self.config_dir, self.config_dir.resolve()):
+            return self, argv.overrides
+        key = (config_dir, name)
+        if key not in self._siblings:
+            self._siblings[key] = Composer(config_dir, name, fast=self.fast)
+        return self._siblings[key], argv.overrides
 
     @contextlib.contextmanager
     def _hydra(self) -> Iterator[None]:
@@ -205,12 +271,25 @@ class Composer:
 
     def compose_config(self, fields: Sequence[str]) -> DictConfig:
         """The unresolved composed config (raises Hydra's own exceptions)."""
+        composer, overrides = self._for_argv(fields)
+        if composer is not self:
+            return composer.compose_config(overrides)
+        fields = overrides
         if self.fast and not fields:
             return copy.deepcopy(self._base().cfg)
         return self._hydra_compose(fields)
 
     def compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
         """Compose and resolve; Hydra and OmegaConf errors become a composition rejection."""
+        composer, overrides = self._for_argv(fields)
+        if composer is not self:
+            if not composer.config_dir.is_dir():
+                return Composition(
+                    COMPOSITION_REJECTION,
+                    reason=f"MissingConfigException: Primary config directory not found: {composer.config_dir}",
+                )
+            return composer.compose(overrides, variables)
+        fields = overrides
         if self.fast:
             try:
                 return self._fast_compose(fields, variables)
