@@ -15,25 +15,6 @@ def _lora(resolved: Mapping[str, Any]) -> bool:
 
 
 @check(
-    "lora.sglang-needs-merge",
-    level="error",
-    evidence="verl {version} LoRA docs (docs/advance/ppo_lora.rst); verl PR #5220",
-)
-def lora_sglang_merge(inp: CheckInput) -> Iterator[Hit]:
-    arr = inp.resolved["actor_rollout_ref"]
-    if (
-        _lora(inp.resolved)
-        and arr["rollout"]["name"] == "sglang"
-        and not arr["model"]["lora"].get("merge")
-    ):
-        yield Hit(
-            "actor_rollout_ref.rollout.name, actor_rollout_ref.model.lora.merge",
-            "LoRA with the SGLang rollout needs the adapter merged into the weights",
-            fix="set actor_rollout_ref.model.lora.merge=True or use rollout.name=vllm",
-        )
-
-
-@check(
     "lora.vllm-dummy-weights",
     level="warning",
     evidence="examples/tuning/lora/run_qwen3_8b_fsdp.sh (load_format=safetensors, layered_summon=True)",
