@@ -71,3 +71,65 @@ def test_hydra_flags_split_like_argparse() -> None:
         ["--config-path", "config", "a=1", "-cn=x.yaml", "--config-name=y", "b=2"]
     )
     assert (argv.config_path, argv.config_name, argv.overrides) == ("config", "y", ("a=1", "b=2"))
+
+
+def test_no_effect_only_while_the_feature_is_off(session: AuditSession) -> None:
+    """distillation.* is read once distillation.enabled (ray_trainer.py:934); off, it is inert."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    on = findings(
+        session, grpo, "distillation.enabled=True", "distillation.distillation_loss.topk=32"
+    )
+    off = findings(session, grpo, "distillation.distillation_loss.topk=32")
+    assert not [f for f in on if "distillation.distillation_loss.topk" in f and "no effect" in f]
+    assert [f for f in off if "distillation.distillation_loss.topk" in f and "no effect" in f]
+
+
+def test_group_of_one_silent_when_distillation_discards_the_advantage(
+    session: AuditSession,
+) -> None:
+    """losses.py:216-217: without task rewards the policy loss is 0, so n=1 changes nothing."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    base = ("actor_rollout_ref.rollout.n=1", "distillation.enabled=True")
+    quiet = findings(session, grpo, *base, "distillation.distillation_loss.use_task_rewards=False")
+    loud = findings(session, grpo, *base, "distillation.distillation_loss.use_task_rewards=True")
+    assert not [f for f in quiet if "n=1" in f]
+    assert [f for f in loud if f.startswith("warning:") and "n=1" in f]
+
+
+def test_rloo_group_of_one_is_a_warning_not_an_error(session: AuditSession) -> None:
+    """core_algos.py:622-623: RLOO with one response uses baseline 0; 0.9.0 runs it."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    found = findings(session, grpo, "algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1")
+    assert [f for f in found if f.startswith("warning:") and "baseline 0" in f]
+    assert not [f for f in found if f.startswith("error:")]
+    assert not [f for f in findings(session, grpo, "algorithm.adv_estimator=rloo") if "n=" in f]
+
+
+def test_megatron_responses_unit_is_dp_times_micro_batch(
+    session: AuditSession, upstream_checkout: Path
+) -> None:
+    """verl/utils/config.py:87-110: Megatron divides by dp × micro-batch per GPU, not the GPUs."""
+    case = script(
+        session,
+        upstream_checkout,
+        "examples/ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh",
+    )
+    ok = findings(session, case)
+    assert not [f for f in ok if f.startswith("error:")], ok
+    # Twin: a micro-batch of 3 per rank makes the unit 2 × 3 = 6, which 16 × 5 = 80 does not fill.
+    bad = findings(session, case, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
+    assert [f for f in bad if f.startswith("error:") and "micro-batch 3 = 6" in f], bad
+
+
+def test_fsdp_sequence_parallel_comes_from_fsdp_config(
+    session: AuditSession, upstream_checkout: Path
+) -> None:
+    """actor.py:332-333: fsdp_config.ulysses_sequence_parallel_size is the size unless the deprecated one is > 1."""
+    case = script(
+        session, upstream_checkout, "examples/grpo_trainer/run_qwen3_next_80b_a3b_fsdp.sh"
+    )
+    assert not [f for f in findings(session, case) if f.startswith("error:")]
+    bad = findings(
+        session, case, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=1"
+    )
+    assert [f for f in bad if f.startswith("error:") and "token budget" in f], bad

@@ -85,10 +85,14 @@ def model_parallel_sizes(resolved: Mapping[str, Any]) -> dict[str, int]:
             "pipeline parallel": _size(engine, "pipeline_parallel_size"),
             "context parallel": _size(engine, "context_parallel_size"),
         }
-    sp = actor.get("ulysses_sequence_parallel_size")
-    if sp is None:
-        sp = engine.get("ulysses_sequence_parallel_size")
-    return {"sequence parallel": int(sp) if sp is not None else 1}
+    # verl/workers/config/actor.py:332-333: the deprecated actor-level size wins only when > 1;
+    # otherwise the engine's fsdp_config.ulysses_sequence_parallel_size is the one used.
+    legacy = int(actor.get("ulysses_sequence_parallel_size") or 1)
+    fsdp = actor.get("fsdp_config")
+    engine_sp = (
+        int(fsdp.get("ulysses_sequence_parallel_size") or 1) if isinstance(fsdp, Mapping) else 1
+    )
+    return {"sequence parallel": legacy if legacy > 1 else engine_sp}
 
 
 def sequence_parallel(resolved: Mapping[str, Any]) -> int:

@@ -5,20 +5,37 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import gpu_count, need_reference_policy
+from pytest_verl_compat.checks.roles import data_parallel, gpu_count, need_reference_policy
 
 
-@check("validate.responses-over-gpus", level="error", evidence="verl/utils/config.py:110")
+@check(
+    "validate.responses-over-gpus",
+    level="error",
+    evidence="verl/utils/config.py:87-110 (validate_config, at trainer start)",
+)
 def responses_over_gpus(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
-    if inp.resolved["actor_rollout_ref"]["actor"]["use_dynamic_bsz"]:
+    actor = inp.resolved["actor_rollout_ref"]["actor"]
+    if actor["use_dynamic_bsz"]:
         return
     n_gpus = gpu_count(inp.resolved)
     responses = int(inp.resolved["data"]["train_batch_size"]) * int(rollout["n"])
-    if n_gpus and responses % n_gpus:
+    # Megatron: the unit is the data-parallel size times the per-GPU micro-batch; else the GPUs.
+    minimal, unit = n_gpus, f"{n_gpus} GPUs"
+    if actor.get("strategy") == "megatron":
+        _, product, dp, factors = data_parallel(inp.resolved)
+        if n_gpus % product:
+            return  # the layout check reports this (config.py:90 asserts it first)
+        micro = actor.get("ppo_micro_batch_size_per_gpu")
+        if micro is None:
+            return
+        minimal = dp * int(micro)
+        unit = f"{dp} data-parallel ranks ({n_gpus} GPUs / ({factors})) × micro-batch {micro} = {minimal}"
+    if minimal and responses % minimal:
         yield Hit(
             "data.train_batch_size, actor_rollout_ref.rollout.n, trainer.n_gpus_per_node",
-            f"{responses} responses per step do not divide over {n_gpus} GPUs",
+            f"{responses} responses per step do not divide over {unit}; "
+            "validate_config asserts this at trainer start",
         )
 
 
