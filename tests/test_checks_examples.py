@@ -133,3 +133,32 @@ def test_fsdp_sequence_parallel_comes_from_fsdp_config(
         session, case, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=1"
     )
     assert [f for f in bad if f.startswith("error:") and "token budget" in f], bad
+
+
+def test_check_exit_code_is_verls_verdict_and_profile_asks_for_the_trainers(
+    upstream_checkout: Path,
+) -> None:
+    """Distillation is valid for verl 0.9.0 (exit 0); the reference trainer lacks it (--profile: 1)."""
+    import subprocess
+    import sys
+
+    target = str(
+        upstream_checkout / "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh"
+    )
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_verl_compat.cli", "--upstream", str(upstream_checkout)]
+            + ["check", target, *extra],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    plain = run()
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "valid for verl 0.9.0: yes" in plain.stderr
+    assert "runnable by the reference trainer: no (distillation.enabled=True" in plain.stderr
+    strict = run("--profile")
+    assert strict.returncode == 1
+    assert "ERROR distillation.enabled=True is not supported" in strict.stdout

@@ -39,7 +39,7 @@ def mini_batch_not_positive(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.mini-batch-larger-than-batch",
     level="error",
-    evidence="verl/workers/config/actor.py:231 (ActorConfig.validate, skipped when use_dynamic_bsz=True)",
+    evidence="verl/workers/config/actor.py:229-233 (ActorConfig.validate, from validate_config at trainer start, verl/utils/config.py:147); with use_dynamic_bsz=True verl/utils/tensordict_utils.py:588 (make_iterator, engine_workers.py:272, at the first update)",
 )
 def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
@@ -49,7 +49,12 @@ def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
             yield Hit(
                 f"data.train_batch_size, {prefix}.ppo_mini_batch_size",
                 f"the mini-batch ({mini} prompts = {mini * n} responses) is larger than the batch "
-                f"({train} prompts = {train * n} responses); no optimizer step would see a full mini-batch",
+                f"({train} prompts = {train * n} responses); verl {inp.version} fails: "
+                + (
+                    "make_iterator asserts batch % mini-batch == 0 at the first update"
+                    if role.get("use_dynamic_bsz")
+                    else "ActorConfig.validate raises ValueError at trainer start"
+                ),
                 fix=f"set {prefix}.ppo_mini_batch_size to a divisor of {train}",
             )
 
@@ -166,7 +171,7 @@ def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.deprecated-global-micro-batch",
     level="error",
-    evidence="verl/workers/config/actor.py:203 and verl/utils/config.py:141 treat it as deprecated; verl PR #833",
+    evidence="verl/workers/engine_workers.py:630-631 assert the *_per_gpu sizes at worker start (use_dynamic_bsz=False); verl/workers/config/actor.py:242 (ValueError when size × sp < GPUs); verl PR #833",
 )
 def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     """Deprecated global micro-batch sizes, which the pinned release no longer divides by the GPU count."""
@@ -197,7 +202,8 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
         per_gpu = max(int(value) // n_gpus, 1)
         yield Hit(
             f"{prefix}.{key}",
-            f"the global micro-batch size {value} is deprecated and no longer converted to a per-GPU "
-            f"size; over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
+            f"the global micro-batch size {value} is deprecated: verl {inp.version} never converts it to "
+            f"a per-GPU size, and the worker asserts {prefix}.{key}_per_gpu is set at start "
+            f"(engine_workers.py:630-631); over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
             fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
         )
