@@ -148,8 +148,10 @@ def test_check_exit_code_is_verls_verdict_and_profile_asks_for_the_trainers(
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pytest_verl_compat.cli", "--upstream", str(upstream_checkout)]
-            + ["check", target, *extra],
+            [
+                *(sys.executable, "-m", "pytest_verl_compat.cli"),
+                *("--upstream", str(upstream_checkout), "check", target, *extra),
+            ],
             capture_output=True,
             text=True,
             check=False,

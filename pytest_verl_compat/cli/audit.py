@@ -26,7 +26,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     audit = build_audit(session, entries)
     text = dumps(audit)
     golden = session.golden_dir / "audit.json"
-    for line in summary_lines(audit["totals"]):
+    for line in summary_lines(audit["totals"], audit.get("example_totals")):
         print(line)
     if args.check:
         if not golden.is_file() or golden.read_text(encoding="utf-8") != text:

@@ -99,7 +99,9 @@ class _Base:
     repository: Any  # Hydra's ConfigRepository, to ask whether a key names a config group
 
 
-_BASES: dict[tuple[str, str], _Base] = {}
+_BASES: dict[tuple[str, str, tuple[str, ...]], _Base] = {}
+# Config groups selected by a plain `group=option` override; their compositions are memoised too.
+_GROUP_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*=[A-Za-z0-9_\-.]+")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*")
 
 
@@ -255,19 +257,43 @@ class Composer:
         with self._hydra():
             return compose(config_name=self.config_name, overrides=list(fields))
 
-    def _base(self) -> _Base:
+    def _base(self, groups: tuple[str, ...] = ()) -> _Base:
+        """The composition of the tree with only these config-group selections, memoised.
+
+        Hydra picks the defaults (config groups) from the group overrides first and applies the
+        value overrides, in order, to the merged config afterwards
+        (hydra/_internal/config_loader_impl.py _load_configuration_impl), so a base composed
+        with the group selections alone is where the value overrides start from.
+        """
         if self._digest is None:
             self._digest = tree_digest(self.config_dir)
-        key = (self._digest, self.config_name)
+        key = (self._digest, self.config_name, groups)
         base = _BASES.get(key)
         if base is None:
             with self._hydra():
-                cfg = compose(config_name=self.config_name, overrides=[])
+                cfg = compose(config_name=self.config_name, overrides=list(groups))
                 repository = config_repository()
             plain = OmegaConf.to_container(cfg, resolve=False)
             assert isinstance(plain, dict)
             base = _BASES[key] = _Base(cfg, cast(_Mapping, plain), repository)
         return base
+
+    def _split_groups(self, fields: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+        """(plain group selections, the other overrides), or the fast path is unavailable."""
+        if not any("=" in line and "." not in line.split("=", 1)[0] for line in fields):
+            return (), list(fields)
+        repository = self._base().repository
+        groups: list[str] = []
+        values: list[str] = []
+        for line in fields:
+            key = line.split("=", 1)[0]
+            if "." not in key and repository.group_exists(key.lstrip("+~")):
+                if not _GROUP_OVERRIDE.fullmatch(line):
+                    raise _FastPathUnavailable(line)
+                groups.append(line)
+            else:
+                values.append(line)
+        return tuple(groups), values
 
     def compose_config(self, fields: Sequence[str]) -> DictConfig:
         """The unresolved composed config (raises Hydra's own exceptions)."""
@@ -339,8 +365,9 @@ class Composer:
         return overrides
 
     def _fast_compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
-        base = self._base()
-        overrides = self._eligible(base, fields)
+        groups, values = self._split_groups(fields)
+        base = self._base(groups)
+        overrides = self._eligible(base, values)
         cfg = base.cfg
         # Overrides are applied in place to the shared base: each key's existing node is swapped
         # for a private copy first (or its first missing component is noted), and the originals
