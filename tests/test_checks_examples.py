@@ -164,3 +164,10 @@ def test_check_exit_code_is_verls_verdict_and_profile_asks_for_the_trainers(
     strict = run("--profile")
     assert strict.returncode == 1
     assert "ERROR distillation.enabled=True is not supported" in strict.stdout
+
+
+def test_lora_with_vllm_dummy_weights_is_not_flagged(session: AuditSession) -> None:
+    """engine_workers.py:667 and :777-785: with dummy weights the first sync sends the base model."""
+    lora = session.manifest.case("grpo_lora")  # type: ignore[union-attr]
+    found = findings(session, lora, "actor_rollout_ref.rollout.load_format=dummy")
+    assert not [f for f in found if "load_format" in f], found

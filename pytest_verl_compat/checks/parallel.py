@@ -1,4 +1,8 @@
-"""Parallel layouts and LoRA serving: what must fit the GPUs and the rollout backend."""
+"""Parallel layouts: what must fit the GPUs.
+
+LoRA serving needs no check in 0.9.0: SGLang serves the unmerged adapter
+(sglang_rollout/utils.py:29 lora_served_as_adapter) and vLLM with dummy weights gets the base
+model on the first sync (engine_workers.py:667, :777-785)."""
 
 from __future__ import annotations
 
@@ -7,26 +11,6 @@ from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import data_parallel, gpu_count, is_megatron
-
-
-def _lora(resolved: Mapping[str, Any]) -> bool:
-    model = resolved["actor_rollout_ref"]["model"]
-    return int(model.get("lora_rank") or 0) > 0 or int(model["lora"].get("rank") or 0) > 0
-
-
-@check(
-    "lora.vllm-dummy-weights",
-    level="warning",
-    evidence="examples/tuning/lora/run_qwen3_8b_fsdp.sh (load_format=safetensors, layered_summon=True)",
-)
-def lora_vllm_dummy_weights(inp: CheckInput) -> Iterator[Hit]:
-    rollout = inp.resolved["actor_rollout_ref"]["rollout"]
-    if _lora(inp.resolved) and rollout["name"] == "vllm" and rollout["load_format"] == "dummy":
-        yield Hit(
-            "actor_rollout_ref.rollout.load_format",
-            "LoRA with vLLM starts from dummy weights; the official LoRA script uses safetensors",
-            fix="set actor_rollout_ref.rollout.load_format=safetensors",
-        )
 
 
 @check(
