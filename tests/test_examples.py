@@ -49,6 +49,7 @@ def test_the_list_is_every_script_of_the_checkout_pinned(upstream_checkout: Path
         assert sha == pin.sha256, f"sha256={sha}, but should be {pin.sha256} [{case.id}]"
 
 
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath:UserWarning")
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_example(case: Case, session: AuditSession) -> None:
     """Read as recorded, composed as upstream's entry point composed the same argv, checked."""
