@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bash_oracle import BASH, ENV, run_bash
 
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
@@ -82,3 +83,30 @@ def test_totals_are_the_recorded_ones() -> None:
     assert example_totals(RECORDED["scripts"]) == RECORDED["totals"]
     audit = json.loads((GOLDEN / "audit.json").read_text(encoding="utf-8"))
     assert audit["example_totals"] == RECORDED["totals"]
+
+
+READ_CASES = [case for case in CASES if not (case.expected or {}).get("read_error")]
+
+
+@pytest.mark.skipif(BASH is None or ENV is None, reason="bash and env are needed for the oracle")
+@pytest.mark.parametrize("case", READ_CASES, ids=[case.id for case in READ_CASES])
+def test_example_read_equals_bash(case: Case, upstream_checkout: Path, tmp_path: Path) -> None:
+    """`verl-compat read` hands the launcher exactly the argv real bash hands it."""
+    from pytest_verl_compat.bash import read_launch
+
+    data = (upstream_checkout / str(case.launch)).read_bytes()
+    bindings = case.bindings
+    oracle = run_bash(data, tmp_path, bindings.variables, bindings.substitutions, bindings.args)
+    if oracle.argv is None and any(
+        sign in oracle.stderr for sign in ("cannot modify limit", "command not found")
+    ):
+        # The script runs a tool (hf download) or raises a limit this machine refuses; under
+        # `set -e` bash stops there, while on a user's machine it would reach the launcher.
+        pytest.skip(f"bash cannot run this script here: {oracle.stderr.strip().splitlines()[-1]}")
+    assert oracle.argv is not None, f"bash exited {oracle.returncode}: {oracle.stderr}"
+    argv = oracle.argv
+    if "PWD" in bindings.variables:
+        # bash resets PWD to the folder it runs in; the binding stands for that folder.
+        argv = tuple(f.replace(str(tmp_path), bindings.variables["PWD"]) for f in argv)
+    read = read_launch(upstream_checkout / str(case.launch), bindings)
+    assert read.argv == argv
