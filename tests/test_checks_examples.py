@@ -171,3 +171,13 @@ def test_lora_with_vllm_dummy_weights_is_not_flagged(session: AuditSession) -> N
     lora = session.manifest.case("grpo_lora")  # type: ignore[union-attr]
     found = findings(session, lora, "actor_rollout_ref.rollout.load_format=dummy")
     assert not [f for f in found if "load_format" in f], found
+
+
+def test_dynamic_batch_must_agree_between_actor_and_rollout(session: AuditSession) -> None:
+    """engine_workers.py:611 asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    off = ("actor_rollout_ref.actor.use_dynamic_bsz=False",)
+    bad = findings(session, grpo, *off)
+    good = findings(session, grpo, *off, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False")
+    assert [f for f in bad if f.startswith("error:") and "asserts they are equal" in f], bad
+    assert not [f for f in good if "asserts they are equal" in f], good

@@ -101,3 +101,23 @@ def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
             "actor_rollout_ref.actor.ulysses_sequence_parallel_size, actor_rollout_ref.model.use_remove_padding",
             "sequence parallelism needs use_remove_padding=True",
         )
+
+
+@check(
+    "worker.dynamic-batch-disagrees",
+    level="error",
+    evidence="verl/workers/engine_workers.py:611 (asserted when the actor worker starts)",
+)
+def dynamic_batch_disagrees(inp: CheckInput) -> Iterator[Hit]:
+    arr = inp.resolved["actor_rollout_ref"]
+    actor, rollout = (
+        arr["actor"].get("use_dynamic_bsz"),
+        arr["rollout"].get("log_prob_use_dynamic_bsz"),
+    )
+    if bool(actor) != bool(rollout):
+        yield Hit(
+            "actor_rollout_ref.actor.use_dynamic_bsz, actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+            f"actor.use_dynamic_bsz={actor} but rollout.log_prob_use_dynamic_bsz={rollout}: verl "
+            f"{inp.version} asserts they are equal when the actor worker starts",
+            fix="set both to the same value",
+        )
