@@ -30,12 +30,15 @@ def run_one(argv: list[str]) -> dict[str, Any]:
             runpy.run_module("verl.trainer.main_ppo", run_name="__main__", alter_sys=True)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+    # Hydra's message is the first line that is not a warning (logged or from `warnings`).
+    noise = ("Warning:", "warnings.warn(", "WARNING:", "HYDRA_FULL_ERROR")
     lines = [
         line
         for line in err.getvalue().splitlines()
-        if line.strip() and "HYDRA_FULL_ERROR" not in line
+        if line.strip() and not any(mark in line for mark in noise)
     ]
-    return {"code": code, "stdout": out.getvalue(), "error": lines[0] if lines else ""}
+    chosen = lines[0] if lines else ""
+    return {"code": code, "stdout": out.getvalue(), "error": chosen}
 
 
 def main() -> int:
