@@ -181,3 +181,17 @@ def test_dynamic_batch_must_agree_between_actor_and_rollout(session: AuditSessio
     good = findings(session, grpo, *off, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False")
     assert [f for f in bad if f.startswith("error:") and "asserts they are equal" in f], bad
     assert not [f for f in good if "asserts they are equal" in f], good
+
+
+def test_vllm_max_model_len_against_prompt_and_response(session: AuditSession) -> None:
+    """vllm_async_server.py:546-552 raises when no room is left; :570 clamps responses silently."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    data = session.outcome(grpo).composition.mapping["data"]
+    prompt, response = int(data["max_prompt_length"]), int(data["max_response_length"])
+    key = "actor_rollout_ref.rollout.max_model_len"
+    full = findings(session, grpo, f"{key}={prompt + response}")
+    short = findings(session, grpo, f"{key}={prompt + response - 1}")
+    none = findings(session, grpo, f"{key}={prompt}")
+    assert not [f for f in full if "max_model_len" in f], full
+    assert [f for f in short if f.startswith("warning:") and "silently cuts" in f], short
+    assert [f for f in none if f.startswith("error:") and "raises ValueError" in f], none

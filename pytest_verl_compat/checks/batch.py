@@ -207,3 +207,42 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
             f"(engine_workers.py:630-631); over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
             fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
         )
+
+
+_VLLM_CONTEXT = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:546-552 and :570 (max_tokens clamped to max_model_len - prompt)"
+
+
+def _context_hit(inp: CheckInput, error: bool) -> Iterator[Hit]:
+    rollout, data = inp.resolved["actor_rollout_ref"]["rollout"], inp.resolved["data"]
+    limit = rollout.get("max_model_len")
+    if rollout.get("name") != "vllm" or limit is None:
+        return
+    prompt, response = int(data["max_prompt_length"]), int(data["max_response_length"])
+    where = (
+        "actor_rollout_ref.rollout.max_model_len, data.max_prompt_length, data.max_response_length"
+    )
+    if error and int(limit) <= prompt:
+        yield Hit(
+            where,
+            f"max_model_len {limit} leaves no room to generate after a prompt of {prompt} tokens: "
+            f"verl {inp.version}'s vLLM server raises ValueError on such a prompt during rollout",
+            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}",
+        )
+    elif not error and prompt < int(limit) < prompt + response:
+        yield Hit(
+            where,
+            f"max_model_len {limit} is below prompt + response = {prompt} + {response} = "
+            f"{prompt + response}: verl {inp.version} silently cuts responses to "
+            f"{limit} - prompt tokens",
+            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}",
+        )
+
+
+@check("rollout.max-model-len-below-prompt", level="error", evidence=_VLLM_CONTEXT)
+def max_model_len_below_prompt(inp: CheckInput) -> Iterator[Hit]:
+    return _context_hit(inp, error=True)
+
+
+@check("rollout.max-model-len-below-sequence", level="warning", evidence=_VLLM_CONTEXT)
+def max_model_len_below_sequence(inp: CheckInput) -> Iterator[Hit]:
+    return _context_hit(inp, error=False)
