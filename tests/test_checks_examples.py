@@ -195,3 +195,13 @@ def test_vllm_max_model_len_against_prompt_and_response(session: AuditSession) -
     assert not [f for f in full if "max_model_len" in f], full
     assert [f for f in short if f.startswith("warning:") and "silently cuts" in f], short
     assert [f for f in none if f.startswith("error:") and "raises ValueError" in f], none
+
+
+def test_vllm_false_flags_are_dropped(session: AuditSession) -> None:
+    """vllm_rollout/utils.py:458-460: a False boolean never becomes a vLLM argument."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    key = "actor_rollout_ref.rollout.enable_chunked_prefill"
+    off = findings(session, grpo, f"{key}=False")
+    on = findings(session, grpo, f"{key}=True")
+    assert [f for f in off if f.startswith("warning:") and "never reaches vLLM" in f], off
+    assert not [f for f in on if "never reaches vLLM" in f], on

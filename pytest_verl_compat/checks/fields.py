@@ -92,3 +92,30 @@ def no_effect(inp: CheckInput) -> Iterator[Hit]:
                 key,
                 f"`{field}` lands on a field with no effect on training here (profile class inert)",
             )
+
+
+_VLLM_SWITCHES = (
+    "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "actor_rollout_ref.rollout.enable_prefix_caching",
+)
+
+
+@check(
+    "rollout.vllm-false-flag-dropped",
+    level="warning",
+    evidence="verl/workers/rollout/vllm_rollout/utils.py:458-460 (build_cli_args_from_config skips False booleans), used by vllm_async_server.py:409",
+)
+def vllm_false_flag_dropped(inp: CheckInput) -> Iterator[Hit]:
+    if inp.resolved["actor_rollout_ref"]["rollout"].get("name") != "vllm":
+        return
+    for field in inp.explicit_fields:
+        key, _, value = field.partition("=")
+        key = key.lstrip("+~")
+        vllm_kwarg = key.startswith("actor_rollout_ref.rollout.engine_kwargs.vllm.")
+        if (key in _VLLM_SWITCHES or vllm_kwarg) and value.strip().lower() == "false":
+            yield Hit(
+                key,
+                f"`{field}` never reaches vLLM: verl {inp.version} turns booleans into bare "
+                "`--flag` arguments and drops False ones, so vLLM keeps its own default",
+                fix="leave it out; to turn the feature off, pass vLLM's own negative flag",
+            )
