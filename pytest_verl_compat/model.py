@@ -29,9 +29,13 @@ RULE_CLASSES: Final[tuple[LeafClass, ...]] = LEAF_CLASSES[:-1]
 Level = Literal["error", "warning", "info"]
 LEVELS: Final[tuple[Level, ...]] = get_args(Level)
 
-# `script` is a one-off case for a launch script named on the command line, never a manifest kind.
-CaseKind = Literal["official", "derived", "field", "user", "resolved", "script", "invalid"]
+# `script` is a one-off case for a launch script named on the command line, never a manifest kind;
+# `example` is one of upstream's own launch scripts, listed in corpus/examples.yaml.
+CaseKind = Literal[
+    "official", "derived", "field", "user", "resolved", "script", "example", "invalid"
+]
 SCRIPT: Final = "script"
+EXAMPLE: Final = "example"
 
 # Where a case's explicit fields came from.
 FieldsSource = Literal["launch", "golden", "resolved"]

@@ -66,7 +66,7 @@ def test_checkout_all_stages_pass(
             "16 cases; 14 composed; 12 accepted; 2 semantic rejections; 2 composition rejections",
             "resolved leaves by class: *",
             "stages: 25 read (0 skipped); 23 equal to upstream's entry point (2 skipped); 25 match golden;*",
-            "upstream validate_config: 23 cases checked; agrees on 14; differs on 9*",
+            "upstream validate_config: 23 cases checked; agrees on 15; differs on 8*",
         ]
     )
     audit = json.loads(report.read_text())

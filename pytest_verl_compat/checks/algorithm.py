@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckFunction, CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import GROUP_ESTIMATORS, get
@@ -106,14 +107,38 @@ def filter_groups_refill_limit(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
+# What each group estimator does with a group of one response, from verl 0.9.0's core_algos.py.
+_GROUP_OF_ONE = {
+    "grpo": "GRPO then uses mean 0 and std 1 (core_algos.py compute_grpo_outcome_advantage), so the advantage is the raw score",
+    "rloo": "RLOO then uses baseline 0 (core_algos.py:622-623), so the advantage is the raw score",
+    "rloo_vectorized": "the vectorized RLOO multiplies by (count > 1) (core_algos.py:864), so every advantage is 0 and the policy gradient vanishes",
+}
+
+
+def _advantage_discarded(resolved: Mapping[str, Any]) -> bool:
+    """Distillation without task rewards zeroes the policy loss (verl/trainer/distillation/losses.py:216-217)."""
+    distillation = resolved.get("distillation")
+    if not isinstance(distillation, Mapping) or not distillation.get("enabled"):
+        return False
+    loss = distillation.get("distillation_loss") or {}
+    return not loss.get("use_task_rewards", True)
+
+
 def _group_of_one(inp: CheckInput, grpo: bool) -> Iterator[Hit]:
     estimator = inp.resolved["algorithm"]["adv_estimator"]
     n = inp.resolved["actor_rollout_ref"]["rollout"]["n"]
-    if estimator in GROUP_ESTIMATORS and int(n) < 2 and estimator.startswith("grpo") == grpo:
+    if (
+        estimator in GROUP_ESTIMATORS
+        and int(n) < 2
+        and estimator.startswith("grpo") == grpo
+        and not _advantage_discarded(inp.resolved)
+    ):
+        effect = _GROUP_OF_ONE.get(
+            estimator, "every group has one response, so the group baseline is degenerate"
+        )
         yield Hit(
             "actor_rollout_ref.rollout.n",
-            f"{estimator} compares responses within a group, but n={n}: "
-            "every group has one response (GRPO then uses mean 0 and std 1, so the advantage is the raw score)",
+            f"{estimator} compares responses within a group, but n={n}: every group has one response; {effect}",
             fix="set actor_rollout_ref.rollout.n to 2 or more",
         )
 
@@ -127,9 +152,9 @@ def grpo_group_of_one(inp: CheckInput) -> Iterator[Hit]:
     return _group_of_one(inp, grpo=True)
 
 
-@check("group.one-response", level="error", evidence=_GROUP_EVIDENCE)
+@check("group.one-response", level="warning", evidence=_GROUP_EVIDENCE)
 def group_of_one(inp: CheckInput) -> Iterator[Hit]:
-    """Leave-one-out and the other group baselines have nothing to compare with: an error."""
+    """Leave-one-out and the other group baselines: 0.9.0 runs them, degenerately (a warning)."""
     return _group_of_one(inp, grpo=False)
 
 

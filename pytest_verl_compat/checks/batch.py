@@ -6,7 +6,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import gpu_count, need_critic, need_reference_policy
+from pytest_verl_compat.checks.roles import (
+    data_parallel,
+    gpu_count,
+    need_critic,
+    need_reference_policy,
+    sequence_parallel,
+)
 
 
 def _mini_batch_roles(resolved: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -33,7 +39,7 @@ def mini_batch_not_positive(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.mini-batch-larger-than-batch",
     level="error",
-    evidence="verl/workers/config/actor.py:231 (ActorConfig.validate, skipped when use_dynamic_bsz=True)",
+    evidence="verl/workers/config/actor.py:229-233 (ActorConfig.validate, from validate_config at trainer start, verl/utils/config.py:147); with use_dynamic_bsz=True verl/utils/tensordict_utils.py:588 (make_iterator, engine_workers.py:272, at the first update)",
 )
 def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
@@ -43,7 +49,12 @@ def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
             yield Hit(
                 f"data.train_batch_size, {prefix}.ppo_mini_batch_size",
                 f"the mini-batch ({mini} prompts = {mini * n} responses) is larger than the batch "
-                f"({train} prompts = {train * n} responses); no optimizer step would see a full mini-batch",
+                f"({train} prompts = {train * n} responses); verl {inp.version} fails: "
+                + (
+                    "make_iterator asserts batch % mini-batch == 0 at the first update"
+                    if role.get("use_dynamic_bsz")
+                    else "ActorConfig.validate raises ValueError at trainer start"
+                ),
                 fix=f"set {prefix}.ppo_mini_batch_size to a divisor of {train}",
             )
 
@@ -66,13 +77,6 @@ def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
-def _data_parallel(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(GPUs, sequence-parallel size, data-parallel ranks) as the FSDP device mesh forms them."""
-    n_gpus = gpu_count(resolved)
-    sp = int(resolved["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
-    return n_gpus, sp, max(n_gpus // max(sp, 1), 1)
-
-
 @check(
     "batch.mini-batch-over-ranks",
     level="error",
@@ -81,13 +85,13 @@ def _data_parallel(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
 def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
     mini = int(inp.resolved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"])
-    n_gpus, sp, dp = _data_parallel(inp.resolved)
+    n_gpus, _, dp, factors = data_parallel(inp.resolved)
     mini_responses = mini * n
     if mini <= train and not train % mini and mini_responses % dp:
         yield Hit(
             "actor_rollout_ref.actor.ppo_mini_batch_size, trainer.n_gpus_per_node",
             f"a mini-batch of {mini} prompts × n={n} = {mini_responses} responses does not split over "
-            f"{dp} data-parallel ranks ({n_gpus} GPUs / sequence parallel {sp}): "
+            f"{dp} data-parallel ranks ({n_gpus} GPUs / ({factors})): "
             f"{mini_responses} / {dp} = {mini_responses / dp:.2f} responses per GPU",
             fix=f"use a mini-batch whose responses divide by {dp}",
         )
@@ -100,7 +104,7 @@ def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
 )
 def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
-    _, _, dp = _data_parallel(inp.resolved)
+    _, _, dp, _ = data_parallel(inp.resolved)
     responses = train * n
     if responses % dp:
         pad = dp - responses % dp
@@ -120,7 +124,7 @@ def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
 def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     resolved = inp.resolved
     arr, data = resolved["actor_rollout_ref"], resolved["data"]
-    _, sp, _ = _data_parallel(resolved)
+    sp = sequence_parallel(resolved)
     longest = int(data["max_prompt_length"]) + int(data["max_response_length"])
     budgets = [
         (
@@ -167,7 +171,7 @@ def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.deprecated-global-micro-batch",
     level="error",
-    evidence="verl/workers/config/actor.py:203 and verl/utils/config.py:141 treat it as deprecated; verl PR #833",
+    evidence="verl/workers/engine_workers.py:630-631 assert the *_per_gpu sizes at worker start (use_dynamic_bsz=False); verl/workers/config/actor.py:242 (ValueError when size × sp < GPUs); verl PR #833",
 )
 def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     """Deprecated global micro-batch sizes, which the pinned release no longer divides by the GPU count."""
@@ -198,7 +202,47 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
         per_gpu = max(int(value) // n_gpus, 1)
         yield Hit(
             f"{prefix}.{key}",
-            f"the global micro-batch size {value} is deprecated and no longer converted to a per-GPU "
-            f"size; over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
+            f"the global micro-batch size {value} is deprecated: verl {inp.version} never converts it to "
+            f"a per-GPU size, and the worker asserts {prefix}.{key}_per_gpu is set at start "
+            f"(engine_workers.py:630-631); over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
             fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
         )
+
+
+_VLLM_CONTEXT = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:546-552 and :570 (max_tokens clamped to max_model_len - prompt)"
+
+
+def _context_hit(inp: CheckInput, error: bool) -> Iterator[Hit]:
+    rollout, data = inp.resolved["actor_rollout_ref"]["rollout"], inp.resolved["data"]
+    limit = rollout.get("max_model_len")
+    if rollout.get("name") != "vllm" or limit is None:
+        return
+    prompt, response = int(data["max_prompt_length"]), int(data["max_response_length"])
+    where = (
+        "actor_rollout_ref.rollout.max_model_len, data.max_prompt_length, data.max_response_length"
+    )
+    if error and int(limit) <= prompt:
+        yield Hit(
+            where,
+            f"max_model_len {limit} leaves no room to generate after a prompt of {prompt} tokens: "
+            f"verl {inp.version}'s vLLM server raises ValueError on such a prompt during rollout",
+            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}",
+        )
+    elif not error and prompt < int(limit) < prompt + response:
+        yield Hit(
+            where,
+            f"max_model_len {limit} is below prompt + response = {prompt} + {response} = "
+            f"{prompt + response}: verl {inp.version} silently cuts responses to "
+            f"{limit} - prompt tokens",
+            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}",
+        )
+
+
+@check("rollout.max-model-len-below-prompt", level="error", evidence=_VLLM_CONTEXT)
+def max_model_len_below_prompt(inp: CheckInput) -> Iterator[Hit]:
+    return _context_hit(inp, error=True)
+
+
+@check("rollout.max-model-len-below-sequence", level="warning", evidence=_VLLM_CONTEXT)
+def max_model_len_below_sequence(inp: CheckInput) -> Iterator[Hit]:
+    return _context_hit(inp, error=False)

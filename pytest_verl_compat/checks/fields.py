@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
@@ -38,6 +39,41 @@ def legacy_reward_key(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
+# The switches that turn a feature block on. A block's fields are read by 0.9.0 whenever its
+# switch is on (e.g. distillation.*: verl/trainer/ppo/ray_trainer.py:934 builds DistillationConfig
+# when distillation.enabled; model.mtp.*: verl/workers/config/model.py:238 and
+# verl/models/mcore/model_forward.py:72 read them when mtp.enable; model.lora.*: sglang_rollout/utils.py:29 and the Megatron engine read them when
+# lora.rank > 0), so "no effect" can only be claimed while the switch is off.
+_SWITCHES = ("enable", "enabled", "enable_train", "enable_rollout")
+
+
+def _feature_on(resolved: Mapping[str, Any], key: str) -> bool:
+    """Whether an enclosing block of ``key`` is switched on in the resolved config."""
+    parts = key.split(".")
+    node: Any = resolved
+    chain: list[tuple[str, Mapping[str, Any]]] = []
+    for part in parts[:-1]:
+        if not isinstance(node, Mapping) or part not in node:
+            break
+        chain.append((part, node))
+        node = node[part]
+        if isinstance(node, Mapping):
+            if any(
+                node.get(switch)
+                for switch in _SWITCHES
+                if not isinstance(node.get(switch), Mapping)
+            ):
+                return True
+            rank = node.get("rank")
+            if part == "lora" and isinstance(rank, int) and rank > 0:
+                return True
+            mode = node.get("mode")
+            if part == "router_replay" and mode not in (None, "disabled"):
+                return True
+    # A `use_<block>` switch beside the block (algorithm.use_pf_ppo for algorithm.pf_ppo.*).
+    return any(bool(parent.get(f"use_{part}")) for part, parent in chain)
+
+
 @check("fields.no-effect", level="warning", evidence="profile {profile}")
 def no_effect(inp: CheckInput) -> Iterator[Hit]:
     # Names, output folders and profiler switches are set on purpose; flag only the fields whose
@@ -47,10 +83,39 @@ def no_effect(inp: CheckInput) -> Iterator[Hit]:
         key = field_key(field)
         if _legacy_replacement(key):
             continue  # the legacy-key error says more
+        if _feature_on(inp.resolved, key):
+            continue  # its block is switched on, so the selected code path reads it
         if key in inert or any(
             path.startswith(key + ".") or path.startswith(key + "[") for path in inert
         ):
             yield Hit(
                 key,
                 f"`{field}` lands on a field with no effect on training here (profile class inert)",
+            )
+
+
+_VLLM_SWITCHES = (
+    "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "actor_rollout_ref.rollout.enable_prefix_caching",
+)
+
+
+@check(
+    "rollout.vllm-false-flag-dropped",
+    level="warning",
+    evidence="verl/workers/rollout/vllm_rollout/utils.py:458-460 (build_cli_args_from_config skips False booleans), used by vllm_async_server.py:409",
+)
+def vllm_false_flag_dropped(inp: CheckInput) -> Iterator[Hit]:
+    if inp.resolved["actor_rollout_ref"]["rollout"].get("name") != "vllm":
+        return
+    for field in inp.explicit_fields:
+        key, _, value = field.partition("=")
+        key = key.lstrip("+~")
+        vllm_kwarg = key.startswith("actor_rollout_ref.rollout.engine_kwargs.vllm.")
+        if (key in _VLLM_SWITCHES or vllm_kwarg) and value.strip().lower() == "false":
+            yield Hit(
+                key,
+                f"`{field}` never reaches vLLM: verl {inp.version} turns booleans into bare "
+                "`--flag` arguments and drops False ones, so vLLM keeps its own default",
+                fix="leave it out; to turn the feature off, pass vLLM's own negative flag",
             )

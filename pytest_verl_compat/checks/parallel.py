@@ -1,4 +1,8 @@
-"""Parallel layouts and LoRA serving: what must fit the GPUs and the rollout backend."""
+"""Parallel layouts: what must fit the GPUs.
+
+LoRA serving needs no check in 0.9.0: SGLang serves the unmerged adapter
+(sglang_rollout/utils.py:29 lora_served_as_adapter) and vLLM with dummy weights gets the base
+model on the first sync (engine_workers.py:667, :777-785)."""
 
 from __future__ import annotations
 
@@ -6,46 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import gpu_count
-
-
-def _lora(resolved: Mapping[str, Any]) -> bool:
-    model = resolved["actor_rollout_ref"]["model"]
-    return int(model.get("lora_rank") or 0) > 0 or int(model["lora"].get("rank") or 0) > 0
-
-
-@check(
-    "lora.sglang-needs-merge",
-    level="error",
-    evidence="verl {version} LoRA docs (docs/advance/ppo_lora.rst); verl PR #5220",
-)
-def lora_sglang_merge(inp: CheckInput) -> Iterator[Hit]:
-    arr = inp.resolved["actor_rollout_ref"]
-    if (
-        _lora(inp.resolved)
-        and arr["rollout"]["name"] == "sglang"
-        and not arr["model"]["lora"].get("merge")
-    ):
-        yield Hit(
-            "actor_rollout_ref.rollout.name, actor_rollout_ref.model.lora.merge",
-            "LoRA with the SGLang rollout needs the adapter merged into the weights",
-            fix="set actor_rollout_ref.model.lora.merge=True or use rollout.name=vllm",
-        )
-
-
-@check(
-    "lora.vllm-dummy-weights",
-    level="warning",
-    evidence="examples/tuning/lora/run_qwen3_8b_fsdp.sh (load_format=safetensors, layered_summon=True)",
-)
-def lora_vllm_dummy_weights(inp: CheckInput) -> Iterator[Hit]:
-    rollout = inp.resolved["actor_rollout_ref"]["rollout"]
-    if _lora(inp.resolved) and rollout["name"] == "vllm" and rollout["load_format"] == "dummy":
-        yield Hit(
-            "actor_rollout_ref.rollout.load_format",
-            "LoRA with vLLM starts from dummy weights; the official LoRA script uses safetensors",
-            fix="set actor_rollout_ref.rollout.load_format=safetensors",
-        )
+from pytest_verl_compat.checks.roles import data_parallel, gpu_count, is_megatron
 
 
 @check(
@@ -64,16 +29,30 @@ def rollout_replicas(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
+def _layout_paths(resolved: Mapping[str, Any]) -> str:
+    if is_megatron(resolved):
+        engine = f"actor_rollout_ref.actor.{resolved['actor_rollout_ref']['actor']['strategy']}"
+        return ", ".join(
+            f"{engine}.{key}"
+            for key in (
+                "tensor_model_parallel_size",
+                "pipeline_model_parallel_size",
+                "context_parallel_size",
+            )
+        )
+    return "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+
+
 @check(
     "parallel.sequence-parallel-divides-gpus",
     level="error",
-    evidence="verl/workers/engine/fsdp device mesh (dp × sp = world size)",
+    evidence="verl/utils/config.py:90 (Megatron: GPUs % (tp × pp × cp)); the FSDP device mesh (dp × sp = world size)",
 )
 def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
-    n_gpus = gpu_count(inp.resolved)
-    sp = int(inp.resolved["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
-    if n_gpus and n_gpus % sp:
+    n_gpus, product, _, factors = data_parallel(inp.resolved)
+    if n_gpus and n_gpus % product:
         yield Hit(
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-            f"sequence parallel size {sp} does not divide {n_gpus} GPUs",
+            _layout_paths(inp.resolved),
+            f"the actor's model-parallel layout ({factors} = {product} GPUs) does not divide {n_gpus} GPUs",
+            fix=f"use a layout whose product divides {n_gpus}",
         )

@@ -5,20 +5,37 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import gpu_count, need_reference_policy
+from pytest_verl_compat.checks.roles import data_parallel, gpu_count, need_reference_policy
 
 
-@check("validate.responses-over-gpus", level="error", evidence="verl/utils/config.py:110")
+@check(
+    "validate.responses-over-gpus",
+    level="error",
+    evidence="verl/utils/config.py:87-110 (validate_config, at trainer start)",
+)
 def responses_over_gpus(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
-    if inp.resolved["actor_rollout_ref"]["actor"]["use_dynamic_bsz"]:
+    actor = inp.resolved["actor_rollout_ref"]["actor"]
+    if actor["use_dynamic_bsz"]:
         return
     n_gpus = gpu_count(inp.resolved)
     responses = int(inp.resolved["data"]["train_batch_size"]) * int(rollout["n"])
-    if n_gpus and responses % n_gpus:
+    # Megatron: the unit is the data-parallel size times the per-GPU micro-batch; else the GPUs.
+    minimal, unit = n_gpus, f"{n_gpus} GPUs"
+    if actor.get("strategy") == "megatron":
+        _, product, dp, factors = data_parallel(inp.resolved)
+        if n_gpus % product:
+            return  # the layout check reports this (config.py:90 asserts it first)
+        micro = actor.get("ppo_micro_batch_size_per_gpu")
+        if micro is None:
+            return
+        minimal = dp * int(micro)
+        unit = f"{dp} data-parallel ranks ({n_gpus} GPUs / ({factors})) × micro-batch {micro} = {minimal}"
+    if minimal and responses % minimal:
         yield Hit(
             "data.train_batch_size, actor_rollout_ref.rollout.n, trainer.n_gpus_per_node",
-            f"{responses} responses per step do not divide over {n_gpus} GPUs",
+            f"{responses} responses per step do not divide over {unit}; "
+            "validate_config asserts this at trainer start",
         )
 
 
@@ -77,10 +94,30 @@ def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
 def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
     arr = inp.resolved["actor_rollout_ref"]
     if (
-        arr["actor"]["ulysses_sequence_parallel_size"] > 1
+        int(arr["actor"].get("ulysses_sequence_parallel_size") or 1) > 1
         and not arr["model"]["use_remove_padding"]
     ):
         yield Hit(
             "actor_rollout_ref.actor.ulysses_sequence_parallel_size, actor_rollout_ref.model.use_remove_padding",
             "sequence parallelism needs use_remove_padding=True",
+        )
+
+
+@check(
+    "worker.dynamic-batch-disagrees",
+    level="error",
+    evidence="verl/workers/engine_workers.py:611 (asserted when the actor worker starts)",
+)
+def dynamic_batch_disagrees(inp: CheckInput) -> Iterator[Hit]:
+    arr = inp.resolved["actor_rollout_ref"]
+    actor, rollout = (
+        arr["actor"].get("use_dynamic_bsz"),
+        arr["rollout"].get("log_prob_use_dynamic_bsz"),
+    )
+    if bool(actor) != bool(rollout):
+        yield Hit(
+            "actor_rollout_ref.actor.use_dynamic_bsz, actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+            f"actor.use_dynamic_bsz={actor} but rollout.log_prob_use_dynamic_bsz={rollout}: verl "
+            f"{inp.version} asserts they are equal when the actor worker starts",
+            fix="set both to the same value",
         )

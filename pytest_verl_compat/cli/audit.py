@@ -28,7 +28,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     text = dumps(audit)
     golden = session.golden_dir / "audit.json"
     # The summary is a message: stdout holds only the JSON (`verl-compat audit | python -m json.tool`).
-    for line in summary_lines(audit["totals"]):
+    for line in summary_lines(audit["totals"], audit.get("example_totals")):
         print(line, file=sys.stderr)
     if args.check:
         if not golden.is_file() or golden.read_text(encoding="utf-8") != text:

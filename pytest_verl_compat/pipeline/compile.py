@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_verl_compat.checks import CheckInput, semantic_findings
@@ -89,3 +90,25 @@ def compile_resolved(
         tuple(leaves),
         tuple(findings),
     )
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """The two questions a compile report answers, kept apart.
+
+    ``valid``: does verl itself accept and run the configuration (no error finding; each error
+    cites the upstream code that raises or misbehaves)? ``runnable``: can the reference trainer
+    run it (every leaf understood by the profile, and valid)? A script can be valid for verl and
+    still use an algorithm the reference trainer lacks.
+    """
+
+    valid: bool
+    runnable: bool
+    errors: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+def verdicts(report: CompileReport) -> Verdicts:
+    errors = tuple(f.line() for f in report.findings if f.level == "error")
+    problems = tuple(leaf.problem for leaf in report.leaves if leaf.problem)
+    return Verdicts(not errors, report.accepted, errors, problems)

@@ -101,7 +101,9 @@ class _Base:
     repository: Any  # Hydra's ConfigRepository, to ask whether a key names a config group
 
 
-_BASES: dict[tuple[str, str], _Base] = {}
+_BASES: dict[tuple[str, str, tuple[str, ...]], _Base] = {}
+# Config groups selected by a plain `group=option` override; their compositions are memoised too.
+_GROUP_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*=[A-Za-z0-9_\-.]+")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*")
 
 
@@ -171,6 +173,55 @@ def _copy_plain(value: Any) -> Any:
     return value
 
 
+# Hydra's own command-line flags (hydra/_internal/utils.py get_args_parser); each takes one value,
+# as `--flag=VALUE` or `--flag VALUE`.
+_CONFIG_PATH_FLAGS = ("--config-path", "-cp")
+_CONFIG_NAME_FLAGS = ("--config-name", "-cn")
+
+
+@dataclass(frozen=True)
+class HydraArgv:
+    """A launcher argv split as Hydra's argument parser splits it: flags, then overrides."""
+
+    config_path: str | None
+    config_name: str | None
+    overrides: tuple[str, ...]
+
+
+def split_hydra_argv(fields: Sequence[str]) -> HydraArgv:
+    """Take --config-path/-cp and --config-name/-cn out of the argv (the last one wins, as argparse)."""
+    config_path: str | None = None
+    config_name: str | None = None
+    overrides: list[str] = []
+    index = 0
+    while index < len(fields):
+        word = fields[index]
+        flag, eq, value = word.partition("=")
+        if flag in _CONFIG_PATH_FLAGS + _CONFIG_NAME_FLAGS:
+            if not eq:
+                index += 1
+                value = fields[index] if index < len(fields) else ""
+            if flag in _CONFIG_PATH_FLAGS:
+                config_path = value
+            else:
+                config_name = value
+        else:
+            overrides.append(word)
+        index += 1
+    return HydraArgv(config_path, config_name, tuple(overrides))
+
+
+def launcher_config_dir(config_dir: Path, config_path: str) -> Path:
+    """The primary config folder a `--config-path` selects.
+
+    Hydra resolves a relative path against the launcher module's package
+    (hydra/_internal/utils.py compute_search_path_dir: `pkg://verl.trainer/<path>`), and the pinned
+    tree's config folder is that package's `config/`; an absolute path is a folder on disk.
+    """
+    path = Path(config_path)
+    return path if path.is_absolute() else (config_dir.parent / path).resolve()
+
+
 class _FastPathUnavailable(Exception):
     """The overrides need Hydra's defaults machinery; compose with Hydra instead."""
 
@@ -188,6 +239,23 @@ class Composer:
         self.config_name = config_name
         self.fast = fast
         self._digest: str | None = None
+        self._siblings: dict[tuple[Path, str], Composer] = {}
+
+    def _for_argv(self, fields: Sequence[str]) -> tuple[Composer, tuple[str, ...]]:
+        """The composer of the config the argv's Hydra flags select, and the remaining overrides."""
+        argv = split_hydra_argv(fields)
+        config_dir = self.config_dir
+        if argv.config_path is not None:
+            config_dir = launcher_config_dir(self.config_dir, argv.config_path)
+        name = argv.config_name if argv.config_name is not None else self.config_name
+        if name.endswith(".yaml"):
+            name = name[: -len(".yaml")]
+        if name == self.config_name and config_dir in (self.config_dir, self.config_dir.resolve()):
+            return self, argv.overrides
+        key = (config_dir, name)
+        if key not in self._siblings:
+            self._siblings[key] = Composer(config_dir, name, fast=self.fast)
+        return self._siblings[key], argv.overrides
 
     @contextlib.contextmanager
     def _hydra(self) -> Iterator[None]:
@@ -207,20 +275,48 @@ class Composer:
             self._digest = tree_digest(self.config_dir)
         return self._digest
 
-    def _base(self) -> _Base:
-        key = (self._tree_digest(), self.config_name)
+    def _base(self, groups: tuple[str, ...] = ()) -> _Base:
+        """The composition of the tree with only these config-group selections, memoised.
+
+        Hydra picks the defaults (config groups) from the group overrides first and applies the
+        value overrides, in order, to the merged config afterwards
+        (hydra/_internal/config_loader_impl.py _load_configuration_impl), so a base composed
+        with the group selections alone is where the value overrides start from.
+        """
+        key = (self._tree_digest(), self.config_name, groups)
         base = _BASES.get(key)
         if base is None:
             with self._hydra():
-                cfg = compose(config_name=self.config_name, overrides=[])
+                cfg = compose(config_name=self.config_name, overrides=list(groups))
                 repository = config_repository()
             plain = OmegaConf.to_container(cfg, resolve=False)
             assert isinstance(plain, dict)
             base = _BASES[key] = _Base(cfg, cast(_Mapping, plain), repository)
         return base
 
+    def _split_groups(self, fields: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+        """(plain group selections, the other overrides), or the fast path is unavailable."""
+        if not any("=" in line and "." not in line.split("=", 1)[0] for line in fields):
+            return (), list(fields)
+        repository = self._base().repository
+        groups: list[str] = []
+        values: list[str] = []
+        for line in fields:
+            key = line.split("=", 1)[0]
+            if "." not in key and repository.group_exists(key.lstrip("+~")):
+                if not _GROUP_OVERRIDE.fullmatch(line):
+                    raise _FastPathUnavailable(line)
+                groups.append(line)
+            else:
+                values.append(line)
+        return tuple(groups), values
+
     def compose_config(self, fields: Sequence[str]) -> DictConfig:
         """The unresolved composed config (raises Hydra's own exceptions)."""
+        composer, overrides = self._for_argv(fields)
+        if composer is not self:
+            return composer.compose_config(overrides)
+        fields = overrides
         if self.fast and not fields:
             return copy.deepcopy(self._base().cfg)
         return self._hydra_compose(fields)
@@ -228,11 +324,19 @@ class Composer:
     def compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
         """Compose and resolve; Hydra and OmegaConf errors become a composition rejection, and
         so does a ``_target_`` the tree does not name (see ``targets.py``)."""
+        composer, overrides = self._for_argv(fields)
+        if composer is not self:
+            if not composer.config_dir.is_dir():
+                return Composition(
+                    COMPOSITION_REJECTION,
+                    reason=f"MissingConfigException: Primary config directory not found: {composer.config_dir}",
+                )
+            return composer.compose(overrides, variables)
         try:
             self._tree_digest()  # checks the tree's files before Hydra opens any of them
         except InputError as exc:
             return Composition(COMPOSITION_REJECTION, reason=str(exc))
-        composition = self._compose_values(fields, variables)
+        composition = self._compose_values(overrides, variables)
         if composition.composed:
             foreign = target_rejection(composition.mapping, self.config_dir)
             if foreign is not None:
@@ -289,8 +393,9 @@ class Composer:
         return overrides
 
     def _fast_compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
-        base = self._base()
-        overrides = self._eligible(base, fields)
+        groups, values = self._split_groups(fields)
+        base = self._base(groups)
+        overrides = self._eligible(base, values)
         cfg = base.cfg
         # Overrides are applied in place to the shared base: each key's existing node is swapped
         # for a private copy first (or its first missing component is noted), and the originals

@@ -11,7 +11,15 @@ from typing import Any
 import jsonschema
 import yaml
 
-from pytest_verl_compat.model import Bindings, Case, InputPin, Manifest, OverrideBlock, UpstreamPin
+from pytest_verl_compat.model import (
+    EXAMPLE,
+    Bindings,
+    Case,
+    InputPin,
+    Manifest,
+    OverrideBlock,
+    UpstreamPin,
+)
 from pytest_verl_compat.pipeline.safe_input import (
     SAFE_CASE_ID,
     BoundedLoader,
@@ -219,3 +227,55 @@ def _build_case(
         notes=raw.get("notes", ""),
         error=error,
     )
+
+
+def default_examples_path() -> Path:
+    return embedded_root() / "corpus" / "examples.yaml"
+
+
+def _examples_error(path: Path, where: str, message: str) -> ManifestError:
+    return ManifestError(f"{path}: {where}: {message}")
+
+
+def load_examples(path: str | Path, base: Bindings) -> tuple[Case, ...]:
+    """Upstream's own launch scripts as ``example`` cases, read with ``base`` plus their bindings.
+
+    Each entry pins one script by sha256; ``environment`` (only where the read needs it) overlays
+    ``base``; ``read_error`` is the expected reason a script yields no launcher argv.
+    """
+    path = Path(path)
+    try:
+        raw = load_yaml(read_text(path, what="examples list"), str(path))
+    except InputError as exc:
+        raise ManifestError(str(exc)) from exc
+    scripts = raw.get("scripts") if isinstance(raw, dict) else None
+    if not isinstance(scripts, list) or not scripts:
+        raise _examples_error(path, "field scripts", "expected a non-empty list")
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(scripts):
+        where = f"field scripts[{index}]"
+        if not isinstance(entry, dict):
+            raise _examples_error(path, where, "expected a mapping")
+        script, sha = entry.get("path"), entry.get("sha256")
+        if not isinstance(script, str) or not script.endswith(".sh"):
+            raise _examples_error(path, f"{where}.path", "expected a path to a .sh file")
+        if not isinstance(sha, str) or len(sha) != 64:
+            raise _examples_error(path, f"{where}.sha256", "expected a sha256 hex digest")
+        case_id = script[: -len(".sh")]
+        if case_id in seen:
+            raise _examples_error(path, f"{where}.path", f"duplicate script {script!r}")
+        seen.add(case_id)
+        read_error = entry.get("read_error")
+        cases.append(
+            Case(
+                id=case_id,
+                kind=EXAMPLE,
+                line=0,
+                launch=script,
+                inputs=(InputPin(script, sha),),
+                bindings=base.overlay(Bindings.from_mapping(entry.get("environment"))),
+                expected={"read_error": read_error} if read_error else None,
+            )
+        )
+    return tuple(cases)

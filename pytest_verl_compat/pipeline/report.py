@@ -5,9 +5,16 @@ The same bytes come from ``pytest --verl-corpus --verl-corpus-report`` and ``ver
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from pytest_verl_compat.model import ACCEPTED, COMPOSITION_REJECTION, SEMANTIC_REJECTION
+from pytest_verl_compat.model import (
+    ACCEPTED,
+    COMPOSITION_REJECTION,
+    SEMANTIC_REJECTION,
+    Case,
+    StageFailed,
+)
 from pytest_verl_compat.pipeline.audit import AuditSession
 
 
@@ -25,6 +32,9 @@ def build_audit(session: AuditSession, entries: list[dict[str, Any]]) -> dict[st
         # The field corpus has its own totals, so the official + derived audit reads the same.
         "totals": audit_totals([e for e in entries if e["kind"] != "field"]),
         "field_totals": audit_totals([e for e in entries if e["kind"] == "field"]),
+        # Upstream's example scripts: totals recorded by tests/test_examples.py (composing all
+        # of them takes longer than the corpus audit itself).
+        "example_totals": recorded_example_totals(session),
     }
 
 
@@ -47,9 +57,10 @@ def audit_totals(entries: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summary_lines(totals: dict[str, Any]) -> list[str]:
+def summary_lines(totals: dict[str, Any], examples: dict[str, int] | None = None) -> list[str]:
     classes = ", ".join(f"{klass} {count}" for klass, count in totals["leaf_classes"].items())
-    return [
+    example = example_line(examples)
+    return ([example] if example else []) + [
         f"{totals['cases']} cases; {totals['composed']} composed; {totals['accepted']} accepted; "
         f"{totals['semantic_rejections']} semantic rejections; "
         f"{totals['composition_rejections']} composition rejections",
@@ -78,3 +89,63 @@ def field_lines(
             f"  {entry['id']}: verl {version}: {upstream.get('behaviour', '?')}; here: {verdict}{took}"
         )
     return lines
+
+
+# --- upstream's example scripts (corpus/examples.yaml) ------------------------------------------
+
+EXAMPLES_AUDIT = "examples/audit.json"
+
+
+def example_entry(session: AuditSession, case: Case) -> dict[str, Any]:
+    """One example script: read, composed, valid for the pinned verl, runnable by the trainer."""
+    from pytest_verl_compat.pipeline.compile import verdicts
+
+    entry: dict[str, Any] = {"id": case.id}
+    try:
+        outcome = session.outcome(case)
+    except StageFailed as exc:
+        return {**entry, "read": False, "reason": str(exc).split(": ", 1)[-1]}
+    composition = outcome.composition
+    entry.update(read=True, composed=composition.composed)
+    if not composition.composed:
+        return {**entry, "reason": composition.reason.splitlines()[0]}
+    report = session.compile(case)
+    assert report is not None
+    verdict = verdicts(report)
+    return {
+        **entry,
+        "valid": verdict.valid,
+        "runnable": verdict.runnable,
+        "errors": list(verdict.errors),
+        "warnings": sum(1 for f in report.findings if f.level == "warning"),
+    }
+
+
+def example_totals(entries: list[dict[str, Any]]) -> dict[str, int]:
+    return {
+        "scripts": len(entries),
+        "read": sum(1 for e in entries if e["read"]),
+        "composed": sum(1 for e in entries if e.get("composed")),
+        "valid": sum(1 for e in entries if e.get("valid")),
+        "runnable": sum(1 for e in entries if e.get("runnable")),
+        "warnings": sum(e.get("warnings", 0) for e in entries),
+    }
+
+
+def recorded_example_totals(session: AuditSession) -> dict[str, int] | None:
+    """The example totals from ``golden/examples/audit.json`` (tests/test_examples.py keeps it true)."""
+    path = session.golden_dir / EXAMPLES_AUDIT
+    if not path.is_file():
+        return None
+    totals: dict[str, int] = json.loads(path.read_text(encoding="utf-8"))["totals"]
+    return totals
+
+
+def example_line(totals: dict[str, int] | None) -> str | None:
+    if not totals:
+        return None
+    return (
+        f"upstream example scripts: {totals['scripts']}; {totals['read']} read; "
+        f"{totals['composed']} composed; {totals['valid']} valid for verl; "
+        f"{totals['runnable']} runnable by the reference trainer; {totals['warnings']} warnings"
+    )

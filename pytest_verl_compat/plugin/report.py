@@ -222,7 +222,7 @@ class AuditReporter:
                 yellow=True,
             )
         totals, stages = audit["totals"], self.stage_totals()
-        for line in summary_lines(totals):
+        for line in summary_lines(totals, audit.get("example_totals")):
             terminalreporter.write_line(line)
         field = [e for e in audit["cases"] if e["kind"] == "field"]
         if field:

@@ -1,0 +1,95 @@
+"""Upstream's own composition of every example script, recorded once into a data file.
+
+``python -m pytest_verl_compat.upstream.examples_record --upstream PATH --write`` reads each
+script of ``corpus/examples.yaml`` and runs ``python -m verl.trainer.main_ppo --cfg job --resolve``
+with the same argv through ``runner.run_module`` (a sandboxed subprocess, ~12 s each). The file
+keeps, per script, the argv's sha256, whether upstream composed it, and the sha256 of the resolved
+mapping it printed; the test suite compares our in-process composition with it without starting
+109 subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
+from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+from pytest_verl_compat.upstream.runner import referenced_variables, run_module
+
+ENTRY_MODULE = "verl.trainer.main_ppo"
+
+
+def digest(value: Any) -> str:
+    """sha256 of a mapping as canonical JSON (key order kept: Hydra's order is part of the result)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def argv_digest(fields: tuple[str, ...] | list[str]) -> str:
+    return digest(list(fields))
+
+
+def example_cases(session: AuditSession, path: Path | None = None) -> tuple[Case, ...]:
+    assert session.manifest is not None
+    return load_examples(path or default_examples_path(), session.manifest.bindings)
+
+
+def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str, Any]]:
+    """Read every case, then run upstream's entry point on all argvs in one sandboxed process."""
+    recorded: dict[str, dict[str, Any]] = {}
+    argvs: dict[str, tuple[str, ...]] = {}
+    for case in cases:
+        try:
+            argvs[case.id] = session.outcome(case).fields.fields
+        except (StageFailed, StageUnavailable) as exc:
+            recorded[case.id] = {"read": False, "reason": str(exc).split(": ", 1)[-1]}
+    variables: dict[str, str] = {}
+    for case in cases:
+        if case.id in argvs:
+            variables.update(referenced_variables(argvs[case.id], case.bindings.variables))
+    run = run_module(
+        "pytest_verl_compat.upstream.entry_batch",
+        stdin=json.dumps([list(fields) for fields in argvs.values()]),
+        variables=variables,
+        timeout=3600,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"upstream's entry point batch failed:\n{run.stderr_tail(20)}")
+    for (case_id, fields), result in zip(argvs.items(), json.loads(run.stdout), strict=True):
+        entry: dict[str, Any] = {"read": True, "argv_sha256": argv_digest(fields)}
+        if result["code"] != 0:
+            entry.update(composed=False, error=result["error"])
+        else:
+            entry.update(composed=True, resolved_sha256=digest(yaml.safe_load(result["stdout"])))
+        recorded[case_id] = entry
+    return recorded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_verl_compat.upstream.examples_record")
+    parser.add_argument("--upstream", required=True, help="a verl checkout with examples/")
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--only", action="append", help="record only these case ids")
+    args = parser.parse_args(argv)
+    session = AuditSession.start(AuditOptions(upstream=args.upstream))
+    out = Path(args.out)
+    recorded: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    cases = tuple(c for c in example_cases(session) if not args.only or c.id in args.only)
+    recorded.update(record(session, cases))
+    write_atomic(out, dumps(dict(sorted(recorded.items()))))
+    composed = sum(1 for entry in recorded.values() if entry.get("composed"))
+    print(f"wrote {out}: {len(recorded)} scripts, {composed} composed by upstream")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
