@@ -199,3 +199,23 @@ def test_cli_names_the_file_in_one_line_for_a_hostile_manifest(tmp_path: Path) -
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and str(manifest) in lines[0] and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("target", ["folder", "fifo", "symlink"])
+def test_report_path_that_is_not_a_regular_file_is_a_usage_error(
+    pytester: pytest.Pytester, target: str
+) -> None:
+    path = pytester.path / "report.json"
+    if target == "folder":
+        path.mkdir()
+    elif target == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/null")
+    result = pytester.runpytest_subprocess(
+        "--verl-corpus", f"--verl-corpus-report={path}", "-k", "test_read"
+    )
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([f"*--verl-corpus-report={path}: not a regular file*"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+    assert path.is_symlink() or not path.is_file()

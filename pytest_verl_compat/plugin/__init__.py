@@ -147,6 +147,13 @@ def pytest_configure(config: pytest.Config) -> None:
         trusted=config.getoption("verl_corpus_trusted"),
         rootdir=str(config.rootpath),
     )
+    for option, value in (
+        ("--verl-corpus-report", options.report),
+        ("--verl-corpus-conformance-report", options.conformance_report),
+    ):
+        refused = _output_refusal(value)
+        if refused:
+            raise pytest.UsageError(f"{option}={value}: {refused}")
     session = AuditSession.start(options)
     refusal = collect.golden_write_refusal(config, session)
     if refusal:
@@ -156,6 +163,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(AuditReporter(config, state), "verl-corpus-reporter")
     config.pluginmanager.register(collect.CorpusCollector(), "verl-corpus-collector")
     collect.add_stage_tests(config)
+
+
+def _output_refusal(value: str | None) -> str | None:
+    """Why a report path cannot be written, checked before the run rather than after it."""
+    if not value:
+        return None
+    path = Path(value)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return "not a regular file; refusing to replace it"
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a folder"
+    return None
 
 
 # Stages that wait for the upstream oracle process run last: it answers while the others run.
