@@ -173,11 +173,9 @@ def test_no_target_is_instantiated(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "+trainer.evil2._args_=['touch PWNED2']",
     ]
     composition = composer.compose(fields, {})
-    assert composition.composed, composition.reason
-    assert composition.resolved["trainer"]["evil"] == {
-        "_target_": "builtins.exec",
-        "_args_": ["open('PWNED','w')"],
-    }
-    assert composition.resolved["trainer"]["evil2"]["_target_"] == "os.system"
+    # A _target_ the tree does not name is a composition rejection, with its path.
+    assert not composition.composed
+    assert composition.reason.startswith("trainer.evil._target_='builtins.exec'")
+    assert "; 1 more" in composition.reason
     assert not (tmp_path / "PWNED").exists()
     assert not (tmp_path / "PWNED2").exists()

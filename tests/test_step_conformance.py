@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ def test_step_stage_passes_for_the_official_cases(
     pytester: pytest.Pytester, upstream_checkout: Path
 ) -> None:
     """The plugin's `test_step[<case>]` stage, once: the seven official cases, both optimizers."""
-    junit = pytester.path / "junit.xml"
+    junit = pytester.path / "conformance.json"
     result = pytester.runpytest_subprocess(
         "--verl-corpus",
         f"--verl-corpus-upstream={upstream_checkout}",
@@ -102,16 +101,13 @@ def test_step_stage_passes_for_the_official_cases(
         "no:randomly",
         "-p",
         "no:cacheprovider",
-        f"--junitxml={junit}",
+        f"--verl-corpus-conformance-report={junit}",
         "-k",
         "test_step",
     )
     result.assert_outcomes(passed=len(OFFICIAL))
-    steps = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        if props.get("verl_stage") == "step":
-            steps[props["verl_case"]] = json.loads(props["step"])
+    # The conformance report carries the step stage's per-case largest differences.
+    steps = json.loads(junit.read_text())["step"]
     assert sorted(steps) == sorted(OFFICIAL)
     for entry in steps.values():
         assert set(entry) == set(VARIANTS)

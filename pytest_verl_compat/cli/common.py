@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,9 @@ def flag_bindings(args: argparse.Namespace) -> Bindings:
 def existing_file(path: str, what: str = "file") -> Path:
     """The path, or a UsageError saying it is not found."""
     found = Path(path).expanduser()
-    if not found.is_file():
+    # Something that exists but is not a regular file (a FIFO, a link to a device, a folder) is
+    # passed on: the bounded readers refuse it with what it is, without opening it for a read.
+    if not os.path.lexists(found):
         raise UsageError(f"{path}: {what} not found")
     return found
 
@@ -130,8 +133,16 @@ def _looks_like_path(target: str) -> bool:
 
 def case_for_target(session: AuditSession, target: str, args: argparse.Namespace) -> Case:
     """A manifest case by id, or a one-off case for a script path (raises UsageError otherwise)."""
-    if Path(target).expanduser().is_file():
-        return session.case_for_script(Path(target).expanduser(), flag_bindings(args))
+    path = Path(target).expanduser()
+    if path.is_file():
+        return session.case_for_script(path, flag_bindings(args))
+    if os.path.lexists(path) and _looks_like_path(target):
+        from pytest_verl_compat.bash import LaunchReadError, read_launch
+
+        try:  # the reader refuses it (a FIFO, a device, a folder) with a one-line reason
+            read_launch(path, flag_bindings(args))
+        except LaunchReadError as exc:
+            raise UsageError(str(exc)) from exc
     assert session.manifest is not None
     ids = [case.id for case in session.cases]
     if target in ids:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Generator
 from pathlib import Path
@@ -181,6 +182,12 @@ class AuditReporter:
                 }
                 for r in results
             ],
+            # The step stage: per case and optimizer, the largest difference of each quantity.
+            "step": {
+                case_id: json.loads(facts["step"])
+                for case_id, facts in sorted(self.facts.items())
+                if isinstance(facts.get("step"), str)
+            },
         }
 
     def conformance_matrix(self) -> list[str]:
