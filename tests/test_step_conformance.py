@@ -95,6 +95,7 @@ def test_step_stage_passes_for_the_official_cases(
     junit = pytester.path / "conformance.json"
     result = pytester.runpytest_subprocess(
         "--verl-corpus",
+        "--verl-corpus-step",
         f"--verl-corpus-upstream={upstream_checkout}",
         "--verl-corpus-trusted=off",
         "-p",
@@ -476,3 +477,20 @@ def test_rollout_is_weights_are_rejected_by_the_profile() -> None:
     mapping["algorithm"]["rollout_correction"]["rollout_is"] = "token"
     report = compile_resolved(mapping, case_id="grpo+is", profile=profile)
     assert not report.accepted and "rollout_correction.rollout_is" in report.reason
+
+
+@needs_verl
+def test_the_default_audit_skips_the_step_stage_with_the_option_to_run_it(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest_subprocess(
+        "--verl-corpus",
+        "--verl-corpus-trusted=off",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "test_step",
+        "-rs",
+    )
+    result.assert_outcomes(skipped=len(OFFICIAL))
+    result.stdout.fnmatch_lines(["*the step stage runs with --verl-corpus-step*"])

@@ -106,6 +106,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="trusted composition through upstream's entry point: auto (when verl is installed; "
         "the default), off, or require (fail when it cannot run)",
     )
+    group.addoption(
+        "--verl-corpus-step",
+        dest="verl_corpus_step",
+        action="store_true",
+        default=False,
+        help="also run the step stage: one training step of the reference trainer against "
+        "verl's own engine per official case (~90 s on 2 cores; CI runs it; the default audit "
+        "skips it to stay within seconds)",
+    )
     parser.addini(
         "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None
     )
@@ -191,6 +200,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if waiting:
         others = [item for item in items if item.name.split("[")[0] not in _UPSTREAM_STAGES]
         items[:] = others + waiting
+        from pytest_verl_compat.plugin.keys import audit_state_key
+
+        state = config.stash.get(audit_state_key, None)
+        # Import verl in the oracle while the first stages import Hydra and compose.
+        if state is not None and state.upstream_gate().startswith("tree:"):
+            if state.session.options.trusted != "off" or any(
+                item.name.startswith("test_upstream_validate") for item in waiting
+            ):
+                state.oracle.start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -363,6 +363,8 @@ class TestStepConformance:
         )
         from pytest_verl_compat.upstream.runner import run_module
 
+        if not request.config.getoption("verl_corpus_step"):
+            pytest.skip("the step stage runs with --verl-corpus-step (about 90 s)")
         missing = upstream_missing_reason()
         if missing:
             pytest.skip(missing)

@@ -17,7 +17,9 @@ unpickles a file; ``--config-dir`` adds a search path) and ``hydra.*`` overrides
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -106,13 +108,18 @@ class UpstreamOracle:
         self._done = False
         self._condition = threading.Condition()
         self._readers: list[threading.Thread] = []
+        self._outbox: queue.Queue[str | None] = queue.Queue()
+
+    def start(self) -> None:
+        """Start the process now (it imports verl, ~5 s) so that it is ready for questions."""
+        self._start()
 
     def _start(self) -> UpstreamProcess:
         if self._process is None:
             self._process = UpstreamProcess(PROCESS_MODULE)
             self._readers = [
                 threading.Thread(target=target, daemon=True)
-                for target in (self._read_answers, self._read_stderr)
+                for target in (self._read_answers, self._read_stderr, self._write_questions)
             ]
             for reader in self._readers:
                 reader.start()
@@ -134,18 +141,27 @@ class UpstreamOracle:
         for line in self._process.process.stderr:
             self._stderr = [*self._stderr[-40:], line.rstrip("\n")]
 
+    def _write_questions(self) -> None:
+        # A writer thread: while the process is still importing verl it reads nothing, and a
+        # pipe holds 64 KB (two resolved mappings), so writing from the caller would stall it.
+        assert self._process is not None and self._process.process.stdin is not None
+        stdin = self._process.process.stdin
+        while (line := self._outbox.get()) is not None:
+            try:
+                stdin.write(line)
+                stdin.flush()
+            except (OSError, ValueError):
+                return  # the process died or was closed; answer() reports its stderr
+        with contextlib.suppress(OSError, ValueError):
+            stdin.close()
+
     def submit(self, request_id: str, request: Mapping[str, Any]) -> None:
-        """Send one question unless it was already sent; returns at once."""
+        """Queue one question unless it was already sent; returns at once."""
         if request_id in self._submitted:
             return
-        process = self._start().process
-        assert process.stdin is not None
+        self._start()
         self._submitted.add(request_id)
-        try:
-            process.stdin.write(json.dumps({"id": request_id, **request}) + "\n")
-            process.stdin.flush()
-        except OSError:
-            pass  # the process died; answer() reports its stderr
+        self._outbox.put(json.dumps({"id": request_id, **request}) + "\n")
 
     def answer(
         self, request_id: str, request: Mapping[str, Any], timeout: float = 600
@@ -163,6 +179,8 @@ class UpstreamOracle:
 
     def close(self) -> None:
         if self._process is not None:
+            self._outbox.put(None)  # the writer closes stdin: the process's signal to exit
+            self._readers[-1].join(timeout=10)
             self._process.finish()
             for reader in self._readers:
                 reader.join(timeout=10)
