@@ -204,7 +204,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
         state = config.stash.get(audit_state_key, None)
         # Import verl in the oracle while the first stages import Hydra and compose.
-        if state is not None and state.upstream_gate().startswith("tree:"):
+        if state is not None and state.upstream_gate().tree is not None:
             if state.session.options.trusted != "off" or any(
                 item.name.startswith("test_upstream_validate") for item in waiting
             ):

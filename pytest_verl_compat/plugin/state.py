@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from pytest_verl_compat.conformance.plan import ConformanceCase
 
 
+@dataclass(frozen=True)
+class UpstreamGate:
+    """Whether upstream's code may see this session's compositions: the tree it would see, or
+    the reason it may not."""
+
+    tree: str | None
+    reason: str
+
+
 @dataclass
 class AuditState:
     """The session, the conformance stage's cases and upstream's validate_config verdicts."""
@@ -27,7 +36,7 @@ class AuditState:
     conformance_error: str = ""
     _conformance: list[ConformanceCase] | None = field(default=None, repr=False)
     _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
-    _gate: str | None = field(default=None, repr=False)
+    _gate: UpstreamGate | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, session: AuditSession) -> AuditState:
@@ -44,12 +53,13 @@ class AuditState:
         if self.session.options.trusted == "off":
             return "trusted composition switched off (--verl-corpus-trusted=off)"
         gate = self.upstream_gate()
-        if gate.startswith("tree:"):
-            return TrustedCompositions(self.oracle, gate.removeprefix("tree:"), cache)
-        return gate
+        if gate.tree is not None:
+            return TrustedCompositions(self.oracle, gate.tree, cache)
+        return gate.reason
 
-    def upstream_gate(self) -> str:
-        """``tree:<sha256>`` when upstream's code may see this session's compositions, else why not.
+    def upstream_gate(self) -> UpstreamGate:
+        """The installed tree's hash when upstream's code may see this session's compositions,
+        else why not.
 
         Only compositions of the installed verl's own tree reach its code: a tree from elsewhere
         (a drift tree, a user's folder) may name any ``_target_`` and is never sent.
@@ -58,16 +68,22 @@ class AuditState:
             session = self.session
             installed = installed_verl_root()
             if installed is None or installed[1] != session.pin.version:
-                self._gate = f"upstream verl {session.pin.version} not installed"
+                self._gate = UpstreamGate(
+                    None, f"upstream verl {session.pin.version} not installed"
+                )
             elif session.upstream is None:
-                self._gate = f"no upstream config tree: {session.upstream_reason}"
+                reason = f"no upstream config tree: {session.upstream_reason}"
+                self._gate = UpstreamGate(None, reason)
             else:
                 installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
                 composed = session.upstream.tree_sha256
                 self._gate = (
-                    f"tree:{installed_tree}"
+                    UpstreamGate(installed_tree, "")
                     if installed_tree == composed
-                    else f"installed verl's tree {installed_tree} is not the composed tree {composed}"
+                    else UpstreamGate(
+                        None,
+                        f"installed verl's tree {installed_tree} is not the composed tree {composed}",
+                    )
                 )
         return self._gate
 
@@ -79,7 +95,7 @@ class AuditState:
         sent: only mappings Hydra's compose API accepted reach upstream's code.
         """
         outcome = self.session.outcome(case)
-        if not outcome.composition.composed or not self.upstream_gate().startswith("tree:"):
+        if not outcome.composition.composed or self.upstream_gate().tree is None:
             return
         trusted = self.trusted(cache)
         if isinstance(trusted, TrustedCompositions):
