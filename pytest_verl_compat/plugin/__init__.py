@@ -193,6 +193,8 @@ def _output_refusal(value: str | None) -> str | None:
 _UPSTREAM_STAGES = ("test_upstream_validate", "test_trusted")
 
 
+# trylast: after -k/-m deselection, so a selection without upstream stages starts no process.
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("verl_corpus"):
         return

@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
 from pytest_verl_compat.upstream.runner import referenced_variables, run_module
+from pytest_verl_compat.upstream.trusted import printed_config
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
 
@@ -69,7 +68,7 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
         if result["code"] != 0:
             entry.update(composed=False, error=result["error"])
         else:
-            entry.update(composed=True, resolved_sha256=digest(yaml.safe_load(result["stdout"])))
+            entry.update(composed=True, resolved_sha256=digest(printed_config(result["stdout"])))
         recorded[case_id] = entry
     return recorded
 

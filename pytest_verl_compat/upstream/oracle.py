@@ -179,8 +179,14 @@ class UpstreamOracle:
 
     def close(self) -> None:
         if self._process is not None:
+            with self._condition:
+                answered = self._submitted <= self._answers.keys()
             self._outbox.put(None)  # the writer closes stdin: the process's signal to exit
             self._readers[-1].join(timeout=10)
+            if answered:
+                # Nothing outstanding: waiting would only watch verl's interpreter tear down (or
+                # finish importing verl, when a -k selection asked it nothing).
+                self._process.stop()
             self._process.finish()
             for reader in self._readers:
                 reader.join(timeout=10)

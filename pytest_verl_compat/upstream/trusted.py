@@ -34,6 +34,17 @@ class TrustedResult:
     refused: bool = False  # never sent: the argv carries what upstream's entry point must not see
 
 
+# libyaml's parser with PyYAML's own safe constructor and resolver: the same mapping as
+# yaml.safe_load, ~10x faster on the ~880-leaf configs the entry point prints (23 of them took
+# ~1.5 s of the default audit's critical path with the pure-Python parser).
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def printed_config(text: str) -> Any:
+    """The mapping ``--cfg job --resolve`` printed (YAML), parsed as ``yaml.safe_load`` would."""
+    return yaml.load(text, Loader=_SAFE_LOADER)
+
+
 def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, str]) -> str:
     payload = json.dumps([tree_sha256, list(fields), sorted(variables.items())])
     return "verl_corpus/trusted/" + hashlib.sha256(payload.encode()).hexdigest()
@@ -74,7 +85,7 @@ class TrustedCompositions:
             return TrustedResult(False, None, f"not sent to upstream: {exc}", False, refused=True)
         answer = self.oracle.answer(key, request)
         if answer["ok"]:
-            result = TrustedResult(True, yaml.safe_load(answer["stdout"]), "", False)
+            result = TrustedResult(True, printed_config(answer["stdout"]), "", False)
         else:
             result = TrustedResult(False, None, answer["error"], False)
         if self.cache is not None:

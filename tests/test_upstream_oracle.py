@@ -1,0 +1,93 @@
+"""The oracle process's plumbing: what the parent parses, when it starts and how it ends."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from pytest_verl_compat.pipeline.manifest import embedded_root
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.upstream.oracle import UpstreamOracle
+from pytest_verl_compat.upstream.trusted import printed_config
+
+needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+
+
+def test_printed_config_parses_as_safe_load_does() -> None:
+    # The scalars where YAML 1.1 resolution is subtle: exponent floats without a dot stay strings,
+    # .inf/.nan, null spellings, octal-looking and quoted numbers, booleans, empty mappings.
+    tricky = textwrap.dedent(
+        """\
+        a: 1e-6
+        b: 1.0e-06
+        c: .inf
+        d: -.inf
+        e: null
+        f: ~
+        g: '0o17'
+        h: 017
+        i: 'true'
+        j: yes
+        k: {}
+        l: []
+        m: 3.0
+        n: 0x1F
+        o: '1.5'
+        p: 2026-11-30
+        """
+    )
+    assert printed_config(tricky) == yaml.safe_load(tricky)
+    resolved = json.loads((embedded_root() / "golden" / "compose" / "grpo.json").read_text())
+    printed = OmegaConf.to_yaml(OmegaConf.create(resolved["resolved"]))
+    assert printed_config(printed) == yaml.safe_load(printed) == resolved["resolved"]
+
+
+@needs_verl
+def test_close_ends_a_process_with_nothing_outstanding_at_once() -> None:
+    oracle = UpstreamOracle()
+    oracle.start()
+    assert oracle._process is not None
+    process = oracle._process.process
+    oracle.close()  # still importing verl: no answer is owed, so it is not waited for
+    assert process.returncode == -signal.SIGKILL
+
+
+def test_a_selection_without_upstream_stages_starts_no_process(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if installed_verl_root() is None:
+        pytest.skip("needs the installed verl (the [upstream] extra)")
+    monkeypatch.delenv("VERL_UPSTREAM", raising=False)
+    marker = pytester.path / "started"
+    # Records the oracle's start instead of importing verl; answers validate as upstream would.
+    pytester.makeconftest(
+        f"""
+        from pytest_verl_compat.upstream.oracle import UpstreamOracle
+
+        def start(self):
+            open({str(marker)!r}, "a").write("started\\n")
+
+        def answer(self, request_id, request, timeout=600):
+            return {{"verdict": "passes", "message": ""}}
+
+        UpstreamOracle.start = start
+        UpstreamOracle.answer = answer
+        """
+    )
+
+    def run(selection: str) -> None:
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--verl-corpus", "--verl-corpus-trusted=off", "-k", selection
+        )
+        assert result.ret == 0, result.stdout.str()[-2000:]
+
+    run("test_compose and grpo")
+    assert not marker.exists()
+    run("test_upstream_validate and grpo")  # the control: a selected upstream stage starts it
+    assert Path(marker).read_text() == "started\n"
