@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
+from pytest_verl_compat.upstream.oracle import UpstreamOracle, compose_request, validate_request
 from pytest_verl_compat.upstream.trusted import printed_config
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
@@ -68,7 +69,7 @@ def test_a_selection_without_upstream_stages_starts_no_process(
     # Records the oracle's start instead of importing verl; answers validate as upstream would.
     pytester.makeconftest(
         f"""
-        from pytest_verl_compat.upstream.oracle import UpstreamOracle
+        from pytest_verl_compat.upstream.oracle import UpstreamOracle, compose_request, validate_request
 
         def start(self):
             open({str(marker)!r}, "a").write("started\\n")
@@ -91,3 +92,59 @@ def test_a_selection_without_upstream_stages_starts_no_process(
     assert not marker.exists()
     run("test_upstream_validate and grpo")  # the control: a selected upstream stage starts it
     assert Path(marker).read_text() == "started\n"
+
+
+@needs_verl
+def test_forked_workers_answer_each_question_as_one_process_would() -> None:
+    golden = embedded_root() / "golden" / "compose"
+    cases = {name: json.loads((golden / f"{name}.json").read_text()) for name in ("grpo", "ppo")}
+    oracle = UpstreamOracle(workers=2)
+    try:
+        for name, case in cases.items():
+            oracle.submit(name, compose_request(case["explicit_fields"], {}))
+        oracle.submit("validate", validate_request(cases["grpo"]["resolved"]))
+        oracle.submit("refused", {"kind": "compose", "argv": ["--cfg", "hydra"], "env": {}})
+        for name, case in cases.items():
+            answer = oracle.answer(name, {})
+            assert answer["ok"], answer
+            assert printed_config(answer["stdout"]) == case["resolved"]
+        assert oracle.answer("validate", {})["verdict"] == "passes"
+        refused = oracle.answer("refused", {})  # a worker re-checks the argv as one process does
+        assert not refused["ok"] and refused["error"].startswith("refused: ")
+        assert oracle._process is not None
+        workers = _children(oracle._process.process.pid)
+        assert len(workers) == 2
+    finally:
+        oracle.close()
+    assert _all_end(workers), "the forked workers outlived the oracle"
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc: Linux, like the sandbox)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _all_end(pids: list[int], seconds: float = 30) -> bool:
+    """Whether every process in `pids` is gone (or a zombie awaiting init) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False

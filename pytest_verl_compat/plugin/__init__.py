@@ -167,7 +167,9 @@ def pytest_configure(config: pytest.Config) -> None:
     refusal = collect.golden_write_refusal(config, session)
     if refusal:
         raise pytest.UsageError(refusal)
-    state = AuditState.start(session)
+    # Two oracle workers share verl's import and use the core the audit's own stages leave
+    # idle; an xdist worker gets one (its siblings keep the other cores busy).
+    state = AuditState.start(session, 1 if hasattr(config, "workerinput") else 2)
     config.stash[audit_state_key] = state
     config.pluginmanager.register(AuditReporter(config, state), "verl-corpus-reporter")
     config.pluginmanager.register(collect.CorpusCollector(), "verl-corpus-collector")

@@ -39,8 +39,8 @@ class AuditState:
     _gate: UpstreamGate | None = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, session: AuditSession) -> AuditState:
-        oracle = UpstreamOracle()
+    def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
+        oracle = UpstreamOracle(oracle_workers)
         return cls(session, oracle, UpstreamVerdicts(session, oracle))
 
     def trusted(self, cache: Any) -> TrustedCompositions | str:

@@ -100,7 +100,8 @@ class UpstreamOracle:
     large answer never blocks the process while the parent is still submitting.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers  # processes answering in parallel (forked after verl's import)
         self._process: UpstreamProcess | None = None
         self._answers: dict[str, dict[str, Any]] = {}
         self._submitted: set[str] = set()
@@ -116,7 +117,7 @@ class UpstreamOracle:
 
     def _start(self) -> UpstreamProcess:
         if self._process is None:
-            self._process = UpstreamProcess(PROCESS_MODULE)
+            self._process = UpstreamProcess(PROCESS_MODULE, ("--workers", str(self.workers)))
             self._readers = [
                 threading.Thread(target=target, daemon=True)
                 for target in (self._read_answers, self._read_stderr, self._write_questions)

@@ -6,16 +6,26 @@ allow-listed environment). It trusts no sender: every argv is checked again befo
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import functools
 import io
 import json
+import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from pytest_verl_compat.upstream import validate
-from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, EntryArgvRefused, entry_argv
+from pytest_verl_compat.upstream.oracle import (
+    ENTRY_MODULE,
+    PROCESS_MODULE,
+    EntryArgvRefused,
+    entry_argv,
+)
 from pytest_verl_compat.upstream.runner import safe_variables
 
 
@@ -41,26 +51,67 @@ def _compose(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     return {"ok": False, "error": f"exit status {status}:\n{tail}"}
 
 
-def serve() -> None:
-    """Answer one JSON question per stdin line on the original stdout, until stdin closes."""
+def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        if request["kind"] == "compose":
+            answer = _compose(entry, request)
+        else:
+            answer = validate.validate_one(request["mapping"])
+    except EntryArgvRefused as exc:
+        answer = {"ok": False, "error": f"refused: {exc}"}
+    except Exception as exc:  # one bad question must not end the audit's other answers
+        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"id": request["id"], **answer}
+
+
+_ENTRY: Any = None  # the imported entry point, set before the workers fork
+
+
+def _answer_in_worker(request: Mapping[str, Any]) -> dict[str, Any]:
+    return _answer(_ENTRY, request)
+
+
+def serve(workers: int = 1) -> None:
+    """Answer one JSON question per stdin line on the original stdout, until stdin closes.
+
+    With ``workers`` > 1 the questions are answered by that many processes forked after verl is
+    imported: they share the import (copy-on-write) and compose on every core the audit leaves
+    free, so a second core costs no second ~5 s import. Answers go out as they finish; the
+    parent matches them by id.
+    """
+    global _ENTRY
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything upstream prints outside a request goes to stderr, not the protocol
     validate.install_stand_ins()
-    entry = __import__(ENTRY_MODULE, fromlist=["main"])
-    for line in sys.stdin:
-        request = json.loads(line)
+    _ENTRY = __import__(ENTRY_MODULE, fromlist=["main"])
+    if workers <= 1:
+        for line in sys.stdin:
+            answers.write(json.dumps(_answer(_ENTRY, json.loads(line))) + "\n")
+            answers.flush()
+        return
+    lock = threading.Lock()
+
+    def send(request_id: str, future: Future[dict[str, Any]]) -> None:
         try:
-            if request["kind"] == "compose":
-                answer = _compose(entry, request)
-            else:
-                answer = validate.validate_one(request["mapping"])
-        except EntryArgvRefused as exc:
-            answer = {"ok": False, "error": f"refused: {exc}"}
-        except Exception as exc:  # one bad question must not end the audit's other answers
-            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        answers.write(json.dumps({"id": request["id"], **answer}) + "\n")
-        answers.flush()
+            answer = future.result()
+        except Exception as exc:  # a worker died (killed, out of memory): say so for this one
+            answer = {"id": request_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        with lock:
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for line in sys.stdin:
+            request = json.loads(line)
+            future = pool.submit(_answer_in_worker, request)
+            future.add_done_callback(functools.partial(send, request["id"]))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog=PROCESS_MODULE)
+    parser.add_argument("--workers", type=int, default=1)
+    serve(parser.parse_args(argv).workers)
 
 
 if __name__ == "__main__":
-    serve()
+    main(sys.argv[1:])

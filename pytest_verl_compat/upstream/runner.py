@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,9 @@ class UpstreamProcess:
             stderr=subprocess.PIPE,
             text=True,
             encoding="utf-8",
+            # Its own process group, so that stop() also ends what it forked (the oracle's
+            # workers would otherwise outlive it, each holding the others' pipes open).
+            start_new_session=True,
         )
 
     def finish(self, timeout: float = 10) -> None:
@@ -126,7 +130,7 @@ class UpstreamProcess:
         """End the process now: for a caller that has every answer it asked for (an interpreter
         that imported verl, ray and torch takes a second or two to tear down, for nothing)."""
         with contextlib.suppress(OSError):
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
     def close(self) -> None:
