@@ -439,9 +439,9 @@ def test_crlf_is_refused_because_bash_keeps_the_carriage_return(tmp_path: Path) 
 
 def test_error_stays_on_one_line_whatever_the_file_name(tmp_path: Path, canary: Canary) -> None:
     name = "run\n.sh"
-    (tmp_path / name).write_text(f"X=$({canary.payload})\n{LAUNCH}\n")
+    (tmp_path / name).write_text(f"X=$({canary.payload})\n{LAUNCH} x=$X\n")
     cli = run_cli(tmp_path, name, {})
     assert cli.returncode == 2
     assert cli.stderr.count("\n") == 1, cli.stderr
-    assert cli.stderr.startswith("verl-compat read: run\\n.sh:1: command substitution: ")
+    assert cli.stderr.startswith("verl-compat read: run\\n.sh:2: run-time value: ")
     assert not canary.fired()

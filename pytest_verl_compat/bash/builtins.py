@@ -289,6 +289,7 @@ class _Builtins(_Conditions):
                 continue
             self.sh.vars.pop(name, None)
             self.sh.exported.discard(name)
+            self.sh.dropped.add(name)
         return 0
 
     # ---------------------------------------------------------------- declarations
@@ -407,6 +408,8 @@ class _Builtins(_Conditions):
                 index = self.arith(elem["Index"])
                 elements.append((index, self.string(elem.get("Value"), tilde="assign")))
             elif elem.get("Value") is not None:
-                fields = self.fields([elem["Value"]], assignment_words=False)
+                fields = self.fields(
+                    [elem["Value"]], assignment_words=False, use="elements the array gets"
+                )
                 elements.extend((None, f) for f in fields)
         return elements
