@@ -197,6 +197,27 @@ CASES: dict[str, Case] = {
         "LAUNCH {1..3..-9223372036854775808} 'PAYLOAD'\n",
         Reads(("{1..3..-9223372036854775808}", "PAYLOAD")),
     ),
+    # ----------------------------------------------------------- run-time values, never run
+    "runtime-subst-moved-around": _case(
+        'X=$(PAYLOAD)\nexport Y="$X/y"\necho "$X" > /dev/null\nLAUNCH a=1\n', Reads(("a=1",))
+    ),
+    "runtime-subst-to-launcher": _case(
+        'X=$(PAYLOAD)\nLAUNCH a="$X"\n', Refused(2, "run-time value")
+    ),
+    "runtime-subst-command-name": _case(
+        "$(PAYLOAD) -m verl.trainer.main_ppo a=1\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "runtime-subst-word-run": _case('E=$(PAYLOAD)\n$E "x"\nLAUNCH\n', Refused(2, "run-time value")),
+    "runtime-subst-nohup": _case("nohup $(PAYLOAD) &\nLAUNCH\n", Refused(1, "run-time value")),
+    "runtime-subst-python-module": _case(
+        "python3 -m $(PAYLOAD) a=1\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "runtime-subst-case": _case(
+        "case $(PAYLOAD) in *) :;; esac\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "runtime-pwd-prefix": _case(
+        "cd \"$PWD\"\nLAUNCH a=1 b='PAYLOAD'\n", Reads(("a=1", "b=PAYLOAD"))
+    ),
     # ----------------------------------------------------------- glob backtracking
     "glob-backtracking-test": _case(
         "X=A9000\n[[ $X == *a*a*a*a*a*a*a*a*[b] ]] || Y=no\nLAUNCH a=$Y 'PAYLOAD'\n",
