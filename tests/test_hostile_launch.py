@@ -218,6 +218,9 @@ CASES: dict[str, Case] = {
     "runtime-pwd-prefix": _case(
         "cd \"$PWD\"\nLAUNCH a=1 b='PAYLOAD'\n", Reads(("a=1", "b=PAYLOAD"))
     ),
+    "runtime-values-many": _case(
+        "for i in {1..1000}; do echo ${PWD}{1..200}; done\nLAUNCH 'PAYLOAD'\n", Refused(1, "limit")
+    ),
     # ----------------------------------------------------------- glob backtracking
     "glob-backtracking-test": _case(
         "X=A9000\n[[ $X == *a*a*a*a*a*a*a*a*[b] ]] || Y=no\nLAUNCH a=$Y 'PAYLOAD'\n",

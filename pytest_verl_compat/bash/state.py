@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pytest_verl_compat.bash.errors import (
     _MAX_FIELDS,
+    _MAX_RUNTIME_VALUES,
     _MAX_VALUE,
     _MAX_WORK,
     LaunchReadError,
@@ -239,6 +240,8 @@ class _State:
         self, line: int, what: str, binding: str, nonempty: bool, cause: int | None = None
     ) -> str:
         """A new run-time value: text that may be copied around but never decided on."""
+        if len(self.lazies) >= _MAX_RUNTIME_VALUES:
+            raise _Budget(f"the script expands more than {_MAX_RUNTIME_VALUES} run-time values")
         self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
         return f"\0{len(self.lazies) - 1}\0"
 
