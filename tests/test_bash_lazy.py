@@ -85,6 +85,15 @@ def test_a_binding_still_overrides() -> None:
     )
 
 
+def test_a_bound_value_decides_conditions_again() -> None:
+    script = 'if [ "$PWD" = /root ]; then LAUNCH a=root; else LAUNCH a=other; fi\n'
+    assert read(script, {"PWD": "/root"}) == ("a=root",)
+    assert read(script, {"PWD": "/w"}) == ("a=other",)
+    case = 'X=$(uname)\ncase "$X" in Linux) LAUNCH a=linux;; *) LAUNCH a=other;; esac\n'
+    assert read(case, substitutions={"uname": "Linux\n"}) == ("a=linux",)
+    assert dict(read_launch_text(f"{LAUNCH}\n", Bindings()).runtime) == {}
+
+
 def test_concatenated_then_passed_is_refused() -> None:
     err = refused('A="x-${PWD}-y"\nB=pre$A\nLAUNCH dir=$B\n')
     assert (err.line, "$PWD (line 1)" in str(err)) == (3, True)
