@@ -124,6 +124,7 @@ def test_a_derived_value_names_its_origin() -> None:
         ("exit $(cat status)\nLAUNCH\n", 1),
         ("nohup $(cat cmd) &\nLAUNCH\n", 1),
         ("python3 -m $(cat module)\nLAUNCH\n", 1),
+        ("/usr/bin/python3 $(cat flag) verl.trainer.main_ppo\nLAUNCH\n", 1),
         ('"$(which python3)" -m verl.trainer.main_ppo\nLAUNCH\n', 1),
         ("echo x > $PWD/log\nLAUNCH\n", 1),
         ("LAUNCH a=$$\n", 1),
@@ -152,6 +153,8 @@ def test_a_run_time_value_that_decides_something_is_refused(script: str, line: i
         'n=0\nfor d in "$PWD/a" "$(pwd)/b"; do n=$((n + 1)); done\nLAUNCH n=$n\n',
         'A=("$PWD" "$(date)")\nLAUNCH count=${#A[@]}\n',
         "cd $PWD\nmkdir -p $(pwd)/logs\necho $PWD >> log.txt\nLAUNCH a=1\n",
+        # Python with known first arguments is not the launcher, whatever follows.
+        'python3 -c "" --local_dir "$PWD/data" $(pwd)\nLAUNCH a=1\n',
         "export X=$PWD Y=1\nX=$X/y LAUNCH a=1\n",
         "LEN=${#PWD}\nSUB=${PWD:1:3}\nR=${PWD/a/b}\nLAUNCH a=1\n",
         # Once unset, $PWD is an ordinary unset variable.

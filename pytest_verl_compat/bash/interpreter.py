@@ -25,14 +25,13 @@ from pytest_verl_compat.bash.words import _Fields
 from pytest_verl_compat.model import Bindings
 
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
-# they do), Python (it might be the launcher) and those that run their arguments as a command.
+# they do) and those that run their arguments as a command (one could be the launcher).
 _CHECKED_PROGRAMS = (
     frozenset(
         "set shift exit unset break continue exec hash eval source . trap alias "
         "unalias enable read mapfile readarray getopts shopt return coproc fc local declare typeset "
         "export readonly let".split()
     )
-    | _LAUNCHER_PYTHONS
     | _RUNNERS
     | _SHELLS
 )
@@ -359,8 +358,10 @@ class _Interpreter(_Builtins):
         """Refuse run-time values that decide which program runs, or what a builtin does.
 
         Other programs are skipped, so their arguments may hold run-time values (``mkdir -p
-        "$PWD/logs"``); but one that runs its arguments as a command (``nohup``, ``env``), or
-        Python itself, could turn out to run the launcher.
+        "$PWD/logs"``); but one that runs its arguments as a command (``nohup``, ``env``) could
+        turn out to run the launcher, and so could Python if its first two arguments were not
+        known (``python3 prepare.py --dir "$PWD"`` is fine: a run-time value always leaves a
+        field, so a known ``argv[1:3]`` is bash's).
         """
         program = argv[0].rsplit("/", 1)[-1]
         self.need(program, line, "decides which command runs")
@@ -368,6 +369,11 @@ class _Interpreter(_Builtins):
         if argv[0] in ("builtin", "command") or program in _CHECKED_PROGRAMS:
             for word in [*argv[1:], uncertain or ""]:
                 self.need(word, line, purpose)
+        elif program in _LAUNCHER_PYTHONS:
+            for word in argv[1:3]:
+                self.need(
+                    word, line, f"is an argument of `{program}` that could make it the launcher,"
+                )
         elif program in ("test", "["):
             # `test` decides what it can (a value certainly non-empty), but not a word count.
             self.need(uncertain or "", line, purpose)
