@@ -94,6 +94,14 @@ def test_a_bound_value_decides_conditions_again() -> None:
     assert dict(read_launch_text(f"{LAUNCH}\n", Bindings()).runtime) == {}
 
 
+def test_cd_makes_pwd_a_run_time_value_even_when_bound() -> None:
+    assert read("cd sub\nLAUNCH a=1\n", {"PWD": "/w"}) == ("a=1",)
+    assert read("(cd sub)\nLAUNCH dir=$PWD\n", {"PWD": "/w"}) == ("dir=/w",)
+    err = refused("X=1\ncd sub\nLAUNCH dir=$PWD old=$OLDPWD\n", {"PWD": "/w"})
+    assert "$PWD after `cd` (line 2) reaches the launcher's argv on line 3" in str(err)
+    assert read("cd sub\nLAUNCH old=$OLDPWD\n", {"PWD": "/w"}) == ("old=/w",)
+
+
 def test_concatenated_then_passed_is_refused() -> None:
     err = refused('A="x-${PWD}-y"\nB=pre$A\nLAUNCH dir=$B\n')
     assert (err.line, "$PWD (line 1)" in str(err)) == (3, True)
