@@ -197,6 +197,30 @@ CASES: dict[str, Case] = {
         "LAUNCH {1..3..-9223372036854775808} 'PAYLOAD'\n",
         Reads(("{1..3..-9223372036854775808}", "PAYLOAD")),
     ),
+    # ----------------------------------------------------------- run-time values, never run
+    "runtime-subst-moved-around": _case(
+        'X=$(PAYLOAD)\nexport Y="$X/y"\necho "$X" > /dev/null\nLAUNCH a=1\n', Reads(("a=1",))
+    ),
+    "runtime-subst-to-launcher": _case(
+        'X=$(PAYLOAD)\nLAUNCH a="$X"\n', Refused(2, "run-time value")
+    ),
+    "runtime-subst-command-name": _case(
+        "$(PAYLOAD) -m verl.trainer.main_ppo a=1\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "runtime-subst-word-run": _case('E=$(PAYLOAD)\n$E "x"\nLAUNCH\n', Refused(2, "run-time value")),
+    "runtime-subst-nohup": _case("nohup $(PAYLOAD) &\nLAUNCH\n", Refused(1, "run-time value")),
+    "runtime-subst-python-module": _case(
+        "python3 -m $(PAYLOAD) a=1\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "runtime-subst-case": _case(
+        "case $(PAYLOAD) in *) :;; esac\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "runtime-pwd-prefix": _case(
+        "cd \"$PWD\"\nLAUNCH a=1 b='PAYLOAD'\n", Reads(("a=1", "b=PAYLOAD"))
+    ),
+    "runtime-values-many": _case(
+        "for i in {1..1000}; do echo ${PWD}{1..200}; done\nLAUNCH 'PAYLOAD'\n", Refused(1, "limit")
+    ),
     # ----------------------------------------------------------- glob backtracking
     "glob-backtracking-test": _case(
         "X=A9000\n[[ $X == *a*a*a*a*a*a*a*a*[b] ]] || Y=no\nLAUNCH a=$Y 'PAYLOAD'\n",
@@ -439,9 +463,9 @@ def test_crlf_is_refused_because_bash_keeps_the_carriage_return(tmp_path: Path) 
 
 def test_error_stays_on_one_line_whatever_the_file_name(tmp_path: Path, canary: Canary) -> None:
     name = "run\n.sh"
-    (tmp_path / name).write_text(f"X=$({canary.payload})\n{LAUNCH}\n")
+    (tmp_path / name).write_text(f"X=$({canary.payload})\n{LAUNCH} x=$X\n")
     cli = run_cli(tmp_path, name, {})
     assert cli.returncode == 2
     assert cli.stderr.count("\n") == 1, cli.stderr
-    assert cli.stderr.startswith("verl-compat read: run\\n.sh:1: command substitution: ")
+    assert cli.stderr.startswith("verl-compat read: run\\n.sh:2: run-time value: ")
     assert not canary.fired()

@@ -179,8 +179,9 @@ def test_unbound_probe_is_reported_not_run() -> None:
     with pytest.raises(LaunchReadError) as caught:
         read_launch(UPSTREAM / GRPO, Bindings(variables=HOME))
     err = caught.value
-    assert err.construct == "command substitution"
-    assert NPU_PROBE in err.detail and "--subst" in err.detail
+    # The probe's output is a run-time value: assigned on line 19, refused where `case` needs it.
+    assert (err.construct, err.line) == ("run-time value", 53)
+    assert NPU_PROBE in err.detail and "--subst" in err.detail and "(line 19)" in err.detail
     # With DEVICE bound, bash never evaluates the probe, so it needs no binding.
     read = read_launch(
         UPSTREAM / GRPO, Bindings(variables={**HOME, "DEVICE": "gpu"}, substitutions={DATE: "x"})
@@ -191,9 +192,6 @@ def test_unbound_probe_is_reported_not_run() -> None:
 # --------------------------------------------------------------------------- hostile scripts
 
 HOSTILE = {
-    "dollar-subst": ("X=$(touch SOMEFILE)\n", 1, "command substitution"),
-    "backticks": ("echo start\nX=`touch SOMEFILE`\n", 2, "command substitution"),
-    "passwd": ("\nUSERS=$(cat /etc/passwd)\n", 2, "command substitution"),
     "eval": ('eval "touch SOMEFILE"\n', 1, "eval"),
     "source": ("source ./x.sh\n", 1, "source"),
     "dot": (". ./x.sh\n", 1, "source"),
@@ -232,6 +230,31 @@ def test_hostile_script_is_rejected_without_side_effects(
     assert not (tmp_path / "SOMEFILE").exists()
 
 
+UNBOUND_SUBSTITUTIONS = {
+    "dollar-subst": ("X=$(touch SOMEFILE)\n", 1),
+    "backticks": ("echo start\nX=`touch SOMEFILE`\n", 2),
+    "passwd": ("\nX=$(cat /etc/passwd)\n", 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNBOUND_SUBSTITUTIONS))
+def test_unbound_substitution_is_a_run_time_value_never_run(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unused, it reads (bash doesn't care); passed to the launcher, it is refused there."""
+    body, line = UNBOUND_SUBSTITUTIONS[name]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.sh").write_text(f"{body}{LAUNCH} a=1\n")
+    assert read_launch("run.sh", DEFAULT).argv == ("a=1",)
+    (tmp_path / "run.sh").write_text(f"{body}{LAUNCH} a=$X\n")
+    with pytest.raises(LaunchReadError) as caught:
+        read_launch("run.sh", DEFAULT)
+    launcher = body.count("\n") + 1
+    assert (caught.value.line, caught.value.construct) == (launcher, "run-time value")
+    assert f"(line {line}) reaches the launcher's argv on line {launcher}" in str(caught.value)
+    assert os.listdir(tmp_path) == ["run.sh"]
+
+
 def test_bound_substitution_is_never_executed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,10 +267,13 @@ def test_bound_substitution_is_never_executed(
 
 def test_unbound_substitution_message_names_file_line_and_text() -> None:
     script = "A=1\n\nSTAMP=$(date)\n"
+    assert read_launch_text(script + f"{LAUNCH}\n", Bindings(), path="run.sh").argv == ()
     with pytest.raises(LaunchReadError) as caught:
-        read_launch_text(script + f"{LAUNCH}\n", Bindings(), path="run.sh")
+        read_launch_text(script + f"{LAUNCH} x=$STAMP\n", Bindings(), path="run.sh")
     assert str(caught.value) == (
-        "run.sh:3: command substitution: $(date) has no binding; pass --subst 'date' OUTPUT"
+        "run.sh:4: run-time value: $(date) (line 3) reaches the launcher's argv on line 4, but "
+        "is only known when the script runs; bind it: --subst 'date' OUTPUT "
+        "(environment.substitutions in the manifest)"
     )
     with pytest.raises(LaunchReadError) as caught:
         read_launch_text(f"{LAUNCH} `hostname -f`\n", Bindings(), path="run.sh")
@@ -738,11 +764,13 @@ def test_exit_before_launcher(script: str, status: int, tmp_path: Path) -> None:
         ('X=1\nLAUNCH "unterminated\n', "syntax error", 2),
         ("for ((i=0; i<3; i++)); do :; done\n", "for ((...)) loop", 1),
         ("until false; do :; done\n", "until loop", 1),
-        ("LAUNCH $PWD\n", "bash variable", 1),
+        ("LAUNCH $PWD\n", "run-time value", 1),
+        ("LAUNCH ${BASH_ARGV[0]}\n", "bash variable", 1),
         ("if [ -f /etc/passwd ]; then :; fi\n", "test -f", 1),
         ("[[ x =~ y ]]\n", "[[ =~ ]]", 1),
         ("LAUNCH ${!X}\n", "parameter expansion", 1),
-        ("LAUNCH $$\n", "special parameter", 1),
+        ("LAUNCH $$\n", "run-time value", 1),
+        ("LAUNCH $!\n", "special parameter", 1),
         ("IFS=,\n", "assignment", 1),
         ("readonly R=1\nR=2\n", "assignment", 2),
         ("shopt -s nullglob\n", "shopt", 1),

@@ -162,7 +162,7 @@ def test_cli_read_reports_launch_errors(tmp_path: Path) -> None:
     script.write_text("X=$(touch SOMEFILE)\npython3 -m verl.trainer.main_ppo a=$X\n")
     result = cli("read", str(script))
     assert result.returncode == 2
-    assert f"{script}:1: command substitution" in result.stderr
+    assert f"{script}:2: run-time value: $(touch SOMEFILE) (line 1)" in result.stderr
     assert not (Path.cwd() / "SOMEFILE").exists() and not (tmp_path / "SOMEFILE").exists()
 
 

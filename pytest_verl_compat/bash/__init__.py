@@ -6,6 +6,19 @@ names is ever executed: command substitutions are answered only from
 ``Bindings.substitutions`` and every construct whose effect cannot be known statically
 raises :class:`LaunchReadError` naming the file, the line and the construct.
 
+Run-time values: what only the running script knows (an unbound command substitution, a
+variable bash sets such as ``$PWD``, ``~`` with HOME unset, ``$$``) is carried as a marker
+inside the text (NUL, its number, NUL: no bash value can hold a NUL, so it cannot be forged)
+that records where it came from.  It may be assigned, copied, concatenated, exported, given to
+skipped commands (``mkdir -p "$PWD/logs"``) or transformed (``${PWD##*/}`` is a run-time value
+of its own).  Only where its text decides something is it refused, with the line it came from,
+the line that needs it and the binding that fixes it: the launcher's argv, a condition (an
+emptiness test passes when the value is certainly non-empty), a ``case`` subject or pattern,
+arithmetic, the word count of an unquoted expansion (loops, arrays, builtins, redirections),
+the name of the command run, or the arguments of Python, of a modelled builtin or of a program
+that runs its arguments as a command.  Exported run-time values are listed in
+``LaunchRead.runtime`` instead of ``exported``.
+
 Deliberate differences from bash, each documented where it is implemented:
 
 * Pathname expansion is never performed.  An unquoted word that still holds ``*``, ``?`` or
@@ -18,8 +31,9 @@ Deliberate differences from bash, each documented where it is implemented:
 * Input is bounded before shfmt sees it: a regular file of at most 1 MiB, brackets nested at
   most 200 deep, shfmt itself capped in memory and time.  NUL bytes, carriage returns (which
   bash keeps in words) and invalid UTF-8 are refused with the line they are on.
-* Variables bash sets by itself (``PWD``, ``PATH``, ``RANDOM``, ...) are unknown unless bound in
-  ``Bindings.variables``; referencing one is an error instead of a guess.
+* Variables bash sets by itself (``PWD``, ``PATH``, ``RANDOM``, ...) are run-time values unless
+  bound in ``Bindings.variables`` (``IFS`` and the arrays, such as ``BASH_ARGV``, are errors).
+  Other unset variables are unset, as under ``env -i``: the bindings are the whole environment.
 * Text whose meaning depends on the locale (non-ASCII in ``${#X}``, slices, patterns, case
   changes or ``$'\\u...'``) is rejected: the audit's oracle runs bash in the C locale.
 

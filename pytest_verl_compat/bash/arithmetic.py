@@ -201,12 +201,14 @@ class _Arithmetic(_State):
         for part in parts:
             self.part(part, fb, quoted=True, pword=False)
         text = fb.joined()
+        self.need(text, line, "is used in arithmetic")
         if not text.strip(" \t\n"):
             self.fail(line, "arithmetic", "an expansion in $((...)) is empty")
         return self.arith_text(text, line, bare=False)
 
     def arith_text(self, text: str, line: int, bare: bool = True, depth: int = 0) -> int:
         """Evaluate text that must be a constant or a variable name (no nested expressions)."""
+        self.need(text, line, "is used in arithmetic")
         body = text.strip(" \t\n")
         if not body:
             return 0

@@ -126,6 +126,10 @@ class _Builtins(_Conditions):
                     self.fail(line, name, f"invalid loop count {words[1]!r}")
                 levels = parsed
             raise _LoopControl(name, min(levels, self.loop_depth))
+        if name in ("cd", "pushd", "popd"):
+            # The folder it enters is only known at run time (and a bound PWD is stale now).
+            self.change_directory(name, line)
+            return 0
         if name == "exec":
             if len(words) > 1:
                 self.fail(line, f"{prefix}exec", "replaces the shell with another program")
@@ -157,6 +161,18 @@ class _Builtins(_Conditions):
                         "runs a child shell whose code this reader cannot see",
                     )
         return 0
+
+    def change_directory(self, name: str, line: int) -> None:
+        """``cd``/``pushd``/``popd``: PWD becomes a run-time value, OLDPWD the former PWD."""
+        old = self.lookup("PWD", None, line)
+        if old is not None:
+            self.sh.vars["OLDPWD"] = old
+        self.sh.vars["PWD"] = self.lazy(
+            line,
+            f"$PWD after `{name}`",
+            "the folder it enters is only known at run time; name it in the script instead",
+            nonempty=True,
+        )
 
     def unwrap(self, argv: list[str], line: int) -> tuple[list[str], list[str]] | int:
         """The command that ``builtin``/``command`` prefixes run, with the prefixes; or the
@@ -289,6 +305,7 @@ class _Builtins(_Conditions):
                 continue
             self.sh.vars.pop(name, None)
             self.sh.exported.discard(name)
+            self.sh.dropped.add(name)
         return 0
 
     # ---------------------------------------------------------------- declarations
@@ -407,6 +424,8 @@ class _Builtins(_Conditions):
                 index = self.arith(elem["Index"])
                 elements.append((index, self.string(elem.get("Value"), tilde="assign")))
             elif elem.get("Value") is not None:
-                fields = self.fields([elem["Value"]], assignment_words=False)
+                fields = self.fields(
+                    [elem["Value"]], assignment_words=False, use="elements the array gets"
+                )
                 elements.extend((None, f) for f in fields)
         return elements

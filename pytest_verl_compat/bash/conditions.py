@@ -12,6 +12,7 @@ from pytest_verl_compat.bash.words import _is_name
 _TEST_FILE_OPS = frozenset("-a -b -c -d -e -f -g -h -k -p -r -s -t -u -w -x -G -L -N -O -S".split())
 _TEST_BINARY = frozenset("= == != < > -eq -ne -lt -le -gt -ge -nt -ot -ef".split())
 _INT_OPS = frozenset("-eq -ne -lt -le -gt -ge".split())
+_DECIDES = "decides a condition"
 
 
 class _Conditions(_Expansion):
@@ -22,7 +23,7 @@ class _Conditions(_Expansion):
         kind = node.get("Type")
         line = _line(node)
         if kind == "Word":
-            return self.string(node, tilde="start") != ""
+            return self.decide_nonempty(self.string(node, tilde="start"), line, _DECIDES)
         if kind == "ParenTest":
             return self.cond(node["X"])
         if kind == "UnaryTest":
@@ -38,12 +39,14 @@ class _Conditions(_Expansion):
             if op == "||":
                 return self.cond(node["X"]) or self.cond(node["Y"])
             left = self.string(node["X"], tilde="start")
+            self.need(left, line, _DECIDES)
             if op in ("==", "=", "!="):
-                matched = self.compile_pattern(node["Y"], line).fullmatch(left)
+                matched = self.compiled_pattern(node["Y"], line, _DECIDES).fullmatch(left)
                 return matched if op != "!=" else not matched
             if op == "=~":
                 self.fail(line, "[[ =~ ]]", "regular-expression matching is not supported")
             right = self.string(node["Y"], tilde="start")
+            self.need(right, line, _DECIDES)
             if op == "<":
                 return left < right
             if op == ">":
@@ -57,9 +60,10 @@ class _Conditions(_Expansion):
     def unary_test(self, op: str, operand: str, line: int) -> bool:
         """Unary operators shared by ``[[ ]]`` and ``[``."""
         if op == "-z":
-            return operand == ""
+            return not self.decide_nonempty(operand, line, _DECIDES)
         if op == "-n":
-            return operand != ""
+            return self.decide_nonempty(operand, line, _DECIDES)
+        self.need(operand, line, _DECIDES)
         if op == "-v":
             name, bracket, rest = operand.partition("[")
             if not _is_name(name):
@@ -79,9 +83,20 @@ class _Conditions(_Expansion):
         """``[ ... ]`` and ``test``: real statuses, 2 for syntax errors."""
         args = argv[1:]
         if argv[0] == "[":
+            if args:
+                self.need(args[-1], line, _DECIDES)
             if not args or args[-1] != "]":
                 return 2
             args = args[:-1]
+        if any(self.lazy_ids(arg) for arg in args):
+            # Only an emptiness test of a run-time value can be decided, and only when it is
+            # certainly non-empty (``[ -n "$PWD/x" ]``); anything else reads its text.
+            if len(args) == 1:
+                return 0 if self.decide_nonempty(args[0], line, _DECIDES) else 1
+            if len(args) == 2 and args[0] in ("-n", "-z") and not self.lazy_ids(args[0]):
+                return 0 if self.unary_test(args[0], args[1], line) else 1
+            for arg in args:
+                self.need(arg, line, _DECIDES)
         try:
             return 0 if self.test_expr(args, line) else 1
         except _TestSyntax:

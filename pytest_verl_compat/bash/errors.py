@@ -17,6 +17,9 @@ _MAX_PATTERN_STEPS = 2_000_000
 # Characters produced by all expansions together: each step is bounded, but 200k steps that
 # each copy a 1 MB value would take minutes.
 _MAX_WORK = 100_000_000
+# Run-time values created (each expansion of $PWD or an unbound `$(...)` makes one); a real
+# script makes a few dozen, a loop of brace expansions could make millions.
+_MAX_RUNTIME_VALUES = 100_000
 _SHFMT_TIMEOUT = 60
 # Input bounds, checked before shfmt sees a byte. shfmt's tree takes about a kilobyte of memory
 # per byte of script (far more for many tiny statements), and its parser recurses once per

@@ -44,8 +44,23 @@ class _Expansion(_Patterns):
                 items.append(part)
         return items
 
-    def fields(self, words: list[Node], *, assignment_words: bool = True) -> list[str]:
-        """Expand words as command arguments: braces, tilde, parameters, splitting."""
+    def fields(
+        self, words: list[Node], *, assignment_words: bool = True, use: str = "are words here"
+    ) -> list[str]:
+        """Expand words as command arguments; a run-time value split into words is refused."""
+        result, uncertain = self.fields_split(words, assignment_words=assignment_words)
+        if uncertain is not None:
+            self.need(uncertain, self.line, f"is split into words unquoted (how many {use})")
+        return result
+
+    def fields_split(
+        self, words: list[Node], *, assignment_words: bool = True
+    ) -> tuple[list[str], str | None]:
+        """Expand words as command arguments: braces, tilde, parameters, splitting.
+
+        Also returns the first split text holding a run-time value (None if there is none):
+        with it, how many fields there are is only known at run time.
+        """
         # bash gives NAME=... arguments assignment-style tilde expansion, but not the elements
         # of A=( ... ) (``assignment_words=False``).
         fb = _Fields(split=True)
@@ -69,7 +84,7 @@ class _Expansion(_Patterns):
             self.fail(self.line, "limit", str(exc))
         result = fb.finish()
         self.charge(sum(map(len, result)) + len(result))
-        return result
+        return result, fb.uncertain
 
     def string(self, word: Node | None, tilde: str | None) -> str:
         """Expand a word to one string: no brace expansion, no splitting."""
@@ -181,7 +196,8 @@ class _Expansion(_Patterns):
         if user == "":
             home = self.sh.vars.get("HOME")
             if not isinstance(home, str):
-                self.fail(line, "tilde expansion", "~ with HOME unset needs the password database")
+                # bash asks the password database: the home of whoever runs the script.
+                return self.lazy(line, "~", "bind HOME: --env HOME=DIR", nonempty=True)
             return home
         if user in ("+", "-"):
             return self.lookup("PWD" if user == "+" else "OLDPWD", None, line)
@@ -258,10 +274,12 @@ class _Expansion(_Patterns):
         text = _subst_text(self.data, part)
         shown = f"`{text}`" if part.get("Backquotes") else f"$({text})"
         if text not in self.substitutions:
-            self.fail(
+            # Its output is only known at run time; never run, it stays a run-time value.
+            return self.lazy(
                 _line(part),
-                "command substitution",
-                f"{shown} has no binding; pass --subst {_sq(text)} OUTPUT",
+                shown,
+                f"bind it: --subst {_sq(text)} OUTPUT (environment.substitutions in the manifest)",
+                nonempty=False,
             )
         # bash drops NUL bytes and strips every trailing newline from the output.
         return str(self.substitutions[text]).replace("\0", "").rstrip("\n")
@@ -353,6 +371,10 @@ class _Expansion(_Patterns):
                 if nounset:
                     self.unbound(line, _display_name(name, index_node))
                 value = ""
+            derived = self.derive(line, f"${{#{name}}}", value, nonempty=True)
+            if derived is not None:
+                emit(derived)
+                return
             if not value.isascii():
                 self.fail(
                     line,
@@ -376,7 +398,11 @@ class _Expansion(_Patterns):
                 if op not in (":-", "-", ":+", "+", ":?", "?"):
                     self.fail(line, "parameter expansion", f"operator {op!r} on the list {name}")
                 # A list is unset with no elements and null when its joined value is empty.
-                missing = " ".join(values) == "" if op.startswith(":") else not values
+                if op.startswith(":"):
+                    what = f"testing ${{{name}[@]:...}} for being empty decides the expansion"
+                    missing = not self.decide_nonempty(" ".join(values), line, what)
+                else:
+                    missing = not values
                 if op.endswith("?") and missing:
                     self.fail(line, "parameter check", f"{name}: parameter null or not set")
                 if (op.endswith("-") and missing) or (op.endswith("+") and not missing):
@@ -391,7 +417,12 @@ class _Expansion(_Patterns):
             op = exp.get("Op", "")
             word = exp.get("Word")
             if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
-                null = value is None or (op.startswith(":") and value == "")
+                null = value is None or (
+                    op.startswith(":")
+                    and not self.decide_nonempty(
+                        value, line, f"is tested for being empty by ${{{name}{op}...}}"
+                    )
+                )
                 if op.endswith("-"):
                     if null:
                         self.param_word(word, fb, quoted)
@@ -427,10 +458,14 @@ class _Expansion(_Patterns):
                     self.unbound(line, _display_name(name, index_node))
                 value = ""
             if op in ("#", "##", "%", "%%"):
-                emit(self.remove_affix(value, op, word, line))
+                emit(self.remove_affix(value, op, word, line, f"${{{name}{op}...}}"))
             elif op in ("^^", "^", ",,", ","):
                 if word is not None:
                     self.fail(line, "parameter expansion", f"${{X{op}pattern}} is not supported")
+                derived = self.derive(line, f"${{{name}{op}}}", value)
+                if derived is not None:
+                    emit(derived)
+                    return
                 if not value.isascii():
                     self.fail(
                         line,
@@ -447,8 +482,9 @@ class _Expansion(_Patterns):
             value = ""
         if pe.get("Slice") is not None:
             value = self.slice(value, pe["Slice"], line)
+            value = self.derive(line, f"${{{name}:...}}", value) or value
         elif pe.get("Repl") is not None:
-            value = self.replace(value, pe["Repl"], line)
+            value = self.replace(value, pe["Repl"], line, f"${{{name}/...}}")
         emit(value)
 
     def emit_list(self, values: list[str], fb: _Fields, quoted: bool, star: bool) -> None:
@@ -491,7 +527,9 @@ class _Expansion(_Patterns):
             # A position past 64 bits is past the end of any list.
             position = int(name) if len(name) <= 19 else 1 << 63
             return self.sh.positional[position - 1] if position <= len(self.sh.positional) else None
-        if name in ("$", "!", "-", "_"):
+        if name == "$":
+            return self.lazy(line, "$$", "the process id is never known in advance", True)
+        if name in ("!", "-", "_"):
             self.fail(line, "special parameter", f"${name} is only known at run time")
         if not _is_name(name):
             self.fail(line, "parameter expansion", f"unsupported parameter {name!r}")
@@ -514,6 +552,14 @@ class _Expansion(_Patterns):
 
     def slice(self, value: str, spec: Node, line: int) -> str:
         """``${X:offset}`` and ``${X:offset:length}``."""
+        if self.lazy_ids(value):
+            # The offsets are still evaluated (they may assign); the result is the run-time
+            # value's (derived by the caller).
+            if spec.get("Offset") is not None:
+                self.arith(spec["Offset"])
+            if spec.get("Length") is not None:
+                self.arith(spec["Length"])
+            return value
         if not value.isascii():
             self.fail(
                 line, "parameter expansion", "substring of non-ASCII text depends on the locale"

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from pytest_verl_compat.bash.builtins import _BASH_BUILTINS, _Builtins
+from pytest_verl_compat.bash.builtins import _BASH_BUILTINS, _RUNNERS, _SHELLS, _Builtins
 from pytest_verl_compat.bash.errors import (
     _MAX_STEPS,
     LaunchExited,
@@ -23,6 +23,18 @@ from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
 from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, _LAUNCHER_PYTHONS, LaunchRead
 from pytest_verl_compat.bash.words import _Fields
 from pytest_verl_compat.model import Bindings
+
+# Commands whose arguments this reader reads: the modelled builtins (their text decides what
+# they do) and those that run their arguments as a command (one could be the launcher).
+_CHECKED_PROGRAMS = (
+    frozenset(
+        "set shift exit unset break continue exec hash eval source . trap alias "
+        "unalias enable read mapfile readarray getopts shopt return coproc fc local declare typeset "
+        "export readonly let".split()
+    )
+    | _RUNNERS
+    | _SHELLS
+)
 
 
 def read_launch(
@@ -269,7 +281,7 @@ class _Interpreter(_Builtins):
             self.fail(line, "for ((...)) loop", "its iteration count cannot be known statically")
         name = loop["Name"]["Value"]
         if "InPos" in loop:
-            items = self.fields(loop.get("Items") or [])
+            items = self.fields(loop.get("Items") or [], use="iterations the loop makes")
         else:
             items = list(self.sh.positional)
         status = 0
@@ -295,7 +307,7 @@ class _Interpreter(_Builtins):
         """A simple command: assignments, the launcher, modelled builtins, or a skipped command."""
         line = _line(cmd)
         assigns = cmd.get("Assigns") or []
-        argv = self.fields(cmd.get("Args") or [])
+        argv, uncertain = self.fields_split(cmd.get("Args") or [])
         if not argv:
             # Assignment-only (or empty after expansion): the assignments persist.
             for assign in assigns:
@@ -314,6 +326,10 @@ class _Interpreter(_Builtins):
                 value = (current or "") + value
             temporary[name] = value
         if self.is_launcher(argv):
+            for word in [*argv, uncertain or ""]:
+                self.need(word, line, "reaches the launcher's argv")
+        self.check_command(argv, uncertain, line)
+        if self.is_launcher(argv):
             changed = line if "PATH" in temporary else self.sh.path_changed
             if changed is not None:
                 # bash looks `python3` up in the changed PATH: it could be any program.
@@ -327,7 +343,8 @@ class _Interpreter(_Builtins):
                 self.redirections(redirs, launcher=True)
             env = self.environment()
             env.update(temporary)
-            self.launch = LaunchRead(tuple(argv[3:]), line, dict(sorted(env.items())))
+            known, runtime = self.split_runtime(env)
+            self.launch = LaunchRead(tuple(argv[3:]), line, known, runtime)
             return 0
         if argv[0] in _BASH_BUILTINS:
             self.redirections(redirs, launcher=False)
@@ -336,6 +353,33 @@ class _Interpreter(_Builtins):
                 self.redirections(redirs, launcher=False)
         status = self.builtin(argv, line)
         return self.errexit(status, exempt, line)
+
+    def check_command(self, argv: list[str], uncertain: str | None, line: int) -> None:
+        """Refuse run-time values that decide which program runs, or what a builtin does.
+
+        Other programs are skipped, so their arguments may hold run-time values (``mkdir -p
+        "$PWD/logs"``); but one that runs its arguments as a command (``nohup``, ``env``) could
+        turn out to run the launcher, and so could Python if its first two arguments were not
+        known (``python3 prepare.py --dir "$PWD"`` is fine: a run-time value always leaves a
+        field, so a known ``argv[1:3]`` is bash's).
+        """
+        program = argv[0].rsplit("/", 1)[-1]
+        self.need(program, line, "decides which command runs")
+        purpose = f"is an argument of `{program}`, which acts on its text,"
+        if argv[0] in ("builtin", "command") or program in _CHECKED_PROGRAMS:
+            for word in [*argv[1:], uncertain or ""]:
+                self.need(word, line, purpose)
+        elif program in _LAUNCHER_PYTHONS:
+            for word in argv[1:3]:
+                self.need(
+                    word, line, f"is an argument of `{program}` that could make it the launcher,"
+                )
+        elif program in ("test", "["):
+            # `test` decides what it can (a value certainly non-empty), but not a word count.
+            self.need(uncertain or "", line, purpose)
+        elif program == "printf" and len(argv) > 1:
+            # Only `printf -v NAME` changes the shell; the format and arguments just print.
+            self.need(argv[1] if uncertain is None else uncertain, line, purpose)
 
     @staticmethod
     def is_launcher(argv: list[str]) -> bool:
@@ -355,6 +399,18 @@ class _Interpreter(_Builtins):
             if isinstance(value, str):
                 env[name] = value
         return env
+
+    def split_runtime(self, env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """The environment's known values, and where each run-time value comes from."""
+        known: dict[str, str] = {}
+        runtime: dict[str, str] = {}
+        for name, value in sorted(env.items()):
+            ids = self.lazy_ids(value)
+            if ids:
+                runtime[name] = self.describe(ids[0])
+            else:
+                known[name] = value
+        return known, runtime
 
     def redirections(self, redirs: list[Node], launcher: bool) -> None:
         """Expand redirection targets (for their side effects and errors); open nothing."""
@@ -379,7 +435,8 @@ class _Interpreter(_Builtins):
                     self.fail(line, "here-string", "feeds the launcher's standard input")
                 self.string(redir.get("Word"), tilde="start")
                 continue
-            targets = self.fields([redir["Word"]]) if redir.get("Word") else []
+            use = "files it names: bash refuses more than one"
+            targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
             if len(targets) != 1:
                 self.fail(line, "redirection", "ambiguous redirect")
 

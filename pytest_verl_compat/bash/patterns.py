@@ -230,12 +230,26 @@ class _Patterns(_Arithmetic):
 
     def match(self, word: Node, subject: str) -> bool:
         """Whether ``subject`` matches a case pattern."""
-        return self.compile_pattern(word, _line(word)).fullmatch(subject)
+        line = _line(word)
+        self.need(subject, line, "decides which `case` branch runs")
+        return self.compiled_pattern(word, line, "decides which `case` branch runs").fullmatch(
+            subject
+        )
 
-    def remove_affix(self, value: str, op: str, word: Node | None, line: int) -> str:
+    def compiled_pattern(self, word: Node | None, line: int, purpose: str) -> _Glob:
+        """``compile_pattern``, refusing a pattern that holds a run-time value."""
+        chars = self.pattern_chars(word)
+        self.need("".join(c for c, _ in chars), line, f"is a pattern that {purpose}")
+        return self.glob(chars, line)
+
+    def remove_affix(self, value: str, op: str, word: Node | None, line: int, what: str) -> str:
         """``${X#p} ${X##p} ${X%p} ${X%%p}``: shortest or longest prefix or suffix."""
+        chars = self.pattern_chars(word)
+        derived = self.derive(line, what, value, "".join(c for c, _ in chars))
+        if derived is not None:
+            return derived
         self.check_pattern_subject(value, line)
-        glob = self.compile_pattern(word, line)
+        glob = self.glob(chars, line)
         if op.startswith("#"):
             ends = glob.ends(value, 0)
             if not ends:
@@ -246,9 +260,12 @@ class _Patterns(_Arithmetic):
             return value
         return value[: len(value) - (lengths[0] if op == "%" else lengths[-1])]
 
-    def replace(self, value: str, repl: Node, line: int) -> str:
-        """``${X/p/r} ${X//p/r} ${X/#p/r} ${X/%p/r}`` (bash 5.2: unquoted ``&`` is the match)."""
-        self.check_pattern_subject(value, line)
+    def replace(self, value: str, repl: Node, line: int, what: str) -> str:
+        """``${X/p/r} ${X//p/r} ${X/#p/r} ${X/%p/r}`` (bash 5.2: unquoted ``&`` is the match).
+
+        A run-time value in the replacement is copied like text; one in the value or the
+        pattern makes the whole result a run-time value.
+        """
         orig = repl.get("Orig") or {}
         parts = list(orig.get("Parts") or [])
         anchor = ""
@@ -258,6 +275,10 @@ class _Patterns(_Arithmetic):
         pattern_word = {**orig, "Parts": parts}
         chars = self.pattern_chars(pattern_word)
         with_pieces = self.replacement_pieces(repl.get("With"), line)
+        derived = self.derive(line, what, value, "".join(c for c, _ in chars))
+        if derived is not None:
+            return derived
+        self.check_pattern_subject(value, line)
 
         def render(matched: str) -> str:
             return "".join(matched if piece is None else piece for piece in with_pieces)

@@ -6,12 +6,14 @@ mutable :class:`_Shell` and the variable table operations every layer needs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
 from pytest_verl_compat.bash.errors import (
     _MAX_FIELDS,
+    _MAX_RUNTIME_VALUES,
     _MAX_VALUE,
     _MAX_WORK,
     LaunchReadError,
@@ -76,6 +78,36 @@ _BASH_PROVIDED = frozenset(
 )
 
 
+# Variables of _BASH_PROVIDED that bash never leaves empty in a script (the rest may be empty or
+# unset, such as FUNCNAME outside a function), and those that stay errors: IFS changes how this
+# reader splits words, the arrays have an unknown number of elements.
+_NEVER_EMPTY = frozenset(
+    "BASH BASHOPTS BASHPID BASH_SUBSHELL BASH_VERSION EPOCHREALTIME EPOCHSECONDS EUID HOSTNAME "
+    "HOSTTYPE LINENO MACHTYPE OPTERR OPTIND OSTYPE PATH PPID PS4 PWD RANDOM SECONDS SHELLOPTS "
+    "SHLVL SRANDOM UID".split()
+)
+_NOT_LAZY = frozenset(
+    "IFS BASH_ALIASES BASH_ARGC BASH_ARGV BASH_CMDS BASH_LINENO BASH_VERSINFO DIRSTACK FUNCNAME "
+    "GROUPS PIPESTATUS".split()
+)
+
+# A run-time value inside a string: NUL, its number in _State.lazies, NUL. bash values never hold
+# a NUL byte (scripts holding one are refused, substitution outputs drop them, bindings are
+# checked), so the marker cannot be forged; it is copied, concatenated and exported like text.
+_LAZY = re.compile("\0([0-9]+)\0")
+
+
+@dataclass(frozen=True)
+class _Lazy:
+    """Where a run-time value comes from: what the script expanded, on which line, how to bind it."""
+
+    line: int
+    what: str
+    binding: str
+    nonempty: bool
+    cause: int | None = None
+
+
 _SET_FLAGS = {"e": "errexit", "u": "nounset", "a": "allexport", "B": "braceexpand"}
 # Options that change nothing this reader computes (tracing, job control, history, ...).
 _SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTEp")
@@ -117,6 +149,9 @@ class LaunchRead:
     argv: tuple[str, ...]
     line: int
     exported: Mapping[str, str]
+    # Exported variables whose value is only known at run time (never needed by the argv): the
+    # name and where the value comes from.
+    runtime: Mapping[str, str] = field(default_factory=dict)
 
 
 Value = str | dict[int, str]
@@ -134,6 +169,7 @@ class _Shell:
         options: set[str],
         status: int = 0,
         path_changed: int | None = None,
+        dropped: set[str] | None = None,
     ) -> None:
         self.vars = variables
         self.exported = exported
@@ -143,6 +179,8 @@ class _Shell:
         self.status = status
         # The line of the first change to PATH: after it, `python3` may name another program.
         self.path_changed = path_changed
+        # Variables bash provides that the script unset: from then on they are ordinary.
+        self.dropped = dropped or set()
 
     def fork(self) -> _Shell:
         """An independent copy, as a subshell gets."""
@@ -154,6 +192,7 @@ class _Shell:
             set(self.options),
             self.status,
             self.path_changed,
+            set(self.dropped),
         )
 
 
@@ -168,8 +207,13 @@ class _State:
     def __init__(self, path: str, data: bytes, bindings: Bindings) -> None:
         self.path = path
         self.data = data
+        self.lazies: list[_Lazy] = []
         self.substitutions = dict(bindings.substitutions)
         env = {str(k): str(v) for k, v in bindings.variables.items()}
+        for name, value in [*env.items(), *(("$@", str(a)) for a in bindings.args)]:
+            if "\0" in name or "\0" in value or "\0" in path:
+                # bash cannot hold one; it would also forge the run-time marker.
+                self.fail(None, "binding", f"{name.replace(chr(0), '')} holds a NUL byte")
         self.sh = _Shell(
             dict(env),
             set(env),
@@ -188,7 +232,93 @@ class _State:
 
     def fail(self, line: int | None, construct: str, detail: str) -> NoReturn:
         """Raise the reader's error for this script."""
-        raise LaunchReadError(self.path, line or None, construct, detail)
+        raise LaunchReadError(self.path, line or None, construct, self.shown(detail))
+
+    # ---------------------------------------------------------------- run-time values
+
+    def lazy(
+        self, line: int, what: str, binding: str, nonempty: bool, cause: int | None = None
+    ) -> str:
+        """A new run-time value: text that may be copied around but never decided on."""
+        if len(self.lazies) >= _MAX_RUNTIME_VALUES:
+            raise _Budget(f"the script expands more than {_MAX_RUNTIME_VALUES} run-time values")
+        self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
+        return f"\0{len(self.lazies) - 1}\0"
+
+    def lazy_ids(self, text: str) -> list[int]:
+        """The run-time values inside ``text``, in order."""
+        return [int(m) for m in _LAZY.findall(text)] if "\0" in text else []
+
+    def derive(self, line: int, what: str, *texts: str, nonempty: bool = False) -> str | None:
+        """A run-time value computed from others (None when ``texts`` hold none)."""
+        for text in texts:
+            ids = self.lazy_ids(text)
+            if ids:
+                origin = self.lazies[ids[0]]
+                return self.lazy(line, what, origin.binding, nonempty, ids[0])
+        return None
+
+    def describe(self, index: int) -> str:
+        """``$PWD (line 3)``, followed by what it was computed from."""
+        lazy = self.lazies[index]
+        text = f"{lazy.what} (line {lazy.line})"
+        seen = 0
+        while lazy.cause is not None and seen < 3:
+            lazy = self.lazies[lazy.cause]
+            text += f", from {lazy.what} (line {lazy.line})"
+            seen += 1
+        return text
+
+    def shown(self, text: str) -> str:
+        """``text`` with its run-time markers written as ``<what>``."""
+        if "\0" not in text:
+            return text
+        return _LAZY.sub(lambda m: f"<{self.lazies[int(m.group(1))].what}>", text)
+
+    def need(self, text: str, line: int | None, purpose: str) -> None:
+        """Refuse a run-time value where its content decides what the script does."""
+        ids = self.lazy_ids(text)
+        if ids:
+            self.need_failed(ids[0], line, purpose)
+
+    def need_failed(self, index: int, line: int | None, purpose: str) -> NoReturn:
+        """The one-line error for a run-time value needed at ``line``."""
+        raise LaunchReadError(
+            self.path,
+            line or None,
+            "run-time value",
+            f"{self.describe(index)} {purpose} on line {line}, but is only known when the "
+            f"script runs; {self.root_binding(index)}",
+        )
+
+    def root_binding(self, index: int) -> str:
+        """How to bind the value a run-time value comes from."""
+        return self.lazies[index].binding
+
+    def nonempty(self, text: str) -> bool | None:
+        """Whether ``text`` is non-empty, None when that is only known at run time."""
+        ids = self.lazy_ids(text)
+        if not ids:
+            return text != ""
+        if _LAZY.sub("", text) or any(self.lazies[i].nonempty for i in ids):
+            return True
+        return None
+
+    def decide_nonempty(self, text: str, line: int, purpose: str) -> bool:
+        """``nonempty``, refusing when it is undecidable."""
+        decided = self.nonempty(text)
+        if decided is None:
+            self.need(text, line, purpose)
+        return bool(decided)
+
+    def variable_lazy(self, name: str, line: int) -> str:
+        """The run-time value of a variable bash sets by itself."""
+        return self.lazy(
+            line,
+            f"${name}",
+            f"bind it: --env {name}=VALUE (environment.variables in the manifest)",
+            name in _NEVER_EMPTY,
+        )
 
     if TYPE_CHECKING:
         # Implemented by _Expansion; arithmetic and patterns expand words through them.
@@ -243,7 +373,11 @@ class _State:
 
     def lookup(self, name: str, index: int | None, line: int) -> str | None:
         """A variable's value (or one element), or None when unset."""
-        if name not in self.sh.vars and name in _BASH_PROVIDED:
+        provided = name in _BASH_PROVIDED and name not in self.sh.dropped
+        lazy = name not in _NOT_LAZY and index in (None, 0)
+        if name not in self.sh.vars and provided and lazy:
+            return self.variable_lazy(name, line)
+        if name not in self.sh.vars and provided:
             self.fail(
                 line,
                 "bash variable",
@@ -262,7 +396,7 @@ class _State:
 
     def elements(self, name: str, line: int) -> list[str] | None:
         """All elements of an array (a scalar is one element), or None when unset."""
-        if name not in self.sh.vars and name in _BASH_PROVIDED:
+        if name not in self.sh.vars and name in _BASH_PROVIDED and name not in self.sh.dropped:
             self.fail(line, "bash variable", f"${name} is set by bash at run time; bind it")
         value = self.sh.vars.get(name)
         if value is None:

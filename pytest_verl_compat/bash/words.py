@@ -136,6 +136,9 @@ class _Fields:
         self.buf: list[str] = []
         # Whether the field in progress exists even if empty (it holds quoted or literal text).
         self.content = False
+        # The first split text that holds a run-time value: how many fields it makes, and
+        # where they end, is only known at run time.
+        self.uncertain: str | None = None
 
     def text(self, value: str) -> None:
         """Append text that is never split (literal or quoted)."""
@@ -147,6 +150,8 @@ class _Fields:
         if not self.split:
             self.buf.append(value)
             return
+        if "\0" in value and self.uncertain is None:
+            self.uncertain = value
         start = 0
         for i, c in enumerate(value):
             if c in _IFS_WHITESPACE:
