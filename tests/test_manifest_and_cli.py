@@ -374,6 +374,25 @@ def test_init_prints_bind_me_only_when_something_is_left_to_bind(
     assert 'bind every "BIND_ME" in the manifest before auditing: git rev-parse HEAD' in left.stderr
 
 
+def test_init_asks_only_for_substitutions_the_argv_depends_on(
+    tmp_path: Path, upstream_checkout: Path
+) -> None:
+    from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, init_manifest
+
+    root = own_scripts(tmp_path / "my-runs", upstream_checkout)
+    (root / "run.sh").write_text(
+        "STAMP=$(date +%s)\nmkdir -p logs/$STAMP\nC=$(git rev-parse HEAD)\n"
+        "python3 -m verl.trainer.main_ppo trainer.experiment_name=$C\n"
+    )
+    raw = yaml.safe_load(init_manifest(root))
+    # $(date +%s) only names a folder the script makes: bash needs no value for it, nor do we.
+    substitutions = raw["environment"]["substitutions"]
+    assert "date +%s" not in substitutions
+    assert substitutions["git rev-parse HEAD"] == PLACEHOLDER
+    # ppo.sh's run name carries its launch time: that one reaches the argv and stays.
+    assert substitutions["date +%Y%m%d_%H%M"] == "20260101_0000"
+
+
 def test_init_writes_no_machine_path(tmp_path: Path, upstream_checkout: Path) -> None:
     from pytest_verl_compat.pipeline.init_manifest import init_manifest
 

@@ -81,6 +81,27 @@ def _embedded_manifest() -> dict[str, Any]:
     return raw
 
 
+def _needed_substitutions(
+    script: Path, texts: set[str], known: dict[str, str], home: str
+) -> set[str]:
+    """The substitutions whose output the script's read depends on.
+
+    A substitution left unbound is a run-time value the reader carries along; only one whose
+    output reaches the argv (or decides a branch) changes the read. So each is dropped in turn
+    and kept when the read differs without it.
+    """
+
+    def outcome(bound: set[str]) -> object:
+        values = {text: known.get(text, PLACEHOLDER) for text in bound}
+        try:
+            return read_launch(script, Bindings(variables={"HOME": home}, substitutions=values))
+        except LaunchReadError as exc:
+            return str(exc)
+
+    every = outcome(texts)
+    return {text for text in texts if outcome(texts - {text}) != every}
+
+
 def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     """The starter manifest's YAML for the scripts under ``folder``; also written to ``out``."""
     folder = Path(folder).resolve()
@@ -94,10 +115,14 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     for script in scripts:
         rel = script.relative_to(folder).as_posix()
         try:
-            for line, text in command_substitutions(script):
-                substitutions.setdefault(text, []).append(f"{rel}:{line}")
+            found = command_substitutions(script)
         except LaunchReadError as exc:
             problems[script] = str(exc)
+            continue
+        needed = _needed_substitutions(script, {text for _, text in found}, known, home)
+        for line, text in found:
+            if text in needed:
+                substitutions.setdefault(text, []).append(f"{rel}:{line}")
     bindings = Bindings(
         variables={"HOME": home},
         substitutions={text: known.get(text, PLACEHOLDER) for text in substitutions},
