@@ -149,6 +149,22 @@ def test_critic_mini_batch_must_split_over_the_critic_ranks(session: AuditSessio
     assert not hits(good, "error", "does not split over"), good
 
 
+def test_critic_deprecated_sequence_parallel_never_reaches_its_engine(
+    session: AuditSession,
+) -> None:
+    """critic.py:214-221: critic.fsdp is the engine; the deprecated size is not copied into it."""
+    ppo = manifest_case(session, "ppo")
+    bad = findings(session, ppo, "critic.ulysses_sequence_parallel_size=2")
+    good = findings(
+        session,
+        ppo,
+        "critic.ulysses_sequence_parallel_size=2",
+        "critic.fsdp.ulysses_sequence_parallel_size=2",
+    )
+    assert hits(bad, "warning", "critic.ulysses_sequence_parallel_size=2 never reaches"), bad
+    assert not hits(good, "warning", "critic.ulysses_sequence_parallel_size=2 never reaches"), good
+
+
 # --- Megatron layouts -------------------------------------------------------------------------
 
 

@@ -188,3 +188,27 @@ def critic_batch_settings_ignored(inp: CheckInput) -> Iterator[Hit]:
                 f"packs micro-batches by tokens, at most {key}={budget} per GPU",
                 fix=f"bound the critic's memory with +{key}=N instead",
             )
+
+
+@check(
+    "critic.sequence-parallel-ignored",
+    level="warning",
+    evidence="verl/workers/config/critic.py:214-221 (FSDPCriticConfig.__post_init__ makes critic.fsdp the engine and never copies the deprecated size into it, unlike the actor's, actor.py:332-333)",
+)
+def critic_sequence_parallel_ignored(inp: CheckInput) -> Iterator[Hit]:
+    critic = inp.resolved["critic"]
+    if not need_critic(inp.resolved) or critic.get("strategy") not in ("fsdp", "fsdp2"):
+        return
+    legacy = int(critic.get("ulysses_sequence_parallel_size") or 1)
+    engine = critic.get("fsdp")
+    engine_sp = (
+        int(engine.get("ulysses_sequence_parallel_size") or 1) if isinstance(engine, Mapping) else 1
+    )
+    if legacy > 1 and engine_sp != legacy:
+        yield Hit(
+            "critic.ulysses_sequence_parallel_size",
+            f"critic.ulysses_sequence_parallel_size={legacy} never reaches the critic's engine in "
+            f"verl {inp.version}: the critic runs with sequence parallel {engine_sp} "
+            "(critic.fsdp.ulysses_sequence_parallel_size)",
+            fix=f"set critic.fsdp.ulysses_sequence_parallel_size={legacy} instead",
+        )
