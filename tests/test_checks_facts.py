@@ -107,6 +107,8 @@ def test_step_rows_pads_to_the_mini_batch_multiple() -> None:
         },
     }
     assert step_rows(resolved) == (100, 96, 192)
+    # Critic warm-up steps update no actor: lcm(8, 48) = 48, so 100 → 144.
+    assert step_rows(resolved, actor_updates=False) == (100, 48, 144)
     resolved["trainer"]["v1"] = {
         "trainer_mode": "separate_async",
         "separate_async": {"parameter_sync_step": 4},

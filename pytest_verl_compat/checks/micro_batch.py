@@ -43,12 +43,14 @@ def ref_in_actor(resolved: Mapping[str, Any]) -> bool:
     return rank > 0 or model.get("lora_adapter_path") is not None
 
 
-def step_rows(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
+def step_rows(resolved: Mapping[str, Any], actor_updates: bool = True) -> tuple[int, int, int]:
     """(responses of one local V1 step, the multiple they are padded to, the padded count).
 
     trainer_base.py:515 samples train_batch_size / parameter_sync_step prompts per local step;
     :1465-1466 pads the batch up to lcm(actor DP, critic and actor mini-batch responses)
-    (:1434-1448) with dummy responses; the dispatch then splits it evenly over the ranks.
+    (:1434-1448) with dummy responses; the dispatch then splits it evenly over the ranks. The
+    actor's mini-batch counts only on steps that update the actor (``actor_updates``: after
+    trainer.critic_warmup, :1445).
     """
     trainer = resolved["trainer"]
     rollout_n = int(resolved["actor_rollout_ref"]["rollout"]["n"])
@@ -60,8 +62,9 @@ def step_rows(resolved: Mapping[str, Any]) -> tuple[int, int, int]:
     multiple = dp
     if need_critic(resolved):
         multiple = math.lcm(multiple, int(resolved["critic"]["ppo_mini_batch_size"]) * rollout_n)
-    actor_mini = int(resolved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]) * rollout_n
-    multiple = math.lcm(multiple, max(actor_mini, 1))
+    if actor_updates:
+        actor_mini = int(resolved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]) * rollout_n
+        multiple = math.lcm(multiple, max(actor_mini, 1))
     return rows, multiple, -(-rows // multiple) * multiple
 
 
@@ -111,23 +114,31 @@ def log_prob_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     resolved = inp.resolved
     if not uses_v1(resolved):
         return  # the legacy trainer pads differently; only the V1 batch is derived here
-    rows, multiple, padded = step_rows(resolved)
+    # Warm-up steps (critic only, trainer_base.py:582) pad without the actor's mini-batch.
+    warmup = need_critic(resolved) and int(resolved["trainer"].get("critic_warmup") or 0) > 1
+    first_update = max(1, int(resolved["trainer"].get("critic_warmup") or 0))
+    variants = [(1, *step_rows(resolved, actor_updates=False))] if warmup else []
+    variants.append((first_update if warmup else 1, *step_rows(resolved)))
     for prefix, role, section in _log_prob_passes(resolved):
         micro = section.get("log_prob_micro_batch_size_per_gpu")
         if section.get("log_prob_use_dynamic_bsz") or micro is None or int(micro) <= 0:
             continue
         n_gpus, _, dp, factors = data_parallel(resolved, role)
-        if padded % dp:
-            continue
-        per_gpu = padded // dp
-        if per_gpu % int(micro):
+        failing = [
+            (step, rows, multiple, padded)
+            for step, rows, multiple, padded in variants
+            if not padded % dp and (padded // dp) % int(micro)
+        ]
+        if failing:
+            step, rows, multiple, padded = failing[0]
+            per_gpu = padded // dp
             pad = f" (padded from {rows} to a multiple of {multiple})" if padded != rows else ""
             yield Hit(
                 f"{prefix}.log_prob_micro_batch_size_per_gpu, data.train_batch_size",
                 f"each step hands the {role} log-prob pass {padded} responses{pad}, {per_gpu} per GPU "
                 f"over {dp} data-parallel ranks ({n_gpus} GPUs / ({factors})), which micro-batches "
                 f"of {micro} do not divide: verl {inp.version} fails an assertion in the first "
-                f"{'old' if role == 'actor' else 'reference'} log-prob pass (step 1)",
+                f"{'old' if role == 'actor' else 'reference'} log-prob pass (step {step})",
                 fix=f"set {prefix}.log_prob_micro_batch_size_per_gpu to a divisor of {per_gpu}",
             )
 
