@@ -167,6 +167,28 @@ def test_critic_deprecated_sequence_parallel_never_reaches_its_engine(
     assert not hits(good, "warning", "critic.ulysses_sequence_parallel_size=2 never reaches"), good
 
 
+def test_deprecated_global_micro_batch_fails_where_each_role_meets_it(
+    session: AuditSession,
+) -> None:
+    """critic.py:154-158 (both sizes set, at start); the ref engine gets None (engine_workers.py:541-543)."""
+    ppo = manifest_case(session, "ppo")
+    critic = findings(
+        session, ppo, "critic.use_dynamic_bsz=False", "critic.ppo_micro_batch_size=64"
+    )
+    assert hits(critic, "error", "CriticConfig raises ValueError at trainer start"), critic
+    per_gpu = findings(
+        session, ppo, "critic.use_dynamic_bsz=False", "critic.ppo_micro_batch_size_per_gpu=8"
+    )
+    assert not hits(per_gpu, "error", "critic.ppo_micro_batch_size"), per_gpu
+    grpo = manifest_case(session, "grpo")
+    ref = (*STATIC[:-1], "actor_rollout_ref.ref.log_prob_micro_batch_size=64")
+    with_ref = findings(session, grpo, *ref)
+    assert hits(with_ref, "error", "reference worker's micro-batch size stays None"), with_ref
+    # Without a reference policy the ref section is never read.
+    no_ref = findings(session, grpo, *ref, "actor_rollout_ref.actor.use_kl_loss=False")
+    assert not hits(no_ref, "error", "actor_rollout_ref.ref.log_prob_micro_batch_size"), no_ref
+
+
 # --- Megatron layouts -------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.micro_batch import critic_budgets
+from pytest_verl_compat.checks.micro_batch import critic_budgets, ref_in_actor
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
@@ -181,7 +181,7 @@ def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.deprecated-global-micro-batch",
     level="error",
-    evidence="verl/workers/engine_workers.py:630-631 assert the *_per_gpu sizes at worker start (use_dynamic_bsz=False); verl/workers/config/actor.py:242 (ValueError when size × sp < GPUs); verl PR #833",
+    evidence="verl/workers/engine_workers.py:630-631 assert the actor's and rollout's *_per_gpu sizes at worker start (use_dynamic_bsz=False); the reference's: :541-543 and verl/workers/engine/utils.py:124; the critic's: verl/workers/config/critic.py:154-158, :230-234; verl PR #833",
 )
 def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     """Deprecated global micro-batch sizes, which the pinned release no longer divides by the GPU count."""
@@ -196,13 +196,16 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
             "log_prob_micro_batch_size",
             "log_prob_use_dynamic_bsz",
         ),
-        (
-            "actor_rollout_ref.ref",
-            arr["ref"],
-            "log_prob_micro_batch_size",
-            "log_prob_use_dynamic_bsz",
-        ),
     ]
+    if need_reference_policy(resolved) and not ref_in_actor(resolved):
+        sections.append(
+            (
+                "actor_rollout_ref.ref",
+                arr["ref"],
+                "log_prob_micro_batch_size",
+                "log_prob_use_dynamic_bsz",
+            )
+        )
     if need_critic(resolved):
         sections.append(("critic", resolved["critic"], "ppo_micro_batch_size", "use_dynamic_bsz"))
     for prefix, section, key, dynamic in sections:
@@ -210,13 +213,35 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
         if value is None or section.get(dynamic):
             continue
         per_gpu = max(int(value) // n_gpus, 1)
+        if prefix == "critic":
+            fails = _critic_global_micro_batch(inp, section, int(value), n_gpus)
+            if fails is None:
+                continue  # accepted, then never used: the critic packs by tokens
+        elif prefix == "actor_rollout_ref.ref":
+            # engine_workers.py:541-543 hands the ref engine only the *_per_gpu size (None here);
+            # in static mode engine/utils.py:124 then divides by None.
+            fails = "the reference worker's micro-batch size stays None and its first log-prob pass (step 1) fails"
+        else:
+            fails = f"the worker asserts {prefix}.{key}_per_gpu is set at start (engine_workers.py:630-631)"
         yield Hit(
             f"{prefix}.{key}",
             f"the global micro-batch size {value} is deprecated: verl {inp.version} never converts it to "
-            f"a per-GPU size, and the worker asserts {prefix}.{key}_per_gpu is set at start "
-            f"(engine_workers.py:630-631); over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
+            f"a per-GPU size, and {fails}; over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
             fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
         )
+
+
+def _critic_global_micro_batch(
+    inp: CheckInput, critic: Mapping[str, Any], value: int, n_gpus: int
+) -> str | None:
+    """How the critic's deprecated global size fails at trainer start (validate_config, config.py:174)."""
+    if critic.get("ppo_micro_batch_size_per_gpu") is not None:
+        # The tree defaults ppo_micro_batch_size_per_gpu to it: both set, critic.py:154-158 raises.
+        return "critic.ppo_micro_batch_size_per_gpu is set too, so CriticConfig raises ValueError at trainer start (critic.py:154-158)"
+    sp = sequence_parallel(inp.resolved, "critic")
+    if value * sp < n_gpus:
+        return f"{value} × sequence parallel {sp} < {n_gpus} GPUs raises ValueError at trainer start (critic.py:230-234)"
+    return None
 
 
 _VLLM_CONTEXT = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:546-552 and :570 (max_tokens clamped to max_model_len - prompt); an unset max_model_len becomes the model's max_position_embeddings (:953-955)"
