@@ -11,6 +11,8 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     algorithm,
     batch,
     fields,
+    micro_batch,
+    model_fit,
     parallel,
     upstream_validation,
 )

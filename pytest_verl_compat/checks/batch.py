@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.micro_batch import critic_budgets, ref_in_actor
+from pytest_verl_compat.checks.model_facts import ACTOR_MODEL
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
     data_parallel,
@@ -26,6 +28,9 @@ def _sizes(resolved: Mapping[str, Any]) -> tuple[int, int]:
     return int(resolved["data"]["train_batch_size"]), int(
         resolved["actor_rollout_ref"]["rollout"]["n"]
     )
+
+
+_CRITIC_INFER = "critic.ppo_infer_max_token_len_per_gpu"
 
 
 @check("batch.mini-batch-not-positive", level="error")
@@ -80,21 +85,24 @@ def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.mini-batch-over-ranks",
     level="error",
-    evidence="verl/utils/config.py:110 checks only when use_dynamic_bsz=False; the update splits mini-batches across ranks (verl PR #552)",
+    evidence="verl/workers/engine_workers.py:266-268 (train_mini_batch asserts mini-batch responses % data-parallel size == 0, at the role's first update, whether or not use_dynamic_bsz)",
 )
 def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
-    mini = int(inp.resolved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"])
-    n_gpus, _, dp, factors = data_parallel(inp.resolved)
-    mini_responses = mini * n
-    if mini <= train and not train % mini and mini_responses % dp:
-        yield Hit(
-            "actor_rollout_ref.actor.ppo_mini_batch_size, trainer.n_gpus_per_node",
-            f"a mini-batch of {mini} prompts × n={n} = {mini_responses} responses does not split over "
-            f"{dp} data-parallel ranks ({n_gpus} GPUs / ({factors})): "
-            f"{mini_responses} / {dp} = {mini_responses / dp:.2f} responses per GPU",
-            fix=f"use a mini-batch whose responses divide by {dp}",
+    for prefix, role in _mini_batch_roles(inp.resolved):
+        mini = int(role["ppo_mini_batch_size"])
+        n_gpus, _, dp, factors = data_parallel(
+            inp.resolved, "critic" if prefix == "critic" else "actor"
         )
+        mini_responses = mini * n
+        if 0 < mini <= train and not train % mini and mini_responses % dp:
+            yield Hit(
+                f"{prefix}.ppo_mini_batch_size, trainer.n_gpus_per_node",
+                f"a mini-batch of {mini} prompts × n={n} = {mini_responses} responses does not split over "
+                f"{dp} data-parallel ranks ({n_gpus} GPUs / ({factors})): "
+                f"{mini_responses} / {dp} = {mini_responses / dp:.2f} responses per GPU",
+                fix=f"use a mini-batch whose responses divide by {dp}",
+            )
 
 
 @check(
@@ -119,59 +127,61 @@ def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.token-budget-below-sequence",
     level="error",
-    evidence="verl/utils/seqlen_balancing.py rearrange_micro_batches asserts max_token_len >= the longest sequence, after the first rollout (verl #571)",
+    evidence="verl/utils/seqlen_balancing.py:384 (rearrange_micro_batches asserts max_token_len >= the longest sequence, at the first pass that meets one; verl #571); the critic's budgets: verl/trainer/ppo/v1/trainer_base.py:251-252, ray_trainer.py:810-811",
 )
 def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     resolved = inp.resolved
     arr, data = resolved["actor_rollout_ref"], resolved["data"]
-    sp = sequence_parallel(resolved)
     longest = int(data["max_prompt_length"]) + int(data["max_response_length"])
-    budgets = [
-        (
-            "actor_rollout_ref.actor",
-            arr["actor"].get("use_dynamic_bsz"),
-            "ppo_max_token_len_per_gpu",
-            arr["actor"],
-        ),
-        (
-            "actor_rollout_ref.rollout",
-            arr["rollout"].get("log_prob_use_dynamic_bsz"),
-            "log_prob_max_token_len_per_gpu",
-            arr["rollout"],
-        ),
-    ]
-    if need_reference_policy(resolved):
+    budgets: list[tuple[str, int, Any]] = []
+    if arr["actor"].get("use_dynamic_bsz"):
         budgets.append(
             (
-                "actor_rollout_ref.ref",
-                arr["ref"].get("log_prob_use_dynamic_bsz"),
-                "log_prob_max_token_len_per_gpu",
-                arr["ref"],
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                sequence_parallel(resolved),
+                arr["actor"].get("ppo_max_token_len_per_gpu"),
+            )
+        )
+    if arr["rollout"].get("log_prob_use_dynamic_bsz"):
+        budgets.append(
+            (
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                sequence_parallel(resolved),
+                arr["rollout"].get("log_prob_max_token_len_per_gpu"),
+            )
+        )
+    if need_reference_policy(resolved) and arr["ref"].get("log_prob_use_dynamic_bsz"):
+        budgets.append(
+            (
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+                sequence_parallel(resolved, "ref"),
+                arr["ref"].get("log_prob_max_token_len_per_gpu"),
             )
         )
     if need_critic(resolved):
-        critic = resolved["critic"]
-        budgets.append(
-            ("critic", critic.get("use_dynamic_bsz"), "ppo_max_token_len_per_gpu", critic)
-        )
-        budgets.append(
-            ("critic", critic.get("use_dynamic_bsz"), "forward_max_token_len_per_gpu", critic)
-        )
-    for prefix, dynamic, key, section in budgets:
-        budget = section.get(key)
-        if dynamic and budget is not None and int(budget) * sp < longest:
+        # The critic always packs by tokens in 0.9.0 (checks/micro_batch.py), whatever its
+        # use_dynamic_bsz says.
+        sp = sequence_parallel(resolved, "critic")
+        budgets.extend((key, sp, budget) for key, budget in critic_budgets(resolved))
+    for key, sp, budget in budgets:
+        if budget is not None and int(budget) * sp < longest:
             yield Hit(
-                f"{prefix}.{key}, data.max_response_length",
+                f"{key}, data.max_response_length",
                 f"one sequence can be {data['max_prompt_length']} + {data['max_response_length']} = {longest} "
                 f"tokens, more than the per-GPU token budget {budget} × sequence parallel {sp}",
-                fix=f"raise {prefix}.{key} to at least {-(-longest // sp)}",
+                fix=f"raise {key} to at least {-(-longest // sp)}"
+                + (
+                    " (a `+` override: the key is not in the config tree)"
+                    if key == _CRITIC_INFER
+                    else ""
+                ),
             )
 
 
 @check(
     "batch.deprecated-global-micro-batch",
     level="error",
-    evidence="verl/workers/engine_workers.py:630-631 assert the *_per_gpu sizes at worker start (use_dynamic_bsz=False); verl/workers/config/actor.py:242 (ValueError when size × sp < GPUs); verl PR #833",
+    evidence="verl/workers/engine_workers.py:630-631 assert the actor's and rollout's *_per_gpu sizes at worker start (use_dynamic_bsz=False); the reference's: :541-543 and verl/workers/engine/utils.py:124; the critic's: verl/workers/config/critic.py:154-158, :230-234; verl PR #833",
 )
 def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     """Deprecated global micro-batch sizes, which the pinned release no longer divides by the GPU count."""
@@ -186,13 +196,16 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
             "log_prob_micro_batch_size",
             "log_prob_use_dynamic_bsz",
         ),
-        (
-            "actor_rollout_ref.ref",
-            arr["ref"],
-            "log_prob_micro_batch_size",
-            "log_prob_use_dynamic_bsz",
-        ),
     ]
+    if need_reference_policy(resolved) and not ref_in_actor(resolved):
+        sections.append(
+            (
+                "actor_rollout_ref.ref",
+                arr["ref"],
+                "log_prob_micro_batch_size",
+                "log_prob_use_dynamic_bsz",
+            )
+        )
     if need_critic(resolved):
         sections.append(("critic", resolved["critic"], "ppo_micro_batch_size", "use_dynamic_bsz"))
     for prefix, section, key, dynamic in sections:
@@ -200,41 +213,74 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
         if value is None or section.get(dynamic):
             continue
         per_gpu = max(int(value) // n_gpus, 1)
+        if prefix == "critic":
+            fails = _critic_global_micro_batch(inp, section, int(value), n_gpus)
+            if fails is None:
+                continue  # accepted, then never used: the critic packs by tokens
+        elif prefix == "actor_rollout_ref.ref":
+            # engine_workers.py:541-543 hands the ref engine only the *_per_gpu size (None here);
+            # in static mode engine/utils.py:124 then divides by None.
+            fails = "the reference worker's micro-batch size stays None and its first log-prob pass (step 1) fails"
+        else:
+            fails = f"the worker asserts {prefix}.{key}_per_gpu is set at start (engine_workers.py:630-631)"
         yield Hit(
             f"{prefix}.{key}",
             f"the global micro-batch size {value} is deprecated: verl {inp.version} never converts it to "
-            f"a per-GPU size, and the worker asserts {prefix}.{key}_per_gpu is set at start "
-            f"(engine_workers.py:630-631); over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
+            f"a per-GPU size, and {fails}; over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
             fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
         )
 
 
-_VLLM_CONTEXT = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:546-552 and :570 (max_tokens clamped to max_model_len - prompt)"
+def _critic_global_micro_batch(
+    inp: CheckInput, critic: Mapping[str, Any], value: int, n_gpus: int
+) -> str | None:
+    """How the critic's deprecated global size fails at trainer start (validate_config, config.py:174)."""
+    if critic.get("ppo_micro_batch_size_per_gpu") is not None:
+        # The tree defaults ppo_micro_batch_size_per_gpu to it: both set, critic.py:154-158 raises.
+        return "critic.ppo_micro_batch_size_per_gpu is set too, so CriticConfig raises ValueError at trainer start (critic.py:154-158)"
+    sp = sequence_parallel(inp.resolved, "critic")
+    if value * sp < n_gpus:
+        return f"{value} × sequence parallel {sp} < {n_gpus} GPUs raises ValueError at trainer start (critic.py:230-234)"
+    return None
+
+
+_VLLM_CONTEXT = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:546-552 and :570 (max_tokens clamped to max_model_len - prompt); an unset max_model_len becomes the model's max_position_embeddings (:953-955)"
 
 
 def _context_hit(inp: CheckInput, error: bool) -> Iterator[Hit]:
     rollout, data = inp.resolved["actor_rollout_ref"]["rollout"], inp.resolved["data"]
     limit = rollout.get("max_model_len")
-    if rollout.get("name") != "vllm" or limit is None:
-        return
-    prompt, response = int(data["max_prompt_length"]), int(data["max_response_length"])
     where = (
         "actor_rollout_ref.rollout.max_model_len, data.max_prompt_length, data.max_response_length"
     )
+    what = f"max_model_len {limit}"
+    facts = inp.model_facts.get(ACTOR_MODEL)
+    if limit is None and facts is not None and facts.max_position_embeddings is not None:
+        # vllm_async_server.py:953-955: unset, it is the model's context length.
+        limit = facts.max_position_embeddings
+        what = f"the context length {limit} (max_model_len unset: max_position_embeddings of {facts.source})"
+        where = "actor_rollout_ref.model.path, data.max_prompt_length, data.max_response_length"
+    if rollout.get("name") != "vllm" or limit is None:
+        return
+    prompt, response = int(data["max_prompt_length"]), int(data["max_response_length"])
     if error and int(limit) <= prompt:
         yield Hit(
             where,
-            f"max_model_len {limit} leaves no room to generate after a prompt of {prompt} tokens: "
+            f"{what} leaves no room to generate after a prompt of {prompt} tokens: "
             f"verl {inp.version}'s vLLM server raises ValueError on such a prompt during rollout",
-            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}",
+            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}"
+            if rollout.get("max_model_len") is not None
+            else f"shorten data.max_prompt_length below {limit}",
         )
     elif not error and prompt < int(limit) < prompt + response:
         yield Hit(
             where,
-            f"max_model_len {limit} is below prompt + response = {prompt} + {response} = "
+            f"{what} is below prompt + response = {prompt} + {response} = "
             f"{prompt + response}: verl {inp.version} silently cuts responses to "
             f"{limit} - prompt tokens",
-            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}",
+            fix=f"set actor_rollout_ref.rollout.max_model_len to at least {prompt + response}"
+            if rollout.get("max_model_len") is not None
+            else f"keep prompt + response within {limit}",
         )
 
 

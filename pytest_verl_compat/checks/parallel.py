@@ -1,37 +1,74 @@
-"""Parallel layouts: what must fit the GPUs.
+"""Parallel layouts: what must fit the GPUs, for every role that starts an engine.
 
 LoRA serving needs no check in 0.9.0: SGLang serves the unmerged adapter
 (sglang_rollout/utils.py:29 lora_served_as_adapter) and vLLM with dummy weights gets the base
-model on the first sync (engine_workers.py:667, :777-785)."""
+model on the first sync (engine_workers.py:667, :777-785).
+
+Megatron's layout is checked by megatron.core's ``initialize_model_parallel``, which every
+Megatron engine calls when its worker starts (verl/workers/engine/megatron/transformer_impl.py:272-282,
+passing tp, pp, vpp, cp, ep and etp): it raises RuntimeError unless the world size divides by
+tp × pp × cp and by etp × ep × pp (etp defaults to tp), and unless pp > 1 when a virtual
+pipeline size is set.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.micro_batch import ref_in_actor
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
-from pytest_verl_compat.checks.roles import data_parallel, gpu_count, is_megatron
+from pytest_verl_compat.checks.roles import (
+    ROLE_SECTIONS,
+    data_parallel,
+    engine_key,
+    gpu_count,
+    is_megatron,
+    need_critic,
+    need_reference_policy,
+    role_engine,
+    role_strategy,
+)
+
+_MCORE = "megatron.core parallel_state.initialize_model_parallel, called at worker start by verl/workers/engine/megatron/transformer_impl.py:272-282"
 
 
 @check(
     "parallel.rollout-replicas",
     level="error",
-    evidence="verl/workers/rollout/replica.py builds n_gpus / (tp × pp) replicas",
+    evidence="verl/workers/engine_workers.py:650-655 (asserts GPUs % (tp × dp × pp) == 0 when the rollout starts); verl/workers/rollout/replica.py builds GPUs / (tp × dp × pp) replicas",
 )
 def rollout_replicas(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
     n_gpus = gpu_count(inp.resolved)
+    dp = int(rollout.get("data_parallel_size") or 1)
     tp = int(rollout["tensor_model_parallel_size"]) * int(rollout["pipeline_model_parallel_size"])
-    if n_gpus and (tp > n_gpus or n_gpus % tp):
+    size = tp * dp
+    if n_gpus and (size > n_gpus or n_gpus % size):
+        what = "tensor × pipeline parallel" + (f" × data parallel {dp}" if dp > 1 else "")
         yield Hit(
             "actor_rollout_ref.rollout.tensor_model_parallel_size, trainer.n_gpus_per_node",
-            f"rollout replicas of {tp} GPUs (tensor × pipeline parallel) do not fit {n_gpus} GPUs",
+            f"rollout replicas of {size} GPUs ({what}) do not fit {n_gpus} GPUs",
         )
 
 
-def _layout_paths(resolved: Mapping[str, Any]) -> str:
-    if is_megatron(resolved):
-        engine = f"actor_rollout_ref.actor.{resolved['actor_rollout_ref']['actor']['strategy']}"
+def engine_roles(resolved: Mapping[str, Any]) -> list[str]:
+    """The roles that start a training engine of their own (the ref only without LoRA)."""
+    roles = ["actor"]
+    if need_reference_policy(resolved) and not ref_in_actor(resolved):
+        roles.append("ref")
+    if need_critic(resolved):
+        roles.append("critic")
+    return roles
+
+
+def _engine_path(resolved: Mapping[str, Any], role: str) -> str:
+    return f"{ROLE_SECTIONS[role]}.{engine_key(resolved, role)}"
+
+
+def _layout_paths(resolved: Mapping[str, Any], role: str) -> str:
+    if is_megatron(resolved, role):
+        engine = _engine_path(resolved, role)
         return ", ".join(
             f"{engine}.{key}"
             for key in (
@@ -40,19 +77,79 @@ def _layout_paths(resolved: Mapping[str, Any]) -> str:
                 "context_parallel_size",
             )
         )
-    return "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    if role_strategy(resolved, role) in ("fsdp", "fsdp2"):
+        if role == "critic":
+            return "critic.fsdp.ulysses_sequence_parallel_size"
+        return f"{ROLE_SECTIONS[role]}.ulysses_sequence_parallel_size"
+    return _engine_path(resolved, role)
 
 
 @check(
     "parallel.sequence-parallel-divides-gpus",
     level="error",
-    evidence="verl/utils/config.py:90 (Megatron: GPUs % (tp × pp × cp)); the FSDP device mesh (dp × sp = world size)",
+    evidence=f"verl/utils/config.py:90 (the actor, Megatron: GPUs % (tp × pp × cp), at trainer start); {_MCORE}; the FSDP device mesh (dp × sp = world size, fsdp/transformer_impl.py:227-229)",
 )
 def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
-    n_gpus, product, _, factors = data_parallel(inp.resolved)
-    if n_gpus and n_gpus % product:
-        yield Hit(
-            _layout_paths(inp.resolved),
-            f"the actor's model-parallel layout ({factors} = {product} GPUs) does not divide {n_gpus} GPUs",
-            fix=f"use a layout whose product divides {n_gpus}",
-        )
+    for role in engine_roles(inp.resolved):
+        n_gpus, product, _, factors = data_parallel(inp.resolved, role)
+        if n_gpus and n_gpus % product:
+            name = "actor" if role == "actor" else ("reference" if role == "ref" else "critic")
+            yield Hit(
+                _layout_paths(inp.resolved, role),
+                f"the {name}'s model-parallel layout ({factors} = {product} GPUs) does not divide {n_gpus} GPUs",
+                fix=f"use a layout whose product divides {n_gpus}",
+            )
+
+
+def megatron_sizes(engine: Mapping[str, Any]) -> dict[str, int]:
+    """tp, pp, cp, ep, etp (defaulting to tp, as initialize_model_parallel does) and vpp (0: unset)."""
+
+    def size(key: str, default: int = 1) -> int:
+        value = engine.get(key)
+        return int(value) if value is not None else default
+
+    tp = size("tensor_model_parallel_size")
+    return {
+        "tp": tp,
+        "pp": size("pipeline_model_parallel_size"),
+        "cp": size("context_parallel_size"),
+        "ep": size("expert_model_parallel_size"),
+        "etp": size("expert_tensor_parallel_size", tp),
+        "vpp": size("virtual_pipeline_model_parallel_size", 0),
+    }
+
+
+@check("parallel.expert-layout-divides-gpus", level="error", evidence=_MCORE)
+def expert_layout_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
+    n_gpus = gpu_count(inp.resolved)
+    for role in engine_roles(inp.resolved):
+        if not is_megatron(inp.resolved, role) or not n_gpus:
+            continue
+        sizes = megatron_sizes(role_engine(inp.resolved, role))
+        product = sizes["etp"] * sizes["ep"] * sizes["pp"]
+        if n_gpus % product:
+            engine = _engine_path(inp.resolved, role)
+            yield Hit(
+                f"{engine}.expert_model_parallel_size, {engine}.expert_tensor_parallel_size",
+                f"the expert layout (expert tensor parallel {sizes['etp']} × expert parallel "
+                f"{sizes['ep']} × pipeline parallel {sizes['pp']} = {product} GPUs) does not divide "
+                f"{n_gpus} GPUs: megatron.core raises RuntimeError when the {role} worker starts "
+                f"in verl {inp.version}",
+                fix=f"use expert sizes whose product with pipeline parallel divides {n_gpus}",
+            )
+
+
+@check("parallel.virtual-pipeline-needs-pipeline", level="error", evidence=_MCORE)
+def virtual_pipeline_needs_pipeline(inp: CheckInput) -> Iterator[Hit]:
+    for role in engine_roles(inp.resolved):
+        if not is_megatron(inp.resolved, role):
+            continue
+        sizes = megatron_sizes(role_engine(inp.resolved, role))
+        if sizes["vpp"] and sizes["pp"] <= 1:
+            engine = _engine_path(inp.resolved, role)
+            yield Hit(
+                f"{engine}.virtual_pipeline_model_parallel_size, {engine}.pipeline_model_parallel_size",
+                f"a virtual pipeline size ({sizes['vpp']}) needs pipeline parallel > 1: megatron.core "
+                f"raises RuntimeError when the {role} worker starts in verl {inp.version}",
+                fix=f"remove {engine}.virtual_pipeline_model_parallel_size or raise pipeline parallel",
+            )

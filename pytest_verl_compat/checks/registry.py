@@ -8,9 +8,10 @@ evidence. Adding a check is one decorated function in the module of its family.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.model import Finding, LeafVerdict, Level
 
 
@@ -47,6 +48,9 @@ class CheckInput:
     explicit_fields: tuple[str, ...]
     leaves: tuple[LeafVerdict, ...]
     profile: ProfileLike
+    # Facts from a model's config.json, by model section (checks/model_facts.py ACTOR_MODEL,
+    # CRITIC_MODEL); empty when no config was readable, and the checks that need them stay quiet.
+    model_facts: Mapping[str, ModelFacts] = field(default_factory=dict)
 
     @property
     def version(self) -> str:

@@ -65,6 +65,14 @@ def cmd_compose(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Compose a case or script with extra fields and print its findings, one per line."""
     session = open_session(args)
+    if args.model_config:
+        from pytest_verl_compat.pipeline.model_facts import read_model_facts
+        from pytest_verl_compat.pipeline.safe_input import InputError
+
+        try:
+            session.model_facts_override = read_model_facts(args.model_config)
+        except InputError as exc:
+            raise UsageError(str(exc)) from exc
     case = case_for_target(session, args.target, args)
     try:
         # The base case's fields come from its script or its golden file; --set adds to them.
@@ -84,6 +92,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.profile:
         for problem in verdict.problems:
             print(f"ERROR {problem}")
+    if not session.model_facts(case):
+        print(
+            "model facts: none (no local config.json at the model paths; --model-config PATH "
+            "adds the heads, experts and context checks)",
+            file=sys.stderr,
+        )
     version = session.pin.version
     print(f"valid for verl {version}: {'yes' if verdict.valid else 'no'}", file=sys.stderr)
     runnable = "yes" if verdict.runnable else f"no ({report.reason})"
@@ -170,6 +184,12 @@ def add_inspect_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "--profile",
         action="store_true",
         help="also fail (exit 1) when the reference trainer cannot run the case, listing why",
+    )
+    check.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="the actor model's config.json (or its folder): checks heads, experts, context length "
+        "and tokenizer against the layout; read as JSON only, never run",
     )
     add_bindings_flags(check)
     check.set_defaults(func=cmd_check)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.bash import LaunchReadError
+from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.model import (
     COMPOSED,
     COMPOSITION_REJECTION,
@@ -38,6 +39,7 @@ from pytest_verl_compat.pipeline.manifest import (
     embedded_root,
     load_manifest,
 )
+from pytest_verl_compat.pipeline.model_facts import local_model_facts
 from pytest_verl_compat.pipeline.pins import (
     UpstreamError,
     UpstreamTree,
@@ -93,6 +95,9 @@ class AuditSession:
     _outcomes: dict[str, CaseOutcome] = field(default_factory=dict)
     _composer: Composer | None = None
     _reports: dict[str, CompileReport | None] = field(default_factory=dict)
+    # ``check --model-config``: the actor model's facts, instead of its path's config.json.
+    model_facts_override: ModelFacts | None = None
+    _model_facts: dict[str, dict[str, ModelFacts]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -257,6 +262,17 @@ class AuditSession:
             return str((self.manifest.path.parent / name).resolve())
         return name
 
+    def model_facts(self, case: Case) -> dict[str, ModelFacts]:
+        """The facts of the case's models that are local folders (or the --model-config override)."""
+        if case.id not in self._model_facts:
+            composition = self.outcome(case).composition
+            self._model_facts[case.id] = (
+                local_model_facts(composition.mapping, self.model_facts_override)
+                if composition.composed
+                else {}
+            )
+        return self._model_facts[case.id]
+
     def compile(self, case: Case) -> CompileReport | None:
         """Compile stage: the ``CompileReport`` of a composed case, or None when not composed."""
         if case.id not in self._reports:
@@ -268,6 +284,7 @@ class AuditSession:
                     case_id=case.id,
                     profile=load_profile(self.profile_name),
                     explicit_fields=outcome.fields.fields,
+                    model_facts=self.model_facts(case),
                 )
                 if composition.composed
                 else None

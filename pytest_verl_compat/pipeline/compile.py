@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_verl_compat.checks import CheckInput, semantic_findings
+from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.model import (
     ACCEPTED,
     SEMANTIC_REJECTION,
@@ -62,12 +63,13 @@ def compile_resolved(
     case_id: str,
     profile: Profile | None = None,
     explicit_fields: Sequence[str] = (),
+    model_facts: Mapping[str, ModelFacts] | None = None,
 ) -> CompileReport:
     """Classify every leaf and run the semantic checks; any problem or error rejects the case."""
     profile = profile or load_profile()
     leaves = classify(profile, resolved)
     findings = semantic_findings(
-        CheckInput(resolved, tuple(explicit_fields), tuple(leaves), profile)
+        CheckInput(resolved, tuple(explicit_fields), tuple(leaves), profile, model_facts or {})
     )
     problems = [leaf.problem for leaf in leaves if leaf.problem]
     errors = [f"{f.path}: {f.message}" for f in findings if f.level == "error"]

@@ -1,0 +1,95 @@
+"""What the checks know about a model: a few numbers from its ``config.json`` and tokenizer.
+
+Parsing only, from mappings the caller has already read (the pipeline reads the files, bounded,
+in ``pipeline/model_facts.py``); nothing here touches the file system or runs model code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Keys under which Hugging Face configs name their routed-expert count (Qwen-MoE, DeepSeek,
+# Mixtral, and Megatron-style).
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "num_moe_experts")
+
+# CheckInput.model_facts keys: the model sections whose config a check may know.
+ACTOR_MODEL = "actor_rollout_ref.model"
+CRITIC_MODEL = "critic.model"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Numbers read from one model's config.json (None: the config does not say)."""
+
+    source: str
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    num_experts: int | None = None
+    max_position_embeddings: int | None = None
+    vocab_size: int | None = None
+    # Tokens the tokenizer can produce whose id is >= vocab_size (from tokenizer.json), if read.
+    tokens_beyond_vocab: tuple[tuple[str, int], ...] | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _lookup(config: Mapping[str, Any], key: str) -> Any:
+    """A key of the config, else of its ``text_config`` (multimodal configs nest the LM there).
+
+    The same fallback verl uses: verl/models/transformers/monkey_patch.py:330-338 and
+    verl/workers/rollout/utils.py:31-37.
+    """
+    if key in config:
+        return config[key]
+    text = config.get("text_config")
+    return text.get(key) if isinstance(text, Mapping) else None
+
+
+def facts_from_config(
+    config: Mapping[str, Any],
+    source: str,
+    tokenizer_ids: Mapping[str, int] | None = None,
+) -> ModelFacts:
+    """The facts of a parsed config.json (and the token → id map of its tokenizer, if read)."""
+    heads = _int(_lookup(config, "num_attention_heads"))
+    # Llama-style configs default the KV heads to the attention heads when absent.
+    kv_heads = _int(_lookup(config, "num_key_value_heads")) or heads
+    experts = next(
+        (n for n in (_int(_lookup(config, key)) for key in EXPERT_KEYS) if n is not None), None
+    )
+    vocab = _int(_lookup(config, "vocab_size"))
+    beyond = None
+    if tokenizer_ids is not None and vocab is not None:
+        beyond = tuple(
+            sorted(((t, i) for t, i in tokenizer_ids.items() if i >= vocab), key=lambda x: x[1])
+        )
+    return ModelFacts(
+        source=source,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_experts=experts,
+        max_position_embeddings=_int(_lookup(config, "max_position_embeddings")),
+        vocab_size=vocab,
+        tokens_beyond_vocab=beyond,
+    )
+
+
+def tokenizer_ids(tokenizer: Mapping[str, Any]) -> dict[str, int]:
+    """Every token of a parsed tokenizer.json with its id: the model's vocabulary and added tokens."""
+    ids: dict[str, int] = {}
+    model = tokenizer.get("model")
+    vocab = model.get("vocab") if isinstance(model, Mapping) else None
+    if isinstance(vocab, Mapping):  # BPE, WordPiece, WordLevel
+        ids.update((str(t), i) for t, i in vocab.items() if isinstance(i, int))
+    elif isinstance(vocab, list):  # Unigram: [token, score] pairs, the id is the position
+        ids.update(
+            (str(entry[0]), i) for i, entry in enumerate(vocab) if isinstance(entry, list) and entry
+        )
+    for added in tokenizer.get("added_tokens") or ():
+        if isinstance(added, Mapping) and isinstance(added.get("id"), int):
+            ids[str(added.get("content"))] = added["id"]
+    return ids
