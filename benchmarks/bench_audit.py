@@ -4,7 +4,8 @@
 
 (a) ``baseline``: upstream's entry point once per corpus case, each its own sandboxed
     ``python -I -m verl.trainer.main_ppo --cfg job --resolve`` (what the trusted stage did);
-(b) ``oracle``: every case through one ``UpstreamOracle`` process (verl imported once);
+(b) ``oracle``: every case through one ``UpstreamOracle`` process (verl imported once), and
+    through its two workers forked after that import;
 (c) ``audit``: the README's first command, ``pytest --verl-corpus``, cold (no pytest cache), on the
     embedded default, with the trusted stage on and, for reference, off.
 Prints wall seconds and the ratio to the baseline. Results are equal case by case, or it fails.
@@ -59,14 +60,16 @@ def baseline(cases: list[tuple[str, list[str], dict[str, str]]]) -> tuple[float,
     return time.perf_counter() - start, results
 
 
-def oracle(cases: list[tuple[str, list[str], dict[str, str]]]) -> tuple[float, dict[str, Any]]:
+def oracle(
+    cases: list[tuple[str, list[str], dict[str, str]]], workers: int
+) -> tuple[float, dict[str, Any]]:
     import yaml
 
     from pytest_verl_compat.upstream.oracle import UpstreamOracle, compose_request
     from pytest_verl_compat.upstream.runner import referenced_variables
 
     start = time.perf_counter()
-    process = UpstreamOracle()
+    process = UpstreamOracle(workers)
     requests = {
         case_id: compose_request(fields, referenced_variables(fields, variables))
         for case_id, fields, variables in cases
@@ -119,8 +122,12 @@ def main() -> int:
     if not args.skip_baseline:
         base_seconds, base_results = baseline(cases)
         rows.append((f"(a) baseline: {len(cases)} entry-point processes", base_seconds))
-    oracle_seconds, oracle_results = oracle(cases)
+    oracle_seconds, oracle_results = oracle(cases, 1)
     rows.append((f"(b) oracle: {len(cases)} cases, one process", oracle_seconds))
+    forked_seconds, forked_results = oracle(cases, 2)
+    rows.append((f"    oracle: {len(cases)} cases, two forked workers", forked_seconds))
+    if forked_results != oracle_results:
+        raise SystemExit("the oracle's two workers and its single process disagree")
     if not args.skip_baseline and base_results != oracle_results:
         differ = sorted(k for k in base_results if base_results[k] != oracle_results.get(k))
         raise SystemExit(f"oracle and baseline disagree on {differ}")
@@ -134,6 +141,8 @@ def main() -> int:
         ratio = f"{seconds / base_seconds:8.3f}" if base_seconds else f"{'-':>8}"
         print(f"{label:52} {seconds:8.1f} {ratio}")
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}")
+    # Set in some sandboxes; it makes every run recompile pytest's assertion-rewritten modules.
+    print(f"PYTHONDONTWRITEBYTECODE: {os.environ.get('PYTHONDONTWRITEBYTECODE', 'unset')}")
     return 0
 
 
