@@ -52,6 +52,8 @@ def serve() -> None:
         try:
             if request["kind"] == "compose":
                 answer = _compose(entry, request)
+            elif request["kind"] == "checks":
+                answer = validate.checks_one(request["mapping"])
             else:
                 answer = validate.validate_one(request["mapping"])
         except EntryArgvRefused as exc:
