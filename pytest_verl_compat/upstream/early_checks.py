@@ -49,6 +49,28 @@ FIRST_UPDATE = "first update"
 FIRST_LOG_PROB = "first step: compute_log_prob"  # the log-prob pass before the update
 
 ENGINE_WORKERS = "verl/workers/engine_workers.py"
+# The upstream statements the stand-ins repeat, as they read in ENGINE_WORKERS.
+DYNAMIC_AGREES = (
+    "assert self.config.actor.use_dynamic_bsz == self.config.rollout.log_prob_use_dynamic_bsz"
+)
+ROLLOUT_MESH = "assert self.world_size % infer_world_size == 0"
+MINI_OVER_DP = "assert mini_batch_size % self.engine.get_data_parallel_size() == 0"
+
+
+def _set_assertion(section: str, key: str) -> str:
+    return f"assert self.config.{section}.{key} is not None"
+
+
+SET_ASSERTIONS = tuple(
+    _set_assertion(section, key)
+    for section, key in (
+        ("rollout", "log_prob_max_token_len_per_gpu"),
+        ("actor", "ppo_max_token_len_per_gpu"),
+        ("rollout", "log_prob_micro_batch_size_per_gpu"),
+        ("actor", "ppo_micro_batch_size_per_gpu"),
+    )
+)
+STAND_IN_STATEMENTS = (DYNAMIC_AGREES, ROLLOUT_MESH, MINI_OVER_DP, *SET_ASSERTIONS)
 
 STAND_INS = (
     "worker-start and first-update assertions inside methods that need torch.distributed and a "
@@ -113,8 +135,11 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def failure(phase: str, exc: BaseException, check: str) -> dict[str, str]:
     """One record for an exception upstream's own code raised in ``check``."""
-    exc = _unwrap(exc)
-    where, owner = _deepest_verl_frame(exc)
+    cause = _unwrap(exc)
+    where, owner = _deepest_verl_frame(cause)
+    if not where:  # raised by the generated __init__ a wrapper called: the wrapper's verl frame
+        where, owner = _deepest_verl_frame(exc)
+    exc = cause
     if owner.endswith(".__post_init__") and phase != TRAINER_START:
         phase = f"config load: {owner} ({phase})"
     return {
@@ -269,7 +294,7 @@ def _worker_start(out: _Collector, plain: Mapping[str, Any], rollout: Any) -> No
             stand_in_failure(
                 WORKER_START,
                 ENGINE_WORKERS,
-                "assert self.config.actor.use_dynamic_bsz == self.config.rollout.log_prob_use_dynamic_bsz",
+                DYNAMIC_AGREES,
                 "AssertionError",
             )
         )
@@ -287,7 +312,7 @@ def _worker_start(out: _Collector, plain: Mapping[str, Any], rollout: Any) -> No
                 stand_in_failure(
                     WORKER_START,
                     ENGINE_WORKERS,
-                    f"assert self.config.{section}.{key} is not None",
+                    _set_assertion(section, key),
                     "AssertionError",
                 )
             )
@@ -303,7 +328,7 @@ def _worker_start(out: _Collector, plain: Mapping[str, Any], rollout: Any) -> No
                 stand_in_failure(
                     WORKER_START,
                     ENGINE_WORKERS,
-                    "assert self.world_size % infer_world_size == 0",
+                    ROLLOUT_MESH,
                     f"AssertionError: rollout world_size: {world} is not divisible by "
                     f"infer_world_size: {infer}",
                 )
@@ -373,7 +398,7 @@ def _first_update(out: _Collector, plain: Mapping[str, Any]) -> None:
                 stand_in_failure(
                     f"{FIRST_UPDATE}: TrainingWorker.train_mini_batch ({name})",
                     ENGINE_WORKERS,
-                    "assert mini_batch_size % self.engine.get_data_parallel_size() == 0",
+                    MINI_OVER_DP,
                     f"AssertionError: Got mini_batch_size={mini} and "
                     f"self.engine.get_data_parallel_size()={dp}",
                 )
