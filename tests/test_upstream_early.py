@@ -21,6 +21,7 @@ import pytest
 from hostile_canary import Canary
 
 from pytest_verl_compat.checks import CHECKS
+from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream import early_checks
@@ -392,3 +393,67 @@ def test_check_says_in_one_line_when_upstreams_checks_are_skipped(
         f"verl-compat check: upstream's own checks skipped: upstream verl "
         f"{session.pin.version} not installed"
     ]
+
+
+@needs_verl
+def test_an_unknown_dataclass_field_fails_at_the_verl_line_that_instantiates_it(
+    oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    """What the SAPO examples do: ``+…policy_loss.tau_pos`` is an ActorConfig field, not a
+    PolicyLossConfig one, so validate_config's omega_conf_to_dataclass raises a TypeError."""
+    mapping = copy.deepcopy(grpo)
+    mapping[ARR]["actor"]["policy_loss"]["tau_pos"] = 1.0
+    answer = ask(oracle, mapping)
+    fired = [f for f in answer.failures if "unexpected keyword argument 'tau_pos'" in f.message]
+    assert fired and fired[0].phase == "trainer start: validate_config", answer.failures
+    assert fired[0].message.startswith("TypeError: PolicyLossConfig.__init__()")
+    assert "instantiate(" in upstream_line(fired[0].where)
+    assert answer.verdict == "fails"
+
+
+# The examples whose configuration upstream's own early checks reject, and where. Every other
+# composed example passes every early check.
+CONFIG_LOAD = ("upstream.config-load", "verl/workers/config/rollout.py")
+FIRST_UPDATE = ("upstream.first-update", "verl/workers/engine/utils.py")
+TRAINER_START = ("upstream.trainer-start", "verl/utils/config.py")
+EXAMPLE_FAILURES = {
+    "examples/grpo_trainer/run_qwen3_235b_a22b_megatron": CONFIG_LOAD,
+    "examples/grpo_trainer/run_qwen3_30b_a3b_megatron": CONFIG_LOAD,
+    "examples/rollout_correction/run_qwen2_5_7b_fsdp": FIRST_UPDATE,
+    "examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs": FIRST_UPDATE,
+    "examples/sapo_trainer/run_qwen3_30b_a3b_fsdp": TRAINER_START,
+    "examples/sapo_trainer/run_qwen3_8b_fsdp": TRAINER_START,
+}
+
+
+@needs_verl
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath")  # Megatron-Lite's own search path
+def test_upstreams_early_checks_on_every_composed_example(
+    oracle: UpstreamOracle, session: AuditSession
+) -> None:
+    from pytest_verl_compat.pipeline.manifest import (
+        default_examples_path,
+        default_manifest_path,
+        load_examples,
+        load_manifest,
+    )
+
+    cases = load_examples(default_examples_path(), load_manifest(default_manifest_path()).bindings)
+    mappings = {}
+    for case in cases:
+        try:
+            composition = session.outcome(case).composition
+        except (StageFailed, StageUnavailable):
+            continue  # not read (the script exits before its launcher): upstream never sees it
+        if composition.composed:
+            mappings[case.id] = composition.mapping
+            oracle.submit(f"example:{case.id}", checks_request(composition.mapping))
+    assert len(mappings) > 80
+    found = {}
+    for case_id, mapping in mappings.items():
+        raw = oracle.answer(f"example:{case_id}", checks_request(mapping))
+        failures = EarlyAnswer.from_json(raw).failures
+        if failures:
+            found[case_id] = (failures[0].check_id, failures[0].where.split(":")[0])
+    assert found == EXAMPLE_FAILURES
