@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -283,6 +284,14 @@ def test_cache_cold_then_warm_and_a_corrupt_entry_is_a_miss(tmp_path: Path) -> N
         again = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
         assert not again.cached and again.failures == cold.failures
     assert oracle.asked == 5
+    # A FIFO or a link where the entry should be is a miss, never a read that blocks.
+    entry.unlink()
+    os.mkfifo(entry)
+    assert cache.get(cache_key("0.9.0", "tree", mapping)) is None
+    entry.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"verdict": "passes", "message": ""}))
+    entry.symlink_to(tmp_path / "elsewhere.json")
+    assert cache.get(cache_key("0.9.0", "tree", mapping)) is None
 
 
 def test_cache_key_changes_with_the_mapping_the_tree_and_the_version() -> None:

@@ -82,7 +82,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     findings = list(report.findings)
     if not args.no_upstream_checks:
         findings = _with_upstream_findings(session, case, findings)
-    for finding in sorted(findings, key=Finding.sort_key):
+    for finding in findings:
         print(finding.line())
     if args.profile:
         for problem in verdict.problems:
@@ -98,8 +98,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _with_upstream_findings(session: Any, case: Case, findings: list[Finding]) -> list[Finding]:
-    """The findings with upstream's own early checks added (and the static ones they repeat
-    left out), or as they were with one line saying why upstream's checks were skipped."""
+    """The findings with upstream's own early checks after them, in the order verl 0.9.0 meets
+    them (and the static ones they repeat left out), or as they were with one line saying why
+    upstream's checks were skipped."""
     from pytest_verl_compat.upstream.early import (
         AnswerCache,
         covered_static_checks,

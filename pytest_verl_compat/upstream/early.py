@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -196,12 +197,15 @@ class AnswerCache:
         return self.folder / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
-        path = self._path(key)
         try:
-            with path.open("rb") as handle:
-                data = handle.read(MAX_ENTRY_BYTES + 1)
+            # Never a FIFO, a device or a link: an entry is a regular file this module wrote.
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError:
             return None
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            data = handle.read(MAX_ENTRY_BYTES + 1)
         if len(data) > MAX_ENTRY_BYTES:
             return None
         try:
@@ -214,7 +218,7 @@ class AnswerCache:
     def put(self, key: str, entry: Mapping[str, Any]) -> None:
         """Store an answer; a cache that cannot be written is only slower, never an error."""
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=self.folder)
         except OSError:
             return
