@@ -466,3 +466,41 @@ def test_upstreams_early_checks_on_every_composed_example(
         if failures:
             found[case_id] = (failures[0].check_id, failures[0].where.split(":")[0])
     assert found == EXAMPLE_FAILURES
+
+
+def test_the_validate_stage_verdict_names_the_file_line_and_phase() -> None:
+    """The plugin's validate stage reads the same answer: validate_config's verdict, its message
+    with upstream's file:line and phase, and the other early failures."""
+    from pytest_verl_compat.upstream.validate import UpstreamVerdicts
+
+    validate = {
+        "phase": early_checks.TRAINER_START,
+        "message": "AssertionError: validation gen temperature should be greater than 0",
+        "where": "verl/utils/config.py:186",
+        "source": "assert config.actor_rollout_ref.rollout.temperature > 0, (",
+        "stand_in": "",
+        "check": early_checks.VALIDATE_CONFIG,
+    }
+    oracle = CountingOracle()
+    worker = oracle.answer("", {})["failures"][0]
+
+    class Answering(CountingOracle):
+        def answer(self, key: str, request: Mapping[str, Any]) -> dict[str, Any]:
+            self.asked += 1
+            return {
+                "verdict": "fails",
+                "message": validate["message"],
+                "failures": [validate, worker],
+            }
+
+    composed = SimpleNamespace(composition=SimpleNamespace(mapping={"a": 1}))
+    session = SimpleNamespace(pin=SimpleNamespace(version="0.9.0"), outcome=lambda case: composed)
+    verdict = UpstreamVerdicts(session, Answering()).verdict(None)  # type: ignore[arg-type]
+    assert verdict["verdict"] == "fails"
+    assert verdict["message"] == (
+        "AssertionError: validation gen temperature should be greater than 0 (verl 0.9.0 raises "
+        "it at trainer start: validate_config, verl/utils/config.py:186)"
+    )
+    assert (
+        len(verdict["early"]) == 1 and "verl/workers/engine_workers.py:610" in verdict["early"][0]
+    )
