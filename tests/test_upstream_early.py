@@ -58,6 +58,8 @@ SMALL = {
     "data.train_batch_size": 12,
 }
 
+REWARD_MODEL = {"reward.reward_model.enable": True, "reward.reward_model.rollout.name": "vllm"}
+
 
 @pytest.fixture(scope="module")
 def session(upstream_checkout: Path) -> AuditSession:
@@ -120,6 +122,14 @@ PHASES = {
         "ValueError: Rollout mode 'sync' has been removed",
         {f"{ARR}.rollout.mode": "sync"},
         {f"{ARR}.rollout.mode": "async"},
+    ),
+    "reward-model": (
+        "config load: RolloutConfig.__post_init__ (worker start: RolloutReplica.__init__ "
+        "(reward model))",
+        "verl/workers/config/rollout.py",
+        "ValueError: Rollout mode 'sync' has been removed",
+        {**REWARD_MODEL, "reward.reward_model.rollout.mode": "sync"},
+        {**REWARD_MODEL, "reward.reward_model.rollout.mode": "async"},
     ),
     "worker-start": (
         "worker start: ActorRolloutRefWorker.init_model",

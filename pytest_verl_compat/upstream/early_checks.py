@@ -9,7 +9,7 @@ the phase at which 0.9.0 raises it:
 - ``trainer start: validate_config`` — upstream's ``validate_config`` (``validate.py`` stand-ins);
 - ``config load: <Dataclass>.__post_init__`` — upstream's ``omega_conf_to_dataclass`` on every
   section the selected path converts (actor, ref, rollout, critic, checkpoint engine, profiler,
-  distillation), where 0.9.0 converts it;
+  distillation, the reward model's rollout), where 0.9.0 converts it;
 - ``worker start`` / ``first update`` — the assertions of ``ActorRolloutRefWorker.init_model``
   and ``TrainingWorker.train_mini_batch`` that read only the configuration. Those lines sit inside
   methods that need ``torch.distributed`` and a model, so each is a labelled stand-in that names
@@ -45,6 +45,7 @@ VALIDATE_CONFIG = "validate_config"
 
 TRAINER_START = "trainer start: validate_config"
 WORKER_START = "worker start: ActorRolloutRefWorker.init_model"
+REWARD_MODEL_START = "worker start: RolloutReplica.__init__ (reward model)"
 FIRST_UPDATE = "first update"
 FIRST_LOG_PROB = "first step: compute_log_prob"  # the log-prob pass before the update
 
@@ -275,6 +276,15 @@ def _conversions(out: _Collector, cfg: Any, plain: Mapping[str, Any]) -> Any:
         lambda: omega_conf_to_dataclass(arr.rollout.checkpoint_engine),
         "omega_conf_to_dataclass",
     )
+    reward_model = cfg.get("reward", {}).get("reward_model", {})
+    if reward_model.get("enable"):
+        # RewardModelManager builds one RolloutReplica per server, each converting the reward
+        # model's rollout section (workers/rollout/replica.py, RolloutReplica.__init__).
+        out.run(
+            REWARD_MODEL_START,
+            lambda: omega_conf_to_dataclass(reward_model.rollout),
+            "omega_conf_to_dataclass",
+        )
     distillation = cfg.get("distillation")
     if distillation is not None and distillation.get("enabled"):
         out.run(
