@@ -223,6 +223,8 @@ class Finding:
     message: str
     fix: str = ""
     evidence: str = ""
+    # The registered check that said it (not part of the JSON: golden files stay as they were).
+    check: str = field(default="", compare=False)
 
     def to_json(self) -> dict[str, str]:
         return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,20 @@ def upstream_091() -> Path:
     if path is None:
         pytest.skip("no verl v0.9.1 tree (set VERL_UPSTREAM_091)")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def upstream_checks_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache of upstream's early checks for the whole run (``check`` answers warm from it),
+    never the developer's own ``~/.cache``; the CLI subprocesses inherit it."""
+    folder = tmp_path_factory.mktemp("xdg-cache")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture(scope="session")

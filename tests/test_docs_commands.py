@@ -54,6 +54,9 @@ NOT_RUN = {
 EXPECTED_STATUS = {
     # "exit 1 on an error": the README shows the two errors.
     "verl-compat check grpo --set data.train_batch_size=100": 1,
+    # The README shows upstream's own check failing.
+    "verl-compat check grpo --set actor_rollout_ref.rollout.val_kwargs.do_sample=True "
+    "--set actor_rollout_ref.rollout.temperature=0": 1,
     # drift exits 1 when the trees differ, and 0.9.1 differs from 0.9.0.
     "verl-compat --upstream verl-v0.9.0 drift --against verl-v0.9.1": 1,
     "verl-compat --upstream ~/src/verl-v0.9.0 drift --against ~/src/verl-main": 1,

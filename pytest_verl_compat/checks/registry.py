@@ -73,7 +73,8 @@ class Check:
     def findings(self, inp: CheckInput) -> list[Finding]:
         evidence = self.evidence.format(profile=inp.profile.name, version=inp.version)
         return [
-            Finding(self.level, hit.path, hit.message, hit.fix, evidence) for hit in self.run(inp)
+            Finding(self.level, hit.path, hit.message, hit.fix, evidence, check=self.id)
+            for hit in self.run(inp)
         ]
 
 

@@ -20,7 +20,7 @@ from pytest_verl_compat.cli.common import (
     open_session,
     say,
 )
-from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.model import Case, Finding, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
 from pytest_verl_compat.pipeline.pins import UpstreamError
 
@@ -87,7 +87,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pytest_verl_compat.pipeline.compile import verdicts
 
     verdict = verdicts(report)
-    for finding in report.findings:
+    findings = list(report.findings)
+    if not args.no_upstream_checks:
+        findings = _with_upstream_findings(session, case, findings)
+    for finding in findings:
         print(finding.line())
     if args.profile:
         for problem in verdict.problems:
@@ -99,12 +102,42 @@ def cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     version = session.pin.version
-    print(f"valid for verl {version}: {'yes' if verdict.valid else 'no'}", file=sys.stderr)
+    valid = verdict.valid and not any(f.level == "error" for f in findings)
+    print(f"valid for verl {version}: {'yes' if valid else 'no'}", file=sys.stderr)
     runnable = "yes" if verdict.runnable else f"no ({report.reason})"
     print(f"runnable by the reference trainer: {runnable}", file=sys.stderr)
     # Exit 1 only when verl itself would fail or misbehave; the reference trainer's verdict
     # fails the command only when asked (--profile).
-    return EXIT_OK if verdict.valid and (verdict.runnable or not args.profile) else EXIT_FINDINGS
+    return EXIT_OK if valid and (verdict.runnable or not args.profile) else EXIT_FINDINGS
+
+
+def _with_upstream_findings(session: Any, case: Case, findings: list[Finding]) -> list[Finding]:
+    """The findings with upstream's own early checks after them, in the order verl 0.9.0 meets
+    them (and the static ones they repeat left out), or as they were with one line saying why
+    upstream's checks were skipped."""
+    from pytest_verl_compat.upstream.early import (
+        AnswerCache,
+        covered_static_checks,
+        early_answer,
+        upstream_gate,
+    )
+
+    gate = upstream_gate(session)
+    if gate.tree is None:
+        say("check", f"upstream's own checks skipped: {gate.reason}")
+        return findings
+    mapping = session.outcome(case).composition.mapping
+    try:
+        answer = early_answer(session, mapping, gate.tree, AnswerCache())
+    except RuntimeError as exc:
+        say("check", f"upstream's own checks skipped: {str(exc).splitlines()[0]}")
+        return findings
+    if answer.verdict == "refused":
+        say("check", f"upstream's own checks skipped: {answer.message}")
+        return findings
+    covered = covered_static_checks(answer)
+    kept = [f for f in findings if f.check not in covered]
+    return kept + [failure.finding(session.pin.version) for failure in answer.failures]
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -190,6 +223,11 @@ def add_inspect_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the actor model's config.json (or its folder): checks heads, experts, context length "
         "and tokenizer against the layout; read as JSON only, never run",
+    )
+    check.add_argument(
+        "--no-upstream-checks",
+        action="store_true",
+        help="skip upstream's own config-only checks (run in a sandboxed verl process, cached)",
     )
     add_bindings_flags(check)
     check.set_defaults(func=cmd_check)

@@ -214,10 +214,11 @@ def test_upstream_validate(
         "passes" if upstream.get("behaviour") in {"fails late", "silent", "notice only"} else None
     )
     reason = upstream.get("why") or upstream.get("detail")
+    early = "".join(f"; upstream's early check fails: {line}" for line in verdict.get("early", []))
     assert explained == verdict["verdict"] and reason, (
         f"upstream validate_config {verdict['verdict']} ({verdict['message']}), but the compiler "
         f"{'accepted' if ours == 'passes' else 'rejected'} the case and the manifest explains no "
-        f"difference [{verl_case.id}]"
+        f"difference{early} [{verl_case.id}]"
     )
 
 

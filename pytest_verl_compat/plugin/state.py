@@ -8,22 +8,13 @@ from typing import TYPE_CHECKING, Any
 from pytest_verl_compat.conformance.plan import conformance_cases, load_tolerances
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
+from pytest_verl_compat.upstream.early import UpstreamGate, upstream_gate
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.trusted import TrustedCompositions
 from pytest_verl_compat.upstream.validate import UpstreamVerdicts
 
 if TYPE_CHECKING:
     from pytest_verl_compat.conformance.plan import ConformanceCase
-
-
-@dataclass(frozen=True)
-class UpstreamGate:
-    """Whether upstream's code may see this session's compositions: the tree it would see, or
-    the reason it may not."""
-
-    tree: str | None
-    reason: str
 
 
 @dataclass
@@ -59,32 +50,9 @@ class AuditState:
 
     def upstream_gate(self) -> UpstreamGate:
         """The installed tree's hash when upstream's code may see this session's compositions,
-        else why not.
-
-        Only compositions of the installed verl's own tree reach its code: a tree from elsewhere
-        (a drift tree, a user's folder) may name any ``_target_`` and is never sent.
-        """
+        else why not (``upstream.early.upstream_gate``)."""
         if self._gate is None:
-            session = self.session
-            installed = installed_verl_root()
-            if installed is None or installed[1] != session.pin.version:
-                self._gate = UpstreamGate(
-                    None, f"upstream verl {session.pin.version} not installed"
-                )
-            elif session.upstream is None:
-                reason = f"no upstream config tree: {session.upstream_reason}"
-                self._gate = UpstreamGate(None, reason)
-            else:
-                installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
-                composed = session.upstream.tree_sha256
-                self._gate = (
-                    UpstreamGate(installed_tree, "")
-                    if installed_tree == composed
-                    else UpstreamGate(
-                        None,
-                        f"installed verl's tree {installed_tree} is not the composed tree {composed}",
-                    )
-                )
+            self._gate = upstream_gate(self.session)
         return self._gate
 
     def prefetch_upstream(self, case: Case, cache: Any) -> None:

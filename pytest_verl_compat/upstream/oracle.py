@@ -7,7 +7,9 @@ folder, isolated interpreter, allow-listed environment), and sends it one JSON l
 
 - ``compose``: call the entry point's own ``main()`` with ``sys.argv`` set exactly as the command
   line would set it, and return what Hydra printed (the resolved job config) or its error;
-- ``validate``: upstream's ``validate_config`` on one resolved mapping (see ``validate.py``).
+- ``validate``: upstream's ``validate_config`` on one resolved mapping (see ``validate.py``);
+- ``checks``: every early upstream check on one resolved mapping (``early_checks.py``): the
+  validate_config verdict, and a record (message, upstream file:line, phase) per failure.
 
 Requests are pipelined: the plugin submits a case's questions as soon as it is composed and reads
 the answers later, so the process works while the audit's other stages run. Only argv that
@@ -91,6 +93,11 @@ def compose_request(fields: Sequence[str], variables: Mapping[str, str]) -> dict
 def validate_request(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """A ``validate`` question: upstream's validate_config on one resolved mapping."""
     return {"kind": "validate", "mapping": dict(mapping)}
+
+
+def checks_request(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``checks`` question: every early upstream check on one resolved mapping."""
+    return {"kind": "checks", "mapping": dict(mapping)}
 
 
 class UpstreamOracle:

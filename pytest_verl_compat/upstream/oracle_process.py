@@ -55,6 +55,8 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     try:
         if request["kind"] == "compose":
             answer = _compose(entry, request)
+        elif request["kind"] == "checks":
+            answer = validate.checks_one(request["mapping"])
         else:
             answer = validate.validate_one(request["mapping"])
     except EntryArgvRefused as exc:

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.model import Case, StageFailed
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, validate_request
+from pytest_verl_compat.upstream import early_checks
+from pytest_verl_compat.upstream.early import ANSWER_FORMAT, VALIDATE_CONFIG, EarlyAnswer
+from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -53,45 +55,77 @@ def install_stand_ins() -> None:
     sys.modules["verl.workers.rollout.vllm_rollout.utils"] = fake
 
 
-def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
-    """validate_config's verdict on one resolved mapping (inside the oracle process)."""
+def _refusal(mapping: Mapping[str, Any]) -> str | None:
     import verl
-    from omegaconf import OmegaConf
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils import config as config_utils
 
     # Checked here too: whatever the sender, only classes verl's own tree names are instantiated.
     foreign = foreign_targets(
         mapping, tree_targets(Path(verl.__file__).parent / "trainer" / "config")
     )
-    if foreign:
-        return {"verdict": "refused", "message": f"not sent to validate_config: {foreign[0]}"}
-    cfg = OmegaConf.create(dict(mapping))
+    return f"not sent to upstream's checks: {foreign[0]}" if foreign else None
+
+
+def _validate_config(cfg: Any) -> None:
+    """Upstream's validate_config on one config (inside the oracle process), with the stand-ins."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils import config as config_utils
+
     # Stand-in for the hub load: without its _target_, the critic's model section stays a
     # plain mapping instead of an HFModelConfig that downloads the model's config.
     if not os.path.isdir(str(cfg.critic.model.path)):
         cfg.critic.model.pop("_target_", None)
+    config_utils.validate_config(
+        config=cfg,
+        use_reference_policy=need_reference_policy(cfg),
+        use_critic=need_critic(cfg),
+    )
+
+
+def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
+    """validate_config's verdict on one resolved mapping (inside the oracle process)."""
+    from omegaconf import OmegaConf
+
+    refused = _refusal(mapping)
+    if refused:
+        return {"verdict": "refused", "message": refused}
+    cfg = OmegaConf.create(dict(mapping))
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            config_utils.validate_config(
-                config=cfg,
-                use_reference_policy=need_reference_policy(cfg),
-                use_critic=need_critic(cfg),
-            )
+            _validate_config(cfg)
     except Exception as exc:
         return {"verdict": "fails", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     lines = printed.getvalue().strip().splitlines()
     return {"verdict": "passes", "message": lines[-1] if lines else ""}
 
 
+def checks_one(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """Every early upstream check on one resolved mapping (inside the oracle process).
+
+    ``verdict``/``message`` are validate_config's alone (what the validate stage compares with
+    the compiler's outcome); ``failures`` holds every check's record (``early_checks``).
+    """
+    refused = _refusal(mapping)
+    if refused:
+        return {"verdict": "refused", "message": refused, "failures": []}
+    failures = early_checks.run_all(mapping, _validate_config)
+    validate = [f for f in failures if f[early_checks.KEY_CHECK] == VALIDATE_CONFIG]
+    return {
+        "verdict": "fails" if validate else "passes",
+        "message": validate[0][early_checks.KEY_MESSAGE] if validate else "",
+        "failures": failures,
+    }
+
+
 def verdict_cache_key(mapping: Mapping[str, Any]) -> str:
     payload = json.dumps(mapping, sort_keys=True)
-    return "verl_corpus/validate/" + hashlib.sha256(payload.encode()).hexdigest()
+    return f"verl_corpus/checks{ANSWER_FORMAT}/" + hashlib.sha256(payload.encode()).hexdigest()
 
 
 class UpstreamVerdicts:
-    """validate_config's verdict for each composed case of a session, from the oracle process."""
+    """Upstream's early checks on each composed case of a session, from the oracle process:
+    validate_config's verdict (its message names the upstream file:line and phase) and the
+    other early checks' failures."""
 
     def __init__(self, session: AuditSession, oracle: UpstreamOracle) -> None:
         self.session = session
@@ -102,19 +136,33 @@ class UpstreamVerdicts:
         mapping = self.session.outcome(case).composition.mapping
         key = verdict_cache_key(mapping)
         if cache is None or not isinstance(cache.get(key, None), dict):
-            self.oracle.submit(key, validate_request(mapping))
+            self.oracle.submit(key, checks_request(mapping))
 
-    def verdict(self, case: Case, cache: Any = None) -> dict[str, str]:
+    def verdict(self, case: Case, cache: Any = None) -> dict[str, Any]:
+        """``verdict``, ``message`` (validate_config's, with file:line and phase) and ``early``
+        (every other early failure, described)."""
         mapping = self.session.outcome(case).composition.mapping
         key = verdict_cache_key(mapping)
         hit = cache.get(key, None) if cache is not None else None
         if isinstance(hit, dict):
             return hit
         try:
-            answer = self.oracle.answer(key, validate_request(mapping))
+            raw = self.oracle.answer(key, checks_request(mapping))
+            if "verdict" not in raw:
+                raise RuntimeError(f"upstream's checks gave no verdict: {raw.get('error', raw)}")
         except RuntimeError as exc:
             raise StageFailed(str(exc)) from exc
-        verdict = {"verdict": answer["verdict"], "message": answer["message"]}
+        answer = EarlyAnswer.from_json(raw)
+        version = self.session.pin.version
+        verdict = {
+            "verdict": answer.verdict,
+            "message": answer.validate_message(version),
+            "early": [
+                failure.describe(version)
+                for failure in answer.failures
+                if failure.check != VALIDATE_CONFIG
+            ],
+        }
         if cache is not None:
             cache.set(key, verdict)
         return verdict

@@ -1,0 +1,341 @@
+"""Upstream's early checks for one composed case, as findings, cached per mapping.
+
+The caller's side of ``early_checks.py``: it never imports verl. It asks the oracle process (verl
+imported once, ~5 s) for every early check on one resolved mapping, keeps the answer in a user
+cache folder keyed by (verl version, config-tree digest, sha256 of the mapping), and turns each
+failure into an error finding ``upstream.<phase>`` that quotes upstream's message, names the
+upstream file:line and the phase at which verl raises it.
+
+A static check of ``checks/`` that names the same upstream statement as a failure upstream itself
+reported is the same cause said twice; ``covered_static_checks`` says which to leave out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_verl_compat.model import Finding
+from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
+from pytest_verl_compat.upstream import early_checks as ec
+from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.pipeline.audit import AuditSession
+
+CACHE_FOLDER = "pytest-verl-compat"
+CACHE_KIND = "upstream-checks"
+# Bumped when the answer's shape or the checks change, so an older answer is never read as new.
+ANSWER_FORMAT = 1
+MAX_ENTRY_BYTES = 1 << 20
+VALIDATE_CONFIG = ec.VALIDATE_CONFIG
+
+# The static checks that say what an upstream statement says, by (installed file, statement).
+# When upstream's own check fails on that statement, the static finding is left out.
+STATIC_EQUIVALENTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "validate.responses-over-gpus": (
+        ("verl/utils/config.py", "assert real_train_batch_size % minimal_bsz == 0"),
+    ),
+    "validate.no-micro-batch-size": (
+        (
+            "verl/workers/config/actor.py",
+            "assert not (self.ppo_micro_batch_size is None and self.ppo_micro_batch_size_per_gpu",
+        ),
+    ),
+    "validate.no-log-prob-micro-batch-size": (
+        ("verl/utils/config.py", 'raise ValueError(f"[{name}] Please set at least one of'),
+    ),
+    "validate.sampled-validation-temperature": (
+        ("verl/utils/config.py", "assert config.actor_rollout_ref.rollout.temperature > 0"),
+    ),
+    "worker.dynamic-batch-disagrees": (
+        (
+            "verl/workers/engine_workers.py",
+            "assert self.config.actor.use_dynamic_bsz == self.config.rollout.log_prob_use_dynamic_bsz",
+        ),
+    ),
+    "parallel.rollout-replicas": (
+        ("verl/workers/engine_workers.py", "assert self.world_size % infer_world_size == 0"),
+    ),
+    "parallel.sequence-parallel-divides-gpus": (
+        ("verl/utils/config.py", "n_gpus % (model_parallel_size * config.actor_rollout_ref"),
+    ),
+    "batch.mini-batch-over-ranks": (
+        (
+            "verl/workers/engine_workers.py",
+            "assert mini_batch_size % self.engine.get_data_parallel_size() == 0",
+        ),
+    ),
+    "batch.micro-batch-does-not-divide-mini-batch": (
+        (
+            "verl/workers/engine/utils.py",
+            "assert total_data_size % (force_group_size * micro_batch_size_per_gpu) == 0",
+        ),
+    ),
+    "batch.log-prob-micro-batch-does-not-divide-batch": (
+        (
+            "verl/workers/engine/utils.py",
+            "assert total_data_size % (force_group_size * micro_batch_size_per_gpu) == 0",
+        ),
+    ),
+    "batch.deprecated-global-micro-batch": (
+        (
+            "verl/workers/engine_workers.py",
+            "assert self.config.rollout.log_prob_micro_batch_size_per_gpu is not None",
+        ),
+        (
+            "verl/workers/engine_workers.py",
+            "assert self.config.actor.ppo_micro_batch_size_per_gpu is not None",
+        ),
+    ),
+}
+
+# Upstream raises these in a multi-line ``raise ValueError(`` whose first line names nothing: the
+# static check is matched by upstream's message instead.
+STATIC_EQUIVALENT_MESSAGES = {
+    "validate.sequence-parallel-needs-remove-padding": "you must enable `use_remove_padding`",
+    "batch.mini-batch-larger-than-batch": "must be >= actor.ppo_mini_batch_size",
+}
+
+
+@dataclass(frozen=True)
+class UpstreamFailure:
+    """One early check that fails: upstream's message, where it is raised and when."""
+
+    phase: str
+    message: str
+    where: str
+    source: str
+    stand_in: str = ""
+    check: str = ""  # the upstream function that raised, or "stand-in"
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> UpstreamFailure:
+        return cls(
+            phase=str(raw[ec.KEY_PHASE]),
+            message=str(raw[ec.KEY_MESSAGE]),
+            where=str(raw[ec.KEY_WHERE]),
+            source=str(raw[ec.KEY_SOURCE]),
+            stand_in=str(raw.get(ec.KEY_STAND_IN) or ""),
+            check=str(raw.get(ec.KEY_CHECK) or ""),
+        )
+
+    @property
+    def check_id(self) -> str:
+        """``upstream.<phase slug>``: ``upstream.trainer-start``, ``upstream.worker-start``, …"""
+        when = self.phase.split(":", 1)[0]
+        return "upstream." + re.sub(r"[^a-z0-9]+", "-", when.lower()).strip("-")
+
+    def describe(self, version: str = "") -> str:
+        """Upstream's message (with the statement when the message alone says nothing), the
+        phase at which verl raises it and the upstream file:line."""
+        message = self.message
+        if ": " not in message and self.source:
+            message = f"{message} on `{self.source}`"
+        where = self.where or "its upstream line is gone (stale stand-in)"
+        raises = f"verl {version} raises it" if version else "raised"
+        label = "; stand-in, the statement needs a GPU" if self.stand_in else ""
+        return f"{message} ({raises} at {self.phase}, {where}{label})"
+
+    def finding(self, version: str) -> Finding:
+        evidence = f"{self.where}: {self.source}" if self.where else self.source
+        if self.stand_in:
+            evidence += f" ({self.stand_in})"
+        return Finding("error", self.check_id, self.describe(version), evidence=evidence)
+
+
+@dataclass(frozen=True)
+class EarlyAnswer:
+    """Upstream's early checks on one mapping: validate_config's verdict and every failure."""
+
+    verdict: str
+    message: str
+    failures: tuple[UpstreamFailure, ...]
+    cached: bool = False
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], cached: bool = False) -> EarlyAnswer:
+        return cls(
+            verdict=str(raw["verdict"]),
+            message=str(raw["message"]),
+            failures=tuple(UpstreamFailure.from_json(f) for f in raw.get("failures", [])),
+            cached=cached,
+        )
+
+    def validate_message(self, version: str = "") -> str:
+        """validate_config's failure with its file:line and phase (the validate stage's words)."""
+        first = next((f for f in self.failures if f.check == VALIDATE_CONFIG), None)
+        return first.describe(version) if first is not None else self.message
+
+
+# --- where the answers are kept ----------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/pytest-verl-compat/upstream-checks`` (else under ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / CACHE_FOLDER / CACHE_KIND
+
+
+def mapping_sha256(mapping: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(mapping, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key(version: str, tree: str, mapping: Mapping[str, Any]) -> str:
+    payload = json.dumps(
+        {"format": ANSWER_FORMAT, "verl": version, "tree": tree, "mapping": mapping_sha256(mapping)}
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class AnswerCache:
+    """One JSON file per key; written to a temporary file then renamed; a bad entry is a miss."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder if folder is not None else cache_dir()
+
+    def _path(self, key: str) -> Path:
+        return self.folder / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            # Never a FIFO, a device or a link: an entry is a regular file this module wrote.
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            data = handle.read(MAX_ENTRY_BYTES + 1)
+        if len(data) > MAX_ENTRY_BYTES:
+            return None
+        try:
+            entry = json.loads(data)
+            EarlyAnswer.from_json(entry)  # the shape is checked before the entry is trusted
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return entry if isinstance(entry, dict) else None
+
+    def put(self, key: str, entry: Mapping[str, Any]) -> None:
+        """Store an answer; a cache that cannot be written is only slower, never an error."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=self.folder)
+        except OSError:
+            return
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(entry, out, sort_keys=True)
+            os.replace(temporary, self._path(key))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
+# --- whether upstream's code may see a session's compositions ----------------------------------
+
+
+@dataclass(frozen=True)
+class UpstreamGate:
+    """Whether upstream's code may see this session's compositions: the tree it would see, or
+    the reason it may not."""
+
+    tree: str | None
+    reason: str
+
+
+def upstream_gate(session: AuditSession) -> UpstreamGate:
+    """The installed tree's hash when upstream's code may see this session's compositions.
+
+    Only compositions of the installed verl's own tree reach its code: a tree from elsewhere (a
+    drift tree, a user's folder) may name any ``_target_`` and is never sent.
+    """
+    installed = installed_verl_root()
+    if installed is None or installed[1] != session.pin.version:
+        return UpstreamGate(None, f"upstream verl {session.pin.version} not installed")
+    if session.upstream is None:
+        return UpstreamGate(None, f"no upstream config tree: {session.upstream_reason}")
+    installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
+    composed = session.upstream.tree_sha256
+    if installed_tree != composed:
+        return UpstreamGate(
+            None, f"installed verl's tree {installed_tree} is not the composed tree {composed}"
+        )
+    return UpstreamGate(installed_tree, "")
+
+
+def early_answer(
+    session: AuditSession,
+    mapping: Mapping[str, Any],
+    tree: str,
+    cache: AnswerCache | None,
+    oracle: UpstreamOracle | None = None,
+) -> EarlyAnswer:
+    """Upstream's early checks on one composed mapping, from the cache or the oracle process.
+
+    Raises RuntimeError when the oracle process gives no answer.
+    """
+    key = cache_key(session.pin.version, tree, mapping)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None:
+        return EarlyAnswer.from_json(hit, cached=True)
+    own = oracle is None
+    asker = UpstreamOracle() if oracle is None else oracle
+    try:
+        answer = asker.answer(key, checks_request(mapping))
+    finally:
+        if own:
+            asker.close()
+    if "verdict" not in answer:
+        raise RuntimeError(f"upstream's checks gave no verdict: {answer.get('error', answer)}")
+    entry = {
+        "verdict": answer["verdict"],
+        "message": answer["message"],
+        "failures": answer.get("failures", []),
+    }
+    if cache is not None:
+        cache.put(key, entry)
+    return EarlyAnswer.from_json(entry)
+
+
+# --- the same cause said twice ---------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _statement_line(relative: str, statement: str) -> int | None:
+    installed = installed_verl_root()
+    if installed is None:
+        return None
+    try:
+        lines = (installed[0] / relative).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    return next(
+        (n for n, text in enumerate(lines, start=1) if text.strip().startswith(statement)), None
+    )
+
+
+def covered_static_checks(answer: EarlyAnswer) -> frozenset[str]:
+    """The static checks whose upstream statement upstream itself reported failing."""
+    raised = {failure.where for failure in answer.failures}
+    covered = set()
+    for check_id, statements in STATIC_EQUIVALENTS.items():
+        for relative, statement in statements:
+            line = _statement_line(relative, statement)
+            if line is not None and f"{relative}:{line}" in raised:
+                covered.add(check_id)
+    for check_id, words in STATIC_EQUIVALENT_MESSAGES.items():
+        if any(words in failure.message for failure in answer.failures):
+            covered.add(check_id)
+    return frozenset(covered)

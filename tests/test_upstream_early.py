@@ -1,0 +1,516 @@
+"""Upstream's own config-only checks, run early (issue 16, items 2 and 5).
+
+Every phase has a configuration where upstream's check fires (its message quoted, its file:line
+in the installed verl holding an ``assert`` or a ``raise``) and a near-identical one where it does
+not; the answers are cached per (verl version, tree, mapping); a foreign ``_target_`` is never
+instantiated.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hostile_canary import Canary
+
+from pytest_verl_compat.checks import CHECKS
+from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.upstream import early_checks
+from pytest_verl_compat.upstream.early import (
+    STATIC_EQUIVALENT_MESSAGES,
+    STATIC_EQUIVALENTS,
+    AnswerCache,
+    EarlyAnswer,
+    UpstreamFailure,
+    cache_key,
+    covered_static_checks,
+    early_answer,
+)
+from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+
+needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+
+ARR = "actor_rollout_ref"
+# Static micro-batches that divide everything of the grpo case (8 GPUs, 1024 prompts × n=5).
+STATIC = {
+    f"{ARR}.actor.use_dynamic_bsz": False,
+    f"{ARR}.rollout.log_prob_use_dynamic_bsz": False,
+    f"{ARR}.ref.log_prob_use_dynamic_bsz": False,
+    f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 4,
+    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu": 8,
+    f"{ARR}.ref.log_prob_micro_batch_size_per_gpu": 8,
+}
+# One GPU, one prompt per response: a batch of 12 rows, the last mini-batch of 8 is short.
+SMALL = {
+    "trainer.n_gpus_per_node": 1,
+    f"{ARR}.rollout.tensor_model_parallel_size": 1,
+    f"{ARR}.rollout.n": 1,
+    "data.train_batch_size": 12,
+}
+
+REWARD_MODEL = {"reward.reward_model.enable": True, "reward.reward_model.rollout.name": "vllm"}
+
+
+@pytest.fixture(scope="module")
+def session(upstream_checkout: Path) -> AuditSession:
+    return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
+
+
+@pytest.fixture(scope="module")
+def grpo(session: AuditSession) -> dict[str, Any]:
+    return session.outcome(session.manifest.case("grpo")).composition.mapping  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Iterator[UpstreamOracle]:
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    process = UpstreamOracle()
+    yield process
+    process.close()
+
+
+def edited(mapping: Mapping[str, Any], edits: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(mapping))
+    for dotted, value in edits.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return out
+
+
+def ask(oracle: UpstreamOracle, mapping: Mapping[str, Any]) -> EarlyAnswer:
+    key = json.dumps(mapping, sort_keys=True)
+    raw = oracle.answer(key, checks_request(mapping))
+    assert "verdict" in raw, raw
+    return EarlyAnswer.from_json(raw)
+
+
+def upstream_line(where: str) -> str:
+    installed = installed_verl_root()
+    assert installed is not None
+    path, _, line = where.rpartition(":")
+    lines = (installed[0] / path).read_text(encoding="utf-8").splitlines()
+    return lines[int(line) - 1]
+
+
+# (phase prefix, upstream file, words of upstream's message, the edits that make it fire, the
+# near-identical edits where it must not)
+PHASES = {
+    "trainer-start": (
+        "trainer start: validate_config",
+        "verl/utils/config.py",
+        "validation gen temperature should be greater than 0",
+        {f"{ARR}.rollout.val_kwargs.do_sample": True, f"{ARR}.rollout.temperature": 0},
+        {f"{ARR}.rollout.val_kwargs.do_sample": True, f"{ARR}.rollout.temperature": 0.7},
+    ),
+    "config-load": (
+        "config load: RolloutConfig.__post_init__ (worker start: ActorRolloutRefWorker.init_model)",
+        "verl/workers/config/rollout.py",
+        "ValueError: Rollout mode 'sync' has been removed",
+        {f"{ARR}.rollout.mode": "sync"},
+        {f"{ARR}.rollout.mode": "async"},
+    ),
+    "reward-model": (
+        "config load: RolloutConfig.__post_init__ (worker start: RolloutReplica.__init__ "
+        "(reward model))",
+        "verl/workers/config/rollout.py",
+        "ValueError: Rollout mode 'sync' has been removed",
+        {**REWARD_MODEL, "reward.reward_model.rollout.mode": "sync"},
+        {**REWARD_MODEL, "reward.reward_model.rollout.mode": "async"},
+    ),
+    "worker-start": (
+        "worker start: ActorRolloutRefWorker.init_model",
+        "verl/workers/engine_workers.py",
+        "AssertionError",
+        {**STATIC, f"{ARR}.rollout.log_prob_use_dynamic_bsz": True},
+        STATIC,
+    ),
+    "train-mini-batch": (
+        "first update: TrainingWorker.train_mini_batch (actor)",
+        "verl/workers/engine_workers.py",
+        "Got mini_batch_size=20 and self.engine.get_data_parallel_size()=8",
+        {f"{ARR}.actor.ppo_mini_batch_size": 4},
+        {f"{ARR}.actor.ppo_mini_batch_size": 8},
+    ),
+    "make-iterator": (
+        "first update: make_iterator (actor)",
+        "verl/utils/tensordict_utils.py",
+        "AssertionError: 12 % 8 != 0",
+        {**SMALL, "trainer.use_v1": False, f"{ARR}.actor.ppo_mini_batch_size": 8},
+        {**SMALL, "trainer.use_v1": False, f"{ARR}.actor.ppo_mini_batch_size": 6},
+    ),
+    "micro-batches": (
+        "first update: prepare_micro_batches (actor micro-batches)",
+        "verl/workers/engine/utils.py",
+        "data size must be divisible by force_group_size * micro_batch_size_per_gpu",
+        {**STATIC, f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 3},
+        STATIC,
+    ),
+    "log-prob-micro-batches": (
+        "first step: compute_log_prob",
+        "verl/workers/engine/utils.py",
+        "data size must be divisible by force_group_size * micro_batch_size_per_gpu",
+        {**STATIC, f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu": 7},
+        STATIC,
+    ),
+}
+
+
+@needs_verl
+@pytest.mark.parametrize("name", sorted(PHASES))
+def test_upstream_check_fires_at_its_phase_and_not_on_the_valid_twin(
+    name: str, oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    phase, upstream_file, words, bad_edits, good_edits = PHASES[name]
+    bad = ask(oracle, edited(grpo, bad_edits))
+    fired = [f for f in bad.failures if f.phase.startswith(phase) and words in f.message]
+    assert fired, f"failures={bad.failures}, but should include {phase!r} with {words!r}"
+    failure = fired[0]
+    assert failure.where.startswith(upstream_file + ":"), failure
+    line = upstream_line(failure.where)
+    assert "assert" in line or "raise" in line, (failure.where, line)
+    if failure.stand_in:  # a stand-in quotes the statement that sits on that very line
+        assert line.strip().startswith(failure.source)
+    good = ask(oracle, edited(grpo, good_edits))
+    assert not [f for f in good.failures if f.phase.startswith(phase)], good.failures
+
+
+@needs_verl
+def test_v1_pads_the_batch_so_make_iterator_passes(
+    oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    """trainer_base.py _get_required_batch_multiple: V1 pads 12 rows to 16, two mini-batches of 8."""
+    answer = ask(oracle, edited(grpo, {**SMALL, f"{ARR}.actor.ppo_mini_batch_size": 8}))
+    assert not [f for f in answer.failures if "make_iterator" in f.phase], answer.failures
+
+
+@needs_verl
+def test_the_grpo_case_passes_every_early_check(
+    oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    answer = ask(oracle, grpo)
+    assert answer.verdict == "passes" and answer.failures == (), answer
+
+
+@needs_verl
+def test_a_foreign_target_is_never_instantiated(oracle: UpstreamOracle, canary: Canary) -> None:
+    payload = {"_target_": "os.system", "_args_": [canary.payload]}
+    for mapping in (
+        {"pwn": payload},
+        {ARR: {"rollout": {"checkpoint_engine": payload}}},
+    ):
+        answer = oracle.answer(json.dumps(mapping), checks_request(mapping))
+        assert answer["verdict"] == "refused" and answer["failures"] == [], answer
+        assert "_target_='os.system'" in answer["message"]
+    assert not canary.fired()
+
+
+def test_every_stand_in_statement_is_on_a_line_of_the_installed_verl() -> None:
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    for statement in early_checks.STAND_IN_STATEMENTS:
+        record = early_checks.stand_in_failure("p", early_checks.ENGINE_WORKERS, statement, "m")
+        assert record["where"], f"stale stand-in: {statement}"
+        assert upstream_line(record["where"]).strip().startswith(statement)
+
+
+def test_every_static_equivalent_names_a_registered_check_and_a_real_statement() -> None:
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    installed = installed_verl_root()
+    assert installed is not None
+    for check_id, statements in STATIC_EQUIVALENTS.items():
+        assert check_id in CHECKS
+        for relative, statement in statements:
+            text = (installed[0] / relative).read_text(encoding="utf-8")
+            assert any(line.strip().startswith(statement) for line in text.splitlines()), statement
+    assert set(STATIC_EQUIVALENT_MESSAGES) <= set(CHECKS)
+
+
+def test_a_static_check_is_left_out_only_when_upstream_raised_its_statement() -> None:
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    statement = early_checks.DYNAMIC_AGREES
+    where = early_checks.stand_in_failure("p", early_checks.ENGINE_WORKERS, statement, "m")["where"]
+    same = UpstreamFailure("worker start: x", "AssertionError", where, statement)
+    other = UpstreamFailure("worker start: x", "AssertionError", where + "0", statement)
+    assert "worker.dynamic-batch-disagrees" in covered_static_checks(
+        EarlyAnswer("passes", "", (same,))
+    )
+    assert not covered_static_checks(EarlyAnswer("passes", "", (other,)))
+
+
+# --- the cache -----------------------------------------------------------------------------
+
+
+class CountingOracle:
+    """Stands for the oracle process: answers one fixed failure and counts the questions."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def answer(self, key: str, request: Mapping[str, Any]) -> dict[str, Any]:
+        self.asked += 1
+        failure = {
+            "phase": "worker start: ActorRolloutRefWorker.init_model",
+            "message": "AssertionError",
+            "where": "verl/workers/engine_workers.py:610",
+            "source": early_checks.DYNAMIC_AGREES,
+            "stand_in": "repeated",
+            "check": "stand-in",
+        }
+        return {"verdict": "passes", "message": "", "failures": [failure]}
+
+    def close(self) -> None:
+        pass
+
+
+SESSION = SimpleNamespace(pin=SimpleNamespace(version="0.9.0"))
+
+
+def test_cache_cold_then_warm_and_a_corrupt_entry_is_a_miss(tmp_path: Path) -> None:
+    cache, oracle, mapping = AnswerCache(tmp_path), CountingOracle(), {"a": 1}
+    cold = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
+    warm = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
+    assert (cold.cached, warm.cached, oracle.asked) == (False, True, 1)
+    assert warm.failures == cold.failures and warm.failures[0].where.endswith(":610")
+    entry = tmp_path / f"{cache_key('0.9.0', 'tree', mapping)}.json"
+    assert entry.is_file() and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+    for corrupt in (b"{not json", b'{"verdict": 1}', b"[]", b" " * (2 << 20)):
+        entry.write_bytes(corrupt)
+        again = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
+        assert not again.cached and again.failures == cold.failures
+    assert oracle.asked == 5
+    # A FIFO or a link where the entry should be is a miss, never a read that blocks.
+    entry.unlink()
+    os.mkfifo(entry)
+    assert cache.get(cache_key("0.9.0", "tree", mapping)) is None
+    entry.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"verdict": "passes", "message": ""}))
+    entry.symlink_to(tmp_path / "elsewhere.json")
+    assert cache.get(cache_key("0.9.0", "tree", mapping)) is None
+
+
+def test_cache_key_changes_with_the_mapping_the_tree_and_the_version() -> None:
+    base = cache_key("0.9.0", "tree", {"a": 1})
+    assert base == cache_key("0.9.0", "tree", {"a": 1})
+    assert (
+        len(
+            {
+                base,
+                cache_key("0.9.0", "tree", {"a": 2}),
+                cache_key("0.9.1", "tree", {"a": 1}),
+                cache_key("0.9.0", "other", {"a": 1}),
+            }
+        )
+        == 4
+    )
+
+
+def test_an_unwritable_cache_is_only_slower(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    cache, oracle = AnswerCache(blocked / "sub"), CountingOracle()
+    for _ in range(2):
+        assert early_answer(SESSION, {"a": 1}, "t", cache, oracle).failures  # type: ignore[arg-type]
+    assert oracle.asked == 2
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def cli(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_verl_compat.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+
+
+@needs_verl
+def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
+    upstream_checkout: Path, tmp_path: Path
+) -> None:
+    """validate_config asserts a positive temperature for sampled validation (config.py): the
+    static finding of the same statement is left out, and comes back with --no-upstream-checks."""
+    sampled = (
+        *("--upstream", str(upstream_checkout), "check", "grpo"),
+        *("--set", f"{ARR}.rollout.val_kwargs.do_sample=True"),
+        *("--set", f"{ARR}.rollout.temperature=0"),
+    )
+    cold = cli(*sampled, cache=tmp_path)
+    assert cold.returncode == 1, cold.stderr
+    assert cold.stdout.splitlines() == [
+        "ERROR upstream.trainer-start: AssertionError: validation gen temperature should be "
+        "greater than 0 when enabling do_sample (verl 0.9.0 raises it at trainer start: "
+        f"validate_config, {_where('verl/utils/config.py', 'assert config.actor_rollout_ref.rollout.temperature > 0')})"
+    ]
+    assert "valid for verl 0.9.0: no" in cold.stderr
+    assert [p.name for p in (tmp_path / "pytest-verl-compat").iterdir()] == ["upstream-checks"]
+    warm = cli(*sampled, cache=tmp_path)
+    assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
+    static = cli(*sampled, "--no-upstream-checks", cache=tmp_path)
+    assert static.returncode == 1 and "upstream's own checks" not in static.stderr
+    assert static.stdout.startswith("ERROR actor_rollout_ref.rollout.val_kwargs.do_sample, ")
+    assert "upstream." not in static.stdout and "sampled validation needs" in static.stdout
+
+
+def _where(relative: str, statement: str) -> str:
+    installed = installed_verl_root()
+    assert installed is not None
+    lines = (installed[0] / relative).read_text(encoding="utf-8").splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.strip().startswith(statement))
+    return f"{relative}:{line}"
+
+
+@needs_verl
+def test_check_leaves_out_the_static_finding_upstream_repeats(
+    upstream_checkout: Path, tmp_path: Path
+) -> None:
+    edits = [f"{ARR}.actor.use_dynamic_bsz=False", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4"]
+    args = ("--upstream", str(upstream_checkout), "check", "grpo")
+    both = cli(*args, *(w for e in edits for w in ("--set", e)), cache=tmp_path)
+    assert both.returncode == 1
+    assert _where(early_checks.ENGINE_WORKERS, early_checks.DYNAMIC_AGREES) in both.stdout
+    assert "asserts they are equal" not in both.stdout
+    static = cli(
+        *args, *(w for e in edits for w in ("--set", e)), "--no-upstream-checks", cache=tmp_path
+    )
+    assert static.returncode == 1 and "asserts they are equal" in static.stdout
+
+
+def test_check_says_in_one_line_when_upstreams_checks_are_skipped(
+    upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_verl_compat.cli.inspect import _with_upstream_findings
+    from pytest_verl_compat.upstream import early
+
+    monkeypatch.setattr(early, "installed_verl_root", lambda: None)
+    session = AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
+    case = session.manifest.case("grpo")  # type: ignore[union-attr]
+    assert _with_upstream_findings(session, case, []) == []
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"verl-compat check: upstream's own checks skipped: upstream verl "
+        f"{session.pin.version} not installed"
+    ]
+
+
+@needs_verl
+def test_an_unknown_dataclass_field_fails_at_the_verl_line_that_instantiates_it(
+    oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    """What the SAPO examples do: ``+…policy_loss.tau_pos`` is an ActorConfig field, not a
+    PolicyLossConfig one, so validate_config's omega_conf_to_dataclass raises a TypeError."""
+    mapping = copy.deepcopy(grpo)
+    mapping[ARR]["actor"]["policy_loss"]["tau_pos"] = 1.0
+    answer = ask(oracle, mapping)
+    fired = [f for f in answer.failures if "unexpected keyword argument 'tau_pos'" in f.message]
+    assert fired and fired[0].phase == "trainer start: validate_config", answer.failures
+    assert fired[0].message.startswith("TypeError: PolicyLossConfig.__init__()")
+    assert "instantiate(" in upstream_line(fired[0].where)
+    assert answer.verdict == "fails"
+
+
+# The examples whose configuration upstream's own early checks reject, and where. Every other
+# composed example passes every early check.
+CONFIG_LOAD = ("upstream.config-load", "verl/workers/config/rollout.py")
+FIRST_UPDATE = ("upstream.first-update", "verl/workers/engine/utils.py")
+TRAINER_START = ("upstream.trainer-start", "verl/utils/config.py")
+EXAMPLE_FAILURES = {
+    "examples/grpo_trainer/run_qwen3_235b_a22b_megatron": CONFIG_LOAD,
+    "examples/grpo_trainer/run_qwen3_30b_a3b_megatron": CONFIG_LOAD,
+    "examples/rollout_correction/run_qwen2_5_7b_fsdp": FIRST_UPDATE,
+    "examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs": FIRST_UPDATE,
+    "examples/sapo_trainer/run_qwen3_30b_a3b_fsdp": TRAINER_START,
+    "examples/sapo_trainer/run_qwen3_8b_fsdp": TRAINER_START,
+}
+
+
+@needs_verl
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath")  # Megatron-Lite's own search path
+def test_upstreams_early_checks_on_every_composed_example(
+    oracle: UpstreamOracle, session: AuditSession
+) -> None:
+    from pytest_verl_compat.pipeline.manifest import (
+        default_examples_path,
+        default_manifest_path,
+        load_examples,
+        load_manifest,
+    )
+
+    cases = load_examples(default_examples_path(), load_manifest(default_manifest_path()).bindings)
+    mappings = {}
+    for case in cases:
+        try:
+            composition = session.outcome(case).composition
+        except (StageFailed, StageUnavailable):
+            continue  # not read (the script exits before its launcher): upstream never sees it
+        if composition.composed:
+            mappings[case.id] = composition.mapping
+            oracle.submit(f"example:{case.id}", checks_request(composition.mapping))
+    assert len(mappings) > 80
+    found = {}
+    for case_id, mapping in mappings.items():
+        raw = oracle.answer(f"example:{case_id}", checks_request(mapping))
+        failures = EarlyAnswer.from_json(raw).failures
+        if failures:
+            found[case_id] = (failures[0].check_id, failures[0].where.split(":")[0])
+    assert found == EXAMPLE_FAILURES
+
+
+def test_the_validate_stage_verdict_names_the_file_line_and_phase() -> None:
+    """The plugin's validate stage reads the same answer: validate_config's verdict, its message
+    with upstream's file:line and phase, and the other early failures."""
+    from pytest_verl_compat.upstream.validate import UpstreamVerdicts
+
+    validate = {
+        "phase": early_checks.TRAINER_START,
+        "message": "AssertionError: validation gen temperature should be greater than 0",
+        "where": "verl/utils/config.py:186",
+        "source": "assert config.actor_rollout_ref.rollout.temperature > 0, (",
+        "stand_in": "",
+        "check": early_checks.VALIDATE_CONFIG,
+    }
+    oracle = CountingOracle()
+    worker = oracle.answer("", {})["failures"][0]
+
+    class Answering(CountingOracle):
+        def answer(self, key: str, request: Mapping[str, Any]) -> dict[str, Any]:
+            self.asked += 1
+            return {
+                "verdict": "fails",
+                "message": validate["message"],
+                "failures": [validate, worker],
+            }
+
+    composed = SimpleNamespace(composition=SimpleNamespace(mapping={"a": 1}))
+    session = SimpleNamespace(pin=SimpleNamespace(version="0.9.0"), outcome=lambda case: composed)
+    verdict = UpstreamVerdicts(session, Answering()).verdict(None)  # type: ignore[arg-type]
+    assert verdict["verdict"] == "fails"
+    assert verdict["message"] == (
+        "AssertionError: validation gen temperature should be greater than 0 (verl 0.9.0 raises "
+        "it at trainer start: validate_config, verl/utils/config.py:186)"
+    )
+    assert (
+        len(verdict["early"]) == 1 and "verl/workers/engine_workers.py:610" in verdict["early"][0]
+    )
