@@ -294,12 +294,15 @@ def test_dr_grpo_divides_by_the_micro_batchs_longest_response() -> None:
     """V1's batches are unpadded: agg_loss's width is the micro-batch's longest response."""
     import torch
 
-    from reference_trainer.updates import unpadded_scale
+    from reference_trainer.math.aggregation import unpadded_scale
 
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0]])
     assert unpadded_scale(None, "seq-mean-token-sum-norm", mask) == 3.0
     assert unpadded_scale(7.0, "seq-mean-token-sum-norm", mask) == 7.0
     assert unpadded_scale(None, "token-mean", mask) is None
+    # A multi-turn response's masked observation tokens are part of its nested length.
+    turns = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0]])
+    assert unpadded_scale(None, "seq-mean-token-sum-norm", turns) == 4.0
 
 
 @needs_verl
