@@ -49,13 +49,15 @@ def once_per_session(
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp().parent
-    path = root / f"{name}.json"
+    # The run's id, shared by its workers: a folder reused with --basetemp holds no stale result.
+    run = config.workerinput.get("testrunuid", "")
+    path = root / f"{name}-{run}.json"
     with FileLock(f"{path}.lock"):
         if path.is_file():
             value = json.loads(path.read_text(encoding="utf-8"))
         else:
             value = compute()
-            partial = root / f"{name}.json.partial-{os.getpid()}"
+            partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
             partial.write_text(json.dumps(value, sort_keys=True), encoding="utf-8")
             os.replace(partial, path)
     computed[name] = value
