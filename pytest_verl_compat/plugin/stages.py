@@ -368,7 +368,7 @@ class TestStepConformance:
     exists; legacy no-op fields) share that case's upstream run and still run our side from
     their own lowered config; the others (actor shuffling, another loss aggregation) add their
     own. Measured on 2 shared cores: 104 s for the twelve cases, 67 s for the seven official
-    ones before. "conformance" in the class name keeps it out of `-k "not conformance"` runs,
+    ones (CPU time 75 s against 64 s). "conformance" in the class name keeps it out of `-k "not conformance"` runs,
     like the function-level stage. (No `slow` mark: a plugin user's project has no such marker.)
     """
 
