@@ -54,7 +54,7 @@ from reference_trainer.config import ReferenceTrainerConfig
 from reference_trainer.data import Prompt, PromptSampler, fitting_prompts, load_prompts
 from reference_trainer.generation import _generator, generate, inference_logits, response_values
 from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
-from reference_trainer.math.aggregation import agg_loss
+from reference_trainer.math.aggregation import agg_loss, unpadded_scale
 from reference_trainer.math.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.models import build_critic, build_optimizer, wrap_lora
@@ -73,7 +73,7 @@ from reference_trainer.run_files import (
 )
 from reference_trainer.tiny import load_policy
 from reference_trainer.tracking import Progress, Tracking, silence_library_bars
-from reference_trainer.updates import actor_update, critic_update, unpadded_scale
+from reference_trainer.updates import actor_update, critic_update
 
 
 @dataclass

@@ -15,8 +15,11 @@ import torch
 from reference_trainer.batching import Batch, micro_batches, minibatches, shuffle_generator
 from reference_trainer.config import ActorConfig, CriticConfig
 from reference_trainer.generation import response_logits, response_values
+from reference_trainer.math.aggregation import unpadded_scale
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.math.losses import actor_loss, value_loss
+
+__all__ = ["actor_update", "critic_update", "unpadded_scale"]
 
 
 def critic_update(
@@ -145,21 +148,6 @@ def _step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor) -
         optimizer.step()
     else:
         optimizer.zero_grad()
-
-
-def unpadded_scale(
-    loss_scale_factor: float | None, loss_agg_mode: str, response_mask: torch.Tensor
-) -> float | None:
-    """The divisor of `seq-mean-token-sum-norm` as verl's V1 engine applies it.
-
-    Without `loss_scale_factor`, `agg_loss` divides by the loss mask's width
-    (verl/trainer/ppo/core_algos.py:1190-1192). V1's micro-batches are unpadded nested tensors,
-    padded only inside the loss (verl/workers/utils/losses.py:91 and :181), so that width is the
-    micro-batch's longest response, not `data.max_response_length` nor our batch's width.
-    """
-    if loss_scale_factor is not None or loss_agg_mode != "seq-mean-token-sum-norm":
-        return loss_scale_factor
-    return float(response_mask.sum(-1).max())
 
 
 def _weighted(

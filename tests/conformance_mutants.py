@@ -352,6 +352,26 @@ MUTATIONS: list[Mutation] = [
         _local_normalisers(("value_loss",)),
     ),
     Mutation(
+        "dr-grpo-padded-width",
+        "seq-mean-token-sum-norm without loss_scale_factor divides by our padded batch's width, "
+        "not by the V1 micro-batch's longest response",
+        ("unpadded_scale",),
+        lambda ns: {"unpadded_scale": lambda scale, mode, mask: scale},
+    ),
+    Mutation(
+        "dr-grpo-valid-count",
+        "the unpadded width taken as the most valid tokens of a response, so a multi-turn "
+        "response's masked observations shorten it",
+        ("unpadded_scale",),
+        lambda ns: {
+            "unpadded_scale": lambda scale, mode, mask: (
+                float(mask.sum(-1).max())
+                if scale is None and mode == "seq-mean-token-sum-norm"
+                else scale
+            )
+        },
+    ),
+    Mutation(
         "grpo-no-epsilon",
         "GRPO divides by the group std without the 1e-6 epsilon",
         ("grpo_advantages",),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus_facts import OFFICIAL
+from corpus_facts import MANIFEST, OFFICIAL
 
 from pytest_verl_compat.conformance.step_plan import (
     QUANTITIES,
@@ -17,12 +17,26 @@ from pytest_verl_compat.conformance.step_plan import (
     fixed_rollout,
     load_step_tolerances,
     step_settings,
+    upstream_key,
 )
-from pytest_verl_compat.conformance.step_run import case_failures, report_json, run_steps
+from pytest_verl_compat.conformance.step_run import (
+    StepOracleError,
+    case_failures,
+    report_json,
+    run_steps,
+)
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.runner import run_module
 from reference_trainer.config import ReferenceTrainerConfig
+
+# The step stage's cases: the official ones, then the derived ones the compiler must accept.
+TRAINED = OFFICIAL + [
+    case["id"]
+    for case in MANIFEST["cases"]
+    if case["kind"] == "derived"
+    and (case.get("expected") or {}).get("outcome", "accepted") == "accepted"
+]
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +102,10 @@ needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is n
 
 @pytest.mark.slow
 @needs_verl
-def test_step_stage_passes_for_the_official_cases(
+def test_step_stage_passes_for_the_official_and_the_accepted_derived_cases(
     pytester: pytest.Pytester, upstream_checkout: Path
 ) -> None:
-    """The plugin's `test_step[<case>]` stage, once: the seven official cases, both optimizers."""
+    """The plugin's `test_step[<case>]` stage, once: every trained case, both optimizers."""
     junit = pytester.path / "conformance.json"
     result = pytester.runpytest_subprocess(
         "--verl-corpus",
@@ -106,16 +120,110 @@ def test_step_stage_passes_for_the_official_cases(
         "-k",
         "test_step",
     )
-    result.assert_outcomes(passed=len(OFFICIAL))
+    result.assert_outcomes(passed=len(TRAINED))
     # The conformance report carries the step stage's per-case largest differences.
     steps = json.loads(junit.read_text())["step"]
-    assert sorted(steps) == sorted(OFFICIAL)
+    assert sorted(steps) == sorted(TRAINED)
     for entry in steps.values():
         assert set(entry) == set(VARIANTS)
         assert {"actor", "old_log_probs", "advantages", "metrics"} <= set(entry["sgd"])
     # The tight comparison is tight: SGD leaves the weights within float32 rounding.
     assert max(e["sgd"]["actor"]["max_abs_diff"] for e in steps.values()) < 1e-6
     assert steps["ppo"]["sgd"]["critic"]["passed"] and "values" in steps["ppo"]["sgd"]
+
+
+def test_the_step_stage_trains_the_official_and_the_accepted_derived_cases(
+    pytester: pytest.Pytester,
+) -> None:
+    """Collected, not run: a derived case expected to be rejected never reaches the step."""
+    result = pytester.runpytest_subprocess(
+        "--verl-corpus", "-p", "no:cacheprovider", "--collect-only", "-q", "-k", "test_step"
+    )
+    ids = sorted(
+        line.split("test_step[", 1)[1].removesuffix("]")
+        for line in result.stdout.lines
+        if "::test_step[" in line
+    )
+    assert ids == sorted(TRAINED)
+    assert len(TRAINED) > len(OFFICIAL)  # the corpus has accepted derived cases
+
+
+def test_cases_with_equal_step_settings_share_one_upstream_run(tmp_path: Path) -> None:
+    """Upstream sees only the settings, so it runs once per distinct settings; ours per case."""
+    session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+    ids = ("grpo", "derived/legacy-noop-fields", "derived/seq-mean-token-mean")
+    configs = {c.id: session.reference_config(c) for c in session.cases if c.id in ids}
+    requests: list[dict[str, Any]] = []
+
+    def fake_run_module(module: str, args: Any, *, stdin: str, timeout: float) -> Any:
+        from pytest_verl_compat.upstream.runner import UpstreamRun
+
+        requests.append(json.loads(stdin))
+        return UpstreamRun(1, "", "stopped after the request")
+
+    with pytest.raises(StepOracleError, match="stopped after the request"):
+        run_steps(configs, fake_run_module, variants=("sgd",))
+    (request,) = requests
+    # The legacy no-op fields change nothing the step reads: one run stands for them and grpo
+    # (named by the first of them in sorted order).
+    assert [s["case"] for s in request["cases"]] == [
+        "derived/legacy-noop-fields",
+        "derived/seq-mean-token-mean",
+    ]
+    assert len({upstream_key(s) for s in request["cases"]}) == len(request["cases"]) == 2
+    assert upstream_key(step_settings(configs["grpo"], "sgd")) == upstream_key(
+        step_settings(configs["derived/legacy-noop-fields"], "sgd")
+    )
+
+
+# The pytester project's conftest: run_steps replaced by one that records each start and
+# takes a second (so the second worker asks while the first computes).
+_COUNTING_CONFTEST = """
+import os, time
+from pathlib import Path
+
+import pytest_verl_compat.conformance.step_run as step_run
+
+def counting_run_steps(configs, run_module, **kwargs):
+    with open(Path(__file__).parent / "oracle-starts.txt", "a") as out:
+        out.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+    time.sleep(1.0)
+    row = {"max_abs_diff": 0.0, "worst": "", "passed": True}
+    return {cid: {"sgd": {"actor": row}} for cid in configs}
+
+step_run.run_steps = counting_run_steps
+"""
+
+
+@needs_verl
+@pytest.mark.parametrize("dist", ["load", "each"])
+def test_one_upstream_run_per_session_across_xdist_workers(
+    pytester: pytest.Pytester, dist: str
+) -> None:
+    """Under `-n 2` the oracle starts once; the other worker reads its report (plugin/shared.py).
+
+    `each` runs every case on both workers, so both surely ask for the report.
+    """
+    pytester.makeconftest(_COUNTING_CONFTEST)
+    selection = "test_step and (ppo or rloo or reinforce or dr_grpo)"
+    result = pytester.runpytest_subprocess(
+        "--verl-corpus",
+        "--verl-corpus-step",
+        "--verl-corpus-trusted=off",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-k",
+        selection,
+        "-n",
+        "2",
+        "--dist",
+        dist,
+    )
+    result.assert_outcomes(passed=4 * (2 if dist == "each" else 1))
+    starts = (pytester.path / "oracle-starts.txt").read_text().split()
+    assert len(starts) == 1 and starts[0].startswith("gw"), starts
 
 
 # ------------------------------------------------------------------ divergences settled
@@ -186,12 +294,15 @@ def test_dr_grpo_divides_by_the_micro_batchs_longest_response() -> None:
     """V1's batches are unpadded: agg_loss's width is the micro-batch's longest response."""
     import torch
 
-    from reference_trainer.updates import unpadded_scale
+    from reference_trainer.math.aggregation import unpadded_scale
 
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0]])
     assert unpadded_scale(None, "seq-mean-token-sum-norm", mask) == 3.0
     assert unpadded_scale(7.0, "seq-mean-token-sum-norm", mask) == 7.0
     assert unpadded_scale(None, "token-mean", mask) is None
+    # A multi-turn response's masked observation tokens are part of its nested length.
+    turns = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0]])
+    assert unpadded_scale(None, "seq-mean-token-sum-norm", turns) == 4.0
 
 
 @needs_verl
@@ -492,5 +603,5 @@ def test_the_default_audit_skips_the_step_stage_with_the_option_to_run_it(
         "test_step",
         "-rs",
     )
-    result.assert_outcomes(skipped=len(OFFICIAL))
+    result.assert_outcomes(skipped=len(TRAINED))
     result.stdout.fnmatch_lines(["*the step stage runs with --verl-corpus-step*"])

@@ -3,7 +3,8 @@
 Given a case's inputs (`inputs.INPUTS`), each entry of `SIDES` computes ours
 (`reference_trainer.math`, through the namespace of `sides`) and upstream's
 (`verl.trainer.ppo.core_algos`, `verl.workers.utils.losses`) outputs, metrics and gradients,
-keyed alike, for `run` to compare. Advantage estimators are data: one adapter serves every
+keyed alike, for `run` to compare. The `nested-` families feed V1's losses jagged nested
+micro-batches, as its engine does, against our padded ones. Advantage estimators are data: one adapter serves every
 entry of `plan.ESTIMATORS`.
 """
 
@@ -28,7 +29,9 @@ from pytest_verl_compat.conformance.sides import (
     advantage_key,
     ours_actor,
     ours_critic,
+    unpadded_normalisers,
     upstream_actor,
+    upstream_actor_nested,
     upstream_critic,
     upstream_modules,
 )
@@ -178,18 +181,42 @@ def _vanilla_ours(
     return {"loss": loss.detach(), **metrics, "grad/log_prob": grad}
 
 
+def _nested(case: ConformanceCase) -> bool:
+    """A case on V1's unpadded (jagged nested) micro-batches (`plan.NESTED_SCENARIOS`)."""
+    return "-nested-" in f"-{case.family}"
+
+
 def _policy_upstream(
     case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]
 ) -> dict[str, Any]:
     if case.variant == "vanilla":
         return _vanilla_upstream(case, x, ns)
-    return upstream_actor(x, x["masks"], x["flat"], x["mode"], x["normalisers"])
+    actor = upstream_actor_nested if _nested(case) else upstream_actor
+    return actor(x, x["masks"], x["flat"], x["mode"], x["normalisers"])
 
 
 def _policy_ours(case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]) -> dict[str, Any]:
     if case.variant == "vanilla":
         return _vanilla_ours(case, x, ns)
-    return ours_actor(ns, x, x["masks"], x["mode"], x["normalisers"])
+    normalisers = x["normalisers"]
+    if _nested(case):  # our padded micro-batch, as the trainer passes it (updates.py)
+        normalisers = unpadded_normalisers(ns, x["mode"], x["masks"], normalisers)
+    return ours_actor(ns, x, x["masks"], x["mode"], normalisers)
+
+
+def _value_upstream(
+    case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]
+) -> dict[str, Any]:
+    return upstream_critic(
+        x, x["masks"], x["flat"], case.variant, x["normalisers"], nested=_nested(case)
+    )
+
+
+def _value_ours(case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]) -> dict[str, Any]:
+    normalisers = x["normalisers"]
+    if _nested(case):
+        normalisers = unpadded_normalisers(ns, case.variant, x["masks"], normalisers)
+    return ours_critic(ns, x, x["masks"], case.variant, normalisers)
 
 
 # kl -------------------------------------------------------------------------
@@ -368,7 +395,13 @@ def _microbatch_side(
 
 
 def _policy_uses(case: ConformanceCase) -> frozenset[str]:
-    return frozenset({"vanilla_policy_loss" if case.variant == "vanilla" else "actor_loss"})
+    if case.variant == "vanilla":
+        return frozenset({"vanilla_policy_loss"})
+    return frozenset({"actor_loss", "unpadded_scale"} if _nested(case) else {"actor_loss"})
+
+
+def _value_uses(case: ConformanceCase) -> frozenset[str]:
+    return frozenset({"value_loss", "unpadded_scale"} if _nested(case) else {"value_loss"})
 
 
 def _kl_reward_uses(case: ConformanceCase) -> frozenset[str]:
@@ -400,13 +433,7 @@ SIDES: dict[str, Component] = {
         _always("kl_penalty"),
     ),
     "kl_in_reward": Component(_kl_reward_upstream, _kl_reward_ours, _kl_reward_uses),
-    "value_loss": Component(
-        lambda case, x, ns: upstream_critic(
-            x, x["masks"], x["flat"], case.variant, x["normalisers"]
-        ),
-        lambda case, x, ns: ours_critic(ns, x, x["masks"], case.variant, x["normalisers"]),
-        _always("value_loss"),
-    ),
+    "value_loss": Component(_value_upstream, _value_ours, _value_uses),
     "entropy": Component(_entropy_upstream, _entropy_ours, _always("entropy_from_logits")),
     "log_prob": Component(_log_prob_upstream, _log_prob_ours, _always("log_probs_from_logits")),
     "microbatch": Component(

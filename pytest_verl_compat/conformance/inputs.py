@@ -41,6 +41,7 @@ def case_generator(case: ConformanceCase, sample: int) -> torch.Generator:
 
 
 def _shape(scenario: str) -> tuple[int, int]:
+    """(rows, padded width) of a scenario; `nested` as `ragged` (its responses end earlier)."""
     if scenario == "long":
         return 4, 512
     if scenario == "groups":
@@ -145,6 +146,39 @@ def _normalisers(g: torch.Generator, masks: Masks, family: str) -> dict[str, int
         "global_batch_size": batch + int(_randint(g, 1, 9)),
         "loss_scale_factor": LOSS_SCALE_FACTOR,
     }
+
+
+# Columns past every response in a nested case: our padded batch is wider than the longest
+# response of the micro-batch, as a micro-batch cut from a wider batch is.
+NESTED_SLACK = 4
+
+
+def _nested_masks(g: torch.Generator, batch: int, width: int) -> Masks:
+    """Multi-turn responses (observation spans masked inside) that all end before `width`.
+
+    As V1's nested rows: a response's length runs to its last token, which is valid.
+    """
+    inner = _masks(g, batch, width - NESTED_SLACK, "multiturn")
+    mask = torch.nn.functional.pad(inner.response_mask, (0, NESTED_SLACK))
+    return Masks(mask, inner.lengths)
+
+
+def _loss_masks(g: torch.Generator, scenario: str) -> Masks:
+    """The masks of a loss case's scenario (`ragged-global`, `nested-scaled`, ...)."""
+    batch, width = _shape(_scenario(scenario))
+    if scenario.startswith("nested-"):
+        return _nested_masks(g, batch, width)
+    return _masks(g, batch, width, _scenario(scenario))
+
+
+def _loss_normalisers(g: torch.Generator, masks: Masks, scenario: str) -> dict[str, int | None]:
+    """The normalisers of a loss case's scenario; the nested ones are a mini-batch's global ones."""
+    if not scenario.startswith("nested-"):
+        return _normalisers(g, masks, scenario)
+    normalisers = _normalisers(g, masks, "-global")
+    if scenario == "nested-global":
+        normalisers["loss_scale_factor"] = None
+    return normalisers
 
 
 def _split_family(family: str) -> tuple[str, str]:
@@ -275,20 +309,18 @@ def _agg_inputs(case: ConformanceCase, g: torch.Generator) -> dict[str, Any]:
 def _policy_inputs(case: ConformanceCase, g: torch.Generator) -> dict[str, Any]:
     dtype = DTYPES[case.dtype]
     mode, rest = _split_family(case.family)
-    batch, width = _shape(_scenario(rest))
-    masks = _masks(g, batch, width, _scenario(rest))
+    masks = _loss_masks(g, rest)
     x: dict[str, Any] = _actor_inputs(g, masks, dtype)
-    x.update(masks=masks, mode=mode, normalisers=_normalisers(g, masks, rest))
+    x.update(masks=masks, mode=mode, normalisers=_loss_normalisers(g, masks, rest))
     x["flat"] = Flat.layout(g, masks, prompt_width=3)
     return x
 
 
 def _value_inputs(case: ConformanceCase, g: torch.Generator) -> dict[str, Any]:
     dtype = DTYPES[case.dtype]
-    batch, width = _shape(_scenario(case.family))
-    masks = _masks(g, batch, width, _scenario(case.family))
+    masks = _loss_masks(g, case.family)
     x: dict[str, Any] = _critic_inputs(g, masks, dtype)
-    x.update(masks=masks, normalisers=_normalisers(g, masks, case.family))
+    x.update(masks=masks, normalisers=_loss_normalisers(g, masks, case.family))
     x["flat"] = Flat.layout(g, masks, prompt_width=3)
     return x
 

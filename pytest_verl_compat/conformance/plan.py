@@ -51,6 +51,12 @@ KL_PENALTY_NAMES = (
 )
 
 
+# verl's V1 losses on unpadded batches (`verl/workers/utils/losses.py` `ppo_loss`, `value_loss`):
+# jagged nested inputs, each micro-batch padded only inside the loss to its own longest
+# response. `nested-global` leaves `loss_scale_factor` unset (Dr. GRPO's divisor is then that
+# width), `nested-scaled` sets it; both with a mini-batch's global normalisers.
+NESTED_SCENARIOS = ("nested-global", "nested-scaled")
+
 # The hyperparameters an advantage estimator may take (their values: `components`).
 HYPERPARAMETER_NAMES = ("gamma", "lam")
 
@@ -194,6 +200,7 @@ def _case_plan() -> dict[str, list[tuple[str, str]]]:
         *(("vanilla", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in scenarios),
         ("vanilla", "token-mean-long-global"),
         *(("actor", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in scenarios),
+        *(("actor", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in NESTED_SCENARIOS),
     ]
     plan["agg_loss"] = [
         (mode, s)
@@ -204,7 +211,9 @@ def _case_plan() -> dict[str, list[tuple[str, str]]]:
     plan["kl_in_reward"] = [
         (ctrl, f) for ctrl in ("fixed", "adaptive") for f in ("kl-ragged", "low_var_kl-empty")
     ]
-    plan["value_loss"] = [(mode, s) for mode in AGG_MODE_NAMES for s in scenarios]
+    plan["value_loss"] = [
+        (mode, s) for mode in AGG_MODE_NAMES for s in (*scenarios, *NESTED_SCENARIOS)
+    ]
     plan["entropy"] = [("logits", f) for f in ("normal", "large", "temperature")]
     plan["log_prob"] = [("logits", f) for f in ("normal", "large", "temperature", "long")]
     plan["microbatch"] = [

@@ -39,6 +39,7 @@ def reference_namespace() -> dict[str, Any]:
     namespace: dict[str, Any] = {fn.__name__: fn for fn in ADVANTAGE_ESTIMATORS.values()}
     namespace.update(
         agg_loss=aggregation.agg_loss,
+        unpadded_scale=aggregation.unpadded_scale,
         vanilla_policy_loss=losses.vanilla_policy_loss,
         actor_loss=losses.actor_loss,
         value_loss=losses.value_loss,
@@ -144,6 +145,54 @@ def _tensordict(
     return data
 
 
+def _nested_tensordict(
+    masks: Masks,
+    flat: Flat,
+    tensors: Mapping[str, torch.Tensor],
+    normalisers: Mapping[str, Any],
+) -> Any:
+    """A V1 micro-batch: every per-token field a jagged nested tensor of the response's length.
+
+    As `verl/trainer/ppo/v1/trainer_base.py` hands it to the engine (prompts and responses
+    unpadded, `response_to_nested` for advantages and returns) with the normalisers the engine
+    sets (`verl/workers/engine/fsdp/transformer_impl.py:706-711`).
+    """
+    up = upstream_modules()
+    lengths = [int(r) for r in masks.lengths]
+
+    def nested(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+    def responses(padded: torch.Tensor) -> torch.Tensor:
+        return nested([padded[i, :r].detach() for i, r in enumerate(lengths)])
+
+    data = up.tu.get_tensordict(
+        {
+            "prompts": nested([torch.zeros(int(p), dtype=torch.long) for p in flat.prompt_lengths]),
+            "responses": nested([torch.zeros(r, dtype=torch.long) for r in lengths]),
+            "response_mask": responses(masks.response_mask),
+            **{key: responses(value) for key, value in tensors.items()},
+        }
+    )
+    up.tu.assign_non_tensor(
+        data,
+        dp_size=normalisers["dp_size"],
+        batch_num_tokens=normalisers["batch_num_tokens"],
+        global_batch_size=normalisers["global_batch_size"],
+    )
+    return data
+
+
+def _nested_output(flat: Flat, padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model output as the FSDP engine returns it on unpadded input
+    (`transformer_impl.py:1409`): the flat values over every prompt and response token, and
+    the jagged nested tensor of one row per sequence viewing them."""
+    values = flat.flatten(padded)
+    lengths = flat.prompt_lengths + (flat.positions >= 0).sum(dim=1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    return values, torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+
+
 def actor_config(loss_agg_mode: str, loss_scale_factor: int | None) -> Any:
     return upstream_modules().ActorConfig(
         strategy="fsdp",
@@ -174,6 +223,39 @@ def upstream_actor(
         normalisers,
     )
     loss, metrics = up.losses.ppo_loss(config, {"log_probs": log_probs, "entropy": entropy}, data)
+    return _actor_outputs(loss, metrics, flat, log_probs, entropy)
+
+
+def upstream_actor_nested(
+    x: Mapping[str, Any], masks: Masks, flat: Flat, mode: str, normalisers: Mapping[str, Any]
+) -> dict[str, Any]:
+    """verl's `ppo_loss` on one V1 micro-batch: nested model outputs and nested batch fields."""
+    up = upstream_modules()
+    config = actor_config(mode, normalisers["loss_scale_factor"])
+    log_probs, nested_log_probs = _nested_output(flat, x["log_prob"])
+    entropy, nested_entropy = _nested_output(flat, x["entropy"])
+    data = _nested_tensordict(
+        masks,
+        flat,
+        {
+            "old_log_probs": x["old_log_prob"],
+            "advantages": x["advantages"],
+            "ref_log_prob": x["ref_log_prob"],
+        },
+        normalisers,
+    )
+    outputs = {"log_probs": nested_log_probs, "entropy": nested_entropy}
+    loss, metrics = up.losses.ppo_loss(config, outputs, data)
+    return _actor_outputs(loss, metrics, flat, log_probs, entropy)
+
+
+def _actor_outputs(
+    loss: torch.Tensor,
+    metrics: Mapping[str, Any],
+    flat: Flat,
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+) -> dict[str, Any]:
     grads = torch.autograd.grad(loss, (log_probs, entropy))
     out: dict[str, Any] = {"loss": loss.detach()}
     out.update({_logged_name(k): _metric_value(v) for k, v in metrics.items()})
@@ -208,9 +290,14 @@ def ours_actor(
 
 
 def upstream_critic(
-    x: Mapping[str, Any], masks: Masks, flat: Flat, mode: str, normalisers: Mapping[str, Any]
+    x: Mapping[str, Any],
+    masks: Masks,
+    flat: Flat,
+    mode: str,
+    normalisers: Mapping[str, Any],
+    nested: bool = False,
 ) -> dict[str, Any]:
-    """verl's `value_loss` on one micro-batch."""
+    """verl's `value_loss` on one micro-batch (padded, or V1's nested with `nested`)."""
     up = upstream_modules()
     config = up.CriticConfig(
         strategy="fsdp",
@@ -219,14 +306,28 @@ def upstream_critic(
         loss_agg_mode=mode,
         loss_scale_factor=normalisers["loss_scale_factor"],
     )
-    vpreds = flat.flatten(x["vpreds"])
-    data = _tensordict(masks, flat, {"values": x["values"], "returns": x["returns"]}, normalisers)
-    loss, metrics = up.losses.value_loss(config, {"values": vpreds}, data)
+    tensors = {"values": x["values"], "returns": x["returns"]}
+    if nested:  # a V1 micro-batch: nested value predictions and batch fields
+        vpreds, output = _nested_output(flat, x["vpreds"])
+        data = _nested_tensordict(masks, flat, tensors, normalisers)
+    else:
+        vpreds = output = flat.flatten(x["vpreds"])
+        data = _tensordict(masks, flat, tensors, normalisers)
+    loss, metrics = up.losses.value_loss(config, {"values": output}, data)
     (grad,) = torch.autograd.grad(loss, (vpreds,))
     out: dict[str, Any] = {"loss": loss.detach()}
     out.update({k: _metric_value(v) for k, v in metrics.items()})
     out["grad/vpreds"] = flat.unflatten(grad)
     return out
+
+
+def unpadded_normalisers(
+    ns: Mapping[str, Any], mode: str, masks: Masks, normalisers: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The normalisers the reference trainer passes for a V1 micro-batch (`updates.py`): our
+    padded batch, with Dr. GRPO's divisor of the unpadded one (`unpadded_scale`)."""
+    scale = ns["unpadded_scale"](normalisers["loss_scale_factor"], mode, masks.response_mask)
+    return {**normalisers, "loss_scale_factor": scale}
 
 
 def ours_critic(

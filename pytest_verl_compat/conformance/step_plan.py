@@ -196,3 +196,12 @@ def request_json(model_dir: str, cases: list[dict[str, Any]], rollout: dict[str,
 def settings_key(settings: dict[str, Any]) -> str:
     """The file name (no folders: case ids may hold "/") of one case and variant's result."""
     return f"{settings['case'].replace('/', '__')}.{settings['variant']}"
+
+
+def upstream_key(settings: dict[str, Any]) -> str:
+    """Everything upstream's step reads of `settings`: all of it but the case's name.
+
+    Two cases with the same key get the same upstream step (the subprocess sees nothing else),
+    so it runs once for both; ours still runs per case, from each case's own lowered config.
+    """
+    return json.dumps({k: v for k, v in settings.items() if k != "case"}, sort_keys=True)

@@ -5,6 +5,10 @@
 this layer may not import it). It writes the shared models, starts
 ``python -I -m pytest_verl_compat.conformance.step_upstream`` once for all cases and both
 optimizer variants (verl is imported once), then runs our step per case and compares.
+Upstream's step depends only on a case's step settings (`step_plan.upstream_key`), so cases
+whose settings are equal (a derived case that changes nothing the step reads, e.g. group
+filtering, which V1 applies before the batch exists) share one upstream run; ours still runs
+per case from that case's own lowered config.
 The result is the step report: case → variant → quantity → largest difference, deterministic.
 """
 
@@ -22,6 +26,7 @@ from pytest_verl_compat.conformance.step_plan import (
     request_json,
     settings_key,
     step_settings,
+    upstream_key,
 )
 from reference_trainer.config import ReferenceTrainerConfig
 
@@ -53,6 +58,10 @@ def run_steps(
 
     tolerances = load_step_tolerances(tolerance_path)
     cases = [step_settings(configs[cid], v) for cid in sorted(configs) for v in variants]
+    # One upstream run per distinct settings: the first case (in sorted order) names its file.
+    runs: dict[str, dict[str, Any]] = {}
+    for s in cases:
+        runs.setdefault(upstream_key(s), s)
     adapters = {s["lora"]["adapter"]: s["lora"] for s in cases if s["lora"] is not None}
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="verl-step-") as tmp:
@@ -63,7 +72,7 @@ def run_steps(
         run = run_module(
             UPSTREAM_MODULE,
             [str(folder / "out")],
-            stdin=request_json(str(folder / "models"), cases, rollout),
+            stdin=request_json(str(folder / "models"), list(runs.values()), rollout),
             timeout=900,
         )
         if run.returncode != 0:
@@ -74,7 +83,8 @@ def run_steps(
         for i, response in enumerate(rollout["responses"]):
             mask[i, : len(response)] = 1
         for s in cases:
-            up = torch.load(folder / "out" / f"{settings_key(s)}.pt", weights_only=False)
+            run_name = settings_key(runs[upstream_key(s)])
+            up = torch.load(folder / "out" / f"{run_name}.pt", weights_only=False)
             ours = reference_step(configs[s["case"]], s, folder / "models", rollout)
             table = summarise(compare_step(ours, up, mask, tolerances[s["variant"]]))
             if timings is not None:

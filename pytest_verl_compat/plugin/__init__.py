@@ -112,8 +112,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="also run the step stage: one training step of the reference trainer against "
-        "verl's own engine per official case (~90 s on 2 cores; CI runs it; the default audit "
-        "skips it to stay within seconds)",
+        "verl's own engine per official and accepted derived case (~100 s on 2 cores; CI runs "
+        "it; the default audit skips it to stay within seconds)",
     )
     parser.addini(
         "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None

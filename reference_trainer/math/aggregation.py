@@ -171,3 +171,22 @@ def agg_loss(
         global_batch_size=global_batch_size,
         loss_scale_factor=loss_scale_factor,
     )
+
+
+def unpadded_scale(
+    loss_scale_factor: float | None, loss_agg_mode: str, response_mask: torch.Tensor
+) -> float | None:
+    """The divisor of `seq-mean-token-sum-norm` as verl's V1 engine applies it.
+
+    Without `loss_scale_factor`, `agg_loss` divides by the loss mask's width
+    (verl/trainer/ppo/core_algos.py:1190-1192). V1's micro-batches are unpadded nested tensors,
+    padded only inside the loss (verl/workers/utils/losses.py:91 and :181), so that width is the
+    micro-batch's longest response, not `data.max_response_length` nor our batch's width.
+    A response's length runs to its last valid token, masked tokens inside it (a multi-turn
+    response's observations) included: its valid-token count would divide by less. (A response
+    ending in masked tokens is longer in V1 than its mask shows; ours end in a valid token.)
+    """
+    if loss_scale_factor is not None or loss_agg_mode != "seq-mean-token-sum-norm":
+        return loss_scale_factor
+    positions = torch.arange(1, response_mask.shape[-1] + 1, device=response_mask.device)
+    return float((positions * (response_mask != 0)).max())
