@@ -52,8 +52,8 @@ NOT_RUN = {
     ),
 }
 EXPECTED_STATUS = {
-    # "exit 1 on an error": the README shows the two errors.
-    "verl-compat check grpo --set data.train_batch_size=100": 1,
+    # "exit 1 on an error": the README shows upstream's first-update assertion.
+    "verl-compat check grpo --set actor_rollout_ref.actor.ppo_mini_batch_size=100": 1,
     # The README shows upstream's own check failing.
     "verl-compat check grpo --set actor_rollout_ref.rollout.val_kwargs.do_sample=True "
     "--set actor_rollout_ref.rollout.temperature=0": 1,

@@ -175,14 +175,22 @@ def test_cli_compose_prints_resolved_yaml(upstream_checkout: Path) -> None:
 
 
 def test_cli_check_prints_findings_and_exits_1_on_error(upstream_checkout: Path) -> None:
-    bad = cli(
-        "--upstream", str(upstream_checkout), "check", "grpo", "--set", "data.train_batch_size=100"
-    )
+    small = ("check", "grpo", "--set", "data.train_batch_size=100", "--no-upstream-checks")
+    # The legacy trainer's make_iterator asserts on a batch smaller than one mini-batch ...
+    bad = cli("--upstream", str(upstream_checkout), *small, "--set", "trainer.use_v1=False")
     assert bad.returncode == 1
     assert bad.stdout.startswith(
         "ERROR data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size: "
     )
     assert "100 prompts × n=5 = 500 responses" in bad.stdout and "(set " in bad.stdout
+    # ... while the V1 trainer (the default) pads the step with no-op responses and runs: a
+    # warning, valid for verl, and the reference trainer (which does not pad) refuses it.
+    padded = cli("--upstream", str(upstream_checkout), *small)
+    assert padded.returncode == 0, padded.stdout
+    assert padded.stdout.startswith("WARNING data.train_batch_size, ")
+    assert "appends 780 no-op padding responses every step" in padded.stdout
+    assert "valid for verl 0.9.0: yes" in padded.stderr
+    assert "runnable by the reference trainer: no (" in padded.stderr
     script = str(upstream_checkout / "examples/grpo_trainer/run_qwen3_8b_fsdp.sh")
     warn = cli(
         "--upstream",
@@ -228,12 +236,11 @@ def installed_verl() -> None:
 
 
 def test_check_with_set_needs_only_the_installed_verl(tmp_path: Path, installed_verl: None) -> None:
-    result = cli_here(tmp_path, "check", "grpo", "--set", "data.train_batch_size=100")
-    assert result.returncode == 1, result.stderr
-    assert result.stdout.startswith(
-        "ERROR data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size: "
+    result = cli_here(
+        tmp_path, "check", "grpo", "--set", "actor_rollout_ref.actor.ppo_mini_batch_size=100"
     )
-    assert "100 prompts × n=5 = 500 responses" in result.stdout
+    assert result.returncode == 1, result.stderr
+    assert "ERROR upstream.first-update: AssertionError: Got mini_batch_size=500" in result.stdout
     # The same case without --set is accepted: the override, not the golden lookup, decides.
     clean = cli_here(tmp_path, "check", "grpo")
     assert clean.returncode == 0 and clean.stdout == "", clean.stderr

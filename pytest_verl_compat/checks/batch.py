@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.micro_batch import critic_budgets, ref_in_actor
+from pytest_verl_compat.checks.micro_batch import critic_budgets, ref_in_actor, step_rows, uses_v1
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
@@ -44,12 +44,16 @@ def mini_batch_not_positive(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.mini-batch-larger-than-batch",
     level="error",
-    evidence="verl/workers/config/actor.py:229-233 (ActorConfig.validate, from validate_config at trainer start, verl/utils/config.py:147); with use_dynamic_bsz=True verl/utils/tensordict_utils.py:588 (make_iterator, engine_workers.py:272, at the first update)",
+    evidence="verl/workers/config/actor.py:229-233 (ActorConfig.validate, from validate_config at trainer start, verl/utils/config.py:147); with use_dynamic_bsz=True and trainer.use_v1=False verl/utils/tensordict_utils.py:588 (make_iterator, engine_workers.py:272, at the first update)",
 )
 def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
     for prefix, role in _mini_batch_roles(inp.resolved):
         mini = int(role["ppo_mini_batch_size"])
+        # V1 pads the step batch up to the mini-batch (batch.padded-step), so make_iterator never
+        # sees a remainder; only the static-mode validate still raises.
+        if role.get("use_dynamic_bsz") and uses_v1(inp.resolved):
+            continue
         if 0 < mini and mini > train:
             yield Hit(
                 f"data.train_batch_size, {prefix}.ppo_mini_batch_size",
@@ -67,9 +71,11 @@ def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.mini-batch-does-not-divide-batch",
     level="error",
-    evidence="verl/trainer/ppo/ray_trainer.py _update_actor/_update_critic split the batch by ppo_mini_batch_size * rollout.n",
+    evidence="verl/trainer/ppo/ray_trainer.py _update_actor/_update_critic split the batch by ppo_mini_batch_size * rollout.n (trainer.use_v1=False; V1 pads instead, see batch.padded-step)",
 )
 def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
+    if uses_v1(inp.resolved):
+        return
     train, n = _sizes(inp.resolved)
     for prefix, role in _mini_batch_roles(inp.resolved):
         mini = int(role["ppo_mini_batch_size"])
@@ -80,6 +86,30 @@ def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
                 f"of {mini} prompts × {n} = {mini * n} responses ({train * n} / {mini * n} = {train * n / (mini * n):.2f})",
                 fix=f"use a mini-batch size that divides {train}",
             )
+
+
+@check(
+    "batch.padded-step",
+    level="warning",
+    evidence="verl/trainer/ppo/v1/trainer_base.py:1434-1466 (_balance_batch pads the step batch up to lcm(actor DP, critic and actor mini-batch responses)); verl/trainer/ppo/padding_utils.py:127-170 (the padding: no-op responses with zeroed rewards)",
+)
+def padded_step(inp: CheckInput) -> Iterator[Hit]:
+    """V1 never fails on a batch that does not split into mini-batches: it pads it, silently."""
+    if not uses_v1(inp.resolved):
+        return
+    rows, multiple, padded = step_rows(inp.resolved)
+    _, _, dp, _ = data_parallel(inp.resolved)
+    static = not inp.resolved["actor_rollout_ref"]["actor"].get("use_dynamic_bsz")
+    if padded == rows or (static and rows % dp):  # static: validate_config fails first
+        return
+    yield Hit(
+        "data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size",
+        f"{rows} responses per step are not a multiple of {multiple} (the data-parallel size and "
+        f"the mini-batch responses); verl {inp.version} does not fail: its V1 trainer appends "
+        f"{padded - rows} no-op padding responses every step, so a mini-batch holds fewer real "
+        "responses than ppo_mini_batch_size says",
+        fix=f"use a train_batch_size × rollout.n that is a multiple of {multiple}",
+    )
 
 
 @check(
@@ -108,9 +138,11 @@ def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
 @check(
     "batch.responses-over-ranks",
     level="error",
-    evidence="verl/utils/config.py:110 (skipped when use_dynamic_bsz=True); verl #473, PR #559",
+    evidence="verl/utils/config.py:110 (skipped when use_dynamic_bsz=True); verl #473, PR #559; trainer.use_v1=False only (V1 pads, see batch.padded-step; in static mode validate.responses-over-gpus)",
 )
 def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
+    if uses_v1(inp.resolved):
+        return
     train, n = _sizes(inp.resolved)
     _, _, dp, _ = data_parallel(inp.resolved)
     responses = train * n

@@ -57,6 +57,14 @@ def classify(profile: Profile, resolved: Mapping[str, Any]) -> list[LeafVerdict]
     return [classify_leaf(profile, path, value) for path, value in iter_leaves(resolved)]
 
 
+# Warnings about what verl does that the reference trainer does not do the same way: verl runs
+# the configuration, the reference trainer refuses it (a problem, not an error finding).
+REFERENCE_UNMODELLED = {
+    "batch.padded-step": "the reference trainer does not pad a step with no-op responses as "
+    "verl's V1 trainer does (its last mini-batch would be short instead)",
+}
+
+
 def compile_resolved(
     resolved: Mapping[str, Any],
     *,
@@ -72,6 +80,11 @@ def compile_resolved(
         CheckInput(resolved, tuple(explicit_fields), tuple(leaves), profile, model_facts or {})
     )
     problems = [leaf.problem for leaf in leaves if leaf.problem]
+    problems += [
+        f"{f.path}: {REFERENCE_UNMODELLED[f.check]}"
+        for f in findings
+        if f.check in REFERENCE_UNMODELLED
+    ]
     errors = [f"{f.path}: {f.message}" for f in findings if f.level == "error"]
     if problems or errors:
         reasons = problems + errors
