@@ -7,6 +7,7 @@ import signal
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -148,3 +149,76 @@ def _all_end(pids: list[int], seconds: float = 30) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_conformance_answers_travel_bit_exact() -> None:
+    import numpy as np
+    import torch
+
+    from pytest_verl_compat.conformance.reference_answers import decode, encode
+
+    value = {
+        "loss": torch.tensor(0.1234567, dtype=torch.float32),
+        "grad/log_prob": torch.randn(3, 5, dtype=torch.float64),
+        "empty": torch.zeros(0, 4),
+        "metric": 1 / 3,
+        "clipfrac": np.float64(2 / 7),
+        "nan": float("nan"),
+        "rows": (1, [2.5, None]),
+    }
+    back = decode(json.loads(json.dumps(encode(value))))
+    assert list(back) == list(value)
+    for key in ("loss", "grad/log_prob", "empty"):
+        assert back[key].dtype == value[key].dtype and torch.equal(back[key], value[key])
+    assert back["metric"] == value["metric"] and type(back["clipfrac"]) is np.float64
+    assert back["clipfrac"] == value["clipfrac"] and back["rows"] == value["rows"]
+    assert back["nan"] != back["nan"]
+
+
+class _InProcessOracle:
+    """The oracle's protocol without its process: each question answered by the handler itself."""
+
+    def __init__(self) -> None:
+        from pytest_verl_compat.conformance.reference_answers import ORACLE_HANDLERS
+
+        self.handlers = ORACLE_HANDLERS
+        self.asked: list[str] = []
+
+    def submit(self, request_id: str, request: dict[str, Any]) -> None:
+        pass
+
+    def answer(self, request_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        self.asked.append(request_id)
+        # Through JSON, as the pipe carries it.
+        return json.loads(json.dumps(self.handlers[request["kind"]](request)))
+
+
+@needs_verl
+def test_conformance_from_the_oracle_equals_the_in_process_comparison() -> None:
+    from pytest_verl_compat.conformance.plan import conformance_cases, load_tolerances
+    from pytest_verl_compat.conformance.reference_answers import OracleReferences
+    from pytest_verl_compat.conformance.run import run_case
+
+    cases = conformance_cases(load_tolerances(embedded_root() / "corpus" / "conformance.yaml"))
+    # One case per component and family: the oracle answers the reference side of all of them,
+    # and the candidate side where it calls none of our functions (verl's own micro-batch split).
+    chosen = list({(c.component, c.family): c for c in cases}.values())
+    oracle = _InProcessOracle()
+    references = OracleReferences(oracle)
+    for case in chosen:
+        via_oracle = run_case(case, reference=references, candidate=references.candidate)
+        assert via_oracle == run_case(case), case.id
+    asked = {key.removeprefix("conformance/") for key in oracle.asked}
+    assert any(c.id in asked and not c.family.startswith("ours-") for c in chosen)
+    ours = [c.id for c in chosen if c.family.startswith("ours-")]
+    assert ours and not asked & set(ours), "a reference built from our own functions stays here"
+
+
+@needs_verl
+def test_the_oracle_serves_only_this_packages_modules() -> None:
+    oracle = UpstreamOracle(served=("json",))
+    try:
+        with pytest.raises(RuntimeError, match="not a module of pytest_verl_compat"):
+            oracle.answer("x", {"kind": "conformance"}, timeout=120)
+    finally:
+        oracle.close()

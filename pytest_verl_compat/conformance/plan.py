@@ -277,6 +277,7 @@ def pinned_version() -> str:
     return load_manifest(default_manifest_path()).upstream.version
 
 
+@lru_cache(maxsize=8)  # asked once per case (282 in the default audit); a metadata scan each
 def upstream_missing_reason(pinned: str | None = None) -> str | None:
     """Why upstream cannot be compared against, or None; imports nothing of verl."""
     pinned = pinned or pinned_version()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +22,11 @@ from pytest_verl_compat.conformance.sides import resolve_namespace
 __all__ = ["ConformanceResult", "run_case", "upstream_missing_reason"]
 
 
+# Upstream's outputs for (case, sample): computed here by default, or answered by the oracle
+# process that already imported verl (`reference_answers.OracleReferences`).
+ReferenceSource = Callable[[ConformanceCase, int], dict[str, Any]]
+
+
 @functools.cache
 def _cached_reference(case: ConformanceCase, sample: int) -> dict[str, Any]:
     """Upstream's side of a case: it never changes, so the mutation check reuses it."""
@@ -30,9 +35,15 @@ def _cached_reference(case: ConformanceCase, sample: int) -> dict[str, Any]:
 
 
 def run_case(
-    case: ConformanceCase, ours: ModuleType | Mapping[str, Any] | None = None
+    case: ConformanceCase,
+    ours: ModuleType | Mapping[str, Any] | None = None,
+    reference: ReferenceSource | None = None,
+    candidate: ReferenceSource | None = None,
 ) -> ConformanceResult:
-    """Compare our functions (or the substitutes in `ours`) with upstream on the case's samples."""
+    """Compare our functions (or the substitutes in `ours`) with upstream on the case's samples;
+    upstream's side comes from `reference` when given (it never depends on `ours`), and so does
+    the candidate side from `candidate` when it calls none of our functions (the micro-batch
+    cases that hold verl's own split against its whole mini-batch)."""
     reason = upstream_missing_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -44,9 +55,12 @@ def run_case(
         if component.reference_uses_ours(case):
             expected = component.reference(case, inputs, namespace)
         else:
-            expected = _cached_reference(case, sample)
+            expected = (reference or _cached_reference)(case, sample)
         try:
-            actual = component.candidate(case, inputs, namespace)
+            if candidate is not None and not component.uses(case):
+                actual = candidate(case, sample)
+            else:
+                actual = component.candidate(case, inputs, namespace)
         except Exception as error:  # a mutant may raise; that is a failure, not a crash
             checks.append(
                 Check(

@@ -201,18 +201,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.getoption("verl_corpus"):
         return
     waiting = [item for item in items if item.name.split("[")[0] in _UPSTREAM_STAGES]
-    if waiting:
-        others = [item for item in items if item.name.split("[")[0] not in _UPSTREAM_STAGES]
-        items[:] = others + waiting
-        from pytest_verl_compat.plugin.keys import audit_state_key
+    others = [item for item in items if item.name.split("[")[0] not in _UPSTREAM_STAGES]
+    items[:] = others + waiting
+    from pytest_verl_compat.plugin.keys import audit_state_key
 
-        state = config.stash.get(audit_state_key, None)
-        # Import verl in the oracle while the first stages import Hydra and compose.
-        if state is not None and state.upstream_gate().tree is not None:
-            if state.session.options.trusted != "off" or any(
-                item.name.startswith("test_upstream_validate") for item in waiting
-            ):
-                state.oracle.start()
+    state = config.stash.get(audit_state_key, None)
+    if state is None:
+        return
+    # Import verl in the oracle while the first stages import Hydra and compose.
+    if waiting and state.upstream_gate().tree is not None:
+        if state.session.options.trusted != "off" or any(
+            item.name.startswith("test_upstream_validate") for item in waiting
+        ):
+            state.oracle.start()
+    conformance = [
+        item.callspec.params["conformance_case"]
+        for item in others
+        if item.name.startswith("test_conformance[") and hasattr(item, "callspec")
+    ]
+    references = state.conformance_references() if conformance else None
+    if references is not None:
+        state.oracle.start()
+        # Under xdist each worker asks only for the cases it is given, as it meets them.
+        if not hasattr(config, "workerinput"):
+            for case in conformance:
+                references.prefetch(case)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

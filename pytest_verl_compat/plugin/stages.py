@@ -324,7 +324,9 @@ def test_golden_orphans(verl_audit: AuditSession, request: pytest.FixtureRequest
     )
 
 
-def test_conformance(conformance_case: Any, request: pytest.FixtureRequest) -> None:
+def test_conformance(
+    conformance_case: Any, verl_state: AuditState, request: pytest.FixtureRequest
+) -> None:
     """Our reference math equals upstream verl's, values and gradients, within the case's tolerance."""
     from pytest_verl_compat.conformance.plan import upstream_missing_reason
     from pytest_verl_compat.conformance.run import run_case
@@ -332,7 +334,15 @@ def test_conformance(conformance_case: Any, request: pytest.FixtureRequest) -> N
     missing = upstream_missing_reason()
     if missing:
         pytest.skip(missing)
-    result = run_case(conformance_case)
+    # Upstream's side from the oracle process, which has verl imported already.
+    references = verl_state.conformance_references()
+    result = _run(
+        lambda: run_case(
+            conformance_case,
+            reference=references,
+            candidate=references.candidate if references is not None else None,
+        )
+    )
     _payload(
         request,
         KEY_CONFORMANCE,

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_verl_compat.conformance.plan import conformance_cases, load_tolerances
+from pytest_verl_compat.conformance.plan import (
+    conformance_cases,
+    load_tolerances,
+    upstream_missing_reason,
+)
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.upstream.early import UpstreamGate, upstream_gate
@@ -15,6 +19,10 @@ from pytest_verl_compat.upstream.validate import UpstreamVerdicts
 
 if TYPE_CHECKING:
     from pytest_verl_compat.conformance.plan import ConformanceCase
+    from pytest_verl_compat.conformance.reference_answers import OracleReferences
+
+# Imported by the oracle process, by name: upstream's side of the conformance cases.
+REFERENCE_ANSWERS = "pytest_verl_compat.conformance.reference_answers"
 
 
 @dataclass
@@ -28,11 +36,20 @@ class AuditState:
     _conformance: list[ConformanceCase] | None = field(default=None, repr=False)
     _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
     _gate: UpstreamGate | None = field(default=None, repr=False)
+    _references: OracleReferences | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
-        oracle = UpstreamOracle(oracle_workers)
+        oracle = UpstreamOracle(oracle_workers, served=(REFERENCE_ANSWERS,))
         return cls(session, oracle, UpstreamVerdicts(session, oracle))
+
+    def conformance_references(self) -> OracleReferences | None:
+        """Upstream's side of the conformance cases from the oracle, when verl is installed."""
+        if self._references is None and upstream_missing_reason() is None:
+            from pytest_verl_compat.conformance.reference_answers import OracleReferences
+
+            self._references = OracleReferences(self.oracle)
+        return self._references
 
     def trusted(self, cache: Any) -> TrustedCompositions | str:
         """Upstream's entry point for this session, or why it cannot be the oracle here."""

@@ -9,7 +9,10 @@ folder, isolated interpreter, allow-listed environment), and sends it one JSON l
   line would set it, and return what Hydra printed (the resolved job config) or its error;
 - ``validate``: upstream's ``validate_config`` on one resolved mapping (see ``validate.py``);
 - ``checks``: every early upstream check on one resolved mapping (``early_checks.py``): the
-  validate_config verdict, and a record (message, upstream file:line, phase) per failure.
+  validate_config verdict, and a record (message, upstream file:line, phase) per failure;
+- further kinds from the modules the parent names with ``--serve`` (their ``ORACLE_HANDLERS``):
+  the plugin has ``conformance.reference_answers`` compute upstream's side of the conformance
+  cases here, where verl is already imported.
 
 Requests are pipelined: the plugin submits a case's questions as soon as it is composed and reads
 the answers later, so the process works while the audit's other stages run. Only argv that
@@ -107,8 +110,10 @@ class UpstreamOracle:
     large answer never blocks the process while the parent is still submitting.
     """
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, served: Sequence[str] = ()) -> None:
         self.workers = workers  # processes answering in parallel (forked after verl's import)
+        # Modules of this package whose ORACLE_HANDLERS answer further kinds of question.
+        self.served = tuple(served)
         self._process: UpstreamProcess | None = None
         self._answers: dict[str, dict[str, Any]] = {}
         self._submitted: set[str] = set()
@@ -124,7 +129,10 @@ class UpstreamOracle:
 
     def _start(self) -> UpstreamProcess:
         if self._process is None:
-            self._process = UpstreamProcess(PROCESS_MODULE, ("--workers", str(self.workers)))
+            serve = [arg for name in self.served for arg in ("--serve", name)]
+            self._process = UpstreamProcess(
+                PROCESS_MODULE, ("--workers", str(self.workers), *serve)
+            )
             self._readers = [
                 threading.Thread(target=target, daemon=True)
                 for target in (self._read_answers, self._read_stderr, self._write_questions)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
+import importlib
 import io
 import json
 import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -57,6 +59,8 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
             answer = _compose(entry, request)
         elif request["kind"] == "checks":
             answer = validate.checks_one(request["mapping"])
+        elif request["kind"] in _SERVED:
+            answer = _SERVED[request["kind"]](request)
         else:
             answer = validate.validate_one(request["mapping"])
     except EntryArgvRefused as exc:
@@ -67,13 +71,28 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _ENTRY: Any = None  # the imported entry point, set before the workers fork
+# Questions of other kinds, answered by the modules named with --serve (their ORACLE_HANDLERS).
+_SERVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {}
+
+
+def _load_served(modules: list[str]) -> None:
+    """Import each --serve module (only this package's own) and take its handlers; its
+    ORACLE_WARM, if any, runs now so that the forked workers share what it imports."""
+    for name in modules:
+        if not name.startswith("pytest_verl_compat."):
+            raise SystemExit(f"--serve {name!r}: not a module of pytest_verl_compat")
+        module = importlib.import_module(name)
+        _SERVED.update(module.ORACLE_HANDLERS)
+        warm = getattr(module, "ORACLE_WARM", None)
+        if warm is not None:
+            warm()
 
 
 def _answer_in_worker(request: Mapping[str, Any]) -> dict[str, Any]:
     return _answer(_ENTRY, request)
 
 
-def serve(workers: int = 1) -> None:
+def serve(workers: int = 1, served: list[str] | None = None) -> None:
     """Answer one JSON question per stdin line on the original stdout, until stdin closes.
 
     With ``workers`` > 1 the questions are answered by that many processes forked after verl is
@@ -86,6 +105,11 @@ def serve(workers: int = 1) -> None:
     os.dup2(2, 1)  # anything upstream prints outside a request goes to stderr, not the protocol
     validate.install_stand_ins()
     _ENTRY = __import__(ENTRY_MODULE, fromlist=["main"])
+    _load_served(served or [])
+    # verl's import leaves millions of long-lived objects (torch, transformers, ray); without
+    # this every full collection during a compose walks them all, and after a fork it would
+    # also copy the pages it touches (the pre-fork-server advice of the gc module's docs).
+    gc.freeze()
     if workers <= 1:
         for line in sys.stdin:
             answers.write(json.dumps(_answer(_ENTRY, json.loads(line))) + "\n")
@@ -112,7 +136,9 @@ def serve(workers: int = 1) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog=PROCESS_MODULE)
     parser.add_argument("--workers", type=int, default=1)
-    serve(parser.parse_args(argv).workers)
+    parser.add_argument("--serve", action="append", default=[], metavar="MODULE")
+    args = parser.parse_args(argv)
+    serve(args.workers, args.serve)
 
 
 if __name__ == "__main__":
