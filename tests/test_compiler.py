@@ -113,8 +113,20 @@ def test_batch_sizes_that_do_not_divide_are_rejected_with_derived_numbers(profil
     mapping["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 300
     report = compile_resolved(mapping, case_id="grpo+bad-mini", profile=profile)
     assert report.outcome == "semantic_rejection"
-    assert "1024 prompts × n=5 = 5120 responses per step" in report.reason
-    assert "300 prompts × 5 = 1500 responses" in report.reason
+    # verl 0.9.0's V1 trainer pads the step (a warning with the numbers); the reference trainer,
+    # which does not pad, refuses it.
+    assert "does not pad a step" in report.reason
+    (padded,) = [f for f in report.findings if f.check == "batch.padded-step"]
+    assert padded.level == "warning"
+    # lcm(8 data-parallel ranks, 1500 responses) = 3000: 5120 rows become 6000.
+    assert "5120 responses per step are not a multiple of 3000" in padded.message
+    assert "appends 880 no-op padding responses" in padded.message
+    # The legacy trainer splits the batch instead: there it is an error, with the numbers.
+    mapping["trainer"]["use_v1"] = False
+    legacy = compile_resolved(mapping, case_id="grpo+bad-mini+v0", profile=profile)
+    assert "1024 prompts × n=5 = 5120 responses per step" in legacy.reason
+    assert "300 prompts × 5 = 1500 responses" in legacy.reason
+    assert not [f for f in legacy.findings if f.check == "batch.padded-step"]
 
 
 def test_profile_patterns_stay_inside_segments(profile) -> None:

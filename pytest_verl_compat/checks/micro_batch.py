@@ -177,6 +177,29 @@ def critic_budgets(resolved: Mapping[str, Any]) -> list[tuple[str, int]]:
     return budgets
 
 
+def _critic_settings_from_values(critic: Mapping[str, Any]) -> list[str]:
+    """The settings a resolved file (which does not say what was set) shows as set: values the
+    tree's defaults would not give (critic.yaml: null micro sizes, the token budget 32768, the
+    forward budget following it)."""
+    found = [
+        f"critic.{name}={critic[name]}"
+        for name in (
+            "ppo_micro_batch_size_per_gpu",
+            "forward_micro_batch_size_per_gpu",
+            "forward_micro_batch_size",
+        )
+        if critic.get(name) is not None
+    ]
+    budget = critic.get("ppo_max_token_len_per_gpu")
+    if budget is not None and budget != CRITIC_BUDGET_DEFAULT:
+        found.append(f"critic.ppo_max_token_len_per_gpu={budget}")
+    forward = critic.get("forward_max_token_len_per_gpu")
+    if forward is not None and forward != budget:
+        found.append(f"critic.forward_max_token_len_per_gpu={forward}")
+    # use_dynamic_bsz is left out: its default follows the actor's, so False says nothing.
+    return found
+
+
 @check(
     "critic.batch-settings-ignored",
     level="warning",
@@ -186,7 +209,7 @@ def critic_batch_settings_ignored(inp: CheckInput) -> Iterator[Hit]:
     if not need_critic(inp.resolved):
         return
     (key, budget), *_ = critic_budgets(inp.resolved)
-    for field in inp.explicit_fields:
+    for field in inp.explicit_fields or _critic_settings_from_values(inp.resolved["critic"]):
         name = field_key(field)
         if name == "critic.use_dynamic_bsz" and inp.resolved["critic"].get("use_dynamic_bsz"):
             continue  # asks for what the critic does anyway

@@ -12,6 +12,7 @@ from pytest_verl_compat.model import (
     ACCEPTED,
     SEMANTIC_REJECTION,
     CompileReport,
+    Finding,
     LeafVerdict,
 )
 from pytest_verl_compat.pipeline.compose import iter_leaves
@@ -65,6 +66,31 @@ REFERENCE_UNMODELLED = {
 }
 
 
+def reference_problems(
+    leaves: Sequence[LeafVerdict], findings: Sequence[Finding], *, skip_unknown: bool = False
+) -> list[str]:
+    """Why the reference trainer cannot run it: leaves it does not understand (optionally not
+    counting unknown ones), and what verl does that it does not do the same way."""
+    problems = [
+        leaf.problem
+        for leaf in leaves
+        if leaf.problem and not (skip_unknown and leaf.klass == "unknown")
+    ]
+    return problems + [
+        f"{f.path}: {REFERENCE_UNMODELLED[f.check]}"
+        for f in findings
+        if f.check in REFERENCE_UNMODELLED
+    ]
+
+
+def rejection_reasons(
+    leaves: Sequence[LeafVerdict], findings: Sequence[Finding], *, skip_unknown: bool = False
+) -> list[str]:
+    """Every reason to reject: the reference trainer's problems, then verl's error findings."""
+    errors = [f"{f.path}: {f.message}" for f in findings if f.level == "error"]
+    return reference_problems(leaves, findings, skip_unknown=skip_unknown) + errors
+
+
 def compile_resolved(
     resolved: Mapping[str, Any],
     *,
@@ -79,15 +105,8 @@ def compile_resolved(
     findings = semantic_findings(
         CheckInput(resolved, tuple(explicit_fields), tuple(leaves), profile, model_facts or {})
     )
-    problems = [leaf.problem for leaf in leaves if leaf.problem]
-    problems += [
-        f"{f.path}: {REFERENCE_UNMODELLED[f.check]}"
-        for f in findings
-        if f.check in REFERENCE_UNMODELLED
-    ]
-    errors = [f"{f.path}: {f.message}" for f in findings if f.level == "error"]
-    if problems or errors:
-        reasons = problems + errors
+    reasons = rejection_reasons(leaves, findings)
+    if reasons:
         more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
         return CompileReport(
             case_id,
@@ -125,5 +144,5 @@ class Verdicts:
 
 def verdicts(report: CompileReport) -> Verdicts:
     errors = tuple(f.line() for f in report.findings if f.level == "error")
-    problems = tuple(leaf.problem for leaf in report.leaves if leaf.problem)
+    problems = tuple(reference_problems(report.leaves, report.findings))
     return Verdicts(not errors, report.accepted, errors, problems)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.model import Composition
+from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
 from pytest_verl_compat.pipeline.pins import installed_verl_root, sha256_file, tree_sha256
 
@@ -94,9 +95,7 @@ def unclassified_paths(profile: Profile, resolved: Mapping[str, Any]) -> list[st
 
 def outcome_ignoring_unknown(report: CompileReport) -> tuple[str, str]:
     """The compile outcome and reason as if the profile's unknown leaves were not there."""
-    problems = [leaf.problem for leaf in report.leaves if leaf.problem and leaf.klass != "unknown"]
-    errors = [f"{f.path}: {f.message}" for f in report.findings if f.level == "error"]
-    reasons = problems + errors
+    reasons = rejection_reasons(report.leaves, report.findings, skip_unknown=True)
     if not reasons:
         return "accepted", "every classified leaf is understood by the reference trainer"
     more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""
