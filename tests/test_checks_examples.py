@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_findings import findings
 
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
@@ -14,18 +15,6 @@ from pytest_verl_compat.pipeline.compose import split_hydra_argv
 @pytest.fixture(scope="module")
 def session(upstream_checkout: Path) -> AuditSession:
     return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
-
-
-def findings(session: AuditSession, case: Case, *overrides: str) -> list[str]:
-    import dataclasses
-
-    if overrides:
-        case = dataclasses.replace(
-            case, id=f"{case.id}+" + "+".join(overrides), overrides=case.overrides + overrides
-        )
-    report = session.compile(case)
-    assert report is not None, session.outcome(case).composition.reason
-    return [f"{f.level}:{f.path}: {f.message}" for f in report.findings]
 
 
 def script(session: AuditSession, upstream: Path, rel: str) -> Case:

@@ -6,7 +6,6 @@ line that makes it true is named in the check's evidence (pytest_verl_compat/che
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from check_findings import findings
 
 from pytest_verl_compat.checks.micro_batch import step_rows
 from pytest_verl_compat.checks.model_facts import facts_from_config, tokenizer_ids
@@ -37,16 +37,6 @@ MEGATRON = "examples/grpo_trainer/run_deepseek_v3_671b_megatron.sh"
 @pytest.fixture(scope="module")
 def session(upstream_checkout: Path) -> AuditSession:
     return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
-
-
-def findings(session: AuditSession, case: Case, *overrides: str) -> list[str]:
-    if overrides:
-        case = dataclasses.replace(
-            case, id=f"{case.id}+" + "+".join(overrides), overrides=case.overrides + overrides
-        )
-    report = session.compile(case)
-    assert report is not None, session.outcome(case).composition.reason
-    return [f"{f.level}:{f.path}: {f.message}" for f in report.findings]
 
 
 def manifest_case(session: AuditSession, case_id: str) -> Case:

@@ -205,6 +205,15 @@ def actor_config(loss_agg_mode: str, loss_scale_factor: int | None) -> Any:
     )
 
 
+def _actor_fields(x: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The batch fields verl's ppo_loss reads, under verl's names."""
+    return {
+        "old_log_probs": x["old_log_prob"],
+        "advantages": x["advantages"],
+        "ref_log_prob": x["ref_log_prob"],
+    }
+
+
 def upstream_actor(
     x: Mapping[str, Any], masks: Masks, flat: Flat, mode: str, normalisers: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -212,16 +221,7 @@ def upstream_actor(
     up = upstream_modules()
     config = actor_config(mode, normalisers["loss_scale_factor"])
     log_probs, entropy = flat.flatten(x["log_prob"]), flat.flatten(x["entropy"])
-    data = _tensordict(
-        masks,
-        flat,
-        {
-            "old_log_probs": x["old_log_prob"],
-            "advantages": x["advantages"],
-            "ref_log_prob": x["ref_log_prob"],
-        },
-        normalisers,
-    )
+    data = _tensordict(masks, flat, _actor_fields(x), normalisers)
     loss, metrics = up.losses.ppo_loss(config, {"log_probs": log_probs, "entropy": entropy}, data)
     return _actor_outputs(loss, metrics, flat, log_probs, entropy)
 
@@ -234,16 +234,7 @@ def upstream_actor_nested(
     config = actor_config(mode, normalisers["loss_scale_factor"])
     log_probs, nested_log_probs = _nested_output(flat, x["log_prob"])
     entropy, nested_entropy = _nested_output(flat, x["entropy"])
-    data = _nested_tensordict(
-        masks,
-        flat,
-        {
-            "old_log_probs": x["old_log_prob"],
-            "advantages": x["advantages"],
-            "ref_log_prob": x["ref_log_prob"],
-        },
-        normalisers,
-    )
+    data = _nested_tensordict(masks, flat, _actor_fields(x), normalisers)
     outputs = {"log_probs": nested_log_probs, "entropy": nested_entropy}
     loss, metrics = up.losses.ppo_loss(config, outputs, data)
     return _actor_outputs(loss, metrics, flat, log_probs, entropy)
