@@ -96,8 +96,14 @@ def field_lines(
 EXAMPLES_AUDIT = "examples/audit.json"
 
 
-def example_entry(session: AuditSession, case: Case) -> dict[str, Any]:
-    """One example script: read, composed, valid for the pinned verl, runnable by the trainer."""
+def example_entry(
+    session: AuditSession, case: Case, upstream_failures: list[str] | None = None
+) -> dict[str, Any]:
+    """One example script: read, composed, valid for the pinned verl, runnable by the trainer.
+
+    ``upstream_failures``: what upstream's own early checks said of it, as recorded
+    (golden/examples/upstream.json); each is an error of verl's, so the script is not valid.
+    """
     from pytest_verl_compat.pipeline.compile import verdicts
 
     entry: dict[str, Any] = {"id": case.id}
@@ -112,11 +118,12 @@ def example_entry(session: AuditSession, case: Case) -> dict[str, Any]:
     report = session.compile(case)
     assert report is not None
     verdict = verdicts(report)
+    upstream = list(upstream_failures or [])
     return {
         **entry,
-        "valid": verdict.valid,
-        "runnable": verdict.runnable,
-        "errors": list(verdict.errors),
+        "valid": verdict.valid and not upstream,
+        "runnable": verdict.runnable and not upstream,
+        "errors": [*verdict.errors, *upstream],
         "warnings": sum(1 for f in report.findings if f.level == "warning"),
     }
 

@@ -21,6 +21,8 @@ from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+from pytest_verl_compat.upstream.early import EarlyAnswer
+from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.runner import referenced_variables, run_module
 from pytest_verl_compat.upstream.trusted import printed_config
 
@@ -70,7 +72,36 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
         else:
             entry.update(composed=True, resolved_sha256=digest(printed_config(result["stdout"])))
         recorded[case_id] = entry
+    by_id = {case.id: case for case in cases}
+    composed = [cid for cid, entry in recorded.items() if entry.get("composed")]
+    for case_id, failures in _early_failures(session, [by_id[cid] for cid in composed]).items():
+        recorded[case_id]["upstream_failures"] = failures
     return recorded
+
+
+def _early_failures(session: AuditSession, cases: list[Case]) -> dict[str, list[str]]:
+    """Upstream's own early checks (``early_checks.py``) on each composed script, through the
+    oracle: each failure as the `check` finding line (``upstream.<phase>: message (where)``)."""
+    mappings = {}
+    for case in cases:
+        composition = session.outcome(case).composition
+        if composition.composed and composition.resolved is not None:
+            mappings[case.id] = composition.resolved
+    oracle = UpstreamOracle(workers=2)
+    try:
+        for case_id, mapping in mappings.items():
+            oracle.submit(case_id, checks_request(mapping))
+        answers = {cid: oracle.answer(cid, checks_request(m)) for cid, m in mappings.items()}
+    finally:
+        oracle.close()
+    version = session.pin.version
+    out: dict[str, list[str]] = {}
+    for case_id, answer in answers.items():
+        if "verdict" not in answer:
+            raise RuntimeError(f"upstream's checks gave no verdict for {case_id}: {answer}")
+        failures = EarlyAnswer.from_json(answer).failures
+        out[case_id] = [f"{f.check_id}: {f.describe(version)}" for f in failures]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
