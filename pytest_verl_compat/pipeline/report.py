@@ -75,9 +75,13 @@ def field_lines(
     assert session.manifest is not None
     version = session.manifest.upstream.version
     totals = audit_totals(entries)
+    errors = sum(1 for e in entries if any(f["level"] == "error" for f in e["findings"]))
+    # A rejection without an error finding is one verl runs and the reference trainer refuses.
+    refused = totals["semantic_rejections"] - errors
     lines = [
-        f"field corpus: {totals['cases']} cases; {totals['semantic_rejections']} errors caught; "
-        f"{totals['accepted']} accepted with {totals['warnings']} warnings"
+        f"field corpus: {totals['cases']} cases; {errors} errors caught; "
+        + (f"{refused} refused by the reference trainer only; " if refused else "")
+        + f"{totals['accepted']} accepted with {totals['warnings']} warnings"
     ]
     for entry in entries:
         case = session.manifest.case(entry["id"])
