@@ -70,7 +70,7 @@ def test_a_selection_without_upstream_stages_starts_no_process(
     # Records the oracle's start instead of importing verl; answers validate as upstream would.
     pytester.makeconftest(
         f"""
-        from pytest_verl_compat.upstream.oracle import UpstreamOracle, compose_request, validate_request
+        from pytest_verl_compat.upstream.oracle import UpstreamOracle
 
         def start(self):
             open({str(marker)!r}, "a").write("started\\n")

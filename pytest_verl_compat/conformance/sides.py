@@ -113,6 +113,17 @@ def _logged_name(key: str) -> str:
 # --------------------------------------------------------------------------- upstream batches
 
 
+def _with_normalisers(data: Any, normalisers: Mapping[str, Any]) -> Any:
+    """The batch with the global normalisers the engine sets on it, as non-tensor data."""
+    upstream_modules().tu.assign_non_tensor(
+        data,
+        dp_size=normalisers["dp_size"],
+        batch_num_tokens=normalisers["batch_num_tokens"],
+        global_batch_size=normalisers["global_batch_size"],
+    )
+    return data
+
+
 def _tensordict(
     masks: Masks,
     flat: Flat,
@@ -136,13 +147,7 @@ def _tensordict(
         },
         batch_size=[batch],
     )
-    up.tu.assign_non_tensor(
-        data,
-        dp_size=normalisers["dp_size"],
-        batch_num_tokens=normalisers["batch_num_tokens"],
-        global_batch_size=normalisers["global_batch_size"],
-    )
-    return data
+    return _with_normalisers(data, normalisers)
 
 
 def _nested_tensordict(
@@ -174,13 +179,7 @@ def _nested_tensordict(
             **{key: responses(value) for key, value in tensors.items()},
         }
     )
-    up.tu.assign_non_tensor(
-        data,
-        dp_size=normalisers["dp_size"],
-        batch_num_tokens=normalisers["batch_num_tokens"],
-        global_batch_size=normalisers["global_batch_size"],
-    )
-    return data
+    return _with_normalisers(data, normalisers)
 
 
 def _nested_output(flat: Flat, padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

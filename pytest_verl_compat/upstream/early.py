@@ -12,14 +12,11 @@ reported is the same cause said twice; ``covered_static_checks`` says which to l
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import re
-import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
+from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
+from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.upstream import early_checks as ec
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
 
@@ -209,16 +208,12 @@ class AnswerCache:
         return self.folder / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
-        try:
-            # Never a FIFO, a device or a link: an entry is a regular file this module wrote.
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError:
+        path = self._path(key)
+        if path.is_symlink():  # an entry is a regular file this module wrote, never a link
             return None
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return None
-            data = handle.read(MAX_ENTRY_BYTES + 1)
-        if len(data) > MAX_ENTRY_BYTES:
+        try:
+            data = read_bytes(path, MAX_ENTRY_BYTES, "cache entry")  # no FIFO, no device
+        except InputError:
             return None
         try:
             entry = json.loads(data)
@@ -231,16 +226,9 @@ class AnswerCache:
         """Store an answer; a cache that cannot be written is only slower, never an error."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=self.folder)
+            write_atomic(self._path(key), json.dumps(entry, sort_keys=True))
         except OSError:
             return
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(entry, out, sort_keys=True)
-            os.replace(temporary, self._path(key))
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
 
 
 # --- whether upstream's code may see a session's compositions ----------------------------------

@@ -21,7 +21,7 @@ from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-from pytest_verl_compat.upstream.early import EarlyAnswer
+from pytest_verl_compat.upstream.early import cache_key, early_answer, upstream_gate
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.runner import referenced_variables, run_module
 from pytest_verl_compat.upstream.trusted import printed_config
@@ -81,7 +81,12 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
 
 def _early_failures(session: AuditSession, cases: list[Case]) -> dict[str, list[str]]:
     """Upstream's own early checks (``early_checks.py``) on each composed script, through the
-    oracle: each failure as the `check` finding line (``upstream.<phase>: message (where)``)."""
+    oracle (as ``check`` asks them, all questions sent first so both workers stay busy): each
+    failure as the `check` finding line (``upstream.<phase>: message (where)``)."""
+    gate = upstream_gate(session)
+    if gate.tree is None:
+        raise RuntimeError(f"upstream's checks cannot run: {gate.reason}")
+    version = session.pin.version
     mappings = {}
     for case in cases:
         composition = session.outcome(case).composition
@@ -89,19 +94,18 @@ def _early_failures(session: AuditSession, cases: list[Case]) -> dict[str, list[
             mappings[case.id] = composition.resolved
     oracle = UpstreamOracle(workers=2)
     try:
-        for case_id, mapping in mappings.items():
-            oracle.submit(case_id, checks_request(mapping))
-        answers = {cid: oracle.answer(cid, checks_request(m)) for cid, m in mappings.items()}
+        for mapping in mappings.values():
+            oracle.submit(cache_key(version, gate.tree, mapping), checks_request(mapping))
+        answers = {
+            case_id: early_answer(session, mapping, gate.tree, None, oracle)
+            for case_id, mapping in mappings.items()
+        }
     finally:
         oracle.close()
-    version = session.pin.version
-    out: dict[str, list[str]] = {}
-    for case_id, answer in answers.items():
-        if "verdict" not in answer:
-            raise RuntimeError(f"upstream's checks gave no verdict for {case_id}: {answer}")
-        failures = EarlyAnswer.from_json(answer).failures
-        out[case_id] = [f"{f.check_id}: {f.describe(version)}" for f in failures]
-    return out
+    return {
+        case_id: [f"{f.check_id}: {f.describe(version)}" for f in answer.failures]
+        for case_id, answer in answers.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
