@@ -24,7 +24,7 @@ import torch
 from pytest_verl_compat.conformance.components import SIDES
 from pytest_verl_compat.conformance.inputs import INPUTS, case_generator
 from pytest_verl_compat.conformance.plan import ConformanceCase
-from pytest_verl_compat.conformance.run import _cached_reference
+from pytest_verl_compat.conformance.run import upstream_outputs
 from pytest_verl_compat.conformance.sides import upstream_modules
 
 KIND = "conformance"
@@ -86,7 +86,7 @@ def answer(question: Mapping[str, Any]) -> dict[str, Any]:
     component = SIDES[case.component]
     samples = []
     for sample in range(case.samples):
-        outputs = {"reference": encode(_cached_reference(case, sample))}
+        outputs = {"reference": encode(upstream_outputs(case, sample))}
         if not component.uses(case):
             inputs = INPUTS[case.component](case, case_generator(case, sample))
             outputs["candidate"] = encode(component.candidate(case, inputs, {}))
@@ -143,7 +143,7 @@ class OracleReferences:
     def __call__(self, case: ConformanceCase, sample: int) -> dict[str, Any]:
         """The reference side (a ``run.ReferenceSource``)."""
         if not oracle_answers(case):
-            return _cached_reference(case, sample)
+            return upstream_outputs(case, sample)
         reference: dict[str, Any] = self._sample(case, sample)["reference"]
         return reference
 

@@ -28,7 +28,7 @@ ReferenceSource = Callable[[ConformanceCase, int], dict[str, Any]]
 
 
 @functools.cache
-def _cached_reference(case: ConformanceCase, sample: int) -> dict[str, Any]:
+def upstream_outputs(case: ConformanceCase, sample: int) -> dict[str, Any]:
     """Upstream's side of a case: it never changes, so the mutation check reuses it."""
     inputs = INPUTS[case.component](case, case_generator(case, sample))
     return SIDES[case.component].reference(case, inputs, {})
@@ -55,7 +55,7 @@ def run_case(
         if component.reference_uses_ours(case):
             expected = component.reference(case, inputs, namespace)
         else:
-            expected = (reference or _cached_reference)(case, sample)
+            expected = (reference or upstream_outputs)(case, sample)
         try:
             if candidate is not None and not component.uses(case):
                 actual = candidate(case, sample)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
+
+from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 # Results this process computed or read, by name (the only store without xdist).
 _computed_key: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
@@ -57,8 +58,6 @@ def once_per_session(
             value = json.loads(path.read_text(encoding="utf-8"))
         else:
             value = compute()
-            partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-            partial.write_text(json.dumps(value, sort_keys=True), encoding="utf-8")
-            os.replace(partial, path)
+            write_atomic(path, json.dumps(value, sort_keys=True))
     computed[name] = value
     return value
