@@ -72,6 +72,20 @@ def test_duplicate_ids_are_rejected_precisely(tmp_path: Path) -> None:
     assert duplicate.error and "duplicate case id 'ppo' (first defined at line" in duplicate.error
 
 
+def test_a_valid_case_reusing_an_invalid_cases_id_is_a_duplicate(tmp_path: Path) -> None:
+    # Found by the manifest fuzzer: the first 'ppo' fails the schema, and its valid copy further
+    # down used to be built as if it were the only 'ppo' (two test ids, one golden file).
+    def mutate(data: dict) -> None:
+        data["cases"].append(dict(data["cases"][0]))
+        del data["cases"][0]["kind"]
+
+    manifest = load_manifest(write_manifest(tmp_path, mutate))
+    first, later = manifest.cases[0], manifest.cases[-1]
+    assert first.id == "ppo" and first.error and "kind" in first.error
+    assert later.id.startswith("ppo#duplicate-") and later.error
+    assert "duplicate case id 'ppo'" in later.error
+
+
 def test_unknown_top_level_key_is_a_manifest_error(tmp_path: Path) -> None:
     with pytest.raises(
         ManifestError, match=r"manifest.yaml: field <top level>: Additional properties"

@@ -117,7 +117,9 @@ def load_manifest(path: str | Path) -> Manifest:
     bindings = Bindings.from_mapping(raw["environment"])
     raw_cases = raw["cases"]
     line_cases = raw_with_lines["cases"]
-    by_id: dict[str, Case] = {}
+    # Every safe id seen, valid or not: an id names golden files and test ids, so a later case
+    # reusing the id of an invalid one must be flagged too, not silently become the only one.
+    first_line: dict[str, int] = {}
     cases: list[Case] = []
     raw_by_id: dict[str, dict[str, Any]] = {}
     for index, (raw_case, lined) in enumerate(zip(raw_cases, line_cases, strict=True)):
@@ -126,6 +128,17 @@ def load_manifest(path: str | Path) -> Manifest:
         # An id names golden files and test ids: only a safe one is used even in a message's case.
         safe_id = isinstance(case_id, str) and SAFE_CASE_ID.fullmatch(case_id) is not None
         label = case_id if isinstance(case_id, str) and safe_id else f"cases[{index}]"
+        if label in first_line:
+            message = (
+                f"{path}:{line}: duplicate case id {label!r} "
+                f"(first defined at line {first_line[label]})"
+            )
+            cases.append(
+                Case(id=f"{label}#duplicate-{index}", kind="invalid", line=line, error=message)
+            )
+            continue
+        if safe_id:
+            first_line[label] = line
         error = _first_error(case_validator, raw_case)
         if error is None and not safe_id:
             message = (
@@ -141,19 +154,8 @@ def load_manifest(path: str | Path) -> Manifest:
             cases.append(Case(id=label, kind="invalid", line=line, error=message))
             continue
         assert isinstance(case_id, str)  # the case schema requires it
-        if case_id in by_id:
-            first = by_id[case_id].line
-            message = (
-                f"{path}:{line}: duplicate case id {case_id!r} (first defined at line {first})"
-            )
-            cases.append(
-                Case(id=f"{case_id}#duplicate-{index}", kind="invalid", line=line, error=message)
-            )
-            continue
         raw_by_id[case_id] = raw_case
-        case = _build_case(path, raw_case, line, bindings, raw_by_id)
-        by_id[case_id] = case
-        cases.append(case)
+        cases.append(_build_case(path, raw_case, line, bindings, raw_by_id))
 
     golden = raw.get("golden_dir")
     conformance = raw.get("conformance")
