@@ -24,7 +24,14 @@ def _legacy_replacement(key: str) -> str | None:
 @check(
     "fields.legacy-reward-key",
     level="error",
-    evidence="verl/trainer/config/legacy_reward_impl.yaml (kept for compatibility, never read); verl PR #7331, #5558, #6172",
+    # Why "ignored": migrate_legacy_reward_impl would copy these keys into reward.*, but only the
+    # fully-async entry point calls it; main_ppo's path reads reward.* alone.
+    evidence=(
+        "verl/experimental/reward_loop/reward_loop.py:39 (migrate_legacy_reward_impl, called only by "
+        "verl/experimental/fully_async_policy/fully_async_main.py:237); main_ppo reads reward.* "
+        "(verl/trainer/ppo/reward.py:70, verl/trainer/ppo/v1/trainer_base.py:201); "
+        "verl PR #7331, #5558, #6172"
+    ),
 )
 def legacy_reward_key(inp: CheckInput) -> Iterator[Hit]:
     for field in inp.explicit_fields:
@@ -34,7 +41,7 @@ def legacy_reward_key(inp: CheckInput) -> Iterator[Hit]:
             yield Hit(
                 key,
                 f"`{field}` sets a legacy top-level reward key that verl {inp.version} silently ignores "
-                "(its migration to reward.* was dropped)",
+                "(main_ppo never migrates it to reward.*; only the fully-async entry point does)",
                 fix=f"set {replacement} instead",
             )
 
