@@ -127,7 +127,8 @@ def example_entry(
         **entry,
         "valid": verdict.valid and not upstream,
         "runnable": verdict.runnable and not upstream,
-        "errors": [*verdict.errors, *upstream],
+        # Worded as the verdict's own errors are, so a reader of the file sees one kind of line.
+        "errors": [*verdict.errors, *(f"ERROR {failure}" for failure in upstream)],
         "warnings": sum(1 for f in report.findings if f.level == "warning"),
     }
 
