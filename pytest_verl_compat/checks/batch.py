@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.micro_batch import critic_budgets, ref_in_actor, step_rows, uses_v1
+from pytest_verl_compat.checks.micro_batch import critic_budgets, step_rows
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
@@ -13,7 +13,9 @@ from pytest_verl_compat.checks.roles import (
     gpu_count,
     need_critic,
     need_reference_policy,
+    reference_worker,
     sequence_parallel,
+    uses_v1,
 )
 
 
@@ -229,7 +231,7 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
             "log_prob_use_dynamic_bsz",
         ),
     ]
-    if need_reference_policy(resolved) and not ref_in_actor(resolved):
+    if reference_worker(resolved):
         sections.append(
             (
                 "actor_rollout_ref.ref",

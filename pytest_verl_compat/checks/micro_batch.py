@@ -21,26 +21,13 @@ from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
     data_parallel,
+    model_parallel_sizes,
     need_critic,
-    need_reference_policy,
+    reference_worker,
+    uses_v1,
 )
 
 _PREPARE = "verl/workers/engine/utils.py:124-127 (prepare_micro_batches asserts rows % micro_batch_size_per_gpu == 0)"
-
-
-def uses_v1(resolved: Mapping[str, Any]) -> bool:
-    """verl/trainer/main_ppo.py:184: trainer.use_v1 selects the V1 trainer (the default)."""
-    return bool(resolved["trainer"].get("use_v1", True))
-
-
-def ref_in_actor(resolved: Mapping[str, Any]) -> bool:
-    """trainer_base.py:317-320: with LoRA the actor (adapter off) computes the reference log-probs."""
-    model = resolved["actor_rollout_ref"]["model"]
-    lora = model.get("lora")
-    rank = int(lora.get("rank") or 0) if isinstance(lora, Mapping) else 0
-    if rank <= 0:
-        rank = int(model.get("lora_rank") or 0)
-    return rank > 0 or model.get("lora_adapter_path") is not None
 
 
 def step_rows(resolved: Mapping[str, Any], actor_updates: bool = True) -> tuple[int, int, int]:
@@ -100,7 +87,7 @@ def _log_prob_passes(resolved: Mapping[str, Any]) -> list[tuple[str, str, Mappin
     bypass = isinstance(correction, Mapping) and bool(correction.get("bypass_mode"))
     if not bypass:  # trainer_base.py:1486-1487: bypass mode takes the rollout's log-probs
         passes.append(("actor_rollout_ref.rollout", "actor", arr["rollout"]))
-    if need_reference_policy(resolved) and not ref_in_actor(resolved):
+    if reference_worker(resolved):
         passes.append(("actor_rollout_ref.ref", "ref", arr["ref"]))
     return passes
 
@@ -234,10 +221,7 @@ def critic_sequence_parallel_ignored(inp: CheckInput) -> Iterator[Hit]:
     if not need_critic(inp.resolved) or critic.get("strategy") not in ("fsdp", "fsdp2"):
         return
     legacy = int(critic.get("ulysses_sequence_parallel_size") or 1)
-    engine = critic.get("fsdp")
-    engine_sp = (
-        int(engine.get("ulysses_sequence_parallel_size") or 1) if isinstance(engine, Mapping) else 1
-    )
+    engine_sp = model_parallel_sizes(inp.resolved, "critic")["sequence parallel"]
     if legacy > 1 and engine_sp != legacy:
         yield Hit(
             "critic.ulysses_sequence_parallel_size",

@@ -8,17 +8,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, ModelFacts
-from pytest_verl_compat.checks.parallel import engine_roles, megatron_sizes
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
-    ROLE_SECTIONS,
-    engine_key,
+    ROLE_NAMES,
+    engine_path,
+    engine_roles,
+    is_megatron,
+    megatron_sizes,
     model_parallel_sizes,
     role_engine,
     role_strategy,
+    ulysses_path,
 )
-
-_NAMES = {"actor": "actor", "ref": "reference", "critic": "critic"}
 
 
 def _role_facts(inp: CheckInput) -> Iterator[tuple[str, ModelFacts]]:
@@ -26,6 +27,14 @@ def _role_facts(inp: CheckInput) -> Iterator[tuple[str, ModelFacts]]:
         facts = inp.model_facts.get(CRITIC_MODEL if role == "critic" else ACTOR_MODEL)
         if facts is not None:
             yield role, facts
+
+
+def _megatron_role_facts(inp: CheckInput) -> Iterator[tuple[str, ModelFacts, str, dict[str, int]]]:
+    """(role, its model's facts, its engine section's path, its Megatron sizes) per Megatron role."""
+    for role, facts in _role_facts(inp):
+        if is_megatron(inp.resolved, role):
+            engine = engine_path(inp.resolved, role)
+            yield role, facts, engine, megatron_sizes(role_engine(inp.resolved, role))
 
 
 @check(
@@ -41,11 +50,6 @@ def ulysses_heads(inp: CheckInput) -> Iterator[Hit]:
         heads, kv = facts.num_attention_heads, facts.num_key_value_heads
         if sp <= 1 or heads is None:
             continue
-        where = (
-            "critic.fsdp.ulysses_sequence_parallel_size"
-            if role == "critic"
-            else f"{ROLE_SECTIONS[role]}.ulysses_sequence_parallel_size"
-        )
         problems = []
         if heads % sp:
             problems.append(f"{heads} attention heads")
@@ -53,9 +57,9 @@ def ulysses_heads(inp: CheckInput) -> Iterator[Hit]:
             problems.append(f"{kv} key-value heads (nor does {sp} divide by {kv})")
         if problems:
             yield Hit(
-                where,
+                ulysses_path(role),
                 f"Ulysses sequence parallel {sp} does not divide the {' or the '.join(problems)} of "
-                f"{facts.source}: verl {inp.version} fails an assertion when the {_NAMES[role]} "
+                f"{facts.source}: verl {inp.version} fails an assertion when the {ROLE_NAMES[role]} "
                 "worker builds the model",
                 fix=f"use a sequence parallel size that divides {heads}",
             )
@@ -67,20 +71,17 @@ def ulysses_heads(inp: CheckInput) -> Iterator[Hit]:
     evidence="megatron.core TransformerConfig.__post_init__ (num_attention_heads and num_query_groups % tensor_model_parallel_size raise ValueError), built from the HF config when the Megatron worker starts (verl/workers/engine/megatron/transformer_impl.py:284-345, _build_tf_config)",
 )
 def tensor_parallel_heads(inp: CheckInput) -> Iterator[Hit]:
-    for role, facts in _role_facts(inp):
-        if role_strategy(inp.resolved, role) not in ("megatron", "mindspeed"):
-            continue
-        tp = megatron_sizes(role_engine(inp.resolved, role))["tp"]
+    for role, facts, engine, sizes in _megatron_role_facts(inp):
+        tp = sizes["tp"]
         for count, what in (
             (facts.num_attention_heads, "attention heads"),
             (facts.num_key_value_heads, "key-value heads (num_query_groups)"),
         ):
             if count is not None and count % tp:
-                engine = f"{ROLE_SECTIONS[role]}.{engine_key(inp.resolved, role)}"
                 yield Hit(
                     f"{engine}.tensor_model_parallel_size",
                     f"tensor parallel {tp} does not divide the {count} {what} of {facts.source}: "
-                    f"megatron.core raises ValueError when the {_NAMES[role]} worker starts in "
+                    f"megatron.core raises ValueError when the {ROLE_NAMES[role]} worker starts in "
                     f"verl {inp.version}",
                     fix=f"use a tensor parallel size that divides {count}",
                 )
@@ -93,13 +94,10 @@ def tensor_parallel_heads(inp: CheckInput) -> Iterator[Hit]:
     evidence="megatron.core TransformerConfig.__post_init__ (expert parallel > 1 without experts raises ValueError) and the MoE layer (asserts num_moe_experts % expert_model_parallel_size == 0), built when the Megatron worker starts",
 )
 def expert_parallel_experts(inp: CheckInput) -> Iterator[Hit]:
-    for role, facts in _role_facts(inp):
-        if role_strategy(inp.resolved, role) not in ("megatron", "mindspeed"):
-            continue
-        ep = megatron_sizes(role_engine(inp.resolved, role))["ep"]
+    for role, facts, engine, sizes in _megatron_role_facts(inp):
+        ep = sizes["ep"]
         if ep <= 1:
             continue
-        engine = f"{ROLE_SECTIONS[role]}.{engine_key(inp.resolved, role)}"
         experts = facts.num_experts
         if experts is None:
             message = f"expert parallel {ep} on a model without routed experts ({facts.source})"
@@ -113,7 +111,7 @@ def expert_parallel_experts(inp: CheckInput) -> Iterator[Hit]:
             continue
         yield Hit(
             f"{engine}.expert_model_parallel_size",
-            f"{message}: megatron.core fails when the {_NAMES[role]} worker starts in verl {inp.version}",
+            f"{message}: megatron.core fails when the {ROLE_NAMES[role]} worker starts in verl {inp.version}",
             fix=fix,
         )
 

@@ -16,18 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.micro_batch import ref_in_actor
 from pytest_verl_compat.checks.registry import CheckInput, Hit, check
 from pytest_verl_compat.checks.roles import (
-    ROLE_SECTIONS,
+    ROLE_NAMES,
     data_parallel,
-    engine_key,
+    engine_path,
+    engine_roles,
     gpu_count,
     is_megatron,
-    need_critic,
-    need_reference_policy,
+    megatron_sizes,
     role_engine,
     role_strategy,
+    ulysses_path,
 )
 
 _MCORE = "megatron.core parallel_state.initialize_model_parallel, called at worker start by verl/workers/engine/megatron/transformer_impl.py:272-282"
@@ -52,23 +52,9 @@ def rollout_replicas(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
-def engine_roles(resolved: Mapping[str, Any]) -> list[str]:
-    """The roles that start a training engine of their own (the ref only without LoRA)."""
-    roles = ["actor"]
-    if need_reference_policy(resolved) and not ref_in_actor(resolved):
-        roles.append("ref")
-    if need_critic(resolved):
-        roles.append("critic")
-    return roles
-
-
-def _engine_path(resolved: Mapping[str, Any], role: str) -> str:
-    return f"{ROLE_SECTIONS[role]}.{engine_key(resolved, role)}"
-
-
 def _layout_paths(resolved: Mapping[str, Any], role: str) -> str:
     if is_megatron(resolved, role):
-        engine = _engine_path(resolved, role)
+        engine = engine_path(resolved, role)
         return ", ".join(
             f"{engine}.{key}"
             for key in (
@@ -78,10 +64,8 @@ def _layout_paths(resolved: Mapping[str, Any], role: str) -> str:
             )
         )
     if role_strategy(resolved, role) in ("fsdp", "fsdp2"):
-        if role == "critic":
-            return "critic.fsdp.ulysses_sequence_parallel_size"
-        return f"{ROLE_SECTIONS[role]}.ulysses_sequence_parallel_size"
-    return _engine_path(resolved, role)
+        return ulysses_path(role)
+    return engine_path(resolved, role)
 
 
 @check(
@@ -93,30 +77,11 @@ def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
     for role in engine_roles(inp.resolved):
         n_gpus, product, _, factors = data_parallel(inp.resolved, role)
         if n_gpus and n_gpus % product:
-            name = "actor" if role == "actor" else ("reference" if role == "ref" else "critic")
             yield Hit(
                 _layout_paths(inp.resolved, role),
-                f"the {name}'s model-parallel layout ({factors} = {product} GPUs) does not divide {n_gpus} GPUs",
+                f"the {ROLE_NAMES[role]}'s model-parallel layout ({factors} = {product} GPUs) does not divide {n_gpus} GPUs",
                 fix=f"use a layout whose product divides {n_gpus}",
             )
-
-
-def megatron_sizes(engine: Mapping[str, Any]) -> dict[str, int]:
-    """tp, pp, cp, ep, etp (defaulting to tp, as initialize_model_parallel does) and vpp (0: unset)."""
-
-    def size(key: str, default: int = 1) -> int:
-        value = engine.get(key)
-        return int(value) if value is not None else default
-
-    tp = size("tensor_model_parallel_size")
-    return {
-        "tp": tp,
-        "pp": size("pipeline_model_parallel_size"),
-        "cp": size("context_parallel_size"),
-        "ep": size("expert_model_parallel_size"),
-        "etp": size("expert_tensor_parallel_size", tp),
-        "vpp": size("virtual_pipeline_model_parallel_size", 0),
-    }
 
 
 @check("parallel.expert-layout-divides-gpus", level="error", evidence=_MCORE)
@@ -128,7 +93,7 @@ def expert_layout_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
         sizes = megatron_sizes(role_engine(inp.resolved, role))
         product = sizes["etp"] * sizes["ep"] * sizes["pp"]
         if n_gpus % product:
-            engine = _engine_path(inp.resolved, role)
+            engine = engine_path(inp.resolved, role)
             yield Hit(
                 f"{engine}.expert_model_parallel_size, {engine}.expert_tensor_parallel_size",
                 f"the expert layout (expert tensor parallel {sizes['etp']} × expert parallel "
@@ -146,7 +111,7 @@ def virtual_pipeline_needs_pipeline(inp: CheckInput) -> Iterator[Hit]:
             continue
         sizes = megatron_sizes(role_engine(inp.resolved, role))
         if sizes["vpp"] and sizes["pp"] <= 1:
-            engine = _engine_path(inp.resolved, role)
+            engine = engine_path(inp.resolved, role)
             yield Hit(
                 f"{engine}.virtual_pipeline_model_parallel_size, {engine}.pipeline_model_parallel_size",
                 f"a virtual pipeline size ({sizes['vpp']}) needs pipeline parallel > 1: megatron.core "

@@ -35,6 +35,26 @@ def need_reference_policy(resolved: Mapping[str, Any]) -> bool:
     )
 
 
+def uses_v1(resolved: Mapping[str, Any]) -> bool:
+    """verl/trainer/main_ppo.py:184: trainer.use_v1 selects the V1 trainer (the default)."""
+    return bool(resolved["trainer"].get("use_v1", True))
+
+
+def ref_in_actor(resolved: Mapping[str, Any]) -> bool:
+    """trainer_base.py:317-320: with LoRA the actor (adapter off) computes the reference log-probs."""
+    model = resolved["actor_rollout_ref"]["model"]
+    lora = model.get("lora")
+    rank = int(lora.get("rank") or 0) if isinstance(lora, Mapping) else 0
+    if rank <= 0:
+        rank = int(model.get("lora_rank") or 0)
+    return rank > 0 or model.get("lora_adapter_path") is not None
+
+
+def reference_worker(resolved: Mapping[str, Any]) -> bool:
+    """Whether a reference policy runs as a worker of its own (not the actor with LoRA off)."""
+    return need_reference_policy(resolved) and not ref_in_actor(resolved)
+
+
 def gpu_count(resolved: Mapping[str, Any]) -> int:
     trainer = resolved["trainer"]
     return int(trainer["n_gpus_per_node"]) * int(trainer["nnodes"])
@@ -48,6 +68,8 @@ ROLE_SECTIONS = {
     "ref": "actor_rollout_ref.ref",
     "critic": "critic",
 }
+# How messages name each role's worker.
+ROLE_NAMES = {"actor": "actor", "ref": "reference", "critic": "critic"}
 
 
 def role_section(resolved: Mapping[str, Any], role: str = "actor") -> Mapping[str, Any]:
@@ -78,14 +100,49 @@ def engine_key(resolved: Mapping[str, Any], role: str = "actor") -> str:
     return strategy
 
 
+def engine_path(resolved: Mapping[str, Any], role: str = "actor") -> str:
+    """The dotted path of the role's engine section (``actor_rollout_ref.actor.megatron``)."""
+    return f"{ROLE_SECTIONS[role]}.{engine_key(resolved, role)}"
+
+
+def ulysses_path(role: str) -> str:
+    """The key a user sets for a role's Ulysses size under FSDP (the critic's sits in its engine)."""
+    if role == "critic":
+        return "critic.fsdp.ulysses_sequence_parallel_size"
+    return f"{ROLE_SECTIONS[role]}.ulysses_sequence_parallel_size"
+
+
 def role_engine(resolved: Mapping[str, Any], role: str = "actor") -> Mapping[str, Any]:
     section = role_section(resolved, role).get(engine_key(resolved, role))
     return section if isinstance(section, Mapping) else {}
 
 
-def _size(section: Mapping[str, Any], key: str) -> int:
+def engine_roles(resolved: Mapping[str, Any]) -> list[str]:
+    """The roles that start a training engine of their own (the ref only without LoRA)."""
+    roles = ["actor"]
+    if reference_worker(resolved):
+        roles.append("ref")
+    if need_critic(resolved):
+        roles.append("critic")
+    return roles
+
+
+def _size(section: Mapping[str, Any], key: str, default: int = 1) -> int:
     value = section.get(key)
-    return int(value) if value is not None else 1
+    return int(value) if value is not None else default
+
+
+def megatron_sizes(engine: Mapping[str, Any]) -> dict[str, int]:
+    """tp, pp, cp, ep, etp (defaulting to tp, as initialize_model_parallel does) and vpp (0: unset)."""
+    tp = _size(engine, "tensor_model_parallel_size")
+    return {
+        "tp": tp,
+        "pp": _size(engine, "pipeline_model_parallel_size"),
+        "cp": _size(engine, "context_parallel_size"),
+        "ep": _size(engine, "expert_model_parallel_size"),
+        "etp": _size(engine, "expert_tensor_parallel_size", tp),
+        "vpp": _size(engine, "virtual_pipeline_model_parallel_size", 0),
+    }
 
 
 def model_parallel_sizes(resolved: Mapping[str, Any], role: str = "actor") -> dict[str, int]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.checks.roles import model_parallel_sizes, need_critic, need_reference_policy
+from pytest_verl_compat.checks.roles import model_parallel_sizes, need_critic, reference_worker
 
 # JSON keys of one failure record (they travel from the oracle process to the caller's cache).
 KEY_PHASE = "phase"
@@ -237,14 +237,6 @@ def _ref_as_init_model_builds_it(arr: Any) -> Any:
     return ref
 
 
-def _ref_in_actor(model: Any) -> bool:
-    """main_ppo_v0.add_actor_rollout_worker / trainer_base: with LoRA the actor is the ref."""
-    lora_rank = model.get("lora", {}).get("rank", 0)
-    if lora_rank <= 0:
-        lora_rank = model.get("lora_rank", 0)
-    return bool(lora_rank > 0 or model.get("lora_adapter_path") is not None)
-
-
 def _conversions(out: _Collector, cfg: Any, plain: Mapping[str, Any]) -> Any:
     """omega_conf_to_dataclass on each section the selected path converts; the rollout config."""
     from verl.trainer.distillation.losses import is_distillation_enabled
@@ -262,7 +254,7 @@ def _conversions(out: _Collector, cfg: Any, plain: Mapping[str, Any]) -> Any:
         lambda: omega_conf_to_dataclass(arr.actor.get("profiler", {}), ProfilerConfig),
         "omega_conf_to_dataclass",
     )
-    if need_reference_policy(plain) and not _ref_in_actor(arr.model):
+    if reference_worker(plain):
         out.run(
             WORKER_START,
             lambda: omega_conf_to_dataclass(_ref_as_init_model_builds_it(arr)),
@@ -452,7 +444,7 @@ def _log_prob_passes(out: _Collector, plain: Mapping[str, Any], batch: int, dp: 
     if arr["actor"]["use_dynamic_bsz"] or batch % dp:
         return
     passes = [("old log-probs", arr["rollout"].get("log_prob_micro_batch_size_per_gpu"))]
-    if need_reference_policy(plain) and not _ref_in_actor(arr["model"]):
+    if reference_worker(plain):
         passes.append(("reference log-probs", arr["ref"].get("log_prob_micro_batch_size_per_gpu")))
     for name, micro in passes:
         if micro is None:
