@@ -46,6 +46,11 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
     "let": ("let", "`let` after an assignment, quoted or expanded: its words are not arithmetic"),
 }
 
+# The builtins whose arguments decide what they do to the shell: those modelled in
+# `_Builtins.builtin` and those it refuses.
+_ARGUMENT_BUILTINS = (
+    frozenset("set shift exit unset break continue exec hash".split()) | _REJECTED_BUILTINS.keys()
+)
 
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
 # Programs that run the command given in their arguments: a shell among those arguments runs

@@ -41,7 +41,7 @@ class _Conditions(_Expansion):
             left = self.string(node["X"], tilde="start")
             self.need(left, line, _DECIDES)
             if op in ("==", "=", "!="):
-                matched = self.compiled_pattern(node["Y"], line, _DECIDES).fullmatch(left)
+                matched = self.compile_pattern(node["Y"], line, _DECIDES).fullmatch(left)
                 return matched if op != "!=" else not matched
             if op == "=~":
                 self.fail(line, "[[ =~ ]]", "regular-expression matching is not supported")

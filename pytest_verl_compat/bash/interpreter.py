@@ -10,7 +10,13 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from pytest_verl_compat.bash.builtins import _BASH_BUILTINS, _RUNNERS, _SHELLS, _Builtins
+from pytest_verl_compat.bash.builtins import (
+    _ARGUMENT_BUILTINS,
+    _BASH_BUILTINS,
+    _RUNNERS,
+    _SHELLS,
+    _Builtins,
+)
 from pytest_verl_compat.bash.errors import (
     _MAX_STEPS,
     LaunchExited,
@@ -26,15 +32,7 @@ from pytest_verl_compat.model import Bindings
 
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
-_CHECKED_PROGRAMS = (
-    frozenset(
-        "set shift exit unset break continue exec hash eval source . trap alias "
-        "unalias enable read mapfile readarray getopts shopt return coproc fc local declare typeset "
-        "export readonly let".split()
-    )
-    | _RUNNERS
-    | _SHELLS
-)
+_CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
 
 
 def read_launch(
@@ -325,11 +323,10 @@ class _Interpreter(_Builtins):
                 current = temporary.get(name, self.lookup(name, None, line))
                 value = (current or "") + value
             temporary[name] = value
+        self.check_command(argv, uncertain, line)
         if self.is_launcher(argv):
             for word in [*argv, uncertain or ""]:
                 self.need(word, line, "reaches the launcher's argv")
-        self.check_command(argv, uncertain, line)
-        if self.is_launcher(argv):
             changed = line if "PATH" in temporary else self.sh.path_changed
             if changed is not None:
                 # bash looks `python3` up in the changed PATH: it could be any program.

@@ -186,6 +186,11 @@ def _class_escape(c: str) -> str:
     return "\\" + c if c in "\\]^-[" else c
 
 
+def _pattern_text(chars: list[tuple[str, bool]]) -> str:
+    """The text of a pattern's characters (where a run-time marker shows)."""
+    return "".join(c for c, _ in chars)
+
+
 class _Patterns(_Arithmetic):
     """Pattern words, matching and the pattern operators of parameter expansion."""
 
@@ -213,10 +218,6 @@ class _Patterns(_Arithmetic):
                 chars.extend((c, True) for c in fb.joined())
         return chars
 
-    def compile_pattern(self, word: Node | None, line: int) -> _Glob:
-        """A bash glob pattern word as a matcher of whole strings."""
-        return self.glob(self.pattern_chars(word), line)
-
     def glob(self, chars: list[tuple[str, bool]], line: int) -> _Glob:
         try:
             return _Glob(_glob_atoms(chars), self.spend_pattern_steps)
@@ -232,20 +233,21 @@ class _Patterns(_Arithmetic):
         """Whether ``subject`` matches a case pattern."""
         line = _line(word)
         self.need(subject, line, "decides which `case` branch runs")
-        return self.compiled_pattern(word, line, "decides which `case` branch runs").fullmatch(
+        return self.compile_pattern(word, line, "decides which `case` branch runs").fullmatch(
             subject
         )
 
-    def compiled_pattern(self, word: Node | None, line: int, purpose: str) -> _Glob:
-        """``compile_pattern``, refusing a pattern that holds a run-time value."""
+    def compile_pattern(self, word: Node | None, line: int, purpose: str) -> _Glob:
+        """A bash glob pattern word as a matcher of whole strings; a pattern holding a run-time
+        value is refused (it ``purpose``)."""
         chars = self.pattern_chars(word)
-        self.need("".join(c for c, _ in chars), line, f"is a pattern that {purpose}")
+        self.need(_pattern_text(chars), line, f"is a pattern that {purpose}")
         return self.glob(chars, line)
 
     def remove_affix(self, value: str, op: str, word: Node | None, line: int, what: str) -> str:
         """``${X#p} ${X##p} ${X%p} ${X%%p}``: shortest or longest prefix or suffix."""
         chars = self.pattern_chars(word)
-        derived = self.derive(line, what, value, "".join(c for c, _ in chars))
+        derived = self.derive(line, what, value, _pattern_text(chars))
         if derived is not None:
             return derived
         self.check_pattern_subject(value, line)
@@ -275,7 +277,7 @@ class _Patterns(_Arithmetic):
         pattern_word = {**orig, "Parts": parts}
         chars = self.pattern_chars(pattern_word)
         with_pieces = self.replacement_pieces(repl.get("With"), line)
-        derived = self.derive(line, what, value, "".join(c for c, _ in chars))
+        derived = self.derive(line, what, value, _pattern_text(chars))
         if derived is not None:
             return derived
         self.check_pattern_subject(value, line)

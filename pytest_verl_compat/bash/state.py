@@ -288,12 +288,8 @@ class _State:
             line or None,
             "run-time value",
             f"{self.describe(index)} {purpose} on line {line}, but is only known when the "
-            f"script runs; {self.root_binding(index)}",
+            f"script runs; {self.lazies[index].binding}",
         )
-
-    def root_binding(self, index: int) -> str:
-        """How to bind the value a run-time value comes from."""
-        return self.lazies[index].binding
 
     def nonempty(self, text: str) -> bool | None:
         """Whether ``text`` is non-empty, None when that is only known at run time."""
