@@ -19,8 +19,6 @@ from reference_trainer.math.aggregation import unpadded_scale
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
 from reference_trainer.math.losses import actor_loss, value_loss
 
-__all__ = ["actor_update", "critic_update", "unpadded_scale"]
-
 
 def critic_update(
     critic: torch.nn.Module,

@@ -31,7 +31,6 @@ from pytest_verl_compat.conformance.sides import (
     ours_critic,
     unpadded_normalisers,
     upstream_actor,
-    upstream_actor_nested,
     upstream_critic,
     upstream_modules,
 )
@@ -191,8 +190,9 @@ def _policy_upstream(
 ) -> dict[str, Any]:
     if case.variant == "vanilla":
         return _vanilla_upstream(case, x, ns)
-    actor = upstream_actor_nested if _nested(case) else upstream_actor
-    return actor(x, x["masks"], x["flat"], x["mode"], x["normalisers"])
+    return upstream_actor(
+        x, x["masks"], x["flat"], x["mode"], x["normalisers"], nested=_nested(case)
+    )
 
 
 def _policy_ours(case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]) -> dict[str, Any]:

@@ -214,38 +214,27 @@ def _actor_fields(x: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def upstream_actor(
-    x: Mapping[str, Any], masks: Masks, flat: Flat, mode: str, normalisers: Mapping[str, Any]
-) -> dict[str, Any]:
-    """verl's `ppo_loss` (policy loss + entropy bonus + KL loss) on one micro-batch."""
-    up = upstream_modules()
-    config = actor_config(mode, normalisers["loss_scale_factor"])
-    log_probs, entropy = flat.flatten(x["log_prob"]), flat.flatten(x["entropy"])
-    data = _tensordict(masks, flat, _actor_fields(x), normalisers)
-    loss, metrics = up.losses.ppo_loss(config, {"log_probs": log_probs, "entropy": entropy}, data)
-    return _actor_outputs(loss, metrics, flat, log_probs, entropy)
-
-
-def upstream_actor_nested(
-    x: Mapping[str, Any], masks: Masks, flat: Flat, mode: str, normalisers: Mapping[str, Any]
-) -> dict[str, Any]:
-    """verl's `ppo_loss` on one V1 micro-batch: nested model outputs and nested batch fields."""
-    up = upstream_modules()
-    config = actor_config(mode, normalisers["loss_scale_factor"])
-    log_probs, nested_log_probs = _nested_output(flat, x["log_prob"])
-    entropy, nested_entropy = _nested_output(flat, x["entropy"])
-    data = _nested_tensordict(masks, flat, _actor_fields(x), normalisers)
-    outputs = {"log_probs": nested_log_probs, "entropy": nested_entropy}
-    loss, metrics = up.losses.ppo_loss(config, outputs, data)
-    return _actor_outputs(loss, metrics, flat, log_probs, entropy)
-
-
-def _actor_outputs(
-    loss: torch.Tensor,
-    metrics: Mapping[str, Any],
+    x: Mapping[str, Any],
+    masks: Masks,
     flat: Flat,
-    log_probs: torch.Tensor,
-    entropy: torch.Tensor,
+    mode: str,
+    normalisers: Mapping[str, Any],
+    nested: bool = False,
 ) -> dict[str, Any]:
+    """verl's `ppo_loss` (policy loss + entropy bonus + KL loss) on one micro-batch (padded, or
+    V1's with `nested`: nested model outputs and nested batch fields)."""
+    up = upstream_modules()
+    config = actor_config(mode, normalisers["loss_scale_factor"])
+    if nested:
+        log_probs, log_probs_output = _nested_output(flat, x["log_prob"])
+        entropy, entropy_output = _nested_output(flat, x["entropy"])
+        data = _nested_tensordict(masks, flat, _actor_fields(x), normalisers)
+    else:
+        log_probs = log_probs_output = flat.flatten(x["log_prob"])
+        entropy = entropy_output = flat.flatten(x["entropy"])
+        data = _tensordict(masks, flat, _actor_fields(x), normalisers)
+    outputs = {"log_probs": log_probs_output, "entropy": entropy_output}
+    loss, metrics = up.losses.ppo_loss(config, outputs, data)
     grads = torch.autograd.grad(loss, (log_probs, entropy))
     out: dict[str, Any] = {"loss": loss.detach()}
     out.update({_logged_name(k): _metric_value(v) for k, v in metrics.items()})

@@ -141,7 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
     from pytest_verl_compat.plugin import collect
-    from pytest_verl_compat.plugin.keys import audit_state_key
+    from pytest_verl_compat.plugin.keys import audit_state_key, is_xdist_worker
     from pytest_verl_compat.plugin.report import AuditReporter
     from pytest_verl_compat.plugin.state import AuditState
 
@@ -169,7 +169,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(refusal)
     # Two oracle workers share verl's import and use the core the audit's own stages leave
     # idle; an xdist worker gets one (its siblings keep the other cores busy).
-    state = AuditState.start(session, 1 if hasattr(config, "workerinput") else 2)
+    state = AuditState.start(session, 1 if is_xdist_worker(config) else 2)
     config.stash[audit_state_key] = state
     config.pluginmanager.register(AuditReporter(config, state), "verl-corpus-reporter")
     config.pluginmanager.register(collect.CorpusCollector(), "verl-corpus-collector")
@@ -203,7 +203,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     waiting = [item for item in items if item.name.split("[")[0] in _UPSTREAM_STAGES]
     others = [item for item in items if item.name.split("[")[0] not in _UPSTREAM_STAGES]
     items[:] = others + waiting
-    from pytest_verl_compat.plugin.keys import audit_state_key
+    from pytest_verl_compat.plugin.keys import audit_state_key, is_xdist_worker
 
     state = config.stash.get(audit_state_key, None)
     if state is None:
@@ -223,7 +223,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if references is not None:
         state.oracle.start()
         # Under xdist each worker asks only for the cases it is given, as it meets them.
-        if not hasattr(config, "workerinput"):
+        if not is_xdist_worker(config):
             for case in conformance:
                 references.prefetch(case)
 

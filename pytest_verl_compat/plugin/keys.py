@@ -17,3 +17,8 @@ audit_state_key: pytest.StashKey[AuditState] = pytest.StashKey()
 # JUnit's per-case properties stay short.
 payload_key: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 REPORT_ATTRIBUTE = "verl_corpus"
+
+
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker (which sets ``config.workerinput``)."""
+    return hasattr(config, "workerinput")

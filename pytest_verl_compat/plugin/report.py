@@ -20,12 +20,8 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.report import build_audit, field_lines, summary_lines
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-from pytest_verl_compat.plugin.keys import REPORT_ATTRIBUTE, payload_key
+from pytest_verl_compat.plugin.keys import REPORT_ATTRIBUTE, is_xdist_worker, payload_key
 from pytest_verl_compat.plugin.state import AuditState
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 class AuditReporter:
@@ -82,7 +78,7 @@ class AuditReporter:
         """``verl_corpus.<stage>`` instead of the empty class name of a module outside rootdir."""
         from pytest_verl_compat.plugin.collect import NODE_PREFIX
 
-        if _is_worker(self.config) or not report.nodeid.startswith(NODE_PREFIX + "::"):
+        if is_xdist_worker(self.config) or not report.nodeid.startswith(NODE_PREFIX + "::"):
             return
         from _pytest.junitxml import xml_key
 
@@ -119,7 +115,7 @@ class AuditReporter:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the JSON audit and the JUnit suite totals (controller only)."""
-        if _is_worker(self.config):
+        if is_xdist_worker(self.config):
             return
         audit = self.audit()
         from _pytest.junitxml import xml_key
@@ -206,7 +202,7 @@ class AuditReporter:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One section with the audit counts."""
-        if _is_worker(self.config):
+        if is_xdist_worker(self.config):
             return
         terminalreporter.write_sep("=", "verl corpus audit")
         if self.session.manifest_error:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_verl_compat.pipeline.snapshot import write_atomic
+from pytest_verl_compat.plugin.keys import is_xdist_worker
 
 # Results this process computed or read, by name (the only store without xdist).
 _computed_key: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
@@ -44,14 +45,14 @@ def once_per_session(
     computed = config.stash.setdefault(_computed_key, {})
     if name in computed:
         return computed[name]
-    if not hasattr(config, "workerinput"):
+    if not is_xdist_worker(config):
         computed[name] = compute()
         return computed[name]
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp().parent
     # The run's id, shared by its workers: a folder reused with --basetemp holds no stale result.
-    run = config.workerinput.get("testrunuid", "")
+    run = getattr(config, "workerinput", {}).get("testrunuid", "")
     path = root / f"{name}-{run}.json"
     with FileLock(f"{path}.lock"):
         if path.is_file():
