@@ -57,7 +57,7 @@ def test_checkout_all_stages_pass(
         "-k",
         "not conformance",
     )
-    # read, compose, compile, snapshot per case; trusted and upstream_validate per composed case
+    # read, compose, compile, snapshot per case; trusted and verdict per composed case
     # (a rejected case never reaches upstream's code); the tree and the orphans check.
     result.assert_outcomes(passed=CASES * 4 + COMPOSED * 2 + 2, skipped=4)
     result.stdout.fnmatch_lines(

@@ -16,7 +16,7 @@ from pytest_verl_compat.pipeline.compose import Composer
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("VERL_UPSTREAM") or REPO.parent / "shared/upstream/verl-v0.9.0")
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli", "--upstream", str(UPSTREAM))
-FAST = ("-k", "not conformance and not upstream_validate")
+FAST = ("-k", "not conformance and not verdict")
 
 pytestmark = pytest.mark.skipif(
     not UPSTREAM.is_dir(), reason=f"no verl v0.9.0 checkout at {UPSTREAM} (VERL_UPSTREAM)"

@@ -255,7 +255,7 @@ def test_retarget_workflow(
         f"--verl-corpus-upstream={upstream}",
         f"--verl-corpus-manifest={manifest}",
         "-k",
-        "not conformance and not upstream_validate and not trusted",
+        "not conformance and not verdict and not trusted",
     ]
     first = pytester.runpytest_subprocess(*args, "--snapshot-update")
     assert first.ret == 0, first.stdout.str()[-4000:]

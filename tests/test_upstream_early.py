@@ -397,21 +397,19 @@ def test_check_leaves_out_the_static_finding_upstream_repeats(
     assert static.returncode == 1 and "asserts they are equal" in static.stdout
 
 
-def test_check_says_in_one_line_when_upstreams_checks_are_skipped(
-    upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_check_says_why_upstreams_checks_are_skipped(
+    upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_verl_compat.cli.inspect import _with_upstream_findings
     from pytest_verl_compat.upstream import early
+    from pytest_verl_compat.upstream.verdict import check_case, live_asker
 
     monkeypatch.setattr(early, "installed_verl_root", lambda: None)
     session = AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
     case = session.manifest.case("grpo")  # type: ignore[union-attr]
-    assert _with_upstream_findings(session, case, []) == []
-    err = capsys.readouterr().err.splitlines()
-    assert err == [
-        f"verl-compat check: upstream's own checks skipped: upstream verl "
-        f"{session.pin.version} not installed"
-    ]
+    static = check_case(session, case, None)
+    result = check_case(session, case, live_asker(session, cache=None))
+    assert result.findings == static.findings and result.valid
+    assert result.upstream_skipped == f"upstream verl {session.pin.version} not installed"
 
 
 @needs_verl

@@ -91,7 +91,7 @@ def test_a_selection_without_upstream_stages_starts_no_process(
 
     run("test_compose and grpo")
     assert not marker.exists()
-    run("test_upstream_validate and grpo")  # the control: a selected upstream stage starts it
+    run("test_verdict and grpo")  # the control: a selected upstream stage starts it
     assert Path(marker).read_text() == "started\n"
 
 

@@ -150,7 +150,7 @@ def test_user_manifest_through_every_stage(
     assert "trainer.experiment_name=grpo_abc1234" in snapshot["explicit_fields"]
 
     green = run_audit(pytester, shared_cache_dir, *args)
-    # read, compose, compile, upstream_validate, trusted, snapshot per case; tree; orphans.
+    # read, compose, compile, verdict, trusted, snapshot per case; tree; orphans.
     green.assert_outcomes(passed=2 * 6 + 2)
     green.stdout.fnmatch_lines(["2 cases; 2 composed; 2 accepted; *"])
 

@@ -20,7 +20,7 @@ from pytest_verl_compat.cli.common import (
     open_session,
     say,
 )
-from pytest_verl_compat.model import Case, Finding, StageFailed, StageUnavailable
+from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
 from pytest_verl_compat.pipeline.pins import UpstreamError
 
@@ -74,26 +74,25 @@ def cmd_check(args: argparse.Namespace) -> int:
         except InputError as exc:
             raise UsageError(str(exc)) from exc
     case = case_for_target(session, args.target, args)
+    from pytest_verl_compat.upstream.early import AnswerCache
+    from pytest_verl_compat.upstream.verdict import check_case, live_asker
+
     try:
         # The base case's fields come from its script or its golden file; --set adds to them.
         case = session.with_overrides(case, tuple(args.set or ()))
-        report = session.compile(case)
+        ask = None if args.no_upstream_checks else live_asker(session, AnswerCache())
+        result = check_case(session, case, ask)
     except (StageFailed, StageUnavailable) as exc:
         say("check", str(exc))
         return EXIT_USAGE
-    if report is None:
-        print(f"ERROR <composition>: {session.outcome(case).composition.reason}")
-        return EXIT_FINDINGS
-    from pytest_verl_compat.pipeline.compile import verdicts
-
-    verdict = verdicts(report)
-    findings = list(report.findings)
-    if not args.no_upstream_checks:
-        findings = _with_upstream_findings(session, case, findings)
-    for finding in findings:
+    if result.upstream_skipped:
+        say("check", f"upstream's own checks skipped: {result.upstream_skipped}")
+    for finding in result.findings:
         print(finding.line())
+    if not result.composed:
+        return EXIT_FINDINGS
     if args.profile:
-        for problem in verdict.problems:
+        for problem in result.problems:
             print(f"ERROR {problem}")
     if not session.model_facts(case):
         print(
@@ -102,42 +101,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     version = session.pin.version
-    valid = verdict.valid and not any(f.level == "error" for f in findings)
-    print(f"valid for verl {version}: {'yes' if valid else 'no'}", file=sys.stderr)
-    runnable = "yes" if verdict.runnable else f"no ({report.reason})"
+    print(f"valid for verl {version}: {'yes' if result.valid else 'no'}", file=sys.stderr)
+    runnable = "yes" if result.runnable else f"no ({result.not_runnable})"
     print(f"runnable by the reference trainer: {runnable}", file=sys.stderr)
     # Exit 1 only when verl itself would fail or misbehave; the reference trainer's verdict
     # fails the command only when asked (--profile).
-    return EXIT_OK if valid and (verdict.runnable or not args.profile) else EXIT_FINDINGS
-
-
-def _with_upstream_findings(session: Any, case: Case, findings: list[Finding]) -> list[Finding]:
-    """The findings with upstream's own early checks after them, in the order verl 0.9.0 meets
-    them (and the static ones they repeat left out), or as they were with one line saying why
-    upstream's checks were skipped."""
-    from pytest_verl_compat.upstream.early import (
-        AnswerCache,
-        covered_static_checks,
-        early_answer,
-        upstream_gate,
-    )
-
-    gate = upstream_gate(session)
-    if gate.tree is None:
-        say("check", f"upstream's own checks skipped: {gate.reason}")
-        return findings
-    mapping = session.outcome(case).composition.mapping
-    try:
-        answer = early_answer(session, mapping, gate.tree, AnswerCache())
-    except RuntimeError as exc:
-        say("check", f"upstream's own checks skipped: {str(exc).splitlines()[0]}")
-        return findings
-    if answer.verdict == "refused":
-        say("check", f"upstream's own checks skipped: {answer.message}")
-        return findings
-    covered = covered_static_checks(answer)
-    kept = [f for f in findings if f.check not in covered]
-    return kept + [failure.finding(session.pin.version) for failure in answer.failures]
+    return EXIT_OK if result.valid and (result.runnable or not args.profile) else EXIT_FINDINGS
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

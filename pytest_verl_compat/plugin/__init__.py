@@ -19,7 +19,7 @@ STAGES = (
     "compose",
     "trusted",
     "compile",
-    "upstream_validate",
+    "verdict",
     "snapshot",
     "upstream_tree",
     "golden_orphans",
@@ -192,7 +192,7 @@ def _output_refusal(value: str | None) -> str | None:
 
 
 # Stages that wait for the upstream oracle process run last: it answers while the others run.
-_UPSTREAM_STAGES = ("test_upstream_validate", "test_trusted")
+_UPSTREAM_STAGES = ("test_verdict", "test_trusted")
 
 
 # trylast: after -k/-m deselection, so a selection without upstream stages starts no process.
@@ -211,7 +211,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Import verl in the oracle while the first stages import Hydra and compose.
     if waiting and state.upstream_gate().tree is not None:
         if state.session.options.trusted != "off" or any(
-            item.name.startswith("test_upstream_validate") for item in waiting
+            item.name.startswith("test_verdict") for item in waiting
         ):
             state.oracle.start()
     conformance = [

@@ -236,14 +236,15 @@ class AuditReporter:
             f"{stages['trusted_equal']} equal to upstream's entry point ({stages['trusted_skipped']} skipped); "
             f"{stages['golden_matched']} match golden; {stages['failed_cases']} cases with a failed stage"
         )
-        verdicts = [f for f in self.facts.values() if "upstream_validate" in f]
-        if verdicts:
+        checked = [f for f in self.facts.values() if "valid" in f]
+        if checked:
             from pytest_verl_compat.upstream.validate import STAND_INS
 
-            differ = [f for f in verdicts if f["upstream_validate"] != f["ours"]]
+            valid = sum(1 for f in checked if f["valid"])
+            runnable = sum(1 for f in checked if f["runnable"])
             terminalreporter.write_line(
-                f"upstream validate_config: {len(verdicts)} cases checked; agrees on {len(verdicts) - len(differ)}; "
-                f"differs on {len(differ)} (each explained in the manifest)"
+                f"check (static and upstream's own early checks): {len(checked)} cases; "
+                f"{valid} valid for verl; {runnable} runnable by the reference trainer"
             )
             terminalreporter.write_line(f"  stand-ins: {'; '.join(STAND_INS)}")
         if self.conformance:

@@ -201,40 +201,47 @@ def test_compile(
     )
 
 
-def test_upstream_validate(
+def test_verdict(
     verl_case: Case,
     verl_audit: AuditSession,
     verl_state: AuditState,
     request: pytest.FixtureRequest,
 ) -> None:
-    """Upstream's own validate_config verdict next to ours; a difference must be explained in the manifest."""
+    """The verdict ``verl-compat check`` gives: static findings and upstream's own early checks.
+
+    A case the manifest expects accepted must be valid for verl; ``expected.valid`` states the
+    verdict outright, and every ``expected.findings`` entry must be among check's findings.
+    """
     gate = verl_state.upstream_gate()
     if gate.tree is None:
         pytest.skip(gate.reason)
-    entry = _run(lambda: verl_audit.audit_entry(verl_case))
-    if entry["outcome"] == "composition_rejection":
-        pytest.skip("not composed: upstream's validate_config never sees this case")
-    verdict = _run(
-        lambda: verl_state.verdicts.verdict(verl_case, getattr(request.config, "cache", None))
-    )
-    ours = "passes" if entry["outcome"] == "accepted" else "fails"
+    _record(request, verl_case, "verdict")
+    outcome = _run(lambda: verl_audit.outcome(verl_case))
+    if not outcome.composition.composed:
+        pytest.skip("not composed: upstream's checks never see this case")
+    result = _run(lambda: verl_state.check(verl_case, getattr(request.config, "cache", None)))
     _record(
-        request, verl_case, "upstream_validate", upstream_validate=verdict["verdict"], ours=ours
+        request,
+        verl_case,
+        "verdict",
+        valid=result.valid,
+        runnable=result.runnable,
+        check_findings=[finding.line() for finding in result.findings],
     )
-    if verdict["verdict"] == ours:
-        return
-    upstream = verl_case.upstream or {}
-    # A field case's recorded behaviour (fails late, silent, notice only) says validate_config passes.
-    explained = upstream.get("validate_config") or (
-        "passes" if upstream.get("behaviour") in {"fails late", "silent", "notice only"} else None
-    )
-    reason = upstream.get("why") or upstream.get("detail")
-    early = "".join(f"; upstream's early check fails: {line}" for line in verdict.get("early", []))
-    assert explained == verdict["verdict"] and reason, (
-        f"upstream validate_config {verdict['verdict']} ({verdict['message']}), but the compiler "
-        f"{'accepted' if ours == 'passes' else 'rejected'} the case and the manifest explains no "
-        f"difference{early} [{verl_case.id}]"
-    )
+    assert not result.upstream_skipped, f"upstream's checks did not run: {result.upstream_skipped}"
+    expected = verl_case.expected or {}
+    want = expected.get("valid")
+    if want is None and expected.get("outcome", "accepted") == "accepted":
+        want = True
+    errors = [f.line() for f in result.findings if f.level == "error"]
+    if want is not None:
+        assert result.valid == want, (
+            f"valid={result.valid} ({'; '.join(errors) or 'no error'}), but should be {want} "
+            f"[{verl_case.id}]"
+        )
+    found = {f"{f.level}:{f.path}" for f in result.findings}
+    missing = [w for w in expected.get("findings", []) if w not in found]
+    assert not missing, f"findings={sorted(found)}, but should include {missing} [{verl_case.id}]"
 
 
 def test_trusted(

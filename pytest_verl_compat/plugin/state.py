@@ -12,10 +12,15 @@ from pytest_verl_compat.conformance.plan import (
 )
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.upstream.early import UpstreamGate, upstream_gate
+from pytest_verl_compat.upstream.early import (
+    UpstreamGate,
+    checked_entry,
+    prefetch_answer,
+    upstream_gate,
+)
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.trusted import TrustedCompositions
-from pytest_verl_compat.upstream.validate import UpstreamVerdicts
+from pytest_verl_compat.upstream.verdict import CaseCheck, check_case, live_asker
 
 if TYPE_CHECKING:
     from pytest_verl_compat.conformance.plan import ConformanceCase
@@ -25,13 +30,32 @@ if TYPE_CHECKING:
 REFERENCE_ANSWERS = "pytest_verl_compat.conformance.reference_answers"
 
 
+class PytestAnswers:
+    """Upstream's early-check answers kept in pytest's cache (``.pytest_cache``), as the CLI keeps
+    them in the user cache folder; a run with ``-p no:cacheprovider`` keeps none."""
+
+    PREFIX = "verl_corpus/checks/"
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if self.cache is None:
+            return None
+        return checked_entry(self.cache.get(self.PREFIX + key, None))
+
+    def put(self, key: str, entry: Any) -> None:
+        if self.cache is not None:
+            self.cache.set(self.PREFIX + key, dict(entry))
+
+
 @dataclass
 class AuditState:
-    """The session, the conformance stage's cases and upstream's validate_config verdicts."""
+    """The session, the conformance stage's cases and the oracle process that answers for
+    upstream (its entry point, its early checks, its math)."""
 
     session: AuditSession
     oracle: UpstreamOracle
-    verdicts: UpstreamVerdicts
     conformance_error: str = ""
     _conformance: list[ConformanceCase] | None = field(default=None, repr=False)
     _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
@@ -41,7 +65,7 @@ class AuditState:
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
         oracle = UpstreamOracle(oracle_workers, served=(REFERENCE_ANSWERS,))
-        return cls(session, oracle, UpstreamVerdicts(session, oracle))
+        return cls(session, oracle)
 
     def conformance_references(self) -> OracleReferences | None:
         """Upstream's side of the conformance cases from the oracle, when verl is installed."""
@@ -85,7 +109,20 @@ class AuditState:
         trusted = self.trusted(cache)
         if isinstance(trusted, TrustedCompositions):
             trusted.prefetch(outcome.fields.fields, case.bindings.variables)
-        self.verdicts.prefetch(case, cache)
+        tree = self.upstream_gate().tree
+        assert tree is not None
+        prefetch_answer(
+            self.session, outcome.composition.mapping, tree, PytestAnswers(cache), self.oracle
+        )
+
+    def check(self, case: Case, cache: Any) -> CaseCheck:
+        """The case's verdict exactly as ``verl-compat check`` gives it (``upstream.verdict``),
+        upstream's answers from this session's oracle process."""
+        return check_case(
+            self.session,
+            case,
+            live_asker(self.session, PytestAnswers(cache), self.oracle, self.upstream_gate()),
+        )
 
     def close(self) -> None:
         self.oracle.close()

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
@@ -196,6 +196,23 @@ def cache_key(version: str, tree: str, mapping: Mapping[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+class AnswerStore(Protocol):
+    """Where answers are kept: the user cache folder (``AnswerCache``) or pytest's cache."""
+
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def put(self, key: str, entry: Mapping[str, Any]) -> None: ...
+
+
+def checked_entry(entry: Any) -> dict[str, Any] | None:
+    """A stored answer whose shape is checked before it is trusted, else None (a miss)."""
+    try:
+        EarlyAnswer.from_json(entry)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
 class AnswerCache:
     """One JSON file per key; written to a temporary file then renamed; a bad entry is a miss."""
 
@@ -215,10 +232,9 @@ class AnswerCache:
             return None
         try:
             entry = json.loads(data)
-            EarlyAnswer.from_json(entry)  # the shape is checked before the entry is trusted
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except ValueError:
             return None
-        return entry if isinstance(entry, dict) else None
+        return checked_entry(entry)
 
     def put(self, key: str, entry: Mapping[str, Any]) -> None:
         """Store an answer; a cache that cannot be written is only slower, never an error."""
@@ -261,11 +277,24 @@ def upstream_gate(session: AuditSession) -> UpstreamGate:
     return UpstreamGate(installed_tree, "")
 
 
+def prefetch_answer(
+    session: AuditSession,
+    mapping: Mapping[str, Any],
+    tree: str,
+    cache: AnswerStore | None,
+    oracle: UpstreamOracle,
+) -> None:
+    """Send the question now (the answer arrives while other work runs) unless it is stored."""
+    key = cache_key(session.pin.version, tree, mapping)
+    if cache is None or cache.get(key) is None:
+        oracle.submit(key, checks_request(mapping))
+
+
 def early_answer(
     session: AuditSession,
     mapping: Mapping[str, Any],
     tree: str,
-    cache: AnswerCache | None,
+    cache: AnswerStore | None,
     oracle: UpstreamOracle | None = None,
 ) -> EarlyAnswer:
     """Upstream's early checks on one composed mapping, from the cache or the oracle process.

@@ -12,9 +12,7 @@ have, and are replaced by labelled stand-ins:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
-import json
 import os
 import sys
 import types
@@ -22,14 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_verl_compat.model import Case, StageFailed
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
 from pytest_verl_compat.upstream import early_checks
-from pytest_verl_compat.upstream.early import ANSWER_FORMAT, VALIDATE_CONFIG, EarlyAnswer
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.early import VALIDATE_CONFIG
 
 if TYPE_CHECKING:
-    from pytest_verl_compat.pipeline.audit import AuditSession
+    pass
 
 STAND_INS = (
     "vllm LoRA rank: allowed ranks 1, 8, 16, 32, 64, 128, 256, 320, 512 (upstream's fallback list)",
@@ -115,54 +111,3 @@ def checks_one(mapping: Mapping[str, Any]) -> dict[str, Any]:
         "message": validate[0][early_checks.KEY_MESSAGE] if validate else "",
         "failures": failures,
     }
-
-
-def verdict_cache_key(mapping: Mapping[str, Any]) -> str:
-    payload = json.dumps(mapping, sort_keys=True)
-    return f"verl_corpus/checks{ANSWER_FORMAT}/" + hashlib.sha256(payload.encode()).hexdigest()
-
-
-class UpstreamVerdicts:
-    """Upstream's early checks on each composed case of a session, from the oracle process:
-    validate_config's verdict (its message names the upstream file:line and phase) and the
-    other early checks' failures."""
-
-    def __init__(self, session: AuditSession, oracle: UpstreamOracle) -> None:
-        self.session = session
-        self.oracle = oracle
-
-    def prefetch(self, case: Case, cache: Any = None) -> None:
-        """Ask now (answers arrive while other stages run) unless the cache already knows."""
-        mapping = self.session.outcome(case).composition.mapping
-        key = verdict_cache_key(mapping)
-        if cache is None or not isinstance(cache.get(key, None), dict):
-            self.oracle.submit(key, checks_request(mapping))
-
-    def verdict(self, case: Case, cache: Any = None) -> dict[str, Any]:
-        """``verdict``, ``message`` (validate_config's, with file:line and phase) and ``early``
-        (every other early failure, described)."""
-        mapping = self.session.outcome(case).composition.mapping
-        key = verdict_cache_key(mapping)
-        hit = cache.get(key, None) if cache is not None else None
-        if isinstance(hit, dict):
-            return hit
-        try:
-            raw = self.oracle.answer(key, checks_request(mapping))
-            if "verdict" not in raw:
-                raise RuntimeError(f"upstream's checks gave no verdict: {raw.get('error', raw)}")
-        except RuntimeError as exc:
-            raise StageFailed(str(exc)) from exc
-        answer = EarlyAnswer.from_json(raw)
-        version = self.session.pin.version
-        verdict = {
-            "verdict": answer.verdict,
-            "message": answer.validate_message(version),
-            "early": [
-                failure.describe(version)
-                for failure in answer.failures
-                if failure.check != VALIDATE_CONFIG
-            ],
-        }
-        if cache is not None:
-            cache.set(key, verdict)
-        return verdict
