@@ -51,6 +51,8 @@ class CheckInput:
     # Facts from a model's config.json, by model section (checks/model_facts.py ACTOR_MODEL,
     # CRITIC_MODEL); empty when no config was readable, and the checks that need them stay quiet.
     model_facts: Mapping[str, ModelFacts] = field(default_factory=dict)
+    # The tree's override-free resolved mapping (the defaults), when the caller has the tree.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -95,7 +97,25 @@ def check(
     return register
 
 
+# The check that reports values of the wrong type; the others may then meet such a value.
+WRONG_TYPE = "types.wrong-type"
+
+
 def semantic_findings(inp: CheckInput) -> list[Finding]:
-    """Every registered check on one input, in a stable order (level, path, message)."""
-    findings = [finding for entry in CHECKS.values() for finding in entry.findings(inp)]
+    """Every registered check on one input, in a stable order (level, path, message).
+
+    A value of the wrong type is reported once, by its own check; a check that does arithmetic on
+    that value (``int("abc")``) then has nothing to say and is skipped, rather than failing. With
+    every type right, such an error is a bug in the check and propagates.
+    """
+    typed = CHECKS[WRONG_TYPE].findings(inp) if WRONG_TYPE in CHECKS else []
+    findings = list(typed)
+    for entry in CHECKS.values():
+        if entry.id == WRONG_TYPE:
+            continue
+        try:
+            findings.extend(entry.findings(inp))
+        except (TypeError, ValueError, ArithmeticError, AttributeError):
+            if not typed:
+                raise
     return sorted(findings, key=Finding.sort_key)

@@ -285,6 +285,7 @@ class AuditSession:
                     profile=load_profile(self.profile_name),
                     explicit_fields=outcome.fields.fields,
                     model_facts=self.model_facts(case),
+                    defaults=self.composer().defaults(outcome.fields.fields),
                 )
                 if composition.composed
                 else None

@@ -98,12 +98,20 @@ def compile_resolved(
     profile: Profile | None = None,
     explicit_fields: Sequence[str] = (),
     model_facts: Mapping[str, ModelFacts] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> CompileReport:
     """Classify every leaf and run the semantic checks; any problem or error rejects the case."""
     profile = profile or load_profile()
     leaves = classify(profile, resolved)
     findings = semantic_findings(
-        CheckInput(resolved, tuple(explicit_fields), tuple(leaves), profile, model_facts or {})
+        CheckInput(
+            resolved,
+            tuple(explicit_fields),
+            tuple(leaves),
+            profile,
+            model_facts or {},
+            defaults or {},
+        )
     )
     reasons = rejection_reasons(leaves, findings)
     if reasons:

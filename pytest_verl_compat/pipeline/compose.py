@@ -99,6 +99,7 @@ class _Base:
     cfg: DictConfig  # struct mode, without the `hydra` node, exactly as `hydra.compose` returns it
     plain: dict[str, Any]  # `cfg` exported without resolving: interpolations stay strings
     repository: Any  # Hydra's ConfigRepository, to ask whether a key names a config group
+    resolved: dict[str, Any] | None = None  # `cfg` resolved, the defaults (made when first asked)
 
 
 _BASES: dict[tuple[str, str, tuple[str, ...]], _Base] = {}
@@ -133,6 +134,20 @@ def _export(node: Any, resolve: bool) -> Any:
     if isinstance(node, Container):
         return BaseContainer._to_content(node, resolve=resolve, throw_on_missing=False)
     return node._value()
+
+
+# ``${a.b}``, ``${..b}`` and ``${oc.select:a.b,default}``: a leaf that copies one other key.
+_SINGLE_INTERPOLATION = re.compile(r"^\$\{(?:oc\.select:)?([A-Za-z0-9_.]+)(?:,[^}]*)?\}$")
+
+
+def _absolute(path: str, target: str) -> str:
+    """OmegaConf's relative keys: ``.x`` is a sibling of the leaf, each further dot one level up."""
+    if not target.startswith("."):
+        return target
+    dots = len(target) - len(target.lstrip("."))
+    parent = path.split(".")[:-1]
+    base = parent[: len(parent) - (dots - 1)] if dots > 1 else parent
+    return ".".join([*base, target[dots:]])
 
 
 def _interpolation_paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -293,6 +308,31 @@ class Composer:
             assert isinstance(plain, dict)
             base = _BASES[key] = _Base(cfg, cast(_Mapping, plain), repository)
         return base
+
+    def defaults(self, fields: Sequence[str] = ()) -> dict[str, Any]:
+        """The tree with only the fields' config-group selections, resolved: every key's default
+        value (the checks' types); empty when the selections are not plain ones."""
+        try:
+            groups, _ = self._split_groups(fields)
+        except _FastPathUnavailable:
+            return {}
+        base = self._base(groups)
+        if base.resolved is None:
+            resolved = OmegaConf.to_container(base.cfg, resolve=True)
+            assert isinstance(resolved, dict)
+            base.resolved = cast(dict[str, Any], resolved)
+        return base.resolved
+
+    def interpolation_sources(self) -> dict[str, str]:
+        """Each leaf of the override-free tree that is one interpolation (``${..strategy}``), and
+        the absolute key it copies (``actor_rollout_ref.actor.strategy``); a key the tree derives
+        from another is the other key's setting."""
+        sources: dict[str, str] = {}
+        for path, value in iter_leaves(self._base().plain):  # group selections copy the same way
+            match = _SINGLE_INTERPOLATION.match(value) if isinstance(value, str) else None
+            if match:
+                sources[path] = _absolute(path, match.group(1))
+        return sources
 
     def _split_groups(self, fields: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
         """(plain group selections, the other overrides), or the fast path is unavailable."""

@@ -1,10 +1,11 @@
 """Upstream's early checks for one composed case, as findings, cached per mapping.
 
-The caller's side of ``early_checks.py``: it never imports verl. It asks the oracle process (verl
-imported once, ~5 s) for every early check on one resolved mapping, keeps the answer in a user
-cache folder keyed by (verl version, config-tree digest, sha256 of the mapping), and turns each
-failure into an error finding ``upstream.<phase>`` that quotes upstream's message, names the
-upstream file:line and the phase at which verl raises it.
+The caller's side of the probes (``probes/``): it never imports verl. It asks the oracle process
+(verl imported once, ~5 s) to run upstream's own code on one resolved mapping up to its first
+update, keeps the answer in a user cache folder keyed by (verl version, config-tree digest, sha256
+of the mapping), and turns each failure into an error finding at the configuration keys upstream
+read on the lines that decided it; the finding quotes upstream's message and names the upstream
+file:line and the phase at which verl raises it (its rule id, ``upstream.<phase>``).
 
 A static check of ``checks/`` that names the same upstream statement as a failure upstream itself
 reported is the same cause said twice; ``covered_static_checks`` says which to leave out.
@@ -17,7 +18,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,8 +27,11 @@ from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
 from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.upstream import early_checks as ec
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.probes import KEY_NOT_EVALUATED, KEY_TYPES
+from pytest_verl_compat.upstream.probes import records as ec
+from pytest_verl_compat.upstream.probes import types as probe_types
+from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -35,9 +39,10 @@ if TYPE_CHECKING:
 CACHE_FOLDER = "pytest-verl-compat"
 CACHE_KIND = "upstream-checks"
 # Bumped when the answer's shape or the checks change, so an older answer is never read as new.
-ANSWER_FORMAT = 1
+ANSWER_FORMAT = 2
+# The rule of a value a config dataclass's annotation refuses.
+TYPE_ANNOTATION = "types.annotation"
 MAX_ENTRY_BYTES = 1 << 20
-VALIDATE_CONFIG = ec.VALIDATE_CONFIG
 
 # prepare_micro_batches' one assertion, met by the update's and the log-prob passes' split.
 _PREPARE_MICRO_BATCHES = (
@@ -115,6 +120,8 @@ class UpstreamFailure:
     source: str
     stand_in: str = ""
     check: str = ""  # the upstream function that raised, or "stand-in"
+    keys: tuple[str, ...] = ()  # the configuration leaves that decided it
+    condition: str = ""  # what upstream requires there
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> UpstreamFailure:
@@ -125,6 +132,8 @@ class UpstreamFailure:
             source=str(raw[ec.KEY_SOURCE]),
             stand_in=str(raw.get(ec.KEY_STAND_IN) or ""),
             check=str(raw.get(ec.KEY_CHECK) or ""),
+            keys=tuple(str(key) for key in raw.get(ec.KEY_KEYS) or ()),
+            condition=str(raw.get(ec.KEY_CONDITION) or ""),
         )
 
     @property
@@ -144,11 +153,30 @@ class UpstreamFailure:
         label = "; stand-in, the statement needs a GPU" if self.stand_in else ""
         return f"{message} ({raises} at {self.phase}, {where}{label})"
 
-    def finding(self, version: str) -> Finding:
+    def fix(self, keys: str = "") -> str:
+        """What to change: the keys, and what upstream requires of them where it says so."""
+        keys = keys or ", ".join(self.keys)
+        if self.condition.startswith("not ("):
+            return f"change {keys}: verl raises when `{self.condition[5:-1]}`"
+        if self.condition:
+            return f"change {keys}: verl requires `{self.condition}`"
+        return f"change {keys}"
+
+    def finding(self, version: str, path: str | None = None) -> Finding:
+        """An error at the keys that decided it (``path`` overrides them, e.g. mapped back from an
+        interpolation to the key the script set); the phase is the rule id and the evidence."""
         evidence = f"{self.where}: {self.source}" if self.where else self.source
         if self.stand_in:
             evidence += f" ({self.stand_in})"
-        return Finding("error", self.check_id, self.describe(version), evidence=evidence)
+        where = path or ", ".join(self.keys) or f"<{self.check_id}>"
+        return Finding(
+            "error",
+            where,
+            self.describe(version),
+            self.fix(),
+            evidence=evidence,
+            check=self.check_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -159,6 +187,10 @@ class EarlyAnswer:
     message: str
     failures: tuple[UpstreamFailure, ...]
     cached: bool = False
+    # Probe steps that could not run on this machine, each with why (``{"step", "reason"}``).
+    not_evaluated: tuple[Mapping[str, str], ...] = ()
+    # Values the config dataclasses' annotations refuse (``probes.types``), every key's.
+    wrong_types: tuple[Mapping[str, str], ...] = ()
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], cached: bool = False) -> EarlyAnswer:
@@ -167,7 +199,29 @@ class EarlyAnswer:
             message=str(raw["message"]),
             failures=tuple(UpstreamFailure.from_json(f) for f in raw.get("failures", [])),
             cached=cached,
+            not_evaluated=tuple(dict(n) for n in raw.get(KEY_NOT_EVALUATED, [])),
+            wrong_types=tuple(dict(t) for t in raw.get(KEY_TYPES, [])),
         )
+
+    def type_findings(self, version: str, keys: Iterable[str]) -> list[Finding]:
+        """An error for each of ``keys`` whose value its config dataclass's annotation refuses."""
+        wanted = set(keys)
+        return [
+            Finding(
+                "error",
+                record[probe_types.KEY_KEY],
+                f"{record[probe_types.KEY_VALUE]} does not fit the annotation "
+                f"{record[probe_types.KEY_EXPECTED]} of verl {version}'s "
+                f"{record[probe_types.KEY_FIELD]}; Hydra's instantiate does not check it, so the "
+                "value reaches the code that uses it",
+                f"set {record[probe_types.KEY_KEY]} to {record[probe_types.KEY_EXPECTED]}",
+                evidence=f"{record[probe_types.KEY_FIELD]} (verl/utils/config.py:52 instantiates "
+                "it unchecked)",
+                check=TYPE_ANNOTATION,
+            )
+            for record in self.wrong_types
+            if record[probe_types.KEY_KEY] in wanted
+        ]
 
     def validate_message(self, version: str = "") -> str:
         """validate_config's failure with its file:line and phase (the validate stage's words)."""
@@ -318,6 +372,8 @@ def early_answer(
         "verdict": answer["verdict"],
         "message": answer["message"],
         "failures": answer.get("failures", []),
+        KEY_NOT_EVALUATED: answer.get(KEY_NOT_EVALUATED, []),
+        KEY_TYPES: answer.get(KEY_TYPES, []),
     }
     if cache is not None:
         cache.put(key, entry)
@@ -341,16 +397,37 @@ def _statement_line(relative: str, statement: str) -> int | None:
     )
 
 
-def covered_static_checks(answer: EarlyAnswer) -> frozenset[str]:
-    """The static checks whose upstream statement upstream itself reported failing."""
-    raised = {failure.where for failure in answer.failures}
-    covered = set()
-    for check_id, statements in STATIC_EQUIVALENTS.items():
-        for relative, statement in statements:
-            line = _statement_line(relative, statement)
-            if line is not None and f"{relative}:{line}" in raised:
-                covered.add(check_id)
-    for check_id, words in STATIC_EQUIVALENT_MESSAGES.items():
-        if any(words in failure.message for failure in answer.failures):
-            covered.add(check_id)
-    return frozenset(covered)
+def _sections(keys: Iterable[str]) -> set[str]:
+    return {key.rpartition(".")[0] for key in keys}
+
+
+def covered_static_findings(
+    answer: EarlyAnswer,
+    findings: Iterable[Finding],
+    keys_of: Callable[[UpstreamFailure], Iterable[str]],
+) -> list[Finding]:
+    """The static findings that repeat a failure upstream reported: the check says what the
+    failing statement says (``STATIC_EQUIVALENTS``, or upstream's words), and the finding is
+    about the same section of the configuration as the failure's keys (``keys_of`` maps them to
+    the keys the user set). A section the failure does not name keeps its static finding: the
+    first failing assertion hides the ones after it."""
+    covered = []
+    for finding in findings:
+        for failure in answer.failures:
+            if _equivalent(finding.check, failure) and _sections(
+                finding.path.split(", ")
+            ) & _sections(keys_of(failure)):
+                covered.append(finding)
+                break
+    return covered
+
+
+def _equivalent(check_id: str, failure: UpstreamFailure) -> bool:
+    words = STATIC_EQUIVALENT_MESSAGES.get(check_id)
+    if words is not None and words in failure.message:
+        return True
+    for relative, statement in STATIC_EQUIVALENTS.get(check_id, ()):
+        line = _statement_line(relative, statement)
+        if line is not None and failure.where == f"{relative}:{line}":
+            return True
+    return False

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
 import types
 from collections.abc import Mapping
@@ -21,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
-from pytest_verl_compat.upstream import early_checks
-from pytest_verl_compat.upstream.early import VALIDATE_CONFIG
+from pytest_verl_compat.upstream import probes
+from pytest_verl_compat.upstream.probes import records
+from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 
 if TYPE_CHECKING:
     pass
@@ -66,10 +66,6 @@ def _validate_config(cfg: Any) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils import config as config_utils
 
-    # Stand-in for the hub load: without its _target_, the critic's model section stays a
-    # plain mapping instead of an HFModelConfig that downloads the model's config.
-    if not os.path.isdir(str(cfg.critic.model.path)):
-        cfg.critic.model.pop("_target_", None)
     config_utils.validate_config(
         config=cfg,
         use_reference_policy=need_reference_policy(cfg),
@@ -99,15 +95,15 @@ def checks_one(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """Every early upstream check on one resolved mapping (inside the oracle process).
 
     ``verdict``/``message`` are validate_config's alone (what the validate stage compares with
-    the compiler's outcome); ``failures`` holds every check's record (``early_checks``).
+    the compiler's outcome); ``failures`` holds every probe's failure record (``probes``).
     """
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
-    failures = early_checks.run_all(mapping, _validate_config)
-    validate = [f for f in failures if f[early_checks.KEY_CHECK] == VALIDATE_CONFIG]
+    answer = probes.run_all(mapping, _validate_config)
+    validate = [f for f in answer["failures"] if f[records.KEY_CHECK] == VALIDATE_CONFIG]
     return {
         "verdict": "fails" if validate else "passes",
-        "message": validate[0][early_checks.KEY_MESSAGE] if validate else "",
-        "failures": failures,
+        "message": validate[0][records.KEY_MESSAGE] if validate else "",
+        **answer,
     }

@@ -13,13 +13,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_verl_compat.checks.fields import field_key
+from pytest_verl_compat.checks.registry import WRONG_TYPE
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.upstream.early import (
     AnswerStore,
     EarlyAnswer,
+    UpstreamFailure,
     UpstreamGate,
-    covered_static_checks,
+    covered_static_findings,
     early_answer,
     upstream_gate,
 )
@@ -80,6 +83,32 @@ def live_asker(
     return ask
 
 
+def _explicit_keys(session: AuditSession, case: Case) -> set[str]:
+    """The keys the script (or ``--set``) set."""
+    return {field_key(field) for field in session.outcome(case).fields.fields}
+
+
+def _user_keys(session: AuditSession, case: Case) -> Callable[[UpstreamFailure], list[str]]:
+    """A failure's keys as the user set them: a key the tree copies from another by
+    interpolation (``fsdp_config.strategy: ${..strategy}``) is that other key, unless the script
+    set the copy itself."""
+    explicit = _explicit_keys(session, case)
+    sources = session.composer().interpolation_sources()
+
+    def keys_of(failure: UpstreamFailure) -> list[str]:
+        out: list[str] = []
+        for key in failure.keys:
+            seen = {key}
+            while key not in explicit and key in sources and sources[key] not in seen:
+                key = sources[key]
+                seen.add(key)
+            if key not in out:
+                out.append(key)
+        return out
+
+    return keys_of
+
+
 def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseCheck:
     """The case's findings and verdicts; ``ask`` None leaves upstream's own checks out."""
     report = session.compile(case)
@@ -95,9 +124,16 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         if isinstance(answer, str):
             skipped = answer
         else:
-            covered = covered_static_checks(answer)
-            findings = [f for f in findings if f.check not in covered]
-            upstream = [failure.finding(session.pin.version) for failure in answer.failures]
+            keys_of = _user_keys(session, case)
+            covered = covered_static_findings(answer, findings, keys_of)
+            findings = [f for f in findings if f not in covered]
+            upstream = [
+                failure.finding(session.pin.version, ", ".join(keys_of(failure)))
+                for failure in answer.failures
+            ]
+            typed = {f.path for f in findings if f.check == WRONG_TYPE}
+            explicit = _explicit_keys(session, case) - typed
+            upstream += answer.type_findings(session.pin.version, explicit)
     findings += upstream
     valid = not any(f.level == "error" for f in findings)
     runnable = report.accepted and valid

@@ -1,0 +1,99 @@
+"""Values of the wrong type, by the type of the tree's own default for the same key.
+
+Hydra types an override's value from its text (``abc`` is a string, ``3`` an int, ``true`` a
+bool, an empty ``key=`` the empty string) and OmegaConf keeps it: verl's tree is untyped
+(``DictConfig`` without a schema), so nothing checks it before the code that uses the value.
+Upstream then fails far from the script line (``validate_config``'s ``real_train_batch_size %
+minimal_bsz`` on a string, verl/utils/config.py:110), or never: ``optim.lr=fast`` reaches the
+optimizer only on the GPU, and a boolean flag given ``maybe`` is truthy everywhere it is read
+(``if config.actor_rollout_ref.actor.use_kl_loss:``). The tree's default says which type every
+reader of the key expects; the oracle adds the config dataclasses' annotations for keys whose
+default is null (``upstream.probes.types``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pytest_verl_compat.checks.fields import field_key
+from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+
+# The tree's scalar default types, in words. A list or mapping default is left alone: verl's
+# readers often take a single string too (``trainer.logger=console``: verl/trainer/main_ppo.py:48
+# wraps a string logger in a list), so a string there is not a mistake by itself.
+_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean (true or false)"),
+    (int, "an integer"),
+    (float, "a number"),
+)
+
+
+def expected_kind(default: Any) -> str | None:
+    """What a key whose default is ``default`` takes, or None when any value may do (a string
+    default takes what verl formats into a name; a null default says nothing; see ``_KINDS``)."""
+    for kind, words in _KINDS:
+        if isinstance(default, kind):
+            return words
+    return None
+
+
+def fits(value: Any, default: Any) -> bool:
+    """Whether ``value`` has the type every reader of a key defaulting to ``default`` expects."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return True
+
+
+def describe(value: Any) -> str:
+    if value == "":
+        return "an empty value (an unset variable in the script?)"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _leaf(mapping: Any, key: str) -> tuple[bool, Any]:
+    node = mapping
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def wrong_types(inp: CheckInput) -> Iterator[tuple[str, Any, str]]:
+    """(key, value, expected) for each explicit key whose value does not fit its default."""
+    seen = set()
+    for field in inp.explicit_fields:
+        key = field_key(field)
+        if key in seen:
+            continue
+        seen.add(key)
+        found, default = _leaf(inp.defaults, key)
+        present, value = _leaf(inp.resolved, key)
+        if not (found and present) or value is None:
+            continue
+        kind = expected_kind(default)
+        if kind is not None and not fits(value, default):
+            yield key, value, kind
+
+
+@check(
+    "types.wrong-type",
+    level="error",
+    evidence=(
+        "verl/trainer/config/ppo_trainer.yaml and its defaults (the tree's default types); the tree "
+        "is an untyped DictConfig, so a wrong type fails where the value is used, e.g. "
+        "verl/utils/config.py:110 (real_train_batch_size % minimal_bsz), or never"
+    ),
+)
+def wrong_type(inp: CheckInput) -> Iterator[Hit]:
+    for key, value, kind in wrong_types(inp):
+        yield Hit(
+            key,
+            f"{describe(value)}, but verl {inp.version} expects {kind} (the tree's default is one)",
+            f"set {key} to {kind}",
+        )

@@ -1,0 +1,61 @@
+"""Upstream's own code, run on one configuration up to its first update (oracle process only).
+
+The probes call verl 0.9.0's own functions and constructors in the order ``main_ppo`` meets them:
+
+1. ``config_load``: ``validate_config`` and each config dataclass the selected path converts;
+2. ``trainer``: ``get_trainer_cls``, ``PPOTrainer.__init__`` and ``_setup``, which builds the
+   tokenizer, the data loaders' batch arithmetic, the critic's and the actor's workers with their
+   engines and data-parallel meshes (``boundary.laptop``: rank 0 of the configuration's world,
+   no GPU, no Ray, no model files), the reward manager and the checkpoint resume;
+3. ``first_step``: each constructed worker's log-prob pass and update on the first step's rows.
+
+Every read of the configuration is recorded (``recorder``), so a failure names the keys read on
+the lines that decided it; ``records`` keeps one record per failure and one note per step that
+could not run here. Runs only inside ``oracle_process`` (``python -I -m`` in an empty folder),
+only on a mapping whose every ``_target_`` the installed tree names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pytest_verl_compat.upstream.probes.records import Collector
+
+# What an answer holds besides the failures: the steps that could not run on this machine, and
+# the values upstream's config dataclasses' annotations refuse.
+KEY_NOT_EVALUATED = "not_evaluated"
+KEY_TYPES = "types"
+
+
+def _leaves(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_leaves(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def run_all(mapping: Mapping[str, Any], validate: Callable[[Any], None]) -> dict[str, Any]:
+    """Every probe on one resolved mapping: failure records, the steps not evaluated here, and
+    the values the config dataclasses' annotations refuse."""
+    from pytest_verl_compat.upstream.probes.config_load import config_load
+    from pytest_verl_compat.upstream.probes.first_step import first_step
+    from pytest_verl_compat.upstream.probes.trainer import ray_free, trainer_probes
+    from pytest_verl_compat.upstream.probes.types import wrong_types
+
+    plain = dict(mapping)
+    leaves = _leaves(plain)
+    out = Collector(leaves)
+    with ray_free(plain):
+        config_load(out, plain, validate)
+        trainer = trainer_probes(out, plain)
+        first_step(out, plain, trainer)
+    return {
+        "failures": out.records,
+        KEY_NOT_EVALUATED: out.not_run,
+        KEY_TYPES: wrong_types(out.reads.tagged(), leaves),
+    }

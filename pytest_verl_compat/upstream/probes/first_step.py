@@ -1,0 +1,191 @@
+"""The first training step's batch arithmetic, run on the workers the trainer probe constructed.
+
+V1's first step (verl/trainer/ppo/v1/trainer_base.py) pads the batch to the multiple
+``_get_required_batch_multiple`` asks (called here, on the constructed trainer), then asks each
+worker for the log-prob passes (``TrainingWorker.infer_batch``) and the updates
+(``TrainingWorker.train_mini_batch``: its mini-batch assertion, upstream's ``make_iterator``, then
+``train_batch`` per mini-batch). Each worker is the real one built by ``_setup``, with its real
+engine and data-parallel mesh; it gets the rows one data-parallel rank holds and the knobs the
+trainer sets (``_update_actor``/``_update_critic``/``_compute_old_log_prob``, repeated here from
+the cited lines because the trainer hands them over through TransferQueue).
+
+Below the engine's micro-batch split nothing runs: ``engine.train_batch``/``infer_batch`` call
+upstream's own ``prepare_micro_batches`` on the mini-batch (what ``FSDPEngine.forward_backward_batch``
+does first, verl/workers/engine/fsdp/transformer_impl.py:713) and stop where a model would compute;
+the train and eval mode switches (they move weights), the scheduler step and the outputs'
+post-processing (MFU from a model's FLOPs) are stood in. Rows are placeholders: only their count
+matters to these checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_verl_compat.upstream.probes.patching import patched
+from pytest_verl_compat.upstream.probes.records import Collector
+
+FIRST_UPDATE = "first update: TrainingWorker.train_mini_batch"
+FIRST_LOG_PROB = "first step: TrainingWorker.infer_batch"
+
+
+def _rows(count: int, **non_tensor: Any) -> Any:
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    return tu.get_tensordict(
+        tensor_dict={"rows": torch.zeros(count, 1)}, non_tensor_dict=dict(non_tensor)
+    )
+
+
+def _split(data: Any, loss_function: Any = None, **_: Any) -> dict[str, Any]:
+    """The engine's step up to its micro-batch split (upstream's ``prepare_micro_batches``)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    # A dynamic split packs by token counts, which placeholder rows do not have.
+    if not tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
+        prepare_micro_batches(data=data, dp_group=None, same_micro_num_in_dp=True)
+    return {"metrics": {}, "model_output": {}}
+
+
+def _no_outputs(output: Any, **_: Any) -> Any:
+    """``_postprocess_output`` without a model's outputs or FLOPs: empty metrics."""
+    from verl.utils import tensordict_utils as tu
+
+    return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": {}})
+
+
+@contextlib.contextmanager
+def _no_model(worker: Any) -> Iterator[None]:
+    """What needs the model's weights, stood in on one worker's engine."""
+    engine = worker.engine
+    with contextlib.ExitStack() as stack:
+        for name, value in (
+            ("train_batch", _split),
+            ("infer_batch", _split),
+            ("train_mode", lambda **_: contextlib.nullcontext()),
+            ("eval_mode", lambda **_: contextlib.nullcontext()),
+            ("lr_scheduler_step", lambda: 0.0),
+        ):
+            stack.enter_context(patched(engine, name, value))
+        stack.enter_context(patched(worker, "_postprocess_output", _no_outputs))
+        yield
+
+
+def _padded_rows(trainer: Any, plain: Mapping[str, Any], dp: int) -> int:
+    """train_batch_size × n padded to the trainer's own required multiple (V1's _balance_batch)."""
+    trainer.global_steps = 1  # the first step (V1 counts from 1 once training starts)
+    rows = int(plain["data"]["train_batch_size"]) * int(plain["actor_rollout_ref"]["rollout"]["n"])
+    multiple = trainer._get_required_batch_multiple(dp)
+    return -(-rows // multiple) * multiple if multiple > 0 else rows
+
+
+def _update_knobs(section: Mapping[str, Any], n: int, temperature: float) -> dict[str, Any]:
+    """What ``_update_actor``/``_update_critic`` set (trainer_base.py:1651-1660 and 1674-1700)."""
+    mini = int(section["ppo_mini_batch_size"]) * n
+    return {
+        "global_batch_size": mini,
+        "mini_batch_size": mini,
+        "epochs": section["ppo_epochs"],
+        "seed": section["data_loader_seed"],
+        "dataloader_kwargs": {"shuffle": section["shuffle"]},
+        "temperature": temperature,
+    }
+
+
+ARR = "actor_rollout_ref"
+# Where each role's sections live: (update section or None, its log-prob micro-batch keys).
+_ROLES = {
+    "actor": (
+        f"{ARR}.actor",
+        (
+            f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu",
+            f"{ARR}.rollout.log_prob_max_token_len_per_gpu",
+        ),
+    ),
+    "reference": (
+        None,
+        (
+            f"{ARR}.ref.log_prob_micro_batch_size_per_gpu",
+            f"{ARR}.ref.log_prob_max_token_len_per_gpu",
+        ),
+    ),
+    "critic": ("critic", ("critic.ppo_infer_max_token_len_per_gpu",)),
+}
+
+
+def _workers(trainer: Any) -> Iterator[tuple[str, Any, Mapping[str, Any] | None]]:
+    """(role, constructed TrainingWorker, its section for an update or None) of each role."""
+    plain_config = trainer.config
+    actor_group = getattr(trainer, "actor_rollout_wg", None)
+    hybrid = getattr(actor_group, "instance", None)
+    if hybrid is not None and getattr(hybrid, "actor", None) is not None:
+        yield "actor", hybrid.actor, plain_config.actor_rollout_ref.actor
+    if hybrid is not None and getattr(hybrid, "ref", None) is not None:
+        yield "reference", hybrid.ref, None
+    critic_group = getattr(trainer, "critic_wg", None)
+    if critic_group is not None:
+        yield "critic", critic_group.instance, plain_config.critic
+
+
+def _knobs(role: str) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """The batch knobs of a role's log-prob pass and update, with the keys they come from."""
+    section, infer = _ROLES[role]
+    rows = ("data.train_batch_size", f"{ARR}.rollout.n")
+    infer_knobs = {
+        "total_data_size": rows,
+        "micro_batch_size_per_gpu": infer[:1],
+        "max_token_len_per_gpu": infer[-1:],
+    }
+    if section is None:
+        return infer_knobs, {}
+    update = {
+        "mini_batch_size": (f"{section}.ppo_mini_batch_size", f"{ARR}.rollout.n"),
+        "batch_size_per_dp": rows,
+        "total_data_size": (f"{section}.ppo_mini_batch_size", f"{ARR}.rollout.n"),
+        "micro_batch_size_per_gpu": (f"{section}.ppo_micro_batch_size_per_gpu",),
+        "max_token_len_per_gpu": (f"{section}.ppo_max_token_len_per_gpu",),
+        "epochs": (f"{section}.ppo_epochs",),
+    }
+    return infer_knobs, update
+
+
+def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
+    """Each constructed worker's log-prob pass and update on the first step's rows."""
+    if trainer is None:
+        return
+    n = int(plain["actor_rollout_ref"]["rollout"]["n"])
+    temperature = plain["actor_rollout_ref"]["rollout"]["temperature"]
+    for role, worker, section in _workers(trainer):
+        engine = getattr(worker, "engine", None)
+        if engine is None:
+            continue
+        dp = int(engine.get_data_parallel_size())
+        rows = out.run(
+            "first step: PPOTrainer._get_required_batch_multiple",
+            functools.partial(_padded_rows, trainer, plain, dp),
+            role,
+        )
+        if rows is None or rows % dp:
+            continue  # the dispatch splits the batch evenly; validate_config reports this
+        per_rank = rows // dp
+        infer_knobs, update_knobs = _knobs(role)
+        with _no_model(worker):
+            knobs = {"calculate_entropy": True, "compute_loss": False, "temperature": temperature}
+            out.run(
+                f"{FIRST_LOG_PROB} ({role})",
+                functools.partial(worker.infer_batch, _rows(per_rank, **knobs)),
+                "TrainingWorker.infer_batch",
+                infer_knobs,
+            )
+            if section is not None:
+                data = _rows(per_rank, **_update_knobs(section, n, temperature))
+                out.run(
+                    f"{FIRST_UPDATE} ({role})",
+                    functools.partial(worker.train_mini_batch, data),
+                    "TrainingWorker.train_mini_batch",
+                    update_knobs,
+                )

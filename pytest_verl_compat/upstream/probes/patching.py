@@ -1,0 +1,54 @@
+"""Patches of third-party and upstream internals, applied inside a ``with`` and restored after.
+
+The probes' only way to change what upstream or a library does (STYLE 14d): every patch of the
+oracle process goes through ``patched`` or ``environment``, and every one is undone on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name = value`` for the block. A class's own attribute is restored, an inherited
+    one is deleted again (so the class inherits it as before)."""
+    saved = (
+        owner.__dict__.get(name, _MISSING)
+        if isinstance(owner, type)
+        else getattr(owner, name, _MISSING)
+    )
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if saved is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, saved)
+
+
+@contextlib.contextmanager
+def all_patched(patches: Iterable[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Every ``(owner, name, value)`` of ``patches`` for the block, undone in reverse order."""
+    with contextlib.ExitStack() as stack:
+        for owner, name, value in patches:
+            stack.enter_context(patched(owner, name, value))
+        yield
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` updated for the block and restored whole (upstream writes to it too)."""
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

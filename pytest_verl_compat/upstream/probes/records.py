@@ -1,0 +1,227 @@
+"""One record per upstream failure: its message, the verl line that raised it, when, and the keys.
+
+A probe step runs inside ``Collector.run``: its own try (one failure never hides the next phase's),
+stdout and warnings swallowed, every configuration read recorded (``recorder``). A failure is
+upstream's when upstream's code raised it (a frame inside the installed verl package), or a
+library rule a stand-in checks for it (``boundary.LibraryCheck``); then it becomes a record with
+upstream's message, the ``verl/…py:line`` of the deepest verl frame, that line's source, the phase,
+and the configuration leaves read on the lines that decided it. A failure for want of something
+this machine lacks (a module that is not installed, a stand-in that cannot answer) is not the
+configuration's: it is kept apart as a step not evaluated, with its reason. Anything else is a bug
+here and propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import re
+import traceback
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.upstream.probes import statements
+from pytest_verl_compat.upstream.probes.boundary import LibraryCheck
+from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
+
+# JSON keys of one failure record (they travel from the oracle process to the caller's cache).
+KEY_PHASE = "phase"
+KEY_MESSAGE = "message"
+KEY_WHERE = "where"
+KEY_SOURCE = "source"
+KEY_STAND_IN = "stand_in"
+KEY_CHECK = "check"  # the upstream function the probe called, or "stand-in"
+KEY_KEYS = "keys"  # the configuration leaves read on the lines that decided the failure
+KEY_CONDITION = "condition"  # what upstream requires: an assert's test, or "not (<if test>)"
+# A step that could not run here: {"step": …, "reason": …}.
+KEY_STEP = "step"
+KEY_REASON = "reason"
+
+# Exceptions that say this machine lacks something, not that the configuration is wrong.
+_ENVIRONMENT = (ImportError,)
+
+
+@functools.cache
+def verl_root() -> Path:
+    import verl
+
+    return Path(verl.__file__).resolve().parent
+
+
+def _relative(filename: str) -> str | None:
+    try:
+        return "verl/" + Path(filename).resolve().relative_to(verl_root()).as_posix()
+    except ValueError:
+        return None
+
+
+def source_line(where: str) -> str:
+    path, _, line = where.rpartition(":")
+    try:
+        text = (verl_root().parent / path).read_text(encoding="utf-8").splitlines()
+        return text[int(line) - 1].strip()
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def message(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _deepest_verl_frame(exc: BaseException) -> tuple[str, str]:
+    """(``verl/…:line``, the function's qualified owner) of the deepest frame inside verl."""
+    where, owner = "", ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        relative = _relative(frame.f_code.co_filename)
+        if relative is None:
+            continue
+        where = f"{relative}:{line}"
+        self = frame.f_locals.get("self")
+        name = frame.f_code.co_name
+        owner = f"{type(self).__name__}.{name}" if self is not None else name
+    return where, owner
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """What a dataclass raised, out of Hydra's InstantiationException (its first line names only
+    the class)."""
+    while type(exc).__name__ == "InstantiationException" and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def condition(where: str) -> str:
+    """What upstream requires at ``where``: an assert's test, or ``not (<if test>)`` for a raise
+    under an ``if``; "" when the raise has no guard (an ``except`` re-raise, a registry miss)."""
+    relative, _, line = where.rpartition(":")
+    source = statements.parse(str(verl_root().parent / relative), relative)
+    if source is None or not line.isdigit():
+        return ""
+    statement = source.statement_at(int(line))
+    if statement is None:
+        return ""
+    test = statements.guard(source, statement)
+    if test is None:
+        return ""
+    import ast
+
+    text = " ".join(ast.unparse(test).split())
+    return text if isinstance(statement, ast.Assert) else f"not ({text})"
+
+
+def _phase(phase: str, exc: BaseException) -> str:
+    """The step's phase, or, inside the trainer's ``_setup``, the worker or trainer method that
+    raised (a worker's construction is worker start)."""
+    if not phase.startswith("trainer init"):
+        return phase
+    owners = []
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        relative = _relative(frame.f_code.co_filename)
+        if relative is not None and relative.startswith("verl/workers/"):
+            self = frame.f_locals.get("self")
+            owners.append(
+                f"{type(self).__name__}.{frame.f_code.co_name}" if self else frame.f_code.co_name
+            )
+    return f"worker start: {owners[0]}" if owners else phase
+
+
+def failure(phase: str, exc: BaseException, check: str, keys: list[str]) -> dict[str, Any]:
+    """One record for an exception upstream's own code raised in ``check``."""
+    cause = unwrap(exc)
+    where, owner = _deepest_verl_frame(cause)
+    if not where:  # raised by the generated __init__ a wrapper called: the wrapper's verl frame
+        where, owner = _deepest_verl_frame(exc)
+    phase = _phase(phase, exc)
+    if owner.endswith(".__post_init__") and not phase.startswith("config load"):
+        phase = f"config load: {owner} ({phase})"
+    return {
+        KEY_PHASE: phase,
+        KEY_MESSAGE: message(cause),
+        KEY_WHERE: where,
+        KEY_SOURCE: source_line(where) if where else "",
+        KEY_STAND_IN: "",
+        KEY_CHECK: check,
+        KEY_KEYS: keys,
+        KEY_CONDITION: condition(where) if where else "",
+    }
+
+
+class Collector:
+    """Runs each probe step in its own try, recording what upstream reads; keeps each distinct
+    failure once (first phase first) and each step that could not run here with its reason."""
+
+    def __init__(self, leaves: Mapping[str, Any]) -> None:
+        self.leaves = leaves
+        self.records: list[dict[str, Any]] = []
+        self.not_run: list[dict[str, str]] = []
+        self.reads = ConfigReads(verl_root(), leaves)
+
+    def add(self, record: dict[str, Any]) -> None:
+        same = (record[KEY_WHERE], record[KEY_MESSAGE])
+        if not any((r[KEY_WHERE], r[KEY_MESSAGE]) == same for r in self.records):
+            self.records.append(record)
+
+    def run(
+        self,
+        phase: str,
+        step: Callable[[], Any],
+        name: str,
+        knobs: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> Any:
+        """``step()``'s value, or None when it failed (recorded) or could not run here.
+
+        ``knobs``: values the probe computed from the configuration and handed to upstream in a
+        batch (``mini_batch_size`` from ``ppo_mini_batch_size`` × ``n``), by the name upstream
+        reads them under, with the keys they came from; a failure whose statement names one is
+        also that knob's keys'."""
+        printed = io.StringIO()
+        try:
+            with (
+                contextlib.redirect_stdout(printed),
+                warnings.catch_warnings(),
+                recording(self.reads),
+            ):
+                warnings.simplefilter("ignore")
+                return step()
+        except LibraryCheck as exc:
+            self._library_check(phase, exc, name)
+        except Exception as exc:
+            self._failed(phase, exc, name, knobs or {})
+        return None
+
+    def _keys(self, exc: BaseException, knobs: Mapping[str, tuple[str, ...]]) -> list[str]:
+        keys = set(self.reads.keys_for(exc, self.leaves))
+        if knobs:
+            text = self.reads.statement_text(exc)
+            named = [keys_ for knob, keys_ in knobs.items() if re.search(rf"\b{knob}\b", text)]
+            keys.update(k for group in named for k in group if k in self.leaves)
+        return sorted(keys)
+
+    def _failed(
+        self, phase: str, exc: BaseException, name: str, knobs: Mapping[str, tuple[str, ...]]
+    ) -> None:
+        cause = unwrap(exc)
+        where, _ = _deepest_verl_frame(cause)
+        if not where:
+            where, _ = _deepest_verl_frame(exc)
+        if isinstance(cause, _ENVIRONMENT) or not where or "StandIn" in str(cause):
+            if not where and not isinstance(cause, _ENVIRONMENT) and "StandIn" not in str(cause):
+                raise exc  # not raised by upstream's code: a bug here, never a finding
+            self.not_run.append({KEY_STEP: f"{phase}: {name}", KEY_REASON: message(cause)})
+            return
+        self.add(failure(phase, exc, name, self._keys(exc, knobs)))
+
+    def _library_check(self, phase: str, exc: LibraryCheck, name: str) -> None:
+        where, _ = _deepest_verl_frame(exc)
+        record = failure(phase, exc, name, self.reads.keys_for(exc, self.leaves))
+        record[KEY_MESSAGE] = str(exc)
+        record[KEY_STAND_IN] = (
+            "a library rule checked by its stand-in at the verl line that calls it"
+        )
+        record[KEY_WHERE] = where
+        record[KEY_SOURCE] = source_line(where) if where else ""
+        self.add(record)

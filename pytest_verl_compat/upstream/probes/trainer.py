@@ -1,0 +1,125 @@
+"""The trainer's own construction, run: ``get_trainer_cls``, ``PPOTrainer.__init__`` and ``_setup``.
+
+``TaskRunnerV1.run`` (verl/trainer/main_ppo.py:130-156) picks the trainer class by
+``trainer.v1.trainer_mode``, constructs it (the KL controller, the replay buffer) and calls
+``init()``, whose ``_setup`` (verl/trainer/ppo/v1/trainer_base.py:229-369) builds the tokenizer, the
+data loaders' batch arithmetic, the resource pools, the critic's ``TrainingWorker``, the actor's
+``ActorRolloutRefWorker`` and its ``init_model`` (engines, reference, rollout and checkpoint engine
+configs), the reward manager and the checkpoint resume. The probe runs those methods themselves;
+``ray_free`` stands in for what needs a cluster (the worker groups run their workers in this
+process, rank 0 of the configuration's world, under ``boundary.laptop``), for the data files
+(datasets of a stand-in length), and for what would load the user's files or modules (custom
+samplers, reward modules of ``source: importlib``, checkpoints: ``torch.load`` is refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_verl_compat.upstream.probes.boundary import StandIn, laptop
+from pytest_verl_compat.upstream.probes.patching import all_patched
+from pytest_verl_compat.upstream.probes.records import Collector
+
+TRAINER_START = "trainer start: TaskRunnerV1.run"
+TRAINER_INIT = "trainer init: PPOTrainer._setup"
+# A stand-in data set's length: two steps' prompts, so that steps per epoch is positive.
+_STAND_IN_STEPS = 2
+
+
+class StandInDataset:
+    """A data set of a known length with no rows read (the data files are the user's)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class LocalWorker:
+    """One worker of a group, constructed here with its real ``__init__`` (rank 0)."""
+
+    def __init__(self, spec: Any) -> None:
+        self.instance = spec.cls(*spec.args, **spec.kwargs)
+        self.world_size = int(getattr(self.instance, "world_size", 1) or 1)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.instance, name)
+
+
+class LocalWorkerGroup:
+    """``RayWorkerGroup`` without Ray: ``spawn`` gives one local worker per colocated role."""
+
+    def __init__(self, resource_pool: Any = None, ray_cls_with_init: Any = None, **_: Any) -> None:
+        self.class_dict = ray_cls_with_init
+
+    def spawn(self, prefix_set: Any) -> dict[str, LocalWorker]:
+        return {prefix: LocalWorker(self.class_dict[prefix]) for prefix in prefix_set}
+
+
+def _reward_loop_manager(config: Any, rm_resource_pool: Any = None) -> StandIn:
+    """The reward manager's class lookup (``RewardLoopManager.__init__``,
+    verl/experimental/reward_loop/reward_loop.py:309), unless it would import the user's module."""
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    manager = config.reward.get("reward_manager", {}) or {}
+    if manager.get("source") != "importlib":
+        resolve_reward_manager_cls(config)
+    return StandIn()
+
+
+def _create_resource_pool(self: Any) -> None:
+    self.resource_pool_dict = {name: StandIn(name=name) for name in self.resource_pool_spec}
+
+
+def _refuse_load(*_: Any, **__: Any) -> Any:
+    raise ImportError("not evaluated here: it would unpickle a checkpoint file of the user's")
+
+
+@contextlib.contextmanager
+def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
+    """``_setup`` runnable in this process: the cluster, the data and the user's files stood in."""
+    import ray
+    import torch
+    from verl.single_controller.ray import base as ray_base
+    from verl.trainer.ppo.v1 import trainer_base
+
+    length = int(mapping["data"]["train_batch_size"]) * _STAND_IN_STEPS
+    patches = [
+        (ray, "remote", lambda cls=None, **_: cls if cls is not None else (lambda c: c)),
+        (trainer_base, "create_rl_dataset", lambda *a, **k: StandInDataset(length)),
+        (trainer_base, "create_rl_sampler", lambda *a, **k: None),
+        (trainer_base, "StatefulDataLoader", StandIn),
+        (trainer_base, "create_colocated_worker_cls", lambda class_dict: class_dict),
+        (trainer_base, "RayWorkerGroup", LocalWorkerGroup),
+        (trainer_base, "RewardLoopManager", _reward_loop_manager),
+        (trainer_base, "MultiTeacherModelManager", StandIn),
+        (trainer_base, "LLMServerManager", StandIn()),
+        (trainer_base, "CheckpointEngineManager", StandIn),
+        (trainer_base, "find_latest_ckpt_path", lambda *a, **k: None),
+        (ray_base.ResourcePoolManager, "create_resource_pool", _create_resource_pool),
+        (torch, "load", _refuse_load),
+    ]
+    with laptop(mapping), all_patched(patches):
+        yield
+
+
+def _construct(cfg: Any) -> Any:
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    trainer_cls = get_trainer_cls(cfg.trainer.v1.trainer_mode)
+    return trainer_cls(config=cfg)
+
+
+def trainer_probes(out: Collector, mapping: Mapping[str, Any]) -> Any:
+    """``get_trainer_cls`` and ``PPOTrainer.__init__``, then ``_setup`` (workers and engines);
+    the trainer as far as it was built (inside ``ray_free``), or None."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(dict(mapping))
+    trainer = out.run(TRAINER_START, lambda: _construct(cfg), "PPOTrainer.__init__")
+    if trainer is not None:
+        out.run(TRAINER_INIT, trainer._setup, "PPOTrainer._setup")
+    return trainer
