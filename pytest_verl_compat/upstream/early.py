@@ -28,7 +28,7 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
 from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
-from pytest_verl_compat.upstream.probes import KEY_NOT_EVALUATED, KEY_TYPES
+from pytest_verl_compat.upstream.probes import KEY_NOT_EVALUATED, KEY_TYPES, statements
 from pytest_verl_compat.upstream.probes import records as ec
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
@@ -52,9 +52,47 @@ _PREPARE_MICRO_BATCHES = (
     ),
 )
 
-# The static checks that say what an upstream statement says, by (installed file, statement).
-# When upstream's own check fails on that statement, the static finding is left out.
-STATIC_EQUIVALENTS: dict[str, tuple[tuple[str, str], ...]] = {
+_CORE_ALGOS = "verl/trainer/ppo/core_algos.py"
+# kl_penalty_forward's fallback for an unknown estimator name (``kl``, ``abs``, ``mse``, …).
+_KL_ESTIMATOR = ((_CORE_ALGOS, "raise NotImplementedError", "kl_penalty_forward"),)
+
+# The static checks that say what an upstream statement says, by (installed file, statement[, the
+# function it is in, where the statement alone is not unique]). When upstream's own code fails on
+# that statement at the same section of the configuration, the static finding is left out.
+STATIC_EQUIVALENTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "registry.algorithm.adv_estimator": (
+        (_CORE_ALGOS, 'raise ValueError(f"Unknown advantage estimator simply: {name}")'),
+    ),
+    "registry.actor_rollout_ref.actor.policy_loss.loss_mode": (
+        (_CORE_ALGOS, "raise ValueError(", "get_policy_loss_fn"),
+    ),
+    "registry.actor_rollout_ref.actor.kl_loss_type": _KL_ESTIMATOR,
+    "registry.algorithm.kl_penalty": _KL_ESTIMATOR,
+    "registry.reward.reward_manager.name": (
+        (
+            "verl/experimental/reward_loop/reward_manager/registry.py",
+            'raise ValueError(f"Unknown reward manager: {name}")',
+        ),
+    ),
+    "registry.actor_rollout_ref.rollout.name": (
+        ("verl/workers/rollout/base.py", "assert (rollout_name, mode) in _ROLLOUT_REGISTRY"),
+    ),
+    "registry.actor_rollout_ref.rollout.mode": (
+        ("verl/workers/config/rollout.py", "raise ValueError(", "RolloutConfig.__post_init__"),
+        ("verl/workers/rollout/base.py", "assert (rollout_name, mode) in _ROLLOUT_REGISTRY"),
+    ),
+    "registry.actor_rollout_ref.actor.loss_agg_mode": (
+        ("verl/workers/config/actor.py", 'raise ValueError(f"Invalid loss_agg_mode:'),
+    ),
+    "filter-groups.no-metric": (
+        ("verl/trainer/ppo/v1/trainer_base.py", 'raise ValueError("algorithm.filter_groups.metric'),
+    ),
+    "filter-groups.colocated-reward-model": (
+        ("verl/trainer/ppo/v1/trainer_base.py", "assert streaming_reward_path, ("),
+    ),
+    "kl.adaptive-controller-needs-horizon-and-target": (
+        (_CORE_ALGOS, "assert kl_ctrl.horizon > 0"),
+    ),
     "validate.responses-over-gpus": (
         ("verl/utils/config.py", "assert real_train_batch_size % minimal_bsz == 0"),
     ),
@@ -383,18 +421,26 @@ def early_answer(
 # --- the same cause said twice ---------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=64)
-def _statement_line(relative: str, statement: str) -> int | None:
+@functools.lru_cache(maxsize=128)
+def _statement_lines(relative: str, statement: str, function: str = "") -> tuple[int, ...]:
+    """The lines of ``relative`` that start with ``statement``: the first, or every one inside
+    ``function`` when given (``raise NotImplementedError`` alone is not unique)."""
     installed = installed_verl_root()
     if installed is None:
-        return None
-    try:
-        lines = (installed[0] / relative).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None
-    return next(
-        (n for n, text in enumerate(lines, start=1) if text.strip().startswith(statement)), None
-    )
+        return ()
+    source = statements.parse(str(installed[0] / relative), relative)
+    if source is None:
+        return ()
+    found = []
+    for number, text in enumerate(source.lines, start=1):
+        if not text.strip().startswith(statement):
+            continue
+        node = source.statement_at(number)
+        if not function:
+            return (number,)
+        if node is not None and source.qualname(node) == function:
+            found.append(number)
+    return tuple(found)
 
 
 def _sections(keys: Iterable[str]) -> set[str]:
@@ -426,8 +472,10 @@ def _equivalent(check_id: str, failure: UpstreamFailure) -> bool:
     words = STATIC_EQUIVALENT_MESSAGES.get(check_id)
     if words is not None and words in failure.message:
         return True
-    for relative, statement in STATIC_EQUIVALENTS.get(check_id, ()):
-        line = _statement_line(relative, statement)
-        if line is not None and failure.where == f"{relative}:{line}":
+    for relative, statement, *function in STATIC_EQUIVALENTS.get(check_id, ()):
+        if any(
+            failure.where == f"{relative}:{n}"
+            for n in _statement_lines(relative, statement, *function)
+        ):
             return True
     return False

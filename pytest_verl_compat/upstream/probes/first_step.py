@@ -24,11 +24,19 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.upstream.probes.patching import patched
+from pytest_verl_compat.upstream.probes import tiny_batch
+from pytest_verl_compat.upstream.probes.patching import all_patched, patched
 from pytest_verl_compat.upstream.probes.records import Collector
 
 FIRST_UPDATE = "first update: TrainingWorker.train_mini_batch"
 FIRST_LOG_PROB = "first step: TrainingWorker.infer_batch"
+ADVANTAGE = "first step: PPOTrainer._compute_advantage"
+LOSS = "first update: the loss"
+OPTIMIZER = "first update: the optimizer and its scheduler"
+# Optimizer modules the probe imports to build the optimizer a configuration names
+# (``build_optimizer`` imports ``optim.optimizer_impl`` by name, verl/workers/config/optimizer.py:341);
+# any other module name is not imported here, whatever package it would load.
+SAFE_OPTIMIZER_MODULES = frozenset({"torch.optim"})
 
 
 def _rows(count: int, **non_tensor: Any) -> Any:
@@ -153,10 +161,81 @@ def _knobs(role: str) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, 
     return infer_knobs, update
 
 
+class _BatchMeta:
+    """What TransferQueue hands the trainer for a batch: its keys, partition and knobs."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys, self.partition_id = keys, "train"
+        self.extra_info: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _advantage(trainer: Any, plain: Mapping[str, Any]) -> None:
+    """The trainer's own ``_compute_advantage`` (KL in reward, rollout correction, the advantage
+    estimator) on a tiny batch; TransferQueue's get and put hand it over and take it back."""
+    import transfer_queue
+
+    batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
+    stored = tiny_batch.trajectories(
+        batch,
+        rollout_log_probs=bool(plain["actor_rollout_ref"]["rollout"].get("calculate_log_probs")),
+    )
+
+    def kv_batch_get(keys: Any = None, partition_id: Any = None, select_fields: Any = ()) -> Any:
+        return stored.select(*[name for name in select_fields if name in stored.keys()])
+
+    meta = _BatchMeta(batch.keys)
+    with all_patched(
+        [
+            (transfer_queue, "kv_batch_get", kv_batch_get),
+            (transfer_queue, "kv_batch_put", lambda *a, **k: meta),
+        ]
+    ):
+        trainer._compute_advantage(meta, {})
+
+
+def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
+    """The actor's loss as the engine calls it on a micro-batch (``loss_function(model_output,
+    data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
+    batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
+    fields = {"old_log_probs": -1.0, "advantages": 0.3, "ref_log_prob": -1.1}
+    output = {
+        "log_probs": tiny_batch.model_output(batch, -1.0),
+        "entropy": tiny_batch.model_output(batch, 0.7),
+    }
+    hybrid.loss_fn(model_output=output, data=tiny_batch.micro_batch(batch, dp, fields))
+
+
+def _critic_loss(worker: Any, plain: Mapping[str, Any], dp: int) -> None:
+    """The critic's ``value_loss`` with the critic's config (``_setup`` sets it, trainer_base.py:300)."""
+    batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
+    data = tiny_batch.micro_batch(batch, dp, {"values": 0.2, "returns": 0.4})
+    worker.loss_fn(model_output={"values": tiny_batch.model_output(batch, 0.25)}, data=data)
+
+
+def _optimizer(worker: Any) -> None:
+    """The engine's own optimizer and scheduler builders on a two-parameter module."""
+    import torch
+
+    engine = worker.engine
+    module_name = str(engine.optimizer_config.optimizer_impl)
+    if module_name not in SAFE_OPTIMIZER_MODULES:
+        raise ImportError(
+            f"not evaluated here: optim.optimizer_impl={module_name!r} is not imported"
+        )
+    optimizer = engine._build_optimizer(torch.nn.Linear(2, 1))
+    engine._build_lr_scheduler(optimizer)
+
+
 def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
     """Each constructed worker's log-prob pass and update on the first step's rows."""
     if trainer is None:
         return
+    out.run(
+        ADVANTAGE, functools.partial(_advantage, trainer, plain), "PPOTrainer._compute_advantage"
+    )
     n = int(plain["actor_rollout_ref"]["rollout"]["n"])
     temperature = plain["actor_rollout_ref"]["rollout"]["temperature"]
     for role, worker, section in _workers(trainer):
@@ -189,3 +268,15 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
                     "TrainingWorker.train_mini_batch",
                     update_knobs,
                 )
+        if section is None:
+            continue
+        out.run(f"{OPTIMIZER} ({role})", functools.partial(_optimizer, worker), "build_optimizer")
+        if role == "actor":
+            hybrid = trainer.actor_rollout_wg.instance
+            out.run(
+                f"{LOSS} ({role})", functools.partial(_actor_loss, hybrid, plain, dp), "ppo_loss"
+            )
+        else:
+            out.run(
+                f"{LOSS} ({role})", functools.partial(_critic_loss, worker, plain, dp), "value_loss"
+            )

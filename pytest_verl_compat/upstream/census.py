@@ -1,0 +1,288 @@
+"""The census of upstream's checks: every ``raise`` and ``assert`` on the ``main_ppo`` V1 path.
+
+Read from the installed verl's source with ``ast`` (nothing is imported): each statement with the
+function it sits in, the condition that decides it (an assert's test, the ``if`` a raise sits
+under) and what that condition depends on:
+
+- ``config``: configuration values (``config.…``, ``self.config.…``, a config dataclass's own
+  fields in its ``__post_init__``/``validate``, a name looked up in a registry, or a local
+  assigned from those);
+- ``data``: the batch or the model's tensors (shapes, masks, token counts);
+- ``internal``: upstream's own invariants (an abstract method, a type check of its own objects, a
+  registration made twice).
+
+Which ``config`` entries ``check`` evaluates is measured, not typed: ``coverage`` runs the probes
+on a corpus of configurations in the oracle with a line tracer and marks an entry evaluated when
+its deciding line ran. An entry not evaluated carries the reason from ``census_reasons.yaml``
+(needs a GPU, vLLM, Megatron-Core, the network, the data), matched by file and function.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from pytest_verl_compat.upstream.probes import statements
+
+Depends = Literal["config", "data", "internal"]
+
+# The files of the main_ppo V1 path, relative to the installed ``verl`` package's parent; a
+# ``::name`` suffix keeps only those top-level functions or classes of a file that is mostly
+# another path's (ray_trainer.py is the V0 trainer; V1 imports apply_kl_penalty from it).
+SCOPE = (
+    "verl/trainer/main_ppo.py",
+    "verl/trainer/ppo/v1/trainer_base.py",
+    "verl/trainer/ppo/v1/trainer_sync.py",
+    "verl/trainer/ppo/v1/replay_buffer.py",
+    "verl/trainer/ppo/v1/utils.py",
+    "verl/trainer/ppo/core_algos.py",
+    "verl/trainer/ppo/reward.py",
+    "verl/trainer/ppo/utils.py",
+    "verl/trainer/ppo/ray_trainer.py::apply_kl_penalty",
+    "verl/trainer/distillation/losses.py",
+    "verl/utils/config.py",
+    "verl/utils/tensordict_utils.py::make_iterator",
+    "verl/base_config.py",
+    "verl/workers/engine_workers.py",
+    "verl/workers/config/*.py",
+    "verl/workers/engine/base.py",
+    "verl/workers/engine/utils.py",
+    "verl/workers/engine/fsdp/*.py",
+    "verl/workers/engine/megatron/*.py",
+    "verl/workers/utils/losses.py",
+    "verl/workers/utils/padding.py",
+    "verl/workers/rollout/base.py",
+    "verl/workers/rollout/replica.py",
+    "verl/experimental/reward_loop/reward_loop.py",
+    "verl/experimental/reward_loop/reward_manager/registry.py",
+    "verl/checkpoint_engine/base.py",
+)
+
+# Words of a condition that reads the batch or the model's tensors.
+_DATA_WORDS = (
+    "shape",
+    "numel",
+    "torch.",
+    "tensor",
+    "logits",
+    "mask",
+    "batch",
+    "micro_batch",
+    "data[",
+    "data.",
+    "output",
+    "loss_mat",
+    "values",
+    "rewards",
+    "token",
+    "seq",
+    "len(data",
+    "len(output",
+    "indices",
+    "offsets",
+    "cursor",
+    "routes",
+    "snap",
+    "local",
+    "key in non_tensor_batch",
+)
+# Names of a condition that hold configuration.
+_CONFIG_ROOTS = ("config", "cfg", "self.config", "kl_ctrl", "model_config", "engine_config")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One raise or assert: where, in which function, what decides it, and on what."""
+
+    file: str
+    line: int
+    function: str
+    kind: Literal["assert", "raise"]
+    statement: str
+    condition: str
+    depends: Depends
+    # The lines whose running means the condition was evaluated: the assert, the guard's test,
+    # or the guarded try body of an ``except … raise``.
+    deciding: tuple[int, ...] = field(default=(), compare=False)
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _in_scope(verl_parent: Path) -> Iterator[tuple[Path, str, tuple[str, ...]]]:
+    for pattern in SCOPE:
+        glob, _, names = pattern.partition("::")
+        for path in sorted(verl_parent.glob(glob)):
+            if path.suffix == ".py":
+                yield (
+                    path,
+                    path.relative_to(verl_parent).as_posix(),
+                    tuple(n for n in names.split(",") if n),
+                )
+
+
+def _top_level_name(source: statements.Source, node: ast.AST) -> str:
+    names = [
+        a.name
+        for a in source.ancestors(node)
+        if isinstance(a, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+    return names[-1] if names else ""
+
+
+def _lines_of(node: ast.AST) -> tuple[int, ...]:
+    start = getattr(node, "lineno", 0)
+    end = getattr(node, "end_lineno", None) or start
+    return tuple(range(start, end + 1))
+
+
+def _deciding(
+    source: statements.Source, statement: ast.stmt
+) -> tuple[ast.AST | None, tuple[int, ...]]:
+    """The deciding condition (or the guarded try body) and the lines whose running means it was
+    evaluated."""
+    condition = statements.guard(source, statement)
+    if isinstance(statement, ast.Assert):
+        return condition, _lines_of(statement)
+    if condition is not None:
+        return condition, _lines_of(condition)
+    for ancestor in source.ancestors(statement):
+        if isinstance(ancestor, ast.ExceptHandler):
+            try_node = source.parent(ancestor)
+            if isinstance(try_node, ast.Try) and try_node.body:
+                return try_node.body[0], _lines_of(try_node.body[0])
+        if isinstance(ancestor, ast.FunctionDef | ast.AsyncFunctionDef):
+            break
+    return None, _lines_of(statement)
+
+
+def _in_config_class(source: statements.Source, node: ast.AST) -> bool:
+    """Inside a method of a config dataclass (``verl/workers/config/``, or a ``*Config`` class)."""
+    for ancestor in source.ancestors(node):
+        if isinstance(ancestor, ast.ClassDef):
+            return source.relative.startswith("verl/workers/config/") or ancestor.name.endswith(
+                "Config"
+            )
+    return False
+
+
+def _depends(source: statements.Source, statement: ast.stmt, condition: ast.AST | None) -> Depends:
+    """What the deciding condition reads (see the module's docstring)."""
+    if condition is None:
+        # An unconditional raise: an abstract method or a fallback of a registry lookup.
+        text = ast.unparse(statement)
+        return "config" if "Unknown" in text or "not supported" in text.lower() else "internal"
+    function = source.function(statement)
+    texts = [ast.unparse(condition)]
+    if function is not None:
+        for lo, hi in statements.deciding_lines(source, statement.lineno)[statements.OWN_RANGES :]:
+            texts.append(statements.text(source, [(lo, hi)]))
+    text = "\n".join(texts)
+    if "isinstance(" in texts[0] and "config" not in texts[0]:
+        return "internal"
+    if any(word in text for word in _DATA_WORDS) and not any(
+        root in texts[0] for root in _CONFIG_ROOTS
+    ):
+        return "data"
+    if any(root in text for root in _CONFIG_ROOTS) or _in_config_class(source, statement):
+        return "config"
+    if " in " in texts[0] and any(part.isupper() for part in texts[0].replace("_", " ").split()):
+        return "config"  # a name looked up in a registry (``name not in ADV_ESTIMATOR_REGISTRY``)
+    if function is not None and any(
+        arg.arg in texts[0] for arg in function.args.args if arg.arg not in ("self", "cls")
+    ):
+        return "config"  # decided by an argument its caller takes from the configuration
+    return "internal"
+
+
+def scan(verl_parent: Path) -> list[Entry]:
+    """Every raise and assert of the scope, in file and line order."""
+    entries: list[Entry] = []
+    for path, relative, names in _in_scope(verl_parent):
+        source = statements.parse(str(path), relative)
+        if source is None:
+            continue
+        for node in ast.walk(source.tree):
+            if not isinstance(node, ast.Raise | ast.Assert):
+                continue
+            if names and _top_level_name(source, node) not in names:
+                continue
+            condition, deciding = _deciding(source, node)
+            entries.append(
+                Entry(
+                    file=relative,
+                    line=node.lineno,
+                    function=source.qualname(node) or "<module>",
+                    kind="assert" if isinstance(node, ast.Assert) else "raise",
+                    statement=" ".join(source.lines[node.lineno - 1].split()),
+                    condition=" ".join(ast.unparse(condition).split())
+                    if condition is not None
+                    else "",
+                    depends=_depends(source, node, condition),
+                    deciding=deciding,
+                )
+            )
+    return sorted(entries, key=lambda e: (e.file, e.line))
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why the probes cannot evaluate the entries of one file and function pattern."""
+
+    file: str
+    function: str
+    reason: str
+
+    def covers(self, entry: Entry) -> bool:
+        return fnmatch.fnmatchcase(entry.file, self.file) and fnmatch.fnmatchcase(
+            entry.function, self.function
+        )
+
+
+REASONS_FILE = Path(__file__).with_name("census_reasons.yaml")
+
+
+def load_reasons(path: Path = REASONS_FILE) -> list[Reason]:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    return [Reason(str(r["file"]), str(r["function"]), str(r["reason"])) for r in raw]
+
+
+def reason_for(entry: Entry, reasons: Iterable[Reason]) -> str:
+    return next((r.reason for r in reasons if r.covers(entry)), "")
+
+
+def watched_lines(entries: Iterable[Entry]) -> dict[str, list[int]]:
+    """The deciding lines of every entry, by file: what the coverage run traces."""
+    lines: dict[str, set[int]] = {}
+    for entry in entries:
+        lines.setdefault(entry.file, set()).update(entry.deciding)
+    return {file: sorted(numbers) for file, numbers in sorted(lines.items())}
+
+
+def evaluated(entries: Iterable[Entry], ran: dict[str, set[int]]) -> set[str]:
+    """The entries (by ``where``) whose deciding lines ran."""
+    return {entry.where for entry in entries if set(entry.deciding) & ran.get(entry.file, set())}
+
+
+def summary(
+    entries: list[Entry], ran: dict[str, set[int]], reasons: list[Reason]
+) -> dict[str, Any]:
+    """Counts by what an entry depends on, and how many configuration entries are evaluated."""
+    done = evaluated(entries, ran)
+    config = [e for e in entries if e.depends == "config"]
+    unexplained = [e.where for e in config if e.where not in done and not reason_for(e, reasons)]
+    return {
+        "entries": len(entries),
+        "config": len(config),
+        "data": sum(1 for e in entries if e.depends == "data"),
+        "internal": sum(1 for e in entries if e.depends == "internal"),
+        "config_evaluated": sum(1 for e in config if e.where in done),
+        "unexplained": unexplained,
+    }

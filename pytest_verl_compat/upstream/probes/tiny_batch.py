@@ -1,0 +1,120 @@
+"""A first step's batch in V1's layout, of a few rows: what the losses and the advantage read.
+
+Two prompts × the configuration's ``rollout.n`` responses, prompts of 2 and 3 tokens, responses of
+1 to 3 tokens, every per-token field a jagged nested tensor of the response's length (as
+``trainer_base`` keeps them in TransferQueue and hands them to the engine, ``response_to_nested``),
+model outputs flat over prompt and response tokens (``FSDPEngineWithLMHead``'s unpadded output),
+and the global normalisers the engine sets (verl/workers/engine/fsdp/transformer_impl.py:706-711).
+Values are small and distinct so every loss term and estimator has something to compute; they
+are placeholders, never compared: a probe asks only whether upstream's code accepts the
+configuration, not what it computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Responses per prompt are capped: the checks depend on the grouping, not on how many there are.
+_MAX_N = 4
+_PROMPTS = 2
+
+
+@dataclass(frozen=True)
+class TinyBatch:
+    """The rows' shape, and the batch keys V1 gives them (``{uid}_{session}_{index}``)."""
+
+    n: int
+    prompt_lengths: tuple[int, ...]
+    response_lengths: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.response_lengths)
+
+    @property
+    def keys(self) -> list[str]:
+        return [f"p{row // self.n}_{row % self.n}_0" for row in range(self.rows)]
+
+
+def shape(n: int) -> TinyBatch:
+    n = max(1, min(int(n), _MAX_N))
+    rows = _PROMPTS * n
+    return TinyBatch(
+        n=n,
+        prompt_lengths=tuple(2 + (row // n) % 2 for row in range(rows)),
+        response_lengths=tuple(1 + row % 3 for row in range(rows)),
+    )
+
+
+def _nested(rows: list[Any]) -> Any:
+    import torch
+
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def _per_token(batch: TinyBatch, scale: float, offset: float = 0.0) -> Any:
+    import torch
+
+    return _nested(
+        [
+            torch.arange(length, dtype=torch.float32) * scale + offset + row * 0.01
+            for row, length in enumerate(batch.response_lengths)
+        ]
+    )
+
+
+def trajectories(batch: TinyBatch, *, rollout_log_probs: bool) -> Any:
+    """What ``_compute_advantage`` reads from TransferQueue (trainer_base.py:1590)."""
+    import torch
+    from tensordict import TensorDict
+
+    fields: dict[str, Any] = {
+        "uid": torch.tensor([row // batch.n for row in range(batch.rows)]),
+        "response_mask": _nested([torch.ones(n, dtype=torch.long) for n in batch.response_lengths]),
+        "rm_scores": _per_token(batch, 0.0, 0.5),
+        "old_log_probs": _per_token(batch, -0.1, -1.0),
+        "ref_log_prob": _per_token(batch, -0.1, -1.1),
+        "values": _per_token(batch, 0.05, 0.2),
+    }
+    if rollout_log_probs:
+        fields["rollout_log_probs"] = _per_token(batch, -0.1, -1.05)
+    return TensorDict(fields, batch_size=[batch.rows])
+
+
+def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, float]) -> Any:
+    """A micro-batch as the engine hands it to a loss: prompts and responses, the response mask,
+    one nested field per ``fields`` entry (name → offset), and the normalisers."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    data = tu.get_tensordict(
+        {
+            "prompts": _nested([torch.zeros(n, dtype=torch.long) for n in batch.prompt_lengths]),
+            "responses": _nested(
+                [torch.zeros(n, dtype=torch.long) for n in batch.response_lengths]
+            ),
+            "response_mask": _nested(
+                [torch.ones(n, dtype=torch.long) for n in batch.response_lengths]
+            ),
+            **{name: _per_token(batch, -0.1, offset) for name, offset in fields.items()},
+        }
+    )
+    tu.assign_non_tensor(
+        data,
+        dp_size=dp_size,
+        batch_num_tokens=sum(batch.response_lengths) * dp_size,
+        global_batch_size=batch.rows * dp_size,
+    )
+    return data
+
+
+def model_output(batch: TinyBatch, offset: float) -> Any:
+    """One value per prompt and response token, flat and viewed per sequence (what the engine
+    returns on unpadded input), with a gradient to take."""
+    import torch
+
+    lengths = [p + r for p, r in zip(batch.prompt_lengths, batch.response_lengths, strict=True)]
+    values = (torch.arange(sum(lengths), dtype=torch.float32) * -0.01 + offset).requires_grad_()
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
