@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from pytest_verl_compat.cli.assets import add_asset_parsers
 from pytest_verl_compat.cli.audit import add_audit_parser
+from pytest_verl_compat.cli.census import add_census_parser
 from pytest_verl_compat.cli.common import (
     EXIT_INTERNAL,
     EXIT_USAGE,
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = case_source_options()
     add_inspect_parsers(sub, common)
     add_audit_parser(sub, common)
+    add_census_parser(sub, common)
     add_case_source(add_train_parser(sub))
     add_drift_parsers(sub, common)
     add_asset_parsers(sub)

@@ -9,7 +9,9 @@ under) and what that condition depends on:
   assigned from those);
 - ``data``: the batch or the model's tensors (shapes, masks, token counts);
 - ``internal``: upstream's own invariants (an abstract method, a type check of its own objects, a
-  registration made twice).
+  registration made twice);
+- ``elsewhere``: in a function the V1 path never calls (the V0 trainer's helpers, an engine the
+  tree cannot select), set by ``census_reasons.yaml`` with the evidence.
 
 Which ``config`` entries ``check`` evaluates is measured, not typed: ``coverage`` runs the probes
 on a corpus of configurations in the oracle with a line tracer and marks an entry evaluated when
@@ -20,6 +22,7 @@ its deciding line ran. An entry not evaluated carries the reason from ``census_r
 from __future__ import annotations
 
 import ast
+import dataclasses
 import fnmatch
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ import yaml
 
 from pytest_verl_compat.upstream.probes import statements
 
-Depends = Literal["config", "data", "internal"]
+Depends = Literal["config", "data", "internal", "elsewhere"]
 
 # The files of the main_ppo V1 path, relative to the installed ``verl`` package's parent; a
 # ``::name`` suffix keeps only those top-level functions or classes of a file that is mostly
@@ -91,6 +94,10 @@ _DATA_WORDS = (
     "snap",
     "local",
     "key in non_tensor_batch",
+    "input_ids",
+    "is_nested",
+    "device_mesh",
+    "in data",
 )
 # Names of a condition that hold configuration.
 _CONFIG_ROOTS = ("config", "cfg", "self.config", "kl_ctrl", "model_config", "engine_config")
@@ -185,7 +192,11 @@ def _depends(source: statements.Source, statement: ast.stmt, condition: ast.AST 
         for lo, hi in statements.deciding_lines(source, statement.lineno)[statements.OWN_RANGES :]:
             texts.append(statements.text(source, [(lo, hi)]))
     text = "\n".join(texts)
-    if "isinstance(" in texts[0] and "config" not in texts[0]:
+    if ".decorator" in source.qualname(statement) or "register" in source.qualname(statement):
+        return "internal"  # a registration, made when upstream's modules are imported
+    if _on_own_objects(texts[0]):
+        return "internal"
+    if function is not None and _only_a_passed_argument(texts[0], function):
         return "internal"
     if any(word in text for word in _DATA_WORDS) and not any(
         root in texts[0] for root in _CONFIG_ROOTS
@@ -200,6 +211,29 @@ def _depends(source: statements.Source, statement: ast.stmt, condition: ast.AST 
     ):
         return "config"  # decided by an argument its caller takes from the configuration
     return "internal"
+
+
+def _on_own_objects(condition: str) -> bool:
+    """A type check of an object upstream made itself (``isinstance(config, AlgoConfig)``), as
+    opposed to a configuration value's (``isinstance(self.config.trainer.resume_from_path, str)``)."""
+    return (
+        "isinstance(" in condition
+        and not any(f"isinstance({root}." in condition for root in _CONFIG_ROOTS)
+        and "issubclass(" not in condition
+    ) or "issubclass(" in condition
+
+
+def _only_a_passed_argument(
+    condition: str, function: ast.FunctionDef | ast.AsyncFunctionDef
+) -> bool:
+    """``config is not None`` on an argument every caller passes: upstream checking itself."""
+    names = {arg.arg for arg in function.args.args + function.args.kwonlyargs}
+    match = condition.replace("(", " ").replace(")", " ").split()
+    return (
+        len(match) in (3, 4)
+        and match[0] in names
+        and match[1:] in (["is", "not", "None"], ["is", "None"])
+    )
 
 
 def scan(verl_parent: Path) -> list[Entry]:
@@ -234,11 +268,14 @@ def scan(verl_parent: Path) -> list[Entry]:
 
 @dataclass(frozen=True)
 class Reason:
-    """Why the probes cannot evaluate the entries of one file and function pattern."""
+    """Why the probes cannot evaluate the entries of one file and function pattern; with
+    ``depends``, why those entries do not read the configuration after all (the scan's words
+    heuristic took them for configuration checks)."""
 
     file: str
     function: str
     reason: str
+    depends: Depends | None = None
 
     def covers(self, entry: Entry) -> bool:
         return fnmatch.fnmatchcase(entry.file, self.file) and fnmatch.fnmatchcase(
@@ -251,11 +288,24 @@ REASONS_FILE = Path(__file__).with_name("census_reasons.yaml")
 
 def load_reasons(path: Path = REASONS_FILE) -> list[Reason]:
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-    return [Reason(str(r["file"]), str(r["function"]), str(r["reason"])) for r in raw]
+    return [
+        Reason(str(r["file"]), str(r["function"]), str(r["reason"]), r.get("depends")) for r in raw
+    ]
 
 
 def reason_for(entry: Entry, reasons: Iterable[Reason]) -> str:
     return next((r.reason for r in reasons if r.covers(entry)), "")
+
+
+def settled(entries: Iterable[Entry], reasons: list[Reason]) -> list[Entry]:
+    """The entries with the reasons' reclassifications applied (``depends`` in the data file)."""
+    out = []
+    for entry in entries:
+        rule = next((r for r in reasons if r.covers(entry)), None)
+        if rule is not None and rule.depends is not None and rule.depends != entry.depends:
+            entry = dataclasses.replace(entry, depends=rule.depends)
+        out.append(entry)
+    return out
 
 
 def watched_lines(entries: Iterable[Entry]) -> dict[str, list[int]]:
@@ -283,6 +333,7 @@ def summary(
         "config": len(config),
         "data": sum(1 for e in entries if e.depends == "data"),
         "internal": sum(1 for e in entries if e.depends == "internal"),
+        "elsewhere": sum(1 for e in entries if e.depends == "elsewhere"),
         "config_evaluated": sum(1 for e in config if e.where in done),
         "unexplained": unexplained,
     }

@@ -98,9 +98,15 @@ def validate_request(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "validate", "mapping": dict(mapping)}
 
 
-def checks_request(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``checks`` question: every early upstream check on one resolved mapping."""
-    return {"kind": "checks", "mapping": dict(mapping)}
+def checks_request(
+    mapping: Mapping[str, Any], watch: Mapping[str, list[int]] | None = None
+) -> dict[str, Any]:
+    """A ``checks`` question: every probe of upstream's code on one resolved mapping; with
+    ``watch`` (the census's deciding lines) the answer also says which of them ran."""
+    request: dict[str, Any] = {"kind": "checks", "mapping": dict(mapping)}
+    if watch:
+        request["watch"] = {str(k): [int(n) for n in v] for k, v in watch.items()}
+    return request
 
 
 class UpstreamOracle:

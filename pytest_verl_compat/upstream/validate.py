@@ -91,7 +91,9 @@ def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
     return {"verdict": "passes", "message": lines[-1] if lines else ""}
 
 
-def checks_one(mapping: Mapping[str, Any]) -> dict[str, Any]:
+def checks_one(
+    mapping: Mapping[str, Any], watch: Mapping[str, list[int]] | None = None
+) -> dict[str, Any]:
     """Every early upstream check on one resolved mapping (inside the oracle process).
 
     ``verdict``/``message`` are validate_config's alone (what the validate stage compares with
@@ -100,7 +102,7 @@ def checks_one(mapping: Mapping[str, Any]) -> dict[str, Any]:
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
-    answer = probes.run_all(mapping, _validate_config)
+    answer = probes.run_all(mapping, _validate_config, watch)
     validate = [f for f in answer["failures"] if f[records.KEY_CHECK] == VALIDATE_CONFIG]
     return {
         "verdict": "fails" if validate else "passes",

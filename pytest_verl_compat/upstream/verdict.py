@@ -9,6 +9,7 @@ they differ only in who answers for upstream (``Asker``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,14 @@ def _user_keys(session: AuditSession, case: Case) -> Callable[[UpstreamFailure],
     return keys_of
 
 
+def _with_static_fix(finding: Finding, covered: list[Finding]) -> Finding:
+    """Upstream's failure with the fix of a static finding it stands for at the same key (a typo's
+    "did you mean"), which says more than "change the key"."""
+    keys = set(finding.path.split(", "))
+    same = [f for f in covered if f.fix and set(f.path.split(", ")) & keys]
+    return dataclasses.replace(finding, fix=same[0].fix) if same else finding
+
+
 def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseCheck:
     """The case's findings and verdicts; ``ask`` None leaves upstream's own checks out."""
     report = session.compile(case)
@@ -128,7 +137,9 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
             covered = covered_static_findings(answer, findings, keys_of)
             findings = [f for f in findings if f not in covered]
             upstream = [
-                failure.finding(session.pin.version, ", ".join(keys_of(failure)))
+                _with_static_fix(
+                    failure.finding(session.pin.version, ", ".join(keys_of(failure))), covered
+                )
                 for failure in answer.failures
             ]
             typed = {f.path for f in findings if f.check == WRONG_TYPE}

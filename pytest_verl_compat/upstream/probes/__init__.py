@@ -17,15 +17,20 @@ only on a mapping whose every ``_target_`` the installed tree names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.records import Collector
 
 # What an answer holds besides the failures: the steps that could not run on this machine, and
 # the values upstream's config dataclasses' annotations refuse.
 KEY_NOT_EVALUATED = "not_evaluated"
 KEY_TYPES = "types"
+KEY_RAN = "ran"  # the census's watched lines that ran (a census question only)
 
 
 def _leaves(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -39,9 +44,14 @@ def _leaves(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def run_all(mapping: Mapping[str, Any], validate: Callable[[Any], None]) -> dict[str, Any]:
+def run_all(
+    mapping: Mapping[str, Any],
+    validate: Callable[[Any], None],
+    watch: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, Any]:
     """Every probe on one resolved mapping: failure records, the steps not evaluated here, and
-    the values the config dataclasses' annotations refuse."""
+    the values the config dataclasses' annotations refuse. With ``watch`` (``verl/…py`` → lines,
+    the census's deciding lines) also which of those lines ran (``KEY_RAN``)."""
     from pytest_verl_compat.upstream.probes.config_load import config_load
     from pytest_verl_compat.upstream.probes.first_step import first_step
     from pytest_verl_compat.upstream.probes.trainer import ray_free, trainer_probes
@@ -50,12 +60,49 @@ def run_all(mapping: Mapping[str, Any], validate: Callable[[Any], None]) -> dict
     plain = dict(mapping)
     leaves = _leaves(plain)
     out = Collector(leaves)
-    with ray_free(plain):
+    tracer = LineTracer(records.verl_root().parent, watch) if watch else None
+    with ray_free(plain), tracer or contextlib.nullcontext():
         config_load(out, plain, validate)
         trainer = trainer_probes(out, plain)
         first_step(out, plain, trainer)
-    return {
+    answer: dict[str, Any] = {
         "failures": out.records,
         KEY_NOT_EVALUATED: out.not_run,
         KEY_TYPES: wrong_types(out.reads.tagged(), leaves),
     }
+    if tracer is not None:
+        answer[KEY_RAN] = tracer.ran()
+    return answer
+
+
+class LineTracer:
+    """Which of the watched upstream lines run (``sys.settrace``, only in the watched files)."""
+
+    def __init__(self, parent: Path, watch: Mapping[str, Sequence[int]]) -> None:
+        self.watch = {
+            str((parent / relative).resolve()): (relative, set(lines))
+            for relative, lines in watch.items()
+        }
+        self.hits: dict[str, set[int]] = {}
+        self._previous: Any = None
+
+    def _local(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            relative, lines = self.watch[frame.f_code.co_filename]
+            if frame.f_lineno in lines:
+                self.hits.setdefault(relative, set()).add(frame.f_lineno)
+        return self._local
+
+    def _global(self, frame: Any, event: str, arg: Any) -> Any:
+        return self._local if frame.f_code.co_filename in self.watch else None
+
+    def __enter__(self) -> LineTracer:
+        self._previous = sys.gettrace()
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(self._previous)
+
+    def ran(self) -> dict[str, list[int]]:
+        return {relative: sorted(lines) for relative, lines in sorted(self.hits.items())}

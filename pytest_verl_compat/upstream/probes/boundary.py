@@ -21,9 +21,10 @@ does no work and keeps upstream's contract:
   imports nothing: a configuration may name any module, and the oracle never imports the user's
   code;
 - what builds weights or servers: ``TrainingWorker.reset`` (it builds the model and optimizer),
-  the rollout class (``get_rollout_class`` still checks the name against its registry, then a
-  stand-in class is returned instead of importing vLLM or SGLang), the checkpoint engine
-  (``CheckpointEngineRegistry.new`` still looks the backend up), ``aggressive_empty_cache``.
+  the rollout, replica and checkpoint engine classes (their registries map every registered name
+  to a stand-in class, so ``get_rollout_class``, ``RolloutReplicaRegistry.get`` and
+  ``CheckpointEngineRegistry.new`` run their own "not found" checks and import no vLLM or
+  SGLang), ``aggressive_empty_cache``.
 """
 
 from __future__ import annotations
@@ -144,18 +145,13 @@ def _auto_config(*_: Any, **__: Any) -> Any:
     return config
 
 
-def _rollout_class() -> Any:
-    def get_rollout_class(rollout_name: str, mode: str = "async") -> type:
-        from verl.workers.rollout import base
+def _stand_in_class() -> type:
+    return StandIn
 
-        # upstream's own registry check (verl/workers/rollout/base.py:105), without the import of
-        # the serving engine it names
-        assert (rollout_name, mode) in base._ROLLOUT_REGISTRY, (
-            f"Rollout {rollout_name} with mode {mode} not found"
-        )
-        return StandIn
 
-    return get_rollout_class
+# Where each registered rollout and checkpoint engine class is looked up, it is this stand-in:
+# upstream's own lookup runs (its "not found" checks), the serving engine is never imported.
+STAND_IN_CLASS = f"{__name__}.StandIn"
 
 
 def _engine_cls(real: Any) -> Any:
@@ -184,11 +180,6 @@ def _require_engine_package(backend: str) -> None:
         raise ImportError(f"not evaluated here: the {backend} engine needs {exc.name}") from exc
 
 
-def _checkpoint_engine_new(cls: Any, backend: str, *args: Any, **kwargs: Any) -> StandIn:
-    cls.get(backend)  # upstream's own lookup: an unknown backend fails as it would
-    return StandIn()
-
-
 @contextlib.contextmanager
 def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
     """Upstream's worker and engine constructors runnable here, for rank 0 of the config's world."""
@@ -200,6 +191,8 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
     from verl.workers.config import model as model_config
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp import utils as fsdp_utils
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     world = world_size(mapping)
     per_node = str(mapping["trainer"]["n_gpus_per_node"])
@@ -235,9 +228,24 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
         (engine_workers, "set_numa_affinity", lambda *a, **k: None),
         (engine_workers, "aggressive_empty_cache", lambda *a, **k: None),
         (engine_workers, "import_external_libs", lambda *a, **k: None),
-        (engine_workers, "get_rollout_class", _rollout_class()),
         (engine_workers.TrainingWorker, "reset", lambda self: None),
-        (CheckpointEngineRegistry, "new", classmethod(_checkpoint_engine_new)),
+        (
+            rollout_base,
+            "_ROLLOUT_REGISTRY",
+            dict.fromkeys(rollout_base._ROLLOUT_REGISTRY, STAND_IN_CLASS),
+        ),
+        (
+            CheckpointEngineRegistry,
+            "_registry",
+            dict.fromkeys(CheckpointEngineRegistry._registry, StandIn),
+        ),
+        # The replica loaders import vLLM or SGLang (SGLang's also installs mock vllm modules in
+        # sys.modules, verl/workers/rollout/replica.py:331-360): each answers a stand-in class.
+        (
+            RolloutReplicaRegistry,
+            "_registry",
+            dict.fromkeys(RolloutReplicaRegistry._registry, _stand_in_class),
+        ),
         (EngineRegistry, "get_engine_cls", _engine_cls(EngineRegistry.get_engine_cls)),
         (model_config, "import_external_libs", lambda *a, **k: None),
         (model_config, "copy_to_local", lambda path, *a, **k: path),

@@ -216,7 +216,10 @@ def _critic_loss(worker: Any, plain: Mapping[str, Any], dp: int) -> None:
 
 
 def _optimizer(worker: Any) -> None:
-    """The engine's own optimizer and scheduler builders on a two-parameter module."""
+    """The engine's own optimizer and scheduler builders on a two-parameter module, then one
+    ``optimizer_step`` (the gradient clip) and one ``lr_scheduler_step`` as ``train_batch`` makes
+    them, the engine holding the module, optimizer and scheduler as ``_build_model_optimizer``
+    sets them (fsdp/transformer_impl.py:599-606)."""
     import torch
 
     engine = worker.engine
@@ -225,8 +228,18 @@ def _optimizer(worker: Any) -> None:
         raise ImportError(
             f"not evaluated here: optim.optimizer_impl={module_name!r} is not imported"
         )
-    optimizer = engine._build_optimizer(torch.nn.Linear(2, 1))
-    engine._build_lr_scheduler(optimizer)
+    module = torch.nn.Linear(2, 1)
+    optimizer = engine._build_optimizer(module)
+    scheduler = engine._build_lr_scheduler(optimizer)
+    module(torch.ones(1, 2)).sum().backward()
+    held = [
+        (engine, "module", module),
+        (engine, "optimizer", optimizer),
+        (engine, "lr_scheduler", scheduler),
+    ]
+    with all_patched(held):
+        engine.optimizer_step()
+        engine.lr_scheduler_step()
 
 
 def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:

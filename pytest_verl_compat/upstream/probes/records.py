@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import itertools
 import re
 import traceback
 import warnings
@@ -113,20 +114,39 @@ def condition(where: str) -> str:
     return text if isinstance(statement, ast.Assert) else f"not ({text})"
 
 
+def _owner(frame: Any) -> str:
+    self = frame.f_locals.get("self")
+    cls = frame.f_locals.get("cls")
+    holder = type(self).__name__ if self is not None else getattr(cls, "__name__", "")
+    return f"{holder}.{frame.f_code.co_name}" if holder else frame.f_code.co_name
+
+
 def _phase(phase: str, exc: BaseException) -> str:
-    """The step's phase, or, inside the trainer's ``_setup``, the worker or trainer method that
-    raised (a worker's construction is worker start)."""
+    """The step's phase; inside the trainer's ``_setup``, the call ``_setup`` made that raised: a
+    worker's (``engine_workers.py``) is worker start, the rest trainer init."""
     if not phase.startswith("trainer init"):
         return phase
-    owners = []
-    for frame, _ in traceback.walk_tb(exc.__traceback__):
-        relative = _relative(frame.f_code.co_filename)
-        if relative is not None and relative.startswith("verl/workers/"):
-            self = frame.f_locals.get("self")
-            owners.append(
-                f"{type(self).__name__}.{frame.f_code.co_name}" if self else frame.f_code.co_name
-            )
-    return f"worker start: {owners[0]}" if owners else phase
+    frames = [
+        f
+        for f, _ in traceback.walk_tb(exc.__traceback__)
+        if (_relative(f.f_code.co_filename) or "").startswith(("verl/trainer", "verl/workers"))
+    ]
+    for outer, inner in itertools.pairwise(frames):
+        if outer.f_code.co_name == "_setup":
+            relative = _relative(inner.f_code.co_filename) or ""
+            when = "worker start" if relative.startswith("verl/workers/engine") else "trainer init"
+            return f"{when}: {_owner(inner)}"
+    return phase
+
+
+def _importing(exc: BaseException) -> bool:
+    """Raised while a verl module ran its top level, that is, while it was imported: verl's own
+    import-time checks of an optional dependency (``verl/third_party/vllm`` refuses a missing vLLM
+    with a ValueError), never a configuration's."""
+    return any(
+        frame.f_code.co_name == "<module>" and _relative(frame.f_code.co_filename)
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+    )
 
 
 def failure(phase: str, exc: BaseException, check: str, keys: list[str]) -> dict[str, Any]:
@@ -208,8 +228,9 @@ class Collector:
         where, _ = _deepest_verl_frame(cause)
         if not where:
             where, _ = _deepest_verl_frame(exc)
-        if isinstance(cause, _ENVIRONMENT) or not where or "StandIn" in str(cause):
-            if not where and not isinstance(cause, _ENVIRONMENT) and "StandIn" not in str(cause):
+        environment = isinstance(cause, _ENVIRONMENT) or _importing(exc) or "StandIn" in str(cause)
+        if environment or not where:
+            if not environment:
                 raise exc  # not raised by upstream's code: a bug here, never a finding
             self.not_run.append({KEY_STEP: f"{phase}: {name}", KEY_REASON: message(cause)})
             return

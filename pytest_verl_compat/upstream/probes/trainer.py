@@ -61,17 +61,27 @@ class LocalWorkerGroup:
 
 def _reward_loop_manager(config: Any, rm_resource_pool: Any = None) -> StandIn:
     """The reward manager's class lookup (``RewardLoopManager.__init__``,
-    verl/experimental/reward_loop/reward_loop.py:309), unless it would import the user's module."""
-    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+    verl/experimental/reward_loop/reward_loop.py:309) and the custom reward function's, as each
+    reward loop worker makes it (``get_custom_reward_fn``, verl/trainer/ppo/reward.py:70-79), up to
+    the import of the user's module, which is refused (``_refuse_user_module``)."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
 
-    manager = config.reward.get("reward_manager", {}) or {}
-    if manager.get("source") != "importlib":
-        resolve_reward_manager_cls(config)
+    resolve_reward_manager_cls(config)
+    get_custom_reward_fn(config)
     return StandIn()
+
+
+def _refuse_user_module(*_: Any, **__: Any) -> Any:
+    raise ImportError("not evaluated here: it would import a module of the user's")
 
 
 def _create_resource_pool(self: Any) -> None:
     self.resource_pool_dict = {name: StandIn(name=name) for name in self.resource_pool_spec}
+
+
+async def _no_servers(self: Any, *_: Any, **__: Any) -> None:
+    """``LLMServerManager.create`` builds its replica class for real (``__init__``,
+    verl/workers/rollout/llm_server.py:503-507); the servers it would launch are not started."""
 
 
 def _refuse_load(*_: Any, **__: Any) -> Any:
@@ -85,6 +95,8 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
     import torch
     from verl.single_controller.ray import base as ray_base
     from verl.trainer.ppo.v1 import trainer_base
+    from verl.utils import import_utils
+    from verl.workers.rollout import llm_server
 
     length = int(mapping["data"]["train_batch_size"]) * _STAND_IN_STEPS
     patches = [
@@ -96,11 +108,17 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
         (trainer_base, "RayWorkerGroup", LocalWorkerGroup),
         (trainer_base, "RewardLoopManager", _reward_loop_manager),
         (trainer_base, "MultiTeacherModelManager", StandIn),
-        (trainer_base, "LLMServerManager", StandIn()),
+        (llm_server.LLMServerManager, "_initialize_llm_servers", _no_servers),
+        (llm_server.LLMServerManager, "_init_global_load_balancer", _no_servers),
+        (llm_server.LLMServerManager, "get_replicas", lambda self: []),
         (trainer_base, "CheckpointEngineManager", StandIn),
         (trainer_base, "find_latest_ckpt_path", lambda *a, **k: None),
         (ray_base.ResourcePoolManager, "create_resource_pool", _create_resource_pool),
         (torch, "load", _refuse_load),
+        (import_utils, "load_extern_object", _refuse_user_module),
+        (import_utils, "load_extern_type", _refuse_user_module),
+        (trainer_base, "load_extern_type", _refuse_user_module),
+        (import_utils, "import_external_libs", _refuse_user_module),
     ]
     with laptop(mapping), all_patched(patches):
         yield
