@@ -9,6 +9,7 @@ they differ only in who answers for upstream (``Asker``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from pytest_verl_compat.upstream.early import (
     early_answer,
     upstream_gate,
 )
+from pytest_verl_compat.upstream.rules import COMPOSE
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -85,7 +87,7 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
     report = session.compile(case)
     if report is None:
         reason = session.outcome(case).composition.reason
-        finding = Finding("error", COMPOSITION, reason, check="compose")
+        finding = Finding("error", COMPOSITION, reason, check=COMPOSE)
         return CaseCheck((finding,), False, False, reason, composed=False)
     findings = list(report.findings)
     upstream: list[Finding] = []
@@ -97,7 +99,11 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         else:
             covered = covered_static_checks(answer)
             findings = [f for f in findings if f.check not in covered]
-            upstream = [failure.finding(session.pin.version) for failure in answer.failures]
+            # The rule id is the phase's (upstream.<phase>), whatever the finding's path names.
+            upstream = [
+                dataclasses.replace(failure.finding(session.pin.version), check=failure.check_id)
+                for failure in answer.failures
+            ]
     findings += upstream
     valid = not any(f.level == "error" for f in findings)
     runnable = report.accepted and valid

@@ -1,0 +1,161 @@
+"""The pages of the rules whose findings no static check gives: upstream's own early checks by the
+phase at which 0.9.0 raises (``upstream.<phase>``, named by ``UpstreamFailure.check_id``), a
+composition that Hydra rejects (``compose``), and a launch script the reader cannot follow
+(``launch.*``). A new phase of ``early_checks.py`` registers its page here, with an example that
+upstream's own check fails on and its valid twin (tests/test_rule_pages.py runs both through the
+oracle process).
+"""
+
+from __future__ import annotations
+
+from pytest_verl_compat.checks import Example, RuleDoc, register_rule
+
+COMPOSE = "compose"
+LAUNCH_UNREADABLE = "launch.unreadable"
+LAUNCH_NO_LAUNCHER = "launch.no-launcher"
+
+_UPSTREAM = "upstream's own check, run in the sandboxed oracle process (verl-compat check)"
+
+UPSTREAM_RULES = (
+    RuleDoc(
+        "upstream.trainer-start",
+        "error",
+        "Upstream's `validate_config` (and the configuration dataclasses it converts) on the "
+        "resolved mapping, as `main_ppo` calls it before any worker starts; the finding quotes "
+        "upstream's message and the line that raised it.",
+        "verl/trainer/main_ppo.py:178 (validate_config, verl/utils/config.py:74)",
+        "change the keys upstream's message names; the finding cites the statement that fails",
+        Example(
+            fires=(
+                "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                "actor_rollout_ref.rollout.temperature=0",
+            ),
+            twin=(
+                "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                "actor_rollout_ref.rollout.temperature=1.0",
+            ),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+    RuleDoc(
+        "upstream.config-load",
+        "error",
+        "A configuration section converted to its dataclass (`omega_conf_to_dataclass`) where "
+        "0.9.0 converts it, outside validate_config: the dataclass's `__post_init__` refuses it.",
+        "verl/utils/config.py:23 (omega_conf_to_dataclass; e.g. RolloutConfig.__post_init__, "
+        "verl/workers/config/rollout.py:293)",
+        "change the keys the dataclass's message names",
+        Example(
+            fires=(
+                "actor_rollout_ref.rollout.expert_parallel_size=4",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "actor_rollout_ref.rollout.data_parallel_size=1",
+            ),
+            twin=(
+                "actor_rollout_ref.rollout.expert_parallel_size=2",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "actor_rollout_ref.rollout.data_parallel_size=1",
+            ),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+    RuleDoc(
+        "upstream.worker-start",
+        "error",
+        "The assertions of the actor/rollout worker's `init_model` that read only the "
+        "configuration (dynamic batch sizes that must agree, per-GPU sizes that must be set, the "
+        "rollout mesh over the GPUs): labelled stand-ins that repeat upstream's statement, its "
+        "line looked up in the installed source.",
+        "verl/workers/engine_workers.py:533 (ActorRolloutRefWorker.init_model)",
+        "change the keys the assertion reads",
+        Example(
+            fires=(
+                "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False",
+            ),
+            twin=(
+                "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+            ),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+    RuleDoc(
+        "upstream.first-update",
+        "error",
+        "What the first actor or critic update does with the batch before any model runs: the "
+        "mini-batch split over the data-parallel ranks and upstream's own `make_iterator` and "
+        "`prepare_micro_batches` on a batch of the configured size.",
+        "verl/workers/engine_workers.py:242 (TrainingWorker.train_mini_batch); "
+        "verl/workers/engine/utils.py:92 (prepare_micro_batches)",
+        "make the mini-batch (prompts × rollout.n) split into the ranks and micro-batches",
+        Example(
+            fires=("actor_rollout_ref.actor.ppo_mini_batch_size=100",),
+            twin=("actor_rollout_ref.actor.ppo_mini_batch_size=128",),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+    RuleDoc(
+        "upstream.first-step",
+        "error",
+        "The log-prob pass before the first update (`compute_log_prob`): upstream's own "
+        "`prepare_micro_batches` on the step's batch with the log-prob micro-batch size.",
+        "verl/workers/engine_workers.py:697 (compute_log_prob); "
+        "verl/workers/engine/utils.py:92 (prepare_micro_batches)",
+        "make the step's batch split into log-prob micro-batches",
+        Example(
+            fires=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7",),
+            twin=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+)
+
+LOCAL_RULES = (
+    RuleDoc(
+        COMPOSE,
+        "error",
+        "Hydra's composition of the pinned config tree with the script's fields: an override of a "
+        "key the tree does not have, `+key=` for a key it has, a config group option that does "
+        "not exist, a value of the wrong type. verl's entry point refuses the same fields before "
+        "anything runs.",
+        "Hydra 1.3.2 compose, as verl/trainer/main_ppo.py's @hydra.main does",
+        "use the key as the tree spells it (`+key=` only for a new key, `++key=` to force)",
+        Example(
+            fires=("actor_rollout_ref.actor.no_such_key=1",),
+            twin=("actor_rollout_ref.actor.ppo_epochs=1",),
+        ),
+        "Hydra's composition of the pinned tree",
+    ),
+    RuleDoc(
+        LAUNCH_UNREADABLE,
+        "error",
+        "The launch reader cannot tell the launcher's argv without running the script: `eval`, "
+        "`source`, a function, a run-time value that reaches the argv, … The finding names the "
+        "line and the binding that fixes it when there is one.",
+        "not upstream's: the reader follows bash's semantics and refuses what it cannot know "
+        "(pytest_verl_compat/bash)",
+        "bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) or write the override literally",
+        None,
+        "the launch reader",
+    ),
+    RuleDoc(
+        LAUNCH_NO_LAUNCHER,
+        "info",
+        "The script reaches no `python3 -m verl.trainer.main_ppo` command with these bindings "
+        "(another entry point, or it exits first): nothing to check.",
+        "not upstream's: only verl.trainer.main_ppo's argv is composed",
+        "nothing, if the script is not a PPO launch script; otherwise bind what makes it reach "
+        "the launcher (--arg WORD, --env NAME=VALUE)",
+        None,
+        "the launch reader",
+    ),
+)
+
+for _doc in (*UPSTREAM_RULES, *LOCAL_RULES):
+    register_rule(_doc)
