@@ -82,6 +82,8 @@ class Example:
     twin: tuple[str, ...]
     base: str = EXAMPLE_BASE
     model: Mapping[str, Any] = field(default_factory=dict)
+    # The twin's model facts when the twin differs in the model rather than in the overrides.
+    twin_model: Mapping[str, Any] | None = None
     upstream: bool = False
 
 

@@ -14,6 +14,7 @@ usage error (one line each; the other files are still checked and reported), 3 a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.bash import LaunchExited, LaunchReadError
-from pytest_verl_compat.checks import rule_docs
 from pytest_verl_compat.cli.check_report import (
     FORMATS,
     CheckRun,
@@ -62,7 +62,7 @@ from pytest_verl_compat.pipeline.suppress import (
     check_selectors,
     directives,
 )
-from pytest_verl_compat.upstream.rules import LAUNCH_NO_LAUNCHER, LAUNCH_UNREADABLE
+from pytest_verl_compat.upstream.rules import LAUNCH_NO_LAUNCHER, LAUNCH_UNREADABLE, all_rules
 
 MAX_SCRIPT_BYTES = 1 << 20  # the launch reader's own bound
 STDIN = "-"
@@ -128,7 +128,7 @@ def selection(args: argparse.Namespace) -> Selection:
         if found is not None:
             settings = _settings_from(found)
             where = str(found)
-    known = list(rule_docs())
+    known = list(all_rules())
     try:
         select = check_selectors(settings.get("select", []), known, where)
         ignore = check_selectors(settings.get("ignore", []), known, where)
@@ -269,6 +269,9 @@ def prepare(
                 )
                 return Prepared(target, result=FileResult(label, "not-a-launcher", [finding]))
             case = session.case_for_script(path, flag_bindings(args))
+            # The session keeps each case's results by id, and a script's id is its stem: two
+            # scripts of one call (grpo_trainer/run_x.sh, ppo_trainer/run_x.sh) must not share.
+            case = dataclasses.replace(case, id=f"{case.id}@{path.resolve()}")
         case = session.with_overrides(case, overrides)
         outcome = session.outcome(case)
     except InputError as exc:
@@ -328,7 +331,7 @@ def finish(
     launcher = locator.launcher()
     silenced = 0
     if locator.text is not None:
-        known = list(rule_docs())
+        known = list(all_rules())
         outcome = apply_directives(
             located,
             directives(locator.text),
@@ -414,7 +417,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             results = [finish(session, p, ask, chosen) for p in prepared]
         finally:
             close()
-    run = CheckRun(results, session.pin.version, _tool_version(), rule_docs(), Path.cwd())
+    run = CheckRun(results, session.pin.version, _tool_version(), all_rules(), Path.cwd())
     write_output(run, args, session)
     return exit_status(run, chosen, args)
 
@@ -466,7 +469,7 @@ def write_output(run: CheckRun, args: argparse.Namespace, session: AuditSession)
                 "adds the heads, experts and context checks)",
                 file=sys.stderr,
             )
-        for line in verdict_lines(result, run.version, prefix):
+        for line in verdict_lines(result, run.version, many):
             print(line, file=sys.stderr)
     if many:
         print(summary_line(run), file=sys.stderr)

@@ -117,11 +117,18 @@ def _is_launch_path(path: str) -> bool:
     return not path.startswith("<") and not path.startswith("verl-compat:")
 
 
-def finding_text(finding: Finding) -> str:
-    """``level[rule] key: message (fix)``; a finding not about a key omits the key."""
+def finding_message(finding: Finding) -> str:
+    """``key: message (fix)`` on one line; a finding not about a key omits the key."""
     fix = f" ({finding.fix})" if finding.fix else ""
     about = f"{finding.path}: " if _is_launch_path(finding.path) else ""
-    return f"{finding.level}[{finding.rule}] {about}{finding.message}{fix}"
+    # One line per finding, whatever the message holds (Hydra's messages span lines).
+    message = " ".join(finding.message.split())
+    return f"{about}{message}{fix}"
+
+
+def finding_text(finding: Finding) -> str:
+    """``level[rule] key: message (fix)``."""
+    return f"{finding.level}[{finding.rule}] {finding_message(finding)}"
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -140,14 +147,19 @@ def text_lines(result: FileResult) -> list[str]:
     return lines
 
 
-def verdict_lines(result: FileResult, version: str, prefix: str = "") -> list[str]:
+def verdict_lines(result: FileResult, version: str, many: bool = False) -> list[str]:
+    """The two verdicts: two lines with the reasons for one file, one short line per file of many
+    (the reasons are the findings above)."""
     if result.status != "checked" or result.valid is None:
         return []
-    valid = f"{prefix}valid for verl {version}: {'yes' if result.valid else 'no'}"
+    valid = f"valid for verl {version}: {'yes' if result.valid else 'no'}"
     if result.runnable is None:
-        return [valid]
+        return [f"{result.label}: {valid}" if many else valid]
+    if many:
+        runnable = "yes" if result.runnable else "no"
+        return [f"{result.label}: {valid}; runnable by the reference trainer: {runnable}"]
     runnable = "yes" if result.runnable else f"no ({result.not_runnable})"
-    return [valid, f"{prefix}runnable by the reference trainer: {runnable}"]
+    return [valid, f"runnable by the reference trainer: {runnable}"]
 
 
 def summary_line(run: CheckRun) -> str:
@@ -260,7 +272,7 @@ def sarif_report(run: CheckRun) -> dict[str, Any]:
                 entry["ruleIndex"] = ids.index(finding.rule)
             place = _repo_location(finding, result, run.cwd)
             note = place[1] if place is not None else ""
-            entry["message"] = {"text": finding_text(finding) + note}
+            entry["message"] = {"text": finding_message(finding) + note}
             if place is not None:
                 location = place[0]
                 entry["locations"] = [
@@ -348,7 +360,7 @@ def github_lines(run: CheckRun) -> list[str]:
                 if location.column:
                     properties.append(f"col={location.column}")
             properties.append(f"title={_escape_property(f'verl-compat {finding.rule}')}")
-            message = _escape_data(finding_text(finding) + note)
+            message = _escape_data(finding_message(finding) + note)
             lines.append(f"::{command} {','.join(properties)}::{message}")
     for result in run.results:
         if result.status == "unreadable":

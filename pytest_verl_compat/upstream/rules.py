@@ -8,7 +8,9 @@ oracle process).
 
 from __future__ import annotations
 
-from pytest_verl_compat.checks import Example, RuleDoc, register_rule
+from pytest_verl_compat.checks import Example, RuleDoc, register_rule, rule_docs
+from pytest_verl_compat.checks.examples import MICRO, STATIC
+from pytest_verl_compat.pipeline import suppress  # registers directive.unused
 
 COMPOSE = "compose"
 LAUNCH_UNREADABLE = "launch.unreadable"
@@ -108,8 +110,16 @@ UPSTREAM_RULES = (
         "verl/workers/engine/utils.py:92 (prepare_micro_batches)",
         "make the step's batch split into log-prob micro-batches",
         Example(
-            fires=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7",),
-            twin=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",),
+            fires=(
+                *STATIC,
+                *MICRO,
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7",
+            ),
+            twin=(
+                *STATIC,
+                *MICRO,
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+            ),
             upstream=True,
         ),
         _UPSTREAM,
@@ -159,3 +169,10 @@ LOCAL_RULES = (
 
 for _doc in (*UPSTREAM_RULES, *LOCAL_RULES):
     register_rule(_doc)
+
+
+def all_rules() -> dict[str, RuleDoc]:
+    """Every rule's page by id: the static checks', upstream's phases, compose, launch.* and the
+    directives' (``suppress.UNUSED_DIRECTIVE``)."""
+    assert suppress.UNUSED_DIRECTIVE in rule_docs()
+    return rule_docs()
