@@ -20,7 +20,7 @@ import pytest
 
 from pytest_verl_compat.checks import CHECKS, Example
 from pytest_verl_compat.checks.model_facts import ModelFacts
-from pytest_verl_compat.cli.rules import markdown, page_lines
+from pytest_verl_compat.cli.rules import markdown, page_lines, pinned_rules, pinned_version
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
@@ -56,7 +56,7 @@ def test_docs_rules_md_is_the_registry() -> None:
     assert sections == set(RULES), (
         f"no page: {sorted(set(RULES) - sections)}; no rule: {sorted(sections - set(RULES))}"
     )
-    assert text == markdown(RULES), (
+    assert text == markdown(pinned_rules(), pinned_version()), (
         "docs/rules.md is stale: regenerate it with `verl-compat rule --write docs/rules.md`"
     )
 
@@ -65,7 +65,9 @@ def test_rule_command_prints_the_page_and_refuses_an_unknown_id() -> None:
     cli = [sys.executable, "-m", "pytest_verl_compat.cli", "rule"]
     page = subprocess.run([*cli, "batch.padded-step"], capture_output=True, text=True, check=False)
     assert page.returncode == 0, page.stderr
-    assert page.stdout.splitlines() == page_lines(RULES["batch.padded-step"])
+    assert page.stdout.splitlines() == page_lines(
+        pinned_rules()["batch.padded-step"], pinned_version()
+    )
     for part in ("What it checks:", "Why (upstream):", "Fires", "Its valid twin:", "Fix:"):
         assert part in page.stdout
     assert "verl/trainer/ppo/v1/trainer_base.py:" in page.stdout

@@ -268,7 +268,7 @@ def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     "batch.deprecated-global-micro-batch",
     level="error",
     evidence="verl/workers/engine_workers.py:630-631 assert the actor's and rollout's *_per_gpu sizes at worker start (use_dynamic_bsz=False); the reference's: :541-543 and verl/workers/engine/utils.py:124; the critic's: verl/workers/config/critic.py:154-158, :230-234; verl PR #833",
-    summary="A deprecated global micro-batch size (ppo_micro_batch_size, log_prob_micro_batch_size) in static mode: 0.9.0 never converts it to a per-GPU size and fails at worker start or the first pass.",
+    summary="A deprecated global micro-batch size (ppo_micro_batch_size, log_prob_micro_batch_size) in static mode: the pinned release never converts it to a per-GPU size and fails at worker start or the first pass.",
     fix="set the *_per_gpu size instead (the global size over the GPUs)",
     example=Example(
         fires=(

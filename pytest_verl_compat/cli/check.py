@@ -417,7 +417,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             results = [finish(session, p, ask, chosen) for p in prepared]
         finally:
             close()
-    run = CheckRun(results, session.pin.version, _tool_version(), all_rules(), Path.cwd())
+    rules = all_rules(session.pin.version, Path(session.profile_name).stem)
+    run = CheckRun(results, session.pin.version, _tool_version(), rules, Path.cwd())
     write_output(run, args, session)
     return exit_status(run, chosen, args)
 

@@ -16,31 +16,43 @@ from pytest_verl_compat.upstream.rules import all_rules
 DOC_TITLE = "# Rules of `verl-compat check`"
 
 
-def example_command(example: Example, overrides: tuple[str, ...]) -> str:
+def example_command(example: Example, overrides: tuple[str, ...], version: str) -> str:
+    """The example as a command; a base script is named in the checkout the README clones."""
     sets = " ".join(f"--set {override}" for override in overrides)
-    return f"verl-compat check {example.base} {sets}".rstrip()
+    script = example.base.endswith(".sh")
+    base = f"verl-v{version}/{example.base}" if script else example.base
+    return f"verl-compat check {base} {sets}".rstrip()
 
 
-def _model_note(example: Example) -> str:
-    if not example.model:
+def _model_note(example: Example, twin: bool = False) -> str:
+    model = example.twin_model if twin and example.twin_model is not None else example.model
+    if not model:
         return ""
-    facts = ", ".join(f"{key}={value}" for key, value in sorted(example.model.items()))
+    facts = ", ".join(f"{key}={value}" for key, value in sorted(model.items()))
     return f" (with --model-config: a config.json with {facts})"
 
 
-def page_lines(doc: RuleDoc) -> list[str]:
+def page_lines(doc: RuleDoc, version: str) -> list[str]:
     """The rule's page as ``verl-compat rule ID`` prints it."""
     lines = [f"{doc.id} ({doc.level}; {doc.source})", "", "What it checks:", f"  {doc.summary}"]
     lines += ["", "Why (upstream):", f"  {doc.why}"]
     if doc.example is not None:
         note = _model_note(doc.example)
-        lines += ["", f"Fires{note}:", f"  {example_command(doc.example, doc.example.fires)}"]
-        lines += ["Its valid twin:", f"  {example_command(doc.example, doc.example.twin)}"]
+        lines += [
+            "",
+            f"Fires{note}:",
+            f"  {example_command(doc.example, doc.example.fires, version)}",
+        ]
+        twin = _model_note(doc.example, twin=True) if doc.example.twin_model is not None else ""
+        lines += [
+            f"Its valid twin{twin}:",
+            f"  {example_command(doc.example, doc.example.twin, version)}",
+        ]
     lines += ["", "Fix:", f"  {doc.fix}"]
     return lines
 
 
-def markdown(rules: dict[str, RuleDoc]) -> str:
+def markdown(rules: dict[str, RuleDoc], version: str) -> str:
     """docs/rules.md: one section per rule, from the registry."""
     out = [
         DOC_TITLE,
@@ -61,9 +73,10 @@ def markdown(rules: dict[str, RuleDoc]) -> str:
         if doc.example is not None:
             note = _model_note(doc.example)
             out += [f"Fires{note}:", "", "```text"]
-            out += [example_command(doc.example, doc.example.fires), "```", ""]
-            out += ["Its valid twin:", "", "```text"]
-            out += [example_command(doc.example, doc.example.twin), "```", ""]
+            out += [example_command(doc.example, doc.example.fires, version), "```", ""]
+            twin = _model_note(doc.example, twin=True) if doc.example.twin_model else ""
+            out += [f"Its valid twin{twin}:", "", "```text"]
+            out += [example_command(doc.example, doc.example.twin, version), "```", ""]
         out += [f"**Fix:** {doc.fix}"]
     return "\n".join(out) + "\n"
 
@@ -73,13 +86,27 @@ def _anchor(rule: str) -> str:
     return rule.lower().replace(".", "")
 
 
+def pinned_version() -> str:
+    from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
+
+    return load_manifest(default_manifest_path()).upstream.version
+
+
+def pinned_rules() -> dict[str, RuleDoc]:
+    """Every rule's page, its evidence filled with the embedded manifest's verl version and the
+    default profile."""
+    from pytest_verl_compat.pipeline.profile import default_profile
+
+    return all_rules(pinned_version(), default_profile())
+
+
 def cmd_rule(args: argparse.Namespace) -> int:
-    rules = all_rules()
+    rules = pinned_rules()
     if args.write:
-        write_atomic(Path(args.write), markdown(rules))
+        write_atomic(Path(args.write), markdown(rules, pinned_version()))
         return EXIT_OK
     if args.markdown:
-        sys.stdout.write(markdown(rules))
+        sys.stdout.write(markdown(rules, pinned_version()))
         return EXIT_OK
     if args.id is None:
         for doc in rules.values():
@@ -91,7 +118,7 @@ def cmd_rule(args: argparse.Namespace) -> int:
         raise UsageError(
             f"no rule {args.id!r}{did_you_mean(args.id, list(rules))} (verl-compat rule lists them)"
         )
-    print("\n".join(page_lines(page)))
+    print("\n".join(page_lines(page, pinned_version())))
     return EXIT_OK
 
 

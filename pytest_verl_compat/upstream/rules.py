@@ -8,6 +8,8 @@ oracle process).
 
 from __future__ import annotations
 
+import dataclasses
+
 from pytest_verl_compat.checks import Example, RuleDoc, register_rule, rule_docs
 from pytest_verl_compat.checks.examples import MICRO, STATIC
 from pytest_verl_compat.pipeline import suppress  # registers directive.unused
@@ -44,7 +46,7 @@ UPSTREAM_RULES = (
         "upstream.config-load",
         "error",
         "A configuration section converted to its dataclass (`omega_conf_to_dataclass`) where "
-        "0.9.0 converts it, outside validate_config: the dataclass's `__post_init__` refuses it.",
+        "the pinned release converts it, outside validate_config: the dataclass's `__post_init__` refuses it.",
         "verl/utils/config.py:23 (omega_conf_to_dataclass; e.g. RolloutConfig.__post_init__, "
         "verl/workers/config/rollout.py:293)",
         "change the keys the dataclass's message names",
@@ -171,8 +173,15 @@ for _doc in (*UPSTREAM_RULES, *LOCAL_RULES):
     register_rule(_doc)
 
 
-def all_rules() -> dict[str, RuleDoc]:
+def all_rules(version: str = "", profile: str = "") -> dict[str, RuleDoc]:
     """Every rule's page by id: the static checks', upstream's phases, compose, launch.* and the
-    directives' (``suppress.UNUSED_DIRECTIVE``)."""
+    directives' (``suppress.UNUSED_DIRECTIVE``); a check's evidence may name ``{version}`` and
+    ``{profile}``, filled here when given (as the registry fills them in each finding)."""
     assert suppress.UNUSED_DIRECTIVE in rule_docs()
-    return rule_docs()
+    docs = rule_docs()
+    if not version:
+        return docs
+    return {
+        rule: dataclasses.replace(doc, why=doc.why.format(version=version, profile=profile))
+        for rule, doc in docs.items()
+    }
