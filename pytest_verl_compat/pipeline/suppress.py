@@ -52,13 +52,18 @@ def check_selectors(selectors: Iterable[str], known: Iterable[str], where: str) 
         if not selector:
             continue
         if selector != ALL and not any(_matches(selector, rule) for rule in known):
-            close = difflib.get_close_matches(selector, known, n=1)
+            close = difflib.get_close_matches(selector, _candidates(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise SelectorError(
                 f"{where}: {selector!r} is no rule id or family{hint} (verl-compat rule lists them)"
             )
         out.append(selector)
     return tuple(out)
+
+
+def _candidates(known: Sequence[str]) -> list[str]:
+    """Rule ids and their families, for a "did you mean"."""
+    return sorted({*known, *(rule.split(".")[0] for rule in known)})
 
 
 def _matches(selector: str, rule: str) -> bool:
@@ -163,7 +168,7 @@ def apply_directives(
             if any(_matches(name, rule) for rule in known):
                 message = f"no {name} finding on line {directive.line} or {directive.line + 1}"
             else:
-                close = difflib.get_close_matches(name, known, n=1)
+                close = difflib.get_close_matches(name, _candidates(known), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 message = f"{name!r} is no rule id or family{hint}"
             unused.append(
