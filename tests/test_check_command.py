@@ -292,7 +292,7 @@ def test_inline_directive_silences_a_line_and_an_unused_one_is_reported(
 
 def test_a_directive_on_the_line_above_and_on_the_launcher_line() -> None:
     found = directives("# verl-compat: ignore[a.b]\nx\npython3 # verl-compat: ignore[c]\n")
-    assert [(d.line, d.ids) for d in found] == [(1, (("a.b", 24),)), (3, (("c", 32),))]
+    assert [(d.line, d.ids) for d in found] == [(1, (("a.b", 23),)), (3, (("c", 31),))]
     from pytest_verl_compat.model import Location
 
     on_line_two = Finding("error", "k", "m", check="a.b", location=Location("s.sh", 2, 1, "script"))
