@@ -83,7 +83,8 @@ def find_pyproject(start: Path) -> Path | None:
                 text = read_text(candidate, what="pyproject.toml")
             except InputError:
                 continue
-            if "verl-compat" in text:
+            # The table itself, not any mention (a project's scripts may be named verl-compat).
+            if f"[tool.{SETTINGS_TABLE}]" in text or f"tool.{SETTINGS_TABLE}." in text:
                 return candidate
     return None
 
