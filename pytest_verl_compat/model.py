@@ -214,6 +214,30 @@ class LeafVerdict:
     no_effect: bool = False  # setting it explicitly signals an intent 0.9.x ignores
 
 
+# Where a finding's location points: the script text that sets the key, the launcher line (the
+# key is set, but not by text the locator can find), a ``--set`` argument, the config tree's YAML
+# line of a key left at its default, or the manifest entry of a case with no script text.
+LocationOrigin = Literal["script", "launcher", "set", "tree", "manifest"]
+
+
+@dataclass(frozen=True)
+class Location:
+    """A file, 1-based line and column (``column`` 0: the whole line), and what it points at."""
+
+    file: str
+    line: int
+    column: int
+    origin: LocationOrigin
+
+    def __str__(self) -> str:
+        return (
+            f"{self.file}:{self.line}:{self.column}" if self.column else f"{self.file}:{self.line}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "column": self.column, "origin": self.origin}
+
+
 @dataclass(frozen=True)
 class Finding:
     """``LEVEL path: message (fix)``, with the upstream evidence."""
@@ -223,8 +247,21 @@ class Finding:
     message: str
     fix: str = ""
     evidence: str = ""
-    # The registered check that said it (not part of the JSON: golden files stay as they were).
+    # The registered check that said it: the finding's rule id (``verl-compat rule ID``). Not
+    # part of ``to_json``, so the compile golden files stay as they were; ``check --format json``
+    # prints it as ``rule``.
     check: str = field(default="", compare=False)
+    # Where the key of ``path`` was set (``pipeline/locate.py``); None until located.
+    location: Location | None = field(default=None, compare=False)
+
+    @property
+    def rule(self) -> str:
+        return self.check
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The dotted config keys the path names (a finding may name several, ", "-joined)."""
+        return tuple(part.strip() for part in self.path.split(", ") if part.strip())
 
     def to_json(self) -> dict[str, str]:
         return {

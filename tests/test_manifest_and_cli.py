@@ -193,15 +193,19 @@ def test_cli_check_prints_findings_and_exits_1_on_error(upstream_checkout: Path)
     # The legacy trainer's make_iterator asserts on a batch smaller than one mini-batch ...
     bad = cli("--upstream", str(upstream_checkout), *small, "--set", "trainer.use_v1=False")
     assert bad.returncode == 1
+    # Located at the --set argument that set the key (the 6th word after verl-compat).
     assert bad.stdout.startswith(
-        "ERROR data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size: "
+        "<command line>:1:6: error[batch.mini-batch-larger-than-batch] "
+        "data.train_batch_size, actor_rollout_ref.actor.ppo_mini_batch_size: "
     )
     assert "100 prompts × n=5 = 500 responses" in bad.stdout and "(set " in bad.stdout
     # ... while the V1 trainer (the default) pads the step with no-op responses and runs: a
     # warning, valid for verl, and the reference trainer (which does not pad) refuses it.
     padded = cli("--upstream", str(upstream_checkout), *small)
     assert padded.returncode == 0, padded.stdout
-    assert padded.stdout.startswith("WARNING data.train_batch_size, ")
+    assert padded.stdout.startswith(
+        "<command line>:1:6: warning[batch.padded-step] data.train_batch_size, "
+    )
     assert "appends 780 no-op padding responses every step" in padded.stdout
     assert "valid for verl 0.9.0: yes" in padded.stderr
     assert "runnable by the reference trainer: no (" in padded.stderr
@@ -215,7 +219,9 @@ def test_cli_check_prints_findings_and_exits_1_on_error(upstream_checkout: Path)
         "actor_rollout_ref.rollout.n=1",
     )
     assert warn.returncode == 0, warn.stderr
-    assert warn.stdout.startswith("WARNING actor_rollout_ref.rollout.n: ")
+    assert warn.stdout.startswith(
+        "<command line>:1:6: warning[group.one-response-grpo] actor_rollout_ref.rollout.n: "
+    )
     # ppo's script sets critic.ppo_max_token_len_per_gpu, which 0.9.0's critic never reads (a
     # warning since checks/micro_batch.py); grpo is the clean case.
     clean = cli("--upstream", str(upstream_checkout), "check", "grpo")
@@ -254,7 +260,10 @@ def test_check_with_set_needs_only_the_installed_verl(tmp_path: Path, installed_
         tmp_path, "check", "grpo", "--set", "actor_rollout_ref.actor.ppo_mini_batch_size=100"
     )
     assert result.returncode == 1, result.stderr
-    assert "ERROR upstream.first-update: AssertionError: Got mini_batch_size=500" in result.stdout
+    assert (
+        "error[upstream.first-update] upstream.first-update: AssertionError: "
+        "Got mini_batch_size=500" in result.stdout
+    )
     # The same case without --set is accepted: the override, not the golden lookup, decides.
     clean = cli_here(tmp_path, "check", "grpo")
     assert clean.returncode == 0 and clean.stdout == "", clean.stderr
@@ -269,7 +278,9 @@ def test_check_script_needs_only_the_installed_verl(
     )
     result = cli_here(tmp_path, "check", "my.sh", "--set", "actor_rollout_ref.rollout.n=1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("WARNING actor_rollout_ref.rollout.n: ")
+    assert result.stdout.startswith(
+        "<command line>:1:4: warning[group.one-response-grpo] actor_rollout_ref.rollout.n: "
+    )
 
 
 def test_version_and_exit_codes_are_documented(tmp_path: Path) -> None:
@@ -343,12 +354,12 @@ def test_audit_stdout_is_only_json(tmp_path: Path, installed_verl: None) -> None
 
 def test_an_internal_error_is_exit_3_not_a_finding(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from pytest_verl_compat import cli
-    from pytest_verl_compat.cli import inspect
+    from pytest_verl_compat.cli import check
 
     def broken(args: object) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(inspect, "cmd_check", broken)
+    monkeypatch.setattr(check, "cmd_check", broken)
     assert cli.main(["check", "grpo"]) == 3
     err = capsys.readouterr().err
     assert "verl-compat check: internal error (a bug, please report it): RuntimeError: a bug" in err

@@ -358,8 +358,10 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
     )
     cold = cli(*sampled, cache=tmp_path)
     assert cold.returncode == 1, cold.stderr
-    assert cold.stdout.splitlines() == [
-        "ERROR upstream.trainer-start: AssertionError: validation gen temperature should be "
+    # Each line is located (FILE:LINE[:COL]: ...); what follows is the rule and the message.
+    assert [line.split(": ", 1)[1] for line in cold.stdout.splitlines()] == [
+        "error[upstream.trainer-start] upstream.trainer-start: AssertionError: validation gen "
+        "temperature should be "
         "greater than 0 when enabling do_sample (verl 0.9.0 raises it at trainer start: "
         f"validate_config, {_where('verl/utils/config.py', 'assert config.actor_rollout_ref.rollout.temperature > 0')})"
     ]
@@ -369,7 +371,9 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
     assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
     static = cli(*sampled, "--no-upstream-checks", cache=tmp_path)
     assert static.returncode == 1 and "upstream's own checks" not in static.stderr
-    assert static.stdout.startswith("ERROR actor_rollout_ref.rollout.val_kwargs.do_sample, ")
+    assert static.stdout.split(": ", 1)[1].startswith(
+        "error[validate.sampled-validation-temperature] actor_rollout_ref.rollout.val_kwargs.do_sample, "
+    )
     assert "upstream." not in static.stdout and "sampled validation needs" in static.stdout
 
 

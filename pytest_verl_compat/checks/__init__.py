@@ -21,9 +21,24 @@ from pytest_verl_compat.checks.registry import (
     CHECKS,
     Check,
     CheckInput,
+    Example,
     Hit,
+    RuleDoc,
     check,
+    register_rule,
+    rule_docs,
     semantic_findings,
 )
 
-__all__ = ["CHECKS", "Check", "CheckInput", "Hit", "check", "semantic_findings"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "CheckInput",
+    "Example",
+    "Hit",
+    "RuleDoc",
+    "check",
+    "register_rule",
+    "rule_docs",
+    "semantic_findings",
+]

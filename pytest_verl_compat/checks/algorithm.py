@@ -6,7 +6,8 @@ import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.registry import CheckFunction, CheckInput, Hit, check
+from pytest_verl_compat.checks.examples import FILTER
+from pytest_verl_compat.checks.registry import CheckFunction, CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import GROUP_ESTIMATORS, get
 from pytest_verl_compat.checks.upstream_names import FILTER_METRICS, REGISTRIES
 
@@ -15,6 +16,20 @@ from pytest_verl_compat.checks.upstream_names import FILTER_METRICS, REGISTRIES
     "kl.adaptive-controller-needs-horizon-and-target",
     level="error",
     evidence="verl/trainer/ppo/core_algos.py AdaptiveKLController.update divides by horizon and target",
+    summary="The adaptive KL controller (KL in the reward, kl_ctrl.type=adaptive) with a horizon or target KL that is not positive: its update divides by both.",
+    fix="set positive algorithm.kl_ctrl.horizon and algorithm.kl_ctrl.target_kl, or use kl_ctrl.type=fixed",
+    example=Example(
+        fires=(
+            "algorithm.use_kl_in_reward=True",
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.horizon=0",
+        ),
+        twin=(
+            "algorithm.use_kl_in_reward=True",
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.horizon=10000",
+        ),
+    ),
 )
 def adaptive_kl_controller(inp: CheckInput) -> Iterator[Hit]:
     algo = inp.resolved["algorithm"]
@@ -30,7 +45,17 @@ def adaptive_kl_controller(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
-@check("kl.negative-coefficient", level="error")
+@check(
+    "kl.negative-coefficient",
+    level="error",
+    evidence="verl/workers/utils/losses.py:140 (policy_loss += kl_loss * kl_loss_coef); verl/trainer/ppo/ray_trainer.py:106 (token_level_rewards = token_level_scores - beta * kld)",
+    summary="A negative KL coefficient (in the reward or as a loss), which rewards moving away from the reference policy instead of staying near it.",
+    fix="use a coefficient of 0 or more",
+    example=Example(
+        fires=("actor_rollout_ref.actor.kl_loss_coef=-0.001",),
+        twin=("actor_rollout_ref.actor.kl_loss_coef=0.001",),
+    ),
+)
 def negative_kl_coefficient(inp: CheckInput) -> Iterator[Hit]:
     algo = inp.resolved["algorithm"]
     actor = inp.resolved["actor_rollout_ref"]["actor"]
@@ -47,6 +72,11 @@ def negative_kl_coefficient(inp: CheckInput) -> Iterator[Hit]:
     "kl.applied-twice",
     level="warning",
     evidence="verl/utils/config.py:170 prints only a NOTICE (verl #265)",
+    summary="KL to the reference applied both in the reward (algorithm.use_kl_in_reward) and as an actor loss (use_kl_loss): verl only prints a notice.",
+    fix="keep one of them (GRPO recipes use the KL loss)",
+    example=Example(
+        fires=("algorithm.use_kl_in_reward=True",), twin=("algorithm.use_kl_in_reward=False",)
+    ),
 )
 def kl_applied_twice(inp: CheckInput) -> Iterator[Hit]:
     if (
@@ -64,6 +94,9 @@ def kl_applied_twice(inp: CheckInput) -> Iterator[Hit]:
     "filter-groups.no-metric",
     level="error",
     evidence="verl/trainer/ppo/v1/trainer_base.py:199 (_resolve_filter_groups_metric)",
+    summary="Group filtering (DAPO's dynamic sampling) switched on without the metric to filter on; the V1 trainer raises only when it starts.",
+    fix="set algorithm.filter_groups.metric to acc, score, seq_reward or seq_final_reward",
+    example=Example(fires=("algorithm.filter_groups.enable=True",), twin=(*FILTER,)),
 )
 def filter_groups_without_metric(inp: CheckInput) -> Iterator[Hit]:
     groups = inp.resolved["algorithm"]["filter_groups"]
@@ -79,6 +112,20 @@ def filter_groups_without_metric(inp: CheckInput) -> Iterator[Hit]:
     "filter-groups.colocated-reward-model",
     level="error",
     evidence="verl/trainer/ppo/v1/trainer_base.py:203",
+    summary="Group filtering with a reward model colocated with the actor: filtering needs rewards while sampling, which a colocated reward model does not give.",
+    fix="set reward.reward_model.enable_resource_pool=True, or use a rule reward",
+    example=Example(
+        fires=(
+            *FILTER,
+            "reward.reward_model.enable=True",
+            "reward.reward_model.enable_resource_pool=False",
+        ),
+        twin=(
+            *FILTER,
+            "reward.reward_model.enable=True",
+            "reward.reward_model.enable_resource_pool=True",
+        ),
+    ),
 )
 def filter_groups_with_colocated_reward_model(inp: CheckInput) -> Iterator[Hit]:
     groups = inp.resolved["algorithm"]["filter_groups"]
@@ -95,6 +142,12 @@ def filter_groups_with_colocated_reward_model(inp: CheckInput) -> Iterator[Hit]:
     "filter-groups.max-num-gen-batches-ignored",
     level="warning",
     evidence="verl/trainer/ppo/v1/trainer_base.py:211",
+    summary="algorithm.filter_groups.max_num_gen_batches with group filtering on: the V1 replay buffer ignores it (the reference trainer honours it as the refill limit).",
+    fix="bound concurrency with algorithm.filter_groups.max_inflight_gen_batches instead",
+    example=Example(
+        fires=(*FILTER, "algorithm.filter_groups.max_num_gen_batches=10"),
+        twin=(*FILTER, "algorithm.filter_groups.max_num_gen_batches=0"),
+    ),
 )
 def filter_groups_refill_limit(inp: CheckInput) -> Iterator[Hit]:
     groups = inp.resolved["algorithm"]["filter_groups"]
@@ -146,13 +199,33 @@ def _group_of_one(inp: CheckInput, grpo: bool) -> Iterator[Hit]:
 _GROUP_EVIDENCE = "verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage (groups of one)"
 
 
-@check("group.one-response-grpo", level="warning", evidence=_GROUP_EVIDENCE)
+@check(
+    "group.one-response-grpo",
+    level="warning",
+    evidence=_GROUP_EVIDENCE,
+    summary="GRPO with one response per prompt (rollout.n < 2): every group has one response, so its mean is 0 and its std 1 and the advantage is the raw score.",
+    fix="set actor_rollout_ref.rollout.n to 2 or more",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.n=1",), twin=("actor_rollout_ref.rollout.n=2",)
+    ),
+)
 def grpo_group_of_one(inp: CheckInput) -> Iterator[Hit]:
     """GRPO's groups of one still train on the raw score: a warning."""
     return _group_of_one(inp, grpo=True)
 
 
-@check("group.one-response", level="warning", evidence=_GROUP_EVIDENCE)
+@check(
+    "group.one-response",
+    level="warning",
+    evidence=_GROUP_EVIDENCE,
+    summary="A group baseline other than GRPO's (RLOO, its vectorized form, …) with one response per prompt: the baseline is degenerate (RLOO: the raw score; vectorized RLOO: zero advantages).",
+    fix="set actor_rollout_ref.rollout.n to 2 or more",
+    example=Example(
+        base="rloo",
+        fires=("actor_rollout_ref.rollout.n=1",),
+        twin=("actor_rollout_ref.rollout.n=2",),
+    ),
+)
 def group_of_one(inp: CheckInput) -> Iterator[Hit]:
     """Leave-one-out and the other group baselines: 0.9.0 runs them, degenerately (a warning)."""
     return _group_of_one(inp, grpo=False)
@@ -176,6 +249,15 @@ def _registered_name(path: str) -> CheckFunction:
     return run
 
 
-# One check per upstream registry, each citing where upstream registers its names.
+# One check per upstream registry, each citing where upstream registers its names; its example
+# names nothing registered, its twin the first registered name.
 for _path, (_names, _evidence) in REGISTRIES.items():
-    check(f"registry.{_path}", level="error", evidence=_evidence)(_registered_name(_path))
+    check(
+        f"registry.{_path}",
+        level="error",
+        evidence=_evidence,
+        summary=f"{_path} must name one of the {len(_names)} names verl registers for it "
+        "(a typo fails only when the trainer looks the name up).",
+        fix="use one of the registered names (the finding lists them and the closest)",
+        example=Example(fires=(f"{_path}=not_registered",), twin=(f"{_path}={_names[0]}",)),
+    )(_registered_name(_path))

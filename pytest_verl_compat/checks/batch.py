@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.examples import STATIC
 from pytest_verl_compat.checks.micro_batch import critic_budgets, step_rows
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
     data_parallel,
     gpu_count,
@@ -35,7 +36,17 @@ def _sizes(resolved: Mapping[str, Any]) -> tuple[int, int]:
 _CRITIC_INFER = "critic.ppo_infer_max_token_len_per_gpu"
 
 
-@check("batch.mini-batch-not-positive", level="error")
+@check(
+    "batch.mini-batch-not-positive",
+    level="error",
+    evidence="verl/workers/engine_workers.py:266-270 (train_mini_batch: a mini-batch of 0 passes the rank assertion and leaves 0 rows per GPU to split into micro-batches)",
+    summary="A mini-batch size (actor or critic ppo_mini_batch_size) of 0 or less.",
+    fix="use a positive mini-batch size that divides data.train_batch_size",
+    example=Example(
+        fires=("actor_rollout_ref.actor.ppo_mini_batch_size=0",),
+        twin=("actor_rollout_ref.actor.ppo_mini_batch_size=128",),
+    ),
+)
 def mini_batch_not_positive(inp: CheckInput) -> Iterator[Hit]:
     for prefix, role in _mini_batch_roles(inp.resolved):
         mini = int(role["ppo_mini_batch_size"])
@@ -47,6 +58,12 @@ def mini_batch_not_positive(inp: CheckInput) -> Iterator[Hit]:
     "batch.mini-batch-larger-than-batch",
     level="error",
     evidence="verl/workers/config/actor.py:229-233 (ActorConfig.validate, from validate_config at trainer start, verl/utils/config.py:147); with use_dynamic_bsz=True and trainer.use_v1=False verl/utils/tensordict_utils.py:588 (make_iterator, engine_workers.py:272, at the first update)",
+    summary="A mini-batch larger than the batch: ActorConfig.validate raises at trainer start (static mode), make_iterator asserts at the first update (dynamic mode without V1).",
+    fix="use a mini-batch size that divides data.train_batch_size",
+    example=Example(
+        fires=("trainer.use_v1=False", "actor_rollout_ref.actor.ppo_mini_batch_size=2048"),
+        twin=("trainer.use_v1=False", "actor_rollout_ref.actor.ppo_mini_batch_size=1024"),
+    ),
 )
 def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
@@ -74,6 +91,12 @@ def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
     "batch.mini-batch-does-not-divide-batch",
     level="error",
     evidence="verl/trainer/ppo/ray_trainer.py _update_actor/_update_critic split the batch by ppo_mini_batch_size * rollout.n (trainer.use_v1=False; V1 pads instead, see batch.padded-step)",
+    summary="Without the V1 trainer (trainer.use_v1=False), a batch that does not split into whole mini-batches.",
+    fix="use a mini-batch size that divides data.train_batch_size",
+    example=Example(
+        fires=("trainer.use_v1=False", "actor_rollout_ref.actor.ppo_mini_batch_size=100"),
+        twin=("trainer.use_v1=False", "actor_rollout_ref.actor.ppo_mini_batch_size=128"),
+    ),
 )
 def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
     if uses_v1(inp.resolved):
@@ -94,6 +117,9 @@ def mini_batch_does_not_divide(inp: CheckInput) -> Iterator[Hit]:
     "batch.padded-step",
     level="warning",
     evidence="verl/trainer/ppo/v1/trainer_base.py:1434-1466 (_balance_batch pads the step batch up to lcm(actor DP, critic and actor mini-batch responses)); verl/trainer/ppo/padding_utils.py:127-170 (the padding: no-op responses with zeroed rewards)",
+    summary="V1 never fails on a batch that does not split into mini-batches and ranks: it pads every step with no-op responses, so a mini-batch holds fewer real responses than configured.",
+    fix="use a train_batch_size × rollout.n that is a multiple of the mini-batch responses and the data-parallel size",
+    example=Example(fires=("data.train_batch_size=1000",), twin=("data.train_batch_size=2048",)),
 )
 def padded_step(inp: CheckInput) -> Iterator[Hit]:
     """V1 never fails on a batch that does not split into mini-batches: it pads it, silently."""
@@ -118,6 +144,12 @@ def padded_step(inp: CheckInput) -> Iterator[Hit]:
     "batch.mini-batch-over-ranks",
     level="error",
     evidence="verl/workers/engine_workers.py:266-268 (train_mini_batch asserts mini-batch responses % data-parallel size == 0, at the role's first update, whether or not use_dynamic_bsz)",
+    summary="A mini-batch whose responses (ppo_mini_batch_size × rollout.n) do not split over the data-parallel ranks: train_mini_batch asserts it at the role's first update.",
+    fix="use a mini-batch whose responses divide by the data-parallel size",
+    example=Example(
+        fires=("actor_rollout_ref.actor.ppo_mini_batch_size=1",),
+        twin=("actor_rollout_ref.actor.ppo_mini_batch_size=8",),
+    ),
 )
 def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     train, n = _sizes(inp.resolved)
@@ -141,6 +173,20 @@ def mini_batch_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     "batch.responses-over-ranks",
     level="error",
     evidence="verl/utils/config.py:110 (skipped when use_dynamic_bsz=True); verl #473, PR #559; trainer.use_v1=False only (V1 pads, see batch.padded-step; in static mode validate.responses-over-gpus)",
+    summary="Without the V1 trainer, a step's responses (train_batch_size × rollout.n) that do not divide over the data-parallel ranks.",
+    fix="make train_batch_size × rollout.n a multiple of the data-parallel size",
+    example=Example(
+        fires=(
+            "trainer.use_v1=False",
+            "data.train_batch_size=1001",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1001",
+        ),
+        twin=(
+            "trainer.use_v1=False",
+            "data.train_batch_size=1000",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1000",
+        ),
+    ),
 )
 def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     if uses_v1(inp.resolved):
@@ -162,6 +208,12 @@ def responses_over_ranks(inp: CheckInput) -> Iterator[Hit]:
     "batch.token-budget-below-sequence",
     level="error",
     evidence="verl/utils/seqlen_balancing.py:384 (rearrange_micro_batches asserts max_token_len >= the longest sequence, at the first pass that meets one; verl #571); the critic's budgets: verl/trainer/ppo/v1/trainer_base.py:251-252, ray_trainer.py:810-811",
+    summary="A per-GPU token budget (dynamic batch sizes) below the longest sequence, prompt + response: rearrange_micro_batches asserts it at the first pass that meets one.",
+    fix="raise the budget to at least max_prompt_length + max_response_length (over the sequence-parallel size)",
+    example=Example(
+        fires=("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2000",),
+        twin=("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",),
+    ),
 )
 def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     resolved = inp.resolved
@@ -216,6 +268,20 @@ def token_budget_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     "batch.deprecated-global-micro-batch",
     level="error",
     evidence="verl/workers/engine_workers.py:630-631 assert the actor's and rollout's *_per_gpu sizes at worker start (use_dynamic_bsz=False); the reference's: :541-543 and verl/workers/engine/utils.py:124; the critic's: verl/workers/config/critic.py:154-158, :230-234; verl PR #833",
+    summary="A deprecated global micro-batch size (ppo_micro_batch_size, log_prob_micro_batch_size) in static mode: the pinned release never converts it to a per-GPU size and fails at worker start or the first pass.",
+    fix="set the *_per_gpu size instead (the global size over the GPUs)",
+    example=Example(
+        fires=(
+            *STATIC,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=64",
+        ),
+        twin=(
+            *STATIC,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        ),
+    ),
 )
 def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     """Deprecated global micro-batch sizes, which the pinned release no longer divides by the GPU count."""
@@ -318,11 +384,31 @@ def _context_hit(inp: CheckInput, error: bool) -> Iterator[Hit]:
         )
 
 
-@check("rollout.max-model-len-below-prompt", level="error", evidence=_VLLM_CONTEXT)
+@check(
+    "rollout.max-model-len-below-prompt",
+    level="error",
+    evidence=_VLLM_CONTEXT,
+    summary="A vLLM max_model_len (or, unset, the model's context length) that leaves no room to generate after the longest prompt: the server raises on such a prompt during rollout.",
+    fix="set actor_rollout_ref.rollout.max_model_len to at least prompt + response",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.max_model_len=1000",),
+        twin=("actor_rollout_ref.rollout.max_model_len=4096",),
+    ),
+)
 def max_model_len_below_prompt(inp: CheckInput) -> Iterator[Hit]:
     return _context_hit(inp, error=True)
 
 
-@check("rollout.max-model-len-below-sequence", level="warning", evidence=_VLLM_CONTEXT)
+@check(
+    "rollout.max-model-len-below-sequence",
+    level="warning",
+    evidence=_VLLM_CONTEXT,
+    summary="A vLLM max_model_len between the prompt and prompt + response: verl silently cuts responses to max_model_len - prompt tokens.",
+    fix="set actor_rollout_ref.rollout.max_model_len to at least prompt + response",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.max_model_len=2048",),
+        twin=("actor_rollout_ref.rollout.max_model_len=4096",),
+    ),
+)
 def max_model_len_below_sequence(inp: CheckInput) -> Iterator[Hit]:
     return _context_hit(inp, error=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
 
 
@@ -31,6 +31,11 @@ def _legacy_replacement(key: str) -> str | None:
         "verl/experimental/fully_async_policy/fully_async_main.py:237); main_ppo reads reward.* "
         "(verl/trainer/ppo/reward.py:70, verl/trainer/ppo/v1/trainer_base.py:201); "
         "verl PR #7331, #5558, #6172"
+    ),
+    summary="An explicit override of a legacy top-level reward key (reward_model.*, custom_reward_function.*) that main_ppo never migrates to reward.*: it is silently ignored.",
+    fix="set the reward.* key the finding names instead",
+    example=Example(
+        fires=("reward_model.reward_manager=dapo",), twin=("reward.reward_manager.name=dapo",)
     ),
 )
 def legacy_reward_key(inp: CheckInput) -> Iterator[Hit]:
@@ -81,7 +86,17 @@ def _feature_on(resolved: Mapping[str, Any], key: str) -> bool:
     return any(bool(parent.get(f"use_{part}")) for part, parent in chain)
 
 
-@check("fields.no-effect", level="warning", evidence="profile {profile}")
+@check(
+    "fields.no-effect",
+    level="warning",
+    evidence="profile {profile}",
+    summary="An explicit override of a field the profile marks as having no effect on training while its feature block is off (e.g. algorithm.pf_ppo.* without algorithm.use_pf_ppo).",
+    fix="remove the override, or switch its feature on",
+    example=Example(
+        fires=("algorithm.pf_ppo.reweight_method=pow",),
+        twin=("algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=pow"),
+    ),
+)
 def no_effect(inp: CheckInput) -> Iterator[Hit]:
     # Names, output folders and profiler switches are set on purpose; flag only the fields whose
     # setting suggests an intent upstream ignores: the profile marks those rules `no_effect`.
@@ -111,6 +126,12 @@ _VLLM_SWITCHES = (
     "rollout.vllm-false-flag-dropped",
     level="warning",
     evidence="verl/workers/rollout/vllm_rollout/utils.py:458-460 (build_cli_args_from_config skips False booleans), used by vllm_async_server.py:409",
+    summary="A vLLM boolean (enable_chunked_prefill, enable_prefix_caching, engine_kwargs.vllm.*) set to False: verl passes booleans as bare --flags and drops False ones, so vLLM keeps its default.",
+    fix="leave it out; to turn the feature off, pass vLLM's own negative flag",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.enable_chunked_prefill=False",),
+        twin=("actor_rollout_ref.rollout.enable_chunked_prefill=True",),
+    ),
 )
 def vllm_false_flag_dropped(inp: CheckInput) -> Iterator[Hit]:
     if inp.resolved["actor_rollout_ref"]["rollout"].get("name") != "vllm":

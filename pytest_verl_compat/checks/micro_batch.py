@@ -17,8 +17,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.examples import MICRO, STATIC
 from pytest_verl_compat.checks.fields import field_key
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
     data_parallel,
     model_parallel_sizes,
@@ -55,7 +56,17 @@ def step_rows(resolved: Mapping[str, Any], actor_updates: bool = True) -> tuple[
     return rows, multiple, -(-rows // multiple) * multiple
 
 
-@check("batch.micro-batch-does-not-divide-mini-batch", level="error", evidence=_PREPARE)
+@check(
+    "batch.micro-batch-does-not-divide-mini-batch",
+    level="error",
+    evidence=_PREPARE,
+    summary="In static mode (use_dynamic_bsz=False), the actor's per-GPU share of a mini-batch must split into micro-batches of ppo_micro_batch_size_per_gpu: prepare_micro_batches asserts it at the first update.",
+    fix="use a micro-batch size that divides the mini-batch's responses per GPU",
+    example=Example(
+        fires=(*STATIC, *MICRO, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
+        twin=(*STATIC, *MICRO, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"),
+    ),
+)
 def micro_batch_does_not_divide_mini_batch(inp: CheckInput) -> Iterator[Hit]:
     actor = inp.resolved["actor_rollout_ref"]["actor"]
     micro = actor.get("ppo_micro_batch_size_per_gpu")
@@ -96,6 +107,12 @@ def _log_prob_passes(resolved: Mapping[str, Any]) -> list[tuple[str, str, Mappin
     "batch.log-prob-micro-batch-does-not-divide-batch",
     level="error",
     evidence=f"{_PREPARE}, for the old log-probs (engine_workers.py:617-619) and the reference (:574-578); the step batch is padded by verl/trainer/ppo/v1/trainer_base.py:1434-1466",
+    summary="In static mode, the (padded) step batch's share per GPU must split into log-prob micro-batches, for the old log-probs and the reference: prepare_micro_batches asserts it in the first log-prob pass.",
+    fix="use a log-prob micro-batch size that divides the step's responses per GPU",
+    example=Example(
+        fires=(*STATIC, *MICRO, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7"),
+        twin=(*STATIC, *MICRO, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16"),
+    ),
 )
 def log_prob_micro_batch(inp: CheckInput) -> Iterator[Hit]:
     resolved = inp.resolved
@@ -191,6 +208,12 @@ def _critic_settings_from_values(critic: Mapping[str, Any]) -> list[str]:
     "critic.batch-settings-ignored",
     level="warning",
     evidence="verl/workers/config/engine.py:102 (EngineConfig.use_dynamic_bsz=True), never overwritten for the critic: verl/trainer/ppo/v1/trainer_base.py:250-252, ray_trainer.py:808-811",
+    summary="Explicit critic batch settings (micro-batch sizes, use_dynamic_bsz, ppo_max_token_len_per_gpu under V1) that never reach the critic's engine: it always packs micro-batches by tokens.",
+    fix="bound the critic's memory with +critic.ppo_infer_max_token_len_per_gpu=N instead",
+    example=Example(
+        fires=("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"),
+        twin=("algorithm.adv_estimator=gae",),
+    ),
 )
 def critic_batch_settings_ignored(inp: CheckInput) -> Iterator[Hit]:
     if not need_critic(inp.resolved):
@@ -215,6 +238,12 @@ def critic_batch_settings_ignored(inp: CheckInput) -> Iterator[Hit]:
     "critic.sequence-parallel-ignored",
     level="warning",
     evidence="verl/workers/config/critic.py:214-221 (FSDPCriticConfig.__post_init__ makes critic.fsdp the engine and never copies the deprecated size into it, unlike the actor's, actor.py:332-333)",
+    summary="The deprecated critic.ulysses_sequence_parallel_size, which FSDPCriticConfig never copies into critic.fsdp, the critic's engine (unlike the actor's).",
+    fix="set critic.fsdp.ulysses_sequence_parallel_size instead",
+    example=Example(
+        fires=("algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2"),
+        twin=("algorithm.adv_estimator=gae", "critic.fsdp.ulysses_sequence_parallel_size=2"),
+    ),
 )
 def critic_sequence_parallel_ignored(inp: CheckInput) -> Iterator[Hit]:
     critic = inp.resolved["critic"]

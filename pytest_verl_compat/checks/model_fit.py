@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pytest_verl_compat.checks.examples import MEGATRON, QWEN7B
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, ModelFacts
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
     ROLE_NAMES,
     engine_path,
@@ -41,6 +42,13 @@ def _megatron_role_facts(inp: CheckInput) -> Iterator[tuple[str, ModelFacts, str
     "model.ulysses-heads",
     level="error",
     evidence="verl/models/transformers/monkey_patch.py:340-346 (asserted while the FSDP engine builds the model, verl/workers/engine/fsdp/transformer_impl.py:305-311, at worker start)",
+    summary="Ulysses sequence parallelism (FSDP) that does not divide the model's attention heads (or key-value heads): asserted when the worker builds the model. Needs the model's config.json.",
+    fix="use a sequence parallel size that divides the attention and key-value heads",
+    example=Example(
+        fires=("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=8",),
+        twin=("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",),
+        model=QWEN7B,
+    ),
 )
 def ulysses_heads(inp: CheckInput) -> Iterator[Hit]:
     for role, facts in _role_facts(inp):
@@ -69,6 +77,20 @@ def ulysses_heads(inp: CheckInput) -> Iterator[Hit]:
     "model.tensor-parallel-heads",
     level="error",
     evidence="megatron.core TransformerConfig.__post_init__ (num_attention_heads and num_query_groups % tensor_model_parallel_size raise ValueError), built from the HF config when the Megatron worker starts (verl/workers/engine/megatron/transformer_impl.py:284-345, _build_tf_config)",
+    summary="Megatron tensor parallelism that does not divide the model's attention heads or query groups: megatron.core's TransformerConfig raises when the worker starts. Needs the model's config.json.",
+    fix="use a tensor parallel size that divides the attention heads and key-value heads",
+    example=Example(
+        base=MEGATRON,
+        fires=(
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        ),
+        twin=(
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        ),
+        model=QWEN7B,
+    ),
 )
 def tensor_parallel_heads(inp: CheckInput) -> Iterator[Hit]:
     for role, facts, engine, sizes in _megatron_role_facts(inp):
@@ -92,6 +114,14 @@ def tensor_parallel_heads(inp: CheckInput) -> Iterator[Hit]:
     "model.expert-parallel-experts",
     level="error",
     evidence="megatron.core TransformerConfig.__post_init__ (expert parallel > 1 without experts raises ValueError) and the MoE layer (asserts num_moe_experts % expert_model_parallel_size == 0), built when the Megatron worker starts",
+    summary="Megatron expert parallelism on a model without routed experts, or that does not divide its experts: megatron.core fails when the worker starts. Needs the model's config.json.",
+    fix="use an expert parallel size that divides the experts (1 for a dense model)",
+    example=Example(
+        base=MEGATRON,
+        fires=("actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",),
+        twin=("actor_rollout_ref.actor.megatron.expert_model_parallel_size=1",),
+        model=QWEN7B,
+    ),
 )
 def expert_parallel_experts(inp: CheckInput) -> Iterator[Hit]:
     for role, facts, engine, sizes in _megatron_role_facts(inp):
@@ -120,6 +150,13 @@ def expert_parallel_experts(inp: CheckInput) -> Iterator[Hit]:
     "model.rollout-tensor-parallel-heads",
     level="error",
     evidence="vLLM ModelConfig.verify_with_parallel_config (attention heads % tensor_parallel_size raises ValueError) when verl starts the vLLM server with tensor_parallel_size = rollout TP (verl/workers/rollout/vllm_rollout/vllm_async_server.py:305)",
+    summary="A vLLM rollout tensor parallel size that does not divide the model's attention heads: vLLM raises when verl starts the rollout server. Needs the model's config.json.",
+    fix="use a rollout tensor parallel size that divides the attention heads",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.tensor_model_parallel_size=8",),
+        twin=("actor_rollout_ref.rollout.tensor_model_parallel_size=4",),
+        model=QWEN7B,
+    ),
 )
 def rollout_tensor_parallel_heads(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
@@ -141,6 +178,14 @@ def rollout_tensor_parallel_heads(inp: CheckInput) -> Iterator[Hit]:
     "model.tokenizer-beyond-vocabulary",
     level="warning",
     evidence="verl {version} never resizes the embeddings (no resize_token_embeddings in verl/); vLLM masks logits from len(tokenizer) on (vllm_async_server.py:452-458, vllm_rollout/utils.py:104-119), which cannot cover ids past the embedding",
+    summary="A tokenizer with token ids at or past the model's vocab_size: verl never resizes the embeddings, so a prompt or template that uses one fails the embedding lookup. Needs the model's config.json and tokenizer.json.",
+    fix="use a tokenizer that matches the model, or a checkpoint with resized embeddings",
+    example=Example(
+        fires=(),
+        twin=(),
+        model={**QWEN7B, "vocab_size": 151936, "tokens_beyond_vocab": (("<|extra_0|>", 151936),)},
+        twin_model={**QWEN7B, "vocab_size": 151936, "tokens_beyond_vocab": ()},
+    ),
 )
 def tokenizer_beyond_vocabulary(inp: CheckInput) -> Iterator[Hit]:
     facts = inp.model_facts.get(ACTOR_MODEL)
@@ -162,6 +207,13 @@ def tokenizer_beyond_vocabulary(inp: CheckInput) -> Iterator[Hit]:
     "model.max-model-len-above-context",
     level="error",
     evidence="verl/workers/rollout/vllm_rollout/vllm_async_server.py:957-961, sglang_rollout/async_sglang_server.py:160-163, trtllm_rollout/trtllm_async_server.py:117-120 (ValueError when the rollout server starts; rope_scaling is not considered)",
+    summary="A rollout max_model_len above the model's max_position_embeddings: the rollout server (vLLM, SGLang, TensorRT-LLM) raises when it starts. Needs the model's config.json.",
+    fix="set actor_rollout_ref.rollout.max_model_len to at most max_position_embeddings",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.max_model_len=65536",),
+        twin=("actor_rollout_ref.rollout.max_model_len=32768",),
+        model={**QWEN7B, "max_position_embeddings": 32768},
+    ),
 )
 def max_model_len_above_context(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.examples import MEGATRON
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
     ROLE_NAMES,
     data_parallel,
@@ -37,6 +38,12 @@ _MCORE = "megatron.core parallel_state.initialize_model_parallel, called at work
     "parallel.rollout-replicas",
     level="error",
     evidence="verl/workers/engine_workers.py:650-655 (asserts GPUs % (tp × dp × pp) == 0 when the rollout starts); verl/workers/rollout/replica.py builds GPUs / (tp × dp × pp) replicas",
+    summary="Rollout replicas (tensor × pipeline × data parallel GPUs) that do not fit the GPUs evenly: asserted when the rollout starts.",
+    fix="use rollout sizes whose product divides the GPU count",
+    example=Example(
+        fires=("actor_rollout_ref.rollout.tensor_model_parallel_size=3",),
+        twin=("actor_rollout_ref.rollout.tensor_model_parallel_size=4",),
+    ),
 )
 def rollout_replicas(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
@@ -72,6 +79,12 @@ def _layout_paths(resolved: Mapping[str, Any], role: str) -> str:
     "parallel.sequence-parallel-divides-gpus",
     level="error",
     evidence=f"verl/utils/config.py:90 (the actor, Megatron: GPUs % (tp × pp × cp), at trainer start); {_MCORE}; the FSDP device mesh (dp × sp = world size, fsdp/transformer_impl.py:227-229)",
+    summary="A role's model-parallel layout (FSDP: Ulysses sequence parallel; Megatron: tp × pp × cp) that does not divide the GPUs: validate_config or the device mesh fails.",
+    fix="use a layout whose product divides the GPU count",
+    example=Example(
+        fires=("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=3",),
+        twin=("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2",),
+    ),
 )
 def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
     for role in engine_roles(inp.resolved):
@@ -84,7 +97,18 @@ def sequence_parallel_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
-@check("parallel.expert-layout-divides-gpus", level="error", evidence=_MCORE)
+@check(
+    "parallel.expert-layout-divides-gpus",
+    level="error",
+    evidence=_MCORE,
+    summary="A Megatron expert layout (expert tensor × expert parallel × pipeline parallel) that does not divide the GPUs: megatron.core raises when the worker starts.",
+    fix="use expert sizes whose product with pipeline parallel divides the GPU count",
+    example=Example(
+        base=MEGATRON,
+        fires=("actor_rollout_ref.actor.megatron.expert_model_parallel_size=3",),
+        twin=("actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",),
+    ),
+)
 def expert_layout_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
     n_gpus = gpu_count(inp.resolved)
     for role in engine_roles(inp.resolved):
@@ -104,7 +128,24 @@ def expert_layout_divides_gpus(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
-@check("parallel.virtual-pipeline-needs-pipeline", level="error", evidence=_MCORE)
+@check(
+    "parallel.virtual-pipeline-needs-pipeline",
+    level="error",
+    evidence=_MCORE,
+    summary="A Megatron virtual pipeline size without pipeline parallelism (> 1): megatron.core raises when the worker starts.",
+    fix="remove the virtual pipeline size or raise pipeline parallel above 1",
+    example=Example(
+        base=MEGATRON,
+        fires=(
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+            "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+        ),
+        twin=(
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+        ),
+    ),
+)
 def virtual_pipeline_needs_pipeline(inp: CheckInput) -> Iterator[Hit]:
     for role in engine_roles(inp.resolved):
         if not is_megatron(inp.resolved, role):

@@ -3,6 +3,13 @@
 A check reads one resolved mapping (plus the explicit fields and the leaf verdicts) and yields
 :class:`Hit` values; the registry turns each into a :class:`Finding` with the check's level and
 evidence. Adding a check is one decorated function in the module of its family.
+
+A rule is a page (STYLE.md 14e): each check also carries what it checks, the fix, and an
+:class:`Example` (a manifest case plus the overrides that make it fire, and its near-identical valid
+twin). ``verl-compat rule ID``, ``docs/rules.md`` and the must-fire / must-not-fire test
+(tests/test_rule_pages.py) are generated from them. Findings that no static check gives (upstream's
+own checks, a composition rejection, the launch reader, the inline directives) register a
+:class:`RuleDoc` of their own with ``register_rule``.
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ from typing import Any, NamedTuple, Protocol
 
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.model import Finding, LeafVerdict, Level
+
+# The case every example starts from unless it names another: the embedded manifest's GRPO script.
+EXAMPLE_BASE = "grpo"
 
 
 class Hit(NamedTuple):
@@ -64,6 +74,36 @@ CheckFunction = Callable[[CheckInput], Iterable[Hit]]
 
 
 @dataclass(frozen=True)
+class Example:
+    """Where a rule fires and its near-identical valid twin: a case of the embedded manifest
+    (``base``) plus the overrides of each. ``model`` gives the actor model's config.json facts
+    (``ModelFacts`` fields) for the checks that read them; ``upstream``: the finding comes from
+    upstream's own checks (the oracle process), not a static check."""
+
+    fires: tuple[str, ...]
+    twin: tuple[str, ...]
+    base: str = EXAMPLE_BASE
+    model: Mapping[str, Any] = field(default_factory=dict)
+    # The twin's model facts when the twin differs in the model rather than in the overrides.
+    twin_model: Mapping[str, Any] | None = None
+    upstream: bool = False
+
+
+@dataclass(frozen=True)
+class RuleDoc:
+    """A rule's page: what it checks, why (the upstream file:line), the fix, and an example."""
+
+    id: str
+    level: Level
+    summary: str
+    why: str
+    fix: str
+    example: Example | None = None
+    # A rule whose findings do not come from a registered check: who gives them.
+    source: str = "a static check"
+
+
+@dataclass(frozen=True)
 class Check:
     """A registered check. ``evidence`` may name ``{profile}`` and ``{version}``, filled per run."""
 
@@ -71,6 +111,15 @@ class Check:
     level: Level
     evidence: str
     run: CheckFunction
+    summary: str = ""
+    fix: str = ""
+    example: Example | None = None
+
+    def doc(self) -> RuleDoc:
+        summary = self.summary or (self.run.__doc__ or "").strip().split("\n\n")[0]
+        return RuleDoc(
+            self.id, self.level, " ".join(summary.split()), self.evidence, self.fix, self.example
+        )
 
     def findings(self, inp: CheckInput) -> list[Finding]:
         evidence = self.evidence.format(profile=inp.profile.name, version=inp.version)
@@ -81,20 +130,47 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}
+# The pages of rules that no registered check gives (upstream.*, compose, launch.*, directive.*).
+RULE_DOCS: dict[str, RuleDoc] = {}
 
 
 def check(
-    check_id: str, *, level: Level, evidence: str = ""
+    check_id: str,
+    *,
+    level: Level,
+    evidence: str = "",
+    summary: str = "",
+    fix: str = "",
+    example: Example | None = None,
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register ``function`` as the check ``check_id``; ids are unique across families."""
+    """Register ``function`` as the check ``check_id``; ids are unique across families.
+
+    ``summary`` (default: the function's docstring) says what it checks, ``fix`` what to change,
+    ``example`` where it fires and its valid twin: the rule's page.
+    """
 
     def register(function: CheckFunction) -> CheckFunction:
-        if check_id in CHECKS:
+        if check_id in CHECKS or check_id in RULE_DOCS:
             raise ValueError(f"check {check_id!r} is registered twice")
-        CHECKS[check_id] = Check(check_id, level, evidence, function)
+        CHECKS[check_id] = Check(check_id, level, evidence, function, summary, fix, example)
         return function
 
     return register
+
+
+def register_rule(doc: RuleDoc) -> RuleDoc:
+    """Register the page of a rule that no check gives (its findings come from elsewhere)."""
+    known = RULE_DOCS.get(doc.id)
+    if doc.id in CHECKS or (known is not None and known != doc):
+        raise ValueError(f"rule {doc.id!r} is registered twice")
+    RULE_DOCS[doc.id] = doc
+    return doc
+
+
+def rule_docs() -> dict[str, RuleDoc]:
+    """Every rule's page by id, sorted: the checks' and the registered ones."""
+    docs = {**{c.id: c.doc() for c in CHECKS.values()}, **RULE_DOCS}
+    return dict(sorted(docs.items()))
 
 
 # The check that reports values of the wrong type; the others may then meet such a value.

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pytest_verl_compat.checks.fields import field_key
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 
 # The tree's scalar default types, in words. A list or mapping default is left alone: verl's
 # readers often take a single string too (``trainer.logger=console``: verl/trainer/main_ppo.py:48
@@ -88,6 +88,14 @@ def wrong_types(inp: CheckInput) -> Iterator[tuple[str, Any, str]]:
         "verl/trainer/config/ppo_trainer.yaml and its defaults (the tree's default types); the tree "
         "is an untyped DictConfig, so a wrong type fails where the value is used, e.g. "
         "verl/utils/config.py:110 (real_train_batch_size % minimal_bsz), or never"
+    ),
+    summary="A key set to a value of another type than its default in the tree: a string where a "
+    "number or a boolean is read, an empty value from an unset variable in the script.",
+    fix="give the key a value of its default's type (a number, true or false); set the variable "
+    "the script reads",
+    example=Example(
+        fires=("actor_rollout_ref.actor.optim.lr=fast",),
+        twin=("actor_rollout_ref.actor.optim.lr=1e-6",),
     ),
 )
 def wrong_type(inp: CheckInput) -> Iterator[Hit]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pytest_verl_compat.checks.registry import CheckInput, Hit, check
+from pytest_verl_compat.checks.examples import MICRO, STATIC
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import data_parallel, gpu_count, need_reference_policy
 
 
@@ -12,6 +13,22 @@ from pytest_verl_compat.checks.roles import data_parallel, gpu_count, need_refer
     "validate.responses-over-gpus",
     level="error",
     evidence="verl/utils/config.py:87-110 (validate_config, at trainer start)",
+    summary="validate_config's assertion, in static mode: a step's responses must divide over the GPUs (Megatron: data-parallel ranks × micro-batch).",
+    fix="make train_batch_size × rollout.n a multiple of the GPU count",
+    example=Example(
+        fires=(
+            *STATIC,
+            *MICRO,
+            "data.train_batch_size=1001",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1001",
+        ),
+        twin=(
+            *STATIC,
+            *MICRO,
+            "data.train_batch_size=1000",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1000",
+        ),
+    ),
 )
 def responses_over_gpus(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
@@ -39,7 +56,14 @@ def responses_over_gpus(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
-@check("validate.no-micro-batch-size", level="error", evidence="verl/workers/config/actor.py:212")
+@check(
+    "validate.no-micro-batch-size",
+    level="error",
+    evidence="verl/workers/config/actor.py:212",
+    summary="Static mode (use_dynamic_bsz=False) with no actor micro-batch size: ActorConfig asserts one is set.",
+    fix="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    example=Example(fires=(*STATIC, *MICRO[1:]), twin=(*STATIC, *MICRO)),
+)
 def no_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
     actor = inp.resolved["actor_rollout_ref"]["actor"]
     if (
@@ -54,7 +78,17 @@ def no_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
         )
 
 
-@check("validate.no-log-prob-micro-batch-size", level="error", evidence="verl/utils/config.py:141")
+@check(
+    "validate.no-log-prob-micro-batch-size",
+    level="error",
+    evidence="verl/utils/config.py:141",
+    summary="Static mode with no log-prob micro-batch size for the rollout (or the reference): validate_config raises.",
+    fix="set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (and the reference's)",
+    example=Example(
+        fires=(*STATIC, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"),
+        twin=(*STATIC, *MICRO),
+    ),
+)
 def no_log_prob_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
     arr = inp.resolved["actor_rollout_ref"]
     if arr["actor"]["use_dynamic_bsz"]:
@@ -75,7 +109,21 @@ def no_log_prob_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
 
 
 @check(
-    "validate.sampled-validation-temperature", level="error", evidence="verl/utils/config.py:187"
+    "validate.sampled-validation-temperature",
+    level="error",
+    evidence="verl/utils/config.py:187",
+    summary="Sampled validation (val_kwargs.do_sample=True) with a temperature of 0 or less: validate_config asserts a positive temperature.",
+    fix="set a positive actor_rollout_ref.rollout.temperature, or val_kwargs.do_sample=False",
+    example=Example(
+        fires=(
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.temperature=0",
+        ),
+        twin=(
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.temperature=1.0",
+        ),
+    ),
 )
 def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
@@ -90,6 +138,18 @@ def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
     "validate.sequence-parallel-needs-remove-padding",
     level="error",
     evidence="verl/workers/config/actor.py:339 (FSDPActorConfig.validate)",
+    summary="The actor's deprecated Ulysses sequence parallel size above 1 without use_remove_padding: FSDPActorConfig.validate raises.",
+    fix="set actor_rollout_ref.model.use_remove_padding=True",
+    example=Example(
+        fires=(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.model.use_remove_padding=False",
+        ),
+        twin=(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.model.use_remove_padding=True",
+        ),
+    ),
 )
 def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
     arr = inp.resolved["actor_rollout_ref"]
@@ -107,6 +167,15 @@ def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
     "worker.dynamic-batch-disagrees",
     level="error",
     evidence="verl/workers/engine_workers.py:611 (asserted when the actor worker starts)",
+    summary="actor.use_dynamic_bsz and rollout.log_prob_use_dynamic_bsz that differ: the actor worker asserts they are equal when it starts.",
+    fix="set both to the same value",
+    example=Example(
+        fires=("actor_rollout_ref.actor.use_dynamic_bsz=False",),
+        twin=(
+            "actor_rollout_ref.actor.use_dynamic_bsz=False",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False",
+        ),
+    ),
 )
 def dynamic_batch_disagrees(inp: CheckInput) -> Iterator[Hit]:
     arr = inp.resolved["actor_rollout_ref"]

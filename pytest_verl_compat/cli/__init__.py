@@ -6,6 +6,7 @@ One module per command group; each adds its subcommands to the parser built here
 from __future__ import annotations
 
 import argparse
+import sys
 import traceback
 from collections.abc import Sequence
 from importlib import metadata
@@ -14,6 +15,7 @@ from typing import NoReturn
 from pytest_verl_compat.cli.assets import add_asset_parsers
 from pytest_verl_compat.cli.audit import add_audit_parser
 from pytest_verl_compat.cli.census import add_census_parser
+from pytest_verl_compat.cli.check import add_check_parser
 from pytest_verl_compat.cli.common import (
     EXIT_INTERNAL,
     EXIT_USAGE,
@@ -25,6 +27,7 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
+from pytest_verl_compat.cli.rules import add_rule_parser
 from pytest_verl_compat.cli.train import add_train_parser
 
 # The optional dependencies by top-level module, and the extra that installs them.
@@ -83,16 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = case_source_options()
     add_inspect_parsers(sub, common)
+    add_check_parser(sub, common)
     add_audit_parser(sub, common)
     add_census_parser(sub, common)
     add_case_source(add_train_parser(sub))
     add_drift_parsers(sub, common)
     add_asset_parsers(sub)
+    add_rule_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The words after the command's name: where a --set argument was written (check's locations).
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         return run_command(args.command, args.func, args)
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""Commands that show one case: read, compose, check, compile."""
+"""Commands that show one case: read, compose, compile (``check`` has its own module)."""
 
 from __future__ import annotations
 
@@ -60,53 +60,6 @@ def cmd_compose(args: argparse.Namespace) -> int:
         return EXIT_FINDINGS
     sys.stdout.write(yaml.safe_dump(composition.resolved, sort_keys=False))
     return EXIT_OK
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """Compose a case or script with extra fields and print its findings, one per line."""
-    session = open_session(args)
-    if args.model_config:
-        from pytest_verl_compat.pipeline.model_facts import read_model_facts
-        from pytest_verl_compat.pipeline.safe_input import InputError
-
-        try:
-            session.model_facts_override = read_model_facts(args.model_config)
-        except InputError as exc:
-            raise UsageError(str(exc)) from exc
-    case = case_for_target(session, args.target, args)
-    from pytest_verl_compat.upstream.early import AnswerCache
-    from pytest_verl_compat.upstream.verdict import check_case, live_asker
-
-    try:
-        # The base case's fields come from its script or its golden file; --set adds to them.
-        case = session.with_overrides(case, tuple(args.set or ()))
-        ask = None if args.no_upstream_checks else live_asker(session, AnswerCache())
-        result = check_case(session, case, ask)
-    except (StageFailed, StageUnavailable) as exc:
-        say("check", str(exc))
-        return EXIT_USAGE
-    if result.upstream_skipped:
-        say("check", f"upstream's own checks skipped: {result.upstream_skipped}")
-    for finding in result.findings:
-        print(finding.line())
-    if not result.composed:
-        return EXIT_FINDINGS
-    if args.profile:
-        for problem in result.problems:
-            print(f"ERROR {problem}")
-    if not session.model_facts(case):
-        print(
-            "model facts: none (no local config.json at the model paths; --model-config PATH "
-            "adds the heads, experts and context checks)",
-            file=sys.stderr,
-        )
-    version = session.pin.version
-    print(f"valid for verl {version}: {'yes' if result.valid else 'no'}", file=sys.stderr)
-    runnable = "yes" if result.runnable else f"no ({result.not_runnable})"
-    print(f"runnable by the reference trainer: {runnable}", file=sys.stderr)
-    # Exit 1 only when verl itself would fail or misbehave; the reference trainer's verdict
-    # fails the command only when asked (--profile).
-    return EXIT_OK if result.valid and (result.runnable or not args.profile) else EXIT_FINDINGS
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -176,27 +129,3 @@ def add_inspect_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     comp.add_argument("--full", action="store_true", help="include every leaf's class")
     comp.set_defaults(func=cmd_compile)
-
-    check = sub.add_parser(
-        "check", parents=[common], help="print a case's findings; exit 1 on an error"
-    )
-    check.add_argument("target", metavar="CASE|SCRIPT")
-    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
-    check.add_argument(
-        "--profile",
-        action="store_true",
-        help="also fail (exit 1) when the reference trainer cannot run the case, listing why",
-    )
-    check.add_argument(
-        "--model-config",
-        metavar="PATH",
-        help="the actor model's config.json (or its folder): checks heads, experts, context length "
-        "and tokenizer against the layout; read as JSON only, never run",
-    )
-    check.add_argument(
-        "--no-upstream-checks",
-        action="store_true",
-        help="skip upstream's own config-only checks (run in a sandboxed verl process, cached)",
-    )
-    add_bindings_flags(check)
-    check.set_defaults(func=cmd_check)

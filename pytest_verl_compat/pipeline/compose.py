@@ -22,6 +22,7 @@ from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Compositio
 from pytest_verl_compat.pipeline.hydra_internals import (
     apply_value_overrides,
     config_repository,
+    defaults_list,
     deterministic_resolvers,
     grammar_parse_cache,
     parse_override,
@@ -103,6 +104,8 @@ class _Base:
 
 
 _BASES: dict[tuple[str, str, tuple[str, ...]], _Base] = {}
+# The config files each set of group selections merges (``Composer.config_files``).
+_CONFIG_FILES: dict[tuple[str, str, tuple[str, ...]], list[tuple[Path, str]]] = {}
 # Config groups selected by a plain `group=option` override; their compositions are memoised too.
 _GROUP_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*=[A-Za-z0-9_\-.]+")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*")
@@ -350,6 +353,26 @@ class Composer:
             else:
                 values.append(line)
         return tuple(groups), values
+
+    def config_files(self, fields: Sequence[str]) -> list[tuple[Path, str]]:
+        """(YAML file, package) of every config of this tree the fields' composition merges, in
+        Hydra's merge order (a later file's key replaces an earlier one's). Only the fields that
+        may select a config group matter, so compositions of the same groups share one answer."""
+        composer, overrides = self._for_argv(fields)
+        if composer is not self:
+            return composer.config_files(overrides)
+        groups = tuple(line for line in overrides if "." not in line.split("=", 1)[0])
+        key = (self._tree_digest(), self.config_name, groups)
+        if key not in _CONFIG_FILES:
+            with self._hydra():
+                listed = defaults_list(self.config_name, groups)
+            files = []
+            for config_path, package in listed:
+                file = (self.config_dir / f"{config_path}.yaml").resolve()
+                if file.is_relative_to(self.config_dir.resolve()) and file.is_file():
+                    files.append((file, package))
+            _CONFIG_FILES[key] = files
+        return _CONFIG_FILES[key]
 
     def compose_config(self, fields: Sequence[str]) -> DictConfig:
         """The unresolved composed config (raises Hydra's own exceptions)."""

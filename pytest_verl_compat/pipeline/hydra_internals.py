@@ -107,3 +107,23 @@ def config_repository() -> Any:
     hydra = GlobalHydra.instance().hydra
     assert hydra is not None
     return hydra.config_loader.repository  # type: ignore[attr-defined]
+
+
+def defaults_list(config_name: str, overrides: Sequence[str]) -> list[tuple[str, str]]:
+    """(config path, package) of every config the initialised Hydra merges, in merge order.
+
+    Hydra's ``ConfigLoaderImpl.compute_defaults_list`` (what ``--info defaults`` prints): a later
+    entry's keys replace an earlier one's, so the last file that defines a key is where its
+    default is written. Hydra's own ``hydra/*`` configs are left out.
+    """
+    from hydra.types import RunMode
+
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None
+    loader = hydra.config_loader
+    result = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
+    return [
+        (default.config_path, default.package or "")
+        for default in result.defaults
+        if default.config_path is not None and not (default.package or "").split(".")[0] == "hydra"
+    ]

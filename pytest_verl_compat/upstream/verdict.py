@@ -27,6 +27,7 @@ from pytest_verl_compat.upstream.early import (
     early_answer,
     upstream_gate,
 )
+from pytest_verl_compat.upstream.rules import COMPOSE
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -123,7 +124,7 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
     report = session.compile(case)
     if report is None:
         reason = session.outcome(case).composition.reason
-        finding = Finding("error", COMPOSITION, reason, check="compose")
+        finding = Finding("error", COMPOSITION, reason, check=COMPOSE)
         return CaseCheck((finding,), False, False, reason, composed=False)
     findings = list(report.findings)
     upstream: list[Finding] = []

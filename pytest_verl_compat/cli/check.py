@@ -1,0 +1,547 @@
+"""``verl-compat check``: findings and verdicts of launch scripts, as a linter gives them.
+
+``check a.sh b.sh dir/ -`` checks every script (a folder's ``*.sh``, sorted; ``-`` is standard
+input; a manifest case id also works), one result per file and one summary. Each finding carries
+its rule id and where its key was set (``pipeline/locate.py``); ``--select``/``--ignore``,
+``--fail-on`` and ``[tool.verl-compat]`` in the nearest ``pyproject.toml`` choose what is reported,
+``# verl-compat: ignore[RULE]`` silences one line (``pipeline/suppress.py``).
+
+Exit status: 0 nothing at or above ``--fail-on``, 1 findings at or above it (or, with
+``--profile``, a script the reference trainer cannot run), 2 an input that cannot be read or a
+usage error (one line each; the other files are still checked and reported), 3 a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.bash import LaunchExited, LaunchReadError
+from pytest_verl_compat.cli.check_report import (
+    FORMATS,
+    CheckRun,
+    FileResult,
+    FileStatus,
+    dumps,
+    github_lines,
+    json_report,
+    sarif_report,
+    summary_line,
+    text_lines,
+    verdict_lines,
+)
+from pytest_verl_compat.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    add_bindings_flags,
+    case_for_target,
+    flag_bindings,
+    open_session,
+    say,
+)
+from pytest_verl_compat.model import LEVELS, Case, Finding, Level, Location, StageFailed
+from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path, set_positions
+from pytest_verl_compat.pipeline.safe_input import InputError, read_text
+from pytest_verl_compat.pipeline.snapshot import write_atomic
+from pytest_verl_compat.pipeline.suppress import (
+    Selection,
+    SelectorError,
+    apply_directives,
+    check_selectors,
+    directives,
+)
+from pytest_verl_compat.upstream.rules import LAUNCH_NO_LAUNCHER, LAUNCH_UNREADABLE, all_rules
+
+MAX_SCRIPT_BYTES = 1 << 20  # the launch reader's own bound
+STDIN = "-"
+LAUNCHER_MODULE = "verl.trainer.main_ppo"
+SETTINGS_TABLE = "verl-compat"
+SETTINGS_KEYS = ("select", "ignore", "fail-on")
+
+
+# --- settings: the command line over [tool.verl-compat] ----------------------------------------
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The nearest ``pyproject.toml`` from ``start`` upward that has ``[tool.verl-compat]``."""
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                text = read_text(candidate, what="pyproject.toml")
+            except InputError:
+                continue
+            # The table itself, not any mention (a project's scripts may be named verl-compat).
+            if f"[tool.{SETTINGS_TABLE}]" in text or f"tool.{SETTINGS_TABLE}." in text:
+                return candidate
+    return None
+
+
+def _settings_from(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(read_text(path, what="pyproject.toml"))
+    except (InputError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from exc
+    table = data.get("tool", {}).get(SETTINGS_TABLE, {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [tool.{SETTINGS_TABLE}] must be a table")
+    for key, value in table.items():
+        if key not in SETTINGS_KEYS:
+            raise UsageError(
+                f"{path}: [tool.{SETTINGS_TABLE}] has no setting {key!r} "
+                f"(settings: {', '.join(SETTINGS_KEYS)})"
+            )
+        if key in ("select", "ignore") and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            raise UsageError(f"{path}: [tool.{SETTINGS_TABLE}] {key} must be a list of rule ids")
+        if key == "fail-on" and value not in LEVELS[:2]:
+            raise UsageError(
+                f"{path}: [tool.{SETTINGS_TABLE}] fail-on must be 'error' or 'warning'"
+            )
+    return dict(table)
+
+
+def _split(values: Sequence[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def selection(args: argparse.Namespace) -> Selection:
+    """The rules to report and the failing level: command-line values replace the file's."""
+    settings: dict[str, Any] = {}
+    where = "the command line"
+    if not args.isolated:
+        found = find_pyproject(Path.cwd())
+        if found is not None:
+            settings = _settings_from(found)
+            where = str(found)
+    known = list(all_rules())
+    try:
+        select = check_selectors(settings.get("select", []), known, where)
+        ignore = check_selectors(settings.get("ignore", []), known, where)
+        given_select, given_ignore = _split(args.select), _split(args.ignore)
+        if given_select is not None:
+            select = check_selectors(given_select, known, "--select")
+        if given_ignore is not None:
+            ignore = check_selectors(given_ignore, known, "--ignore")
+    except SelectorError as exc:
+        raise UsageError(str(exc)) from exc
+    fail_on: Level = args.fail_on or settings.get("fail-on", "error")
+    return Selection(select, ignore, fail_on)
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing to check: a script file, standard input, or a manifest case."""
+
+    label: str
+    path: Path | None = None
+    case_id: str | None = None
+    text: str | None = None  # standard input's text
+    error: str = ""  # a target that cannot be checked (one line)
+
+
+def _folder_scripts(folder: Path) -> Iterator[Path]:
+    """Every ``*.sh`` under ``folder``, sorted; hidden folders and folder links are not entered."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(Path(root) / name for name in files if name.endswith(".sh"))
+    yield from sorted(found)
+
+
+def _looks_like_path(target: str) -> bool:
+    return target.endswith((".sh", ".bash")) or target.startswith((".", "/", "~")) or "/" in target
+
+
+def targets(args: argparse.Namespace, session: AuditSession) -> list[Target]:
+    out: list[Target] = []
+    for given in args.targets:
+        if given == STDIN:
+            label = args.stdin_filename or "<stdin>"
+            data = sys.stdin.buffer.read(MAX_SCRIPT_BYTES + 1)
+            if len(data) > MAX_SCRIPT_BYTES:
+                out.append(
+                    Target(label, error=f"{label}: the script is over {MAX_SCRIPT_BYTES} bytes")
+                )
+                continue
+            try:
+                out.append(Target(label, text=data.decode("utf-8")))
+            except UnicodeDecodeError:
+                out.append(Target(label, error=f"{label}: the script is not UTF-8 text"))
+            continue
+        path = Path(given).expanduser()
+        if path.is_dir():
+            scripts = list(_folder_scripts(path))
+            out.extend(Target(display_path(p.absolute()), p) for p in scripts)
+            if not scripts:
+                say("check", f"{given}: no *.sh script in this folder")
+        elif os.path.lexists(path):
+            out.append(Target(given, path))
+        elif _looks_like_path(given):
+            out.append(Target(given, error=f"{given}: launch script not found"))
+        else:
+            case_for_target(session, given, args)  # a UsageError for an unknown case id
+            out.append(Target(given, case_id=given))
+    return out
+
+
+# --- one target ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """A target read and composed: what check_case needs, and how to locate its findings."""
+
+    target: Target
+    case: Case | None = None
+    locator: Locator | None = None
+    result: FileResult | None = None  # set when the target ends before check_case
+
+
+def _launch_finding(exc: LaunchReadError, label: str) -> Finding:
+    rule = (
+        LAUNCH_NO_LAUNCHER
+        if isinstance(exc, LaunchExited) or exc.construct == "no launcher"
+        else LAUNCH_UNREADABLE
+    )
+    level: Level = "info" if rule == LAUNCH_NO_LAUNCHER else "error"
+    fix = "" if rule == LAUNCH_NO_LAUNCHER else "bind the value, or write the override literally"
+    return Finding(
+        level,
+        "<launch>",
+        f"{exc.construct}: {exc.detail}".replace("\n", "\\n"),
+        fix,
+        check=rule,
+        location=Location(label, exc.line or 1, 0, "script"),
+    )
+
+
+def _script_text(target: Target, scratch: Path) -> tuple[Path, str]:
+    """The script's file and text (standard input is written to a private file first)."""
+    if target.text is not None:
+        path = scratch / "stdin.sh"
+        path.write_text(target.text, encoding="utf-8")
+        return path, target.text
+    assert target.path is not None
+    return target.path, read_text(target.path, MAX_SCRIPT_BYTES, "launch script")
+
+
+def prepare(
+    session: AuditSession, target: Target, args: argparse.Namespace, scratch: Path
+) -> Prepared:
+    if target.error:
+        return Prepared(target, result=FileResult(target.label, "unreadable", error=target.error))
+    overrides = tuple(args.set or ())
+    text: str | None = None
+    fallback: Location | None = None
+    label = target.label
+    try:
+        if target.case_id is not None:
+            case = case_for_target(session, target.case_id, args)
+            assert session.manifest is not None
+            fallback = Location(display_path(session.manifest.path), case.line, 0, "manifest")
+        else:
+            path, text = _script_text(target, scratch)
+            if LAUNCHER_MODULE not in text:
+                finding = Finding(
+                    "info",
+                    "<launch>",
+                    f"no `python3 -m {LAUNCHER_MODULE}` in the script: nothing to check",
+                    check=LAUNCH_NO_LAUNCHER,
+                    location=Location(label, 1, 0, "script"),
+                )
+                return Prepared(target, result=FileResult(label, "not-a-launcher", [finding]))
+            case = session.case_for_script(path, flag_bindings(args))
+            # The session keeps each case's results by id, and a script's id is its stem: two
+            # scripts of one call (grpo_trainer/run_x.sh, ppo_trainer/run_x.sh) must not share.
+            case = dataclasses.replace(case, id=f"{case.id}@{path.resolve()}")
+        case = session.with_overrides(case, overrides)
+        outcome = session.outcome(case)
+    except InputError as exc:
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc)))
+    except StageFailed as exc:
+        cause = exc.__cause__
+        if isinstance(cause, LaunchReadError):
+            finding = _launch_finding(cause, label)
+            status: FileStatus = (
+                "not-a-launcher" if finding.rule == LAUNCH_NO_LAUNCHER else "checked"
+            )
+            valid = None if status == "not-a-launcher" else False
+            return Prepared(target, result=FileResult(label, status, [finding], valid=valid))
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc)))
+    if text is None and case.launch is not None and outcome.fields_source == "launch":
+        root = session.upstream.root if session.upstream is not None else Path("/")
+        try:
+            text = read_text(root / case.launch, MAX_SCRIPT_BYTES, "launch script")
+            label = display_path(root / case.launch)
+        except InputError:
+            text = None
+    fields = outcome.fields
+
+    def config_files() -> list[tuple[Path, str]]:
+        return session.composer().config_files(fields.fields)
+
+    locator = Locator(
+        label,
+        text,
+        fields,
+        set_positions(args.argv, overrides),
+        TreeIndex(config_files) if outcome.composition.composed else None,
+        fallback,
+    )
+    return Prepared(target, case, locator)
+
+
+def finish(
+    session: AuditSession,
+    prepared: Prepared,
+    ask: Any,
+    chosen: Selection,
+) -> FileResult:
+    from pytest_verl_compat.upstream.verdict import check_case
+
+    if prepared.result is not None:
+        result = prepared.result
+        result.findings = [f for f in result.findings if chosen.reports(f.rule)]
+        return result
+    assert prepared.case is not None and prepared.locator is not None
+    locator = prepared.locator
+    try:
+        verdict = check_case(session, prepared.case, ask)
+    except StageFailed as exc:
+        return FileResult(locator.label, "unreadable", error=str(exc))
+    located = [f for f in locator.located(verdict.findings) if chosen.reports(f.rule)]
+    launcher = locator.launcher()
+    silenced = 0
+    if locator.text is not None:
+        known = list(all_rules())
+        outcome = apply_directives(
+            located,
+            directives(locator.text),
+            locator.label,
+            launcher.line if launcher is not None else None,
+            known,
+        )
+        located = list(outcome.kept) + [f for f in outcome.unused if chosen.reports(f.rule)]
+        silenced = outcome.silenced
+    return FileResult(
+        locator.label,
+        "checked",
+        located,
+        silenced,
+        verdict.valid,
+        verdict.runnable if verdict.composed else False,
+        verdict.not_runnable,
+        verdict.upstream_skipped,
+        launcher=launcher,
+        problems=verdict.problems,
+        model_facts=bool(session.model_facts(prepared.case)) if verdict.composed else None,
+    )
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def _tool_version() -> str:
+    try:
+        return metadata.version("pytest-verl-compat")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _asker(
+    session: AuditSession, prepared: list[Prepared], args: argparse.Namespace
+) -> tuple[Any, Callable[[], None]]:
+    """Upstream's early checks for every composed case: one oracle process for the whole run,
+    every question sent before the first answer is read."""
+    if args.no_upstream_checks:
+        return None, lambda: None
+    from pytest_verl_compat.upstream.early import AnswerCache, prefetch_answer, upstream_gate
+    from pytest_verl_compat.upstream.oracle import UpstreamOracle
+    from pytest_verl_compat.upstream.verdict import live_asker
+
+    gate = upstream_gate(session)
+    cache = AnswerCache()
+    composed = [
+        p.case
+        for p in prepared
+        if p.case is not None and session.outcome(p.case).composition.composed
+    ]
+    if gate.tree is None or not composed:
+        return live_asker(session, cache, None, gate), lambda: None
+    oracle = UpstreamOracle(workers=2 if len(composed) > 1 else 1)
+    for case in composed:
+        prefetch_answer(
+            session, session.outcome(case).composition.mapping, gate.tree, cache, oracle
+        )
+    return live_asker(session, cache, oracle, gate), oracle.close
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Check every target; print the findings in the chosen format, then the summary."""
+    if not hasattr(args, "argv"):
+        args.argv = []
+    chosen = selection(args)
+    session = open_session(args)
+    if args.model_config:
+        from pytest_verl_compat.pipeline.model_facts import read_model_facts
+
+        try:
+            session.model_facts_override = read_model_facts(args.model_config)
+        except InputError as exc:
+            raise UsageError(str(exc)) from exc
+    if args.targets.count(STDIN) > 1:
+        raise UsageError("standard input (-) can be read once")
+    listed = targets(args, session)
+    with tempfile.TemporaryDirectory(prefix="verl-compat-check-") as scratch:
+        prepared = [prepare(session, target, args, Path(scratch)) for target in listed]
+        ask, close = _asker(session, prepared, args)
+        try:
+            results = [finish(session, p, ask, chosen) for p in prepared]
+        finally:
+            close()
+    rules = all_rules(session.pin.version, Path(session.profile_name).stem)
+    run = CheckRun(results, session.pin.version, _tool_version(), rules, Path.cwd())
+    write_output(run, args, session)
+    return exit_status(run, chosen, args)
+
+
+def exit_status(run: CheckRun, chosen: Selection, args: argparse.Namespace) -> int:
+    if any(r.status == "unreadable" for r in run.results):
+        return EXIT_USAGE
+    failing = any(chosen.fails(f) for r in run.results for f in r.findings)
+    if args.profile:
+        failing = failing or any(r.runnable is False for r in run.results)
+    return EXIT_FINDINGS if failing else EXIT_OK
+
+
+def write_output(run: CheckRun, args: argparse.Namespace, session: AuditSession) -> None:
+    many = len(run.results) > 1
+    for result in run.results:
+        if result.status == "unreadable":
+            say("check", result.error)
+    skipped = sorted({r.upstream_skipped for r in run.results if r.upstream_skipped})
+    for reason in skipped:
+        say("check", f"upstream's own checks skipped: {reason}")
+    if args.format == "text":
+        lines = [line for r in run.results for line in text_lines(r)]
+    elif args.format == "github":
+        lines = github_lines(run)
+    else:
+        payload = json_report(run) if args.format == "json" else sarif_report(run)
+        lines = [dumps(payload).rstrip("\n")]
+    text = "".join(line + "\n" for line in lines)
+    if args.output_file:
+        try:
+            write_atomic(Path(args.output_file), text)
+        except OSError as exc:
+            raise UsageError(f"{args.output_file}: cannot write: {exc.strerror}") from exc
+    else:
+        sys.stdout.write(text)
+    if args.format != "text":
+        if many:
+            print(summary_line(run), file=sys.stderr)
+        return
+    for result in run.results:
+        prefix = f"{result.label}: " if many else ""
+        if args.profile:
+            for problem in result.problems:
+                print(f"{prefix}ERROR {problem}")
+        if not many and result.model_facts is False:
+            print(
+                "model facts: none (no local config.json at the model paths; --model-config PATH "
+                "adds the heads, experts and context checks)",
+                file=sys.stderr,
+            )
+        for line in verdict_lines(result, run.version, many):
+            print(line, file=sys.stderr)
+    if many:
+        print(summary_line(run), file=sys.stderr)
+
+
+def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    check = sub.add_parser(
+        "check",
+        parents=[common],
+        help="print the findings of launch scripts (or cases); exit 1 on an error",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    check.add_argument(
+        "targets",
+        nargs="+",
+        metavar="SCRIPT|FOLDER|CASE|-",
+        help="launch scripts, folders (their *.sh, sorted), manifest case ids, or - for stdin",
+    )
+    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
+    check.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default), json (schema: pytest_verl_compat/data/check.schema.json), "
+        "sarif (2.1.0, for GitHub code scanning) or github (workflow annotations)",
+    )
+    check.add_argument(
+        "--output-file", metavar="PATH", help="write the findings there instead of stdout"
+    )
+    check.add_argument(
+        "--select",
+        action="append",
+        metavar="RULES",
+        help="report only these rule ids or families (comma-separated; e.g. batch,upstream)",
+    )
+    check.add_argument(
+        "--ignore",
+        action="append",
+        metavar="RULES",
+        help="do not report these rule ids or families",
+    )
+    check.add_argument(
+        "--fail-on",
+        choices=LEVELS[:2],
+        default=None,
+        help="exit 1 on findings at or above this level (default: error)",
+    )
+    check.add_argument(
+        "--isolated",
+        action="store_true",
+        help="ignore [tool.verl-compat] in pyproject.toml",
+    )
+    check.add_argument(
+        "--stdin-filename", metavar="NAME", help="the name of the script read from standard input"
+    )
+    check.add_argument(
+        "--profile",
+        action="store_true",
+        help="also fail (exit 1) when the reference trainer cannot run the case, listing why",
+    )
+    check.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="the actor model's config.json (or its folder): checks heads, experts, context length "
+        "and tokenizer against the layout; read as JSON only, never run",
+    )
+    check.add_argument(
+        "--no-upstream-checks",
+        action="store_true",
+        help="skip upstream's own config-only checks (run in a sandboxed verl process, cached)",
+    )
+    add_bindings_flags(check)
+    check.set_defaults(func=cmd_check)
