@@ -23,8 +23,13 @@ from pytest_verl_compat.pipeline.manifest import (
     load_examples,
     load_manifest,
 )
-from pytest_verl_compat.pipeline.report import EXAMPLES_AUDIT, example_entry, example_totals
-from pytest_verl_compat.upstream.examples_record import argv_digest, digest
+from pytest_verl_compat.pipeline.report import EXAMPLES_AUDIT, example_totals
+from pytest_verl_compat.upstream.examples_record import (
+    UPSTREAM_ANSWER,
+    argv_digest,
+    digest,
+    example_entry,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "golden"
@@ -55,7 +60,7 @@ def test_the_list_is_every_script_of_the_checkout_pinned(upstream_checkout: Path
 def test_example(case: Case, session: AuditSession) -> None:
     """Read as recorded, composed as upstream's entry point composed the same argv, checked."""
     upstream: dict[str, Any] = UPSTREAM[case.id]
-    entry = example_entry(session, case, upstream.get("upstream_failures"))
+    entry = example_entry(session, case, upstream.get(UPSTREAM_ANSWER))
     expected_error = (case.expected or {}).get("read_error")
     if expected_error:
         assert not entry["read"] and expected_error in entry["reason"], entry

@@ -22,10 +22,9 @@ import pytest
 from hostile_canary import Canary
 
 from pytest_verl_compat.checks import CHECKS
-from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.model import Finding, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream import early_checks
 from pytest_verl_compat.upstream.early import (
     STATIC_EQUIVALENT_MESSAGES,
     STATIC_EQUIVALENTS,
@@ -33,7 +32,7 @@ from pytest_verl_compat.upstream.early import (
     EarlyAnswer,
     UpstreamFailure,
     cache_key,
-    covered_static_checks,
+    covered_static_findings,
     early_answer,
 )
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
@@ -145,22 +144,15 @@ PHASES = {
         {f"{ARR}.actor.ppo_mini_batch_size": 4},
         {f"{ARR}.actor.ppo_mini_batch_size": 8},
     ),
-    "make-iterator": (
-        "first update: make_iterator (actor)",
-        "verl/utils/tensordict_utils.py",
-        "AssertionError: 12 % 8 != 0",
-        {**SMALL, "trainer.use_v1": False, f"{ARR}.actor.ppo_mini_batch_size": 8},
-        {**SMALL, "trainer.use_v1": False, f"{ARR}.actor.ppo_mini_batch_size": 6},
-    ),
     "micro-batches": (
-        "first update: prepare_micro_batches (actor micro-batches)",
+        "first update: TrainingWorker.train_mini_batch (actor)",
         "verl/workers/engine/utils.py",
         "data size must be divisible by force_group_size * micro_batch_size_per_gpu",
         {**STATIC, f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 3},
         STATIC,
     ),
     "log-prob-micro-batches": (
-        "first step: compute_log_prob",
+        "first step: TrainingWorker.infer_batch (actor)",
         "verl/workers/engine/utils.py",
         "data size must be divisible by force_group_size * micro_batch_size_per_gpu",
         {**STATIC, f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu": 7},
@@ -182,8 +174,8 @@ def test_upstream_check_fires_at_its_phase_and_not_on_the_valid_twin(
     assert failure.where.startswith(upstream_file + ":"), failure
     line = upstream_line(failure.where)
     assert "assert" in line or "raise" in line, (failure.where, line)
-    if failure.stand_in:  # a stand-in quotes the statement that sits on that very line
-        assert line.strip().startswith(failure.source)
+    # The failure names the configuration keys that decided it, among them one the edit set.
+    assert set(failure.keys) & set(bad_edits), failure.keys
     good = ask(oracle, edited(grpo, good_edits))
     assert not [f for f in good.failures if f.phase.startswith(phase)], good.failures
 
@@ -218,39 +210,42 @@ def test_a_foreign_target_is_never_instantiated(oracle: UpstreamOracle, canary: 
     assert not canary.fired()
 
 
-def test_every_stand_in_statement_is_on_a_line_of_the_installed_verl() -> None:
-    if installed_verl_root() is None:
-        pytest.skip("verl is not installed")
-    for statement in early_checks.STAND_IN_STATEMENTS:
-        record = early_checks.stand_in_failure("p", early_checks.ENGINE_WORKERS, statement, "m")
-        assert record["where"], f"stale stand-in: {statement}"
-        assert upstream_line(record["where"]).strip().startswith(statement)
-
-
 def test_every_static_equivalent_names_a_registered_check_and_a_real_statement() -> None:
     if installed_verl_root() is None:
         pytest.skip("verl is not installed")
     installed = installed_verl_root()
     assert installed is not None
+    from pytest_verl_compat.upstream.early import _statement_lines
+
     for check_id, statements in STATIC_EQUIVALENTS.items():
         assert check_id in CHECKS
-        for relative, statement in statements:
-            text = (installed[0] / relative).read_text(encoding="utf-8")
-            assert any(line.strip().startswith(statement) for line in text.splitlines()), statement
+        for relative, statement, *function in statements:
+            assert _statement_lines(relative, statement, *function), (relative, statement, function)
     assert set(STATIC_EQUIVALENT_MESSAGES) <= set(CHECKS)
 
 
-def test_a_static_check_is_left_out_only_when_upstream_raised_its_statement() -> None:
+DYNAMIC_AGREES = (
+    "assert self.config.actor.use_dynamic_bsz == self.config.rollout.log_prob_use_dynamic_bsz"
+)
+
+
+def test_a_static_finding_is_left_out_only_for_upstreams_statement_at_the_same_section() -> None:
     if installed_verl_root() is None:
         pytest.skip("verl is not installed")
-    statement = early_checks.DYNAMIC_AGREES
-    where = early_checks.stand_in_failure("p", early_checks.ENGINE_WORKERS, statement, "m")["where"]
-    same = UpstreamFailure("worker start: x", "AssertionError", where, statement)
-    other = UpstreamFailure("worker start: x", "AssertionError", where + "0", statement)
-    assert "worker.dynamic-batch-disagrees" in covered_static_checks(
-        EarlyAnswer("passes", "", (same,))
-    )
-    assert not covered_static_checks(EarlyAnswer("passes", "", (other,)))
+    where = _where("verl/workers/engine_workers.py", DYNAMIC_AGREES)
+    keys = (f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.rollout.log_prob_use_dynamic_bsz")
+    same = UpstreamFailure("worker start: x", "AssertionError", where, DYNAMIC_AGREES, keys=keys)
+    other_line = UpstreamFailure("worker start: x", "AssertionError", where + "0", "", keys=keys)
+    elsewhere = UpstreamFailure("worker start: x", "AssertionError", where, "", keys=("data.x",))
+    static = Finding("error", ", ".join(keys), "m", check="worker.dynamic-batch-disagrees")
+    unrelated = Finding("error", keys[0], "m", check="batch.padded-step")
+
+    def covered(*failures: UpstreamFailure) -> list[Finding]:
+        answer = EarlyAnswer("passes", "", failures)
+        return covered_static_findings(answer, [static, unrelated], lambda f: f.keys)
+
+    assert covered(same) == [static]
+    assert covered(other_line) == [] and covered(elsewhere) == []
 
 
 # --- the cache -----------------------------------------------------------------------------
@@ -268,9 +263,10 @@ class CountingOracle:
             "phase": "worker start: ActorRolloutRefWorker.init_model",
             "message": "AssertionError",
             "where": "verl/workers/engine_workers.py:610",
-            "source": early_checks.DYNAMIC_AGREES,
-            "stand_in": "repeated",
-            "check": "stand-in",
+            "source": DYNAMIC_AGREES,
+            "stand_in": "",
+            "check": "PPOTrainer._setup",
+            "keys": [f"{ARR}.actor.use_dynamic_bsz"],
         }
         return {"verdict": "passes", "message": "", "failures": [failure]}
 
@@ -359,12 +355,15 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
     cold = cli(*sampled, cache=tmp_path)
     assert cold.returncode == 1, cold.stderr
     # Each line is located (FILE:LINE[:COL]: ...); what follows is the rule and the message.
-    assert [line.split(": ", 1)[1] for line in cold.stdout.splitlines()] == [
-        "error[upstream.trainer-start] upstream.trainer-start: AssertionError: validation gen "
-        "temperature should be "
-        "greater than 0 when enabling do_sample (verl 0.9.0 raises it at trainer start: "
-        f"validate_config, {_where('verl/utils/config.py', 'assert config.actor_rollout_ref.rollout.temperature > 0')})"
-    ]
+    where = _where(
+        "verl/utils/config.py", "assert config.actor_rollout_ref.rollout.temperature > 0"
+    )
+    (line,) = cold.stdout.splitlines()
+    assert line.split(": ", 1)[1].startswith(
+        f"error[upstream.trainer-start] {ARR}.rollout.temperature, {ARR}.rollout.val_kwargs.do_sample: "
+        "AssertionError: validation gen temperature should be greater than 0 when enabling "
+        f"do_sample (verl 0.9.0 raises it at trainer start: validate_config, {where}) (change "
+    ), line
     assert "valid for verl 0.9.0: no" in cold.stderr
     assert [p.name for p in (tmp_path / "pytest-verl-compat").iterdir()] == ["upstream-checks"]
     warm = cli(*sampled, cache=tmp_path)
@@ -393,7 +392,7 @@ def test_check_leaves_out_the_static_finding_upstream_repeats(
     args = ("--upstream", str(upstream_checkout), "check", "grpo")
     both = cli(*args, *(w for e in edits for w in ("--set", e)), cache=tmp_path)
     assert both.returncode == 1
-    assert _where(early_checks.ENGINE_WORKERS, early_checks.DYNAMIC_AGREES) in both.stdout
+    assert _where("verl/workers/engine_workers.py", DYNAMIC_AGREES) in both.stdout
     assert "asserts they are equal" not in both.stdout
     static = cli(
         *args, *(w for e in edits for w in ("--set", e)), "--no-upstream-checks", cache=tmp_path
@@ -478,41 +477,3 @@ def test_upstreams_early_checks_on_every_composed_example(
         if failures:
             found[case_id] = (failures[0].check_id, failures[0].where.split(":")[0])
     assert found == EXAMPLE_FAILURES
-
-
-def test_the_validate_stage_verdict_names_the_file_line_and_phase() -> None:
-    """The plugin's validate stage reads the same answer: validate_config's verdict, its message
-    with upstream's file:line and phase, and the other early failures."""
-    from pytest_verl_compat.upstream.validate import UpstreamVerdicts
-
-    validate = {
-        "phase": early_checks.TRAINER_START,
-        "message": "AssertionError: validation gen temperature should be greater than 0",
-        "where": "verl/utils/config.py:186",
-        "source": "assert config.actor_rollout_ref.rollout.temperature > 0, (",
-        "stand_in": "",
-        "check": early_checks.VALIDATE_CONFIG,
-    }
-    oracle = CountingOracle()
-    worker = oracle.answer("", {})["failures"][0]
-
-    class Answering(CountingOracle):
-        def answer(self, key: str, request: Mapping[str, Any]) -> dict[str, Any]:
-            self.asked += 1
-            return {
-                "verdict": "fails",
-                "message": validate["message"],
-                "failures": [validate, worker],
-            }
-
-    composed = SimpleNamespace(composition=SimpleNamespace(mapping={"a": 1}))
-    session = SimpleNamespace(pin=SimpleNamespace(version="0.9.0"), outcome=lambda case: composed)
-    verdict = UpstreamVerdicts(session, Answering()).verdict(None)  # type: ignore[arg-type]
-    assert verdict["verdict"] == "fails"
-    assert verdict["message"] == (
-        "AssertionError: validation gen temperature should be greater than 0 (verl 0.9.0 raises "
-        "it at trainer start: validate_config, verl/utils/config.py:186)"
-    )
-    assert (
-        len(verdict["early"]) == 1 and "verl/workers/engine_workers.py:610" in verdict["early"][0]
-    )

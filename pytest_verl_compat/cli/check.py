@@ -376,7 +376,7 @@ def _asker(
         return None, lambda: None
     from pytest_verl_compat.upstream.early import AnswerCache, prefetch_answer, upstream_gate
     from pytest_verl_compat.upstream.oracle import UpstreamOracle
-    from pytest_verl_compat.upstream.verdict import live_asker
+    from pytest_verl_compat.upstream.verdict import explicit_keys, live_asker
 
     gate = upstream_gate(session)
     cache = AnswerCache()
@@ -390,7 +390,12 @@ def _asker(
     oracle = UpstreamOracle(workers=2 if len(composed) > 1 else 1)
     for case in composed:
         prefetch_answer(
-            session, session.outcome(case).composition.mapping, gate.tree, cache, oracle
+            session,
+            session.outcome(case).composition.mapping,
+            gate.tree,
+            cache,
+            oracle,
+            explicit_keys(session, case),
         )
     return live_asker(session, cache, oracle, gate), oracle.close
 

@@ -12,8 +12,6 @@ from pytest_verl_compat.model import (
     ACCEPTED,
     COMPOSITION_REJECTION,
     SEMANTIC_REJECTION,
-    Case,
-    StageFailed,
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 
@@ -98,39 +96,6 @@ def field_lines(
 # --- upstream's example scripts (corpus/examples.yaml) ------------------------------------------
 
 EXAMPLES_AUDIT = "examples/audit.json"
-
-
-def example_entry(
-    session: AuditSession, case: Case, upstream_failures: list[str] | None = None
-) -> dict[str, Any]:
-    """One example script: read, composed, valid for the pinned verl, runnable by the trainer.
-
-    ``upstream_failures``: what upstream's own early checks said of it, as recorded
-    (golden/examples/upstream.json); each is an error of verl's, so the script is not valid.
-    """
-    from pytest_verl_compat.pipeline.compile import verdicts
-
-    entry: dict[str, Any] = {"id": case.id}
-    try:
-        outcome = session.outcome(case)
-    except StageFailed as exc:
-        return {**entry, "read": False, "reason": str(exc).split(": ", 1)[-1]}
-    composition = outcome.composition
-    entry.update(read=True, composed=composition.composed)
-    if not composition.composed:
-        return {**entry, "reason": composition.reason.splitlines()[0]}
-    report = session.compile(case)
-    assert report is not None
-    verdict = verdicts(report)
-    upstream = list(upstream_failures or [])
-    return {
-        **entry,
-        "valid": verdict.valid and not upstream,
-        "runnable": verdict.runnable and not upstream,
-        # Worded as the verdict's own errors are, so a reader of the file sees one kind of line.
-        "errors": [*verdict.errors, *(f"ERROR {failure}" for failure in upstream)],
-        "warnings": sum(1 for f in report.findings if f.level == "warning"),
-    }
 
 
 def example_totals(entries: list[dict[str, Any]]) -> dict[str, int]:

@@ -20,7 +20,12 @@ from pytest_verl_compat.upstream.early import (
 )
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.trusted import TrustedCompositions
-from pytest_verl_compat.upstream.verdict import CaseCheck, check_case, live_asker
+from pytest_verl_compat.upstream.verdict import (
+    CaseCheck,
+    check_case,
+    explicit_keys,
+    live_asker,
+)
 
 if TYPE_CHECKING:
     from pytest_verl_compat.conformance.plan import ConformanceCase
@@ -112,7 +117,12 @@ class AuditState:
         tree = self.upstream_gate().tree
         assert tree is not None
         prefetch_answer(
-            self.session, outcome.composition.mapping, tree, PytestAnswers(cache), self.oracle
+            self.session,
+            outcome.composition.mapping,
+            tree,
+            PytestAnswers(cache),
+            self.oracle,
+            explicit_keys(self.session, case),
         )
 
     def check(self, case: Case, cache: Any) -> CaseCheck:

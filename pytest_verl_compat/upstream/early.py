@@ -13,12 +13,13 @@ reported is the same cause said twice; ``covered_static_checks`` says which to l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,7 +29,8 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
 from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
-from pytest_verl_compat.upstream.probes import KEY_NOT_EVALUATED, KEY_TYPES, statements
+from pytest_verl_compat.upstream.probes import KEY_EFFECTS, KEY_NOT_EVALUATED, KEY_TYPES, statements
+from pytest_verl_compat.upstream.probes import effects as probe_effects
 from pytest_verl_compat.upstream.probes import records as ec
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
@@ -39,9 +41,12 @@ if TYPE_CHECKING:
 CACHE_FOLDER = "pytest-verl-compat"
 CACHE_KIND = "upstream-checks"
 # Bumped when the answer's shape or the checks change, so an older answer is never read as new.
-ANSWER_FORMAT = 2
+ANSWER_FORMAT = 3
 # The rule of a value a config dataclass's annotation refuses.
 TYPE_ANNOTATION = "types.annotation"
+# The rules of an explicit key without effect (``probes.effects``).
+NEVER_READ_RULE = "effect.never-read"
+OVERRIDDEN_RULE = "effect.overridden"
 MAX_ENTRY_BYTES = 1 << 20
 
 # prepare_micro_batches' one assertion, met by the update's and the log-prob passes' split.
@@ -229,6 +234,8 @@ class EarlyAnswer:
     not_evaluated: tuple[Mapping[str, str], ...] = ()
     # Values the config dataclasses' annotations refuse (``probes.types``), every key's.
     wrong_types: tuple[Mapping[str, str], ...] = ()
+    # Explicit keys never read, or read and overridden (``probes.effects``).
+    without_effect: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], cached: bool = False) -> EarlyAnswer:
@@ -239,7 +246,62 @@ class EarlyAnswer:
             cached=cached,
             not_evaluated=tuple(dict(n) for n in raw.get(KEY_NOT_EVALUATED, [])),
             wrong_types=tuple(dict(t) for t in raw.get(KEY_TYPES, [])),
+            without_effect=tuple(dict(e) for e in raw.get(KEY_EFFECTS, [])),
         )
+
+    def effect_findings(self, version: str) -> list[Finding]:
+        """A warning for each explicit key that changes nothing (``probes.effects``)."""
+        out = []
+        for record in self.without_effect:
+            key = str(record[probe_effects.KEY_KEY])
+            instead = [str(k) for k in record.get(probe_effects.KEY_INSTEAD) or []]
+            if record[probe_effects.KEY_KIND] == probe_effects.NEVER_READ:
+                read = f"; it reads {instead[0]} instead" if instead else ""
+                out.append(
+                    Finding(
+                        "warning",
+                        key,
+                        f"verl {version} never reads it on the main_ppo V1 path{read}",
+                        f"set {instead[0]}" if instead else f"remove {key}",
+                        evidence="no code of the installed verl outside its config dataclasses "
+                        "(verl/workers/config/) reads the field, and none of the probes did",
+                        check=NEVER_READ_RULE,
+                    )
+                )
+                continue
+            effects = ", ".join(str(e) for e in record[probe_effects.KEY_EFFECTS])
+            if record[probe_effects.KEY_KIND] == probe_effects.NOT_READ_HERE:
+                out.append(
+                    Finding(
+                        "warning",
+                        key,
+                        f"{key}={record[probe_effects.KEY_VALUE]} changes nothing here: "
+                        f"upstream's code for {effects} never reads it with these settings (what "
+                        "reads it runs only under another setting of the same section)",
+                        f"remove {key}, or select the setting that uses it",
+                        evidence="the probes ran upstream's own functions for "
+                        f"{effects}, which alone read it, and none read it",
+                        check=OVERRIDDEN_RULE,
+                    )
+                )
+                continue
+            deciding = f" ({', '.join(instead)} decide instead)" if instead else ""
+            where = ", ".join(str(w) for w in record.get(probe_effects.KEY_WHERE) or [])
+            out.append(
+                Finding(
+                    "warning",
+                    key,
+                    f"{key}={record[probe_effects.KEY_VALUE]} changes nothing: with "
+                    f"{record[probe_effects.KEY_TRIED]} instead, upstream's own code computes the "
+                    f"same {effects}{deciding}",
+                    f"remove {key}, or set what decides" if instead else f"remove {key}",
+                    evidence=f"read at {where}; perturbed through the same functions"
+                    if where
+                    else "perturbed through upstream's own functions",
+                    check=OVERRIDDEN_RULE,
+                )
+            )
+        return out
 
     def type_findings(self, version: str, keys: Iterable[str]) -> list[Finding]:
         """An error for each of ``keys`` whose value its config dataclass's annotation refuses."""
@@ -261,6 +323,17 @@ class EarlyAnswer:
             if record[probe_types.KEY_KEY] in wanted
         ]
 
+    def to_json(self) -> dict[str, Any]:
+        """The answer as the oracle gave it (what the caches and the examples recording keep)."""
+        return {
+            "verdict": self.verdict,
+            "message": self.message,
+            "failures": [dataclasses.asdict(f) for f in self.failures],
+            KEY_NOT_EVALUATED: [dict(n) for n in self.not_evaluated],
+            KEY_TYPES: [dict(t) for t in self.wrong_types],
+            KEY_EFFECTS: [dict(e) for e in self.without_effect],
+        }
+
     def validate_message(self, version: str = "") -> str:
         """validate_config's failure with its file:line and phase (the validate stage's words)."""
         first = next((f for f in self.failures if f.check == VALIDATE_CONFIG), None)
@@ -281,9 +354,17 @@ def mapping_sha256(mapping: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(mapping, sort_keys=True).encode()).hexdigest()
 
 
-def cache_key(version: str, tree: str, mapping: Mapping[str, Any]) -> str:
+def cache_key(
+    version: str, tree: str, mapping: Mapping[str, Any], explicit: Sequence[str] = ()
+) -> str:
     payload = json.dumps(
-        {"format": ANSWER_FORMAT, "verl": version, "tree": tree, "mapping": mapping_sha256(mapping)}
+        {
+            "format": ANSWER_FORMAT,
+            "verl": version,
+            "tree": tree,
+            "mapping": mapping_sha256(mapping),
+            "explicit": sorted(set(explicit)),
+        }
     )
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -375,11 +456,12 @@ def prefetch_answer(
     tree: str,
     cache: AnswerStore | None,
     oracle: UpstreamOracle,
+    explicit: Sequence[str] = (),
 ) -> None:
     """Send the question now (the answer arrives while other work runs) unless it is stored."""
-    key = cache_key(session.pin.version, tree, mapping)
+    key = cache_key(session.pin.version, tree, mapping, explicit)
     if cache is None or cache.get(key) is None:
-        oracle.submit(key, checks_request(mapping))
+        oracle.submit(key, checks_request(mapping, explicit=explicit))
 
 
 def early_answer(
@@ -388,19 +470,21 @@ def early_answer(
     tree: str,
     cache: AnswerStore | None,
     oracle: UpstreamOracle | None = None,
+    explicit: Sequence[str] = (),
 ) -> EarlyAnswer:
-    """Upstream's early checks on one composed mapping, from the cache or the oracle process.
+    """Upstream's early checks on one composed mapping, from the cache or the oracle process;
+    ``explicit``: the keys the script set (examined for effect).
 
     Raises RuntimeError when the oracle process gives no answer.
     """
-    key = cache_key(session.pin.version, tree, mapping)
+    key = cache_key(session.pin.version, tree, mapping, explicit)
     hit = cache.get(key) if cache is not None else None
     if hit is not None:
         return EarlyAnswer.from_json(hit, cached=True)
     own = oracle is None
     asker = UpstreamOracle() if oracle is None else oracle
     try:
-        answer = asker.answer(key, checks_request(mapping))
+        answer = asker.answer(key, checks_request(mapping, explicit=explicit))
     finally:
         if own:
             asker.close()
@@ -412,6 +496,7 @@ def early_answer(
         "failures": answer.get("failures", []),
         KEY_NOT_EVALUATED: answer.get(KEY_NOT_EVALUATED, []),
         KEY_TYPES: answer.get(KEY_TYPES, []),
+        KEY_EFFECTS: answer.get(KEY_EFFECTS, []),
     }
     if cache is not None:
         cache.put(key, entry)

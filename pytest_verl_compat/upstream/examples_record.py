@@ -14,12 +14,14 @@ import argparse
 import hashlib
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
+from pytest_verl_compat.pipeline.report import example_totals
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
 from pytest_verl_compat.upstream.early import cache_key, early_answer, upstream_gate
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
@@ -27,6 +29,8 @@ from pytest_verl_compat.upstream.runner import referenced_variables, run_module
 from pytest_verl_compat.upstream.trusted import printed_config
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
+# Per composed script, upstream's answer to the probes (``EarlyAnswer.to_json``).
+UPSTREAM_ANSWER = "upstream_answer"
 
 
 def digest(value: Any) -> str:
@@ -74,37 +78,66 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
         recorded[case_id] = entry
     by_id = {case.id: case for case in cases}
     composed = [cid for cid, entry in recorded.items() if entry.get("composed")]
-    for case_id, failures in _early_failures(session, [by_id[cid] for cid in composed]).items():
-        recorded[case_id]["upstream_failures"] = failures
+    for case_id, answer in _early_answers(session, [by_id[cid] for cid in composed]).items():
+        recorded[case_id][UPSTREAM_ANSWER] = answer
     return recorded
 
 
-def _early_failures(session: AuditSession, cases: list[Case]) -> dict[str, list[str]]:
-    """Upstream's own early checks (``early_checks.py``) on each composed script, through the
-    oracle (as ``check`` asks them, all questions sent first so both workers stay busy): each
-    failure as the `check` finding line (``upstream.<phase>: message (where)``)."""
+def _early_answers(session: AuditSession, cases: list[Case]) -> dict[str, dict[str, Any]]:
+    """Upstream's own code (the probes) on each composed script, through the oracle (as ``check``
+    asks it, all questions sent first so both workers stay busy): the answer as ``check``'s cache
+    keeps it, so that ``example_entry`` judges the script by the same code."""
+    from pytest_verl_compat.upstream.verdict import explicit_keys
+
     gate = upstream_gate(session)
     if gate.tree is None:
         raise RuntimeError(f"upstream's checks cannot run: {gate.reason}")
     version = session.pin.version
-    mappings = {}
+    questions = {}
     for case in cases:
         composition = session.outcome(case).composition
         if composition.composed and composition.resolved is not None:
-            mappings[case.id] = composition.resolved
+            questions[case.id] = (composition.resolved, explicit_keys(session, case))
     oracle = UpstreamOracle(workers=2)
     try:
-        for mapping in mappings.values():
-            oracle.submit(cache_key(version, gate.tree, mapping), checks_request(mapping))
+        for mapping, explicit in questions.values():
+            oracle.submit(
+                cache_key(version, gate.tree, mapping, explicit),
+                checks_request(mapping, explicit=explicit),
+            )
         answers = {
-            case_id: early_answer(session, mapping, gate.tree, None, oracle)
-            for case_id, mapping in mappings.items()
+            case_id: early_answer(session, mapping, gate.tree, None, oracle, explicit).to_json()
+            for case_id, (mapping, explicit) in questions.items()
         }
     finally:
         oracle.close()
+    return answers
+
+
+def example_entry(
+    session: AuditSession, case: Case, answer: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One example script: read, composed, valid for the pinned verl, runnable by the trainer,
+    judged by ``check_case`` (``verl-compat check``'s own code) with upstream's answer as
+    recorded (``golden/examples/upstream.json``), so the file needs no oracle to be checked."""
+    from pytest_verl_compat.upstream.verdict import check_case, recorded_asker
+
+    entry: dict[str, Any] = {"id": case.id}
+    try:
+        outcome = session.outcome(case)
+    except StageFailed as exc:
+        return {**entry, "read": False, "reason": str(exc).split(": ", 1)[-1]}
+    composition = outcome.composition
+    entry.update(read=True, composed=composition.composed)
+    if not composition.composed:
+        return {**entry, "reason": composition.reason.splitlines()[0]}
+    result = check_case(session, case, recorded_asker(answer))
     return {
-        case_id: [f"{f.check_id}: {f.describe(version)}" for f in answer.failures]
-        for case_id, answer in answers.items()
+        **entry,
+        "valid": result.valid,
+        "runnable": result.runnable,
+        "errors": [f.line() for f in result.findings if f.level == "error"],
+        "warnings": sum(1 for f in result.findings if f.level == "warning"),
     }
 
 
@@ -113,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", required=True, help="a verl checkout with examples/")
     parser.add_argument("--out", required=True, help="the JSON file to write")
     parser.add_argument("--only", action="append", help="record only these case ids")
+    parser.add_argument(
+        "--audit",
+        metavar="PATH",
+        help="also write the per-script verdicts and totals (golden/examples/audit.json) from it",
+    )
     args = parser.parse_args(argv)
     session = AuditSession.start(AuditOptions(upstream=args.upstream))
     out = Path(args.out)
@@ -122,6 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(out, dumps(dict(sorted(recorded.items()))))
     composed = sum(1 for entry in recorded.values() if entry.get("composed"))
     print(f"wrote {out}: {len(recorded)} scripts, {composed} composed by upstream")
+    if args.audit:
+        entries = [
+            example_entry(session, case, recorded.get(case.id, {}).get(UPSTREAM_ANSWER))
+            for case in example_cases(session)
+        ]
+        audit = {"scripts": entries, "totals": example_totals(entries)}
+        write_atomic(Path(args.audit), dumps(audit))
+        print(f"wrote {args.audit}: {audit['totals']}")
     return 0
 
 

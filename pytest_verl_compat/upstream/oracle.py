@@ -99,11 +99,16 @@ def validate_request(mapping: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def checks_request(
-    mapping: Mapping[str, Any], watch: Mapping[str, list[int]] | None = None
+    mapping: Mapping[str, Any],
+    watch: Mapping[str, list[int]] | None = None,
+    explicit: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A ``checks`` question: every probe of upstream's code on one resolved mapping; with
-    ``watch`` (the census's deciding lines) the answer also says which of them ran."""
+    """A ``checks`` question: every probe of upstream's code on one resolved mapping; ``explicit``
+    (the keys the script set) are examined for effect; with ``watch`` (the census's deciding
+    lines) the answer also says which of them ran."""
     request: dict[str, Any] = {"kind": "checks", "mapping": dict(mapping)}
+    if explicit:
+        request["explicit"] = sorted({str(key) for key in explicit})
     if watch:
         request["watch"] = {str(k): [int(n) for n in v] for k, v in watch.items()}
     return request

@@ -58,7 +58,9 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         if request["kind"] == "compose":
             answer = _compose(entry, request)
         elif request["kind"] == "checks":
-            answer = validate.checks_one(request["mapping"], request.get("watch"))
+            answer = validate.checks_one(
+                request["mapping"], request.get("watch"), request.get("explicit") or []
+            )
         elif request["kind"] in _SERVED:
             answer = _SERVED[request["kind"]](request)
         else:

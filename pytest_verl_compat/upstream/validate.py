@@ -92,7 +92,9 @@ def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
 
 
 def checks_one(
-    mapping: Mapping[str, Any], watch: Mapping[str, list[int]] | None = None
+    mapping: Mapping[str, Any],
+    watch: Mapping[str, list[int]] | None = None,
+    explicit: list[str] | None = None,
 ) -> dict[str, Any]:
     """Every early upstream check on one resolved mapping (inside the oracle process).
 
@@ -102,7 +104,7 @@ def checks_one(
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
-    answer = probes.run_all(mapping, _validate_config, watch)
+    answer = probes.run_all(mapping, _validate_config, watch, [str(k) for k in explicit or []])
     validate = [f for f in answer["failures"] if f[records.KEY_CHECK] == VALIDATE_CONFIG]
     return {
         "verdict": "fails" if validate else "passes",

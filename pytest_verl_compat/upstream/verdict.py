@@ -10,7 +10,7 @@ they differ only in who answers for upstream (``Asker``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 COMPOSITION = "<composition>"
 
 # Upstream's answer on one resolved mapping, or the one-line reason it gave none.
-Asker = Callable[[Mapping[str, Any]], "EarlyAnswer | str"]
+# Upstream's answer on one resolved mapping and the keys the script set, or why it gave none.
+Asker = Callable[[Mapping[str, Any], Sequence[str]], "EarlyAnswer | str"]
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,11 @@ def live_asker(
     """Upstream's early checks through the oracle process (or its cache), behind the gate."""
     gate = gate if gate is not None else upstream_gate(session)
 
-    def ask(mapping: Mapping[str, Any]) -> EarlyAnswer | str:
+    def ask(mapping: Mapping[str, Any], explicit: Sequence[str]) -> EarlyAnswer | str:
         if gate.tree is None:
             return gate.reason
         try:
-            answer = early_answer(session, mapping, gate.tree, cache, oracle)
+            answer = early_answer(session, mapping, gate.tree, cache, oracle, explicit)
         except RuntimeError as exc:
             return str(exc).splitlines()[0]
         return answer.message if answer.verdict == "refused" else answer
@@ -85,16 +86,16 @@ def live_asker(
     return ask
 
 
-def _explicit_keys(session: AuditSession, case: Case) -> set[str]:
-    """The keys the script (or ``--set``) set."""
-    return {field_key(field) for field in session.outcome(case).fields.fields}
+def explicit_keys(session: AuditSession, case: Case) -> tuple[str, ...]:
+    """The keys the script (or ``--set``) set, sorted: what upstream's answer examines for effect."""
+    return tuple(sorted({field_key(field) for field in session.outcome(case).fields.fields}))
 
 
 def _user_keys(session: AuditSession, case: Case) -> Callable[[UpstreamFailure], list[str]]:
     """A failure's keys as the user set them: a key the tree copies from another by
     interpolation (``fsdp_config.strategy: ${..strategy}``) is that other key, unless the script
     set the copy itself."""
-    explicit = _explicit_keys(session, case)
+    explicit = set(explicit_keys(session, case))
     sources = session.composer().interpolation_sources()
 
     def keys_of(failure: UpstreamFailure) -> list[str]:
@@ -119,6 +120,17 @@ def _with_static_fix(finding: Finding, covered: list[Finding]) -> Finding:
     return dataclasses.replace(finding, fix=same[0].fix) if same else finding
 
 
+def recorded_asker(answer: Mapping[str, Any] | None) -> Asker:
+    """Upstream's answer as recorded (``examples_record``): the same findings without an oracle."""
+
+    def ask(mapping: Mapping[str, Any], explicit: Sequence[str]) -> EarlyAnswer | str:
+        if answer is None:
+            return "no recorded answer of upstream's checks"
+        return EarlyAnswer.from_json(answer)
+
+    return ask
+
+
 def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseCheck:
     """The case's findings and verdicts; ``ask`` None leaves upstream's own checks out."""
     report = session.compile(case)
@@ -130,7 +142,7 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
     upstream: list[Finding] = []
     skipped = ""
     if ask is not None:
-        answer = ask(session.outcome(case).composition.mapping)
+        answer = ask(session.outcome(case).composition.mapping, explicit_keys(session, case))
         if isinstance(answer, str):
             skipped = answer
         else:
@@ -144,8 +156,9 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
                 for failure in answer.failures
             ]
             typed = {f.path for f in findings if f.check == WRONG_TYPE}
-            explicit = _explicit_keys(session, case) - typed
+            explicit = set(explicit_keys(session, case)) - typed
             upstream += answer.type_findings(session.pin.version, explicit)
+            upstream += answer.effect_findings(session.pin.version)
     findings += upstream
     valid = not any(f.level == "error" for f in findings)
     runnable = report.accepted and valid

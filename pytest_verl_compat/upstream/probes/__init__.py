@@ -18,7 +18,9 @@ only on a mapping whose every ``_target_`` the installed tree names.
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,13 @@ from pytest_verl_compat.upstream.probes.records import Collector
 KEY_NOT_EVALUATED = "not_evaluated"
 KEY_TYPES = "types"
 KEY_RAN = "ran"  # the census's watched lines that ran (a census question only)
+KEY_EFFECTS = "without_effect"  # explicit keys never read, or read and overridden (``effects``)
+# main_ppo runs the legacy trainer (main_ppo_v0.py) when trainer.use_v1 is false: not probed.
+LEGACY_TRAINER = {
+    "step": "trainer start: TaskRunner (trainer.use_v1=False)",
+    "reason": "the legacy trainer (verl/trainer/main_ppo_v0.py, deprecated) is not probed; only "
+    "validate_config and the config sections' conversions ran",
+}
 
 
 def _leaves(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -48,9 +57,11 @@ def run_all(
     mapping: Mapping[str, Any],
     validate: Callable[[Any], None],
     watch: Mapping[str, Sequence[int]] | None = None,
+    explicit: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Every probe on one resolved mapping: failure records, the steps not evaluated here, and
-    the values the config dataclasses' annotations refuse. With ``watch`` (``verl/…py`` → lines,
+    the values the config dataclasses' annotations refuse; of the ``explicit`` keys (the ones the
+    script set), those without effect (``effects``). With ``watch`` (``verl/…py`` → lines,
     the census's deciding lines) also which of those lines ran (``KEY_RAN``)."""
     from pytest_verl_compat.upstream.probes.config_load import config_load
     from pytest_verl_compat.upstream.probes.first_step import first_step
@@ -63,16 +74,37 @@ def run_all(
     tracer = LineTracer(records.verl_root().parent, watch) if watch else None
     with ray_free(plain), tracer or contextlib.nullcontext():
         config_load(out, plain, validate)
-        trainer = trainer_probes(out, plain)
-        first_step(out, plain, trainer)
+        if plain["trainer"].get("use_v1", True):
+            first_step(out, plain, trainer_probes(out, plain))
+        else:
+            out.not_run.append(LEGACY_TRAINER)
     answer: dict[str, Any] = {
         "failures": out.records,
         KEY_NOT_EVALUATED: out.not_run,
         KEY_TYPES: wrong_types(out.reads.tagged(), leaves),
+        KEY_EFFECTS: _without_effect(out, plain, leaves, list(explicit)),
     }
     if tracer is not None:
         answer[KEY_RAN] = tracer.ran()
     return answer
+
+
+def _without_effect(
+    out: Collector, plain: Mapping[str, Any], leaves: Mapping[str, Any], explicit: list[str]
+) -> list[dict[str, Any]]:
+    """The explicit keys that change nothing (``effects``); none when no probe ran the trainer."""
+    from pytest_verl_compat.upstream.probes import effects
+
+    if not explicit or not plain["trainer"].get("use_v1", True):
+        return []
+    keys = [key for key in explicit if key in leaves]
+    root = records.verl_root()
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = effects.never_read(out.reads, out.reads.tagged(), keys, root)
+        skip = {record[effects.KEY_KEY] for record in found}
+        found += effects.overridden(plain, [k for k in keys if k not in skip], leaves, root)
+    return sorted(found, key=lambda record: str(record[effects.KEY_KEY]))
 
 
 class LineTracer:

@@ -132,6 +132,10 @@ def _init_device_mesh(world: int) -> Any:
     return init_device_mesh
 
 
+def _gather_self(output: list[Any], obj: Any, *_: Any, **__: Any) -> None:
+    output[:] = [obj] * len(output)
+
+
 def _no_process_group(*_: Any, **__: Any) -> None:
     # A stand-in that was missed would wait here for peers that never come: fail instead.
     raise ImportError("not evaluated here: it would start a torch.distributed process group")
@@ -221,6 +225,12 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
         (Worker, "world_size", property(worker_world_size)),
         (torch.distributed, "is_initialized", lambda: True),
         (torch.distributed, "init_process_group", _no_process_group),
+        # Collectives over the data-parallel group: rank 0 keeps its own values (a value, never a
+        # configuration check, depends on the other ranks').
+        (torch.distributed, "all_reduce", lambda *a, **k: None),
+        (torch.distributed, "all_gather_object", _gather_self),
+        (torch.distributed, "broadcast", lambda *a, **k: None),
+        (torch.distributed, "barrier", lambda *a, **k: None),
         (torch.distributed.device_mesh, "init_device_mesh", mesh),
         (engine_workers, "init_device_mesh", mesh),
         (fsdp_utils, "init_device_mesh", mesh),

@@ -200,10 +200,10 @@ def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
     """The actor's loss as the engine calls it on a micro-batch (``loss_function(model_output,
     data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
     batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
-    fields = {"old_log_probs": -1.0, "advantages": 0.3, "ref_log_prob": -1.1}
+    fields = {"old_log_probs": (-1.0, 1.6), "advantages": (0.0, 1.0), "ref_log_prob": (-1.1, 0.9)}
     output = {
-        "log_probs": tiny_batch.model_output(batch, -1.0),
-        "entropy": tiny_batch.model_output(batch, 0.7),
+        "log_probs": tiny_batch.model_output(batch, -1.0)[1],
+        "entropy": tiny_batch.model_output(batch, 0.7)[1],
     }
     hybrid.loss_fn(model_output=output, data=tiny_batch.micro_batch(batch, dp, fields))
 
@@ -211,8 +211,8 @@ def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
 def _critic_loss(worker: Any, plain: Mapping[str, Any], dp: int) -> None:
     """The critic's ``value_loss`` with the critic's config (``_setup`` sets it, trainer_base.py:300)."""
     batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
-    data = tiny_batch.micro_batch(batch, dp, {"values": 0.2, "returns": 0.4})
-    worker.loss_fn(model_output={"values": tiny_batch.model_output(batch, 0.25)}, data=data)
+    data = tiny_batch.micro_batch(batch, dp, {"values": (0.2, 0.3), "returns": (0.4, 0.8)})
+    worker.loss_fn(model_output={"values": tiny_batch.model_output(batch, 0.25)[1]}, data=data)
 
 
 def _optimizer(worker: Any) -> None:
@@ -286,10 +286,7 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
         out.run(f"{OPTIMIZER} ({role})", functools.partial(_optimizer, worker), "build_optimizer")
         if role == "actor":
             hybrid = trainer.actor_rollout_wg.instance
-            out.run(
-                f"{LOSS} ({role})", functools.partial(_actor_loss, hybrid, plain, dp), "ppo_loss"
-            )
+            loss = functools.partial(_actor_loss, hybrid, plain, dp)
         else:
-            out.run(
-                f"{LOSS} ({role})", functools.partial(_critic_loss, worker, plain, dp), "value_loss"
-            )
+            loss = functools.partial(_critic_loss, worker, plain, dp)
+        out.run(f"{LOSS} ({role})", loss, "the worker's loss_fn", partial_batch=True)

@@ -139,6 +139,11 @@ def _phase(phase: str, exc: BaseException) -> str:
     return phase
 
 
+def _missing_field(exc: BaseException) -> bool:
+    """A batch field the step's input lacks (TensorDict's own KeyError for a missing key)."""
+    return isinstance(exc, KeyError) and "not found in TensorDict" in str(exc)
+
+
 def _importing(exc: BaseException) -> bool:
     """Raised while a verl module ran its top level, that is, while it was imported: verl's own
     import-time checks of an optional dependency (``verl/third_party/vllm`` refuses a missing vLLM
@@ -191,13 +196,17 @@ class Collector:
         step: Callable[[], Any],
         name: str,
         knobs: Mapping[str, tuple[str, ...]] | None = None,
+        *,
+        partial_batch: bool = False,
     ) -> Any:
         """``step()``'s value, or None when it failed (recorded) or could not run here.
 
         ``knobs``: values the probe computed from the configuration and handed to upstream in a
         batch (``mini_batch_size`` from ``ppo_mini_batch_size`` × ``n``), by the name upstream
         reads them under, with the keys they came from; a failure whose statement names one is
-        also that knob's keys'."""
+        also that knob's keys'. ``partial_batch``: the step feeds upstream a batch with only the
+        fields the probe builds (a loss's inputs come from the rollout, the reference, the
+        teacher): a missing field is the probe's limit, not the configuration's."""
         printed = io.StringIO()
         try:
             with (
@@ -210,6 +219,9 @@ class Collector:
         except LibraryCheck as exc:
             self._library_check(phase, exc, name)
         except Exception as exc:
+            if partial_batch and _missing_field(exc):
+                self.not_run.append({KEY_STEP: f"{phase}: {name}", KEY_REASON: message(exc)})
+                return None
             self._failed(phase, exc, name, knobs or {})
         return None
 

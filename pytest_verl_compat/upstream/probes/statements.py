@@ -104,17 +104,35 @@ def guard(source: Source, statement: ast.stmt) -> ast.expr | None:
     return None
 
 
+def _enclosing_if(source: Source, statement: ast.stmt) -> ast.expr | None:
+    """The test of the nearest ``if`` whose body holds ``statement``, within its function."""
+    node: ast.AST = statement
+    for ancestor in source.ancestors(statement):
+        if isinstance(ancestor, ast.If) and node in ancestor.body + ancestor.orelse:
+            return ancestor.test
+        if isinstance(ancestor, ast.FunctionDef | ast.AsyncFunctionDef):
+            return None
+        node = ancestor
+    return None
+
+
 def deciding_lines(source: Source, line: int) -> list[tuple[int, int]]:
     """Line ranges whose configuration reads decide the statement at ``line``: the statement, its
     guard, and the assignments (in the same function, before it) of every name they use."""
     statement = source.statement_at(line)
     if statement is None:
         return [(line, line)]
-    condition = guard(source, statement)
+    # A raise's guard is the ``if`` it sits under; an assert's, the ``if`` around it (the assert
+    # is met only when that test holds: ``if do_sample: assert temperature > 0``).
+    condition = (
+        _enclosing_if(source, statement)
+        if isinstance(statement, ast.Assert)
+        else guard(source, statement)
+    )
     roots: list[ast.AST] = [statement]
     # The statement's own lines first, then its guard's (the statement again when it has none).
     ranges = [_lines(statement), _lines(statement)]
-    if condition is not None and not isinstance(statement, ast.Assert):
+    if condition is not None:
         ranges[1] = _lines(condition)
         roots.append(condition)
     function = source.function(statement)

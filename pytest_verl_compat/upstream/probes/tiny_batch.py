@@ -5,9 +5,9 @@ Two prompts × the configuration's ``rollout.n`` responses, prompts of 2 and 3 t
 ``trainer_base`` keeps them in TransferQueue and hands them to the engine, ``response_to_nested``),
 model outputs flat over prompt and response tokens (``FSDPEngineWithLMHead``'s unpadded output),
 and the global normalisers the engine sets (verl/workers/engine/fsdp/transformer_impl.py:706-711).
-Values are small and distinct so every loss term and estimator has something to compute; they
-are placeholders, never compared: a probe asks only whether upstream's code accepts the
-configuration, not what it computes.
+Values spread widely (``_per_token``): importance ratios from about 0.05 to 20 with advantages of
+both signs, so that every clip, the dual clip and each estimator's branches bind on some token;
+a probe that perturbs a setting (``effects``) then sees its effect wherever it has one.
 """
 
 from __future__ import annotations
@@ -53,12 +53,17 @@ def _nested(rows: list[Any]) -> Any:
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def _per_token(batch: TinyBatch, scale: float, offset: float = 0.0) -> Any:
+def _per_token(batch: TinyBatch, name: str, scale: float, offset: float = 0.0) -> Any:
+    """``offset + scale × sin(1.7·row + 2.3·token + phase)``: distinct, of both signs around the
+    offset, with a phase of its own per field so that no two fields move together (an advantage
+    that falls whenever the ratio rises would never meet a clip)."""
     import torch
 
+    phase = sum(map(ord, name)) % 97 / 7.0
     return _nested(
         [
-            torch.arange(length, dtype=torch.float32) * scale + offset + row * 0.01
+            offset
+            + scale * torch.sin(1.7 * row + 2.3 * torch.arange(length, dtype=torch.float32) + phase)
             for row, length in enumerate(batch.response_lengths)
         ]
     )
@@ -72,19 +77,19 @@ def trajectories(batch: TinyBatch, *, rollout_log_probs: bool) -> Any:
     fields: dict[str, Any] = {
         "uid": torch.tensor([row // batch.n for row in range(batch.rows)]),
         "response_mask": _nested([torch.ones(n, dtype=torch.long) for n in batch.response_lengths]),
-        "rm_scores": _per_token(batch, 0.0, 0.5),
-        "old_log_probs": _per_token(batch, -0.1, -1.0),
-        "ref_log_prob": _per_token(batch, -0.1, -1.1),
-        "values": _per_token(batch, 0.05, 0.2),
+        "rm_scores": _per_token(batch, "rm_scores", 0.7, 0.5),
+        "old_log_probs": _per_token(batch, "old_log_probs", 3.0, -1.0),
+        "ref_log_prob": _per_token(batch, "ref_log_prob", 0.9, -1.1),
+        "values": _per_token(batch, "values", 0.3, 0.2),
     }
     if rollout_log_probs:
-        fields["rollout_log_probs"] = _per_token(batch, -0.1, -1.05)
+        fields["rollout_log_probs"] = _per_token(batch, "rollout_log_probs", 1.2, -1.05)
     return TensorDict(fields, batch_size=[batch.rows])
 
 
-def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, float]) -> Any:
+def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, tuple[float, float]]) -> Any:
     """A micro-batch as the engine hands it to a loss: prompts and responses, the response mask,
-    one nested field per ``fields`` entry (name → offset), and the normalisers."""
+    one nested field per ``fields`` entry (name → (offset, spread)), and the normalisers."""
     import torch
     from verl.utils import tensordict_utils as tu
 
@@ -97,7 +102,10 @@ def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, float]) -> Any
             "response_mask": _nested(
                 [torch.ones(n, dtype=torch.long) for n in batch.response_lengths]
             ),
-            **{name: _per_token(batch, -0.1, offset) for name, offset in fields.items()},
+            **{
+                name: _per_token(batch, name, spread, offset)
+                for name, (offset, spread) in fields.items()
+            },
         }
     )
     tu.assign_non_tensor(
@@ -109,12 +117,14 @@ def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, float]) -> Any
     return data
 
 
-def model_output(batch: TinyBatch, offset: float) -> Any:
-    """One value per prompt and response token, flat and viewed per sequence (what the engine
-    returns on unpadded input), with a gradient to take."""
+def model_output(batch: TinyBatch, offset: float, spread: float = 1.0) -> tuple[Any, Any]:
+    """One value per prompt and response token (``offset + spread × sin(1.3·k)``): the flat leaf
+    to take gradients against, and its view per sequence (what the engine returns on unpadded
+    input)."""
     import torch
 
     lengths = [p + r for p, r in zip(batch.prompt_lengths, batch.response_lengths, strict=True)]
-    values = (torch.arange(sum(lengths), dtype=torch.float32) * -0.01 + offset).requires_grad_()
+    position = torch.arange(sum(lengths), dtype=torch.float32)
+    values = (offset + spread * torch.sin(1.3 * position)).requires_grad_()
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    return values, torch.nested.nested_tensor_from_jagged(values, offsets=offsets)

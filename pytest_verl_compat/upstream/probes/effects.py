@@ -1,0 +1,481 @@
+"""Keys without effect, proven by running upstream's code: never read, or read and overridden.
+
+Two kinds of explicit key train something other than what the script says:
+
+- **never read**: the field of a config dataclass that no code of the installed verl reads outside
+  the config dataclasses themselves (``verl/workers/config/``, whose checks the probes run while
+  they convert every section of the selected path), and that no probe read either. The finding
+  names what is read instead: the field of the same section (or one below) with the closest name
+  that the probes saw read (``actor.grad_clip`` → ``actor.optim.clip_grad``, read by
+  ``FSDPEngine.optimizer_step``).
+- **overridden**: read by one of the effects below, which compute what training does with the
+  section (the optimizer's hyperparameters, its learning-rate schedule and one clipped step; the
+  actor's and the critic's loss and its gradient on a tiny batch; the advantages, returns and
+  rewards of ``_compute_advantage``), yet perturbing the value (a number ×1.5 or ×2, a flag
+  flipped) changes nothing any of them computes: another key decides (``clip_ratio`` behind
+  ``clip_ratio_low``/``clip_ratio_high``, ``lr_warmup_steps_ratio`` behind ``lr_warmup_steps``,
+  ``min_lr_ratio`` under a constant schedule). A perturbation that upstream refuses has effect.
+
+Only explicit keys are examined (a default is upstream's choice), and only numbers and flags: a
+string has no generic perturbation.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy
+import difflib
+import fnmatch
+import functools
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.upstream.probes import tiny_batch
+from pytest_verl_compat.upstream.probes.patching import all_patched
+from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
+
+KEY_KEY = "key"
+KEY_KIND = "kind"  # "never read" or "overridden"
+KEY_VALUE = "value"
+KEY_TRIED = "tried"  # the perturbed value that changed nothing
+KEY_EFFECTS = "effects"  # the effects that read the key
+KEY_INSTEAD = "instead"  # what is read instead (never read) or what decides (overridden)
+KEY_WHERE = "where"  # the verl lines that read it
+NEVER_READ = "never read"
+NOT_READ_HERE = "not read with these settings"
+OVERRIDDEN = "overridden"
+
+ARR = "actor_rollout_ref"
+# Steps of a learning-rate schedule compared (the schedule's shape shows within them).
+_SCHEDULE_STEPS = 40
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What training does with a part of the configuration, computed by upstream's own code.
+
+    ``owns``: the keys (fnmatch patterns) that no code of the V1 path reads except what this effect
+    runs, so that a perturbation it does not see is one training does not see either (a key read
+    elsewhere too, like ``use_kl_loss``, which also starts the reference worker, is not owned).
+    """
+
+    name: str
+    applies: Callable[[Mapping[str, Any]], bool]
+    compute: Callable[[Any, Mapping[str, Any]], Any]
+    owns: tuple[str, ...]
+    # Owned keys whose effect depends on the batch's statistics (a covariance band, a fraction of
+    # its tokens), which a tiny batch cannot promise to reach: reported only when not read at all.
+    owns_when_unread: tuple[str, ...] = ()
+
+    def owned(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, p) for p in (*self.owns, *self.owns_when_unread))
+
+    def perturbable(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, pattern) for pattern in self.owns)
+
+
+def _plain(value: Any) -> Any:
+    """Observables as plain, comparable values (tensors as lists)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().double().flatten().tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return {"__class__": type(value).__name__, **_plain(vars(value))}
+    return value
+
+
+def _optimizer(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
+    def compute(cfg: Any, plain: Mapping[str, Any]) -> Any:
+        """build_optimizer, the engine's scheduler and one clipped optimizer step
+        (verl/workers/config/optimizer.py:298, fsdp/transformer_impl.py:484 and :760)."""
+        import torch
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config.optimizer import build_optimizer
+        from verl.workers.engine.fsdp import transformer_impl
+
+        engine_cls: Any = transformer_impl.FSDPEngine  # its methods, called on stand-in selves
+
+        node = cfg
+        for part in section.split("."):
+            node = node[part]
+        optim = omega_conf_to_dataclass(node.optim)
+        if optim.total_training_steps is None or optim.total_training_steps <= 0:
+            optim.total_training_steps = _SCHEDULE_STEPS  # what _init_dataloader sets, a length
+        if str(optim.optimizer_impl) != "torch.optim":
+            raise ImportError("optimizer_impl is not imported by the probes")
+        torch.manual_seed(0)
+        module = torch.nn.Linear(3, 2)
+        optimizer = build_optimizer(module.parameters(), optim)
+        engine = types.SimpleNamespace(optimizer_config=optim, rank=1)
+        scheduler = engine_cls._build_lr_scheduler(engine, optimizer)
+        lrs = []
+        for _ in range(min(int(optim.total_training_steps), _SCHEDULE_STEPS)):
+            lrs.append(scheduler.get_last_lr()[0])
+            scheduler.step()
+        (module(torch.ones(4, 3)).sum() * 100.0).backward()
+        stepper = types.SimpleNamespace(
+            module=module, optimizer=optimizer, optimizer_config=optim, _qat_enabled=False
+        )
+        engine_cls.optimizer_step(stepper)
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        return {
+            "lr": lrs,
+            "groups": groups,
+            "params": [p.detach().clone() for p in module.parameters()],
+        }
+
+    return compute
+
+
+def _actor_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
+    """The actor's ppo_loss and its gradients on a tiny batch (verl/workers/utils/losses.py:57)."""
+    import torch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"])
+    log_leaf, log_probs = tiny_batch.model_output(batch, -1.0)
+    entropy_leaf, entropy = tiny_batch.model_output(batch, 0.7)
+    data = tiny_batch.micro_batch(
+        batch,
+        1,
+        {"old_log_probs": (-1.0, 3.0), "advantages": (0.0, 1.0), "ref_log_prob": (-1.1, 0.9)},
+    )
+    loss, metrics = ppo_loss(config, {"log_probs": log_probs, "entropy": entropy}, data)
+    grads = torch.autograd.grad(loss, [log_leaf, entropy_leaf], allow_unused=True)
+    return {"loss": loss, "grads": [g for g in grads if g is not None], "metrics": metrics}
+
+
+def _critic_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
+    """The critic's value_loss and its gradient on a tiny batch (losses.py:147)."""
+    import torch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import value_loss
+
+    critic = cfg.critic.copy()
+    critic.model.pop("_target_", None)  # the model's files are not read; the loss never uses it
+    config = omega_conf_to_dataclass(critic)
+    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"])
+    leaf, values = tiny_batch.model_output(batch, 0.25)
+    data = tiny_batch.micro_batch(batch, 1, {"values": (0.2, 0.3), "returns": (0.4, 0.8)})
+    loss, metrics = value_loss(config, {"values": values}, data)
+    (grad,) = torch.autograd.grad(loss, [leaf])
+    return {"loss": loss, "grad": grad, "metrics": metrics}
+
+
+def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
+    """The trainer's own _compute_advantage (trainer_base.py:1588) on a tiny batch: what it
+    hands back to TransferQueue."""
+    import transfer_queue
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"])
+    stored = tiny_batch.trajectories(
+        batch, rollout_log_probs=bool(plain[ARR]["rollout"].get("calculate_log_probs"))
+    )
+    put: dict[str, Any] = {}
+    holder: _Sized
+    trainer = types.SimpleNamespace(config=cfg)
+    if cfg.algorithm.use_kl_in_reward:
+        get_kl_controller: Any = core_algos.get_kl_controller
+        trainer.kl_ctrl_in_reward = get_kl_controller(cfg.algorithm.kl_ctrl)
+
+    def kv_batch_get(keys: Any = None, partition_id: Any = None, select_fields: Any = ()) -> Any:
+        return stored.select(*[name for name in select_fields if name in stored.keys()])
+
+    def kv_batch_put(keys: Any = None, partition_id: Any = None, fields: Any = None) -> Any:
+        put.update({name: fields[name] for name in fields.keys()})
+        return holder
+
+    holder = _Sized(batch.keys)
+    with all_patched(
+        [
+            (transfer_queue, "kv_batch_get", kv_batch_get),
+            (transfer_queue, "kv_batch_put", kv_batch_put),
+        ]
+    ):
+        PPOTrainer._compute_advantage(trainer, holder, {})  # type: ignore[arg-type]
+    return {name: value.values() if value.is_nested else value for name, value in put.items()}
+
+
+class _Sized:
+    """A batch's handle as TransferQueue gives it: keys, partition, knobs, a length."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys, self.partition_id = keys, "train"
+        self.extra_info: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _needs_critic(plain: Mapping[str, Any]) -> bool:
+    from pytest_verl_compat.checks.roles import need_critic
+
+    return need_critic(plain)
+
+
+def _no_distillation(plain: Mapping[str, Any]) -> bool:
+    distillation = plain.get("distillation") or {}
+    return not distillation.get("enabled")
+
+
+_ACTOR = f"{ARR}.actor"
+EFFECTS = (
+    # optim.* is read by build_optimizer, the engine's scheduler and optimizer_step only
+    # (verl/workers/config/optimizer.py:298-351, fsdp/transformer_impl.py:477-517 and :760-800).
+    Effect(
+        "the actor's optimizer and schedule",
+        lambda plain: True,
+        _optimizer(_ACTOR),
+        (f"{_ACTOR}.optim.*",),
+    ),
+    Effect(
+        "the critic's optimizer and schedule",
+        _needs_critic,
+        _optimizer("critic"),
+        ("critic.optim.*",),
+    ),
+    # The policy loss's knobs: read by ppo_loss and the policy-loss functions it looks up
+    # (verl/workers/utils/losses.py:57-145, verl/trainer/ppo/core_algos.py compute_policy_loss_*).
+    Effect(
+        "the actor's loss",
+        _no_distillation,
+        _actor_loss,
+        tuple(
+            f"{_ACTOR}.{name}"
+            for name in (
+                "clip_ratio",
+                "clip_ratio_low",
+                "clip_ratio_high",
+                "clip_ratio_c",
+                "kl_loss_coef",
+                "kl_loss_type",
+                "loss_scale_factor",
+            )
+        ),
+        (f"{_ACTOR}.policy_loss.*",),
+    ),
+    # value_loss alone reads the critic's clip range and aggregation (losses.py:147-200).
+    Effect(
+        "the critic's loss",
+        _needs_critic,
+        _critic_loss,
+        ("critic.cliprange_value", "critic.loss_agg_mode", "critic.loss_scale_factor"),
+    ),
+    # _compute_advantage alone reads these (trainer_base.py:1588-1647; the KL controller is built
+    # from kl_ctrl only when use_kl_in_reward, trainer_base.py:129-130).
+    Effect(
+        "the advantages",
+        lambda plain: True,
+        _advantage,
+        (
+            "algorithm.gamma",
+            "algorithm.lam",
+            "algorithm.norm_adv_by_std_in_grpo",
+            "algorithm.kl_penalty",
+            "algorithm.kl_ctrl.*",
+        ),
+    ),
+)
+
+
+# --- running the effects ------------------------------------------------------------------
+
+
+def _perturbations(value: Any) -> list[Any]:
+    """Other values to try: a flag flipped; a number raised and lowered, and a small fraction
+    also raised a hundredfold (``clip_cov_ratio=0.0002`` picks a count of tokens, none of a tiny
+    batch's until it is large enough). No effect is claimed unless every one changes nothing."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value * 2, value + 1] if value else [1, 2]
+    if isinstance(value, float):
+        tried = [value * 1.5, value * 0.5] if value else [0.1, 1.0]
+        if 0 < abs(value) < 0.01:
+            tried.append(value * 100)
+        return tried
+    return []
+
+
+def _with(mapping: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(dict(mapping))
+    node = out
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return out
+
+
+def _observe(effect: Effect, plain: Mapping[str, Any], reads: ConfigReads | None) -> Any:
+    """The effect's observables on ``plain`` (recording its reads into ``reads``), or the
+    exception it raised."""
+    from omegaconf import OmegaConf
+
+    import torch
+
+    cfg = OmegaConf.create(dict(plain))
+    torch.manual_seed(0)  # a loss that samples tokens (clip_cov) draws the same ones every time
+    try:
+        with recording(reads) if reads is not None else contextlib.nullcontext():
+            return _plain(effect.compute(cfg, plain))
+    except Exception as exc:  # upstream refused it: a different outcome, never equal
+        return _Failed(f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class _Failed:
+    why: str
+
+
+def overridden(
+    plain: Mapping[str, Any], explicit: list[str], leaves: Mapping[str, Any], root: Path
+) -> list[dict[str, Any]]:
+    """Explicit numeric or boolean keys an effect reads whose perturbation changes nothing."""
+    results = []
+    baselines: list[tuple[Effect, Any, ConfigReads]] = []
+    for effect in EFFECTS:
+        if not effect.applies(plain):
+            continue
+        reads = ConfigReads(root, leaves)
+        seen = _observe(effect, plain, reads)
+        if not isinstance(seen, _Failed):
+            baselines.append((effect, seen, reads))
+    for key in explicit:
+        owners = [(e, seen, r) for e, seen, r in baselines if e.owned(key)]
+        if not owners:
+            continue
+        if not any(key in r.origins(r.read) for _, _, r in owners):
+            results.append(_record(key, NOT_READ_HERE, leaves, [], [e.name for e, _, _ in owners]))
+            continue
+        tries = _perturbations(leaves.get(key))
+        readers = [(e, seen, r) for e, seen, r in owners if e.perturbable(key)]
+        if not tries or not readers:
+            continue
+        changed = any(
+            _observe(e, _with(plain, key, tried), None) != seen
+            for tried in tries
+            for e, seen, _ in readers
+        )
+        if changed:
+            continue
+        where = sorted(
+            {
+                f"{f}:{n}"
+                for e, _, r in readers
+                for (f, n), ks in r.by_line.items()
+                if key in ks and f.startswith("verl/")
+            }
+        )
+        # What decides instead: the other keys read on the lines that read this one, when they
+        # are few (``clip_ratio_low if clip_ratio_low is not None else clip_ratio``).
+        deciding = sorted(
+            {k for _, _, r in readers for (f, n), ks in r.by_line.items() if key in ks for k in ks}
+            - {key}
+        )
+        deciding = deciding if len(deciding) <= 2 else []
+        record = _record(key, OVERRIDDEN, leaves, where[:3], [e.name for e, _, _ in readers])
+        record[KEY_TRIED] = ", ".join(repr(tried) for tried in tries)
+        record[KEY_INSTEAD] = [k for k in deciding if k in leaves]
+        results.append(record)
+    return results
+
+
+def _record(
+    key: str, kind: str, leaves: Mapping[str, Any], where: list[str], effects: list[str]
+) -> dict[str, Any]:
+    return {
+        KEY_KEY: key,
+        KEY_KIND: kind,
+        KEY_VALUE: repr(leaves.get(key)),
+        KEY_TRIED: "",
+        KEY_EFFECTS: effects,
+        KEY_INSTEAD: [],
+        KEY_WHERE: where,
+    }
+
+
+# --- never read ----------------------------------------------------------------------------
+
+
+@functools.cache
+def referenced_names(root: Path) -> frozenset[str]:
+    """Every attribute name and string key upstream's code reads outside its config dataclasses
+    (``x.name``, ``x["name"]``, ``x.get("name", …)``), over the whole installed package."""
+    names: set[str] = set()
+    config = root / "workers" / "config"
+    for path in sorted(root.rglob("*.py")):
+        if config in path.parents:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names.add(node.value)
+    return frozenset(names)
+
+
+def _likeness(a: str, b: str) -> float:
+    """How alike two field names are: by characters, or by their words in any order
+    (``grad_clip`` and ``clip_grad`` are the same words)."""
+    words_a, words_b = set(a.split("_")), set(b.split("_"))
+    shared = len(words_a & words_b) / len(words_a | words_b)
+    return max(difflib.SequenceMatcher(None, a, b).ratio(), shared)
+
+
+def _closest_read(key: str, read: set[str]) -> str:
+    section, _, name = key.rpartition(".")
+    nearby = sorted(k for k in read if k.startswith(section + ".") and k != key)
+    scored = sorted(((_likeness(name, k.rpartition(".")[2]), k) for k in nearby), reverse=True)
+    return scored[0][1] if scored and scored[0][0] >= 0.6 else ""
+
+
+def never_read(
+    reads: ConfigReads,
+    tagged: Iterator[tuple[Any, str]],
+    explicit: list[str],
+    root: Path,
+) -> list[dict[str, Any]]:
+    """Explicit fields of a converted config dataclass that nothing reads (see the docstring)."""
+    import dataclasses as dc
+
+    fields_at: dict[str, set[str]] = {}
+    for obj, path in tagged:
+        if dc.is_dataclass(obj):
+            fields_at.setdefault(path, set()).update(f.name for f in dc.fields(obj))
+    referenced = referenced_names(root)
+    read = reads.origins(reads.read)
+    results = []
+    for key in explicit:
+        section, _, name = key.rpartition(".")
+        if name not in fields_at.get(section, set()) or key in read or name in referenced:
+            continue
+        results.append(
+            {
+                KEY_KEY: key,
+                KEY_KIND: NEVER_READ,
+                KEY_VALUE: "",
+                KEY_TRIED: "",
+                KEY_EFFECTS: [],
+                KEY_INSTEAD: [k for k in [_closest_read(key, read)] if k],
+                KEY_WHERE: [],
+            }
+        )
+    return results
