@@ -9,9 +9,8 @@ this repository (a fresh clone, as the README assumes) with no ``$VERL_UPSTREAM`
 - a console block's documented output must be the command's stdout, line for line;
 - a command exits 0 unless ``EXPECTED_STATUS`` says otherwise (the docs say why).
 
-Two things are not as written, to keep CI in minutes: the trusted stage is off and the
-conformance stage deselected (``PYTEST_ADDOPTS``); tests/test_corpus_audit.py runs both.
-Installs, clones and real-model runs are not run here; ``NOT_RUN`` gives each its reason, and
+The pytest commands run as written, every stage included (no ``-k``, no ``PYTEST_ADDOPTS``
+of the developer's). Installs, clones and real-model runs are not run here; ``NOT_RUN`` gives each its reason, and
 an entry that no longer matches a documented command fails the test.
 """
 
@@ -61,7 +60,6 @@ EXPECTED_STATUS = {
     "verl-compat --upstream verl-v0.9.0 drift --against verl-v0.9.1": 1,
     "verl-compat --upstream ~/src/verl-v0.9.0 drift --against ~/src/verl-main": 1,
 }
-PYTEST_ADDOPTS = "--verl-corpus-trusted=off -k 'not conformance' -p no:cacheprovider"
 
 
 @dataclass(frozen=True)
@@ -208,7 +206,6 @@ def test_documented_commands_run_as_written(
         HOME=str(home),
         PATH=f"{tmp_path / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(clone),
-        PYTEST_ADDOPTS=PYTEST_ADDOPTS,
     )
     subprocess.run(["bash", "-c", "\n".join(script)], env=env, check=False, timeout=1500)
 

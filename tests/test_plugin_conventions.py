@@ -18,8 +18,8 @@ import yaml
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.plugin import STAGES
-from pytest_verl_compat.plugin.collect import NODE_PREFIX, embedded_golden_refusal
+from pytest_verl_compat.plugin import NODE_PREFIX, STAGES
+from pytest_verl_compat.plugin.collect import embedded_golden_refusal
 from pytest_verl_compat.plugin.golden import UnsafeCaseId, golden_file, golden_orphans
 
 STAGES_MODULE = Path(__file__).resolve().parents[1] / "pytest_verl_compat" / "plugin" / "stages.py"
@@ -119,6 +119,27 @@ def test_user_tests_and_testpaths_stay_when_the_audit_is_in_addopts(
     pytester.makeini("[pytest]\ntestpaths = mine\n")
     alone = run(pytester, "--verl-corpus", "-k", "test_mine or golden_orphans")
     alone.assert_outcomes(passed=1)
+
+
+def test_the_audit_alone_loads_no_conftest_of_the_tests_it_does_not_run(
+    pytester: pytest.Pytester,
+) -> None:
+    # A project whose test conftests import test-only packages (this repository's imports
+    # hypothesis, which only the [test] extra installs): the README's first command must not
+    # need them, and the project's own test run must still load them.
+    pytester.makeini("[pytest]\ntestpaths = mine\n")
+    for folder in ("mine", "tests"):
+        pytester.mkdir(folder)
+        (pytester.path / folder / "conftest.py").write_text("import not_installed_test_extra\n")
+        (pytester.path / folder / "test_mine.py").write_text("def test_mine():\n    pass\n")
+    alone = run(pytester, "--verl-corpus", "-k", "golden_orphans")
+    alone.assert_outcomes(passed=1)
+    pasted = run(pytester, "--verl-corpus", f"{NODE_PREFIX}::test_golden_orphans")
+    pasted.assert_outcomes(passed=1)
+    for args in ((), ("--verl-corpus", "mine"), ("-o", "addopts=--verl-corpus")):
+        tests_too = run(pytester, *args)
+        assert tests_too.ret == pytest.ExitCode.USAGE_ERROR, args
+        tests_too.stderr.fnmatch_lines(["*No module named 'not_installed_test_extra'*"])
 
 
 # --- summary --------------------------------------------------------------------------------

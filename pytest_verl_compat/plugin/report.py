@@ -20,6 +20,7 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.report import build_audit, field_lines, summary_lines
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+from pytest_verl_compat.plugin import NODE_PREFIX
 from pytest_verl_compat.plugin.keys import REPORT_ATTRIBUTE, is_xdist_worker, payload_key
 from pytest_verl_compat.plugin.state import AuditState
 
@@ -76,8 +77,6 @@ class AuditReporter:
 
     def _junit_classname(self, report: pytest.TestReport) -> None:
         """``verl_corpus.<stage>`` instead of the empty class name of a module outside rootdir."""
-        from pytest_verl_compat.plugin.collect import NODE_PREFIX
-
         if is_xdist_worker(self.config) or not report.nodeid.startswith(NODE_PREFIX + "::"):
             return
         from _pytest.junitxml import xml_key

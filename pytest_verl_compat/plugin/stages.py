@@ -45,13 +45,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "conformance_case" in metafunc.fixturenames:
         # A manifest without a conformance file (a user's own corpus) has no conformance cases.
         cases = state.conformance_cases()
-        metafunc.parametrize("conformance_case", [pytest.param(c, id=c.id) for c in cases])
+        metafunc.parametrize(
+            "conformance_case",
+            _case_params(
+                cases,
+                "the manifest names no conformance file (the stage checks this "
+                "plugin's math against verl's, not your scripts)",
+            ),
+        )
     if "step_case" in metafunc.fixturenames:
         # The step oracle trains the official cases and the derived cases the compiler must
         # accept; a user's corpus (no conformance file) has none.
         has_conformance = session.manifest is not None and session.manifest.conformance
         trained = [c for c in session.cases if _trains(c)] if has_conformance else []
-        metafunc.parametrize("step_case", [pytest.param(c, id=c.id) for c in trained])
+        metafunc.parametrize(
+            "step_case",
+            _case_params(
+                trained,
+                "no official or accepted derived case to train (the manifest "
+                "names no conformance file)",
+            ),
+        )
+
+
+def _case_params(cases: list[Any], empty_reason: str) -> list[Any]:
+    """One param per case; none, one skipped param that says why (pytest's own placeholder for
+    an empty list reads "got empty parameter set")."""
+    if cases:
+        return [pytest.param(case, id=case.id) for case in cases]
+    return [pytest.param(None, id="none", marks=pytest.mark.skip(reason=empty_reason))]
 
 
 def _trains(case: Case) -> bool:
