@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
 COMMAND_FENCES = {"bash", "console", "sh", "shell"}
 
-_INSTALL = "installs packages; .ci/run and .ci/wheel install from scratch in CI"
+_INSTALL = "installs packages; .ci/fresh-clone runs the README's first command as written in CI"
 _CLONE = "needs the network; the pinned upstream tree is linked at the clone's folder instead"
 NOT_RUN = {
     "python3 -m venv .venv": "creates the virtual environment this suite already runs in",
@@ -64,12 +64,14 @@ EXPECTED_STATUS = {
 
 @dataclass(frozen=True)
 class Command:
-    """One documented command: where it is written, its text, its documented stdout if any."""
+    """One documented command: where it is written (document, line, the heading it sits under),
+    its text, its documented stdout if any."""
 
     doc: str
     line: int
     text: str
     output: tuple[str, ...] | None = None
+    section: str = ""
 
     def parts(self) -> list[str]:
         return [part.strip() for part in self.text.split(" && ")]
@@ -95,7 +97,11 @@ def _logical_lines(lines: list[str]) -> list[tuple[int, str]]:
 def documented_commands(doc: str) -> list[Command]:
     """The commands of a document's bash/console blocks, in order."""
     commands: list[Command] = []
-    for token in MarkdownIt().parse((REPO / doc).read_text(encoding="utf-8")):
+    section = ""
+    tokens = MarkdownIt().parse((REPO / doc).read_text(encoding="utf-8"))
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            section = tokens[index + 1].content
         info = token.info.strip() if token.type == "fence" else ""
         if info not in COMMAND_FENCES:
             continue
@@ -109,11 +115,11 @@ def documented_commands(doc: str) -> list[Command]:
                 text = text[2:]
                 output = tuple(line for _, line in rest)
                 if not text.lstrip().startswith("#"):
-                    commands.append(Command(doc, first + i, text, output or None))
+                    commands.append(Command(doc, first + i, text, output or None, section))
         else:
             for i, text in _logical_lines(lines):
                 if text.strip() and not text.lstrip().startswith("#"):
-                    commands.append(Command(doc, first + i, text))
+                    commands.append(Command(doc, first + i, text, None, section))
     return commands
 
 
