@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_docs_commands import documented_commands  # noqa: E402
+from test_docs_commands import documented_commands
 
 
 def main() -> int:
