@@ -53,7 +53,8 @@ class _Parser(argparse.ArgumentParser):
                 if isinstance(name, str)
             ]
             message += did_you_mean(word, choices)
-        super().error(message)
+        # One line, as every other refusal (the usage is one --help away).
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _version() -> str:

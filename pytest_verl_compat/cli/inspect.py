@@ -18,6 +18,7 @@ from pytest_verl_compat.cli.common import (
     existing_file,
     flag_bindings,
     open_session,
+    override_value,
     say,
 )
 from pytest_verl_compat.model import Case, Finding, StageFailed, StageUnavailable
@@ -212,7 +213,9 @@ def add_inspect_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "check", parents=[common], help="print a case's findings; exit 1 on an error"
     )
     check.add_argument("target", metavar="CASE|SCRIPT")
-    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
+    check.add_argument(
+        "--set", action="append", type=override_value, metavar="KEY=VALUE", help="an extra override"
+    )
     check.add_argument(
         "--profile",
         action="store_true",

@@ -145,6 +145,7 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
     digest = tree_sha256(config_dir)
     profile = load_profile(session.profile_name)
     composer = Composer(config_dir, pin.config_name)
+    composer.check_tree()  # a hostile file in the other tree is unreadable input (InputError)
 
     files = {}
     for case in session.cases:
