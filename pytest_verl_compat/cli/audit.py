@@ -18,6 +18,7 @@ from pytest_verl_compat.cli.common import (
     say,
 )
 from pytest_verl_compat.pipeline.report import build_audit, summary_lines
+from pytest_verl_compat.pipeline.safe_input import load_json_file, read_text
 from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
 
 
@@ -44,8 +45,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for line in summary_lines(audit["totals"], audit.get("example_totals")):
         print(line, file=sys.stderr)
     if args.check:
-        if not golden.is_file() or golden.read_text(encoding="utf-8") != text:
-            old = json.loads(golden.read_text(encoding="utf-8")) if golden.is_file() else {}
+        committed = read_text(golden, what="golden audit") if golden.is_file() else None
+        if committed != text:
+            old = load_json_file(golden, what="golden audit") if committed is not None else {}
             say("audit", f"{golden} is out of date:")
             for line in leaf_diff(old, json.loads(text)):
                 print(f"  {line}", file=sys.stderr)

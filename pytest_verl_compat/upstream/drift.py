@@ -17,6 +17,7 @@ from pytest_verl_compat.model import Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
 from pytest_verl_compat.pipeline.pins import installed_verl_root, sha256_file, tree_sha256
+from pytest_verl_compat.pipeline.safe_input import read_text
 
 if TYPE_CHECKING:
     from pytest_verl_compat.model import CompileReport
@@ -57,7 +58,8 @@ def tree_version(root: Path, digest: str, known: Mapping[str, str]) -> str | Non
     """A tree's verl version: its version file, else a known hash, else the installed verl's."""
     version_file = root / "verl" / "version" / "version"
     if version_file.is_file():
-        return version_file.read_text(encoding="utf-8").strip() or None
+        # The other tree is anyone's: a version file is a short bounded text (InputError).
+        return read_text(version_file, limit=1024, what="version file").strip() or None
     if digest in known:
         return known[digest]
     installed = installed_verl_root()
