@@ -269,25 +269,45 @@ def test_the_schema_rejects_dot_segments_and_update_writes_nothing_outside(
     assert not list(pytester.path.rglob("victim*")), "nothing written for a hostile id"
 
 
-def test_orphans_are_reported_for_every_stage_and_removed_by_update(
-    pytester: pytest.Pytester,
-) -> None:
+def test_orphans_follow_syrupys_options_for_unused_snapshots(pytester: pytest.Pytester) -> None:
     manifest, golden = copy_corpus(pytester.path)
-    ghosts = [golden / "compile" / "ghost.json", golden / "compose" / "derived" / "ghost.json"]
+    ghosts = [golden / "compose" / "derived" / "ghost.json", golden / "compile" / "ghost.json"]
     for ghost in ghosts:
         ghost.write_text("{}\n")
+    shown = [str(ghost.relative_to(pytester.path)) for ghost in ghosts]
     args = ("--verl-corpus", f"--verl-corpus-manifest={manifest}", "-k", "golden_orphans")
+    accept = f"pytest --verl-corpus --verl-corpus-manifest {manifest} --snapshot-update"
+    again = f"Re-run {accept} to delete unused golden files."
+
+    # Unused golden files fail the run; the summary counts them and says how to delete them.
     reported = run(pytester, *args)
     reported.assert_outcomes(failed=1)
-    for ghost in ghosts:
-        reported.stdout.fnmatch_lines([f"*{ghost}*"])
+    reported.stdout.fnmatch_lines(["2 golden files unused.", again])
+    assert not [line for line in reported.outlines if line.startswith("Unused ")]
+    # --snapshot-details lists them; --snapshot-warn-unused does not fail on them.
+    details = run(pytester, *args, "--snapshot-details")
+    details.assert_outcomes(failed=1)
+    details.stdout.fnmatch_lines(["2 golden files unused.", *(f"Unused {p}" for p in shown), again])
+    warned = run(pytester, *args, "--snapshot-warn-unused")
+    warned.assert_outcomes(passed=1)
+    warned.stdout.fnmatch_lines(["2 golden files unused.", again])
+    # --snapshot-update deletes and lists them, unless --snapshot-no-cleanup.
+    kept = run(pytester, *args, "--snapshot-update", "--snapshot-no-cleanup")
+    kept.assert_outcomes(passed=1)
+    kept.stdout.fnmatch_lines(["2 golden files unused.", *(f"Unused {p}" for p in shown)])
+    assert all(ghost.exists() for ghost in ghosts)
     removed = run(pytester, *args, "--snapshot-update")
     removed.assert_outcomes(passed=1)
+    removed.stdout.fnmatch_lines(
+        ["2 unused golden files deleted.", *(f"Deleted {p}" for p in shown)]
+    )
     assert not any(ghost.exists() for ghost in ghosts)
     assert (golden / "compose" / "grpo.json").exists() and (
         golden / "compile" / "grpo.json"
     ).exists()
-    run(pytester, *args).assert_outcomes(passed=1)
+    clean = run(pytester, *args)
+    clean.assert_outcomes(passed=1)
+    assert not [line for line in clean.outlines if "unused golden" in line]
 
 
 def test_golden_orphans_are_found_by_case_id(tmp_path: Path) -> None:
