@@ -24,6 +24,7 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
+from pytest_verl_compat.cli.output import configure_output
 from pytest_verl_compat.cli.pin import add_pin_parser
 from pytest_verl_compat.cli.train import add_train_parser
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="verl checkout folder (default: $VERL_UPSTREAM, then the installed verl)",
     )
+    _add_output_flags(parser, default=0)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = case_source_options()
     add_inspect_parsers(sub, common)
@@ -89,11 +91,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_drift_parsers(sub, common)
     add_pin_parser(sub)
     add_asset_parsers(sub)
+    for command in sub.choices.values():
+        # Accepted after the command too; SUPPRESS keeps a value given before it.
+        _add_output_flags(command, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    group = parser.add_argument_group("output").add_mutually_exclusive_group()
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="errors and the requested output only: no notes, no progress",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=default,
+        help="say every slow step as it starts and how long it took",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_output(args.verbosity)
     try:
         return run_command(args.command, args.func, args)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from pytest_verl_compat.cli.common import (
     open_session,
     say,
 )
+from pytest_verl_compat.cli.output import note
 from pytest_verl_compat.pipeline.report import build_audit, summary_lines
 from pytest_verl_compat.pipeline.safe_input import load_json_file, read_text
 from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
@@ -53,14 +54,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 print(f"  {line}", file=sys.stderr)
             print("run `verl-compat audit --write` to accept", file=sys.stderr)
             return EXIT_FINDINGS
-        say("audit", f"{golden} is up to date")
+        note("audit", f"{golden} is up to date")
         return EXIT_OK
     target = Path(args.json) if args.json else (golden if args.write else None)
     if target is None:
         sys.stdout.write(text)
     else:
         write_atomic(target, text)
-        say("audit", f"wrote {target}")
+        note("audit", f"wrote {target}")
     if unreadable:
         say(
             "audit", f"{unreadable} of {len(session.cases)} cases unreadable, left out of the audit"

@@ -21,6 +21,7 @@ from pytest_verl_compat.cli.common import (
     override_value,
     say,
 )
+from pytest_verl_compat.cli.output import waiting
 from pytest_verl_compat.model import Case, Finding, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
 from pytest_verl_compat.pipeline.pins import UpstreamError
@@ -77,8 +78,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     case = case_for_target(session, args.target, args)
     try:
         # The base case's fields come from its script or its golden file; --set adds to them.
-        case = session.with_overrides(case, tuple(args.set or ()))
-        report = session.compile(case)
+        with waiting("check", f"composing {args.target} on the verl {session.pin.version} tree"):
+            case = session.with_overrides(case, tuple(args.set or ()))
+            report = session.compile(case)
     except (StageFailed, StageUnavailable) as exc:
         say("check", str(exc))
         return EXIT_USAGE
@@ -129,7 +131,12 @@ def _with_upstream_findings(session: Any, case: Case, findings: list[Finding]) -
         return findings
     mapping = session.outcome(case).composition.mapping
     try:
-        answer = early_answer(session, mapping, gate.tree, AnswerCache())
+        with waiting(
+            "check",
+            f"starting verl {session.pin.version} for its own checks "
+            "(import ~5 s in a sandboxed process, once: answers are cached)",
+        ):
+            answer = early_answer(session, mapping, gate.tree, AnswerCache())
     except RuntimeError as exc:
         say("check", f"upstream's own checks skipped: {str(exc).splitlines()[0]}")
         return findings

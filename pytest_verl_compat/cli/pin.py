@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.cli.common import EXIT_OK, existing_file, say
+from pytest_verl_compat.cli.common import EXIT_OK, existing_file
+from pytest_verl_compat.cli.output import note
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
@@ -20,11 +21,11 @@ def cmd_pin(args: argparse.Namespace) -> int:
     for change in changes:
         print(change.line())
     if not changes:
-        say("pin", f"every pin in {manifest} matches the files under {root}")
+        note("pin", f"every pin in {manifest} matches the files under {root}")
     elif args.dry_run:
-        say("pin", f"{len(changes)} pins would change in {manifest} (nothing written)")
+        note("pin", f"{len(changes)} pins would change in {manifest} (nothing written)")
     else:
-        say("pin", f"wrote {manifest} ({len(changes)} pins changed)")
+        note("pin", f"wrote {manifest} ({len(changes)} pins changed)")
     return EXIT_OK
 
 

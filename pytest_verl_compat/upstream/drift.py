@@ -17,7 +17,7 @@ from pytest_verl_compat.model import Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
 from pytest_verl_compat.pipeline.pins import installed_verl_root, sha256_file, tree_sha256
-from pytest_verl_compat.pipeline.safe_input import read_text
+from pytest_verl_compat.pipeline.safe_input import load_yaml, read_text
 
 if TYPE_CHECKING:
     from pytest_verl_compat.model import CompileReport
@@ -37,11 +37,21 @@ class DriftError(Exception):
     """The drift check cannot run (no pinned tree, or the other folder is not a config tree)."""
 
 
+def release_trees() -> dict[str, str]:
+    """Tree hash -> verl version of the releases the package knows (data/verl_trees.yaml)."""
+    from importlib import resources
+
+    text = resources.files("pytest_verl_compat").joinpath("data/verl_trees.yaml").read_text()
+    versions = load_yaml(text, "data/verl_trees.yaml")
+    return {str(digest): str(version) for version, digest in versions.items()}
+
+
 def known_tree_versions(session: AuditSession) -> dict[str, str]:
-    """Tree hashes with a known verl version: the manifest's pin and every shipped profile's."""
+    """Tree hashes with a known verl version: the releases', every shipped profile's and the
+    manifest's pin."""
     from pytest_verl_compat.pipeline.profile import load_profile, profile_path
 
-    known: dict[str, str] = {}
+    known: dict[str, str] = release_trees()
     profiles = profile_path("x").parent
     for path in sorted(profiles.glob("*.yaml")):
         try:
