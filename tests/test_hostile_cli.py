@@ -23,6 +23,7 @@ from pytest_verl_compat.pipeline.compose import MAX_OVERRIDE_KEY, Composer
 from pytest_verl_compat.pipeline.init_manifest import init_manifest
 from pytest_verl_compat.pipeline.manifest import MAX_BASE_CHAIN, default_manifest_path
 from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.pipeline.profile import default_profile, profile_path
 
 GRPO_SCRIPT = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
 KEY_2000 = ".".join(["a"] * 2000)
@@ -278,3 +279,23 @@ def test_a_reader_that_closed_stdout_ends_the_command_quietly(upstream_checkout:
         os.close(write_end)
     assert result.returncode == EXIT_BROKEN_PIPE, result.stderr
     assert result.stderr == ""
+
+
+def test_a_malformed_profile_the_manifest_names(cli, tree: None, tmp_path: Path) -> None:
+    raw = yaml.safe_load(default_manifest_path().read_text(encoding="utf-8"))
+    raw.pop("conformance", None)
+    raw["golden_dir"] = str(default_manifest_path().parents[1] / "golden")
+    raw["profile"] = "mine.yaml"
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text(yaml.safe_dump(raw, sort_keys=False))
+    profile = tmp_path / "mine.yaml"
+    shipped = yaml.safe_load(profile_path(default_profile()).read_text(encoding="utf-8"))
+    del shipped["rules"][3]["class"]
+    profile.write_text(yaml.safe_dump(shipped, sort_keys=False))
+    code, err = cli("--manifest", str(manifest), "check", "grpo", "--no-upstream-checks")
+    assert code == EXIT_USAGE
+    one_line_naming(err, str(profile), "rules[3]", "no 'class'")
+    # The shipped profile's own text, as a path, is a profile like any other.
+    profile.write_text(profile_path(default_profile()).read_text(encoding="utf-8"))
+    code, _ = cli("--manifest", str(manifest), "check", "grpo", "--no-upstream-checks")
+    assert code == 0
