@@ -132,10 +132,15 @@ def test_the_audit_alone_loads_no_conftest_of_the_tests_it_does_not_run(
         pytester.mkdir(folder)
         (pytester.path / folder / "conftest.py").write_text("import not_installed_test_extra\n")
         (pytester.path / folder / "test_mine.py").write_text("def test_mine():\n    pass\n")
+    # The project's own root conftest still applies to the audit (its hooks, its settings).
+    marker = pytester.path / "root-conftest-loaded"
+    pytester.makeconftest(f"open({str(marker)!r}, 'a').write('x')\n")
     alone = run(pytester, "--verl-corpus", "-k", "golden_orphans")
     alone.assert_outcomes(passed=1)
+    assert marker.read_text() == "x"
     pasted = run(pytester, "--verl-corpus", f"{NODE_PREFIX}::test_golden_orphans")
     pasted.assert_outcomes(passed=1)
+    assert marker.read_text() == "xx"
     for args in ((), ("--verl-corpus", "mine"), ("-o", "addopts=--verl-corpus")):
         tests_too = run(pytester, *args)
         assert tests_too.ret == pytest.ExitCode.USAGE_ERROR, args

@@ -155,19 +155,36 @@ def audit_from_command_line(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """Load the conftests of what the run collects, as if the stage module were named.
+    """Load the conftests of what the run collects: the stage module's, and the project's own.
 
     pytest loads the conftests of the given paths (else of ``testpaths``, else of the current
     folder and its ``test*`` folders) before any plugin sees the arguments; ``--verl-corpus``
     alone, or a pasted ``verl-corpus::`` node id, collects only the stage module, so the
-    project's test conftests (and the test-only packages they import) are no business of it.
+    conftests of test folders it does not collect (and the test-only packages they import) are
+    no business of it. The conftest.py of the folder pytest runs in, and of its parents up to
+    the rootdir, still loads: a project's own hooks and settings apply to the audit too.
     """
     namespace = early_config.known_args_namespace
     if not getattr(namespace, "verl_corpus", False):
         return
     given = list(getattr(namespace, "file_or_dir", None) or [])
     if given or audit_from_command_line(early_config):
-        namespace.file_or_dir = corpus_args(given, audit_only=not given)
+        anchors = corpus_args(given, audit_only=not given)
+        namespace.file_or_dir = anchors + _own_conftests(early_config)
+
+
+def _own_conftests(config: pytest.Config) -> list[str]:
+    """conftest.py of the invocation folder and its parents up to the rootdir (as files: a
+    folder would also bring in its ``test*`` subfolders)."""
+    folder = config.invocation_params.dir
+    chain = [folder, *folder.parents] if folder.is_relative_to(config.rootpath) else [folder]
+    found = []
+    for directory in chain:
+        if (directory / "conftest.py").is_file():
+            found.append(str(directory / "conftest.py"))
+        if directory == config.rootpath:
+            break
+    return found
 
 
 def _ini_path(config: pytest.Config, name: str) -> str | None:
