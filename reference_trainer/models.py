@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from reference_trainer.config import ModelConfig, OptimConfig
-from reference_trainer.tiny import ATTENTION, TINY, build_tiny_value_model
+from reference_trainer.tiny import (
+    ATTENTION,
+    FROM_PRETRAINED_SAFELY,
+    TINY,
+    build_tiny_value_model,
+    refuse_pickled_weights,
+)
 
 
 def wrap_lora(model: torch.nn.Module, spec: ModelConfig, seed: int) -> torch.nn.Module:
@@ -45,13 +52,14 @@ def build_critic(critic_model: ModelConfig | None, base_config: Any, seed: int) 
         return build_tiny_value_model(base_config, seed + 2)
     from transformers import AutoModelForTokenClassification
 
+    refuse_pickled_weights(Path(path), "critic.model.path")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 2)
         return AutoModelForTokenClassification.from_pretrained(
             path,
             num_labels=1,
             classifier_dropout=0.0,
-            local_files_only=True,
+            **FROM_PRETRAINED_SAFELY,
             attn_implementation=ATTENTION,
             dtype=torch.float32,
         )

@@ -20,7 +20,13 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreT
 from reference_trainer.batching import Batch
 from reference_trainer.data import Prompt, load_prompts
 from reference_trainer.reasoning_gym_prompts import reasoning_gym_reward
-from reference_trainer.tiny import ATTENTION, build_tiny_reward_model, build_tiny_tokenizer
+from reference_trainer.tiny import (
+    ATTENTION,
+    FROM_PRETRAINED_SAFELY,
+    build_tiny_reward_model,
+    build_tiny_tokenizer,
+    refuse_pickled_weights,
+)
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -66,8 +72,9 @@ class RewardModelScorer:
             )
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         tokenizer.padding_side = "right"
+        refuse_pickled_weights(path, "reward.reward_model.model_path")
         model = AutoModelForSequenceClassification.from_pretrained(
-            path, local_files_only=True, attn_implementation=ATTENTION, dtype=torch.float32
+            path, **FROM_PRETRAINED_SAFELY, attn_implementation=ATTENTION, dtype=torch.float32
         )
         model.eval()
         return cls(model, tokenizer, str(path))

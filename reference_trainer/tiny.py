@@ -120,6 +120,24 @@ class LoadedPolicy:
     """``tiny`` or the folder the model came from."""
 
 
+# A pickle can run code while it loads (torch.load's weights_only narrows that, and has had
+# escapes), and a model folder may be a stranger's: weights load from safetensors files only.
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+FROM_PRETRAINED_SAFELY = {"local_files_only": True, "use_safetensors": True}
+
+
+def refuse_pickled_weights(folder: Path, what: str) -> None:
+    """A one-line ValueError naming the file when the folder's weights are pickles only."""
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(path for pattern in PICKLED_WEIGHTS for path in folder.glob(pattern))
+    if pickled:
+        raise ValueError(
+            f"{what}: {pickled[0]}: pickled weights are refused (loading a pickle can run code); "
+            "save the model as safetensors (model.save_pretrained(folder) writes them)"
+        )
+
+
 def load_policy(model: str, seed: int) -> LoadedPolicy:
     """``tiny`` builds the seeded tiny model; anything else must be a local HF folder."""
     if model == TINY:
@@ -138,8 +156,9 @@ def load_policy(model: str, seed: int) -> LoadedPolicy:
             f"actor_rollout_ref.model.path: tokenizer in {model!r} needs a pad token distinct "
             "from eos"
         )
+    refuse_pickled_weights(folder, "actor_rollout_ref.model.path")
     policy = AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, attn_implementation=ATTENTION, dtype=torch.float32
+        folder, **FROM_PRETRAINED_SAFELY, attn_implementation=ATTENTION, dtype=torch.float32
     )
     return LoadedPolicy(policy, tokenizer, str(folder))
 

@@ -64,6 +64,10 @@ def test_report_shape(report_091: dict[str, Any], pinned: AuditSession) -> None:
     assert set(report_091["pinned"]) == {"version", "commit", "tree_sha256", "profile"}
     assert report_091["pinned"]["profile"] == "verl-0.9.0-single-device"
     assert set(report_091["against"]) == {"path", "tree_sha256", "version"}
+    # A folder of 0.9.1's config files only (no version file) is named from the known releases.
+    assert not (Path(report_091["against"]["path"]) / "verl" / "version" / "version").exists()
+    assert report_091["against"]["version"] == "0.9.1"
+    assert render_markdown(report_091).startswith("## verl config drift: 0.9.0 → 0.9.1\n")
     assert report_091["against"]["tree_sha256"] != report_091["pinned"]["tree_sha256"]
     assert report_091["outcome_note"] == OUTCOME_NOTE
     # A config-only tree has none of the scripts: every pinned file is reported as missing.
@@ -138,7 +142,11 @@ def test_section_of() -> None:
 
 
 def test_cli_drift_exit_code_and_determinism(
-    report_091: dict[str, Any], upstream_checkout: Path, upstream_091: Path, tmp_path: Path
+    report_091: dict[str, Any],
+    upstream_checkout: Path,
+    upstream_091: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--manifest")
@@ -155,6 +163,13 @@ def test_cli_drift_exit_code_and_determinism(
         ]
     )
     assert args.func(args) == 1
+    # It says where it wrote each report (stdout stays empty: nothing was asked of it).
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"verl-compat drift: wrote the drift report (JSON) to {out_json}",
+        f"verl-compat drift: wrote the drift summary (Markdown) to {out_md}",
+    ]
     # Another process-level session, same bytes: the report does not depend on run order.
     assert json.loads(out_json.read_text()) == report_091
     assert out_md.read_text() == render_markdown(report_091)

@@ -18,8 +18,8 @@ import yaml
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.plugin import STAGES
-from pytest_verl_compat.plugin.collect import NODE_PREFIX, embedded_golden_refusal
+from pytest_verl_compat.plugin import NODE_PREFIX, STAGES
+from pytest_verl_compat.plugin.collect import embedded_golden_refusal
 from pytest_verl_compat.plugin.golden import UnsafeCaseId, golden_file, golden_orphans
 
 STAGES_MODULE = Path(__file__).resolve().parents[1] / "pytest_verl_compat" / "plugin" / "stages.py"
@@ -119,6 +119,32 @@ def test_user_tests_and_testpaths_stay_when_the_audit_is_in_addopts(
     pytester.makeini("[pytest]\ntestpaths = mine\n")
     alone = run(pytester, "--verl-corpus", "-k", "test_mine or golden_orphans")
     alone.assert_outcomes(passed=1)
+
+
+def test_the_audit_alone_loads_no_conftest_of_the_tests_it_does_not_run(
+    pytester: pytest.Pytester,
+) -> None:
+    # A project whose test conftests import test-only packages (this repository's imports
+    # hypothesis, which only the [test] extra installs): the README's first command must not
+    # need them, and the project's own test run must still load them.
+    pytester.makeini("[pytest]\ntestpaths = mine\n")
+    for folder in ("mine", "tests"):
+        pytester.mkdir(folder)
+        (pytester.path / folder / "conftest.py").write_text("import not_installed_test_extra\n")
+        (pytester.path / folder / "test_mine.py").write_text("def test_mine():\n    pass\n")
+    # The project's own root conftest still applies to the audit (its hooks, its settings).
+    marker = pytester.path / "root-conftest-loaded"
+    pytester.makeconftest(f"open({str(marker)!r}, 'a').write('x')\n")
+    alone = run(pytester, "--verl-corpus", "-k", "golden_orphans")
+    alone.assert_outcomes(passed=1)
+    assert marker.read_text() == "x"
+    pasted = run(pytester, "--verl-corpus", f"{NODE_PREFIX}::test_golden_orphans")
+    pasted.assert_outcomes(passed=1)
+    assert marker.read_text() == "xx"
+    for args in ((), ("--verl-corpus", "mine"), ("-o", "addopts=--verl-corpus")):
+        tests_too = run(pytester, *args)
+        assert tests_too.ret == pytest.ExitCode.USAGE_ERROR, args
+        tests_too.stderr.fnmatch_lines(["*No module named 'not_installed_test_extra'*"])
 
 
 # --- summary --------------------------------------------------------------------------------
@@ -248,25 +274,45 @@ def test_the_schema_rejects_dot_segments_and_update_writes_nothing_outside(
     assert not list(pytester.path.rglob("victim*")), "nothing written for a hostile id"
 
 
-def test_orphans_are_reported_for_every_stage_and_removed_by_update(
-    pytester: pytest.Pytester,
-) -> None:
+def test_orphans_follow_syrupys_options_for_unused_snapshots(pytester: pytest.Pytester) -> None:
     manifest, golden = copy_corpus(pytester.path)
-    ghosts = [golden / "compile" / "ghost.json", golden / "compose" / "derived" / "ghost.json"]
+    ghosts = [golden / "compose" / "derived" / "ghost.json", golden / "compile" / "ghost.json"]
     for ghost in ghosts:
         ghost.write_text("{}\n")
+    shown = [str(ghost.relative_to(pytester.path)) for ghost in ghosts]
     args = ("--verl-corpus", f"--verl-corpus-manifest={manifest}", "-k", "golden_orphans")
+    accept = f"pytest --verl-corpus --verl-corpus-manifest {manifest} --snapshot-update"
+    again = f"Re-run {accept} to delete unused golden files."
+
+    # Unused golden files fail the run; the summary counts them and says how to delete them.
     reported = run(pytester, *args)
     reported.assert_outcomes(failed=1)
-    for ghost in ghosts:
-        reported.stdout.fnmatch_lines([f"*{ghost}*"])
+    reported.stdout.fnmatch_lines(["2 golden files unused.", again])
+    assert not [line for line in reported.outlines if line.startswith("Unused ")]
+    # --snapshot-details lists them; --snapshot-warn-unused does not fail on them.
+    details = run(pytester, *args, "--snapshot-details")
+    details.assert_outcomes(failed=1)
+    details.stdout.fnmatch_lines(["2 golden files unused.", *(f"Unused {p}" for p in shown), again])
+    warned = run(pytester, *args, "--snapshot-warn-unused")
+    warned.assert_outcomes(passed=1)
+    warned.stdout.fnmatch_lines(["2 golden files unused.", again])
+    # --snapshot-update deletes and lists them, unless --snapshot-no-cleanup.
+    kept = run(pytester, *args, "--snapshot-update", "--snapshot-no-cleanup")
+    kept.assert_outcomes(passed=1)
+    kept.stdout.fnmatch_lines(["2 golden files unused.", *(f"Unused {p}" for p in shown)])
+    assert all(ghost.exists() for ghost in ghosts)
     removed = run(pytester, *args, "--snapshot-update")
     removed.assert_outcomes(passed=1)
+    removed.stdout.fnmatch_lines(
+        ["2 unused golden files deleted.", *(f"Deleted {p}" for p in shown)]
+    )
     assert not any(ghost.exists() for ghost in ghosts)
     assert (golden / "compose" / "grpo.json").exists() and (
         golden / "compile" / "grpo.json"
     ).exists()
-    run(pytester, *args).assert_outcomes(passed=1)
+    clean = run(pytester, *args)
+    clean.assert_outcomes(passed=1)
+    assert not [line for line in clean.outlines if "unused golden" in line]
 
 
 def test_golden_orphans_are_found_by_case_id(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -119,9 +121,7 @@ def run_audit(pytester: pytest.Pytester, cache: Path, *args: str) -> pytest.RunR
         "-o",
         f"cache_dir={cache}",
         "-rfEs",
-        # The conformance stage checks the plugin's math, not the user's scripts.
-        "-k",
-        "not conformance",
+        # As the README runs it: no -k (a manifest init writes has no conformance cases).
         *args,
     )
 
@@ -150,23 +150,48 @@ def test_user_manifest_through_every_stage(
     assert "trainer.experiment_name=grpo_abc1234" in snapshot["explicit_fields"]
 
     green = run_audit(pytester, shared_cache_dir, *args)
-    # read, compose, compile, verdict, trusted, snapshot per case; tree; orphans.
-    green.assert_outcomes(passed=2 * 6 + 2)
+    # read, compose, compile, verdict, trusted, snapshot per case; tree; orphans; the tolerance
+    # file check. The conformance and step stages have no case here: one skipped placeholder each.
+    green.assert_outcomes(passed=2 * 6 + 3, skipped=2)
     green.stdout.fnmatch_lines(["2 cases; 2 composed; 2 accepted; *"])
 
-    # The user doubles the batch and re-pins the script: the snapshot shows what moved.
+    # The user doubles the batch: the read stage says so, once, with the command that re-pins.
     script = root / "examples" / "my_grpo.sh"
     old_sha = sha256_file(script)
     script.write_text(script.read_text().replace("train_batch_size=64", "train_batch_size=128"))
-    manifest.write_text(manifest.read_text().replace(old_sha, sha256_file(script)))
+    stale = run_audit(pytester, shared_cache_dir, *args)
+    assert stale.ret == 1
+    failed = {r.split(" ")[1].split("::", 1)[1] for r in stale.outlines if r.startswith("FAILED")}
+    assert failed == {"test_read[my_grpo]"}, stale.stdout.str()[-3000:]
+    repin = f"re-pin the manifest: verl-compat pin {manifest}"
+    assert stale.stdout.str().count(repin) == 1, stale.stdout.str()[-3000:]
+    assert stale.stdout.str().count(f"pinned sha256 {old_sha}, found") == 1
+
+    before = manifest.read_text()
+    pinned = subprocess.run(
+        [sys.executable, "-m", "pytest_verl_compat.cli", "pin", str(manifest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert pinned.returncode == 0, pinned.stderr
+    new_sha = sha256_file(script)
+    assert (
+        pinned.stdout == f"examples/my_grpo.sh: sha256 {old_sha[:12]} -> {new_sha[:12]} (my_grpo)\n"
+    )
+    assert manifest.read_text() == before.replace(old_sha, new_sha), "only the pin changed"
     changed = run_audit(pytester, shared_cache_dir, *args)
     assert changed.ret == 1
+    accept = (
+        f"pytest --verl-corpus --verl-corpus-manifest {manifest} --verl-corpus-upstream {root} "
+        "--snapshot-update"
+    )
     changed.stdout.fnmatch_lines(
         [
             "*golden differs at these leaves (- golden, + now):*",
             '*~ explicit_fields[[]*[]]: "data.train_batch_size=64" -> "data.train_batch_size=128"*',
             "*~ resolved.data.train_batch_size: 64 -> 128*",
-            "*run pytest --verl-corpus --snapshot-update to accept the change*",
+            f"*run {accept} to accept the change*",
         ],
         consecutive=False,
     )
@@ -177,4 +202,4 @@ def test_user_manifest_through_every_stage(
     assert accepted.ret == 0, accepted.stdout.str()[-4000:]
     # (syrupy's own summary line is not printed in every environment; the green rerun shows it.)
     again = run_audit(pytester, shared_cache_dir, *args)
-    again.assert_outcomes(passed=2 * 6 + 2)
+    again.assert_outcomes(passed=2 * 6 + 3, skipped=2)

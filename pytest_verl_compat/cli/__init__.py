@@ -27,6 +27,8 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
+from pytest_verl_compat.cli.output import configure_output
+from pytest_verl_compat.cli.pin import add_pin_parser
 from pytest_verl_compat.cli.rules import add_rule_parser
 from pytest_verl_compat.cli.train import add_train_parser
 
@@ -57,7 +59,8 @@ class _Parser(argparse.ArgumentParser):
                 if isinstance(name, str)
             ]
             message += did_you_mean(word, choices)
-        super().error(message)
+        # One line, as every other refusal (the usage is one --help away).
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _version() -> str:
@@ -83,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="verl checkout folder (default: $VERL_UPSTREAM, then the installed verl)",
     )
+    _add_output_flags(parser, default=0)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     common = case_source_options()
     add_inspect_parsers(sub, common)
@@ -91,15 +95,42 @@ def build_parser() -> argparse.ArgumentParser:
     add_census_parser(sub, common)
     add_case_source(add_train_parser(sub))
     add_drift_parsers(sub, common)
+    add_pin_parser(sub)
     add_asset_parsers(sub)
     add_rule_parser(sub)
+    for command in sub.choices.values():
+        # Accepted after the command too; SUPPRESS keeps a value given before it.
+        _add_output_flags(command, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    group = parser.add_argument_group("output").add_mutually_exclusive_group()
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="errors and the requested output only: no notes, no progress",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=default,
+        help="say every slow step as it starts and how long it took",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The words after the command's name: where a --set argument was written (check's locations).
     args.argv = list(argv) if argv is not None else sys.argv[1:]
+    configure_output(args.verbosity)
     try:
         return run_command(args.command, args.func, args)
     except KeyboardInterrupt:

@@ -8,9 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, open_session, say
-from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    INPUT_ERRORS,
+    one_line,
+    open_session,
+    say,
+)
+from pytest_verl_compat.cli.output import note
 from pytest_verl_compat.pipeline.report import build_audit, summary_lines
+from pytest_verl_compat.pipeline.safe_input import load_json_file, read_text
 from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
 
 
@@ -18,12 +27,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Regenerate the audit JSON; with --check, compare it byte for byte with the golden one."""
     session = open_session(args)
     entries = []
+    # A case whose input cannot be read is reported (one line each) and left out; the others
+    # are still audited and written, and the command exits 2.
+    unreadable = 0
     for case in session.cases:
         try:
             entries.append(session.audit_entry(case))
-        except (StageFailed, StageUnavailable) as exc:
-            say("audit", str(exc))
-            return EXIT_USAGE
+        except INPUT_ERRORS as exc:
+            say("audit", one_line(str(exc)))
+            unreadable += 1
+    if unreadable and args.check:
+        say("audit", f"{unreadable} cases unreadable; nothing compared")
+        return EXIT_USAGE
     audit = build_audit(session, entries)
     text = dumps(audit)
     golden = session.golden_dir / "audit.json"
@@ -31,21 +46,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for line in summary_lines(audit["totals"], audit.get("example_totals")):
         print(line, file=sys.stderr)
     if args.check:
-        if not golden.is_file() or golden.read_text(encoding="utf-8") != text:
-            old = json.loads(golden.read_text(encoding="utf-8")) if golden.is_file() else {}
+        committed = read_text(golden, what="golden audit") if golden.is_file() else None
+        if committed != text:
+            old = load_json_file(golden, what="golden audit") if committed is not None else {}
             say("audit", f"{golden} is out of date:")
             for line in leaf_diff(old, json.loads(text)):
                 print(f"  {line}", file=sys.stderr)
             print("run `verl-compat audit --write` to accept", file=sys.stderr)
             return EXIT_FINDINGS
-        say("audit", f"{golden} is up to date")
+        note("audit", f"{golden} is up to date")
         return EXIT_OK
     target = Path(args.json) if args.json else (golden if args.write else None)
     if target is None:
         sys.stdout.write(text)
     else:
         write_atomic(target, text)
-        say("audit", f"wrote {target}")
+        note("audit", f"wrote {target}")
+    if unreadable:
+        say(
+            "audit", f"{unreadable} of {len(session.cases)} cases unreadable, left out of the audit"
+        )
+        return EXIT_USAGE
     return EXIT_OK
 
 

@@ -48,8 +48,10 @@ from pytest_verl_compat.cli.common import (
     case_for_target,
     flag_bindings,
     open_session,
+    override_value,
     say,
 )
+from pytest_verl_compat.cli.output import waiting
 from pytest_verl_compat.model import LEVELS, Case, Finding, Level, Location, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path, set_positions
@@ -417,16 +419,26 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("standard input (-) can be read once")
     listed = targets(args, session)
     with tempfile.TemporaryDirectory(prefix="verl-compat-check-") as scratch:
-        prepared = [prepare(session, target, args, Path(scratch)) for target in listed]
-        ask, close = _asker(session, prepared, args)
-        try:
-            results = [finish(session, p, ask, chosen) for p in prepared]
-        finally:
-            close()
+        with waiting("check", f"composing {_count(listed)} on the verl {session.pin.version} tree"):
+            prepared = [prepare(session, target, args, Path(scratch)) for target in listed]
+        with waiting(
+            "check",
+            f"starting verl {session.pin.version} for its own checks "
+            "(import ~5 s in a sandboxed process; answers are cached)",
+        ):
+            ask, close = _asker(session, prepared, args)
+            try:
+                results = [finish(session, p, ask, chosen) for p in prepared]
+            finally:
+                close()
     rules = all_rules(session.pin.version, Path(session.profile_name).stem)
     run = CheckRun(results, session.pin.version, _tool_version(), rules, Path.cwd())
     write_output(run, args, session)
     return exit_status(run, chosen, args)
+
+
+def _count(listed: Sequence[Target]) -> str:
+    return listed[0].label if len(listed) == 1 else f"{len(listed)} targets"
 
 
 def exit_status(run: CheckRun, chosen: Selection, args: argparse.Namespace) -> int:
@@ -495,7 +507,9 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SCRIPT|FOLDER|CASE|-",
         help="launch scripts, folders (their *.sh, sorted), manifest case ids, or - for stdin",
     )
-    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an extra override")
+    check.add_argument(
+        "--set", action="append", type=override_value, metavar="KEY=VALUE", help="an extra override"
+    )
     check.add_argument(
         "--format",
         choices=FORMATS,

@@ -14,8 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.model import Bindings, Case
+from pytest_verl_compat.bash import LaunchReadError
+from pytest_verl_compat.model import Bindings, Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.compose import override_refusal
+from pytest_verl_compat.pipeline.manifest import ManifestError
+from pytest_verl_compat.pipeline.pins import UpstreamError
+from pytest_verl_compat.pipeline.read import PinMismatch
+from pytest_verl_compat.pipeline.resolved import ResolvedFileError
+from pytest_verl_compat.pipeline.safe_input import InputError
+from pytest_verl_compat.pipeline.snapshot import OutputRefused
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -27,12 +35,36 @@ class UsageError(Exception):
     """A one-line message for the user; the command exits with ``EXIT_USAGE``."""
 
 
+# What the pipeline raises for input it refuses (an unreadable or hostile file, a manifest, a
+# launch script, a tree, a value): each message names the file, line or value. Any command
+# meeting one exits 2 with that line; everything else is a bug (exit 3).
+INPUT_ERRORS: tuple[type[Exception], ...] = (
+    UsageError,
+    InputError,
+    ManifestError,
+    ResolvedFileError,
+    LaunchReadError,
+    UpstreamError,
+    PinMismatch,
+    OutputRefused,
+    StageFailed,
+    StageUnavailable,
+)
+# A shell reports a command that a closed pipe stopped (`| head`) as killed by SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def say(command: str, message: str) -> None:
     """A message for the user: on stderr, prefixed with the command."""
     print(
         f"verl-compat {command}: {message}" if command else f"verl-compat: {message}",
         file=sys.stderr,
     )
+
+
+def one_line(message: str) -> str:
+    """A message as one line (Hydra's and PyYAML's span several)."""
+    return " ".join(message.split())
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -77,6 +109,14 @@ def name_value(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name, value
+
+
+def override_value(text: str) -> str:
+    """A ``--set`` value Hydra can read as an override (checked before anything composes)."""
+    refused = override_refusal(text, parse=True)
+    if refused:
+        raise argparse.ArgumentTypeError(refused)
+    return text
 
 
 def add_bindings_flags(p: argparse.ArgumentParser) -> None:
@@ -124,6 +164,10 @@ def open_session(args: argparse.Namespace) -> AuditSession:
     )
     if session.manifest_error:
         raise UsageError(session.manifest_error)
+    if session.upstream is not None:
+        # Every file of the tree is checked before a command composes on it: a hostile tree
+        # is the command's unreadable input (InputError, exit 2), not each case's rejection.
+        session.composer().check_tree()
     return session
 
 
@@ -156,9 +200,16 @@ def case_for_target(session: AuditSession, target: str, args: argparse.Namespace
 
 
 def run_command(command: str, func: Any, args: argparse.Namespace) -> int:
-    """Run a subcommand; a UsageError becomes its one-line message and exit 2."""
+    """Run a subcommand; refused input (``INPUT_ERRORS``) becomes its one-line message and
+    exit 2; a reader that closed stdout early ends the command quietly, as it ends ``cat``."""
     try:
         return int(func(args))
-    except UsageError as exc:
-        say(command, str(exc))
+    except INPUT_ERRORS as exc:
+        say(command, one_line(str(exc)))
         return EXIT_USAGE
+    except BrokenPipeError:
+        # Python ignores SIGPIPE, so the write raises; what the reader left unread is no error.
+        # stdout goes to /dev/null, or the interpreter's final flush raises again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

@@ -18,6 +18,7 @@ from pytest_verl_compat.cli.common import (
     open_session,
     say,
 )
+from pytest_verl_compat.cli.output import note
 
 
 def _folder(value: str) -> str:
@@ -44,8 +45,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
     markdown = render_markdown(report)
     if args.json:
         write_atomic(Path(args.json), dumps(report))
+        note("drift", f"wrote the drift report (JSON) to {args.json}")
     if args.markdown:
         write_atomic(Path(args.markdown), markdown)
+        note("drift", f"wrote the drift summary (Markdown) to {args.markdown}")
     if not args.json and not args.markdown:
         sys.stdout.write(markdown)
     return EXIT_FINDINGS if has_drift(report) else EXIT_OK
@@ -73,7 +76,7 @@ def cmd_retarget(args: argparse.Namespace) -> int:
     except RetargetError as exc:
         say("retarget", str(exc))
         return EXIT_USAGE
-    say("retarget", f"wrote {path}")
+    note("retarget", f"wrote {path}")
     say(
         "retarget",
         "set `profile:` in the manifest to this file and update the upstream pin, then run "
@@ -93,7 +96,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     if out is None:
         sys.stdout.write(text)
     else:
-        say("init", f"wrote {out}")
+        note("init", f"wrote {out}")
     left = unbound(text)
     if left:
         say(

@@ -50,7 +50,7 @@ from pytest_verl_compat.pipeline.pins import (
 from pytest_verl_compat.pipeline.profile import default_profile, load_profile
 from pytest_verl_compat.pipeline.read import PinMismatch, read_case_fields
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
-from pytest_verl_compat.pipeline.safe_input import confined
+from pytest_verl_compat.pipeline.safe_input import InputError, confined
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from reference_trainer.config import ReferenceTrainerConfig
 
@@ -193,7 +193,10 @@ class AuditSession:
 
     def golden_fields(self, case: Case) -> ExplicitFields:
         """Explicit fields recorded in the golden snapshot, only if it pins the same inputs."""
-        golden = read_golden(self.golden_dir, "compose", case.id)
+        try:
+            golden = read_golden(self.golden_dir, "compose", case.id)
+        except InputError as exc:
+            raise StageFailed(f"[{case.id}] {exc}") from exc
         if golden is None:
             raise StageFailed(
                 f"[{case.id}] no launch scripts here and no golden file {self.golden_path(case)}"
@@ -251,7 +254,7 @@ class AuditSession:
         """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate."""
         try:
             return read_case_fields(case, root)
-        except (LaunchReadError, PinMismatch, OSError) as exc:
+        except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
             raise StageFailed(f"{label}{exc}") from exc
 
     @property

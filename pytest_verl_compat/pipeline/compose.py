@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
@@ -36,7 +37,45 @@ _Mapping = dict[str, Any]
 # What Hydra and OmegaConf raise for a bad override list. Hydra lets some malformed overrides
 # through to a bare TypeError (e.g. a group override with a list of numbers, `model_engine=[0]`);
 # still the input's fault. Anything else is a bug here and propagates.
-_INPUT_ERRORS = (HydraException, OmegaConfBaseException, ValueError, KeyError, TypeError)
+# A tree file that is not YAML reaches Hydra's own loader as PyYAML's error: the tree's fault too.
+_INPUT_ERRORS = (
+    HydraException,
+    OmegaConfBaseException,
+    ValueError,
+    KeyError,
+    TypeError,
+    yaml.YAMLError,
+)
+# Hydra looks an override's key up as a config group, a file name under the tree
+# (ConfigRepository.group_exists): past the file system's name limit (255) that is an OSError,
+# not an answer. verl's longest key has 83 characters.
+MAX_OVERRIDE_KEY = 200
+
+
+def override_refusal(line: str, *, parse: bool = False) -> str | None:
+    """Why an override cannot reach Hydra, in one line naming it, or None.
+
+    Always: a key longer than ``MAX_OVERRIDE_KEY``. With ``parse``: Hydra's own override grammar
+    (a ``--set`` value is checked before anything composes; in a case, Hydra's rejection of the
+    grammar is the composition's outcome).
+    """
+    key = line.split("=", 1)[0]
+    shown = line if len(line) <= 80 else f"{line[:60]}… ({len(line)} characters)"
+    if len(key) > MAX_OVERRIDE_KEY:
+        return (
+            f"override {shown!r}: a key of {len(key)} characters ({key.count('.') + 1} "
+            f"segments); at most {MAX_OVERRIDE_KEY}"
+        )
+    if parse:
+        try:
+            parse_override(line)
+        except HydraException as exc:
+            reason = " ".join(str(exc).split())
+            return f"override {shown!r}: expected KEY=VALUE (or ~KEY), as Hydra reads it: {reason}"
+        except ValueError as exc:  # a value Hydra's grammar converts: an integer of 5000 digits
+            reason = " ".join(str(exc).split(";")[0].split())
+            return f"override {shown!r}: Hydra cannot read its value: {reason}"
+    return None
 
 
 def count_leaves(value: Any) -> int:
@@ -121,9 +160,10 @@ def tree_digest(config_dir: Path) -> str:
     digest = hashlib.sha256()
     for file in sorted(p for p in Path(config_dir).rglob("*") if not p.is_dir()):
         data = read_bytes(file, what="config file")
-        # OmegaConf's own loader refuses duplicate keys; an anchor is what an alias bomb needs,
-        # and only files with one pay for the bounded parse (~5 ms per file).
-        if file.suffix in {".yaml", ".yml"} and b"&" in data:
+        # OmegaConf's own loader refuses duplicate keys; an anchor is what an alias bomb needs
+        # and a tag (`!!python/...`) starts with `!`: only files with one of them pay for the
+        # bounded parse (~5 ms per file). Other syntax errors are Hydra's loader's to report.
+        if file.suffix in {".yaml", ".yml"} and (b"&" in data or b"!" in data):
             load_yaml(read_text(file, what="config file"), str(file))
         digest.update(file.relative_to(config_dir).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(data).digest())
@@ -288,6 +328,11 @@ class Composer:
         with self._hydra():
             return compose(config_name=self.config_name, overrides=list(fields))
 
+    def check_tree(self) -> str:
+        """The tree's digest, once every file was checked (``tree_digest``; InputError names the
+        first file refused)."""
+        return self._tree_digest()
+
     def _tree_digest(self) -> str:
         if self._digest is None:
             self._digest = tree_digest(self.config_dir)
@@ -399,6 +444,9 @@ class Composer:
             self._tree_digest()  # checks the tree's files before Hydra opens any of them
         except InputError as exc:
             return Composition(COMPOSITION_REJECTION, reason=str(exc))
+        refused = next(filter(None, map(override_refusal, overrides)), None)
+        if refused is not None:
+            return Composition(COMPOSITION_REJECTION, reason=refused)
         composition = self._compose_values(overrides, variables)
         if composition.composed:
             foreign = target_rejection(composition.mapping, self.config_dir)

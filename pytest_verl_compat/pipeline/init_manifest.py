@@ -190,7 +190,7 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
             f"    launch: {_scalar(rel)}",
             "    inputs:",
             f"      - path: {_scalar(rel)}",
-            f"        sha256: {sha256_file(script)}",
+            f"        sha256: {sha256_file(script, 'launch script')}",
         ]
     text = "\n".join(out_lines) + "\n"
     if out is not None:

@@ -28,6 +28,10 @@ from pytest_verl_compat.pipeline.safe_input import (
     read_text,
 )
 
+# Bases a derived case may stand on, one on another: each adds its overrides to every case above
+# it, so a long chain costs its length squared in overrides to compose (the corpus needs 1).
+MAX_BASE_CHAIN = 32
+
 
 class ManifestError(Exception):
     """The manifest as a whole cannot be used (unreadable, or its top level is malformed)."""
@@ -121,7 +125,10 @@ def load_manifest(path: str | Path) -> Manifest:
     # reusing the id of an invalid one must be flagged too, not silently become the only one.
     first_line: dict[str, int] = {}
     cases: list[Case] = []
-    raw_by_id: dict[str, dict[str, Any]] = {}
+    # Cases by id as built so far: a derived case starts from its base's built case, so a long
+    # chain of bases costs one step per case (no recursion, nothing rebuilt).
+    built: dict[str, Case] = {}
+    chain: dict[str, int] = {}  # how many bases stand between a case and its launch
     for index, (raw_case, lined) in enumerate(zip(raw_cases, line_cases, strict=True)):
         line = lined.get("__line__", 0) if isinstance(lined, dict) else 0
         case_id = raw_case.get("id") if isinstance(raw_case, dict) else None
@@ -154,8 +161,19 @@ def load_manifest(path: str | Path) -> Manifest:
             cases.append(Case(id=label, kind="invalid", line=line, error=message))
             continue
         assert isinstance(case_id, str)  # the case schema requires it
-        raw_by_id[case_id] = raw_case
-        cases.append(_build_case(path, raw_case, line, bindings, raw_by_id))
+        base_id = raw_case.get("base")
+        chain[case_id] = chain[base_id] + 1 if base_id in chain else 0
+        if chain[case_id] > MAX_BASE_CHAIN:
+            message = (
+                f"{path}:{line}: case {case_id!r}: field base: {base_id!r} ends a chain of "
+                f"{chain[case_id]} bases; at most {MAX_BASE_CHAIN} (derive from a case nearer "
+                "its launch script)"
+            )
+            cases.append(Case(id=case_id, kind="invalid", line=line, error=message))
+            continue
+        case = _build_case(path, raw_case, line, bindings, built)
+        built[case_id] = case
+        cases.append(case)
 
     golden = raw.get("golden_dir")
     conformance = raw.get("conformance")
@@ -176,7 +194,7 @@ def _build_case(
     raw: Mapping[str, Any],
     line: int,
     defaults: Bindings,
-    earlier: Mapping[str, Mapping[str, Any]],
+    earlier: Mapping[str, Case],
 ) -> Case:
     """Turn a schema-valid entry into a Case, inheriting launch and inputs from its base."""
     launch = raw.get("launch")
@@ -189,14 +207,13 @@ def _build_case(
     if base_id is not None:
         # A derived case is its base's launch plus its own overrides; the base must come first
         # so that a cycle cannot be written.
-        base = earlier.get(base_id)
-        if base is None or base_id == raw["id"]:
+        base_case = earlier.get(base_id)
+        if base_case is None or base_id == raw["id"]:
             error = (
                 f"{path}:{line}: case {raw['id']!r}: field base: {base_id!r} is not a case defined "
                 "above this one"
             )
         else:
-            base_case = _build_case(path, base, line, Bindings(), earlier)
             launch = base_case.launch
             blocks = base_case.override_blocks + blocks
             inputs = base_case.inputs + tuple(i for i in inputs if i not in base_case.inputs)

@@ -8,7 +8,6 @@ no facts, and the checks that need them stay quiet.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,20 +19,10 @@ from pytest_verl_compat.checks.model_facts import (
     facts_from_config,
     tokenizer_ids,
 )
-from pytest_verl_compat.pipeline.safe_input import InputError, read_text
+from pytest_verl_compat.pipeline.safe_input import InputError, load_json_file
 
 CONFIG_LIMIT = 1024 * 1024  # config.json files are a few KB
 TOKENIZER_LIMIT = 64 * 1024 * 1024  # tokenizer.json of large vocabularies reach ~35 MB
-
-
-def _json(path: Path, limit: int, what: str) -> Any:
-    text = read_text(path, limit=limit, what=what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}: the {what} is not valid JSON: {exc.msg}") from exc
-    except RecursionError as exc:
-        raise InputError(f"{path}: the {what} is nested too deeply") from exc
 
 
 def read_model_facts(path: str | Path) -> ModelFacts:
@@ -43,14 +32,14 @@ def read_model_facts(path: str | Path) -> ModelFacts:
     """
     path = Path(path).expanduser()
     config_path = path / "config.json" if path.is_dir() else path
-    config = _json(config_path, CONFIG_LIMIT, "model config")
+    config = load_json_file(config_path, CONFIG_LIMIT, "model config")
     if not isinstance(config, Mapping):
         raise InputError(f"{config_path}: the model config is not a JSON object")
     tokenizer_path = config_path.parent / "tokenizer.json"
     ids = None
     if tokenizer_path.is_file():
         try:
-            tokenizer = _json(tokenizer_path, TOKENIZER_LIMIT, "tokenizer")
+            tokenizer = load_json_file(tokenizer_path, TOKENIZER_LIMIT, "tokenizer")
         except InputError:
             tokenizer = None  # a broken tokenizer file only costs the vocabulary check
         if isinstance(tokenizer, Mapping):

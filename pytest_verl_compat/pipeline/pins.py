@@ -40,9 +40,9 @@ class UpstreamTree:
         return f"{self.kind} {self.root} (from {self.source}); {version}; tree sha256 {self.tree_sha256}"
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, what: str = "pinned input") -> str:
     """sha256 of a bounded regular file (a pinned input may be a link to /dev/zero or a FIFO)."""
-    return hashlib.sha256(read_bytes(path, what="pinned input")).hexdigest()
+    return hashlib.sha256(read_bytes(path, what=what)).hexdigest()
 
 
 def tree_sha256(config_dir: Path) -> str:
@@ -51,7 +51,9 @@ def tree_sha256(config_dir: Path) -> str:
     for file in sorted(
         config_dir.rglob("*.yaml"), key=lambda p: p.relative_to(config_dir).as_posix()
     ):
-        digest.update(f"{file.relative_to(config_dir).as_posix()}\0{sha256_file(file)}\n".encode())
+        digest.update(
+            f"{file.relative_to(config_dir).as_posix()}\0{sha256_file(file, 'config file')}\n".encode()
+        )
     return digest.hexdigest()
 
 

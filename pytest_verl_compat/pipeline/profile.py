@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.model import RULE_CLASSES, LeafClass
-from pytest_verl_compat.pipeline.safe_input import load_yaml_file
+from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file
 
 # The profile the embedded corpus is compiled with when its manifest names none.
 DEFAULT_PROFILE_FILE = "profiles/default.txt"
@@ -87,31 +87,40 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     )
     raw = load_yaml_file(path, what="profile")  # InputError (a ValueError) names the file
     if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
-        raise ValueError(f"{path}: expected a mapping with a 'rules' list")
-    rules = []
-    for index, entry in enumerate(raw["rules"]):
-        klass = entry["class"]
-        if klass not in RULE_CLASSES:
-            raise ValueError(
-                f"{path}: rules[{index}]: class {klass!r} is not one of {RULE_CLASSES}"
+        raise InputError(f"{path}: expected a mapping with a 'rules' list")
+    # A profile may be a path the manifest names: a malformed one is its file's error, not ours.
+    where = "the top level"
+    try:
+        rules = []
+        for index, entry in enumerate(raw["rules"]):
+            where = f"rules[{index}]"
+            klass = entry["class"]
+            if klass not in RULE_CLASSES:
+                raise InputError(f"{path}: {where}: class {klass!r} is not one of {RULE_CLASSES}")
+            patterns = entry["match"] if isinstance(entry["match"], list) else [entry["match"]]
+            rules.append(
+                Rule(
+                    patterns=tuple(patterns),
+                    klass=klass,
+                    reason=entry["reason"],
+                    detail=entry.get("target")
+                    or entry.get("lowering")
+                    or entry.get("binding")
+                    or "",
+                    values=tuple(entry["values"]) if "values" in entry else None,
+                    neutral=tuple(entry["neutral"]) if "neutral" in entry else None,
+                    no_effect=bool(entry.get("no_effect", False)),
+                    regex=_pattern_regex(patterns),
+                )
             )
-        patterns = entry["match"] if isinstance(entry["match"], list) else [entry["match"]]
-        rules.append(
-            Rule(
-                patterns=tuple(patterns),
-                klass=klass,
-                reason=entry["reason"],
-                detail=entry.get("target") or entry.get("lowering") or entry.get("binding") or "",
-                values=tuple(entry["values"]) if "values" in entry else None,
-                neutral=tuple(entry["neutral"]) if "neutral" in entry else None,
-                no_effect=bool(entry.get("no_effect", False)),
-                regex=_pattern_regex(patterns),
-            )
+        where = "the top level"
+        return Profile(
+            name=raw["profile"],
+            version=str(raw["upstream"]["version"]),
+            tree_sha256=raw["upstream"]["tree_sha256"],
+            rules=tuple(rules),
+            path=str(path),
         )
-    return Profile(
-        name=raw["profile"],
-        version=str(raw["upstream"]["version"]),
-        tree_sha256=raw["upstream"]["tree_sha256"],
-        rules=tuple(rules),
-        path=str(path),
-    )
+    except (KeyError, TypeError, AttributeError, re.error) as exc:
+        missing = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise InputError(f"{path}: {where}: {missing}") from exc

@@ -10,6 +10,7 @@ from markdown_it import MarkdownIt
 from pytest_verl_compat.bash import LaunchReadError, read_launch
 from pytest_verl_compat.model import Case, ExplicitFields, OverrideBlock
 from pytest_verl_compat.pipeline.pins import check_pins
+from pytest_verl_compat.pipeline.safe_input import read_text
 
 
 class PinMismatch(Exception):
@@ -19,7 +20,7 @@ class PinMismatch(Exception):
 def override_block(root: Path, block: OverrideBlock) -> list[str]:
     """The lines of the first fenced code block under a Markdown heading, one override each."""
     path = root / block.path
-    tokens = MarkdownIt().parse(path.read_text(encoding="utf-8"))
+    tokens = MarkdownIt().parse(read_text(path, what="override block file"))
     in_section = False
     for index, token in enumerate(tokens):
         if token.type == "heading_open":

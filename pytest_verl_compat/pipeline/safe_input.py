@@ -11,9 +11,11 @@ walks the result). Every refusal is an ``InputError`` whose message names the fi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +73,20 @@ def read_text(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "file"
 
 
 class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
-    """PyYAML's safe loader, refusing duplicate keys and nesting deeper than MAX_YAML_DEPTH."""
+    """PyYAML's safe loader, refusing duplicate keys, nesting deeper than MAX_YAML_DEPTH and
+    integers Python will not convert (more digits than ``sys.get_int_max_str_digits()``)."""
 
     _depth = 0
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        limit = sys.get_int_max_str_digits()
+        if limit and digits > limit:
+            raise yaml.YAMLError(
+                f"line {node.start_mark.line + 1}: an integer of {digits} digits; "
+                f"the limit is {limit}"
+            )
+        return super().construct_yaml_int(node)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
@@ -98,6 +111,9 @@ class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no t
                 raise yaml.YAMLError(f"line {line}: duplicate key {key!r} (first at line {first})")
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
 
 
 def expanded_nodes(value: Any, limit: int = MAX_YAML_NODES) -> int:
@@ -132,6 +148,11 @@ def load_yaml(text: str, label: str, loader: type[BoundedLoader] = BoundedLoader
         raise InputError(f"{label}: not valid YAML: {_one_line(exc)}") from exc
     except RecursionError as exc:
         raise InputError(f"{label}: not valid YAML: nested too deeply") from exc
+    except (
+        ValueError,
+        OverflowError,
+    ) as exc:  # a scalar its constructor refuses (a date 2020-13-45)
+        raise InputError(f"{label}: not valid YAML: {' '.join(str(exc).split())}") from exc
     if expanded_nodes(data) > MAX_YAML_NODES:
         raise InputError(
             f"{label}: its aliases expand to more than {MAX_YAML_NODES} nodes (refused)"
@@ -141,6 +162,22 @@ def load_yaml(text: str, label: str, loader: type[BoundedLoader] = BoundedLoader
 
 def load_yaml_file(path: str | Path, what: str = "file") -> Any:
     return load_yaml(read_text(path, what=what), str(path))
+
+
+def load_json_file(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "file") -> Any:
+    """An untrusted JSON file, read bounded; any refusal (syntax, nesting, an integer of more
+    digits than Python converts) is an ``InputError`` naming the file."""
+    text = read_text(path, limit=limit, what=what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: the {what} is not valid JSON: {exc.msg}") from exc
+    except RecursionError as exc:
+        raise InputError(f"{path}: the {what} is nested too deeply") from exc
+    except ValueError as exc:  # an integer past sys.get_int_max_str_digits()
+        raise InputError(
+            f"{path}: the {what} is not usable JSON: {str(exc).split(';')[0]}"
+        ) from exc
 
 
 def _one_line(exc: yaml.YAMLError) -> str:

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.pipeline.safe_input import InputError, load_json_file
+
 # A diff longer than this stalls CI logs and helps nobody; the file diff has the rest.
 MAX_DIFF_LINES = 40
 
@@ -93,5 +95,8 @@ def read_golden(golden_dir: Path, stage: str, case_id: str) -> dict[str, Any] | 
     path = golden_dir / stage / f"{case_id}.json"
     if not path.is_file():
         return None
-    golden: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    # A golden folder may come with a stranger's pull request: read bounded (InputError).
+    golden = load_json_file(path, what="golden file")
+    if not isinstance(golden, dict):
+        raise InputError(f"{path}: the golden file is not a JSON object")
     return golden

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 TRUSTED_MODES = ("auto", "off", "require")
+# The stage tests' node id path, and the module it stands for (found without importing it).
+NODE_PREFIX = "verl-corpus"
+STAGES_PATH = Path(__file__).resolve().with_name("stages.py")
 # Every stage test, by the name in its node id (test_<stage>); --help lists them, a test keeps
 # this in step with plugin/stages.py.
 STAGES = (
@@ -122,6 +125,68 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("verl_corpus_golden", "golden snapshot folder, relative to rootdir", default=None)
 
 
+def corpus_args(args: list[str], *, audit_only: bool) -> list[str]:
+    """The paths pytest collects once the stage tests are added to ``args``.
+
+    A stage node id the user named (``verl-corpus::test_snapshot[grpo]``) becomes the stage
+    module's path; otherwise the module joins the user's paths, or stands alone when
+    ``audit_only`` (``--verl-corpus`` on the command line and no path given).
+    """
+    named = [arg for arg in args if arg == NODE_PREFIX or arg.startswith(NODE_PREFIX + "::")]
+    if named:
+        return [str(STAGES_PATH) + arg[len(NODE_PREFIX) :] if arg in named else arg for arg in args]
+    if any(_is_stages_path(arg) for arg in args):
+        return list(args)  # the module's own path, given as it is
+    return [str(STAGES_PATH)] if audit_only else [*args, str(STAGES_PATH)]
+
+
+def _is_stages_path(arg: str) -> bool:
+    path = Path(arg.split("::", 1)[0])
+    try:
+        return path.resolve() == STAGES_PATH
+    except OSError:
+        return False
+
+
+def audit_from_command_line(config: pytest.Config) -> bool:
+    """``--verl-corpus`` given on the command line (not through addopts or PYTEST_ADDOPTS)."""
+    return "--verl-corpus" in config.invocation_params.args
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Load the conftests of what the run collects: the stage module's, and the project's own.
+
+    pytest loads the conftests of the given paths (else of ``testpaths``, else of the current
+    folder and its ``test*`` folders) before any plugin sees the arguments; ``--verl-corpus``
+    alone, or a pasted ``verl-corpus::`` node id, collects only the stage module, so the
+    conftests of test folders it does not collect (and the test-only packages they import) are
+    no business of it. The conftest.py of the folder pytest runs in, and of its parents up to
+    the rootdir, still loads: a project's own hooks and settings apply to the audit too.
+    """
+    namespace = early_config.known_args_namespace
+    if not getattr(namespace, "verl_corpus", False):
+        return
+    given = list(getattr(namespace, "file_or_dir", None) or [])
+    if given or audit_from_command_line(early_config):
+        anchors = corpus_args(given, audit_only=not given)
+        namespace.file_or_dir = anchors + _own_conftests(early_config)
+
+
+def _own_conftests(config: pytest.Config) -> list[str]:
+    """conftest.py of the invocation folder and its parents up to the rootdir (as files: a
+    folder would also bring in its ``test*`` subfolders)."""
+    folder = config.invocation_params.dir
+    chain = [folder, *folder.parents] if folder.is_relative_to(config.rootpath) else [folder]
+    found = []
+    for directory in chain:
+        if (directory / "conftest.py").is_file():
+            found.append(str(directory / "conftest.py"))
+        if directory == config.rootpath:
+            break
+    return found
+
+
 def _ini_path(config: pytest.Config, name: str) -> str | None:
     value = config.getini(name)
     return str(config.rootpath / value) if value else None
@@ -214,10 +279,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.name.startswith("test_verdict") for item in waiting
         ):
             state.oracle.start()
+    # By id from the state's own cases: a manifest without conformance cases (every one `init`
+    # writes) leaves pytest's placeholder item of an empty parametrization, whose value is no case.
+    cases = {case.id: case for case in state.conformance_cases()}
     conformance = [
-        item.callspec.params["conformance_case"]
+        cases[item.callspec.id]
         for item in others
-        if item.name.startswith("test_conformance[") and hasattr(item, "callspec")
+        if item.nodeid.startswith(f"{NODE_PREFIX}::test_conformance[")
+        and isinstance(item, pytest.Function)
+        and item.callspec.id in cases
     ]
     references = state.conformance_references() if conformance else None
     if references is not None:

@@ -15,41 +15,16 @@ import pytest
 
 import pytest_verl_compat
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.plugin import stages
-
-NODE_PREFIX = "verl-corpus"
-_STAGES_PATH = Path(stages.__file__).resolve()
+from pytest_verl_compat.plugin import NODE_PREFIX, STAGES_PATH, audit_from_command_line, corpus_args
 
 
 def add_stage_tests(config: pytest.Config) -> None:
-    """Add the stage tests to what pytest collects.
-
-    Node ids of the stage tests that the user named are turned into the module's path; otherwise
-    the whole module is added beside the user's paths, or beside the testpaths when
-    ``--verl-corpus`` comes from addopts. ``pytest --verl-corpus`` alone runs only the audit.
-    """
-    args = config.args
-    named = [arg for arg in args if arg == NODE_PREFIX or arg.startswith(NODE_PREFIX + "::")]
-    if named:
-        args[:] = [
-            str(_STAGES_PATH) + arg[len(NODE_PREFIX) :] if arg in named else arg for arg in args
-        ]
-        return
-    if any(_is_stages_path(arg) for arg in args):
-        return  # the module's own path, given as it is
-    from_command_line = "--verl-corpus" in config.invocation_params.args
-    if config.args_source == pytest.Config.ArgsSource.ARGS or not from_command_line:
-        args.append(str(_STAGES_PATH))
-    else:
-        args[:] = [str(_STAGES_PATH)]
-
-
-def _is_stages_path(arg: str) -> bool:
-    path = Path(arg.split("::", 1)[0])
-    try:
-        return path.resolve() == _STAGES_PATH
-    except OSError:
-        return False
+    """Add the stage tests to what pytest collects (``corpus_args``): beside the user's paths, or
+    beside the testpaths when ``--verl-corpus`` comes from addopts; ``pytest --verl-corpus``
+    alone runs only the audit."""
+    given = config.args_source == pytest.Config.ArgsSource.ARGS
+    audit_only = not given and audit_from_command_line(config)
+    config.args[:] = corpus_args(config.args, audit_only=audit_only)
 
 
 class CorpusCollector:
@@ -60,7 +35,7 @@ class CorpusCollector:
         self, module_path: Path, parent: pytest.Collector
     ) -> pytest.Module | None:
         """The stage module gets a node id that can be pasted back on the command line."""
-        if module_path.resolve() != _STAGES_PATH:
+        if module_path.resolve() != STAGES_PATH:
             return None
         return pytest.Module.from_parent(parent, path=module_path, nodeid=NODE_PREFIX)
 

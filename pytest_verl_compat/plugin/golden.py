@@ -25,6 +25,8 @@ class GoldenExtension(SingleFileSnapshotExtension):
 
     golden_dir: Path = Path("golden")
     stage: str = "compose"
+    # The command that accepts a change, with the run's own corpus options (plugin/commands.py).
+    accept: str = "pytest --verl-corpus --snapshot-update"
     file_extension = "json"
     _write_mode = WriteMode.TEXT
 
@@ -84,7 +86,7 @@ class GoldenExtension(SingleFileSnapshotExtension):
             return
         yield "golden differs at these leaves (- golden, + now):"
         yield from leaf_diff(old, new)
-        yield "run pytest --verl-corpus --snapshot-update to accept the change"
+        yield f"run {self.accept} to accept the change"
 
 
 class UnsafeCaseId(ValueError):
@@ -115,8 +117,12 @@ def golden_orphans(golden_dir: Path, stage: str, case_ids: set[str]) -> list[Pat
     )
 
 
-def golden_extension(golden_dir: Path, stage: str) -> type[GoldenExtension]:
+def golden_extension(
+    golden_dir: Path, stage: str, accept: str = GoldenExtension.accept
+) -> type[GoldenExtension]:
     """A GoldenExtension bound to one golden folder and stage (syrupy takes classes, not instances)."""
     return type(
-        f"Golden_{stage}", (GoldenExtension,), {"golden_dir": Path(golden_dir), "stage": stage}
+        f"Golden_{stage}",
+        (GoldenExtension,),
+        {"golden_dir": Path(golden_dir), "stage": stage, "accept": accept},
     )

@@ -17,6 +17,8 @@ audit_state_key: pytest.StashKey[AuditState] = pytest.StashKey()
 # JUnit's per-case properties stay short.
 payload_key: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 REPORT_ATTRIBUTE = "verl_corpus"
+# The golden-orphans stage's payload: {"deleted": bool, "paths": [str]} (plugin/report.py lists it).
+KEY_GOLDEN_ORPHANS = "golden_orphans"
 
 
 def is_xdist_worker(config: pytest.Config) -> bool:

@@ -20,7 +20,14 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.report import build_audit, field_lines, summary_lines
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-from pytest_verl_compat.plugin.keys import REPORT_ATTRIBUTE, is_xdist_worker, payload_key
+from pytest_verl_compat.plugin import NODE_PREFIX
+from pytest_verl_compat.plugin.commands import accept_command
+from pytest_verl_compat.plugin.keys import (
+    KEY_GOLDEN_ORPHANS,
+    REPORT_ATTRIBUTE,
+    is_xdist_worker,
+    payload_key,
+)
 from pytest_verl_compat.plugin.state import AuditState
 
 
@@ -37,6 +44,8 @@ class AuditReporter:
         self.conformance: dict[str, dict[str, Any]] = {}
         self.entries: dict[str, dict[str, Any]] = {}
         self.compile_seconds: dict[str, float] = {}
+        # Golden files no case owns, from the golden-orphans stage: {"deleted", "paths"}.
+        self.golden_orphans: dict[str, Any] = {}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -58,6 +67,8 @@ class AuditReporter:
             result = dict(payload[KEY_CONFORMANCE])
             result["passed"] = result["passed"] and report.passed
             self.conformance[result["case"]] = result
+        if KEY_GOLDEN_ORPHANS in payload and report.when == "call":
+            self.golden_orphans = dict(payload[KEY_GOLDEN_ORPHANS])
         case_id: str | None = payload.get(KEY_CASE)
         stage: str = payload.get(KEY_STAGE, "")
         if not case_id:
@@ -76,8 +87,6 @@ class AuditReporter:
 
     def _junit_classname(self, report: pytest.TestReport) -> None:
         """``verl_corpus.<stage>`` instead of the empty class name of a module outside rootdir."""
-        from pytest_verl_compat.plugin.collect import NODE_PREFIX
-
         if is_xdist_worker(self.config) or not report.nodeid.startswith(NODE_PREFIX + "::"):
             return
         from _pytest.junitxml import xml_key
@@ -186,6 +195,23 @@ class AuditReporter:
             },
         }
 
+    def orphan_lines(self) -> list[str]:
+        """The golden files no case owns, in syrupy's words for unused snapshots: counted, and
+        listed when deleted or with --snapshot-details."""
+        paths = self.golden_orphans.get("paths", [])
+        if not paths:
+            return []
+        deleted = self.golden_orphans.get("deleted", False)
+        count = len(paths)
+        files = "golden file" if count == 1 else "golden files"
+        lines = [f"{count} unused {files} deleted." if deleted else f"{count} {files} unused."]
+        update = self.config.getoption("update_snapshots", False)
+        if update or self.config.getoption("include_snapshot_details", False):
+            lines += [f"{'Deleted' if deleted else 'Unused'} {path}" for path in paths]
+        if not update:
+            lines.append(f"Re-run {accept_command(self.config)} to delete unused golden files.")
+        return lines
+
     def conformance_matrix(self) -> list[str]:
         """One line per component: each mode with passed/total cases."""
         table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -236,6 +262,8 @@ class AuditReporter:
             f"{stages['trusted_equal']} equal to upstream's entry point ({stages['trusted_skipped']} skipped); "
             f"{stages['golden_matched']} match golden; {stages['failed_cases']} cases with a failed stage"
         )
+        for line in self.orphan_lines():
+            terminalreporter.write_line(line, yellow=True)
         checked = [f for f in self.facts.values() if "valid" in f]
         if checked:
             from pytest_verl_compat.upstream.validate import STAND_INS

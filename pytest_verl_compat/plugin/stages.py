@@ -27,8 +27,11 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.compose import count_leaves
+from pytest_verl_compat.pipeline.read import PinMismatch
+from pytest_verl_compat.plugin import NODE_PREFIX
+from pytest_verl_compat.plugin.commands import accept_command, pin_command, shown_path
 from pytest_verl_compat.plugin.golden import golden_extension, golden_orphans
-from pytest_verl_compat.plugin.keys import audit_state_key, payload_key
+from pytest_verl_compat.plugin.keys import KEY_GOLDEN_ORPHANS, audit_state_key, payload_key
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
 from pytest_verl_compat.plugin.state import AuditState
 from pytest_verl_compat.upstream.trusted import TrustedCompositions, first_difference
@@ -45,13 +48,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "conformance_case" in metafunc.fixturenames:
         # A manifest without a conformance file (a user's own corpus) has no conformance cases.
         cases = state.conformance_cases()
-        metafunc.parametrize("conformance_case", [pytest.param(c, id=c.id) for c in cases])
+        metafunc.parametrize(
+            "conformance_case",
+            _case_params(
+                cases,
+                "the manifest names no conformance file (the stage checks this "
+                "plugin's math against verl's, not your scripts)",
+            ),
+        )
     if "step_case" in metafunc.fixturenames:
         # The step oracle trains the official cases and the derived cases the compiler must
         # accept; a user's corpus (no conformance file) has none.
         has_conformance = session.manifest is not None and session.manifest.conformance
         trained = [c for c in session.cases if _trains(c)] if has_conformance else []
-        metafunc.parametrize("step_case", [pytest.param(c, id=c.id) for c in trained])
+        metafunc.parametrize(
+            "step_case",
+            _case_params(
+                trained,
+                "no official or accepted derived case to train (the manifest "
+                "names no conformance file)",
+            ),
+        )
+
+
+def _case_params(cases: list[Any], empty_reason: str) -> list[Any]:
+    """One param per case; none, one skipped param that says why (pytest's own placeholder for
+    an empty list reads "got empty parameter set")."""
+    if cases:
+        return [pytest.param(case, id=case.id) for case in cases]
+    return [pytest.param(None, id="none", marks=pytest.mark.skip(reason=empty_reason))]
 
 
 def _trains(case: Case) -> bool:
@@ -120,20 +145,45 @@ def _record(request: pytest.FixtureRequest, case: Case, stage: str, **facts: Any
             _property(request, key, value)
 
 
-def _run(stage_call: Any) -> Any:
-    """Turn stage exceptions into skips and failures with their message, no traceback."""
+def _run(
+    stage_call: Any, request: pytest.FixtureRequest | None = None, case: Case | None = None
+) -> Any:
+    """Turn stage exceptions into skips and failures with their message, no traceback.
+
+    Inputs that no longer match their pins fail one stage of the case, with the command that
+    re-pins them: the read stage when it runs, else the first stage that meets them; the case's
+    other stages are skipped and point at it.
+    """
     try:
         return stage_call()
     except StageUnavailable as exc:
-        pytest.skip(str(exc))
+        skipped, failure = str(exc), ""
     except StageFailed as exc:
-        pytest.fail(str(exc), pytrace=False)
+        skipped, failure = "", str(exc)
+        if isinstance(exc.__cause__, PinMismatch) and request is not None and case is not None:
+            skipped, failure = _pin_mismatch(request, case, failure)
+    # Outside the except blocks: pytest would print the stage exception as the failure's cause.
+    if skipped:
+        pytest.skip(skipped)
+    pytest.fail(failure, pytrace=False)
+
+
+def _pin_mismatch(request: pytest.FixtureRequest, case: Case, message: str) -> tuple[str, str]:
+    """(skip reason, "") for a stage the read stage speaks for, else ("", the failure)."""
+    read_node = f"{NODE_PREFIX}::test_read[{case.id}]"
+    if request.node.name.startswith("test_read[") or not any(
+        item.nodeid == read_node for item in request.session.items
+    ):
+        state: AuditState = request.config.stash[audit_state_key]
+        command = pin_command(request.config, state.session)
+        return "", f"{message}; review the change, then re-pin the manifest: {command}"
+    return f"[{case.id}] its inputs changed since they were pinned ({read_node} says how)", ""
 
 
 def test_read(verl_case: Case, verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
     """The launch script's literal arguments, without executing anything."""
     _record(request, verl_case, "read", inputs=[pin.path for pin in verl_case.inputs])
-    fields = _run(lambda: verl_audit.read(verl_case))
+    fields = _run(lambda: verl_audit.read(verl_case), request, verl_case)
     _record(request, verl_case, "read", explicit_field_count=len(fields.fields))
 
 
@@ -145,7 +195,7 @@ def test_compose(
 ) -> None:
     """Hydra composition of the pinned tree with the explicit fields, resolved."""
     _record(request, verl_case, "compose")  # a failure below still counts as this stage's
-    outcome = _run(lambda: verl_audit.outcome(verl_case))
+    outcome = _run(lambda: verl_audit.outcome(verl_case), request, verl_case)
     composition = outcome.composition
     facts: dict[str, Any] = {
         "outcome": composition.outcome,
@@ -175,7 +225,7 @@ def test_compile(
     """Every resolved leaf classified by the profile; the case accepted or rejected with a reason."""
     _record(request, verl_case, "compile")
     started = time.perf_counter()
-    entry = _run(lambda: verl_audit.audit_entry(verl_case))
+    entry = _run(lambda: verl_audit.audit_entry(verl_case), request, verl_case)
     elapsed = time.perf_counter() - started
     _record(
         request,
@@ -197,7 +247,7 @@ def test_compile(
     if report is None:
         return  # nothing was composed, so there is no compile report to snapshot
     assert report.to_json() == snapshot.use_extension(
-        golden_extension(verl_audit.golden_dir, "compile")
+        golden_extension(verl_audit.golden_dir, "compile", accept_command(request.config))
     )
 
 
@@ -216,10 +266,14 @@ def test_verdict(
     if gate.tree is None:
         pytest.skip(gate.reason)
     _record(request, verl_case, "verdict")
-    outcome = _run(lambda: verl_audit.outcome(verl_case))
+    outcome = _run(lambda: verl_audit.outcome(verl_case), request, verl_case)
     if not outcome.composition.composed:
         pytest.skip("not composed: upstream's checks never see this case")
-    result = _run(lambda: verl_state.check(verl_case, getattr(request.config, "cache", None)))
+    result = _run(
+        lambda: verl_state.check(verl_case, getattr(request.config, "cache", None)),
+        request,
+        verl_case,
+    )
     _record(
         request,
         verl_case,
@@ -257,7 +311,7 @@ def test_trusted(
         if verl_audit.options.trusted == "require" and "switched off" not in trusted:
             pytest.fail(trusted, pytrace=False)
         pytest.skip(trusted)
-    outcome = _run(lambda: verl_audit.outcome(verl_case))
+    outcome = _run(lambda: verl_audit.outcome(verl_case), request, verl_case)
     composition = outcome.composition
     if not composition.composed:
         # Never sent: a rejected case may carry what upstream's entry point must not see.
@@ -278,9 +332,11 @@ def test_snapshot(
 ) -> None:
     """Explicit fields and the complete resolved mapping match the golden file."""
     _record(request, verl_case, "snapshot")
-    payload = _run(lambda: verl_audit.golden_payload(verl_case))
+    payload = _run(lambda: verl_audit.golden_payload(verl_case), request, verl_case)
     _record(request, verl_case, "snapshot", golden=str(verl_audit.golden_path(verl_case).name))
-    assert payload == snapshot.use_extension(golden_extension(verl_audit.golden_dir, "compose"))
+    assert payload == snapshot.use_extension(
+        golden_extension(verl_audit.golden_dir, "compose", accept_command(request.config))
+    )
 
 
 def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest) -> None:
@@ -313,7 +369,10 @@ def test_golden_orphans(verl_audit: AuditSession, request: pytest.FixtureRequest
     """Every golden file of every stage belongs to a case; --snapshot-update removes the others.
 
     Syrupy's own cleanup is off for these folders (it would delete the files of deselected
-    cases); a file is an orphan here only when no manifest case has its id.
+    cases); a file is an orphan here only when no manifest case has its id. The rest is syrupy's
+    contract for unused snapshots: they fail the run unless ``--snapshot-warn-unused``;
+    ``--snapshot-update`` deletes them unless ``--snapshot-no-cleanup``; the summary counts them
+    and lists them on an update or with ``--snapshot-details``.
     """
     known = {case.id for case in verl_audit.cases}
     orphans = [
@@ -321,14 +380,21 @@ def test_golden_orphans(verl_audit: AuditSession, request: pytest.FixtureRequest
         for stage in GOLDEN_STAGES
         for path in golden_orphans(verl_audit.golden_dir, stage, known)
     ]
-    if orphans and request.config.getoption("update_snapshots", False):
+    option = request.config.getoption
+    update = bool(option("update_snapshots", False))
+    delete = update and not option("no_cleanup", False)
+    if delete:
         for path in orphans:
             path.unlink()
-        return
-    assert not orphans, (
-        f"golden files without a case: {[str(p) for p in orphans]} "
-        "(run pytest --verl-corpus --snapshot-update to delete them)"
-    )
+    shown = [shown_path(path) for path in orphans]
+    if orphans:
+        _payload(request, KEY_GOLDEN_ORPHANS, {"deleted": delete, "paths": shown})
+    if orphans and not update and not option("warn_unused_snapshots", False):
+        pytest.fail(
+            f"golden files without a case: {', '.join(shown)} "
+            f"(run {accept_command(request.config)} to delete them)",
+            pytrace=False,
+        )
 
 
 def test_conformance(

@@ -17,6 +17,7 @@ from pytest_verl_compat.model import Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
 from pytest_verl_compat.pipeline.pins import installed_verl_root, sha256_file, tree_sha256
+from pytest_verl_compat.pipeline.safe_input import load_yaml, read_text
 
 if TYPE_CHECKING:
     from pytest_verl_compat.model import CompileReport
@@ -36,11 +37,21 @@ class DriftError(Exception):
     """The drift check cannot run (no pinned tree, or the other folder is not a config tree)."""
 
 
+def release_trees() -> dict[str, str]:
+    """Tree hash -> verl version of the releases the package knows (data/verl_trees.yaml)."""
+    from importlib import resources
+
+    text = resources.files("pytest_verl_compat").joinpath("data/verl_trees.yaml").read_text()
+    versions = load_yaml(text, "data/verl_trees.yaml")
+    return {str(digest): str(version) for version, digest in versions.items()}
+
+
 def known_tree_versions(session: AuditSession) -> dict[str, str]:
-    """Tree hashes with a known verl version: the manifest's pin and every shipped profile's."""
+    """Tree hashes with a known verl version: the releases', every shipped profile's and the
+    manifest's pin."""
     from pytest_verl_compat.pipeline.profile import load_profile, profile_path
 
-    known: dict[str, str] = {}
+    known: dict[str, str] = release_trees()
     profiles = profile_path("x").parent
     for path in sorted(profiles.glob("*.yaml")):
         try:
@@ -57,7 +68,8 @@ def tree_version(root: Path, digest: str, known: Mapping[str, str]) -> str | Non
     """A tree's verl version: its version file, else a known hash, else the installed verl's."""
     version_file = root / "verl" / "version" / "version"
     if version_file.is_file():
-        return version_file.read_text(encoding="utf-8").strip() or None
+        # The other tree is anyone's: a version file is a short bounded text (InputError).
+        return read_text(version_file, limit=1024, what="version file").strip() or None
     if digest in known:
         return known[digest]
     installed = installed_verl_root()
@@ -145,6 +157,7 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
     digest = tree_sha256(config_dir)
     profile = load_profile(session.profile_name)
     composer = Composer(config_dir, pin.config_name)
+    composer.check_tree()  # a hostile file in the other tree is unreadable input (InputError)
 
     files = {}
     for case in session.cases:

@@ -323,9 +323,8 @@ def _with(mapping: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:
 def _observe(effect: Effect, plain: Mapping[str, Any], reads: ConfigReads | None) -> Any:
     """The effect's observables on ``plain`` (recording its reads into ``reads``), or the
     exception it raised."""
-    from omegaconf import OmegaConf
-
     import torch
+    from omegaconf import OmegaConf
 
     cfg = OmegaConf.create(dict(plain))
     torch.manual_seed(0)  # a loss that samples tokens (clip_cov) draws the same ones every time
