@@ -292,8 +292,8 @@ class EarlyAnswer:
                     "warning",
                     key,
                     f"{key}={record[probe_effects.KEY_VALUE]} changes nothing: with "
-                    f"{record[probe_effects.KEY_TRIED]} instead, upstream's own code computes the "
-                    f"same {effects}{deciding}",
+                    f"{' or '.join(str(record[probe_effects.KEY_TRIED]).split(', '))} instead, "
+                    f"upstream's own code computes {effects} unchanged{deciding}",
                     f"remove {key}, or set what decides" if instead else f"remove {key}",
                     evidence=f"read at {where}; perturbed through the same functions"
                     if where
@@ -364,9 +364,27 @@ def cache_key(
             "tree": tree,
             "mapping": mapping_sha256(mapping),
             "explicit": sorted(set(explicit)),
+            "probes": probes_sha256(),
         }
     )
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# What the oracle process runs of ours, besides the probes.
+ORACLE_MODULES = ("oracle_process.py", "oracle.py", "validate.py", "runner.py")
+
+
+@functools.cache
+def probes_sha256() -> str:
+    """The code that asks upstream (the oracle process and the probes): an answer cached by an
+    older version of it is not this version's answer."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(
+        [*(here / name for name in ORACLE_MODULES), *(here / "probes").glob("*.py")]
+    ):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 class AnswerStore(Protocol):

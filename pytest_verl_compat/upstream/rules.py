@@ -13,7 +13,7 @@ import dataclasses
 from pytest_verl_compat.checks import Example, RuleDoc, register_rule, rule_docs
 from pytest_verl_compat.checks.examples import MICRO, STATIC
 from pytest_verl_compat.pipeline import suppress  # registers directive.unused
-from pytest_verl_compat.upstream.early import TYPE_ANNOTATION
+from pytest_verl_compat.upstream.early import NEVER_READ_RULE, OVERRIDDEN_RULE, TYPE_ANNOTATION
 
 COMPOSE = "compose"
 LAUNCH_UNREADABLE = "launch.unreadable"
@@ -163,6 +163,40 @@ UPSTREAM_RULES = (
         Example(
             fires=("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8x",),
             twin=("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+    RuleDoc(
+        NEVER_READ_RULE,
+        "warning",
+        "A key the script set that verl accepts and never reads: a field of a configuration "
+        "dataclass that no code of the installed verl outside the dataclasses themselves "
+        "(verl/workers/config/) refers to, and that no probe read on the V1 path. The finding "
+        "names the key of the same section with the closest name that is read.",
+        "verl/workers/config/actor.py:312 declares `grad_clip`; the FSDP engine clips with "
+        "`optimizer_config.clip_grad` (verl/workers/engine/fsdp/transformer_impl.py:777-782)",
+        "set the key that is read instead (the finding names it), or remove the key",
+        Example(
+            fires=("actor_rollout_ref.actor.grad_clip=0.5",),
+            twin=("actor_rollout_ref.actor.optim.clip_grad=0.5",),
+            upstream=True,
+        ),
+        _UPSTREAM,
+    ),
+    RuleDoc(
+        OVERRIDDEN_RULE,
+        "warning",
+        "A key the script set that upstream's code reads, yet another key decides: perturbing its "
+        "value (a number ×1.5 and ×0.5, a flag flipped) through upstream's own optimizer and "
+        "scheduler builders, losses and advantage estimator on a tiny batch changes nothing they "
+        "compute; or the code that reads it does not run with these settings.",
+        "verl/trainer/ppo/core_algos.py:1320-1322 (compute_policy_loss_vanilla: `clip_ratio_low`/`clip_ratio_high` replace "
+        "`clip_ratio` when set, and verl/trainer/config/actor/actor.yaml:39-42 sets both)",
+        "set the key that decides, or remove the key",
+        Example(
+            fires=("actor_rollout_ref.actor.clip_ratio=0.3",),
+            twin=("actor_rollout_ref.actor.clip_ratio_low=0.3",),
             upstream=True,
         ),
         _UPSTREAM,

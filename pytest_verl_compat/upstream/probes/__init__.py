@@ -101,7 +101,7 @@ def _without_effect(
     root = records.verl_root()
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = effects.never_read(out.reads, out.reads.tagged(), keys, root)
+        found = effects.never_read(out.reads, out.reads.tagged(), keys, root, leaves)
         skip = {record[effects.KEY_KEY] for record in found}
         found += effects.overridden(plain, [k for k in keys if k not in skip], leaves, root)
     return sorted(found, key=lambda record: str(record[effects.KEY_KEY]))

@@ -126,11 +126,15 @@ def _optimizer(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
             module=module, optimizer=optimizer, optimizer_config=optim, _qat_enabled=False
         )
         engine_cls.optimizer_step(stepper)
+        # The clipped gradients themselves: Adam's first step is invariant to their scale, so
+        # the parameters alone would not show the clip's effect.
+        clipped = [p.grad.detach().clone() for p in module.parameters() if p.grad is not None]
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         return {
             "lr": lrs,
             "groups": groups,
             "params": [p.detach().clone() for p in module.parameters()],
+            "clipped_grads": clipped,
         }
 
     return compute
@@ -306,7 +310,8 @@ def _perturbations(value: Any) -> list[Any]:
         tried = [value * 1.5, value * 0.5] if value else [0.1, 1.0]
         if 0 < abs(value) < 0.01:
             tried.append(value * 100)
-        return tried
+        # Six significant digits: the finding says 0.45, not 0.44999999999999996.
+        return [float(f"{t:.6g}") for t in tried]
     return []
 
 
@@ -439,9 +444,11 @@ def _likeness(a: str, b: str) -> float:
     return max(difflib.SequenceMatcher(None, a, b).ratio(), shared)
 
 
-def _closest_read(key: str, read: set[str]) -> str:
+def _closest_read(key: str, read: set[str], settable: Mapping[str, Any]) -> str:
+    """The read key most like ``key`` in its section that the user can set (a key of the tree:
+    a dataclass field the tree lacks, such as the deprecated ``optim.grad_clip``, is no advice)."""
     section, _, name = key.rpartition(".")
-    nearby = sorted(k for k in read if k.startswith(section + ".") and k != key)
+    nearby = sorted(k for k in read if k.startswith(section + ".") and k != key and k in settable)
     scored = sorted(((_likeness(name, k.rpartition(".")[2]), k) for k in nearby), reverse=True)
     return scored[0][1] if scored and scored[0][0] >= 0.6 else ""
 
@@ -451,6 +458,7 @@ def never_read(
     tagged: Iterator[tuple[Any, str]],
     explicit: list[str],
     root: Path,
+    leaves: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """Explicit fields of a converted config dataclass that nothing reads (see the docstring)."""
     import dataclasses as dc
@@ -473,7 +481,7 @@ def never_read(
                 KEY_VALUE: "",
                 KEY_TRIED: "",
                 KEY_EFFECTS: [],
-                KEY_INSTEAD: [k for k in [_closest_read(key, read)] if k],
+                KEY_INSTEAD: [k for k in [_closest_read(key, read, leaves)] if k],
                 KEY_WHERE: [],
             }
         )

@@ -88,6 +88,10 @@ def _refuse_load(*_: Any, **__: Any) -> Any:
     raise ImportError("not evaluated here: it would unpickle a checkpoint file of the user's")
 
 
+def _checkpoint_not_read(*_: Any, **__: Any) -> None:
+    return None
+
+
 @contextlib.contextmanager
 def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
     """``_setup`` runnable in this process: the cluster, the data and the user's files stood in."""
@@ -96,6 +100,7 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
     from verl.single_controller.ray import base as ray_base
     from verl.trainer.ppo.v1 import trainer_base
     from verl.utils import import_utils
+    from verl.workers import engine_workers
     from verl.workers.rollout import llm_server
 
     length = int(mapping["data"]["train_batch_size"]) * _STAND_IN_STEPS
@@ -115,6 +120,9 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
         (trainer_base, "find_latest_ckpt_path", lambda *a, **k: None),
         (ray_base.ResourcePoolManager, "create_resource_pool", _create_resource_pool),
         (torch, "load", _refuse_load),
+        # A resumed run's checkpoint files are the user's data, not configuration: the worker's
+        # load (engine_workers.py:442, the engine's checkpoint manager) reads none of them.
+        (engine_workers.TrainingWorker, "load_checkpoint", _checkpoint_not_read),
         (import_utils, "load_extern_object", _refuse_user_module),
         (import_utils, "load_extern_type", _refuse_user_module),
         (trainer_base, "load_extern_type", _refuse_user_module),
