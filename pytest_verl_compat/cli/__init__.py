@@ -24,6 +24,7 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
+from pytest_verl_compat.cli.releases import add_release_parsers
 from pytest_verl_compat.cli.train import add_train_parser
 
 # The optional dependencies by top-level module, and the extra that installs them.
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_parser(sub, common)
     add_case_source(add_train_parser(sub))
     add_drift_parsers(sub, common)
+    add_release_parsers(sub, common)
     add_asset_parsers(sub)
     return parser
 

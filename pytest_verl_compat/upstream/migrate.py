@@ -1,0 +1,392 @@
+"""Migrate a launch script from one release to another, only where upstream gives evidence.
+
+For each key the script sets, a move (``move_evidence``) with evidence names its successor when
+the target release lacks the key or ignores it; the override is then rewritten at the source text
+that builds it (``pipeline.script_edits``), the ``+`` prefix following whether the target's tree
+has the new key. A key the target lacks with no evidence of a successor is reported as removed,
+with the source tree's line that defined it, and left as it is. Every edit is verified: the
+migrated script is read again (the argv changes exactly in the edited fields), composed on the
+target release, and the resolved value of every key the user set compared with its value on the
+source release. Values that differ for a key no edit touched are listed: the release itself
+changed them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_verl_compat.bash import LaunchReadError, read_launch
+from pytest_verl_compat.model import Case, Composition
+from pytest_verl_compat.pipeline.compile import compile_resolved
+from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.pipeline.profile import load_profile
+from pytest_verl_compat.pipeline.safe_input import BoundedLoader, InputError, read_text
+from pytest_verl_compat.pipeline.script_edits import FieldEdit, locate_edits, verify_edits
+from pytest_verl_compat.upstream.matrix import (
+    ExplicitKey,
+    canonical,
+    explicit_keys,
+    lookup,
+    selection,
+)
+from pytest_verl_compat.upstream.move_evidence import (
+    DEPRECATION_MESSAGE,
+    Move,
+    MoveContext,
+    moves_between,
+)
+from pytest_verl_compat.upstream.releases import ReleaseIndex, load_release_index, release_tree
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.pipeline.audit import AuditSession
+
+
+class MigrateError(Exception):
+    """The migration cannot run: the script is unreadable, a release unknown or unfetchable."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """The report (plain JSON data) and, when there are edits, the migrated text."""
+
+    report: dict[str, Any]
+    original: str
+    migrated: str | None
+
+    def diff(self, label: str) -> str:
+        if self.migrated is None:
+            return ""
+        return "".join(
+            difflib.unified_diff(
+                self.original.splitlines(keepends=True),
+                self.migrated.splitlines(keepends=True),
+                fromfile=f"a/{label}",
+                tofile=f"b/{label}",
+            )
+        )
+
+    @property
+    def blocked(self) -> bool:
+        """A key still blocks the script on the target release, or an edit failed its check."""
+        report = self.report
+        return bool(
+            report["blocked"]
+            or not report["target"]["composed"]
+            or any(not edit["verified"] for edit in report["edits"])
+        )
+
+
+def _composition_json(composition: Composition) -> dict[str, Any]:
+    return {"composed": composition.composed, "reason": composition.reason}
+
+
+def _yaml_key_line(path: Path, key: str) -> int | None:
+    """The line of a dotted key in a YAML file (the source tree's generated full config)."""
+    import yaml
+
+    try:
+        node = yaml.compose(read_text(path, what="config file"), Loader=BoundedLoader)
+    except (InputError, yaml.YAMLError, RecursionError):
+        return None
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        if match is None:
+            return None
+        line = int(next(k for k, v in node.value if v is match).start_mark.line) + 1
+        node = match
+    return line
+
+
+def _removal_evidence(
+    key: str, source_root: Path, config_dir: str, config_name: str, source: str, target: str
+) -> str:
+    generated = f"{config_dir}/_generated_{config_name}.yaml"
+    line = _yaml_key_line(source_root / generated, key)
+    where = f"{generated}:{line} in {source}'s wheel" if line else f"verl {source}'s tree"
+    return (
+        f"`{key}` is in {where} and not in verl {target}'s tree; no migration function, "
+        "deprecation message or subtree with equal defaults names a successor"
+    )
+
+
+class _Releases:
+    """The source and target releases' composers and base compositions."""
+
+    def __init__(self, session: AuditSession, index: ReleaseIndex, versions: Sequence[str]) -> None:
+        self.session = session
+        self.trees = {version: release_tree(version, index=index) for version in versions}
+        self.composers: dict[str, Composer] = {}
+
+    def composer(self, version: str) -> Composer:
+        if version not in self.composers:
+            if version == self.session.pin.version and self.session.upstream is not None:
+                self.composers[version] = self.session.composer()
+            else:
+                tree = self.trees[version]
+                self.composers[version] = Composer(tree.config_dir, self.session.pin.config_name)
+        return self.composers[version]
+
+
+def _move_for(
+    item: ExplicitKey, moves: Sequence[Move], in_target: bool
+) -> tuple[Move | None, Move | None]:
+    """(the move that applies, a deprecation the target still honours) for one key."""
+    applies = None
+    honoured = None
+    for move in moves:
+        if move.successor(item.key) is None:
+            continue
+        if move.ignored_by_target or not in_target:
+            applies = applies or move
+        elif move.kind == DEPRECATION_MESSAGE:
+            honoured = honoured or move
+    return applies, honoured
+
+
+def migrate_script(
+    session: AuditSession,
+    case: Case,
+    source: str,
+    target: str,
+    *,
+    index: ReleaseIndex | None = None,
+) -> Migration:
+    """Plan, locate, apply (in memory) and verify the migration of one launch script."""
+    index = index or load_release_index()
+    for version in (source, target):
+        try:
+            index.release(version)
+        except Exception as exc:
+            raise MigrateError(str(exc)) from exc
+    assert case.launch is not None
+    path = Path(case.launch)
+    bindings = case.bindings
+    try:
+        text = read_text(path, what="launch script")
+        argv = read_launch(path, bindings, text=text).argv
+    except (InputError, LaunchReadError) as exc:
+        raise MigrateError(str(exc)) from exc
+    releases = _Releases(session, index, (source, target))
+    variables = bindings.variables
+    flags = selection(argv)
+    before = releases.composer(source).compose(argv, variables)
+    source_base = releases.composer(source).compose(flags, variables)
+    target_base = releases.composer(target).compose(flags, variables)
+    if not source_base.composed or not target_base.composed:
+        failed = source_base if not source_base.composed else target_base
+        raise MigrateError(
+            f"{path}: the config its Hydra flags select does not compose: {failed.reason}"
+        )
+    installed = installed_verl_root()
+    context = MoveContext(
+        index.release(source),
+        index.release(target),
+        source_base.mapping,
+        target_base.mapping,
+        index,
+        installed[0] if installed and installed[1] == session.pin.version else None,
+        session.pin.version,
+    )
+    moves = moves_between(context)
+
+    keys = explicit_keys(argv)
+    set_keys = {item.key for item in keys}
+    edits: list[FieldEdit] = []
+    planned: dict[int, dict[str, Any]] = {}
+    blocked: list[dict[str, Any]] = []
+    notes = list(context.notes)
+    for item in keys:
+        if item.group or item.prefix.startswith("~"):
+            continue
+        in_target = lookup(target_base.mapping, item.key)[0]
+        move, honoured = _move_for(item, moves, in_target)
+        field = argv[item.index]
+        if move is None:
+            if honoured is not None:
+                notes.append(
+                    f"`{item.key}` is deprecated in verl {target}, which still reads it: "
+                    f"{honoured.evidence}"
+                )
+            elif not in_target and not item.prefix.startswith("+"):
+                blocked.append(
+                    {
+                        "key": item.key,
+                        "field": field,
+                        "why": "removed",
+                        "evidence": _removal_evidence(
+                            item.key,
+                            releases.trees[source].root,
+                            index.config_dir,
+                            session.pin.config_name,
+                            source,
+                            target,
+                        ),
+                    }
+                )
+            continue
+        successor = move.successor(item.key)
+        assert successor is not None
+        if before.composed:
+            unset = [
+                k for k in move.required_keys(item.key) if lookup(before.mapping, k)[1] is None
+            ]
+            if unset:
+                notes.append(
+                    f"`{field}` had no effect on verl {source} either ({', '.join(unset)} unset: "
+                    f"{move.evidence}); left as it is"
+                )
+                continue
+        if successor in set_keys:
+            blocked.append(
+                {
+                    "key": item.key,
+                    "field": field,
+                    "why": f"its successor `{successor}` is set too; decide which value to keep",
+                    "evidence": move.evidence,
+                }
+            )
+            continue
+        prefix = (
+            "++"
+            if item.prefix == "++"
+            else ("" if lookup(target_base.mapping, successor)[0] else "+")
+        )
+        edit = FieldEdit(item.index, item.prefix + item.key, prefix + successor)
+        edits.append(edit)
+        planned[item.index] = {
+            "key": item.key,
+            "new_key": successor,
+            "field": field,
+            "migrated": edit.apply(field),
+            "kind": move.kind,
+            "evidence": move.evidence,
+        }
+
+    located = locate_edits(path, text, bindings, argv, edits)
+    for index_, why in sorted(located.failures.items()):
+        entry = planned.pop(index_)
+        blocked.append(
+            {
+                "key": entry["key"],
+                "field": entry["field"],
+                "why": why,
+                "evidence": entry["evidence"],
+            }
+        )
+    migrated_text: str | None = None
+    new_argv = argv
+    if located.edits:
+        verified = verify_edits(path, text, bindings, argv, edits, located)
+        if verified is None:
+            raise MigrateError(f"{path}: the edits together do not give the expected argv (a bug)")
+        migrated_text, new_argv = verified
+    after = releases.composer(target).compose(new_argv, variables)
+
+    renamed = {entry["key"]: entry["new_key"] for entry in planned.values()}
+    changed_by_release = []
+    edit_reports = []
+    for index_, entry in sorted(planned.items()):
+        entry["line"] = located.edits[index_].line
+        entry["verified"] = _same_value(before, entry["key"], after, entry["new_key"])
+        entry["value"] = _value(before, entry["key"])
+        edit_reports.append(entry)
+    for item in keys:
+        if item.group or item.key in renamed or not (before.composed and after.composed):
+            continue
+        old, new = _value(before, item.key), _value(after, item.key)
+        if old != new:
+            changed_by_release.append({"key": item.key, "from": old, "to": new})
+
+    report: dict[str, Any] = {
+        "script": str(path),
+        "from": source,
+        "to": target,
+        "source": _composition_json(before),
+        "target": _composition_json(after),
+        "edits": edit_reports,
+        "blocked": blocked,
+        "changed_by_release": changed_by_release,
+        "notes": notes,
+    }
+    if target == session.pin.version:
+        report["findings"] = {
+            "before": _errors(
+                session, case, releases.composer(target).compose(argv, variables), argv
+            ),
+            "after": _errors(session, case, after, new_argv),
+        }
+    return Migration(report, text, migrated_text)
+
+
+def _value(composition: Composition, key: str) -> str | None:
+    if not composition.composed:
+        return None
+    found, value = lookup(composition.mapping, key)
+    return canonical(value) if found else None
+
+
+def _same_value(before: Composition, old: str, after: Composition, new: str) -> bool:
+    return after.composed and before.composed and _value(before, old) == _value(after, new)
+
+
+def _errors(
+    session: AuditSession, case: Case, composition: Composition, argv: Sequence[str]
+) -> list[str]:
+    """The error findings of the pinned release's static checks (no upstream process)."""
+    if not composition.composed:
+        return [f"ERROR <composition>: {composition.reason.splitlines()[0]}"]
+    report = compile_resolved(
+        composition.mapping,
+        case_id=case.id,
+        profile=load_profile(session.profile_name),
+        explicit_fields=tuple(argv),
+    )
+    return [f.line() for f in report.findings if f.level == "error"]
+
+
+def render_lines(report: Mapping[str, Any]) -> list[str]:
+    """The migration, one message per line, for stderr."""
+    lines = [
+        f"{report['script']}: verl {report['from']} → {report['to']}: {len(report['edits'])} "
+        f"edit(s), {len(report['blocked'])} key(s) blocking"
+    ]
+    if not report["source"]["composed"]:
+        lines.append(
+            f"  verl {report['from']} does not compose it either: {report['source']['reason'].splitlines()[0]}"
+        )
+    for edit in report["edits"]:
+        check = "verified" if edit["verified"] else "NOT verified"
+        lines.append(
+            f"  line {edit['line']}: `{edit['key']}` → `{edit['new_key']}` ({edit['kind']}; {check}: "
+            f"{edit['value']} on both): {edit['evidence']}"
+        )
+    for item in report["blocked"]:
+        lines.append(f"  blocks: `{item['field']}`: {item['why']}: {item['evidence']}")
+    for item in report["changed_by_release"]:
+        lines.append(
+            f"  changed by the release: `{item['key']}`: {item['from']} on {report['from']}, "
+            f"{item['to']} on {report['to']}"
+        )
+    for note in report["notes"]:
+        lines.append(f"  note: {note}")
+    target = report["target"]
+    if target["composed"]:
+        lines.append(f"  verl {report['to']} composes the migrated script")
+    else:
+        lines.append(
+            f"  verl {report['to']} rejects the migrated script: {target['reason'].splitlines()[0]}"
+        )
+    findings = report.get("findings")
+    if findings is not None:
+        lines.append(
+            f"  errors of `check` (static) on {report['to']}: {len(findings['before'])} before, "
+            f"{len(findings['after'])} after"
+        )
+    return lines
