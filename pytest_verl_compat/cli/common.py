@@ -156,9 +156,12 @@ def case_for_target(session: AuditSession, target: str, args: argparse.Namespace
 
 
 def run_command(command: str, func: Any, args: argparse.Namespace) -> int:
-    """Run a subcommand; a UsageError becomes its one-line message and exit 2."""
+    """Run a subcommand; a UsageError, or an output path that must not be replaced (a FIFO, a
+    symlink such as /dev/stdout), becomes its one-line message and exit 2."""
+    from pytest_verl_compat.pipeline.snapshot import OutputRefused
+
     try:
         return int(func(args))
-    except UsageError as exc:
+    except (UsageError, OutputRefused) as exc:
         say(command, str(exc))
         return EXIT_USAGE

@@ -59,6 +59,7 @@ def _matrix_cases(session: Any, args: argparse.Namespace) -> list[Case]:
 def cmd_matrix(args: argparse.Namespace) -> int:
     """Exit 1 when a script is not read or not valid for the pinned release, else 0."""
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+    from pytest_verl_compat.upstream.cell_cache import CellCache
     from pytest_verl_compat.upstream.matrix import (
         MatrixError,
         matrix_failed,
@@ -72,7 +73,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     cases = _matrix_cases(session, args)
     try:
         report = matrix_report(
-            session, cases, args.releases, upstream_checks=not args.no_upstream_checks
+            session,
+            cases,
+            args.releases,
+            upstream_checks=not args.no_upstream_checks,
+            cache=None if args.no_cache else CellCache(),
         )
     except (MatrixError, ReleaseError) as exc:
         say("matrix", str(exc))
@@ -148,6 +153,12 @@ def add_release_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "--no-upstream-checks",
         action="store_true",
         help="the pinned release's verdict without upstream's own checks (as check's flag)",
+    )
+    matrix.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compose every cell now (the other releases' cells are otherwise kept in the user "
+        "cache, keyed by tree, fields, variables and this package's code)",
     )
     add_bindings_flags(matrix)
     matrix.set_defaults(func=cmd_matrix)

@@ -24,6 +24,7 @@ from hydra.errors import OverrideParseException
 from pytest_verl_compat.model import Case, Composition, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.hydra_internals import parse_override
+from pytest_verl_compat.upstream.cell_cache import CellCache, cell_key
 from pytest_verl_compat.upstream.releases import ReleaseIndex, load_release_index, release_tree
 from pytest_verl_compat.upstream.verdict import PinnedVerdict, pinned_verdicts
 
@@ -150,10 +151,6 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
-def _compose_cell(composition: Composition) -> dict[str, Any]:
-    return {"kind": COMPOSE, "composed": composition.composed, "reason": composition.reason}
-
-
 def _check_cell(composition: Composition, verdict: PinnedVerdict | None) -> dict[str, Any]:
     cell: dict[str, Any] = {"kind": CHECK, "composed": composition.composed}
     if not composition.composed or verdict is None:
@@ -171,31 +168,67 @@ def _check_cell(composition: Composition, verdict: PinnedVerdict | None) -> dict
     return cell
 
 
-def _key_values(
-    keys: list[ExplicitKey],
-    compositions: Mapping[str, Composition],
-    bases: Mapping[str, Composition],
-) -> dict[str, dict[str, str]]:
-    """Per key, its value on each release where it is known, for the keys that differ."""
-    rows: dict[str, dict[str, str]] = {}
+def key_values(
+    keys: Sequence[ExplicitKey], composition: Composition, base: Composition | None
+) -> dict[str, str]:
+    """Each value key's resolved value on one release, where it is known.
+
+    Not composed, a value is unknown; but a key the release's tree lacks (and the field does
+    not add with ``+``) is a difference, and most often the reason.
+    """
+    values: dict[str, str] = {}
     for item in keys:
         if item.group or item.prefix.startswith("~"):
             continue
-        row: dict[str, str] = {}
-        for version, composition in compositions.items():
-            if composition.composed:
-                found, value = lookup(composition.mapping, item.key)
-                row[version] = canonical(value) if found else NOT_IN_TREE
-                continue
-            base = bases.get(version)
-            # Not composed: the value is unknown, but a key the tree lacks (and the field does
-            # not add) is a difference, and most often the reason.
-            if base is not None and base.composed and not item.prefix.startswith("+"):
-                if not lookup(base.mapping, item.key)[0]:
-                    row[version] = NOT_IN_TREE
+        if composition.composed:
+            found, value = lookup(composition.mapping, item.key)
+            values[item.key] = canonical(value) if found else NOT_IN_TREE
+        elif (
+            base is not None
+            and base.composed
+            and not item.prefix.startswith("+")
+            and not lookup(base.mapping, item.key)[0]
+        ):
+            values[item.key] = NOT_IN_TREE
+    return values
+
+
+def differing(
+    keys: Sequence[ExplicitKey], values: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    """Per key, its value on each release where known, for the keys whose value differs."""
+    rows: dict[str, dict[str, str]] = {}
+    for item in keys:
+        row = {version: known[item.key] for version, known in values.items() if item.key in known}
         if len(set(row.values())) > 1:
             rows[item.key] = row
     return rows
+
+
+def _other_release_cell(
+    composers: ReleaseComposers,
+    cache: CellCache | None,
+    version: str,
+    case: Case,
+    fields: Sequence[str],
+) -> dict[str, Any]:
+    """A compose cell of a release other than the pinned one, from the cache or composed now."""
+    variables = case.bindings.variables
+    release = composers.index.release(version)
+    key = cell_key(release.tree_sha256, composers.session.pin.config_name, fields, variables)
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None:
+        return cached
+    composition = composers.composer(version).compose(fields, variables)
+    base = None if composition.composed else composers.base(version, fields, variables)
+    cell = {
+        "composed": composition.composed,
+        "reason": composition.reason,
+        "values": key_values(explicit_keys(fields), composition, base),
+    }
+    if cache is not None:
+        cache.put(key, cell)
+    return cell
 
 
 def matrix_report(
@@ -205,8 +238,13 @@ def matrix_report(
     *,
     upstream_checks: bool = True,
     index: ReleaseIndex | None = None,
+    cache: CellCache | None = None,
 ) -> dict[str, Any]:
-    """The matrix as plain JSON data (byte-stable: no paths, no times, no machine facts)."""
+    """The matrix as plain JSON data (byte-stable: no paths, no times, no machine facts).
+
+    ``cache`` keeps the other releases' cells between runs (the pinned release's verdict is
+    computed every time; upstream's own checks have their own cache).
+    """
     index = index or load_release_index()
     versions = list(versions or index.versions)
     check_versions(session, versions, index)
@@ -237,20 +275,27 @@ def matrix_report(
             continue
         case, outcome = read[entry["id"]]
         fields = outcome.fields.fields
-        variables = case.bindings.variables
-        compositions: dict[str, Composition] = {}
-        bases: dict[str, Composition] = {}
+        keys = explicit_keys(fields)
+        values: dict[str, dict[str, str]] = {}
         for version in versions:
             if version == pinned:
                 composition = outcome.composition
                 entry["cells"][version] = _check_cell(composition, verdicts.get(case.id))
+                base = (
+                    None
+                    if composition.composed
+                    else composers.base(version, fields, case.bindings.variables)
+                )
+                values[version] = key_values(keys, composition, base)
             else:
-                composition = composers.composer(version).compose(fields, variables)
-                entry["cells"][version] = _compose_cell(composition)
-            compositions[version] = composition
-            if not composition.composed:
-                bases[version] = composers.base(version, fields, variables)
-        entry["keys"] = _key_values(explicit_keys(fields), compositions, bases)
+                cell = _other_release_cell(composers, cache, version, case, fields)
+                entry["cells"][version] = {
+                    "kind": COMPOSE,
+                    "composed": cell["composed"],
+                    "reason": cell["reason"],
+                }
+                values[version] = cell["values"]
+        entry["keys"] = differing(keys, values)
 
     return {
         "pinned": pinned,

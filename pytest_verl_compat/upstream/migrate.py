@@ -14,6 +14,7 @@ changed them.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,9 @@ def migrate_script(
     edits: list[FieldEdit] = []
     planned: dict[int, dict[str, Any]] = {}
     blocked: list[dict[str, Any]] = []
+    # Keys the source has and the target's tree lacks: they block only if the target rejects
+    # the script (an open mapping such as engine_kwargs.sglang takes new keys in any release).
+    removed: list[dict[str, Any]] = []
     notes = list(context.notes)
     for item in keys:
         if item.group or item.prefix.startswith("~"):
@@ -214,8 +218,12 @@ def migrate_script(
                     f"`{item.key}` is deprecated in verl {target}, which still reads it: "
                     f"{honoured.evidence}"
                 )
-            elif not in_target and not item.prefix.startswith("+"):
-                blocked.append(
+            elif (
+                not in_target
+                and not item.prefix.startswith("+")
+                and (lookup(source_base.mapping, item.key)[0] or _has(before, item.key))
+            ):
+                removed.append(
                     {
                         "key": item.key,
                         "field": field,
@@ -288,6 +296,19 @@ def migrate_script(
             raise MigrateError(f"{path}: the edits together do not give the expected argv (a bug)")
         migrated_text, new_argv = verified
     after = releases.composer(target).compose(new_argv, variables)
+    if not after.composed:
+        blocked = removed + blocked
+    if not after.composed and not blocked:
+        # Nothing moved explains it: Hydra's own reason (the key it names) is what blocks.
+        also = f", as does {source}'s, where the script was written" if not before.composed else ""
+        blocked.append(
+            {
+                "key": _quoted_key(after.reason),
+                "field": "",
+                "why": f"verl {target}'s tree rejects it{also}; no key of it moved",
+                "evidence": f"Hydra: {after.reason.strip().splitlines()[0]}",
+            }
+        )
 
     renamed = {entry["key"]: entry["new_key"] for entry in planned.values()}
     changed_by_release = []
@@ -332,6 +353,16 @@ def _value(composition: Composition, key: str) -> str | None:
     return canonical(value) if found else None
 
 
+def _quoted_key(reason: str) -> str:
+    """The first quoted dotted key of a Hydra message (``Could not override 'a.b'``)."""
+    match = re.search(r"'([A-Za-z_][\w\-]*(?:\.[\w\-]+)+)'", reason)
+    return match.group(1) if match else ""
+
+
+def _has(composition: Composition, key: str) -> bool:
+    return composition.composed and lookup(composition.mapping, key)[0]
+
+
 def _same_value(before: Composition, old: str, after: Composition, new: str) -> bool:
     return after.composed and before.composed and _value(before, old) == _value(after, new)
 
@@ -368,7 +399,8 @@ def render_lines(report: Mapping[str, Any]) -> list[str]:
             f"{edit['value']} on both): {edit['evidence']}"
         )
     for item in report["blocked"]:
-        lines.append(f"  blocks: `{item['field']}`: {item['why']}: {item['evidence']}")
+        what = f"`{item['field']}`" if item["field"] else f"`{item['key']}`"
+        lines.append(f"  blocks: {what}: {item['why']}: {item['evidence']}")
     for item in report["changed_by_release"]:
         lines.append(
             f"  changed by the release: `{item['key']}`: {item['from']} on {report['from']}, "

@@ -216,17 +216,29 @@ def _cached_tree(release: Release, folder: Path, index: ReleaseIndex) -> Release
 
 
 def _fetch_into(release: Release, folder: Path, index: ReleaseIndex) -> None:
-    """Download, check and unpack the wheel next to ``folder``, then rename it into place."""
-    parent = folder.parent
+    """Download the wheel into a folder beside the cache, then install its tree."""
+    work = _work_folder(release, folder.parent)
+    try:
+        install_wheel(release, download_wheel(release, work), folder, index)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _work_folder(release: Release, parent: Path) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        work = Path(tempfile.mkdtemp(prefix=f".{release.version}.", dir=parent))
+        return Path(tempfile.mkdtemp(prefix=f".{release.version}.", dir=parent))
     except OSError as exc:
         raise ReleaseError(
             f"verl {release.version}: cannot write the cache {parent}: {exc}"
         ) from exc
+
+
+def install_wheel(release: Release, wheel: Path, folder: Path, index: ReleaseIndex) -> None:
+    """Check a downloaded wheel, unpack its tree beside ``folder`` and rename it into place."""
+    verify_wheel(release, wheel)
+    work = _work_folder(release, folder.parent)
     try:
-        wheel = _download(release, work)
         tree = work / "tree"
         unpack_wheel(wheel, tree, index)
         digest = tree_sha256(tree / index.config_dir)
@@ -246,19 +258,36 @@ def _fetch_into(release: Release, folder: Path, index: ReleaseIndex) -> None:
                 raise
     except OSError as exc:
         raise ReleaseError(
-            f"verl {release.version}: cannot write the cache {parent}: {exc}"
+            f"verl {release.version}: cannot write the cache {folder.parent}: {exc}"
         ) from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _download(release: Release, work: Path) -> Path:
+def verify_wheel(release: Release, wheel: Path) -> None:
+    """The wheel is the pinned file: its name and its sha256 (a bounded regular file)."""
+    if wheel.name != release.wheel or wheel.is_symlink():
+        raise ReleaseError(f"verl {release.version}: {wheel.name} is not {release.wheel}")
+    try:
+        data = read_bytes(wheel, MAX_WHEEL_BYTES, "wheel")
+    except InputError as exc:
+        raise ReleaseError(f"verl {release.version}: {exc}") from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != release.wheel_sha256:
+        raise ReleaseError(
+            f"verl {release.version}: {release.wheel} has sha256 {digest}, "
+            f"not the pinned {release.wheel_sha256}"
+        )
+
+
+def download_wheel(release: Release, work: Path) -> Path:
+    """``pip download`` the release's wheel into ``work/wheel`` (pip alone runs; hash-checked)."""
     requirements = work / "requirements.txt"
     requirements.write_text(
         f"verl=={release.version} --hash=sha256:{release.wheel_sha256}\n", encoding="utf-8"
     )
     dest = work / "wheel"
-    dest.mkdir()
+    dest.mkdir(exist_ok=True)
     argv = pip_command(release, requirements, dest)
     try:
         proc = subprocess.run(
@@ -272,8 +301,8 @@ def _download(release: Release, work: Path) -> Path:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ReleaseError(
-            f"verl {release.version}: pip did not finish ({exc}); run `{shown_pip_command(release)}` "
-            "where PyPI is reachable"
+            f"verl {release.version}: pip did not finish ({exc}); run "
+            f"`{shown_pip_command(release)}` where PyPI is reachable"
         ) from exc
     if proc.returncode != 0:
         raise ReleaseError(
@@ -281,15 +310,10 @@ def _download(release: Release, work: Path) -> Path:
             f"`{shown_pip_command(release)}` needs PyPI"
         )
     wheel = dest / release.wheel
-    if not wheel.is_file() or wheel.is_symlink():
+    if not wheel.is_file():
         found = ", ".join(sorted(p.name for p in dest.iterdir())) or "nothing"
         raise ReleaseError(f"verl {release.version}: pip downloaded {found}, not {release.wheel}")
-    digest = hashlib.sha256(read_bytes(wheel, MAX_WHEEL_BYTES, "wheel")).hexdigest()
-    if digest != release.wheel_sha256:
-        raise ReleaseError(
-            f"verl {release.version}: {release.wheel} has sha256 {digest}, "
-            f"not the pinned {release.wheel_sha256}"
-        )
+    verify_wheel(release, wheel)
     return wheel
 
 
