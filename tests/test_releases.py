@@ -119,9 +119,9 @@ def test_a_wheel_must_be_the_pinned_file(tmp_path: Path, release_wheels: dict[st
     verify_wheel(release, release_wheels["0.7.0"])
     other = tmp_path / release.wheel
     other.write_bytes(release_wheels["0.7.0"].read_bytes() + b"\0")
-    with pytest.raises(ReleaseError, match="has sha256 .*, not the pinned"):
+    with pytest.raises(ReleaseError, match=r"has sha256 .*, not the pinned"):
         verify_wheel(release, other)
-    with pytest.raises(ReleaseError, match="is not verl-0.7.0"):
+    with pytest.raises(ReleaseError, match=r"is not verl-0\.7\.0"):
         verify_wheel(release, release_wheels["0.7.1"])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pytest_verl_compat.cli.common import (
     open_session,
     say,
 )
-from pytest_verl_compat.model import Case
+from pytest_verl_compat.model import SCRIPT, Case
 
 FORMATS = ("text", "json", "markdown")
 
@@ -44,7 +45,10 @@ def _matrix_cases(session: Any, args: argparse.Namespace) -> list[Case]:
                 f"v{session.pin.version} checkout"
             )
         cases += list(example_cases(session))
-    cases += [case_for_target(session, target, args) for target in args.targets]
+    for target in args.targets:
+        case = case_for_target(session, target, args)
+        # Scripts are named as given: two scripts of one name in different folders stay apart.
+        cases.append(dataclasses.replace(case, id=target) if case.kind == SCRIPT else case)
     if not cases:
         raise UsageError("name at least one CASE or SCRIPT (or --official, --examples)")
     seen: set[str] = set()

@@ -374,6 +374,8 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"verl release matrix: {len(names)} scripts on {len(versions)} releases "
         f"(pinned {report['pinned']})",
         *(f"  {kind}: {note}" for kind, note in report["kinds"].items()),
+        "  config trees: "
+        + ", ".join(f"{r['version']} {r['tree_sha256'][:12]}" for r in report["releases"]),
         "",
         "  ".join(
             ["script".ljust(width), *(v.ljust(w) for v, w in zip(versions, widths, strict=True))]
@@ -399,6 +401,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"## verl release matrix (pinned {report['pinned']})",
         "",
         *(f"- `{kind}`: {note}" for kind, note in report["kinds"].items()),
+        "- config trees: "
+        + ", ".join(f"{r['version']} `{r['tree_sha256'][:12]}`" for r in report["releases"]),
         "",
         "| script | " + " | ".join(versions) + " |",
         "|---|" + "---|" * len(versions),
