@@ -55,6 +55,9 @@ class Located:
 
     edits: dict[int, SourceEdit]
     failures: dict[int, str]
+    # Lines where an edited key is also written, but editing it there does not change the argv
+    # (a comment, a branch these bindings do not take): left as they are.
+    unedited: dict[int, list[int]]
 
 
 def _line_of(text: str, offset: int) -> int:
@@ -102,6 +105,7 @@ def locate_edits(
     """Find, for each field edit, the one place in ``text`` that builds that field's key."""
     located: dict[int, SourceEdit] = {}
     failures: dict[int, str] = {}
+    unedited: dict[int, list[int]] = {}
     for edit in edits:
         field = argv[edit.index]
         key = edit.old.lstrip(_PREFIX_CHARS)
@@ -117,6 +121,8 @@ def locate_edits(
                 unreached.append(source.line)
         if len(hits) == 1:
             located[edit.index] = hits[0]
+            if unreached:
+                unedited[edit.index] = sorted(set(unreached))
         elif hits:
             lines = ", ".join(str(hit.line) for hit in hits)
             failures[edit.index] = (
@@ -133,7 +139,7 @@ def locate_edits(
                 f"`{key}` is not written literally in the script (the field `{field}` is built "
                 "from variables): edit it by hand"
             )
-    return Located(located, failures)
+    return Located(located, failures, unedited)
 
 
 def verify_edits(

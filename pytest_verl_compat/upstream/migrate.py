@@ -278,6 +278,12 @@ def migrate_script(
         }
 
     located = locate_edits(path, text, bindings, argv, edits)
+    for index_, lines in sorted(located.unedited.items()):
+        notes.append(
+            f"`{planned[index_]['key']}` is also written on line(s) "
+            f"{', '.join(map(str, lines))}, where editing it does not change the argv (a "
+            "comment, or a branch these bindings do not take): not edited"
+        )
     for index_, why in sorted(located.failures.items()):
         entry = planned.pop(index_)
         blocked.append(
