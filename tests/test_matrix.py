@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 from corpus_facts import OFFICIAL, PINNED_VERSION
+from launch_scripts import launch_script
 
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
@@ -31,22 +31,6 @@ GOLDEN = REPO / "golden" / "matrix" / "official.md"
 INDEX = load_release_index()
 
 pytestmark = pytest.mark.usefixtures("release_cache")
-
-
-def grpo_fields() -> tuple[str, ...]:
-    """The official GRPO case's fields: a configuration verl 0.9.0 accepts."""
-    session = AuditSession.start(AuditOptions())
-    return session.outcome(session.manifest.case("grpo")).fields.fields
-
-
-def launch_script(folder: Path, name: str, *fields: str, base: bool = True) -> Path:
-    """A launch script of our own: the GRPO case's fields (unless ``base=False``), then ``fields``."""
-    path = folder / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    words = [*(grpo_fields() if base else ()), *fields]
-    body = " \\\n    ".join(["python3 -m verl.trainer.main_ppo", *map(shlex.quote, words)])
-    path.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\n{body}\n")
-    return path
 
 
 def _matrix(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -158,7 +142,7 @@ def test_a_value_a_release_resolves_differently(
     script = launch_script(
         tmp_path,
         "run.sh",
-        "trainer.total_epochs=${actor_rollout_ref.rollout.max_num_seqs}",
+        "'trainer.total_epochs=${actor_rollout_ref.rollout.max_num_seqs}'",
         "trainer.save_freq=7",
     )
     _, report = _json(
