@@ -167,8 +167,9 @@ def _shims(folder: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", DOCS)
 def test_documented_commands_run_as_written(
-    doc: str, tmp_path: Path, upstream_checkout: Path, upstream_091: Path
+    doc: str, tmp_path: Path, upstream_checkout: Path, upstream_091: Path, release_cache: Path
 ) -> None:
+    # release_cache: the release trees `matrix` and `migrate` read are in the user cache already.
     if installed_verl_root() is None:
         pytest.skip("the documented default takes the config tree from the installed verl")
     commands = documented_commands(doc)

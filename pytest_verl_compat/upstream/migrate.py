@@ -398,12 +398,18 @@ def render_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"  verl {report['from']} does not compose it either: {report['source']['reason'].splitlines()[0]}"
         )
+    evidence: dict[str, int] = {}
     for edit in report["edits"]:
-        check = "verified" if edit["verified"] else "NOT verified"
-        lines.append(
-            f"  line {edit['line']}: `{edit['key']}` → `{edit['new_key']}` ({edit['kind']}; {check}: "
-            f"{edit['value']} on both): {edit['evidence']}"
+        number = evidence.setdefault(f"{edit['kind']}: {edit['evidence']}", len(evidence) + 1)
+        check = (
+            f"verified: {edit['value']} on both"
+            if edit["verified"]
+            else "NOT verified: the value differs"
         )
+        lines.append(
+            f"  line {edit['line']}: `{edit['key']}` → `{edit['new_key']}` ({check}) [{number}]"
+        )
+    lines += [f"  [{number}] {text}" for text, number in evidence.items()]
     for item in report["blocked"]:
         what = f"`{item['field']}`" if item["field"] else f"`{item['key']}`"
         lines.append(f"  blocks: {what}: {item['why']}: {item['evidence']}")
