@@ -237,3 +237,30 @@ def test_explicit_keys() -> None:
         ("e.f", "~", 4, False),
         ("g/h", "", 6, True),
     ]
+
+
+@pytest.mark.skipif(installed_verl_root() is None, reason="compares with check's upstream checks")
+def test_the_pinned_cell_is_what_check_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    for case_id in ("ppo", "field/legacy-reward-manager"):
+        assert main(["check", case_id]) in (0, 1)
+        printed = capsys.readouterr().out.splitlines()
+        _, report = _json(capsys, case_id, "--releases", PINNED_VERSION)
+        assert report["scripts"][0]["cells"][PINNED_VERSION]["findings"] == printed, case_id
+
+
+def test_without_a_located_tree_the_pinned_release_comes_from_its_wheel(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No checkout and no installed verl: the pinned column composes the pinned release's tree
+    from the cache, and says that upstream's own checks could not run."""
+    from pytest_verl_compat.pipeline import pins
+    from pytest_verl_compat.upstream import early, releases
+
+    for module in (pins, releases, early):
+        monkeypatch.setattr(module, "installed_verl_root", lambda: None)
+    monkeypatch.delenv("VERL_UPSTREAM", raising=False)
+    status, report = _json(capsys, "grpo", "--releases", f"0.8.0,{PINNED_VERSION}")
+    assert status == 0
+    cell = report["scripts"][0]["cells"][PINNED_VERSION]
+    assert cell["valid"] is True
+    assert cell["upstream_checks"] == f"skipped: upstream verl {PINNED_VERSION} not installed"

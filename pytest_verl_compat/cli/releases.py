@@ -25,6 +25,27 @@ from pytest_verl_compat.model import SCRIPT, Case
 FORMATS = ("text", "json", "markdown")
 
 
+def _session(args: argparse.Namespace) -> Any:
+    """The session; without a located tree (no checkout, verl not installed), the pinned
+    release's tree from its wheel, so the pinned column is still a composition and `check`'s
+    static verdict."""
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.upstream.releases import ReleaseError, release_tree
+
+    session = open_session(args)
+    if session.upstream is not None or getattr(args, "upstream", None):
+        return session
+    try:
+        root = release_tree(session.pin.version).root
+    except ReleaseError as exc:
+        raise UsageError(f"no config tree of the pinned release: {exc}") from exc
+    return AuditSession.start(
+        AuditOptions(
+            manifest=getattr(args, "manifest", None), upstream=str(root), rootdir=str(Path.cwd())
+        )
+    )
+
+
 def _versions(text: str) -> list[str]:
     versions = [part.strip() for part in text.split(",") if part.strip()]
     if not versions:
@@ -73,7 +94,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     )
     from pytest_verl_compat.upstream.releases import ReleaseError
 
-    session = open_session(args)
+    session = _session(args)
     cases = _matrix_cases(session, args)
     try:
         report = matrix_report(
@@ -99,12 +120,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Exit 0 when every moved key was migrated and verified, 1 when a key still blocks it."""
     import hashlib
 
+    from pytest_verl_compat.pipeline.safe_input import read_bytes
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
     from pytest_verl_compat.upstream.migrate import MigrateError, migrate_script, render_lines
     from pytest_verl_compat.upstream.releases import ReleaseError
 
     script = existing_file(args.script, "launch script")
-    session = open_session(args)
+    session = _session(args)
     target = args.to or session.pin.version
     case = session.case_for_script(script, flag_bindings(args))
     try:
@@ -119,7 +141,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if migration.migrated is not None:
         if args.write:
             # The script must still be the one that was read and verified.
-            current = hashlib.sha256(script.read_bytes()).hexdigest()
+            current = hashlib.sha256(read_bytes(script, what="launch script")).hexdigest()
             if current != hashlib.sha256(migration.original.encode()).hexdigest():
                 say("migrate", f"{script} changed while it was migrated; nothing written")
                 return EXIT_USAGE

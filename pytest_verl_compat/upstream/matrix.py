@@ -25,7 +25,12 @@ from pytest_verl_compat.model import Case, Composition, StageFailed, StageUnavai
 from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.hydra_internals import parse_override
 from pytest_verl_compat.upstream.cell_cache import CellCache, cell_key
-from pytest_verl_compat.upstream.releases import ReleaseIndex, load_release_index, release_tree
+from pytest_verl_compat.upstream.releases import (
+    ReleaseError,
+    ReleaseIndex,
+    load_release_index,
+    release_tree,
+)
 from pytest_verl_compat.upstream.verdict import PinnedVerdict, pinned_verdicts
 
 if TYPE_CHECKING:
@@ -135,7 +140,7 @@ def check_versions(session: AuditSession, versions: Sequence[str], index: Releas
     for version in versions:
         try:
             index.release(version)
-        except Exception as exc:
+        except ReleaseError as exc:
             raise MatrixError(str(exc)) from exc
     pinned = session.pin.version
     if pinned in versions and session.upstream is not None:

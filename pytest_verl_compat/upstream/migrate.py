@@ -41,7 +41,12 @@ from pytest_verl_compat.upstream.move_evidence import (
     MoveContext,
     moves_between,
 )
-from pytest_verl_compat.upstream.releases import ReleaseIndex, load_release_index, release_tree
+from pytest_verl_compat.upstream.releases import (
+    ReleaseError,
+    ReleaseIndex,
+    load_release_index,
+    release_tree,
+)
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -164,7 +169,7 @@ def migrate_script(
     for version in (source, target):
         try:
             index.release(version)
-        except Exception as exc:
+        except ReleaseError as exc:
             raise MigrateError(str(exc)) from exc
     assert case.launch is not None
     path = Path(case.launch)
