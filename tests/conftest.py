@@ -105,7 +105,7 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     the tests that need them skip, except in CI, where they fail."""
     from filelock import FileLock
 
-    from pytest_verl_compat.upstream.releases import (
+    from pytest_verl_compat.upstream.releases.trees import (
         ReleaseError,
         download_wheel,
         load_release_index,
@@ -131,7 +131,11 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) -> Path:
     """Every release's tree in this run's user cache (where the commands look), from the wheels."""
-    from pytest_verl_compat.upstream.releases import cache_dir, install_wheel, load_release_index
+    from pytest_verl_compat.upstream.releases.trees import (
+        cache_dir,
+        install_wheel,
+        load_release_index,
+    )
 
     index = load_release_index()
     cache = cache_dir()

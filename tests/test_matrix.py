@@ -16,15 +16,15 @@ from launch_scripts import launch_script
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.cell_cache import CellCache
-from pytest_verl_compat.upstream.matrix import (
+from pytest_verl_compat.upstream.releases.cells import CellCache
+from pytest_verl_compat.upstream.releases.matrix import (
     CHECK,
     COMPOSE,
     NOT_IN_TREE,
     explicit_keys,
     matrix_report,
 )
-from pytest_verl_compat.upstream.releases import load_release_index
+from pytest_verl_compat.upstream.releases.trees import load_release_index
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "golden" / "matrix" / "official.md"
@@ -254,7 +254,8 @@ def test_without_a_located_tree_the_pinned_release_comes_from_its_wheel(
     """No checkout and no installed verl: the pinned column composes the pinned release's tree
     from the cache, and says that upstream's own checks could not run."""
     from pytest_verl_compat.pipeline import pins
-    from pytest_verl_compat.upstream import early, releases
+    from pytest_verl_compat.upstream import early
+    from pytest_verl_compat.upstream.releases import trees as releases
 
     for module in (pins, releases, early):
         monkeypatch.setattr(module, "installed_verl_root", lambda: None)

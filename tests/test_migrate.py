@@ -17,7 +17,7 @@ from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, candidates, locate_edits
-from pytest_verl_compat.upstream.move_evidence import (
+from pytest_verl_compat.upstream.releases.evidence import (
     DEPRECATION_MESSAGE,
     MIGRATION_FUNCTION,
     MOVED_SUBTREE,
@@ -28,7 +28,7 @@ from pytest_verl_compat.upstream.move_evidence import (
     function_assignments,
     subtree_moves,
 )
-from pytest_verl_compat.upstream.releases import load_release_index, release_tree
+from pytest_verl_compat.upstream.releases.trees import load_release_index, release_tree
 
 INDEX = load_release_index()
 VERL = installed_verl_root()

@@ -16,7 +16,7 @@ import yaml
 from corpus_facts import MANIFEST, PINNED_VERSION
 
 from pytest_verl_compat.pipeline.pins import tree_sha256
-from pytest_verl_compat.upstream.releases import (
+from pytest_verl_compat.upstream.releases.trees import (
     MAX_MEMBER_BYTES,
     RELEASES_FILE,
     Release,

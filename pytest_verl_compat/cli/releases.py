@@ -84,15 +84,15 @@ def _matrix_cases(session: Any, args: argparse.Namespace) -> list[Case]:
 def cmd_matrix(args: argparse.Namespace) -> int:
     """Exit 1 when a script is not read or not valid for the pinned release, else 0."""
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-    from pytest_verl_compat.upstream.cell_cache import CellCache
-    from pytest_verl_compat.upstream.matrix import (
+    from pytest_verl_compat.upstream.releases import (
+        CellCache,
         MatrixError,
+        ReleaseError,
         matrix_failed,
         matrix_report,
         render_markdown,
         render_text,
     )
-    from pytest_verl_compat.upstream.releases import ReleaseError
 
     session = _session(args)
     cases = _matrix_cases(session, args)
@@ -122,8 +122,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     from pytest_verl_compat.pipeline.safe_input import read_bytes
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-    from pytest_verl_compat.upstream.migrate import MigrateError, migrate_script, render_lines
-    from pytest_verl_compat.upstream.releases import ReleaseError
+    from pytest_verl_compat.upstream.releases import (
+        MigrateError,
+        ReleaseError,
+        migrate_script,
+        render_lines,
+    )
 
     script = existing_file(args.script, "launch script")
     session = _session(args)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.pipeline.safe_input import InputError, read_text
-from pytest_verl_compat.upstream.releases import Release, ReleaseIndex
+from pytest_verl_compat.upstream.releases.trees import Release, ReleaseIndex
 
 WILDCARD = "*"
 MIGRATION_FUNCTION = "migration-function"

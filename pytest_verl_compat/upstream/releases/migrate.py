@@ -1,6 +1,6 @@
 """Migrate a launch script from one release to another, only where upstream gives evidence.
 
-For each key the script sets, a move (``move_evidence``) with evidence names its successor when
+For each key the script sets, a move (``evidence``) with evidence names its successor when
 the target release lacks the key or ignores it; the override is then rewritten at the source text
 that builds it (``pipeline.script_edits``), the ``+`` prefix following whether the target's tree
 has the new key. A key the target lacks with no evidence of a successor is reported as removed,
@@ -28,20 +28,20 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import load_profile
 from pytest_verl_compat.pipeline.safe_input import BoundedLoader, InputError, read_text
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, locate_edits, verify_edits
-from pytest_verl_compat.upstream.matrix import (
+from pytest_verl_compat.upstream.releases.evidence import (
+    DEPRECATION_MESSAGE,
+    Move,
+    MoveContext,
+    moves_between,
+)
+from pytest_verl_compat.upstream.releases.matrix import (
     ExplicitKey,
     canonical,
     explicit_keys,
     lookup,
     selection,
 )
-from pytest_verl_compat.upstream.move_evidence import (
-    DEPRECATION_MESSAGE,
-    Move,
-    MoveContext,
-    moves_between,
-)
-from pytest_verl_compat.upstream.releases import (
+from pytest_verl_compat.upstream.releases.trees import (
     ReleaseError,
     ReleaseIndex,
     load_release_index,

@@ -24,8 +24,8 @@ from hydra.errors import OverrideParseException
 from pytest_verl_compat.model import Case, Composition, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.hydra_internals import parse_override
-from pytest_verl_compat.upstream.cell_cache import CellCache, cell_key
-from pytest_verl_compat.upstream.releases import (
+from pytest_verl_compat.upstream.releases.cells import CellCache, cell_key
+from pytest_verl_compat.upstream.releases.trees import (
     ReleaseError,
     ReleaseIndex,
     load_release_index,

@@ -31,7 +31,7 @@ from typing import Any
 from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
 from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_bytes
 
-RELEASES_FILE = Path(__file__).resolve().parent.parent / "data" / "releases.yaml"
+RELEASES_FILE = Path(__file__).resolve().parents[2] / "data" / "releases.yaml"
 CACHE_FOLDER = "pytest-verl-compat"
 CACHE_KIND = "releases"
 # A wheel is a few MB; a config file a few KB (the largest, a generated megatron tree, ~40 KB).

@@ -26,7 +26,7 @@ CACHE_KIND = "release-cells"
 # Bumped when a cell's shape changes.
 CELL_FORMAT = 1
 MAX_CELL_BYTES = 1 << 20
-_PACKAGE = Path(__file__).resolve().parent.parent
+_PACKAGE = Path(__file__).resolve().parents[2]
 
 
 def cache_dir() -> Path:
