@@ -267,6 +267,9 @@ def matrix_report(
         except (StageFailed, StageUnavailable) as exc:
             entry.update(read=False, reason=str(exc))
             continue
+        if case.resolved is not None:
+            entry.update(read=False, reason="a resolved configuration has no fields to compose")
+            continue
         read[case.id] = (case, outcome)
 
     verdicts: dict[str, PinnedVerdict] = {}
