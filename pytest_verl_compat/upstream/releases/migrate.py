@@ -16,14 +16,14 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.bash import LaunchReadError, read_launch
 from pytest_verl_compat.model import Case, Composition
 from pytest_verl_compat.pipeline.compile import compile_resolved
-from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import load_profile
 from pytest_verl_compat.pipeline.safe_input import BoundedLoader, InputError, read_text
@@ -110,14 +110,14 @@ def _yaml_key_line(path: Path, key: str) -> int | None:
     return line
 
 
-def _removal_evidence(
-    key: str, source_root: Path, config_dir: str, config_name: str, source: str, target: str
-) -> str:
-    generated = f"{config_dir}/_generated_{config_name}.yaml"
-    line = _yaml_key_line(source_root / generated, key)
-    where = f"{generated}:{line} in {source}'s wheel" if line else f"verl {source}'s tree"
+def _removal_evidence(key: str, sides: _Sides) -> str:
+    generated = f"{sides.config_dir}/_generated_{sides.config_name}.yaml"
+    line = _yaml_key_line(sides.source_root / generated, key)
+    where = (
+        f"{generated}:{line} in {sides.source}'s wheel" if line else f"verl {sides.source}'s tree"
+    )
     return (
-        f"`{key}` is in {where} and not in verl {target}'s tree; no migration function, "
+        f"`{key}` is in {where} and not in verl {sides.target}'s tree; no migration function, "
         "deprecation message or subtree with equal defaults names a successor"
     )
 
@@ -156,6 +156,141 @@ def _move_for(
     return applies, honoured
 
 
+@dataclass
+class _Plan:
+    """What to edit, and what blocks or needs saying, before any edit is placed."""
+
+    edits: list[FieldEdit] = field(default_factory=list)
+    planned: dict[int, dict[str, Any]] = field(default_factory=dict)
+    blocked: list[dict[str, Any]] = field(default_factory=list)
+    # Keys the source has and the target's tree lacks: they block only if the target rejects
+    # the script (an open mapping such as engine_kwargs.sglang takes new keys in any release).
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """The script's argv composed on the source release, and both releases' selected bases."""
+
+    source: str
+    target: str
+    argv: tuple[str, ...]
+    before: Composition
+    source_base: Composition
+    target_base: Composition
+    source_root: Path
+    config_dir: str
+    config_name: str
+
+
+def _plan(sides: _Sides, moves: list[Move], notes: list[str]) -> _Plan:
+    """For each key the script sets: the move with evidence that applies, or why none does."""
+    plan = _Plan(notes=list(notes))
+    keys = explicit_keys(sides.argv)
+    set_keys = {item.key for item in keys}
+    before, target_base = sides.before, sides.target_base.mapping
+    for item in keys:
+        if item.group or item.prefix.startswith("~"):
+            continue
+        in_target = lookup(target_base, item.key)[0]
+        move, honoured = _move_for(item, moves, in_target)
+        field_ = sides.argv[item.index]
+        if move is None:
+            if honoured is not None:
+                plan.notes.append(
+                    f"`{item.key}` is deprecated in verl {sides.target}, which still reads it: "
+                    f"{honoured.evidence}"
+                )
+            elif (
+                not in_target
+                and not item.prefix.startswith("+")
+                and (lookup(sides.source_base.mapping, item.key)[0] or _has(before, item.key))
+            ):
+                plan.removed.append(
+                    {
+                        "key": item.key,
+                        "field": field_,
+                        "why": "removed",
+                        "evidence": _removal_evidence(item.key, sides),
+                    }
+                )
+            continue
+        successor = move.successor(item.key)
+        assert successor is not None
+        unset = [
+            k
+            for k in move.required_keys(item.key)
+            if before.composed and lookup(before.mapping, k)[1] is None
+        ]
+        if unset:
+            plan.notes.append(
+                f"`{field_}` had no effect on verl {sides.source} either ({', '.join(unset)} "
+                f"unset: {move.evidence}); left as it is"
+            )
+            continue
+        if successor in set_keys:
+            plan.blocked.append(
+                {
+                    "key": item.key,
+                    "field": field_,
+                    "why": f"its successor `{successor}` is set too; decide which value to keep",
+                    "evidence": move.evidence,
+                }
+            )
+            continue
+        # `+` adds a key the target's tree lacks; `++` works either way and is kept.
+        if item.prefix == "++":
+            prefix = "++"
+        else:
+            prefix = "" if lookup(target_base, successor)[0] else "+"
+        edit = FieldEdit(item.index, item.prefix + item.key, prefix + successor)
+        plan.edits.append(edit)
+        plan.planned[item.index] = {
+            "key": item.key,
+            "new_key": successor,
+            "field": field_,
+            "migrated": edit.apply(field_),
+            "kind": move.kind,
+            "evidence": move.evidence,
+        }
+    return plan
+
+
+def _place(
+    plan: _Plan, path: Path, text: str, bindings: Any, argv: tuple[str, ...]
+) -> tuple[str | None, tuple[str, ...], dict[int, int]]:
+    """Locate and apply the planned edits: (migrated text, its argv, line of each edit)."""
+    located = locate_edits(path, text, bindings, argv, plan.edits)
+    for index, lines in sorted(located.unedited.items()):
+        plan.notes.append(
+            f"`{plan.planned[index]['key']}` is also written on line(s) "
+            f"{', '.join(map(str, lines))}, where editing it does not change the argv (a "
+            "comment, or a branch these bindings do not take): not edited"
+        )
+    failures = dict(located.failures)
+    verified = (
+        verify_edits(path, text, bindings, argv, plan.edits, located) if located.edits else None
+    )
+    if located.edits and verified is None:
+        # Each edit alone changes only its field; together they change more: none is made.
+        for index in located.edits:
+            failures[index] = "the edits together change more than their fields; edit by hand"
+    for index, why in sorted(failures.items()):
+        entry = plan.planned.pop(index)
+        plan.blocked.append(
+            {
+                "key": entry["key"],
+                "field": entry["field"],
+                "why": why,
+                "evidence": entry["evidence"],
+            }
+        )
+    if verified is None:
+        return None, argv, {}
+    return verified[0], verified[1], {i: e.line for i, e in located.edits.items()}
+
+
 def migrate_script(
     session: AuditSession,
     case: Case,
@@ -182,7 +317,6 @@ def migrate_script(
     releases = _Releases(session, index, (source, target))
     variables = bindings.variables
     flags = selection(argv)
-    before = releases.composer(source).compose(argv, variables)
     source_base = releases.composer(source).compose(flags, variables)
     target_base = releases.composer(target).compose(flags, variables)
     if not source_base.composed or not target_base.composed:
@@ -190,6 +324,17 @@ def migrate_script(
         raise MigrateError(
             f"{path}: the config its Hydra flags select does not compose: {failed.reason}"
         )
+    sides = _Sides(
+        source,
+        target,
+        argv,
+        releases.composer(source).compose(argv, variables),
+        source_base,
+        target_base,
+        releases.trees[source].root,
+        index.config_dir,
+        (split_hydra_argv(argv).config_name or session.pin.config_name).removesuffix(".yaml"),
+    )
     installed = installed_verl_root()
     context = MoveContext(
         index.release(source),
@@ -201,152 +346,11 @@ def migrate_script(
         session.pin.version,
     )
     moves = moves_between(context)
-
-    keys = explicit_keys(argv)
-    set_keys = {item.key for item in keys}
-    edits: list[FieldEdit] = []
-    planned: dict[int, dict[str, Any]] = {}
-    blocked: list[dict[str, Any]] = []
-    # Keys the source has and the target's tree lacks: they block only if the target rejects
-    # the script (an open mapping such as engine_kwargs.sglang takes new keys in any release).
-    removed: list[dict[str, Any]] = []
-    notes = list(context.notes)
-    for item in keys:
-        if item.group or item.prefix.startswith("~"):
-            continue
-        in_target = lookup(target_base.mapping, item.key)[0]
-        move, honoured = _move_for(item, moves, in_target)
-        field = argv[item.index]
-        if move is None:
-            if honoured is not None:
-                notes.append(
-                    f"`{item.key}` is deprecated in verl {target}, which still reads it: "
-                    f"{honoured.evidence}"
-                )
-            elif (
-                not in_target
-                and not item.prefix.startswith("+")
-                and (lookup(source_base.mapping, item.key)[0] or _has(before, item.key))
-            ):
-                removed.append(
-                    {
-                        "key": item.key,
-                        "field": field,
-                        "why": "removed",
-                        "evidence": _removal_evidence(
-                            item.key,
-                            releases.trees[source].root,
-                            index.config_dir,
-                            session.pin.config_name,
-                            source,
-                            target,
-                        ),
-                    }
-                )
-            continue
-        successor = move.successor(item.key)
-        assert successor is not None
-        if before.composed:
-            unset = [
-                k for k in move.required_keys(item.key) if lookup(before.mapping, k)[1] is None
-            ]
-            if unset:
-                notes.append(
-                    f"`{field}` had no effect on verl {source} either ({', '.join(unset)} unset: "
-                    f"{move.evidence}); left as it is"
-                )
-                continue
-        if successor in set_keys:
-            blocked.append(
-                {
-                    "key": item.key,
-                    "field": field,
-                    "why": f"its successor `{successor}` is set too; decide which value to keep",
-                    "evidence": move.evidence,
-                }
-            )
-            continue
-        prefix = (
-            "++"
-            if item.prefix == "++"
-            else ("" if lookup(target_base.mapping, successor)[0] else "+")
-        )
-        edit = FieldEdit(item.index, item.prefix + item.key, prefix + successor)
-        edits.append(edit)
-        planned[item.index] = {
-            "key": item.key,
-            "new_key": successor,
-            "field": field,
-            "migrated": edit.apply(field),
-            "kind": move.kind,
-            "evidence": move.evidence,
-        }
-
-    located = locate_edits(path, text, bindings, argv, edits)
-    for index_, lines in sorted(located.unedited.items()):
-        notes.append(
-            f"`{planned[index_]['key']}` is also written on line(s) "
-            f"{', '.join(map(str, lines))}, where editing it does not change the argv (a "
-            "comment, or a branch these bindings do not take): not edited"
-        )
-    for index_, why in sorted(located.failures.items()):
-        entry = planned.pop(index_)
-        blocked.append(
-            {
-                "key": entry["key"],
-                "field": entry["field"],
-                "why": why,
-                "evidence": entry["evidence"],
-            }
-        )
-    migrated_text: str | None = None
-    new_argv = argv
-    if located.edits:
-        verified = verify_edits(path, text, bindings, argv, edits, located)
-        if verified is None:
-            raise MigrateError(f"{path}: the edits together do not give the expected argv (a bug)")
-        migrated_text, new_argv = verified
+    plan = _plan(sides, moves, context.notes)
+    migrated_text, new_argv, lines = _place(plan, path, text, bindings, argv)
     after = releases.composer(target).compose(new_argv, variables)
-    if not after.composed:
-        blocked = removed + blocked
-    if not after.composed and not blocked:
-        # Nothing moved explains it: Hydra's own reason (the key it names) is what blocks.
-        also = f", as does {source}'s, where the script was written" if not before.composed else ""
-        blocked.append(
-            {
-                "key": _quoted_key(after.reason),
-                "field": "",
-                "why": f"verl {target}'s tree rejects it{also}; no key of it moved",
-                "evidence": f"Hydra: {after.reason.strip().splitlines()[0]}",
-            }
-        )
-
-    renamed = {entry["key"]: entry["new_key"] for entry in planned.values()}
-    changed_by_release = []
-    edit_reports = []
-    for index_, entry in sorted(planned.items()):
-        entry["line"] = located.edits[index_].line
-        entry["verified"] = _same_value(before, entry["key"], after, entry["new_key"])
-        entry["value"] = _value(before, entry["key"])
-        edit_reports.append(entry)
-    for item in keys:
-        if item.group or item.key in renamed or not (before.composed and after.composed):
-            continue
-        old, new = _value(before, item.key), _value(after, item.key)
-        if old != new:
-            changed_by_release.append({"key": item.key, "from": old, "to": new})
-
-    report: dict[str, Any] = {
-        "script": str(path),
-        "from": source,
-        "to": target,
-        "source": _composition_json(before),
-        "target": _composition_json(after),
-        "edits": edit_reports,
-        "blocked": blocked,
-        "changed_by_release": changed_by_release,
-        "notes": notes,
-    }
+    report = _report(sides, plan, after, lines)
+    report["script"] = str(path)
     if target == session.pin.version:
         report["findings"] = {
             "before": _errors(
@@ -355,6 +359,53 @@ def migrate_script(
             "after": _errors(session, case, after, new_argv),
         }
     return Migration(report, text, migrated_text)
+
+
+def _report(
+    sides: _Sides, plan: _Plan, after: Composition, lines: dict[int, int]
+) -> dict[str, Any]:
+    """The verification: every edit's value on both sides, every other key's, what blocks."""
+    before = sides.before
+    blocked = plan.blocked if after.composed else plan.removed + plan.blocked
+    if not after.composed and not blocked:
+        # Nothing moved explains it: Hydra's own reason (the key it names) is what blocks.
+        also = (
+            f", as does {sides.source}'s, where the script was written"
+            if not before.composed
+            else ""
+        )
+        blocked.append(
+            {
+                "key": _quoted_key(after.reason),
+                "field": "",
+                "why": f"verl {sides.target}'s tree rejects it{also}; no key of it moved",
+                "evidence": f"Hydra: {after.reason.strip().splitlines()[0]}",
+            }
+        )
+    edits = []
+    for index, entry in sorted(plan.planned.items()):
+        entry["line"] = lines[index]
+        entry["verified"] = _same_value(before, entry["key"], after, entry["new_key"])
+        entry["value"] = _value(before, entry["key"])
+        edits.append(entry)
+    renamed = {entry["key"] for entry in edits}
+    changed = []
+    for item in explicit_keys(sides.argv):
+        if item.group or item.key in renamed or not (before.composed and after.composed):
+            continue
+        old, new = _value(before, item.key), _value(after, item.key)
+        if old != new:
+            changed.append({"key": item.key, "from": old, "to": new})
+    return {
+        "from": sides.source,
+        "to": sides.target,
+        "source": _composition_json(before),
+        "target": _composition_json(after),
+        "edits": edits,
+        "blocked": blocked,
+        "changed_by_release": changed,
+        "notes": plan.notes,
+    }
 
 
 def _value(composition: Composition, key: str) -> str | None:
