@@ -376,3 +376,46 @@ def test_migrate_needs_a_script_and_a_known_release(
     script = launch_script(tmp_path, "run.sh", base=False)
     status, _, err = _migrate(capsys, str(script), "--from", "0.6.0")
     assert status == 2 and "verl 0.6.0 is not a pinned release" in err
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("release_cache")
+def test_the_v080_examples_migrate_only_with_evidence(tmp_path: Path) -> None:
+    """migrate --from 0.8.0 --write on copies of verl v0.8.0's own launch scripts: every edit is
+    verified and cites an upstream line, removes the findings on the keys it moved, and changes no
+    other value the script sets; a script 0.9.0 still rejects names what blocks it."""
+    import re
+
+    from corpus_facts import REPO
+
+    from conftest import upstream_path
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.pipeline.manifest import load_examples
+    from pytest_verl_compat.upstream.releases.corpus import measure
+
+    root = upstream_path("VERL_UPSTREAM_080", "verl-v0.8.0")
+    if root is None:
+        pytest.skip("no verl v0.8.0 examples (set VERL_UPSTREAM_080)")
+    session = AuditSession.start(AuditOptions())
+    assert session.manifest is not None
+    bindings = {
+        case.launch or "": case.bindings
+        for case in load_examples(REPO / "corpus/examples.yaml", session.manifest.bindings)
+    }
+    measured = measure(
+        session, root, "0.8.0", PINNED_VERSION, tmp_path, bindings, upstream_checks=False
+    )
+    scripts = measured["scripts"]
+    read = {key: entry for key, entry in scripts.items() if entry["read"]}
+    assert len(scripts) == len(list((root / "examples").rglob("*.sh"))) and read
+    edited = {key: entry for key, entry in read.items() if entry["edits"]}
+    assert edited, "the legacy reward keys of v0.8.0's Nemotron example move"
+    for key, entry in read.items():
+        assert entry["changed_by_release"] == [], key
+        for edit in entry["edits"]:
+            assert edit["verified"], (key, edit)
+            assert re.search(r"verl/[\w/]+\.py:\d+", edit["evidence"]), (key, edit)
+        if entry["edits"]:
+            assert entry["moved_key_errors"][1] == 0, key
+        if not entry["composed_after"]:
+            assert entry["blocked"], key

@@ -23,6 +23,7 @@ removed, with the source tree's line that defined it.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -357,10 +358,16 @@ def _renames_of(cls: ast.ClassDef, file: str) -> list[Rename]:
     return renames
 
 
+@functools.lru_cache(maxsize=64)
+def _module_classes(verl_root: Path, module: str) -> dict[str, tuple[ast.ClassDef, str]]:
+    # Parsed once per process: every script of a corpus asks for the same few config classes.
+    return _classes(_module_files(verl_root, module), verl_root)
+
+
 def deprecated_renames(verl_root: Path, target: str) -> list[Rename]:
     """The renames the class a ``_target_`` names (and its base classes) declare."""
     module, _, name = target.rpartition(".")
-    classes = _classes(_module_files(verl_root, module), verl_root)
+    classes = _module_classes(verl_root, module)
     renames: list[Rename] = []
     pending, seen = [name], set()
     while pending:
