@@ -96,3 +96,51 @@ def canary(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     from hostile_canary import make_canary
 
     return make_canary(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture(scope="session")
+def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every pinned release's wheel, fetched with pip once per test run: the folder is shared by
+    the xdist workers (the parent of their base temp folders), behind a file lock. Without PyPI
+    the tests that need them skip, except in CI, where they fail."""
+    from filelock import FileLock
+
+    from pytest_verl_compat.upstream.releases.trees import (
+        ReleaseError,
+        download_wheel,
+        load_release_index,
+    )
+
+    shared = tmp_path_factory.getbasetemp().parent / "verl-release-wheels"
+    shared.mkdir(exist_ok=True)
+    wheels = {}
+    with FileLock(f"{shared}.lock"):
+        for release in load_release_index().releases:
+            wheel = shared / "wheel" / release.wheel
+            if not wheel.is_file():
+                try:
+                    download_wheel(release, shared)
+                except ReleaseError as exc:
+                    if os.environ.get("CI"):
+                        raise
+                    pytest.skip(f"cannot fetch the release wheels: {exc}")
+            wheels[release.version] = wheel
+    return wheels
+
+
+@pytest.fixture(scope="session")
+def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) -> Path:
+    """Every release's tree in this run's user cache (where the commands look), from the wheels."""
+    from pytest_verl_compat.upstream.releases.trees import (
+        cache_dir,
+        install_wheel,
+        load_release_index,
+    )
+
+    index = load_release_index()
+    cache = cache_dir()
+    assert cache.is_relative_to(upstream_checks_cache)
+    for version, wheel in release_wheels.items():
+        if not (cache / version).is_dir():
+            install_wheel(index.release(version), wheel, cache / version, index)
+    return cache

@@ -114,6 +114,29 @@ def test_golden_cases_take_the_fast_path(composer: Composer) -> None:
         composer._fast_compose(payload["explicit_fields"], VARIABLES)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.7.0", "0.9.1"])
+def test_rejections_on_other_releases_are_hydras(version: str, release_cache: Path) -> None:
+    """The fast path takes Hydra's own override rejection as it is (no second compose): on an
+    older and a newer release's tree, which reject several golden cases, every rejection is the
+    one Hydra's full compose gives, byte for byte."""
+    from pytest_verl_compat.upstream.releases.trees import release_tree
+
+    tree = release_tree(version, fetch=False)
+    fast = Composer(tree.config_dir, "ppo_trainer")
+    slow = Composer(tree.config_dir, "ppo_trainer", fast=False)
+    rejected = 0
+    for golden in GOLDEN:
+        fields = json.loads(golden.read_text())["explicit_fields"]
+        result = fast.compose(fields, VARIABLES)
+        if result.composed:
+            continue
+        rejected += 1
+        reference = slow.compose(fields, VARIABLES)
+        assert (result.outcome, result.reason) == (reference.outcome, reference.reason), fields
+    assert rejected >= 2
+
+
 def test_override_free_config_is_hydras(composer: Composer) -> None:
     from omegaconf import OmegaConf
 

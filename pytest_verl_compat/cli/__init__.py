@@ -29,6 +29,7 @@ from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
 from pytest_verl_compat.cli.output import configure_output
 from pytest_verl_compat.cli.pin import add_pin_parser
+from pytest_verl_compat.cli.releases import add_release_parsers
 from pytest_verl_compat.cli.rules import add_rule_parser
 from pytest_verl_compat.cli.train import add_train_parser
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_case_source(add_train_parser(sub))
     add_drift_parsers(sub, common)
     add_pin_parser(sub)
+    add_release_parsers(sub, common)
     add_asset_parsers(sub)
     add_rule_parser(sub)
     for command in sub.choices.values():

@@ -197,6 +197,8 @@ def targets(args: argparse.Namespace, session: AuditSession) -> list[Target]:
                 say("check", f"{given}: no *.sh script in this folder")
         elif os.path.lexists(path):
             out.append(Target(given, path))
+        elif given in {case.id for case in session.cases}:  # field/… ids have a slash
+            out.append(Target(given, case_id=given))
         elif _looks_like_path(given):
             out.append(Target(given, error=f"{given}: launch script not found"))
         else:
@@ -372,34 +374,11 @@ def _tool_version() -> str:
 def _asker(
     session: AuditSession, prepared: list[Prepared], args: argparse.Namespace
 ) -> tuple[Any, Callable[[], None]]:
-    """Upstream's early checks for every composed case: one oracle process for the whole run,
-    every question sent before the first answer is read."""
-    if args.no_upstream_checks:
-        return None, lambda: None
-    from pytest_verl_compat.upstream.early import AnswerCache, prefetch_answer, upstream_gate
-    from pytest_verl_compat.upstream.oracle import UpstreamOracle
-    from pytest_verl_compat.upstream.verdict import explicit_keys, live_asker
+    """Upstream's early checks for every composed case: one oracle process for the whole run."""
+    from pytest_verl_compat.upstream.verdict import many_asker
 
-    gate = upstream_gate(session)
-    cache = AnswerCache()
-    composed = [
-        p.case
-        for p in prepared
-        if p.case is not None and session.outcome(p.case).composition.composed
-    ]
-    if gate.tree is None or not composed:
-        return live_asker(session, cache, None, gate), lambda: None
-    oracle = UpstreamOracle(workers=2 if len(composed) > 1 else 1)
-    for case in composed:
-        prefetch_answer(
-            session,
-            session.outcome(case).composition.mapping,
-            gate.tree,
-            cache,
-            oracle,
-            explicit_keys(session, case),
-        )
-    return live_asker(session, cache, oracle, gate), oracle.close
+    cases = [p.case for p in prepared if p.case is not None]
+    return many_asker(session, cases, enabled=not args.no_upstream_checks)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

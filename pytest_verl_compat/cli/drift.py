@@ -15,6 +15,7 @@ from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
     EXIT_USAGE,
+    UsageError,
     open_session,
     say,
 )
@@ -25,6 +26,28 @@ def _folder(value: str) -> str:
     if not Path(value).expanduser().is_dir():
         raise argparse.ArgumentTypeError(f"{value!r} is not a folder")
     return value
+
+
+def _folder_or_release(value: str) -> str:
+    """A folder, or the version of a pinned release (its tree is fetched when the command runs)."""
+    from pytest_verl_compat.upstream.releases import load_release_index
+
+    if Path(value).expanduser().is_dir() or value in load_release_index().versions:
+        return value
+    known = ", ".join(load_release_index().versions)
+    raise argparse.ArgumentTypeError(f"{value!r} is not a folder nor a pinned release ({known})")
+
+
+def _against_root(value: str) -> Path:
+    """The folder ``--against`` names: the path itself, or the pinned release's fetched tree."""
+    from pytest_verl_compat.upstream.releases import ReleaseError, release_tree
+
+    if Path(value).expanduser().is_dir():
+        return Path(value)
+    try:
+        return release_tree(value).root
+    except ReleaseError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
@@ -38,7 +61,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     )
 
     try:
-        report = drift_report(open_session(args), Path(args.against))
+        report = drift_report(open_session(args), _against_root(args.against))
     except DriftError as exc:
         say("drift", str(exc))
         return EXIT_USAGE
@@ -64,7 +87,7 @@ def cmd_retarget(args: argparse.Namespace) -> int:
     try:
         path = retarget_profile(
             session.profile_name,
-            Path(args.against),
+            _against_root(args.against),
             args.profile,
             # Never beside the pinned profile by default: that is inside the installed package.
             out_dir=Path(args.out) if args.out else Path.cwd(),
@@ -117,9 +140,10 @@ def add_drift_parsers(subparsers: Any, common: argparse.ArgumentParser | None = 
     drift.add_argument(
         "--against",
         required=True,
-        type=_folder,
-        metavar="PATH",
-        help="folder laid out like a verl checkout (the config tree is enough)",
+        type=_folder_or_release,
+        metavar="PATH|VERSION",
+        help="folder laid out like a verl checkout (the config tree is enough), or a release "
+        "pinned in data/releases.yaml (its wheel's tree, fetched with pip once)",
     )
     drift.add_argument("--json", metavar="FILE", help="write the drift report as JSON to FILE")
     drift.add_argument(
@@ -133,7 +157,9 @@ def add_drift_parsers(subparsers: Any, common: argparse.ArgumentParser | None = 
         help="write a new profile for another verl tree: the pinned rules plus a "
         "not-yet-reviewed rule for every leaf they cannot classify",
     )
-    retarget.add_argument("--against", required=True, type=_folder, metavar="PATH")
+    retarget.add_argument(
+        "--against", required=True, type=_folder_or_release, metavar="PATH|VERSION"
+    )
     retarget.add_argument(
         "--profile", required=True, metavar="NEW_NAME", help="e.g. verl-0.9.1-single-device"
     )

@@ -14,7 +14,7 @@ from typing import Any, cast
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf
 from omegaconf.basecontainer import BaseContainer
 from omegaconf.errors import OmegaConfBaseException
@@ -284,6 +284,17 @@ class _FastPathUnavailable(Exception):
     """The overrides need Hydra's defaults machinery; compose with Hydra instead."""
 
 
+class _OverrideRejected(Exception):
+    """Hydra's own override application refused the value overrides (``__cause__``).
+
+    Hydra's compose would raise the same exception: it applies the same overrides, with the same
+    function, to the same composed config (``_load_configuration_impl``), and only an
+    ``OverrideParseException`` is rewrapped on the way out, which parsing here would have raised
+    first. So the rejection is taken as it is instead of composing again through Hydra (~1 s
+    each; a release matrix meets hundreds of them).
+    """
+
+
 class Composer:
     """Composes override lists on one config tree; keeps Hydra initialised between calls.
 
@@ -458,6 +469,12 @@ class Composer:
         if self.fast:
             try:
                 return self._fast_compose(fields, variables)
+            except _OverrideRejected as rejected:
+                cause = rejected.__cause__
+                assert cause is not None
+                return Composition(
+                    COMPOSITION_REJECTION, reason=_clean_message(cause, self.config_dir)
+                )
             except (_FastPathUnavailable, *_INPUT_ERRORS):
                 # Hydra's own compose produces the result or the exact error message.
                 pass
@@ -536,7 +553,10 @@ class Composer:
                         swapped.append((node, part, original))
                         exports.append((tuple(parts[:depth]), node, part))
                     node = content[part]
-            apply_value_overrides(overrides, cfg)
+            try:
+                apply_value_overrides(overrides, cfg)
+            except ConfigCompositionException as exc:
+                raise _OverrideRejected() from exc
             plain = _copy_plain(base.plain)
             for path, parent, part in exports:
                 target = plain

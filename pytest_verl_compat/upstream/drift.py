@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_verl_compat.model import Composition
+from pytest_verl_compat.model import COMPOSED, Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
 from pytest_verl_compat.pipeline.pins import installed_verl_root, sha256_file, tree_sha256
@@ -216,13 +216,23 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
                     pinned.mapping, against.mapping
                 )
             entry["unclassified"] = unclassified_paths(profile, against.mapping)
-            report = compile_resolved(
-                against.mapping,
-                case_id=case.id,
-                profile=profile,
-                explicit_fields=fields.fields,
-            )
-            entry["outcome"]["against"], against_reason = outcome_ignoring_unknown(report)
+            try:
+                report = compile_resolved(
+                    against.mapping,
+                    case_id=case.id,
+                    profile=profile,
+                    explicit_fields=fields.fields,
+                )
+            except (KeyError, TypeError) as exc:
+                # The pinned release's checks read its mapping's shape; an older release's tree
+                # may lack a section they read (0.8.0 has no algorithm.filter_groups).
+                entry["outcome"]["against"] = COMPOSED
+                against_reason = (
+                    f"composed; not compiled: the pinned checks read {exc} (a {type(exc).__name__}"
+                    " on this tree's mapping), which only the pinned tree's shape has"
+                )
+            else:
+                entry["outcome"]["against"], against_reason = outcome_ignoring_unknown(report)
         if entry["outcome"]["against"] != pinned_outcome:
             reasons[case.id] = {"pinned": pinned_reason, "against": against_reason}
 

@@ -271,14 +271,20 @@ class EarlyAnswer:
                 continue
             effects = ", ".join(str(e) for e in record[probe_effects.KEY_EFFECTS])
             if record[probe_effects.KEY_KIND] == probe_effects.NOT_READ_HERE:
+                when = (
+                    f"; it reads it only with {instead[0]}"
+                    if instead
+                    else " (what reads it runs only under another setting)"
+                )
                 out.append(
                     Finding(
                         "warning",
                         key,
                         f"{key}={record[probe_effects.KEY_VALUE]} changes nothing here: "
-                        f"upstream's code for {effects} never reads it with these settings (what "
-                        "reads it runs only under another setting of the same section)",
-                        f"remove {key}, or select the setting that uses it",
+                        f"upstream's code for {effects} never reads it with these settings{when}",
+                        f"set {instead[0]}, or remove {key}"
+                        if instead
+                        else f"remove {key}, or select the setting that uses it",
                         evidence="the probes ran upstream's own functions for "
                         f"{effects}, which alone read it, and none read it",
                         check=OVERRIDDEN_RULE,

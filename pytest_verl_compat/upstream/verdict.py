@@ -4,13 +4,15 @@ The static findings of the compile report, then upstream's own early checks on t
 mapping (the static findings they repeat left out), and the two verdicts: *valid for verl* (no
 error finding) and *runnable by the reference trainer* (the report accepted and valid). Every front
 end asks here, so the command line, the pytest stage and the examples recording cannot disagree;
-they differ only in who answers for upstream (``Asker``).
+they differ only in who answers for upstream (``Asker``). ``many_asker`` asks for many cases through one
+oracle process (check's targets, a release matrix's scripts); ``pinned_verdicts`` is the matrix's
+view of the same verdicts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,19 +21,21 @@ from pytest_verl_compat.checks.registry import WRONG_TYPE
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.upstream.early import (
+    AnswerCache,
     AnswerStore,
     EarlyAnswer,
     UpstreamFailure,
     UpstreamGate,
     covered_static_findings,
     early_answer,
+    prefetch_answer,
     upstream_gate,
 )
+from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.rules import COMPOSE
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
-    from pytest_verl_compat.upstream.oracle import UpstreamOracle
 
 # The path of the one finding a composition rejection gives.
 COMPOSITION = "<composition>"
@@ -170,3 +174,64 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         not_runnable = "; ".join(f"{f.path}: {f.message}" for f in upstream if f.level == "error")
     problems = tuple(reference_problems(report.leaves, report.findings))
     return CaseCheck(tuple(findings), valid, runnable, not_runnable, skipped, True, problems)
+
+
+def many_asker(
+    session: AuditSession, cases: Sequence[Case], *, enabled: bool = True, workers: int = 2
+) -> tuple[Asker | None, Callable[[], None]]:
+    """One asker for many cases, and what closes it: every question the cache cannot answer is
+    sent to one oracle process before the first answer is read, so a hundred scripts import verl
+    once (its workers fork after the import)."""
+    if not enabled:
+        return None, lambda: None
+    gate = upstream_gate(session)
+    cache = AnswerCache()
+    composed = [case for case in cases if session.outcome(case).composition.composed]
+    if gate.tree is None or not composed:
+        return live_asker(session, cache, None, gate), lambda: None
+    oracle = UpstreamOracle(workers=workers if len(composed) > 1 else 1)
+    for case in composed:
+        prefetch_answer(
+            session,
+            session.outcome(case).composition.mapping,
+            gate.tree,
+            cache,
+            oracle,
+            explicit_keys(session, case),
+        )
+    return live_asker(session, cache, oracle, gate), oracle.close
+
+
+@dataclass(frozen=True)
+class PinnedVerdict:
+    """What ``check`` says of a composed case on the pinned release (a matrix cell's verdict)."""
+
+    valid: bool
+    runnable: bool
+    findings: tuple[Finding, ...]
+    # Empty when upstream's own checks ran; otherwise why they were skipped (as `check` says it).
+    upstream_skipped: str = ""
+
+
+def pinned_verdicts(
+    session: AuditSession,
+    cases: Iterable[Case],
+    *,
+    upstream_checks: bool = True,
+    workers: int = 2,
+) -> dict[str, PinnedVerdict]:
+    """``check_case`` for every composed case, by case id (the others are left out), with one
+    oracle for all of them."""
+    composed = [case for case in cases if session.outcome(case).composition.composed]
+    ask, close = many_asker(session, composed, enabled=upstream_checks, workers=workers)
+    skipped = "" if upstream_checks else "not asked (--no-upstream-checks)"
+    try:
+        checks = {case.id: check_case(session, case, ask) for case in composed}
+    finally:
+        close()
+    return {
+        case_id: PinnedVerdict(
+            c.valid, c.runnable, c.findings, c.upstream_skipped if upstream_checks else skipped
+        )
+        for case_id, c in checks.items()
+    }

@@ -363,7 +363,11 @@ def overridden(
         if not owners:
             continue
         if not any(key in r.origins(r.read) for _, _, r in owners):
-            results.append(_record(key, NOT_READ_HERE, leaves, [], [e.name for e, _, _ in owners]))
+            record = _record(key, NOT_READ_HERE, leaves, [], [e.name for e, _, _ in owners])
+            record[KEY_INSTEAD] = _enabling_flag(
+                key, [e for e, _, _ in owners], plain, leaves, root
+            )
+            results.append(record)
             continue
         tries = _perturbations(leaves.get(key))
         readers = [(e, seen, r) for e, seen, r in owners if e.perturbable(key)]
@@ -396,6 +400,33 @@ def overridden(
         record[KEY_INSTEAD] = [k for k in deciding if k in leaves]
         results.append(record)
     return results
+
+
+# Flags of a section tried for the one that makes an unread key read (a section has a dozen).
+_MAX_FLAGS = 24
+
+
+def _enabling_flag(
+    key: str, owners: list[Effect], plain: Mapping[str, Any], leaves: Mapping[str, Any], root: Path
+) -> list[str]:
+    """The flag of the key's section that, flipped, makes one of its effects read the key
+    (``actor.use_kl_loss=True`` for ``actor.kl_loss_coef``), as ``["flag=value"]``; [] when none
+    of them does (the key waits on a string option, or on another section)."""
+    section = key.rpartition(".")[0]
+    flags = sorted(
+        k
+        for k, v in leaves.items()
+        if isinstance(v, bool) and k.rpartition(".")[0] == section and k != key
+    )
+    for flag in flags[:_MAX_FLAGS]:
+        flipped = _with(plain, flag, not leaves[flag])
+        for effect in owners:
+            reads = ConfigReads(root, leaves)
+            if not isinstance(_observe(effect, flipped, reads), _Failed) and key in reads.origins(
+                reads.read
+            ):
+                return [f"{flag}={not leaves[flag]}"]
+    return []
 
 
 def _record(
