@@ -22,10 +22,12 @@ from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 # The tree's scalar default types, in words. A list or mapping default is left alone: verl's
 # readers often take a single string too (``trainer.logger=console``: verl/trainer/main_ppo.py:48
 # wraps a string logger in a list), so a string there is not a mistake by itself.
-_KINDS: tuple[tuple[type, str], ...] = (
+# An integer default takes any number: verl's dataclasses annotate many keys whose tree default is
+# 0 as floats (``entropy_coeff: float = 0.0``, verl/workers/config/actor.py, default ``0`` in
+# actor.yaml), so ``entropy_coeff=0.01`` is right; the annotation check settles int against float.
+_KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (bool, "a boolean (true or false)"),
-    (int, "an integer"),
-    (float, "a number"),
+    ((int, float), "a number"),
 )
 
 
@@ -42,9 +44,7 @@ def fits(value: Any, default: Any) -> bool:
     """Whether ``value`` has the type every reader of a key defaulting to ``default`` expects."""
     if isinstance(default, bool):
         return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
+    if isinstance(default, int | float):
         return isinstance(value, int | float) and not isinstance(value, bool)
     return True
 

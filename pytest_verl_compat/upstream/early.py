@@ -316,10 +316,10 @@ class EarlyAnswer:
             Finding(
                 "error",
                 record[probe_types.KEY_KEY],
-                f"{record[probe_types.KEY_VALUE]} does not fit the annotation "
-                f"{record[probe_types.KEY_EXPECTED]} of verl {version}'s "
-                f"{record[probe_types.KEY_FIELD]}; Hydra's instantiate does not check it, so the "
-                "value reaches the code that uses it",
+                f"{record[probe_types.KEY_VALUE]}, but verl {version}'s "
+                f"{record[probe_types.KEY_FIELD]} expects {record[probe_types.KEY_EXPECTED]} (its "
+                "annotation); Hydra's instantiate checks no type, so the value reaches the code "
+                "that uses it",
                 f"set {record[probe_types.KEY_KEY]} to {record[probe_types.KEY_EXPECTED]}",
                 evidence=f"{record[probe_types.KEY_FIELD]} (verl/utils/config.py:52 instantiates "
                 "it unchecked)",

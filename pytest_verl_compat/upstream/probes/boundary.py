@@ -132,6 +132,23 @@ def _init_device_mesh(world: int) -> Any:
     return init_device_mesh
 
 
+class FakeGroup:
+    """A process group of the configuration's world by its ranks (Megatron-Core's
+    ``initialize_model_parallel`` makes dozens): sizes and rank 0's place are its ranks'."""
+
+    def __init__(self, ranks: Any) -> None:
+        self.ranks = [int(rank) for rank in ranks]
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        return self.ranks.index(0) if 0 in self.ranks else -1
+
+    def __repr__(self) -> str:
+        return f"FakeGroup({self.ranks})"
+
+
 def _gather_self(output: list[Any], obj: Any, *_: Any, **__: Any) -> None:
     output[:] = [obj] * len(output)
 
@@ -211,16 +228,24 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
     }
     mesh = _init_device_mesh(world)
 
-    def get_world_size(*_: Any, **__: Any) -> int:
+    def get_world_size(group: Any = None, *_: Any, **__: Any) -> int:
         note_read(*WORLD_KEYS)
-        return world
+        return group.size() if isinstance(group, FakeGroup) else world
+
+    def get_rank(group: Any = None, *_: Any, **__: Any) -> int:
+        return group.rank() if isinstance(group, FakeGroup) else 0
+
+    def new_group(ranks: Any = None, *_: Any, **__: Any) -> FakeGroup:
+        return FakeGroup(range(world) if ranks is None else ranks)
 
     def worker_world_size(self: Any) -> int:
         note_read(*WORLD_KEYS)
         return int(self._world_size)
 
     patches = [
-        (torch.distributed, "get_rank", lambda *a, **k: 0),
+        (torch.distributed, "get_rank", get_rank),
+        (torch.distributed, "new_group", new_group),
+        (torch.distributed, "get_process_group_ranks", lambda group: list(group.ranks)),
         (torch.distributed, "get_world_size", get_world_size),
         (Worker, "world_size", property(worker_world_size)),
         (torch.distributed, "is_initialized", lambda: True),

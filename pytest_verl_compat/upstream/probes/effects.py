@@ -304,10 +304,13 @@ def _perturbations(value: Any) -> list[Any]:
     batch's until it is large enough). No effect is claimed unless every one changes nothing."""
     if isinstance(value, bool):
         return [not value]
+    # A value at or below zero is often a sentinel (``lr_warmup_steps=-1``: "use the ratio",
+    # verl/workers/engine/fsdp/transformer_impl.py:490): positive values are tried too, or the
+    # sentinel's own regime would look like no effect.
     if isinstance(value, int):
-        return [value * 2, value + 1] if value else [1, 2]
+        return [value * 2, value + 1] if value > 0 else [value - 1, 1, 2]
     if isinstance(value, float):
-        tried = [value * 1.5, value * 0.5] if value else [0.1, 1.0]
+        tried = [value * 1.5, value * 0.5] if value > 0 else [value - 1.0, 0.1, 1.0]
         if 0 < abs(value) < 0.01:
             tried.append(value * 100)
         # Six significant digits: the finding says 0.45, not 0.44999999999999996.
@@ -409,15 +412,17 @@ _MAX_FLAGS = 24
 def _enabling_flag(
     key: str, owners: list[Effect], plain: Mapping[str, Any], leaves: Mapping[str, Any], root: Path
 ) -> list[str]:
-    """The flag of the key's section that, flipped, makes one of its effects read the key
-    (``actor.use_kl_loss=True`` for ``actor.kl_loss_coef``), as ``["flag=value"]``; [] when none
-    of them does (the key waits on a string option, or on another section)."""
-    section = key.rpartition(".")[0]
-    flags = sorted(
+    """The flag of the key's section or a section above it (nearest first) that, flipped, makes
+    one of its effects read the key (``actor.use_kl_loss=True`` for ``actor.kl_loss_coef``,
+    ``algorithm.use_kl_in_reward=True`` for ``algorithm.kl_ctrl.kl_coef``), as
+    ``["flag=value"]``; [] when none does (the key waits on a string option or a number)."""
+    parts = key.split(".")
+    flags = [
         k
-        for k, v in leaves.items()
-        if isinstance(v, bool) and k.rpartition(".")[0] == section and k != key
-    )
+        for depth in range(len(parts) - 1, 0, -1)
+        for k, v in sorted(leaves.items())
+        if isinstance(v, bool) and k.rpartition(".")[0] == ".".join(parts[:depth])
+    ]
     for flag in flags[:_MAX_FLAGS]:
         flipped = _with(plain, flag, not leaves[flag])
         for effect in owners:

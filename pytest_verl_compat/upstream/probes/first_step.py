@@ -222,7 +222,14 @@ def _optimizer(worker: Any) -> None:
     sets them (fsdp/transformer_impl.py:599-606)."""
     import torch
 
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
     engine = worker.engine
+    if not isinstance(engine, FSDPEngine):
+        # Megatron's optimizer (get_megatron_optimizer) is built over a built Megatron model.
+        raise ImportError(
+            f"not evaluated here: {type(engine).__name__} builds its optimizer over its model"
+        )
     module_name = str(engine.optimizer_config.optimizer_impl)
     if module_name not in SAFE_OPTIMIZER_MODULES:
         raise ImportError(

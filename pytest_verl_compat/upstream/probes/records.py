@@ -175,6 +175,20 @@ def failure(phase: str, exc: BaseException, check: str, keys: list[str]) -> dict
     }
 
 
+def _caused_by_import(exc: BaseException) -> bool:
+    """An error upstream raises *because* an import failed (``raise RuntimeError("Dynamic CP
+    requires a Megatron-Core build …") from exc``, verl/utils/dynamic_cp_scheduler.py:37): the
+    installed libraries here decided it, not the configuration."""
+    seen: set[int] = set()
+    link = exc.__cause__ or exc.__context__
+    while link is not None and id(link) not in seen:
+        if isinstance(link, _ENVIRONMENT):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
+
+
 class Collector:
     """Runs each probe step in its own try, recording what upstream reads; keeps each distinct
     failure once (first phase first) and each step that could not run here with its reason."""
@@ -240,7 +254,12 @@ class Collector:
         where, _ = _deepest_verl_frame(cause)
         if not where:
             where, _ = _deepest_verl_frame(exc)
-        environment = isinstance(cause, _ENVIRONMENT) or _importing(exc) or "StandIn" in str(cause)
+        environment = (
+            isinstance(cause, _ENVIRONMENT)
+            or _importing(exc)
+            or "StandIn" in str(cause)
+            or _caused_by_import(cause)
+        )
         if environment or not where:
             if not environment:
                 raise exc  # not raised by upstream's code: a bug here, never a finding
