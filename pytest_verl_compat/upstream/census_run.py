@@ -8,6 +8,8 @@ entry is evaluated when one of its deciding lines ran for at least one configura
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,13 +38,20 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
             continue  # not read: the script exits before its launcher
         if composition.composed:
             out[case.id] = composition.mapping
+    by_id = {case.id: case for case in cases}
     raw = yaml.safe_load(VARIANTS_FILE.read_text(encoding="utf-8")) or []
     for index, variant in enumerate(raw):
         overrides = tuple(variant["overrides"])
         if variant["base"] is None:
             composition = session.composer().compose(overrides, {})
         else:
-            extended = session.with_overrides(session.manifest.case(variant["base"]), overrides)
+            # A corpus case, or an example script by its id (examples/…/run_x, no .sh).
+            base = by_id.get(variant["base"])
+            if base is None:
+                raise ValueError(f"{VARIANTS_FILE.name} entry {index}: no case {variant['base']!r}")
+            extended = dataclasses.replace(
+                session.with_overrides(base, overrides), id=f"census/{index}"
+            )
             composition = session.outcome(extended).composition
         if not composition.composed:
             raise ValueError(f"{VARIANTS_FILE.name} entry {index}: {composition.reason}")
