@@ -775,7 +775,7 @@ def test_exit_before_launcher(script: str, status: int, tmp_path: Path) -> None:
         ("readonly R=1\nR=2\n", "assignment", 2),
         ("shopt -s nullglob\n", "shopt", 1),
         ("local x=1\n", "local", 1),
-        ("/usr/bin/python3 -m verl.trainer.main_ppo a=1\n", "indirect launcher", 1),
+        ("/usr/bin/env bash -c 'python3 -m verl.trainer.main_ppo a=1'\n", "env bash", 1),
         ("LAUNCH $((1 / 0))\n", "arithmetic", 1),
         ("X='1+2'\nLAUNCH $((X * 2))\n", "arithmetic", 2),
         ("LAUNCH @(a|b)\n", "extended glob", 1),

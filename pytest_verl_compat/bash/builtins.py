@@ -6,9 +6,9 @@ Builtins whose effect cannot be known statically are rejected here, each with th
 from __future__ import annotations
 
 from pytest_verl_compat.bash.arithmetic import _legal_integer
-from pytest_verl_compat.bash.conditions import _Conditions
 from pytest_verl_compat.bash.errors import _Exit, _LoopControl
 from pytest_verl_compat.bash.parse import Node, _line
+from pytest_verl_compat.bash.programs import _Programs
 from pytest_verl_compat.bash.state import (
     _LAUNCHER_MODULE,
     _SET_FLAGS,
@@ -35,10 +35,9 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
     "readarray": ("readarray", "sets variables from input at run time"),
     "getopts": ("getopts", "sets variables from arguments at run time"),
     "shopt": ("shopt", "changes shell options this reader does not model"),
-    "return": ("return", "`return` outside a function"),
     "coproc": ("coproc", "runs a command concurrently with the script"),
     "fc": ("fc", "re-runs commands from history"),
-    "local": ("local", "`local` outside a function"),
+    "local": ("local", _NOT_A_DECLARATION),
     "declare": ("declare", _NOT_A_DECLARATION),
     "typeset": ("typeset", _NOT_A_DECLARATION),
     "export": ("export", _NOT_A_DECLARATION),
@@ -49,7 +48,8 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
 # The builtins whose arguments decide what they do to the shell: those modelled in
 # `_Builtins.builtin` and those it refuses.
 _ARGUMENT_BUILTINS = (
-    frozenset("set shift exit unset break continue exec hash".split()) | _REJECTED_BUILTINS.keys()
+    frozenset("set shift exit unset break continue exec hash return".split())
+    | _REJECTED_BUILTINS.keys()
 )
 
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
@@ -95,7 +95,7 @@ _BASH_BUILTINS = frozenset(
 )
 
 
-class _Builtins(_Conditions):
+class _Builtins(_Programs):
     """The modelled builtins, declarations and assignments."""
 
     def builtin(self, argv: list[str], line: int) -> int:
@@ -116,7 +116,11 @@ class _Builtins(_Conditions):
         if name == "exit":
             return self.exit_builtin(words, line)
         if name == "set":
+            if len(words) == 1:
+                self.write_unknown("`set`")  # it lists every variable
             return self.set_builtin(words, line)
+        if name == "return":
+            return self.return_builtin(words, line)
         if name == "shift":
             return self.shift_builtin(words, line)
         if name == "unset":
@@ -131,10 +135,6 @@ class _Builtins(_Conditions):
                     self.fail(line, name, f"invalid loop count {words[1]!r}")
                 levels = parsed
             raise _LoopControl(name, min(levels, self.loop_depth))
-        if name in ("cd", "pushd", "popd"):
-            # The folder it enters is only known at run time (and a bound PWD is stale now).
-            self.change_directory(name, line)
-            return 0
         if name == "exec":
             if len(words) > 1:
                 self.fail(line, f"{prefix}exec", "replaces the shell with another program")
@@ -148,9 +148,18 @@ class _Builtins(_Conditions):
             )
         if name == "printf" and len(words) > 1 and words[1].startswith("-v"):
             self.fail(line, f"{prefix}printf -v", "sets a variable from formatted output")
-        if _LAUNCHER_MODULE in argv[1:]:
+        status = self.run_program(words, line)
+        if status is not None:
+            return status
+        return self.external(words, line, argv[0])
+
+    def external(self, words: list[str], line: int, shown: str) -> int:
+        """A program this reader skips (as if it succeeded), unless it could run the launcher
+        or a child shell; its output is only known at run time."""
+        name = words[0]
+        if _LAUNCHER_MODULE in words[1:]:
             self.fail(
-                line, "indirect launcher", f"`{argv[0]}` runs {_LAUNCHER_MODULE}; call it directly"
+                line, "indirect launcher", f"`{shown}` runs {_LAUNCHER_MODULE}; call it directly"
             )
         program = name.rsplit("/", 1)[-1]
         if program in _SHELLS and any("main_ppo" in a for a in words[1:]):
@@ -165,19 +174,8 @@ class _Builtins(_Conditions):
                         f"{program} {word.rsplit('/', 1)[-1]}",
                         "runs a child shell whose code this reader cannot see",
                     )
+        self.write_unknown(f"`{name}`")
         return 0
-
-    def change_directory(self, name: str, line: int) -> None:
-        """``cd``/``pushd``/``popd``: PWD becomes a run-time value, OLDPWD the former PWD."""
-        old = self.lookup("PWD", None, line)
-        if old is not None:
-            self.sh.vars["OLDPWD"] = old
-        self.sh.vars["PWD"] = self.lazy(
-            line,
-            f"$PWD after `{name}`",
-            "the folder it enters is only known at run time; name it in the script instead",
-            nonempty=True,
-        )
 
     def unwrap(self, argv: list[str], line: int) -> tuple[list[str], list[str]] | int:
         """The command that ``builtin``/``command`` prefixes run, with the prefixes; or the
@@ -202,6 +200,7 @@ class _Builtins(_Conditions):
             if "v" in options or "V" in options:
                 # `command -v NAME` only describes NAME; like any other command it is assumed
                 # to succeed.
+                self.write_unknown(f"`{wrapper} -{options}`")
                 return 0
             wrappers.append(f"{wrapper} -{options}" if options else wrapper)
             words = rest
@@ -281,7 +280,7 @@ class _Builtins(_Conditions):
         return 0
 
     def unset_builtin(self, argv: list[str], line: int) -> int:
-        """``unset [-v|-f] NAME...``; there are no functions, so ``-f`` does nothing."""
+        """``unset [-v|-f] NAME...``."""
         functions = False
         for arg in argv[1:]:
             if arg in ("-v", "-f", "-fv", "-vf"):
@@ -290,6 +289,7 @@ class _Builtins(_Conditions):
             if arg.startswith("-"):
                 self.fail(line, f"unset {arg}", "option not supported")
             if functions:
+                self.sh.functions.pop(arg, None)
                 continue
             name, bracket, rest = arg.partition("[")
             if not _is_name(name):
@@ -318,12 +318,13 @@ class _Builtins(_Conditions):
     def declaration(self, cmd: Node, line: int) -> int:
         """``export``, ``declare``/``typeset`` and ``readonly`` with the options modelled here."""
         variant = (cmd.get("Variant") or {}).get("Value", "")
-        if variant == "local":
+        if variant == "local" and not self.calls:
             self.fail(line, "local", "`local` outside a function")
         allowed = {
             "export": ("np", ""),
             "declare": ("axgrp", "x"),
             "typeset": ("axgrp", "x"),
+            "local": ("axrp", "x"),
             "readonly": ("pa", ""),
         }
         if variant not in allowed:
@@ -347,15 +348,21 @@ class _Builtins(_Conditions):
             self.fail(line, f"{variant} -{flag}", "option not supported")
         for flag in sorted(off - set(allowed_off)):
             self.fail(line, f"{variant} +{flag}", "option not supported")
-        if "p" in on:
+        if "p" in on or not assigns:
             if assigns:
                 self.fail(line, f"{variant} -p", "printing with names is not supported")
+            self.write_unknown(f"`{variant}`")  # it lists variables
             return 0
+        # In a function, `local` and `declare` without -g make each name local to it.
+        local = variant == "local" or (variant in ("declare", "typeset") and self.calls)
+        local = local and "g" not in on
         export = (variant == "export" and "n" not in on) or "x" in on
         unexport = (variant == "export" and "n" in on) or "x" in off
         readonly = variant == "readonly" or "r" in on
         for assign in assigns:
             name = assign["Name"]["Value"]
+            if local:
+                self.make_local(name, line)
             if not assign.get("Naked"):
                 self.assign(assign)
             if "a" in on:

@@ -85,5 +85,13 @@ class _LoopControl(Exception):
         self.levels = levels
 
 
+class _Return(Exception):
+    """``return`` unwinding to the function call."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 class _TestSyntax(Exception):
     """A ``[`` / ``test`` expression that bash rejects with status 2."""

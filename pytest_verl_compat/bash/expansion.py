@@ -270,10 +270,17 @@ class _Expansion(_Patterns):
             self.fail(line, str(kind), "this word part is not supported")
 
     def substitution(self, part: Node) -> str:
-        """A command substitution's bound output; never executed."""
+        """A command substitution's output: bound, or its body's as this reader evaluates it.
+
+        Nothing is executed: the body is interpreted, and output that only running something
+        would give (an unmodelled program) makes the whole output a run-time value.
+        """
         text = _subst_text(self.data, part)
         shown = f"`{text}`" if part.get("Backquotes") else f"$({text})"
         if text not in self.substitutions:
+            evaluated = self.evaluate_substitution(part)
+            if evaluated is not None:
+                return evaluated
             # Its output is only known at run time; never run, it stays a run-time value.
             return self.lazy(
                 _line(part),
@@ -522,7 +529,7 @@ class _Expansion(_Patterns):
         if name == "?":
             return str(self.sh.status)
         if name == "0":
-            return self.path
+            return self.script
         if _ascii_digits(name):
             # A position past 64 bits is past the end of any list.
             position = int(name) if len(name) <= 19 else 1 << 63

@@ -15,7 +15,6 @@ from pytest_verl_compat.bash.builtins import (
     _BASH_BUILTINS,
     _RUNNERS,
     _SHELLS,
-    _Builtins,
 )
 from pytest_verl_compat.bash.errors import (
     _MAX_STEPS,
@@ -24,36 +23,46 @@ from pytest_verl_compat.bash.errors import (
     _Budget,
     _Exit,
     _LoopControl,
+    _Return,
 )
+from pytest_verl_compat.bash.launcher import _Launcher
 from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, _LAUNCHER_PYTHONS, LaunchRead
+from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _Capture
 from pytest_verl_compat.bash.words import _Fields
+from pytest_verl_compat.bash.wrappers import find_wrapper
 from pytest_verl_compat.model import Bindings
 
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
 _CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
+# Refusals inside a command substitution that are about the whole read, not about the output.
+_RESOURCE_ERRORS = frozenset({"limit", "nesting"})
 
 
 def read_launch(
     path: str | os.PathLike[str], bindings: Bindings, *, text: str | None = None
 ) -> LaunchRead:
-    """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it."""
+    """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it.
+
+    A script read from its file runs as ``bash /absolute/path``: ``$0`` is that path, so the
+    script-directory idiom (``$(cd "$(dirname "$0")" && pwd)``) names the script's folder
+    whatever folder it is started from. Given as ``text``, ``$0`` is ``path`` as given.
+    """
     label, data = _load(path, text)
-    return _read(label, data, bindings)
+    return _read(label, data, bindings, label if text is not None else os.path.abspath(label))
 
 
 def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
     """Read a script given as text; ``path`` only labels error messages and ``$0``."""
     label, data = _load(path, text)
-    return _read(label, data, bindings)
+    return _read(label, data, bindings, label)
 
 
-def _read(label: str, data: bytes, bindings: Bindings) -> LaunchRead:
+def _read(label: str, data: bytes, bindings: Bindings, script: str) -> LaunchRead:
     """Parse and interpret; every failure surfaces as a LaunchReadError."""
     tree = _parse(label, data)
     try:
-        return _Interpreter(label, data, bindings).run(tree)
+        return _Interpreter(label, data, bindings, script).run(tree)
     except LaunchReadError:
         raise
     except RecursionError:
@@ -66,7 +75,7 @@ def _read(label: str, data: bytes, bindings: Bindings) -> LaunchRead:
         ) from None
 
 
-class _Interpreter(_Builtins):
+class _Interpreter(_Launcher):
     """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
 
     # ---------------------------------------------------------------- top level
@@ -140,10 +149,41 @@ class _Interpreter(_Builtins):
         with self.forked():
             try:
                 return body()
-            except _Exit as done:
+            except (_Exit, _Return) as done:
                 return done.status
             except _LoopControl:
                 return 0
+
+    def evaluate_substitution(self, part: Node) -> str | None:
+        """What ``$(...)`` prints, evaluated in a subshell; None when only running it would tell.
+
+        A refusal inside the body (a construct this reader does not model) also leaves the
+        output unknown: the substitution is then the run-time value it always was, refused
+        only where its text decides something.
+        """
+        saved = (self.capture, self.stdout_captured, self.stderr_captured, self.launch)
+        capture = _Capture()
+        self.capture, self.stdout_captured, self.stderr_captured = capture, True, False
+        try:
+            with self.forked():
+                # bash does not apply set -e inside a substitution (no inherit_errexit).
+                self.sh.options.discard("errexit")
+                try:
+                    status = self.stmts(part.get("Stmts") or [], exempt=False)
+                except (_Exit, _Return) as done:
+                    status = done.status
+                except _LoopControl:
+                    status = 0
+        except LaunchReadError as exc:
+            if exc.construct in _RESOURCE_ERRORS:
+                raise
+            return None
+        finally:
+            self.capture, self.stdout_captured, self.stderr_captured, self.launch = saved
+        if capture.unknown is not None:
+            return None
+        self.substitution_status = status
+        return "".join(capture.pieces).rstrip("\n")
 
     # ---------------------------------------------------------------- commands
 
@@ -161,6 +201,11 @@ class _Interpreter(_Builtins):
                 # The input could reach a launcher inside the compound command.
                 self.fail(_line(redir), "here-document", "input redirected into a compound command")
         self.redirections(redirs, launcher=False)
+        with self.routed(redirs):
+            return self.compound(cmd, str(kind), exempt, line)
+
+    def compound(self, cmd: Node, kind: str, exempt: bool, line: int) -> int:
+        """A command other than a simple command."""
         if kind == "IfClause":
             return self.if_clause(cmd, exempt)
         if kind == "CaseClause":
@@ -178,12 +223,7 @@ class _Interpreter(_Builtins):
             loop = "until" if cmd.get("Until") else "while"
             self.fail(line, f"{loop} loop", "its iteration count cannot be known statically")
         if kind == "FuncDecl":
-            name = (cmd.get("Name") or {}).get("Value", "?")
-            self.fail(
-                line,
-                "function definition",
-                f"`{name}` could shadow any command, including `python3`",
-            )
+            return self.define_function(cmd, line)
         if kind == "ArithmCmd":
             value = self.arith(cmd["X"])
             return self.errexit(0 if value else 1, exempt, line)
@@ -226,13 +266,25 @@ class _Interpreter(_Builtins):
 
         flatten(cmd["X"])
         flatten(cmd["Y"])
-        # Every element of a pipeline runs in its own subshell (lastpipe is off in scripts).
-        statuses = [self.subshell(lambda s=part: self.stmt(s, exempt)) for part in parts]  # type: ignore[misc]
+        # Every element of a pipeline runs in its own subshell (lastpipe is off in scripts);
+        # only the last one writes where the pipeline's output goes.
+        statuses = [self.piped(part, exempt, op == "|&") for part in parts[:-1]]
+        statuses.append(self.subshell(lambda: self.stmt(parts[-1], exempt)))
         if "pipefail" in self.sh.options:
             status = next((s for s in reversed(statuses) if s), 0)
         else:
             status = statuses[-1]
         return self.errexit(status, exempt, line)
+
+    def piped(self, stmt: Node, exempt: bool, with_errors: bool) -> int:
+        """A pipeline element whose output goes to the next one."""
+        saved = (self.stdout_captured, self.stderr_captured)
+        self.stdout_captured = False
+        self.stderr_captured = self.stderr_captured and not with_errors
+        try:
+            return self.subshell(lambda: self.stmt(stmt, exempt))
+        finally:
+            self.stdout_captured, self.stderr_captured = saved
 
     def if_clause(self, cmd: Node, exempt: bool) -> int:
         """``if``/``elif``/``else``; conditions run with set -e ignored."""
@@ -302,16 +354,19 @@ class _Interpreter(_Builtins):
     # ---------------------------------------------------------------- simple commands
 
     def call(self, cmd: Node, redirs: list[Node], exempt: bool) -> int:
-        """A simple command: assignments, the launcher, modelled builtins, or a skipped command."""
+        """A simple command: assignments, a function, the launcher (perhaps wrapped), a
+        modelled builtin or program, or a skipped command."""
         line = _line(cmd)
         assigns = cmd.get("Assigns") or []
+        self.substitution_status = 0
         argv, uncertain = self.fields_split(cmd.get("Args") or [])
         if not argv:
-            # Assignment-only (or empty after expansion): the assignments persist.
+            # Assignment-only (or empty after expansion): the assignments persist, and the
+            # status is the last command substitution's.
             for assign in assigns:
                 self.assign(assign)
             self.redirections(redirs, launcher=False)
-            return 0
+            return self.errexit(self.substitution_status, exempt, line)
         # Prefix assignments only reach the command's environment.
         temporary: dict[str, str] = {}
         for assign in assigns:
@@ -324,90 +379,54 @@ class _Interpreter(_Builtins):
                 value = (current or "") + value
             temporary[name] = value
         self.check_command(argv, uncertain, line)
-        if self.is_launcher(argv):
-            for word in [*argv, uncertain or ""]:
-                self.need(word, line, "reaches the launcher's argv")
-            changed = line if "PATH" in temporary else self.sh.path_changed
-            if changed is not None:
-                # bash looks `python3` up in the changed PATH: it could be any program.
-                self.fail(
-                    changed,
-                    "PATH change",
-                    f"PATH is changed before the launcher on line {line}, so `{argv[0]}` may "
-                    "not be Python",
-                )
+        if argv[0] in self.sh.functions:
+            self.redirections(redirs, launcher=False)
+            with self.routed(redirs):
+                status = self.call_function(argv, temporary, exempt, line)
+            return self.errexit(status, exempt, line)
+        words, uses = self.unwrap_launchers(argv, uncertain, line)
+        hydra_argv = self.launcher_argv(words, line)
+        if hydra_argv is not None:
+            self.need(uncertain or "", line, "reaches the launcher's argv")
             with self.forked():
                 self.redirections(redirs, launcher=True)
-            env = self.environment()
-            env.update(temporary)
-            known, runtime = self.split_runtime(env)
-            self.launch = LaunchRead(tuple(argv[3:]), line, known, runtime)
+            self.record_launch(words[0], hydra_argv, line, temporary, uses)
             return 0
-        if argv[0] in _BASH_BUILTINS:
+        if argv[0] in _BASH_BUILTINS and not uses:
             self.redirections(redirs, launcher=False)
         else:
             with self.forked():
                 self.redirections(redirs, launcher=False)
-        status = self.builtin(argv, line)
+        with self.routed(redirs):
+            if uses:
+                # A wrapper runs a program, never a builtin or a function of this shell.
+                status = self.external(words, line, uses[-1].wrapper.name)
+            else:
+                status = self.builtin(argv, line)
         return self.errexit(status, exempt, line)
 
     def check_command(self, argv: list[str], uncertain: str | None, line: int) -> None:
         """Refuse run-time values that decide which program runs, or what a builtin does.
 
         Other programs are skipped, so their arguments may hold run-time values (``mkdir -p
-        "$PWD/logs"``); but one that runs its arguments as a command (``nohup``, ``env``) could
-        turn out to run the launcher, and so could Python if its first two arguments were not
-        known (``python3 prepare.py --dir "$PWD"`` is fine: a run-time value always leaves a
-        field, so a known ``argv[1:3]`` is bash's).
+        "$PWD/logs"``); but one that runs its arguments as a command (``sudo``, ``xargs``)
+        could turn out to run the launcher. Wrappers check their own words as they read them,
+        and Python the words that decide whether it is the launcher.
         """
         program = argv[0].rsplit("/", 1)[-1]
         self.need(program, line, "decides which command runs")
+        if argv[0] in self.sh.functions or find_wrapper(argv) is not None:
+            return
         purpose = f"is an argument of `{program}`, which acts on its text,"
         if argv[0] in ("builtin", "command") or program in _CHECKED_PROGRAMS:
             for word in [*argv[1:], uncertain or ""]:
                 self.need(word, line, purpose)
-        elif program in _LAUNCHER_PYTHONS:
-            for word in argv[1:3]:
-                self.need(
-                    word, line, f"is an argument of `{program}` that could make it the launcher,"
-                )
         elif program in ("test", "["):
             # `test` decides what it can (a value certainly non-empty), but not a word count.
             self.need(uncertain or "", line, purpose)
         elif program == "printf" and len(argv) > 1:
             # Only `printf -v NAME` changes the shell; the format and arguments just print.
             self.need(argv[1] if uncertain is None else uncertain, line, purpose)
-
-    @staticmethod
-    def is_launcher(argv: list[str]) -> bool:
-        """Whether the expanded words start ``python3 -m verl.trainer.main_ppo``."""
-        return (
-            len(argv) >= 3
-            and argv[0] in _LAUNCHER_PYTHONS
-            and argv[1] == "-m"
-            and argv[2] == _LAUNCHER_MODULE
-        )
-
-    def environment(self) -> dict[str, str]:
-        """The exported scalar variables (bash does not export arrays)."""
-        env: dict[str, str] = {}
-        for name in self.sh.exported:
-            value = self.sh.vars.get(name)
-            if isinstance(value, str):
-                env[name] = value
-        return env
-
-    def split_runtime(self, env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-        """The environment's known values, and where each run-time value comes from."""
-        known: dict[str, str] = {}
-        runtime: dict[str, str] = {}
-        for name, value in sorted(env.items()):
-            ids = self.lazy_ids(value)
-            if ids:
-                runtime[name] = self.describe(ids[0])
-            else:
-                known[name] = value
-        return known, runtime
 
     def redirections(self, redirs: list[Node], launcher: bool) -> None:
         """Expand redirection targets (for their side effects and errors); open nothing."""

@@ -26,8 +26,14 @@ if TYPE_CHECKING:
     from pytest_verl_compat.bash.words import _Fields
 
 
-_LAUNCHER_PYTHONS = frozenset({"python3", "python"})
 _LAUNCHER_MODULE = "verl.trainer.main_ppo"
+# The program names that run Python: `python`, `python3`, `python3.11`, by PATH or by a path.
+_PYTHON = re.compile(r"python(3(\.[0-9]+)?)?")
+
+
+def _is_python(word: str) -> bool:
+    """Whether ``word`` names a Python interpreter (``python3``, ``/usr/bin/python3.11``...)."""
+    return _PYTHON.fullmatch(word.rsplit("/", 1)[-1]) is not None
 
 
 # Variables bash itself provides to every script: without a binding their value is unknown, so
@@ -87,7 +93,7 @@ _NEVER_EMPTY = frozenset(
     "SHLVL SRANDOM UID".split()
 )
 _NOT_LAZY = frozenset(
-    "IFS BASH_ALIASES BASH_ARGC BASH_ARGV BASH_CMDS BASH_LINENO BASH_VERSINFO DIRSTACK FUNCNAME "
+    "IFS BASH_ALIASES BASH_ARGC BASH_ARGV BASH_CMDS BASH_LINENO BASH_VERSINFO DIRSTACK "
     "GROUPS PIPESTATUS".split()
 )
 
@@ -152,9 +158,25 @@ class LaunchRead:
     # Exported variables whose value is only known at run time (never needed by the argv): the
     # name and where the value comes from.
     runtime: Mapping[str, str] = field(default_factory=dict)
+    # The launcher's working directory, None when only the running script knows it.
+    cwd: str | None = None
+    # The wrappers the launcher runs under, outermost first (`ray job submit`, `env`, ...).
+    wrappers: tuple[str, ...] = ()
+    # Environments the launcher also receives that no script text shows (the Ray cluster's, the
+    # variables srun sets), each with the wrapper and line it comes from.
+    unseen: tuple[str, ...] = ()
 
 
 Value = str | dict[int, str]
+
+
+class _Capture:
+    """The output of a command substitution being evaluated: known text, or why it is not."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        # What wrote output this reader cannot know (a skipped program), if anything did.
+        self.unknown: str | None = None
 
 
 class _Shell:
@@ -170,6 +192,8 @@ class _Shell:
         status: int = 0,
         path_changed: int | None = None,
         dropped: set[str] | None = None,
+        functions: dict[str, Node] | None = None,
+        cwd: str | None = None,
     ) -> None:
         self.vars = variables
         self.exported = exported
@@ -181,6 +205,10 @@ class _Shell:
         self.path_changed = path_changed
         # Variables bash provides that the script unset: from then on they are ordinary.
         self.dropped = dropped or set()
+        # The functions the script defined: name -> the body statement.
+        self.functions = functions or {}
+        # The working directory as `cd` left it; None: the one the script starts in.
+        self.cwd = cwd
 
     def fork(self) -> _Shell:
         """An independent copy, as a subshell gets."""
@@ -193,6 +221,8 @@ class _Shell:
             self.status,
             self.path_changed,
             set(self.dropped),
+            dict(self.functions),
+            self.cwd,
         )
 
 
@@ -204,8 +234,12 @@ class _State:
     checker only.
     """
 
-    def __init__(self, path: str, data: bytes, bindings: Bindings) -> None:
+    def __init__(
+        self, path: str, data: bytes, bindings: Bindings, script: str | None = None
+    ) -> None:
         self.path = path
+        # `$0` and `${BASH_SOURCE[0]}`: the path bash was given to run.
+        self.script = path if script is None else script
         self.data = data
         self.lazies: list[_Lazy] = []
         self.substitutions = dict(bindings.substitutions)
@@ -220,8 +254,20 @@ class _State:
             set(),
             [str(a) for a in bindings.args],
             {"braceexpand"},
+            cwd=env.get("PWD"),
         )
         self.launch: LaunchRead | None = None
+        # What the innermost command substitution being evaluated has captured (None outside
+        # one), and whether standard output and error lead to it at this point.
+        self.capture: _Capture | None = None
+        self.stdout_captured = False
+        self.stderr_captured = False
+        # The functions being run, innermost last (FUNCNAME without "main"), each with the
+        # variables it made local: name -> (value, exported, readonly) before the call.
+        self.calls: list[str] = []
+        # The status of the last command substitution of the command being run.
+        self.substitution_status = 0
+        self.frames: list[dict[str, tuple[Value | None, bool, bool]]] = []
         self.steps = 0
         self.pattern_steps = 0
         self.work = 0
@@ -323,6 +369,17 @@ class _State:
 
         def ansi_c(self, text: str, line: int) -> str: ...
 
+        # Implemented by _Functions (declarations and `return` are builtins) and by the
+        # interpreter (a command substitution runs statements).
+
+        def make_local(self, name: str, line: int) -> None: ...
+
+        def return_builtin(self, words: list[str], line: int) -> int: ...
+
+        def evaluate_substitution(self, part: Node) -> str | None: ...
+
+        def stmt(self, stmt: Node, exempt: bool) -> int: ...
+
     def charge(self, characters: int) -> None:
         """Count characters produced by expansions against the script's work budget."""
         self.work += characters
@@ -367,8 +424,30 @@ class _State:
 
     # ---------------------------------------------------------------- variables
 
+    def call_array(self, name: str) -> dict[int, str] | None:
+        """``BASH_SOURCE`` and ``FUNCNAME`` as bash keeps them, while the script leaves them be.
+
+        Every function is defined in the script itself, so each frame's source is ``$0``;
+        FUNCNAME is unset outside a function.
+        """
+        if name in self.sh.vars or name in self.sh.dropped:
+            return None
+        if name == "BASH_SOURCE":
+            return dict(enumerate([self.script] * (len(self.calls) + 1)))
+        if name == "FUNCNAME" and self.calls:
+            return dict(enumerate([*reversed(self.calls), "main"]))
+        return None
+
     def lookup(self, name: str, index: int | None, line: int) -> str | None:
         """A variable's value (or one element), or None when unset."""
+        if name in ("BASH_SOURCE", "FUNCNAME") and name not in self.sh.vars:
+            if name in self.sh.dropped:
+                return None
+            frames = self.call_array(name) or {}
+            position = 0 if index is None else index
+            if position < 0:
+                position += len(frames)
+            return frames.get(position)
         provided = name in _BASH_PROVIDED and name not in self.sh.dropped
         lazy = name not in _NOT_LAZY and index in (None, 0)
         if name not in self.sh.vars and provided and lazy:
@@ -392,6 +471,9 @@ class _State:
 
     def elements(self, name: str, line: int) -> list[str] | None:
         """All elements of an array (a scalar is one element), or None when unset."""
+        if name in ("BASH_SOURCE", "FUNCNAME") and name not in self.sh.vars:
+            frames = self.call_array(name)
+            return None if frames is None else [frames[k] for k in sorted(frames)]
         if name not in self.sh.vars and name in _BASH_PROVIDED and name not in self.sh.dropped:
             self.fail(line, "bash variable", f"${name} is set by bash at run time; bind it")
         value = self.sh.vars.get(name)
