@@ -333,7 +333,8 @@ def run_bash_stubbed(
     stubs, out = stub_folder(script.parent.parent)
     for stale in out.iterdir():
         stale.unlink()
-    script.write_bytes(instrument(data, substitutions, stubbed=True).text)
+    # The script's own background jobs (`nohup ... &`) finish before bash exits.
+    script.write_bytes(instrument(data, substitutions, stubbed=True).text + b"\nwait\n")
     path = f"{stubs}:/usr/bin:/bin"
     proc = subprocess.run(
         [

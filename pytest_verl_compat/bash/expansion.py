@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pytest_verl_compat.bash.braces import _brace_expand, _merge_names
-from pytest_verl_compat.bash.errors import _Budget
+from pytest_verl_compat.bash.errors import LaunchReadError, _Budget
 from pytest_verl_compat.bash.parse import Node, _line, _subst_text
 from pytest_verl_compat.bash.patterns import _Patterns
 from pytest_verl_compat.bash.words import (
@@ -260,14 +260,24 @@ class _Expansion(_Patterns):
             output = self.substitution(part)
             (fb.text if quoted else fb.expanded)(output)
         elif kind == "ArithmExp":
-            value = str(self.arith(part["X"]))
-            (fb.text if quoted else fb.expanded)(value)
+            (fb.text if quoted else fb.expanded)(self.arithmetic_expansion(part, line))
         elif kind == "ProcSubst":
             self.fail(line, "process substitution", f"{part.get('Op', '<(')}...) runs a command")
         elif kind == "ExtGlob":
             self.fail(line, "extended glob", "extglob patterns are not supported")
         else:
             self.fail(line, str(kind), "this word part is not supported")
+
+    def arithmetic_expansion(self, part: Node, line: int) -> str:
+        """``$((...))``: its value; a run-time value when one is an operand and the expression
+        assigns nothing (its result is then refused only where it decides something)."""
+        try:
+            return str(self.arith(part["X"]))
+        except LaunchReadError as exc:
+            index = getattr(exc, "runtime_index", None)
+            if index is None or not _assigns_nothing(part["X"]):
+                raise
+            return self.lazy(line, "$((...))", self.lazies[index].binding, False, index)
 
     def substitution(self, part: Node) -> str:
         """A command substitution's output: bound, or its body's as this reader evaluates it.
@@ -588,6 +598,23 @@ class _Expansion(_Patterns):
                 self.fail(line, "parameter expansion", f"substring expression < 0 ({length})")
             return value[offset:end]
         return value[offset : offset + length]
+
+
+# Arithmetic and parameter operators that assign a variable.
+_ASSIGNING = frozenset("= += -= *= /= %= <<= >>= &= |= ^= ++ -- := ".split())
+
+
+def _assigns_nothing(node: object) -> bool:
+    """Whether an arithmetic expression (and every word in it) assigns no variable."""
+    if isinstance(node, list):
+        return all(_assigns_nothing(item) for item in node)
+    if not isinstance(node, dict):
+        return True
+    if node.get("Op") in _ASSIGNING and node.get("Type") in ("BinaryArithm", "UnaryArithm"):
+        return False
+    if node.get("Type") == "ParamExp" and (node.get("Exp") or {}).get("Op") in ("=", ":="):
+        return False
+    return all(_assigns_nothing(value) for value in node.values())
 
 
 def _index_word(index: Node | None) -> str | None:

@@ -102,8 +102,12 @@ class _Launcher(_Functions):
         """Remember the launcher's argv, environment and folder (the last launcher wins)."""
         if self.capture is not None:
             self.fail(line, "launcher", "runs inside a command substitution")
-        changed = line if "PATH" in temporary else self.sh.path_changed
         env = self.environment()
+        # A PATH given its own value again (`env -i PATH="$PATH"`) changes nothing.
+        changed = self.sh.path_changed
+        if temporary.get("PATH", env.get("PATH")) != env.get("PATH"):
+            changed = line
+        current_path = env.get("PATH")
         env.update(temporary)
         cwd = self.sh.cwd
         unseen: list[str] = []
@@ -119,7 +123,7 @@ class _Launcher(_Functions):
                 env = _exported(env, used.export)
             for variable, value in used.assignments:
                 env[variable] = value
-                if variable == "PATH":
+                if variable == "PATH" and value != current_path:
                     changed = line
             for folder in used.folders:
                 cwd = _entered(cwd, folder)

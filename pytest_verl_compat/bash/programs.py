@@ -121,7 +121,7 @@ class _Programs(_Conditions):
         if "P" in options and not self.lazy_ids(folder):
             folder = paths.physical(folder)
         elif "P" in options:
-            folder = self.lazy(line, "`pwd -P`", _CWD_LOST, nonempty=True, cause=self.cause(folder))
+            folder = self.lost(line, "`pwd -P`", self.cause(folder))
         self.write(folder + "\n")
         return 0
 
@@ -134,6 +134,11 @@ class _Programs(_Conditions):
     def cause(self, text: str) -> int | None:
         ids = self.lazy_ids(text)
         return ids[0] if ids else None
+
+    def lost(self, line: int, what: str, cause: int | None) -> str:
+        """A run-time value computed from ``cause``, bound the way its origin is bound."""
+        binding = _CWD_LOST if cause is None else self.lazies[cause].binding
+        return self.lazy(line, what, binding, nonempty=True, cause=cause)
 
     def cd(self, words: list[str], line: int) -> int:
         """``cd [-L|-P] [DIR]``; ``pushd``/``popd`` lose track of the folder."""
@@ -187,7 +192,7 @@ class _Programs(_Conditions):
                 cause = self.cause(base)
             if cause is None and base is None:
                 cause = self.cause(self.variable_lazy("PWD", line))
-            folder = self.lazy(line, f"$PWD after `{name}`", _CWD_LOST, nonempty=True, cause=cause)
+            folder = self.lost(line, f"$PWD after `{name}`", cause)
         self.sh.cwd = folder
         self.sh.vars["PWD"] = folder
 
@@ -236,9 +241,7 @@ class _Programs(_Conditions):
         """``path`` made absolute against the working directory and canonical."""
         absolute = paths.joined(self.working_directory(line), path) if path else path
         if self.lazy_ids(absolute):
-            return self.lazy(
-                line, f"`{program}`", _CWD_LOST, nonempty=True, cause=self.cause(absolute)
-            )
+            return self.lost(line, f"`{program}`", self.cause(absolute))
         return paths.logical(absolute) if lexical else paths.physical(absolute)
 
     def path_function(
@@ -263,7 +266,7 @@ class _Programs(_Conditions):
                 return head + result[len(placeholder) :]
             if placeholder not in result:
                 return result
-        return self.lazy(line, f"`{program}`", _CWD_LOST, nonempty=True, cause=ids[0])
+        return self.lost(line, f"`{program}`", ids[0])
 
 
 _COREUTILS: dict[str, Callable[[_Programs, list[str], int], int]] = {

@@ -329,13 +329,16 @@ class _State:
 
     def need_failed(self, index: int, line: int | None, purpose: str) -> NoReturn:
         """The one-line error for a run-time value needed at ``line``."""
-        raise LaunchReadError(
+        error = LaunchReadError(
             self.path,
             line or None,
             "run-time value",
             f"{self.describe(index)} {purpose} on line {line}, but is only known when the "
             f"script runs; {self.lazies[index].binding}",
         )
+        # Which value it was, for an expansion that can carry it on instead ($((...))).
+        error.runtime_index = index  # type: ignore[attr-defined]
+        raise error
 
     def nonempty(self, text: str) -> bool | None:
         """Whether ``text`` is non-empty, None when that is only known at run time."""

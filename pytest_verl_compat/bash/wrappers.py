@@ -281,9 +281,11 @@ def parse(wrapper: Wrapper, words: list[str], need: Need) -> Wrapped | None:
     result = Wrapped(wrapper, [])
     operands: list[str] = []
     index = 0
+    purpose = f"may be an option of `{wrapper.name}`, which decides where its command starts,"
     while index < len(rest):
         word = rest[index]
-        need(word, f"may be an option of `{wrapper.name}`, which decides where its command starts,")
+        # Only the option's name decides: `--working-dir=<run-time value>` is still read.
+        need(word.partition("=")[0] if word.startswith("--") else word[:2], purpose)
         if word == "--":
             operands.extend(rest[index + 1 :])
             break
@@ -345,6 +347,7 @@ def _read_option(
     # A cluster of short options: each letter a flag, until one that takes a value.
     position = 1
     while position < len(word):
+        need(word[: position + 1], f"may be an option of `{wrapper.name}`,")
         name = "-" + word[position]
         option = _short_option(wrapper, name)
         position += 1
