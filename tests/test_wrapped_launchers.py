@@ -529,3 +529,38 @@ def test_cli_read_resolves_the_script_directory(tmp_path: Path) -> None:
     )
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout.splitlines() == [f"data.train_files={scripts}/train.parquet"]
+
+
+# --------------------------------------------------------------------------- environment
+
+ENV_SCRIPTS = {
+    "export": ("export RUN=exported\nLAUNCH trainer.project_name='${oc.env:RUN}'\n", "exported"),
+    "env": (
+        "export RUN=outer\nenv RUN=inner LAUNCH trainer.project_name='${oc.env:RUN}'\n",
+        "inner",
+    ),
+    "ray-runtime-env": (
+        'export RUN=local\nray job submit --runtime-env-json=\'{"env_vars": {"RUN": "job"}}\' '
+        "-- LAUNCH trainer.project_name='${oc.env:RUN}'\n",
+        "job",
+    ),
+    "default-when-unset": (
+        "env -u HOME LAUNCH trainer.project_name='${oc.env:HOME,nohome}'\n",
+        "nohome",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENV_SCRIPTS))
+def test_oc_env_reads_the_launchers_environment(name: str, tmp_path: Path) -> None:
+    """``${oc.env:NAME}`` answers from what the launcher receives, after its wrappers."""
+    pytest.importorskip("verl")
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+    text, expected = ENV_SCRIPTS[name]
+    script = tmp_path / "run.sh"
+    script.write_text(text.replace("LAUNCH", LAUNCH))
+    session = AuditSession.start(AuditOptions())
+    composition = session.outcome(session.case_for_script(script)).composition
+    assert composition.composed, composition.reason
+    assert composition.mapping["trainer"]["project_name"] == expected

@@ -16,7 +16,12 @@ from typing import Any
 
 import yaml
 
-from pytest_verl_compat.bash import LaunchReadError, command_substitutions, read_launch
+from pytest_verl_compat.bash import (
+    LaunchRead,
+    LaunchReadError,
+    command_substitutions,
+    read_launch,
+)
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.manifest import default_manifest_path
 from pytest_verl_compat.pipeline.pins import sha256_file
@@ -86,20 +91,41 @@ def _needed_substitutions(
 ) -> set[str]:
     """The substitutions whose output the script's read depends on.
 
-    A substitution left unbound is a run-time value the reader carries along; only one whose
-    output reaches the argv (or decides a branch) changes the read. So each is dropped in turn
-    and kept when the read differs without it.
+    A substitution left unbound is evaluated by the reader (the script-directory idiom) or is a
+    run-time value it carries along; only a run-time value whose output reaches the argv (or
+    decides a branch, or is exported) changes the read. So each is dropped in turn and kept
+    when the read differs without it, unless the reader then knows its output itself.
     """
 
-    def outcome(bound: set[str]) -> object:
+    def outcome(bound: set[str]) -> LaunchRead | str:
         values = {text: known.get(text, PLACEHOLDER) for text in bound}
         try:
             return read_launch(script, Bindings(variables={"HOME": home}, substitutions=values))
         except LaunchReadError as exc:
             return str(exc)
 
-    every = outcome(texts)
-    return {text for text in texts if outcome(texts - {text}) != every}
+    def evaluated(read: LaunchRead | str, text: str) -> bool:
+        # Unbound but read: the reader computed its output, unless it is carried as a run-time
+        # value into the launcher's environment.
+        shown = (f"$({text})", f"`{text}`")
+        return isinstance(read, LaunchRead) and not any(
+            form in origin for origin in read.runtime.values() for form in shown
+        )
+
+    # Dropped one at a time until none can go: an idiom built on another (ROOT from HERE) is
+    # only evaluated once the one it uses is.
+    needed = set(texts)
+    changed = True
+    while changed:
+        changed = False
+        every = outcome(needed)
+        for text in sorted(needed):
+            without = outcome(needed - {text})
+            if without == every or evaluated(without, text):
+                needed.discard(text)
+                changed = True
+                break
+    return needed
 
 
 def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:

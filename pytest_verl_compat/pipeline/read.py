@@ -48,11 +48,13 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
         raise PinMismatch("; ".join(check.message() for check in bad))
     fields: list[str] = []
     line = None
+    variables = None
     if case.launch is not None:
         read = read_launch(root / case.launch, case.bindings)
         fields.extend(read.argv)
         line = read.line
+        variables = dict(read.exported)
     for block in case.override_blocks:
         fields.extend(override_block(root, block))
     fields.extend(case.overrides)
-    return ExplicitFields(tuple(fields), line)
+    return ExplicitFields(tuple(fields), line, variables)

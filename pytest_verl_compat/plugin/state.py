@@ -84,7 +84,7 @@ class AuditState:
             return
         trusted = self.trusted(cache)
         if isinstance(trusted, TrustedCompositions):
-            trusted.prefetch(outcome.fields.fields, case.bindings.variables)
+            trusted.prefetch(outcome.fields.fields, outcome.fields.environment(case.bindings))
         self.verdicts.prefetch(case, cache)
 
     def close(self) -> None:
