@@ -490,6 +490,45 @@ def test_the_same_refusals_hold_inside_a_function() -> None:
     assert (err.construct, err.line) == ("run-time value", 1)
 
 
+# --------------------------------------------------------------------------- more habits
+
+HABITS = {
+    "while-counter": (
+        "i=0\nwhile [ $i -lt 5 ]; do i=$((i+1)); [ $i -eq 3 ] && continue; X=$X$i; done\n"
+        "LAUNCH x=$X i=$i\n"
+    ),
+    "until-ready": "until command -v ray >/dev/null; do sleep 1; done\nLAUNCH a=1\n",
+    "while-break": "n=0\nwhile :; do n=$((n+1)); if ((n > 3)); then break; fi; done\nLAUNCH n=$n\n",
+    "signal-trap": "trap 'echo interrupted >&2; exit 130' INT TERM\ntrap - INT\nLAUNCH a=1\n",
+    "list-slices": (
+        'set -- a b "c d" e\nA=([0]=x [3]=y [4]=z)\n'
+        'LAUNCH "${@:2}" "${@:0:1}" "${@: -2:1}" ${A[@]:1} "${A[@]: -2}" "${*:2:2}"\n'
+    ),
+    "shift-style-args": 'f() { LAUNCH first=$1 "${@:2}"; }\nf a b "c d"\n',
+}
+
+
+@needs_bash
+@pytest.mark.parametrize("name", sorted(HABITS))
+def test_other_habits_of_user_scripts_read_as_bash_runs_them(name: str, tmp_path: Path) -> None:
+    same_as_bash(HABITS[name], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("script", "construct"),
+    [
+        ("while true; do :; done\nLAUNCH a=1\n", "while loop"),
+        ("until false; do sleep 1; done\nLAUNCH a=1\n", "until loop"),
+        ("while [ -f /tmp/lock ]; do sleep 1; done\nLAUNCH a=1\n", "test -f"),
+        ("trap 'rm -rf /tmp/x' EXIT\nLAUNCH a=1\n", "trap"),
+        ("trap cleanup ERR INT\nLAUNCH a=1\n", "trap"),
+    ],
+)
+def test_a_loop_without_end_or_an_exit_trap_stays_refused(script: str, construct: str) -> None:
+    err = refused(script)
+    assert (err.construct, err.line) == (construct, 1)
+
+
 # --------------------------------------------------------------------------- user scripts
 
 # Scripts in the styles of verl 0.7/0.8 recipes and users' own folders (none a copy of an

@@ -139,6 +139,8 @@ class _Builtins(_Programs):
             if len(words) > 1:
                 self.fail(line, f"{prefix}exec", "replaces the shell with another program")
             return 0
+        if name == "trap" and self.signal_trap(words):
+            return 0
         if name in _REJECTED_BUILTINS:
             construct, detail = _REJECTED_BUILTINS[name]
             self.fail(line, f"{prefix}{construct}", detail)
@@ -152,6 +154,21 @@ class _Builtins(_Programs):
         if status is not None:
             return status
         return self.external(words, line, argv[0])
+
+    def signal_trap(self, words: list[str]) -> bool:
+        """Whether a ``trap`` only handles signals: a run the audit follows gets none, so the
+        handler never runs. Code for EXIT, ERR, DEBUG or RETURN runs in every run: refused."""
+        if words[1:2] == ["--"]:
+            words = words[1:]
+        if len(words) < 2 or (words[1].startswith("-") and words[1] != "-"):
+            self.write_unknown("`trap`")  # it lists the traps
+            return True
+        action, signals = words[1], words[2:]
+        if not signals:
+            return False
+        synchronous = {"EXIT", "0", "ERR", "DEBUG", "RETURN"}
+        named = {signal.upper().removeprefix("SIG") for signal in signals}
+        return action in ("", "-") or not named & synchronous
 
     def external(self, words: list[str], line: int, shown: str) -> int:
         """A program this reader skips (as if it succeeded), unless it could run the launcher

@@ -401,9 +401,11 @@ class _Expansion(_Patterns):
             emit(str(len(value)))
             return
         if is_list:
-            if pe.get("Slice") or pe.get("Repl"):
-                self.fail(line, "parameter expansion", f"slicing or replacing the list {name}")
-            if name in ("@", "*"):
+            if pe.get("Repl") or (pe.get("Slice") and pe.get("Exp")):
+                self.fail(line, "parameter expansion", f"replacing in the list {name}")
+            if pe.get("Slice"):
+                values = self.list_slice(name, pe["Slice"], line)
+            elif name in ("@", "*"):
                 values = list(self.sh.positional)
             else:
                 # bash 5.2 lets "${A[@]}" expand to nothing under set -u, like "$@".
@@ -503,6 +505,33 @@ class _Expansion(_Patterns):
         elif pe.get("Repl") is not None:
             value = self.replace(value, pe["Repl"], line, f"${{{name}/...}}")
         emit(value)
+
+    def list_slice(self, name: str, spec: Node, line: int) -> list[str]:
+        """``${@:offset:length}`` (position 0 is ``$0``) and ``${A[@]:offset:length}`` (from
+        the first element whose index is at least ``offset``)."""
+        offset = self.arith(spec["Offset"]) if spec.get("Offset") is not None else 0
+        length = self.arith(spec["Length"]) if spec.get("Length") is not None else None
+        if name in ("@", "*"):
+            indexed = dict(enumerate([self.script, *self.sh.positional]))
+        else:
+            value = self.sh.vars.get(name)
+            if isinstance(value, str):
+                indexed = {0: value}
+            elif isinstance(value, dict):
+                indexed = dict(value)
+            else:
+                indexed = dict(enumerate(self.elements(name, line) or []))
+        top = max(indexed) + 1 if indexed else 0
+        if offset < 0:
+            offset += top
+            if offset < 0:
+                return []
+        values = [indexed[k] for k in sorted(indexed) if k >= offset]
+        if length is None:
+            return values
+        if length < 0:
+            self.fail(line, "parameter expansion", f"{length}: substring expression < 0")
+        return values[:length]
 
     def emit_list(self, values: list[str], fb: _Fields, quoted: bool, star: bool) -> None:
         """Emit ``$@``/``$*``/``${A[@]}``/``${A[*]}`` with bash's field rules."""

@@ -35,6 +35,8 @@ from pytest_verl_compat.model import Bindings
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
 _CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
+# A `while` loop still running after this many rounds is not one to follow.
+_MAX_ITERATIONS = 10_000
 # Refusals inside a command substitution that are about the whole read, not about the output.
 _RESOURCE_ERRORS = frozenset({"limit", "nesting"})
 
@@ -220,8 +222,7 @@ class _Interpreter(_Launcher):
         if kind == "ForClause":
             return self.for_clause(cmd, exempt)
         if kind == "WhileClause":
-            loop = "until" if cmd.get("Until") else "while"
-            self.fail(line, f"{loop} loop", "its iteration count cannot be known statically")
+            return self.while_clause(cmd, exempt, line)
         if kind == "FuncDecl":
             return self.define_function(cmd, line)
         if kind == "ArithmCmd":
@@ -339,6 +340,38 @@ class _Interpreter(_Launcher):
         try:
             for item in items:
                 self.set_scalar(name, item, line)
+                try:
+                    status = self.stmts(cmd.get("Do") or [], exempt)
+                except _LoopControl as ctl:
+                    if ctl.levels > 1:
+                        ctl.levels -= 1
+                        raise
+                    if ctl.kind == "break":
+                        break
+        finally:
+            self.loop_depth -= 1
+        return status
+
+    def while_clause(self, cmd: Node, exempt: bool, line: int) -> int:
+        """``while``/``until``: run while the condition says so, as bash would.
+
+        The condition is evaluated like any command (a skipped program succeeds, so `until
+        ray status; do sleep 5; done` ends at once); a loop still running after
+        ``_MAX_ITERATIONS`` rounds is refused rather than followed.
+        """
+        loop = "until" if cmd.get("Until") else "while"
+        status = 0
+        rounds = 0
+        self.loop_depth += 1
+        try:
+            while (self.stmts(cmd.get("Cond") or [], exempt=True) == 0) != (loop == "until"):
+                rounds += 1
+                if rounds > _MAX_ITERATIONS:
+                    self.fail(
+                        line,
+                        f"{loop} loop",
+                        f"it does not end within {_MAX_ITERATIONS} rounds with what is known",
+                    )
                 try:
                     status = self.stmts(cmd.get("Do") or [], exempt)
                 except _LoopControl as ctl:
