@@ -762,7 +762,7 @@ def test_exit_before_launcher(script: str, status: int, tmp_path: Path) -> None:
         ("if false; then LAUNCH; fi\n", "no launcher", None),
         ("if then\n", "syntax error", 1),
         ('X=1\nLAUNCH "unterminated\n', "syntax error", 2),
-        ("for ((i=0; i<3; i++)); do :; done\n", "for ((...)) loop", 1),
+        ("for ((i=0; ; i++)); do :; done\n", "for ((...)) loop", 1),
         ("until false; do :; done\n", "until loop", 1),
         ("LAUNCH $PWD\n", "run-time value", 1),
         ("LAUNCH ${BASH_ARGV[0]}\n", "bash variable", 1),

@@ -498,6 +498,9 @@ HABITS = {
         "LAUNCH x=$X i=$i\n"
     ),
     "until-ready": "until command -v ray >/dev/null; do sleep 1; done\nLAUNCH a=1\n",
+    "c-style-for": (
+        'for ((i = 0, j = 10; i < 4; i++, j -= 2)); do S+="$i:$j "; done\nLAUNCH "s=$S" i=$i\n'
+    ),
     "while-break": "n=0\nwhile :; do n=$((n+1)); if ((n > 3)); then break; fi; done\nLAUNCH n=$n\n",
     "signal-trap": "trap 'echo interrupted >&2; exit 130' INT TERM\ntrap - INT\nLAUNCH a=1\n",
     "list-slices": (
@@ -603,3 +606,24 @@ def test_oc_env_reads_the_launchers_environment(name: str, tmp_path: Path) -> No
     composition = session.outcome(session.case_for_script(script)).composition
     assert composition.composed, composition.reason
     assert composition.mapping["trainer"]["project_name"] == expected
+
+
+@pytest.mark.parametrize(
+    ("script", "line", "entry"),
+    [
+        (
+            "ray job submit -- python3 -m recipe.dapo.main_dapo a=1\n",
+            1,
+            "python3 -m recipe.dapo.main_dapo",
+        ),
+        (
+            "X=1\ntorchrun --nproc_per_node=8 -m verl.trainer.sft_trainer a=1\n",
+            2,
+            "torchrun -m verl.trainer.sft_trainer",
+        ),
+    ],
+)
+def test_another_entry_point_is_named_with_its_line(script: str, line: int, entry: str) -> None:
+    err = refused(script)
+    assert (err.construct, err.line) == ("no launcher", line)
+    assert f"line {line} runs `{entry}`, another entry point" in err.detail

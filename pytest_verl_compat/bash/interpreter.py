@@ -35,7 +35,7 @@ from pytest_verl_compat.model import Bindings
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
 _CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
-# A `while` loop still running after this many rounds is not one to follow.
+# A loop still running after this many rounds is not one to follow.
 _MAX_ITERATIONS = 10_000
 # Refusals inside a command substitution that are about the whole read, not about the output.
 _RESOURCE_ERRORS = frozenset({"limit", "nesting"})
@@ -94,10 +94,12 @@ class _Interpreter(_Launcher):
         except _Budget as exc:
             self.fail(self.line, "limit", str(exc))
         if self.launch is None:
+            where, other = self.other_entry or (None, "")
             self.fail(
-                None,
+                where,
                 "no launcher",
-                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings",
+                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings"
+                + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
         return self.launch
 
@@ -323,53 +325,66 @@ class _Interpreter(_Launcher):
         return status
 
     def for_clause(self, cmd: Node, exempt: bool) -> int:
-        """``for NAME in WORDS``: the word list bounds the iterations."""
+        """``for NAME in WORDS`` (the word list bounds the rounds) and ``for ((...))``."""
         line = _line(cmd)
         loop = cmd.get("Loop") or {}
         if cmd.get("Select"):
             self.fail(line, "select loop", "reads its choice from input at run time")
-        if loop.get("Type") != "WordIter":
-            self.fail(line, "for ((...)) loop", "its iteration count cannot be known statically")
+        if loop.get("Type") == "CStyleLoop":
+            if loop.get("Init") is not None:
+                self.arith(loop["Init"])
+            first = [True]
+
+            def more() -> bool:
+                if not first[0] and loop.get("Post") is not None:
+                    self.arith(loop["Post"])
+                first[0] = False
+                return loop.get("Cond") is None or self.arith(loop["Cond"]) != 0
+
+            return self.loop(cmd, exempt, line, "for ((...)) loop", more)
         name = loop["Name"]["Value"]
         if "InPos" in loop:
-            items = self.fields(loop.get("Items") or [], use="iterations the loop makes")
+            items = iter(self.fields(loop.get("Items") or [], use="iterations the loop makes"))
         else:
-            items = list(self.sh.positional)
-        status = 0
-        self.loop_depth += 1
-        try:
-            for item in items:
+            items = iter(list(self.sh.positional))
+
+        def next_item() -> bool:
+            item = next(items, None)
+            if item is not None:
                 self.set_scalar(name, item, line)
-                try:
-                    status = self.stmts(cmd.get("Do") or [], exempt)
-                except _LoopControl as ctl:
-                    if ctl.levels > 1:
-                        ctl.levels -= 1
-                        raise
-                    if ctl.kind == "break":
-                        break
-        finally:
-            self.loop_depth -= 1
-        return status
+            return item is not None
+
+        # The word list bounds the rounds: no cap.
+        return self.loop(cmd, exempt, line, "", next_item)
 
     def while_clause(self, cmd: Node, exempt: bool, line: int) -> int:
         """``while``/``until``: run while the condition says so, as bash would.
 
         The condition is evaluated like any command (a skipped program succeeds, so `until
-        ray status; do sleep 5; done` ends at once); a loop still running after
-        ``_MAX_ITERATIONS`` rounds is refused rather than followed.
+        ray status; do sleep 5; done` ends at once).
         """
-        loop = "until" if cmd.get("Until") else "while"
+        until = bool(cmd.get("Until"))
+
+        def more() -> bool:
+            return (self.stmts(cmd.get("Cond") or [], exempt=True) == 0) != until
+
+        return self.loop(cmd, exempt, line, "until loop" if until else "while loop", more)
+
+    def loop(
+        self, cmd: Node, exempt: bool, line: int, construct: str, more: Callable[[], bool]
+    ) -> int:
+        """Run the body while ``more()`` says so; a loop with a ``construct`` still running
+        after ``_MAX_ITERATIONS`` rounds is refused rather than followed."""
         status = 0
         rounds = 0
         self.loop_depth += 1
         try:
-            while (self.stmts(cmd.get("Cond") or [], exempt=True) == 0) != (loop == "until"):
+            while more():
                 rounds += 1
-                if rounds > _MAX_ITERATIONS:
+                if construct and rounds > _MAX_ITERATIONS:
                     self.fail(
                         line,
-                        f"{loop} loop",
+                        construct,
                         f"it does not end within {_MAX_ITERATIONS} rounds with what is known",
                     )
                 try:
@@ -425,6 +440,7 @@ class _Interpreter(_Launcher):
                 self.redirections(redirs, launcher=True)
             self.record_launch(words[0], hydra_argv, line, temporary, uses)
             return 0
+        self.note_entry(words, line)
         if argv[0] in _BASH_BUILTINS and not uses:
             self.redirections(redirs, launcher=False)
         else:

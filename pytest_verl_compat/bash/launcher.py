@@ -55,10 +55,20 @@ class _Launcher(_Functions):
                     value = words[index]
                     self.need(value, line, purpose)
                 if letter == "m":
-                    return words[index + 1 :] if value == _LAUNCHER_MODULE else None
+                    if value == _LAUNCHER_MODULE:
+                        return words[index + 1 :]
+                    self.other_entry = (line, f"{words[0]} -m {value}")
+                    return None
                 break
             index += 1
         return None
+
+    def note_entry(self, words: list[str], line: int) -> None:
+        """Remember a ``torchrun ... -m MODULE``: the entry point a script runs instead."""
+        if words and words[0].rsplit("/", 1)[-1] == "torchrun" and "-m" in words[1:-1]:
+            module = words[words.index("-m", 1) + 1]
+            if not self.lazy_ids(module):
+                self.other_entry = (line, f"torchrun -m {module}")
 
     def unwrap_launchers(
         self, argv: list[str], uncertain: str | None, line: int

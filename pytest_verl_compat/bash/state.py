@@ -257,6 +257,8 @@ class _State:
             cwd=env.get("PWD"),
         )
         self.launch: LaunchRead | None = None
+        # The last `python -m OTHER_MODULE` run, named when no launcher is reached.
+        self.other_entry: tuple[int, str] | None = None
         # What the innermost command substitution being evaluated has captured (None outside
         # one), and whether standard output and error lead to it at this point.
         self.capture: _Capture | None = None
