@@ -85,7 +85,9 @@ def main() -> int:
         command = [sys.executable, __file__, "--json"]
         command += [f"--folder={label}={path}" for label, path in folders.items()]
         env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())}
-        theirs = json.loads(subprocess.run(command, env=env, capture_output=True, check=True).stdout)
+        theirs = json.loads(
+            subprocess.run(command, env=env, capture_output=True, check=True).stdout
+        )
     width = max(map(len, ours))
     header = f"{'folder':<{width}}  {'read (this)':>12}"
     print(header + (f"  {'read (baseline)':>16}" if theirs else ""))
