@@ -127,9 +127,9 @@ def test_a_derived_value_names_its_origin() -> None:
 @pytest.mark.parametrize(
     ("script", "line"),
     [
-        ('if [ "$PWD" = /root ]; then :; fi\nLAUNCH\n', 1),
-        ("if [[ $PWD == /root* ]]; then :; fi\nLAUNCH\n", 1),
-        ('D=$(hostname)\nif [ -n "$D" ]; then :; fi\nLAUNCH\n', 2),
+        ('if [ "$PWD" = /root ]; then exit 1; fi\nLAUNCH\n', 1),
+        ("if [[ $PWD == /root* ]]; then X=root; fi\nLAUNCH\n", 1),
+        ('D=$(hostname)\nif [ -n "$D" ]; then LAUNCH a=1; fi\nLAUNCH\n', 2),
         ("D=$(hostname)\n[[ -z $D ]] && exit 1\nLAUNCH\n", 2),
         ('case "$PWD" in /root) exit 1;; esac\nLAUNCH\n', 1),
         ("N=$(nproc)\nLAUNCH trainer.n_gpus_per_node=$((N / 2))\n", 2),

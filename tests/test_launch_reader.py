@@ -766,7 +766,7 @@ def test_exit_before_launcher(script: str, status: int, tmp_path: Path) -> None:
         ("until false; do :; done\n", "until loop", 1),
         ("LAUNCH $PWD\n", "run-time value", 1),
         ("LAUNCH ${BASH_ARGV[0]}\n", "bash variable", 1),
-        ("if [ -f /etc/passwd ]; then :; fi\n", "test -f", 1),
+        ("if [ -f /etc/passwd ]; then X=1; fi\n", "test -f", 1),
         ("[[ x =~ y ]]\n", "[[ =~ ]]", 1),
         ("LAUNCH ${!X}\n", "parameter expansion", 1),
         ("LAUNCH $$\n", "run-time value", 1),

@@ -511,6 +511,53 @@ HABITS = {
 }
 
 
+# A test only the running system decides (a file, a run-time value) that changes nothing: both
+# ways leave the same shell, so the script reads whichever way it goes.
+EITHER_WAY = {
+    "mkdir-if-missing": 'CKPT=$HOME/ckpt\nif [ ! -d "$CKPT" ]; then mkdir -p "$CKPT"; fi\nLAUNCH d=$CKPT\n',
+    "or-preprocess": "[ -f /nonexistent/train.parquet ] || python3 prepare.py >&2\nLAUNCH a=1\n",
+    "and-cleanup": "[[ -e /nonexistent/lock ]] && rm -f /nonexistent/lock\nLAUNCH a=1\n",
+    "elif-chain": (
+        "if [[ -f /etc/hostname && -n $HOME ]]; then echo x >&2; elif [ -d /opt ]; then :; "
+        "else echo y >&2; fi\nLAUNCH a=1\n"
+    ),
+    "same-launch": "if [ -d /opt ]; then LAUNCH a=1; else LAUNCH a=1; fi\n",
+    "run-time-value": 'if [ "$(hostname)" = head ]; then echo "on the head node" >&2; fi\nLAUNCH a=1\n',
+    "in-function": (
+        'prep() {\n  [ -d "$1" ] || mkdir -p "$1"\n  echo "$1/train.parquet"\n}\n'
+        "LAUNCH data.train_files=$(prep $HOME/data)\n"
+    ),
+}
+
+
+@needs_bash
+@pytest.mark.parametrize("name", sorted(EITHER_WAY))
+def test_an_undecidable_test_that_changes_nothing_reads_either_way(
+    name: str, tmp_path: Path
+) -> None:
+    same_as_bash(EITHER_WAY[name], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("script", "construct", "line"),
+    [
+        ("if [ -f /x ]; then X=1; fi\nLAUNCH x=$X\n", "test -f", 1),
+        ("[ -f /x ] || exit 1\nLAUNCH a=1\n", "test -f", 1),
+        ("if [ -d /x ]; then LAUNCH a=1; else LAUNCH a=2; fi\n", "test -d", 1),
+        # The status differs and the next command reads it.
+        ("[ -f /x ] && rm /x\necho $? >&2\nLAUNCH a=1\n", "test -f", 1),
+        # Not a pure test: the condition itself acts.
+        ("if X=1 && [ -f /x ]; then :; fi\nLAUNCH a=1\n", "test -f", 1),
+        ('if [ "$PWD" = /root ]; then cd /; fi\nLAUNCH a=1\n', "run-time value", 1),
+    ],
+)
+def test_an_undecidable_test_whose_ways_differ_stays_refused(
+    script: str, construct: str, line: int
+) -> None:
+    err = refused(script)
+    assert (err.construct, err.line) == (construct, line)
+
+
 @needs_bash
 @pytest.mark.parametrize("name", sorted(HABITS))
 def test_other_habits_of_user_scripts_read_as_bash_runs_them(name: str, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from pytest_verl_compat.bash.branches import _Branches, _observes_status, _Undecided
 from pytest_verl_compat.bash.builtins import (
     _ARGUMENT_BUILTINS,
     _BASH_BUILTINS,
@@ -25,7 +26,6 @@ from pytest_verl_compat.bash.errors import (
     _LoopControl,
     _Return,
 )
-from pytest_verl_compat.bash.launcher import _Launcher
 from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
 from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _Capture
 from pytest_verl_compat.bash.words import _Fields
@@ -77,7 +77,7 @@ def _read(label: str, data: bytes, bindings: Bindings, script: str) -> LaunchRea
         ) from None
 
 
-class _Interpreter(_Launcher):
+class _Interpreter(_Branches):
     """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
 
     # ---------------------------------------------------------------- top level
@@ -106,7 +106,9 @@ class _Interpreter(_Launcher):
     def stmts(self, stmts: list[Node], exempt: bool) -> int:
         """Run a statement list; its status is the last statement's."""
         status = 0
-        for stmt in stmts:
+        for index, stmt in enumerate(stmts):
+            following = stmts[index + 1] if index + 1 < len(stmts) else None
+            self.status_unseen = not _observes_status(following)
             status = self.stmt(stmt, exempt)
         return status
 
@@ -116,6 +118,8 @@ class _Interpreter(_Launcher):
         if self.steps > _MAX_STEPS:
             self.fail(_line(stmt), "limit", "the script runs too many commands")
         self.line = _line(stmt)
+        # Only this statement's own `if`/`&&`/`||` may leave a status nobody reads.
+        self.unseen_here, self.status_unseen = self.status_unseen, False
         cmd = stmt.get("Cmd")
         redirs = stmt.get("Redirs") or []
         if stmt.get("Coprocess"):
@@ -250,7 +254,15 @@ class _Interpreter(_Launcher):
         """``&&``, ``||`` and pipelines."""
         op = cmd.get("Op")
         if op in ("&&", "||"):
-            status = self.stmt(cmd["X"], exempt=True)
+            unseen, self.unseen_here = self.unseen_here, False
+            status = self.condition([cmd["X"]])
+            if isinstance(status, _Undecided):
+                # `[ -d X ] || mkdir -p X`: the test's own status when it skips the other side.
+                run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
+                skip = lambda: 0 if op == "||" else 1  # noqa: E731
+                if op == "&&":
+                    return self.either(run_other, skip, status, unseen)
+                return self.either(skip, run_other, status, unseen)
             if (status == 0) == (op == "&&"):
                 return self.stmt(cmd["Y"], exempt)
             return status
@@ -291,12 +303,22 @@ class _Interpreter(_Launcher):
 
     def if_clause(self, cmd: Node, exempt: bool) -> int:
         """``if``/``elif``/``else``; conditions run with set -e ignored."""
+        unseen, self.unseen_here = self.unseen_here, False
         clause: Node | None = cmd
         while clause is not None:
             cond = clause.get("Cond")
             if not cond:
                 return self.stmts(clause.get("Then") or [], exempt)
-            if self.stmts(cond, exempt=True) == 0:
+            status = self.condition(cond)
+            if isinstance(status, _Undecided):
+                then, rest = clause.get("Then") or [], clause.get("Else")
+                return self.either(
+                    lambda then=then: self.stmts(then, exempt),  # type: ignore[misc]
+                    lambda rest=rest: self.if_clause(rest, exempt) if rest else 0,  # type: ignore[misc]
+                    status,
+                    unseen,
+                )
+            if status == 0:
                 return self.stmts(clause.get("Then") or [], exempt)
             clause = clause.get("Else")
         return 0

@@ -19,6 +19,9 @@ from pytest_verl_compat.bash.parse import Node
 from pytest_verl_compat.bash.printing import echo_output, printf_output
 
 _CWD_LOST = "the folder it enters is only known at run time; name it in the script instead"
+# Programs that write nothing to standard output when they succeed (unless made verbose), so
+# `$(prep)` whose body makes a folder still has a known output.
+_SILENT_PROGRAMS = frozenset("mkdir rmdir rm cp mv ln chmod sleep".split())
 
 
 def _split_options(words: list[str], flags: str) -> tuple[set[str], list[str]] | None:
@@ -102,6 +105,11 @@ class _Programs(_Conditions):
                 self.write_unknown(f"`{program}` after a PATH change")
                 return 0
             return model(self, words, line)
+        if program in _SILENT_PROGRAMS and not any(
+            word == "--verbose" or (word[:1] == "-" and word[1:2] != "-" and "v" in word)
+            for word in words[1:]
+        ):
+            return 0
         return None
 
     def print_text(self, text: str | None, what: str) -> int:

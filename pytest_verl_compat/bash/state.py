@@ -269,6 +269,10 @@ class _State:
         self.calls: list[str] = []
         # The status of the last command substitution of the command being run.
         self.substitution_status = 0
+        # Whether no later command reads the status of the statement about to run, and of the
+        # one running (see branches: an undecidable test whose two ways differ only in status).
+        self.status_unseen = False
+        self.unseen_here = False
         self.frames: list[dict[str, tuple[Value | None, bool, bool]]] = []
         self.steps = 0
         self.pattern_steps = 0
@@ -384,6 +388,8 @@ class _State:
         def evaluate_substitution(self, part: Node) -> str | None: ...
 
         def stmt(self, stmt: Node, exempt: bool) -> int: ...
+
+        def stmts(self, stmts: list[Node], exempt: bool) -> int: ...
 
     def charge(self, characters: int) -> None:
         """Count characters produced by expansions against the script's work budget."""
