@@ -156,7 +156,5 @@ def _pure_statement(stmt: Node) -> bool:
         return _pure_statement(cmd["X"]) and _pure_statement(cmd["Y"])
     if kind == "CallExpr" and not cmd.get("Assigns"):
         parts = ((cmd.get("Args") or [{}])[0].get("Parts")) or []
-        return (
-            len(parts) == 1 and parts[0].get("Type") == "Lit" and parts[0].get("Value") in _TESTS
-        )
+        return len(parts) == 1 and parts[0].get("Type") == "Lit" and parts[0].get("Value") in _TESTS
     return False
