@@ -201,7 +201,8 @@ for k, word in enumerate(args):
 _RAY_STUB = """
 import json, os, shlex, sys
 args = sys.argv[1:]
-assert args[:2] == ["job", "submit"], args
+if args[:2] != ["job", "submit"]:
+    sys.exit(0)  # ray start, stop, status: a cluster that is there
 rest = args[2:]
 split = rest.index("--")
 options, entrypoint = rest[:split], rest[split + 1 :]
@@ -333,8 +334,10 @@ def run_bash_stubbed(
     stubs, out = stub_folder(script.parent.parent)
     for stale in out.iterdir():
         stale.unlink()
-    # The script's own background jobs (`nohup ... &`) finish before bash exits.
-    script.write_bytes(instrument(data, substitutions, stubbed=True).text + b"\nwait\n")
+    # The script's own background jobs (`nohup ... &`) finish before bash exits. Its output
+    # is closed first: a logger fed by `exec > >(tee log)` ends only when it reads the end.
+    tail = b"\nexec >/dev/null 2>&1\nwait\n"
+    script.write_bytes(instrument(data, substitutions, stubbed=True).text + tail)
     path = f"{stubs}:/usr/bin:/bin"
     proc = subprocess.run(
         [

@@ -10,77 +10,20 @@ refused with their line and construct, and never run anything.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from bash_oracle import BASH, ENV, StubbedRun, run_bash_stubbed
 from hostile_canary import make_canary
+from reader_checks import HOME, LAUNCH, layout, needs_bash, refused, same_as_bash
 
-from pytest_verl_compat.bash import LaunchRead, LaunchReadError, paths, read_launch
+from pytest_verl_compat.bash import LaunchReadError, paths, read_launch
 from pytest_verl_compat.bash.wrappers import WRAPPERS
 from pytest_verl_compat.model import Bindings
 
-LAUNCH = "python3 -m verl.trainer.main_ppo"
-HOME = {"HOME": "/home/verl"}
 USER_SCRIPTS = Path(__file__).resolve().parent / "user_scripts"
-needs_bash = pytest.mark.skipif(BASH is None or ENV is None, reason="bash/env not available")
-# Variables the launcher gets from its wrappers (uv, srun) or bash, not from the script's text.
-NOT_COMPARED = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_"})
-
-
-def layout(tmp_path: Path) -> tuple[Path, Path]:
-    """The script's folder (tmp/project/scripts) and the folder bash starts in (tmp/work)."""
-    scripts, work = tmp_path / "project" / "scripts", tmp_path / "work"
-    scripts.mkdir(parents=True, exist_ok=True)
-    work.mkdir(exist_ok=True)
-    return scripts, work
-
-
-def same_as_bash(
-    text: str,
-    tmp_path: Path,
-    env: dict[str, str] | None = None,
-    *,
-    bind_pwd: bool = True,
-    substitutions: dict[str, str] | None = None,
-    args: tuple[str, ...] = (),
-    name: str = "run.sh",
-) -> tuple[LaunchRead, StubbedRun]:
-    """Read ``text`` and run it under bash; the launcher's argv, environment and folder agree."""
-    text = textwrap.dedent(text).replace("LAUNCH", LAUNCH)
-    scripts, work = layout(tmp_path)
-    script = scripts / name
-    variables = {**HOME, **(env or {})}
-    bash = run_bash_stubbed(text.encode(), script, work, variables, substitutions or {}, args)
-    variables["PATH"] = bash.path
-    if bind_pwd:
-        variables["PWD"] = str(work)
-    bindings = Bindings(variables=variables, substitutions=substitutions or {}, args=args)
-    read = read_launch(str(script), bindings, text=text)
-    assert bash.argv is not None, f"bash exited {bash.returncode}: {bash.stderr}"
-    assert read.argv == bash.argv
-    assert bash.exported is not None
-    ours = {k: v for k, v in read.exported.items() if k not in NOT_COMPARED}
-    theirs = {k: v for k, v in bash.exported.items() if k not in NOT_COMPARED}
-    if read.unseen:
-        # The wrapper adds variables of its own (the cluster's, srun's): ours are among them.
-        assert ours.items() <= theirs.items()
-    else:
-        assert ours == theirs
-    if read.cwd is not None:
-        assert read.cwd == bash.cwd
-    return read, bash
-
-
-def refused(text: str, env: dict[str, str] | None = None) -> LaunchReadError:
-    text = textwrap.dedent(text).replace("LAUNCH", LAUNCH)
-    with pytest.raises(LaunchReadError) as caught:
-        read_launch("/work/run.sh", Bindings(variables={**HOME, **(env or {})}), text=text)
-    assert "\n" not in str(caught.value) and "\0" not in str(caught.value)
-    return caught.value
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -570,11 +513,13 @@ def test_other_habits_of_user_scripts_read_as_bash_runs_them(name: str, tmp_path
         ("while true; do :; done\nLAUNCH a=1\n", "while loop"),
         ("until false; do sleep 1; done\nLAUNCH a=1\n", "until loop"),
         ("while [ -f /tmp/lock ]; do sleep 1; done\nLAUNCH a=1\n", "test -f"),
-        ("trap 'rm -rf /tmp/x' EXIT\nLAUNCH a=1\n", "trap"),
-        ("trap cleanup ERR INT\nLAUNCH a=1\n", "trap"),
+        ("trap 'rm -rf /tmp/x' DEBUG\nLAUNCH a=1\n", "trap DEBUG"),
+        ('trap "rm -rf $(mktemp -d)" EXIT\nLAUNCH a=1\n', "run-time value"),
     ],
 )
-def test_a_loop_without_end_or_an_exit_trap_stays_refused(script: str, construct: str) -> None:
+def test_a_loop_without_end_or_a_trap_bash_cannot_be_followed_in_stays_refused(
+    script: str, construct: str
+) -> None:
     err = refused(script)
     assert (err.construct, err.line) == (construct, 1)
 
@@ -582,9 +527,16 @@ def test_a_loop_without_end_or_an_exit_trap_stays_refused(script: str, construct
 # --------------------------------------------------------------------------- user scripts
 
 # Scripts in the styles of verl 0.7/0.8 recipes and users' own folders (none a copy of an
-# upstream file): each reads exactly as bash runs it.
+# upstream file): each reads exactly as bash runs it. The files they source are in lib/.
 USER = sorted(p.name for p in USER_SCRIPTS.glob("*.sh"))
-ARGS = {"ray_runtime_env_json.sh": ("trainer.total_epochs=1",)}
+ARGS = {
+    "ray_runtime_env_json.sh": ("trainer.total_epochs=1",),
+    "getopts_launcher.sh": ("-m", "Qwen/Qwen3-4B", "-ln4", "--", "trainer.val_before_train=False"),
+    "long_options_loop.sh": ("--model=Qwen/Qwen3-4B", "--algo", "rloo", "data.seed=3"),
+    "model_presets_function.sh": ("qwen3_4b", "trainer.total_epochs=2"),
+}
+# Run-time values the script really has: the user who runs it.
+SUBSTITUTIONS = {"gspo_slurm_tee.sh": {"whoami 2>/dev/null || echo user": "verl"}}
 
 
 @needs_bash
@@ -592,7 +544,17 @@ ARGS = {"ray_runtime_env_json.sh": ("trainer.total_epochs=1",)}
 def test_a_user_script_reads_as_bash_runs_it(name: str, tmp_path: Path) -> None:
     text = (USER_SCRIPTS / name).read_text()
     (tmp_path / "project" / "data").mkdir(parents=True)
-    read, _ = same_as_bash(text, tmp_path, name=name, bind_pwd=False, args=ARGS.get(name, ()))
+    shutil.copytree(USER_SCRIPTS / "lib", tmp_path / "project" / "scripts" / "lib")
+    (tmp_path / "home").mkdir()
+    read, _ = same_as_bash(
+        text,
+        tmp_path,
+        {"HOME": str(tmp_path / "home")},
+        name=name,
+        bind_pwd=False,
+        args=ARGS.get(name, ()),
+        substitutions=SUBSTITUTIONS.get(name),
+    )
     assert len(read.argv) >= 4
 
 

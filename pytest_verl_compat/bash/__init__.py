@@ -60,12 +60,14 @@ from __future__ import annotations
 from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
 from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
 from pytest_verl_compat.bash.parse import command_substitutions
+from pytest_verl_compat.bash.sources import SourceScope
 from pytest_verl_compat.bash.state import LaunchRead
 
 __all__ = [
     "LaunchExited",
     "LaunchRead",
     "LaunchReadError",
+    "SourceScope",
     "command_substitutions",
     "read_launch",
     "read_launch_text",

@@ -5,10 +5,13 @@ Builtins whose effect cannot be known statically are rejected here, each with th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pytest_verl_compat.bash.arithmetic import _legal_integer
+from pytest_verl_compat.bash.arrays import Assoc
+from pytest_verl_compat.bash.declarations import _Declarations
 from pytest_verl_compat.bash.errors import _Exit, _LoopControl
-from pytest_verl_compat.bash.parse import Node, _line
-from pytest_verl_compat.bash.programs import _Programs
+from pytest_verl_compat.bash.printing import printf_output
 from pytest_verl_compat.bash.state import (
     _LAUNCHER_MODULE,
     _SET_FLAGS,
@@ -16,6 +19,7 @@ from pytest_verl_compat.bash.state import (
     _SET_HARMLESS_NAMES,
     _SET_NAMED,
 )
+from pytest_verl_compat.bash.stdin import getopt
 from pytest_verl_compat.bash.words import _is_name
 
 _NOT_A_DECLARATION = (
@@ -24,16 +28,9 @@ _NOT_A_DECLARATION = (
 # Builtins whose effect on the shell cannot be reproduced without running something.
 _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
     "eval": ("eval", "evaluates text as code at run time"),
-    "source": ("source", "reads and runs another file; read that file on its own"),
-    ".": ("source", "reads and runs another file; read that file on its own"),
-    "trap": ("trap", "installs code that runs on signals or exit"),
     "alias": ("alias", "aliases can rename any command, including the launcher"),
     "unalias": ("alias", "aliases can rename any command, including the launcher"),
     "enable": ("enable", "can swap builtins for loadable ones"),
-    "read": ("read", "sets variables from input at run time"),
-    "mapfile": ("mapfile", "sets variables from input at run time"),
-    "readarray": ("readarray", "sets variables from input at run time"),
-    "getopts": ("getopts", "sets variables from arguments at run time"),
     "shopt": ("shopt", "changes shell options this reader does not model"),
     "coproc": ("coproc", "runs a command concurrently with the script"),
     "fc": ("fc", "re-runs commands from history"),
@@ -48,8 +45,17 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
 # The builtins whose arguments decide what they do to the shell: those modelled in
 # `_Builtins.builtin` and those it refuses.
 _ARGUMENT_BUILTINS = (
-    frozenset("set shift exit unset break continue exec hash return".split())
+    frozenset(
+        "set shift exit unset break continue exec hash return source . trap read mapfile "
+        "readarray getopts".split()
+    )
     | _REJECTED_BUILTINS.keys()
+)
+# shopt options that change nothing this reader computes: it never globs, aliases and
+# extended globs are refused where used, the rest are interactive.
+_SHOPT_HARMLESS = frozenset(
+    "extglob expand_aliases checkwinsize histappend cmdhist lithist promptvars sourcepath "
+    "progcomp interactive_comments complete_fullquote hostcomplete checkhash".split()
 )
 
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
@@ -95,7 +101,7 @@ _BASH_BUILTINS = frozenset(
 )
 
 
-class _Builtins(_Programs):
+class _Builtins(_Declarations):
     """The modelled builtins, declarations and assignments."""
 
     def builtin(self, argv: list[str], line: int) -> int:
@@ -139,7 +145,10 @@ class _Builtins(_Programs):
             if len(words) > 1:
                 self.fail(line, f"{prefix}exec", "replaces the shell with another program")
             return 0
-        if name == "trap" and self.signal_trap(words):
+        handler = _HANDLERS.get(name)
+        if handler is not None:
+            return handler(self, words, line)
+        if name == "shopt" and self.harmless_shopt(words):
             return 0
         if name in _REJECTED_BUILTINS:
             construct, detail = _REJECTED_BUILTINS[name]
@@ -149,26 +158,37 @@ class _Builtins(_Programs):
                 line, f"{prefix}hash -p", "binds a command name to any file, `python3` included"
             )
         if name == "printf" and len(words) > 1 and words[1].startswith("-v"):
-            self.fail(line, f"{prefix}printf -v", "sets a variable from formatted output")
+            return self.printf_to_variable(words, line)
         status = self.run_program(words, line)
         if status is not None:
             return status
         return self.external(words, line, argv[0])
 
-    def signal_trap(self, words: list[str]) -> bool:
-        """Whether a ``trap`` only handles signals: a run the audit follows gets none, so the
-        handler never runs. Code for EXIT, ERR, DEBUG or RETURN runs in every run: refused."""
-        if words[1:2] == ["--"]:
-            words = words[1:]
-        if len(words) < 2 or (words[1].startswith("-") and words[1] != "-"):
-            self.write_unknown("`trap`")  # it lists the traps
-            return True
-        action, signals = words[1], words[2:]
-        if not signals:
+    def harmless_shopt(self, words: list[str]) -> bool:
+        """``shopt -s|-u NAME...`` of options that change nothing read here."""
+        parsed = getopt(words[1:], "supqo")
+        if isinstance(parsed, str):
             return False
-        synchronous = {"EXIT", "0", "ERR", "DEBUG", "RETURN"}
-        named = {signal.upper().removeprefix("SIG") for signal in signals}
-        return action in ("", "-") or not named & synchronous
+        options, names = parsed
+        flags = {letter for letter, _ in options}
+        if flags & {"p", "q"} or not names:
+            self.write_unknown("`shopt`")
+            return not flags - {"p", "q"}
+        return flags <= {"s", "u"} and all(name in _SHOPT_HARMLESS for name in names)
+
+    def printf_to_variable(self, words: list[str], line: int) -> int:
+        """``printf -v NAME FORMAT [ARGS...]``: the formatted text becomes NAME's value."""
+        name = words[1][2:] or (words[2] if len(words) > 2 else "")
+        rest = words[2:] if words[1][2:] else words[3:]
+        if rest[:1] == ["--"]:
+            rest = rest[1:]
+        if not _is_name(name) or not rest:
+            return 2
+        text = printf_output(rest[0], rest[1:])
+        if text is None:
+            self.fail(line, "printf -v", "a conversion this reader does not model")
+        self.set_scalar(name, text, line)
+        return 0
 
     def external(self, words: list[str], line: int, shown: str) -> int:
         """A program this reader skips (as if it succeeded), unless it could run the launcher
@@ -191,6 +211,7 @@ class _Builtins(_Programs):
                         f"{program} {word.rsplit('/', 1)[-1]}",
                         "runs a child shell whose code this reader cannot see",
                     )
+        self.consumed(name)
         self.write_unknown(f"`{name}`")
         return 0
 
@@ -318,8 +339,11 @@ class _Builtins(_Programs):
             if bracket:
                 if not rest.endswith("]"):
                     self.fail(line, "unset", f"bad array subscript {arg!r}")
-                index = self.arith_text(rest[:-1], line)
                 value = self.sh.vars.get(name)
+                if isinstance(value, Assoc):
+                    value.items.pop(rest[:-1], None)
+                    continue
+                index = self.arith_text(rest[:-1], line)
                 if isinstance(value, dict):
                     value.pop(index, None)
                 elif isinstance(value, str) and index == 0:
@@ -330,131 +354,14 @@ class _Builtins(_Programs):
             self.sh.dropped.add(name)
         return 0
 
-    # ---------------------------------------------------------------- declarations
 
-    def declaration(self, cmd: Node, line: int) -> int:
-        """``export``, ``declare``/``typeset`` and ``readonly`` with the options modelled here."""
-        variant = (cmd.get("Variant") or {}).get("Value", "")
-        if variant == "local" and not self.calls:
-            self.fail(line, "local", "`local` outside a function")
-        allowed = {
-            "export": ("np", ""),
-            "declare": ("axgrp", "x"),
-            "typeset": ("axgrp", "x"),
-            "local": ("axrp", "x"),
-            "readonly": ("pa", ""),
-        }
-        if variant not in allowed:
-            self.fail(line, variant or "declaration", "not supported")
-        on: set[str] = set()
-        off: set[str] = set()
-        assigns: list[Node] = []
-        for arg in cmd.get("Args") or []:
-            if arg.get("Naked") and arg.get("Name") is None:
-                parts = (arg.get("Value") or {}).get("Parts") or []
-                text = parts[0].get("Value", "") if len(parts) == 1 else ""
-                if len(parts) == 1 and parts[0].get("Type") == "Lit" and text[:1] in ("-", "+"):
-                    if text in ("-", "--"):
-                        continue
-                    (on if text[0] == "-" else off).update(text[1:])
-                    continue
-                self.fail(line, variant, "a name or option that is not a literal word")
-            assigns.append(arg)
-        allowed_on, allowed_off = allowed[variant]
-        for flag in sorted(on - set(allowed_on)):
-            self.fail(line, f"{variant} -{flag}", "option not supported")
-        for flag in sorted(off - set(allowed_off)):
-            self.fail(line, f"{variant} +{flag}", "option not supported")
-        if "p" in on or not assigns:
-            if assigns:
-                self.fail(line, f"{variant} -p", "printing with names is not supported")
-            self.write_unknown(f"`{variant}`")  # it lists variables
-            return 0
-        # In a function, `local` and `declare` without -g make each name local to it.
-        local = variant == "local" or (variant in ("declare", "typeset") and self.calls)
-        local = local and "g" not in on
-        export = (variant == "export" and "n" not in on) or "x" in on
-        unexport = (variant == "export" and "n" in on) or "x" in off
-        readonly = variant == "readonly" or "r" in on
-        for assign in assigns:
-            name = assign["Name"]["Value"]
-            if local:
-                self.make_local(name, line)
-            if not assign.get("Naked"):
-                self.assign(assign)
-            if "a" in on:
-                current = self.sh.vars.get(name)
-                if isinstance(current, str):
-                    self.sh.vars[name] = {0: current}
-            if export:
-                self.sh.exported.add(name)
-            if unexport:
-                self.sh.exported.discard(name)
-            if readonly:
-                self.sh.readonly.add(name)
-        return 0
-
-    # ---------------------------------------------------------------- assignments
-
-    def assign(self, assign: Node) -> None:
-        """One assignment word: scalar, ``+=``, ``A=( ... )``, ``A+=( ... )`` or ``A[i]=v``."""
-        line = _line(assign)
-        name = assign["Name"]["Value"]
-        self.check_assignable(name, line)
-        append = bool(assign.get("Append"))
-        current = self.sh.vars.get(name)
-        if assign.get("Array") is not None:
-            if assign.get("Index") is not None:
-                self.fail(line, "assignment", f"{name}[...] cannot be assigned a list")
-            elements = self.array_elements(assign["Array"])
-            if append:
-                base = dict(current) if isinstance(current, dict) else {}
-                if isinstance(current, str):
-                    base[0] = current
-            else:
-                base = {}
-            following = max(base) + 1 if base else 0
-            for index, value in elements:
-                if index is None:
-                    index = following
-                elif index < 0:
-                    index += max(base) + 1 if base else 0
-                    if index < 0:
-                        self.fail(line, "assignment", f"{name}: bad array subscript")
-                base[index] = value
-                following = index + 1
-            self.store(name, base, line)
-            return
-        value = self.string(assign.get("Value"), tilde="assign")
-        if assign.get("Index") is not None:
-            index = self.arith(assign["Index"])
-            array = dict(current) if isinstance(current, dict) else {}
-            if isinstance(current, str):
-                array[0] = current
-            if index < 0:
-                index += max(array) + 1 if array else 0
-                if index < 0:
-                    self.fail(line, "assignment", f"{name}: bad array subscript")
-            array[index] = array.get(index, "") + value if append else value
-            self.store(name, array, line)
-            return
-        if isinstance(current, dict):
-            array = dict(current)
-            array[0] = array.get(0, "") + value if append else value
-            self.store(name, array, line)
-            return
-        self.store(name, (current or "") + value if append else value, line)
-
-    def array_elements(self, array: Node) -> list[tuple[int | None, str]]:
-        """The elements of ``( ... )``: plain words split like arguments, ``[i]=v`` not split."""
-        elements: list[tuple[int | None, str]] = []
-        for elem in array.get("Elems") or []:
-            if elem.get("Index") is not None:
-                index = self.arith(elem["Index"])
-                elements.append((index, self.string(elem.get("Value"), tilde="assign")))
-            elif elem.get("Value") is not None:
-                fields = self.fields(
-                    [elem["Value"]], assignment_words=False, use="elements the array gets"
-                )
-                elements.extend((None, f) for f in fields)
-        return elements
+# Builtins modelled in a layer of their own, by name.
+_HANDLERS: dict[str, Callable[[_Builtins, list[str], int], int]] = {
+    "read": _Builtins.read_builtin,
+    "mapfile": _Builtins.mapfile_builtin,
+    "readarray": _Builtins.mapfile_builtin,
+    "getopts": _Builtins.getopts_builtin,
+    "trap": lambda self, words, line: self.trap_builtin(words, line),
+    "source": lambda self, words, line: self.source_builtin(words, line),
+    ".": lambda self, words, line: self.source_builtin(words, line),
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pytest_verl_compat.bash.arrays import Assoc
 from pytest_verl_compat.bash.braces import _brace_expand, _merge_names
 from pytest_verl_compat.bash.errors import LaunchReadError, _Budget
 from pytest_verl_compat.bash.parse import Node, _line, _subst_text
@@ -63,7 +64,7 @@ class _Expansion(_Patterns):
         """
         # bash gives NAME=... arguments assignment-style tilde expansion, but not the elements
         # of A=( ... ) (``assignment_words=False``).
-        fb = _Fields(split=True)
+        fb = _Fields(split=True, ifs=self.split_characters())
         try:
             for word in words:
                 line = _line(word)
@@ -262,7 +263,8 @@ class _Expansion(_Patterns):
         elif kind == "ArithmExp":
             (fb.text if quoted else fb.expanded)(self.arithmetic_expansion(part, line))
         elif kind == "ProcSubst":
-            self.fail(line, "process substitution", f"{part.get('Op', '<(')}...) runs a command")
+            # One path, never split: bash expands it to a /dev/fd name.
+            fb.text(self.process_substitution(part))
         elif kind == "ExtGlob":
             self.fail(line, "extended glob", "extglob patterns are not supported")
         else:
@@ -363,11 +365,19 @@ class _Expansion(_Patterns):
         """Parameter expansion: ``$X ${X} ${X:-w} ${#X} ${A[@]} ${X#p} ${X/p/r} ${X:o:l}`` ..."""
         line = _line(pe)
         name = pe["Param"].get("Value", "")
-        if pe.get("Excl") or pe.get("Names") or pe.get("Width"):
-            self.fail(line, "parameter expansion", f"indirect expansion ${{!{name}...}}")
-        nounset = "nounset" in self.sh.options
         index_node = pe.get("Index")
         index_word = _index_word(index_node)
+        if pe.get("Names") or pe.get("Width"):
+            self.fail(line, "parameter expansion", f"the variable names ${{!{name}*}}")
+        if pe.get("Excl") and index_word in ("@", "*"):
+            if pe.get("Exp") or pe.get("Slice") or pe.get("Repl") or pe.get("Length"):
+                self.fail(line, "parameter expansion", f"operators combined with ${{!{name}[@]}}")
+            self.emit_list(self.keys(name, line), fb, quoted, index_word == "*")
+            return
+        if pe.get("Excl"):
+            name, index_node = self.indirect(name, index_node, line)
+            index_word = _index_word(index_node)
+        nounset = "nounset" in self.sh.options
         is_list = name in ("@", "*") or index_word in ("@", "*")
         emit: Callable[[str], None] = fb.text if quoted else fb.expanded
         if pe.get("Length"):
@@ -515,6 +525,8 @@ class _Expansion(_Patterns):
             indexed = dict(enumerate([self.script, *self.sh.positional]))
         else:
             value = self.sh.vars.get(name)
+            if isinstance(value, Assoc):
+                self.fail(line, "parameter expansion", f"a slice of the associative array {name}")
             if isinstance(value, str):
                 indexed = {0: value}
             elif isinstance(value, dict):
@@ -537,7 +549,7 @@ class _Expansion(_Patterns):
         """Emit ``$@``/``$*``/``${A[@]}``/``${A[*]}`` with bash's field rules."""
         if not fb.split or (quoted and star):
             # "$*" and every list in a non-splitting context join with the first IFS char.
-            (fb.text if quoted else fb.expanded)(" ".join(values))
+            (fb.text if quoted else fb.expanded)(self.join_character().join(values))
             return
         for i, value in enumerate(values):
             if quoted:
@@ -575,12 +587,37 @@ class _Expansion(_Patterns):
             return self.sh.positional[position - 1] if position <= len(self.sh.positional) else None
         if name == "$":
             return self.lazy(line, "$$", "the process id is never known in advance", True)
-        if name in ("!", "-", "_"):
+        if name == "!":
+            if not self.sh.background:
+                return None
+            return self.lazy(line, "$!", "the process id is never known in advance", True)
+        if name in ("-", "_"):
             self.fail(line, "special parameter", f"${name} is only known at run time")
         if not _is_name(name):
             self.fail(line, "parameter expansion", f"unsupported parameter {name!r}")
-        index = None if index_node is None else self.arith(index_node)
+        index = None if index_node is None else self.subscript(name, index_node, line)
         return self.lookup(name, index, line)
+
+    def indirect(self, name: str, index: Node | None, line: int) -> tuple[str, Node | None]:
+        """``${!NAME}``: the parameter NAME's value names (a variable, an element, a position)."""
+        target = self.scalar(name, index, line)
+        if target is None:
+            if "nounset" in self.sh.options:
+                self.unbound(line, name)
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {name} is unset")
+        self.need(target, line, f"names the variable ${{!{name}}} expands")
+        base, bracket, rest = target.partition("[")
+        if not (_is_name(base) or _ascii_digits(base) or base in ("@", "*", "#", "?")):
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: invalid name")
+        if not bracket:
+            return base, None
+        if not rest.endswith("]") or not rest[:-1]:
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: bad subscript")
+        key = rest[:-1]
+        word: Node = {"Type": "Word", "Parts": [{"Type": "Lit", "Value": key}]}
+        if not isinstance(self.sh.vars.get(base), Assoc) and not key.isdigit() and key not in "@*":
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: not supported")
+        return base, word
 
     def assign_indexed(self, name: str, index_node: Node | None, value: str, line: int) -> None:
         """Assignment made by ``${X:=word}`` (possibly to an element)."""
@@ -588,13 +625,7 @@ class _Expansion(_Patterns):
             self.set_scalar(name, value, line)
             return
         self.check_assignable(name, line)
-        index = self.arith(index_node)
-        current = self.sh.vars.get(name)
-        array = dict(current) if isinstance(current, dict) else {}
-        if isinstance(current, str):
-            array[0] = current
-        array[index] = value
-        self.store(name, array, line)
+        self.store_element(name, self.subscript(name, index_node, line), value, False, line)
 
     def slice(self, value: str, spec: Node, line: int) -> str:
         """``${X:offset}`` and ``${X:offset:length}``."""

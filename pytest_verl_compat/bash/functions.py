@@ -20,7 +20,7 @@ from pytest_verl_compat.bash.builtins import (
 from pytest_verl_compat.bash.errors import _Return
 from pytest_verl_compat.bash.parse import Node
 from pytest_verl_compat.bash.programs import _COREUTILS
-from pytest_verl_compat.bash.state import Value, _is_python
+from pytest_verl_compat.bash.state import Value, _Function, _is_python
 from pytest_verl_compat.bash.wrappers import WRAPPER_PROGRAMS
 
 # bash itself recurses until it runs out of stack; a launch script that calls a function this
@@ -51,7 +51,7 @@ class _Functions(_Builtins):
                 "function definition",
                 f"`{name}` would replace a command this reader reads by its meaning",
             )
-        self.sh.functions[name] = cmd["Body"]
+        self.sh.functions[name] = _Function(cmd["Body"], self.path, self.data, self.source_name)
         return 0
 
     def call_function(
@@ -65,12 +65,13 @@ class _Functions(_Builtins):
                 "function recursion",
                 f"`{name}` is called more than {_MAX_CALL_DEPTH} levels deep",
             )
-        body = self.sh.functions[name]
+        function = self.sh.functions[name]
         shell = self.sh
         saved_positional, saved_depth = shell.positional, self.loop_depth
         frame: dict[str, tuple[Value | None, bool, bool]] = {}
-        self.calls.append(name)
+        self.calls.append((name, function.source))
         self.frames.append(frame)
+        saved_file = self.enter_file(function.path, function.data, function.source)
         try:
             for variable, value in temporary.items():
                 # bash exports a prefix assignment to the commands the function runs.
@@ -80,10 +81,11 @@ class _Functions(_Builtins):
             shell.positional = argv[1:]
             self.loop_depth = 0
             try:
-                return self.stmt(body, exempt)
+                return self.stmt(function.body, exempt)
             except _Return as done:
                 return done.status
         finally:
+            self.enter_file(*saved_file)
             self.calls.pop()
             self.frames.pop()
             shell.positional, self.loop_depth = saved_positional, saved_depth
@@ -105,16 +107,16 @@ class _Functions(_Builtins):
         self.check_assignable(name, line)
         value = self.sh.vars.get(name)
         frame[name] = (
-            value if isinstance(value, str) or value is None else dict(value),
+            value if isinstance(value, str) or value is None else value.copy(),
             name in self.sh.exported,
             name in self.sh.readonly,
         )
         self.sh.vars.pop(name, None)
 
     def return_builtin(self, words: list[str], line: int) -> int:
-        """``return [N]`` from the running function."""
+        """``return [N]`` from the running function or sourced file."""
         if not self.calls:
-            self.fail(line, "return", "`return` outside a function")
+            self.fail(line, "return", "`return` outside a function or sourced file")
         if len(words) > 2:
             self.fail(line, "return", "too many arguments")
         if len(words) == 1:

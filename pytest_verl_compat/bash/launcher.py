@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pytest_verl_compat.bash import paths
 from pytest_verl_compat.bash.builtins import _SHELLS
-from pytest_verl_compat.bash.functions import _Functions
+from pytest_verl_compat.bash.sources import _Sources
 from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _is_python
 from pytest_verl_compat.bash.wrappers import Wrapped, WrapperRefusal, find_wrapper, parse
 
@@ -21,7 +21,7 @@ _PYTHON_VALUED = frozenset("WX")
 _MAX_WRAPPERS = 8
 
 
-class _Launcher(_Functions):
+class _Launcher(_Sources):
     """Finds the launcher in a command and records what it receives."""
 
     def launcher_argv(self, words: list[str], line: int) -> list[str] | None:
@@ -110,8 +110,10 @@ class _Launcher(_Functions):
         uses: list[Wrapped],
     ) -> None:
         """Remember the launcher's argv, environment and folder (the last launcher wins)."""
-        if self.capture is not None:
-            self.fail(line, "launcher", "runs inside a command substitution")
+        if self.substituting:
+            self.fail(line, "launcher", f"runs inside {self.substituting[-1]}")
+        if self.stdin.heredoc and self.stdin.text is not None:
+            self.fail(line, "here-document", "feeds the launcher's standard input")
         env = self.environment()
         # A PATH given its own value again (`env -i PATH="$PATH"`) changes nothing.
         changed = self.sh.path_changed
@@ -157,7 +159,9 @@ class _Launcher(_Functions):
             cwd=None if cwd is None or self.lazy_ids(cwd) else cwd,
             wrappers=tuple(used.wrapper.name for used in uses),
             unseen=tuple(unseen),
+            path=self.path,
         )
+        self.write_unknown("the launcher")
 
     def environment(self) -> dict[str, str]:
         """The exported scalar variables (bash does not export arrays)."""

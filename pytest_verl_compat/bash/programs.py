@@ -276,12 +276,57 @@ class _Programs(_Conditions):
                 return result
         return self.lost(line, f"`{program}`", ids[0])
 
+    def seq_program(self, words: list[str], line: int) -> int:
+        """``seq [-s SEP] [-w] [FIRST [INCREMENT]] LAST`` over integers (else unknown)."""
+        separator, width, operands = "\n", False, list(words[1:])
+        while operands and operands[0].startswith("-") and not _ascii_integer(operands[0]):
+            option = operands.pop(0)
+            if option == "--":
+                break
+            if option == "-w":
+                width = True
+            elif option.startswith("-s") and (option[2:] or operands):
+                separator = option[2:] or operands.pop(0)
+            else:
+                return self.print_text(None, "`seq`")
+        numbers = [int(word) for word in operands if _ascii_integer(word)]
+        if len(numbers) != len(operands) or not 1 <= len(numbers) <= 3 or self.lazy_ids(separator):
+            return self.print_text(None, "`seq`")
+        if len(numbers) == 3:
+            first, step, last = numbers
+        else:
+            first, step, last = (numbers[0] if len(numbers) == 2 else 1), 1, numbers[-1]
+        if step == 0 or abs((last - first) // step) > _MAX_SEQ:
+            return self.print_text(None, "`seq`")
+        values = list(range(first, last + (1 if step > 0 else -1), step))
+        texts = [str(value) for value in values]
+        if width and texts:
+            size = max(len(str(first)), len(str(last)))
+            texts = [_zero_padded(value, size) for value in values]
+        self.write(separator.join(texts) + "\n" if texts else "")
+        return 0
+
+
+# More numbers than this from `seq` are left to the running system.
+_MAX_SEQ = 100_000
+
+
+def _ascii_integer(word: str) -> bool:
+    body = word[1:] if word[:1] in "+-" else word
+    return body.isascii() and body.isdigit()
+
+
+def _zero_padded(value: int, size: int) -> str:
+    text = str(abs(value)).rjust(size - (value < 0), "0")
+    return f"-{text}" if value < 0 else text
+
 
 _COREUTILS: dict[str, Callable[[_Programs, list[str], int], int]] = {
     "dirname": _Programs.dirname_program,
     "basename": _Programs.basename_program,
     "realpath": _Programs.canonical_program,
     "readlink": _Programs.canonical_program,
+    "seq": _Programs.seq_program,
 }
 
 

@@ -19,6 +19,7 @@ import yaml
 from pytest_verl_compat.bash import (
     LaunchRead,
     LaunchReadError,
+    SourceScope,
     command_substitutions,
     read_launch,
 )
@@ -87,7 +88,7 @@ def _embedded_manifest() -> dict[str, Any]:
 
 
 def _needed_substitutions(
-    script: Path, texts: set[str], known: dict[str, str], home: str
+    script: Path, texts: set[str], known: dict[str, str], home: str, scope: SourceScope
 ) -> set[str]:
     """The substitutions whose output the script's read depends on.
 
@@ -100,7 +101,8 @@ def _needed_substitutions(
     def outcome(bound: set[str]) -> LaunchRead | str:
         values = {text: known.get(text, PLACEHOLDER) for text in bound}
         try:
-            return read_launch(script, Bindings(variables={"HOME": home}, substitutions=values))
+            bindings = Bindings(variables={"HOME": home}, substitutions=values)
+            return read_launch(script, bindings, scope=scope)
         except LaunchReadError as exc:
             return str(exc)
 
@@ -136,6 +138,8 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     home = embedded["environment"].get("variables", {}).get("HOME", "/home/verl")
 
     scripts = launch_scripts(folder)
+    # Files a script sources must lie under the folder; each is pinned with its script.
+    scope = SourceScope(str(folder))
     substitutions: dict[str, list[str]] = {}
     problems: dict[Path, str] = {}
     for script in scripts:
@@ -145,7 +149,7 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
         except LaunchReadError as exc:
             problems[script] = str(exc)
             continue
-        needed = _needed_substitutions(script, {text for _, text in found}, known, home)
+        needed = _needed_substitutions(script, {text for _, text in found}, known, home, scope)
         for line, text in found:
             if text in needed:
                 substitutions.setdefault(text, []).append(f"{rel}:{line}")
@@ -197,9 +201,10 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     for script in scripts:
         rel = script.relative_to(folder).as_posix()
         problem = problems.get(script)
+        sourced: tuple[tuple[str, str], ...] = ()
         if problem is None:
             try:
-                read_launch(script, bindings)
+                sourced = read_launch(script, bindings, scope=scope).sources
             except LaunchReadError as exc:
                 problem = str(exc)
         if not first:
@@ -218,6 +223,12 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
             f"      - path: {_scalar(rel)}",
             f"        sha256: {sha256_file(script)}",
         ]
+        for path, digest in sourced:
+            if path != rel:
+                out_lines += [
+                    f"      - path: {_scalar(path)}  # sourced",
+                    f"        sha256: {digest}",
+                ]
     text = "\n".join(out_lines) + "\n"
     if out is not None:
         write_atomic(Path(out), text)
