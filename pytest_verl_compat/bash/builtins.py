@@ -277,14 +277,14 @@ class _Builtins(_Declarations):
         while i < len(argv):
             arg = argv[i]
             if arg == "--":
-                self.sh.positional = argv[i + 1 :]
+                self.set_positional(argv[i + 1 :])
                 return 0
             if arg == "-":
                 if i + 1 < len(argv):
-                    self.sh.positional = argv[i + 1 :]
+                    self.set_positional(argv[i + 1 :])
                 return 0
             if len(arg) < 2 or arg[0] not in "-+":
-                self.sh.positional = argv[i:]
+                self.set_positional(argv[i:])
                 return 0
             on = arg[0] == "-"
             for flag in arg[1:]:
@@ -303,6 +303,11 @@ class _Builtins(_Declarations):
                     self.fail(line, f"set {arg[0]}{flag}", "shell option not supported")
             i += 1
         return 0
+
+    def set_positional(self, words: list[str]) -> None:
+        """``set -- WORDS``: a file sourced with arguments keeps these (``args_set``)."""
+        self.sh.positional = words
+        self.sh.args_set = True
 
     def shift_builtin(self, argv: list[str], line: int) -> int:
         """``shift [N]``."""

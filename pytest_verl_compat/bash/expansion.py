@@ -353,7 +353,9 @@ class _Expansion(_Patterns):
     @staticmethod
     def is_at_list(part: Node) -> bool:
         """Whether a part is ``$@`` or ``${A[@]}`` (which may expand to no field at all)."""
-        if part.get("Type") != "ParamExp" or part.get("Length") or part.get("Excl"):
+        if part.get("Type") != "ParamExp" or part.get("Length"):
+            return False
+        if part.get("Excl") and _index_word(part.get("Index")) not in ("@", "*"):
             return False
         if (part.get("Param") or {}).get("Value") == "@":
             return True
@@ -550,6 +552,22 @@ class _Expansion(_Patterns):
         if not fb.split or (quoted and star):
             # "$*" and every list in a non-splitting context join with the first IFS char.
             (fb.text if quoted else fb.expanded)(self.join_character().join(values))
+            return
+        separator = self.join_character()
+        if not quoted and separator:
+            # bash joins an unquoted list with IFS's first character and splits the result, so
+            # with IFS=, an empty element still makes an (empty) field. With IFS whitespace
+            # next to other IFS characters, where an element's whitespace ends is not modelled.
+            if fb.delimiters and any(c in fb.whitespace for value in values for c in value):
+                self.fail(
+                    self.line,
+                    "IFS",
+                    "an unquoted list whose elements hold IFS whitespace, with other IFS characters",
+                )
+            for i, value in enumerate(values):
+                if i:
+                    fb.list_separator(separator, values[i - 1])
+                fb.expanded(value)
             return
         for i, value in enumerate(values):
             if quoted:

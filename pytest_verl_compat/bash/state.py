@@ -121,9 +121,15 @@ class _Lazy:
     cause: int | None = None
 
 
-_SET_FLAGS = {"e": "errexit", "u": "nounset", "a": "allexport", "B": "braceexpand"}
+_SET_FLAGS = {
+    "e": "errexit",
+    "u": "nounset",
+    "a": "allexport",
+    "B": "braceexpand",
+    "E": "errtrace",
+}
 # Options that change nothing this reader computes (tracing, job control, history, ...).
-_SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTEp")
+_SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTp")
 _SET_HARMLESS_NAMES = frozenset(
     {
         "xtrace",
@@ -135,7 +141,6 @@ _SET_HARMLESS_NAMES = frozenset(
         "notify",
         "noclobber",
         "physical",
-        "errtrace",
         "functrace",
         "privileged",
         "ignoreeof",
@@ -152,6 +157,7 @@ _SET_NAMED = {
     "pipefail": "pipefail",
     "allexport": "allexport",
     "braceexpand": "braceexpand",
+    "errtrace": "errtrace",
 }
 
 

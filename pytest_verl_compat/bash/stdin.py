@@ -180,6 +180,9 @@ class _Stdin(_Programs):
             line, raw="r" in given, delimiter=delimiter, count=count, exact=exact
         )
         ifs = self.split_characters()
+        if exact:
+            # -N: the characters read, never split, all to the first name.
+            ifs = ""
         if "a" in given:
             self.check_assignable(given["a"], line)
             fields = _split_chars(chars, ifs)

@@ -188,6 +188,17 @@ class _Fields:
             self.content = True
             self.ended_by = None
 
+    def list_separator(self, separator: str, before: str) -> None:
+        """The IFS character bash puts between the elements of an unquoted ``$*``/``$@``.
+
+        Unlike in a value, IFS whitespace that leads the word joins the delimiter after it
+        (bash: ``set -- " " x; IFS=', '; f $*`` passes one field, ``f " ,x"`` unquoted two).
+        """
+        leading_white = before and before[-1] in self.whitespace
+        if leading_white and self.ended_by is None and not self.content:
+            self.ended_by = "white"
+        self.expanded(separator)
+
     def end_field(self, keep_empty: bool = False) -> None:
         """End the field in progress (an empty one only when a delimiter ends it)."""
         if self.content or keep_empty:
