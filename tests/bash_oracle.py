@@ -178,10 +178,11 @@ def run_bash(
 # --------------------------------------------------------------------------- stubbed wrappers
 
 # Executables put first on PATH for the stubbed oracle. `python3` records what the launcher
-# receives (argv after the module, environment, folder) and does nothing else; `ray`, `uv` and
-# `srun` run their command as the real ones do on a one-node machine (ray: the entrypoint words
-# joined by shlex.join under /bin/sh, in the runtime env's variables only). `env`, `nohup` and
-# `timeout` are coreutils' own.
+# receives (argv after the module, environment, folder) and does nothing else; `ray`, `uv`,
+# `srun`, `docker exec`, `conda run`, `taskset` and `numactl` run their command as the real ones
+# do on a one-node machine (ray: the entrypoint words joined by shlex.join under /bin/sh, in
+# the runtime env's variables only; docker: in the container's environment, here empty but
+# PATH). `env`, `nohup`, `timeout` and GNU `time` are their own.
 _LAUNCHER_STUB = """
 import os, sys
 args = sys.argv[1:]
@@ -228,11 +229,23 @@ os.execve("/bin/sh", ["/bin/sh", "-c", shlex.join(entrypoint)], env)
 
 _RUN_STUB = """
 import os, sys
+# The environment exec gave this stub: Python adds LC_CTYPE to os.environ when it starts.
+with open("/proc/self/environ", "rb") as given:
+    original = dict(
+        entry.split(b"=", 1) for entry in given.read().split(b"\\0") if b"=" in entry
+    )
+os.environ.clear()
+os.environ.update({{os.fsdecode(k): os.fsdecode(v) for k, v in original.items()}})
 VALUED = {valued!r}
 args = sys.argv[1:]
 if {subcommand!r}:
     assert args[0] == {subcommand!r}, args
     args = args[1:]
+if {container!r}:
+    # A container's environment: the script's variables do not reach it.
+    for variable in list(os.environ):
+        if variable != "PATH":
+            del os.environ[variable]
 module = False
 k = 0
 while k < len(args):
@@ -252,8 +265,11 @@ while k < len(args):
         pass
     elif len(name) > 2 and not name.startswith("--") and name[:2] in VALUED:
         name, value = name[:2], name[2:]
-    if name in ("-D", "--chdir", "--directory"):
+    if name in ("-D", "--chdir", "--directory", "-w", "--workdir", "--cwd"):
         os.chdir(value)
+    if name in ("-e", "--env"):
+        variable, _, setting = value.partition("=")
+        os.environ[variable] = setting
     if name == "--export":
         keep = value.split(",")
         if "ALL" not in keep:
@@ -266,7 +282,7 @@ while k < len(args):
                 variable, _, setting = item.partition("=")
                 os.environ[variable] = setting
     k += 1
-command = args[k:]
+command = args[k + {operands}:]
 if module:
     command = ["python", "-m", *command]
 os.execvp(command[0], command)
@@ -276,6 +292,8 @@ _UV_VALUED = (
     "--directory --project --with --with-editable --with-requirements --python -p --env-file "
     "--extra --group --package --index --index-url --extra-index-url -f --find-links"
 ).split()
+_DOCKER_VALUED = "-e --env --env-file -u --user -w --workdir --detach-keys".split()
+_CONDA_VALUED = "-n --name -p --prefix --cwd".split()
 _SRUN_VALUED = (
     "-N --nodes -n --ntasks --ntasks-per-node -c --cpus-per-task --gres --gpus-per-node -G "
     "--gpus -p --partition -A --account -t --time -J --job-name --mem -w --nodelist -D "
@@ -305,8 +323,20 @@ def stub_folder(root: Path) -> tuple[Path, Path]:
         programs = {
             "python3": _LAUNCHER_STUB.format(out=str(out)),
             "ray": _RAY_STUB.format(),
-            "uv": _RUN_STUB.format(valued=_UV_VALUED, subcommand="run"),
-            "srun": _RUN_STUB.format(valued=_SRUN_VALUED, subcommand=""),
+            "uv": _RUN_STUB.format(
+                valued=_UV_VALUED, subcommand="run", container=False, operands=0
+            ),
+            "srun": _RUN_STUB.format(
+                valued=_SRUN_VALUED, subcommand="", container=False, operands=0
+            ),
+            "docker": _RUN_STUB.format(
+                valued=_DOCKER_VALUED, subcommand="exec", container=True, operands=1
+            ),
+            "conda": _RUN_STUB.format(
+                valued=_CONDA_VALUED, subcommand="run", container=False, operands=0
+            ),
+            "taskset": _RUN_STUB.format(valued=[], subcommand="", container=False, operands=1),
+            "numactl": _RUN_STUB.format(valued=[], subcommand="", container=False, operands=0),
         }
         for name, body in programs.items():
             path = stubs / name

@@ -70,6 +70,16 @@ WRAPPED = {
         "export KEEP=1 DROP=2\nsrun --export=KEEP,NEW=3 -D /tmp LAUNCH a=1\n",
         ("srun",),
     ),
+    "docker-exec": (
+        "export X=1\ndocker exec -it -e A=1 --env 'B=x y' -w /tmp verl LAUNCH a=1\n",
+        ("docker exec",),
+    ),
+    "conda-run": ("export X=1\nconda run -n verl --no-capture-output LAUNCH a=1\n", ("conda run",)),
+    "taskset-numactl": (
+        "taskset -c 0-7 numactl --cpunodebind=0 --membind=0 LAUNCH a=1\n",
+        ("taskset", "numactl"),
+    ),
+    "gnu-time": ("/usr/bin/time -v -o /dev/null LAUNCH a=1\n", ("time",)),
     "python-variable": (
         'PYTHON=${PYTHON_BIN:-python3}\n"$PYTHON" -m verl.trainer.main_ppo a=1\n',
         (),
@@ -138,6 +148,9 @@ def test_wrappers_change_the_environment_and_folder_as_they_do(tmp_path: Path) -
         ("env -S 'python3 -m x' a=1\n", "env -S", "changes the command it runs"),
         ("srun --frobnicate LAUNCH a=1\n", "srun", "`--frobnicate` is not an option of `srun`"),
         ("uv run --no-wait LAUNCH a=1\n", "uv run", "`--no-wait` is not an option of `uv run`"),
+        ("docker exec -e HOME c LAUNCH a=1\n", "docker exec -e", "passes 'HOME' from"),
+        ("docker exec --rm c LAUNCH a=1\n", "docker exec", "`--rm` is not an option"),
+        ("taskset -p 1 LAUNCH a=1\n", "taskset -p", "changes the command it runs"),
         (
             "ray job submit --entrypoint-memory=lots -- LAUNCH a=1\n",
             "ray job submit",
@@ -196,6 +209,8 @@ HOSTILE = {
     "env-bash-script": ("env X=1 bash ./x.sh\nLAUNCH a=1\n", "env bash"),
     "nohup-env-bash": ("nohup env bash -c 'PAYLOAD' &\nLAUNCH a=1\n", "env bash"),
     "timeout-subshell-string": ("timeout 5 sh -c '(PAYLOAD)'\nLAUNCH a=1\n", "timeout sh"),
+    "docker-exec-bash": ("docker exec c bash -c 'PAYLOAD'\nLAUNCH a=1\n", "docker exec bash"),
+    "conda-run-sh": ("conda run -n e sh -c 'PAYLOAD'\nLAUNCH a=1\n", "conda run sh"),
     "srun-bash-stdin": ("echo 'PAYLOAD' | srun bash\nLAUNCH a=1\n", "srun bash"),
     "function-python3": ("python3() { PAYLOAD; }\nLAUNCH a=1\n", "function definition"),
     "function-python": ("function python { PAYLOAD; }\nLAUNCH a=1\n", "function definition"),

@@ -30,6 +30,7 @@ Effect = Literal[
     "env-file",  # variables from a file the reader never opens
     "working-dir",  # runs it in an uploaded copy of this folder
     "export",  # srun --export: which variables it gets
+    "assign",  # NAME=VALUE: one variable it sets
     "module",  # the command is a Python module (uv run -m)
     "refuse",  # the option changes the command line in a way not modelled
     "exits",  # prints something and runs nothing (--help, --version)
@@ -207,19 +208,81 @@ _SRUN = Wrapper(
     evidence="srun [OPTIONS] executable [ARGS]: options end at the executable (slurm.schedmd.com/srun.html)",
 )
 
-# Programs that only run the command after their options, unchanged, in the same environment.
+_DOCKER_EXEC = Wrapper(
+    ("docker", "exec"),
+    _options(
+        "-d/--detach --detach-keys= -e/--env=:assign --env-file=:env-file -i/--interactive "
+        "--privileged -t/--tty -u/--user= -w/--workdir=:cwd --help:exits"
+    ),
+    "clap",
+    operands=("text",),
+    remote_environment="the container's environment",
+    evidence=(
+        "docker exec [OPTIONS] CONTAINER COMMAND [ARG...]: the command runs in the container "
+        "with its environment and -e/--env variables (docs.docker.com/reference/cli/docker/"
+        "container/exec)"
+    ),
+)
+
+_CONDA_RUN = Wrapper(
+    ("conda", "run"),
+    _options(
+        "-n/--name= -p/--prefix= --cwd=:cwd --no-capture-output --live-stream -v/--verbose "
+        "--debug-wrapper-scripts --dev -h/--help:exits"
+    ),
+    "getopt",
+    adds_variables="the variables activating the conda environment sets",
+    evidence="conda run [-n ENV | -p PREFIX] [OPTIONS] COMMAND...: argparse, options first",
+)
+
+# Programs that only run the command after their options (and operands), unchanged, in the
+# same environment.
 _PLAIN = tuple(
-    Wrapper(
-        (program,), _options(spec), "getopt", evidence=f"{program} [OPTION]... COMMAND [ARG]..."
-    )
-    for program, spec in (
-        ("nice", f"-n/--adjustment=int {_EXITS}"),
-        ("setsid", "-c/--ctty -f/--fork -w/--wait"),
-        ("stdbuf", f"-i/--input= -o/--output= -e/--error= {_EXITS}"),
+    Wrapper((program,), _options(spec), "getopt", operands=operands, evidence=usage)
+    for program, spec, operands, usage in (
+        ("nice", f"-n/--adjustment=int {_EXITS}", (), "nice [OPTION] COMMAND [ARG]..."),
+        ("setsid", "-c/--ctty -f/--fork -w/--wait", (), "setsid [OPTION] PROGRAM [ARG]..."),
+        (
+            "stdbuf",
+            f"-i/--input= -o/--output= -e/--error= {_EXITS}",
+            (),
+            "stdbuf OPTION... COMMAND",
+        ),
+        (
+            "taskset",
+            f"-a/--all-tasks -c/--cpu-list -p/--pid:refuse {_EXITS}",
+            ("text",),
+            "taskset [OPTION] MASK|LIST COMMAND [ARG]... (util-linux)",
+        ),
+        (
+            "numactl",
+            "-i/--interleave= -m/--membind= -N/--cpunodebind= -C/--physcpubind= -l/--localalloc "
+            "-p/--preferred= -P/--preferred-many= -b/--balancing -a/--all "
+            "-w/--weighted-interleave= -s/--show:exits -H/--hardware:exits --help:exits",
+            (),
+            "numactl [OPTION]... COMMAND [ARG]...",
+        ),
+        (
+            "time",
+            "-a/--append -f/--format= -o/--output= -p/--portability -q/--quiet -v/--verbose "
+            + _EXITS,
+            (),
+            "GNU time [OPTION]... COMMAND [ARG]...",
+        ),
     )
 )
 
-WRAPPERS: tuple[Wrapper, ...] = (_RAY_JOB_SUBMIT, _UV_RUN, _ENV, _NOHUP, _TIMEOUT, _SRUN, *_PLAIN)
+WRAPPERS: tuple[Wrapper, ...] = (
+    _RAY_JOB_SUBMIT,
+    _UV_RUN,
+    _ENV,
+    _NOHUP,
+    _TIMEOUT,
+    _SRUN,
+    _DOCKER_EXEC,
+    _CONDA_RUN,
+    *_PLAIN,
+)
 # The programs a wrapper starts with: a script function of one of these names is refused.
 WRAPPER_PROGRAMS = frozenset(wrapper.words[0] for wrapper in WRAPPERS)
 
@@ -432,6 +495,14 @@ def _effect(
         _runtime_env(wrapper, name, value, result)
     elif effect == "export" and value is not None:
         result.export = value.split(",")
+    elif effect == "assign" and value is not None:
+        variable, eq, setting = value.partition("=")
+        need(variable, f"names a variable `{wrapper.name}` sets,")
+        if not eq or not variable:
+            raise WrapperRefusal(
+                f"{wrapper.name} {name}", f"passes {value!r} from the environment of the script"
+            )
+        result.assignments.append((variable, setting))
     return following
 
 
