@@ -237,39 +237,39 @@ _CONDA_RUN = Wrapper(
 
 # Programs that only run the command after their options (and operands), unchanged, in the
 # same environment.
+_PLAIN_SPECS: tuple[tuple[str, str, tuple[ValueKind, ...], str], ...] = (
+    ("nice", f"-n/--adjustment=int {_EXITS}", (), "nice [OPTION] COMMAND [ARG]..."),
+    ("setsid", "-c/--ctty -f/--fork -w/--wait", (), "setsid [OPTION] PROGRAM [ARG]..."),
+    (
+        "stdbuf",
+        f"-i/--input= -o/--output= -e/--error= {_EXITS}",
+        (),
+        "stdbuf OPTION... COMMAND",
+    ),
+    (
+        "taskset",
+        f"-a/--all-tasks -c/--cpu-list -p/--pid:refuse {_EXITS}",
+        ("text",),
+        "taskset [OPTION] MASK|LIST COMMAND [ARG]... (util-linux)",
+    ),
+    (
+        "numactl",
+        "-i/--interleave= -m/--membind= -N/--cpunodebind= -C/--physcpubind= -l/--localalloc "
+        "-p/--preferred= -P/--preferred-many= -b/--balancing -a/--all "
+        "-w/--weighted-interleave= -s/--show:exits -H/--hardware:exits --help:exits",
+        (),
+        "numactl [OPTION]... COMMAND [ARG]...",
+    ),
+    (
+        "time",
+        "-a/--append -f/--format= -o/--output= -p/--portability -q/--quiet -v/--verbose " + _EXITS,
+        (),
+        "GNU time [OPTION]... COMMAND [ARG]...",
+    ),
+)
 _PLAIN = tuple(
     Wrapper((program,), _options(spec), "getopt", operands=operands, evidence=usage)
-    for program, spec, operands, usage in (
-        ("nice", f"-n/--adjustment=int {_EXITS}", (), "nice [OPTION] COMMAND [ARG]..."),
-        ("setsid", "-c/--ctty -f/--fork -w/--wait", (), "setsid [OPTION] PROGRAM [ARG]..."),
-        (
-            "stdbuf",
-            f"-i/--input= -o/--output= -e/--error= {_EXITS}",
-            (),
-            "stdbuf OPTION... COMMAND",
-        ),
-        (
-            "taskset",
-            f"-a/--all-tasks -c/--cpu-list -p/--pid:refuse {_EXITS}",
-            ("text",),
-            "taskset [OPTION] MASK|LIST COMMAND [ARG]... (util-linux)",
-        ),
-        (
-            "numactl",
-            "-i/--interleave= -m/--membind= -N/--cpunodebind= -C/--physcpubind= -l/--localalloc "
-            "-p/--preferred= -P/--preferred-many= -b/--balancing -a/--all "
-            "-w/--weighted-interleave= -s/--show:exits -H/--hardware:exits --help:exits",
-            (),
-            "numactl [OPTION]... COMMAND [ARG]...",
-        ),
-        (
-            "time",
-            "-a/--append -f/--format= -o/--output= -p/--portability -q/--quiet -v/--verbose "
-            + _EXITS,
-            (),
-            "GNU time [OPTION]... COMMAND [ARG]...",
-        ),
-    )
+    for program, spec, operands, usage in _PLAIN_SPECS
 )
 
 WRAPPERS: tuple[Wrapper, ...] = (
