@@ -458,3 +458,94 @@ def test_a_here_document_never_feeds_the_launcher() -> None:
         )
     )
     assert (err.construct, err.line) == ("here-document", 2)
+
+
+# --------------------------------------------------------------------------- text filters
+
+FILTER_CASES = [
+    ("tr", [",", "\\n"]),
+    ("tr", ["a-z", "A-Z"]),
+    ("tr", ["[:upper:]", "[:lower:]"]),
+    ("tr", ["-d", " \\t"]),
+    ("tr", ["-s", " "]),
+    ("tr", ["/.", "__"]),
+    ("tr", ["abc", "x"]),
+    ("cut", ["-d,", "-f1"]),
+    ("cut", ["-d", "/", "-f", "2-"]),
+    ("cut", ["-d:", "-f1,3", "-s"]),
+    ("cut", ["-c", "1-3"]),
+    ("head", ["-n", "1"]),
+    ("head", ["-2"]),
+    ("head", []),
+    ("tail", ["-n1"]),
+    ("tail", ["-n", "2"]),
+    ("wc", ["-l"]),
+    ("wc", ["-w"]),
+    ("wc", ["-c"]),
+    ("sort", []),
+    ("sort", ["-u"]),
+    ("sort", ["-r"]),
+    ("sort", ["-n"]),
+    ("uniq", []),
+    ("awk", ["{print $1}"]),
+    ("awk", ["-F/", "{print $NF}"]),
+    ("awk", ["-F", ",", "{ print $2, $1 }"]),
+    ("awk", ["{print $0}"]),
+    ("sed", ["s/\\//_/g"]),
+    ("sed", ["s/-/_/"]),
+    ("sed", ["-e", "s|a|b|g"]),
+]
+
+
+@pytest.mark.parametrize(("program", "args"), FILTER_CASES, ids=lambda v: str(v))
+def test_a_text_filter_prints_what_the_program_prints(program: str, args: list[str]) -> None:
+    import shutil
+    import subprocess
+
+    from pytest_verl_compat.bash.filters import FILTERS
+
+    if shutil.which(program) is None:
+        pytest.skip(f"{program} is not installed")
+    rng = random.Random(program + "".join(args))
+    inputs = [
+        "a/b/c,d e\n",
+        "Qwen/Qwen2.5-7B\n",
+        "0,1,2,3",
+        "x\n\ny z\n",
+        "3\n10\n2\n2\n",
+        "",
+        *(
+            "".join(rng.choice("ab ,:/-\n\t3") for _ in range(rng.randint(0, 30)))
+            for _ in range(20)
+        ),
+    ]
+    modelled = 0
+    for text in inputs:
+        ours = FILTERS[program](list(args), text)
+        if ours is None:
+            continue
+        modelled += 1
+        theirs = subprocess.run(
+            [program, *args],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"LC_ALL": "C", "PATH": os.environ.get("PATH", "")},
+        )
+        assert (ours, 0) == (theirs.stdout, theirs.returncode), (program, args, text)
+    assert modelled >= 3
+
+
+@needs_bash
+@pytest.mark.parametrize(
+    "script",
+    [
+        "export CUDA_VISIBLE_DEVICES=0,1,2,3\nN=$(echo \"$CUDA_VISIBLE_DEVICES\" | tr ',' '\\n' | wc -l)\nLAUNCH \"n=$N\"\n",
+        'M=Qwen/Qwen2.5-7B-Instruct\nLAUNCH "$(echo $M | cut -d/ -f2)" "$(echo $M | awk -F/ \'{print $NF}\')"\n',
+        "M=Qwen/Qwen2.5-7B\nLAUNCH \"$(echo \"$M\" | sed 's/\\//_/g' | tr '[:upper:]' '[:lower:]')\"\n",
+        "LAUNCH \"$(printf '%s\\n' b a b | sort -u | head -n1)\" \"$(seq 5 | tail -n 2 | tr '\\n' ,)\"\n",
+    ],
+)
+def test_values_piped_through_filters_read_as_bash(script: str, tmp_path: Path) -> None:
+    same_as_bash(script, tmp_path)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pytest_verl_compat.bash.arithmetic import _legal_integer
+from pytest_verl_compat.bash.filters import FILTERS, Filter
 from pytest_verl_compat.bash.parse import Node
 from pytest_verl_compat.bash.programs import _Programs
 from pytest_verl_compat.bash.state import _Input
@@ -148,7 +149,26 @@ class _Stdin(_Programs):
                 self.stdin.position = len(self.stdin.text)
                 self.write(text)
                 return 0
+        text_filter = FILTERS.get(program)
+        if text_filter is not None and self.sh.path_changed is None:
+            return self.filter_program(program, text_filter, words)
         return super().run_program(words, line)
+
+    def filter_program(self, program: str, text_filter: Filter, words: list[str]) -> int:
+        """A text filter of the known input (known arguments, no run-time value in either)."""
+        source = self.stdin
+        text = None if source.text is None else source.text[source.position :]
+        if source.text is not None:
+            source.position = len(source.text)
+        output = None
+        if text is not None and not any(self.lazy_ids(w) for w in [text, *words]):
+            self.charge(len(text))
+            output = text_filter(words[1:], text)
+        if output is None:
+            self.write_unknown(f"`{program}`")
+        else:
+            self.write(output)
+        return 0
 
     # ---------------------------------------------------------------- read
 
