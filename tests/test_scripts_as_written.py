@@ -549,3 +549,69 @@ def test_a_text_filter_prints_what_the_program_prints(program: str, args: list[s
 )
 def test_values_piped_through_filters_read_as_bash(script: str, tmp_path: Path) -> None:
     same_as_bash(script, tmp_path)
+
+
+# --------------------------------------------------------------------------- [[ =~ ]]
+
+
+def _regex(rng: random.Random, depth: int = 0) -> str:
+    atoms = ["a", "b", ".", "[ab]", "[^a]", "[[:digit:]]", "x", "\\.", "1"]
+    if depth < 2:
+        atoms += [
+            f"({_regex(rng, depth + 1)})",
+            f"({_regex(rng, depth + 1)}|{_regex(rng, depth + 1)})",
+        ]
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        parts.append(rng.choice(atoms) + rng.choice(["", "", "*", "+", "?", "{1,2}"]))
+    return "".join(parts)
+
+
+@needs_bash
+@pytest.mark.parametrize("seed", range(int(os.environ.get("FUZZ_SEEDS", 12))))
+def test_regex_matching_is_bashs(seed: int, tmp_path: Path) -> None:
+    """The match, and BASH_REMATCH where it is modelled, equal bash's (glibc's POSIX regex)."""
+    rng = random.Random(seed)
+    lines = []
+    for case in range(8):
+        pattern = rng.choice(["", "^"]) + _regex(rng) + rng.choice(["", "$"])
+        subject = _word(rng, "abx1.-", 8)
+        lines.append(f"p{case}={shlex.quote(pattern)}\ns{case}={shlex.quote(subject)}")
+        lines.append(
+            f'if [[ $s{case} =~ $p{case} ]]; then R+=("{case}:yes:${{#BASH_REMATCH[@]}}:'
+            f'${{BASH_REMATCH[0]}}"); else R+=("{case}:no"); fi'
+        )
+    script = "\n".join(lines) + '\nLAUNCH "${R[@]}"\n'
+    bash_and_reader(script, tmp_path)
+    # Every capture, where the reader knows it; a capture it does not know is refused.
+    known = 0
+    for _ in range(8):
+        pattern, subject = _regex(rng), _word(rng, "abx1.-", 8)
+        known += bash_and_reader(
+            f"p={shlex.quote(pattern)}\ns={shlex.quote(subject)}\n[[ $s =~ $p ]]\n"
+            'LAUNCH "${BASH_REMATCH[@]}"\n',
+            tmp_path,
+            refusable="run-time value",
+        )
+    assert known >= 2
+
+
+@needs_bash
+@pytest.mark.parametrize(
+    "script",
+    [
+        'M=Qwen2.5-7B\nif [[ $M =~ ^Qwen([0-9.]+)-([0-9]+)B$ ]]; then LAUNCH "${BASH_REMATCH[@]}"; fi\n',
+        'M=llama-3.1-70b\n[[ $M =~ ([0-9]+)b$ ]] && S=${BASH_REMATCH[1]}\nLAUNCH "s=$S"\n',
+        'M=abc\n[[ $M =~ "a.c" ]] || X=literal\n[[ a.c =~ "a.c" ]] && Y=yes\nLAUNCH "$X" "$Y"\n',
+        "R='^[a-z]+_[0-9]{2}$'\n[[ run_07 =~ $R ]] && LAUNCH ok \"${#BASH_REMATCH[@]}\"\n",
+    ],
+)
+def test_regex_conditions_read_as_bash(script: str, tmp_path: Path) -> None:
+    bash_and_reader(script, tmp_path)
+
+
+def test_a_capture_bash_chooses_by_rules_not_modelled_is_a_run_time_value() -> None:
+    err = refused('[[ aab =~ (a|ab)(b?) ]]\nLAUNCH "${BASH_REMATCH[1]}"\n')
+    assert err.construct == "run-time value" and "BASH_REMATCH[1]" in err.detail
+    assert refused("[[ a =~ a\\1 ]]\nLAUNCH\n").construct == "[[ =~ ]]"
+    assert refused("[[ a =~ (a ]]\nLAUNCH\n").construct in ("[[ =~ ]]", "syntax error")
