@@ -615,3 +615,31 @@ def test_a_capture_bash_chooses_by_rules_not_modelled_is_a_run_time_value() -> N
     assert err.construct == "run-time value" and "BASH_REMATCH[1]" in err.detail
     assert refused("[[ a =~ a\\1 ]]\nLAUNCH\n").construct == "[[ =~ ]]"
     assert refused("[[ a =~ (a ]]\nLAUNCH\n").construct in ("[[ =~ ]]", "syntax error")
+
+
+# --------------------------------------------------------------------------- printf numbers
+
+
+@needs_bash
+@pytest.mark.parametrize("seed", range(int(os.environ.get("FUZZ_SEEDS", 12))))
+def test_printf_formats_numbers_as_bash(seed: int) -> None:
+    """Where the reader formats a number (C's printf rules), bash prints the same."""
+    import subprocess
+
+    from pytest_verl_compat.bash.printing import printf_output
+
+    rng = random.Random(seed)
+    arguments = ["0", "1", "-7", "42", "3.14159", "-0.5", "1e3", "0x1f", "010", " 12", "", "2.5e-7"]
+    for _ in range(40):
+        letter = rng.choice("diuxXofeEgG")
+        flags = "".join(rng.sample("-+ #0", rng.randint(0, 2)))
+        precision = rng.choice(["", ".", ".0", ".2", ".6"])
+        form = f"%{flags}{rng.choice(['', '5', '08'])}{precision}{letter}|"
+        argument = rng.choice(arguments)
+        ours = printf_output(form, [argument])
+        if ours is None:
+            continue
+        bash = subprocess.run(
+            ["bash", "-c", 'printf "$1" "$2"', "x", form, argument], capture_output=True, text=True
+        )
+        assert (bash.stdout, bash.returncode) == (ours, 0), (form, argument)

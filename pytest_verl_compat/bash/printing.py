@@ -6,9 +6,8 @@ result ``None``: the output is then only known when the script runs, never guess
 
 from __future__ import annotations
 
+import math
 import re
-
-from pytest_verl_compat.bash.arithmetic import _legal_integer
 
 # The escapes `echo -e` and `printf %b` share (bash's ansicstr); `\c` is handled by the caller.
 _BACKSLASH = {
@@ -99,7 +98,12 @@ def echo_output(words: list[str]) -> str | None:
 
 # One conversion: flags, width and precision (digits only: `*` takes an argument), the letter.
 _CONVERSION = re.compile(r"%([-+ #0]*)([0-9]*)(?:\.([0-9]*))?([a-zA-Z%])")
-_MODELLED = frozenset("sbdi%")
+_MODELLED = frozenset("sbdiuxXofeEgG%")
+# bash formats numbers with C's printf, which Python's % operator follows for these
+# conversions (an octal with `#` is written 0o by Python, so it is left out).
+_INTEGER = frozenset("diuxXo")
+_C_INTEGER = re.compile(r"([-+]?)(?:0[xX]([0-9a-fA-F]+)|0([0-7]*)|([1-9][0-9]*))")
+_FLOAT = re.compile(r"\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 
 
 def printf_output(format_text: str, arguments: list[str]) -> str | None:
@@ -145,12 +149,9 @@ def _convert(
 ) -> str | None:
     if "\0" in argument and (width or precision is not None or letter != "s"):
         return None  # a run-time value: its length or its digits decide the output
-    if letter in "di":
-        number = _legal_integer(argument) if argument else 0
-        if number is None or precision is not None or set(flags) - {"-", "0"}:
-            return None
-        text = str(number)
-    elif letter == "b":
+    if letter in _INTEGER or letter in "feEgG":
+        return _number(letter, flags, width, precision, argument)
+    if letter == "b":
         decoded = backslash_escapes(argument, format_string=False)
         if decoded is None:
             return None
@@ -163,11 +164,60 @@ def _convert(
         text = argument if precision is None else argument[: int(precision or "0")]
     if width:
         size = int(width)
-        if "-" in flags:
-            text = text.ljust(size)
-        elif "0" in flags and letter in "di":
-            sign = "-" if text.startswith("-") else ""
-            text = sign + text.lstrip("-").rjust(size - len(sign), "0")
-        else:
-            text = text.rjust(size)
+        text = text.ljust(size) if "-" in flags else text.rjust(size)
     return text
+
+
+def _c_integer(argument: str) -> int | None:
+    """An integer argument as bash's printf reads it (strtoimax, base 0): 0x hex, 0 octal."""
+    body = argument.strip(" \t\n")
+    if not body:
+        return 0
+    match = _C_INTEGER.fullmatch(body)
+    if match is None:
+        return None  # bash complains and prints what it read: left to bash
+    sign, hexadecimal, octal, decimal = match.groups()
+    if hexadecimal is not None:
+        value = int(hexadecimal, 16)
+    elif octal is not None:
+        value = int(octal or "0", 8)
+    else:
+        value = int(decimal)
+    if value >= 1 << 63:
+        return None
+    return -value if sign == "-" else value
+
+
+def _number(
+    letter: str, flags: str, width: str, precision: str | None, argument: str
+) -> str | None:
+    """A numeric conversion, as C's printf formats bash's intmax_t or long double."""
+    if letter in _INTEGER:
+        number = _c_integer(argument)
+        if number is None or (letter == "o" and "#" in flags):
+            return None
+        if letter in "uxXo":
+            # C ignores the sign flags of unsigned conversions and reads the value unsigned.
+            flags = flags.replace("+", "").replace(" ", "")
+            number &= (1 << 64) - 1
+        if not number:
+            flags = flags.replace("#", "")  # C writes no 0x before a zero
+        if precision is not None:
+            flags = flags.replace("0", "")  # C ignores 0 when a precision is given
+            if not int(precision or "0") and not number:
+                return None  # C prints no digit at all
+        spec = f"%{flags}{width}{'' if precision is None else '.' + precision}"
+        return (spec + ("d" if letter in "iu" else letter)) % number
+    spec = f"%{flags}{width}{'' if precision is None else '.' + precision}"
+    if not _FLOAT.fullmatch(argument) and argument.strip():
+        return None  # hex floats, inf, nan, trailing text: left to bash
+    value = float(argument) if argument.strip() else 0.0
+    if abs(value) >= 1e300 or (value and abs(value) < 1e-300):
+        return None  # long double range, not double's
+    # bash reads a long double, nearer the decimal than this double: the text is certain only
+    # when the doubles on either side of it print the same (printing is monotone).
+    texts = {
+        (spec + letter) % v
+        for v in (math.nextafter(value, -math.inf), value, math.nextafter(value, math.inf))
+    }
+    return texts.pop() if len(texts) == 1 else None
