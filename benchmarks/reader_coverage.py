@@ -21,11 +21,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "upstream"
+# Each folder with the scripts to read in it (the user scripts' lib/ holds sourced files).
 DEFAULT_FOLDERS = {
     "v0.8.0 examples": SHARED / "verl-v0.8.0" / "examples",
     "v0.9.0 examples": SHARED / "verl-v0.9.0" / "examples",
     "tests/user_scripts": ROOT / "tests" / "user_scripts",
 }
+PATTERNS = {"tests/user_scripts": "*.sh"}
 
 
 def count(folders: dict[str, Path]) -> dict[str, dict[str, object]]:
@@ -40,7 +42,7 @@ def count(folders: dict[str, Path]) -> dict[str, dict[str, object]]:
 
     bindings = load_manifest(default_manifest_path()).bindings
     runs = {
-        label: [(path, bindings) for path in sorted(folder.glob("**/*.sh"))]
+        label: [(path, bindings) for path in sorted(folder.glob(PATTERNS.get(label, "**/*.sh")))]
         for label, folder in folders.items()
         if folder.is_dir()
     }
