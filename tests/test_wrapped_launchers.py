@@ -659,3 +659,26 @@ def test_another_entry_point_is_named_with_its_line(script: str, line: int, entr
     err = refused(script)
     assert (err.construct, err.line) == ("no launcher", line)
     assert f"line {line} runs `{entry}`, another entry point" in err.detail
+
+
+def test_the_readme_counts_the_user_scripts_the_reader_reads() -> None:
+    """The README's row for tests/user_scripts is what the reader reads today."""
+    import re
+
+    from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
+
+    bindings = load_manifest(default_manifest_path()).bindings
+    scripts = sorted(USER_SCRIPTS.glob("*.sh"))
+    read = 0
+    for script in scripts:
+        try:
+            read_launch(script, bindings)
+            read += 1
+        except LaunchReadError:
+            pass
+    readme = (USER_SCRIPTS.parents[1] / "README.md").read_text()
+    row = re.search(
+        r"\| `tests/user_scripts/\*\.sh` \((\d+) scripts.*?\| [^|]* \| (\d+) / (\d+) \|", readme
+    )
+    assert row is not None
+    assert (int(row[1]), int(row[2]), int(row[3])) == (len(scripts), read, len(scripts))
