@@ -643,3 +643,15 @@ def test_printf_formats_numbers_as_bash(seed: int) -> None:
             ["bash", "-c", 'printf "$1" "$2"', "x", form, argument], capture_output=True, text=True
         )
         assert (bash.stdout, bash.returncode) == (ours, 0), (form, argument)
+
+
+def test_an_undecidable_test_whose_ways_set_different_traps_or_read_differently_is_refused() -> (
+    None
+):
+    err = refused("[ -f /nonexistent ] && trap 'rm -f x' EXIT\nLAUNCH a=1\n")
+    assert (err.construct, err.line) == ("test -f", 1)
+    err = refused(
+        '{ [ -f /nonexistent ] && read -r x; read -r y; } <<EOF\n1\n2\nEOF\nLAUNCH "$y"\n'
+    )
+    assert (err.construct, err.line) == ("test -f", 1)
+    assert refused("f() { :; }\nexport -f f\nLAUNCH\n").construct == "export -f"

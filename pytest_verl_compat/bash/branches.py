@@ -18,6 +18,7 @@ from pytest_verl_compat.bash.errors import LaunchReadError, _Budget
 from pytest_verl_compat.bash.expansion import _assigns_nothing
 from pytest_verl_compat.bash.launcher import _Launcher
 from pytest_verl_compat.bash.parse import Node
+from pytest_verl_compat.bash.state import _Shell
 
 # The commands a pure condition is made of: tests that only read.
 _TESTS = frozenset({"[", "test"})
@@ -90,6 +91,7 @@ class _Branches(_Launcher):
             "other_entry": self.other_entry,
             "frames": copy.deepcopy(self.frames),
             "capture": None if capture is None else (list(capture.pieces), capture.unknown),
+            "stdin": (self.stdin.text, self.stdin.position, self.stdin.origin),
         }
 
     def load(self, saved: dict[str, Any]) -> None:
@@ -102,15 +104,14 @@ class _Branches(_Launcher):
         if self.capture is not None and saved["capture"] is not None:
             self.capture.pieces[:] = saved["capture"][0]
             self.capture.unknown = saved["capture"][1]
+        # The same input object, rewound: the commands around share it.
+        self.stdin.text, self.stdin.position, self.stdin.origin = saved["stdin"]
 
 
 def _same(first: dict[str, Any], second: dict[str, Any]) -> bool:
     one, two = first["sh"], second["sh"]
-    shell_fields = (
-        "vars exported readonly positional options path_changed dropped functions cwd".split()
-    )
-    return all(getattr(one, name) == getattr(two, name) for name in shell_fields) and all(
-        first[key] == second[key] for key in ("launch", "other_entry", "frames", "capture")
+    return all(getattr(one, name) == getattr(two, name) for name in _Shell.COMPARED) and all(
+        first[key] == second[key] for key in ("launch", "other_entry", "frames", "capture", "stdin")
     )
 
 

@@ -17,7 +17,7 @@ from pytest_verl_compat.bash.words import _is_name
 
 # The options each declaration builtin takes here: (turned on with -, turned off with +).
 _ALLOWED = {
-    "export": ("fnp", ""),
+    "export": ("np", ""),
     "declare": ("aAfFgprx", "x"),
     "typeset": ("aAfFgprx", "x"),
     "local": ("aArpx", "x"),

@@ -193,13 +193,23 @@ def _copy_value(value: Value) -> Value:
 
 @dataclass(frozen=True, eq=False)
 class _Function:
-    """A function the script defined: its body and the file that defined it (compared by
-    identity: a copy of the shell shares its functions)."""
+    """A function the script defined: its body and the file that defined it."""
 
     body: Node
     path: str  # the file's label in errors
     data: bytes  # its text: node offsets point into it
     source: str  # BASH_SOURCE of its frames: the file's name as the script gave it
+
+    def __eq__(self, other: object) -> bool:
+        # The same definition (one syntax tree node) from the same file.
+        return (
+            isinstance(other, _Function)
+            and self.body is other.body
+            and (self.path, self.source) == (other.path, other.source)
+        )
+
+    def __hash__(self) -> int:
+        return id(self.body)
 
 
 @dataclass(frozen=True)
