@@ -491,6 +491,8 @@ FILTER_CASES = [
     ("awk", ["-F/", "{print $NF}"]),
     ("awk", ["-F", ",", "{ print $2, $1 }"]),
     ("awk", ["{print $0}"]),
+    ("awk", ["-F,", "{print NF}"]),
+    ("awk", ["-F/", "{print $(NF-1), NF}"]),
     ("sed", ["s/\\//_/g"]),
     ("sed", ["s/-/_/"]),
     ("sed", ["-e", "s|a|b|g"]),

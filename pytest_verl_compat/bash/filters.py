@@ -278,13 +278,14 @@ def uniq(args: list[str], text: str) -> str | None:
 
 # ------------------------------------------------------------------------------------ awk, sed
 
-_AWK_PRINT = re.compile(
-    r"\s*\{\s*print\s+(\$(?:NF|[0-9]+)(?:\s*,\s*\$(?:NF|[0-9]+))*)\s*;?\s*\}\s*"
-)
+# `{print ITEM, ...}` where an item is $N, $NF, $(NF-K) or NF.
+_AWK_ITEM = r"(?:\$[0-9]+|\$NF|\$\(NF-[0-9]+\)|NF)"
+_AWK_PRINT = re.compile(rf"\s*\{{\s*print\s+({_AWK_ITEM}(?:\s*,\s*{_AWK_ITEM})*)\s*;?\s*\}}\s*")
 
 
 def awk(args: list[str], text: str) -> str | None:
-    """``awk [-F C] '{print $N, $NF}'``: fields by blanks, or by one literal character."""
+    """``awk [-F C] '{print $N, $NF, $(NF-1), NF}'``: fields by blanks, or by one literal
+    character."""
     separator: str | None = None
     if args and args[0].startswith("-F"):
         separator = args[0][2:] or (args[1] if len(args) > 1 else "")
@@ -298,7 +299,7 @@ def awk(args: list[str], text: str) -> str | None:
     program = _AWK_PRINT.fullmatch(args[0])
     if program is None:
         return None
-    wanted = [item.strip()[1:] for item in program.group(1).split(",")]
+    wanted = [item.strip() for item in program.group(1).split(",")]
     out: list[str] = []
     for line in _lines(text):
         if separator is None:
@@ -307,7 +308,13 @@ def awk(args: list[str], text: str) -> str | None:
             fields = line.split(separator) if line else []
         values = []
         for item in wanted:
-            position = len(fields) if item == "NF" else int(item)
+            if item == "NF":
+                values.append(str(len(fields)))
+                continue
+            inner = item[1:].strip("()")
+            position = len(fields) - int(inner[3:] or "0") if inner.startswith("NF") else int(inner)
+            if position < 0:
+                return None  # awk stops with an error
             if position == 0:
                 values.append(line)
             else:
