@@ -768,7 +768,7 @@ def test_exit_before_launcher(script: str, status: int, tmp_path: Path) -> None:
         ("LAUNCH $PWD\n", "run-time value", 1),
         ("LAUNCH ${BASH_ARGV[0]}\n", "bash variable", 1),
         ("if [ -f /etc/passwd ]; then X=1; fi\n", "test -f", 1),
-        ("[[ x =~ y ]]\n", "[[ =~ ]]", 1),
+        ("R='\\<b'\n[[ x =~ $R ]]\n", "[[ =~ ]]", 2),
         ("LAUNCH ${!X}\n", "parameter expansion", 1),
         ("LAUNCH $$\n", "run-time value", 1),
         ("set -u\nLAUNCH $!\n", "unbound variable", 2),

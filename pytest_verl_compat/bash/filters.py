@@ -363,7 +363,21 @@ def _sed_literal(text: str, delimiter: str, special: str) -> str | None:
     return "".join(out)
 
 
+def cat(args: list[str], text: str) -> str | None:
+    """``cat`` (or ``cat -``): its input; a file to read is left to the running system."""
+    return text if all(arg in ("-", "--") for arg in args) else None
+
+
+def tee(args: list[str], text: str) -> str | None:
+    """``tee [-a] [FILE]...``: its input (the files it writes are skipped, like any program's
+    effects)."""
+    options = [arg for arg in args if arg.startswith("-") and arg != "-"]
+    return text if all(option in ("-a", "--append", "--") for option in options) else None
+
+
 FILTERS: dict[str, Filter] = {
+    "cat": cat,
+    "tee": tee,
     "tr": tr,
     "cut": cut,
     "head": head,

@@ -2,11 +2,12 @@
 
 A command's input is known text when it comes from the script (``<<EOF``, ``<<<``), from the
 output of a pipeline's earlier command or of a process substitution that this reader evaluates;
-it is unknown when it comes from a file or from whatever started the script. ``read``,
-``mapfile``/``readarray``, ``cat`` and ``tee`` consume known input as bash does (commands of a
-compound command share one input, so each ``read`` of ``while read ... done <<EOF`` takes the
-next line); reading unknown input is refused, since it sets variables only the running system
-knows. ``getopts`` reads the positional parameters, which the bindings give.
+it is unknown when it comes from a file or from whatever started the script. ``read`` and
+``mapfile``/``readarray`` consume known input as bash does (commands of a compound command
+share one input, so each ``read`` of ``while read ... done <<EOF`` takes the next line), and
+the text filters of ``filters`` (``cat``, ``tee``, ``tr``, ``cut``, ...) print what they
+make of it; reading unknown input is refused, since it sets variables only the running system
+knows, and a filter of unknown input prints unknown text. ``getopts`` reads the positional parameters, which the bindings give.
 """
 
 from __future__ import annotations
@@ -127,28 +128,12 @@ class _Stdin(_Programs):
             )
         return source.text[source.position :]
 
-    # ---------------------------------------------------------------- cat and tee
+    # ---------------------------------------------------------------- filters
 
     def run_program(self, words: list[str], line: int) -> int | None:
-        """``cat`` and ``tee`` copy their known input; other programs as the layer below."""
+        """Text filters (``cat``, ``tee``, ``tr``, ...) of the known input; other programs as
+        the layer below."""
         program = words[0].rsplit("/", 1)[-1]
-        if program in ("cat", "tee") and self.sh.path_changed is None:
-            operands = [w for w in words[1:] if w != "--"]
-            options = [w for w in operands if w.startswith("-") and w != "-"]
-            files = [w for w in operands if w not in options]
-            copies = program == "tee" or all(f == "-" for f in files)
-            if (
-                copies
-                and all(o in ("-a", "--append") for o in options if program == "tee")
-                and (program == "tee" or not options)
-            ):
-                if self.stdin.text is None:
-                    self.write_unknown(f"`{program}` of {self.stdin.origin}")
-                    return 0
-                text = self.stdin.text[self.stdin.position :]
-                self.stdin.position = len(self.stdin.text)
-                self.write(text)
-                return 0
         text_filter = FILTERS.get(program)
         if text_filter is not None and self.sh.path_changed is None:
             return self.filter_program(program, text_filter, words)
@@ -165,7 +150,7 @@ class _Stdin(_Programs):
             self.charge(len(text))
             output = text_filter(words[1:], text)
         if output is None:
-            self.write_unknown(f"`{program}`")
+            self.write_unknown(f"`{program}` of {source.origin}")
         else:
             self.write(output)
         return 0
