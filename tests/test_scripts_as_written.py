@@ -430,6 +430,13 @@ def test_an_exit_trap_decides_the_status_of_a_script_that_exits(tmp_path: Path) 
         'printf -v TAG "r%02d-%s" 7 x\nLAUNCH "$TAG" "$(seq -s, 1 4)"\n',
         'f() { :; }\nif declare -F f >/dev/null; then X=yes; fi\nLAUNCH "$X" "$(declare -F f g)"\n',
         'export "K=v w" J\nLAUNCH "$K"\n',
+        "P=()\n"
+        'if false; then :; fi; P+=("${PIPESTATUS[*]}")\n{ false | true; }; P+=("${PIPESTATUS[*]}")\n'
+        'x=$(exit 3); P+=("${PIPESTATUS[*]}")\nf() { return 4; }; f; P+=("${PIPESTATUS[*]}")\n'
+        '! false | false; P+=("${PIPESTATUS[*]}")\ntrue && false; P+=("${PIPESTATUS[*]}")\n'
+        '[[ 1 == 2 ]]; P+=("${PIPESTATUS[*]}")\n(( 0 )); P+=("${PIPESTATUS[*]}")\n'
+        '(exit 5); P+=("${PIPESTATUS[*]}")\nfalse; case a in a) true;; esac; P+=("${PIPESTATUS[*]}")\n'
+        'LAUNCH "${P[@]}"\n',
     ],
 )
 def test_logging_and_exec_read_as_bash(script: str, tmp_path: Path) -> None:

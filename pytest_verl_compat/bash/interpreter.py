@@ -150,11 +150,18 @@ class _Interpreter(_Branches):
             self.sh.background = True
             status = 0
         elif stmt.get("Negated"):
-            status = 0 if self.command(cmd, redirs, stmt, exempt=True) else 1
+            status = 0 if self.status_of(cmd, redirs, stmt, exempt=True) else 1
         else:
-            status = self.command(cmd, redirs, stmt, exempt)
+            status = self.status_of(cmd, redirs, stmt, exempt)
         self.sh.status = status
-        if not _is_pipeline(cmd):
+        return status
+
+    def status_of(self, cmd: Node | None, redirs: list[Node], stmt: Node, exempt: bool) -> int:
+        """Run a command; bash keeps the status of a simple command (or of a subshell, a test,
+        arithmetic) in PIPESTATUS, while a compound command leaves the one its last pipeline
+        set (a pipeline sets its own)."""
+        status = self.command(cmd, redirs, stmt, exempt)
+        if cmd is None or cmd.get("Type") in _SETS_PIPESTATUS:
             self.sh.pipestatus = [status]
         return status
 
@@ -698,5 +705,7 @@ class _Interpreter(_Branches):
         return stdin
 
 
-def _is_pipeline(cmd: Node | None) -> bool:
-    return cmd is not None and cmd.get("Type") == "BinaryCmd" and cmd.get("Op") in ("|", "|&")
+# The commands whose status bash records in PIPESTATUS as a pipeline of one.
+_SETS_PIPESTATUS = frozenset(
+    {"CallExpr", "DeclClause", "TestClause", "ArithmCmd", "LetClause", "Subshell"}
+)
