@@ -177,6 +177,13 @@ class ExplicitFields:
 
     fields: tuple[str, ...]
     launch_line: int | None
+    # The launcher's known environment as the script (and its wrappers) leave it, which
+    # `${oc.env:NAME}` reads; None when the fields did not come from reading a script.
+    variables: Mapping[str, str] | None = None
+
+    def environment(self, bindings: Bindings) -> Mapping[str, str]:
+        """What ``${oc.env:...}`` sees: the launcher's environment, else the case's bindings."""
+        return bindings.variables if self.variables is None else self.variables
 
 
 @dataclass(frozen=True)

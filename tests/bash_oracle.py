@@ -15,6 +15,7 @@ it runs bash on purpose, the reader under test never does.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -88,8 +89,14 @@ class Instrumented:
 PRINTER = ': > argv.bin; [ "$#" -eq 0 ] || printf "%s\\0" "$@" > argv.bin; exec {env} -0 > env.bin'
 
 
-def instrument(data: bytes, substitutions: Mapping[str, str]) -> Instrumented:
-    """Replace substitutions by their bound outputs and launchers by an argv printer."""
+def instrument(
+    data: bytes, substitutions: Mapping[str, str], *, stubbed: bool = False
+) -> Instrumented:
+    """Replace substitutions by their bound outputs and launchers by an argv printer.
+
+    ``stubbed``: leave launchers and unbound substitutions as they are (the stubs on PATH
+    print the launcher's argv; the substitutions run for real, so only scripts of our own).
+    """
     tree = syntax_tree(data)
     edits: list[tuple[int, int, bytes]] = []
     lines: list[int] = []
@@ -100,11 +107,13 @@ def instrument(data: bytes, substitutions: Mapping[str, str]) -> Instrumented:
         if kind == "CmdSubst":
             start = node["Left"]["Offset"] + (1 if node.get("Backquotes") else 2)
             key = data[start : node["Right"]["Offset"]].decode()
+            if stubbed and key not in substitutions:
+                return True
             output = substitutions.get(key, UNBOUND_MARKER)
             stub = f"$(printf %s {shlex.quote(output)})".encode()
             edits.append((node["Pos"]["Offset"], node["End"]["Offset"], stub))
             return False
-        if kind == "CallExpr":
+        if kind == "CallExpr" and not stubbed:
             args = node.get("Args") or []
             words = [_literal(w) for w in args[:3]]
             pairs = zip(words, LAUNCHER_WORDS, strict=False)
@@ -163,4 +172,226 @@ def run_bash(
                 exported[name] = value
     return BashRun(
         proc.returncode, argv, exported, proc.stderr.decode(errors="replace"), made.launcher_lines
+    )
+
+
+# --------------------------------------------------------------------------- stubbed wrappers
+
+# Executables put first on PATH for the stubbed oracle. `python3` records what the launcher
+# receives (argv after the module, environment, folder) and does nothing else; `ray`, `uv`,
+# `srun`, `docker exec`, `conda run`, `taskset` and `numactl` run their command as the real ones
+# do on a one-node machine (ray: the entrypoint words joined by shlex.join under /bin/sh, in
+# the runtime env's variables only; docker: in the container's environment, here empty but
+# PATH). `env`, `nohup`, `timeout` and GNU `time` are their own.
+_LAUNCHER_STUB = """
+import os, sys
+args = sys.argv[1:]
+for k, word in enumerate(args):
+    if word == "verl.trainer.main_ppo" and k and args[k - 1].startswith("-") and args[k - 1].endswith("m"):
+        out = {out!r}
+        with open(os.path.join(out, "argv.bin"), "wb") as f:
+            f.write(b"".join(os.fsencode(a) + b"\\0" for a in args[k + 1 :]))
+        with open(os.path.join(out, "env.bin"), "wb") as f, open("/proc/self/environ", "rb") as env:
+            # The environment as exec gave it: Python adds LC_CTYPE to os.environ at start.
+            f.write(env.read())
+        with open(os.path.join(out, "cwd.txt"), "w") as f:
+            f.write(os.getcwd())
+        break
+"""
+
+_RAY_STUB = """
+import json, os, shlex, sys
+args = sys.argv[1:]
+if args[:2] != ["job", "submit"]:
+    sys.exit(0)  # ray start, stop, status: a cluster that is there
+rest = args[2:]
+split = rest.index("--")
+options, entrypoint = rest[:split], rest[split + 1 :]
+env = {{"PATH": os.environ.get("PATH", "")}}
+folder = None
+k = 0
+while k < len(options):
+    name, eq, value = options[k].partition("=")
+    if name in ("--runtime-env-json", "--working-dir") and not eq:
+        k += 1
+        value = options[k]
+    if name == "--runtime-env-json":
+        parsed = json.loads(value)
+        env.update(parsed.get("env_vars", {{}}))
+        folder = parsed.get("working_dir", folder)
+    if name == "--working-dir":
+        folder = value
+    k += 1
+if folder:
+    os.chdir(folder)
+os.execve("/bin/sh", ["/bin/sh", "-c", shlex.join(entrypoint)], env)
+"""
+
+_RUN_STUB = """
+import os, sys
+# The environment exec gave this stub: Python adds LC_CTYPE to os.environ when it starts.
+with open("/proc/self/environ", "rb") as given:
+    original = dict(
+        entry.split(b"=", 1) for entry in given.read().split(b"\\0") if b"=" in entry
+    )
+os.environ.clear()
+os.environ.update({{os.fsdecode(k): os.fsdecode(v) for k, v in original.items()}})
+VALUED = {valued!r}
+args = sys.argv[1:]
+if {subcommand!r}:
+    assert args[0] == {subcommand!r}, args
+    args = args[1:]
+if {container!r}:
+    # A container's environment: the script's variables do not reach it.
+    for variable in list(os.environ):
+        if variable != "PATH":
+            del os.environ[variable]
+module = False
+k = 0
+while k < len(args):
+    word = args[k]
+    if word == "--":
+        k += 1
+        break
+    if not word.startswith("-") or word == "-":
+        break
+    name, eq, value = word.partition("=")
+    if name in ("-m", "--module"):
+        module = True
+    elif name in VALUED and not eq:
+        k += 1
+        value = args[k]
+    elif len(name) == 2 and name in VALUED:
+        pass
+    elif len(name) > 2 and not name.startswith("--") and name[:2] in VALUED:
+        name, value = name[:2], name[2:]
+    if name in ("-D", "--chdir", "--directory", "-w", "--workdir", "--cwd"):
+        os.chdir(value)
+    if name in ("-e", "--env"):
+        variable, _, setting = value.partition("=")
+        os.environ[variable] = setting
+    if name == "--export":
+        keep = value.split(",")
+        if "ALL" not in keep:
+            names = [item for item in keep if "=" not in item]
+            for variable in list(os.environ):
+                if variable not in names and variable != "PATH":
+                    del os.environ[variable]
+        for item in keep:
+            if "=" in item:
+                variable, _, setting = item.partition("=")
+                os.environ[variable] = setting
+    k += 1
+command = args[k + {operands}:]
+if module:
+    command = ["python", "-m", *command]
+os.execvp(command[0], command)
+"""
+
+_UV_VALUED = (
+    "--directory --project --with --with-editable --with-requirements --python -p --env-file "
+    "--extra --group --package --index --index-url --extra-index-url -f --find-links"
+).split()
+_DOCKER_VALUED = "-e --env --env-file -u --user -w --workdir --detach-keys".split()
+_CONDA_VALUED = "-n --name -p --prefix --cwd".split()
+_SRUN_VALUED = (
+    "-N --nodes -n --ntasks --ntasks-per-node -c --cpus-per-task --gres --gpus-per-node -G "
+    "--gpus -p --partition -A --account -t --time -J --job-name --mem -w --nodelist -D "
+    "--chdir --export -o --output -e --error --mpi --cpu-bind --container-image "
+    "--container-mounts"
+).split()
+
+
+@dataclass(frozen=True)
+class StubbedRun:
+    """What the launcher stub saw when bash ran the script with the wrappers stubbed."""
+
+    returncode: int
+    argv: tuple[str, ...] | None
+    exported: dict[str, str] | None
+    cwd: str | None
+    stderr: str
+    path: str  # the PATH the script ran with (bind it for the reader too)
+
+
+def stub_folder(root: Path) -> tuple[Path, Path]:
+    """The stub executables (made once per root) and the folder the launcher stub writes to."""
+    stubs, out = root / "stubs", root / "launcher-out"
+    if not stubs.is_dir():
+        stubs.mkdir(parents=True)
+        out.mkdir(parents=True)
+        programs = {
+            "python3": _LAUNCHER_STUB.format(out=str(out)),
+            "ray": _RAY_STUB.format(),
+            "uv": _RUN_STUB.format(
+                valued=_UV_VALUED, subcommand="run", container=False, operands=0
+            ),
+            "srun": _RUN_STUB.format(
+                valued=_SRUN_VALUED, subcommand="", container=False, operands=0
+            ),
+            "docker": _RUN_STUB.format(
+                valued=_DOCKER_VALUED, subcommand="exec", container=True, operands=1
+            ),
+            "conda": _RUN_STUB.format(
+                valued=_CONDA_VALUED, subcommand="run", container=False, operands=0
+            ),
+            "taskset": _RUN_STUB.format(valued=[], subcommand="", container=False, operands=1),
+            "numactl": _RUN_STUB.format(valued=[], subcommand="", container=False, operands=0),
+        }
+        for name, body in programs.items():
+            path = stubs / name
+            path.write_text(f"#!{sys.executable}\n{body}")
+            path.chmod(0o755)
+        for alias in ("python", "python3.11"):
+            (stubs / alias).symlink_to(stubs / "python3")
+    return stubs, out
+
+
+def run_bash_stubbed(
+    data: bytes,
+    script: Path,
+    workdir: Path,
+    env: Mapping[str, str],
+    substitutions: Mapping[str, str] = {},
+    args: Sequence[str] = (),
+) -> StubbedRun:
+    """Run ``data`` as ``bash /absolute/script`` from ``workdir``, wrappers and Python stubbed.
+
+    Bound substitutions are replaced by their outputs; the others run (our scripts only).
+    """
+    if BASH is None or ENV is None:
+        raise RuntimeError("bash and env are needed for the oracle")
+    stubs, out = stub_folder(script.parent.parent)
+    for stale in out.iterdir():
+        stale.unlink()
+    # The script's own background jobs (`nohup ... &`) finish before bash exits. Its output
+    # is closed first: a logger fed by `exec > >(tee log)` ends only when it reads the end.
+    tail = b"\nexec >/dev/null 2>&1\nwait\n"
+    script.write_bytes(instrument(data, substitutions, stubbed=True).text + tail)
+    path = f"{stubs}:/usr/bin:/bin"
+    proc = subprocess.run(
+        [
+            ENV,
+            "-i",
+            *(f"{k}={v}" for k, v in {**env, "PATH": path}.items()),
+            BASH,
+            str(script),
+            *args,
+        ],
+        cwd=workdir,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    argv = exported = cwd = None
+    if (out / "argv.bin").exists():
+        argv = tuple(os.fsdecode(a) for a in (out / "argv.bin").read_bytes().split(b"\0")[:-1])
+        exported = {}
+        for entry in (out / "env.bin").read_bytes().decode().split("\0")[:-1]:
+            name, _, value = entry.partition("=")
+            if name not in BASH_OWN_EXPORTS:
+                exported[name] = value
+        cwd = (out / "cwd.txt").read_text()
+    return StubbedRun(
+        proc.returncode, argv, exported, cwd, proc.stderr.decode(errors="replace"), path
     )

@@ -94,12 +94,21 @@ def test_a_bound_value_decides_conditions_again() -> None:
     assert dict(read_launch_text(f"{LAUNCH}\n", Bindings()).runtime) == {}
 
 
-def test_cd_makes_pwd_a_run_time_value_even_when_bound() -> None:
+def test_cd_into_a_known_folder_keeps_pwd_known() -> None:
+    # `cd` is assumed to succeed, like every skipped command; the folder it enters is known
+    # when its argument and the folder it starts from are.
     assert read("cd sub\nLAUNCH a=1\n", {"PWD": "/w"}) == ("a=1",)
     assert read("(cd sub)\nLAUNCH dir=$PWD\n", {"PWD": "/w"}) == ("dir=/w",)
-    err = refused("X=1\ncd sub\nLAUNCH dir=$PWD old=$OLDPWD\n", {"PWD": "/w"})
-    assert "$PWD after `cd` (line 2) reaches the launcher's argv on line 3" in str(err)
-    assert read("cd sub\nLAUNCH old=$OLDPWD\n", {"PWD": "/w"}) == ("old=/w",)
+    got = read("X=1\ncd sub/../x/.\nLAUNCH dir=$PWD old=$OLDPWD\n", {"PWD": "/w"})
+    assert got == ("dir=/w/x", "old=/w")
+    assert read("cd /opt//a/..\nLAUNCH dir=$PWD now=$(pwd)\n") == ("dir=/opt", "now=/opt")
+    # From a run-time folder, or into one, the folder stays a run-time value.
+    err = refused("X=1\ncd sub\nLAUNCH dir=$PWD\n")
+    assert "$PWD after `cd` (line 2), from $PWD (line 2) reaches the launcher's argv on line 3" in (
+        str(err)
+    )
+    err = refused("cd $(cat where)\nLAUNCH dir=$(pwd)\n", {"PWD": "/w"})
+    assert "$PWD after `cd` (line 1), from $(cat where) (line 1) reaches" in str(err)
 
 
 def test_concatenated_then_passed_is_refused() -> None:
@@ -118,10 +127,10 @@ def test_a_derived_value_names_its_origin() -> None:
 @pytest.mark.parametrize(
     ("script", "line"),
     [
-        ('if [ "$PWD" = /root ]; then :; fi\nLAUNCH\n', 1),
-        ("if [[ $PWD == /root* ]]; then :; fi\nLAUNCH\n", 1),
-        ('D=$(pwd)\nif [ -n "$D" ]; then :; fi\nLAUNCH\n', 2),
-        ("D=$(pwd)\n[[ -z $D ]] && exit 1\nLAUNCH\n", 2),
+        ('if [ "$PWD" = /root ]; then exit 1; fi\nLAUNCH\n', 1),
+        ("if [[ $PWD == /root* ]]; then X=root; fi\nLAUNCH\n", 1),
+        ('D=$(hostname)\nif [ -n "$D" ]; then LAUNCH a=1; fi\nLAUNCH\n', 2),
+        ("D=$(hostname)\n[[ -z $D ]] && exit 1\nLAUNCH\n", 2),
         ('case "$PWD" in /root) exit 1;; esac\nLAUNCH\n', 1),
         ("N=$(nproc)\nLAUNCH trainer.n_gpus_per_node=$((N / 2))\n", 2),
         ("N=$(nproc)\n((N > 1)) && exit 1\nLAUNCH\n", 2),

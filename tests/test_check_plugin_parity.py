@@ -23,12 +23,14 @@ from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.manifest import default_examples_path, default_manifest_path
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 
+CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed"),
 ]
 
-COLLECTOR = '''
+COLLECTOR = """
 import json, os
 from pytest_verl_compat.plugin.keys import KEY_CASE, KEY_FACTS, KEY_STAGE, REPORT_ATTRIBUTE
 
@@ -44,7 +46,7 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     with open(os.environ["PARITY_OUT"], "w") as out:
         json.dump(FACTS, out, sort_keys=True)
-'''
+"""
 
 
 def parity_manifest(folder: Path) -> tuple[Path, list[str]]:
@@ -102,9 +104,9 @@ def test_the_plugin_and_check_give_every_case_the_same_verdict(
     plugin: dict[str, dict[str, Any]] = json.loads(out.read_text(encoding="utf-8"))
     assert plugin, run.stdout.str()[-3000:]
 
+    sources = ("--manifest", str(manifest), "--upstream", str(upstream_checkout))
     check = subprocess.run(
-        [sys.executable, "-m", "pytest_verl_compat.cli", "--manifest", str(manifest)]
-        + ["--upstream", str(upstream_checkout), "check", *ids, "--format", "json"],
+        [*CLI, *sources, "check", *ids, "--format", "json"],
         capture_output=True,
         text=True,
         check=False,
@@ -117,8 +119,7 @@ def test_the_plugin_and_check_give_every_case_the_same_verdict(
     for case_id, facts in sorted(plugin.items()):
         entry = files[case_id]
         lines = [
-            Finding(f["level"], f["path"], f["message"], f["fix"]).line()
-            for f in entry["findings"]
+            Finding(f["level"], f["path"], f["message"], f["fix"]).line() for f in entry["findings"]
         ]
         assert (facts["valid"], facts["runnable"]) == (entry["valid"], entry["runnable"]), case_id
         assert facts["check_findings"] == lines, case_id

@@ -75,6 +75,8 @@ class Case:
     verdict: Verdict
     env: Mapping[str, str] = field(default_factory=dict)
     raw: bool = False  # the script is bytes (written as latin-1), not UTF-8 text
+    # Bash itself runs the payload (the code of an EXIT trap): the oracle fires the canary.
+    bash_runs_payload: bool = False
 
 
 def _case(script: str, verdict: Verdict, **kw: object) -> Case:
@@ -100,16 +102,18 @@ CASES: dict[str, Case] = {
     "expanded-builtin-eval": _case(
         'B=built; E=ev\n${B}in ${E}al "PAYLOAD"\nLAUNCH\n', Refused(2, "builtin eval")
     ),
+    # /dev/stdin is outside the script's folder: `source` reads no file there.
     "builtin-source-stdin": _case(
-        'builtin source /dev/stdin <<< "PAYLOAD"\nLAUNCH\n', Refused(1, "builtin source")
+        'builtin source /dev/stdin <<< "PAYLOAD"\nLAUNCH\n', Refused(1, "source")
     ),
     "command-dot-stdin": _case(
-        "command . /dev/stdin <<EOF\nPAYLOAD\nEOF\nLAUNCH\n", Refused(1, "command source")
+        "command . /dev/stdin <<EOF\nPAYLOAD\nEOF\nLAUNCH\n", Refused(1, "source")
     ),
-    "builtin-read": _case(
-        'builtin read -r X <<< "PAYLOAD"\nLAUNCH "$X"\n', Refused(1, "builtin read")
+    "builtin-read": _case('builtin read -r X <<< "PAYLOAD"\nLAUNCH "$X"\n', Reads(("PAYLOAD",))),
+    # bash runs the EXIT trap's code (the reader reads it and skips the program it names).
+    "builtin-trap": _case(
+        "builtin trap 'PAYLOAD' EXIT\nLAUNCH\n", Reads(()), bash_runs_payload=True
     ),
-    "builtin-trap": _case("builtin trap 'PAYLOAD' EXIT\nLAUNCH\n", Refused(1, "builtin trap")),
     "command-alias": _case(
         "command alias python3='PAYLOAD;'\nLAUNCH\n", Refused(1, "command alias")
     ),
@@ -119,7 +123,56 @@ CASES: dict[str, Case] = {
     "command-exec": _case('command exec bash -c "PAYLOAD"\nLAUNCH\n', Refused(1, "command exec")),
     "builtin-exec-launcher": _case("builtin exec LAUNCH a='PAYLOAD'\n", Refused(1, "builtin exec")),
     "builtin-mapfile": _case(
-        'builtin mapfile -t A <<< "PAYLOAD"\nLAUNCH "${A[@]}"\n', Refused(1, "builtin mapfile")
+        'builtin mapfile -t A <<< "PAYLOAD"\nLAUNCH "${A[@]}"\n', Reads(("PAYLOAD",))
+    ),
+    # ----------------------------------------------------------- sourced files, traps, input
+    "source-etc": _case("source /etc/profile\nLAUNCH\n", Refused(1, "source")),
+    "source-outside-script-folder": _case(
+        '. "$(dirname "$0")/../evil"\nLAUNCH\n', Refused(1, "source")
+    ),
+    "source-run-time-name": _case('source "$(PAYLOAD)"\nLAUNCH\n', Refused(1, "run-time value")),
+    "source-process-substitution": _case(
+        "source <(echo 'PAYLOAD')\nLAUNCH\n", Refused(1, "run-time value")
+    ),
+    "trap-debug": _case("trap 'PAYLOAD' DEBUG\nLAUNCH\n", Refused(1, "trap DEBUG")),
+    "trap-return": _case("trap 'PAYLOAD' RETURN EXIT\nLAUNCH\n", Refused(1, "trap RETURN")),
+    "trap-run-time-code": _case('trap "$(PAYLOAD)" EXIT\nLAUNCH\n', Refused(1, "run-time value")),
+    "trap-exit-launcher": _case(
+        "trap 'LAUNCH b=PAYLOAD' EXIT\nLAUNCH a=1\n", Refused(1, "trap EXIT")
+    ),
+    "trap-err-launcher": _case(
+        "trap 'LAUNCH b=PAYLOAD' ERR\nfalse\nLAUNCH a=1\n", Refused(1, "trap ERR")
+    ),
+    "process-substitution-launcher": _case(
+        "cat <(LAUNCH b='PAYLOAD')\nLAUNCH a=1\n", Refused(1, "launcher")
+    ),
+    "process-substitution-bash": _case(
+        "exec > >(bash -c 'PAYLOAD')\nLAUNCH\n", Refused(1, "bash -c")
+    ),
+    "heredoc-loop-into-launcher": _case(
+        'while read -r x; do\n  LAUNCH "$x"\ndone <<EOF\nPAYLOAD\nEOF\n',
+        Refused(2, "here-document"),
+    ),
+    "read-a-file": _case('read -r X < /etc/hostname\nLAUNCH "$X"\n', Refused(1, "read")),
+    "read-standard-input": _case('read -r X\nLAUNCH "$X" PAYLOAD\n', Refused(1, "read")),
+    "ifs-run-time": _case("IFS=$(PAYLOAD)\nLAUNCH a b\n", Refused(2, "run-time value")),
+    "assoc-run-time-key": _case(
+        "declare -A M\nM[$(PAYLOAD)]=1\nLAUNCH\n", Refused(2, "run-time value")
+    ),
+    "indirect-run-time-name": _case('X=$(PAYLOAD)\nLAUNCH "${!X}"\n', Refused(2, "run-time value")),
+    "exec-child-shell": _case("exec bash -c 'PAYLOAD'\nLAUNCH\n", Refused(1, "bash -c")),
+    # ----------------------------------------------------------- input bash reads, never run
+    "heredoc-read": _case(
+        "read -r -d '' X <<'EOF' || true\nPAYLOAD\nEOF\nLAUNCH \"$X\"\n", Reads(("PAYLOAD",))
+    ),
+    "pipe-read-loop": _case(
+        "printf '%s\\n' a 'PAYLOAD' | while read -r l; do echo \"$l\"; done > /dev/null\n"
+        "LAUNCH b\n",
+        Reads(("b",)),
+    ),
+    "process-substitution-read": _case(
+        "mapfile -t L < <(printf '%s\\n' 'PAYLOAD' b)\nLAUNCH \"${L[@]}\"\n",
+        Reads(("PAYLOAD", "b")),
     ),
     # ----------------------------------------------------------- which program `python3` is
     "hash-p-python3": _case("hash -p ./evil python3\nLAUNCH a=1\n", Refused(1, "hash -p")),
@@ -377,7 +430,7 @@ def test_verdict_is_what_bash_does(name: str, tmp_path: Path, canary: Canary) ->
     else:
         assert isinstance(verdict, Exits)
         assert (oracle.argv, oracle.returncode) == (None, verdict.status)
-    assert not canary.fired()
+    assert canary.fired() == case.bash_runs_payload
 
 
 # --------------------------------------------------------------------------- files that are not

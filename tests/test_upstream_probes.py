@@ -30,6 +30,8 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.verdict import CaseCheck, check_case, live_asker
 
+CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
+
 pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 
 ARR = "actor_rollout_ref"
@@ -300,7 +302,12 @@ WRONG_TYPES = {
         "'8x'",
         "8",
     ),
-    "mini-batch-fraction": (f"{A}.ppo_mini_batch_size=64.5", f"{A}.ppo_mini_batch_size", "64.5", "64"),
+    "mini-batch-fraction": (
+        f"{A}.ppo_mini_batch_size=64.5",
+        f"{A}.ppo_mini_batch_size",
+        "64.5",
+        "64",
+    ),
 }
 
 
@@ -318,13 +325,14 @@ def test_a_wrong_type_is_an_error_naming_key_value_and_type(
     assert not [f for f in good.findings if f.rule.startswith("types.")]
 
 
-@pytest.mark.parametrize("override", [WRONG_TYPES[n][0] for n in ("batch-size-word", "unset-variable")])
+@pytest.mark.parametrize(
+    "override", [WRONG_TYPES[n][0] for n in ("batch-size-word", "unset-variable")]
+)
 def test_a_wrong_type_on_the_command_line_is_findings_not_a_traceback(
     override: str, upstream_checkout: Path, tmp_path: Path
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "pytest_verl_compat.cli", "--upstream", str(upstream_checkout)]
-        + ["check", "grpo", "--set", override, "--no-upstream-checks"],
+        [*CLI, "--upstream", str(upstream_checkout), "check", "grpo", "--set", override, "-q"],
         capture_output=True,
         text=True,
         check=False,

@@ -203,3 +203,60 @@ def test_user_manifest_through_every_stage(
     # (syrupy's own summary line is not printed in every environment; the green rerun shows it.)
     again = run_audit(pytester, shared_cache_dir, *args)
     again.assert_outcomes(passed=2 * 6 + 3, skipped=2)
+
+
+SCRIPT_DIR = """\
+#!/usr/bin/env bash
+set -euo pipefail
+HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" >/dev/null 2>&1 && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+COMMON    data.train_batch_size=64 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \\
+    actor_rollout_ref.rollout.n=4 \\
+    data.val_files="$ROOT/data/test.parquet" \\
+    trainer.default_local_dir="$HERE/checkpoints"
+""".replace("COMMON", COMMON.replace("$HOME", "$ROOT"))
+
+
+def test_the_script_directory_needs_no_binding_in_a_manifest(
+    tmp_path: Path, upstream_checkout: Path
+) -> None:
+    """`init`, the manifest's read stage, `read SCRIPT` and `check SCRIPT` all know the script's
+    folder: the idiom evaluates to it, so init asks no binding for it."""
+    import subprocess
+    import sys
+
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+    root = user_folder(tmp_path / "user", upstream_checkout / "verl" / "trainer" / "config")
+    (root / "examples" / "here.sh").write_text(SCRIPT_DIR)
+    manifest = root / "manifest.yaml"
+    text = init_manifest(root, manifest)
+    assert "dirname" not in text and "pwd" not in text
+    expected = [
+        f"data.train_files={root}/data/gsm8k/train.parquet",
+        f"data.val_files={root}/data/test.parquet",
+        f"trainer.default_local_dir={root}/examples/checkpoints",
+    ]
+    loaded = load_manifest(manifest)
+    case = next(c for c in loaded.cases if c.id == "here")
+    session = AuditSession.start(AuditOptions(manifest=str(manifest), upstream=str(root)))
+    fields = session.outcome(case).fields.fields
+    assert all(line in fields for line in expected)
+    cli = [sys.executable, "-m", "pytest_verl_compat.cli"]
+    read = subprocess.run(
+        [*cli, "read", "examples/here.sh"], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert read.returncode == 0, read.stderr
+    assert all(line in read.stdout.splitlines() for line in expected)
+    check = subprocess.run(
+        [*cli, "check", "--no-upstream-checks", "examples/here.sh"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode in (0, 1), check.stderr
+    assert "run-time value" not in check.stderr

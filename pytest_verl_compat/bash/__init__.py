@@ -2,9 +2,16 @@
 
 The script is parsed by mvdan/sh's ``shfmt --to-json`` and the typed syntax tree is interpreted
 here, with bash semantics, for the subset of bash that launch scripts use.  Nothing the script
-names is ever executed: command substitutions are answered only from
-``Bindings.substitutions`` and every construct whose effect cannot be known statically
-raises :class:`LaunchReadError` naming the file, the line and the construct.
+names is ever executed: a command substitution is answered from ``Bindings.substitutions`` or
+by interpreting its body (``cd``, ``pwd``, ``dirname``, ``basename``, ``realpath``, ``echo``,
+``printf`` and the script's own functions are pure functions of known text), and every
+construct whose effect cannot be known statically raises :class:`LaunchReadError` naming the
+file, the line and the construct.  The launcher may run under wrappers (``ray job submit``,
+``uv run``, ``env``, ``nohup``, ``timeout``, ``srun``, ``docker exec``, ``conda run``: the
+registry in ``wrappers``), whose options are read and checked, never run; ``LaunchRead`` then
+carries the environment and folder the wrapped launcher gets.  ``source`` reads files of the
+read's :class:`SourceScope` only (the script's folder tree, or a manifest case's pinned inputs);
+``LaunchRead.sources`` lists them with their sha256.
 
 Run-time values: what only the running script knows (an unbound command substitution, a
 variable bash sets such as ``$PWD``, ``~`` with HOME unset, ``$$``) is carried as a marker
@@ -23,25 +30,42 @@ Deliberate differences from bash, each documented where it is implemented:
 
 * Pathname expansion is never performed.  An unquoted word that still holds ``*``, ``?`` or
   ``[`` after expansion stays literal, which is what bash produces when nothing matches.
-* Commands other than the shell builtins modelled here are skipped as if they succeeded
-  (status 0); their output matters only through ``substitutions``.  A builtin reached through
-  ``builtin``/``command`` is the builtin itself.  Refused instead: a child shell (``bash -c``,
-  code piped or fed into ``sh``, ``nohup bash ...``), ``hash -p``, and any change to ``PATH``
-  before the launcher, since each can make ``python3`` run something else unseen.
+* Commands other than the shell builtins and programs modelled here are skipped as if they
+  succeeded (status 0; ``cd`` into a folder is assumed to exist, so ``while ! ray status``
+  ends at once); their output matters only through ``substitutions``.  A builtin reached
+  through ``builtin``/``command`` is the builtin itself.  Refused instead: a child shell
+  (``bash -c``, code piped or fed into ``sh``, ``nohup bash ...``), ``hash -p``, a function
+  named like a command this reader models, and any change to ``PATH`` before the launcher,
+  since each can make ``python3`` run something else unseen.
+* A script read from its file runs as ``bash /absolute/path/to/it``: ``$0`` is that path.
+  ``realpath``, ``readlink -f`` and ``pwd -P`` resolve links as this machine has them.
 * Input is bounded before shfmt sees it: a regular file of at most 1 MiB, brackets nested at
   most 200 deep, shfmt itself capped in memory and time.  NUL bytes, carriage returns (which
   bash keeps in words) and invalid UTF-8 are refused with the line they are on.
 * Variables bash sets by itself (``PWD``, ``PATH``, ``RANDOM``, ...) are run-time values unless
-  bound in ``Bindings.variables`` (``IFS`` and the arrays, such as ``BASH_ARGV``, are errors).
+  bound in ``Bindings.variables`` (arrays such as ``BASH_ARGV`` are errors); ``IFS``,
+  ``OPTIND`` and ``OPTERR`` start as bash starts them, whatever the environment holds, and
+  ``BASH_SOURCE``, ``FUNCNAME``, ``PIPESTATUS`` and ``BASH_REMATCH`` are kept as bash keeps them.
   Other unset variables are unset, as under ``env -i``: the bindings are the whole environment.
 * Text whose meaning depends on the locale (non-ASCII in ``${#X}``, slices, patterns, case
-  changes or ``$'\\u...'``) is rejected: the audit's oracle runs bash in the C locale.
+  changes, IFS, regular expressions or ``$'\\u...'``) is rejected: the audit's oracle runs bash
+  in the C locale.
+* ``source NAME`` without a slash: bash looks on PATH first. A PATH only known at run time is
+  taken to hold no file of that name (recipes source files beside them); a known PATH is
+  searched, and a file found there is refused.
+* A file test (``[ -f .env ]``) is never answered from the disk, even for a file the script
+  could source: the file system of the run may differ from the reader's.
 
 The modules, each importing only those before it: ``errors`` (what is raised, the budgets),
-``parse`` (shfmt and the tree), ``words`` (quoting and fields), ``state`` (the shell and its
-variables), ``arithmetic``, ``braces``, ``patterns``, ``expansion``, ``conditions``
-(``[[ ]]`` and ``test``), ``builtins`` and ``interpreter`` (statements and the launcher).  The
-interpreter is one class stacked from a mixin per layer, ``state`` at the bottom.
+``parse`` (shfmt and the tree), ``words`` (quoting and fields), ``arrays`` (associative arrays
+in bash's order), ``state`` (the shell and its variables), ``arithmetic``, ``braces``,
+``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the pure
+``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
+``paths`` and ``printing``), ``stdin`` (input and what reads it, over the pure ``filters``),
+``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python
+and the wrappers, described as data in ``wrappers``), ``branches`` and ``interpreter``
+(statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
+bottom.
 """
 
 from __future__ import annotations
@@ -49,12 +73,14 @@ from __future__ import annotations
 from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
 from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
 from pytest_verl_compat.bash.parse import command_substitutions
+from pytest_verl_compat.bash.sources import SourceScope
 from pytest_verl_compat.bash.state import LaunchRead
 
 __all__ = [
     "LaunchExited",
     "LaunchRead",
     "LaunchReadError",
+    "SourceScope",
     "command_substitutions",
     "read_launch",
     "read_launch_text",

@@ -228,7 +228,7 @@ class _Arithmetic(_State):
             return _wrap(sign * self.arith_var(body, None, line, depth + 1))
         self.fail(line, "arithmetic", f"{text!r} is an expression inside a value; not supported")
 
-    def arith_ref(self, node: Node) -> tuple[str, int | None]:
+    def arith_ref(self, node: Node) -> tuple[str, int | str | None]:
         """The variable an arithmetic assignment or ``++``/``--`` targets."""
         line = _line(node)
         parts = (node.get("Parts") or []) if node.get("Type") == "Word" else []
@@ -242,10 +242,10 @@ class _Arithmetic(_State):
             pe = parts[0]
             name = pe["Param"].get("Value", "")
             if _is_name(name) and not pe.get("Exp") and pe.get("Index") is not None:
-                return name, self.arith(pe["Index"])
+                return name, self.subscript(name, pe["Index"], line)
         self.fail(line, "arithmetic", "assignment to something that is not a variable")
 
-    def arith_var(self, name: str, index: int | None, line: int, depth: int = 0) -> int:
+    def arith_var(self, name: str, index: int | str | None, line: int, depth: int = 0) -> int:
         """A variable's value as an arithmetic operand (unset is 0, or an error under set -u)."""
         value = self.lookup(name, index, line)
         if value is None:
@@ -254,15 +254,10 @@ class _Arithmetic(_State):
             return 0
         return self.arith_text(value, line, depth=depth)
 
-    def arith_store(self, name: str, index: int | None, value: int, line: int) -> None:
+    def arith_store(self, name: str, index: int | str | None, value: int, line: int) -> None:
         """Store an arithmetic result into a variable or element."""
         if index is None:
             self.set_scalar(name, str(value), line)
             return
         self.check_assignable(name, line)
-        current = self.sh.vars.get(name)
-        array = dict(current) if isinstance(current, dict) else {}
-        if isinstance(current, str):
-            array[0] = current
-        array[index] = str(value)
-        self.store(name, array, line)
+        self.store_element(name, index, str(value), False, line)

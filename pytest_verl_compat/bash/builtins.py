@@ -5,10 +5,13 @@ Builtins whose effect cannot be known statically are rejected here, each with th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pytest_verl_compat.bash.arithmetic import _legal_integer
-from pytest_verl_compat.bash.conditions import _Conditions
+from pytest_verl_compat.bash.arrays import Assoc
+from pytest_verl_compat.bash.declarations import _Declarations
 from pytest_verl_compat.bash.errors import _Exit, _LoopControl
-from pytest_verl_compat.bash.parse import Node, _line
+from pytest_verl_compat.bash.printing import printf_output
 from pytest_verl_compat.bash.state import (
     _LAUNCHER_MODULE,
     _SET_FLAGS,
@@ -16,6 +19,7 @@ from pytest_verl_compat.bash.state import (
     _SET_HARMLESS_NAMES,
     _SET_NAMED,
 )
+from pytest_verl_compat.bash.stdin import getopt
 from pytest_verl_compat.bash.words import _is_name
 
 _NOT_A_DECLARATION = (
@@ -24,21 +28,13 @@ _NOT_A_DECLARATION = (
 # Builtins whose effect on the shell cannot be reproduced without running something.
 _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
     "eval": ("eval", "evaluates text as code at run time"),
-    "source": ("source", "reads and runs another file; read that file on its own"),
-    ".": ("source", "reads and runs another file; read that file on its own"),
-    "trap": ("trap", "installs code that runs on signals or exit"),
     "alias": ("alias", "aliases can rename any command, including the launcher"),
     "unalias": ("alias", "aliases can rename any command, including the launcher"),
     "enable": ("enable", "can swap builtins for loadable ones"),
-    "read": ("read", "sets variables from input at run time"),
-    "mapfile": ("mapfile", "sets variables from input at run time"),
-    "readarray": ("readarray", "sets variables from input at run time"),
-    "getopts": ("getopts", "sets variables from arguments at run time"),
     "shopt": ("shopt", "changes shell options this reader does not model"),
-    "return": ("return", "`return` outside a function"),
     "coproc": ("coproc", "runs a command concurrently with the script"),
     "fc": ("fc", "re-runs commands from history"),
-    "local": ("local", "`local` outside a function"),
+    "local": ("local", _NOT_A_DECLARATION),
     "declare": ("declare", _NOT_A_DECLARATION),
     "typeset": ("typeset", _NOT_A_DECLARATION),
     "export": ("export", _NOT_A_DECLARATION),
@@ -49,7 +45,17 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
 # The builtins whose arguments decide what they do to the shell: those modelled in
 # `_Builtins.builtin` and those it refuses.
 _ARGUMENT_BUILTINS = (
-    frozenset("set shift exit unset break continue exec hash".split()) | _REJECTED_BUILTINS.keys()
+    frozenset(
+        "set shift exit unset break continue exec hash return source . trap read mapfile "
+        "readarray getopts".split()
+    )
+    | _REJECTED_BUILTINS.keys()
+)
+# shopt options that change nothing this reader computes: it never globs, aliases and
+# extended globs are refused where used, the rest are interactive.
+_SHOPT_HARMLESS = frozenset(
+    "extglob expand_aliases checkwinsize histappend cmdhist lithist promptvars sourcepath "
+    "progcomp interactive_comments complete_fullquote hostcomplete checkhash".split()
 )
 
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
@@ -95,7 +101,7 @@ _BASH_BUILTINS = frozenset(
 )
 
 
-class _Builtins(_Conditions):
+class _Builtins(_Declarations):
     """The modelled builtins, declarations and assignments."""
 
     def builtin(self, argv: list[str], line: int) -> int:
@@ -116,7 +122,11 @@ class _Builtins(_Conditions):
         if name == "exit":
             return self.exit_builtin(words, line)
         if name == "set":
+            if len(words) == 1:
+                self.write_unknown("`set`")  # it lists every variable
             return self.set_builtin(words, line)
+        if name == "return":
+            return self.return_builtin(words, line)
         if name == "shift":
             return self.shift_builtin(words, line)
         if name == "unset":
@@ -131,13 +141,14 @@ class _Builtins(_Conditions):
                     self.fail(line, name, f"invalid loop count {words[1]!r}")
                 levels = parsed
             raise _LoopControl(name, min(levels, self.loop_depth))
-        if name in ("cd", "pushd", "popd"):
-            # The folder it enters is only known at run time (and a bound PWD is stale now).
-            self.change_directory(name, line)
-            return 0
         if name == "exec":
             if len(words) > 1:
                 self.fail(line, f"{prefix}exec", "replaces the shell with another program")
+            return 0
+        handler = _HANDLERS.get(name)
+        if handler is not None:
+            return handler(self, words, line)
+        if name == "shopt" and self.harmless_shopt(words):
             return 0
         if name in _REJECTED_BUILTINS:
             construct, detail = _REJECTED_BUILTINS[name]
@@ -147,10 +158,45 @@ class _Builtins(_Conditions):
                 line, f"{prefix}hash -p", "binds a command name to any file, `python3` included"
             )
         if name == "printf" and len(words) > 1 and words[1].startswith("-v"):
-            self.fail(line, f"{prefix}printf -v", "sets a variable from formatted output")
-        if _LAUNCHER_MODULE in argv[1:]:
+            return self.printf_to_variable(words, line)
+        status = self.run_program(words, line)
+        if status is not None:
+            return status
+        return self.external(words, line, argv[0])
+
+    def harmless_shopt(self, words: list[str]) -> bool:
+        """``shopt -s|-u NAME...`` of options that change nothing read here."""
+        parsed = getopt(words[1:], "supqo")
+        if isinstance(parsed, str):
+            return False
+        options, names = parsed
+        flags = {letter for letter, _ in options}
+        if flags & {"p", "q"} or not names:
+            self.write_unknown("`shopt`")
+            return not flags - {"p", "q"}
+        return flags <= {"s", "u"} and all(name in _SHOPT_HARMLESS for name in names)
+
+    def printf_to_variable(self, words: list[str], line: int) -> int:
+        """``printf -v NAME FORMAT [ARGS...]``: the formatted text becomes NAME's value."""
+        name = words[1][2:] or (words[2] if len(words) > 2 else "")
+        rest = words[2:] if words[1][2:] else words[3:]
+        if rest[:1] == ["--"]:
+            rest = rest[1:]
+        if not _is_name(name) or not rest:
+            return 2
+        text = printf_output(rest[0], rest[1:])
+        if text is None:
+            self.fail(line, "printf -v", "a conversion this reader does not model")
+        self.set_scalar(name, text, line)
+        return 0
+
+    def external(self, words: list[str], line: int, shown: str) -> int:
+        """A program this reader skips (as if it succeeded), unless it could run the launcher
+        or a child shell; its output is only known at run time."""
+        name = words[0]
+        if _LAUNCHER_MODULE in words[1:]:
             self.fail(
-                line, "indirect launcher", f"`{argv[0]}` runs {_LAUNCHER_MODULE}; call it directly"
+                line, "indirect launcher", f"`{shown}` runs {_LAUNCHER_MODULE}; call it directly"
             )
         program = name.rsplit("/", 1)[-1]
         if program in _SHELLS and any("main_ppo" in a for a in words[1:]):
@@ -165,19 +211,9 @@ class _Builtins(_Conditions):
                         f"{program} {word.rsplit('/', 1)[-1]}",
                         "runs a child shell whose code this reader cannot see",
                     )
+        self.consumed(name)
+        self.write_unknown(f"`{name}`")
         return 0
-
-    def change_directory(self, name: str, line: int) -> None:
-        """``cd``/``pushd``/``popd``: PWD becomes a run-time value, OLDPWD the former PWD."""
-        old = self.lookup("PWD", None, line)
-        if old is not None:
-            self.sh.vars["OLDPWD"] = old
-        self.sh.vars["PWD"] = self.lazy(
-            line,
-            f"$PWD after `{name}`",
-            "the folder it enters is only known at run time; name it in the script instead",
-            nonempty=True,
-        )
 
     def unwrap(self, argv: list[str], line: int) -> tuple[list[str], list[str]] | int:
         """The command that ``builtin``/``command`` prefixes run, with the prefixes; or the
@@ -202,6 +238,7 @@ class _Builtins(_Conditions):
             if "v" in options or "V" in options:
                 # `command -v NAME` only describes NAME; like any other command it is assumed
                 # to succeed.
+                self.write_unknown(f"`{wrapper} -{options}`")
                 return 0
             wrappers.append(f"{wrapper} -{options}" if options else wrapper)
             words = rest
@@ -240,14 +277,14 @@ class _Builtins(_Conditions):
         while i < len(argv):
             arg = argv[i]
             if arg == "--":
-                self.sh.positional = argv[i + 1 :]
+                self.set_positional(argv[i + 1 :])
                 return 0
             if arg == "-":
                 if i + 1 < len(argv):
-                    self.sh.positional = argv[i + 1 :]
+                    self.set_positional(argv[i + 1 :])
                 return 0
             if len(arg) < 2 or arg[0] not in "-+":
-                self.sh.positional = argv[i:]
+                self.set_positional(argv[i:])
                 return 0
             on = arg[0] == "-"
             for flag in arg[1:]:
@@ -267,6 +304,11 @@ class _Builtins(_Conditions):
             i += 1
         return 0
 
+    def set_positional(self, words: list[str]) -> None:
+        """``set -- WORDS``: a file sourced with arguments keeps these (``args_set``)."""
+        self.sh.positional = words
+        self.sh.args_set = True
+
     def shift_builtin(self, argv: list[str], line: int) -> int:
         """``shift [N]``."""
         count = 1
@@ -281,7 +323,7 @@ class _Builtins(_Conditions):
         return 0
 
     def unset_builtin(self, argv: list[str], line: int) -> int:
-        """``unset [-v|-f] NAME...``; there are no functions, so ``-f`` does nothing."""
+        """``unset [-v|-f] NAME...``."""
         functions = False
         for arg in argv[1:]:
             if arg in ("-v", "-f", "-fv", "-vf"):
@@ -290,6 +332,7 @@ class _Builtins(_Conditions):
             if arg.startswith("-"):
                 self.fail(line, f"unset {arg}", "option not supported")
             if functions:
+                self.sh.functions.pop(arg, None)
                 continue
             name, bracket, rest = arg.partition("[")
             if not _is_name(name):
@@ -301,8 +344,11 @@ class _Builtins(_Conditions):
             if bracket:
                 if not rest.endswith("]"):
                     self.fail(line, "unset", f"bad array subscript {arg!r}")
-                index = self.arith_text(rest[:-1], line)
                 value = self.sh.vars.get(name)
+                if isinstance(value, Assoc):
+                    value.items.pop(rest[:-1], None)
+                    continue
+                index = self.arith_text(rest[:-1], line)
                 if isinstance(value, dict):
                     value.pop(index, None)
                 elif isinstance(value, str) and index == 0:
@@ -313,124 +359,14 @@ class _Builtins(_Conditions):
             self.sh.dropped.add(name)
         return 0
 
-    # ---------------------------------------------------------------- declarations
 
-    def declaration(self, cmd: Node, line: int) -> int:
-        """``export``, ``declare``/``typeset`` and ``readonly`` with the options modelled here."""
-        variant = (cmd.get("Variant") or {}).get("Value", "")
-        if variant == "local":
-            self.fail(line, "local", "`local` outside a function")
-        allowed = {
-            "export": ("np", ""),
-            "declare": ("axgrp", "x"),
-            "typeset": ("axgrp", "x"),
-            "readonly": ("pa", ""),
-        }
-        if variant not in allowed:
-            self.fail(line, variant or "declaration", "not supported")
-        on: set[str] = set()
-        off: set[str] = set()
-        assigns: list[Node] = []
-        for arg in cmd.get("Args") or []:
-            if arg.get("Naked") and arg.get("Name") is None:
-                parts = (arg.get("Value") or {}).get("Parts") or []
-                text = parts[0].get("Value", "") if len(parts) == 1 else ""
-                if len(parts) == 1 and parts[0].get("Type") == "Lit" and text[:1] in ("-", "+"):
-                    if text in ("-", "--"):
-                        continue
-                    (on if text[0] == "-" else off).update(text[1:])
-                    continue
-                self.fail(line, variant, "a name or option that is not a literal word")
-            assigns.append(arg)
-        allowed_on, allowed_off = allowed[variant]
-        for flag in sorted(on - set(allowed_on)):
-            self.fail(line, f"{variant} -{flag}", "option not supported")
-        for flag in sorted(off - set(allowed_off)):
-            self.fail(line, f"{variant} +{flag}", "option not supported")
-        if "p" in on:
-            if assigns:
-                self.fail(line, f"{variant} -p", "printing with names is not supported")
-            return 0
-        export = (variant == "export" and "n" not in on) or "x" in on
-        unexport = (variant == "export" and "n" in on) or "x" in off
-        readonly = variant == "readonly" or "r" in on
-        for assign in assigns:
-            name = assign["Name"]["Value"]
-            if not assign.get("Naked"):
-                self.assign(assign)
-            if "a" in on:
-                current = self.sh.vars.get(name)
-                if isinstance(current, str):
-                    self.sh.vars[name] = {0: current}
-            if export:
-                self.sh.exported.add(name)
-            if unexport:
-                self.sh.exported.discard(name)
-            if readonly:
-                self.sh.readonly.add(name)
-        return 0
-
-    # ---------------------------------------------------------------- assignments
-
-    def assign(self, assign: Node) -> None:
-        """One assignment word: scalar, ``+=``, ``A=( ... )``, ``A+=( ... )`` or ``A[i]=v``."""
-        line = _line(assign)
-        name = assign["Name"]["Value"]
-        self.check_assignable(name, line)
-        append = bool(assign.get("Append"))
-        current = self.sh.vars.get(name)
-        if assign.get("Array") is not None:
-            if assign.get("Index") is not None:
-                self.fail(line, "assignment", f"{name}[...] cannot be assigned a list")
-            elements = self.array_elements(assign["Array"])
-            if append:
-                base = dict(current) if isinstance(current, dict) else {}
-                if isinstance(current, str):
-                    base[0] = current
-            else:
-                base = {}
-            following = max(base) + 1 if base else 0
-            for index, value in elements:
-                if index is None:
-                    index = following
-                elif index < 0:
-                    index += max(base) + 1 if base else 0
-                    if index < 0:
-                        self.fail(line, "assignment", f"{name}: bad array subscript")
-                base[index] = value
-                following = index + 1
-            self.store(name, base, line)
-            return
-        value = self.string(assign.get("Value"), tilde="assign")
-        if assign.get("Index") is not None:
-            index = self.arith(assign["Index"])
-            array = dict(current) if isinstance(current, dict) else {}
-            if isinstance(current, str):
-                array[0] = current
-            if index < 0:
-                index += max(array) + 1 if array else 0
-                if index < 0:
-                    self.fail(line, "assignment", f"{name}: bad array subscript")
-            array[index] = array.get(index, "") + value if append else value
-            self.store(name, array, line)
-            return
-        if isinstance(current, dict):
-            array = dict(current)
-            array[0] = array.get(0, "") + value if append else value
-            self.store(name, array, line)
-            return
-        self.store(name, (current or "") + value if append else value, line)
-
-    def array_elements(self, array: Node) -> list[tuple[int | None, str]]:
-        """The elements of ``( ... )``: plain words split like arguments, ``[i]=v`` not split."""
-        elements: list[tuple[int | None, str]] = []
-        for elem in array.get("Elems") or []:
-            if elem.get("Index") is not None:
-                index = self.arith(elem["Index"])
-                elements.append((index, self.string(elem.get("Value"), tilde="assign")))
-            elif elem.get("Value") is not None:
-                fields = self.fields(
-                    [elem["Value"]], assignment_words=False, use="elements the array gets"
-                )
-                elements.extend((None, f) for f in fields)
-        return elements
+# Builtins modelled in a layer of their own, by name.
+_HANDLERS: dict[str, Callable[[_Builtins, list[str], int], int]] = {
+    "read": _Builtins.read_builtin,
+    "mapfile": _Builtins.mapfile_builtin,
+    "readarray": _Builtins.mapfile_builtin,
+    "getopts": _Builtins.getopts_builtin,
+    "trap": lambda self, words, line: self.trap_builtin(words, line),
+    "source": lambda self, words, line: self.source_builtin(words, line),
+    ".": lambda self, words, line: self.source_builtin(words, line),
+}

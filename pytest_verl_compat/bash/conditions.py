@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from pytest_verl_compat.bash import regex
 from pytest_verl_compat.bash.arithmetic import _legal_integer
+from pytest_verl_compat.bash.arrays import Assoc
 from pytest_verl_compat.bash.errors import _TestSyntax
 from pytest_verl_compat.bash.expansion import _Expansion
 from pytest_verl_compat.bash.parse import Node, _line
@@ -13,6 +15,7 @@ _TEST_FILE_OPS = frozenset("-a -b -c -d -e -f -g -h -k -p -r -s -t -u -w -x -G -
 _TEST_BINARY = frozenset("= == != < > -eq -ne -lt -le -gt -ge -nt -ot -ef".split())
 _INT_OPS = frozenset("-eq -ne -lt -le -gt -ge".split())
 _DECIDES = "decides a condition"
+_REGEX_SPECIAL = ".[]()*+?{}|^$\\"
 
 
 class _Conditions(_Expansion):
@@ -44,7 +47,7 @@ class _Conditions(_Expansion):
                 matched = self.compile_pattern(node["Y"], line, _DECIDES).fullmatch(left)
                 return matched if op != "!=" else not matched
             if op == "=~":
-                self.fail(line, "[[ =~ ]]", "regular-expression matching is not supported")
+                return self.regex_match(left, node["Y"], line)
             right = self.string(node["Y"], tilde="start")
             self.need(right, line, _DECIDES)
             if op == "<":
@@ -56,6 +59,37 @@ class _Conditions(_Expansion):
                 return _compare(op, self.arith_text(left, line), self.arith_text(right, line))
             self.fail(line, f"[[ {op} ]]", "file tests need the file system")
         self.fail(line, "[[ ]]", f"unsupported expression {kind!r}")
+
+    def regex_match(self, text: str, word: Node, line: int) -> bool:
+        """``[[ TEXT =~ REGEX ]]``: quoted characters of the word match themselves; sets
+        BASH_REMATCH (a capture not modelled is a run-time value)."""
+        chars = self.pattern_chars(word)
+        pattern = "".join(
+            c if special or c not in _REGEX_SPECIAL else "\\" + c for c, special in chars
+        )
+        self.need(pattern, line, _DECIDES)
+        self.check_pattern_subject(text, line)
+        try:
+            found = regex.search(pattern, text, self.spend_pattern_steps)
+        except regex.RegexError as exc:
+            self.fail(line, "[[ =~ ]]", str(exc))
+        if "BASH_REMATCH" in self.sh.readonly:
+            self.fail(line, "[[ =~ ]]", "BASH_REMATCH is readonly")
+        groups: dict[int, str] = {}
+        for index, group in enumerate(found.groups if found else ()):
+            groups[index] = (
+                group
+                if group is not None
+                else self.lazy(
+                    line,
+                    f"${{BASH_REMATCH[{index}]}}",
+                    "bash's choice of a repeated, nested or alternative capture is not modelled; "
+                    "capture it with a top-level group",
+                    nonempty=False,
+                )
+            )
+        self.sh.vars["BASH_REMATCH"] = groups
+        return found is not None
 
     def unary_test(self, op: str, operand: str, line: int) -> bool:
         """Unary operators shared by ``[[ ]]`` and ``[``."""
@@ -71,6 +105,8 @@ class _Conditions(_Expansion):
             if bracket:
                 if not rest.endswith("]"):
                     return False
+                if isinstance(self.sh.vars.get(name), Assoc):
+                    return self.lookup(name, rest[:-1], line) is not None
                 return self.lookup(name, self.arith_text(rest[:-1], line), line) is not None
             return self.lookup(name, None, line) is not None
         if op == "-o":

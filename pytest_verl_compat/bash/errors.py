@@ -68,12 +68,14 @@ class _Budget(Exception):
 
 
 class _Exit(Exception):
-    """The shell exits (``exit``, or ``set -e`` after a failure)."""
+    """The shell exits (``exit``, or ``set -e`` after a failure); ``replaced``: by ``exec``,
+    which runs no EXIT trap."""
 
-    def __init__(self, status: int, line: int) -> None:
-        super().__init__(status, line)
+    def __init__(self, status: int, line: int, replaced: bool = False) -> None:
+        super().__init__(status, line, replaced)
         self.status = status
         self.line = line
+        self.replaced = replaced
 
 
 class _LoopControl(Exception):
@@ -83,6 +85,14 @@ class _LoopControl(Exception):
         super().__init__(kind, levels)
         self.kind = kind
         self.levels = levels
+
+
+class _Return(Exception):
+    """``return`` unwinding to the function call."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 class _TestSyntax(Exception):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pytest_verl_compat.bash.arrays import Assoc
 from pytest_verl_compat.bash.braces import _brace_expand, _merge_names
-from pytest_verl_compat.bash.errors import _Budget
+from pytest_verl_compat.bash.errors import LaunchReadError, _Budget
 from pytest_verl_compat.bash.parse import Node, _line, _subst_text
 from pytest_verl_compat.bash.patterns import _Patterns
 from pytest_verl_compat.bash.words import (
@@ -63,7 +64,7 @@ class _Expansion(_Patterns):
         """
         # bash gives NAME=... arguments assignment-style tilde expansion, but not the elements
         # of A=( ... ) (``assignment_words=False``).
-        fb = _Fields(split=True)
+        fb = _Fields(split=True, ifs=self.split_characters())
         try:
             for word in words:
                 line = _line(word)
@@ -260,20 +261,38 @@ class _Expansion(_Patterns):
             output = self.substitution(part)
             (fb.text if quoted else fb.expanded)(output)
         elif kind == "ArithmExp":
-            value = str(self.arith(part["X"]))
-            (fb.text if quoted else fb.expanded)(value)
+            (fb.text if quoted else fb.expanded)(self.arithmetic_expansion(part, line))
         elif kind == "ProcSubst":
-            self.fail(line, "process substitution", f"{part.get('Op', '<(')}...) runs a command")
+            # One path, never split: bash expands it to a /dev/fd name.
+            fb.text(self.process_substitution(part))
         elif kind == "ExtGlob":
             self.fail(line, "extended glob", "extglob patterns are not supported")
         else:
             self.fail(line, str(kind), "this word part is not supported")
 
+    def arithmetic_expansion(self, part: Node, line: int) -> str:
+        """``$((...))``: its value; a run-time value when one is an operand and the expression
+        assigns nothing (its result is then refused only where it decides something)."""
+        try:
+            return str(self.arith(part["X"]))
+        except LaunchReadError as exc:
+            index = getattr(exc, "runtime_index", None)
+            if index is None or not _assigns_nothing(part["X"]):
+                raise
+            return self.lazy(line, "$((...))", self.lazies[index].binding, False, index)
+
     def substitution(self, part: Node) -> str:
-        """A command substitution's bound output; never executed."""
+        """A command substitution's output: bound, or its body's as this reader evaluates it.
+
+        Nothing is executed: the body is interpreted, and output that only running something
+        would give (an unmodelled program) makes the whole output a run-time value.
+        """
         text = _subst_text(self.data, part)
         shown = f"`{text}`" if part.get("Backquotes") else f"$({text})"
         if text not in self.substitutions:
+            evaluated = self.evaluate_substitution(part)
+            if evaluated is not None:
+                return evaluated
             # Its output is only known at run time; never run, it stays a run-time value.
             return self.lazy(
                 _line(part),
@@ -334,7 +353,9 @@ class _Expansion(_Patterns):
     @staticmethod
     def is_at_list(part: Node) -> bool:
         """Whether a part is ``$@`` or ``${A[@]}`` (which may expand to no field at all)."""
-        if part.get("Type") != "ParamExp" or part.get("Length") or part.get("Excl"):
+        if part.get("Type") != "ParamExp" or part.get("Length"):
+            return False
+        if part.get("Excl") and _index_word(part.get("Index")) not in ("@", "*"):
             return False
         if (part.get("Param") or {}).get("Value") == "@":
             return True
@@ -346,11 +367,19 @@ class _Expansion(_Patterns):
         """Parameter expansion: ``$X ${X} ${X:-w} ${#X} ${A[@]} ${X#p} ${X/p/r} ${X:o:l}`` ..."""
         line = _line(pe)
         name = pe["Param"].get("Value", "")
-        if pe.get("Excl") or pe.get("Names") or pe.get("Width"):
-            self.fail(line, "parameter expansion", f"indirect expansion ${{!{name}...}}")
-        nounset = "nounset" in self.sh.options
         index_node = pe.get("Index")
         index_word = _index_word(index_node)
+        if pe.get("Names") or pe.get("Width"):
+            self.fail(line, "parameter expansion", f"the variable names ${{!{name}*}}")
+        if pe.get("Excl") and index_word in ("@", "*"):
+            if pe.get("Exp") or pe.get("Slice") or pe.get("Repl") or pe.get("Length"):
+                self.fail(line, "parameter expansion", f"operators combined with ${{!{name}[@]}}")
+            self.emit_list(self.keys(name, line), fb, quoted, index_word == "*")
+            return
+        if pe.get("Excl"):
+            name, index_node = self.indirect(name, index_node, line)
+            index_word = _index_word(index_node)
+        nounset = "nounset" in self.sh.options
         is_list = name in ("@", "*") or index_word in ("@", "*")
         emit: Callable[[str], None] = fb.text if quoted else fb.expanded
         if pe.get("Length"):
@@ -384,9 +413,11 @@ class _Expansion(_Patterns):
             emit(str(len(value)))
             return
         if is_list:
-            if pe.get("Slice") or pe.get("Repl"):
-                self.fail(line, "parameter expansion", f"slicing or replacing the list {name}")
-            if name in ("@", "*"):
+            if pe.get("Repl") or (pe.get("Slice") and pe.get("Exp")):
+                self.fail(line, "parameter expansion", f"replacing in the list {name}")
+            if pe.get("Slice"):
+                values = self.list_slice(name, pe["Slice"], line)
+            elif name in ("@", "*"):
                 values = list(self.sh.positional)
             else:
                 # bash 5.2 lets "${A[@]}" expand to nothing under set -u, like "$@".
@@ -487,11 +518,56 @@ class _Expansion(_Patterns):
             value = self.replace(value, pe["Repl"], line, f"${{{name}/...}}")
         emit(value)
 
+    def list_slice(self, name: str, spec: Node, line: int) -> list[str]:
+        """``${@:offset:length}`` (position 0 is ``$0``) and ``${A[@]:offset:length}`` (from
+        the first element whose index is at least ``offset``)."""
+        offset = self.arith(spec["Offset"]) if spec.get("Offset") is not None else 0
+        length = self.arith(spec["Length"]) if spec.get("Length") is not None else None
+        if name in ("@", "*"):
+            indexed = dict(enumerate([self.script, *self.sh.positional]))
+        else:
+            value = self.sh.vars.get(name)
+            if isinstance(value, Assoc):
+                self.fail(line, "parameter expansion", f"a slice of the associative array {name}")
+            if isinstance(value, str):
+                indexed = {0: value}
+            elif isinstance(value, dict):
+                indexed = dict(value)
+            else:
+                indexed = dict(enumerate(self.elements(name, line) or []))
+        top = max(indexed) + 1 if indexed else 0
+        if offset < 0:
+            offset += top
+            if offset < 0:
+                return []
+        values = [indexed[k] for k in sorted(indexed) if k >= offset]
+        if length is None:
+            return values
+        if length < 0:
+            self.fail(line, "parameter expansion", f"{length}: substring expression < 0")
+        return values[:length]
+
     def emit_list(self, values: list[str], fb: _Fields, quoted: bool, star: bool) -> None:
         """Emit ``$@``/``$*``/``${A[@]}``/``${A[*]}`` with bash's field rules."""
         if not fb.split or (quoted and star):
             # "$*" and every list in a non-splitting context join with the first IFS char.
-            (fb.text if quoted else fb.expanded)(" ".join(values))
+            (fb.text if quoted else fb.expanded)(self.join_character().join(values))
+            return
+        separator = self.join_character()
+        if not quoted and separator:
+            # bash joins an unquoted list with IFS's first character and splits the result, so
+            # with IFS=, an empty element still makes an (empty) field. With IFS whitespace
+            # next to other IFS characters, where an element's whitespace ends is not modelled.
+            if fb.delimiters and any(c in fb.whitespace for value in values for c in value):
+                self.fail(
+                    self.line,
+                    "IFS",
+                    "an unquoted list whose elements hold IFS whitespace, with other IFS characters",
+                )
+            for i, value in enumerate(values):
+                if i:
+                    fb.list_separator(separator, values[i - 1])
+                fb.expanded(value)
             return
         for i, value in enumerate(values):
             if quoted:
@@ -522,19 +598,44 @@ class _Expansion(_Patterns):
         if name == "?":
             return str(self.sh.status)
         if name == "0":
-            return self.path
+            return self.script
         if _ascii_digits(name):
             # A position past 64 bits is past the end of any list.
             position = int(name) if len(name) <= 19 else 1 << 63
             return self.sh.positional[position - 1] if position <= len(self.sh.positional) else None
         if name == "$":
             return self.lazy(line, "$$", "the process id is never known in advance", True)
-        if name in ("!", "-", "_"):
+        if name == "!":
+            if not self.sh.background:
+                return None
+            return self.lazy(line, "$!", "the process id is never known in advance", True)
+        if name in ("-", "_"):
             self.fail(line, "special parameter", f"${name} is only known at run time")
         if not _is_name(name):
             self.fail(line, "parameter expansion", f"unsupported parameter {name!r}")
-        index = None if index_node is None else self.arith(index_node)
+        index = None if index_node is None else self.subscript(name, index_node, line)
         return self.lookup(name, index, line)
+
+    def indirect(self, name: str, index: Node | None, line: int) -> tuple[str, Node | None]:
+        """``${!NAME}``: the parameter NAME's value names (a variable, an element, a position)."""
+        target = self.scalar(name, index, line)
+        if target is None:
+            if "nounset" in self.sh.options:
+                self.unbound(line, name)
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {name} is unset")
+        self.need(target, line, f"names the variable ${{!{name}}} expands")
+        base, bracket, rest = target.partition("[")
+        if not (_is_name(base) or _ascii_digits(base) or base in ("@", "*", "#", "?")):
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: invalid name")
+        if not bracket:
+            return base, None
+        if not rest.endswith("]") or not rest[:-1]:
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: bad subscript")
+        key = rest[:-1]
+        word: Node = {"Type": "Word", "Parts": [{"Type": "Lit", "Value": key}]}
+        if not isinstance(self.sh.vars.get(base), Assoc) and not key.isdigit() and key not in "@*":
+            self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: not supported")
+        return base, word
 
     def assign_indexed(self, name: str, index_node: Node | None, value: str, line: int) -> None:
         """Assignment made by ``${X:=word}`` (possibly to an element)."""
@@ -542,13 +643,7 @@ class _Expansion(_Patterns):
             self.set_scalar(name, value, line)
             return
         self.check_assignable(name, line)
-        index = self.arith(index_node)
-        current = self.sh.vars.get(name)
-        array = dict(current) if isinstance(current, dict) else {}
-        if isinstance(current, str):
-            array[0] = current
-        array[index] = value
-        self.store(name, array, line)
+        self.store_element(name, self.subscript(name, index_node, line), value, False, line)
 
     def slice(self, value: str, spec: Node, line: int) -> str:
         """``${X:offset}`` and ``${X:offset:length}``."""
@@ -581,6 +676,23 @@ class _Expansion(_Patterns):
                 self.fail(line, "parameter expansion", f"substring expression < 0 ({length})")
             return value[offset:end]
         return value[offset : offset + length]
+
+
+# Arithmetic and parameter operators that assign a variable.
+_ASSIGNING = frozenset("= += -= *= /= %= <<= >>= &= |= ^= ++ -- := ".split())
+
+
+def _assigns_nothing(node: object) -> bool:
+    """Whether an arithmetic expression (and every word in it) assigns no variable."""
+    if isinstance(node, list):
+        return all(_assigns_nothing(item) for item in node)
+    if not isinstance(node, dict):
+        return True
+    if node.get("Op") in _ASSIGNING and node.get("Type") in ("BinaryArithm", "UnaryArithm"):
+        return False
+    if node.get("Type") == "ParamExp" and (node.get("Exp") or {}).get("Op") in ("=", ":="):
+        return False
+    return all(_assigns_nothing(value) for value in node.values())
 
 
 def _index_word(index: Node | None) -> str | None:

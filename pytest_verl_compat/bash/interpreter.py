@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
+from pytest_verl_compat.bash.branches import _Branches, _observes_status, _Undecided
 from pytest_verl_compat.bash.builtins import (
     _ARGUMENT_BUILTINS,
     _BASH_BUILTINS,
     _RUNNERS,
     _SHELLS,
-    _Builtins,
 )
 from pytest_verl_compat.bash.errors import (
     _MAX_STEPS,
@@ -24,36 +25,57 @@ from pytest_verl_compat.bash.errors import (
     _Budget,
     _Exit,
     _LoopControl,
+    _Return,
 )
 from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, _LAUNCHER_PYTHONS, LaunchRead
-from pytest_verl_compat.bash.words import _Fields
+from pytest_verl_compat.bash.sources import SourceScope
+from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _Capture, _Input
+from pytest_verl_compat.bash.wrappers import Wrapped, find_wrapper
 from pytest_verl_compat.model import Bindings
 
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
 _CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
+# A loop still running after this many rounds is not one to follow.
+_MAX_ITERATIONS = 10_000
+# Refusals inside a command substitution that are about the whole read, not about the output:
+# a budget, or a launcher that runs where its output is taken.
+_RESOURCE_ERRORS = frozenset({"limit", "nesting", "launcher"})
 
 
 def read_launch(
-    path: str | os.PathLike[str], bindings: Bindings, *, text: str | None = None
+    path: str | os.PathLike[str],
+    bindings: Bindings,
+    *,
+    text: str | None = None,
+    scope: SourceScope | None = None,
 ) -> LaunchRead:
-    """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it."""
+    """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it.
+
+    A script read from its file runs as ``bash /absolute/path``: ``$0`` is that path, so the
+    script-directory idiom (``$(cd "$(dirname "$0")" && pwd)``) names the script's folder
+    whatever folder it is started from. Given as ``text``, ``$0`` is ``path`` as given.
+    ``scope``: the files ``source`` may read (by default those under the script's folder).
+    """
     label, data = _load(path, text)
-    return _read(label, data, bindings)
+    script = label if text is not None else os.path.abspath(label)
+    return _read(label, data, bindings, script, scope or SourceScope.around(label))
 
 
 def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
-    """Read a script given as text; ``path`` only labels error messages and ``$0``."""
+    """Read a script given as text; ``path`` only labels error messages and ``$0`` (it sources
+    no file)."""
     label, data = _load(path, text)
-    return _read(label, data, bindings)
+    return _read(label, data, bindings, label, None)
 
 
-def _read(label: str, data: bytes, bindings: Bindings) -> LaunchRead:
+def _read(
+    label: str, data: bytes, bindings: Bindings, script: str, scope: SourceScope | None
+) -> LaunchRead:
     """Parse and interpret; every failure surfaces as a LaunchReadError."""
     tree = _parse(label, data)
     try:
-        return _Interpreter(label, data, bindings).run(tree)
+        return _Interpreter(label, data, bindings, script, scope).run(tree)
     except LaunchReadError:
         raise
     except RecursionError:
@@ -66,34 +88,47 @@ def _read(label: str, data: bytes, bindings: Bindings) -> LaunchRead:
         ) from None
 
 
-class _Interpreter(_Builtins):
+class _Interpreter(_Branches):
     """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
 
     # ---------------------------------------------------------------- top level
 
     def run(self, tree: Node) -> LaunchRead:
-        """Run the whole script and return its last launcher command."""
+        """Run the whole script (and its EXIT trap) and return its last launcher command."""
+        exited: _Exit | None = None
         try:
-            self.stmts(tree.get("Stmts") or [], exempt=False)
-        except _Exit as done:
-            if self.launch is None:
-                raise LaunchExited(self.path, done.line, done.status) from None
+            try:
+                self.stmts(tree.get("Stmts") or [], exempt=False)
+            except _Exit as done:
+                exited = done
+            if exited is None or not exited.replaced:
+                status = self.exit_trap(self.sh.status if exited is None else exited.status)
+                if exited is not None:
+                    exited = _Exit(status, exited.line)
         except _LoopControl:
             self.fail(self.line, "loop control", "`break`/`continue` outside a loop")
+        except _Return:
+            self.fail(self.line, "return", "`return` outside a function or sourced file")
         except _Budget as exc:
             self.fail(self.line, "limit", str(exc))
+        if exited is not None and self.launch is None:
+            raise LaunchExited(self.path, exited.line, exited.status)
         if self.launch is None:
+            where, other = self.other_entry or (None, "")
             self.fail(
-                None,
+                where,
                 "no launcher",
-                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings",
+                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings"
+                + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
-        return self.launch
+        return replace(self.launch, sources=tuple(sorted(self.sourced.items())))
 
     def stmts(self, stmts: list[Node], exempt: bool) -> int:
         """Run a statement list; its status is the last statement's."""
         status = 0
-        for stmt in stmts:
+        for index, stmt in enumerate(stmts):
+            following = stmts[index + 1] if index + 1 < len(stmts) else None
+            self.status_unseen = not _observes_status(following)
             status = self.stmt(stmt, exempt)
         return status
 
@@ -103,6 +138,8 @@ class _Interpreter(_Builtins):
         if self.steps > _MAX_STEPS:
             self.fail(_line(stmt), "limit", "the script runs too many commands")
         self.line = _line(stmt)
+        # Only this statement's own `if`/`&&`/`||` may leave a status nobody reads.
+        self.unseen_here, self.status_unseen = self.status_unseen, False
         cmd = stmt.get("Cmd")
         redirs = stmt.get("Redirs") or []
         if stmt.get("Coprocess"):
@@ -110,18 +147,30 @@ class _Interpreter(_Builtins):
         if stmt.get("Background"):
             # A background job runs in a subshell: it may launch, but changes nothing here.
             self.subshell(lambda: self.command(cmd, redirs, stmt, exempt))
+            self.sh.background = True
             status = 0
         elif stmt.get("Negated"):
-            status = 0 if self.command(cmd, redirs, stmt, exempt=True) else 1
+            status = 0 if self.status_of(cmd, redirs, stmt, exempt=True) else 1
         else:
-            status = self.command(cmd, redirs, stmt, exempt)
+            status = self.status_of(cmd, redirs, stmt, exempt)
         self.sh.status = status
         return status
 
+    def status_of(self, cmd: Node | None, redirs: list[Node], stmt: Node, exempt: bool) -> int:
+        """Run a command; bash keeps the status of a simple command (or of a subshell, a test,
+        arithmetic) in PIPESTATUS, while a compound command leaves the one its last pipeline
+        set (a pipeline sets its own)."""
+        status = self.command(cmd, redirs, stmt, exempt)
+        if cmd is None or cmd.get("Type") in _SETS_PIPESTATUS:
+            self.sh.pipestatus = [status]
+        return status
+
     def errexit(self, status: int, exempt: bool, line: int) -> int:
-        """Apply ``set -e`` to a command's status."""
-        if status and not exempt and "errexit" in self.sh.options:
-            raise _Exit(status, line)
+        """A command's status where ``set -e`` and the ERR trap act on it."""
+        if status and not exempt:
+            self.err_trap()
+            if "errexit" in self.sh.options:
+                raise _Exit(status, line)
         return status
 
     @contextmanager
@@ -129,6 +178,7 @@ class _Interpreter(_Builtins):
         """Run the body on a copy of the shell state, as bash runs a subshell."""
         saved, depth = self.sh, self.loop_depth
         self.sh = saved.fork()
+        self.subshell_traps()
         self.loop_depth = 0
         try:
             yield
@@ -136,14 +186,87 @@ class _Interpreter(_Builtins):
             self.sh, self.loop_depth = saved, depth
 
     def subshell(self, body: Callable[[], int]) -> int:
-        """Run ``body`` in a subshell and return its exit status."""
+        """Run ``body`` in a subshell (and the EXIT trap it sets) and return its exit status."""
         with self.forked():
             try:
-                return body()
+                status = body()
             except _Exit as done:
-                return done.status
+                if done.replaced:
+                    return done.status
+                status = done.status
+            except _Return as done:
+                status = done.status
             except _LoopControl:
-                return 0
+                status = 0
+            return self.exit_trap(status)
+
+    def evaluate_substitution(self, part: Node) -> str | None:
+        """What ``$(...)`` prints, evaluated in a subshell; None when only running it would tell.
+
+        A refusal inside the body (a construct this reader does not model) also leaves the
+        output unknown: the substitution is then the run-time value it always was, refused
+        only where its text decides something.
+        """
+        output = self.captured_output(part.get("Stmts") or [], "a command substitution")
+        if output is None:
+            return None
+        text, self.substitution_status = output
+        return text.rstrip("\n")
+
+    def captured_output(self, stmts: list[Node], what: str) -> tuple[str, int] | None:
+        """The output and status of ``stmts`` run in a subshell whose output is captured (None:
+        only running them would tell)."""
+        saved = (self.capture, self.stdout_captured, self.stderr_captured, self.launch)
+        capture = _Capture()
+        self.capture, self.stdout_captured, self.stderr_captured = capture, True, False
+        self.substituting.append(what)
+        try:
+            with self.forked(), self.reading(_Input(None, "the script's standard input")):
+                # bash does not apply set -e inside a substitution (no inherit_errexit).
+                self.sh.options.discard("errexit")
+                try:
+                    status = self.stmts(stmts, exempt=False)
+                except _Exit as done:
+                    status = done.status
+                except _Return as done:
+                    status = done.status
+                except _LoopControl:
+                    status = 0
+                status = self.exit_trap(status)
+        except LaunchReadError as exc:
+            if exc.construct in _RESOURCE_ERRORS:
+                raise
+            return None
+        finally:
+            self.substituting.pop()
+            self.capture, self.stdout_captured, self.stderr_captured, self.launch = saved
+        if capture.unknown is not None:
+            return None
+        return "".join(capture.pieces), status
+
+    def process_substitution(self, part: Node) -> str:
+        """``<(...)`` and ``>(...)``: a path only the running system names. The output of
+        ``<(...)`` is what reading that path gives; ``>(...)`` runs with unknown input."""
+        line = _line(part)
+        stmts = part.get("Stmts") or []
+        op = part.get("Op", "<(")
+        output: str | None = None
+        if op == "<(":
+            captured = self.captured_output(stmts, "a process substitution")
+            output = None if captured is None else captured[0]
+        else:
+            saved = (self.capture, self.stdout_captured, self.stderr_captured)
+            self.capture, self.stdout_captured, self.stderr_captured = None, False, False
+            self.substituting.append("a process substitution")
+            try:
+                with self.reading(_Input(None, "the output of the script")):
+                    self.subshell(lambda: self.stmts(stmts, exempt=False))
+            finally:
+                self.substituting.pop()
+                self.capture, self.stdout_captured, self.stderr_captured = saved
+        path = self.lazy(line, f"{op}...)", "bash names its pipe /dev/fd/N when it runs", True)
+        self.process_outputs[path] = output
+        return path
 
     # ---------------------------------------------------------------- commands
 
@@ -156,11 +279,12 @@ class _Interpreter(_Builtins):
         kind = cmd.get("Type")
         if kind == "CallExpr":
             return self.call(cmd, redirs, exempt)
-        for redir in redirs:
-            if redir.get("Op") in ("<<", "<<-", "<<<"):
-                # The input could reach a launcher inside the compound command.
-                self.fail(_line(redir), "here-document", "input redirected into a compound command")
-        self.redirections(redirs, launcher=False)
+        stdin = self.redirections(redirs, launcher=False)
+        with self.routed(redirs), self.reading(stdin):
+            return self.compound(cmd, str(kind), exempt, line)
+
+    def compound(self, cmd: Node, kind: str, exempt: bool, line: int) -> int:
+        """A command other than a simple command."""
         if kind == "IfClause":
             return self.if_clause(cmd, exempt)
         if kind == "CaseClause":
@@ -175,15 +299,9 @@ class _Interpreter(_Builtins):
         if kind == "ForClause":
             return self.for_clause(cmd, exempt)
         if kind == "WhileClause":
-            loop = "until" if cmd.get("Until") else "while"
-            self.fail(line, f"{loop} loop", "its iteration count cannot be known statically")
+            return self.while_clause(cmd, exempt, line)
         if kind == "FuncDecl":
-            name = (cmd.get("Name") or {}).get("Value", "?")
-            self.fail(
-                line,
-                "function definition",
-                f"`{name}` could shadow any command, including `python3`",
-            )
+            return self.define_function(cmd, line)
         if kind == "ArithmCmd":
             value = self.arith(cmd["X"])
             return self.errexit(0 if value else 1, exempt, line)
@@ -207,7 +325,15 @@ class _Interpreter(_Builtins):
         """``&&``, ``||`` and pipelines."""
         op = cmd.get("Op")
         if op in ("&&", "||"):
-            status = self.stmt(cmd["X"], exempt=True)
+            unseen, self.unseen_here = self.unseen_here, False
+            status = self.condition([cmd["X"]])
+            if isinstance(status, _Undecided):
+                # `[ -d X ] || mkdir -p X`: the test's own status when it skips the other side.
+                run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
+                skip = lambda: 0 if op == "||" else 1  # noqa: E731
+                if op == "&&":
+                    return self.either(run_other, skip, status, unseen)
+                return self.either(skip, run_other, status, unseen)
             if (status == 0) == (op == "&&"):
                 return self.stmt(cmd["Y"], exempt)
             return status
@@ -226,22 +352,66 @@ class _Interpreter(_Builtins):
 
         flatten(cmd["X"])
         flatten(cmd["Y"])
-        # Every element of a pipeline runs in its own subshell (lastpipe is off in scripts).
-        statuses = [self.subshell(lambda s=part: self.stmt(s, exempt)) for part in parts]  # type: ignore[misc]
+        # Every element of a pipeline runs in its own subshell (lastpipe is off in scripts),
+        # reading what the one before it wrote; only the last one writes where the
+        # pipeline's output goes.
+        statuses: list[int] = []
+        source: _Input | None = None
+        for part in parts[:-1]:
+            capture = _Capture()
+            statuses.append(self.piped(part, exempt, op == "|&", capture, source))
+            known = "".join(capture.pieces) if capture.unknown is None else None
+            origin = f"the output of line {_line(part)}"
+            source = _Input(known, origin if known is not None else f"{origin} (unknown)")
+        with self.reading(source):
+            statuses.append(self.subshell(lambda: self.stmt(parts[-1], exempt)))
+        self.sh.pipestatus = statuses
         if "pipefail" in self.sh.options:
             status = next((s for s in reversed(statuses) if s), 0)
         else:
             status = statuses[-1]
         return self.errexit(status, exempt, line)
 
+    def piped(
+        self,
+        stmt: Node,
+        exempt: bool,
+        with_errors: bool,
+        capture: _Capture,
+        source: _Input | None,
+    ) -> int:
+        """A pipeline element whose output goes to the next one (into ``capture``)."""
+        saved = (self.capture, self.stdout_captured, self.stderr_captured)
+        if saved[0] is not None and saved[2] and not with_errors:
+            # Its errors go where the pipeline's do, into the capture around it, which cannot
+            # be followed at the same time as the pipe.
+            saved[0].unknown = saved[0].unknown or "errors of a pipeline"
+        self.capture, self.stdout_captured = capture, True
+        self.stderr_captured = with_errors
+        try:
+            with self.reading(source):
+                return self.subshell(lambda: self.stmt(stmt, exempt))
+        finally:
+            self.capture, self.stdout_captured, self.stderr_captured = saved
+
     def if_clause(self, cmd: Node, exempt: bool) -> int:
         """``if``/``elif``/``else``; conditions run with set -e ignored."""
+        unseen, self.unseen_here = self.unseen_here, False
         clause: Node | None = cmd
         while clause is not None:
             cond = clause.get("Cond")
             if not cond:
                 return self.stmts(clause.get("Then") or [], exempt)
-            if self.stmts(cond, exempt=True) == 0:
+            status = self.condition(cond)
+            if isinstance(status, _Undecided):
+                then, rest = clause.get("Then") or [], clause.get("Else")
+                return self.either(
+                    lambda then=then: self.stmts(then, exempt),  # type: ignore[misc]
+                    lambda rest=rest: self.if_clause(rest, exempt) if rest else 0,  # type: ignore[misc]
+                    status,
+                    unseen,
+                )
+            if status == 0:
                 return self.stmts(clause.get("Then") or [], exempt)
             clause = clause.get("Else")
         return 0
@@ -270,23 +440,68 @@ class _Interpreter(_Builtins):
         return status
 
     def for_clause(self, cmd: Node, exempt: bool) -> int:
-        """``for NAME in WORDS``: the word list bounds the iterations."""
+        """``for NAME in WORDS`` (the word list bounds the rounds) and ``for ((...))``."""
         line = _line(cmd)
         loop = cmd.get("Loop") or {}
         if cmd.get("Select"):
             self.fail(line, "select loop", "reads its choice from input at run time")
-        if loop.get("Type") != "WordIter":
-            self.fail(line, "for ((...)) loop", "its iteration count cannot be known statically")
+        if loop.get("Type") == "CStyleLoop":
+            if loop.get("Init") is not None:
+                self.arith(loop["Init"])
+            first = [True]
+
+            def more() -> bool:
+                if not first[0] and loop.get("Post") is not None:
+                    self.arith(loop["Post"])
+                first[0] = False
+                return loop.get("Cond") is None or self.arith(loop["Cond"]) != 0
+
+            return self.loop(cmd, exempt, line, "for ((...)) loop", more)
         name = loop["Name"]["Value"]
         if "InPos" in loop:
-            items = self.fields(loop.get("Items") or [], use="iterations the loop makes")
+            items = iter(self.fields(loop.get("Items") or [], use="iterations the loop makes"))
         else:
-            items = list(self.sh.positional)
+            items = iter(list(self.sh.positional))
+
+        def next_item() -> bool:
+            item = next(items, None)
+            if item is not None:
+                self.set_scalar(name, item, line)
+            return item is not None
+
+        # The word list bounds the rounds: no cap.
+        return self.loop(cmd, exempt, line, "", next_item)
+
+    def while_clause(self, cmd: Node, exempt: bool, line: int) -> int:
+        """``while``/``until``: run while the condition says so, as bash would.
+
+        The condition is evaluated like any command (a skipped program succeeds, so `until
+        ray status; do sleep 5; done` ends at once).
+        """
+        until = bool(cmd.get("Until"))
+
+        def more() -> bool:
+            return (self.stmts(cmd.get("Cond") or [], exempt=True) == 0) != until
+
+        return self.loop(cmd, exempt, line, "until loop" if until else "while loop", more)
+
+    def loop(
+        self, cmd: Node, exempt: bool, line: int, construct: str, more: Callable[[], bool]
+    ) -> int:
+        """Run the body while ``more()`` says so; a loop with a ``construct`` still running
+        after ``_MAX_ITERATIONS`` rounds is refused rather than followed."""
         status = 0
+        rounds = 0
         self.loop_depth += 1
         try:
-            for item in items:
-                self.set_scalar(name, item, line)
+            while more():
+                rounds += 1
+                if construct and rounds > _MAX_ITERATIONS:
+                    self.fail(
+                        line,
+                        construct,
+                        f"it does not end within {_MAX_ITERATIONS} rounds with what is known",
+                    )
                 try:
                     status = self.stmts(cmd.get("Do") or [], exempt)
                 except _LoopControl as ctl:
@@ -302,16 +517,19 @@ class _Interpreter(_Builtins):
     # ---------------------------------------------------------------- simple commands
 
     def call(self, cmd: Node, redirs: list[Node], exempt: bool) -> int:
-        """A simple command: assignments, the launcher, modelled builtins, or a skipped command."""
+        """A simple command: assignments, a function, the launcher (perhaps wrapped), a
+        modelled builtin or program, or a skipped command."""
         line = _line(cmd)
         assigns = cmd.get("Assigns") or []
+        self.substitution_status = 0
         argv, uncertain = self.fields_split(cmd.get("Args") or [])
         if not argv:
-            # Assignment-only (or empty after expansion): the assignments persist.
+            # Assignment-only (or empty after expansion): the assignments persist, and the
+            # status is the last command substitution's.
             for assign in assigns:
                 self.assign(assign)
             self.redirections(redirs, launcher=False)
-            return 0
+            return self.errexit(self.substitution_status, exempt, line)
         # Prefix assignments only reach the command's environment.
         temporary: dict[str, str] = {}
         for assign in assigns:
@@ -324,53 +542,123 @@ class _Interpreter(_Builtins):
                 value = (current or "") + value
             temporary[name] = value
         self.check_command(argv, uncertain, line)
-        if self.is_launcher(argv):
-            for word in [*argv, uncertain or ""]:
-                self.need(word, line, "reaches the launcher's argv")
-            changed = line if "PATH" in temporary else self.sh.path_changed
-            if changed is not None:
-                # bash looks `python3` up in the changed PATH: it could be any program.
-                self.fail(
-                    changed,
-                    "PATH change",
-                    f"PATH is changed before the launcher on line {line}, so `{argv[0]}` may "
-                    "not be Python",
-                )
-            with self.forked():
-                self.redirections(redirs, launcher=True)
-            env = self.environment()
-            env.update(temporary)
-            known, runtime = self.split_runtime(env)
-            self.launch = LaunchRead(tuple(argv[3:]), line, known, runtime)
+        if argv[0] == "exec" and len(argv) > 1:
+            return self.exec_command(argv, uncertain, redirs, temporary, line)
+        if argv[0] in self.sh.functions:
+            stdin = self.redirections(redirs, launcher=False)
+            with self.routed(redirs), self.reading(stdin):
+                status = self.call_function(argv, temporary, exempt, line)
+            return self.errexit(status, exempt, line)
+        words, uses = self.unwrap_launchers(argv, uncertain, line)
+        hydra_argv = self.launcher_argv(words, line)
+        if hydra_argv is not None:
+            self.launcher(words, hydra_argv, uncertain, redirs, temporary, uses, line)
             return 0
-        if argv[0] in _BASH_BUILTINS:
-            self.redirections(redirs, launcher=False)
+        self.note_entry(words, line)
+        if argv[0] in _BASH_BUILTINS and not uses:
+            stdin = self.redirections(redirs, launcher=False)
         else:
             with self.forked():
-                self.redirections(redirs, launcher=False)
-        status = self.builtin(argv, line)
+                stdin = self.redirections(redirs, launcher=False)
+        with self.routed(redirs), self.reading(stdin):
+            if uses:
+                # A wrapper runs a program, never a builtin or a function of this shell.
+                status = self.external(words, line, uses[-1].wrapper.name)
+            else:
+                with self.temporarily(temporary, line):
+                    status = self.builtin(argv, line)
         return self.errexit(status, exempt, line)
+
+    def launcher(
+        self,
+        words: list[str],
+        hydra_argv: list[str],
+        uncertain: str | None,
+        redirs: list[Node],
+        temporary: dict[str, str],
+        uses: list[Wrapped],
+        line: int,
+    ) -> None:
+        """The launcher runs: record what it receives (its redirections open nothing)."""
+        self.need(uncertain or "", line, "reaches the launcher's argv")
+        with self.forked():
+            stdin = self.redirections(redirs, launcher=True)
+        with self.routed(redirs), self.reading(stdin):
+            self.record_launch(words[0], hydra_argv, line, temporary, uses)
+
+    def exec_command(
+        self,
+        argv: list[str],
+        uncertain: str | None,
+        redirs: list[Node],
+        temporary: dict[str, str],
+        line: int,
+    ) -> int:
+        """``exec COMMAND``: the shell becomes the command (the launcher, or a program this
+        reader skips); nothing after it runs, not even the EXIT trap."""
+        words = argv[1:]
+        while words and words[0].startswith("-") and words[0] != "--":
+            if words[0] not in ("-c", "-l", "-cl", "-lc"):
+                self.fail(line, f"exec {words[0]}", "changes the command's name or environment")
+            if "c" in words[0]:
+                self.fail(line, "exec -c", "runs the command with an empty environment")
+            words = words[1:]
+        if words[:1] == ["--"]:
+            words = words[1:]
+        if not words:
+            return 0
+        inner, uses = self.unwrap_launchers(words, uncertain, line)
+        hydra_argv = self.launcher_argv(inner, line)
+        if hydra_argv is not None:
+            self.launcher(inner, hydra_argv, uncertain, redirs, temporary, uses, line)
+        else:
+            self.note_entry(inner, line)
+            with self.forked():
+                self.redirections(redirs, launcher=False)
+            with self.routed(redirs):
+                shown = uses[-1].wrapper.name if uses else words[0]
+                self.external(inner, line, shown)
+        raise _Exit(0, line, replaced=True)
+
+    @contextmanager
+    def temporarily(self, assignments: dict[str, str], line: int) -> Iterator[None]:
+        """Prefix assignments of a builtin (``IFS=, read``, ``X=1 source f``) last for it."""
+        if not assignments:
+            yield
+            return
+        shell = self.sh
+        saved = {name: (shell.vars.get(name), name in shell.exported) for name in assignments}
+        path_changed = shell.path_changed
+        for name, text in assignments.items():
+            self.set_scalar(name, text, line)
+            shell.exported.add(name)
+        try:
+            yield
+        finally:
+            for name, (old, exported) in saved.items():
+                if old is None:
+                    shell.vars.pop(name, None)
+                else:
+                    shell.vars[name] = old
+                (shell.exported.add if exported else shell.exported.discard)(name)
+            shell.path_changed = path_changed
 
     def check_command(self, argv: list[str], uncertain: str | None, line: int) -> None:
         """Refuse run-time values that decide which program runs, or what a builtin does.
 
         Other programs are skipped, so their arguments may hold run-time values (``mkdir -p
-        "$PWD/logs"``); but one that runs its arguments as a command (``nohup``, ``env``) could
-        turn out to run the launcher, and so could Python if its first two arguments were not
-        known (``python3 prepare.py --dir "$PWD"`` is fine: a run-time value always leaves a
-        field, so a known ``argv[1:3]`` is bash's).
+        "$PWD/logs"``); but one that runs its arguments as a command (``sudo``, ``xargs``)
+        could turn out to run the launcher. Wrappers check their own words as they read them,
+        and Python the words that decide whether it is the launcher.
         """
         program = argv[0].rsplit("/", 1)[-1]
         self.need(program, line, "decides which command runs")
+        if argv[0] in self.sh.functions or find_wrapper(argv) is not None:
+            return
         purpose = f"is an argument of `{program}`, which acts on its text,"
         if argv[0] in ("builtin", "command") or program in _CHECKED_PROGRAMS:
             for word in [*argv[1:], uncertain or ""]:
                 self.need(word, line, purpose)
-        elif program in _LAUNCHER_PYTHONS:
-            for word in argv[1:3]:
-                self.need(
-                    word, line, f"is an argument of `{program}` that could make it the launcher,"
-                )
         elif program in ("test", "["):
             # `test` decides what it can (a value certainly non-empty), but not a word count.
             self.need(uncertain or "", line, purpose)
@@ -378,69 +666,46 @@ class _Interpreter(_Builtins):
             # Only `printf -v NAME` changes the shell; the format and arguments just print.
             self.need(argv[1] if uncertain is None else uncertain, line, purpose)
 
-    @staticmethod
-    def is_launcher(argv: list[str]) -> bool:
-        """Whether the expanded words start ``python3 -m verl.trainer.main_ppo``."""
-        return (
-            len(argv) >= 3
-            and argv[0] in _LAUNCHER_PYTHONS
-            and argv[1] == "-m"
-            and argv[2] == _LAUNCHER_MODULE
-        )
+    def redirections(self, redirs: list[Node], launcher: bool) -> _Input | None:
+        """Expand redirection targets (for their side effects and errors); open nothing.
 
-    def environment(self) -> dict[str, str]:
-        """The exported scalar variables (bash does not export arrays)."""
-        env: dict[str, str] = {}
-        for name in self.sh.exported:
-            value = self.sh.vars.get(name)
-            if isinstance(value, str):
-                env[name] = value
-        return env
-
-    def split_runtime(self, env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-        """The environment's known values, and where each run-time value comes from."""
-        known: dict[str, str] = {}
-        runtime: dict[str, str] = {}
-        for name, value in sorted(env.items()):
-            ids = self.lazy_ids(value)
-            if ids:
-                runtime[name] = self.describe(ids[0])
-            else:
-                known[name] = value
-        return known, runtime
-
-    def redirections(self, redirs: list[Node], launcher: bool) -> None:
-        """Expand redirection targets (for their side effects and errors); open nothing."""
+        Returns the command's standard input when a redirection gives it one.
+        """
+        stdin: _Input | None = None
         for redir in redirs:
             line = _line(redir)
             op = redir.get("Op")
             number = (redir.get("N") or {}).get("Value", "")
             if number.startswith("{"):
                 self.fail(line, "redirection", f"{number} assigns a file descriptor to a variable")
-            if op in ("<<", "<<-"):
+            standard_input = number in ("", "0")
+            if op in ("<<", "<<-", "<<<"):
+                what = "here-string" if op == "<<<" else "here-document"
                 if launcher:
-                    self.fail(line, "here-document", "feeds the launcher's standard input")
-                if self.heredoc_expands(redir.get("Word")):
-                    body = redir.get("Hdoc") or {}
-                    fb = _Fields(split=False)
-                    for part in body.get("Parts") or []:
-                        if part.get("Type") != "Lit":
-                            self.part(part, fb, quoted=True, pword=False)
-                continue
-            if op == "<<<":
-                if launcher:
-                    self.fail(line, "here-string", "feeds the launcher's standard input")
-                self.string(redir.get("Word"), tilde="start")
+                    self.fail(line, what, "feeds the launcher's standard input")
+                if op == "<<<":
+                    text = self.string(redir.get("Word"), tilde="start") + "\n"
+                else:
+                    text = self.heredoc_text(redir)
+                if standard_input:
+                    stdin = _Input(text, f"the {what} of line {line}", heredoc=True)
                 continue
             use = "files it names: bash refuses more than one"
             targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
             if len(targets) != 1:
                 self.fail(line, "redirection", "ambiguous redirect")
+            if op in ("<", "<>") and standard_input:
+                target = targets[0]
+                if target in self.process_outputs:
+                    stdin = _Input(self.process_outputs[target], f"the <(...) of line {line}")
+                else:
+                    stdin = _Input(None, f"the file {self.shown(target)!r}")
+            elif op == "<&" and standard_input:
+                stdin = _Input(None, "another file descriptor")
+        return stdin
 
-    @staticmethod
-    def heredoc_expands(word: Node | None) -> bool:
-        """Whether a here-document body is expanded (its delimiter is unquoted)."""
-        for part in (word or {}).get("Parts") or []:
-            if part.get("Type") != "Lit" or "\\" in part.get("Value", ""):
-                return False
-        return True
+
+# The commands whose status bash records in PIPESTATUS as a pipeline of one.
+_SETS_PIPESTATUS = frozenset(
+    {"CallExpr", "DeclClause", "TestClause", "ArithmCmd", "LetClause", "Subshell"}
+)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
+from pytest_verl_compat.bash.arrays import MAX_KEYS, Assoc
 from pytest_verl_compat.bash.errors import (
     _MAX_FIELDS,
     _MAX_RUNTIME_VALUES,
@@ -23,11 +24,20 @@ from pytest_verl_compat.model import Bindings
 
 if TYPE_CHECKING:
     from pytest_verl_compat.bash.parse import Node
+    from pytest_verl_compat.bash.sources import SourceScope
     from pytest_verl_compat.bash.words import _Fields
 
 
-_LAUNCHER_PYTHONS = frozenset({"python3", "python"})
 _LAUNCHER_MODULE = "verl.trainer.main_ppo"
+# Variables bash gives the same value at every start, ignoring the environment.
+_BASH_STARTS_WITH = {"IFS": " \t\n", "OPTIND": "1", "OPTERR": "1"}
+# The program names that run Python: `python`, `python3`, `python3.11`, by PATH or by a path.
+_PYTHON = re.compile(r"python(3(\.[0-9]+)?)?")
+
+
+def _is_python(word: str) -> bool:
+    """Whether ``word`` names a Python interpreter (``python3``, ``/usr/bin/python3.11``...)."""
+    return _PYTHON.fullmatch(word.rsplit("/", 1)[-1]) is not None
 
 
 # Variables bash itself provides to every script: without a binding their value is unknown, so
@@ -87,9 +97,12 @@ _NEVER_EMPTY = frozenset(
     "SHLVL SRANDOM UID".split()
 )
 _NOT_LAZY = frozenset(
-    "IFS BASH_ALIASES BASH_ARGC BASH_ARGV BASH_CMDS BASH_LINENO BASH_VERSINFO DIRSTACK FUNCNAME "
+    "IFS BASH_ALIASES BASH_ARGC BASH_ARGV BASH_CMDS BASH_LINENO BASH_VERSINFO DIRSTACK "
     "GROUPS PIPESTATUS".split()
 )
+
+# Arrays bash computes: the call stack and the statuses of the last pipeline.
+_COMPUTED = frozenset({"BASH_SOURCE", "FUNCNAME", "PIPESTATUS"})
 
 # A run-time value inside a string: NUL, its number in _State.lazies, NUL. bash values never hold
 # a NUL byte (scripts holding one are refused, substitution outputs drop them, bindings are
@@ -108,9 +121,15 @@ class _Lazy:
     cause: int | None = None
 
 
-_SET_FLAGS = {"e": "errexit", "u": "nounset", "a": "allexport", "B": "braceexpand"}
+_SET_FLAGS = {
+    "e": "errexit",
+    "u": "nounset",
+    "a": "allexport",
+    "B": "braceexpand",
+    "E": "errtrace",
+}
 # Options that change nothing this reader computes (tracing, job control, history, ...).
-_SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTEp")
+_SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTp")
 _SET_HARMLESS_NAMES = frozenset(
     {
         "xtrace",
@@ -122,7 +141,6 @@ _SET_HARMLESS_NAMES = frozenset(
         "notify",
         "noclobber",
         "physical",
-        "errtrace",
         "functrace",
         "privileged",
         "ignoreeof",
@@ -139,6 +157,7 @@ _SET_NAMED = {
     "pipefail": "pipefail",
     "allexport": "allexport",
     "braceexpand": "braceexpand",
+    "errtrace": "errtrace",
 }
 
 
@@ -152,9 +171,76 @@ class LaunchRead:
     # Exported variables whose value is only known at run time (never needed by the argv): the
     # name and where the value comes from.
     runtime: Mapping[str, str] = field(default_factory=dict)
+    # The launcher's working directory, None when only the running script knows it.
+    cwd: str | None = None
+    # The wrappers the launcher runs under, outermost first (`ray job submit`, `env`, ...).
+    wrappers: tuple[str, ...] = ()
+    # Environments the launcher also receives that no script text shows (the Ray cluster's, the
+    # variables srun sets), each with the wrapper and line it comes from.
+    unseen: tuple[str, ...] = ()
+    # The files the script sourced: (path relative to the source scope's root, sha256).
+    sources: tuple[tuple[str, str], ...] = ()
+    # The file the launcher line is in (the script, or a file it sourced).
+    path: str = ""
 
 
-Value = str | dict[int, str]
+Value = str | dict[int, str] | Assoc
+
+
+def _copy_value(value: Value) -> Value:
+    return value if isinstance(value, str) else value.copy()
+
+
+@dataclass(frozen=True, eq=False)
+class _Function:
+    """A function the script defined: its body and the file that defined it."""
+
+    body: Node
+    path: str  # the file's label in errors
+    data: bytes  # its text: node offsets point into it
+    source: str  # BASH_SOURCE of its frames: the file's name as the script gave it
+
+    def __eq__(self, other: object) -> bool:
+        # The same definition (one syntax tree node) from the same file.
+        return (
+            isinstance(other, _Function)
+            and self.body is other.body
+            and (self.path, self.source) == (other.path, other.source)
+        )
+
+    def __hash__(self) -> int:
+        return id(self.body)
+
+
+@dataclass(frozen=True)
+class _Trap:
+    """Code a trap runs: parsed when the trap is set, run where bash runs it."""
+
+    text: str
+    tree: Node | None  # None: the empty action (the condition is ignored)
+    line: int
+    path: str
+
+
+class _Capture:
+    """The output of a command substitution being evaluated: known text, or why it is not."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        # What wrote output this reader cannot know (a skipped program), if anything did.
+        self.unknown: str | None = None
+
+
+class _Input:
+    """A command's standard input: known text read from a position, or unknown (None)."""
+
+    def __init__(self, text: str | None, origin: str, heredoc: bool = False) -> None:
+        self.text = text
+        self.position = 0
+        # What the input is, for refusals: "the script's standard input", "a here-document".
+        self.origin = origin
+        # Text written in the script (a here-document or here-string), not a pipe or a file.
+        self.heredoc = heredoc
 
 
 class _Shell:
@@ -167,33 +253,59 @@ class _Shell:
         readonly: set[str],
         positional: list[str],
         options: set[str],
-        status: int = 0,
-        path_changed: int | None = None,
-        dropped: set[str] | None = None,
+        cwd: str | None = None,
     ) -> None:
         self.vars = variables
         self.exported = exported
         self.readonly = readonly
         self.positional = positional
         self.options = options
-        self.status = status
+        self.status = 0
         # The line of the first change to PATH: after it, `python3` may name another program.
-        self.path_changed = path_changed
+        self.path_changed: int | None = None
         # Variables bash provides that the script unset: from then on they are ordinary.
-        self.dropped = dropped or set()
+        self.dropped: set[str] = set()
+        # The functions the script defined.
+        self.functions: dict[str, _Function] = {}
+        # The working directory as `cd` left it; None: the one the script starts in.
+        self.cwd = cwd
+        # Traps with code: "EXIT", "ERR".
+        self.traps: dict[str, _Trap] = {}
+        # Whether a background job ran (then `$!` is its process id, a run-time value).
+        self.background = False
+        # PIPESTATUS: the statuses of the last pipeline.
+        self.pipestatus: list[int] = [0]
+        # getopts' place inside a word of bundled options: (OPTIND it belongs to, index).
+        self.getopts_char = (1, 0)
+        # `set` changed the positional parameters (a `source` with arguments keeps them then).
+        self.args_set = False
 
     def fork(self) -> _Shell:
         """An independent copy, as a subshell gets."""
-        return _Shell(
-            {k: (v if isinstance(v, str) else dict(v)) for k, v in self.vars.items()},
+        copy = _Shell(
+            {k: _copy_value(v) for k, v in self.vars.items()},
             set(self.exported),
             set(self.readonly),
             list(self.positional),
             set(self.options),
-            self.status,
-            self.path_changed,
-            set(self.dropped),
+            self.cwd,
         )
+        copy.status = self.status
+        copy.path_changed = self.path_changed
+        copy.dropped = set(self.dropped)
+        copy.functions = dict(self.functions)
+        copy.traps = dict(self.traps)
+        copy.background = self.background
+        copy.pipestatus = list(self.pipestatus)
+        copy.getopts_char = self.getopts_char
+        copy.args_set = self.args_set
+        return copy
+
+    # What `_same` (branches) compares to decide that two ways left the same shell.
+    COMPARED = (
+        "vars exported readonly positional options path_changed dropped functions cwd traps "
+        "background getopts_char args_set".split()
+    )
 
 
 class _State:
@@ -204,8 +316,19 @@ class _State:
     checker only.
     """
 
-    def __init__(self, path: str, data: bytes, bindings: Bindings) -> None:
+    def __init__(
+        self,
+        path: str,
+        data: bytes,
+        bindings: Bindings,
+        script: str | None = None,
+        scope: SourceScope | None = None,
+    ) -> None:
+        # The file being run (the script, or a file it sources): errors name it, and syntax
+        # tree offsets point into its text.
         self.path = path
+        # `$0` and `${BASH_SOURCE[0]}`: the path bash was given to run.
+        self.script = path if script is None else script
         self.data = data
         self.lazies: list[_Lazy] = []
         self.substitutions = dict(bindings.substitutions)
@@ -214,19 +337,60 @@ class _State:
             if "\0" in name or "\0" in value or "\0" in path:
                 # bash cannot hold one; it would also forge the run-time marker.
                 self.fail(None, "binding", f"{name.replace(chr(0), '')} holds a NUL byte")
+        # bash sets these at start whatever its environment holds.
+        variables: dict[str, Value] = {**env, **_BASH_STARTS_WITH}
         self.sh = _Shell(
-            dict(env),
-            set(env),
+            variables,
+            set(env) - _BASH_STARTS_WITH.keys(),
             set(),
             [str(a) for a in bindings.args],
             {"braceexpand"},
+            cwd=env.get("PWD"),
         )
+        # Which files `source` may read (None: none), and those read: path -> sha256.
+        self.scope = scope
+        self.sourced: dict[str, str] = {}
+        self.sourced_bytes = 0
+        # The standard input of the command being run, and whether it is its own (not one it
+        # shares with the commands around it).
+        self.stdin = _Input(None, "the script's standard input")
+        self.stdin_owned = False
+        # What the output of `<(...)` paths holds (None: unknown), by their run-time marker.
+        self.process_outputs: dict[str, str | None] = {}
+        # The substitutions being evaluated, innermost last: a launcher there is refused.
+        self.substituting: list[str] = []
         self.launch: LaunchRead | None = None
+        # The last `python -m OTHER_MODULE` run, named when no launcher is reached.
+        self.other_entry: tuple[int, str] | None = None
+        # What the innermost command substitution being evaluated has captured (None outside
+        # one), and whether standard output and error lead to it at this point.
+        self.capture: _Capture | None = None
+        self.stdout_captured = False
+        self.stderr_captured = False
+        # The functions and sourced files being run, innermost last: (FUNCNAME, BASH_SOURCE)
+        # of each frame, "source" for a sourced file. A function's frame also has the
+        # variables it made local (`frames`): name -> (value, exported, readonly) before it.
+        self.calls: list[tuple[str, str]] = []
+        # BASH_SOURCE of the file being run: the script's path, or a sourced file's as given.
+        self.source_name = self.script
+        # The status of the last command substitution of the command being run.
+        self.substitution_status = 0
+        # Whether no later command reads the status of the statement about to run, and of the
+        # one running (see branches: an undecidable test whose two ways differ only in status).
+        self.status_unseen = False
+        self.unseen_here = False
+        self.frames: list[dict[str, tuple[Value | None, bool, bool]]] = []
         self.steps = 0
         self.pattern_steps = 0
         self.work = 0
         self.loop_depth = 0
         self.line = 0
+
+    def enter_file(self, path: str, data: bytes, source: str) -> tuple[str, bytes, str]:
+        """Run the code of another file (a sourced one, a function's); returns the current."""
+        saved = (self.path, self.data, self.source_name)
+        self.path, self.data, self.source_name = path, data, source
+        return saved
 
     # ---------------------------------------------------------------- errors
 
@@ -283,13 +447,16 @@ class _State:
 
     def need_failed(self, index: int, line: int | None, purpose: str) -> NoReturn:
         """The one-line error for a run-time value needed at ``line``."""
-        raise LaunchReadError(
+        error = LaunchReadError(
             self.path,
             line or None,
             "run-time value",
             f"{self.describe(index)} {purpose} on line {line}, but is only known when the "
             f"script runs; {self.lazies[index].binding}",
         )
+        # Which value it was, for an expansion that can carry it on instead ($((...))).
+        error.runtime_index = index  # type: ignore[attr-defined]
+        raise error
 
     def nonempty(self, text: str) -> bool | None:
         """Whether ``text`` is non-empty, None when that is only known at run time."""
@@ -323,6 +490,27 @@ class _State:
 
         def ansi_c(self, text: str, line: int) -> str: ...
 
+        # Implemented by _Functions (declarations and `return` are builtins) and by the
+        # interpreter (a command substitution runs statements).
+
+        def make_local(self, name: str, line: int) -> None: ...
+
+        def return_builtin(self, words: list[str], line: int) -> int: ...
+
+        def evaluate_substitution(self, part: Node) -> str | None: ...
+
+        def process_substitution(self, part: Node) -> str: ...
+
+        def subscript(self, name: str, index: Node, line: int) -> int | str: ...
+
+        def source_builtin(self, words: list[str], line: int) -> int: ...
+
+        def trap_builtin(self, words: list[str], line: int) -> int: ...
+
+        def stmt(self, stmt: Node, exempt: bool) -> int: ...
+
+        def stmts(self, stmts: list[Node], exempt: bool) -> int: ...
+
     def charge(self, characters: int) -> None:
         """Count characters produced by expansions against the script's work budget."""
         self.work += characters
@@ -335,10 +523,30 @@ class _State:
         """Reject assignments bash would refuse or that change how words split."""
         if name in self.sh.readonly:
             self.fail(line, "assignment", f"{name} is readonly")
-        if name == "IFS":
-            self.fail(line, "assignment", "changing IFS changes word splitting; not supported")
         if name == "PATH":
             self.note_path_change(line)
+
+    def ifs(self) -> str | None:
+        """IFS, None when the script unset it (bash then splits as with the default)."""
+        value = self.sh.vars.get("IFS")
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            value = self.lookup("IFS", None, self.line) or ""
+        self.need(value, self.line, "is IFS, which decides how words are split,")
+        if not value.isascii():
+            self.fail(self.line, "IFS", "non-ASCII characters in IFS depend on the locale")
+        return value
+
+    def split_characters(self) -> str:
+        """The characters unquoted expansions split on."""
+        value = self.ifs()
+        return " \t\n" if value is None else value
+
+    def join_character(self) -> str:
+        """What ``"$*"`` puts between the positional parameters: IFS's first character."""
+        value = self.ifs()
+        return " " if value is None else value[:1]
 
     def note_path_change(self, line: int) -> None:
         """Remember the first change to PATH; the launcher refuses to run after one."""
@@ -347,8 +555,15 @@ class _State:
 
     def store(self, name: str, value: Value, line: int) -> None:
         """Set a variable, enforcing the size budget and ``set -a``."""
-        size = len(value) if isinstance(value, str) else sum(len(v) for v in value.values())
-        if size > _MAX_VALUE or (isinstance(value, dict) and len(value) > _MAX_FIELDS):
+        if isinstance(value, str):
+            size = len(value)
+        elif isinstance(value, Assoc):
+            size = value.size()
+            if len(value) > MAX_KEYS:
+                self.fail(line, "limit", f"the associative array {name} has too many keys")
+        else:
+            size = sum(len(v) for v in value.values())
+        if size > _MAX_VALUE or (not isinstance(value, str) and len(value) > _MAX_FIELDS):
             self.fail(line, "limit", f"the value of {name} grows too large")
         self.sh.vars[name] = value
         if "allexport" in self.sh.options:
@@ -358,17 +573,70 @@ class _State:
         """``name=value`` as bash does it (element 0 when ``name`` is an array)."""
         self.check_assignable(name, line)
         current = self.sh.vars.get(name)
-        if isinstance(current, dict):
-            updated = dict(current)
-            updated[0] = value
+        if isinstance(current, Assoc):
+            updated = current.copy()
+            updated.items["0"] = value
             self.store(name, updated, line)
+        elif isinstance(current, dict):
+            indexed = dict(current)
+            indexed[0] = value
+            self.store(name, indexed, line)
         else:
             self.store(name, value, line)
 
+    def store_element(
+        self, name: str, index: int | str, value: str, append: bool, line: int
+    ) -> None:
+        """``A[i]=v`` / ``A[i]+=v``, for an indexed or an associative array."""
+        current = self.sh.vars.get(name)
+        if isinstance(current, Assoc):
+            table = current.copy()
+            key = str(index)
+            table.items[key] = table.items.get(key, "") + value if append else value
+            self.store(name, table, line)
+            return
+        array = dict(current) if isinstance(current, dict) else {}
+        if isinstance(current, str):
+            array[0] = current
+        position = int(index)
+        if position < 0:
+            position += max(array) + 1 if array else 0
+            if position < 0:
+                self.fail(line, "assignment", f"{name}: bad array subscript")
+        array[position] = array.get(position, "") + value if append else value
+        self.store(name, array, line)
+
     # ---------------------------------------------------------------- variables
 
-    def lookup(self, name: str, index: int | None, line: int) -> str | None:
-        """A variable's value (or one element), or None when unset."""
+    def in_function(self) -> bool:
+        """Whether a function is running (``local`` is allowed, FUNCNAME is set)."""
+        return any(name != "source" for name, _ in self.calls)
+
+    def computed_array(self, name: str) -> dict[int, str] | None:
+        """``BASH_SOURCE``, ``FUNCNAME`` and ``PIPESTATUS`` as bash keeps them, while the script
+        leaves them be; None when the script set or unset them (or FUNCNAME outside a function).
+        """
+        if name in self.sh.vars or name in self.sh.dropped:
+            return None
+        if name == "BASH_SOURCE":
+            return dict(enumerate([*(source for _, source in reversed(self.calls)), self.script]))
+        if name == "FUNCNAME" and self.in_function():
+            return dict(enumerate([*(called for called, _ in reversed(self.calls)), "main"]))
+        if name == "PIPESTATUS":
+            return dict(enumerate(str(status) for status in self.sh.pipestatus))
+        return None
+
+    def lookup(self, name: str, index: int | str | None, line: int) -> str | None:
+        """A variable's value (or one element; a string key of an associative array), or None
+        when unset."""
+        if name in _COMPUTED and name not in self.sh.vars:
+            if name in self.sh.dropped:
+                return None
+            frames = self.computed_array(name) or {}
+            position = 0 if index is None else int(index)
+            if position < 0:
+                position += len(frames)
+            return frames.get(position)
         provided = name in _BASH_PROVIDED and name not in self.sh.dropped
         lazy = name not in _NOT_LAZY and index in (None, 0)
         if name not in self.sh.vars and provided and lazy:
@@ -382,16 +650,20 @@ class _State:
         value = self.sh.vars.get(name)
         if value is None:
             return None
+        if isinstance(value, Assoc):
+            return value.items.get("0" if index is None else str(index))
         if isinstance(value, str):
             return value if index in (None, 0) else None
-        if index is None:
-            index = 0
-        if index < 0:
-            index += max(value) + 1 if value else 0
-        return value.get(index)
+        position = 0 if index is None else int(index)
+        if position < 0:
+            position += max(value) + 1 if value else 0
+        return value.get(position)
 
     def elements(self, name: str, line: int) -> list[str] | None:
         """All elements of an array (a scalar is one element), or None when unset."""
+        if name in _COMPUTED and name not in self.sh.vars:
+            frames = self.computed_array(name)
+            return None if frames is None else [frames[k] for k in sorted(frames)]
         if name not in self.sh.vars and name in _BASH_PROVIDED and name not in self.sh.dropped:
             self.fail(line, "bash variable", f"${name} is set by bash at run time; bind it")
         value = self.sh.vars.get(name)
@@ -399,7 +671,24 @@ class _State:
             return None
         if isinstance(value, str):
             return [value]
+        if isinstance(value, Assoc):
+            return value.values()
         return [value[k] for k in sorted(value)]
+
+    def keys(self, name: str, line: int) -> list[str]:
+        """``${!A[@]}``: an array's indices or keys in bash's order (a scalar's is 0)."""
+        if name in _COMPUTED and name not in self.sh.vars:
+            frames = self.computed_array(name) or {}
+            return [str(k) for k in sorted(frames)]
+        self.elements(name, line)  # refuses a variable only bash knows
+        value = self.sh.vars.get(name)
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return ["0"]
+        if isinstance(value, Assoc):
+            return value.keys()
+        return [str(k) for k in sorted(value)]
 
     def unbound(self, line: int, name: str) -> NoReturn:
         """bash's ``set -u`` abort."""

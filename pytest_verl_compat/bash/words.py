@@ -128,14 +128,25 @@ _Item = str | _Quoted | Node
 
 
 class _Fields:
-    """Accumulates expansion results into fields, splitting only unquoted expansion results."""
+    """Accumulates expansion results into fields, splitting only unquoted expansion results.
 
-    def __init__(self, split: bool) -> None:
+    Splitting follows bash's ``list_string`` with any IFS: IFS whitespace (space, tab, newline
+    in IFS) separates fields and is trimmed at their ends; every other IFS character ends a
+    field, an empty one too (``a,,b`` is three fields with ``IFS=,``), absorbing the IFS
+    whitespace around it; a delimiter at the very end makes no empty field.
+    """
+
+    def __init__(self, split: bool, ifs: str = _IFS_WHITESPACE) -> None:
         self.split = split
+        self.whitespace = frozenset(c for c in ifs if c in _IFS_WHITESPACE)
+        self.delimiters = frozenset(ifs) - self.whitespace
         self.fields: list[str] = []
         self.buf: list[str] = []
         # Whether the field in progress exists even if empty (it holds quoted or literal text).
         self.content = False
+        # What ended the last field of this word, while nothing has followed it: "white" (IFS
+        # whitespace, which a delimiter after it joins) or "delimiter".
+        self.ended_by: str | None = None
         # The first split text that holds a run-time value: how many fields it makes, and
         # where they end, is only known at run time.
         self.uncertain: str | None = None
@@ -144,9 +155,10 @@ class _Fields:
         """Append text that is never split (literal or quoted)."""
         self.buf.append(value)
         self.content = True
+        self.ended_by = None
 
     def expanded(self, value: str) -> None:
-        """Append the result of an unquoted expansion, splitting on IFS whitespace."""
+        """Append the result of an unquoted expansion, splitting it on IFS."""
         if not self.split:
             self.buf.append(value)
             return
@@ -154,24 +166,52 @@ class _Fields:
             self.uncertain = value
         start = 0
         for i, c in enumerate(value):
-            if c in _IFS_WHITESPACE:
+            if c in self.whitespace:
                 if i > start:
                     self.buf.append(value[start:i])
                     self.content = True
-                self.delimit()
+                if self.content:
+                    self.end_field()
+                    self.ended_by = "white"
+                start = i + 1
+            elif c in self.delimiters:
+                if i > start:
+                    self.buf.append(value[start:i])
+                    self.content = True
+                # A delimiter right after IFS whitespace that ended a field is part of it.
+                if self.content or self.ended_by != "white":
+                    self.end_field(keep_empty=True)
+                self.ended_by = "delimiter"
                 start = i + 1
         if start < len(value):
             self.buf.append(value[start:])
             self.content = True
+            self.ended_by = None
 
-    def delimit(self) -> None:
-        """End the field in progress if it exists."""
-        if self.content:
+    def list_separator(self, separator: str, before: str) -> None:
+        """The IFS character bash puts between the elements of an unquoted ``$*``/``$@``.
+
+        Unlike in a value, IFS whitespace that leads the word joins the delimiter after it
+        (bash: ``set -- " " x; IFS=', '; f $*`` passes one field, ``f " ,x"`` unquoted two).
+        """
+        leading_white = before and before[-1] in self.whitespace
+        if leading_white and self.ended_by is None and not self.content:
+            self.ended_by = "white"
+        self.expanded(separator)
+
+    def end_field(self, keep_empty: bool = False) -> None:
+        """End the field in progress (an empty one only when a delimiter ends it)."""
+        if self.content or keep_empty:
             self.fields.append("".join(self.buf))
             if len(self.fields) > _MAX_FIELDS:
                 raise _Budget("too many words")
         self.buf = []
         self.content = False
+
+    def delimit(self) -> None:
+        """End the word in progress: its field, if it exists."""
+        self.end_field()
+        self.ended_by = None
 
     def hard(self) -> None:
         """End the field in progress unconditionally (between the elements of ``"$@"``)."""

@@ -182,8 +182,10 @@ class AuditSession:
         extended = dataclasses.replace(
             case, id=f"{case.id}+set", overrides=case.overrides + overrides
         )
-        fields = ExplicitFields(base.fields.fields + overrides, base.fields.launch_line)
-        composition = self.composer().compose(fields.fields, case.bindings.variables)
+        fields = ExplicitFields(
+            base.fields.fields + overrides, base.fields.launch_line, base.fields.variables
+        )
+        composition = self.composer().compose(fields.fields, fields.environment(case.bindings))
         self._outcomes[extended.id] = CaseOutcome(fields, base.fields_source, composition)
         return extended
 
@@ -227,7 +229,7 @@ class AuditSession:
                 fields, source = self.read(case), "launch"
             except StageUnavailable:
                 fields, source = self.golden_fields(case), "golden"
-        composition = self.composer().compose(fields.fields, case.bindings.variables)
+        composition = self.composer().compose(fields.fields, fields.environment(case.bindings))
         result = CaseOutcome(fields, source, composition)
         self._outcomes[case.id] = result
         return result

@@ -16,7 +16,13 @@ from typing import Any
 
 import yaml
 
-from pytest_verl_compat.bash import LaunchReadError, command_substitutions, read_launch
+from pytest_verl_compat.bash import (
+    LaunchRead,
+    LaunchReadError,
+    SourceScope,
+    command_substitutions,
+    read_launch,
+)
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.manifest import default_manifest_path
 from pytest_verl_compat.pipeline.pins import sha256_file
@@ -82,24 +88,46 @@ def _embedded_manifest() -> dict[str, Any]:
 
 
 def _needed_substitutions(
-    script: Path, texts: set[str], known: dict[str, str], home: str
+    script: Path, texts: set[str], known: dict[str, str], home: str, scope: SourceScope
 ) -> set[str]:
     """The substitutions whose output the script's read depends on.
 
-    A substitution left unbound is a run-time value the reader carries along; only one whose
-    output reaches the argv (or decides a branch) changes the read. So each is dropped in turn
-    and kept when the read differs without it.
+    A substitution left unbound is evaluated by the reader (the script-directory idiom) or is a
+    run-time value it carries along; only a run-time value whose output reaches the argv (or
+    decides a branch, or is exported) changes the read. So each is dropped in turn and kept
+    when the read differs without it, unless the reader then knows its output itself.
     """
 
-    def outcome(bound: set[str]) -> object:
+    def outcome(bound: set[str]) -> LaunchRead | str:
         values = {text: known.get(text, PLACEHOLDER) for text in bound}
         try:
-            return read_launch(script, Bindings(variables={"HOME": home}, substitutions=values))
+            bindings = Bindings(variables={"HOME": home}, substitutions=values)
+            return read_launch(script, bindings, scope=scope)
         except LaunchReadError as exc:
             return str(exc)
 
-    every = outcome(texts)
-    return {text for text in texts if outcome(texts - {text}) != every}
+    def evaluated(read: LaunchRead | str, text: str) -> bool:
+        # Unbound but read: the reader computed its output, unless it is carried as a run-time
+        # value into the launcher's environment.
+        shown = (f"$({text})", f"`{text}`")
+        return isinstance(read, LaunchRead) and not any(
+            form in origin for origin in read.runtime.values() for form in shown
+        )
+
+    # Dropped one at a time until none can go: an idiom built on another (ROOT from HERE) is
+    # only evaluated once the one it uses is.
+    needed = set(texts)
+    changed = True
+    while changed:
+        changed = False
+        every = outcome(needed)
+        for text in sorted(needed):
+            without = outcome(needed - {text})
+            if without == every or evaluated(without, text):
+                needed.discard(text)
+                changed = True
+                break
+    return needed
 
 
 def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
@@ -110,6 +138,8 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     home = embedded["environment"].get("variables", {}).get("HOME", "/home/verl")
 
     scripts = launch_scripts(folder)
+    # Files a script sources must lie under the folder; each is pinned with its script.
+    scope = SourceScope(str(folder))
     substitutions: dict[str, list[str]] = {}
     problems: dict[Path, str] = {}
     for script in scripts:
@@ -119,7 +149,7 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
         except LaunchReadError as exc:
             problems[script] = str(exc)
             continue
-        needed = _needed_substitutions(script, {text for _, text in found}, known, home)
+        needed = _needed_substitutions(script, {text for _, text in found}, known, home, scope)
         for line, text in found:
             if text in needed:
                 substitutions.setdefault(text, []).append(f"{rel}:{line}")
@@ -171,9 +201,10 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
     for script in scripts:
         rel = script.relative_to(folder).as_posix()
         problem = problems.get(script)
+        sourced: tuple[tuple[str, str], ...] = ()
         if problem is None:
             try:
-                read_launch(script, bindings)
+                sourced = read_launch(script, bindings, scope=scope).sources
             except LaunchReadError as exc:
                 problem = str(exc)
         if not first:
@@ -192,6 +223,12 @@ def init_manifest(folder: str | Path, out: str | Path | None = None) -> str:
             f"      - path: {_scalar(rel)}",
             f"        sha256: {sha256_file(script, 'launch script')}",
         ]
+        for path, digest in sourced:
+            if path != rel:
+                out_lines += [
+                    f"      - path: {_scalar(path)}  # sourced",
+                    f"        sha256: {digest}",
+                ]
     text = "\n".join(out_lines) + "\n"
     if out is not None:
         write_atomic(Path(out), text)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from pytest_verl_compat.bash import LaunchReadError, read_launch
-from pytest_verl_compat.model import Case, ExplicitFields, OverrideBlock
+from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
+from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
 from pytest_verl_compat.pipeline.pins import check_pins
 from pytest_verl_compat.pipeline.safe_input import read_text
 
@@ -42,6 +42,14 @@ def override_block(root: Path, block: OverrideBlock) -> list[str]:
     )
 
 
+def source_scope(case: Case, root: Path) -> SourceScope:
+    """The files a case's script may ``source``: a script given on the command line, those in
+    its folder tree; a manifest case, only its pinned inputs (paths relative to ``root``)."""
+    if case.kind == SCRIPT:
+        return SourceScope.around(root / str(case.launch))
+    return SourceScope(str(root), {pin.path: pin.sha256 for pin in case.inputs})
+
+
 def read_case_fields(case: Case, root: Path) -> ExplicitFields:
     """Verify the pinned inputs, read the launch script and append the case's extra overrides."""
     bad = [check for check in check_pins(root, case.inputs) if not check.ok]
@@ -49,11 +57,13 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
         raise PinMismatch("; ".join(check.message() for check in bad))
     fields: list[str] = []
     line = None
+    variables = None
     if case.launch is not None:
-        read = read_launch(root / case.launch, case.bindings)
+        read = read_launch(root / case.launch, case.bindings, scope=source_scope(case, root))
         fields.extend(read.argv)
         line = read.line
+        variables = dict(read.exported)
     for block in case.override_blocks:
         fields.extend(override_block(root, block))
     fields.extend(case.overrides)
-    return ExplicitFields(tuple(fields), line)
+    return ExplicitFields(tuple(fields), line, variables)

@@ -316,7 +316,7 @@ def test_trusted(
     if not composition.composed:
         # Never sent: a rejected case may carry what upstream's entry point must not see.
         pytest.skip(f"composition rejected ({composition.reason}): not sent to upstream")
-    result = trusted.result(outcome.fields.fields, verl_case.bindings.variables)
+    result = trusted.result(outcome.fields.fields, outcome.fields.environment(verl_case.bindings))
     _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     if result.refused:
         pytest.skip(result.error)

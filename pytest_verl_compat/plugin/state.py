@@ -113,7 +113,7 @@ class AuditState:
             return
         trusted = self.trusted(cache)
         if isinstance(trusted, TrustedCompositions):
-            trusted.prefetch(outcome.fields.fields, case.bindings.variables)
+            trusted.prefetch(outcome.fields.fields, outcome.fields.environment(case.bindings))
         tree = self.upstream_gate().tree
         assert tree is not None
         prefetch_answer(

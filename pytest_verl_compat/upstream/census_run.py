@@ -9,7 +9,6 @@ entry is evaluated when one of its deciding lines ran for at least one configura
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any

@@ -203,7 +203,7 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
                         set(_leaves(pinned.mapping)) - set(_leaves(default.mapping))
                     )
             continue
-        against = composer.compose(fields.fields, case.bindings.variables)
+        against = composer.compose(fields.fields, fields.environment(case.bindings))
         if not against.composed:
             entry["outcome"]["against"] = against.outcome
             against_reason = against.reason

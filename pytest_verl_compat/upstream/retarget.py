@@ -177,5 +177,5 @@ def retarget_cases(session: Any) -> list[tuple[Sequence[str], Mapping[str, str]]
             outcome = session.outcome(case)
         except (StageFailed, StageUnavailable):
             continue
-        found.append((outcome.fields.fields, dict(case.bindings.variables)))
+        found.append((outcome.fields.fields, dict(outcome.fields.environment(case.bindings))))
     return found

@@ -221,15 +221,14 @@ def _optimizer(worker: Any) -> None:
     them, the engine holding the module, optimizer and scheduler as ``_build_model_optimizer``
     sets them (fsdp/transformer_impl.py:599-606)."""
     import torch
-
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-    engine = worker.engine
-    if not isinstance(engine, FSDPEngine):
+    if not isinstance(worker.engine, FSDPEngine):
         # Megatron's optimizer (get_megatron_optimizer) is built over a built Megatron model.
         raise ImportError(
-            f"not evaluated here: {type(engine).__name__} builds its optimizer over its model"
+            f"not evaluated here: {type(worker.engine).__name__} builds its optimizer over its model"
         )
+    engine: Any = worker.engine
     module_name = str(engine.optimizer_config.optimizer_impl)
     if module_name not in SAFE_OPTIMIZER_MODULES:
         raise ImportError(

@@ -214,11 +214,11 @@ def _other_release_cell(
     composers: ReleaseComposers,
     cache: CellCache | None,
     version: str,
-    case: Case,
     fields: Sequence[str],
+    variables: Mapping[str, str],
 ) -> dict[str, Any]:
-    """A compose cell of a release other than the pinned one, from the cache or composed now."""
-    variables = case.bindings.variables
+    """A compose cell of a release other than the pinned one, from the cache or composed now
+    (``variables``: what ``${oc.env:…}`` sees, the launcher's environment)."""
     release = composers.index.release(version)
     key = cell_key(release.tree_sha256, composers.session.pin.config_name, fields, variables)
     cached = cache.get(key) if cache is not None else None
@@ -283,20 +283,17 @@ def matrix_report(
             continue
         case, outcome = read[entry["id"]]
         fields = outcome.fields.fields
+        variables = outcome.fields.environment(case.bindings)
         keys = explicit_keys(fields)
         values: dict[str, dict[str, str]] = {}
         for version in versions:
             if version == pinned:
                 composition = outcome.composition
                 entry["cells"][version] = _check_cell(composition, verdicts.get(case.id))
-                base = (
-                    None
-                    if composition.composed
-                    else composers.base(version, fields, case.bindings.variables)
-                )
+                base = None if composition.composed else composers.base(version, fields, variables)
                 values[version] = key_values(keys, composition, base)
             else:
-                cell = _other_release_cell(composers, cache, version, case, fields)
+                cell = _other_release_cell(composers, cache, version, fields, variables)
                 entry["cells"][version] = {
                     "kind": COMPOSE,
                     "composed": cell["composed"],

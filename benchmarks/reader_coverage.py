@@ -1,0 +1,107 @@
+"""How many launch scripts the reader reads, per folder, with the refusals by construct.
+
+    python benchmarks/reader_coverage.py                                  # this checkout
+    python benchmarks/reader_coverage.py --baseline ../main               # side by side
+    python benchmarks/reader_coverage.py --folder v0.8.0=../shared/upstream/verl-v0.8.0/examples
+
+Every script is read with the embedded manifest's bindings (HOME, the device probe, `date`); the
+v0.9.0 examples also with their own bindings from corpus/examples.yaml. `--baseline` runs the
+same count with another checkout's package (its own reader) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "upstream"
+# Each folder with the scripts to read in it (the user scripts' lib/ holds sourced files).
+DEFAULT_FOLDERS = {
+    "v0.8.0 examples": SHARED / "verl-v0.8.0" / "examples",
+    "v0.9.0 examples": SHARED / "verl-v0.9.0" / "examples",
+    "tests/user_scripts": ROOT / "tests" / "user_scripts",
+}
+PATTERNS = {"tests/user_scripts": "*.sh"}
+
+
+def count(folders: dict[str, Path]) -> dict[str, dict[str, object]]:
+    """Per folder: scripts, read, and refusals by construct (this interpreter's package)."""
+    from pytest_verl_compat.bash import LaunchReadError, read_launch
+    from pytest_verl_compat.pipeline.manifest import (
+        default_examples_path,
+        default_manifest_path,
+        load_examples,
+        load_manifest,
+    )
+
+    bindings = load_manifest(default_manifest_path()).bindings
+    runs = {
+        label: [(path, bindings) for path in sorted(folder.glob(PATTERNS.get(label, "**/*.sh")))]
+        for label, folder in folders.items()
+        if folder.is_dir()
+    }
+    upstream = SHARED / "verl-v0.9.0"
+    if upstream.is_dir():
+        cases = load_examples(default_examples_path(), bindings)
+        runs["v0.9.0 examples, examples.yaml bindings"] = [
+            (upstream / str(case.launch), case.bindings) for case in cases
+        ]
+    result: dict[str, dict[str, object]] = {}
+    for label, items in runs.items():
+        refused: collections.Counter[str] = collections.Counter()
+        for path, case_bindings in items:
+            try:
+                read_launch(path, case_bindings)
+            except LaunchReadError as exc:
+                refused[exc.construct] += 1
+        result[label] = {
+            "scripts": len(items),
+            "read": len(items) - sum(refused.values()),
+            "refused": dict(sorted(refused.items())),
+        }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--baseline", help="another checkout of this project to compare with")
+    parser.add_argument("--folder", action="append", default=[], metavar="LABEL=PATH")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    folders = dict(DEFAULT_FOLDERS)
+    for item in args.folder:
+        label, _, path = item.partition("=")
+        folders[label] = Path(path).resolve()
+    ours = count(folders)
+    if args.json:
+        print(json.dumps(ours))
+        return 0
+    theirs: dict[str, dict[str, object]] = {}
+    if args.baseline:
+        command = [sys.executable, __file__, "--json"]
+        command += [f"--folder={label}={path}" for label, path in folders.items()]
+        env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())}
+        theirs = json.loads(
+            subprocess.run(command, env=env, capture_output=True, check=True).stdout
+        )
+    width = max(map(len, ours))
+    header = f"{'folder':<{width}}  {'read (this)':>12}"
+    print(header + (f"  {'read (baseline)':>16}" if theirs else ""))
+    for label, figures in ours.items():
+        line = f"{label:<{width}}  {figures['read']:>5} / {figures['scripts']:<4}"
+        if label in theirs:
+            line += f"  {theirs[label]['read']:>8} / {theirs[label]['scripts']:<5}"
+        print(line)
+    for label, figures in ours.items():
+        print(f"  {label}: refused by construct {figures['refused']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

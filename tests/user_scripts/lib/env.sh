@@ -1,0 +1,3 @@
+export NCCL_DEBUG=WARN
+export TOKENIZERS_PARALLELISM=true
+MODEL=${MODEL:-Qwen/Qwen2.5-3B-Instruct}
