@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def run_all(
     validate: Callable[[Any], None],
     watch: Mapping[str, Sequence[int]] | None = None,
     explicit: Sequence[str] = (),
+    timings: list[tuple[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Every probe on one resolved mapping: failure records, the steps not evaluated here, and
     the values the config dataclasses' annotations refuse; of the ``explicit`` keys (the ones the
@@ -72,21 +74,55 @@ def run_all(
     leaves = _leaves(plain)
     out = Collector(leaves)
     tracer = LineTracer(records.verl_root().parent, watch) if watch else None
+    clock = _Clock(timings)
     with ray_free(plain), tracer or contextlib.nullcontext():
-        config_load(out, plain, validate)
+        with clock("config load (validate_config, the dataclasses)"):
+            config_load(out, plain, validate)
         if plain["trainer"].get("use_v1", True):
-            first_step(out, plain, trainer_probes(out, plain))
+            with clock("trainer and workers (PPOTrainer.__init__, _setup)"):
+                trainer = trainer_probes(out, plain)
+            with clock("first step (advantages, log-prob, update, losses, optimizer)"):
+                first_step(out, plain, trainer)
         else:
             out.not_run.append(LEGACY_TRAINER)
+    with clock("types (the dataclasses' annotations)"):
+        types = wrong_types(out.reads.tagged(), leaves)
+    with clock("effects (never read, overridden)"):
+        without_effect = _without_effect(out, plain, leaves, list(explicit))
     answer: dict[str, Any] = {
         "failures": out.records,
         KEY_NOT_EVALUATED: out.not_run,
-        KEY_TYPES: wrong_types(out.reads.tagged(), leaves),
-        KEY_EFFECTS: _without_effect(out, plain, leaves, list(explicit)),
+        KEY_TYPES: types,
+        KEY_EFFECTS: without_effect,
     }
     if tracer is not None:
         answer[KEY_RAN] = tracer.ran()
     return answer
+
+
+class _Clock:
+    """Wall seconds per phase into ``timings`` (``benchmarks/bench_check.py --phases``)."""
+
+    def __init__(self, timings: list[tuple[str, float]] | None) -> None:
+        self.timings = timings
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.timings is not None:
+                self.timings.append((name, time.perf_counter() - start))
+
+
+def timed_phases(mapping: Mapping[str, Any], explicit: Sequence[str]) -> list[tuple[str, float]]:
+    """Each phase's wall seconds on one mapping (verl already imported by the caller)."""
+    from pytest_verl_compat.upstream.validate import _validate_config
+
+    timings: list[tuple[str, float]] = []
+    run_all(mapping, _validate_config, explicit=explicit, timings=timings)
+    return timings
 
 
 def _without_effect(
