@@ -144,3 +144,26 @@ def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) 
         if not (cache / version).is_dir():
             install_wheel(index.release(version), wheel, cache / version, index)
     return cache
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Iterator[object]:
+    """One upstream oracle process per test module (verl imported once); skips without verl."""
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+    from pytest_verl_compat.upstream.oracle import UpstreamOracle
+
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    process = UpstreamOracle()
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+@pytest.fixture(scope="module")
+def upstream_session(upstream_checkout: Path) -> object:
+    """An audit session on the pinned upstream checkout, one per test module."""
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+    return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))

@@ -13,7 +13,6 @@ import dataclasses
 import itertools
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from pytest_verl_compat.checks import CHECKS, Example
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.cli.rules import markdown, page_lines, pinned_rules, pinned_version
 from pytest_verl_compat.model import Case
-from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.rules import all_rules
@@ -82,18 +81,8 @@ def test_rule_command_prints_the_page_and_refuses_an_unknown_id() -> None:
 
 
 @pytest.fixture(scope="module")
-def session(upstream_checkout: Path) -> AuditSession:
-    return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
-
-
-@pytest.fixture(scope="module")
-def oracle() -> Iterator[UpstreamOracle]:
-    """One oracle process for every upstream rule's example (verl imported once)."""
-    process = UpstreamOracle()
-    try:
-        yield process
-    finally:
-        process.close()
+def session(upstream_session: AuditSession) -> AuditSession:
+    return upstream_session
 
 
 def _case(session: AuditSession, example: Example, overrides: tuple[str, ...]) -> Case:

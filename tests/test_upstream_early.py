@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -61,22 +61,13 @@ REWARD_MODEL = {"reward.reward_model.enable": True, "reward.reward_model.rollout
 
 
 @pytest.fixture(scope="module")
-def session(upstream_checkout: Path) -> AuditSession:
-    return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
+def session(upstream_session: AuditSession) -> AuditSession:
+    return upstream_session
 
 
 @pytest.fixture(scope="module")
 def grpo(session: AuditSession) -> dict[str, Any]:
     return session.outcome(session.manifest.case("grpo")).composition.mapping  # type: ignore[union-attr]
-
-
-@pytest.fixture(scope="module")
-def oracle() -> Iterator[UpstreamOracle]:
-    if installed_verl_root() is None:
-        pytest.skip("verl is not installed")
-    process = UpstreamOracle()
-    yield process
-    process.close()
 
 
 def edited(mapping: Mapping[str, Any], edits: Mapping[str, Any]) -> dict[str, Any]:

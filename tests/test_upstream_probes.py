@@ -25,7 +25,7 @@ import pytest
 from hostile_canary import Canary
 
 from pytest_verl_compat.model import Finding
-from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.verdict import CaseCheck, check_case, live_asker
@@ -40,15 +40,8 @@ _ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def session(upstream_checkout: Path) -> AuditSession:
-    return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
-
-
-@pytest.fixture(scope="module")
-def oracle() -> Iterator[UpstreamOracle]:
-    process = UpstreamOracle()
-    yield process
-    process.close()
+def session(upstream_session: AuditSession) -> AuditSession:
+    return upstream_session
 
 
 def check(
@@ -325,6 +318,31 @@ def test_a_wrong_type_is_an_error_naming_key_value_and_type(
     assert not [f for f in good.findings if f.rule.startswith("types.")]
 
 
+# Strings a config dataclass's annotation admits although the tree's default is a number: the
+# annotation is upstream's typing (verl/trainer/config/algorithm.py:179 ``str | float``), read
+# through ``algorithm._target_`` (AlgoConfig) even where the selected path never builds it. Each
+# with a near-identical value the annotation refuses, which stays an error.
+ANNOTATED = {
+    "threshold-pair": (
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "0.5_4.0",
+        "algorithm.kl_ctrl.kl_coef",
+        "high",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ANNOTATED))
+def test_a_string_the_annotation_admits_is_no_type_error(
+    name: str, session: AuditSession, oracle: UpstreamOracle
+) -> None:
+    key, admitted, other, refused = ANNOTATED[name]
+    result = check(session, oracle, "grpo", (f"{key}={admitted}",))
+    assert not [f.line() for f in result.findings if f.rule.startswith("types.")]
+    bad = check(session, oracle, "grpo", (f"{other}={refused}",))
+    assert [f for f in bad.findings if f.rule.startswith("types.") and f.path == other]
+
+
 @pytest.mark.parametrize(
     "override", [WRONG_TYPES[n][0] for n in ("batch-size-word", "unset-variable")]
 )
@@ -398,3 +416,24 @@ def test_the_users_modules_and_files_are_never_imported_or_read(
     )
     assert not result.upstream_skipped, result.upstream_skipped
     assert not canary.fired()
+
+
+def test_a_model_output_the_stand_in_does_not_make_is_not_evaluated() -> None:
+    """A loss that reads an output only the model's forward makes (the distillation losses of the
+    top-k logits processor) meets the probe's limit, not the configuration's: not evaluated."""
+    from pytest_verl_compat.upstream.probes.records import Collector
+    from pytest_verl_compat.upstream.probes.tiny_batch import StandInOutput
+
+    collector = Collector({})
+    output = StandInOutput(log_probs=1.0)
+    assert (
+        collector.run("first update: the loss (actor)", lambda: output["log_probs"], "loss") == 1.0
+    )
+    collector.run(
+        "first update: the loss (actor)",
+        lambda: output["distillation_losses"],
+        "the worker's loss_fn",
+        partial_batch=True,
+    )
+    assert not collector.records
+    assert "distillation_losses" in collector.not_run[0]["reason"]

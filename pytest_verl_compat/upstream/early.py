@@ -29,7 +29,13 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
 from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
-from pytest_verl_compat.upstream.probes import KEY_EFFECTS, KEY_NOT_EVALUATED, KEY_TYPES, statements
+from pytest_verl_compat.upstream.probes import (
+    KEY_ADMITTED,
+    KEY_EFFECTS,
+    KEY_NOT_EVALUATED,
+    KEY_TYPES,
+    statements,
+)
 from pytest_verl_compat.upstream.probes import effects as probe_effects
 from pytest_verl_compat.upstream.probes import records as ec
 from pytest_verl_compat.upstream.probes import types as probe_types
@@ -236,6 +242,8 @@ class EarlyAnswer:
     wrong_types: tuple[Mapping[str, str], ...] = ()
     # Explicit keys never read, or read and overridden (``probes.effects``).
     without_effect: tuple[Mapping[str, Any], ...] = ()
+    # Explicit keys whose config dataclass's annotation admits their value (``probes.types``).
+    admitted_types: tuple[Mapping[str, str], ...] = ()
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], cached: bool = False) -> EarlyAnswer:
@@ -247,6 +255,7 @@ class EarlyAnswer:
             not_evaluated=tuple(dict(n) for n in raw.get(KEY_NOT_EVALUATED, [])),
             wrong_types=tuple(dict(t) for t in raw.get(KEY_TYPES, [])),
             without_effect=tuple(dict(e) for e in raw.get(KEY_EFFECTS, [])),
+            admitted_types=tuple(dict(t) for t in raw.get(KEY_ADMITTED, [])),
         )
 
     def effect_findings(self, version: str) -> list[Finding]:
@@ -338,6 +347,7 @@ class EarlyAnswer:
             KEY_NOT_EVALUATED: [dict(n) for n in self.not_evaluated],
             KEY_TYPES: [dict(t) for t in self.wrong_types],
             KEY_EFFECTS: [dict(e) for e in self.without_effect],
+            KEY_ADMITTED: [dict(t) for t in self.admitted_types],
         }
 
     def validate_message(self, version: str = "") -> str:
@@ -521,6 +531,7 @@ def early_answer(
         KEY_NOT_EVALUATED: answer.get(KEY_NOT_EVALUATED, []),
         KEY_TYPES: answer.get(KEY_TYPES, []),
         KEY_EFFECTS: answer.get(KEY_EFFECTS, []),
+        KEY_ADMITTED: answer.get(KEY_ADMITTED, []),
     }
     if cache is not None:
         cache.put(key, entry)

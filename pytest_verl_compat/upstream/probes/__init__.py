@@ -33,6 +33,7 @@ from pytest_verl_compat.upstream.probes.records import Collector
 # the values upstream's config dataclasses' annotations refuse.
 KEY_NOT_EVALUATED = "not_evaluated"
 KEY_TYPES = "types"
+KEY_ADMITTED = "admitted_types"  # explicit keys whose annotation admits their value
 KEY_RAN = "ran"  # the census's watched lines that ran (a census question only)
 KEY_EFFECTS = "without_effect"  # explicit keys never read, or read and overridden (``effects``)
 # main_ppo runs the legacy trainer (main_ppo_v0.py) when trainer.use_v1 is false: not probed.
@@ -68,7 +69,7 @@ def run_all(
     from pytest_verl_compat.upstream.probes.config_load import config_load
     from pytest_verl_compat.upstream.probes.first_step import first_step
     from pytest_verl_compat.upstream.probes.trainer import ray_free, trainer_probes
-    from pytest_verl_compat.upstream.probes.types import wrong_types
+    from pytest_verl_compat.upstream.probes.types import explicit_types, wrong_types
 
     plain = dict(mapping)
     leaves = _leaves(plain)
@@ -86,13 +87,17 @@ def run_all(
         else:
             out.not_run.append(LEGACY_TRAINER)
     with clock("types (the dataclasses' annotations)"):
+        refused, admitted = explicit_types(plain, leaves, explicit)
         types = wrong_types(out.reads.tagged(), leaves)
+        types += [r for r in refused if all(t["key"] != r["key"] for t in types)]
+        types.sort(key=lambda record: record["key"])
     with clock("effects (never read, overridden)"):
         without_effect = _without_effect(out, plain, leaves, list(explicit))
     answer: dict[str, Any] = {
         "failures": out.records,
         KEY_NOT_EVALUATED: out.not_run,
         KEY_TYPES: types,
+        KEY_ADMITTED: admitted,
         KEY_EFFECTS: without_effect,
     }
     if tracer is not None:

@@ -201,10 +201,10 @@ def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
     data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
     batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
     fields = {"old_log_probs": (-1.0, 1.6), "advantages": (0.0, 1.0), "ref_log_prob": (-1.1, 0.9)}
-    output = {
-        "log_probs": tiny_batch.model_output(batch, -1.0)[1],
-        "entropy": tiny_batch.model_output(batch, 0.7)[1],
-    }
+    output = tiny_batch.StandInOutput(
+        log_probs=tiny_batch.model_output(batch, -1.0)[1],
+        entropy=tiny_batch.model_output(batch, 0.7)[1],
+    )
     hybrid.loss_fn(model_output=output, data=tiny_batch.micro_batch(batch, dp, fields))
 
 
@@ -212,7 +212,8 @@ def _critic_loss(worker: Any, plain: Mapping[str, Any], dp: int) -> None:
     """The critic's ``value_loss`` with the critic's config (``_setup`` sets it, trainer_base.py:300)."""
     batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
     data = tiny_batch.micro_batch(batch, dp, {"values": (0.2, 0.3), "returns": (0.4, 0.8)})
-    worker.loss_fn(model_output={"values": tiny_batch.model_output(batch, 0.25)[1]}, data=data)
+    output = tiny_batch.StandInOutput(values=tiny_batch.model_output(batch, 0.25)[1])
+    worker.loss_fn(model_output=output, data=data)
 
 
 def _optimizer(worker: Any) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import statements
+from pytest_verl_compat.upstream.probes import statements, tiny_batch
 from pytest_verl_compat.upstream.probes.boundary import LibraryCheck
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
 
@@ -140,7 +140,10 @@ def _phase(phase: str, exc: BaseException) -> str:
 
 
 def _missing_field(exc: BaseException) -> bool:
-    """A batch field the step's input lacks (TensorDict's own KeyError for a missing key)."""
+    """A batch field or model output the step's input lacks (TensorDict's own KeyError for a
+    missing key, the stand-in model output's ``MissingModelOutput``)."""
+    if isinstance(unwrap(exc), tiny_batch.MissingModelOutput):
+        return True
     return isinstance(exc, KeyError) and "not found in TensorDict" in str(exc)
 
 

@@ -117,6 +117,19 @@ def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, tuple[float, f
     return data
 
 
+class MissingModelOutput(KeyError):
+    """A model output the stand-in does not make (the distillation losses the engine's top-k
+    logits processor computes, verl/trainer/distillation/fsdp/losses.py:144): the probe's limit."""
+
+
+class StandInOutput(dict[str, Any]):
+    """The outputs a loss receives from the model: what the probe computes, and a
+    ``MissingModelOutput`` for any other the loss asks for."""
+
+    def __missing__(self, key: str) -> Any:
+        raise MissingModelOutput(f"model output {key!r} is computed by the model's forward")
+
+
 def model_output(batch: TinyBatch, offset: float, spread: float = 1.0) -> tuple[Any, Any]:
     """One value per prompt and response token (``offset + spread × sin(1.3·k)``): the flat leaf
     to take gradients against, and its view per sequence (what the engine returns on unpadded

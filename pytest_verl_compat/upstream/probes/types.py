@@ -11,9 +11,10 @@ keys the script set (a default is upstream's own choice).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 KEY_KEY = "key"
@@ -61,11 +62,12 @@ def _hints(cls: type) -> dict[str, Any]:
         return {}
 
 
-def wrong_types(
+def _fields(
     tagged: Iterator[tuple[Any, str]], leaves: Mapping[str, Any]
-) -> list[dict[str, str]]:
-    """Every field of every tagged dataclass whose configuration value its annotation refuses."""
-    found: dict[str, dict[str, str]] = {}
+) -> Iterator[tuple[str, Any, Any, str]]:
+    """(key, value, annotation, ``module.Class.field``) once per configuration key a tagged
+    dataclass holds as a scalar field."""
+    seen: set[str] = set()
     for obj, path in tagged:
         cls = type(obj)
         if not dataclasses.is_dataclass(cls):
@@ -73,19 +75,101 @@ def wrong_types(
         hints = _hints(cls)
         for field in dataclasses.fields(cls):
             key = f"{path}.{field.name}"
-            if key in found or key not in leaves or field.name not in hints:
+            if key in seen or key not in leaves or field.name not in hints:
                 continue
             value = leaves[key]
             if isinstance(value, dict):
                 continue
-            if fits(value, hints[field.name]) is False:
-                found[key] = {
-                    KEY_KEY: key,
-                    KEY_VALUE: repr(value),
-                    KEY_EXPECTED: _words(hints[field.name]),
-                    KEY_FIELD: f"{cls.__module__}.{cls.__qualname__}.{field.name}",
-                }
-    return [found[key] for key in sorted(found)]
+            seen.add(key)
+            yield key, value, hints[field.name], f"{cls.__module__}.{cls.__qualname__}.{field.name}"
+
+
+def _record(key: str, value: Any, hint: Any, field: str) -> dict[str, str]:
+    return {KEY_KEY: key, KEY_VALUE: repr(value), KEY_EXPECTED: _words(hint), KEY_FIELD: field}
+
+
+def wrong_types(
+    tagged: Iterator[tuple[Any, str]], leaves: Mapping[str, Any]
+) -> list[dict[str, str]]:
+    """Every field of every tagged dataclass whose configuration value its annotation refuses."""
+    found = [_record(*row) for row in _fields(tagged, leaves) if fits(row[1], row[2]) is False]
+    return sorted(found, key=lambda record: record[KEY_KEY])
+
+
+def _section(mapping: Mapping[str, Any], parts: list[str]) -> Any:
+    node: Any = mapping
+    for part in parts:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass an annotation names, through ``Optional[...]``."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        found = [cls for arg in typing.get_args(hint) if (cls := _dataclass_of(arg)) is not None]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def _target_class(target: Any) -> type | None:
+    """The config dataclass a section's ``_target_`` names (the gate admits only the installed
+    tree's own ``_target_`` values), or None."""
+    if not isinstance(target, str) or not target.startswith("verl."):
+        return None
+    module_name, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError):
+        return None
+    return found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
+
+
+def annotation(mapping: Mapping[str, Any], key: str) -> tuple[Any, str] | None:
+    """The annotation of ``key``'s field and its ``module.Class.field``: from the nearest section
+    above it whose ``_target_`` names a config dataclass, down through the fields' dataclass
+    annotations (``algorithm`` is ``AlgoConfig``, whose ``rollout_correction`` field is a
+    ``RolloutCorrectionConfig``), whether or not the selected path builds that dataclass."""
+    parts = key.split(".")
+    for depth in range(len(parts) - 1, -1, -1):
+        section = _section(mapping, parts[:depth])
+        cls = _target_class(section.get("_target_")) if isinstance(section, Mapping) else None
+        if cls is None:
+            continue
+        for part in parts[depth:-1]:
+            cls = _dataclass_of(_hints(cls).get(part))
+            if cls is None:
+                return None
+        hint = _hints(cls).get(parts[-1])
+        if hint is None:
+            return None
+        return hint, f"{cls.__module__}.{cls.__qualname__}.{parts[-1]}"
+    return None
+
+
+def explicit_types(
+    mapping: Mapping[str, Any], leaves: Mapping[str, Any], keys: Iterable[str]
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Of ``keys`` (the script's), by their dataclass annotations (``annotation``): the values
+    refused, and the strings admitted. An admitted string is upstream's own typing where the tree
+    default's type says otherwise, and outranks it (``rollout_is_threshold: str | float``,
+    verl/trainer/config/algorithm.py:179, defaults to 2.0 and takes ``"0.5_4.0"``)."""
+    refused, admitted = [], []
+    for key in sorted(set(keys)):
+        value = leaves.get(key)
+        found = annotation(mapping, key) if key in leaves and value is not None else None
+        if found is None or isinstance(value, dict | list):
+            continue
+        hint, field = found
+        verdict = fits(value, hint)
+        if verdict is False:
+            refused.append(_record(key, value, hint, field))
+        elif verdict and isinstance(value, str):
+            admitted.append(_record(key, value, hint, field))
+    return refused, admitted
 
 
 def _words(hint: Any) -> str:
