@@ -241,6 +241,20 @@ ACTING = {
         "algorithm.use_kl_in_reward=true",
         "algorithm.kl_ctrl.kl_coef=0.002",
     ),
+    # A value whose regime no perturbation leaves (CISPO's 1 - clip_ratio_low never binds at 10,
+    # nor at 20) still differs from removing the key: the default 0.2 binds.
+    "grpo+cispo": (
+        f"{A}.policy_loss.loss_mode=cispo",
+        f"{A}.clip_ratio_low=10",
+        f"{A}.clip_ratio_high=0.2",
+    ),
+    # DPPO's thresholds on prob - old_prob (core_algos.py:1431) and its truncation.
+    "grpo+dppo": (
+        f"{A}.policy_loss.loss_mode=dppo_tv",
+        f"{A}.clip_ratio_low=0.15",
+        f"{A}.clip_ratio_high=0.15",
+        f"{A}.clip_ratio_c=10000.0",
+    ),
 }
 
 
@@ -248,7 +262,7 @@ ACTING = {
 def test_keys_that_act_have_no_effect_finding_and_no_type_finding(
     base: str, session: AuditSession, oracle: UpstreamOracle
 ) -> None:
-    result = check(session, oracle, base, ACTING[base])
+    result = check(session, oracle, base.partition("+")[0], ACTING[base])
     assert not result.upstream_skipped, result.upstream_skipped
     noise = [f.line() for f in result.findings if f.rule.startswith(("effect.", "types."))]
     assert not noise, noise
@@ -437,3 +451,25 @@ def test_a_model_output_the_stand_in_does_not_make_is_not_evaluated() -> None:
     )
     assert not collector.records
     assert "distillation_losses" in collector.not_run[0]["reason"]
+
+
+def test_fields_read_by_reflection_are_read(tmp_path: Path) -> None:
+    """A function that walks a config parameter with ``fields``/``asdict`` reads every field of
+    its annotated class (VeOmni's ``*_implementation`` selectors), so none is "never read"; a
+    class only passed around, or walked through an unannotated name, is not reflected."""
+    from pytest_verl_compat.upstream.probes.effects import _scan, reflected_classes
+    from pytest_verl_compat.upstream.probes.records import verl_root
+
+    package = tmp_path / "verl"
+    (package / "workers" / "config").mkdir(parents=True)
+    (package / "engine.py").write_text(
+        "from dataclasses import asdict, fields\n"
+        "def forward(engine_config: 'KernelConfig', other: PlainConfig, loose):\n"
+        "    use(other)\n"
+        "    fields(loose)\n"
+        "    return {f.name: getattr(engine_config, f.name) for f in fields(engine_config)}\n"
+        "def dump(cfg: mod.DumpConfig):\n"
+        "    return asdict(cfg)\n"
+    )
+    assert _scan(package)[1] == {"KernelConfig", "DumpConfig"}
+    assert "VeOmniEngineConfig" in reflected_classes(verl_root())

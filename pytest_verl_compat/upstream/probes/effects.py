@@ -37,6 +37,7 @@ from typing import Any
 from pytest_verl_compat.upstream.probes import tiny_batch
 from pytest_verl_compat.upstream.probes.patching import all_patched
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
+from pytest_verl_compat.upstream.probes.types import field_default
 
 KEY_KEY = "key"
 KEY_KIND = "kind"  # "never read" or "overridden"
@@ -140,6 +141,12 @@ def _optimizer(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
     return compute
 
 
+# Response tokens per row of the effects' batch: enough for every threshold a loss compares a
+# per-token quantity with (DPPO's ``prob - old_prob`` against ``clip_ratio_low``, core_algos.py:
+# 1431) to fall between two tokens, so a perturbed threshold moves some token across it.
+EFFECT_TOKENS = 64
+
+
 def _actor_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
     """The actor's ppo_loss and its gradients on a tiny batch (verl/workers/utils/losses.py:57)."""
     import torch
@@ -147,7 +154,7 @@ def _actor_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
     from verl.workers.utils.losses import ppo_loss
 
     config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"])
+    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"], tokens=EFFECT_TOKENS)
     log_leaf, log_probs = tiny_batch.model_output(batch, -1.0)
     entropy_leaf, entropy = tiny_batch.model_output(batch, 0.7)
     data = tiny_batch.micro_batch(
@@ -169,7 +176,7 @@ def _critic_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
     critic = cfg.critic.copy()
     critic.model.pop("_target_", None)  # the model's files are not read; the loss never uses it
     config = omega_conf_to_dataclass(critic)
-    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"])
+    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"], tokens=EFFECT_TOKENS)
     leaf, values = tiny_batch.model_output(batch, 0.25)
     data = tiny_batch.micro_batch(batch, 1, {"values": (0.2, 0.3), "returns": (0.4, 0.8)})
     loss, metrics = value_loss(config, {"values": values}, data)
@@ -184,7 +191,7 @@ def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"])
+    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"], tokens=EFFECT_TOKENS)
     stored = tiny_batch.trajectories(
         batch, rollout_log_probs=bool(plain[ARR]["rollout"].get("calculate_log_probs"))
     )
@@ -318,6 +325,13 @@ def _perturbations(value: Any) -> list[Any]:
     return []
 
 
+def _same_kind(a: Any, b: Any) -> bool:
+    """Both flags, or both numbers (an int default stands for a float key: ``entropy_coeff``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool)
+    return isinstance(a, int | float) and isinstance(b, int | float)
+
+
 def _with(mapping: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:
     out = copy.deepcopy(dict(mapping))
     node = out
@@ -373,6 +387,12 @@ def overridden(
             results.append(record)
             continue
         tries = _perturbations(leaves.get(key))
+        # The value the key has without the script's line: a value in a regime where the
+        # perturbations cannot bind (``clip_ratio_low=10`` under CISPO's ``1 - clip_ratio_low``)
+        # still differs from removing the key, so it acts.
+        has_default, default = field_default(plain, key)
+        if has_default and _same_kind(default, leaves.get(key)) and default != leaves.get(key):
+            tries.append(default)
         readers = [(e, seen, r) for e, seen, r in owners if e.perturbable(key)]
         if not tries or not readers:
             continue
@@ -455,7 +475,51 @@ def _record(
 def referenced_names(root: Path) -> frozenset[str]:
     """Every attribute name and string key upstream's code reads outside its config dataclasses
     (``x.name``, ``x["name"]``, ``x.get("name", …)``), over the whole installed package."""
+    return _scan(root)[0]
+
+
+@functools.cache
+def reflected_classes(root: Path) -> frozenset[str]:
+    """Config classes whose every field upstream's code reads by reflection: a function whose
+    parameter is annotated with the class and that walks it with ``fields``, ``asdict``,
+    ``astuple`` or ``vars`` (``_build_ops_implementation_config(engine_config:
+    VeOmniEngineConfig)`` forwards each ``*_implementation`` field to VeOmni,
+    verl/workers/engine/veomni/transformer_impl.py:64-76); no field name appears in that code."""
+    return _scan(root)[1]
+
+
+_REFLECTING = frozenset({"fields", "asdict", "astuple", "vars"})
+
+
+def _annotation_name(node: ast.expr | None) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.rpartition(".")[2]
+    return ""
+
+
+def _reflected_in(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    arguments = function.args
+    annotated = {
+        arg.arg: _annotation_name(arg.annotation)
+        for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    }
+    found = set()
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)):
+            continue
+        if _annotation_name(node.func) in _REFLECTING and annotated.get(node.args[0].id):
+            found.add(annotated[node.args[0].id])
+    return found
+
+
+@functools.cache
+def _scan(root: Path) -> tuple[frozenset[str], frozenset[str]]:
     names: set[str] = set()
+    reflected: set[str] = set()
     config = root / "workers" / "config"
     for path in sorted(root.rglob("*.py")):
         if config in path.parents:
@@ -469,7 +533,9 @@ def referenced_names(root: Path) -> frozenset[str]:
                 names.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names.add(node.value)
-    return frozenset(names)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                reflected |= _reflected_in(node)
+    return frozenset(names), frozenset(reflected)
 
 
 def _likeness(a: str, b: str) -> float:
@@ -500,8 +566,9 @@ def never_read(
     import dataclasses as dc
 
     fields_at: dict[str, set[str]] = {}
+    reflected = reflected_classes(root)
     for obj, path in tagged:
-        if dc.is_dataclass(obj):
+        if dc.is_dataclass(obj) and not {c.__name__ for c in type(obj).__mro__} & reflected:
             fields_at.setdefault(path, set()).update(f.name for f in dc.fields(obj))
     referenced = referenced_names(root)
     read = reads.origins(reads.read)

@@ -1,7 +1,7 @@
 """A first step's batch in V1's layout, of a few rows: what the losses and the advantage read.
 
 Two prompts × the configuration's ``rollout.n`` responses, prompts of 2 and 3 tokens, responses of
-1 to 3 tokens, every per-token field a jagged nested tensor of the response's length (as
+1 to 3 tokens (62 to 64 in the effects' batch), every per-token field a jagged nested tensor of the response's length (as
 ``trainer_base`` keeps them in TransferQueue and hands them to the engine, ``response_to_nested``),
 model outputs flat over prompt and response tokens (``FSDPEngineWithLMHead``'s unpadded output),
 and the global normalisers the engine sets (verl/workers/engine/fsdp/transformer_impl.py:706-711).
@@ -37,13 +37,15 @@ class TinyBatch:
         return [f"p{row // self.n}_{row % self.n}_0" for row in range(self.rows)]
 
 
-def shape(n: int) -> TinyBatch:
+def shape(n: int, tokens: int = 3) -> TinyBatch:
+    """Two prompts × ``n`` responses of ``tokens - 2`` to ``tokens`` tokens (rows of different
+    lengths)."""
     n = max(1, min(int(n), _MAX_N))
     rows = _PROMPTS * n
     return TinyBatch(
         n=n,
         prompt_lengths=tuple(2 + (row // n) % 2 for row in range(rows)),
-        response_lengths=tuple(1 + row % 3 for row in range(rows)),
+        response_lengths=tuple(tokens - 2 + row % 3 for row in range(rows)),
     )
 
 

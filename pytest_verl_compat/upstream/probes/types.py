@@ -128,11 +128,11 @@ def _target_class(target: Any) -> type | None:
     return found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
 
 
-def annotation(mapping: Mapping[str, Any], key: str) -> tuple[Any, str] | None:
-    """The annotation of ``key``'s field and its ``module.Class.field``: from the nearest section
-    above it whose ``_target_`` names a config dataclass, down through the fields' dataclass
-    annotations (``algorithm`` is ``AlgoConfig``, whose ``rollout_correction`` field is a
-    ``RolloutCorrectionConfig``), whether or not the selected path builds that dataclass."""
+def _owner(mapping: Mapping[str, Any], key: str) -> tuple[type, str] | None:
+    """The config dataclass holding ``key``'s field, and the field's name: from the nearest
+    section above it whose ``_target_`` names a config dataclass, down through the fields'
+    dataclass annotations (``algorithm`` is ``AlgoConfig``, whose ``rollout_correction`` field is
+    a ``RolloutCorrectionConfig``), whether or not the selected path builds that dataclass."""
     parts = key.split(".")
     for depth in range(len(parts) - 1, -1, -1):
         section = _section(mapping, parts[:depth])
@@ -143,11 +143,29 @@ def annotation(mapping: Mapping[str, Any], key: str) -> tuple[Any, str] | None:
             cls = _dataclass_of(_hints(cls).get(part))
             if cls is None:
                 return None
-        hint = _hints(cls).get(parts[-1])
-        if hint is None:
-            return None
-        return hint, f"{cls.__module__}.{cls.__qualname__}.{parts[-1]}"
+        return cls, parts[-1]
     return None
+
+
+def annotation(mapping: Mapping[str, Any], key: str) -> tuple[Any, str] | None:
+    """The annotation of ``key``'s field (``_owner``) and its ``module.Class.field``."""
+    owner = _owner(mapping, key)
+    hint = _hints(owner[0]).get(owner[1]) if owner is not None else None
+    if owner is None or hint is None:
+        return None
+    cls, name = owner
+    return hint, f"{cls.__module__}.{cls.__qualname__}.{name}"
+
+
+def field_default(mapping: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """(True, the dataclass's own default for ``key``'s field), or (False, None) without one."""
+    owner = _owner(mapping, key)
+    if owner is None:
+        return False, None
+    found = {f.name: f for f in dataclasses.fields(owner[0])}.get(owner[1])
+    if found is None or found.default is dataclasses.MISSING:
+        return False, None
+    return True, found.default
 
 
 def explicit_types(
