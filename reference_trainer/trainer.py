@@ -127,9 +127,11 @@ class ReferenceTrainer:
         # LoRA: the reference is the policy with its adapter disabled, so the frozen base
         # (never a trained adapter, TRL #3194). Full fine-tuning: a frozen copy of the start.
         self.ref = frozen_reference(self.cfg, self.policy)
+        # A critic whenever the config has one (critic.enable, else GAE decides), as verl's
+        # need_critic (verl/trainer/ppo/utils.py:96-107): V1 trains it also under GRPO.
         self.critic = (
             build_critic(self.cfg.critic_model, self.base_model.config, self.seed)
-            if self.cfg.algorithm.adv_estimator == "gae"
+            if self.cfg.critic is not None
             else None
         )
         self.scorer = (
