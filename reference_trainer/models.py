@@ -39,7 +39,9 @@ def wrap_lora(model: torch.nn.Module, spec: ModelConfig, seed: int) -> torch.nn.
         return get_peft_model(model, lora)
 
 
-def frozen_reference(cfg: ReferenceTrainerConfig, policy: torch.nn.Module) -> torch.nn.Module | None:
+def frozen_reference(
+    cfg: ReferenceTrainerConfig, policy: torch.nn.Module
+) -> torch.nn.Module | None:
     """The reference policy of full fine-tuning: a frozen copy of the starting policy. None
     without a reference, and with LoRA, whose reference is the policy with its adapter off."""
     if not cfg.use_reference_policy or cfg.model.lora_rank > 0:

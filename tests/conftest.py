@@ -96,3 +96,33 @@ def canary(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     from hostile_canary import make_canary
 
     return make_canary(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture(scope="session")
+def step_oracle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Upstream's steps of every step case and variant, run once per session (once under
+    xdist too: the first worker to ask runs them, the others read where it wrote them)."""
+    import tempfile
+
+    from pytest_verl_compat.conformance.step.cases import step_cases
+    from pytest_verl_compat.conformance.step.run import load_upstream, run_upstream
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+    from pytest_verl_compat.plugin.keys import is_xdist_worker
+    from pytest_verl_compat.plugin.shared import once_per_session
+    from pytest_verl_compat.upstream.runner import run_module
+
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    base = tmp_path_factory.getbasetemp()
+    # The workers of one run share the parent of their base folders.
+    root = base.parent if is_xdist_worker(request.config) else base
+
+    def compute() -> dict[str, str]:
+        session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+        folder = Path(tempfile.mkdtemp(prefix="step-oracle-", dir=root))
+        run_upstream(step_cases(session), run_module, folder)
+        return {"folder": str(folder)}
+
+    found = once_per_session(request.config, tmp_path_factory, "step-oracle", compute)
+    return load_upstream(Path(found["folder"]))
