@@ -261,6 +261,13 @@ SOURCE_MUTANTS = (
         ((RPP_BASELINE, "sgd"),),
     ),
     SourceMutant(
+        "adam-moments-cleared-every-training-step",
+        f"{UPDATES}:actor_update",
+        "    shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)\n",
+        "    optimizer.state.clear()\n    shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)\n",
+        ((GRPO, "adamw"),),
+    ),
+    SourceMutant(
         "actor-shuffle-seed-left-at-its-default",
         f"{UPDATES}:actor_update",
         "shuffle = shuffle_generator(spec.shuffle, spec.data_loader_seed)",

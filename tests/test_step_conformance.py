@@ -276,6 +276,7 @@ def session_step_cases() -> dict[str, StepCase]:
 
 @pytest.mark.slow
 @needs_verl
+@pytest.mark.xdist_group("step-oracle")
 @pytest.mark.parametrize("case_id", ALL_STEP_CASES)
 def test_every_step_case_matches_upstream(
     case_id: str, step_oracle: UpstreamSteps, session_step_cases: dict[str, StepCase]
@@ -288,6 +289,7 @@ def test_every_step_case_matches_upstream(
 
 @pytest.mark.slow
 @needs_verl
+@pytest.mark.xdist_group("step-oracle")
 @pytest.mark.parametrize("mutant", SOURCE_MUTANTS, ids=lambda m: m.name)
 def test_a_seeded_training_loop_bug_fails_the_step(
     mutant: SourceMutant,

@@ -177,7 +177,7 @@ needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is n
 
 
 @pytest.fixture(scope="module")
-def mover(session: AuditSession, coverage: Any) -> dict[int, StepCase]:
+def mover(session: AuditSession, coverage: Any) -> dict[tuple[str, ...], StepCase]:
     """Per trained row, the step case its `case` names, else the first (in id order) that moves
     one of its leaves."""
     rows, _ = coverage
@@ -186,19 +186,20 @@ def mover(session: AuditSession, coverage: Any) -> dict[int, StepCase]:
     for r in rows:
         moving = sorted({c for ids in r.moved_by.values() for c in ids})
         if moving:
-            out[id(r.row)] = by_id[r.row.case or moving[0]]
+            out[r.row.patterns] = by_id[r.row.case or moving[0]]
     return out
 
 
 @pytest.mark.slow
 @needs_verl
+@pytest.mark.xdist_group("step-oracle")
 @pytest.mark.parametrize("row", TRAINED_ROWS, ids=lambda r: r.patterns[0])
 def test_a_wrong_value_of_each_setting_fails_the_variant_its_row_names(
-    row: CoverageRow, step_oracle: UpstreamSteps, mover: dict[int, StepCase]
+    row: CoverageRow, step_oracle: UpstreamSteps, mover: dict[tuple[str, ...], StepCase]
 ) -> None:
     """Ours trains with the setting changed (`step_mutants.wrong_value`), upstream as the case
     says: the quantity the row names must differ beyond its tolerance."""
-    case = mover[id(row)]
+    case = mover[row.patterns]
     rule = load_profile().rule_for(row.patterns[0])
     allowed = rule.values if rule is not None else None
     for detect in row.detect:
