@@ -149,13 +149,28 @@ def test_the_step_stage_trains_the_manifest_cases_and_the_step_only_ones(
     assert step_case_ids(session) == ALL_STEP_CASES
 
 
+# The pytester project's conftest: upstream's steps are the session's (tests/conftest.py
+# step_oracle), so the plugin's stage runs ours and compares without a second upstream run.
+_SHARED_UPSTREAM_CONFTEST = """
+from pathlib import Path
+
+import pytest_verl_compat.conformance.step.run as step_run
+
+def shared_upstream(cases, run_module, folder, **kwargs):
+    return step_run.load_upstream(Path({folder!r}))
+
+step_run.run_upstream = shared_upstream
+"""
+
+
 @pytest.mark.slow
 @needs_verl
 def test_the_plugins_step_stage_runs_and_reports(
-    pytester: pytest.Pytester, upstream_checkout: Path
+    pytester: pytest.Pytester, upstream_checkout: Path, step_oracle: UpstreamSteps
 ) -> None:
-    """`test_step[<case>]` through the plugin (one case: its wiring; `test_every_step_case_
-    matches_upstream` checks every case through the same functions)."""
+    """`test_step[<case>]` through the plugin: its selection, report and verdicts (upstream's
+    side is the session's, which `test_every_step_case_matches_upstream` uses too)."""
+    pytester.makeconftest(_SHARED_UPSTREAM_CONFTEST.format(folder=str(step_oracle.folder)))
     report = pytester.path / "conformance.json"
     result = pytester.runpytest_subprocess(
         "--verl-corpus",
@@ -168,13 +183,15 @@ def test_the_plugins_step_stage_runs_and_reports(
         "no:cacheprovider",
         f"--verl-corpus-conformance-report={report}",
         "-k",
-        "test_step and dr_grpo",
+        "test_step and (dr_grpo or two-ranks)",
     )
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
     steps = json.loads(report.read_text())["step"]
-    assert sorted(steps) == ["dr_grpo"]
+    assert sorted(steps) == ["dr_grpo", "step/two-ranks"]
     assert set(steps["dr_grpo"]) == set(PLAN.default_variants)
+    assert set(steps["step/two-ranks"]) == set(PLAN.variants)
     assert {"actor", "old_log_probs", "advantages", "metrics"} <= set(steps["dr_grpo"]["sgd"])
+    assert {"actor@2", "critic@2", "active"} <= set(steps["step/two-ranks"]["adamw"])
     # The tight comparison is tight: SGD leaves the weights within float32 rounding.
     assert steps["dr_grpo"]["sgd"]["actor"]["max_abs_diff"] < 1e-6
 
@@ -276,7 +293,6 @@ def session_step_cases() -> dict[str, StepCase]:
 
 @pytest.mark.slow
 @needs_verl
-@pytest.mark.xdist_group("step-oracle")
 @pytest.mark.parametrize("case_id", ALL_STEP_CASES)
 def test_every_step_case_matches_upstream(
     case_id: str, step_oracle: UpstreamSteps, session_step_cases: dict[str, StepCase]
@@ -289,7 +305,6 @@ def test_every_step_case_matches_upstream(
 
 @pytest.mark.slow
 @needs_verl
-@pytest.mark.xdist_group("step-oracle")
 @pytest.mark.parametrize("mutant", SOURCE_MUTANTS, ids=lambda m: m.name)
 def test_a_seeded_training_loop_bug_fails_the_step(
     mutant: SourceMutant,

@@ -192,7 +192,6 @@ def mover(session: AuditSession, coverage: Any) -> dict[tuple[str, ...], StepCas
 
 @pytest.mark.slow
 @needs_verl
-@pytest.mark.xdist_group("step-oracle")
 @pytest.mark.parametrize("row", TRAINED_ROWS, ids=lambda r: r.patterns[0])
 def test_a_wrong_value_of_each_setting_fails_the_variant_its_row_names(
     row: CoverageRow, step_oracle: UpstreamSteps, mover: dict[tuple[str, ...], StepCase]

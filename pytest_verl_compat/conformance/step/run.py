@@ -65,15 +65,25 @@ class UpstreamSteps:
         return loaded
 
 
-def run_upstream(
+@dataclass(frozen=True)
+class UpstreamRequests:
+    """What `launch_upstream` sends, once the models are written (`prepare_upstream`)."""
+
+    folder: Path
+    requests: tuple[tuple[int, str], ...]
+    """(ranks, stdin) of each launch: one per rank count."""
+    index: str
+    """What `launch_upstream` writes beside the results (`INDEX`), for `load_upstream`."""
+
+
+def prepare_upstream(
     cases: Sequence[StepCase],
-    run_module: Callable[..., Any],
     folder: Path,
     *,
     plan: StepPlan | None = None,
     table: CoverageTable | None = None,
-) -> UpstreamSteps:
-    """Models under `folder/models`, upstream's results under `folder/out`."""
+) -> UpstreamRequests:
+    """The shared models under `folder/models` and the requests of upstream's launches."""
     from pytest_verl_compat.conformance.step.reference import prepare_models
 
     plan = plan or load_step_plan()
@@ -95,13 +105,24 @@ def run_upstream(
     by_ranks: dict[int, list[dict[str, Any]]] = {}
     for s in first.values():
         by_ranks.setdefault(s["ranks"], []).append(s)
-    for ranks, batch in sorted(by_ranks.items()):
-        # One launch per rank count: its processes import verl once and run every case with
-        # that many ranks in turn, in one process group.
+    # One launch per rank count: its processes import verl once and run every case with that
+    # many ranks in turn, in one process group.
+    requests = tuple(
+        (ranks, request_json(str(folder / "models"), tokens["eos"], tokens["vocab"], batch))
+        for ranks, batch in sorted(by_ranks.items())
+    )
+    runs = {key: settings_key(first[upstream_key(s)]) for key, s in wanted.items()}
+    index = {"eos": tokens["eos"], "vocab": tokens["vocab"], "settings": wanted, "runs": runs}
+    return UpstreamRequests(folder, requests, json.dumps(index, sort_keys=True))
+
+
+def launch_upstream(prepared: UpstreamRequests, run_module: Callable[..., Any]) -> None:
+    """Upstream's results under `folder/out`, then the index `load_upstream` reads."""
+    for ranks, stdin in prepared.requests:
         run = run_module(
             UPSTREAM_MODULE,
-            [str(folder / "out")],
-            stdin=request_json(str(folder / "models"), tokens["eos"], tokens["vocab"], batch),
+            [str(prepared.folder / "out")],
+            stdin=stdin,
             timeout=1800,
             ranks=ranks,
         )
@@ -109,9 +130,19 @@ def run_upstream(
             raise StepOracleError(
                 f"upstream step failed (exit {run.returncode}): {run.stderr_tail(8)}"
             )
-    runs = {key: settings_key(first[upstream_key(s)]) for key, s in wanted.items()}
-    index = {"eos": tokens["eos"], "vocab": tokens["vocab"], "settings": wanted, "runs": runs}
-    (folder / INDEX).write_text(json.dumps(index, sort_keys=True), encoding="utf-8")
+    (prepared.folder / INDEX).write_text(prepared.index, encoding="utf-8")
+
+
+def run_upstream(
+    cases: Sequence[StepCase],
+    run_module: Callable[..., Any],
+    folder: Path,
+    *,
+    plan: StepPlan | None = None,
+    table: CoverageTable | None = None,
+) -> UpstreamSteps:
+    """Models under `folder/models`, upstream's results under `folder/out`."""
+    launch_upstream(prepare_upstream(cases, folder, plan=plan, table=table), run_module)
     return load_upstream(folder, plan=plan, table=table)
 
 
