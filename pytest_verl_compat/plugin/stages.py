@@ -387,7 +387,7 @@ class TestStepConformance:
         from pytest_verl_compat.conformance.step.run import case_failures
 
         if not request.config.getoption("verl_corpus_step"):
-            pytest.skip("the step stage runs with --verl-corpus-step (about 5 minutes)")
+            pytest.skip("the step stage runs with --verl-corpus-step (about 4 minutes)")
         missing = upstream_missing_reason()
         if missing:
             pytest.skip(missing)
