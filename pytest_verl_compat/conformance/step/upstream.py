@@ -35,6 +35,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_verl_compat.conformance.step import upstream_patches
@@ -113,6 +114,55 @@ def _required_multiple(config: Any, dp: int, use_critic: bool, global_step: int)
     return multiple
 
 
+def _nested(xs: Any) -> Any:
+    import torch
+
+    return torch.nested.as_nested_tensor(list(xs), layout=torch.jagged)
+
+
+@dataclass
+class _Rows:
+    """One step's trajectories as V1 holds them: the rollout's, then its padding rows; `order`
+    is the balanced order of all of them, `mine` this rank's contiguous share of it."""
+
+    prompts: list[Any]
+    responses: list[Any]
+    masks: list[Any]
+    scores: list[float]
+    offsets: list[Any]
+    uids: list[str]
+    real: int
+    order: list[int]
+    mine: list[int]
+
+    def tensordict(self) -> Any:
+        """This rank's rows in V1's layout (jagged nested tensors)."""
+        import torch
+        from verl.utils import tensordict_utils as tu
+
+        ids = [torch.cat([self.prompts[j], self.responses[j]]) for j in self.mine]
+        return tu.get_tensordict(
+            {
+                "prompts": _nested(self.prompts[j] for j in self.mine),
+                "responses": _nested(self.responses[j] for j in self.mine),
+                "input_ids": _nested(ids),
+                "position_ids": _nested(torch.arange(len(x)) for x in ids),
+                "response_mask": _nested(self.masks[j] for j in self.mine),
+                "loss_mask": _nested(self.masks[j] for j in self.mine),
+            }
+        )
+
+    def padded(self, by_row: dict[int, Any] | list[Any]) -> Any:
+        """Per-row values in the balanced order, right-padded with zeros."""
+        import torch
+
+        width = max(len(r) for r in self.responses)
+        out = torch.zeros(len(self.order), width)
+        for i, j in enumerate(self.order):
+            out[i, : len(by_row[j])] = by_row[j]
+        return out
+
+
 class _Case:
     """The workers and controller state of one case, kept across its steps."""
 
@@ -173,23 +223,13 @@ class _Case:
         dist.all_gather_object(parts, local)
         return [row for part in parts for row in part]
 
-    def step(self, rollout: dict[str, Any], global_step: int) -> dict[str, Any]:
-        import numpy as np
+    def rows(self, rollout: dict[str, Any], global_step: int) -> _Rows:
+        """trainer_base._balance_batch: the rollout padded to the multiple the updates need,
+        with V1's own no-op template (prompt and response one EOS each, response and loss masks
+        zero), then balanced over the ranks; this rank's rows are its contiguous share."""
         import torch
-        from verl import DataProto
-        from verl.trainer.ppo.core_algos import agg_loss
         from verl.trainer.ppo.padding_utils import construct_minimal_padding_template
-        from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
-        from verl.utils import tensordict_utils as tu
         from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
-        from verl.workers.utils.padding import response_from_nested, response_to_nested
-
-        config = self.config
-        algorithm = config.algorithm
-        actor_cfg = config.actor_rollout_ref.actor
-        temperature = config.actor_rollout_ref.rollout.temperature
-        n = config.actor_rollout_ref.rollout.n
-        passes_started = time.perf_counter()
 
         prompts = [torch.tensor(p) for p in rollout["prompts"]]
         responses = [torch.tensor(r) for r in rollout["responses"]]
@@ -197,9 +237,7 @@ class _Case:
         offsets = [torch.tensor(o) for o in rollout["ref_offsets"]]
         uids = list(rollout["uids"])
         real = len(prompts)
-        # _balance_batch: pad to the multiple the updates need, with V1's own no-op template
-        # (prompt and response one EOS each, response and loss masks zero), then balance.
-        pad = -real % _required_multiple(config, self.dp, self.critic is not None, global_step)
+        pad = -real % _required_multiple(self.config, self.dp, self.critic is not None, global_step)
         if pad:
             template, _ = construct_minimal_padding_template(
                 {"prompts": prompts[0], "responses": responses[0]}, {}, self.eos
@@ -218,36 +256,41 @@ class _Case:
             equal_size=True,
         )
         order = [j for partition in partitions for j in partition]
-        per_rank = len(order) // self.dp
-        mine = order[self.rank * per_rank : (self.rank + 1) * per_rank]
+        share = len(order) // self.dp
+        return _Rows(
+            prompts,
+            responses,
+            masks,
+            scores,
+            offsets,
+            uids,
+            real,
+            order,
+            order[self.rank * share : (self.rank + 1) * share],
+        )
 
-        def nested(xs: Any) -> Any:
-            return torch.nested.as_nested_tensor(list(xs), layout=torch.jagged)
+    def step(self, rollout: dict[str, Any], global_step: int) -> dict[str, Any]:
+        """trainer_base._step_once from the balanced batch on (its steps 4-9)."""
+        from verl.trainer.ppo.core_algos import agg_loss
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-        def rows_td(rows: list[int]) -> Any:
-            ids = [torch.cat([prompts[j], responses[j]]) for j in rows]
-            return tu.get_tensordict(
-                {
-                    "prompts": nested(prompts[j] for j in rows),
-                    "responses": nested(responses[j] for j in rows),
-                    "input_ids": nested(ids),
-                    "position_ids": nested(torch.arange(len(x)) for x in ids),
-                    "response_mask": nested(masks[j] for j in rows),
-                    "loss_mask": nested(masks[j] for j in rows),
-                }
-            )
-
-        td = rows_td(mine)
+        actor_cfg = self.config.actor_rollout_ref.actor
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        passes_started = time.perf_counter()
+        rows = self.rows(rollout, global_step)
+        td = rows.tensordict()
 
         def ask(worker_call: Any, keys: tuple[str, ...], **extra: Any) -> list[dict[int, Any]]:
-            """The rows of every rank for each of `keys`, by row."""
+            """Each of `keys` for the rows of every rank, by row."""
             query = td.clone(recurse=False)
-            tu.assign_non_tensor(query, **extra)
+            tu.assign_non_tensor(query, temperature=temperature, **extra)
             out = worker_call(query)
             found = []
             for key in keys:
-                rows = response_from_nested(tu.get(out, key), td["response_mask"]).unbind()
-                found.append(dict(zip(order, self.gather([x.clone() for x in rows]), strict=True)))
+                mine = response_from_nested(tu.get(out, key), td["response_mask"]).unbind()
+                everyone = self.gather([x.clone() for x in mine])
+                found.append(dict(zip(rows.order, everyone, strict=True)))
             return found
 
         # trainer_base._compute_old_log_prob
@@ -256,72 +299,97 @@ class _Case:
             ("log_probs", "entropy"),
             calculate_entropy=True,
             compute_loss=False,
-            temperature=temperature,
         )
-        ref_pass: dict[int, Any] = {}
+        result: dict[str, Any] = {
+            "order": rows.order,
+            "real": rows.real,
+            "old_log_probs": rows.padded(old),
+            "entropy": rows.padded(entropy),
+        }
+        ref_log_prob = None
         if self.use_ref:  # trainer_base._compute_ref_log_prob
-            extra = {"calculate_entropy": False, "compute_loss": False, "temperature": temperature}
+            extra = {"calculate_entropy": False, "compute_loss": False}
             if self.lora:
-                (ref_pass,) = ask(
+                (ref,) = ask(
                     self.actor.compute_log_prob, ("log_probs",), no_lora_adapter=True, **extra
                 )
             else:
                 assert self.ref is not None
-                (ref_pass,) = ask(self.ref.compute_ref_log_prob, ("log_probs",), **extra)
+                (ref,) = ask(self.ref.compute_ref_log_prob, ("log_probs",), **extra)
+            result["ref_log_prob"] = rows.padded(ref)
+            ref_log_prob = {j: x + rows.offsets[j][: len(x)] for j, x in ref.items()}
         values: dict[int, Any] = {}
         if self.critic is not None:  # trainer_base._compute_values
-            (values,) = ask(
-                self.critic.infer_batch, ("values",), compute_loss=False, temperature=temperature
-            )
+            (values,) = ask(self.critic.infer_batch, ("values",), compute_loss=False)
+            result["values"] = rows.padded(values)
 
-        width = max(len(r) for r in responses)
-
-        def padded(rows: dict[int, Any] | list[Any]) -> Any:
-            items = [rows[j] for j in order]
-            out = torch.zeros(len(items), width)
-            for i, x in enumerate(items):
-                out[i, : len(x)] = x
-            return out
-
-        mask = padded([m.float() for m in masks])
-        result: dict[str, Any] = {
-            "order": order,
-            "real": real,
-            "old_log_probs": padded(old),
-            "entropy": padded(entropy),
-        }
-        ref_log_prob = None
-        if self.use_ref:
-            result["ref_log_prob"] = padded(ref_pass)
-            ref_log_prob = {j: x + offsets[j][: len(x)] for j, x in ref_pass.items()}
+        data, kl_metrics = self.advantages(rows, old, ref_log_prob, values)
+        for key in ("token_level_rewards", "advantages", "returns"):
+            result[key] = data.batch[key].clone()
+        position = [rows.order.index(j) for j in rows.mine]
+        td["old_log_probs"] = _nested(old[j] for j in rows.mine)
+        if ref_log_prob is not None:
+            td["ref_log_prob"] = _nested(ref_log_prob[j] for j in rows.mine)
+        for key in ("advantages", "returns"):
+            td[key] = response_to_nested(data.batch[key][position], td["response_mask"])
         if values:
-            result["values"] = padded(values)
+            td["values"] = _nested(values[j] for j in rows.mine)
 
-        # trainer_base._compute_advantage, on the whole batch as the controller holds it
-        token_scores = torch.zeros(len(order), width)
-        for i, j in enumerate(order):
-            if j < real:
-                token_scores[i, len(responses[j]) - 1] = scores[j]
+        started = time.perf_counter()
+        result["pass_seconds"] = started - passes_started
+        metrics, raw, states = self.update(td, global_step)
+        metrics["actor"].update(kl_metrics)  # trainer_base._compute_advantage's metrics
+        # trainer_base._compute_old_log_prob's actor/entropy: the old-log-prob pass, whole batch.
+        metrics["actor"]["actor/entropy"] = float(
+            agg_loss(
+                loss_mat=rows.padded(entropy),
+                loss_mask=rows.padded([m.float() for m in rows.masks]),
+                loss_agg_mode=actor_cfg.loss_agg_mode,
+                loss_scale_factor=actor_cfg.loss_scale_factor,
+            )
+        )
+        result.update(states, metrics=metrics, raw_metrics=raw)
+        result["update_seconds"] = time.perf_counter() - started
+        return result
+
+    def advantages(
+        self,
+        rows: _Rows,
+        old: dict[int, Any],
+        ref_log_prob: dict[int, Any] | None,
+        values: dict[int, Any],
+    ) -> tuple[Any, dict[str, float]]:
+        """trainer_base._compute_advantage, on the whole batch as the controller holds it."""
+        import numpy as np
+        import torch
+        from verl import DataProto
+        from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
+
+        algorithm = self.config.algorithm
+        mask = rows.padded([m.float() for m in rows.masks])
+        token_scores = torch.zeros_like(mask)
+        for i, j in enumerate(rows.order):
+            if j < rows.real:
+                token_scores[i, len(rows.responses[j]) - 1] = rows.scores[j]
         batch = {
             "response_mask": mask,
             "token_level_scores": token_scores,
-            "old_log_probs": padded(old),
-            "responses": padded([r.float() for r in responses]).long(),
-            "attention_mask": torch.cat([torch.ones(len(order), 1), mask], dim=1),
+            "old_log_probs": rows.padded(old),
+            "responses": rows.padded([r.float() for r in rows.responses]).long(),
+            "attention_mask": torch.cat([torch.ones(len(rows.order), 1), mask], dim=1),
         }
         if ref_log_prob is not None:
-            batch["ref_log_prob"] = padded(ref_log_prob)
+            batch["ref_log_prob"] = rows.padded(ref_log_prob)
         if values:
-            batch["values"] = padded(values)
-        data = DataProto.from_dict(
-            tensors=batch, non_tensors={"uid": np.array([uids[j] for j in order], dtype=object)}
-        )
+            batch["values"] = rows.padded(values)
+        uids = np.array([rows.uids[j] for j in rows.order], dtype=object)
+        data = DataProto.from_dict(tensors=batch, non_tensors={"uid": uids})
         kl_metrics: dict[str, float] = {}
         if self.kl_ctrl is not None:
-            data, kl_metrics = apply_kl_penalty(
+            data, found = apply_kl_penalty(
                 data, kl_ctrl=self.kl_ctrl, kl_penalty=algorithm.kl_penalty
             )
-            kl_metrics = {k: float(v) for k, v in kl_metrics.items()}
+            kl_metrics = {k: float(v) for k, v in found.items()}
         else:
             data.batch["token_level_rewards"] = data.batch["token_level_scores"]
         # V1's compute_advantage_for_multi_trajectories (verl/trainer/ppo/v1/utils.py:148) hands
@@ -332,26 +400,26 @@ class _Case:
             adv_estimator=algorithm.adv_estimator,
             gamma=algorithm.gamma,
             lam=algorithm.lam,
-            num_repeat=n,
+            num_repeat=self.config.actor_rollout_ref.rollout.n,
             norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True),
             config=algorithm,
         )
-        for key in ("token_level_rewards", "advantages", "returns"):
-            result[key] = data.batch[key].clone()
-        rows_of_mine = [order.index(j) for j in mine]
-        td["old_log_probs"] = nested(old[j] for j in mine)
-        if ref_log_prob is not None:
-            td["ref_log_prob"] = nested(ref_log_prob[j] for j in mine)
-        for key in ("advantages", "returns"):
-            td[key] = response_to_nested(data.batch[key][rows_of_mine], td["response_mask"])
-        if values:
-            td["values"] = nested(values[j] for j in mine)
+        return data, kl_metrics
 
-        started = time.perf_counter()
-        result["pass_seconds"] = started - passes_started
-        metrics: dict[str, dict[str, float]] = {}
-        raw: dict[str, dict[str, list[float]]] = {}
-        if self.critic is not None:  # trainer_base._update_critic
+    def update(
+        self, td: Any, global_step: int
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """trainer_base._update_critic, then _update_actor once critic_warmup <= global_steps
+        (:582), with the extra_info they set: metrics, per-mini-batch metrics, parameters."""
+        from verl.utils import tensordict_utils as tu
+
+        config = self.config
+        n = config.actor_rollout_ref.rollout.n
+        temperature = config.actor_rollout_ref.rollout.temperature
+        metrics: dict[str, Any] = {"actor": {}}
+        raw: dict[str, Any] = {}
+        states: dict[str, Any] = {}
+        if self.critic is not None:
             critic_cfg = config.critic
             mini = critic_cfg.ppo_mini_batch_size * n
             query = td.clone(recurse=False)
@@ -367,8 +435,9 @@ class _Case:
             metrics["critic"], raw["critic"] = _metrics(
                 tu.get(self.critic.train_mini_batch(query), "metrics")
             )
-            result["critic"] = _state(self.critic.engine, trainable_only=True)
-        if config.trainer.critic_warmup <= global_step:  # trainer_base._update_actor
+            states["critic"] = _state(self.critic.engine, trainable_only=True)
+        if config.trainer.critic_warmup <= global_step:
+            actor_cfg = config.actor_rollout_ref.actor
             mini = actor_cfg.ppo_mini_batch_size * n
             query = td.clone(recurse=False)
             tu.assign_non_tensor(
@@ -386,26 +455,11 @@ class _Case:
             metrics["actor"], raw["actor"] = _metrics(
                 tu.get(self.actor.update_actor(query), "metrics")
             )
-        else:
-            metrics["actor"] = {}
-        metrics["actor"].update(kl_metrics)  # trainer_base._compute_advantage's metrics
-        # trainer_base._compute_old_log_prob's actor/entropy: the old-log-prob pass, whole batch.
-        metrics["actor"]["actor/entropy"] = float(
-            agg_loss(
-                loss_mat=padded(entropy),
-                loss_mask=mask,
-                loss_agg_mode=actor_cfg.loss_agg_mode,
-                loss_scale_factor=actor_cfg.loss_scale_factor,
-            )
-        )
-        result["actor"] = _state(
+        states["actor"] = _state(
             self.actor.actor.engine,  # type: ignore[union-attr]  # built by init_model
             trainable_only=self.lora,
         )
-        result["metrics"] = metrics
-        result["raw_metrics"] = raw
-        result["update_seconds"] = time.perf_counter() - started
-        return result
+        return metrics, raw, states
 
 
 def run_case(model_dir: str, s: dict[str, Any], eos: int, vocab: range) -> dict[str, Any]:
