@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from pytest_verl_compat.pipeline.compose import iter_leaves
+from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.profile import pattern_regex
 from reference_trainer.config import ReferenceTrainerConfig
 
@@ -142,7 +142,8 @@ class StepPlan:
 
 
 def default_plan_path() -> Path:
-    return Path(__file__).resolve().parents[3] / "corpus" / "step.yaml"
+    """`corpus/step.yaml` of the source tree, or of the installed wheel's embedded corpus."""
+    return embedded_root() / "corpus" / "step.yaml"
 
 
 def _shape(raw: Mapping[str, Any] | None, base: Shape = Shape()) -> Shape:
@@ -248,7 +249,7 @@ HOWS = ("case", "shape", "variant", "engine", "fixed", "outside")
 
 
 def default_coverage_path() -> Path:
-    return Path(__file__).resolve().parents[3] / "corpus" / "step_coverage.yaml"
+    return embedded_root() / "corpus" / "step_coverage.yaml"
 
 
 def load_coverage(path: Path | None = None) -> tuple[CoverageRow, ...]:
@@ -292,6 +293,8 @@ class CoverageTable:
 
 def case_leaves(resolved: Mapping[str, Any], table: CoverageTable) -> dict[str, Any]:
     """The case's own values of every leaf whose row says `case`: what upstream composes."""
+    from pytest_verl_compat.pipeline.compose import iter_leaves  # imports Hydra: only here
+
     out = {}
     for path, value in iter_leaves(resolved):
         row = table.row_for(path)
