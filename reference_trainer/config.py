@@ -51,8 +51,10 @@ class ActorConfig:
     """Trajectories per gradient-accumulation micro-batch on one device (lowered from
     ``ppo_micro_batch_size_per_gpu`` or the dynamic token budget); ``None`` means one micro-batch."""
     clip_ratio: float = 0.2
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio_low: float | None = 0.2
+    """Lower bound of the ratio's clip; None means ``clip_ratio`` (as verl's vanilla loss)."""
+    clip_ratio_high: float | None = 0.2
+    """Upper bound of the ratio's clip; None means ``clip_ratio``."""
     clip_ratio_c: float = 3.0
     """Dual-clip bound for negative advantages (``actor.clip_ratio_c``)."""
     policy_loss_mode: str = "vanilla"

@@ -7,6 +7,7 @@ critic) under a forked global generator, so building them never shifts another s
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from reference_trainer.config import ModelConfig, OptimConfig
+from reference_trainer.config import ModelConfig, OptimConfig, ReferenceTrainerConfig
 from reference_trainer.tiny import (
     ATTENTION,
     FROM_PRETRAINED_SAFELY,
@@ -43,6 +44,16 @@ def wrap_lora(model: torch.nn.Module, spec: ModelConfig, seed: int) -> torch.nn.
         # LoRA's A matrices are drawn from the global generator: seed it, then restore it.
         torch.manual_seed(seed + 1)
         return get_peft_model(model, lora)
+
+
+def frozen_reference(
+    cfg: ReferenceTrainerConfig, policy: torch.nn.Module
+) -> torch.nn.Module | None:
+    """The reference policy of full fine-tuning: a frozen copy of the starting policy. None
+    without a reference, and with LoRA, whose reference is the policy with its adapter off."""
+    if not cfg.use_reference_policy or cfg.model.lora_rank > 0:
+        return None
+    return copy.deepcopy(policy).eval().requires_grad_(False)
 
 
 def build_critic(critic_model: ModelConfig | None, base_config: Any, seed: int) -> torch.nn.Module:

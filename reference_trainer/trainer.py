@@ -23,7 +23,6 @@ budget and the adaptations ledger), `generation` (sampling and the model passes)
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import json
@@ -55,9 +54,9 @@ from reference_trainer.data import Prompt, PromptSampler, fitting_prompts, load_
 from reference_trainer.generation import _generator, generate, inference_logits, response_values
 from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
 from reference_trainer.math.aggregation import agg_loss, unpadded_scale
-from reference_trainer.math.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
+from reference_trainer.math.kl import apply_kl_in_reward, kl_controller
 from reference_trainer.math.logprobs import entropy_from_logits, log_probs_from_logits
-from reference_trainer.models import build_critic, build_optimizer, wrap_lora
+from reference_trainer.models import build_critic, build_optimizer, frozen_reference, wrap_lora
 from reference_trainer.reasoning_gym_prompts import check_reasoning_gym_prompts
 from reference_trainer.reward import RewardModelScorer, score_batch
 from reference_trainer.run_files import (
@@ -127,12 +126,12 @@ class ReferenceTrainer:
         )
         # LoRA: the reference is the policy with its adapter disabled, so the frozen base
         # (never a trained adapter, TRL #3194). Full fine-tuning: a frozen copy of the start.
-        self.ref: torch.nn.Module | None = None
-        if self.cfg.use_reference_policy and not self.lora:
-            self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.ref = frozen_reference(self.cfg, self.policy)
+        # A critic whenever the config has one (critic.enable, else GAE decides), as verl's
+        # need_critic (verl/trainer/ppo/utils.py:96-107): V1 trains it also under GRPO.
         self.critic = (
             build_critic(self.cfg.critic_model, self.base_model.config, self.seed)
-            if self.cfg.algorithm.adv_estimator == "gae"
+            if self.cfg.critic is not None
             else None
         )
         self.scorer = (
@@ -155,12 +154,7 @@ class ReferenceTrainer:
             seed=self.cfg.data.seed or 0,
             shuffle=self.cfg.data.shuffle,
         )
-        alg = self.cfg.algorithm
-        self.kl_controller: FixedKLController | AdaptiveKLController = (
-            AdaptiveKLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
-            if alg.kl_ctrl_type == "adaptive"
-            else FixedKLController(alg.kl_coef)
-        )
+        self.kl_controller = kl_controller(self.cfg.algorithm)
         self.step = 0
         self.actor_updates = 0
         self.critic_updates = 0
@@ -174,6 +168,13 @@ class ReferenceTrainer:
             data.max_prompt_length,
             drop_overlong=data.filter_overlong_prompts,
         )
+
+    def actor_updates_now(self) -> bool:
+        """verl skips the actor while critic_warmup > global_steps, global_steps counting from 1
+        (v1/trainer_base.py:582): the actor first updates at step critic_warmup (step 1 when it
+        is 0 or 1)."""
+        warmup = self.cfg.critic.warmup_steps if self.cfg.critic else 0
+        return self.step + 1 >= warmup
 
     def reference_context(self) -> AbstractContextManager[Any]:
         return self.policy.disable_adapter() if self.lora else nullcontext()
@@ -274,10 +275,7 @@ class ReferenceTrainer:
             if self.critic is not None:
                 with phase("update_critic"):
                     metrics.update(self.update_critic(batch))
-            # verl skips the actor while critic_warmup > global_steps, global_steps counting
-            # from 1: the actor first updates at step critic_warmup (step 1 when it is 0 or 1).
-            warmup = self.cfg.critic.warmup_steps if self.cfg.critic else 0
-            if self.step + 1 >= warmup:
+            if self.actor_updates_now():
                 with phase("update_actor"):
                     metrics.update(self.update_actor(batch))
         self.step += 1

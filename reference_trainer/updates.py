@@ -5,6 +5,12 @@ For each of `ppo_epochs`, the rollout batch splits into mini-batches of
 clipping), each mini-batch into micro-batches whose gradients accumulate. Every micro-batch loss
 is already divided by its mini-batch's global normalisers (token count, row count), so the
 accumulated gradient is the mini-batch's. The scheduler steps once per training step.
+
+The row count of a mini-batch is its configured size, `ppo_mini_batch_size × rollout.n`, as V1
+passes it (`global_batch_size`, verl/trainer/ppo/v1/trainer_base.py:1654 and :1696): V1 pads a
+batch that does not fill its last mini-batch with no-op rows (trainer_base.py:1434-1466,
+padding_utils.py:127), which count there though they hold no token, so a short last mini-batch
+here is divided by the full size too.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ def critic_update(
                     cliprange_value=spec.cliprange_value,
                     loss_agg_mode=spec.loss_agg_mode,
                     batch_num_tokens=tokens,
-                    global_batch_size=len(rows),
+                    global_batch_size=mini,
                     loss_scale_factor=unpadded_scale(
                         spec.loss_scale_factor, spec.loss_agg_mode, micro.response_mask
                     ),
@@ -116,7 +122,7 @@ def actor_update(
                     kl_loss_type=spec.kl_loss_type,
                     loss_agg_mode=spec.loss_agg_mode,
                     batch_num_tokens=tokens,
-                    global_batch_size=len(rows),
+                    global_batch_size=mini,
                     loss_scale_factor=unpadded_scale(
                         spec.loss_scale_factor, spec.loss_agg_mode, micro.response_mask
                     ),

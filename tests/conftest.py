@@ -167,3 +167,98 @@ def upstream_session(upstream_checkout: Path) -> object:
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 
     return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
+
+
+STEP_ORACLE = "step_oracle"
+
+
+def _step_oracle_root(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """Where this run's upstream step results live: one folder per run, shared by its xdist
+    workers (they share the parent of their base folders and the run's id)."""
+    from pytest_verl_compat.plugin.keys import is_xdist_worker
+
+    base = tmp_path_factory.getbasetemp()
+    if not is_xdist_worker(request.config):
+        return base / "step-oracle"
+    run = request.config.workerinput["testrunuid"]  # type: ignore[attr-defined]
+    return base.parent / f"step-oracle-{run}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_step_oracle(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Upstream's steps of every step case, started in the background at the first test of a
+    session that selected a test needing them, so no worker waits idle for them later.
+
+    The first worker to claim the run's folder composes the cases and writes the models here
+    (Hydra and the global RNG stay on the main thread), then runs upstream's subprocesses from
+    a thread and writes `done` (or `error`); `step_oracle` waits for either.
+    """
+    import threading
+
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+    wanted = any(STEP_ORACLE in getattr(item, "fixturenames", ()) for item in request.session.items)
+    if not wanted or installed_verl_root() is None:
+        yield
+        return
+    root = _step_oracle_root(request, tmp_path_factory)
+    try:
+        root.mkdir(parents=True)  # the claim: exactly one worker creates it
+    except FileExistsError:
+        yield
+        return
+    from pytest_verl_compat.conformance.step.cases import step_cases
+    from pytest_verl_compat.conformance.step.run import launch_upstream, prepare_upstream
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.upstream.runner import run_module
+
+    try:
+        session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
+        prepared = prepare_upstream(step_cases(session), root / "steps")
+    except Exception as exc:
+        (root / "error").write_text(f"preparing upstream's steps: {exc!r}")
+        yield
+        return
+
+    def launch() -> None:
+        try:
+            launch_upstream(prepared, run_module)
+        except Exception as exc:  # reported to every test that needs the results
+            (root / "error").write_text(repr(exc))
+        else:
+            (root / "done").write_text("")
+
+    thread = threading.Thread(target=launch, name="step-oracle", daemon=True)
+    thread.start()
+    yield
+    thread.join()
+
+
+@pytest.fixture(scope="session")
+def step_oracle(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    _start_step_oracle: None,
+):
+    """Upstream's steps of every step case and variant, run once per session (also under
+    xdist), loaded once their run is done."""
+    import time
+
+    from pytest_verl_compat.conformance.step.run import load_upstream
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    root = _step_oracle_root(request, tmp_path_factory)
+    deadline = time.monotonic() + 3600
+    while not (root / "done").exists():
+        if (root / "error").exists():
+            pytest.fail(f"upstream's steps did not run: {(root / 'error').read_text()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"upstream's steps did not finish within an hour ({root})")
+        time.sleep(1.0)
+    return load_upstream(root / "steps")

@@ -6,6 +6,7 @@ Where a payload could be dead by accident, a control proves it is live on its ow
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -213,6 +214,30 @@ def test_upstream_process_runs_in_an_empty_folder() -> None:
     finally:
         process.close()
     assert not cwd.exists()
+
+
+def test_one_sandboxed_process_per_rank_answers_with_rank_zeros_output() -> None:
+    """run_module(..., ranks=2): the step oracle's data-parallel launch (any module will do)."""
+    from pytest_verl_compat.upstream.runner import run_module
+
+    done = run_module("json.tool", stdin='{"a": 1}', ranks=2, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout) == {"a": 1}
+    failed = run_module("json.tool", stdin="not json", ranks=2, timeout=60)
+    assert failed.returncode != 0
+    assert "[rank 0]" in failed.stderr and "[rank 1]" in failed.stderr
+
+
+def test_ranks_that_outlive_the_time_are_killed_together() -> None:
+    """A rank waiting for a peer that is gone would wait forever: the time bounds all of them."""
+    import time
+
+    from pytest_verl_compat.upstream.runner import run_module
+
+    started = time.monotonic()
+    done = run_module(
+        "timeit", ["-n", "1", "-r", "60", "import time; time.sleep(1)"], ranks=2, timeout=2
+    )
+    assert done.returncode != 0 and time.monotonic() - started < 30
 
 
 HOSTILE_SCRIPTS = {

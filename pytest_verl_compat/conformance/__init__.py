@@ -13,5 +13,6 @@ Modules, each importing only the ones before it:
 - `compare`: the comparator and its failure messages.
 - `run`: `run_case`, what the stage calls.
 
-This module imports nothing: import from the submodules.
+The step stage (whole training steps against verl's engine) is the `step/` subpackage; its
+`__init__` says what it holds. This module imports nothing: import from the submodules.
 """

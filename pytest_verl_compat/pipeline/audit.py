@@ -172,21 +172,27 @@ class AuditSession:
         # A folder of the user's own scripts needs no examples/ to be read: its cases' inputs are there.
         return bool(case.inputs) and all((root / pin.path).is_file() for pin in case.inputs)
 
-    def with_overrides(self, case: Case, overrides: tuple[str, ...]) -> Case:
-        """``case`` plus extra overrides, its fields read (or taken from golden) as ``case``'s are."""
+    def with_overrides(
+        self, case: Case, overrides: tuple[str, ...], *, case_id: str | None = None
+    ) -> Case:
+        """``case`` plus extra overrides, its fields read (or taken from golden) as ``case``'s are;
+        the new case is ``case_id`` (default ``<id>+set``), composed and compiled once."""
         if not overrides:
             return case
         if case.resolved is not None:
             raise StageFailed(f"[{case.id}] a resolved configuration takes no extra overrides")
         base = self.outcome(case)
         extended = dataclasses.replace(
-            case, id=f"{case.id}+set", overrides=case.overrides + overrides
+            case, id=case_id or f"{case.id}+set", overrides=case.overrides + overrides
         )
         fields = ExplicitFields(
             base.fields.fields + overrides, base.fields.launch_line, base.fields.variables
         )
         composition = self.composer().compose(fields.fields, fields.environment(case.bindings))
         self._outcomes[extended.id] = CaseOutcome(fields, base.fields_source, composition)
+        # A case composed again with other overrides is compiled again.
+        self._reports.pop(extended.id, None)
+        self._model_facts.pop(extended.id, None)
         return extended
 
     def golden_path(self, case: Case) -> Path:

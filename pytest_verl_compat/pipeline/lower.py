@@ -64,6 +64,10 @@ def _micro_batch(raw: Mapping[str, Any], key: str) -> int | None:
     return None if raw.get("use_dynamic_bsz") else (int(value) if value else None)
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 class NotAccepted(ValueError):
     """Lowering was asked for a case the compiler did not accept."""
 
@@ -116,8 +120,9 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
             ppo_epochs=int(actor["ppo_epochs"]),
             micro_batch_size=_micro_batch(actor, "ppo_micro_batch_size_per_gpu"),
             clip_ratio=float(actor["clip_ratio"]),
-            clip_ratio_low=float(actor["clip_ratio_low"]),
-            clip_ratio_high=float(actor["clip_ratio_high"]),
+            # A null bound is clip_ratio (verl/trainer/ppo/core_algos.py:1321-1322).
+            clip_ratio_low=_optional_float(actor["clip_ratio_low"]),
+            clip_ratio_high=_optional_float(actor["clip_ratio_high"]),
             clip_ratio_c=float(actor["clip_ratio_c"]),
             policy_loss_mode=str(actor["policy_loss"]["loss_mode"]),
             loss_agg_mode=str(actor["loss_agg_mode"]),

@@ -57,7 +57,7 @@ class Profile:
         return found
 
 
-def _pattern_regex(patterns: Iterable[str]) -> re.Pattern[str]:
+def pattern_regex(patterns: Iterable[str]) -> re.Pattern[str]:
     # `**` crosses segments, `*` stays inside one; list indices are written `[*]` or `[0]`.
     parts = []
     for pattern in patterns:
@@ -110,7 +110,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
                     values=tuple(entry["values"]) if "values" in entry else None,
                     neutral=tuple(entry["neutral"]) if "neutral" in entry else None,
                     no_effect=bool(entry.get("no_effect", False)),
-                    regex=_pattern_regex(patterns),
+                    regex=pattern_regex(patterns),
                 )
             )
         where = "the top level"

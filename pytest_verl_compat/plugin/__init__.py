@@ -114,9 +114,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="verl_corpus_step",
         action="store_true",
         default=False,
-        help="also run the step stage: one training step of the reference trainer against "
-        "verl's own engine per official and accepted derived case (~100 s on 2 cores; CI runs "
-        "it; the default audit skips it to stay within seconds)",
+        help="also run the step stage: training steps of the reference trainer against "
+        "verl's own engine for the official, accepted derived and step-only cases (several "
+        "steps, two data-parallel ranks; ~4 min on 2 cores; CI checks every step case; the "
+        "default audit skips it to stay within seconds)",
     )
     parser.addini(
         "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None

@@ -244,9 +244,12 @@ class AuditReporter:
             terminalreporter.write_line(
                 f"no corpus case audited: {nothing}", yellow=True, bold=True
             )
-        elif len(self.status) < len(self.session.cases):
+        # The step stage's own cases (corpus/step.yaml) are not corpus cases.
+        elif (selected := sum(c.id in self.status for c in self.session.cases)) < len(
+            self.session.cases
+        ):
             terminalreporter.write_line(
-                f"partial run: {len(self.status)} of {len(self.session.cases)} corpus cases "
+                f"partial run: {selected} of {len(self.session.cases)} corpus cases "
                 "selected; the totals below count only these",
                 yellow=True,
             )

@@ -51,45 +51,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(
             "conformance_case",
             _case_params(
-                cases,
+                [(case, case.id) for case in cases],
                 "the manifest names no conformance file (the stage checks this "
                 "plugin's math against verl's, not your scripts)",
             ),
         )
     if "step_case" in metafunc.fixturenames:
-        # The step oracle trains the official cases and the derived cases the compiler must
-        # accept; a user's corpus (no conformance file) has none.
+        from pytest_verl_compat.conformance.step.cases import step_case_ids
+
+        # The step oracle trains the official cases, the derived cases the compiler must accept
+        # and the step-only cases of corpus/step.yaml whose base the manifest has; a user's
+        # corpus (no conformance file) has none.
         has_conformance = session.manifest is not None and session.manifest.conformance
-        trained = [c for c in session.cases if _trains(c)] if has_conformance else []
+        ids = step_case_ids(session) if has_conformance else []
         metafunc.parametrize(
             "step_case",
             _case_params(
-                trained,
+                [(cid, cid) for cid in ids],
                 "no official or accepted derived case to train (the manifest "
                 "names no conformance file)",
             ),
         )
 
 
-def _case_params(cases: list[Any], empty_reason: str) -> list[Any]:
-    """One param per case; none, one skipped param that says why (pytest's own placeholder for
-    an empty list reads "got empty parameter set")."""
+def _case_params(cases: list[tuple[Any, str]], empty_reason: str) -> list[Any]:
+    """One param per (value, id); none, one skipped param that says why (pytest's own
+    placeholder for an empty list reads "got empty parameter set")."""
     if cases:
-        return [pytest.param(case, id=case.id) for case in cases]
+        return [pytest.param(value, id=case_id) for value, case_id in cases]
     return [pytest.param(None, id="none", marks=pytest.mark.skip(reason=empty_reason))]
-
-
-def _trains(case: Case) -> bool:
-    """An official case, or a derived case whose expected outcome is acceptance.
-
-    The manifest's expected outcome is what the compile stage holds the compiler to, and it is
-    known at collection (compiling every case to parametrize would cost seconds); a derived case
-    the compiler does not accept after all fails its step at `reference_config`, which lowers
-    only an accepted case.
-    """
-    if case.kind == "official":
-        return True
-    return case.kind == "derived" and (case.expected or {}).get("outcome", "accepted") == "accepted"
 
 
 @pytest.fixture
@@ -131,13 +121,14 @@ def _property(request: pytest.FixtureRequest, name: str, value: str | int | floa
     request.node.user_properties.append((name, value))
 
 
-def _record(request: pytest.FixtureRequest, case: Case, stage: str, **facts: Any) -> None:
+def _record(request: pytest.FixtureRequest, case: Case | str, stage: str, **facts: Any) -> None:
     """Per-case facts travel with the test report (also from xdist workers) to JUnit and JSON."""
+    case_id = case if isinstance(case, str) else case.id
     payload = request.node.stash.setdefault(payload_key, {})
     if payload.get(KEY_CASE) is None:
-        _property(request, KEY_CASE, case.id)
+        _property(request, KEY_CASE, case_id)
         _property(request, KEY_STAGE, stage)
-    payload[KEY_CASE] = case.id
+    payload[KEY_CASE] = case_id
     payload[KEY_STAGE] = stage
     payload.setdefault(KEY_FACTS, {}).update(json.loads(json.dumps(facts)))
     for key, value in facts.items():
@@ -443,43 +434,44 @@ def test_conformance_tolerances(verl_audit: AuditSession, verl_state: AuditState
 
 
 class TestStepConformance:
-    """The step oracle (`conformance/step_*.py`): the official cases and the derived cases the
-    compiler accepts, both optimizer variants, in one upstream subprocess per session (under
-    xdist too: `plugin/shared.py`).
+    """The step oracle (`conformance/step/`): the official cases, the derived cases the compiler
+    accepts and the step-only cases of `corpus/step.yaml` (several steps, two data-parallel
+    ranks, every setting the others leave at verl's default), each in its optimizer variants,
+    with one upstream subprocess per session for the one-rank cases (under xdist too:
+    `plugin/shared.py`) and one process per rank for the two-rank case.
 
-    All accepted derived cases are included. Those whose step settings equal another case's
-    (`step_plan.upstream_key`: group filtering, which V1 applies while sampling, before a batch
-    exists; legacy no-op fields) share that case's upstream run and still run our side from
-    their own lowered config; the others (actor shuffling, another loss aggregation) add their
-    own. Measured on 2 shared cores: 104 s for the twelve cases, 67 s for the seven official
-    ones (CPU time 75 s against 64 s). "conformance" in the class name keeps it out of `-k "not conformance"` runs,
-    like the function-level stage. (No `slow` mark: a plugin user's project has no such marker.)
+    Derived cases whose step settings equal another case's (`plan.upstream_key`: group
+    filtering, which V1 applies while sampling, before a batch exists; legacy no-op fields)
+    share that case's upstream run and still run our side from their own lowered config.
+    Measured on 2 shared cores: see benchmarks/README.md (bench_step.py). "conformance" in the
+    class name keeps it out of `-k "not conformance"` runs, like the function-level stage. (No
+    `slow` mark: a plugin user's project has no such marker.)
     """
 
     def test_step(
         self,
-        step_case: Case,
+        step_case: str,
         verl_audit: AuditSession,
         request: pytest.FixtureRequest,
         tmp_path_factory: pytest.TempPathFactory,
     ) -> None:
-        """One training step of the reference trainer equals one of verl's V1 engine step."""
+        """The reference trainer's training steps equal verl's V1 engine steps."""
         from pytest_verl_compat.conformance.plan import upstream_missing_reason
-        from pytest_verl_compat.conformance.step_run import case_failures
+        from pytest_verl_compat.conformance.step.run import case_failures
 
         if not request.config.getoption("verl_corpus_step"):
-            pytest.skip("the step stage runs with --verl-corpus-step (about 100 s)")
+            pytest.skip("the step stage runs with --verl-corpus-step (about 4 minutes)")
         missing = upstream_missing_reason()
         if missing:
             pytest.skip(missing)
         # Every selected step case in one upstream subprocess (verl is imported once).
         selected = sorted(
             {
-                item.callspec.params["step_case"].id
+                item.callspec.params["step_case"]
                 for item in request.session.items
                 if getattr(item, "originalname", "") == "test_step" and hasattr(item, "callspec")
             }
-            | {step_case.id}
+            | {step_case}
         )
         outcome = once_per_session(
             request.config,
@@ -489,12 +481,12 @@ class TestStepConformance:
         )
         if outcome.get("error"):
             pytest.fail(outcome["error"], pytrace=False)
-        entry = outcome["report"][step_case.id]
+        entry = outcome["report"][step_case]
         if isinstance(entry, str):  # the case's config, not the oracle, failed
             pytest.fail(entry, pytrace=False)
         _record(request, step_case, "step", step=json.dumps(entry, sort_keys=True))
         failures = case_failures(entry)
-        assert not failures, f"step differs from upstream: {'; '.join(failures)} [{step_case.id}]"
+        assert not failures, f"step differs from upstream: {'; '.join(failures)} [{step_case}]"
 
 
 def _step_outcome(verl_audit: AuditSession, selected: list[str]) -> dict[str, Any]:
@@ -503,19 +495,19 @@ def _step_outcome(verl_audit: AuditSession, selected: list[str]) -> dict[str, An
     A case whose lowered config fails (the compiler did not accept it) fails alone; an oracle
     that did not run fails every case with its message.
     """
-    from pytest_verl_compat.conformance.step_run import StepOracleError, run_steps
+    from pytest_verl_compat.conformance.step.cases import step_case
+    from pytest_verl_compat.conformance.step.run import StepOracleError, run_steps
     from pytest_verl_compat.upstream.runner import run_module
 
-    by_id = {c.id: c for c in verl_audit.cases}
-    configs = {}
+    cases = []
     report: dict[str, Any] = {}
     for cid in selected:
         try:
-            configs[cid] = verl_audit.reference_config(by_id[cid])
-        except (StageFailed, StageUnavailable) as exc:
+            cases.append(step_case(verl_audit, cid))
+        except (StageFailed, StageUnavailable, ValueError) as exc:
             report[cid] = str(exc)
     try:
-        report.update(run_steps(configs, run_module) if configs else {})
+        report.update(run_steps(cases, run_module) if cases else {})
     except StepOracleError as exc:
         return {"error": str(exc)}
     # As a worker under xdist reads it from JSON, so without xdist too.

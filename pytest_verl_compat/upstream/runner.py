@@ -73,8 +73,18 @@ def run_module(
     stdin: str | None = None,
     variables: Mapping[str, str] | None = None,
     timeout: float = 600,
+    ranks: int = 1,
 ) -> UpstreamRun:
-    """Run ``python -I -m module *args`` in a fresh empty folder with an allow-listed environment."""
+    """Run ``python -I -m module *args`` in a fresh empty folder with an allow-listed environment.
+
+    With ``ranks`` > 1, one such process per rank, each told its rank (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and where to meet the others (``MASTER_ADDR``,
+    ``MASTER_PORT``), as ``torch.distributed.run`` tells its workers; see `_run_ranks`.
+    """
+    if ranks > 1:
+        return _run_ranks(
+            module, args, stdin=stdin, variables=variables, timeout=timeout, ranks=ranks
+        )
     with tempfile.TemporaryDirectory(prefix="verl-upstream-") as cwd:
         env = sandbox_environment(variables)
         env["HOME"] = cwd  # nothing of the auditing user's home is read or written
@@ -89,6 +99,95 @@ def run_module(
             check=False,
         )
     return UpstreamRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run_ranks(
+    module: str,
+    args: Sequence[str],
+    *,
+    stdin: str | None,
+    variables: Mapping[str, str] | None,
+    timeout: float,
+    ranks: int,
+) -> UpstreamRun:
+    """One sandboxed process per rank, each in a fresh empty folder, all on the same input.
+
+    Their output goes to files (a rank blocked on a full pipe would stall the others in a
+    collective); when one fails or the time is up, the others are ended too, since they would
+    wait for it forever. The result is rank 0's output, every rank's stderr and the first
+    failing exit code.
+    """
+    import time
+
+    port = str(_free_port())
+    with tempfile.TemporaryDirectory(prefix="verl-upstream-") as root:
+        base = os.path.join(root, "input")
+        with open(base, "w", encoding="utf-8") as handle:
+            handle.write(stdin or "")
+        processes = []
+        for rank in range(ranks):
+            cwd = os.path.join(root, f"rank{rank}")
+            os.mkdir(cwd)
+            env = sandbox_environment(variables)
+            env.update(
+                HOME=cwd,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(ranks),
+                LOCAL_WORLD_SIZE=str(ranks),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+            )
+            with (
+                open(base, encoding="utf-8") as source,
+                open(os.path.join(root, f"out{rank}"), "w", encoding="utf-8") as out,
+                open(os.path.join(root, f"err{rank}"), "w", encoding="utf-8") as err,
+            ):
+                processes.append(
+                    subprocess.Popen(
+                        _command(module, args),
+                        cwd=cwd,
+                        env=env,
+                        stdin=source,
+                        stdout=out,
+                        stderr=err,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + timeout
+        codes: list[int | None] = [None] * ranks
+        while any(code is None for code in codes):
+            codes = [p.poll() for p in processes]
+            failed = any(code not in (None, 0) for code in codes)
+            if failed or time.monotonic() > deadline:
+                for p in processes:
+                    with contextlib.suppress(OSError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                codes = [p.wait() for p in processes]
+                if not failed:
+                    codes = [code or -signal.SIGKILL for code in codes]
+                break
+            time.sleep(0.2)
+
+        def read(name: str) -> str:
+            with open(os.path.join(root, name), encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+
+        # The failing ranks last, so the tail a caller shows is theirs.
+        shown = sorted(range(ranks), key=lambda r: (codes[r] not in (None, 0), r))
+        stderr = "\n".join(
+            f"[rank {r}] {line}" for r in shown for line in read(f"err{r}").splitlines()
+        )
+        returncode = next((code for code in codes if code), 0)
+        return UpstreamRun(returncode or 0, read("out0"), stderr)
 
 
 class UpstreamProcess:

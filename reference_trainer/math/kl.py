@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -142,6 +143,13 @@ class AdaptiveKLController:
 
 
 KLController = FixedKLController | AdaptiveKLController
+
+
+def kl_controller(algorithm: Any) -> KLController:
+    """The in-reward KL controller of `algorithm.kl_ctrl` (verl's get_kl_controller)."""
+    if algorithm.kl_ctrl_type == "adaptive":
+        return AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
+    return FixedKLController(algorithm.kl_coef)
 
 
 def apply_kl_in_reward(

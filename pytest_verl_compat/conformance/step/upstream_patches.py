@@ -178,8 +178,27 @@ def eager_value_model() -> None:
     model_utils.load_valuehead_model = load_valuehead_model
 
 
-def init_single_rank_group() -> None:
-    """One gloo rank: the FSDP engine needs a process group, Ray is not involved."""
+def unpinned_cpu_offload() -> None:
+    """The reference model's FSDP2 offload without pinned memory.
+
+    A forward-only engine (the reference policy) offloads with `CPUOffloadPolicy(pin_memory=True)`
+    (verl/workers/engine/fsdp/transformer_impl.py:440-443); pinning page-locks host memory for
+    faster copies to a GPU and fails without an accelerator. The parameters stay on the CPU
+    either way.
+    """
+    import verl.workers.engine.fsdp.transformer_impl as engine
+
+    policy = getattr(engine, "CPUOffloadPolicy")  # noqa: B009  # imported, not exported, there
+
+    def unpinned(*args: Any, **kwargs: Any) -> Any:
+        return policy(*args, **{**kwargs, "pin_memory": False})
+
+    setattr(engine, "CPUOffloadPolicy", unpinned)  # noqa: B010
+
+
+def init_process_group() -> None:
+    """A gloo process group, Ray not involved: one rank, or the rank the runner gave this process
+    (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), so the FSDP engine meets its peers."""
     import socket
 
     import torch.distributed as dist
@@ -191,31 +210,36 @@ def init_single_rank_group() -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
-    for key in ("RANK", "LOCAL_RANK"):
-        os.environ.setdefault(key, "0")
-    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        os.environ.setdefault(key, "1")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+    )
 
 
 def install() -> None:
-    init_single_rank_group()
+    init_process_group()
     install_cpu_platform()
     stub_server_modules()
     eager_value_model()
+    unpinned_cpu_offload()
 
 
 def cpu_overrides(section: str) -> list[str]:
     """Engine settings a CPU needs, for an FSDP section (`actor_rollout_ref.actor.fsdp_config`,
-    `critic.fsdp`); none of them changes the update's math.
+    `actor_rollout_ref.ref.fsdp_config`, `critic.fsdp`); none of them changes the update's math.
 
     - fp32 mixed precision: the engine autocasts to bf16 unless told otherwise, even with an fp32
       model (verl/workers/engine/fsdp/transformer_impl.py:374 defaults param_dtype to bf16);
     - no torch.compile (no inductor toolchain is assumed);
-    - fsdp2 with one rank (fsdp1 would need `sync_module_states` checks patched out).
+    - fsdp2 (fsdp1 would need `sync_module_states` checks patched out);
+    - no parameter offload (the reference's default; its parameters already live on the CPU).
     """
     return [
         f"+{section}.mixed_precision={{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}}",
         f"{section}.use_torch_compile=False",
         f"{section}.strategy=fsdp2",
+        f"{section}.param_offload=False",
     ]

@@ -1,14 +1,16 @@
-"""Our side of the step oracle: the reference trainer's own step code on the fixed rollout.
+"""Our side of the step oracle: the reference trainer's own step code on the fixed rollouts.
 
 `prepare_models` writes the shared starting point once: the tiny policy (and its tokenizer), a
-value model on the same trunk, and a LoRA adapter with non-zero A and B (so both adapter
-matrices train and the reference — the adapter switched off — differs from the policy). Upstream
-loads the same folders.
+value model on the same trunk, and one LoRA adapter per adapter setting with non-zero A and B
+(so both adapter matrices train and the reference, the adapter switched off, differs from the
+policy). Upstream loads the same folders.
 
-`reference_step` runs the reference trainer's phases (`ReferenceTrainer.log_probs`,
-`.advantages`, `.update_critic`, `.update_actor`: the trainer's own methods, on a state holding
-only what they read) with the case's config at the small shape, and returns the same
-quantities as `step_upstream`.
+`reference_steps` builds the trainer's state the way `ReferenceTrainer.__init__` does (its
+`wrap_lora`, `build_critic`, `frozen_reference`, `build_optimizer` and `kl_controller`) and
+runs its phases step after step (`ReferenceTrainer.log_probs`, `.advantages`,
+`.update_critic`, `.actor_updates_now`, `.update_actor`: the trainer's own methods, on a state
+holding only what they read), keeping optimizers, schedulers, the KL controller and the
+reference policy across steps; it returns per step the quantities `upstream` returns.
 """
 
 from __future__ import annotations
@@ -16,19 +18,27 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pytest_verl_compat.conformance.step_plan import SHAPE, fixed_rollout
+from pytest_verl_compat.conformance.step.plan import StepCase, Variant, fixed_rollout
 from reference_trainer.batching import Batch
-from reference_trainer.config import OptimConfig, ReferenceTrainerConfig
+from reference_trainer.config import ModelConfig, OptimConfig, ReferenceTrainerConfig
 from reference_trainer.data import Prompt
-from reference_trainer.math.kl import FixedKLController
+from reference_trainer.generation import inference_logits
+from reference_trainer.math.kl import kl_controller
 from reference_trainer.math.logprobs import entropy_from_logits
-from reference_trainer.models import build_optimizer, schedule, wrap_lora
+from reference_trainer.models import (
+    build_critic,
+    build_optimizer,
+    frozen_reference,
+    schedule,
+    wrap_lora,
+)
 from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer, build_tiny_value_model
 from reference_trainer.trainer import ReferenceTrainer
 
@@ -38,7 +48,7 @@ FIRST_TOKEN = 4
 
 
 def prepare_models(folder: Path, adapters: list[dict[str, Any]]) -> dict[str, Any]:
-    """policy/, critic/ and one folder per LoRA adapter under `folder`; the fixed rollout."""
+    """policy/, critic/ and one folder per LoRA adapter under `folder`; the tokens rollouts use."""
     from peft import LoraConfig, get_peft_model
 
     tokenizer = build_tiny_tokenizer()
@@ -54,13 +64,13 @@ def prepare_models(folder: Path, adapters: list[dict[str, Any]]) -> dict[str, An
     for lora in adapters:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED + 1)
-            targets = lora["target_modules"]
             peft = get_peft_model(
                 build_tiny_policy(tokenizer, SEED),
                 LoraConfig(
                     r=lora["rank"],
                     lora_alpha=lora["alpha"],
-                    target_modules=targets,
+                    target_modules=lora["target_modules"],
+                    exclude_modules=lora["exclude_modules"],
                     lora_dropout=0.0,
                     task_type="CAUSAL_LM",
                 ),
@@ -69,54 +79,47 @@ def prepare_models(folder: Path, adapters: list[dict[str, Any]]) -> dict[str, An
                 if "lora_B" in name:  # peft starts B at zero; a step from zero trains B only
                     torch.nn.init.normal_(param, std=0.02)
         peft.save_pretrained(folder / lora["adapter"])
-    vocab = range(FIRST_TOKEN, len(tokenizer))
-    return fixed_rollout(vocab, int(tokenizer.eos_token_id))
+    return {"eos": int(tokenizer.eos_token_id), "vocab": [FIRST_TOKEN, len(tokenizer)]}
 
 
-def step_config(cfg: ReferenceTrainerConfig, settings: dict[str, Any]) -> ReferenceTrainerConfig:
-    """The case's lowered config at the oracle's shape and optimizer settings."""
+def step_config(case: StepCase, variant: Variant) -> ReferenceTrainerConfig:
+    """The case's lowered config at the oracle's shape and learning rates."""
+    cfg, shape = case.config, case.shape
 
-    def optim(base: OptimConfig, o: dict[str, Any]) -> OptimConfig:
-        return dataclasses.replace(base, lr=o["lr"], grad_clip=o["clip_grad"])
-
-    a = settings["actor"]
-    actor = dataclasses.replace(
-        cfg.actor,
-        ppo_mini_batch_size=a["ppo_mini_batch_size"],
-        micro_batch_size=a["micro_batch_size"],
-        ppo_epochs=a["ppo_epochs"],
-        optim=optim(cfg.actor.optim, a["optim"]),
-    )
-    critic = None
-    if cfg.critic is not None:
-        c = settings["critic"]
-        critic = dataclasses.replace(
-            cfg.critic,
-            ppo_mini_batch_size=c["ppo_mini_batch_size"],
-            micro_batch_size=c["micro_batch_size"],
-            ppo_epochs=c["ppo_epochs"],
-            optim=optim(cfg.critic.optim, c["optim"]),
+    def role(base: Any, spec: Any, lr: float) -> Any:
+        return dataclasses.replace(
+            base,
+            ppo_mini_batch_size=spec.ppo_mini_batch_size,
+            micro_batch_size=spec.micro_batch_size,
+            ppo_epochs=spec.ppo_epochs,
+            optim=dataclasses.replace(base.optim, lr=lr),
         )
+
     return dataclasses.replace(
         cfg,
-        actor=actor,
-        critic=critic,
-        rollout=dataclasses.replace(cfg.rollout, n=settings["n"]),
-        data=dataclasses.replace(cfg.data, train_batch_size=SHAPE["prompts"]),
+        actor=role(cfg.actor, shape.actor, variant.actor_lr),
+        critic=role(cfg.critic, shape.critic, variant.critic_lr) if cfg.critic else None,
+        rollout=dataclasses.replace(cfg.rollout, n=shape.n),
+        data=dataclasses.replace(cfg.data, train_batch_size=shape.prompts),
     )
 
 
 def _optimizer(
-    model: torch.nn.Module, optim: OptimConfig, o: dict[str, Any]
+    model: torch.nn.Module, optim: OptimConfig, variant: Variant, total: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    if o["name"] == "AdamW":
-        return build_optimizer(model, optim, 1)
+    if variant.optimizer == "AdamW":
+        optimizer, scheduler = build_optimizer(model, optim, total)
+        if variant.eps is not None:  # upstream's override_optimizer_config (plan.variant_leaves)
+            for group in optimizer.param_groups:
+                group["eps"] = variant.eps
+        return optimizer, scheduler
+    # The oracle's SGD: the optimizer is the variant's, the schedule the trainer's.
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=optim.lr, weight_decay=optim.weight_decay)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(optim, 1))
+    sgd = torch.optim.SGD(params, lr=optim.lr, weight_decay=optim.weight_decay)
+    return sgd, torch.optim.lr_scheduler.LambdaLR(sgd, schedule(optim, total))
 
 
-def _batch(rollout: dict[str, Any], pad_id: int) -> Batch:
+def _batch(rollout: Mapping[str, Any], pad_id: int) -> Batch:
     prompts, responses = rollout["prompts"], rollout["responses"]
     rows = len(prompts)
     plen = max(len(p) for p in prompts)
@@ -151,19 +154,20 @@ def _trainable(model: torch.nn.Module, trainable_only: bool) -> dict[str, torch.
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def reference_step(
-    cfg: ReferenceTrainerConfig, settings: dict[str, Any], folder: Path, rollout: dict[str, Any]
-) -> dict[str, Any]:
-    """One training step of the reference trainer on the fixed rollout; what `step_upstream` returns."""
+def _state(
+    cfg: ReferenceTrainerConfig,
+    settings: Mapping[str, Any],
+    folder: Path,
+    variant: Variant,
+    total: int,
+) -> types.SimpleNamespace:
+    """What the trainer's phases read, built as `ReferenceTrainer.__init__` builds it."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForCausalLM
 
     from reference_trainer.tiny import ATTENTION
 
-    torch.set_num_threads(1)
-    cfg = step_config(cfg, settings)
-    tokenizer = build_tiny_tokenizer()
     policy: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
         folder / "policy", attn_implementation=ATTENTION, dtype=torch.float32
     )
@@ -175,49 +179,68 @@ def reference_step(
         )
     critic = None
     if cfg.critic is not None:
-        critic = AutoModelForTokenClassification.from_pretrained(
-            folder / "critic", attn_implementation=ATTENTION, dtype=torch.float32
-        )
+        critic = build_critic(ModelConfig(path=str(folder / "critic")), policy.config, SEED)
     state = types.SimpleNamespace(
         cfg=cfg,
         policy=policy,
         lora=lora,
-        pad_id=tokenizer.pad_token_id,
-        ref=None,
+        pad_id=build_tiny_tokenizer().pad_token_id,
+        ref=frozen_reference(cfg, policy),
         critic=critic,
         step=0,
         actor_updates=0,
         critic_updates=0,
-        kl_controller=FixedKLController(cfg.algorithm.kl_coef),
+        kl_controller=kl_controller(cfg.algorithm),
     )
-    if cfg.use_reference_policy and not lora:
-        import copy
-
-        state.ref = copy.deepcopy(policy).train(False).requires_grad_(False)
     state.reference_context = lambda: ReferenceTrainer.reference_context(state)  # type: ignore[arg-type]
     state.actor_optimizer, state.actor_scheduler = _optimizer(
-        policy, cfg.actor.optim, settings["actor"]["optim"]
+        policy, cfg.actor.optim, variant, total
     )
     if critic is not None and cfg.critic is not None:
         state.critic_optimizer, state.critic_scheduler = _optimizer(
-            critic, cfg.critic.optim, settings["critic"]["optim"]
+            critic, cfg.critic.optim, variant, total
         )
-    batch = _batch(rollout, tokenizer.pad_token_id)
+    return state
+
+
+def reference_steps(
+    cfg: ReferenceTrainerConfig,
+    settings: Mapping[str, Any],
+    folder: Path,
+    variant: Variant,
+    *,
+    eos: int,
+    vocab: range,
+) -> dict[str, Any]:
+    """The reference trainer's consecutive steps on the fixed rollouts; what `upstream` returns.
+
+    The schedules' horizon is the trainer's total steps, else the steps the case runs (V1 sets
+    each optimizer's from the trainer's, v1/trainer_base.py:711-729).
+    """
+    torch.set_num_threads(1)
+    total = cfg.trainer.total_training_steps or len(settings["rollouts"])
+    state = _state(cfg, settings, folder, variant, total)
+    steps = []
+    for index, spec in enumerate(settings["rollouts"]):
+        state.step = index
+        steps.append(_one_step(state, fixed_rollout(vocab, eos, spec)))
+    return {"steps": steps}
+
+
+def _one_step(state: types.SimpleNamespace, rollout: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = state.cfg
+    batch = _batch(rollout, state.pad_id)
+    trainer: Any = ReferenceTrainer  # its methods, called on a state holding what they read
     t = batch.tensors
     passes_started = time.perf_counter()
-    pass_metrics = ReferenceTrainer.log_probs(state, batch)  # type: ignore[arg-type]
+    pass_metrics = trainer.log_probs(state, batch)
     pass_seconds = time.perf_counter() - passes_started
     with torch.no_grad():  # the per-token entropy, for the comparison only (not timed)
-        policy.train(False)
-        from reference_trainer.generation import inference_logits
-
-        logits = inference_logits(policy, batch, state.pad_id)
+        state.policy.train(False)
+        logits = inference_logits(state.policy, batch, state.pad_id)
         entropy = entropy_from_logits(logits, cfg.rollout.temperature)
         del logits
-    result: dict[str, Any] = {
-        "old_log_probs": t["old_log_probs"].clone(),
-        "entropy": entropy,
-    }
+    result: dict[str, Any] = {"old_log_probs": t["old_log_probs"].clone(), "entropy": entropy}
     if "ref_log_prob" in t:
         result["ref_log_prob"] = t["ref_log_prob"].clone()
         offsets = torch.zeros_like(t["ref_log_prob"])
@@ -227,21 +250,20 @@ def reference_step(
     if "values" in t:
         result["values"] = t["values"].clone()
     advantages_started = time.perf_counter()
-    ReferenceTrainer.advantages(state, batch)  # type: ignore[arg-type]
+    kl_metrics = trainer.advantages(state, batch)
     pass_seconds += time.perf_counter() - advantages_started
     for key in ("token_level_rewards", "advantages", "returns"):
         result[key] = t[key].clone()
     metrics: dict[str, dict[str, float]] = {}
     updates_started = time.perf_counter()
     result["pass_seconds"] = pass_seconds
-    if critic is not None:
-        metrics["critic"] = ReferenceTrainer.update_critic(state, batch)  # type: ignore[arg-type]
-        result["critic"] = _trainable(critic, trainable_only=True)
-    metrics["actor"] = {
-        **ReferenceTrainer.update_actor(state, batch),  # type: ignore[arg-type]
-        **pass_metrics,
-    }
-    result["actor"] = _trainable(policy, trainable_only=lora)
+    if state.critic is not None:
+        metrics["critic"] = trainer.update_critic(state, batch)
+        result["critic"] = _trainable(state.critic, trainable_only=True)
+    metrics["actor"] = {**pass_metrics, **kl_metrics}
+    if trainer.actor_updates_now(state):
+        metrics["actor"].update(trainer.update_actor(state, batch))
+    result["actor"] = _trainable(state.policy, trainable_only=state.lora)
     result["metrics"] = metrics
     result["update_seconds"] = time.perf_counter() - updates_started
     return result
