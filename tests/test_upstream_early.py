@@ -427,7 +427,16 @@ def test_an_unknown_dataclass_field_fails_at_the_verl_line_that_instantiates_it(
 CONFIG_LOAD = ("upstream.config-load", "verl/workers/config/rollout.py")
 FIRST_UPDATE = ("upstream.first-update", "verl/workers/engine/utils.py")
 TRAINER_START = ("upstream.trainer-start", "verl/utils/config.py")
+# V1's _compute_advantage hands the estimator only the fields it selects (trainer_base.py:1590):
+# no prompts for GDPO, no sum_pi_squared for OTB, no reward_baselines for ReMax.
+FIRST_STEP = ("upstream.first-step", "verl/trainer/ppo/ray_trainer.py")
 EXAMPLE_FAILURES = {
+    "examples/gdpo_trainer/run_qwen3_8b_fsdp": (
+        "upstream.first-step",
+        "verl/trainer/ppo/core_algos.py",
+    ),
+    "examples/otb_trainer/run_qwen3_8b_fsdp": FIRST_STEP,
+    "examples/remax_trainer/run_qwen3_8b_fsdp": FIRST_STEP,
     "examples/grpo_trainer/run_qwen3_235b_a22b_megatron": CONFIG_LOAD,
     "examples/grpo_trainer/run_qwen3_30b_a3b_megatron": CONFIG_LOAD,
     "examples/rollout_correction/run_qwen2_5_7b_fsdp": FIRST_UPDATE,

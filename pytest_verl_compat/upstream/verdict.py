@@ -59,6 +59,8 @@ class CaseCheck:
     upstream_skipped: str = ""
     composed: bool = True
     problems: tuple[str, ...] = ()
+    # Static findings left out because upstream's failure says the same cause (``covered``).
+    said_by_upstream: tuple[Finding, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -145,6 +147,7 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         return CaseCheck((finding,), False, False, reason, composed=False)
     findings = list(report.findings)
     upstream: list[Finding] = []
+    covered: list[Finding] = []
     skipped = ""
     if ask is not None:
         answer = ask(session.outcome(case).composition.mapping, explicit_keys(session, case))
@@ -181,7 +184,9 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
     else:
         not_runnable = "; ".join(f"{f.path}: {f.message}" for f in upstream if f.level == "error")
     problems = tuple(reference_problems(report.leaves, report.findings))
-    return CaseCheck(tuple(findings), valid, runnable, not_runnable, skipped, True, problems)
+    return CaseCheck(
+        tuple(findings), valid, runnable, not_runnable, skipped, True, problems, tuple(covered)
+    )
 
 
 def many_asker(

@@ -568,7 +568,8 @@ def never_read(
     fields_at: dict[str, set[str]] = {}
     reflected = reflected_classes(root)
     for obj, path in tagged:
-        if dc.is_dataclass(obj) and not {c.__name__ for c in type(obj).__mro__} & reflected:
+        lineage = {cls.__name__ for cls in type(obj).mro()}
+        if dc.is_dataclass(obj) and not lineage & reflected:
             fields_at.setdefault(path, set()).update(f.name for f in dc.fields(obj))
     referenced = referenced_names(root)
     read = reads.origins(reads.read)
