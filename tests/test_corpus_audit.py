@@ -69,7 +69,7 @@ def test_checkout_all_stages_pass(
             # counted as an error caught.
             "field corpus: 9 cases; 5 errors caught; 1 refused by the reference trainer only; *",
             "stages: 25 read (0 skipped); 23 equal to upstream's entry point (2 skipped); 25 match golden;*",
-            "upstream validate_config: 23 cases checked; agrees on 15; differs on 8*",
+            "check (static and upstream's own early checks): 23 cases; 17 valid for verl; *",
         ]
     )
     audit = json.loads(report.read_text())

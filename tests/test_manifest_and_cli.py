@@ -261,7 +261,8 @@ def test_check_with_set_needs_only_the_installed_verl(tmp_path: Path, installed_
     )
     assert result.returncode == 1, result.stderr
     assert (
-        "error[upstream.first-update] upstream.first-update: AssertionError: "
+        "error[upstream.first-update] actor_rollout_ref.actor.ppo_mini_batch_size, "
+        "actor_rollout_ref.rollout.n, trainer.n_gpus_per_node, trainer.nnodes: AssertionError: "
         "Got mini_batch_size=500" in result.stdout
     )
     # The same case without --set is accepted: the override, not the golden lookup, decides.

@@ -358,6 +358,7 @@ def finish(
         launcher=launcher,
         problems=verdict.problems,
         model_facts=bool(session.model_facts(prepared.case)) if verdict.composed else None,
+        case=prepared.target.case_id or "",
     )
 
 

@@ -59,9 +59,12 @@ class FileResult:
     launcher: Location | None = None
     problems: tuple[str, ...] = ()  # why the reference trainer cannot run it (--profile)
     model_facts: bool | None = None  # whether a model's config.json was read
+    case: str = ""  # the case id, when a case was named rather than a script
 
     def to_json(self) -> dict[str, Any]:
+        named = {"case": self.case} if self.case else {}
         return {
+            **named,
             "file": self.label,
             "status": self.status,
             "valid": self.valid,

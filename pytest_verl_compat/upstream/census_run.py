@@ -107,6 +107,14 @@ def render(
         f"{configurations} configurations (the corpus cases, verl's example scripts, "
         "`census_variants.yaml`); otherwise it says why not (`census_reasons.yaml`).",
         "",
+        "Check that this page is the one the installed verl and the probes give now (exit 1 when",
+        "not; about a minute and a half on 2 cores, the probes run on every configuration), with",
+        "verl's example scripts in the checkout `verl-v0.9.0`:",
+        "",
+        "```bash",
+        "verl-compat census --upstream verl-v0.9.0 --check docs/upstream-checks.md",
+        "```",
+        "",
         "| entries | config | data | internal | elsewhere | config evaluated | config not evaluated, explained | unexplained |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         f"| {counts['entries']} | {config} | {counts['data']} | {counts['internal']} | {counts['elsewhere']} | "
