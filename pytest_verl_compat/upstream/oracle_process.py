@@ -107,7 +107,6 @@ def serve(workers: int = 1, served: list[str] | None = None) -> None:
     os.dup2(2, 1)  # anything upstream prints outside a request goes to stderr, not the protocol
     validate.install_stand_ins()
     _ENTRY = __import__(ENTRY_MODULE, fromlist=["main"])
-    validate.warm_probes()
     _load_served(served or [])
     # verl's import leaves millions of long-lived objects (torch, transformers, ray); without
     # this every full collection during a compose walks them all, and after a fork it would

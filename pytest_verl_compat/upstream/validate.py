@@ -12,7 +12,6 @@ have, and are replaced by labelled stand-ins:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import sys
 import types
@@ -50,18 +49,6 @@ def install_stand_ins() -> None:
     fake = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
     fake.get_vllm_max_lora_rank = _stand_in_lora_rank  # type: ignore[attr-defined]
     sys.modules["verl.workers.rollout.vllm_rollout.utils"] = fake
-
-
-def warm_probes() -> None:
-    """What every probe run needs, done once before the oracle's workers fork so that they share
-    it: the scan of verl's source for the names its code reads (``effects``, ~1.5 s) and the V1
-    trainer's and workers' modules."""
-    from pytest_verl_compat.upstream.probes import effects, records
-
-    effects.referenced_names(records.verl_root())
-    effects.reflected_classes(records.verl_root())
-    importlib.import_module("verl.trainer.ppo.v1.trainer_base")
-    importlib.import_module("verl.workers.engine_workers")
 
 
 def _refusal(mapping: Mapping[str, Any]) -> str | None:
