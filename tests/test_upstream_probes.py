@@ -473,3 +473,32 @@ def test_fields_read_by_reflection_are_read(tmp_path: Path) -> None:
     )
     assert _scan(package)[1] == {"KernelConfig", "DumpConfig"}
     assert "VeOmniEngineConfig" in reflected_classes(verl_root())
+
+
+def test_the_annotated_strings_list_is_what_the_installed_verl_gives(
+    session: AuditSession,
+) -> None:
+    """``data/annotated_strings.yaml`` (what the static check reads without verl) is generated:
+    every tree default that is a number or a flag whose dataclass annotation admits a string."""
+    from pytest_verl_compat.checks.types import annotated_strings
+    from pytest_verl_compat.upstream.probes.types import string_admitting
+
+    found: set[str] = set()
+    for selections in [(), ("model_engine=megatron",)]:
+        found |= set(string_admitting(session.composer().defaults(selections)))
+    assert found == annotated_strings(session.pin.version)
+
+
+def test_without_verl_the_static_type_check_follows_the_annotations(
+    session: AuditSession,
+) -> None:
+    """The static rule alone (no oracle): the annotated string stays clean, its twin of a key
+    whose annotation is a float still fires."""
+    for name, (key, admitted, other, refused) in ANNOTATED.items():
+        assert session.manifest is not None
+        case = dataclasses.replace(session.manifest.case("grpo"), id=f"grpo+static-{name}")
+        ok = check_case(session, session.with_overrides(case, (f"{key}={admitted}",)), None)
+        assert not [f.line() for f in ok.findings if f.rule.startswith("types.")]
+        case = dataclasses.replace(case, id=f"{case.id}-bad")
+        bad = check_case(session, session.with_overrides(case, (f"{other}={refused}",)), None)
+        assert [f for f in bad.findings if f.rule == "types.wrong-type" and f.path == other]

@@ -13,8 +13,12 @@ default is null (``upstream.probes.types``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
+
+import yaml
 
 from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
@@ -25,6 +29,7 @@ from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 # An integer default takes any number: verl's dataclasses annotate many keys whose tree default is
 # 0 as floats (``entropy_coeff: float = 0.0``, verl/workers/config/actor.py, default ``0`` in
 # actor.yaml), so ``entropy_coeff=0.01`` is right; the annotation check settles int against float.
+ANNOTATED_STRINGS = "data/annotated_strings.yaml"
 _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (bool, "a boolean (true or false)"),
     ((int, float), "a number"),
@@ -64,9 +69,18 @@ def _leaf(mapping: Any, key: str) -> tuple[bool, Any]:
     return True, node
 
 
+@functools.cache
+def annotated_strings(version: str) -> frozenset[str]:
+    """Keys whose dataclass annotation admits a string although their tree default is a number
+    or a flag (``data/annotated_strings.yaml``, generated from the installed verl)."""
+    text = resources.files("pytest_verl_compat").joinpath(ANNOTATED_STRINGS).read_text()
+    listed = yaml.safe_load(text) or {}
+    return frozenset(str(key) for key in listed.get(version) or ())
+
+
 def wrong_types(inp: CheckInput) -> Iterator[tuple[str, Any, str]]:
     """(key, value, expected) for each explicit key whose value does not fit its default."""
-    seen = set()
+    seen = set(annotated_strings(inp.version))
     for field in inp.explicit_fields:
         key = field_key(field)
         if key in seen:

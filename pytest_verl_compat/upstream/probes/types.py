@@ -168,6 +168,24 @@ def field_default(mapping: Mapping[str, Any], key: str) -> tuple[bool, Any]:
     return True, found.default
 
 
+def string_admitting(mapping: Mapping[str, Any]) -> list[str]:
+    """Every key of ``mapping`` (a tree's defaults) whose default is a number or a flag but whose
+    config dataclass annotation admits a string: the keys the tree default's type misjudges."""
+    found = []
+    stack: list[tuple[str, Any]] = [("", mapping)]
+    while stack:
+        prefix, node = stack.pop()
+        for name, value in node.items():
+            key = f"{prefix}{name}"
+            if isinstance(value, Mapping):
+                stack.append((key + ".", value))
+            elif isinstance(value, bool | int | float):
+                hint = annotation(mapping, key)
+                if hint is not None and fits("a string", hint[0]) is True:
+                    found.append(key)
+    return sorted(found)
+
+
 def explicit_types(
     mapping: Mapping[str, Any], leaves: Mapping[str, Any], keys: Iterable[str]
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
