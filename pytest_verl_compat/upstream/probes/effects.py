@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.upstream.probes import tiny_batch
-from pytest_verl_compat.upstream.probes.patching import all_patched
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
 from pytest_verl_compat.upstream.probes.types import field_default
 
@@ -190,48 +189,21 @@ def _critic_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
 def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
     """The trainer's own _compute_advantage (trainer_base.py:1588) on a tiny batch: what it
     hands back to TransferQueue."""
-    import transfer_queue
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    batch = tiny_batch.shape(plain[ARR]["rollout"]["n"], tokens=EFFECT_TOKENS)
-    stored = tiny_batch.trajectories(
-        batch, rollout_log_probs=bool(plain[ARR]["rollout"].get("calculate_log_probs"))
-    )
-    put: dict[str, Any] = {}
-    holder: _Sized
     trainer = types.SimpleNamespace(config=cfg)
     if cfg.algorithm.use_kl_in_reward:
         get_kl_controller: Any = core_algos.get_kl_controller
         trainer.kl_ctrl_in_reward = get_kl_controller(cfg.algorithm.kl_ctrl)
-
-    def kv_batch_get(keys: Any = None, partition_id: Any = None, select_fields: Any = ()) -> Any:
-        return stored.select(*[name for name in select_fields if name in stored.keys()])
-
-    def kv_batch_put(keys: Any = None, partition_id: Any = None, fields: Any = None) -> Any:
-        put.update({name: fields[name] for name in fields.keys()})
-        return holder
-
-    holder = _Sized(batch.keys)
-    with all_patched(
-        [
-            (transfer_queue, "kv_batch_get", kv_batch_get),
-            (transfer_queue, "kv_batch_put", kv_batch_put),
-        ]
-    ):
-        PPOTrainer._compute_advantage(trainer, holder, {})  # type: ignore[arg-type]
+    rollout = plain[ARR]["rollout"]
+    put = tiny_batch.through_transfer_queue(
+        lambda meta: PPOTrainer._compute_advantage(trainer, meta, {}),  # type: ignore[arg-type]
+        rollout["n"],
+        bool(rollout.get("calculate_log_probs")),
+        tokens=EFFECT_TOKENS,
+    )
     return {name: value.values() if value.is_nested else value for name, value in put.items()}
-
-
-class _Sized:
-    """A batch's handle as TransferQueue gives it: keys, partition, knobs, a length."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self.keys, self.partition_id = keys, "train"
-        self.extra_info: dict[str, Any] = {}
-
-    def __len__(self) -> int:
-        return len(self.keys)
 
 
 def _needs_critic(plain: Mapping[str, Any]) -> bool:

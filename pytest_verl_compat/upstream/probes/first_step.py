@@ -161,39 +161,15 @@ def _knobs(role: str) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, 
     return infer_knobs, update
 
 
-class _BatchMeta:
-    """What TransferQueue hands the trainer for a batch: its keys, partition and knobs."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self.keys, self.partition_id = keys, "train"
-        self.extra_info: dict[str, Any] = {}
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-
 def _advantage(trainer: Any, plain: Mapping[str, Any]) -> None:
     """The trainer's own ``_compute_advantage`` (KL in reward, rollout correction, the advantage
     estimator) on a tiny batch; TransferQueue's get and put hand it over and take it back."""
-    import transfer_queue
-
-    batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
-    stored = tiny_batch.trajectories(
-        batch,
-        rollout_log_probs=bool(plain["actor_rollout_ref"]["rollout"].get("calculate_log_probs")),
+    rollout = plain["actor_rollout_ref"]["rollout"]
+    tiny_batch.through_transfer_queue(
+        lambda meta: trainer._compute_advantage(meta, {}),
+        rollout["n"],
+        bool(rollout.get("calculate_log_probs")),
     )
-
-    def kv_batch_get(keys: Any = None, partition_id: Any = None, select_fields: Any = ()) -> Any:
-        return stored.select(*[name for name in select_fields if name in stored.keys()])
-
-    meta = _BatchMeta(batch.keys)
-    with all_patched(
-        [
-            (transfer_queue, "kv_batch_get", kv_batch_get),
-            (transfer_queue, "kv_batch_put", lambda *a, **k: meta),
-        ]
-    ):
-        trainer._compute_advantage(meta, {})
 
 
 def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:

@@ -12,6 +12,7 @@ a probe that perturbs a setting (``effects``) then sees its effect wherever it h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,47 @@ def trajectories(batch: TinyBatch, *, rollout_log_probs: bool) -> Any:
     if rollout_log_probs:
         fields["rollout_log_probs"] = _per_token(batch, "rollout_log_probs", 1.2, -1.05)
     return TensorDict(fields, batch_size=[batch.rows])
+
+
+class BatchMeta:
+    """What TransferQueue hands the trainer for a batch: its keys, partition and knobs."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys, self.partition_id = keys, "train"
+        self.extra_info: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def through_transfer_queue(
+    compute_advantage: Callable[[BatchMeta], Any], n: int, rollout_log_probs: bool, tokens: int = 3
+) -> dict[str, Any]:
+    """``compute_advantage(meta)`` (the trainer's ``_compute_advantage``) on a tiny batch of
+    ``trajectories``, TransferQueue's get and put standing in: the fields it put back."""
+    import transfer_queue
+
+    from pytest_verl_compat.upstream.probes.patching import all_patched
+
+    batch = shape(n, tokens)
+    stored = trajectories(batch, rollout_log_probs=rollout_log_probs)
+    meta = BatchMeta(batch.keys)
+    put: dict[str, Any] = {}
+
+    def kv_batch_get(keys: Any = None, partition_id: Any = None, select_fields: Any = ()) -> Any:
+        return stored.select(*[name for name in select_fields if name in stored.keys()])
+
+    def kv_batch_put(keys: Any = None, partition_id: Any = None, fields: Any = None) -> Any:
+        put.update({name: fields[name] for name in fields.keys()})
+        return meta
+
+    patches = [
+        (transfer_queue, "kv_batch_get", kv_batch_get),
+        (transfer_queue, "kv_batch_put", kv_batch_put),
+    ]
+    with all_patched(patches):
+        compute_advantage(meta)
+    return put
 
 
 def micro_batch(batch: TinyBatch, dp_size: int, fields: dict[str, tuple[float, float]]) -> Any:
