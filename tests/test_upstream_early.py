@@ -23,15 +23,17 @@ from hostile_canary import Canary
 
 from pytest_verl_compat.checks import CHECKS
 from pytest_verl_compat.model import Finding, StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.answers import CHECKS as CHECK_ANSWERS
+from pytest_verl_compat.pipeline.answers import UserAnswers
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.early import (
     STATIC_EQUIVALENT_MESSAGES,
     STATIC_EQUIVALENTS,
-    AnswerCache,
     EarlyAnswer,
     UpstreamFailure,
     cache_key,
+    checked_entry,
     covered_static_findings,
     early_answer,
 )
@@ -269,7 +271,11 @@ SESSION = SimpleNamespace(pin=SimpleNamespace(version="0.9.0"))
 
 
 def test_cache_cold_then_warm_and_a_corrupt_entry_is_a_miss(tmp_path: Path) -> None:
-    cache, oracle, mapping = AnswerCache(tmp_path), CountingOracle(), {"a": 1}
+    cache, oracle, mapping = (
+        UserAnswers(CHECK_ANSWERS, tmp_path, checked_entry),
+        CountingOracle(),
+        {"a": 1},
+    )
     cold = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
     warm = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
     assert (cold.cached, warm.cached, oracle.asked) == (False, True, 1)
@@ -310,7 +316,7 @@ def test_cache_key_changes_with_the_mapping_the_tree_and_the_version() -> None:
 def test_an_unwritable_cache_is_only_slower(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")
-    cache, oracle = AnswerCache(blocked / "sub"), CountingOracle()
+    cache, oracle = UserAnswers(CHECK_ANSWERS, blocked / "sub", checked_entry), CountingOracle()
     for _ in range(2):
         assert early_answer(SESSION, {"a": 1}, "t", cache, oracle).failures  # type: ignore[arg-type]
     assert oracle.asked == 2
@@ -356,7 +362,7 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
         f"do_sample (verl 0.9.0 raises it at trainer start: validate_config, {where}) (change "
     ), line
     assert "valid for verl 0.9.0: no" in cold.stderr
-    assert [p.name for p in (tmp_path / "pytest-verl-compat").iterdir()] == ["upstream-checks"]
+    assert [p.name for p in (tmp_path / "pytest-verl-compat").iterdir()] == ["answers"]
     warm = cli(*sampled, cache=tmp_path)
     assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
     static = cli(*sampled, "--no-upstream-checks", cache=tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import textwrap
 import time
@@ -61,38 +62,48 @@ def test_close_ends_a_process_with_nothing_outstanding_at_once() -> None:
 
 
 def test_a_selection_without_upstream_stages_starts_no_process(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     if installed_verl_root() is None:
         pytest.skip("needs the installed verl (the [upstream] extra)")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no answer kept yet
     marker = pytester.path / "started"
-    # Records the oracle's start instead of importing verl; answers validate as upstream would.
+    # Records the oracle's start (at its first question) instead of importing verl; answers
+    # validate as upstream would.
     pytester.makeconftest(
         f"""
         from pytest_verl_compat.upstream.oracle import UpstreamOracle
 
-        def start(self):
+        def _start(self):
             open({str(marker)!r}, "a").write("started\\n")
 
         def answer(self, request_id, request, timeout=600):
+            self._start()
             return {{"verdict": "passes", "message": ""}}
 
-        UpstreamOracle.start = start
+        UpstreamOracle._start = _start
         UpstreamOracle.answer = answer
         """
     )
+    # The embedded golden files without the answers recorded for them: every question misses.
+    golden = tmp_path / "golden"
+    shutil.copytree(embedded_root() / "golden", golden, ignore=shutil.ignore_patterns("answers"))
 
-    def run(selection: str) -> None:
+    def run(selection: str, *options: str) -> None:
         result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "--verl-corpus", "--verl-corpus-trusted=off", "-k", selection
-        )
+            "-p", "no:cacheprovider", "--verl-corpus", "--verl-corpus-trusted=off", "-k", selection,
+            *options,
+        )  # fmt: skip
         assert result.ret == 0, result.stdout.str()[-2000:]
 
-    run("test_compose and grpo")
+    run("test_compose and grpo", f"--verl-corpus-golden={golden}")
     assert not marker.exists()
-    run("test_verdict and grpo")  # the control: a selected upstream stage starts it
-    assert Path(marker).read_text() == "started\n"
+    # With the recorded answers, the verdict stage asks nothing either.
+    run("test_verdict and grpo")
+    assert not marker.exists()
+    run("test_verdict and grpo", f"--verl-corpus-golden={golden}")  # the control
+    assert Path(marker).read_text().splitlines()[:1] == ["started"]
 
 
 @needs_verl
@@ -196,7 +207,7 @@ class _InProcessOracle:
 @needs_verl
 def test_conformance_from_the_oracle_equals_the_in_process_comparison() -> None:
     from pytest_verl_compat.conformance.plan import conformance_cases, load_tolerances
-    from pytest_verl_compat.conformance.reference_answers import OracleReferences
+    from pytest_verl_compat.conformance.reference_answers import OracleReferences, answer_key_of
     from pytest_verl_compat.conformance.run import run_case
 
     cases = conformance_cases(load_tolerances(embedded_root() / "corpus" / "conformance.yaml"))
@@ -208,7 +219,8 @@ def test_conformance_from_the_oracle_equals_the_in_process_comparison() -> None:
     for case in chosen:
         via_oracle = run_case(case, reference=references, candidate=references.candidate)
         assert via_oracle == run_case(case), case.id
-    asked = {key.removeprefix("conformance/") for key in oracle.asked}
+    by_key = {answer_key_of(c): c.id for c in chosen}
+    asked = {by_key[key] for key in oracle.asked}
     assert any(c.id in asked and not c.family.startswith("ours-") for c in chosen)
     ours = [c.id for c in chosen if c.family.startswith("ours-")]
     assert ours and not asked & set(ours), "a reference built from our own functions stays here"

@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,6 +27,7 @@ from pytest_verl_compat.conformance.inputs import INPUTS, case_generator
 from pytest_verl_compat.conformance.plan import ConformanceCase
 from pytest_verl_compat.conformance.run import upstream_outputs
 from pytest_verl_compat.conformance.sides import upstream_modules
+from pytest_verl_compat.pipeline.answers import CONFORMANCE, Answers, answer_key, answers
 
 KIND = "conformance"
 
@@ -111,29 +113,51 @@ def oracle_answers(case: ConformanceCase) -> bool:
     return not SIDES[case.component].reference_uses_ours(case)
 
 
-class OracleReferences:
-    """A ``run.ReferenceSource`` answered by the oracle process, one question per case."""
+def _entry_shape(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and entry.get("ok") is True
+        and isinstance(entry.get("samples"), list)
+    )
 
-    def __init__(self, oracle: Oracle) -> None:
+
+def reference_answers(golden_dir: Path | None, *, user: bool = True) -> Answers:
+    """Where upstream's side of the conformance cases is kept: the user cache, then recorded."""
+    return answers(CONFORMANCE, golden_dir, checker=_entry_shape, user=user)
+
+
+def answer_key_of(case: ConformanceCase) -> str:
+    return answer_key(CONFORMANCE, request(case))
+
+
+class OracleReferences:
+    """A ``run.ReferenceSource`` answered by the oracle process, one question per case, each
+    answer kept by content (``upstream.answers``): a warm run imports no verl."""
+
+    def __init__(self, oracle: Oracle, store: Answers | None = None) -> None:
         self.oracle = oracle
+        # Without a store, every answer comes from the oracle (and is kept nowhere).
+        self.store = store if store is not None else Answers(CONFORMANCE, None)
         self._decoded: dict[str, list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _key(case: ConformanceCase) -> str:
-        return f"{KIND}/{case.id}"
-
     def prefetch(self, case: ConformanceCase) -> None:
+        """Ask the oracle now, unless the answer is kept (or never comes from the oracle)."""
         if oracle_answers(case):
-            self.oracle.submit(self._key(case), request(case))
+            key = answer_key_of(case)
+            if self.store.get(key) is None:
+                self.oracle.submit(key, request(case))
 
     def _sample(self, case: ConformanceCase, sample: int) -> dict[str, Any]:
-        key = self._key(case)
+        key = answer_key_of(case)
         with self._lock:
             if key not in self._decoded:
-                reply = self.oracle.answer(key, request(case))
-                if not reply.get("ok"):
-                    raise RuntimeError(f"upstream side of {case.id}: {reply.get('error')}")
+                reply = self.store.get(key)
+                if reply is None:
+                    reply = self.oracle.answer(key, request(case))
+                    if not reply.get("ok"):
+                        raise RuntimeError(f"upstream side of {case.id}: {reply.get('error')}")
+                    self.store.put(key, reply)
                 self._decoded[key] = [
                     {side: decode(value) for side, value in item.items()}
                     for item in reply["samples"]

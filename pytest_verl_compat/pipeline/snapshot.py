@@ -31,12 +31,17 @@ def _default_mode() -> int:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename: never half a file.
+    """Write text through a temporary file in the same folder, then rename: never half a file.
 
     Only a regular file is replaced, keeping its mode; a new file gets the mode ``open`` would
     give it. A device, a FIFO, a folder or a symlink at ``path`` is refused: renaming over
     ``/dev/null`` (as root) or a link to ``/proc/self/fd/1`` would replace it with a file.
     """
+    write_atomic_bytes(path, text.encode("utf-8"))
+
+
+def write_atomic_bytes(path: Path, data: bytes) -> None:
+    """``write_atomic`` for bytes (a compressed golden file)."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -49,8 +54,8 @@ def write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -274,12 +274,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = config.stash.get(audit_state_key, None)
     if state is None:
         return
-    # Import verl in the oracle while the first stages import Hydra and compose.
-    if waiting and state.upstream_gate().tree is not None:
-        if state.session.options.trusted != "off" or any(
-            item.name.startswith("test_verdict") for item in waiting
-        ):
-            state.oracle.start()
+    for item in waiting:
+        if isinstance(item, pytest.Function) and hasattr(item, "callspec"):
+            case = item.callspec.params.get("verl_case")
+            if case is not None:
+                state.upstream_stages.setdefault(case.id, set()).add(item.name.split("[")[0])
+    # The oracle process starts at the first question no kept answer settles (``answers``): here
+    # for a conformance case, else when a case composes (``AuditState.prefetch_upstream``).
     # By id from the state's own cases: a manifest without conformance cases (every one `init`
     # writes) leaves pytest's placeholder item of an empty parametrization, whose value is no case.
     cases = {case.id: case for case in state.conformance_cases()}
@@ -292,7 +293,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     references = state.conformance_references() if conformance else None
     if references is not None:
-        state.oracle.start()
         # Under xdist each worker asks only for the cases it is given, as it meets them.
         if not is_xdist_worker(config):
             for case in conformance:

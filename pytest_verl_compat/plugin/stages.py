@@ -200,7 +200,7 @@ def test_compose(
         facts["resolved_leaf_count"] = count_leaves(composition.resolved)
     _record(request, verl_case, "compose", **facts)
     if composition.composed:
-        verl_state.prefetch_upstream(verl_case, getattr(request.config, "cache", None))
+        verl_state.prefetch_upstream(verl_case)
     expected = (verl_case.expected or {}).get("outcome")
     if expected == "composition_rejection" or not composition.composed:
         # Rejections are failures unless the manifest expects exactly this one.
@@ -261,7 +261,7 @@ def test_verdict(
     if not outcome.composition.composed:
         pytest.skip("not composed: upstream's checks never see this case")
     result = _run(
-        lambda: verl_state.check(verl_case, getattr(request.config, "cache", None)),
+        lambda: verl_state.check(verl_case),
         request,
         verl_case,
     )
@@ -298,7 +298,7 @@ def test_trusted(
 ) -> None:
     """In-process composition equals upstream's own entry point (values, types, key order)."""
     _record(request, verl_case, "trusted")  # a skip below still counts as this stage's
-    trusted = verl_state.trusted(getattr(request.config, "cache", None))
+    trusted = verl_state.trusted()
     if not isinstance(trusted, TrustedCompositions):
         if verl_audit.options.trusted == "require" and "switched off" not in trusted:
             pytest.fail(trusted, pytrace=False)
@@ -308,15 +308,21 @@ def test_trusted(
     if not composition.composed:
         # Never sent: a rejected case may carry what upstream's entry point must not see.
         pytest.skip(f"composition rejected ({composition.reason}): not sent to upstream")
-    result = trusted.result(outcome.fields.fields, outcome.fields.environment(verl_case.bindings))
+    fields, variables = outcome.fields.fields, outcome.fields.environment(verl_case.bindings)
+    result = trusted.result(fields, variables)
     _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     if result.refused:
         pytest.skip(result.error)
     assert result.ok, f"upstream entry point failed: {result.error} [{verl_case.id}]"
-    difference = first_difference(composition.resolved, result.resolved)
-    assert difference is None, (
-        f"resolved mapping differs from upstream's entry point at {difference} [{verl_case.id}]"
-    )
+    if result.differs_from(composition.resolved):
+        # Only a digest is kept: ask for the whole mapping to say where the two differ.
+        whole = trusted.result(fields, variables, whole=True)
+        difference = first_difference(composition.resolved, whole.resolved)
+        pytest.fail(
+            f"resolved mapping differs from upstream's entry point at {difference} "
+            f"[{verl_case.id}]",
+            pytrace=False,
+        )
 
 
 def test_snapshot(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_verl_compat.conformance.plan import (
     conformance_cases,
@@ -11,15 +11,16 @@ from pytest_verl_compat.conformance.plan import (
     upstream_missing_reason,
 )
 from pytest_verl_compat.model import Case
+from pytest_verl_compat.pipeline.answers import Answers
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.upstream.early import (
     UpstreamGate,
-    checked_entry,
+    check_answers,
     prefetch_answer,
     upstream_gate,
 )
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.trusted import TrustedCompositions
+from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_answers
 from pytest_verl_compat.upstream.verdict import (
     CaseCheck,
     check_case,
@@ -35,25 +36,6 @@ if TYPE_CHECKING:
 REFERENCE_ANSWERS = "pytest_verl_compat.conformance.reference_answers"
 
 
-class PytestAnswers:
-    """Upstream's early-check answers kept in pytest's cache (``.pytest_cache``), as the CLI keeps
-    them in the user cache folder; a run with ``-p no:cacheprovider`` keeps none."""
-
-    PREFIX = "verl_corpus/checks/"
-
-    def __init__(self, cache: Any) -> None:
-        self.cache = cache
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        if self.cache is None:
-            return None
-        return checked_entry(self.cache.get(self.PREFIX + key, None))
-
-    def put(self, key: str, entry: Any) -> None:
-        if self.cache is not None:
-            self.cache.set(self.PREFIX + key, dict(entry))
-
-
 @dataclass
 class AuditState:
     """The session, the conformance stage's cases and the oracle process that answers for
@@ -66,6 +48,10 @@ class AuditState:
     _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
     _gate: UpstreamGate | None = field(default=None, repr=False)
     _references: OracleReferences | None = field(default=None, repr=False)
+    _checks: Answers | None = field(default=None, repr=False)
+    # The upstream stages selected for each case (``test_verdict``, ``test_trusted``): a case is
+    # asked only what a selected stage will read.
+    upstream_stages: dict[str, set[str]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
@@ -75,23 +61,29 @@ class AuditState:
     def conformance_references(self) -> OracleReferences | None:
         """Upstream's side of the conformance cases from the oracle, when verl is installed."""
         if self._references is None and upstream_missing_reason() is None:
-            from pytest_verl_compat.conformance.reference_answers import OracleReferences
+            from pytest_verl_compat.conformance.reference_answers import (
+                OracleReferences,
+                reference_answers,
+            )
 
-            self._references = OracleReferences(self.oracle)
+            store = reference_answers(self.session.golden_dir)
+            self._references = OracleReferences(self.oracle, store)
         return self._references
 
-    def trusted(self, cache: Any) -> TrustedCompositions | str:
+    def trusted(self) -> TrustedCompositions | str:
         """Upstream's entry point for this session, or why it cannot be the oracle here."""
         if self._trusted is None:
-            self._trusted = self._trusted_or_reason(cache)
+            self._trusted = self._trusted_or_reason()
         return self._trusted
 
-    def _trusted_or_reason(self, cache: Any) -> TrustedCompositions | str:
+    def _trusted_or_reason(self) -> TrustedCompositions | str:
         if self.session.options.trusted == "off":
             return "trusted composition switched off (--verl-corpus-trusted=off)"
         gate = self.upstream_gate()
         if gate.tree is not None:
-            return TrustedCompositions(self.oracle, gate.tree, cache)
+            return TrustedCompositions(
+                self.oracle, gate.tree, trusted_answers(self.session.golden_dir)
+            )
         return gate.reason
 
     def upstream_gate(self) -> UpstreamGate:
@@ -101,38 +93,47 @@ class AuditState:
             self._gate = upstream_gate(self.session)
         return self._gate
 
-    def prefetch_upstream(self, case: Case, cache: Any) -> None:
+    def prefetch_upstream(self, case: Case) -> None:
         """Send a composed case's questions to the oracle now; the answers are read later.
 
         The trusted and validate stages run last (see ``pytest_collection_modifyitems``), so the
         oracle process works while the other stages run. Cases our composition rejected are never
         sent: only mappings Hydra's compose API accepted reach upstream's code.
         """
+        stages = self.upstream_stages.get(case.id, set())
         outcome = self.session.outcome(case)
-        if not outcome.composition.composed or self.upstream_gate().tree is None:
+        if not stages or not outcome.composition.composed or self.upstream_gate().tree is None:
             return
-        trusted = self.trusted(cache)
-        if isinstance(trusted, TrustedCompositions):
+        trusted = self.trusted()
+        if "test_trusted" in stages and isinstance(trusted, TrustedCompositions):
             trusted.prefetch(outcome.fields.fields, outcome.fields.environment(case.bindings))
         tree = self.upstream_gate().tree
         assert tree is not None
+        if "test_verdict" not in stages:
+            return
         prefetch_answer(
             self.session,
             outcome.composition.mapping,
             tree,
-            PytestAnswers(cache),
+            self.check_answers(),
             self.oracle,
             explicit_keys(self.session, case),
         )
 
-    def check(self, case: Case, cache: Any) -> CaseCheck:
+    def check(self, case: Case) -> CaseCheck:
         """The case's verdict exactly as ``verl-compat check`` gives it (``upstream.verdict``),
         upstream's answers from this session's oracle process."""
         return check_case(
             self.session,
             case,
-            live_asker(self.session, PytestAnswers(cache), self.oracle, self.upstream_gate()),
+            live_asker(self.session, self.check_answers(), self.oracle, self.upstream_gate()),
         )
+
+    def check_answers(self) -> Answers:
+        """Upstream's checks kept in the user cache, then those recorded for the golden folder."""
+        if self._checks is None:
+            self._checks = check_answers(self.session.golden_dir)
+        return self._checks
 
     def close(self) -> None:
         self.oracle.close()

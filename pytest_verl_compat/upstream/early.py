@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,9 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_verl_compat.model import Finding
+from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
 from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
-from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
-from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
@@ -44,16 +42,11 @@ from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
 
-CACHE_FOLDER = "pytest-verl-compat"
-CACHE_KIND = "upstream-checks"
-# Bumped when the answer's shape or the checks change, so an older answer is never read as new.
-ANSWER_FORMAT = 3
 # The rule of a value a config dataclass's annotation refuses.
 TYPE_ANNOTATION = "types.annotation"
 # The rules of an explicit key without effect (``probes.effects``).
 NEVER_READ_RULE = "effect.never-read"
 OVERRIDDEN_RULE = "effect.overridden"
-MAX_ENTRY_BYTES = 1 << 20
 
 # prepare_micro_batches' one assertion, met by the update's and the log-prob passes' split.
 _PREPARE_MICRO_BATCHES = (
@@ -359,97 +352,42 @@ class EarlyAnswer:
 # --- where the answers are kept ----------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/pytest-verl-compat/upstream-checks`` (else under ``~/.cache``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / CACHE_FOLDER / CACHE_KIND
-
-
-def mapping_sha256(mapping: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(mapping, sort_keys=True).encode()).hexdigest()
-
-
 def cache_key(
     version: str, tree: str, mapping: Mapping[str, Any], explicit: Sequence[str] = ()
 ) -> str:
-    payload = json.dumps(
+    """The key of upstream's checks on one mapping (``answers.answer_key`` of kind ``checks``):
+    the verl version, the tree, the mapping and the keys the script set."""
+    return answer_key(
+        CHECKS,
         {
-            "format": ANSWER_FORMAT,
             "verl": version,
             "tree": tree,
-            "mapping": mapping_sha256(mapping),
+            "mapping": hashlib.sha256(json.dumps(mapping, sort_keys=True).encode()).hexdigest(),
             "explicit": sorted(set(explicit)),
-            "probes": probes_sha256(),
-        }
+        },
     )
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-# What the oracle process runs of ours, besides the probes.
-ORACLE_MODULES = ("oracle_process.py", "oracle.py", "validate.py", "runner.py")
-
-
-@functools.cache
-def probes_sha256() -> str:
-    """The code that asks upstream (the oracle process and the probes): an answer cached by an
-    older version of it is not this version's answer."""
-    here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for path in sorted(
-        [*(here / name for name in ORACLE_MODULES), *(here / "probes").glob("*.py")]
-    ):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 class AnswerStore(Protocol):
-    """Where answers are kept: the user cache folder (``AnswerCache``) or pytest's cache."""
+    """Where answers are kept and looked up (``answers.Answers``, or one of its stores)."""
 
-    def get(self, key: str) -> dict[str, Any] | None: ...
+    def get(self, key: str) -> Any | None: ...
 
-    def put(self, key: str, entry: Mapping[str, Any]) -> None: ...
+    def put(self, key: str, entry: Any) -> None: ...
 
 
-def checked_entry(entry: Any) -> dict[str, Any] | None:
-    """A stored answer whose shape is checked before it is trusted, else None (a miss)."""
+def checked_entry(entry: Any) -> bool:
+    """Whether a stored answer has an answer's shape (checked before it is trusted)."""
     try:
         EarlyAnswer.from_json(entry)
     except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return entry if isinstance(entry, dict) else None
+        return False
+    return isinstance(entry, dict)
 
 
-class AnswerCache:
-    """One JSON file per key; written to a temporary file then renamed; a bad entry is a miss."""
-
-    def __init__(self, folder: Path | None = None) -> None:
-        self.folder = folder if folder is not None else cache_dir()
-
-    def _path(self, key: str) -> Path:
-        return self.folder / f"{key}.json"
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        path = self._path(key)
-        if path.is_symlink():  # an entry is a regular file this module wrote, never a link
-            return None
-        try:
-            data = read_bytes(path, MAX_ENTRY_BYTES, "cache entry")  # no FIFO, no device
-        except InputError:
-            return None
-        try:
-            entry = json.loads(data)
-        except ValueError:
-            return None
-        return checked_entry(entry)
-
-    def put(self, key: str, entry: Mapping[str, Any]) -> None:
-        """Store an answer; a cache that cannot be written is only slower, never an error."""
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_atomic(self._path(key), json.dumps(entry, sort_keys=True))
-        except OSError:
-            return
+def check_answers(golden_dir: Path | None, *, user: bool = True) -> Answers:
+    """The stores of upstream's checks: the user cache, then those recorded in ``golden_dir``."""
+    return answers(CHECKS, golden_dir, checker=checked_entry, user=user)
 
 
 # --- whether upstream's code may see a session's compositions ----------------------------------

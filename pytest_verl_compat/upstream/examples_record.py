@@ -11,7 +11,6 @@ mapping it printed; the test suite compares our in-process composition with it w
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.answers import mapping_digest
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.report import example_totals
@@ -33,10 +33,8 @@ ENTRY_MODULE = "verl.trainer.main_ppo"
 UPSTREAM_ANSWER = "upstream_answer"
 
 
-def digest(value: Any) -> str:
-    """sha256 of a mapping as canonical JSON (key order kept: Hydra's order is part of the result)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
+# sha256 of a mapping as canonical JSON (key order kept: Hydra's order is part of the result).
+digest = mapping_digest
 
 
 def argv_digest(fields: tuple[str, ...] | list[str]) -> str:

@@ -3,35 +3,39 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import yaml
 
+from pytest_verl_compat.pipeline.answers import (
+    COMPOSE,
+    Answers,
+    answer_key,
+    answers,
+    mapping_digest,
+)
 from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle, compose_request
 from pytest_verl_compat.upstream.runner import referenced_variables
 
 
-class Cache(Protocol):
-    """The slice of pytest's ``config.cache`` this module needs."""
-
-    def get(self, key: str, default: Any) -> Any: ...
-
-    def set(self, key: str, value: Any) -> None: ...
-
-
 @dataclass(frozen=True)
 class TrustedResult:
-    """What ``python -m verl.trainer.main_ppo --cfg job --resolve`` printed, parsed."""
+    """What ``python -m verl.trainer.main_ppo --cfg job --resolve`` printed: the resolved mapping's
+    digest (``mapping_digest``: values, types and key order), and the mapping itself when it was
+    asked for now rather than kept."""
 
     ok: bool
-    resolved: dict[str, Any] | None
+    resolved_sha256: str | None
     error: str
     cached: bool
     refused: bool = False  # never sent: the argv carries what upstream's entry point must not see
+    resolved: dict[str, Any] | None = None
+
+    def differs_from(self, ours: Mapping[str, Any]) -> bool:
+        return self.resolved_sha256 != mapping_digest(ours)
 
 
 # libyaml's parser with PyYAML's own safe constructor and resolver: the same mapping as
@@ -46,51 +50,74 @@ def printed_config(text: str) -> Any:
 
 
 def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, str]) -> str:
-    payload = json.dumps([tree_sha256, list(fields), sorted(variables.items())])
-    return "verl_corpus/trusted/" + hashlib.sha256(payload.encode()).hexdigest()
+    return answer_key(
+        COMPOSE,
+        {"tree": tree_sha256, "fields": list(fields), "variables": sorted(variables.items())},
+    )
+
+
+def _entry_shape(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("ok"), bool)
+        and isinstance(entry.get("error"), str)
+        and isinstance(entry.get("resolved_sha256"), str | None)
+    )
+
+
+def trusted_answers(golden_dir: Path | None, *, user: bool = True) -> Answers:
+    """Where the entry point's answers are kept: the user cache, then those recorded."""
+    return answers(COMPOSE, golden_dir, checker=_entry_shape, user=user)
 
 
 class TrustedCompositions:
-    """The entry point's resolved mapping per case, from the oracle process, cached by
-    (tree hash, fields, variables) in pytest's cache so a warm run starts no process at all."""
+    """The entry point's resolved mapping per case, from the oracle process, kept by content
+    (``answers``): a warm run, or the embedded default with its recorded answers, starts no
+    process at all. A mapping that differs from ours is asked for again, whole, to show where."""
 
-    def __init__(self, oracle: UpstreamOracle, tree_sha256: str, cache: Cache | None) -> None:
+    def __init__(self, oracle: UpstreamOracle, tree_sha256: str, store: Answers | None) -> None:
         self.oracle = oracle
         self.tree_sha256 = tree_sha256
-        self.cache = cache
+        self.store = store
 
-    def _cached(self, key: str) -> TrustedResult | None:
-        hit = self.cache.get(key, None) if self.cache is not None else None
-        if isinstance(hit, dict) and "ok" in hit:
-            return TrustedResult(hit["ok"], hit["resolved"], hit["error"], True)
-        return None
+    def _kept(self, key: str) -> TrustedResult | None:
+        hit = self.store.get(key) if self.store is not None else None
+        if hit is None:
+            return None
+        return TrustedResult(hit["ok"], hit["resolved_sha256"], hit["error"], True)
 
     def prefetch(self, fields: Sequence[str], variables: Mapping[str, str]) -> None:
         """Ask now, so the answer is ready when the trusted stage reads it."""
         variables = referenced_variables(fields, variables)
         key = cache_key(self.tree_sha256, fields, variables)
-        if self._cached(key) is None:
+        if self._kept(key) is None:
             with contextlib.suppress(EntryArgvRefused):  # result() reports the refusal
                 self.oracle.submit(key, compose_request(fields, variables))
 
-    def result(self, fields: Sequence[str], variables: Mapping[str, str]) -> TrustedResult:
+    def result(
+        self, fields: Sequence[str], variables: Mapping[str, str], *, whole: bool = False
+    ) -> TrustedResult:
+        """The entry point's answer for these fields; ``whole``: with the mapping itself (asked
+        of the oracle when only its digest is kept)."""
         variables = referenced_variables(fields, variables)
         key = cache_key(self.tree_sha256, fields, variables)
-        cached = self._cached(key)
-        if cached is not None:
-            return cached
+        kept = None if whole else self._kept(key)
+        if kept is not None:
+            return kept
         try:
             request = compose_request(fields, variables)
         except EntryArgvRefused as exc:
             return TrustedResult(False, None, f"not sent to upstream: {exc}", False, refused=True)
         answer = self.oracle.answer(key, request)
         if answer["ok"]:
-            result = TrustedResult(True, printed_config(answer["stdout"]), "", False)
+            resolved = printed_config(answer["stdout"])
+            result = TrustedResult(True, mapping_digest(resolved), "", False, resolved=resolved)
         else:
             result = TrustedResult(False, None, answer["error"], False)
-        if self.cache is not None:
-            self.cache.set(
-                key, {"ok": result.ok, "resolved": result.resolved, "error": result.error}
+        if self.store is not None:
+            self.store.put(
+                key,
+                {"ok": result.ok, "resolved_sha256": result.resolved_sha256, "error": result.error},
             )
         return result
 

@@ -21,11 +21,11 @@ from pytest_verl_compat.checks.registry import WRONG_TYPE
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.upstream.early import (
-    AnswerCache,
     AnswerStore,
     EarlyAnswer,
     UpstreamFailure,
     UpstreamGate,
+    check_answers,
     covered_static_findings,
     early_answer,
     prefetch_answer,
@@ -198,7 +198,7 @@ def many_asker(
     if not enabled:
         return None, lambda: None
     gate = upstream_gate(session)
-    cache = AnswerCache()
+    cache = check_answers(session.golden_dir)
     composed = [case for case in cases if session.outcome(case).composition.composed]
     if gate.tree is None or not composed:
         return live_asker(session, cache, None, gate), lambda: None

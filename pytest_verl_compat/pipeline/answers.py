@@ -1,0 +1,276 @@
+"""Upstream's answers, kept by content: the user cache folder, and those recorded for the default.
+
+Every question the oracle process answers (upstream's checks on a mapping, its entry point's
+composition, its side of a conformance case) is a pure function of what it is asked, upstream's
+code and the code of ours that asks. So an answer is kept under a key that digests all of it
+(``answer_key``): the question, the installed packages that run (verl, torch, transformers, …)
+and the sha256 of our modules the oracle process runs (``oracle_code_sha256``). A key that
+changes is a miss, never a wrong answer.
+
+Two places hold answers, asked in order (``Answers``):
+
+- the **user cache** (``$XDG_CACHE_HOME/pytest-verl-compat/answers/<kind>/``): one JSON file per
+  key, written to a temporary file then renamed, a bad or foreign entry a miss;
+- the **recorded answers** of the embedded default (``golden/answers/``, shipped in the wheel):
+  what the pinned release answers for the default audit's own questions, written by
+  ``verl-compat audit --write``; ``audit --check`` and ``tests/test_recorded_answers.py`` fail
+  when they are stale. With them, the README's first command needs no verl import at all on
+  the platform they were recorded on; on another (a different torch, a changed probe) their keys
+  simply miss and the oracle answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
+from pytest_verl_compat.pipeline.snapshot import write_atomic
+
+CACHE_FOLDER = "pytest-verl-compat"
+# Bumped when an answer's shape changes, so an older entry is never read as this version's.
+ANSWER_FORMAT = 4
+# The kinds of question, each with its folder in the user cache and its recorded file.
+CHECKS = "checks"
+COMPOSE = "compose"
+CONFORMANCE = "conformance"
+KINDS = (CHECKS, COMPOSE, CONFORMANCE)
+# A conformance answer carries tensors (its recorded file is compressed: ~8 MB of base64).
+_COMPRESSED = frozenset({CONFORMANCE})
+MAX_ENTRY_BYTES = 1 << 22
+MAX_RECORDED_BYTES = 1 << 26
+# The installed distributions whose code answers (or shapes what upstream's code does).
+PLATFORM = (
+    "verl",
+    "torch",
+    "transformers",
+    "tensordict",
+    "megatron-core",
+    "hydra-core",
+    "omegaconf",
+    "numpy",
+    "peft",
+)
+# Our modules the oracle process runs for each kind, relative to the package (folders whole).
+ORACLE_CODE: dict[str, tuple[str, ...]] = {
+    CHECKS: (
+        "upstream/oracle_process.py",
+        "upstream/oracle.py",
+        "upstream/validate.py",
+        "upstream/runner.py",
+        "upstream/probes",
+        "pipeline/targets.py",
+    ),
+    COMPOSE: ("upstream/oracle_process.py", "upstream/oracle.py", "upstream/runner.py"),
+    CONFORMANCE: (
+        "upstream/oracle_process.py",
+        "conformance/reference_answers.py",
+        "conformance/components.py",
+        "conformance/inputs.py",
+        "conformance/sides.py",
+        "conformance/plan.py",
+        "conformance/run.py",
+    ),
+}
+
+
+def user_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/pytest-verl-compat`` (an absolute XDG_CACHE_HOME), else under ``~/.cache``."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / CACHE_FOLDER
+
+
+@functools.cache
+def platform_versions() -> tuple[tuple[str, str], ...]:
+    """The installed versions of the distributions in PLATFORM ("" for one not installed)."""
+    found = []
+    for name in PLATFORM:
+        try:
+            found.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            found.append((name, ""))
+    return tuple(found)
+
+
+@functools.cache
+def oracle_code_sha256(kind: str) -> str:
+    """sha256 of the package's source files the oracle process runs for ``kind``."""
+    package = Path(__file__).resolve().parents[1]
+    files: list[Path] = []
+    for relative in ORACLE_CODE[kind]:
+        path = package / relative
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def mapping_digest(value: Any) -> str:
+    """sha256 of a mapping as JSON with its key order kept (Hydra's order is part of a result)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def answer_key(kind: str, question: Any) -> str:
+    """The key of one question of ``kind`` (JSON-able), on this platform, asked by this code."""
+    payload = json.dumps(
+        {
+            "format": ANSWER_FORMAT,
+            "kind": kind,
+            "platform": platform_versions(),
+            "code": oracle_code_sha256(kind),
+            "question": question,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+Checker = Callable[[Any], bool]
+
+
+class UserAnswers:
+    """One JSON file per key under the user cache folder; written to a temporary file then
+    renamed; a link, a file too large, bad JSON or an entry ``checker`` refuses is a miss."""
+
+    def __init__(self, kind: str, folder: Path | None = None, checker: Checker | None = None):
+        self.kind = kind
+        self.folder = folder if folder is not None else user_cache_root() / "answers" / kind
+        self.checker = checker
+
+    def _path(self, key: str) -> Path:
+        return self.folder / f"{key}.json"
+
+    def get(self, key: str) -> Any | None:
+        path = self._path(key)
+        if path.is_symlink():  # an entry is a regular file this class wrote, never a link
+            return None
+        try:
+            data = read_bytes(path, MAX_ENTRY_BYTES, "cache entry")  # no FIFO, no device
+            entry = json.loads(data)
+        except (InputError, ValueError):
+            return None
+        if self.checker is not None and not self.checker(entry):
+            return None
+        return entry
+
+    def put(self, key: str, entry: Any) -> None:
+        """Keep an answer; a cache that cannot be written is only slower, never an error."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomic(self._path(key), json.dumps(entry, sort_keys=True))
+        except OSError:
+            return
+
+
+def recorded_path(golden_dir: Path, kind: str) -> Path:
+    return golden_dir / "answers" / (f"{kind}.json.gz" if kind in _COMPRESSED else f"{kind}.json")
+
+
+def dumps_recorded(kind: str, entries: Mapping[str, Any]) -> bytes:
+    """A recorded file's bytes: sorted JSON, gzip without a timestamp (byte-deterministic)."""
+    text = json.dumps(dict(entries), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    data = text.encode("utf-8")
+    return gzip.compress(data, compresslevel=9, mtime=0) if kind in _COMPRESSED else data
+
+
+def load_recorded(path: Path) -> dict[str, Any]:
+    """A recorded file's entries; a missing file has none. Raises InputError when unreadable."""
+    if not path.is_file():
+        return {}
+    data = read_bytes(path, MAX_RECORDED_BYTES, "recorded answers")
+    try:
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        entries = json.loads(data)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"{path}: recorded answers are not readable ({exc})") from exc
+    if not isinstance(entries, dict):
+        raise InputError(f"{path}: recorded answers are not a mapping")
+    return entries
+
+
+class RecordedAnswers:
+    """The recorded answers of one kind (read-only), loaded on the first question."""
+
+    def __init__(self, path: Path, checker: Checker | None = None) -> None:
+        self.path = path
+        self.checker = checker
+        self._entries: dict[str, Any] | None = None
+
+    def entries(self) -> dict[str, Any]:
+        if self._entries is None:
+            try:
+                self._entries = load_recorded(self.path)
+            except InputError:
+                self._entries = {}
+        return self._entries
+
+    def get(self, key: str) -> Any | None:
+        entry = self.entries().get(key)
+        if entry is None or (self.checker is not None and not self.checker(entry)):
+            return None
+        return entry
+
+
+@dataclass
+class Answers:
+    """Where the answers of one kind are looked up: the user cache, then the recorded ones; new
+    answers go to the user cache. ``asked`` keeps every key looked up (``audit --write`` records
+    them), ``hits`` says where each came from."""
+
+    kind: str
+    user: UserAnswers | None
+    recorded: RecordedAnswers | None = None
+    asked: dict[str, None] = field(default_factory=dict)
+    hits: dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> Any | None:
+        self.asked[key] = None
+        for where, store in (("user", self.user), ("recorded", self.recorded)):
+            if store is None:
+                continue
+            entry = store.get(key)
+            if entry is not None:
+                self.hits[key] = where
+                return entry
+        return None
+
+    def put(self, key: str, entry: Any) -> None:
+        if self.user is not None:
+            self.user.put(key, entry)
+
+
+def answers(
+    kind: str,
+    golden_dir: Path | None,
+    *,
+    checker: Checker | None = None,
+    user: bool = True,
+) -> Answers:
+    """The answers of ``kind``: the user cache (unless ``user`` is false) and, with a golden
+    folder, the answers recorded there."""
+    recorded = (
+        RecordedAnswers(recorded_path(golden_dir, kind), checker)
+        if golden_dir is not None
+        else None
+    )
+    return Answers(kind, UserAnswers(kind, checker=checker) if user else None, recorded)
+
+
+def stale_keys(recorded: Mapping[str, Any], needed: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(keys needed but not recorded, keys recorded but no longer needed)."""
+    wanted = set(needed)
+    return sorted(wanted - set(recorded)), sorted(set(recorded) - wanted)

@@ -1,0 +1,88 @@
+"""The answers recorded for the embedded default (golden/answers/) are the answers of now.
+
+The default audit reads upstream's answers from there before asking verl (pipeline/answers.py),
+so a stale file would only make the audit slower, never wrong: its keys digest the question, the
+installed packages and our code that asks. These tests keep it current all the same: every
+question the audit asks has its recorded answer and no recorded answer is orphaned (fast), and
+each recorded answer is what the oracle answers today (slow: it asks verl).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from pytest_verl_compat.cli import recorded_answers
+from pytest_verl_compat.pipeline.answers import (
+    CHECKS,
+    COMPOSE,
+    CONFORMANCE,
+    KINDS,
+    dumps_recorded,
+    load_recorded,
+    recorded_path,
+)
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+pytestmark = pytest.mark.skipif(
+    installed_verl_root() is None, reason="the recorded answers are the installed verl's"
+)
+
+
+@pytest.fixture(scope="module")
+def session() -> AuditSession:
+    return AuditSession.start(AuditOptions())
+
+
+def test_every_question_of_the_default_audit_has_its_recorded_answer(
+    session: AuditSession,
+) -> None:
+    asked = recorded_answers.questions(session)
+    assert {kind: len(asked[kind]) > 0 for kind in KINDS} == dict.fromkeys(KINDS, True)
+    assert recorded_answers.stale(session) == [], "run `verl-compat audit --write`"
+
+
+def test_a_changed_question_is_stale(session: AuditSession, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    golden = tmp_path / "golden"
+    for kind in KINDS:
+        entries = load_recorded(recorded_path(session.golden_dir, kind))
+        if kind == CHECKS:
+            entries.pop(sorted(entries)[0])  # a probe now asks one question more
+        if kind == COMPOSE:
+            entries["0" * 64] = {"ok": True, "resolved_sha256": None, "error": ""}
+        path = recorded_path(golden, kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(dumps_recorded(kind, entries))
+    other = AuditSession.start(AuditOptions(golden=str(golden)))
+    lines = recorded_answers.stale(other)
+    assert len(lines) == 2, lines
+    assert "checks.json: 1 of" in lines[0] and "0 answers no question asks" in lines[0]
+    assert "compose.json: 0 of" in lines[1] and "1 answers no question asks" in lines[1]
+
+
+def test_the_recorded_files_are_byte_deterministic(session: AuditSession) -> None:
+    for kind in KINDS:
+        path = recorded_path(session.golden_dir, kind)
+        assert dumps_recorded(kind, load_recorded(path)) == path.read_bytes(), path
+    # No timestamp in the compressed one: the same answers give the same bytes on any day.
+    assert gzip.decompress(recorded_path(session.golden_dir, CONFORMANCE).read_bytes())
+
+
+@pytest.mark.slow
+def test_each_recorded_answer_is_what_upstream_answers_now(session: AuditSession) -> None:
+    """Asked afresh (the user cache of this run, else the oracle), every answer equals the
+    recorded one, to the byte once serialised."""
+    now = recorded_answers.record(session)
+    for kind in KINDS:
+        recorded = load_recorded(recorded_path(session.golden_dir, kind))
+        assert sorted(now[kind]) == sorted(recorded), kind
+        different = [
+            key
+            for key in recorded
+            if json.dumps(now[kind][key], sort_keys=True)
+            != json.dumps(recorded[key], sort_keys=True)
+        ]
+        assert not different, f"{kind}: {len(different)} answers differ, e.g. {different[:3]}"
