@@ -15,21 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_verl_compat.conformance.plan import ConformanceCase
+from pytest_verl_compat.conformance.plan import ConformanceCase, ConformanceResult
 
-
-@dataclass(frozen=True)
-class ConformanceResult:
-    """One case's verdict: its largest errors over all samples and, on failure, why."""
-
-    case_id: str
-    component: str
-    variant: str
-    samples: int
-    max_abs_err: float
-    max_grad_abs_err: float
-    passed: bool
-    message: str
+__all__ = ["Check", "ConformanceResult", "case_result", "compare_outputs"]
 
 
 _TABLE_ROWS = 5

@@ -130,6 +130,20 @@ class ConformanceCase:
     divergence: str = ""  # the reason of a known divergence that loosened this case's tolerance
 
 
+@dataclass(frozen=True)
+class ConformanceResult:
+    """One case's verdict: its largest errors over all samples and, on failure, why."""
+
+    case_id: str
+    component: str
+    variant: str
+    samples: int
+    max_abs_err: float
+    max_grad_abs_err: float
+    passed: bool
+    message: str
+
+
 # --------------------------------------------------------------------------- tolerances
 
 

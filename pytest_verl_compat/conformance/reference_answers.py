@@ -13,7 +13,6 @@ fork, so they share them.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,11 +24,16 @@ import torch
 from pytest_verl_compat.conformance.components import SIDES
 from pytest_verl_compat.conformance.inputs import INPUTS, case_generator
 from pytest_verl_compat.conformance.plan import ConformanceCase
+from pytest_verl_compat.conformance.results import (
+    REFERENCE_KIND,
+    reference_key,
+    reference_request,
+)
 from pytest_verl_compat.conformance.run import upstream_outputs
 from pytest_verl_compat.conformance.sides import upstream_modules
-from pytest_verl_compat.pipeline.answers import CONFORMANCE, Answers, answer_key, answers
+from pytest_verl_compat.pipeline.answers import CONFORMANCE, Answers, answers
 
-KIND = "conformance"
+KIND = REFERENCE_KIND
 
 
 class Oracle(Protocol):
@@ -77,8 +81,9 @@ def decode(value: Mapping[str, Any]) -> Any:
     return value["plain"]
 
 
-def request(case: ConformanceCase) -> dict[str, Any]:
-    return {"kind": KIND, "case": dataclasses.asdict(case)}
+# The oracle's question for a case, and its key (``results``: importable without torch).
+request = reference_request
+answer_key_of = reference_key
 
 
 def answer(question: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,10 +129,6 @@ def _entry_shape(entry: Any) -> bool:
 def reference_answers(golden_dir: Path | None, *, user: bool = True) -> Answers:
     """Where upstream's side of the conformance cases is kept: the user cache, then recorded."""
     return answers(CONFORMANCE, golden_dir, checker=_entry_shape, user=user)
-
-
-def answer_key_of(case: ConformanceCase) -> str:
-    return answer_key(CONFORMANCE, request(case))
 
 
 class OracleReferences:

@@ -59,25 +59,30 @@ PLATFORM = (
     "numpy",
     "peft",
 )
-# Our modules the oracle process runs for each kind, relative to the package (folders whole).
+# Our modules the oracle process runs for each kind, relative to the folder holding the package
+# (a folder stands for every module in it).
 ORACLE_CODE: dict[str, tuple[str, ...]] = {
     CHECKS: (
-        "upstream/oracle_process.py",
-        "upstream/oracle.py",
-        "upstream/validate.py",
-        "upstream/runner.py",
-        "upstream/probes",
-        "pipeline/targets.py",
+        "pytest_verl_compat/upstream/oracle_process.py",
+        "pytest_verl_compat/upstream/oracle.py",
+        "pytest_verl_compat/upstream/validate.py",
+        "pytest_verl_compat/upstream/runner.py",
+        "pytest_verl_compat/upstream/probes",
+        "pytest_verl_compat/pipeline/targets.py",
     ),
-    COMPOSE: ("upstream/oracle_process.py", "upstream/oracle.py", "upstream/runner.py"),
+    COMPOSE: (
+        "pytest_verl_compat/upstream/oracle_process.py",
+        "pytest_verl_compat/upstream/oracle.py",
+        "pytest_verl_compat/upstream/runner.py",
+    ),
     CONFORMANCE: (
-        "upstream/oracle_process.py",
-        "conformance/reference_answers.py",
-        "conformance/components.py",
-        "conformance/inputs.py",
-        "conformance/sides.py",
-        "conformance/plan.py",
-        "conformance/run.py",
+        "pytest_verl_compat/upstream/oracle_process.py",
+        "pytest_verl_compat/conformance/reference_answers.py",
+        "pytest_verl_compat/conformance/components.py",
+        "pytest_verl_compat/conformance/inputs.py",
+        "pytest_verl_compat/conformance/sides.py",
+        "pytest_verl_compat/conformance/plan.py",
+        "pytest_verl_compat/conformance/run.py",
     ),
 }
 
@@ -102,18 +107,24 @@ def platform_versions() -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
-def oracle_code_sha256(kind: str) -> str:
-    """sha256 of the package's source files the oracle process runs for ``kind``."""
-    package = Path(__file__).resolve().parents[1]
+def code_sha256(paths: tuple[str, ...]) -> str:
+    """sha256 of the source files at ``paths`` (relative to the folder holding this package;
+    a folder stands for its ``*.py`` files, recursively)."""
+    base = Path(__file__).resolve().parents[2]
     files: list[Path] = []
-    for relative in ORACLE_CODE[kind]:
-        path = package / relative
+    for relative in paths:
+        path = base / relative
         files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
     digest = hashlib.sha256()
     for path in files:
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.relative_to(base).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def oracle_code_sha256(kind: str) -> str:
+    """sha256 of the package's source files the oracle process runs for ``kind``."""
+    return code_sha256(ORACLE_CODE[kind])
 
 
 def mapping_digest(value: Any) -> str:

@@ -26,6 +26,7 @@ from pytest_verl_compat.pipeline.hydra_internals import (
     defaults_list,
     deterministic_resolvers,
     grammar_parse_cache,
+    libyaml_config_loading,
     parse_override,
 )
 from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml, read_bytes, read_text
@@ -332,7 +333,10 @@ class Composer:
         # pytest process, may have initialised it.
         self._tree_digest()  # no Hydra read of a tree whose files were not checked (InputError)
         GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(self.config_dir), version_base=None):
+        with (
+            initialize_config_dir(config_dir=str(self.config_dir), version_base=None),
+            libyaml_config_loading(),
+        ):
             yield
 
     def _hydra_compose(self, fields: Sequence[str]) -> DictConfig:

@@ -9,6 +9,7 @@ module; every patch is a context manager that puts the original back.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,50 @@ def grammar_parse_cache() -> Iterator[None]:
         yield
     finally:
         omegaconf.base.parse = saved  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _libyaml_omegaconf_loader() -> Any:
+    """OmegaConf's own YAML loader (its duplicate-key check, its float and no-timestamp
+    resolvers) over libyaml's parser and composer, as PyYAML's CSafeLoader is SafeLoader over
+    them; None when PyYAML was built without libyaml."""
+    import yaml
+    from omegaconf import _utils
+
+    parser = getattr(yaml, "CParser", None)
+    if parser is None:
+        return None
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    pure = _utils.get_yaml_loader()
+
+    class OmegaConfLibyamlLoader(parser, pure):  # type: ignore[misc,valid-type]
+        def __init__(self, stream: Any) -> None:
+            parser.__init__(self, stream)  # type: ignore[misc]
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    return OmegaConfLibyamlLoader
+
+
+@contextlib.contextmanager
+def libyaml_config_loading() -> Iterator[None]:
+    """Let OmegaConf read config files with libyaml: the same documents (a test loads every file
+    of the pinned trees both ways), ~8x faster; Hydra reads the ~100 files of verl's tree on
+    every composition of an override-free base."""
+    from omegaconf import _utils
+
+    loader = _libyaml_omegaconf_loader()
+    if loader is None:
+        yield
+        return
+    saved = _utils.get_yaml_loader
+    _utils.get_yaml_loader = lambda: loader
+    try:
+        yield
+    finally:
+        _utils.get_yaml_loader = saved
 
 
 def apply_value_overrides(overrides: Sequence[Any], cfg: DictConfig) -> None:

@@ -276,9 +276,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in waiting:
         if isinstance(item, pytest.Function) and hasattr(item, "callspec"):
-            case = item.callspec.params.get("verl_case")
-            if case is not None:
-                state.upstream_stages.setdefault(case.id, set()).add(item.name.split("[")[0])
+            case_id = getattr(item.callspec.params.get("verl_case"), "id", None)
+            if case_id is not None:
+                state.upstream_stages.setdefault(case_id, set()).add(item.name.split("[")[0])
     # The oracle process starts at the first question no kept answer settles (``answers``): here
     # for a conformance case, else when a case composes (``AuditState.prefetch_upstream``).
     # By id from the state's own cases: a manifest without conformance cases (every one `init`
@@ -291,6 +291,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         and isinstance(item, pytest.Function)
         and item.callspec.id in cases
     ]
+    # A case whose result is kept (``conformance.results``) needs neither side computed.
+    conformance = [case for case in conformance if state.conformance_results.get(case) is None]
     references = state.conformance_references() if conformance else None
     if references is not None:
         # Under xdist each worker asks only for the cases it is given, as it meets them.

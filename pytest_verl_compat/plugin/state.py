@@ -10,6 +10,7 @@ from pytest_verl_compat.conformance.plan import (
     load_tolerances,
     upstream_missing_reason,
 )
+from pytest_verl_compat.conformance.results import ConformanceResults
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.answers import Answers
 from pytest_verl_compat.pipeline.audit import AuditSession
@@ -52,6 +53,8 @@ class AuditState:
     # The upstream stages selected for each case (``test_verdict``, ``test_trusted``): a case is
     # asked only what a selected stage will read.
     upstream_stages: dict[str, set[str]] = field(default_factory=dict)
+    # The conformance stage's results kept between runs (``conformance.results``).
+    conformance_results: ConformanceResults = field(default_factory=ConformanceResults)
 
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
