@@ -101,7 +101,7 @@ explicit = list(explicit_keys(session, case))
 t = time.perf_counter()
 import verl.trainer.main_ppo, verl.workers.engine_workers, verl.trainer.ppo.v1.trainer_base
 import_s = time.perf_counter() - t
-from pytest_verl_compat.upstream.probes import timed_phases
+from pytest_verl_compat.upstream.validate import timed_phases
 print(json.dumps([["import verl", import_s], *timed_phases(mapping, explicit)]))
 """
     done = subprocess.run(

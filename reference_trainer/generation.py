@@ -2,7 +2,7 @@
 
 `generate` samples the responses of a step (or of validation) from the rollout engine
 (`rollout.py`, a KV-cache decoder) when it covers the model, else from the HF model with its own
-cache, always with an explicit seeded generator (`_generator`). `response_logits` and
+cache, always with an explicit seeded generator (`sampling_generator`). `response_logits` and
 `response_values` are the training-side passes over a `Batch` (padding removed, see `packing`);
 `inference_logits` is the no-gradient old/reference log-prob pass, which may run on the engine.
 """
@@ -20,7 +20,7 @@ from reference_trainer.packing import pack, packing_supported, unpack
 from reference_trainer.rollout import DecoderSnapshot, KVCacheDecoder
 
 
-def _generator(*parts: int) -> torch.Generator:
+def sampling_generator(*parts: int) -> torch.Generator:
     """A generator seeded from a tuple such as (seed, step, purpose): no hidden global state."""
     seed = 0
     for part in parts:

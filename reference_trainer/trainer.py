@@ -51,7 +51,12 @@ from reference_trainer.checkpoint import (
 )
 from reference_trainer.config import ReferenceTrainerConfig
 from reference_trainer.data import Prompt, PromptSampler, fitting_prompts, load_prompts
-from reference_trainer.generation import _generator, generate, inference_logits, response_values
+from reference_trainer.generation import (
+    generate,
+    inference_logits,
+    response_values,
+    sampling_generator,
+)
 from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
 from reference_trainer.math.aggregation import agg_loss, unpadded_scale
 from reference_trainer.math.kl import apply_kl_in_reward, kl_controller
@@ -309,7 +314,7 @@ class ReferenceTrainer:
                 top_k=rollout.top_k,
                 top_p=rollout.top_p,
                 do_sample=rollout.do_sample,
-                generator=_generator(self.seed, self.step, generated),
+                generator=sampling_generator(self.seed, self.step, generated),
                 uid_prefix=f"{generated}:",
             )
             generated += 1
@@ -447,7 +452,7 @@ class ReferenceTrainer:
             top_k=rollout.val_top_k,
             top_p=rollout.val_top_p,
             do_sample=rollout.val_do_sample,
-            generator=_generator(self.seed, self.step, 10_000),
+            generator=sampling_generator(self.seed, self.step, 10_000),
         )
         self.score(batch)
         return {

@@ -70,7 +70,7 @@ def sample_rollout():
     tests that need rows finishing at different steps can choose one that gives them.
     """
     from reference_trainer.data import PROMPTS_PATH, load_prompts
-    from reference_trainer.generation import _generator, generate
+    from reference_trainer.generation import generate, sampling_generator
 
     def sample(policy, tokenizer, *, prompts, n, max_new_tokens, stream, do_sample=True, fast=True):
         return generate(
@@ -83,7 +83,7 @@ def sample_rollout():
             top_k=-1,
             top_p=1.0,
             do_sample=do_sample,
-            generator=_generator(0, stream),
+            generator=sampling_generator(0, stream),
             fast=fast,
         )
 

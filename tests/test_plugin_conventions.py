@@ -18,9 +18,9 @@ import yaml
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.plugin import NODE_PREFIX, STAGES
 from pytest_verl_compat.plugin.collect import embedded_golden_refusal
 from pytest_verl_compat.plugin.golden import UnsafeCaseId, golden_file, golden_orphans
+from pytest_verl_compat.plugin.nodes import NODE_PREFIX, STAGES
 
 STAGES_MODULE = Path(__file__).resolve().parents[1] / "pytest_verl_compat" / "plugin" / "stages.py"
 

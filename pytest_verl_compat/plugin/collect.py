@@ -15,7 +15,12 @@ import pytest
 
 import pytest_verl_compat
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.plugin import NODE_PREFIX, STAGES_PATH, audit_from_command_line, corpus_args
+from pytest_verl_compat.plugin.nodes import (
+    NODE_PREFIX,
+    STAGES_PATH,
+    audit_from_command_line,
+    corpus_args,
+)
 
 
 def add_stage_tests(config: pytest.Config) -> None:

@@ -20,7 +20,6 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.report import build_audit, field_lines, summary_lines
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-from pytest_verl_compat.plugin import NODE_PREFIX
 from pytest_verl_compat.plugin.commands import accept_command
 from pytest_verl_compat.plugin.keys import (
     KEY_GOLDEN_ORPHANS,
@@ -28,6 +27,7 @@ from pytest_verl_compat.plugin.keys import (
     is_xdist_worker,
     payload_key,
 )
+from pytest_verl_compat.plugin.nodes import NODE_PREFIX
 from pytest_verl_compat.plugin.state import AuditState
 
 

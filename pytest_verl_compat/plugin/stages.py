@@ -28,10 +28,10 @@ from pytest_verl_compat.model import (
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.compose import count_leaves
 from pytest_verl_compat.pipeline.read import PinMismatch
-from pytest_verl_compat.plugin import NODE_PREFIX
 from pytest_verl_compat.plugin.commands import accept_command, pin_command, shown_path
 from pytest_verl_compat.plugin.golden import golden_extension, golden_orphans
 from pytest_verl_compat.plugin.keys import KEY_GOLDEN_ORPHANS, audit_state_key, payload_key
+from pytest_verl_compat.plugin.nodes import NODE_PREFIX
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
 from pytest_verl_compat.plugin.state import AuditState
 from pytest_verl_compat.upstream.trusted import TrustedCompositions, first_difference

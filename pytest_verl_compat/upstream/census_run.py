@@ -20,7 +20,7 @@ from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.upstream import census
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
-from pytest_verl_compat.upstream.probes import KEY_RAN
+from pytest_verl_compat.upstream.probes.records import KEY_RAN
 
 VARIANTS_FILE = Path(__file__).with_name("census_variants.yaml")
 

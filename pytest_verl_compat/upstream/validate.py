@@ -15,14 +15,14 @@ import contextlib
 import io
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
-from pytest_verl_compat.upstream import probes
 from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
+from pytest_verl_compat.upstream.probes.phases import run_all
 
 if TYPE_CHECKING:
     pass
@@ -61,7 +61,7 @@ def _refusal(mapping: Mapping[str, Any]) -> str | None:
     return f"not sent to upstream's checks: {foreign[0]}" if foreign else None
 
 
-def _validate_config(cfg: Any) -> None:
+def validate_config_with_stand_ins(cfg: Any) -> None:
     """Upstream's validate_config on one config (inside the oracle process), with the stand-ins."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils import config as config_utils
@@ -84,7 +84,7 @@ def validate_one(mapping: Mapping[str, Any]) -> dict[str, str]:
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            _validate_config(cfg)
+            validate_config_with_stand_ins(cfg)
     except Exception as exc:
         return {"verdict": "fails", "message": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     lines = printed.getvalue().strip().splitlines()
@@ -104,10 +104,19 @@ def checks_one(
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
-    answer = probes.run_all(mapping, _validate_config, watch, [str(k) for k in explicit or []])
+    answer = run_all(
+        mapping, validate_config_with_stand_ins, watch, [str(k) for k in explicit or []]
+    )
     validate = [f for f in answer["failures"] if f[records.KEY_CHECK] == VALIDATE_CONFIG]
     return {
         "verdict": "fails" if validate else "passes",
         "message": validate[0][records.KEY_MESSAGE] if validate else "",
         **answer,
     }
+
+
+def timed_phases(mapping: Mapping[str, Any], explicit: Sequence[str]) -> list[tuple[str, float]]:
+    """Each phase's wall seconds on one mapping (verl already imported by the caller)."""
+    timings: list[tuple[str, float]] = []
+    run_all(mapping, validate_config_with_stand_ins, explicit=explicit, timings=timings)
+    return timings

@@ -28,6 +28,15 @@ from pytest_verl_compat.upstream.probes import statements, tiny_batch
 from pytest_verl_compat.upstream.probes.boundary import LibraryCheck
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
 
+# What an answer holds besides the failures: the steps that could not run on this machine, and
+# the values upstream's config dataclasses' annotations refuse.
+KEY_NOT_EVALUATED = "not_evaluated"
+KEY_TYPES = "types"
+KEY_ADMITTED = "admitted_types"  # explicit keys whose annotation admits their value
+KEY_RAN = "ran"  # the census's watched lines that ran (a census question only)
+KEY_EFFECTS = "without_effect"  # explicit keys never read, or read and overridden (``effects``)
+
+
 # JSON keys of one failure record (they travel from the oracle process to the caller's cache).
 KEY_PHASE = "phase"
 KEY_MESSAGE = "message"
