@@ -230,6 +230,60 @@ def test_github_annotations(scripts: Path, capsys: pytest.CaptureFixture[str]) -
     )
 
 
+def test_every_finding_is_located_in_sarif_and_github_whatever_its_origin(
+    tmp_path: Path,
+    upstream_checkout: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A --set finding, a file-level finding (no launcher), a script outside the working folder
+    and standard input: each SARIF result has a physicalLocation with a uri and a start line, and
+    each GitHub annotation a file and a line."""
+    monkeypatch.chdir(tmp_path)
+    official = upstream_checkout / "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
+    helper = tmp_path / "helper.sh"
+    helper.write_text("#!/bin/bash\necho preparing data\n")
+    unreadable = tmp_path / "bad.sh"
+    unreadable.write_bytes(b"python3 -m verl.trainer.main_ppo \xff\n")
+    monkeypatch.setattr("sys.stdin", _Stdin(official.read_bytes()))
+    targets = (str(official), "helper.sh", "bad.sh", "-")
+    overrides = ("--set", "actor_rollout_ref.rollout.n=1", "--set", "trainer.nnodes=abc")
+    status, out, _ = run(capsys, "check", *targets, *overrides, *SARIF)
+    log = json.loads(out)
+    assert not list(sarif_validator().iter_errors(log)), status
+    results = log["runs"][0]["results"]
+    rules = {entry["ruleId"] for entry in results}
+    assert {"launch.no-launcher", "group.one-response-grpo"} <= rules, rules
+    for entry in results:
+        (location,) = entry["locations"]
+        physical = location["physicalLocation"]
+        assert physical["artifactLocation"]["uri"] and physical["region"]["startLine"] >= 1, entry
+    command_line = [e for e in results if "set by argument" in e["message"]["text"]]
+    assert command_line, "the --set findings name their argument"
+    launcher = _line_of(official, "python3 -m verl.trainer.main_ppo")[0]
+    assert {e["locations"][0]["physicalLocation"]["region"]["startLine"] for e in command_line} <= {
+        launcher
+    }
+    (notification,) = log["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert notification["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+    monkeypatch.setattr("sys.stdin", _Stdin(official.read_bytes()))
+    _, out, _ = run(capsys, "check", *targets, *overrides, "--format", "github", NO_UPSTREAM)
+    lines = out.splitlines()
+    assert len(lines) == len(results) + 1  # and the unreadable input's error
+    for line in lines:
+        properties = line.split("::")[1].split(" ", 1)[1].split(",")
+        assert properties[0].startswith("file=") and properties[1].startswith("line="), line
+
+
+class _Stdin:
+    """Standard input holding one script (``check -``)."""
+
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self.buffer = io.BytesIO(data)
+
+
 # --- selection and suppression -------------------------------------------------------------
 
 

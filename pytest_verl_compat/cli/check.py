@@ -28,6 +28,7 @@ from typing import Any
 from pytest_verl_compat.bash import LaunchExited, LaunchReadError
 from pytest_verl_compat.cli.check_report import (
     FORMATS,
+    STDIN_LABEL,
     CheckRun,
     FileResult,
     FileStatus,
@@ -177,7 +178,7 @@ def targets(args: argparse.Namespace, session: AuditSession) -> list[Target]:
     out: list[Target] = []
     for given in args.targets:
         if given == STDIN:
-            label = args.stdin_filename or "<stdin>"
+            label = args.stdin_filename or STDIN_LABEL
             data = sys.stdin.buffer.read(MAX_SCRIPT_BYTES + 1)
             if len(data) > MAX_SCRIPT_BYTES:
                 out.append(

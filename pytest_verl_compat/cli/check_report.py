@@ -10,9 +10,12 @@ workflow annotations.
   entry that survives moving the line;
 - ``github``: ``::error file=…,line=…,col=…,title=…::message`` (``::warning``, ``::notice``).
 
-A location outside the working folder (a key's default in an installed verl's tree) cannot be
-annotated in a pull request: SARIF and GitHub annotations point at the launcher line of the
-script instead, and name the tree's file and line in the message (SARIF: ``relatedLocations``).
+Every SARIF result and every GitHub annotation has a file and a line (``_placed``): a location
+outside the working folder (a key's default in an installed verl's tree) and a ``--set`` argument
+cannot be annotated in a pull request, so they point at the launcher line of the script instead
+and name the tree's line or the argument in the message (SARIF: ``relatedLocations``); a finding
+about the whole file (no launcher) is on its first line; an unreadable input's error is on the
+line it names, else the first (SARIF: a located ``toolExecutionNotifications`` entry).
 """
 
 from __future__ import annotations
@@ -210,21 +213,48 @@ def _under(path: str, cwd: Path) -> str | None:
     return absolute.relative_to(cwd).as_posix()
 
 
-def _repo_location(finding: Finding, result: FileResult, cwd: Path) -> tuple[Location, str] | None:
-    """Where a pull request can show the finding (a file under ``cwd``) and what to add to the
-    message when that is not the finding's own location."""
-    location = finding.location
-    if location is not None and _under(location.file, cwd) is not None:
-        return location, ""
+def _placed(finding: Finding, result: FileResult, cwd: Path) -> tuple[Location, str]:
+    """Where SARIF and GitHub show the finding, and what to add to its message when that is not
+    the finding's own place. Every finding has one: its own location when it is a file under
+    ``cwd`` (what a pull request can annotate); else the launcher line of the script, naming the
+    ``--set`` argument or the tree's default it stands for; else its own location elsewhere;
+    else the first line of the checked file (a finding about the whole file)."""
+    own = finding.location
+    if own is not None and _is_file(own.file) and _under(own.file, cwd) is not None:
+        return own, ""
     note = ""
-    if location is not None and location.origin == "tree":
-        note = f" [the default is written at {location}]"
-    elif location is not None and location.origin == "set":
-        note = f" [set by argument {location.column} of the command line]"
+    if own is not None and own.origin == "tree":
+        note = f" [the default is written at {own}]"
+    elif own is not None and own.origin == "set":
+        note = f" [set by argument {own.column} of the command line]"
     launcher = result.launcher
-    if launcher is not None and _under(launcher.file, cwd) is not None:
+    if launcher is not None and _is_file(launcher.file):
         return launcher, note
-    return None
+    if own is not None and _is_file(own.file):
+        return own, ""
+    return _file_start(result), note
+
+
+# A script read from standard input without --stdin-filename: named ``-`` where a file is due.
+STDIN_LABEL = "<stdin>"
+
+
+def _is_file(path: str) -> bool:
+    return bool(path) and (path == STDIN_LABEL or not path.startswith("<"))
+
+
+def _file_start(result: FileResult) -> Location:
+    """The first line of the checked file."""
+    return Location(result.label if _is_file(result.label) else STDIN_LABEL, 1, 0, "script")
+
+
+def _error_place(result: FileResult) -> Location:
+    """Where an unreadable input's one-line error points: ``FILE:LINE:`` when it starts so."""
+    head, _, rest = result.error.partition(":")
+    line, colon, _ = rest.partition(":")
+    if head == result.label and colon and line.isdigit():
+        return Location(result.label, int(line), 0, "script")
+    return _file_start(result)
 
 
 def _region(location: Location) -> dict[str, int]:
@@ -235,10 +265,21 @@ def _region(location: Location) -> dict[str, int]:
 
 
 def _artifact(path: str, cwd: Path) -> dict[str, str]:
+    if path == STDIN_LABEL:
+        return {"uri": "-"}
     relative = _under(path, cwd)
     if relative is not None:
         return {"uri": urllib.parse.quote(relative), "uriBaseId": SRCROOT}
     return {"uri": Path(os.path.normpath(cwd / path)).as_uri()}
+
+
+def _physical(location: Location, cwd: Path) -> dict[str, Any]:
+    return {
+        "physicalLocation": {
+            "artifactLocation": _artifact(location.file, cwd),
+            "region": _region(location),
+        }
+    }
 
 
 def _fingerprint(finding: Finding, file: str) -> str:
@@ -273,24 +314,14 @@ def sarif_report(run: CheckRun) -> dict[str, Any]:
             }
             if finding.rule in run.rules:
                 entry["ruleIndex"] = ids.index(finding.rule)
-            place = _repo_location(finding, result, run.cwd)
-            note = place[1] if place is not None else ""
+            location, note = _placed(finding, result, run.cwd)
             entry["message"] = {"text": finding_message(finding) + note}
-            if place is not None:
-                location = place[0]
-                entry["locations"] = [
-                    {
-                        "physicalLocation": {
-                            "artifactLocation": _artifact(location.file, run.cwd),
-                            "region": _region(location),
-                        }
-                    }
-                ]
-                entry["partialFingerprints"] = {
-                    "verlCompatFinding/v1": _fingerprint(finding, location.file)
-                }
+            entry["locations"] = [_physical(location, run.cwd)]
+            entry["partialFingerprints"] = {
+                "verlCompatFinding/v1": _fingerprint(finding, location.file)
+            }
             own = finding.location
-            if own is not None and place is not None and own is not place[0] and own.line:
+            if own is not None and own is not location and own.line and _is_file(own.file):
                 if own.origin == "tree":
                     entry["relatedLocations"] = [
                         {
@@ -309,7 +340,11 @@ def sarif_report(run: CheckRun) -> dict[str, Any]:
             }
             results.append(entry)
     notifications = [
-        {"level": "error", "message": {"text": result.error}}
+        {
+            "level": "error",
+            "message": {"text": result.error},
+            "locations": [_physical(_error_place(result), run.cwd)],
+        }
         for result in run.results
         if result.status == "unreadable"
     ]
@@ -348,27 +383,30 @@ def _escape_property(text: str) -> str:
 
 
 def github_lines(run: CheckRun) -> list[str]:
-    """GitHub Actions workflow commands, one per finding."""
+    """GitHub Actions workflow commands, one per finding and one per unreadable input, each with
+    its file and line (a file outside the working folder is named as it is: GitHub shows it in
+    the run's log, not on the pull request)."""
     lines = []
     for result in run.results:
         for finding in result.findings:
-            command = GITHUB_COMMANDS[finding.level]
-            place = _repo_location(finding, result, run.cwd)
-            properties = []
-            note = ""
-            if place is not None:
-                location, note = place
-                properties.append(f"file={_escape_property(_under(location.file, run.cwd) or '')}")
-                properties.append(f"line={max(location.line, 1)}")
-                if location.column:
-                    properties.append(f"col={location.column}")
+            location, note = _placed(finding, result, run.cwd)
+            properties = [*_github_place(location, run.cwd)]
             properties.append(f"title={_escape_property(f'verl-compat {finding.rule}')}")
             message = _escape_data(finding_message(finding) + note)
-            lines.append(f"::{command} {','.join(properties)}::{message}")
+            lines.append(f"::{GITHUB_COMMANDS[finding.level]} {','.join(properties)}::{message}")
     for result in run.results:
         if result.status == "unreadable":
-            lines.append(f"::error title=verl-compat::{_escape_data(result.error)}")
+            place = ",".join(_github_place(_error_place(result), run.cwd))
+            lines.append(f"::error {place},title=verl-compat::{_escape_data(result.error)}")
     return lines
+
+
+def _github_place(location: Location, cwd: Path) -> list[str]:
+    file = "-" if location.file == STDIN_LABEL else _under(location.file, cwd) or location.file
+    place = [f"file={_escape_property(file)}", f"line={max(location.line, 1)}"]
+    if location.column:
+        place.append(f"col={location.column}")
+    return place
 
 
 def dumps(payload: dict[str, Any]) -> str:
