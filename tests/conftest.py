@@ -42,11 +42,29 @@ def upstream_091() -> Path:
     return path
 
 
+def run_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this test run, shared by its xdist workers (they share the parent of their
+    base folders and the run's id)."""
+    from pytest_verl_compat.plugin.keys import is_xdist_worker
+
+    base = tmp_path_factory.getbasetemp()
+    if not is_xdist_worker(request.config):
+        return base
+    run = request.config.workerinput["testrunuid"]  # type: ignore[attr-defined]
+    folder = base.parent / f"run-{run}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
-def upstream_checks_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One cache of upstream's early checks for the whole run (``check`` answers warm from it),
-    never the developer's own ``~/.cache``; the CLI subprocesses inherit it."""
-    folder = tmp_path_factory.mktemp("xdg-cache")
+def upstream_checks_cache(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """One user cache (upstream's answers, the conformance results) for the whole run, shared by
+    its xdist workers, so each answer is asked of verl once per run; never the developer's own
+    ``~/.cache``. The CLI and pytester subprocesses inherit it."""
+    folder = run_folder(request, tmp_path_factory) / "xdg-cache"
+    folder.mkdir(exist_ok=True)
     saved = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(folder)
     yield folder
@@ -177,13 +195,7 @@ def _step_oracle_root(
 ) -> Path:
     """Where this run's upstream step results live: one folder per run, shared by its xdist
     workers (they share the parent of their base folders and the run's id)."""
-    from pytest_verl_compat.plugin.keys import is_xdist_worker
-
-    base = tmp_path_factory.getbasetemp()
-    if not is_xdist_worker(request.config):
-        return base / "step-oracle"
-    run = request.config.workerinput["testrunuid"]  # type: ignore[attr-defined]
-    return base.parent / f"step-oracle-{run}"
+    return run_folder(request, tmp_path_factory) / "step-oracle"
 
 
 @pytest.fixture(scope="session", autouse=True)

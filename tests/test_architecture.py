@@ -101,25 +101,38 @@ def test_layers_import_only_downward() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("folder", [PACKAGE, TRAINER], ids=lambda p: p.name)
-def test_no_import_cycles(folder: Path) -> None:
-    modules = {**_modules(PACKAGE), **_modules(TRAINER)}
-    graph = {
-        m: {t for i in _imports(p, runtime_only=True) if (t := _known(i, modules)) and t != m}
-        for m, p in _modules(folder).items()
-    }
-    # A package's __init__ importing its own submodules is how it registers them, not a cycle.
-    for module, targets in graph.items():
-        targets -= {t for t in targets if module.startswith(t + ".") and t in graph}
+def _dependencies(path: Path, module: str, modules: dict[str, Path]) -> set[str]:
+    """The project modules whose code ``module`` uses, by every import it makes: at module
+    level, inside functions and under ``TYPE_CHECKING`` alike. ``from pkg import sub`` uses the
+    submodule ``pkg.sub``; ``from pkg import name`` uses ``pkg``'s own ``__init__``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # a relative import, from this module's package
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                named.add(full if full in modules else base)
+        elif isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+    found = {_known(name, modules) for name in named}
+    return {name for name in found if name is not None and name != module}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[list[str]] = []
 
-    def visit(node: str) -> None:  # Tarjan's strongly connected components
+    def visit(node: str) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
-        for target in graph.get(node, ()):
+        for target in sorted(graph.get(node, ())):
             if target not in graph:
                 continue
             if target not in index:
@@ -140,7 +153,45 @@ def test_no_import_cycles(folder: Path) -> None:
     for node in sorted(graph):
         if node not in index:
             visit(node)
-    assert not cycles, f"import cycles: {cycles}"
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """No circle of imports, between layers or among the modules of one package: each module can
+    be read, changed and tested with only what it imports below it."""
+    modules = {**_modules(PACKAGE), **_modules(TRAINER)}
+    graph = {m: _dependencies(p, m, modules) for m, p in modules.items()}
+    assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+
+
+def test_the_cycle_check_sees_function_level_and_type_checking_imports(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("def f():\n    from pkg import a\n")
+    (package / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n"
+    )
+    (package / "b.py").write_text("from pkg import NAME\n")
+    modules = {"pkg": package / "__init__.py", "pkg.a": package / "a.py", "pkg.b": package / "b.py"}
+    graph = {m: _dependencies(p, m, modules) for m, p in modules.items()}
+    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg"}}
+    assert _cycles(graph) == [["pkg", "pkg.a", "pkg.b"]]
+
+
+def test_private_names_stay_in_their_module() -> None:
+    """A name starting with ``_`` is its module's own: no other module of the project imports it."""
+    borrowed = []
+    for module, path in {**_modules(PACKAGE), **_modules(TRAINER)}.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                source = node.module or ""
+                if node.level or source.startswith(("pytest_verl_compat", "reference_trainer")):
+                    borrowed += [
+                        f"{module} imports {source}.{alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_") and alias.name != "__version__"
+                    ]
+    assert not borrowed, "\n".join(borrowed)
 
 
 @pytest.mark.parametrize("folder", [PACKAGE, TRAINER], ids=lambda p: p.name)
