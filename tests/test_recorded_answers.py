@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 
 import pytest
 
@@ -47,6 +48,7 @@ def test_every_question_of_the_default_audit_has_its_recorded_answer(
 
 def test_a_changed_question_is_stale(session: AuditSession, tmp_path) -> None:  # type: ignore[no-untyped-def]
     golden = tmp_path / "golden"
+    shutil.copytree(session.golden_dir, golden)
     for kind in KINDS:
         entries = load_recorded(recorded_path(session.golden_dir, kind))
         if kind == CHECKS:

@@ -181,7 +181,8 @@ class UserAnswers:
         """Keep an answer; a cache that cannot be written is only slower, never an error."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_atomic(self._path(key), json.dumps(entry, sort_keys=True))
+            # Key order kept: a resolved mapping's order is part of it (Hydra's merge order).
+            write_atomic(self._path(key), json.dumps(entry))
         except OSError:
             return
 

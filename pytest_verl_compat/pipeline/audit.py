@@ -39,6 +39,15 @@ from pytest_verl_compat.pipeline.manifest import (
     embedded_root,
     load_manifest,
 )
+from pytest_verl_compat.pipeline.memo import COMPILE as COMPILE_KIND
+from pytest_verl_compat.pipeline.memo import COMPOSITION as COMPOSITION_KIND
+from pytest_verl_compat.pipeline.memo import (
+    StageMemo,
+    composition_from_json,
+    composition_json,
+    report_from_json,
+    report_json,
+)
 from pytest_verl_compat.pipeline.model_facts import local_model_facts
 from pytest_verl_compat.pipeline.pins import (
     UpstreamError,
@@ -47,7 +56,12 @@ from pytest_verl_compat.pipeline.pins import (
     locate_upstream,
     sha256_file,
 )
-from pytest_verl_compat.pipeline.profile import default_profile, load_profile
+from pytest_verl_compat.pipeline.profile import (
+    Profile,
+    default_profile,
+    load_profile,
+    profile_sha256,
+)
 from pytest_verl_compat.pipeline.read import PinMismatch, read_case_fields
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
 from pytest_verl_compat.pipeline.safe_input import InputError, confined
@@ -98,6 +112,10 @@ class AuditSession:
     # ``check --model-config``: the actor model's facts, instead of its path's config.json.
     model_facts_override: ModelFacts | None = None
     _model_facts: dict[str, dict[str, ModelFacts]] = field(default_factory=dict)
+    # The stages' results kept between runs (``memo``), and each case's keys there.
+    memo: StageMemo = field(default_factory=StageMemo)
+    _memo_keys: dict[str, str] = field(default_factory=dict)
+    _profile_digest: str | None = None
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -188,7 +206,7 @@ class AuditSession:
         fields = ExplicitFields(
             base.fields.fields + overrides, base.fields.launch_line, base.fields.variables
         )
-        composition = self.composer().compose(fields.fields, fields.environment(case.bindings))
+        composition = self._compose(extended.id, fields, case.bindings)
         self._outcomes[extended.id] = CaseOutcome(fields, base.fields_source, composition)
         # A case composed again with other overrides is compiled again.
         self._reports.pop(extended.id, None)
@@ -235,10 +253,39 @@ class AuditSession:
                 fields, source = self.read(case), "launch"
             except StageUnavailable:
                 fields, source = self.golden_fields(case), "golden"
-        composition = self.composer().compose(fields.fields, fields.environment(case.bindings))
+        composition = self._compose(case.id, fields, case.bindings)
         result = CaseOutcome(fields, source, composition)
         self._outcomes[case.id] = result
         return result
+
+    def _compose(self, case_id: str, fields: ExplicitFields, bindings: Bindings) -> Composition:
+        """The fields composed on the tree, or the composition kept for the same tree, fields
+        and environment (``memo``)."""
+        composer = self.composer()
+        variables = dict(fields.environment(bindings))
+        key = self.memo.key(
+            COMPOSITION_KIND,
+            {
+                "tree": composer.check_tree(),
+                "config": composer.config_name,
+                "fields": list(fields.fields),
+                "variables": sorted(variables.items()),
+            },
+        )
+        self._memo_keys[case_id] = key
+        kept = self.memo.get(COMPOSITION_KIND, key)
+        if kept is not None:
+            return composition_from_json(kept)
+        composition = composer.compose(fields.fields, variables)
+        plain = composition_json(composition)
+        if plain is not None:
+            self.memo.put(COMPOSITION_KIND, key, plain)
+        return composition
+
+    def memo_key(self, case: Case) -> str | None:
+        """The key of the case's composition in the memo (None for a resolved file's case)."""
+        self.outcome(case)
+        return self._memo_keys.get(case.id)
 
     def case_for_script(self, script: str | Path, extra: Bindings | None = None) -> Case:
         """A one-off case for a launch script path, read with the manifest's bindings plus ``extra``.
@@ -289,19 +336,57 @@ class AuditSession:
         if case.id not in self._reports:
             outcome = self.outcome(case)
             composition = outcome.composition
-            self._reports[case.id] = (
-                compile_resolved(
-                    composition.mapping,
-                    case_id=case.id,
-                    profile=load_profile(self.profile_name),
-                    explicit_fields=outcome.fields.fields,
-                    model_facts=self.model_facts(case),
-                    defaults=self.composer().defaults(outcome.fields.fields),
-                )
-                if composition.composed
-                else None
-            )
+            self._reports[case.id] = self._compile(case, outcome) if composition.composed else None
         return self._reports[case.id]
+
+    def _compile(self, case: Case, outcome: CaseOutcome) -> CompileReport:
+        """The report of a composed case, or the one kept for the same composition, profile and
+        model facts (``memo``)."""
+        facts = self.model_facts(case)
+        composed = self._memo_keys.get(case.id)
+        key = None
+        if composed is not None:
+            key = self.memo.key(
+                COMPILE_KIND,
+                {
+                    "composition": composed,
+                    "case": case.id,
+                    "profile": self._profile_sha256(),
+                    "model_facts": {
+                        role: dataclasses.asdict(fact) for role, fact in sorted(facts.items())
+                    },
+                },
+            )
+            self._memo_keys[f"{case.id}\0compile"] = key
+            kept = self.memo.get(COMPILE_KIND, key)
+            if kept is not None:
+                return report_from_json(kept)
+        report = compile_resolved(
+            outcome.composition.mapping,
+            case_id=case.id,
+            profile=self._profile(),
+            explicit_fields=outcome.fields.fields,
+            model_facts=facts,
+            defaults=self.composer().defaults(outcome.fields.fields),
+        )
+        plain = report_json(report) if key is not None else None
+        if key is not None and plain is not None:
+            self.memo.put(COMPILE_KIND, key, plain)
+        return report
+
+    def compile_key(self, case: Case) -> str | None:
+        """The key of the case's compile report in the memo, once compiled (None: not kept)."""
+        self.compile(case)
+        return self._memo_keys.get(f"{case.id}\0compile")
+
+    def _profile(self) -> Profile:
+        return load_profile(self.profile_name)
+
+    def _profile_sha256(self) -> str:
+        """The profile file's sha256, without parsing it (a kept report needs no profile)."""
+        if self._profile_digest is None:
+            self._profile_digest = profile_sha256(self.profile_name)
+        return self._profile_digest
 
     def audit_entry(self, case: Case) -> dict[str, Any]:
         """The case's entry of the audit JSON: machine-independent, so it can be a golden file."""

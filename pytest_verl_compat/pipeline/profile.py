@@ -6,6 +6,7 @@ version a profile describes comes from the file, never from code.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.model import RULE_CLASSES, LeafClass
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file
+from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_bytes
 
 # The profile the embedded corpus is compiled with when its manifest names none.
 DEFAULT_PROFILE_FILE = "profiles/default.txt"
@@ -46,6 +47,7 @@ class Profile:
     tree_sha256: str
     rules: tuple[Rule, ...]
     path: str
+    sha256: str = ""  # of the profile file's bytes
     _memo: dict[str, Rule | None] = field(default_factory=dict, compare=False, repr=False)
 
     def rule_for(self, dotted: str) -> Rule | None:
@@ -75,16 +77,23 @@ def profile_path(name: str) -> Path:
     return Path(str(resources.files("pytest_verl_compat") / "profiles" / f"{name}.yaml"))
 
 
+def _profile_file(name_or_path: str | None) -> Path:
+    name_or_path = name_or_path or default_profile()
+    # Profile names contain dots (verl-0.9.0-...), so only a YAML suffix means a path.
+    if name_or_path.endswith((".yaml", ".yml")):
+        return Path(name_or_path)
+    return profile_path(name_or_path)
+
+
+def profile_sha256(name_or_path: str | None = None) -> str:
+    """The sha256 of a profile's file (what ``Profile.sha256`` holds once it is loaded)."""
+    return hashlib.sha256(read_bytes(_profile_file(name_or_path), what="profile")).hexdigest()
+
+
 @lru_cache(maxsize=8)
 def load_profile(name_or_path: str | None = None) -> Profile:
     """A profile by name (shipped in the package) or by path to its YAML file."""
-    name_or_path = name_or_path or default_profile()
-    # Profile names contain dots (verl-0.9.0-...), so only a YAML suffix means a path.
-    path = (
-        Path(name_or_path)
-        if name_or_path.endswith((".yaml", ".yml"))
-        else profile_path(name_or_path)
-    )
+    path = _profile_file(name_or_path)
     raw = load_yaml_file(path, what="profile")  # InputError (a ValueError) names the file
     if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
         raise InputError(f"{path}: expected a mapping with a 'rules' list")
@@ -120,6 +129,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
             tree_sha256=raw["upstream"]["tree_sha256"],
             rules=tuple(rules),
             path=str(path),
+            sha256=hashlib.sha256(read_bytes(path, what="profile")).hexdigest(),
         )
     except (KeyError, TypeError, AttributeError, re.error) as exc:
         missing = f"no {exc}" if isinstance(exc, KeyError) else str(exc)

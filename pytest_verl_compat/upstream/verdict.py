@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import WRONG_TYPE
-from pytest_verl_compat.model import Case, Finding
+from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
+from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
 from pytest_verl_compat.upstream.early import (
     AnswerStore,
     EarlyAnswer,
@@ -70,6 +71,27 @@ class CaseCheck:
             "findings": [finding.to_json() for finding in self.findings],
             "upstream_skipped": self.upstream_skipped,
         }
+
+    def memo_json(self) -> dict[str, Any]:
+        """Everything, as the memo keeps it (``from_json`` gives it back)."""
+        return {
+            **dataclasses.asdict(self),
+            "findings": [finding_json(f) for f in self.findings],
+            "said_by_upstream": [finding_json(f) for f in self.said_by_upstream],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> CaseCheck:
+        return cls(
+            tuple(finding_from_json(f) for f in raw["findings"]),
+            raw["valid"],
+            raw["runnable"],
+            raw["not_runnable"],
+            raw["upstream_skipped"],
+            raw["composed"],
+            tuple(raw["problems"]),
+            tuple(finding_from_json(f) for f in raw["said_by_upstream"]),
+        )
 
 
 def live_asker(
@@ -145,12 +167,33 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         reason = session.outcome(case).composition.reason
         finding = Finding("error", COMPOSITION, reason, check=COMPOSE)
         return CaseCheck((finding,), False, False, reason, composed=False)
+    answer = (
+        ask(session.outcome(case).composition.mapping, explicit_keys(session, case))
+        if ask is not None
+        else None
+    )
+    compiled = session.compile_key(case)
+    key = None
+    if compiled is not None:
+        asked = answer if answer is None or isinstance(answer, str) else answer.to_json()
+        key = session.memo.key(VERDICT, {"compile": compiled, "answer": asked})
+        kept = session.memo.get(VERDICT, key)
+        if kept is not None:
+            return CaseCheck.from_json(kept)
+    verdict = _verdict(session, case, report, answer)
+    if key is not None:
+        session.memo.put(VERDICT, key, verdict.memo_json())
+    return verdict
+
+
+def _verdict(
+    session: AuditSession, case: Case, report: CompileReport, answer: EarlyAnswer | str | None
+) -> CaseCheck:
     findings = list(report.findings)
     upstream: list[Finding] = []
     covered: list[Finding] = []
     skipped = ""
-    if ask is not None:
-        answer = ask(session.outcome(case).composition.mapping, explicit_keys(session, case))
+    if answer is not None:
         if isinstance(answer, str):
             skipped = answer
         else:
