@@ -8,6 +8,8 @@ the case's tolerance. Case ids read `<component>.<variant>[<family>-<dtype>]`.
 Modules, each importing only the ones before it:
 - `plan`: the cases, their ids and tolerances (`corpus/conformance.yaml`), and the advantage
   estimators' table `ESTIMATORS`; imports neither torch nor verl, so collection stays cheap.
+- `sft`: verl's SFT loss (`sft_loss`) against ours, in its no-padding (nested, remove-padding)
+  and padded layouts and over micro-batches on several ranks: inputs and both sides.
 - `inputs`: each component's seeded inputs (ragged and multi-turn masks, group ids, ...).
 - `components`: our side and upstream's side of each component, and our namespace.
 - `compare`: the comparator and its failure messages.
