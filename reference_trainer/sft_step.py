@@ -59,6 +59,12 @@ def micro_batches(
     if max_token_len is None:
         size = micro_batch_size or len(rows)
         return [rows[i : i + size] for i in range(0, len(rows), size)]
+    if max(lengths) > max_token_len:
+        # verl asserts the same (verl/utils/seqlen_balancing.py:384-386).
+        raise ValueError(
+            f"data.max_token_len_per_gpu={max_token_len} is shorter than a sequence of "
+            f"{max(lengths)} tokens"
+        )
     count = max(1, -(-sum(lengths) // max_token_len))
     groups: list[list[int]] = [[] for _ in range(min(count, len(rows)))]
     fill = [0] * len(groups)
