@@ -174,7 +174,7 @@ def run_sft_upstream(
     (folder / "out").mkdir(parents=True, exist_ok=True)
     adapters = {a["adapter"]: a for c in plan.cases if (a := _adapter(c.config)) is not None}
     prepare_models(folder / "models", [adapters[k] for k in sorted(adapters)])
-    requests = []
+    requests: list[dict[str, Any]] = []
     for case in plan.cases:
         adapter = _adapter(case.config)
         for variant in plan.variants.values():

@@ -52,7 +52,8 @@ def _compose(model_dir: str, request: dict[str, Any]) -> Any:
 def _worker(config: Any, total_steps: int) -> Any:
     """sft_trainer.SFTTrainer._build_config, _build_engine and _init_engine (:138-198)."""
     from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+    from verl.workers.config import TrainingWorkerConfig
+    from verl.workers.engine_workers import TrainingWorker
     from verl.workers.utils.losses import sft_loss
 
     optimizer_config = omega_conf_to_dataclass(config.optim)
@@ -65,7 +66,8 @@ def _worker(config: Any, total_steps: int) -> Any:
             checkpoint_config=omega_conf_to_dataclass(config.checkpoint),
         )
     )
-    worker.set_loss_fn(loss_fn=functools.partial(sft_loss, config=None))
+    # verl's trainer passes no config (sft_trainer.py:163); sft_loss never reads it.
+    worker.set_loss_fn(loss_fn=functools.partial(sft_loss, config=None))  # type: ignore[arg-type]
     optimizer_config.total_training_steps = total_steps
     worker.reset()
     return worker
