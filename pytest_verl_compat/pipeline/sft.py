@@ -26,8 +26,10 @@ from pytest_verl_compat.model import (
 from pytest_verl_compat.pipeline.compile import classify, rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.lower import NotAccepted
+from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import Profile, load_profile
+from pytest_verl_compat.pipeline.safe_input import load_yaml_file
 from reference_trainer.config import (
     ModelConfig,
     OptimConfig,
@@ -46,6 +48,28 @@ def default_sft_profile() -> str:
     return (
         resources.files("pytest_verl_compat").joinpath(DEFAULT_SFT_PROFILE_FILE).read_text().strip()
     )
+
+
+def sft_cases_path() -> Path:
+    """The SFT cases: `corpus/sft_step.yaml` (the SFT step oracle trains them too)."""
+    return embedded_root() / "corpus" / "sft_step.yaml"
+
+
+def sft_case_overrides(path: Path | None = None) -> dict[str, list[str]]:
+    """Each SFT case's id and its Hydra overrides of `sft_trainer_engine`, in file order."""
+    path = path or sft_cases_path()
+    raw = load_yaml_file(path, what="SFT case file")
+    cases = raw.get("cases") if isinstance(raw, dict) else None
+    if not isinstance(cases, list):
+        raise ValueError(f"{path}: expected a mapping with a 'cases' list")
+    found: dict[str, list[str]] = {}
+    for entry in cases:
+        if not isinstance(entry, dict) or not isinstance(entry.get("overrides"), list):
+            raise ValueError(f"{path}: every case needs an id and an overrides list")
+        if entry["id"] in found:
+            raise ValueError(f"{path}: duplicate SFT case id {entry['id']!r}")
+        found[str(entry["id"])] = [str(line) for line in entry["overrides"]]
+    return found
 
 
 def sft_composer(config_dir: Path | None = None) -> Composer:

@@ -29,8 +29,7 @@ import yaml
 
 from pytest_verl_compat.conformance.step.compare import QuantityResult, summarise
 from pytest_verl_compat.conformance.step.plan import StepTolerance
-from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.sft import lower_sft
+from pytest_verl_compat.pipeline.sft import lower_sft, sft_case_overrides, sft_cases_path
 from reference_trainer.config import SFTConfig
 
 SFT_UPSTREAM_MODULE = "pytest_verl_compat.conformance.step.sft_upstream"
@@ -76,13 +75,9 @@ class SFTStepPlan:
     cases: tuple[SFTStepCase, ...]
 
 
-def sft_step_plan_path() -> Path:
-    return embedded_root() / "corpus" / "sft_step.yaml"
-
-
 def load_sft_step_plan(path: Path | None = None) -> SFTStepPlan:
     """The plan with every case lowered through the compile gate (`NotAccepted` otherwise)."""
-    path = path or sft_step_plan_path()
+    path = path or sft_cases_path()
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     variants = {
         name: SFTVariant(name, str(v["optimizer"]), float(v["lr"]), v.get("eps"))
@@ -95,13 +90,13 @@ def load_sft_step_plan(path: Path | None = None) -> SFTStepPlan:
     for name, per in tolerances.items():
         if set(per) != set(QUANTITIES) or name not in variants:
             raise ValueError(f"{path}: tolerances.{name} needs a variant and exactly {QUANTITIES}")
+    why = {entry["id"]: entry["why"] for entry in raw["cases"]}
     cases = []
-    for entry in raw["cases"]:
-        _, config = lower_sft(entry["overrides"], case_id=entry["id"])
-        cases.append(SFTStepCase(entry["id"], tuple(entry["overrides"]), entry["why"], config))
-    ids = [case.id for case in cases]
-    if len(ids) != len(set(ids)) or not ids:
-        raise ValueError(f"{path}: case ids must be unique and at least one: {ids}")
+    for case_id, overrides in sft_case_overrides(path).items():
+        _, config = lower_sft(overrides, case_id=case_id)
+        cases.append(SFTStepCase(case_id, tuple(overrides), why[case_id], config))
+    if not cases:
+        raise ValueError(f"{path}: no SFT case")
     data = raw["conversations"]
     return SFTStepPlan(
         variants, tolerances, int(data["first_row"]), int(data["two_turn_every"]), tuple(cases)
