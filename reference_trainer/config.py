@@ -293,8 +293,10 @@ class SFTLoopConfig:
     total_epochs: int = 1
     total_training_steps: int | None = None
     """Overrides ``len(batches) * total_epochs`` when set (verl/trainer/sft_trainer.py:181-185)."""
-    save_freq: int = -1
-    test_freq: int = -1
+    save_freq: int | str = -1
+    """Steps between checkpoints; ``after_each_epoch`` is the batches of an epoch (:190-192)."""
+    test_freq: int | str = -1
+    """Steps between validations; ``after_each_epoch`` as ``save_freq`` (:194-196)."""
     project_name: str = "gsm8k-sft"
     experiment_name: str = "test"
     logger: tuple[str, ...] = ("console",)

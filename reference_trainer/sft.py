@@ -157,6 +157,11 @@ class SFTTrainer:
             self.policy, self.cfg.optimizer, self.cfg.optim, self.total_steps
         )
         self.step = 0
+        # verl's "after_each_epoch" is the batches of one epoch (sft_trainer.py:190-196).
+        per_epoch = self.sampler.batches_per_epoch
+        loop = self.cfg.trainer
+        self.save_freq = per_epoch if loop.save_freq == "after_each_epoch" else int(loop.save_freq)
+        self.test_freq = per_epoch if loop.test_freq == "after_each_epoch" else int(loop.test_freq)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -189,7 +194,6 @@ class SFTTrainer:
             self.out / "adaptations.json",
             json.dumps({"case": self.cfg.case_id, "adaptations": ledger}, indent=1, default=str),
         )
-        loop = self.cfg.trainer
         last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
         while self.step < last:
             started = time.perf_counter()
@@ -210,12 +214,12 @@ class SFTTrainer:
             # verl validates at every test_freq-th step and at the last (sft_trainer.py:411-416).
             if self.val_set and (
                 self.step == self.total_steps
-                or (loop.test_freq > 0 and self.step % loop.test_freq == 0)
+                or (self.test_freq > 0 and self.step % self.test_freq == 0)
             ):
                 metrics["val/loss"] = self.validate()
             history.append(append_row(self.out / "metrics.jsonl", {"step": self.step, **metrics}))
             tracking.log(metrics, self.step)
-            if (loop.save_freq > 0 and self.step % loop.save_freq == 0) or self.step == last:
+            if (self.save_freq > 0 and self.step % self.save_freq == 0) or self.step == last:
                 self.save()
             if self.progress:
                 print(f"{self.cfg.case_id} step {self.step}: loss {metrics['train/loss']:.4f}")

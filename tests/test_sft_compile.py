@@ -92,3 +92,12 @@ def test_the_compile_gate_refuses(composer: Composer, fields: list[str], reason:
     assert not report.accepted and reason in report.reason, report.reason
     with pytest.raises(NotAccepted, match="rejected by profile"):
         sft_config(composition.mapping, report)
+
+
+def test_after_each_epoch_frequencies_lower_as_verl_reads_them(composer: Composer) -> None:
+    _, cfg = lower_sft(
+        ["trainer.test_freq=after_each_epoch", "trainer.save_freq=after_each_epoch"],
+        case_id="sft-epochs",
+        composer=composer,
+    )
+    assert (cfg.trainer.save_freq, cfg.trainer.test_freq) == ("after_each_epoch",) * 2

@@ -41,6 +41,8 @@ from reference_trainer.config import (
 SFT_CONFIG_NAME = "sft_trainer_engine"
 SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
 DEFAULT_SFT_PROFILE_FILE = "profiles/default_sft.txt"
+# The frequency verl's SFT trainer reads as "the batches of one epoch".
+EPOCH_FREQUENCY = "after_each_epoch"
 
 
 def default_sft_profile() -> str:
@@ -222,8 +224,8 @@ def sft_config(resolved: Mapping[str, Any], report: CompileReport) -> SFTConfig:
         trainer=SFTLoopConfig(
             total_epochs=int(trainer["total_epochs"]),
             total_training_steps=trainer["total_training_steps"],
-            save_freq=int(trainer["save_freq"]),
-            test_freq=int(trainer["test_freq"]),
+            save_freq=_frequency(trainer["save_freq"]),
+            test_freq=_frequency(trainer["test_freq"]),
             project_name=str(trainer["project_name"]),
             experiment_name=str(trainer["experiment_name"]),
             logger=(str(logger),) if isinstance(logger, str) else tuple(map(str, logger or ())),
@@ -234,6 +236,11 @@ def sft_config(resolved: Mapping[str, Any], report: CompileReport) -> SFTConfig:
         lowered=dict(report.lowered),
         lowered_values={leaf.path: leaf.value for leaf in report.leaves if leaf.klass == "lowered"},
     )
+
+
+def _frequency(value: Any) -> int | str:
+    """A step count, or verl's ``after_each_epoch`` (verl/trainer/sft_trainer.py:190-196)."""
+    return value if value == EPOCH_FREQUENCY else int(value)
 
 
 def lower_sft(
