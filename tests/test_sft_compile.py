@@ -101,3 +101,9 @@ def test_after_each_epoch_frequencies_lower_as_verl_reads_them(composer: Compose
         composer=composer,
     )
     assert (cfg.trainer.save_freq, cfg.trainer.test_freq) == ("after_each_epoch",) * 2
+
+
+def test_a_deprecated_warmup_style_still_picks_the_schedule(composer: Composer) -> None:
+    """verl's VLM SFT script sets optim.warmup_style=cosine; FSDPOptimizerConfig copies it."""
+    _, cfg = lower_sft(["optim.warmup_style=cosine"], case_id="sft-style", composer=composer)
+    assert cfg.optim.lr_scheduler_type == "cosine"

@@ -215,7 +215,9 @@ def sft_config(resolved: Mapping[str, Any], report: CompileReport) -> SFTConfig:
             grad_clip=float(optim["clip_grad"]),
             lr_warmup_steps=int(optim["lr_warmup_steps"]),
             lr_warmup_steps_ratio=float(optim["lr_warmup_steps_ratio"]),
-            lr_scheduler_type=str(optim["lr_scheduler_type"]),
+            # A deprecated warmup_style, when set, replaces lr_scheduler_type
+            # (verl/workers/config/optimizer.py:117-122).
+            lr_scheduler_type=str(optim["warmup_style"] or optim["lr_scheduler_type"]),
             # None is 0 in the cosine schedule (verl/utils/torch_functional.py:748).
             min_lr_ratio=float(optim["min_lr_ratio"] or 0.0),
             num_cycles=float(optim["num_cycles"]),
