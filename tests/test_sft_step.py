@@ -39,13 +39,18 @@ def plan() -> SFTStepPlan:
 
 @pytest.fixture(scope="module")
 def sft_oracle(
-    plan: SFTStepPlan, tmp_path_factory: pytest.TempPathFactory
+    plan: SFTStepPlan, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[dict[str, Any], Path]]:
     """Upstream's steps of every SFT case and variant, and the models both sides start from."""
+    from pytest_verl_compat.plugin.keys import is_xdist_worker
     from pytest_verl_compat.upstream.runner import run_module
 
-    # Shared by every xdist worker of the session: their base temps have one parent.
-    root = tmp_path_factory.getbasetemp().parent / "sft-step-oracle"
+    # One folder per run, shared by its xdist workers: they share the parent of their base
+    # folders and the run's id (as tests/conftest.py's RL step oracle).
+    root = tmp_path_factory.getbasetemp() / "sft-step-oracle"
+    if is_xdist_worker(request.config):
+        run = request.config.workerinput["testrunuid"]  # type: ignore[attr-defined]
+        root = tmp_path_factory.getbasetemp().parent / f"sft-step-oracle-{run}"
     with FileLock(str(root) + ".lock"):
         if not (root / "done").exists():
             run_sft_upstream(plan, run_module, root)
