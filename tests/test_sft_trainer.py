@@ -150,3 +150,14 @@ def test_cli_trains_an_sft_case_and_refuses_what_the_profile_rejects(
     assert "data.pad_mode='right' is not supported" in capsys.readouterr().err
     assert verl_compat(["train", "sft/nope"]) == 2
     assert "unknown SFT case 'sft/nope'" in capsys.readouterr().err
+
+
+def test_the_sft_loss_has_verls_one_aggregation() -> None:
+    """verl's sft_loss is a global token mean whatever the config (losses.py:49 and :52)."""
+    from reference_trainer.math.registry import UnknownNameError
+    from reference_trainer.math.sft import sft_loss
+
+    log_prob, mask = torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[0, 1, 1]])
+    assert float(sft_loss(log_prob, mask, dp_size=2, batch_num_tokens=4)) == 2.5
+    with pytest.raises(UnknownNameError, match="valid names: token-mean"):
+        sft_loss(log_prob, mask, loss_agg_mode="seq-mean-token-mean")
