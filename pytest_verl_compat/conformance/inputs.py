@@ -22,7 +22,7 @@ from pytest_verl_compat.conformance.plan import (
     ESTIMATORS,
     ConformanceCase,
 )
-from pytest_verl_compat.conformance.sft import sft_inputs
+from pytest_verl_compat.conformance.sft_inputs import sft_inputs
 
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 

@@ -28,78 +28,14 @@ from typing import Any
 
 import torch
 
-from pytest_verl_compat.conformance.plan import SFT_DP_SIZES, SFT_LAYOUTS, ConformanceCase
-
-# Each data-parallel size's ranks, each rank's rows in micro-batches of uneven sizes.
-RANK_SPLITS: dict[int, tuple[tuple[tuple[int, ...], ...], ...]] = {
-    1: (((0, 1, 2), (3,), (4, 5, 6, 7)),),
-    2: (((0, 1, 2), (3,)), ((4, 5), (6, 7))),
-    4: (((0,), (1,)), ((2, 3),), ((4,), (5,)), ((6, 7),)),
-}
-assert tuple(RANK_SPLITS) == SFT_DP_SIZES
-ROWS = 8
-
-
-def _layout(family: str) -> str:
-    return next(layout for layout in SFT_LAYOUTS if family.startswith(layout + "-"))
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def sft_inputs(case: ConformanceCase, g: torch.Generator) -> dict[str, Any]:
-    """Rows of prompt then response tokens: lengths, the loss mask over each whole sequence (0 on
-    the prompt, 1 on trained response tokens), the log-probs of every position (zero past a
-    row's end, as the engine's padding) and the normalisers of the family's scenario."""
-    dtype = getattr(torch, case.dtype)
-    scenario = case.family.rsplit("-", 1)[-1]
-    prompts = torch.randint(1, 5, (ROWS,), generator=g)
-    responses = torch.randint(1, 9, (ROWS,), generator=g)
-    responses[0] = 8  # a row reaching the padded width
-    lengths = prompts + responses
-    width = int(lengths.max())
-    positions = torch.arange(width).unsqueeze(0)
-    inside = positions < lengths.unsqueeze(1)
-    loss_mask = (inside & (positions >= prompts.unsqueeze(1))).long()
-    if scenario == "multiturn":
-        for row in range(ROWS):
-            start, end = int(prompts[row]), int(lengths[row])
-            if end - start >= 4:  # a user turn inside the response, left untrained
-                cut = int(torch.randint(start + 1, end - 2, (), generator=g))
-                loss_mask[row, cut : cut + 2] = 0
-        loss_mask[ROWS - 1] = 0  # a row with no trained token (a turn truncated away)
-    log_prob = -(torch.rand((ROWS, width), generator=g, dtype=torch.float64) * 4).to(dtype)
-    log_prob = torch.where(inside, log_prob, torch.zeros((), dtype=dtype))
-    tokens = int(loss_mask.sum())
-    global_ = scenario == "global"
-    dp_size, extra = (2, int(torch.randint(1, 40, (), generator=g))) if global_ else (1, 0)
-    return {
-        "prompts": prompts,
-        "lengths": lengths,
-        "loss_mask": loss_mask,
-        "log_prob": log_prob,
-        "dp_size": dp_size,
-        "batch_num_tokens": tokens + extra,
-    }
-
-
-def _response_view(x: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The padded branch's inputs: per row, the log-probs predicting the response tokens and
-    the response mask, left-aligned to the longest response; and each entry's place in the
-    whole-sequence layout (row, position) for mapping gradients back."""
-    prompts, lengths = x["prompts"], x["lengths"]
-    width = int((lengths - prompts).max())
-    log_prob = torch.zeros((ROWS, width), dtype=x["log_prob"].dtype)
-    mask = torch.zeros((ROWS, width), dtype=torch.long)
-    where = torch.full((ROWS, width), -1, dtype=torch.long)
-    for row in range(ROWS):
-        p, r = int(prompts[row]), int(lengths[row] - prompts[row])
-        # Response token t (sequence position p + t) is predicted at position p + t - 1.
-        log_prob[row, :r] = x["log_prob"][row, p - 1 : p + r - 1]
-        mask[row, :r] = x["loss_mask"][row, p : p + r]
-        where[row, :r] = torch.arange(p - 1, p + r - 1)
-    return log_prob, mask, where
-
+from pytest_verl_compat.conformance.plan import ConformanceCase
+from pytest_verl_compat.conformance.sft_inputs import (
+    RANK_SPLITS,
+    ROWS,
+    response_view,
+    sft_layout,
+)
+from pytest_verl_compat.conformance.sides import upstream_modules
 
 # --------------------------------------------------------------------------- upstream
 
@@ -108,8 +44,6 @@ def _upstream_call(
     x: Mapping[str, Any], rows: Sequence[int], layout: str, dp_size: int, tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's sft_loss on `rows`: (loss, gradient w.r.t. the whole-sequence log-probs)."""
-    from pytest_verl_compat.conformance.sides import upstream_modules
-
     up = upstream_modules()
     index = torch.tensor(list(rows))
     lengths = [int(n) for n in x["lengths"][index]]
@@ -117,7 +51,7 @@ def _upstream_call(
     grad = torch.zeros_like(padded)
     normalisers = {"dp_size": dp_size, "batch_num_tokens": tokens}
     if layout == "padded":
-        view, mask, where = _response_view(x)
+        view, mask, where = response_view(x)
         leaf = view[index].detach().requires_grad_(True)
         data = up.TensorDict({"response_mask": mask[index]}, batch_size=[len(rows)])
         up.tu.assign_non_tensor(data, pad_mode="left_right", **normalisers)
@@ -161,7 +95,7 @@ def sft_upstream(case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]
         loss, grad = _upstream_call(x, range(ROWS), "nested", 1, tokens)
     else:
         loss, grad = _upstream_call(
-            x, range(ROWS), _layout(case.family), x["dp_size"], x["batch_num_tokens"]
+            x, range(ROWS), sft_layout(case.family), x["dp_size"], x["batch_num_tokens"]
         )
     return {"loss": loss, "grad/log_prob": grad}
 
@@ -179,7 +113,7 @@ def _ours_call(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     index = torch.tensor(list(rows))
     if layout == "padded":
-        view, mask, where = _response_view(x)
+        view, mask, where = response_view(x)
         leaf = view[index].detach().requires_grad_(True)
         loss = ns["sft_loss"](leaf, mask[index], dp_size=dp_size, batch_num_tokens=tokens)
         (leaf_grad,) = torch.autograd.grad(loss, (leaf,))
@@ -197,7 +131,7 @@ def _ours_call(
 def sft_ours(case: ConformanceCase, x: dict[str, Any], ns: Mapping[str, Any]) -> dict[str, Any]:
     if not case.family.startswith("microbatch-"):
         loss, grad = _ours_call(
-            ns, x, range(ROWS), _layout(case.family), x["dp_size"], x["batch_num_tokens"]
+            ns, x, range(ROWS), sft_layout(case.family), x["dp_size"], x["batch_num_tokens"]
         )
         return {"loss": loss, "grad/log_prob": grad}
     ranks = RANK_SPLITS[int(case.family.removeprefix("microbatch-dp"))]
