@@ -262,3 +262,86 @@ class ReferenceTrainerConfig:
             lowered=dict(data.get("lowered", {})),
             lowered_values=dict(data.get("lowered_values", {})),
         )
+
+
+# --------------------------------------------------------------------------- supervised fine-tuning
+
+
+@dataclass(frozen=True)
+class SFTDataConfig:
+    """Conversations and batches (``data.*`` of verl's ``sft_trainer_engine``)."""
+
+    train_batch_size: int
+    """Sequences per optimizer step, every rank together (``data.train_batch_size``)."""
+    micro_batch_size: int | None = None
+    """Sequences per gradient-accumulation micro-batch (``data.micro_batch_size_per_gpu``, when
+    ``use_dynamic_bsz`` is off); ``None`` with a token budget."""
+    max_token_len: int | None = None
+    """Tokens per micro-batch (``data.max_token_len_per_gpu``, when ``use_dynamic_bsz`` is on)."""
+    max_length: int = 1024
+    """Tokens per sequence (``data.max_length``)."""
+    truncation: str = "error"
+    """``error`` refuses a longer sequence, ``right`` keeps its first ``max_length`` tokens."""
+    pad_mode: str = "no_padding"
+    """The batch layout verl's FSDP engine runs (``data.pad_mode``)."""
+
+
+@dataclass(frozen=True)
+class SFTLoopConfig:
+    """The loop (``trainer.*`` of ``sft_trainer_engine``)."""
+
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    """Overrides ``len(batches) * total_epochs`` when set (verl/trainer/sft_trainer.py:181-185)."""
+    save_freq: int | str = -1
+    """Steps between checkpoints; ``after_each_epoch`` is the batches of an epoch (:190-192)."""
+    test_freq: int | str = -1
+    """Steps between validations; ``after_each_epoch`` as ``save_freq`` (:194-196)."""
+    project_name: str = "gsm8k-sft"
+    experiment_name: str = "test"
+    logger: tuple[str, ...] = ("console",)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Everything the reference trainer's SFT loop needs for one accepted SFT case."""
+
+    case_id: str
+    profile: str
+    data: SFTDataConfig
+    model: ModelConfig
+    optim: OptimConfig
+    trainer: SFTLoopConfig
+    optimizer: str = "AdamW"
+    """``optim.optimizer``: torch.optim's ``AdamW`` or ``SGD`` (betas only for AdamW)."""
+    use_remove_padding: bool = True
+    """``model.use_remove_padding``: the training pass packs the batch's real tokens."""
+    bindings: tuple[str, ...] = ()
+    lowered: dict[str, str] = field(default_factory=dict)
+    lowered_values: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SFTConfig:
+        """Inverse of ``to_dict`` (lists back to tuples for the tuple-typed fields)."""
+        model = dict(data["model"])
+        for key in ("target_modules", "exclude_modules"):
+            if isinstance(model.get(key), list):
+                model[key] = tuple(model[key])
+        return cls(
+            case_id=data["case_id"],
+            profile=data["profile"],
+            data=SFTDataConfig(**data["data"]),
+            model=ModelConfig(**model),
+            optim=OptimConfig(**{**data["optim"], "betas": tuple(data["optim"]["betas"])}),
+            trainer=SFTLoopConfig(
+                **{**data["trainer"], "logger": tuple(data["trainer"].get("logger", ()))}
+            ),
+            optimizer=data["optimizer"],
+            use_remove_padding=data["use_remove_padding"],
+            bindings=tuple(data.get("bindings", ())),
+            lowered=dict(data.get("lowered", {})),
+            lowered_values=dict(data.get("lowered_values", {})),
+        )

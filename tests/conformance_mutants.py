@@ -290,6 +290,33 @@ def _shift_right(mask: torch.Tensor) -> torch.Tensor:
     return shifted
 
 
+def _sft_last_token_dropped(ns: Namespace) -> dict[str, Any]:
+    """The last trained token of each row not trained (the EOS never learned, nanochat #810)."""
+    original = ns["next_token_loss_mask"]
+
+    def next_token_loss_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+        shifted = original(loss_mask).clone()
+        for row in shifted:
+            trained = row.nonzero()
+            if len(trained):
+                row[trained[-1]] = 0
+        return shifted
+
+    return {"next_token_loss_mask": next_token_loss_mask}
+
+
+def _sft_sequence_mean(ns: Namespace) -> dict[str, Any]:
+    """Each sequence's token mean, then the mean over sequences (verl's SFT is a token mean)."""
+
+    def sft_loss(log_prob: torch.Tensor, loss_mask: torch.Tensor, **norms: Any) -> torch.Tensor:
+        mask = loss_mask.to(log_prob.dtype)
+        per_row = (log_prob * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+        live = (mask.sum(-1) > 0).sum()
+        return -per_row.sum() * norms.get("dp_size", 1) / live
+
+    return {"sft_loss": sft_loss}
+
+
 MUTATIONS: list[Mutation] = [
     Mutation(
         "agg-loss-scaled",
@@ -472,6 +499,37 @@ MUTATIONS: list[Mutation] = [
         "log-probs and entropies of the raw logits, not logits / temperature (TRL #3029)",
         ("log_probs_from_logits", "entropy_from_logits"),
         _with_kwargs(("log_probs_from_logits", "entropy_from_logits"), temperature=1.0),
+    ),
+    Mutation(
+        "sft-mask-unshifted",
+        "the SFT loss mask not shifted to the predicting positions: each token's log-prob is "
+        "counted at its own position, so the last prompt token is never the one trained",
+        ("next_token_loss_mask",),
+        lambda ns: {"next_token_loss_mask": lambda mask: mask},
+    ),
+    Mutation(
+        "sft-last-token-dropped",
+        "the last trained token of every sequence left out of the SFT loss",
+        ("next_token_loss_mask",),
+        _sft_last_token_dropped,
+    ),
+    Mutation(
+        "sft-local-token-mean",
+        "each SFT micro-batch normalised by its own tokens on one rank (verl #5625)",
+        ("sft_loss",),
+        _with_kwargs(("sft_loss",), dp_size=1, batch_num_tokens=None),
+    ),
+    Mutation(
+        "sft-dp-size-ignored",
+        "the SFT loss not multiplied by dp_size, so DDP's average over ranks divides it again",
+        ("sft_loss",),
+        _with_kwargs(("sft_loss",), dp_size=1),
+    ),
+    Mutation(
+        "sft-sequence-mean",
+        "the SFT loss averaged per sequence, then over sequences, not over the batch's tokens",
+        ("sft_loss",),
+        _sft_sequence_mean,
     ),
 ]
 

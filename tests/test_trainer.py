@@ -325,36 +325,51 @@ def test_critic_warmup_holds_the_actor_like_verl(
     assert result.metrics[-1]["critic/num_updates"] == 2 * cfg.critic_updates_per_step
 
 
-RUN_IN_PROCESS = """
-import sys
-from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+# Only the resume runs in a new process: the straight and interrupted runs train in this one,
+# from the same config (each subprocess costs an interpreter, torch and transformers, ~15 s).
+RESUME_IN_NEW_PROCESS = """
+import json, sys
 from reference_trainer.budget import LocalBudget
+from reference_trainer.config import ReferenceTrainerConfig
 from reference_trainer.trainer import ReferenceTrainer
-session = AuditSession.start(AuditOptions(upstream=None))
-cfg = session.reference_config(session.manifest.case("grpo"))
-budget = LocalBudget(steps=4, save_freq=2, reward="length", test_freq=-1,
-                     val_before_train=False, max_response_length=8)
-trainer = ReferenceTrainer(cfg, budget, sys.argv[1], progress=False)
-mode = sys.argv[2]
-trainer.run(resume=mode == "resume", stop_after=2 if mode == "stop" else None)
+cfg = ReferenceTrainerConfig.from_dict(json.loads(sys.argv[2]))
+budget = LocalBudget(**json.loads(sys.argv[3]))
+ReferenceTrainer(cfg, budget, sys.argv[1], progress=False).run(resume=True)
 """
+NEW_PROCESS_BUDGET = {
+    "steps": 4,
+    "save_freq": 2,
+    "reward": "length",
+    "test_freq": -1,
+    "val_before_train": False,
+    "max_response_length": 8,
+}
 
 
 @pytest.mark.slow
-def test_resume_in_a_new_process_is_bit_identical(tmp_path: Path) -> None:
+def test_resume_in_a_new_process_is_bit_identical(
+    configs: dict[str, ReferenceTrainerConfig], tmp_path: Path
+) -> None:
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
-    def run(out: Path, mode: str) -> None:
-        subprocess.run(
-            [sys.executable, "-c", RUN_IN_PROCESS, str(out), mode], check=True, capture_output=True
-        )
-
-    run(tmp_path / "a", "straight")
-    run(tmp_path / "b", "stop")
-    run(tmp_path / "b", "resume")
+    cfg, budget = configs["grpo"], LocalBudget(**NEW_PROCESS_BUDGET)
+    train(cfg, tmp_path / "a", budget)
+    train(cfg, tmp_path / "b", budget, stop_after=2)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RESUME_IN_NEW_PROCESS,
+            str(tmp_path / "b"),
+            json.dumps(cfg.to_dict()),
+            json.dumps(NEW_PROCESS_BUDGET),
+        ],
+        check=True,
+        capture_output=True,
+    )
     final = Path("checkpoints") / "global_step_4" / "actor.safetensors"
     a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
     assert all(torch.equal(a[k], b[k]) for k in a), "parameters differ after a resume [grpo]"

@@ -151,8 +151,9 @@ def test_user_manifest_through_every_stage(
 
     green = run_audit(pytester, shared_cache_dir, *args)
     # read, compose, compile, verdict, trusted, snapshot per case; tree; orphans; the tolerance
-    # file check. The conformance and step stages have no case here: one skipped placeholder each.
-    green.assert_outcomes(passed=2 * 6 + 3, skipped=2)
+    # file check. The conformance, step and SFT step stages have no case here: one skipped
+    # placeholder each.
+    green.assert_outcomes(passed=2 * 6 + 3, skipped=3)
     green.stdout.fnmatch_lines(["2 cases; 2 composed; 2 accepted; *"])
 
     # The user doubles the batch: the read stage says so, once, with the command that re-pins.
@@ -205,7 +206,7 @@ def test_user_manifest_through_every_stage(
     assert accepted.ret == 0, accepted.stdout.str()[-4000:]
     # (syrupy's own summary line is not printed in every environment; the green rerun shows it.)
     again = run_audit(pytester, shared_cache_dir, *args)
-    again.assert_outcomes(passed=2 * 6 + 3, skipped=2)
+    again.assert_outcomes(passed=2 * 6 + 3, skipped=3)
 
 
 SCRIPT_DIR = """\

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.cli.train_sft import cmd_train_sft, is_sft_case
 from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from reference_trainer.config import ReferenceTrainerConfig
@@ -52,7 +53,11 @@ def _seed(text: str) -> int:
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``train`` on the ``verl-compat`` sub-command parser."""
     parser = subparsers.add_parser("train", help="train a tiny model with a case's config")
-    parser.add_argument("case", help="manifest case id or launch-script path")
+    parser.add_argument(
+        "case",
+        help="manifest case id or launch-script path; sft/CASE (corpus/sft_step.yaml) or sft "
+        "trains supervised fine-tuning",
+    )
     parser.add_argument("--steps", type=_positive, default=20, help="training steps (default 20)")
     parser.add_argument("--out", help="run folder (default runs/<case>)")
     parser.add_argument(
@@ -97,6 +102,17 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="no progress output at all (transformers' bars included); without it, a bar on "
         "a terminal and one line per step otherwise",
     )
+    # Supervised fine-tuning only (cli/train_sft.py).
+    parser.add_argument(
+        "--override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="SFT: a Hydra override of verl's sft_trainer_engine after the case's (repeatable)",
+    )
+    parser.add_argument(
+        "--conversations",
+        help="SFT: a JSONL of {messages: [...]} rows or a prompt file (default: shipped prompts)",
+    )
     parser.set_defaults(func=cmd_train)
     assert isinstance(parser, argparse.ArgumentParser)
     return parser
@@ -118,6 +134,8 @@ def _config(
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Run the reference trainer; 0 on success, 2 on a bad case or binding."""
+    if is_sft_case(args.case):
+        return cmd_train_sft(args)
     try:
         cfg = _config(args.case, getattr(args, "manifest", None), getattr(args, "upstream", None))
     except (StageFailed, StageUnavailable, KeyError, ValueError) as exc:

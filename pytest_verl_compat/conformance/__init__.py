@@ -8,7 +8,10 @@ the case's tolerance. Case ids read `<component>.<variant>[<family>-<dtype>]`.
 Modules, each importing only the ones before it:
 - `plan`: the cases, their ids and tolerances (`corpus/conformance.yaml`), and the advantage
   estimators' table `ESTIMATORS`; imports neither torch nor verl, so collection stays cheap.
+- `sft_inputs`: the seeded inputs of verl's SFT loss (`sft_loss`): its no-padding (nested,
+  remove-padding) and padded layouts, micro-batches on several ranks.
 - `inputs`: each component's seeded inputs (ragged and multi-turn masks, group ids, ...).
+- `sft`: both sides of the `sft_loss` component.
 - `components`: our side and upstream's side of each component, and our namespace.
 - `compare`: the comparator and its failure messages.
 - `run`: `run_case`, what the stage calls.

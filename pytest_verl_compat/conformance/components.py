@@ -23,6 +23,7 @@ from pytest_verl_compat.conformance.plan import (
     HYPERPARAMETER_NAMES,
     ConformanceCase,
 )
+from pytest_verl_compat.conformance.sft import sft_ours, sft_upstream, sft_uses
 from pytest_verl_compat.conformance.sides import (
     CLIP,
     actor_config,
@@ -443,6 +444,7 @@ SIDES: dict[str, Component] = {
         labels=("micro-batches", "mini-batch"),
         reference_uses_ours=lambda case: case.family.startswith("ours-"),
     ),
+    "sft_loss": Component(sft_upstream, sft_ours, sft_uses),
 }
 assert tuple(SIDES) == COMPONENTS == tuple(INPUTS)
 

@@ -22,6 +22,7 @@ from pytest_verl_compat.conformance.plan import (
     ESTIMATORS,
     ConformanceCase,
 )
+from pytest_verl_compat.conformance.sft_inputs import sft_inputs
 
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -412,5 +413,6 @@ INPUTS: dict[str, InputBuilder] = {
     "entropy": _logit_inputs,
     "log_prob": _logit_inputs,
     "microbatch": _microbatch_inputs,
+    "sft_loss": sft_inputs,
 }
 assert tuple(INPUTS) == COMPONENTS

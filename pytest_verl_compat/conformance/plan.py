@@ -26,6 +26,7 @@ COMPONENTS = (
     "entropy",
     "log_prob",
     "microbatch",
+    "sft_loss",
 )
 DTYPE_NAMES = ("float32", "float64")
 AGG_MODE_NAMES = (
@@ -56,6 +57,12 @@ KL_PENALTY_NAMES = (
 # response. `nested-global` leaves `loss_scale_factor` unset (Dr. GRPO's divisor is then that
 # width), `nested-scaled` sets it; both with a mini-batch's global normalisers.
 NESTED_SCENARIOS = ("nested-global", "nested-scaled")
+
+# verl's SFT loss (`conformance.sft`): the layouts its FSDP engine hands it, the scenarios of
+# each, and the data-parallel sizes a batch is split over into micro-batches.
+SFT_LAYOUTS = ("nested", "remove-padding", "padded")
+SFT_SCENARIOS = ("local", "global", "multiturn")
+SFT_DP_SIZES = (1, 2, 4)
 
 # The hyperparameters an advantage estimator may take (their values: `components`).
 HYPERPARAMETER_NAMES = ("gamma", "lam")
@@ -235,6 +242,10 @@ def _case_plan() -> dict[str, list[tuple[str, str]]]:
         for mode in AGG_MODE_NAMES
         for loss in ("actor", "critic")
         for side in ("ours", "upstream")
+    ]
+    plan["sft_loss"] = [
+        *(("token-mean", f"{layout}-{s}") for layout in SFT_LAYOUTS for s in SFT_SCENARIOS),
+        *(("token-mean", f"microbatch-dp{dp}") for dp in SFT_DP_SIZES),
     ]
     return plan
 

@@ -30,16 +30,9 @@ from pytest_verl_compat.pipeline.answers import (
 KIND = "conformance-results"
 # The question the oracle answers with upstream's side of a case (``reference_answers``).
 REFERENCE_KIND = "conformance"
-# Our side: the reference trainer's math, and how the inputs are built, fed and compared.
-OURS_CODE = (
-    "reference_trainer",
-    "pytest_verl_compat/conformance/components.py",
-    "pytest_verl_compat/conformance/inputs.py",
-    "pytest_verl_compat/conformance/sides.py",
-    "pytest_verl_compat/conformance/plan.py",
-    "pytest_verl_compat/conformance/run.py",
-    "pytest_verl_compat/conformance/compare.py",
-)
+# Our side: the reference trainer, and how the inputs are built, fed and compared (the whole
+# conformance package but its step oracle, ``answers.NOT_ASKING``).
+OURS_CODE = ("reference_trainer", "pytest_verl_compat/conformance")
 _FIELDS = tuple(field.name for field in dataclasses.fields(ConformanceResult))
 
 

@@ -33,7 +33,7 @@ CLIPRANGE_VALUE = 0.5
 
 def reference_namespace() -> dict[str, Any]:
     """Our functions by the names the cases resolve them with (the names mutations replace)."""
-    from reference_trainer.math import aggregation, kl, logprobs, losses
+    from reference_trainer.math import aggregation, kl, logprobs, losses, sft
     from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
 
     namespace: dict[str, Any] = {fn.__name__: fn for fn in ADVANTAGE_ESTIMATORS.values()}
@@ -49,6 +49,8 @@ def reference_namespace() -> dict[str, Any]:
         AdaptiveKLController=kl.AdaptiveKLController,
         entropy_from_logits=logprobs.entropy_from_logits,
         log_probs_from_logits=logprobs.log_probs_from_logits,
+        sft_loss=sft.sft_loss,
+        next_token_loss_mask=sft.next_token_loss_mask,
     )
     return namespace
 

@@ -32,6 +32,7 @@ from pytest_verl_compat.plugin.commands import accept_command, pin_command, show
 from pytest_verl_compat.plugin.golden import golden_extension, golden_orphans
 from pytest_verl_compat.plugin.keys import KEY_GOLDEN_ORPHANS, audit_state_key, payload_key
 from pytest_verl_compat.plugin.nodes import NODE_PREFIX
+from pytest_verl_compat.plugin.sft_stage import TestSFTStepConformance  # noqa: F401  # collected here
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
 from pytest_verl_compat.plugin.state import AuditState
 from pytest_verl_compat.upstream.trusted import TrustedCompositions, first_difference

@@ -11,4 +11,7 @@ the plan and its coverage table (`plan`). Modules, each importing only the ones 
 - `upstream_patches`, `upstream`: verl's V1 step on its FSDP engine, in a sandboxed subprocess.
 - `reference`: the reference trainer's steps.
 - `compare`, `run`: comparing both, and the report.
+- `sft_upstream`, `sft`: the SFT step oracle (verl's SFT trainer steps against ours,
+  `corpus/sft_step.yaml`): `load_sft_step_plan`, `run_sft_upstream`, `compare_sft_case`,
+  `run_sft_steps`.
 """
