@@ -88,3 +88,55 @@ def test_each_recorded_answer_is_what_upstream_answers_now(session: AuditSession
             != json.dumps(recorded[key], sort_keys=True)
         ]
         assert not different, f"{kind}: {len(different)} answers differ, e.g. {different[:3]}"
+
+
+def _closure(starts: tuple[str, ...]) -> set[str]:
+    """Every module of the package the ``starts`` import, directly or not (``test_architecture``'s
+    reading of imports: at module level, in functions and for type checking alike)."""
+    from test_architecture import PACKAGE, TRAINER, _dependencies, _modules
+
+    modules = {**_modules(PACKAGE), **_modules(TRAINER)}
+    seen: set[str] = set()
+    todo = list(starts)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(_dependencies(modules[module], module, modules))
+    return seen
+
+
+# What the oracle process runs to answer each kind: its own module, the handlers of the kind.
+ORACLE_ENTRIES = {
+    CHECKS: ("pytest_verl_compat.upstream.oracle_process", "pytest_verl_compat.upstream.validate"),
+    COMPOSE: ("pytest_verl_compat.upstream.oracle_process",),
+    CONFORMANCE: (
+        "pytest_verl_compat.upstream.oracle_process",
+        "pytest_verl_compat.conformance.reference_answers",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_answer_key_digests_every_module_the_oracle_runs_for_it(kind: str) -> None:
+    """A module the oracle imports but the key leaves out would let an answer outlive a change
+    to the code that computed it."""
+    from pytest_verl_compat.pipeline.answers import NOT_ASKING, ORACLE_CODE
+
+    def covered(module: str) -> bool:
+        path = module.replace(".", "/")
+        return any(
+            path == entry.removesuffix(".py") or path.startswith(entry.rstrip("/") + "/")
+            for entry in ORACLE_CODE[kind]
+        )
+
+    closure = _closure(ORACLE_ENTRIES[kind])
+    # The package's face and the shared vocabulary hold names, not computations.
+    ignored = {"pytest_verl_compat", "pytest_verl_compat.model"}
+    left_out = sorted(
+        m
+        for m in closure - ignored
+        if not covered(m) and not any(m.replace(".", "/").startswith(n) for n in NOT_ASKING)
+    )
+    assert not left_out, f"{kind}: the key leaves out {left_out} (add them to ORACLE_CODE)"

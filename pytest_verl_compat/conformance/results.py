@@ -3,7 +3,8 @@
 A case's result (``ConformanceResult``: passed, its largest errors, the failure's table) is a pure
 function of the case (its seeds, shapes and tolerances), upstream's side (the oracle's answer,
 itself keyed by verl's and torch's versions and the code that asks, ``pipeline.answers``) and our
-side: the reference trainer's math and the modules that build the inputs and compare. So the
+side: the reference trainer's math and the modules that build the inputs and compare (every
+file of the package, ``memo.package_sha256``). So the
 plugin keeps each result under a key digesting all of those (``result_key``) and a warm run
 answers from it without importing torch; any change to either side's code, a package version,
 the case or its tolerance is a new key and the comparison runs again.
@@ -14,25 +15,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.conformance.plan import ConformanceCase, ConformanceResult
 from pytest_verl_compat.pipeline.answers import (
     CONFORMANCE,
-    UserAnswers,
     answer_key,
-    code_sha256,
     platform_versions,
-    user_cache_root,
 )
+from pytest_verl_compat.pipeline.memo import StageMemo, package_sha256
 
-KIND = "conformance-results"
+KIND = "conformance"
 # The question the oracle answers with upstream's side of a case (``reference_answers``).
 REFERENCE_KIND = "conformance"
-# Our side: the reference trainer, and how the inputs are built, fed and compared (the whole
-# conformance package but its step oracle, ``answers.NOT_ASKING``).
-OURS_CODE = ("reference_trainer", "pytest_verl_compat/conformance")
 _FIELDS = tuple(field.name for field in dataclasses.fields(ConformanceResult))
 
 
@@ -52,7 +47,8 @@ def result_key(case: ConformanceCase) -> str:
         {
             "case": dataclasses.asdict(case),
             "reference": reference_key(case),
-            "ours": code_sha256(OURS_CODE),
+            # Our side: every file of the package and of the reference trainer.
+            "ours": package_sha256(),
             "platform": platform_versions(),
         },
         sort_keys=True,
@@ -65,17 +61,20 @@ def _result_shape(entry: Any) -> bool:
 
 
 class ConformanceResults:
-    """The results kept in the user cache (``$XDG_CACHE_HOME/pytest-verl-compat/answers/
-    conformance-results``), one file per case key."""
+    """The results kept between runs, one per case key (``memo.StageMemo``: the user cache's
+    ``results/conformance`` folder, off with ``VERL_COMPAT_NO_CACHE=1``)."""
 
-    def __init__(self, folder: Path | None = None) -> None:
-        self.store = UserAnswers(
-            KIND, folder or user_cache_root() / "answers" / KIND, checker=_result_shape
-        )
+    def __init__(self, memo: StageMemo | None = None) -> None:
+        self.memo = memo if memo is not None else StageMemo()
+        self._known: dict[str, ConformanceResult | None] = {}
 
     def get(self, case: ConformanceCase) -> ConformanceResult | None:
-        entry = self.store.get(result_key(case))
-        return ConformanceResult(**entry) if entry is not None else None
+        if case.id not in self._known:
+            entry = self.memo.get(KIND, result_key(case))
+            kept = entry if _result_shape(entry) else None
+            self._known[case.id] = ConformanceResult(**kept) if kept is not None else None
+        return self._known[case.id]
 
     def put(self, case: ConformanceCase, result: ConformanceResult) -> None:
-        self.store.put(result_key(case), dataclasses.asdict(result))
+        self._known[case.id] = result
+        self.memo.put(KIND, result_key(case), dataclasses.asdict(result))

@@ -60,28 +60,31 @@ PLATFORM = (
     "peft",
 )
 # Our modules the oracle process runs for each kind, relative to the folder holding the package
-# (a folder stands for every module in it).
+# (a folder stands for every module in it); ``tests/test_recorded_answers.py`` checks that they
+# cover every module the process imports for the kind.
+_ORACLE_PROCESS = (
+    "pytest_verl_compat/upstream/oracle_process.py",
+    "pytest_verl_compat/upstream/oracle.py",
+    "pytest_verl_compat/upstream/validate.py",
+    "pytest_verl_compat/upstream/runner.py",
+    "pytest_verl_compat/upstream/probes",
+    "pytest_verl_compat/pipeline/targets.py",
+    "pytest_verl_compat/pipeline/safe_input.py",
+    "pytest_verl_compat/checks/roles.py",
+)
 ORACLE_CODE: dict[str, tuple[str, ...]] = {
-    CHECKS: (
-        "pytest_verl_compat/upstream/oracle_process.py",
-        "pytest_verl_compat/upstream/oracle.py",
-        "pytest_verl_compat/upstream/validate.py",
-        "pytest_verl_compat/upstream/runner.py",
-        "pytest_verl_compat/upstream/probes",
-        "pytest_verl_compat/pipeline/targets.py",
-        "pytest_verl_compat/pipeline/safe_input.py",
-        "pytest_verl_compat/checks/roles.py",
-    ),
-    COMPOSE: (
-        "pytest_verl_compat/upstream/oracle_process.py",
-        "pytest_verl_compat/upstream/oracle.py",
-        "pytest_verl_compat/upstream/runner.py",
-    ),
-    # The whole package but its step oracle: a module the conformance cases come to use is
-    # never left out of the key (a module too many only makes the recorded answers stale).
+    CHECKS: _ORACLE_PROCESS,
+    COMPOSE: _ORACLE_PROCESS,
+    # The whole conformance package but its step oracle, and the reference trainer's math (the
+    # candidate side of a case that calls none of ours is answered there too).
     CONFORMANCE: (
-        "pytest_verl_compat/upstream/oracle_process.py",
+        *_ORACLE_PROCESS,
         "pytest_verl_compat/conformance",
+        "pytest_verl_compat/pipeline/answers.py",
+        "pytest_verl_compat/pipeline/manifest.py",
+        "pytest_verl_compat/pipeline/memo.py",
+        "pytest_verl_compat/pipeline/snapshot.py",
+        "reference_trainer/math",
     ),
 }
 
