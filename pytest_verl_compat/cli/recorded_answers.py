@@ -1,34 +1,36 @@
-"""The answers recorded for a corpus (``golden/answers/``): what upstream answers its audit.
+"""What is recorded for a corpus (``golden/answers/``): upstream's answers to its audit, and the
+conformance stage's results.
 
-The default audit asks upstream three kinds of question (``pipeline.answers``): its checks on
-every composed case (the verdict stage), its entry point's composition of every case (the trusted
-stage) and its side of every conformance case. ``questions`` lists them by key, exactly as the
-stages key them; ``record`` answers them (the user cache, else one oracle process for all) and
+The default audit asks upstream two kinds of question for its cases (``pipeline.answers``): its
+checks on every composed case (the verdict stage) and its entry point's composition of every case
+(the trusted stage); its conformance stage compares our math with upstream's on every case of the
+tolerance file. ``questions`` lists them by key, exactly as the stages key them (a conformance
+case by its result's key, ``conformance.results``); ``record`` answers them (the user cache,
+else one oracle process for all; our side of the conformance cases in this process) and
 ``verl-compat audit --write`` writes them beside the golden files; ``audit --check`` fails when
-the recorded keys are not the keys asked now (a probe, the tree, a case or a package changed).
+the recorded keys are not the keys asked now (a probe, the tree, a case, our code or a package
+changed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from pytest_verl_compat.conformance.plan import (
+    ConformanceCase,
     conformance_cases,
     load_tolerances,
     upstream_missing_reason,
 )
-from pytest_verl_compat.conformance.reference_answers import (
-    answer_key_of,
-    oracle_answers,
-    reference_answers,
-)
-from pytest_verl_compat.conformance.reference_answers import request as conformance_request
+from pytest_verl_compat.conformance.results import result_key
+from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.answers import (
     CHECKS,
     COMPOSE,
-    CONFORMANCE,
-    KINDS,
+    CONFORMANCE_RESULTS,
+    RECORDED,
     dumps_recorded,
     load_recorded,
     recorded_path,
@@ -37,12 +39,8 @@ from pytest_verl_compat.pipeline.answers import (
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.snapshot import write_atomic_bytes
 from pytest_verl_compat.upstream.early import cache_key, check_answers, early_answer, upstream_gate
-from pytest_verl_compat.upstream.oracle import (
-    EntryArgvRefused,
-    UpstreamOracle,
-    checks_request,
-    compose_request,
-)
+from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.oracle import compose_request as entry_request
 from pytest_verl_compat.upstream.runner import referenced_variables
 from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_answers
 from pytest_verl_compat.upstream.trusted import cache_key as compose_key
@@ -56,17 +54,18 @@ class NotRecordable(RuntimeError):
     """Upstream's code cannot see this session's compositions (the reason says why)."""
 
 
-def questions(session: AuditSession) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every question the session's audit asks upstream, by kind, then by key (a ``compose``
-    question as the fields and variables the trusted stage sends)."""
+def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
+    """Everything the session's audit would record, by kind, then by key: a ``checks`` question
+    as the oracle's request, a ``compose`` one as the fields and variables the trusted stage
+    sends, a conformance case as itself."""
     gate = upstream_gate(session)
     if gate.tree is None:
         raise NotRecordable(gate.reason)
-    asked: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
+    asked: dict[str, dict[str, Any]] = {kind: {} for kind in RECORDED}
     for case in session.cases:
         try:
             outcome = session.outcome(case)
-        except Exception:
+        except (StageFailed, StageUnavailable):  # a case that is not read asks nothing
             continue
         if not outcome.composition.composed:
             continue
@@ -78,7 +77,7 @@ def questions(session: AuditSession) -> dict[str, dict[str, dict[str, Any]]]:
         fields = outcome.fields.fields
         variables = referenced_variables(fields, outcome.fields.environment(case.bindings))
         try:
-            compose_request(fields, variables)
+            entry_request(fields, variables)
         except EntryArgvRefused:
             continue  # never sent: the trusted stage skips it
         asked[COMPOSE][compose_key(gate.tree, fields, variables)] = {
@@ -88,40 +87,39 @@ def questions(session: AuditSession) -> dict[str, dict[str, dict[str, Any]]]:
     manifest = session.manifest
     if manifest is not None and manifest.conformance is not None and not upstream_missing_reason():
         for conformance in conformance_cases(load_tolerances(manifest.conformance)):
-            if oracle_answers(conformance):
-                asked[CONFORMANCE][answer_key_of(conformance)] = conformance_request(conformance)
+            asked[CONFORMANCE_RESULTS][result_key(conformance)] = conformance
     return asked
 
 
 def record(session: AuditSession) -> dict[str, dict[str, Any]]:
-    """The answer to every question of ``questions``, from the user cache or one oracle."""
+    """The answer to every question of ``questions``: upstream's from the user cache or one
+    oracle process, the conformance results by comparing both sides here."""
+    from pytest_verl_compat.conformance.reference_answers import (
+        OracleReferences,
+        reference_answers,
+    )
+    from pytest_verl_compat.conformance.run import run_case
+
     asked = questions(session)
     gate = upstream_gate(session)
     assert gate.tree is not None
-    stores = {
-        CHECKS: check_answers(None),
-        COMPOSE: trusted_answers(None),
-        CONFORMANCE: reference_answers(None),
-    }
+    checks = check_answers(None)
     oracle = UpstreamOracle(workers=2, served=_SERVED)
+    references = OracleReferences(oracle, reference_answers(None))
+    recorded: dict[str, dict[str, Any]] = {kind: {} for kind in RECORDED}
     try:
-        trusted = TrustedCompositions(oracle, gate.tree, stores[COMPOSE])
-        for kind, by_key in asked.items():
-            for key, question in by_key.items():
-                if kind == COMPOSE:
-                    trusted.prefetch(question["fields"], question["variables"])
-                elif stores[kind].get(key) is None:
-                    oracle.submit(key, question)
-        recorded: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+        trusted = TrustedCompositions(oracle, gate.tree, trusted_answers(None))
         for key, question in asked[CHECKS].items():
-            answer = early_answer(
-                session,
-                question["mapping"],
-                gate.tree,
-                stores[CHECKS],
-                oracle,
-                question.get("explicit", ()),
-            )
+            if checks.get(key) is None:
+                oracle.submit(key, question)
+        for question in asked[COMPOSE].values():
+            trusted.prefetch(question["fields"], question["variables"])
+        cases: list[ConformanceCase] = list(asked[CONFORMANCE_RESULTS].values())
+        for case in cases:
+            references.prefetch(case)
+        for key, question in asked[CHECKS].items():
+            explicit = question.get("explicit", ())
+            answer = early_answer(session, question["mapping"], gate.tree, checks, oracle, explicit)
             recorded[CHECKS][key] = answer.to_json()
         for key, question in asked[COMPOSE].items():
             result = trusted.result(question["fields"], question["variables"])
@@ -130,14 +128,9 @@ def record(session: AuditSession) -> dict[str, dict[str, Any]]:
                 "resolved_sha256": result.resolved_sha256,
                 "error": result.error,
             }
-        for key, question in asked[CONFORMANCE].items():
-            entry = stores[CONFORMANCE].get(key)
-            if entry is None:
-                entry = oracle.answer(key, question)
-                if not entry.get("ok"):
-                    raise RuntimeError(f"upstream side of {key}: {entry.get('error')}")
-                stores[CONFORMANCE].put(key, entry)
-            recorded[CONFORMANCE][key] = entry
+        for key, case in asked[CONFORMANCE_RESULTS].items():
+            outcome = run_case(case, reference=references, candidate=references.candidate)
+            recorded[CONFORMANCE_RESULTS][key] = dataclasses.asdict(outcome)
     finally:
         oracle.close()
     return recorded
@@ -146,7 +139,7 @@ def record(session: AuditSession) -> dict[str, dict[str, Any]]:
 def write(session: AuditSession, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Write each kind's recorded file beside the golden files; the paths written."""
     written = []
-    for kind in KINDS:
+    for kind in RECORDED:
         path = recorded_path(session.golden_dir, kind)
         write_atomic_bytes(path, dumps_recorded(kind, recorded.get(kind, {})))
         written.append(str(path))
@@ -158,7 +151,7 @@ def stale(session: AuditSession) -> list[str]:
     answer no question asks any more (one line per kind)."""
     asked = questions(session)
     lines = []
-    for kind in KINDS:
+    for kind in RECORDED:
         path = recorded_path(session.golden_dir, kind)
         missing, unused = stale_keys(load_recorded(path), asked[kind])
         if missing or unused:

@@ -59,7 +59,8 @@ class AuditState:
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
         oracle = UpstreamOracle(oracle_workers, served=(REFERENCE_ANSWERS,))
-        return cls(session, oracle)
+        results = ConformanceResults(session.memo, session.golden_dir)
+        return cls(session, oracle, conformance_results=results)
 
     def conformance_references(self) -> OracleReferences | None:
         """Upstream's side of the conformance cases from the oracle, when verl is installed."""
