@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.bash import LaunchReadError
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.model import (
     COMPOSED,
@@ -41,6 +40,7 @@ from pytest_verl_compat.pipeline.manifest import (
 )
 from pytest_verl_compat.pipeline.memo import COMPILE as COMPILE_KIND
 from pytest_verl_compat.pipeline.memo import COMPOSITION as COMPOSITION_KIND
+from pytest_verl_compat.pipeline.memo import TREE as TREE_KIND
 from pytest_verl_compat.pipeline.memo import (
     StageMemo,
     composition_from_json,
@@ -50,6 +50,7 @@ from pytest_verl_compat.pipeline.memo import (
 )
 from pytest_verl_compat.pipeline.model_facts import local_model_facts
 from pytest_verl_compat.pipeline.pins import (
+    PinMismatch,
     UpstreamError,
     UpstreamTree,
     check_pins,
@@ -62,7 +63,6 @@ from pytest_verl_compat.pipeline.profile import (
     load_profile,
     profile_sha256,
 )
-from pytest_verl_compat.pipeline.read import PinMismatch, read_case_fields
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
 from pytest_verl_compat.pipeline.safe_input import InputError, confined
 from pytest_verl_compat.pipeline.snapshot import read_golden
@@ -287,6 +287,25 @@ class AuditSession:
         self.outcome(case)
         return self._memo_keys.get(case.id)
 
+    def generated_difference(self, generated: Path) -> str | None:
+        """Where the override-free composition differs from upstream's generated reference of
+        the tree (its ``_generated_*.yaml``), or None; kept for the same tree (``memo``)."""
+        composer = self.composer()
+        key = self.memo.key(
+            TREE_KIND,
+            {
+                "tree": composer.check_tree(),
+                "config": composer.config_name,
+                "generated": sha256_file(generated, "generated reference"),
+            },
+        )
+        kept = self.memo.get(TREE_KIND, key)
+        if isinstance(kept, dict):
+            return kept.get("difference")
+        difference = composer.generated_difference(generated)
+        self.memo.put(TREE_KIND, key, {"difference": difference})
+        return difference
+
     def case_for_script(self, script: str | Path, extra: Bindings | None = None) -> Case:
         """A one-off case for a launch script path, read with the manifest's bindings plus ``extra``.
 
@@ -306,7 +325,11 @@ class AuditSession:
 
     @staticmethod
     def _read_from(case: Case, root: Path, label: str = "") -> ExplicitFields:
-        """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate."""
+        """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate.
+        The launch reader is imported here: a run from golden fields never needs it."""
+        from pytest_verl_compat.bash import LaunchReadError
+        from pytest_verl_compat.pipeline.read import read_case_fields
+
         try:
             return read_case_fields(case, root)
         except (LaunchReadError, PinMismatch, InputError, OSError) as exc:

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import ConfigCompositionException, HydraException
-from omegaconf import Container, DictConfig, ListConfig, OmegaConf
-from omegaconf.basecontainer import BaseContainer
-from omegaconf.errors import OmegaConfBaseException
 
 from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
 from pytest_verl_compat.pipeline.hydra_internals import (
@@ -32,21 +28,57 @@ from pytest_verl_compat.pipeline.hydra_internals import (
 from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml, read_bytes, read_text
 from pytest_verl_compat.pipeline.targets import target_rejection
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 MISSING = "???"
+# libyaml's parser under PyYAML's safe constructor: the documents ``yaml.safe_load`` gives.
+_SAFE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # OmegaConf types container keys loosely; a tree composed from YAML files has string keys.
 _Mapping = dict[str, Any]
 # What Hydra and OmegaConf raise for a bad override list. Hydra lets some malformed overrides
 # through to a bare TypeError (e.g. a group override with a list of numbers, `model_engine=[0]`);
 # still the input's fault. Anything else is a bug here and propagates.
 # A tree file that is not YAML reaches Hydra's own loader as PyYAML's error: the tree's fault too.
-_INPUT_ERRORS = (
-    HydraException,
-    OmegaConfBaseException,
-    ValueError,
-    KeyError,
-    TypeError,
-    yaml.YAMLError,
-)
+
+
+@functools.cache
+def _hydra() -> SimpleNamespace:
+    """Hydra's and OmegaConf's names, imported at their first use: a run whose compositions are
+    all kept (``memo``) imports neither (~0.2 s, more from a cold disk)."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException, HydraException
+    from omegaconf import Container, DictConfig, ListConfig, OmegaConf
+    from omegaconf.basecontainer import BaseContainer
+    from omegaconf.errors import OmegaConfBaseException
+
+    return SimpleNamespace(
+        compose=hydra.compose,
+        initialize_config_dir=hydra.initialize_config_dir,
+        GlobalHydra=GlobalHydra,
+        ConfigCompositionException=ConfigCompositionException,
+        HydraException=HydraException,
+        Container=Container,
+        DictConfig=DictConfig,
+        ListConfig=ListConfig,
+        OmegaConf=OmegaConf,
+        BaseContainer=BaseContainer,
+        OmegaConfBaseException=OmegaConfBaseException,
+    )
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    return (
+        _hydra().HydraException,
+        _hydra().OmegaConfBaseException,
+        ValueError,
+        KeyError,
+        TypeError,
+        yaml.YAMLError,
+    )
+
+
 # Hydra looks an override's key up as a config group, a file name under the tree
 # (ConfigRepository.group_exists): past the file system's name limit (255) that is an OSError,
 # not an answer. verl's longest key has 83 characters.
@@ -70,7 +102,7 @@ def override_refusal(line: str, *, parse: bool = False) -> str | None:
     if parse:
         try:
             parse_override(line)
-        except HydraException as exc:
+        except _hydra().HydraException as exc:
             reason = " ".join(str(exc).split())
             return f"override {shown!r}: expected KEY=VALUE (or ~KEY), as Hydra reads it: {reason}"
         except ValueError as exc:  # a value Hydra's grammar converts: an integer of 5000 digits
@@ -101,16 +133,16 @@ def iter_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _missing_paths(node: Any, prefix: str = "") -> Iterator[str]:
-    if isinstance(node, DictConfig):
+    if isinstance(node, _hydra().DictConfig):
         for key in node.keys():
             path = f"{prefix}.{key!s}" if prefix else str(key)
-            if OmegaConf.is_missing(node, key):
+            if _hydra().OmegaConf.is_missing(node, key):
                 yield path
             else:
                 yield from _missing_paths(node._get_node(key), path)
-    elif isinstance(node, ListConfig):
+    elif isinstance(node, _hydra().ListConfig):
         for index in range(len(node)):
-            if OmegaConf.is_missing(node, index):
+            if _hydra().OmegaConf.is_missing(node, index):
                 yield f"{prefix}[{index}]"
             else:
                 yield from _missing_paths(node._get_node(index), f"{prefix}[{index}]")
@@ -175,8 +207,8 @@ def _export(node: Any, resolve: bool) -> Any:
     """What ``OmegaConf.to_container`` puts at a node's place in its parent (``get_node_value``)."""
     if resolve:
         node = node._dereference_node()
-    if isinstance(node, Container):
-        return BaseContainer._to_content(node, resolve=resolve, throw_on_missing=False)
+    if isinstance(node, _hydra().Container):
+        return _hydra().BaseContainer._to_content(node, resolve=resolve, throw_on_missing=False)
     return node._value()
 
 
@@ -332,16 +364,19 @@ class Composer:
         # GlobalHydra is process-wide: another tree, or another user of Hydra in the same
         # pytest process, may have initialised it.
         self._tree_digest()  # no Hydra read of a tree whose files were not checked (InputError)
-        GlobalHydra.instance().clear()
+        _hydra().GlobalHydra.instance().clear()
         with (
-            initialize_config_dir(config_dir=str(self.config_dir), version_base=None),
+            _hydra().initialize_config_dir(config_dir=str(self.config_dir), version_base=None),
             libyaml_config_loading(),
         ):
             yield
 
     def _hydra_compose(self, fields: Sequence[str]) -> DictConfig:
         with self._hydra():
-            return compose(config_name=self.config_name, overrides=list(fields))
+            composed: DictConfig = _hydra().compose(
+                config_name=self.config_name, overrides=list(fields)
+            )
+            return composed
 
     def check_tree(self) -> str:
         """The tree's digest, once every file was checked (``tree_digest``; InputError names the
@@ -365,9 +400,9 @@ class Composer:
         base = _BASES.get(key)
         if base is None:
             with self._hydra():
-                cfg = compose(config_name=self.config_name, overrides=list(groups))
+                cfg = _hydra().compose(config_name=self.config_name, overrides=list(groups))
                 repository = config_repository()
-            plain = OmegaConf.to_container(cfg, resolve=False)
+            plain = _hydra().OmegaConf.to_container(cfg, resolve=False)
             assert isinstance(plain, dict)
             base = _BASES[key] = _Base(cfg, cast(_Mapping, plain), repository)
         return base
@@ -381,7 +416,7 @@ class Composer:
             return {}
         base = self._base(groups)
         if base.resolved is None:
-            resolved = OmegaConf.to_container(base.cfg, resolve=True)
+            resolved = _hydra().OmegaConf.to_container(base.cfg, resolve=True)
             assert isinstance(resolved, dict)
             base.resolved = cast(dict[str, Any], resolved)
         return base.resolved
@@ -434,6 +469,18 @@ class Composer:
             _CONFIG_FILES[key] = files
         return _CONFIG_FILES[key]
 
+    def generated_difference(self, generated: Path) -> str | None:
+        """Where the override-free composition differs from upstream's generated reference
+        (values, types, key order), or None. The reference is printed from a tree where the
+        engine is already chosen, so the ``model_engine`` selector is not compared."""
+        from pytest_verl_compat.pipeline.snapshot import first_difference
+
+        reference = yaml.load(read_text(generated, what="generated reference"), Loader=_SAFE)
+        composed = _hydra().OmegaConf.to_container(self.compose_config([]), resolve=False)
+        assert isinstance(composed, dict)
+        composed.pop("model_engine", None)
+        return first_difference(composed, reference)
+
     def compose_config(self, fields: Sequence[str]) -> DictConfig:
         """The unresolved composed config (raises Hydra's own exceptions)."""
         composer, overrides = self._for_argv(fields)
@@ -479,17 +526,20 @@ class Composer:
                 return Composition(
                     COMPOSITION_REJECTION, reason=_clean_message(cause, self.config_dir)
                 )
-            except (_FastPathUnavailable, *_INPUT_ERRORS):
+            except Exception as exc:
+                if not isinstance(exc, (_FastPathUnavailable, *_input_errors())):
+                    raise
                 # Hydra's own compose produces the result or the exact error message.
-                pass
         return self._slow_compose(fields, variables)
 
     def _slow_compose(self, fields: Sequence[str], variables: Mapping[str, str]) -> Composition:
         try:
             cfg = self._hydra_compose(fields)
             with deterministic_resolvers(variables):
-                resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-        except _INPUT_ERRORS as exc:
+                resolved = _hydra().OmegaConf.to_container(
+                    cfg, resolve=True, throw_on_missing=False
+                )
+        except _input_errors() as exc:
             return Composition(COMPOSITION_REJECTION, reason=_clean_message(exc, self.config_dir))
         assert isinstance(resolved, dict)
         return Composition(
@@ -501,8 +551,13 @@ class Composer:
     ) -> Composition | None:
         try:
             with deterministic_resolvers(variables):
-                OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-        except (HydraException, OmegaConfBaseException, ValueError, KeyError) as exc:
+                _hydra().OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+        except (
+            _hydra().HydraException,
+            _hydra().OmegaConfBaseException,
+            ValueError,
+            KeyError,
+        ) as exc:
             return Composition(COMPOSITION_REJECTION, reason=_clean_message(exc, self.config_dir))
         return None
 
@@ -540,7 +595,7 @@ class Composer:
                 node: Any = cfg
                 parts = override.key_or_group.split(".")
                 for depth, part in enumerate(parts):
-                    if not isinstance(node, DictConfig) or (
+                    if not isinstance(node, _hydra().DictConfig) or (
                         node._is_none() or node._is_missing() or node._is_interpolation()
                     ):
                         raise _FastPathUnavailable(override.input_line)
@@ -559,7 +614,7 @@ class Composer:
                     node = content[part]
             try:
                 apply_value_overrides(overrides, cfg)
-            except ConfigCompositionException as exc:
+            except _hydra().ConfigCompositionException as exc:
                 raise _OverrideRejected() from exc
             plain = _copy_plain(base.plain)
             for path, parent, part in exports:
@@ -580,7 +635,7 @@ class Composer:
                             target = target[step]
                         child = parent_node._get_child(path[-1], throw_on_missing_value=False)
                         target[path[-1]] = _export(child, resolve=True)
-            except (OmegaConfBaseException, ValueError, KeyError) as exc:
+            except (_hydra().OmegaConfBaseException, ValueError, KeyError) as exc:
                 # The config is the one Hydra would return, so resolving it whole as the slow
                 # path does raises Hydra's error, with its full key, without composing again.
                 rejection = self._resolution_rejection(cfg, variables)

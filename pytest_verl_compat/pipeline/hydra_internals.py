@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.basecontainer import BaseContainer
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 _PARSED: dict[str, Any] = {}
 _PARSE_TREES: dict[tuple[Any, ...], Any] = {}
@@ -29,6 +28,9 @@ def deterministic_resolvers(variables: Mapping[str, str]) -> Iterator[None]:
     the machine; ``now`` is refused because it reads the clock. OmegaConf has no public way to
     save and restore a resolver, so the registry itself is saved and put back.
     """
+    from omegaconf import OmegaConf
+    from omegaconf.basecontainer import BaseContainer
+
     saved = dict(BaseContainer._resolvers)
 
     def env(key: str, default: Any = "__unset__") -> Any:
@@ -149,6 +151,8 @@ def apply_value_overrides(overrides: Sequence[Any], cfg: DictConfig) -> None:
 
 def config_repository() -> Any:
     """The initialised Hydra's config repository, to ask whether a key names a config group."""
+    from hydra.core.global_hydra import GlobalHydra
+
     hydra = GlobalHydra.instance().hydra
     assert hydra is not None
     return hydra.config_loader.repository  # type: ignore[attr-defined]
@@ -161,6 +165,7 @@ def defaults_list(config_name: str, overrides: Sequence[str]) -> list[tuple[str,
     entry's keys replace an earlier one's, so the last file that defines a key is where its
     default is written. Hydra's own ``hydra/*`` configs are left out.
     """
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
     hydra = GlobalHydra.instance().hydra

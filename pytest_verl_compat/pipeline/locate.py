@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 
 from pytest_verl_compat.model import ExplicitFields, Finding, Location
 from pytest_verl_compat.pipeline.safe_input import InputError, read_text
@@ -85,6 +83,9 @@ class TreeIndex:
 
     def _build(self) -> dict[str, tuple[Path, int, int]]:
         keys: dict[str, tuple[Path, int, int]] = {}
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
         try:
             files = self.files()
         except (HydraException, OmegaConfBaseException, InputError):

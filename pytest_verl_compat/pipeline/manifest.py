@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from importlib import resources
@@ -98,7 +99,18 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest; only an unusable top level raises ``ManifestError``."""
     path = Path(path)
     try:
-        raw_with_lines = load_yaml(read_text(path, what="manifest"), str(path), _LineLoader)
+        text = read_text(path, what="manifest")
+    except InputError as exc:
+        raise ManifestError(str(exc)) from exc
+    return _parsed_manifest(path, text)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_manifest(path: Path, text: str) -> Manifest:
+    """The manifest of this text at this path (parsed and validated once per process: the
+    plugin, the conformance plan and the CLI each ask for it)."""
+    try:
+        raw_with_lines = load_yaml(text, str(path), _LineLoader)
     except InputError as exc:
         raise ManifestError(str(exc)) from exc
     if not isinstance(raw_with_lines, dict):

@@ -40,6 +40,7 @@ COMPOSITION = "composition"
 COMPILE = "compile"
 VERDICT = "verdict"
 CONFIG_FILES = "config-files"
+TREE = "tree"
 # Besides the platform's: the packages whose code computes our stages.
 _STAGE_PACKAGES = (("pyyaml", "PyYAML"),)
 # Never part of the digest: caches and the corpus and golden files a wheel embeds (the golden

@@ -12,6 +12,10 @@ from pytest_verl_compat.model import InputPin, UpstreamPin
 from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
 
 
+class PinMismatch(Exception):
+    """An input file's sha256 differs from the one pinned in the manifest."""
+
+
 class UpstreamError(Exception):
     """An upstream location was given but is not usable."""
 

@@ -9,12 +9,10 @@ from markdown_it import MarkdownIt
 
 from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
-from pytest_verl_compat.pipeline.pins import check_pins
+from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
+
+__all__ = ["PinMismatch", "read_case_fields"]
 from pytest_verl_compat.pipeline.safe_input import read_text
-
-
-class PinMismatch(Exception):
-    """An input file's sha256 differs from the one pinned in the manifest."""
 
 
 def override_block(root: Path, block: OverrideBlock) -> list[str]:

@@ -105,3 +105,32 @@ def read_golden(golden_dir: Path, stage: str, case_id: str) -> dict[str, Any] | 
     if not isinstance(golden, dict):
         raise InputError(f"{path}: the golden file is not a JSON object")
     return golden
+
+
+def first_difference(ours: Any, theirs: Any, path: str = "") -> str | None:
+    """The first place two mappings differ in value, type or key order, as a readable line."""
+    if type(ours) is not type(theirs):
+        return f"{path or '<root>'}: type {type(ours).__name__} != {type(theirs).__name__} ({ours!r} vs {theirs!r})"
+    if isinstance(ours, dict):
+        if list(ours) != list(theirs):
+            if set(ours) != set(theirs):
+                extra = sorted(set(ours) - set(theirs))
+                lacking = sorted(set(theirs) - set(ours))
+                return f"{path or '<root>'}: keys only here {extra}, only upstream {lacking}"
+            return f"{path or '<root>'}: key order {list(ours)} != {list(theirs)}"
+        for key in ours:
+            found = first_difference(ours[key], theirs[key], f"{path}.{key}" if path else key)
+            if found:
+                return found
+        return None
+    if isinstance(ours, list):
+        if len(ours) != len(theirs):
+            return f"{path}: list length {len(ours)} != {len(theirs)}"
+        for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            found = first_difference(a, b, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if ours != theirs:
+        return f"{path}: {ours!r} != {theirs!r}"
+    return None

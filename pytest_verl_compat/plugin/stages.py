@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pytest_verl_compat.model import (
     KEY_AUDIT_ENTRY,
@@ -27,7 +26,8 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.compose import count_leaves
-from pytest_verl_compat.pipeline.read import PinMismatch
+from pytest_verl_compat.pipeline.pins import PinMismatch
+from pytest_verl_compat.pipeline.snapshot import first_difference
 from pytest_verl_compat.plugin.commands import accept_command, pin_command, shown_path
 from pytest_verl_compat.plugin.golden import golden_extension, golden_orphans
 from pytest_verl_compat.plugin.keys import KEY_GOLDEN_ORPHANS, audit_state_key, payload_key
@@ -35,7 +35,7 @@ from pytest_verl_compat.plugin.nodes import NODE_PREFIX
 from pytest_verl_compat.plugin.sft_stage import TestSFTStepConformance  # noqa: F401  # collected here
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
 from pytest_verl_compat.plugin.state import AuditState
-from pytest_verl_compat.upstream.trusted import TrustedCompositions, first_difference
+from pytest_verl_compat.upstream.trusted import TrustedCompositions
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -351,14 +351,7 @@ def test_upstream_tree(verl_audit: AuditSession, request: pytest.FixtureRequest)
         "leaf by leaf; `verl-compat retarget` writes a new profile version to accept it"
     )
     generated_path = Path(verl_audit.upstream.config_dir) / "_generated_ppo_trainer.yaml"
-    generated = yaml.safe_load(generated_path.read_text(encoding="utf-8"))
-    from omegaconf import OmegaConf
-
-    composed = OmegaConf.to_container(verl_audit.composer().compose_config([]), resolve=False)
-    assert isinstance(composed, dict)
-    # The generated reference is printed from a tree where the engine is already chosen.
-    composed.pop("model_engine", None)
-    difference = first_difference(composed, generated)
+    difference = verl_audit.generated_difference(generated_path)
     assert difference is None, (
         f"override-free composition differs from {generated_path.name} at {difference}"
     )
