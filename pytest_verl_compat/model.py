@@ -180,6 +180,12 @@ class ExplicitFields:
     # The launcher's known environment as the script (and its wrappers) leave it, which
     # `${oc.env:NAME}` reads; None when the fields did not come from reading a script.
     variables: Mapping[str, str] | None = None
+    # The entry module the launch runs (`verl.trainer.sft_trainer`); None: the pinned one.
+    module: str | None = None
+    # The processes its launcher starts (torchrun's nproc_per_node x nnodes), None when the
+    # launcher does not say (a plain Python launch: Ray places the workers) or only the run does.
+    world_size: int | None = None
+    world_size_reason: str = ""
 
     def environment(self, bindings: Bindings) -> Mapping[str, str]:
         """What ``${oc.env:...}`` sees: the launcher's environment, else the case's bindings."""

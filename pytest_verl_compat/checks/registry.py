@@ -23,6 +23,11 @@ from pytest_verl_compat.model import Finding, LeafVerdict, Level
 
 # The case every example starts from unless it names another: the embedded manifest's GRPO script.
 EXAMPLE_BASE = "grpo"
+# The families of configuration a check reads (``CheckInput.family``): an RL trainer's tree
+# (``ppo_trainer`` and the trees built on it) or the SFT trainer's (``sft_trainer_engine``).
+RL = "rl"
+SFT = "sft"
+FAMILIES = (RL, SFT)
 
 
 class Hit(NamedTuple):
@@ -63,6 +68,10 @@ class CheckInput:
     model_facts: Mapping[str, ModelFacts] = field(default_factory=dict)
     # The tree's override-free resolved mapping (the defaults), when the caller has the tree.
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Which checks read it (``family_of``), and the processes its launcher starts (torchrun's
+    # nproc_per_node x nnodes; None when the launcher does not say).
+    family: str = RL
+    world_size: int | None = None
 
     @property
     def version(self) -> str:
@@ -114,6 +123,7 @@ class Check:
     summary: str = ""
     fix: str = ""
     example: Example | None = None
+    family: str = RL
 
     def doc(self) -> RuleDoc:
         summary = self.summary or (self.run.__doc__ or "").strip().split("\n\n")[0]
@@ -142,6 +152,7 @@ def check(
     summary: str = "",
     fix: str = "",
     example: Example | None = None,
+    family: str = RL,
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register ``function`` as the check ``check_id``; ids are unique across families.
 
@@ -152,7 +163,7 @@ def check(
     def register(function: CheckFunction) -> CheckFunction:
         if check_id in CHECKS or check_id in RULE_DOCS:
             raise ValueError(f"check {check_id!r} is registered twice")
-        CHECKS[check_id] = Check(check_id, level, evidence, function, summary, fix, example)
+        CHECKS[check_id] = Check(check_id, level, evidence, function, summary, fix, example, family)
         return function
 
     return register
@@ -177,6 +188,16 @@ def rule_docs() -> dict[str, RuleDoc]:
 WRONG_TYPE = "types.wrong-type"
 
 
+def family_of(resolved: Mapping[str, Any]) -> str | None:
+    """Which checks read a resolved mapping, by the sections it has: an RL trainer's tree has
+    ``actor_rollout_ref``; the SFT trainer's has ``engine``, ``model`` and ``optim`` at the top."""
+    if "actor_rollout_ref" in resolved:
+        return RL
+    if {"engine", "model", "optim", "data", "trainer"} <= set(resolved):
+        return SFT
+    return None
+
+
 def semantic_findings(inp: CheckInput) -> list[Finding]:
     """Every registered check on one input, in a stable order (level, path, message).
 
@@ -184,10 +205,11 @@ def semantic_findings(inp: CheckInput) -> list[Finding]:
     that value (``int("abc")``) then has nothing to say and is skipped, rather than failing. With
     every type right, such an error is a bug in the check and propagates.
     """
-    typed = CHECKS[WRONG_TYPE].findings(inp) if WRONG_TYPE in CHECKS else []
+    types = CHECKS.get(WRONG_TYPE)
+    typed = types.findings(inp) if types is not None and types.family == inp.family else []
     findings = list(typed)
     for entry in CHECKS.values():
-        if entry.id == WRONG_TYPE:
+        if entry.id == WRONG_TYPE or entry.family != inp.family:
             continue
         try:
             findings.extend(entry.findings(inp))

@@ -31,6 +31,8 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer, count_leaves
+from pytest_verl_compat.pipeline.entry_points import EntryPoint, by_module, closest
+from pytest_verl_compat.pipeline.entry_points import scan as scan_entry_points
 from pytest_verl_compat.pipeline.lower import NotAccepted, reference_config
 from pytest_verl_compat.pipeline.manifest import (
     ManifestError,
@@ -54,6 +56,7 @@ from pytest_verl_compat.pipeline.pins import (
     UpstreamError,
     UpstreamTree,
     check_pins,
+    installed_verl_root,
     locate_upstream,
     sha256_file,
 )
@@ -108,6 +111,7 @@ class AuditSession:
     golden_dir: Path = Path("golden")
     _outcomes: dict[str, CaseOutcome] = field(default_factory=dict)
     _composer: Composer | None = None
+    _entry_composers: dict[tuple[str, str], Composer] = field(default_factory=dict)
     _reports: dict[str, CompileReport | None] = field(default_factory=dict)
     # ``check --model-config``: the actor model's facts, instead of its path's config.json.
     model_facts_override: ModelFacts | None = None
@@ -157,13 +161,68 @@ class AuditSession:
     def cases(self) -> tuple[Case, ...]:
         return self.manifest.cases if self.manifest else ()
 
-    def composer(self) -> Composer:
+    def composer(self, fields: ExplicitFields | None = None) -> Composer:
+        """The composer of the config the fields' entry point composes (the pinned one's when
+        the launch runs the pinned entry point, or says nothing of it)."""
         if self.upstream is None:
             raise StageUnavailable(f"no upstream config tree: {self.upstream_reason}")
+        assert self.manifest is not None
+        entry = self.entry_point(fields)
+        if entry is not None and not self._is_pinned(entry):
+            return self._entry_composer(entry)
         if self._composer is None:
-            assert self.manifest is not None
             self._composer = Composer(self.upstream.config_dir, self.manifest.upstream.config_name)
         return self._composer
+
+    def entry_points(self) -> tuple[EntryPoint, ...]:
+        """The installed verl's entry points, when it is the pinned release (else none known)."""
+        installed = installed_verl_root()
+        if installed is None or self.manifest is None or installed[1] != self.pin.version:
+            return ()
+        return scan_entry_points(installed[0])
+
+    def entry_point(self, fields: ExplicitFields | None) -> EntryPoint | None:
+        """The entry point the fields' launch runs; None for the pinned one, or a launch that
+        names none. A module the release does not have is the read stage's failure."""
+        module = fields.module if fields is not None else None
+        if not module:
+            return None
+        known = by_module(self.entry_points())
+        if module in known:
+            return known[module]
+        assert self.manifest is not None
+        if not known:
+            raise StageUnavailable(
+                f"{module}: the entry points of verl {self.pin.version} are read from the "
+                "installed package, and it is not installed here"
+            )
+        near = closest(module, tuple(known.values()))
+        hint = f"; the closest it has is {near}" if near else ""
+        raise StageFailed(f"verl {self.pin.version} has no entry point {module}{hint}")
+
+    def _is_pinned(self, entry: EntryPoint) -> bool:
+        assert self.manifest is not None
+        return entry.config_dir == self.pin.config_dir and entry.config_name == self.pin.config_name
+
+    def _entry_composer(self, entry: EntryPoint) -> Composer:
+        """A composer of the entry point's config: its folder of the pinned tree when it is that
+        tree's, else of the installed release (with the folders its search path adds)."""
+        assert self.upstream is not None
+        key = (entry.config_dir, entry.config_name)
+        if key not in self._entry_composers:
+            installed = installed_verl_root()
+            assert installed is not None  # entry_point() found it in the installed release
+            site, pinned = installed[0], self.upstream.config_dir
+
+            def folder(relative: str) -> Path:
+                return pinned if relative == self.pin.config_dir else site / relative
+
+            self._entry_composers[key] = Composer(
+                folder(entry.config_dir),
+                entry.config_name,
+                search_path=tuple(folder(extra) for extra in entry.search_path),
+            )
+        return self._entry_composers[key]
 
     def read(self, case: Case) -> ExplicitFields:
         """Read stage: needs a checkout with the launch scripts."""

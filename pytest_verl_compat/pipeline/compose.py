@@ -336,10 +336,20 @@ class Composer:
     Hydra's full compose (the reference the fast path is tested against).
     """
 
-    def __init__(self, config_dir: Path, config_name: str, *, fast: bool = True) -> None:
+    def __init__(
+        self,
+        config_dir: Path,
+        config_name: str,
+        *,
+        fast: bool = True,
+        search_path: Sequence[Path] = (),
+    ) -> None:
         self.config_dir = Path(config_dir)
         self.config_name = config_name
         self.fast = fast
+        # Further config folders the config's own ``hydra.searchpath`` names (a ``pkg://``
+        # package of verl: Hydra would import the package to find it, so the folder is given).
+        self.search_path = tuple(Path(folder) for folder in search_path)
         self._digest: str | None = None
         self._siblings: dict[tuple[Path, str], Composer] = {}
 
@@ -356,7 +366,9 @@ class Composer:
             return self, argv.overrides
         key = (config_dir, name)
         if key not in self._siblings:
-            self._siblings[key] = Composer(config_dir, name, fast=self.fast)
+            self._siblings[key] = Composer(
+                config_dir, name, fast=self.fast, search_path=self.search_path
+            )
         return self._siblings[key], argv.overrides
 
     @contextlib.contextmanager
@@ -374,7 +386,7 @@ class Composer:
     def _hydra_compose(self, fields: Sequence[str]) -> DictConfig:
         with self._hydra():
             composed: DictConfig = _hydra().compose(
-                config_name=self.config_name, overrides=list(fields)
+                config_name=self.config_name, overrides=[*self._searching(), *fields]
             )
             return composed
 
@@ -385,8 +397,18 @@ class Composer:
 
     def _tree_digest(self) -> str:
         if self._digest is None:
-            self._digest = tree_digest(self.config_dir)
+            digest = tree_digest(self.config_dir)
+            for folder in self.search_path:
+                digest = hashlib.sha256(f"{digest}\0{tree_digest(folder)}".encode()).hexdigest()
+            self._digest = digest
         return self._digest
+
+    def _searching(self) -> list[str]:
+        """The override that puts the search path in place of the one the config names."""
+        if not self.search_path:
+            return []
+        folders = ",".join(f"file://{folder.resolve()}" for folder in self.search_path)
+        return [f"hydra.searchpath=[{folders}]"]
 
     def _base(self, groups: tuple[str, ...] = ()) -> _Base:
         """The composition of the tree with only these config-group selections, memoised.
@@ -400,7 +422,9 @@ class Composer:
         base = _BASES.get(key)
         if base is None:
             with self._hydra():
-                cfg = _hydra().compose(config_name=self.config_name, overrides=list(groups))
+                cfg = _hydra().compose(
+                    config_name=self.config_name, overrides=[*self._searching(), *groups]
+                )
                 repository = config_repository()
             plain = _hydra().OmegaConf.to_container(cfg, resolve=False)
             assert isinstance(plain, dict)
@@ -460,12 +484,14 @@ class Composer:
         key = (self._tree_digest(), self.config_name, groups)
         if key not in _CONFIG_FILES:
             with self._hydra():
-                listed = defaults_list(self.config_name, groups)
+                listed = defaults_list(self.config_name, [*self._searching(), *groups])
             files = []
             for config_path, package in listed:
-                file = (self.config_dir / f"{config_path}.yaml").resolve()
-                if file.is_relative_to(self.config_dir.resolve()) and file.is_file():
-                    files.append((file, package))
+                for folder in (self.config_dir, *self.search_path):
+                    file = (folder / f"{config_path}.yaml").resolve()
+                    if file.is_relative_to(folder.resolve()) and file.is_file():
+                        files.append((file, package))
+                        break
             _CONFIG_FILES[key] = files
         return _CONFIG_FILES[key]
 
@@ -511,7 +537,7 @@ class Composer:
             return Composition(COMPOSITION_REJECTION, reason=refused)
         composition = self._compose_values(overrides, variables)
         if composition.composed:
-            foreign = target_rejection(composition.mapping, self.config_dir)
+            foreign = target_rejection(composition.mapping, self.config_dir, *self.search_path)
             if foreign is not None:
                 return Composition(COMPOSITION_REJECTION, reason=foreign)
         return composition

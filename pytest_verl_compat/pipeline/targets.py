@@ -64,9 +64,11 @@ def foreign_targets(resolved: Mapping[str, Any], allowed: frozenset[str]) -> lis
     return foreign
 
 
-def target_rejection(resolved: Mapping[str, Any], config_dir: Path) -> str | None:
-    """The composition-rejection reason when a ``_target_`` is foreign to the tree, else None."""
-    foreign = foreign_targets(resolved, tree_targets(Path(config_dir)))
+def target_rejection(resolved: Mapping[str, Any], *config_dirs: Path) -> str | None:
+    """The composition-rejection reason when a ``_target_`` is foreign to the tree (its folder
+    and the folders its search path adds), else None."""
+    allowed = frozenset().union(*(tree_targets(Path(folder)) for folder in config_dirs))
+    foreign = foreign_targets(resolved, allowed)
     if not foreign:
         return None
     return (

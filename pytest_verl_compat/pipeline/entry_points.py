@@ -1,0 +1,208 @@
+"""The pinned release's entry points, read from the installed verl's own source (never imported).
+
+An entry point is a module whose ``main`` carries ``@hydra.main(config_path=…, config_name=…)``:
+``verl.trainer.main_ppo`` (``ppo_trainer``), ``verl.trainer.sft_trainer`` (``sft_trainer_engine``)
+and the others of the release. For each, ``scan`` records from the module's syntax tree:
+
+- the config it composes: the folder ``config_path`` names (relative to the module's file, as
+  Hydra resolves it) and ``config_name``, and the search path that config's own ``hydra:``
+  section adds (``pkg://verl.trainer.config``, a package folder of the installed verl);
+- where its world size comes from, by what it calls: ``ray.init`` (Ray places workers by the
+  configuration's ``trainer.nnodes`` and ``trainer.n_gpus_per_node``) or
+  ``initialize_global_process_group`` / ``init_process_group`` (one process per rank, its
+  ``WORLD_SIZE`` given by the launcher: ``torchrun --nnodes … --nproc_per_node …``);
+- the launchers that reach it: ``python -m MODULE``, ``torchrun -m MODULE``, a path to its file.
+
+A script that runs a ``verl.`` module the release does not have is an error naming the module and
+the release, with the closest entry point the release does have (``closest``).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_text
+
+WorldSource = Literal["ray", "torchrun", "none"]
+# The launcher-relative calls that start a world (the last component of the called name).
+_RAY_CALLS = frozenset({"init"})
+_PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_process_group"})
+# What a search path of a verl config names: ``pkg://verl.trainer.config``, a package folder of
+# the installed verl; ``file://verl/trainer/config``, a folder relative to the launcher's working
+# directory, which is that package folder when the launch runs from a verl checkout's root.
+_PKG = "pkg://"
+_FILE = "file://"
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One ``@hydra.main`` module of the installed release."""
+
+    module: str  # verl.trainer.sft_trainer
+    file: str  # verl/trainer/sft_trainer.py, relative to the installed package's parent
+    line: int  # the @hydra.main line
+    config_dir: str  # verl/trainer/config, relative to the installed package's parent
+    config_name: str  # sft_trainer_engine
+    search_path: tuple[str, ...]  # further config folders its config's hydra.searchpath adds
+    # A search path relative to the launcher's working directory (``file://verl/...``): the
+    # entry point composes only when launched from a verl checkout's root.
+    cwd_relative: bool
+    world: WorldSource  # where its world size comes from
+    world_evidence: str  # the file:line of the call that decides it, "" for none
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def launchers(self) -> tuple[str, ...]:
+        """How a script reaches it."""
+        return (
+            f"python -m {self.module}",
+            f"torchrun ... -m {self.module}",
+            f"python {self.file}",
+            f"torchrun ... {self.file}",
+        )
+
+
+def _hydra_main(function: ast.FunctionDef) -> tuple[int, str, str] | None:
+    """(line, config_path, config_name) of a ``@hydra.main(...)`` decorator, if any."""
+    for decorator in function.decorator_list:
+        if not isinstance(decorator, ast.Call):
+            continue
+        name = ast.unparse(decorator.func)
+        if name not in ("hydra.main", "main"):
+            continue
+        keywords = {k.arg: k.value for k in decorator.keywords if k.arg}
+        path, config = keywords.get("config_path"), keywords.get("config_name")
+        if isinstance(path, ast.Constant) and isinstance(config, ast.Constant):
+            return decorator.lineno, str(path.value), str(config.value)
+    return None
+
+
+def _world(tree: ast.Module, relative: str) -> tuple[WorldSource, str]:
+    """Where the module's world size comes from, by the first deciding call in its source."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        last = called.rsplit(".", 1)[-1]
+        if called.startswith("ray.") and last in _RAY_CALLS:
+            return "ray", f"{relative}:{node.lineno}"
+        if last in _PROCESS_GROUP_CALLS:
+            return "torchrun", f"{relative}:{node.lineno}"
+    return "none", ""
+
+
+def _world_of(
+    site: Path, relative: str, tree: ast.Module, depth: int = 2
+) -> tuple[WorldSource, str]:
+    """``_world`` of the module, else of the verl modules it imports from (``run_ppo`` of
+    ``main_ppo`` starts the Ray world of the asynchronous trainers)."""
+    world, evidence = _world(tree, relative)
+    if world != "none" or depth == 0:
+        return world, evidence
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("verl."):
+            imported = (node.module or "").replace(".", "/") + ".py"
+            path = site / imported
+            if not path.is_file():
+                continue
+            try:
+                other = ast.parse(read_text(path, what="verl module"), filename=imported)
+            except (InputError, SyntaxError):
+                continue
+            world, evidence = _world_of(site, imported, other, depth - 1)
+            if world != "none":
+                return world, evidence
+    return "none", ""
+
+
+def _search_path(config_file: Path, site: Path) -> tuple[tuple[str, ...], bool]:
+    """The folders a config's own ``hydra.searchpath`` adds (``pkg://verl.x.y`` → ``verl/x/y``;
+    a relative ``file://verl/x/y`` too), and whether one was relative to the working folder."""
+    try:
+        document = load_yaml_file(config_file, what="config file")
+    except InputError:
+        return (), False
+    hydra = document.get("hydra") if isinstance(document, dict) else None
+    entries = hydra.get("searchpath") if isinstance(hydra, dict) else None
+    found = []
+    relative = False
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, str):
+            continue
+        if entry.startswith(_PKG):
+            folder = entry[len(_PKG) :].replace(".", "/")
+        elif entry.startswith(_FILE) and not entry[len(_FILE) :].startswith("/"):
+            folder, relative = entry[len(_FILE) :].rstrip("/"), True
+        else:
+            continue
+        if (site / folder).is_dir():
+            found.append(folder)
+    return tuple(found), relative
+
+
+@functools.lru_cache(maxsize=4)
+def scan(site: Path) -> tuple[EntryPoint, ...]:
+    """Every ``@hydra.main`` module under ``site/verl`` (the installed package's parent)."""
+    found: list[EntryPoint] = []
+    for path in sorted((site / "verl").rglob("*.py")):
+        try:
+            text = read_text(path, what="verl module")
+        except InputError:
+            continue
+        if "hydra.main" not in text:
+            continue
+        relative = path.relative_to(site).as_posix()
+        tree = ast.parse(text, filename=relative)
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            decorated = _hydra_main(node)
+            if decorated is None:
+                continue
+            line, config_path, config_name = decorated
+            config_dir = (path.parent / config_path).resolve()
+            if not config_dir.is_relative_to(site.resolve()):
+                continue
+            world, evidence = _world_of(site, relative, tree)
+            search_path, cwd_relative = _search_path(config_dir / f"{config_name}.yaml", site)
+            found.append(
+                EntryPoint(
+                    module=relative.removesuffix(".py").replace("/", "."),
+                    file=relative,
+                    line=line,
+                    config_dir=config_dir.relative_to(site.resolve()).as_posix(),
+                    config_name=config_name,
+                    search_path=search_path,
+                    cwd_relative=cwd_relative,
+                    world=world,
+                    world_evidence=evidence,
+                )
+            )
+    return tuple(found)
+
+
+def by_module(entries: tuple[EntryPoint, ...]) -> dict[str, EntryPoint]:
+    return {entry.module: entry for entry in entries}
+
+
+def module_of_path(path: str, entries: tuple[EntryPoint, ...]) -> EntryPoint | None:
+    """The entry point a path to a module's file names (``…/verl/trainer/sft_trainer.py``)."""
+    normal = path.replace("\\", "/")
+    for entry in entries:
+        if normal == entry.file or normal.endswith("/" + entry.file):
+            return entry
+    return None
+
+
+def closest(module: str, entries: tuple[EntryPoint, ...]) -> str | None:
+    """The release's entry point nearest in name to ``module`` (a typo, a renamed module)."""
+    names = [entry.module for entry in entries]
+    match = difflib.get_close_matches(module, names, n=1, cutoff=0.6)
+    return match[0] if match else None
