@@ -14,6 +14,7 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     micro_batch,
     model_fit,
     parallel,
+    sft,
     types,
     upstream_validation,
 )

@@ -96,6 +96,7 @@ def _feature_on(resolved: Mapping[str, Any], key: str) -> bool:
         fires=("algorithm.pf_ppo.reweight_method=pow",),
         twin=("algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=pow"),
     ),
+    family=None,
 )
 def no_effect(inp: CheckInput) -> Iterator[Hit]:
     # Names, output folders and profiler switches are set on purpose; flag only the fields whose

@@ -123,7 +123,8 @@ class Check:
     summary: str = ""
     fix: str = ""
     example: Example | None = None
-    family: str = RL
+    # The family of tree it reads; None: every family (a check of the tree's own types).
+    family: str | None = RL
 
     def doc(self) -> RuleDoc:
         summary = self.summary or (self.run.__doc__ or "").strip().split("\n\n")[0]
@@ -152,7 +153,7 @@ def check(
     summary: str = "",
     fix: str = "",
     example: Example | None = None,
-    family: str = RL,
+    family: str | None = RL,
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register ``function`` as the check ``check_id``; ids are unique across families.
 
@@ -206,10 +207,10 @@ def semantic_findings(inp: CheckInput) -> list[Finding]:
     every type right, such an error is a bug in the check and propagates.
     """
     types = CHECKS.get(WRONG_TYPE)
-    typed = types.findings(inp) if types is not None and types.family == inp.family else []
+    typed = types.findings(inp) if types is not None and types.family in (None, inp.family) else []
     findings = list(typed)
     for entry in CHECKS.values():
-        if entry.id == WRONG_TYPE or entry.family != inp.family:
+        if entry.id == WRONG_TYPE or entry.family not in (None, inp.family):
             continue
         try:
             findings.extend(entry.findings(inp))

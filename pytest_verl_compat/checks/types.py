@@ -111,6 +111,7 @@ def wrong_types(inp: CheckInput) -> Iterator[tuple[str, Any, str]]:
         fires=("actor_rollout_ref.actor.optim.lr=fast",),
         twin=("actor_rollout_ref.actor.optim.lr=1e-6",),
     ),
+    family=None,
 )
 def wrong_type(inp: CheckInput) -> Iterator[Hit]:
     for key, value, kind in wrong_types(inp):

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import ModelFacts
+from pytest_verl_compat.checks.registry import RL, family_of
 from pytest_verl_compat.model import (
     COMPOSED,
+    SEMANTIC_REJECTION,
     COMPOSITION_REJECTION,
     SCRIPT,
     Bindings,
@@ -119,7 +121,7 @@ class AuditSession:
     # The stages' results kept between runs (``memo``), and each case's keys there.
     memo: StageMemo = field(default_factory=StageMemo)
     _memo_keys: dict[str, str] = field(default_factory=dict)
-    _profile_digest: str | None = None
+    _profile_digests: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -423,7 +425,13 @@ class AuditSession:
 
     def _compile(self, case: Case, outcome: CaseOutcome) -> CompileReport:
         """The report of a composed case, or the one kept for the same composition, profile and
-        model facts (``memo``)."""
+        model facts (``memo``). The profile and the checks are those of the tree's family: an
+        RL trainer's tree (the manifest's profile), the SFT trainer's (the SFT profile)."""
+        mapping = outcome.composition.mapping
+        family = family_of(mapping)
+        if family is None:
+            return self._without_profile(case, outcome.fields)
+        profile_name = self.profile_name if family == RL else default_sft_profile()
         facts = self.model_facts(case)
         composed = self._memo_keys.get(case.id)
         key = None
@@ -433,7 +441,8 @@ class AuditSession:
                 {
                     "composition": composed,
                     "case": case.id,
-                    "profile": self._profile_sha256(),
+                    "profile": self._profile_sha256(profile_name),
+                    "world_size": outcome.fields.world_size,
                     "model_facts": {
                         role: dataclasses.asdict(fact) for role, fact in sorted(facts.items())
                     },
@@ -444,17 +453,33 @@ class AuditSession:
             if kept is not None:
                 return report_from_json(kept)
         report = compile_resolved(
-            outcome.composition.mapping,
+            mapping,
             case_id=case.id,
-            profile=self._profile(),
+            profile=load_profile(profile_name),
             explicit_fields=outcome.fields.fields,
             model_facts=facts,
-            defaults=self.composer().defaults(outcome.fields.fields),
+            defaults=self.composer(outcome.fields).defaults(outcome.fields.fields),
+            family=family,
+            world_size=outcome.fields.world_size,
         )
         plain = report_json(report) if key is not None else None
         if key is not None and plain is not None:
             self.memo.put(COMPILE_KIND, key, plain)
         return report
+
+    def _without_profile(self, case: Case, fields: ExplicitFields) -> CompileReport:
+        """A composed tree of no family the reference trainer trains (verl's evaluation): no
+        leaf classified, the case not runnable, with why."""
+        entry = self.entry_point(fields)
+        what = f"{entry.module} ({entry.config_name})" if entry is not None else "this config"
+        return CompileReport(
+            case.id,
+            "none",
+            SEMANTIC_REJECTION,
+            f"the reference trainer has no counterpart of {what}: no profile classifies its tree",
+            (),
+            (),
+        )
 
     def compile_key(self, case: Case) -> str | None:
         """The key of the case's compile report in the memo, once compiled (None: not kept)."""
@@ -464,11 +489,11 @@ class AuditSession:
     def _profile(self) -> Profile:
         return load_profile(self.profile_name)
 
-    def _profile_sha256(self) -> str:
-        """The profile file's sha256, without parsing it (a kept report needs no profile)."""
-        if self._profile_digest is None:
-            self._profile_digest = profile_sha256(self.profile_name)
-        return self._profile_digest
+    def _profile_sha256(self, name: str) -> str:
+        """A profile file's sha256, without parsing it (a kept report needs no profile)."""
+        if name not in self._profile_digests:
+            self._profile_digests[name] = profile_sha256(name)
+        return self._profile_digests[name]
 
     def audit_entry(self, case: Case) -> dict[str, Any]:
         """The case's entry of the audit JSON: machine-independent, so it can be a golden file."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from pytest_verl_compat.checks import CheckInput, semantic_findings
 from pytest_verl_compat.checks.model_facts import ModelFacts
+from pytest_verl_compat.checks.registry import RL
 from pytest_verl_compat.model import (
     ACCEPTED,
     SEMANTIC_REJECTION,
@@ -99,8 +100,11 @@ def compile_resolved(
     explicit_fields: Sequence[str] = (),
     model_facts: Mapping[str, ModelFacts] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    family: str = RL,
+    world_size: int | None = None,
 ) -> CompileReport:
-    """Classify every leaf and run the semantic checks; any problem or error rejects the case."""
+    """Classify every leaf and run the semantic checks of the tree's ``family`` (the launch's
+    ``world_size`` for the checks that need it); any problem or error rejects the case."""
     profile = profile or load_profile()
     leaves = classify(profile, resolved)
     findings = semantic_findings(
@@ -111,6 +115,8 @@ def compile_resolved(
             profile,
             model_facts or {},
             defaults or {},
+            family,
+            world_size,
         )
     )
     reasons = rejection_reasons(leaves, findings)

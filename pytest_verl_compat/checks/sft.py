@@ -1,0 +1,227 @@
+"""The SFT trainer's arithmetic (``verl.trainer.sft_trainer``, config ``sft_trainer_engine``).
+
+verl's SFT trainer runs one process per rank under torchrun: its world is torchrun's
+(``nproc_per_node`` x ``nnodes``, ``CheckInput.world_size``; ``initialize_global_process_group``
+reads it, verl/utils/distributed.py:62-74), and its FSDP engine splits that world into
+``world // ulysses_sequence_parallel_size`` data-parallel ranks
+(verl/workers/engine/fsdp/transformer_impl.py:632-633). Each rank's data loader takes
+``train_batch_size // dp_size`` sequences a step (verl/trainer/sft_trainer.py:234-249), which the
+engine cuts into micro-batches (verl/workers/engine/utils.py:107-127). A launch whose world the
+script does not fix (``--nproc_per_node=gpu``) is checked only where the world does not matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_verl_compat.checks.fields import field_key
+from pytest_verl_compat.checks.registry import SFT, CheckInput, Example, Hit, check
+
+# The embedded manifest's SFT case every example starts from (an official gsm8k script on 8
+# ranks).
+SFT_BASE = "sft_gsm8k"
+_ENGINE = "engine.ulysses_sequence_parallel_size"
+
+
+def _sizes(inp: CheckInput) -> tuple[int, int] | None:
+    """(world, data-parallel ranks), when the launch fixes the world."""
+    if inp.world_size is None:
+        return None
+    sp = int(inp.resolved["engine"].get("ulysses_sequence_parallel_size") or 1)
+    return inp.world_size, max(inp.world_size // max(sp, 1), 1)
+
+
+def _data(inp: CheckInput) -> Mapping[str, Any]:
+    data: Mapping[str, Any] = inp.resolved["data"]
+    return data
+
+
+@check(
+    "sft.batch-per-rank",
+    level="error",
+    evidence="verl/trainer/sft_trainer.py:234-249 (batch_size = train_batch_size // dp_size, "
+    "given to StatefulDataLoader, which refuses 0)",
+    fix="set data.train_batch_size to at least the data-parallel size (a multiple of it)",
+    example=Example(("data.train_batch_size=4",), ("data.train_batch_size=8",), base=SFT_BASE),
+    family=SFT,
+)
+def batch_per_rank(inp: CheckInput) -> Iterator[Hit]:
+    """Each data-parallel rank's loader takes ``train_batch_size // dp_size`` sequences a step;
+    fewer sequences than ranks gives it a batch of 0, which the data loader refuses."""
+    sizes = _sizes(inp)
+    if sizes is None:
+        return
+    _, dp = sizes
+    batch = int(_data(inp)["train_batch_size"])
+    if batch // dp == 0:
+        yield Hit(
+            "data.train_batch_size",
+            f"data.train_batch_size={batch} over {dp} data-parallel ranks gives each rank a batch "
+            "of 0 sequences",
+        )
+
+
+@check(
+    "sft.batch-not-divisible",
+    level="warning",
+    evidence="verl/trainer/sft_trainer.py:241 (train_batch_size // dp_size per rank, the "
+    "remainder dropped)",
+    fix="set data.train_batch_size to a multiple of the data-parallel size",
+    example=Example(("data.train_batch_size=260",), ("data.train_batch_size=264",), base=SFT_BASE),
+    family=SFT,
+)
+def batch_not_divisible(inp: CheckInput) -> Iterator[Hit]:
+    """A global batch that does not divide over the data-parallel ranks trains fewer sequences a
+    step than ``train_batch_size`` says: each rank takes the floor and the rest is never seen."""
+    sizes = _sizes(inp)
+    if sizes is None:
+        return
+    _, dp = sizes
+    batch = int(_data(inp)["train_batch_size"])
+    per_rank = batch // dp
+    if per_rank and batch % dp:
+        yield Hit(
+            "data.train_batch_size",
+            f"data.train_batch_size={batch} over {dp} data-parallel ranks: each takes {per_rank}, "
+            f"so a step trains {per_rank * dp} sequences, not {batch}; verl 0.9.0 does not fail",
+        )
+
+
+@check(
+    "sft.static-micro-batch",
+    level="error",
+    evidence="verl/workers/engine/utils.py:122-127 (prepare_micro_batches asserts a rank's rows "
+    "divide into micro_batch_size_per_gpu)",
+    fix="make train_batch_size // dp_size a multiple of data.micro_batch_size_per_gpu, or set "
+    "data.use_dynamic_bsz=True",
+    example=Example(
+        ("data.micro_batch_size_per_gpu=3",), ("data.micro_batch_size_per_gpu=4",), base=SFT_BASE
+    ),
+    family=SFT,
+)
+def static_micro_batch(inp: CheckInput) -> Iterator[Hit]:
+    """Without a dynamic batch size, each rank's sequences of a step are cut into micro-batches of
+    ``micro_batch_size_per_gpu``, and the engine asserts they divide exactly."""
+    sizes = _sizes(inp)
+    data = _data(inp)
+    if sizes is None or data.get("use_dynamic_bsz"):
+        return
+    _, dp = sizes
+    per_rank = int(data["train_batch_size"]) // dp
+    micro = int(data["micro_batch_size_per_gpu"])
+    if per_rank and (micro <= 0 or per_rank % micro):
+        yield Hit(
+            "data.micro_batch_size_per_gpu, data.train_batch_size",
+            f"each of the {dp} data-parallel ranks takes {per_rank} sequences a step, which do "
+            f"not split into micro-batches of {micro}",
+        )
+
+
+@check(
+    "sft.sequence-parallel-divides-world",
+    level="error",
+    evidence="verl/workers/engine/fsdp/transformer_impl.py:216-231 (init_device_mesh of "
+    "(world // sp, sp) ranks)",
+    fix="set engine.ulysses_sequence_parallel_size to a divisor of the launch's world size",
+    example=Example((f"{_ENGINE}=3",), (f"{_ENGINE}=2",), base=SFT_BASE),
+    family=SFT,
+)
+def sequence_parallel_divides_world(inp: CheckInput) -> Iterator[Hit]:
+    """Ulysses sequence parallelism lays the world out as a (dp, sp) device mesh; a size that
+    does not divide the world leaves ranks out of the mesh and the engine fails at start."""
+    sizes = _sizes(inp)
+    if sizes is None:
+        return
+    world, _ = sizes
+    sp = int(inp.resolved["engine"].get("ulysses_sequence_parallel_size") or 1)
+    if sp > 1 and world % sp:
+        yield Hit(
+            _ENGINE,
+            f"{_ENGINE}={sp} does not divide the launch's {world} processes",
+        )
+
+
+@check(
+    "sft.sequence-parallel-needs-remove-padding",
+    level="error",
+    evidence="verl/workers/engine/fsdp/transformer_impl.py:129-133 (raises ValueError)",
+    fix="set model.use_remove_padding=True, or engine.ulysses_sequence_parallel_size=1",
+    example=Example(
+        (f"{_ENGINE}=2", "model.use_remove_padding=False"),
+        (f"{_ENGINE}=2", "model.use_remove_padding=True"),
+        base=SFT_BASE,
+    ),
+    family=SFT,
+)
+def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
+    """The FSDP engine refuses sequence parallelism on padded sequences."""
+    sp = int(inp.resolved["engine"].get("ulysses_sequence_parallel_size") or 1)
+    strategy = str(inp.resolved["engine"].get("strategy") or "")
+    if sp > 1 and strategy.startswith("fsdp") and not inp.resolved["model"]["use_remove_padding"]:
+        yield Hit(
+            f"{_ENGINE}, model.use_remove_padding",
+            f"{_ENGINE}={sp} needs model.use_remove_padding=True: the FSDP engine raises at start",
+        )
+
+
+@check(
+    "sft.token-budget-below-max-length",
+    level="error",
+    evidence="verl/utils/seqlen_balancing.py:384 (rearrange_micro_batches asserts the budget "
+    "holds the longest sequence), with the budget max_token_len_per_gpu x sp "
+    "(verl/workers/engine/utils.py:107-111)",
+    fix="raise data.max_token_len_per_gpu to at least data.max_length (over the sequence-parallel "
+    "size), or lower data.max_length",
+    example=Example(
+        ("data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=512", "data.max_length=1024"),
+        ("data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=1024", "data.max_length=1024"),
+        base=SFT_BASE,
+    ),
+    family=SFT,
+)
+def token_budget_below_max_length(inp: CheckInput) -> Iterator[Hit]:
+    """With a dynamic batch size, a micro-batch holds at most ``max_token_len_per_gpu x sp``
+    tokens, and a sequence longer than that cannot be placed: the engine asserts."""
+    data = _data(inp)
+    if not data.get("use_dynamic_bsz"):
+        return
+    sp = int(inp.resolved["engine"].get("ulysses_sequence_parallel_size") or 1)
+    budget = int(data["max_token_len_per_gpu"]) * max(sp, 1)
+    longest = int(data["max_length"])
+    if budget < longest:
+        yield Hit(
+            "data.max_token_len_per_gpu, data.max_length",
+            f"a micro-batch holds {budget} tokens (max_token_len_per_gpu x sp) but sequences "
+            f"reach data.max_length={longest}",
+        )
+
+
+_LORA_ONLY = ("lora_alpha", "target_modules", "exclude_modules", "target_parameters")
+
+
+@check(
+    "sft.lora-settings-without-rank",
+    level="warning",
+    evidence="verl/workers/engine/fsdp/transformer_impl.py:143, 579-580 (the adapter is built, "
+    "and these read, only when model.lora_rank > 0), 320-349",
+    fix="set model.lora_rank to the adapter's rank, or remove the LoRA settings",
+    example=Example(
+        ("model.lora_alpha=32",), ("model.lora_alpha=32", "model.lora_rank=16"), base=SFT_BASE
+    ),
+    family=SFT,
+)
+def lora_settings_without_rank(inp: CheckInput) -> Iterator[Hit]:
+    """LoRA's alpha and target modules are read only when ``model.lora_rank`` is above 0: without
+    it the whole model trains and the settings change nothing."""
+    model = inp.resolved["model"]
+    if int(model.get("lora_rank") or 0) > 0 or model.get("lora_adapter_path"):
+        return
+    set_here = {field_key(f) for f in inp.explicit_fields}
+    named = [f"model.{key}" for key in _LORA_ONLY if f"model.{key}" in set_here]
+    if named:
+        yield Hit(
+            ", ".join(named),
+            f"{', '.join(named)} set while model.lora_rank=0: no adapter is built, so "
+            f"{'they change' if len(named) > 1 else 'it changes'} nothing",
+        )
