@@ -56,16 +56,18 @@ Deliberate differences from bash, each documented where it is implemented:
 * A file test (``[ -f .env ]``) is never answered from the disk, even for a file the script
   could source: the file system of the run may differ from the reader's.
 
-The modules, each importing only those before it: ``errors`` (what is raised, the budgets),
-``parse`` (shfmt and the tree), ``words`` (quoting and fields), ``arrays`` (associative arrays
-in bash's order), ``state`` (the shell and its variables), ``arithmetic``, ``braces``,
-``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the pure
-``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
+The modules, each importing only those before it (no import cycle, and no module takes a
+name starting with ``_`` from another): ``errors`` (what is raised, the budgets and the
+exceptions that unwind the interpreter), ``parse`` (shfmt and the tree), ``words`` (quoting,
+fields and the ASCII value helpers), ``arrays`` (associative arrays in bash's order), ``scope``
+(which files ``source`` may read), ``state`` (the shell and its variables), ``arithmetic``,
+``braces``, ``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the
+pure ``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
 ``paths`` and ``printing``), ``stdin`` (input and what reads it, over the pure ``filters``),
 ``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python
 and the wrappers, described as data in ``wrappers``), ``branches`` and ``interpreter``
 (statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
-bottom.
+bottom; the few calls that go up the stack are declared on ``State`` for the type checker.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from __future__ import annotations
 from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
 from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
 from pytest_verl_compat.bash.parse import command_substitutions
-from pytest_verl_compat.bash.sources import SourceScope
+from pytest_verl_compat.bash.scope import SourceScope
 from pytest_verl_compat.bash.state import LaunchRead
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The interpreter: statements, commands and the launcher, over the layers below it.
 
-:func:`read_launch` and :func:`read_launch_text` parse a script and run :class:`_Interpreter`
+:func:`read_launch` and :func:`read_launch_text` parse a script and run :class:`Interpreter`
 on its tree; every failure surfaces as a :class:`LaunchReadError`.
 """
 
@@ -11,31 +11,31 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from pytest_verl_compat.bash.branches import _Branches, _observes_status, _Undecided
+from pytest_verl_compat.bash.branches import Branches, Undecided, observes_status
 from pytest_verl_compat.bash.builtins import (
-    _ARGUMENT_BUILTINS,
-    _BASH_BUILTINS,
-    _RUNNERS,
-    _SHELLS,
+    ARGUMENT_BUILTINS,
+    BASH_BUILTINS,
+    RUNNERS,
+    SHELLS,
 )
 from pytest_verl_compat.bash.errors import (
-    _MAX_STEPS,
+    MAX_STEPS,
+    BudgetExceeded,
     LaunchExited,
     LaunchReadError,
-    _Budget,
-    _Exit,
-    _LoopControl,
-    _Return,
+    LoopControl,
+    ShellExit,
+    ShellReturn,
 )
-from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
-from pytest_verl_compat.bash.sources import SourceScope
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _Capture, _Input
+from pytest_verl_compat.bash.parse import Node, line_of, load_script, parse_script
+from pytest_verl_compat.bash.scope import SourceScope
+from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, LaunchRead, StandardInput
 from pytest_verl_compat.bash.wrappers import Wrapped, find_wrapper
 from pytest_verl_compat.model import Bindings
 
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
-_CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
+_CHECKED_PROGRAMS = ARGUMENT_BUILTINS | RUNNERS | SHELLS
 # A loop still running after this many rounds is not one to follow.
 _MAX_ITERATIONS = 10_000
 # Refusals inside a command substitution that are about the whole read, not about the output:
@@ -57,7 +57,7 @@ def read_launch(
     whatever folder it is started from. Given as ``text``, ``$0`` is ``path`` as given.
     ``scope``: the files ``source`` may read (by default those under the script's folder).
     """
-    label, data = _load(path, text)
+    label, data = load_script(path, text)
     script = label if text is not None else os.path.abspath(label)
     return _read(label, data, bindings, script, scope or SourceScope.around(label))
 
@@ -65,7 +65,7 @@ def read_launch(
 def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
     """Read a script given as text; ``path`` only labels error messages and ``$0`` (it sources
     no file)."""
-    label, data = _load(path, text)
+    label, data = load_script(path, text)
     return _read(label, data, bindings, label, None)
 
 
@@ -73,9 +73,9 @@ def _read(
     label: str, data: bytes, bindings: Bindings, script: str, scope: SourceScope | None
 ) -> LaunchRead:
     """Parse and interpret; every failure surfaces as a LaunchReadError."""
-    tree = _parse(label, data)
+    tree = parse_script(label, data)
     try:
-        return _Interpreter(label, data, bindings, script, scope).run(tree)
+        return Interpreter(label, data, bindings, script, scope).run(tree)
     except LaunchReadError:
         raise
     except RecursionError:
@@ -88,28 +88,28 @@ def _read(
         ) from None
 
 
-class _Interpreter(_Branches):
+class Interpreter(Branches):
     """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
 
     # ---------------------------------------------------------------- top level
 
     def run(self, tree: Node) -> LaunchRead:
         """Run the whole script (and its EXIT trap) and return its last launcher command."""
-        exited: _Exit | None = None
+        exited: ShellExit | None = None
         try:
             try:
                 self.stmts(tree.get("Stmts") or [], exempt=False)
-            except _Exit as done:
+            except ShellExit as done:
                 exited = done
             if exited is None or not exited.replaced:
                 status = self.exit_trap(self.sh.status if exited is None else exited.status)
                 if exited is not None:
-                    exited = _Exit(status, exited.line)
-        except _LoopControl:
+                    exited = ShellExit(status, exited.line)
+        except LoopControl:
             self.fail(self.line, "loop control", "`break`/`continue` outside a loop")
-        except _Return:
+        except ShellReturn:
             self.fail(self.line, "return", "`return` outside a function or sourced file")
-        except _Budget as exc:
+        except BudgetExceeded as exc:
             self.fail(self.line, "limit", str(exc))
         if exited is not None and self.launch is None:
             raise LaunchExited(self.path, exited.line, exited.status)
@@ -118,7 +118,7 @@ class _Interpreter(_Branches):
             self.fail(
                 where,
                 "no launcher",
-                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings"
+                f"no `python3 -m {LAUNCHER_MODULE}` command is reached with these bindings"
                 + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
         return replace(self.launch, sources=tuple(sorted(self.sourced.items())))
@@ -128,16 +128,16 @@ class _Interpreter(_Branches):
         status = 0
         for index, stmt in enumerate(stmts):
             following = stmts[index + 1] if index + 1 < len(stmts) else None
-            self.status_unseen = not _observes_status(following)
+            self.status_unseen = not observes_status(following)
             status = self.stmt(stmt, exempt)
         return status
 
     def stmt(self, stmt: Node, exempt: bool) -> int:
         """Run one statement. ``exempt``: set -e is ignored here (conditions, && lists, !)."""
         self.steps += 1
-        if self.steps > _MAX_STEPS:
-            self.fail(_line(stmt), "limit", "the script runs too many commands")
-        self.line = _line(stmt)
+        if self.steps > MAX_STEPS:
+            self.fail(line_of(stmt), "limit", "the script runs too many commands")
+        self.line = line_of(stmt)
         # Only this statement's own `if`/`&&`/`||` may leave a status nobody reads.
         self.unseen_here, self.status_unseen = self.status_unseen, False
         cmd = stmt.get("Cmd")
@@ -170,7 +170,7 @@ class _Interpreter(_Branches):
         if status and not exempt:
             self.err_trap()
             if "errexit" in self.sh.options:
-                raise _Exit(status, line)
+                raise ShellExit(status, line)
         return status
 
     @contextmanager
@@ -190,13 +190,13 @@ class _Interpreter(_Branches):
         with self.forked():
             try:
                 status = body()
-            except _Exit as done:
+            except ShellExit as done:
                 if done.replaced:
                     return done.status
                 status = done.status
-            except _Return as done:
+            except ShellReturn as done:
                 status = done.status
-            except _LoopControl:
+            except LoopControl:
                 status = 0
             return self.exit_trap(status)
 
@@ -217,20 +217,20 @@ class _Interpreter(_Branches):
         """The output and status of ``stmts`` run in a subshell whose output is captured (None:
         only running them would tell)."""
         saved = (self.capture, self.stdout_captured, self.stderr_captured, self.launch)
-        capture = _Capture()
+        capture = Capture()
         self.capture, self.stdout_captured, self.stderr_captured = capture, True, False
         self.substituting.append(what)
         try:
-            with self.forked(), self.reading(_Input(None, "the script's standard input")):
+            with self.forked(), self.reading(StandardInput(None, "the script's standard input")):
                 # bash does not apply set -e inside a substitution (no inherit_errexit).
                 self.sh.options.discard("errexit")
                 try:
                     status = self.stmts(stmts, exempt=False)
-                except _Exit as done:
+                except ShellExit as done:
                     status = done.status
-                except _Return as done:
+                except ShellReturn as done:
                     status = done.status
-                except _LoopControl:
+                except LoopControl:
                     status = 0
                 status = self.exit_trap(status)
         except LaunchReadError as exc:
@@ -247,7 +247,7 @@ class _Interpreter(_Branches):
     def process_substitution(self, part: Node) -> str:
         """``<(...)`` and ``>(...)``: a path only the running system names. The output of
         ``<(...)`` is what reading that path gives; ``>(...)`` runs with unknown input."""
-        line = _line(part)
+        line = line_of(part)
         stmts = part.get("Stmts") or []
         op = part.get("Op", "<(")
         output: str | None = None
@@ -259,7 +259,7 @@ class _Interpreter(_Branches):
             self.capture, self.stdout_captured, self.stderr_captured = None, False, False
             self.substituting.append("a process substitution")
             try:
-                with self.reading(_Input(None, "the output of the script")):
+                with self.reading(StandardInput(None, "the output of the script")):
                     self.subshell(lambda: self.stmts(stmts, exempt=False))
             finally:
                 self.substituting.pop()
@@ -272,7 +272,7 @@ class _Interpreter(_Branches):
 
     def command(self, cmd: Node | None, redirs: list[Node], stmt: Node, exempt: bool) -> int:
         """Run the command of a statement with its redirections."""
-        line = _line(stmt)
+        line = line_of(stmt)
         if cmd is None:
             self.redirections(redirs, launcher=False)
             return 0
@@ -327,7 +327,7 @@ class _Interpreter(_Branches):
         if op in ("&&", "||"):
             unseen, self.unseen_here = self.unseen_here, False
             status = self.condition([cmd["X"]])
-            if isinstance(status, _Undecided):
+            if isinstance(status, Undecided):
                 # `[ -d X ] || mkdir -p X`: the test's own status when it skips the other side.
                 run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
                 skip = lambda: 0 if op == "||" else 1  # noqa: E731
@@ -356,13 +356,13 @@ class _Interpreter(_Branches):
         # reading what the one before it wrote; only the last one writes where the
         # pipeline's output goes.
         statuses: list[int] = []
-        source: _Input | None = None
+        source: StandardInput | None = None
         for part in parts[:-1]:
-            capture = _Capture()
+            capture = Capture()
             statuses.append(self.piped(part, exempt, op == "|&", capture, source))
             known = "".join(capture.pieces) if capture.unknown is None else None
-            origin = f"the output of line {_line(part)}"
-            source = _Input(known, origin if known is not None else f"{origin} (unknown)")
+            origin = f"the output of line {line_of(part)}"
+            source = StandardInput(known, origin if known is not None else f"{origin} (unknown)")
         with self.reading(source):
             statuses.append(self.subshell(lambda: self.stmt(parts[-1], exempt)))
         self.sh.pipestatus = statuses
@@ -377,8 +377,8 @@ class _Interpreter(_Branches):
         stmt: Node,
         exempt: bool,
         with_errors: bool,
-        capture: _Capture,
-        source: _Input | None,
+        capture: Capture,
+        source: StandardInput | None,
     ) -> int:
         """A pipeline element whose output goes to the next one (into ``capture``)."""
         saved = (self.capture, self.stdout_captured, self.stderr_captured)
@@ -403,7 +403,7 @@ class _Interpreter(_Branches):
             if not cond:
                 return self.stmts(clause.get("Then") or [], exempt)
             status = self.condition(cond)
-            if isinstance(status, _Undecided):
+            if isinstance(status, Undecided):
                 then, rest = clause.get("Then") or [], clause.get("Else")
                 return self.either(
                     lambda then=then: self.stmts(then, exempt),  # type: ignore[misc]
@@ -441,7 +441,7 @@ class _Interpreter(_Branches):
 
     def for_clause(self, cmd: Node, exempt: bool) -> int:
         """``for NAME in WORDS`` (the word list bounds the rounds) and ``for ((...))``."""
-        line = _line(cmd)
+        line = line_of(cmd)
         loop = cmd.get("Loop") or {}
         if cmd.get("Select"):
             self.fail(line, "select loop", "reads its choice from input at run time")
@@ -504,7 +504,7 @@ class _Interpreter(_Branches):
                     )
                 try:
                     status = self.stmts(cmd.get("Do") or [], exempt)
-                except _LoopControl as ctl:
+                except LoopControl as ctl:
                     if ctl.levels > 1:
                         ctl.levels -= 1
                         raise
@@ -519,7 +519,7 @@ class _Interpreter(_Branches):
     def call(self, cmd: Node, redirs: list[Node], exempt: bool) -> int:
         """A simple command: assignments, a function, the launcher (perhaps wrapped), a
         modelled builtin or program, or a skipped command."""
-        line = _line(cmd)
+        line = line_of(cmd)
         assigns = cmd.get("Assigns") or []
         self.substitution_status = 0
         argv, uncertain = self.fields_split(cmd.get("Args") or [])
@@ -555,7 +555,7 @@ class _Interpreter(_Branches):
             self.launcher(words, hydra_argv, uncertain, redirs, temporary, uses, line)
             return 0
         self.note_entry(words, line)
-        if argv[0] in _BASH_BUILTINS and not uses:
+        if argv[0] in BASH_BUILTINS and not uses:
             stdin = self.redirections(redirs, launcher=False)
         else:
             with self.forked():
@@ -618,7 +618,7 @@ class _Interpreter(_Branches):
             with self.routed(redirs):
                 shown = uses[-1].wrapper.name if uses else words[0]
                 self.external(inner, line, shown)
-        raise _Exit(0, line, replaced=True)
+        raise ShellExit(0, line, replaced=True)
 
     @contextmanager
     def temporarily(self, assignments: dict[str, str], line: int) -> Iterator[None]:
@@ -666,14 +666,14 @@ class _Interpreter(_Branches):
             # Only `printf -v NAME` changes the shell; the format and arguments just print.
             self.need(argv[1] if uncertain is None else uncertain, line, purpose)
 
-    def redirections(self, redirs: list[Node], launcher: bool) -> _Input | None:
+    def redirections(self, redirs: list[Node], launcher: bool) -> StandardInput | None:
         """Expand redirection targets (for their side effects and errors); open nothing.
 
         Returns the command's standard input when a redirection gives it one.
         """
-        stdin: _Input | None = None
+        stdin: StandardInput | None = None
         for redir in redirs:
-            line = _line(redir)
+            line = line_of(redir)
             op = redir.get("Op")
             number = (redir.get("N") or {}).get("Value", "")
             if number.startswith("{"):
@@ -688,7 +688,7 @@ class _Interpreter(_Branches):
                 else:
                     text = self.heredoc_text(redir)
                 if standard_input:
-                    stdin = _Input(text, f"the {what} of line {line}", heredoc=True)
+                    stdin = StandardInput(text, f"the {what} of line {line}", heredoc=True)
                 continue
             use = "files it names: bash refuses more than one"
             targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
@@ -697,11 +697,13 @@ class _Interpreter(_Branches):
             if op in ("<", "<>") and standard_input:
                 target = targets[0]
                 if target in self.process_outputs:
-                    stdin = _Input(self.process_outputs[target], f"the <(...) of line {line}")
+                    stdin = StandardInput(
+                        self.process_outputs[target], f"the <(...) of line {line}"
+                    )
                 else:
-                    stdin = _Input(None, f"the file {self.shown(target)!r}")
+                    stdin = StandardInput(None, f"the file {self.shown(target)!r}")
             elif op == "<&" and standard_input:
-                stdin = _Input(None, "another file descriptor")
+                stdin = StandardInput(None, "another file descriptor")
         return stdin
 
 

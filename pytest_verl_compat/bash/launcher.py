@@ -8,10 +8,10 @@ directory are the script's, changed by each wrapper in turn.
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash import paths
-from pytest_verl_compat.bash.builtins import _SHELLS
-from pytest_verl_compat.bash.sources import _Sources
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _is_python
+import pytest_verl_compat.bash.paths as paths
+from pytest_verl_compat.bash.builtins import SHELLS
+from pytest_verl_compat.bash.sources import Sources
+from pytest_verl_compat.bash.state import LAUNCHER_MODULE, LaunchRead, is_python
 from pytest_verl_compat.bash.wrappers import Wrapped, WrapperRefusal, find_wrapper, parse
 
 # Python's one-letter options that take no value, and those that take one (python3 --help).
@@ -21,7 +21,7 @@ _PYTHON_VALUED = frozenset("WX")
 _MAX_WRAPPERS = 8
 
 
-class _Launcher(_Sources):
+class Launcher(Sources):
     """Finds the launcher in a command and records what it receives."""
 
     def launcher_argv(self, words: list[str], line: int) -> list[str] | None:
@@ -30,7 +30,7 @@ class _Launcher(_Sources):
         Every word up to the module name must be known: it decides whether this is the
         launcher at all.
         """
-        if not words or not _is_python(words[0]):
+        if not words or not is_python(words[0]):
             return None
         purpose = f"is an argument of `{words[0]}` that could make it the launcher,"
         index = 1
@@ -55,7 +55,7 @@ class _Launcher(_Sources):
                     value = words[index]
                     self.need(value, line, purpose)
                 if letter == "m":
-                    if value == _LAUNCHER_MODULE:
+                    if value == LAUNCHER_MODULE:
                         return words[index + 1 :]
                     self.other_entry = (line, f"{words[0]} -m {value}")
                     return None
@@ -93,7 +93,7 @@ class _Launcher(_Sources):
             words = used.command
             program = words[0].rsplit("/", 1)[-1]
             self.need(words[0], line, "decides which command runs")
-            if program in _SHELLS:
+            if program in SHELLS:
                 self.fail(
                     line,
                     f"{wrapper.name} {program}",

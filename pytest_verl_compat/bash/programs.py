@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from pytest_verl_compat.bash import paths
-from pytest_verl_compat.bash.conditions import _Conditions
+import pytest_verl_compat.bash.paths as paths
+from pytest_verl_compat.bash.conditions import Conditions
 from pytest_verl_compat.bash.parse import Node
 from pytest_verl_compat.bash.printing import echo_output, printf_output
 
@@ -40,7 +40,7 @@ def _split_options(words: list[str], flags: str) -> tuple[set[str], list[str]] |
     return seen, words[index:]
 
 
-class _Programs(_Conditions):
+class Programs(Conditions):
     """The output of modelled commands, where it goes, and the working directory."""
 
     # ---------------------------------------------------------------- output
@@ -99,7 +99,7 @@ class _Programs(_Conditions):
         if name in ("cd", "pushd", "popd"):
             return self.cd(words, line)
         program = name.rsplit("/", 1)[-1]
-        model = _COREUTILS.get(program)
+        model = COREUTILS.get(program)
         if model is not None:
             if self.sh.path_changed is not None:
                 self.write_unknown(f"`{program}` after a PATH change")
@@ -321,12 +321,12 @@ def _zero_padded(value: int, size: int) -> str:
     return f"-{text}" if value < 0 else text
 
 
-_COREUTILS: dict[str, Callable[[_Programs, list[str], int], int]] = {
-    "dirname": _Programs.dirname_program,
-    "basename": _Programs.basename_program,
-    "realpath": _Programs.canonical_program,
-    "readlink": _Programs.canonical_program,
-    "seq": _Programs.seq_program,
+COREUTILS: dict[str, Callable[[Programs, list[str], int], int]] = {
+    "dirname": Programs.dirname_program,
+    "basename": Programs.basename_program,
+    "realpath": Programs.canonical_program,
+    "readlink": Programs.canonical_program,
+    "seq": Programs.seq_program,
 }
 
 
