@@ -12,7 +12,6 @@ from pytest_verl_compat.bash.declarations import Declarations
 from pytest_verl_compat.bash.errors import LoopControl, ShellExit
 from pytest_verl_compat.bash.printing import printf_output
 from pytest_verl_compat.bash.state import (
-    LAUNCHER_MODULE,
     SET_FLAGS,
     SET_HARMLESS_FLAGS,
     SET_HARMLESS_NAMES,
@@ -193,13 +192,15 @@ class Builtins(Declarations):
         """A program this reader skips (as if it succeeded), unless it could run the launcher
         or a child shell; its output is only known at run time."""
         name = words[0]
-        if LAUNCHER_MODULE in words[1:]:
-            self.fail(
-                line, "indirect launcher", f"`{shown}` runs {LAUNCHER_MODULE}; call it directly"
-            )
+        launched = next((word for word in words[1:] if self.accepts(word)), None)
+        if launched is not None:
+            self.fail(line, "indirect launcher", f"`{shown}` runs {launched}; call it directly")
         program = name.rsplit("/", 1)[-1]
-        if program in SHELLS and any("main_ppo" in a for a in words[1:]):
-            self.fail(line, "indirect launcher", f"`{name}` runs shell code that mentions main_ppo")
+        for stem in sorted(self.entry_stems) if program in SHELLS else ():
+            if any(stem in word for word in words[1:]):
+                self.fail(
+                    line, "indirect launcher", f"`{name}` runs shell code that mentions {stem}"
+                )
         if program in SHELLS:
             self.child_shell(program, words, line)
         if program in RUNNERS:

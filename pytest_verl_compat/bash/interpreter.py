@@ -18,6 +18,7 @@ from pytest_verl_compat.bash.builtins import (
     RUNNERS,
     SHELLS,
 )
+from pytest_verl_compat.bash.entry_points import EntryModules, acceptor, entry_stems
 from pytest_verl_compat.bash.errors import (
     MAX_STEPS,
     BudgetExceeded,
@@ -27,6 +28,7 @@ from pytest_verl_compat.bash.errors import (
     ShellExit,
     ShellReturn,
 )
+from pytest_verl_compat.bash.launcher import EntryLaunch
 from pytest_verl_compat.bash.parse import Node, line_of, load_script, parse_script
 from pytest_verl_compat.bash.scope import SourceScope
 from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, LaunchRead, StandardInput
@@ -49,6 +51,7 @@ def read_launch(
     *,
     text: str | None = None,
     scope: SourceScope | None = None,
+    entry_modules: EntryModules = None,
 ) -> LaunchRead:
     """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it.
 
@@ -56,26 +59,43 @@ def read_launch(
     script-directory idiom (``$(cd "$(dirname "$0")" && pwd)``) names the script's folder
     whatever folder it is started from. Given as ``text``, ``$0`` is ``path`` as given.
     ``scope``: the files ``source`` may read (by default those under the script's folder).
+
+    ``entry_modules``: which entry modules the launch may run (dotted names, or a predicate;
+    only modules under an entry package of ``data/entry_packages.txt`` count). By default
+    ``verl.trainer.main_ppo`` alone: another module's launch is then no launch, and the read
+    fails with "no launcher" naming it as another entry point. With it, the read returns the
+    script's final launch of any accepted module.
     """
     label, data = load_script(path, text)
     script = label if text is not None else os.path.abspath(label)
-    return _read(label, data, bindings, script, scope or SourceScope.around(label))
+    scope = scope or SourceScope.around(label)
+    return _read(label, data, bindings, script, scope, entry_modules)
 
 
-def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
+def read_launch_text(
+    text: str, bindings: Bindings, *, path: str = "<string>", entry_modules: EntryModules = None
+) -> LaunchRead:
     """Read a script given as text; ``path`` only labels error messages and ``$0`` (it sources
-    no file)."""
+    no file). ``entry_modules`` as for :func:`read_launch`."""
     label, data = load_script(path, text)
-    return _read(label, data, bindings, label, None)
+    return _read(label, data, bindings, label, None, entry_modules)
 
 
 def _read(
-    label: str, data: bytes, bindings: Bindings, script: str, scope: SourceScope | None
+    label: str,
+    data: bytes,
+    bindings: Bindings,
+    script: str,
+    scope: SourceScope | None,
+    entry_modules: EntryModules,
 ) -> LaunchRead:
     """Parse and interpret; every failure surfaces as a LaunchReadError."""
     tree = parse_script(label, data)
+    accepts, stems = acceptor(entry_modules), entry_stems(entry_modules)
+    interpreter = Interpreter(label, data, bindings, script, scope, accepts, stems)
+    interpreter.default_entry = entry_modules is None
     try:
-        return Interpreter(label, data, bindings, script, scope).run(tree)
+        return interpreter.run(tree)
     except LaunchReadError:
         raise
     except RecursionError:
@@ -90,6 +110,9 @@ def _read(
 
 class Interpreter(Branches):
     """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
+
+    # Whether the read accepts main_ppo alone (its "no launcher" message names that command).
+    default_entry = True
 
     # ---------------------------------------------------------------- top level
 
@@ -115,10 +138,13 @@ class Interpreter(Branches):
             raise LaunchExited(self.path, exited.line, exited.status)
         if self.launch is None:
             where, other = self.other_entry or (None, "")
+            wanted = f"`python3 -m {LAUNCHER_MODULE}` command"
+            if not self.default_entry:
+                wanted = "launch of an accepted entry module"
             self.fail(
                 where,
                 "no launcher",
-                f"no `python3 -m {LAUNCHER_MODULE}` command is reached with these bindings"
+                f"no {wanted} is reached with these bindings"
                 + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
         return replace(self.launch, sources=tuple(sorted(self.sourced.items())))
@@ -550,9 +576,9 @@ class Interpreter(Branches):
                 status = self.call_function(argv, temporary, exempt, line)
             return self.errexit(status, exempt, line)
         words, uses = self.unwrap_launchers(argv, uncertain, line)
-        hydra_argv = self.launcher_argv(words, line)
-        if hydra_argv is not None:
-            self.launcher(words, hydra_argv, uncertain, redirs, temporary, uses, line)
+        entry = self.entry_launch(words, line)
+        if entry is not None:
+            self.launcher(entry, uncertain, redirs, temporary, uses, line)
             return 0
         self.note_entry(words, line)
         if argv[0] in BASH_BUILTINS and not uses:
@@ -571,8 +597,7 @@ class Interpreter(Branches):
 
     def launcher(
         self,
-        words: list[str],
-        hydra_argv: list[str],
+        entry: EntryLaunch,
         uncertain: str | None,
         redirs: list[Node],
         temporary: dict[str, str],
@@ -584,7 +609,7 @@ class Interpreter(Branches):
         with self.forked():
             stdin = self.redirections(redirs, launcher=True)
         with self.routed(redirs), self.reading(stdin):
-            self.record_launch(words[0], hydra_argv, line, temporary, uses)
+            self.record_launch(entry, line, temporary, uses)
 
     def exec_command(
         self,
@@ -608,9 +633,9 @@ class Interpreter(Branches):
         if not words:
             return 0
         inner, uses = self.unwrap_launchers(words, uncertain, line)
-        hydra_argv = self.launcher_argv(inner, line)
-        if hydra_argv is not None:
-            self.launcher(inner, hydra_argv, uncertain, redirs, temporary, uses, line)
+        entry = self.entry_launch(inner, line)
+        if entry is not None:
+            self.launcher(entry, uncertain, redirs, temporary, uses, line)
         else:
             self.note_entry(inner, line)
             with self.forked():

@@ -7,7 +7,7 @@ mutable :class:`Shell` and the variable table operations every layer needs.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
@@ -182,6 +182,20 @@ class LaunchRead:
     sources: tuple[tuple[str, str], ...] = ()
     # The file the launcher line is in (the script, or a file it sourced).
     path: str = ""
+    # The entry module the launch runs (dotted: `verl.trainer.main_ppo`), and what runs it:
+    # "python" or "torchrun" (also `python -m torch.distributed.run`).
+    module: str = ""
+    launcher: str = "python"
+    # torchrun's options as it reads them (from its words, or its PET_* environment): the
+    # canonical long name (`nproc_per_node`, `nnodes`, `standalone`, `master_port`, ...) and the
+    # value, True for a flag; options whose value only the running script knows, described.
+    torchrun: Mapping[str, str | bool] = field(default_factory=dict)
+    torchrun_runtime: Mapping[str, str] = field(default_factory=dict)
+    # The processes torchrun starts in all (nproc_per_node x nnodes), None when only the run
+    # decides (`--nproc_per_node=gpu`, an elastic `--nnodes=1:4`, a run-time value, a plain
+    # Python launch), with the reason.
+    world_size: int | None = None
+    world_size_reason: str = ""
 
 
 Value = str | dict[int, str] | Assoc
@@ -323,6 +337,8 @@ class State:
         bindings: Bindings,
         script: str | None = None,
         scope: SourceScope | None = None,
+        accepts: Callable[[str], bool] | None = None,
+        entry_stems: frozenset[str] = frozenset(),
     ) -> None:
         # The file being run (the script, or a file it sources): errors name it, and syntax
         # tree offsets point into its text.
@@ -360,6 +376,10 @@ class State:
         # The substitutions being evaluated, innermost last: a launcher there is refused.
         self.substituting: list[str] = []
         self.launch: LaunchRead | None = None
+        # Which entry modules this read accepts as its launch, and their file names without
+        # `.py` (a file of that name in a folder only known at run time is refused).
+        self.accepts = accepts or LAUNCHER_MODULE.__eq__
+        self.entry_stems = entry_stems
         # The last `python -m OTHER_MODULE` run, named when no launcher is reached.
         self.other_entry: tuple[int, str] | None = None
         # What the innermost command substitution being evaluated has captured (None outside

@@ -84,6 +84,12 @@ class Wrapper:
     # `python -m MODULE ARGS` with a "module" option; this variable names another interpreter.
     runs_python: bool = False
     interpreter_variable: str | None = None
+    # The wrapper is also a Python module run as `python -m MODULE` (torch.distributed.run).
+    python_module: str | None = None
+    # Options also read from the environment: the variable prefix (PET_ + the option's
+    # canonical name in capitals), and the options that are not.
+    environment_prefix: str | None = None
+    environment_ignored: tuple[str, ...] = ()
     # Where this behaviour is written in the wrapper's own code or documentation.
     evidence: str = ""
     # Where the option list comes from: the tool's version and the command or page.
@@ -208,6 +214,9 @@ def parse_table(text: str) -> OptionList:
         adds_variables=header.get("adds-variables"),
         runs_python=header.get("runs") == "python",
         interpreter_variable=header.get("interpreter-variable"),
+        python_module=header.get("module"),
+        environment_prefix=header.get("environment-prefix"),
+        environment_ignored=tuple(header.get("environment-ignored", "").split()),
         evidence=header.get("evidence", ""),
         version=header.get("version", ""),
         source=header.get("source", ""),

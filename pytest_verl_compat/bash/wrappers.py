@@ -96,8 +96,9 @@ _PLAIN = tuple(
 _DOCUMENTED = {name: option_list(name).wrapper for name in TABLE_FILES}
 TORCHRUN = _DOCUMENTED.pop("torchrun")
 WRAPPERS: tuple[Wrapper, ...] = (*_DOCUMENTED.values(), *_PLAIN)
-# The programs a wrapper starts with: a script function of one of these names is refused.
-WRAPPER_PROGRAMS = frozenset(wrapper.words[0] for wrapper in WRAPPERS)
+# The programs a wrapper (or torchrun) starts with: a script function of one of these names is
+# refused.
+WRAPPER_PROGRAMS = frozenset(wrapper.words[0] for wrapper in (*WRAPPERS, TORCHRUN))
 
 
 def find_wrapper(words: list[str]) -> Wrapper | None:
