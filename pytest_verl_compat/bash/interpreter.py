@@ -242,6 +242,9 @@ class Interpreter(Branches):
     def captured_output(self, stmts: list[Node], what: str) -> tuple[str, int] | None:
         """The output and status of ``stmts`` run in a subshell whose output is captured (None:
         only running them would tell)."""
+        if reads_a_file(stmts):
+            # `$(< FILE)`: bash prints the file, which this reader never opens.
+            return None
         saved = (self.capture, self.stdout_captured, self.stderr_captured, self.launch)
         capture = Capture()
         self.capture, self.stdout_captured, self.stderr_captured = capture, True, False
@@ -730,6 +733,22 @@ class Interpreter(Branches):
             elif op == "<&" and standard_input:
                 stdin = StandardInput(None, "another file descriptor")
         return stdin
+
+
+def reads_a_file(stmts: list[Node]) -> bool:
+    """Whether a substitution's body is bash's ``$(< FILE)``: one statement that is nothing but
+    one input redirection of standard input (then bash prints the file; ``$(: ; < f)``,
+    ``$(X=1 < f)``, ``$(< f 2>&1)`` and ``$(1< f)`` print nothing)."""
+    if len(stmts) != 1:
+        return False
+    stmt = stmts[0]
+    redirs = stmt.get("Redirs") or []
+    if stmt.get("Cmd") is not None or len(redirs) != 1:
+        return False
+    if stmt.get("Background") or stmt.get("Negated") or stmt.get("Coprocess"):
+        return False
+    number = (redirs[0].get("N") or {}).get("Value", "")
+    return redirs[0].get("Op") == "<" and number in ("", "0")
 
 
 # The commands whose status bash records in PIPESTATUS as a pipeline of one.

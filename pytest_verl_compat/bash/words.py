@@ -121,8 +121,10 @@ def literal_chunks(text: str) -> Iterator[tuple[str, bool]]:
         if text[i] == "\\":
             if i > start:
                 yield text[start:i], False
-            # A trailing lone backslash stands for itself.
-            yield (text[i + 1] if i + 1 < len(text) else "\\"), True
+            # A lone backslash ends a literal only at the end of the script, where bash reads it
+            # as a line continuation into nothing: it vanishes (`echo a \` at EOF passes `a`).
+            if i + 1 < len(text):
+                yield text[i + 1], True
             i += 2
             start = i
         else:
