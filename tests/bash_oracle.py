@@ -584,20 +584,26 @@ def run_bash_sandboxed(
     env: Mapping[str, str],
     substitutions: Mapping[str, str] = {},
     args: Sequence[str] = (),
+    programs: Mapping[str, str] = {},
 ) -> SandboxRun:
-    """Run ``data`` as ``bash /absolute/script`` from ``workdir`` in the sandbox.
+    """Run ``data`` as ``bash /absolute/script`` from ``workdir`` in the sandbox; ``programs``
+    adds programs to it (name -> a /bin/sh body), such as a `date` printing a bound output.
 
     The script is written to ``script`` (instrumented only where a substitution is bound); the
     reader reads the same path, so ``$0`` and the script's folder are the same for both.
     """
     if BASH is None or ENV is None:
         raise RuntimeError("bash and env are needed for the oracle")
-    programs, log = sandbox(script.parent.parent)
+    folder, log = sandbox(script.parent.parent)
+    for name, body in programs.items():
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
     log.unlink(missing_ok=True)
     if substitutions:
         data = instrument(data, substitutions, stubbed=True).text
     script.write_bytes(data)
-    variables = {**env, "PATH": str(programs), NOT_FOUND_HANDLER[0]: NOT_FOUND_HANDLER[1]}
+    variables = {**env, "PATH": str(folder), NOT_FOUND_HANDLER[0]: NOT_FOUND_HANDLER[1]}
     proc = subprocess.run(
         [ENV, "-i", *(f"{k}={v}" for k, v in variables.items()), BASH, str(script), *args],
         cwd=workdir,
@@ -626,5 +632,5 @@ def run_bash_sandboxed(
                 )
             )
     return SandboxRun(
-        proc.returncode, tuple(launches), proc.stderr.decode(errors="replace"), str(programs)
+        proc.returncode, tuple(launches), proc.stderr.decode(errors="replace"), str(folder)
     )

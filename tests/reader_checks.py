@@ -107,6 +107,7 @@ def read_and_run(
     name: str = "run.sh",
     files: dict[str, str] | None = None,
     home_folders: tuple[str, ...] = (),
+    programs: dict[str, str] | None = None,
 ) -> tuple[LaunchRead | LaunchReadError, SandboxRun, Launch | None]:
     """The reader's read of ``text`` (or its refusal), and what bash did in the sandbox with
     the same script at the same path (``bash_oracle.run_bash_sandboxed``): every launch, and the
@@ -122,7 +123,9 @@ def read_and_run(
         (scripts / relative).write_text(content)
     script = scripts / name
     variables = {"HOME": str(home), **(env or {})}
-    bash = run_bash_sandboxed(text.encode(), script, work, variables, substitutions or {}, args)
+    bash = run_bash_sandboxed(
+        text.encode(), script, work, variables, substitutions or {}, args, programs or {}
+    )
     bindings = Bindings(
         variables={**variables, "PATH": bash.path, "PWD": str(work)},
         substitutions=substitutions or {},

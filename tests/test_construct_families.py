@@ -82,3 +82,57 @@ def test_a_construct_reads_as_bash_runs_it_or_is_refused(
         assert isinstance(read, LaunchReadError), f"{family}: read {read}, expected {expected}"
         assert read.construct == expected, read
         assert read.line is not None
+
+
+# --------------------------------------------------------------------------- through a function
+
+DATE = "date +%Y%m%d"
+# The real `date` prints its output and one newline; the binding holds it without the newline.
+DATE_PROGRAM = {"date": 'printf "20260101\\n"'}
+
+
+@needs_bash
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ('now() { date +%Y%m%d; }\nTS=$(now)\nLAUNCH "ts=$TS"\n', SAME),
+        ('now() { date +%Y%m%d 2>/dev/null; }\nTS=$(now)\nLAUNCH "ts=$TS"\n', SAME),
+        ('now() { printf a; date +%Y%m%d; }\nLAUNCH "ts=$(now)"\n', SAME),
+        ('now() { echo "$(date +%Y%m%d)"; }\nLAUNCH "ts=$(now)-x"\n', SAME),
+        # The newlines `date` ends with are unknown where more output follows them, or where
+        # a pipe keeps them.
+        ('now() { date +%Y%m%d; echo x; }\nLAUNCH "ts=$(now)"\n', "run-time value"),
+        ('now() { date +%Y%m%d | tr -d 0; }\nLAUNCH "ts=$(now)"\n', "run-time value"),
+        ('now() { date +%Y%m%d; }\nLAUNCH "ts=$(now 2>&1)"\n', "run-time value"),
+        # Another command is not the bound one.
+        ('now() { date +%Y; }\nLAUNCH "ts=$(now)"\n', "run-time value"),
+    ],
+)
+def test_a_substitution_through_the_scripts_function_answers_from_the_same_binding(
+    script: str, expected: str, tmp_path: Path
+) -> None:
+    read = agrees_with_bash(
+        script.replace("LAUNCH", LAUNCH),
+        tmp_path,
+        substitutions={DATE: "20260101"},
+        programs=DATE_PROGRAM,
+    )
+    if expected == SAME:
+        assert isinstance(read, LaunchRead), read
+        assert "20260101" in read.argv[0]
+    else:
+        assert isinstance(read, LaunchReadError) and read.construct == expected, read
+
+
+@needs_bash
+def test_an_unbound_substitution_through_a_function_stays_a_run_time_value(
+    tmp_path: Path,
+) -> None:
+    read = agrees_with_bash(
+        f'now() {{ date +%Y%m%d; }}\nTS=$(now)\n{LAUNCH} "ts=$TS"\n',
+        tmp_path,
+        programs=DATE_PROGRAM,
+    )
+    assert isinstance(read, LaunchReadError)
+    assert (read.construct, read.line) == ("run-time value", 3)
+    assert "$(now) (line 2)" in read.detail

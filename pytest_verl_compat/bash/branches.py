@@ -90,7 +90,9 @@ class Branches(Launcher):
             "launch": self.launch,
             "other_entry": self.other_entry,
             "frames": copy.deepcopy(self.frames),
-            "capture": None if capture is None else (list(capture.pieces), capture.unknown),
+            "capture": None
+            if capture is None
+            else (list(capture.pieces), capture.unknown, capture.open_newlines),
             "stdin": (self.stdin.text, self.stdin.position, self.stdin.origin),
         }
 
@@ -104,6 +106,7 @@ class Branches(Launcher):
         if self.capture is not None and saved["capture"] is not None:
             self.capture.pieces[:] = saved["capture"][0]
             self.capture.unknown = saved["capture"][1]
+            self.capture.open_newlines = saved["capture"][2]
         # The same input object, rewound: the commands around share it.
         self.stdin.text, self.stdin.position, self.stdin.origin = saved["stdin"]
 

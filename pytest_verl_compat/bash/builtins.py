@@ -212,7 +212,13 @@ class Builtins(Declarations):
                         "runs a child shell whose code this reader cannot see",
                     )
         self.consumed(name)
-        self.write_unknown(f"`{name}`")
+        text = next((text for text in self.command_text if text in self.substitutions), None)
+        if text is not None:
+            # The same command bound as `$(TEXT)`: what it prints, as `substitution` reads it.
+            output = str(self.substitutions[text]).replace("\0", "").rstrip("\n")
+            self.write_bound(output, f"`{text}`")
+        else:
+            self.write_unknown(f"`{name}`")
         return 0
 
     def unwrap(self, argv: list[str], line: int) -> tuple[list[str], list[str]] | int:

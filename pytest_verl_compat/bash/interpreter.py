@@ -233,20 +233,24 @@ class Interpreter(Branches):
         output unknown: the substitution is then the run-time value it always was, refused
         only where its text decides something.
         """
-        output = self.captured_output(part.get("Stmts") or [], "a command substitution")
+        output = self.captured_output(
+            part.get("Stmts") or [], "a command substitution", strips_trailing_newlines=True
+        )
         if output is None:
             return None
         text, self.substitution_status = output
         return text.rstrip("\n")
 
-    def captured_output(self, stmts: list[Node], what: str) -> tuple[str, int] | None:
+    def captured_output(
+        self, stmts: list[Node], what: str, strips_trailing_newlines: bool = False
+    ) -> tuple[str, int] | None:
         """The output and status of ``stmts`` run in a subshell whose output is captured (None:
         only running them would tell)."""
         if reads_a_file(stmts):
             # `$(< FILE)`: bash prints the file, which this reader never opens.
             return None
         saved = (self.capture, self.stdout_captured, self.stderr_captured, self.launch)
-        capture = Capture()
+        capture = Capture(strips_trailing_newlines)
         self.capture, self.stdout_captured, self.stderr_captured = capture, True, False
         self.substituting.append(what)
         try:
@@ -307,6 +311,12 @@ class Interpreter(Branches):
             return 0
         kind = cmd.get("Type")
         if kind == "CallExpr":
+            # As written, and without its redirections (`date 2>/dev/null` prints what `date`
+            # does, its standard output followed as `routed` follows it).
+            self.command_text = (
+                _statement_text(self.source_text(stmt)),
+                self.source_text(cmd).strip(),
+            )
             return self.call(cmd, redirs, exempt)
         stdin = self.redirections(redirs, launcher=False)
         with self.routed(redirs), self.reading(stdin):
@@ -551,6 +561,7 @@ class Interpreter(Branches):
         line = line_of(cmd)
         assigns = cmd.get("Assigns") or []
         self.substitution_status = 0
+        text = self.command_text
         argv, uncertain = self.fields_split(cmd.get("Args") or [])
         if not argv:
             # Assignment-only (or empty after expansion): the assignments persist, and the
@@ -571,6 +582,8 @@ class Interpreter(Branches):
                 value = (current or "") + value
             temporary[name] = value
         self.check_command(argv, uncertain, line)
+        # The words' substitutions ran statements of their own.
+        self.command_text = text
         if argv[0] == "exec" and len(argv) > 1:
             return self.exec_command(argv, uncertain, redirs, temporary, line)
         if argv[0] in self.sh.functions:
@@ -733,6 +746,11 @@ class Interpreter(Branches):
             elif op == "<&" and standard_input:
                 stdin = StandardInput(None, "another file descriptor")
         return stdin
+
+
+def _statement_text(text: str) -> str:
+    """A statement's source as a substitution binding writes it: without the `;` that ends it."""
+    return text.strip().removesuffix(";").rstrip()
 
 
 def reads_a_file(stmts: list[Node]) -> bool:

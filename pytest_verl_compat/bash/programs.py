@@ -47,9 +47,26 @@ class Programs(Conditions):
 
     def write(self, text: str) -> None:
         """Text a command writes to its standard output."""
-        if self.capture is not None and self.stdout_captured:
+        capture = self.capture
+        if capture is not None and self.stdout_captured:
             self.charge(len(text))
-            self.capture.pieces.append(text)
+            if text and capture.open_newlines is not None and capture.unknown is None:
+                capture.unknown = f"the trailing newlines {capture.open_newlines} printed"
+            capture.pieces.append(text)
+            if text:
+                capture.open_newlines = None
+
+    def write_bound(self, output: str, what: str) -> None:
+        """A skipped program whose command text is bound prints the bound output: exactly, up
+        to the trailing newlines a `$(...)` drops (the binding holds the output without them)."""
+        capture = self.capture
+        if capture is None or not self.stdout_captured:
+            return
+        if self.stderr_captured or not capture.strips_trailing_newlines:
+            self.write_unknown(f"{what} (its trailing newlines)")
+            return
+        self.write(output)
+        capture.open_newlines = what
 
     def write_unknown(self, what: str) -> None:
         """A command whose output (on either stream) is only known at run time."""

@@ -239,10 +239,16 @@ class Trap:
 class Capture:
     """The output of a command substitution being evaluated: known text, or why it is not."""
 
-    def __init__(self) -> None:
+    def __init__(self, strips_trailing_newlines: bool = False) -> None:
         self.pieces: list[str] = []
         # What wrote output this reader cannot know (a skipped program), if anything did.
         self.unknown: str | None = None
+        # A `$(...)` drops every trailing newline of its output, so a command whose output is
+        # bound without its trailing newlines may end it; a pipe or a `<(...)` keeps them.
+        self.strips_trailing_newlines = strips_trailing_newlines
+        # The bound command that wrote last, while nothing has followed it: the newlines it
+        # really ended with are unknown, so any further output makes the whole unknown.
+        self.open_newlines: str | None = None
 
 
 class StandardInput:
@@ -393,6 +399,9 @@ class State:
         self.calls: list[tuple[str, str]] = []
         # BASH_SOURCE of the file being run: the script's path, or a sourced file's as given.
         self.source_name = self.script
+        # The source text of the statement being run: a skipped program run by a statement
+        # whose text is bound in `substitutions` prints that output (`now() { date; }`).
+        self.command_text: tuple[str, ...] = ()
         # The status of the last command substitution of the command being run.
         self.substitution_status = 0
         # Whether no later command reads the status of the statement about to run, and of the
