@@ -232,6 +232,10 @@ class Launcher(Sources):
                     changed = line
             for folder in used.folders:
                 cwd = _entered(cwd, folder)
+            for variable in used.wrapper.changes_variables:
+                env[variable] = self.lazy(
+                    line, f"${variable} as `{name}` sets it", "only known where it runs", True
+                )
             unseen.extend(f"{what} ({name}, line {line})" for what in used.unseen)
         if changed is not None and "/" not in entry.program:
             # bash (or the wrapper) looks `python3` up in the changed PATH: any program.

@@ -80,6 +80,9 @@ class Wrapper:
     remote_environment: str | None = None
     # Variables the wrapper itself sets for the command, not visible in the script.
     adds_variables: str | None = None
+    # Variables of the script's environment the wrapper changes in a way only known where it
+    # runs (stdbuf prepends its own library to LD_PRELOAD).
+    changes_variables: tuple[str, ...] = ()
     # The wrapper runs its operands under its own Python (torchrun): `python SCRIPT ARGS`, or
     # `python -m MODULE ARGS` with a "module" option; this variable names another interpreter.
     runs_python: bool = False

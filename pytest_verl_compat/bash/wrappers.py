@@ -86,8 +86,21 @@ _PLAIN_SPECS: tuple[tuple[str, str, tuple[ValueKind, ...], str], ...] = (
         "GNU time [OPTION]... COMMAND [ARG]...",
     ),
 )
+# stdbuf runs its command with its own library preloaded: LD_PRELOAD gets libstdbuf.so (where
+# coreutils installed it) in front, and each -i/-o/-e option becomes a _STDBUF_* variable.
+_PLAIN_ENVIRONMENTS = {
+    "stdbuf": ("the _STDBUF_I, _STDBUF_O and _STDBUF_E variables of its options", ("LD_PRELOAD",))
+}
 _PLAIN = tuple(
-    Wrapper((program,), _options(spec), "getopt", operands=operands, evidence=usage)
+    Wrapper(
+        (program,),
+        _options(spec),
+        "getopt",
+        operands=operands,
+        evidence=usage,
+        adds_variables=_PLAIN_ENVIRONMENTS.get(program, (None, ()))[0],
+        changes_variables=_PLAIN_ENVIRONMENTS.get(program, (None, ()))[1],
+    )
     for program, spec, operands, usage in _PLAIN_SPECS
 )
 
