@@ -409,6 +409,9 @@ SANDBOX_PROGRAMS = (
     "env nohup timeout nice stdbuf setsid"
 ).split()
 NOT_FOUND_HANDLER = ("BASH_FUNC_command_not_found_handle%%", "() {  return 0\n}")
+# `ulimit` raising a limit this container does not allow fails here, where it would succeed on
+# the machines launch scripts are written for; the reader takes it as succeeding.
+ULIMIT = ("BASH_FUNC_ulimit%%", '() {  builtin ulimit "$@" 2> /dev/null || true\n}')
 SANDBOX_OWN_EXPORTS = BASH_OWN_EXPORTS | {NOT_FOUND_HANDLER[0]}
 
 # The Python recorder: reads its words with CPython's own option grammar (`python3 --help`),
@@ -602,8 +605,15 @@ def run_bash_sandboxed(
     log.unlink(missing_ok=True)
     if substitutions:
         data = instrument(data, substitutions, stubbed=True).text
-    script.write_bytes(data)
-    variables = {**env, "PATH": str(folder), NOT_FOUND_HANDLER[0]: NOT_FOUND_HANDLER[1]}
+    # The script's own background jobs (`nohup ... &`) finish before bash exits. Two newlines:
+    # a backslash ending the script still continues into an empty line, as at its end.
+    script.write_bytes(data + b"\n\nexec >/dev/null 2>&1\nwait\n")
+    variables = {
+        **env,
+        "PATH": str(folder),
+        NOT_FOUND_HANDLER[0]: NOT_FOUND_HANDLER[1],
+        ULIMIT[0]: ULIMIT[1],
+    }
     proc = subprocess.run(
         [ENV, "-i", *(f"{k}={v}" for k, v in variables.items()), BASH, str(script), *args],
         cwd=workdir,
