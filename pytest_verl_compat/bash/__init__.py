@@ -1,17 +1,27 @@
-"""Launch reader: the argv of a script's final ``python3 -m verl.trainer.main_ppo``, never run.
+"""Launch reader: the argv of a script's final launch of an entry module, never run.
+
+By default the launch is ``python3 -m verl.trainer.main_ppo`` (what every caller above the
+reader assumes); ``read_launch(..., entry_modules=...)`` accepts other entry modules (dotted
+names or a predicate, among the modules of the entry packages in ``data/entry_packages.txt``)
+and returns the script's final launch of any of them, run by ``python [OPTIONS] -m MODULE``,
+``python PATH/verl/.../module.py``, ``torchrun [OPTIONS] (-m MODULE | PATH.py)`` or ``python -m
+torch.distributed.run``: ``LaunchRead`` names the module, the launcher, torchrun's options and
+the world size it starts (see ``entry_points`` and ``launcher``).
 
 The script is parsed by mvdan/sh's ``shfmt --to-json`` and the typed syntax tree is interpreted
 here, with bash semantics, for the subset of bash that launch scripts use.  Nothing the script
 names is ever executed: a command substitution is answered from ``Bindings.substitutions`` or
 by interpreting its body (``cd``, ``pwd``, ``dirname``, ``basename``, ``realpath``, ``echo``,
-``printf`` and the script's own functions are pure functions of known text), and every
+``printf`` and the script's own functions are pure functions of known text; a program the
+reader skips prints the bound output of its own command text, as ``$(TEXT)``), and every
 construct whose effect cannot be known statically raises :class:`LaunchReadError` naming the
-file, the line and the construct.  The launcher may run under wrappers (``ray job submit``,
-``uv run``, ``env``, ``nohup``, ``timeout``, ``srun``, ``docker exec``, ``conda run``: the
-registry in ``wrappers``), whose options are read and checked, never run; ``LaunchRead`` then
-carries the environment and folder the wrapped launcher gets.  ``source`` reads files of the
-read's :class:`SourceScope` only (the script's folder tree, or a manifest case's pinned inputs);
-``LaunchRead.sources`` lists them with their sha256.
+file, the line and the construct (``$(< FILE)`` prints a file never read: a run-time value).
+The launcher may run under wrappers (``ray job submit``, ``uv run``, ``env``, ``nohup``,
+``timeout``, ``srun``, ``docker exec``, ``conda run``: the registry in ``wrappers``, their tables
+built from each tool's documented option list in ``data/wrappers``), whose options are read and
+checked, never run; ``LaunchRead`` then carries the environment and folder the wrapped launcher
+gets.  ``source`` reads files of the read's :class:`SourceScope` only (the script's folder tree,
+or a manifest case's pinned inputs); ``LaunchRead.sources`` lists them with their sha256.
 
 Run-time values: what only the running script knows (an unbound command substitution, a
 variable bash sets such as ``$PWD``, ``~`` with HOME unset, ``$$``) is carried as a marker
@@ -64,9 +74,9 @@ fields and the ASCII value helpers), ``arrays`` (associative arrays in bash's or
 ``braces``, ``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the
 pure ``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
 ``paths`` and ``printing``), ``stdin`` (input and what reads it, over the pure ``filters``),
-``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python
-and the wrappers, described as data in ``wrappers``), ``branches`` and ``interpreter``
-(statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
+``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python,
+torchrun and the wrappers, over the pure ``entry_points`` and ``wrappers``, whose tables come
+from ``wrapper_tables``), ``branches`` and ``interpreter`` (statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
 bottom; the few calls that go up the stack are declared on ``State`` for the type checker.
 """
 
