@@ -395,3 +395,252 @@ def run_bash_stubbed(
     return StubbedRun(
         proc.returncode, argv, exported, cwd, proc.stderr.decode(errors="replace"), path
     )
+
+
+# --------------------------------------------------------------------------- sandboxed runs
+
+# A sandboxed run executes the script as it is written, with nothing real but bash, its
+# builtins and the pure programs the reader models: PATH holds only those (and recorders for
+# the launchers and stubs for the wrappers), and bash's command_not_found_handle makes every
+# other command succeed silently, which is what the reader assumes of a command it skips.
+# Substitutions bound in the bindings print their bound output; the others run in the sandbox.
+SANDBOX_PROGRAMS = (
+    "dirname basename realpath readlink seq cat tr cut head tail wc sort uniq awk sed tee mkdir "
+    "env nohup timeout nice stdbuf setsid"
+).split()
+NOT_FOUND_HANDLER = ("BASH_FUNC_command_not_found_handle%%", "() {  return 0\n}")
+# `ulimit` raising a limit this container does not allow fails here, where it would succeed on
+# the machines launch scripts are written for; the reader takes it as succeeding.
+ULIMIT = ("BASH_FUNC_ulimit%%", '() {  builtin ulimit "$@" 2> /dev/null || true\n}')
+SANDBOX_OWN_EXPORTS = BASH_OWN_EXPORTS | {NOT_FOUND_HANDLER[0]}
+
+# The Python recorder: reads its words with CPython's own option grammar (`python3 --help`),
+# records a launch of a module or a script file, and hands `-m torch.distributed.run` to the
+# torchrun recorder. `-c`, `-` and no program at all are not launches.
+_PYTHON_RECORDER = """
+import json, os, sys
+sys.path.insert(0, {folder!r})
+import launch_record
+args = sys.argv[1:]
+k = 0
+target = None
+while k < len(args):
+    word = args[k]
+    if word == "--":
+        k += 1
+        break
+    if word == "--check-hash-based-pycs":
+        k += 2
+        continue
+    if not word.startswith("-") or word == "-":
+        break
+    if word.startswith("--"):
+        sys.exit(0)  # --help, --version: prints and exits
+    position = 1
+    while position < len(word):
+        letter = word[position]
+        position += 1
+        if letter in "cmWX":
+            value = word[position:] or (args[k + 1] if k + 1 < len(args) else "")
+            if not word[position:]:
+                k += 1
+            if letter == "c":
+                sys.exit(0)
+            if letter == "m":
+                target = ("module", value)
+            break
+        if letter in "h?V":
+            sys.exit(0)
+    k += 1
+    if target:
+        break
+if target is None:
+    if k >= len(args) or args[k] == "-":
+        sys.exit(0)
+    target = ("script", args[k])
+# After `-m MODULE` k is already past the module; a script file is the word at k.
+rest = args[k:] if target[0] == "module" else args[k + 1 :]
+if target == ("module", "torch.distributed.run"):
+    launch_record.torchrun(rest)
+else:
+    launch_record.record("python", target, rest)
+"""
+
+_TORCHRUN_RECORDER = """
+import sys
+sys.path.insert(0, {folder!r})
+import launch_record
+launch_record.torchrun(sys.argv[1:])
+"""
+
+# Shared by the recorders: where launches are written, and torchrun read by torch itself.
+_LAUNCH_RECORD = """
+import json, os
+
+LOG = {log!r}
+
+
+def record(launcher, target, args, torchrun=None):
+    with open("/proc/self/environ", "rb") as given:
+        env = dict(
+            entry.decode().split("=", 1) for entry in given.read().split(b"\\0") if b"=" in entry
+        )
+    entry = {{
+        "launcher": launcher,
+        "kind": target[0],
+        "target": target[1],
+        "args": args,
+        "env": env,
+        "cwd": os.getcwd(),
+        "torchrun": torchrun,
+    }}
+    with open(LOG, "a") as out:
+        out.write(json.dumps(entry) + "\\n")
+
+
+def torchrun(words):
+    # torch's own parser (with its PET_* environment defaults) decides what torchrun reads.
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    parsed = get_args_parser().parse_args(words)
+    options = {{
+        key: value
+        for key, value in vars(parsed).items()
+        if key not in ("training_script", "training_script_args")
+    }}
+    try:
+        low, high = parse_min_max_nnodes(parsed.nnodes)
+        nodes = low if low == high else None
+        world = int(parsed.nproc_per_node) * nodes if nodes is not None else None
+    except ValueError:
+        world = None
+    options["world_size"] = world
+    target = ("module" if parsed.module else "script", parsed.training_script)
+    record("torchrun", target, list(parsed.training_script_args), options)
+"""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch a recorder saw: who ran what, with which words, environment and folder."""
+
+    launcher: str
+    kind: str  # "module" or "script"
+    target: str
+    args: tuple[str, ...]
+    exported: dict[str, str]
+    cwd: str
+    torchrun: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class SandboxRun:
+    """What bash did with the script in the sandbox: its status and every launch, in order."""
+
+    returncode: int
+    launches: tuple[Launch, ...]
+    stderr: str
+    path: str  # the PATH the script ran with (bind it for the reader too)
+
+    def last(self, accepted: Callable[[Launch], bool]) -> Launch | None:
+        """The last launch ``accepted`` takes, as the reader keeps the last one."""
+        return next((launch for launch in reversed(self.launches) if accepted(launch)), None)
+
+
+def sandbox(root: Path) -> tuple[Path, Path]:
+    """The sandbox's program folder (made once per root) and its launch log."""
+    programs, log = root / "sandbox-bin", root / "launches.jsonl"
+    if programs.is_dir():
+        return programs, log
+    programs.mkdir(parents=True)
+    for name in SANDBOX_PROGRAMS:
+        real = shutil.which(name, path="/usr/bin:/bin")
+        if real is not None:
+            (programs / name).symlink_to(real)
+    (programs / "launch_record.py").write_text(_LAUNCH_RECORD.format(log=str(log)))
+    recorders = {
+        "python3": _PYTHON_RECORDER.format(folder=str(programs)),
+        "torchrun": _TORCHRUN_RECORDER.format(folder=str(programs)),
+        "ray": _RAY_STUB.format(),
+        "uv": _RUN_STUB.format(valued=_UV_VALUED, subcommand="run", container=False, operands=0),
+        "srun": _RUN_STUB.format(valued=_SRUN_VALUED, subcommand="", container=False, operands=0),
+        "docker": _RUN_STUB.format(
+            valued=_DOCKER_VALUED, subcommand="exec", container=True, operands=1
+        ),
+        "conda": _RUN_STUB.format(
+            valued=_CONDA_VALUED, subcommand="run", container=False, operands=0
+        ),
+    }
+    for name, body in recorders.items():
+        path = programs / name
+        path.write_text(f"#!{sys.executable}\n{body}")
+        path.chmod(0o755)
+    for alias in ("python", "python3.11", "python3.10", "python3.12"):
+        (programs / alias).symlink_to(programs / "python3")
+    return programs, log
+
+
+def run_bash_sandboxed(
+    data: bytes,
+    script: Path,
+    workdir: Path,
+    env: Mapping[str, str],
+    substitutions: Mapping[str, str] = {},
+    args: Sequence[str] = (),
+    programs: Mapping[str, str] = {},
+) -> SandboxRun:
+    """Run ``data`` as ``bash /absolute/script`` from ``workdir`` in the sandbox; ``programs``
+    adds programs to it (name -> a /bin/sh body), such as a `date` printing a bound output.
+
+    The script is written to ``script`` (instrumented only where a substitution is bound); the
+    reader reads the same path, so ``$0`` and the script's folder are the same for both.
+    """
+    if BASH is None or ENV is None:
+        raise RuntimeError("bash and env are needed for the oracle")
+    folder, log = sandbox(script.parent.parent)
+    for name, body in programs.items():
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    log.unlink(missing_ok=True)
+    if substitutions:
+        data = instrument(data, substitutions, stubbed=True).text
+    # The script's own background jobs (`nohup ... &`) finish before bash exits. Two newlines:
+    # a backslash ending the script still continues into an empty line, as at its end.
+    script.write_bytes(data + b"\n\nexec >/dev/null 2>&1\nwait\n")
+    variables = {
+        **env,
+        "PATH": str(folder),
+        NOT_FOUND_HANDLER[0]: NOT_FOUND_HANDLER[1],
+        ULIMIT[0]: ULIMIT[1],
+    }
+    proc = subprocess.run(
+        [ENV, "-i", *(f"{k}={v}" for k, v in variables.items()), BASH, str(script), *args],
+        cwd=workdir,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    launches = []
+    if log.exists():
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            exported = {
+                k: v
+                for k, v in entry["env"].items()
+                if k not in SANDBOX_OWN_EXPORTS and not k.startswith("BASH_FUNC_")
+            }
+            launches.append(
+                Launch(
+                    entry["launcher"],
+                    entry["kind"],
+                    entry["target"],
+                    tuple(entry["args"]),
+                    exported,
+                    entry["cwd"],
+                    entry["torchrun"],
+                )
+            )
+    return SandboxRun(
+        proc.returncode, tuple(launches), proc.stderr.decode(errors="replace"), str(folder)
+    )

@@ -477,7 +477,7 @@ def test_shfmt_memory_budget_is_a_limit_not_a_syntax_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, canary: Canary
 ) -> None:
     """A tree too big for shfmt's memory cap is reported as a limit (cap lowered to test it)."""
-    monkeypatch.setattr(bash_parse, "_SHFMT_MEMORY", 8 << 20)
+    monkeypatch.setattr(bash_parse, "SHFMT_MEMORY", 8 << 20)
     bash_parse._TREE_TEXT.clear()
     script = f"X='{canary.payload}'\n" + "echo a b c d\n" * 40_000 + f"{LAUNCH}\n"
     with pytest.raises(LaunchReadError) as caught:
@@ -492,9 +492,9 @@ def test_shfmt_memory_budget_is_a_limit_not_a_syntax_error(
 def test_size_limit_is_inclusive(tmp_path: Path) -> None:
     """A script of exactly the limit is read; one byte more is refused."""
     body = f"{LAUNCH} a=1\n"
-    pad = bash_parse._MAX_SCRIPT_BYTES - len(body) - 1
+    pad = bash_parse.MAX_SCRIPT_BYTES - len(body) - 1
     exact = "#" * pad + "\n" + body
-    assert len(exact.encode()) == bash_parse._MAX_SCRIPT_BYTES
+    assert len(exact.encode()) == bash_parse.MAX_SCRIPT_BYTES
     (tmp_path / "ok.sh").write_text(exact)
     assert read_launch(tmp_path / "ok.sh", _bindings({})).argv == ("a=1",)
     (tmp_path / "big.sh").write_text("#" + exact)

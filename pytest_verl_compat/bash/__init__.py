@@ -1,17 +1,27 @@
-"""Launch reader: the argv of a script's final ``python3 -m verl.trainer.main_ppo``, never run.
+"""Launch reader: the argv of a script's final launch of an entry module, never run.
+
+By default the launch is ``python3 -m verl.trainer.main_ppo`` (what every caller above the
+reader assumes); ``read_launch(..., entry_modules=...)`` accepts other entry modules (dotted
+names or a predicate, among the modules of the entry packages in ``data/entry_packages.txt``)
+and returns the script's final launch of any of them, run by ``python [OPTIONS] -m MODULE``,
+``python PATH/verl/.../module.py``, ``torchrun [OPTIONS] (-m MODULE | PATH.py)`` or ``python -m
+torch.distributed.run``: ``LaunchRead`` names the module, the launcher, torchrun's options and
+the world size it starts (see ``entry_points`` and ``launcher``).
 
 The script is parsed by mvdan/sh's ``shfmt --to-json`` and the typed syntax tree is interpreted
 here, with bash semantics, for the subset of bash that launch scripts use.  Nothing the script
 names is ever executed: a command substitution is answered from ``Bindings.substitutions`` or
 by interpreting its body (``cd``, ``pwd``, ``dirname``, ``basename``, ``realpath``, ``echo``,
-``printf`` and the script's own functions are pure functions of known text), and every
+``printf`` and the script's own functions are pure functions of known text; a program the
+reader skips prints the bound output of its own command text, as ``$(TEXT)``), and every
 construct whose effect cannot be known statically raises :class:`LaunchReadError` naming the
-file, the line and the construct.  The launcher may run under wrappers (``ray job submit``,
-``uv run``, ``env``, ``nohup``, ``timeout``, ``srun``, ``docker exec``, ``conda run``: the
-registry in ``wrappers``), whose options are read and checked, never run; ``LaunchRead`` then
-carries the environment and folder the wrapped launcher gets.  ``source`` reads files of the
-read's :class:`SourceScope` only (the script's folder tree, or a manifest case's pinned inputs);
-``LaunchRead.sources`` lists them with their sha256.
+file, the line and the construct (``$(< FILE)`` prints a file never read: a run-time value).
+The launcher may run under wrappers (``ray job submit``, ``uv run``, ``env``, ``nohup``,
+``timeout``, ``srun``, ``docker exec``, ``conda run``: the registry in ``wrappers``, their tables
+built from each tool's documented option list in ``data/wrappers``), whose options are read and
+checked, never run; ``LaunchRead`` then carries the environment and folder the wrapped launcher
+gets.  ``source`` reads files of the read's :class:`SourceScope` only (the script's folder tree,
+or a manifest case's pinned inputs); ``LaunchRead.sources`` lists them with their sha256.
 
 Run-time values: what only the running script knows (an unbound command substitution, a
 variable bash sets such as ``$PWD``, ``~`` with HOME unset, ``$$``) is carried as a marker
@@ -56,16 +66,18 @@ Deliberate differences from bash, each documented where it is implemented:
 * A file test (``[ -f .env ]``) is never answered from the disk, even for a file the script
   could source: the file system of the run may differ from the reader's.
 
-The modules, each importing only those before it: ``errors`` (what is raised, the budgets),
-``parse`` (shfmt and the tree), ``words`` (quoting and fields), ``arrays`` (associative arrays
-in bash's order), ``state`` (the shell and its variables), ``arithmetic``, ``braces``,
-``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the pure
-``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
+The modules, each importing only those before it (no import cycle, and no module takes a
+name starting with ``_`` from another): ``errors`` (what is raised, the budgets and the
+exceptions that unwind the interpreter), ``parse`` (shfmt and the tree), ``words`` (quoting,
+fields and the ASCII value helpers), ``arrays`` (associative arrays in bash's order), ``scope``
+(which files ``source`` may read), ``state`` (the shell and its variables), ``arithmetic``,
+``braces``, ``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the
+pure ``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
 ``paths`` and ``printing``), ``stdin`` (input and what reads it, over the pure ``filters``),
-``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python
-and the wrappers, described as data in ``wrappers``), ``branches`` and ``interpreter``
-(statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
-bottom.
+``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python,
+torchrun and the wrappers, over the pure ``entry_points`` and ``wrappers``, whose tables come
+from ``wrapper_tables``), ``branches`` and ``interpreter`` (statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
+bottom; the few calls that go up the stack are declared on ``State`` for the type checker.
 """
 
 from __future__ import annotations
@@ -73,7 +85,7 @@ from __future__ import annotations
 from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
 from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
 from pytest_verl_compat.bash.parse import command_substitutions
-from pytest_verl_compat.bash.sources import SourceScope
+from pytest_verl_compat.bash.scope import SourceScope
 from pytest_verl_compat.bash.state import LaunchRead
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash.parse import Node, _line
-from pytest_verl_compat.bash.state import _State
-from pytest_verl_compat.bash.words import _ascii_digits, _Fields, _is_name
+from pytest_verl_compat.bash.parse import Node, line_of
+from pytest_verl_compat.bash.state import State
+from pytest_verl_compat.bash.words import Fields, ascii_digits, is_name
 
 _INT64 = 1 << 64
 
@@ -35,7 +35,7 @@ def _parse_number(text: str) -> int | None:
         return None
     if "#" in text:
         base_text, _, digits = text.partition("#")
-        if not _ascii_digits(base_text):
+        if not ascii_digits(base_text):
             return None
         base = int(base_text) if len(base_text) <= 2 else 0
         if not 2 <= base <= 64 or not digits:
@@ -65,7 +65,7 @@ def _parse_number(text: str) -> int | None:
         if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits):
             raise ValueError(f"invalid hexadecimal constant {text!r}")
         return _wrap(int(digits, 16))
-    if not _ascii_digits(text):
+    if not ascii_digits(text):
         raise ValueError(f"invalid number {text!r}")
     if text[0] == "0" and len(text) > 1:
         if any(c in "89" for c in text):
@@ -74,30 +74,13 @@ def _parse_number(text: str) -> int | None:
     return _decimal_wrapped(text)
 
 
-def _legal_integer(text: str) -> int | None:
-    """An operand of ``[ ... -eq ... ]``: optional blanks and sign around decimal digits."""
-    body = text.strip(" \t\n")
-    sign = 1
-    if body[:1] in ("+", "-"):
-        sign = -1 if body[0] == "-" else 1
-        body = body[1:]
-    if not _ascii_digits(body):
-        return None
-    # bash's legal_number is strtoimax: a value outside 64 bits is not a number at all.
-    body = body.lstrip("0") or "0"
-    if len(body) > 19:
-        return None
-    value = sign * int(body)
-    return value if -(1 << 63) <= value < 1 << 63 else None
-
-
-class _Arithmetic(_State):
+class Arithmetic(State):
     """Arithmetic expressions, operands and the variables they assign."""
 
     def arith(self, node: Node) -> int:
         """Evaluate a shfmt arithmetic expression with bash's 64-bit semantics."""
         kind = node.get("Type")
-        line = _line(node)
+        line = line_of(node)
         if kind == "Word":
             return self.arith_word(node)
         if kind == "ParenArithm":
@@ -189,7 +172,7 @@ class _Arithmetic(_State):
 
     def arith_word(self, word: Node) -> int:
         """An arithmetic operand: a constant, a variable name, or an expansion of one."""
-        line = _line(word)
+        line = line_of(word)
         parts = word.get("Parts") or []
         if len(parts) == 1 and parts[0].get("Type") == "Lit":
             return self.arith_text(parts[0].get("Value", ""), line, bare=True)
@@ -197,7 +180,7 @@ class _Arithmetic(_State):
             # A bare NAME[i] reference.
             name, index = self.arith_ref(word)
             return self.arith_var(name, index, line)
-        fb = _Fields(split=False)
+        fb = Fields(split=False)
         for part in parts:
             self.part(part, fb, quoted=True, pword=False)
         text = fb.joined()
@@ -222,7 +205,7 @@ class _Arithmetic(_State):
             self.fail(line, "arithmetic", str(exc))
         if number is not None:
             return _wrap(sign * number)
-        if _is_name(body):
+        if is_name(body):
             if depth > 32:
                 self.fail(line, "arithmetic", "expression recursion level exceeded")
             return _wrap(sign * self.arith_var(body, None, line, depth + 1))
@@ -230,18 +213,14 @@ class _Arithmetic(_State):
 
     def arith_ref(self, node: Node) -> tuple[str, int | str | None]:
         """The variable an arithmetic assignment or ``++``/``--`` targets."""
-        line = _line(node)
+        line = line_of(node)
         parts = (node.get("Parts") or []) if node.get("Type") == "Word" else []
-        if (
-            len(parts) == 1
-            and parts[0].get("Type") == "Lit"
-            and _is_name(parts[0].get("Value", ""))
-        ):
+        if len(parts) == 1 and parts[0].get("Type") == "Lit" and is_name(parts[0].get("Value", "")):
             return parts[0]["Value"], None
         if len(parts) == 1 and parts[0].get("Type") == "ParamExp" and "Dollar" not in parts[0]:
             pe = parts[0]
             name = pe["Param"].get("Value", "")
-            if _is_name(name) and not pe.get("Exp") and pe.get("Index") is not None:
+            if is_name(name) and not pe.get("Exp") and pe.get("Index") is not None:
                 return name, self.subscript(name, pe["Index"], line)
         self.fail(line, "arithmetic", "assignment to something that is not a variable")
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_verl_compat.bash.arithmetic import _legal_integer
-from pytest_verl_compat.bash.errors import _MAX_FIELDS, _Budget
-from pytest_verl_compat.bash.words import _is_char, _is_name, _Item
+from pytest_verl_compat.bash.errors import MAX_FIELDS, BudgetExceeded
+from pytest_verl_compat.bash.words import Item, is_char, is_name, legal_integer
 
 if TYPE_CHECKING:
-    from pytest_verl_compat.bash.state import _State
+    from pytest_verl_compat.bash.state import State
 
 
-def _merge_names(items: list[_Item]) -> list[_Item]:
+def merge_names(items: list[Item]) -> list[Item]:
     """Re-read ``$NAME`` followed by name characters, as bash does after brace expansion."""
-    out: list[_Item] = []
+    out: list[Item] = []
     i = 0
     n = len(items)
     while i < n:
@@ -25,13 +24,13 @@ def _merge_names(items: list[_Item]) -> list[_Item]:
             and item.get("Type") == "ParamExp"
             and item.get("Short")
             and item.get("Index") is None
-            and _is_name((item.get("Param") or {}).get("Value", ""))
+            and is_name((item.get("Param") or {}).get("Value", ""))
             and i < n
             and type(items[i]) is str
-            and _is_name("a" + items[i])  # type: ignore[operator]
+            and is_name("a" + items[i])  # type: ignore[operator]
         ):
             name = item["Param"]["Value"]
-            while i < n and type(items[i]) is str and _is_name("a" + items[i]):  # type: ignore[operator]
+            while i < n and type(items[i]) is str and is_name("a" + items[i]):  # type: ignore[operator]
                 name += items[i]
                 i += 1
             item = {**item, "Param": {**item["Param"], "Value": name}}
@@ -39,7 +38,7 @@ def _merge_names(items: list[_Item]) -> list[_Item]:
     return out
 
 
-def _brace_gobble(text: list[_Item], i: int, satisfy: str) -> int:
+def _brace_gobble(text: list[Item], i: int, satisfy: str) -> int:
     """bash's brace_gobbler: index of the next depth-0 ``satisfy`` character, or len(text)."""
     level = 0
     n = len(text)
@@ -50,7 +49,7 @@ def _brace_gobble(text: list[_Item], i: int, satisfy: str) -> int:
             continue
         if item == satisfy and level == 0:
             # bash ignores an opening brace that ends the word or is followed by `}` at word start.
-            if item == "{" and i == 0 and (i + 1 == n or _is_char(text[i + 1], "}")):
+            if item == "{" and i == 0 and (i + 1 == n or is_char(text[i + 1], "}")):
                 i += 1
                 continue
             return i
@@ -62,7 +61,7 @@ def _brace_gobble(text: list[_Item], i: int, satisfy: str) -> int:
     return n
 
 
-def _brace_expand(text: list[_Item], line: int, shell: _State) -> list[list[_Item]]:
+def brace_expand(text: list[Item], line: int, shell: State) -> list[list[Item]]:
     """bash brace expansion (``a{b,c}d``, ``{1..5}``, ``{a..e..2}``) over word items."""
     n = len(text)
     i = 0
@@ -76,7 +75,7 @@ def _brace_expand(text: list[_Item], line: int, shell: _State) -> list[list[_Ite
         i += 1
     preamble = text[:i]
     amble = text[i + 1 : close]
-    if any(_is_char(item, ",") for item in amble):
+    if any(is_char(item, ",") for item in amble):
         tack = _brace_amble(amble, line, shell)
     else:
         sequence = _brace_sequence(amble, line, shell)
@@ -89,28 +88,28 @@ def _brace_expand(text: list[_Item], line: int, shell: _State) -> list[list[_Ite
     result = [preamble + t for t in tack]
     post = text[close + 1 :]
     if post:
-        posts = _brace_expand(post, line, shell)
-        if len(result) * len(posts) > _MAX_FIELDS:
-            raise _Budget("brace expansion produces too many words")
+        posts = brace_expand(post, line, shell)
+        if len(result) * len(posts) > MAX_FIELDS:
+            raise BudgetExceeded("brace expansion produces too many words")
         result = [r + p for r in result for p in posts]
     return result
 
 
-def _brace_amble(amble: list[_Item], line: int, shell: _State) -> list[list[_Item]]:
+def _brace_amble(amble: list[Item], line: int, shell: State) -> list[list[Item]]:
     """The comma-separated alternatives inside braces, each brace-expanded in turn."""
-    result: list[list[_Item]] = []
+    result: list[list[Item]] = []
     start = 0
     while True:
         i = _brace_gobble(amble, start, ",")
-        result.extend(_brace_expand(amble[start:i], line, shell))
-        if len(result) > _MAX_FIELDS:
-            raise _Budget("brace expansion produces too many words")
+        result.extend(brace_expand(amble[start:i], line, shell))
+        if len(result) > MAX_FIELDS:
+            raise BudgetExceeded("brace expansion produces too many words")
         if i >= len(amble):
             return result
         start = i + 1
 
 
-def _brace_sequence(amble: list[_Item], line: int, shell: _State) -> list[str] | None:
+def _brace_sequence(amble: list[Item], line: int, shell: State) -> list[str] | None:
     """A ``{x..y[..incr]}`` sequence, or None when the text is not a valid one."""
     if not amble or any(type(item) is not str for item in amble):
         return None
@@ -121,12 +120,12 @@ def _brace_sequence(amble: list[_Item], line: int, shell: _State) -> list[str] |
     lhs, rhs = pieces[0], pieces[1]
     step = 1
     if len(pieces) == 3:
-        parsed = _legal_integer(pieces[2]) if pieces[2].strip() == pieces[2] else None
+        parsed = legal_integer(pieces[2]) if pieces[2].strip() == pieces[2] else None
         if parsed is None:
             return None
         step = parsed
-    lhs_int = _legal_integer(lhs) if lhs.strip() == lhs else None
-    rhs_int = _legal_integer(rhs) if rhs.strip() == rhs else None
+    lhs_int = legal_integer(lhs) if lhs.strip() == lhs else None
+    rhs_int = legal_integer(rhs) if rhs.strip() == rhs else None
     if lhs_int is not None and rhs_int is not None:
         start, end = lhs_int, rhs_int
         width = 0
@@ -157,7 +156,7 @@ def _brace_sequence(amble: list[_Item], line: int, shell: _State) -> list[str] |
         return None  # bash negates the increment to count upwards, and -INT64_MIN overflows
     step = abs(step) if start <= end else -abs(step)
     count = abs(end - start) // abs(step) + 1
-    if count > _MAX_FIELDS:
+    if count > MAX_FIELDS:
         shell.fail(line, "brace expansion", f"{{{text}}} produces {count} words")
     out: list[str] = []
     value = start

@@ -14,11 +14,11 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from pytest_verl_compat.bash.errors import LaunchReadError, _Budget
-from pytest_verl_compat.bash.expansion import _assigns_nothing
-from pytest_verl_compat.bash.launcher import _Launcher
+from pytest_verl_compat.bash.errors import BudgetExceeded, LaunchReadError
+from pytest_verl_compat.bash.expansion import assigns_nothing
+from pytest_verl_compat.bash.launcher import Launcher
 from pytest_verl_compat.bash.parse import Node
-from pytest_verl_compat.bash.state import _Shell
+from pytest_verl_compat.bash.state import Shell
 
 # The commands a pure condition is made of: tests that only read.
 _TESTS = frozenset({"[", "test"})
@@ -26,18 +26,18 @@ _TESTS = frozenset({"[", "test"})
 _RESOURCE = frozenset({"limit", "nesting"})
 
 
-class _Undecided:
+class Undecided:
     """A pure condition this reader cannot decide, with the refusal it raised."""
 
     def __init__(self, error: LaunchReadError) -> None:
         self.error = error
 
 
-class _Branches(_Launcher):
+class Branches(Launcher):
     """Runs both ways of an undecidable pure condition and keeps the result if they agree."""
 
-    def condition(self, stmts: list[Node]) -> int | _Undecided:
-        """A condition's status, or _Undecided when the running system decides a pure one."""
+    def condition(self, stmts: list[Node]) -> int | Undecided:
+        """A condition's status, or Undecided when the running system decides a pure one."""
         if not _pure(stmts):
             return self.stmts(stmts, exempt=True)
         try:
@@ -45,13 +45,13 @@ class _Branches(_Launcher):
         except LaunchReadError as exc:
             if exc.construct in _RESOURCE or not _undecidable(exc):
                 raise
-            return _Undecided(exc)
+            return Undecided(exc)
 
     def either(
         self,
         when_true: Callable[[], int],
         when_false: Callable[[], int],
-        undecided: _Undecided,
+        undecided: Undecided,
         status_unseen: bool = False,
     ) -> int:
         """Run both ways; the shared result when they agree, else the condition's refusal.
@@ -64,7 +64,7 @@ class _Branches(_Launcher):
             saved = self.save()
             try:
                 status = way()
-            except _Budget:
+            except BudgetExceeded:
                 raise
             except LaunchReadError as exc:
                 if exc.construct in _RESOURCE:
@@ -90,7 +90,9 @@ class _Branches(_Launcher):
             "launch": self.launch,
             "other_entry": self.other_entry,
             "frames": copy.deepcopy(self.frames),
-            "capture": None if capture is None else (list(capture.pieces), capture.unknown),
+            "capture": None
+            if capture is None
+            else (list(capture.pieces), capture.unknown, capture.open_newlines),
             "stdin": (self.stdin.text, self.stdin.position, self.stdin.origin),
         }
 
@@ -104,18 +106,19 @@ class _Branches(_Launcher):
         if self.capture is not None and saved["capture"] is not None:
             self.capture.pieces[:] = saved["capture"][0]
             self.capture.unknown = saved["capture"][1]
+            self.capture.open_newlines = saved["capture"][2]
         # The same input object, rewound: the commands around share it.
         self.stdin.text, self.stdin.position, self.stdin.origin = saved["stdin"]
 
 
 def _same(first: dict[str, Any], second: dict[str, Any]) -> bool:
     one, two = first["sh"], second["sh"]
-    return all(getattr(one, name) == getattr(two, name) for name in _Shell.COMPARED) and all(
+    return all(getattr(one, name) == getattr(two, name) for name in Shell.COMPARED) and all(
         first[key] == second[key] for key in ("launch", "other_entry", "frames", "capture", "stdin")
     )
 
 
-def _observes_status(stmt: Node | None) -> bool:
+def observes_status(stmt: Node | None) -> bool:
     """Whether a statement reads the status the one before it left: ``$?``, bare exit/return."""
     if stmt is None:
         return True
@@ -143,7 +146,7 @@ def _undecidable(error: LaunchReadError) -> bool:
 
 def _pure(stmts: list[Node]) -> bool:
     """Whether a condition only tests: ``[ ]``, ``test``, ``[[ ]]``, with ``!``, ``&&``, ``||``."""
-    return bool(stmts) and all(_pure_statement(stmt) for stmt in stmts) and _assigns_nothing(stmts)
+    return bool(stmts) and all(_pure_statement(stmt) for stmt in stmts) and assigns_nothing(stmts)
 
 
 def _pure_statement(stmt: Node) -> bool:

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pytest_verl_compat.bash.arithmetic import _legal_integer
 from pytest_verl_compat.bash.arrays import Assoc
-from pytest_verl_compat.bash.declarations import _Declarations
-from pytest_verl_compat.bash.errors import _Exit, _LoopControl
+from pytest_verl_compat.bash.declarations import Declarations
+from pytest_verl_compat.bash.errors import LoopControl, ShellExit
 from pytest_verl_compat.bash.printing import printf_output
 from pytest_verl_compat.bash.state import (
-    _LAUNCHER_MODULE,
-    _SET_FLAGS,
-    _SET_HARMLESS_FLAGS,
-    _SET_HARMLESS_NAMES,
-    _SET_NAMED,
+    SET_FLAGS,
+    SET_HARMLESS_FLAGS,
+    SET_HARMLESS_NAMES,
+    SET_NAMED,
 )
 from pytest_verl_compat.bash.stdin import getopt
-from pytest_verl_compat.bash.words import _is_name
+from pytest_verl_compat.bash.words import is_name, legal_integer
 
 _NOT_A_DECLARATION = (
     "after an assignment, quoted or expanded, bash reads its arguments as ordinary words"
@@ -43,8 +41,8 @@ _REJECTED_BUILTINS: dict[str, tuple[str, str]] = {
 }
 
 # The builtins whose arguments decide what they do to the shell: those modelled in
-# `_Builtins.builtin` and those it refuses.
-_ARGUMENT_BUILTINS = (
+# `Builtins.builtin` and those it refuses.
+ARGUMENT_BUILTINS = (
     frozenset(
         "set shift exit unset break continue exec hash return source . trap read mapfile "
         "readarray getopts".split()
@@ -58,10 +56,10 @@ _SHOPT_HARMLESS = frozenset(
     "progcomp interactive_comments complete_fullquote hostcomplete checkhash".split()
 )
 
-_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
+SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "rbash", "busybox"})
 # Programs that run the command given in their arguments: a shell among those arguments runs
 # code this reader never sees.
-_RUNNERS = frozenset(
+RUNNERS = frozenset(
     "env nice nohup timeout stdbuf setsid sudo doas xargs time taskset numactl chrt ionice "
     "chroot flock unbuffer script watch strace ltrace".split()
 )
@@ -90,7 +88,7 @@ def _is_option(word: str, letter: str) -> bool:
 
 # bash expands an external command's redirections after forking, so their side effects (such
 # as ``${X:=v}``) stay in the child; a builtin's are expanded in the shell itself.
-_BASH_BUILTINS = frozenset(
+BASH_BUILTINS = frozenset(
     (
         ": . [ alias bg bind break builtin caller cd command compgen complete compopt continue "
         "declare dirs disown echo enable eval exec exit export false fc fg getopts hash help "
@@ -101,7 +99,7 @@ _BASH_BUILTINS = frozenset(
 )
 
 
-class _Builtins(_Declarations):
+class Builtins(Declarations):
     """The modelled builtins, declarations and assignments."""
 
     def builtin(self, argv: list[str], line: int) -> int:
@@ -136,11 +134,11 @@ class _Builtins(_Declarations):
                 self.fail(line, name, f"`{name}` outside a loop")
             levels = 1
             if len(words) > 1:
-                parsed = _legal_integer(words[1])
+                parsed = legal_integer(words[1])
                 if parsed is None or parsed < 1:
                     self.fail(line, name, f"invalid loop count {words[1]!r}")
                 levels = parsed
-            raise _LoopControl(name, min(levels, self.loop_depth))
+            raise LoopControl(name, min(levels, self.loop_depth))
         if name == "exec":
             if len(words) > 1:
                 self.fail(line, f"{prefix}exec", "replaces the shell with another program")
@@ -182,7 +180,7 @@ class _Builtins(_Declarations):
         rest = words[2:] if words[1][2:] else words[3:]
         if rest[:1] == ["--"]:
             rest = rest[1:]
-        if not _is_name(name) or not rest:
+        if not is_name(name) or not rest:
             return 2
         text = printf_output(rest[0], rest[1:])
         if text is None:
@@ -194,25 +192,33 @@ class _Builtins(_Declarations):
         """A program this reader skips (as if it succeeded), unless it could run the launcher
         or a child shell; its output is only known at run time."""
         name = words[0]
-        if _LAUNCHER_MODULE in words[1:]:
-            self.fail(
-                line, "indirect launcher", f"`{shown}` runs {_LAUNCHER_MODULE}; call it directly"
-            )
+        launched = next((word for word in words[1:] if self.accepts(word)), None)
+        if launched is not None:
+            self.fail(line, "indirect launcher", f"`{shown}` runs {launched}; call it directly")
         program = name.rsplit("/", 1)[-1]
-        if program in _SHELLS and any("main_ppo" in a for a in words[1:]):
-            self.fail(line, "indirect launcher", f"`{name}` runs shell code that mentions main_ppo")
-        if program in _SHELLS:
+        for stem in sorted(self.entry_stems) if program in SHELLS else ():
+            if any(stem in word for word in words[1:]):
+                self.fail(
+                    line, "indirect launcher", f"`{name}` runs shell code that mentions {stem}"
+                )
+        if program in SHELLS:
             self.child_shell(program, words, line)
-        if program in _RUNNERS:
+        if program in RUNNERS:
             for word in words[1:]:
-                if word.rsplit("/", 1)[-1] in _SHELLS:
+                if word.rsplit("/", 1)[-1] in SHELLS:
                     self.fail(
                         line,
                         f"{program} {word.rsplit('/', 1)[-1]}",
                         "runs a child shell whose code this reader cannot see",
                     )
         self.consumed(name)
-        self.write_unknown(f"`{name}`")
+        text = next((text for text in self.command_text if text in self.substitutions), None)
+        if text is not None:
+            # The same command bound as `$(TEXT)`: what it prints, as `substitution` reads it.
+            output = str(self.substitutions[text]).replace("\0", "").rstrip("\n")
+            self.write_bound(output, f"`{text}`")
+        else:
+            self.write_unknown(f"`{name}`")
         return 0
 
     def unwrap(self, argv: list[str], line: int) -> tuple[list[str], list[str]] | int:
@@ -233,7 +239,7 @@ class _Builtins(_Declarations):
                 rest = rest[1:]
             if not rest:
                 return 0
-            if wrapper == "builtin" and rest[0] not in _BASH_BUILTINS:
+            if wrapper == "builtin" and rest[0] not in BASH_BUILTINS:
                 return 1  # bash: not a shell builtin
             if "v" in options or "V" in options:
                 # `command -v NAME` only describes NAME; like any other command it is assumed
@@ -266,9 +272,9 @@ class _Builtins(_Declarations):
         if len(argv) > 2:
             return 1  # bash: "too many arguments", and the shell keeps running
         if len(argv) == 1:
-            raise _Exit(self.sh.status, line)
-        value = _legal_integer(argv[1])
-        raise _Exit(2 if value is None else value & 255, line)
+            raise ShellExit(self.sh.status, line)
+        value = legal_integer(argv[1])
+        raise ShellExit(2 if value is None else value & 255, line)
 
     def set_builtin(self, argv: list[str], line: int) -> int:
         """``set`` options and ``set -- ARGS``."""
@@ -293,13 +299,13 @@ class _Builtins(_Declarations):
                     if i >= len(argv):
                         return 0  # `set -o` alone lists the options
                     option = argv[i]
-                    if option in _SET_NAMED:
-                        (options.add if on else options.discard)(_SET_NAMED[option])
-                    elif option not in _SET_HARMLESS_NAMES:
+                    if option in SET_NAMED:
+                        (options.add if on else options.discard)(SET_NAMED[option])
+                    elif option not in SET_HARMLESS_NAMES:
                         self.fail(line, f"set -o {option}", "shell option not supported")
-                elif flag in _SET_FLAGS:
-                    (options.add if on else options.discard)(_SET_FLAGS[flag])
-                elif flag not in _SET_HARMLESS_FLAGS:
+                elif flag in SET_FLAGS:
+                    (options.add if on else options.discard)(SET_FLAGS[flag])
+                elif flag not in SET_HARMLESS_FLAGS:
                     self.fail(line, f"set {arg[0]}{flag}", "shell option not supported")
             i += 1
         return 0
@@ -313,7 +319,7 @@ class _Builtins(_Declarations):
         """``shift [N]``."""
         count = 1
         if len(argv) > 1:
-            parsed = _legal_integer(argv[1])
+            parsed = legal_integer(argv[1])
             if parsed is None or parsed < 0:
                 self.fail(line, "shift", f"invalid shift count {argv[1]!r}")
             count = parsed
@@ -335,7 +341,7 @@ class _Builtins(_Declarations):
                 self.sh.functions.pop(arg, None)
                 continue
             name, bracket, rest = arg.partition("[")
-            if not _is_name(name):
+            if not is_name(name):
                 self.fail(line, "unset", f"not a variable name: {arg!r}")
             if name in self.sh.readonly:
                 self.fail(line, "unset", f"{name} is readonly")
@@ -361,11 +367,11 @@ class _Builtins(_Declarations):
 
 
 # Builtins modelled in a layer of their own, by name.
-_HANDLERS: dict[str, Callable[[_Builtins, list[str], int], int]] = {
-    "read": _Builtins.read_builtin,
-    "mapfile": _Builtins.mapfile_builtin,
-    "readarray": _Builtins.mapfile_builtin,
-    "getopts": _Builtins.getopts_builtin,
+_HANDLERS: dict[str, Callable[[Builtins, list[str], int], int]] = {
+    "read": Builtins.read_builtin,
+    "mapfile": Builtins.mapfile_builtin,
+    "readarray": Builtins.mapfile_builtin,
+    "getopts": Builtins.getopts_builtin,
     "trap": lambda self, words, line: self.trap_builtin(words, line),
     "source": lambda self, words, line: self.source_builtin(words, line),
     ".": lambda self, words, line: self.source_builtin(words, line),

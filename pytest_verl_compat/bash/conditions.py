@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash import regex
-from pytest_verl_compat.bash.arithmetic import _legal_integer
+import pytest_verl_compat.bash.regex as regex
 from pytest_verl_compat.bash.arrays import Assoc
-from pytest_verl_compat.bash.errors import _TestSyntax
-from pytest_verl_compat.bash.expansion import _Expansion
-from pytest_verl_compat.bash.parse import Node, _line
-from pytest_verl_compat.bash.state import _SET_NAMED
-from pytest_verl_compat.bash.words import _is_name
+from pytest_verl_compat.bash.errors import MalformedTest
+from pytest_verl_compat.bash.expansion import Expansion
+from pytest_verl_compat.bash.parse import Node, line_of
+from pytest_verl_compat.bash.state import SET_NAMED
+from pytest_verl_compat.bash.words import is_name, legal_integer
 
 _TEST_FILE_OPS = frozenset("-a -b -c -d -e -f -g -h -k -p -r -s -t -u -w -x -G -L -N -O -S".split())
 _TEST_BINARY = frozenset("= == != < > -eq -ne -lt -le -gt -ge -nt -ot -ef".split())
@@ -18,13 +17,13 @@ _DECIDES = "decides a condition"
 _REGEX_SPECIAL = ".[]()*+?{}|^$\\"
 
 
-class _Conditions(_Expansion):
+class Conditions(Expansion):
     """``[[ ]]`` expressions and the ``[``/``test`` builtin."""
 
     def cond(self, node: Node) -> bool:
         """Evaluate a ``[[ ... ]]`` expression."""
         kind = node.get("Type")
-        line = _line(node)
+        line = line_of(node)
         if kind == "Word":
             return self.decide_nonempty(self.string(node, tilde="start"), line, _DECIDES)
         if kind == "ParenTest":
@@ -100,7 +99,7 @@ class _Conditions(_Expansion):
         self.need(operand, line, _DECIDES)
         if op == "-v":
             name, bracket, rest = operand.partition("[")
-            if not _is_name(name):
+            if not is_name(name):
                 return False
             if bracket:
                 if not rest.endswith("]"):
@@ -110,8 +109,8 @@ class _Conditions(_Expansion):
                 return self.lookup(name, self.arith_text(rest[:-1], line), line) is not None
             return self.lookup(name, None, line) is not None
         if op == "-o":
-            if operand in _SET_NAMED:
-                return _SET_NAMED[operand] in self.sh.options
+            if operand in SET_NAMED:
+                return SET_NAMED[operand] in self.sh.options
             self.fail(line, f"test -o {operand}", "shell option not modelled")
         self.fail(line, f"test {op}", "file and terminal tests need the running system")
 
@@ -135,7 +134,7 @@ class _Conditions(_Expansion):
                 self.need(arg, line, _DECIDES)
         try:
             return 0 if self.test_expr(args, line) else 1
-        except _TestSyntax:
+        except MalformedTest:
             return 2
 
     def test_expr(self, args: list[str], line: int) -> bool:
@@ -169,7 +168,7 @@ class _Conditions(_Expansion):
             return self.unary_test(op, operand, line)
         if op in _TEST_FILE_OPS or op == "-R":
             self.fail(line, f"test {op}", "file and terminal tests need the running system")
-        raise _TestSyntax(op)
+        raise MalformedTest(op)
 
     def test_binary(self, left: str, op: str, right: str, line: int) -> bool:
         """A binary ``[`` operator."""
@@ -186,9 +185,9 @@ class _Conditions(_Expansion):
         if op == "-o":
             return left != "" or right != ""
         if op in _INT_OPS:
-            a, b = _legal_integer(left), _legal_integer(right)
+            a, b = legal_integer(left), legal_integer(right)
             if a is None or b is None:
-                raise _TestSyntax("integer expression expected")
+                raise MalformedTest("integer expression expected")
             return _compare(op, a, b)
         self.fail(line, f"test {op}", "file tests need the file system")
 
@@ -196,7 +195,7 @@ class _Conditions(_Expansion):
 class _TestParser:
     """bash's ``test`` grammar for more than four arguments (``-o`` < ``-a`` < ``!``)."""
 
-    def __init__(self, shell: _Conditions, args: list[str], line: int) -> None:
+    def __init__(self, shell: Conditions, args: list[str], line: int) -> None:
         self.shell = shell
         self.args = args
         self.pos = 0
@@ -206,7 +205,7 @@ class _TestParser:
         """The whole expression; leftover arguments are a syntax error."""
         value = self.disjunction()
         if self.pos != len(self.args):
-            raise _TestSyntax("too many arguments")
+            raise MalformedTest("too many arguments")
         return value
 
     def disjunction(self) -> bool:
@@ -231,7 +230,7 @@ class _TestParser:
         """``! term``, ``( expr )``, binary, unary, or a single string."""
         args = self.args
         if self.pos >= len(args):
-            raise _TestSyntax("argument expected")
+            raise MalformedTest("argument expected")
         arg = args[self.pos]
         if arg == "!":
             self.pos += 1
@@ -240,7 +239,7 @@ class _TestParser:
             self.pos += 1
             value = self.disjunction()
             if self.pos >= len(args) or args[self.pos] != ")":
-                raise _TestSyntax("`)' expected")
+                raise MalformedTest("`)' expected")
             self.pos += 1
             return value
         if self.pos + 3 <= len(args) and args[self.pos + 1] in _TEST_BINARY:

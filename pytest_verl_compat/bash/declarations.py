@@ -10,10 +10,10 @@ of an associative array is the subscript's expansion when shfmt kept it a word (
 from __future__ import annotations
 
 from pytest_verl_compat.bash.arrays import Assoc
-from pytest_verl_compat.bash.parse import Node, _line
+from pytest_verl_compat.bash.parse import Node, line_of
 from pytest_verl_compat.bash.state import Value
-from pytest_verl_compat.bash.stdin import _Stdin
-from pytest_verl_compat.bash.words import _is_name
+from pytest_verl_compat.bash.stdin import Stdin
+from pytest_verl_compat.bash.words import is_name
 
 # The options each declaration builtin takes here: (turned on with -, turned off with +).
 _ALLOWED = {
@@ -25,7 +25,7 @@ _ALLOWED = {
 }
 
 
-class _Declarations(_Stdin):
+class Declarations(Stdin):
     """Declarations, assignments and array subscripts."""
 
     def declaration(self, cmd: Node, line: int) -> int:
@@ -95,7 +95,7 @@ class _Declarations(_Stdin):
             name: str = entry["Name"]["Value"]
             return name, None if entry.get("Naked") else entry
         name = entry.split("=", 1)[0].removesuffix("+")
-        if not _is_name(name):
+        if not is_name(name):
             self.fail(line, "declaration", f"not a variable name: {self.shown(entry)!r}")
         return name, None
 
@@ -146,7 +146,7 @@ class _Declarations(_Stdin):
 
     def assign(self, assign: Node) -> None:
         """One assignment word: scalar, ``+=``, ``A=( ... )``, ``A+=( ... )`` or ``A[i]=v``."""
-        line = _line(assign)
+        line = line_of(assign)
         name = assign["Name"]["Value"]
         self.check_assignable(name, line)
         append = bool(assign.get("Append"))
@@ -177,7 +177,7 @@ class _Declarations(_Stdin):
         self, current: Value | None, array: Node, append: bool, name: str
     ) -> dict[int, str]:
         """The indexed array ``A=( ... )`` (or ``A+=( ... )``) makes."""
-        line = _line(array)
+        line = line_of(array)
         base: dict[int, str] = {}
         if append and isinstance(current, dict):
             base = dict(current)

@@ -7,31 +7,31 @@ from __future__ import annotations
 
 # Budgets that keep hostile or generated scripts from exhausting time or memory; real launch
 # scripts are several orders of magnitude below each of them.
-_MAX_STEPS = 200_000
-_MAX_VALUE = 1_000_000
-_MAX_FIELDS = 100_000
-_MAX_PATTERN_SUBJECT = 10_000
+MAX_STEPS = 200_000
+MAX_VALUE = 1_000_000
+MAX_FIELDS = 100_000
+MAX_PATTERN_SUBJECT = 10_000
 # Steps of glob matching (one per live pattern position per character): globs are matched by
 # a set-of-positions automaton, linear in the text, but `${X//*a*b/r}` restarts at every offset.
-_MAX_PATTERN_STEPS = 2_000_000
+MAX_PATTERN_STEPS = 2_000_000
 # Characters produced by all expansions together: each step is bounded, but 200k steps that
 # each copy a 1 MB value would take minutes.
-_MAX_WORK = 100_000_000
+MAX_WORK = 100_000_000
 # Run-time values created (each expansion of $PWD or an unbound `$(...)` makes one); a real
 # script makes a few dozen, a loop of brace expansions could make millions.
-_MAX_RUNTIME_VALUES = 100_000
-_SHFMT_TIMEOUT = 60
+MAX_RUNTIME_VALUES = 100_000
+SHFMT_TIMEOUT = 60
 # Input bounds, checked before shfmt sees a byte. shfmt's tree takes about a kilobyte of memory
 # per byte of script (far more for many tiny statements), and its parser recurses once per
 # nesting level: 100k nested `(` cost it a gigabyte, and arithmetic parentheses overflow its
 # stack. The largest upstream example is under 12 KiB and nests fewer than 10 levels.
-_MAX_SCRIPT_BYTES = 1 << 20
-_MAX_NESTING = 200
+MAX_SCRIPT_BYTES = 1 << 20
+MAX_NESTING = 200
 # shfmt's data segment (Go heap and goroutine stacks); a real script needs about 20 MiB.
-_SHFMT_MEMORY = 512 << 20
+SHFMT_MEMORY = 512 << 20
 # shfmt's JSON indents every level, so its size grows with the square of the nesting depth
 # (1000 nested `if` print 188 MB); a real script's tree is about 50 bytes per byte of script.
-_MAX_TREE_BYTES = 64 << 20
+MAX_TREE_BYTES = 64 << 20
 
 
 class LaunchReadError(Exception):
@@ -63,11 +63,11 @@ class LaunchExited(LaunchReadError):
         self.status = status
 
 
-class _Budget(Exception):
+class BudgetExceeded(Exception):
     """A resource budget was exceeded (converted to LaunchReadError with a line)."""
 
 
-class _Exit(Exception):
+class ShellExit(Exception):
     """The shell exits (``exit``, or ``set -e`` after a failure); ``replaced``: by ``exec``,
     which runs no EXIT trap."""
 
@@ -78,7 +78,7 @@ class _Exit(Exception):
         self.replaced = replaced
 
 
-class _LoopControl(Exception):
+class LoopControl(Exception):
     """``break`` or ``continue`` unwinding to the enclosing ``for``."""
 
     def __init__(self, kind: str, levels: int) -> None:
@@ -87,7 +87,7 @@ class _LoopControl(Exception):
         self.levels = levels
 
 
-class _Return(Exception):
+class ShellReturn(Exception):
     """``return`` unwinding to the function call."""
 
     def __init__(self, status: int) -> None:
@@ -95,5 +95,5 @@ class _Return(Exception):
         self.status = status
 
 
-class _TestSyntax(Exception):
+class MalformedTest(Exception):
     """A ``[`` / ``test`` expression that bash rejects with status 2."""

@@ -5,40 +5,40 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pytest_verl_compat.bash.arrays import Assoc
-from pytest_verl_compat.bash.braces import _brace_expand, _merge_names
-from pytest_verl_compat.bash.errors import LaunchReadError, _Budget
-from pytest_verl_compat.bash.parse import Node, _line, _subst_text
-from pytest_verl_compat.bash.patterns import _Patterns
+from pytest_verl_compat.bash.braces import brace_expand, merge_names
+from pytest_verl_compat.bash.errors import BudgetExceeded, LaunchReadError
+from pytest_verl_compat.bash.parse import Node, line_of, substitution_text
+from pytest_verl_compat.bash.patterns import Patterns
 from pytest_verl_compat.bash.words import (
-    _ANSI_ESCAPES,
-    _ascii_case,
-    _ascii_case_char,
-    _ascii_digits,
-    _could_be_user,
-    _Fields,
-    _is_char,
-    _is_name,
-    _Item,
-    _lit_chunks,
-    _Quoted,
-    _sq,
-    _unescape_dq,
+    ANSI_ESCAPES,
+    Fields,
+    Item,
+    Quoted,
+    ascii_case,
+    ascii_case_char,
+    ascii_digits,
+    could_be_user,
+    is_char,
+    is_name,
+    literal_chunks,
+    single_quoted,
+    unescape_double_quoted,
 )
 
 
-class _Expansion(_Patterns):
+class Expansion(Patterns):
     """Expands words into fields or strings with bash's rules."""
 
     # ---------------------------------------------------------------- word expansion
 
-    def word_items(self, parts: list[Node]) -> list[_Item]:
+    def word_items(self, parts: list[Node]) -> list[Item]:
         """The parts of an unquoted word with its literal text split into characters."""
-        items: list[_Item] = []
+        items: list[Item] = []
         for part in parts:
             if part.get("Type") == "Lit":
-                for chunk, escaped in _lit_chunks(part.get("Value", "")):
+                for chunk, escaped in literal_chunks(part.get("Value", "")):
                     if escaped:
-                        items.append(_Quoted(chunk))
+                        items.append(Quoted(chunk))
                     else:
                         items.extend(chunk)
             else:
@@ -64,24 +64,24 @@ class _Expansion(_Patterns):
         """
         # bash gives NAME=... arguments assignment-style tilde expansion, but not the elements
         # of A=( ... ) (``assignment_words=False``).
-        fb = _Fields(split=True, ifs=self.split_characters())
+        fb = Fields(split=True, ifs=self.split_characters())
         try:
             for word in words:
-                line = _line(word)
+                line = line_of(word)
                 items = self.word_items(word.get("Parts") or [])
                 mode = "word" if assignment_words else "start"
                 alternatives = [items]
                 if "braceexpand" in self.sh.options and "{" in items:
-                    alternatives = _brace_expand(items, line, self)
+                    alternatives = brace_expand(items, line, self)
                     if alternatives != [items]:
                         # bash re-reads the expanded text, so `$E{1,2}` names $E1 and $E2, and
                         # the new words lose the "looks like an assignment" flag.
-                        alternatives = [_merge_names(alt) for alt in alternatives]
+                        alternatives = [merge_names(alt) for alt in alternatives]
                         mode = "start"
                 for alternative in alternatives:
                     self.emit_items(self.tilde(alternative, mode, line), fb, pword=False)
                     fb.delimit()
-        except _Budget as exc:
+        except BudgetExceeded as exc:
             self.fail(self.line, "limit", str(exc))
         result = fb.finish()
         self.charge(sum(map(len, result)) + len(result))
@@ -91,31 +91,31 @@ class _Expansion(_Patterns):
         """Expand a word to one string: no brace expansion, no splitting."""
         if word is None:
             return ""
-        fb = _Fields(split=False)
+        fb = Fields(split=False)
         items = self.word_items(word.get("Parts") or [])
-        self.emit_items(self.tilde(items, tilde, _line(word)), fb, pword=False)
+        self.emit_items(self.tilde(items, tilde, line_of(word)), fb, pword=False)
         result = fb.joined()
         self.charge(len(result))
         return result
 
-    def tilde(self, items: list[_Item], mode: str | None, line: int) -> list[_Item]:
+    def tilde(self, items: list[Item], mode: str | None, line: int) -> list[Item]:
         """Tilde expansion with bash's rules for each kind of word (``mode``)."""
         # start: only a leading ~.  word: an argument; if it reads NAME=... it is also expanded
         # after the first = and after each :.  assign: an assignment value, at its start and
         # after each :.
         if mode is None or "~" not in items:
             return items
-        out: list[_Item] = []
+        out: list[Item] = []
         i = 0
         n = len(items)
-        if _is_char(items[0], "~"):
+        if is_char(items[0], "~"):
             if mode == "assign":
                 replaced = self.tilde_assign_prefix(items, 0, line)
             else:
                 replaced = self.tilde_start_prefix(items, line)
             if replaced is not None:
                 text, i = replaced
-                out.append(_Quoted(text))
+                out.append(Quoted(text))
         after_colon = mode == "assign"
         equals = -1
         if mode == "word":
@@ -124,27 +124,27 @@ class _Expansion(_Patterns):
                 if type(item) is not str:
                     break
                 if item == "=":
-                    if index and _is_name("".join(items[:index])):  # type: ignore[arg-type]
+                    if index and is_name("".join(items[:index])):  # type: ignore[arg-type]
                         equals = index
                     break
         while i < n:
             item = items[i]
             out.append(item)
             i += 1
-            trigger = i - 1 == equals or (after_colon and _is_char(item, ":"))
+            trigger = i - 1 == equals or (after_colon and is_char(item, ":"))
             if i - 1 == equals:
                 after_colon = True
-            if trigger and i < n and _is_char(items[i], "~"):
+            if trigger and i < n and is_char(items[i], "~"):
                 replaced = self.tilde_assign_prefix(items, i, line)
                 if replaced is not None:
                     text, i = replaced
-                    out.append(_Quoted(text))
+                    out.append(Quoted(text))
         return out
 
-    def tilde_start_prefix(self, items: list[_Item], line: int) -> tuple[str, int] | None:
+    def tilde_start_prefix(self, items: list[Item], line: int) -> tuple[str, int] | None:
         """A leading ``~...`` of an ordinary word: bash reads it up to the first ``/``."""
         end = 1
-        while end < len(items) and not _is_char(items[end], "/"):
+        while end < len(items) and not is_char(items[end], "/"):
             end += 1
         raw = ["~"]
         opaque_at: int | None = None
@@ -153,7 +153,7 @@ class _Expansion(_Patterns):
             if type(item) is str:
                 raw.append(item)
                 continue
-            if isinstance(item, _Quoted):
+            if isinstance(item, Quoted):
                 return None  # bash never expands a tilde-prefix that contains quoting
             source = self.source_text(item)  # type: ignore[arg-type]
             if any(c in source for c in ("\\", "'", '"')):
@@ -178,7 +178,7 @@ class _Expansion(_Patterns):
         return expansion + text[stop:], end
 
     def tilde_assign_prefix(
-        self, items: list[_Item], start: int, line: int
+        self, items: list[Item], start: int, line: int
     ) -> tuple[str, int] | None:
         """A ``~...`` in assignment position: the prefix ends at ``/`` or ``:``."""
         end = start + 1
@@ -202,7 +202,7 @@ class _Expansion(_Patterns):
             return home
         if user in ("+", "-"):
             return self.lookup("PWD" if user == "+" else "OLDPWD", None, line)
-        if not _could_be_user(user):
+        if not could_be_user(user):
             return None  # no such user can exist, so bash leaves the word alone
         self.fail(line, "tilde expansion", f"~{user} needs the password database")
 
@@ -212,7 +212,7 @@ class _Expansion(_Patterns):
         end = node.get("End", {}).get("Offset", start)
         return self.data[start:end].decode("utf-8", "replace")
 
-    def emit_items(self, items: list[_Item], fb: _Fields, pword: bool) -> None:
+    def emit_items(self, items: list[Item], fb: Fields, pword: bool) -> None:
         """Expand a word's items into ``fb``; in a parameter word literal text also splits."""
         run: list[str] = []
         for item in items:
@@ -222,23 +222,23 @@ class _Expansion(_Patterns):
             if run:
                 (fb.expanded if pword else fb.text)("".join(run))
                 run = []
-            if isinstance(item, _Quoted):
+            if isinstance(item, Quoted):
                 fb.text(item.text)
             else:
                 self.part(item, fb, quoted=False, pword=pword)  # type: ignore[arg-type]
         if run:
             (fb.expanded if pword else fb.text)("".join(run))
 
-    def part(self, part: Node, fb: _Fields, quoted: bool, pword: bool) -> None:
+    def part(self, part: Node, fb: Fields, quoted: bool, pword: bool) -> None:
         """Expand one word part. ``quoted``: inside double quotes."""
         kind = part.get("Type")
-        line = _line(part)
+        line = line_of(part)
         if kind == "Lit":
             value = part.get("Value", "")
             if quoted:
-                fb.text(_unescape_dq(value))
+                fb.text(unescape_double_quoted(value))
             else:
-                for chunk, escaped in _lit_chunks(value):
+                for chunk, escaped in literal_chunks(value):
                     (fb.expanded if pword and not escaped else fb.text)(chunk)
         elif kind == "SglQuoted":
             value = part.get("Value", "")
@@ -277,7 +277,7 @@ class _Expansion(_Patterns):
             return str(self.arith(part["X"]))
         except LaunchReadError as exc:
             index = getattr(exc, "runtime_index", None)
-            if index is None or not _assigns_nothing(part["X"]):
+            if index is None or not assigns_nothing(part["X"]):
                 raise
             return self.lazy(line, "$((...))", self.lazies[index].binding, False, index)
 
@@ -287,7 +287,7 @@ class _Expansion(_Patterns):
         Nothing is executed: the body is interpreted, and output that only running something
         would give (an unmodelled program) makes the whole output a run-time value.
         """
-        text = _subst_text(self.data, part)
+        text = substitution_text(self.data, part)
         shown = f"`{text}`" if part.get("Backquotes") else f"$({text})"
         if text not in self.substitutions:
             evaluated = self.evaluate_substitution(part)
@@ -295,9 +295,9 @@ class _Expansion(_Patterns):
                 return evaluated
             # Its output is only known at run time; never run, it stays a run-time value.
             return self.lazy(
-                _line(part),
+                line_of(part),
                 shown,
-                f"bind it: --subst {_sq(text)} OUTPUT (environment.substitutions in the manifest)",
+                f"bind it: --subst {single_quoted(text)} OUTPUT (environment.substitutions in the manifest)",
                 nonempty=False,
             )
         # bash drops NUL bytes and strips every trailing newline from the output.
@@ -316,8 +316,8 @@ class _Expansion(_Patterns):
                 continue
             e = text[i + 1]
             i += 2
-            if e in _ANSI_ESCAPES:
-                out.append(_ANSI_ESCAPES[e])
+            if e in ANSI_ESCAPES:
+                out.append(ANSI_ESCAPES[e])
                 continue
             code: int | None = None
             if "0" <= e <= "7":
@@ -339,7 +339,7 @@ class _Expansion(_Patterns):
             elif e == "c" and i < n:
                 ctl = text[i]
                 i += 1
-                code = 0x7F if ctl == "?" else ord(_ascii_case_char(ctl, True)) & 0x1F
+                code = 0x7F if ctl == "?" else ord(ascii_case_char(ctl, True)) & 0x1F
             else:
                 out.append("\\" + e)
                 continue
@@ -363,9 +363,9 @@ class _Expansion(_Patterns):
 
     # ---------------------------------------------------------------- parameters
 
-    def param(self, pe: Node, fb: _Fields, quoted: bool, pword: bool) -> None:
+    def param(self, pe: Node, fb: Fields, quoted: bool, pword: bool) -> None:
         """Parameter expansion: ``$X ${X} ${X:-w} ${#X} ${A[@]} ${X#p} ${X/p/r} ${X:o:l}`` ..."""
-        line = _line(pe)
+        line = line_of(pe)
         name = pe["Param"].get("Value", "")
         index_node = pe.get("Index")
         index_word = _index_word(index_node)
@@ -461,7 +461,7 @@ class _Expansion(_Patterns):
                         emit(value or "")
                 elif op.endswith("="):
                     if null:
-                        if not _is_name(name):
+                        if not is_name(name):
                             self.fail(
                                 line, "parameter expansion", f"${name}: cannot assign in this way"
                             )
@@ -503,7 +503,7 @@ class _Expansion(_Patterns):
                         "parameter expansion",
                         "case change of non-ASCII text depends on the locale",
                     )
-                emit(_ascii_case(value, op))
+                emit(ascii_case(value, op))
             else:
                 self.fail(line, "parameter expansion", f"operator {op!r} is not supported")
             return
@@ -547,7 +547,7 @@ class _Expansion(_Patterns):
             self.fail(line, "parameter expansion", f"{length}: substring expression < 0")
         return values[:length]
 
-    def emit_list(self, values: list[str], fb: _Fields, quoted: bool, star: bool) -> None:
+    def emit_list(self, values: list[str], fb: Fields, quoted: bool, star: bool) -> None:
         """Emit ``$@``/``$*``/``${A[@]}``/``${A[*]}`` with bash's field rules."""
         if not fb.split or (quoted and star):
             # "$*" and every list in a non-splitting context join with the first IFS char.
@@ -579,7 +579,7 @@ class _Expansion(_Patterns):
                     fb.delimit()
                 fb.expanded(value)
 
-    def param_word(self, word: Node | None, fb: _Fields, quoted: bool) -> None:
+    def param_word(self, word: Node | None, fb: Fields, quoted: bool) -> None:
         """The word of ``${X:-word}``: unquoted text in it is split like the expansion."""
         if word is None:
             return
@@ -588,7 +588,7 @@ class _Expansion(_Patterns):
             for part in parts:
                 self.part(part, fb, quoted=True, pword=False)
             return
-        items = self.tilde(self.word_items(parts), "start", _line(word))
+        items = self.tilde(self.word_items(parts), "start", line_of(word))
         self.emit_items(items, fb, pword=True)
 
     def scalar(self, name: str, index_node: Node | None, line: int) -> str | None:
@@ -599,7 +599,7 @@ class _Expansion(_Patterns):
             return str(self.sh.status)
         if name == "0":
             return self.script
-        if _ascii_digits(name):
+        if ascii_digits(name):
             # A position past 64 bits is past the end of any list.
             position = int(name) if len(name) <= 19 else 1 << 63
             return self.sh.positional[position - 1] if position <= len(self.sh.positional) else None
@@ -611,7 +611,7 @@ class _Expansion(_Patterns):
             return self.lazy(line, "$!", "the process id is never known in advance", True)
         if name in ("-", "_"):
             self.fail(line, "special parameter", f"${name} is only known at run time")
-        if not _is_name(name):
+        if not is_name(name):
             self.fail(line, "parameter expansion", f"unsupported parameter {name!r}")
         index = None if index_node is None else self.subscript(name, index_node, line)
         return self.lookup(name, index, line)
@@ -625,7 +625,7 @@ class _Expansion(_Patterns):
             self.fail(line, "parameter expansion", f"${{!{name}}}: {name} is unset")
         self.need(target, line, f"names the variable ${{!{name}}} expands")
         base, bracket, rest = target.partition("[")
-        if not (_is_name(base) or _ascii_digits(base) or base in ("@", "*", "#", "?")):
+        if not (is_name(base) or ascii_digits(base) or base in ("@", "*", "#", "?")):
             self.fail(line, "parameter expansion", f"${{!{name}}}: {target!r}: invalid name")
         if not bracket:
             return base, None
@@ -682,17 +682,17 @@ class _Expansion(_Patterns):
 _ASSIGNING = frozenset("= += -= *= /= %= <<= >>= &= |= ^= ++ -- := ".split())
 
 
-def _assigns_nothing(node: object) -> bool:
+def assigns_nothing(node: object) -> bool:
     """Whether an arithmetic expression (and every word in it) assigns no variable."""
     if isinstance(node, list):
-        return all(_assigns_nothing(item) for item in node)
+        return all(assigns_nothing(item) for item in node)
     if not isinstance(node, dict):
         return True
     if node.get("Op") in _ASSIGNING and node.get("Type") in ("BinaryArithm", "UnaryArithm"):
         return False
     if node.get("Type") == "ParamExp" and (node.get("Exp") or {}).get("Op") in ("=", ":="):
         return False
-    return all(_assigns_nothing(value) for value in node.values())
+    return all(assigns_nothing(value) for value in node.values())
 
 
 def _index_word(index: Node | None) -> str | None:
@@ -708,7 +708,7 @@ def _index_word(index: Node | None) -> str | None:
 
 def _display_name(name: str, index: Node | None) -> str:
     """How bash names a parameter in its error messages."""
-    if _ascii_digits(name):
+    if ascii_digits(name):
         return f"${name}"
     if index is not None:
         return f"{name}[{_index_word(index) or '...'}]"

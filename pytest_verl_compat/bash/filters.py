@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from pytest_verl_compat.bash.words import _ANSI_ESCAPES
+from pytest_verl_compat.bash.words import ANSI_ESCAPES
 
 Filter = Callable[[list[str], str], "str | None"]
 # Input longer than this is left to the running system.
@@ -69,7 +69,7 @@ def _tr_set(spec: str) -> str | None:
             escaped = spec[index + 1]
             if escaped in "01234567":
                 return None
-            c = _ANSI_ESCAPES.get(escaped, escaped)
+            c = ANSI_ESCAPES.get(escaped, escaped)
             index += 2
         else:
             index += 1

@@ -9,41 +9,41 @@ defined: every call of that name would silently mean something else.
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash.arithmetic import _legal_integer
 from pytest_verl_compat.bash.builtins import (
-    _ARGUMENT_BUILTINS,
-    _BASH_BUILTINS,
-    _RUNNERS,
-    _SHELLS,
-    _Builtins,
+    ARGUMENT_BUILTINS,
+    BASH_BUILTINS,
+    RUNNERS,
+    SHELLS,
+    Builtins,
 )
-from pytest_verl_compat.bash.errors import _Return
+from pytest_verl_compat.bash.errors import ShellReturn
 from pytest_verl_compat.bash.parse import Node
-from pytest_verl_compat.bash.programs import _COREUTILS
-from pytest_verl_compat.bash.state import Value, _Function, _is_python
+from pytest_verl_compat.bash.programs import COREUTILS
+from pytest_verl_compat.bash.state import ShellFunction, Value, is_python
+from pytest_verl_compat.bash.words import legal_integer
 from pytest_verl_compat.bash.wrappers import WRAPPER_PROGRAMS
 
 # bash itself recurses until it runs out of stack; a launch script that calls a function this
 # deep is not one to read.
 _MAX_CALL_DEPTH = 40
 _RESERVED = (
-    _BASH_BUILTINS
-    | _ARGUMENT_BUILTINS
-    | _RUNNERS
-    | _SHELLS
+    BASH_BUILTINS
+    | ARGUMENT_BUILTINS
+    | RUNNERS
+    | SHELLS
     | WRAPPER_PROGRAMS
-    | _COREUTILS.keys()
+    | COREUTILS.keys()
     | {"builtin", "command"}
 )
 
 
-class _Functions(_Builtins):
+class Functions(Builtins):
     """Defining and calling shell functions."""
 
     def define_function(self, cmd: Node, line: int) -> int:
         """``name() { ...; }`` and ``function name { ...; }``: remembered until called."""
         name = (cmd.get("Name") or {}).get("Value", "")
-        if _is_python(name):
+        if is_python(name):
             self.fail(line, "function definition", f"`{name}` would replace Python, the launcher")
         if name in _RESERVED:
             self.fail(
@@ -51,7 +51,7 @@ class _Functions(_Builtins):
                 "function definition",
                 f"`{name}` would replace a command this reader reads by its meaning",
             )
-        self.sh.functions[name] = _Function(cmd["Body"], self.path, self.data, self.source_name)
+        self.sh.functions[name] = ShellFunction(cmd["Body"], self.path, self.data, self.source_name)
         return 0
 
     def call_function(
@@ -82,7 +82,7 @@ class _Functions(_Builtins):
             self.loop_depth = 0
             try:
                 return self.stmt(function.body, exempt)
-            except _Return as done:
+            except ShellReturn as done:
                 return done.status
         finally:
             self.enter_file(*saved_file)
@@ -120,8 +120,8 @@ class _Functions(_Builtins):
         if len(words) > 2:
             self.fail(line, "return", "too many arguments")
         if len(words) == 1:
-            raise _Return(self.sh.status)
-        value = _legal_integer(words[1])
+            raise ShellReturn(self.sh.status)
+        value = legal_integer(words[1])
         if value is None:
             self.fail(line, "return", f"numeric argument required, got {words[1]!r}")
-        raise _Return(value & 255)
+        raise ShellReturn(value & 255)

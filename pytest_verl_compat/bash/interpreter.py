@@ -1,6 +1,6 @@
 """The interpreter: statements, commands and the launcher, over the layers below it.
 
-:func:`read_launch` and :func:`read_launch_text` parse a script and run :class:`_Interpreter`
+:func:`read_launch` and :func:`read_launch_text` parse a script and run :class:`Interpreter`
 on its tree; every failure surfaces as a :class:`LaunchReadError`.
 """
 
@@ -11,31 +11,33 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from pytest_verl_compat.bash.branches import _Branches, _observes_status, _Undecided
+from pytest_verl_compat.bash.branches import Branches, Undecided, observes_status
 from pytest_verl_compat.bash.builtins import (
-    _ARGUMENT_BUILTINS,
-    _BASH_BUILTINS,
-    _RUNNERS,
-    _SHELLS,
+    ARGUMENT_BUILTINS,
+    BASH_BUILTINS,
+    RUNNERS,
+    SHELLS,
 )
+from pytest_verl_compat.bash.entry_points import EntryModules, acceptor, entry_stems
 from pytest_verl_compat.bash.errors import (
-    _MAX_STEPS,
+    MAX_STEPS,
+    BudgetExceeded,
     LaunchExited,
     LaunchReadError,
-    _Budget,
-    _Exit,
-    _LoopControl,
-    _Return,
+    LoopControl,
+    ShellExit,
+    ShellReturn,
 )
-from pytest_verl_compat.bash.parse import Node, _line, _load, _parse
-from pytest_verl_compat.bash.sources import SourceScope
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _Capture, _Input
+from pytest_verl_compat.bash.launcher import EntryLaunch
+from pytest_verl_compat.bash.parse import Node, line_of, load_script, parse_script
+from pytest_verl_compat.bash.scope import SourceScope
+from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, LaunchRead, StandardInput
 from pytest_verl_compat.bash.wrappers import Wrapped, find_wrapper
 from pytest_verl_compat.model import Bindings
 
 # Commands whose arguments this reader reads: the modelled builtins (their text decides what
 # they do) and those that run their arguments as a command (one could be the launcher).
-_CHECKED_PROGRAMS = _ARGUMENT_BUILTINS | _RUNNERS | _SHELLS
+_CHECKED_PROGRAMS = ARGUMENT_BUILTINS | RUNNERS | SHELLS
 # A loop still running after this many rounds is not one to follow.
 _MAX_ITERATIONS = 10_000
 # Refusals inside a command substitution that are about the whole read, not about the output:
@@ -49,6 +51,7 @@ def read_launch(
     *,
     text: str | None = None,
     scope: SourceScope | None = None,
+    entry_modules: EntryModules = None,
 ) -> LaunchRead:
     """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it.
 
@@ -56,26 +59,43 @@ def read_launch(
     script-directory idiom (``$(cd "$(dirname "$0")" && pwd)``) names the script's folder
     whatever folder it is started from. Given as ``text``, ``$0`` is ``path`` as given.
     ``scope``: the files ``source`` may read (by default those under the script's folder).
+
+    ``entry_modules``: which entry modules the launch may run (dotted names, or a predicate;
+    only modules under an entry package of ``data/entry_packages.txt`` count). By default
+    ``verl.trainer.main_ppo`` alone: another module's launch is then no launch, and the read
+    fails with "no launcher" naming it as another entry point. With it, the read returns the
+    script's final launch of any accepted module.
     """
-    label, data = _load(path, text)
+    label, data = load_script(path, text)
     script = label if text is not None else os.path.abspath(label)
-    return _read(label, data, bindings, script, scope or SourceScope.around(label))
+    scope = scope or SourceScope.around(label)
+    return _read(label, data, bindings, script, scope, entry_modules)
 
 
-def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
+def read_launch_text(
+    text: str, bindings: Bindings, *, path: str = "<string>", entry_modules: EntryModules = None
+) -> LaunchRead:
     """Read a script given as text; ``path`` only labels error messages and ``$0`` (it sources
-    no file)."""
-    label, data = _load(path, text)
-    return _read(label, data, bindings, label, None)
+    no file). ``entry_modules`` as for :func:`read_launch`."""
+    label, data = load_script(path, text)
+    return _read(label, data, bindings, label, None, entry_modules)
 
 
 def _read(
-    label: str, data: bytes, bindings: Bindings, script: str, scope: SourceScope | None
+    label: str,
+    data: bytes,
+    bindings: Bindings,
+    script: str,
+    scope: SourceScope | None,
+    entry_modules: EntryModules,
 ) -> LaunchRead:
     """Parse and interpret; every failure surfaces as a LaunchReadError."""
-    tree = _parse(label, data)
+    tree = parse_script(label, data)
+    accepts, stems = acceptor(entry_modules), entry_stems(entry_modules)
+    interpreter = Interpreter(label, data, bindings, script, scope, accepts, stems)
+    interpreter.default_entry = entry_modules is None
     try:
-        return _Interpreter(label, data, bindings, script, scope).run(tree)
+        return interpreter.run(tree)
     except LaunchReadError:
         raise
     except RecursionError:
@@ -88,37 +108,43 @@ def _read(
         ) from None
 
 
-class _Interpreter(_Branches):
+class Interpreter(Branches):
     """Interprets a shfmt syntax tree with bash semantics, recording launcher commands."""
+
+    # Whether the read accepts main_ppo alone (its "no launcher" message names that command).
+    default_entry = True
 
     # ---------------------------------------------------------------- top level
 
     def run(self, tree: Node) -> LaunchRead:
         """Run the whole script (and its EXIT trap) and return its last launcher command."""
-        exited: _Exit | None = None
+        exited: ShellExit | None = None
         try:
             try:
                 self.stmts(tree.get("Stmts") or [], exempt=False)
-            except _Exit as done:
+            except ShellExit as done:
                 exited = done
             if exited is None or not exited.replaced:
                 status = self.exit_trap(self.sh.status if exited is None else exited.status)
                 if exited is not None:
-                    exited = _Exit(status, exited.line)
-        except _LoopControl:
+                    exited = ShellExit(status, exited.line)
+        except LoopControl:
             self.fail(self.line, "loop control", "`break`/`continue` outside a loop")
-        except _Return:
+        except ShellReturn:
             self.fail(self.line, "return", "`return` outside a function or sourced file")
-        except _Budget as exc:
+        except BudgetExceeded as exc:
             self.fail(self.line, "limit", str(exc))
         if exited is not None and self.launch is None:
             raise LaunchExited(self.path, exited.line, exited.status)
         if self.launch is None:
             where, other = self.other_entry or (None, "")
+            wanted = f"`python3 -m {LAUNCHER_MODULE}` command"
+            if not self.default_entry:
+                wanted = "launch of an accepted entry module"
             self.fail(
                 where,
                 "no launcher",
-                f"no `python3 -m {_LAUNCHER_MODULE}` command is reached with these bindings"
+                f"no {wanted} is reached with these bindings"
                 + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
         return replace(self.launch, sources=tuple(sorted(self.sourced.items())))
@@ -128,16 +154,16 @@ class _Interpreter(_Branches):
         status = 0
         for index, stmt in enumerate(stmts):
             following = stmts[index + 1] if index + 1 < len(stmts) else None
-            self.status_unseen = not _observes_status(following)
+            self.status_unseen = not observes_status(following)
             status = self.stmt(stmt, exempt)
         return status
 
     def stmt(self, stmt: Node, exempt: bool) -> int:
         """Run one statement. ``exempt``: set -e is ignored here (conditions, && lists, !)."""
         self.steps += 1
-        if self.steps > _MAX_STEPS:
-            self.fail(_line(stmt), "limit", "the script runs too many commands")
-        self.line = _line(stmt)
+        if self.steps > MAX_STEPS:
+            self.fail(line_of(stmt), "limit", "the script runs too many commands")
+        self.line = line_of(stmt)
         # Only this statement's own `if`/`&&`/`||` may leave a status nobody reads.
         self.unseen_here, self.status_unseen = self.status_unseen, False
         cmd = stmt.get("Cmd")
@@ -170,7 +196,7 @@ class _Interpreter(_Branches):
         if status and not exempt:
             self.err_trap()
             if "errexit" in self.sh.options:
-                raise _Exit(status, line)
+                raise ShellExit(status, line)
         return status
 
     @contextmanager
@@ -190,13 +216,13 @@ class _Interpreter(_Branches):
         with self.forked():
             try:
                 status = body()
-            except _Exit as done:
+            except ShellExit as done:
                 if done.replaced:
                     return done.status
                 status = done.status
-            except _Return as done:
+            except ShellReturn as done:
                 status = done.status
-            except _LoopControl:
+            except LoopControl:
                 status = 0
             return self.exit_trap(status)
 
@@ -207,30 +233,37 @@ class _Interpreter(_Branches):
         output unknown: the substitution is then the run-time value it always was, refused
         only where its text decides something.
         """
-        output = self.captured_output(part.get("Stmts") or [], "a command substitution")
+        output = self.captured_output(
+            part.get("Stmts") or [], "a command substitution", strips_trailing_newlines=True
+        )
         if output is None:
             return None
         text, self.substitution_status = output
         return text.rstrip("\n")
 
-    def captured_output(self, stmts: list[Node], what: str) -> tuple[str, int] | None:
+    def captured_output(
+        self, stmts: list[Node], what: str, strips_trailing_newlines: bool = False
+    ) -> tuple[str, int] | None:
         """The output and status of ``stmts`` run in a subshell whose output is captured (None:
         only running them would tell)."""
+        if reads_a_file(stmts):
+            # `$(< FILE)`: bash prints the file, which this reader never opens.
+            return None
         saved = (self.capture, self.stdout_captured, self.stderr_captured, self.launch)
-        capture = _Capture()
+        capture = Capture(strips_trailing_newlines)
         self.capture, self.stdout_captured, self.stderr_captured = capture, True, False
         self.substituting.append(what)
         try:
-            with self.forked(), self.reading(_Input(None, "the script's standard input")):
+            with self.forked(), self.reading(StandardInput(None, "the script's standard input")):
                 # bash does not apply set -e inside a substitution (no inherit_errexit).
                 self.sh.options.discard("errexit")
                 try:
                     status = self.stmts(stmts, exempt=False)
-                except _Exit as done:
+                except ShellExit as done:
                     status = done.status
-                except _Return as done:
+                except ShellReturn as done:
                     status = done.status
-                except _LoopControl:
+                except LoopControl:
                     status = 0
                 status = self.exit_trap(status)
         except LaunchReadError as exc:
@@ -247,7 +280,7 @@ class _Interpreter(_Branches):
     def process_substitution(self, part: Node) -> str:
         """``<(...)`` and ``>(...)``: a path only the running system names. The output of
         ``<(...)`` is what reading that path gives; ``>(...)`` runs with unknown input."""
-        line = _line(part)
+        line = line_of(part)
         stmts = part.get("Stmts") or []
         op = part.get("Op", "<(")
         output: str | None = None
@@ -259,7 +292,7 @@ class _Interpreter(_Branches):
             self.capture, self.stdout_captured, self.stderr_captured = None, False, False
             self.substituting.append("a process substitution")
             try:
-                with self.reading(_Input(None, "the output of the script")):
+                with self.reading(StandardInput(None, "the output of the script")):
                     self.subshell(lambda: self.stmts(stmts, exempt=False))
             finally:
                 self.substituting.pop()
@@ -272,12 +305,18 @@ class _Interpreter(_Branches):
 
     def command(self, cmd: Node | None, redirs: list[Node], stmt: Node, exempt: bool) -> int:
         """Run the command of a statement with its redirections."""
-        line = _line(stmt)
+        line = line_of(stmt)
         if cmd is None:
             self.redirections(redirs, launcher=False)
             return 0
         kind = cmd.get("Type")
         if kind == "CallExpr":
+            # As written, and without its redirections (`date 2>/dev/null` prints what `date`
+            # does, its standard output followed as `routed` follows it).
+            self.command_text = (
+                _statement_text(self.source_text(stmt)),
+                self.source_text(cmd).strip(),
+            )
             return self.call(cmd, redirs, exempt)
         stdin = self.redirections(redirs, launcher=False)
         with self.routed(redirs), self.reading(stdin):
@@ -327,7 +366,7 @@ class _Interpreter(_Branches):
         if op in ("&&", "||"):
             unseen, self.unseen_here = self.unseen_here, False
             status = self.condition([cmd["X"]])
-            if isinstance(status, _Undecided):
+            if isinstance(status, Undecided):
                 # `[ -d X ] || mkdir -p X`: the test's own status when it skips the other side.
                 run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
                 skip = lambda: 0 if op == "||" else 1  # noqa: E731
@@ -356,13 +395,13 @@ class _Interpreter(_Branches):
         # reading what the one before it wrote; only the last one writes where the
         # pipeline's output goes.
         statuses: list[int] = []
-        source: _Input | None = None
+        source: StandardInput | None = None
         for part in parts[:-1]:
-            capture = _Capture()
+            capture = Capture()
             statuses.append(self.piped(part, exempt, op == "|&", capture, source))
             known = "".join(capture.pieces) if capture.unknown is None else None
-            origin = f"the output of line {_line(part)}"
-            source = _Input(known, origin if known is not None else f"{origin} (unknown)")
+            origin = f"the output of line {line_of(part)}"
+            source = StandardInput(known, origin if known is not None else f"{origin} (unknown)")
         with self.reading(source):
             statuses.append(self.subshell(lambda: self.stmt(parts[-1], exempt)))
         self.sh.pipestatus = statuses
@@ -377,8 +416,8 @@ class _Interpreter(_Branches):
         stmt: Node,
         exempt: bool,
         with_errors: bool,
-        capture: _Capture,
-        source: _Input | None,
+        capture: Capture,
+        source: StandardInput | None,
     ) -> int:
         """A pipeline element whose output goes to the next one (into ``capture``)."""
         saved = (self.capture, self.stdout_captured, self.stderr_captured)
@@ -403,7 +442,7 @@ class _Interpreter(_Branches):
             if not cond:
                 return self.stmts(clause.get("Then") or [], exempt)
             status = self.condition(cond)
-            if isinstance(status, _Undecided):
+            if isinstance(status, Undecided):
                 then, rest = clause.get("Then") or [], clause.get("Else")
                 return self.either(
                     lambda then=then: self.stmts(then, exempt),  # type: ignore[misc]
@@ -441,7 +480,7 @@ class _Interpreter(_Branches):
 
     def for_clause(self, cmd: Node, exempt: bool) -> int:
         """``for NAME in WORDS`` (the word list bounds the rounds) and ``for ((...))``."""
-        line = _line(cmd)
+        line = line_of(cmd)
         loop = cmd.get("Loop") or {}
         if cmd.get("Select"):
             self.fail(line, "select loop", "reads its choice from input at run time")
@@ -504,7 +543,7 @@ class _Interpreter(_Branches):
                     )
                 try:
                     status = self.stmts(cmd.get("Do") or [], exempt)
-                except _LoopControl as ctl:
+                except LoopControl as ctl:
                     if ctl.levels > 1:
                         ctl.levels -= 1
                         raise
@@ -519,9 +558,10 @@ class _Interpreter(_Branches):
     def call(self, cmd: Node, redirs: list[Node], exempt: bool) -> int:
         """A simple command: assignments, a function, the launcher (perhaps wrapped), a
         modelled builtin or program, or a skipped command."""
-        line = _line(cmd)
+        line = line_of(cmd)
         assigns = cmd.get("Assigns") or []
         self.substitution_status = 0
+        text = self.command_text
         argv, uncertain = self.fields_split(cmd.get("Args") or [])
         if not argv:
             # Assignment-only (or empty after expansion): the assignments persist, and the
@@ -542,6 +582,8 @@ class _Interpreter(_Branches):
                 value = (current or "") + value
             temporary[name] = value
         self.check_command(argv, uncertain, line)
+        # The words' substitutions ran statements of their own.
+        self.command_text = text
         if argv[0] == "exec" and len(argv) > 1:
             return self.exec_command(argv, uncertain, redirs, temporary, line)
         if argv[0] in self.sh.functions:
@@ -550,12 +592,12 @@ class _Interpreter(_Branches):
                 status = self.call_function(argv, temporary, exempt, line)
             return self.errexit(status, exempt, line)
         words, uses = self.unwrap_launchers(argv, uncertain, line)
-        hydra_argv = self.launcher_argv(words, line)
-        if hydra_argv is not None:
-            self.launcher(words, hydra_argv, uncertain, redirs, temporary, uses, line)
+        entry = self.entry_launch(words, line)
+        if entry is not None:
+            self.launcher(entry, uncertain, redirs, temporary, uses, line)
             return 0
         self.note_entry(words, line)
-        if argv[0] in _BASH_BUILTINS and not uses:
+        if argv[0] in BASH_BUILTINS and not uses:
             stdin = self.redirections(redirs, launcher=False)
         else:
             with self.forked():
@@ -571,8 +613,7 @@ class _Interpreter(_Branches):
 
     def launcher(
         self,
-        words: list[str],
-        hydra_argv: list[str],
+        entry: EntryLaunch,
         uncertain: str | None,
         redirs: list[Node],
         temporary: dict[str, str],
@@ -584,7 +625,7 @@ class _Interpreter(_Branches):
         with self.forked():
             stdin = self.redirections(redirs, launcher=True)
         with self.routed(redirs), self.reading(stdin):
-            self.record_launch(words[0], hydra_argv, line, temporary, uses)
+            self.record_launch(entry, line, temporary, uses)
 
     def exec_command(
         self,
@@ -608,9 +649,9 @@ class _Interpreter(_Branches):
         if not words:
             return 0
         inner, uses = self.unwrap_launchers(words, uncertain, line)
-        hydra_argv = self.launcher_argv(inner, line)
-        if hydra_argv is not None:
-            self.launcher(inner, hydra_argv, uncertain, redirs, temporary, uses, line)
+        entry = self.entry_launch(inner, line)
+        if entry is not None:
+            self.launcher(entry, uncertain, redirs, temporary, uses, line)
         else:
             self.note_entry(inner, line)
             with self.forked():
@@ -618,7 +659,7 @@ class _Interpreter(_Branches):
             with self.routed(redirs):
                 shown = uses[-1].wrapper.name if uses else words[0]
                 self.external(inner, line, shown)
-        raise _Exit(0, line, replaced=True)
+        raise ShellExit(0, line, replaced=True)
 
     @contextmanager
     def temporarily(self, assignments: dict[str, str], line: int) -> Iterator[None]:
@@ -666,14 +707,14 @@ class _Interpreter(_Branches):
             # Only `printf -v NAME` changes the shell; the format and arguments just print.
             self.need(argv[1] if uncertain is None else uncertain, line, purpose)
 
-    def redirections(self, redirs: list[Node], launcher: bool) -> _Input | None:
+    def redirections(self, redirs: list[Node], launcher: bool) -> StandardInput | None:
         """Expand redirection targets (for their side effects and errors); open nothing.
 
         Returns the command's standard input when a redirection gives it one.
         """
-        stdin: _Input | None = None
+        stdin: StandardInput | None = None
         for redir in redirs:
-            line = _line(redir)
+            line = line_of(redir)
             op = redir.get("Op")
             number = (redir.get("N") or {}).get("Value", "")
             if number.startswith("{"):
@@ -688,7 +729,7 @@ class _Interpreter(_Branches):
                 else:
                     text = self.heredoc_text(redir)
                 if standard_input:
-                    stdin = _Input(text, f"the {what} of line {line}", heredoc=True)
+                    stdin = StandardInput(text, f"the {what} of line {line}", heredoc=True)
                 continue
             use = "files it names: bash refuses more than one"
             targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
@@ -697,12 +738,35 @@ class _Interpreter(_Branches):
             if op in ("<", "<>") and standard_input:
                 target = targets[0]
                 if target in self.process_outputs:
-                    stdin = _Input(self.process_outputs[target], f"the <(...) of line {line}")
+                    stdin = StandardInput(
+                        self.process_outputs[target], f"the <(...) of line {line}"
+                    )
                 else:
-                    stdin = _Input(None, f"the file {self.shown(target)!r}")
+                    stdin = StandardInput(None, f"the file {self.shown(target)!r}")
             elif op == "<&" and standard_input:
-                stdin = _Input(None, "another file descriptor")
+                stdin = StandardInput(None, "another file descriptor")
         return stdin
+
+
+def _statement_text(text: str) -> str:
+    """A statement's source as a substitution binding writes it: without the `;` that ends it."""
+    return text.strip().removesuffix(";").rstrip()
+
+
+def reads_a_file(stmts: list[Node]) -> bool:
+    """Whether a substitution's body is bash's ``$(< FILE)``: one statement that is nothing but
+    one input redirection of standard input (then bash prints the file; ``$(: ; < f)``,
+    ``$(X=1 < f)``, ``$(< f 2>&1)`` and ``$(1< f)`` print nothing)."""
+    if len(stmts) != 1:
+        return False
+    stmt = stmts[0]
+    redirs = stmt.get("Redirs") or []
+    if stmt.get("Cmd") is not None or len(redirs) != 1:
+        return False
+    if stmt.get("Background") or stmt.get("Negated") or stmt.get("Coprocess"):
+        return False
+    number = (redirs[0].get("N") or {}).get("Value", "")
+    return redirs[0].get("Op") == "<" and number in ("", "0")
 
 
 # The commands whose status bash records in PIPESTATUS as a pipeline of one.

@@ -1,18 +1,32 @@
-"""The launcher: ``python3 -m verl.trainer.main_ppo``, directly or under wrappers.
+"""The launcher: the command that runs an entry module, directly or under wrappers.
 
-Python is found by its name (``python``, ``python3``, ``python3.11``, through PATH or by a
-path); options before ``-m`` (``-u``, ``-X dev``) are read as Python reads them. Wrappers
-(:mod:`wrappers`) are peeled off outermost first; the launcher's environment and working
-directory are the script's, changed by each wrapper in turn.
+A launch runs an entry module the read accepts (by default ``verl.trainer.main_ppo``; see
+:mod:`entry_points`) by any of: ``python [OPTIONS] -m MODULE ARGS``, ``python [OPTIONS]
+PATH/verl/.../module.py ARGS``, ``torchrun [OPTIONS] -m MODULE ARGS``, ``torchrun [OPTIONS]
+PATH/verl/.../module.py ARGS`` and ``python -m torch.distributed.run [OPTIONS] ...``. Python is
+found by its name (``python``, ``python3``, ``python3.11``, through PATH or by a path); options
+before ``-m`` (``-u``, ``-X dev``) are read as Python reads them, torchrun's with its own table
+(``data/wrappers/torchrun.txt``, read as argparse reads it). Wrappers (:mod:`wrappers`) are
+peeled off outermost first; the launcher's environment and working directory are the script's,
+changed by each wrapper in turn.
 """
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash import paths
-from pytest_verl_compat.bash.builtins import _SHELLS
-from pytest_verl_compat.bash.sources import _Sources
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _is_python
-from pytest_verl_compat.bash.wrappers import Wrapped, WrapperRefusal, find_wrapper, parse
+from dataclasses import dataclass, field
+
+import pytest_verl_compat.bash.paths as paths
+from pytest_verl_compat.bash.builtins import SHELLS
+from pytest_verl_compat.bash.entry_points import WorldSize, module_of_file, torchrun_world_size
+from pytest_verl_compat.bash.sources import Sources
+from pytest_verl_compat.bash.state import LaunchRead, is_python
+from pytest_verl_compat.bash.wrappers import (
+    TORCHRUN,
+    Wrapped,
+    WrapperRefusal,
+    find_wrapper,
+    parse,
+)
 
 # Python's one-letter options that take no value, and those that take one (python3 --help).
 _PYTHON_FLAGS = frozenset("bBdEiIOPqsSuvx")
@@ -21,23 +35,62 @@ _PYTHON_VALUED = frozenset("WX")
 _MAX_WRAPPERS = 8
 
 
-class _Launcher(_Sources):
+@dataclass(frozen=True)
+class EntryLaunch:
+    """A command that runs an accepted entry module: what the module receives, and how."""
+
+    module: str
+    argv: list[str]
+    # The word that names the program bash looks up: `python3`, `/usr/bin/python3`, `torchrun`.
+    program: str
+    launcher: str = "python"
+    # torchrun's options as read (None for a plain Python launch).
+    torchrun: Wrapped | None = field(default=None)
+
+
+class Launcher(Sources):
     """Finds the launcher in a command and records what it receives."""
 
-    def launcher_argv(self, words: list[str], line: int) -> list[str] | None:
-        """The words Hydra receives if ``words`` run the launcher, else None.
+    def entry_launch(self, words: list[str], line: int) -> EntryLaunch | None:
+        """The launch ``words`` make, if they run an entry module the read accepts.
 
-        Every word up to the module name must be known: it decides whether this is the
-        launcher at all.
+        Every word up to the module (or script) must be known: it decides whether this is the
+        launcher at all. ``python -m OTHER`` is remembered as another entry point.
         """
-        if not words or not _is_python(words[0]):
+        if not words:
             return None
+        if words[0].rsplit("/", 1)[-1] == TORCHRUN.words[0]:
+            return self.torchrun_launch(words, words[0], line)
+        if not is_python(words[0]):
+            return None
+        target = self.python_target(words, line)
+        if target is None:
+            return None
+        kind, name, rest = target
+        if kind == "module" and name == TORCHRUN.python_module:
+            launch = self.torchrun_launch(words[:1] + rest, f"{words[0]} -m {name}", line)
+            if launch is None:
+                self.other_entry = (line, f"{words[0]} -m {name}")
+            return launch
+        if kind == "module":
+            if self.accepts(name):
+                return EntryLaunch(name, rest, words[0])
+            self.other_entry = (line, f"{words[0]} -m {name}")
+            return None
+        module = self.file_module(name, line)
+        return EntryLaunch(module, rest, words[0]) if module is not None else None
+
+    def python_target(self, words: list[str], line: int) -> tuple[str, str, list[str]] | None:
+        """What Python runs: ("module", NAME, ARGS) for ``-m``, ("script", PATH, ARGS) for a
+        file; None for ``-c``, standard input, ``--help`` and the like."""
         purpose = f"is an argument of `{words[0]}` that could make it the launcher,"
         index = 1
         while index < len(words):
             word = words[index]
             self.need(word, line, purpose)
-            if not word.startswith("-") or word in ("-", "--") or word.startswith("--"):
+            if not word.startswith("-") and word:
+                return "script", word, words[index + 1 :]
+            if word in ("-", "--") or word.startswith("--") or not word:
                 return None
             position = 1
             while position < len(word):
@@ -55,13 +108,54 @@ class _Launcher(_Sources):
                     value = words[index]
                     self.need(value, line, purpose)
                 if letter == "m":
-                    if value == _LAUNCHER_MODULE:
-                        return words[index + 1 :]
-                    self.other_entry = (line, f"{words[0]} -m {value}")
-                    return None
+                    return "module", value, words[index + 1 :]
                 break
             index += 1
         return None
+
+    def file_module(self, path: str, line: int) -> str | None:
+        """The accepted entry module a Python file is, or None; a file named like one in a
+        folder only known at run time is refused rather than skipped."""
+        module = module_of_file(path, self.sh.cwd)
+        if module is not None:
+            return module if self.accepts(module) else None
+        stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+        if path.endswith(".py") and not path.startswith("/") and stem in self.entry_stems:
+            folder = self.sh.cwd if self.sh.cwd is not None else self.variable_lazy("PWD", line)
+            self.need(folder, line, f"is the folder `{path}` is found in")
+        return None
+
+    def torchrun_launch(self, words: list[str], shown: str, line: int) -> EntryLaunch | None:
+        """``torchrun [OPTIONS] (-m MODULE | SCRIPT) ARGS`` (or ``python -m
+        torch.distributed.run ...``, given as ``words[0]`` and the rest) launching an accepted
+        entry module, read with torchrun's own table; None when it runs anything else."""
+        need = lambda word, purpose: self.need(word, line, purpose)  # noqa: E731
+        try:
+            used = parse(TORCHRUN, [TORCHRUN.words[0], *words[1:]], need)
+        except WrapperRefusal as exc:
+            if any(self.accepts(word) or self.accepts_file(word) for word in words[1:]):
+                self.fail(line, exc.construct.replace("torchrun", shown, 1), exc.detail)
+            return None
+        if used is None:
+            return None
+        command = used.command
+        if used.module:
+            module: str | None = command[2]
+            self.need(command[2], line, f"is the module `{shown}` runs")
+            if not self.accepts(command[2]):
+                return None
+            rest = command[3:]
+        else:
+            self.need(command[1], line, f"is the script `{shown}` runs")
+            module = self.file_module(command[1], line)
+            rest = command[2:]
+        if module is None:
+            return None
+        return EntryLaunch(module, rest, words[0], "torchrun", used)
+
+    def accepts_file(self, word: str) -> bool:
+        module = module_of_file(word, self.sh.cwd)
+        return module is not None and self.accepts(module)
 
     def note_entry(self, words: list[str], line: int) -> None:
         """Remember a ``torchrun ... -m MODULE``: the entry point a script runs instead."""
@@ -93,7 +187,7 @@ class _Launcher(_Sources):
             words = used.command
             program = words[0].rsplit("/", 1)[-1]
             self.need(words[0], line, "decides which command runs")
-            if program in _SHELLS:
+            if program in SHELLS:
                 self.fail(
                     line,
                     f"{wrapper.name} {program}",
@@ -103,8 +197,7 @@ class _Launcher(_Sources):
 
     def record_launch(
         self,
-        python: str,
-        hydra_argv: list[str],
+        entry: EntryLaunch,
         line: int,
         temporary: dict[str, str],
         uses: list[Wrapped],
@@ -139,20 +232,34 @@ class _Launcher(_Sources):
                     changed = line
             for folder in used.folders:
                 cwd = _entered(cwd, folder)
+            for variable in used.wrapper.changes_variables:
+                env[variable] = self.lazy(
+                    line, f"${variable} as `{name}` sets it", "only known where it runs", True
+                )
             unseen.extend(f"{what} ({name}, line {line})" for what in used.unseen)
-        if changed is not None and "/" not in python:
+        if changed is not None and "/" not in entry.program:
             # bash (or the wrapper) looks `python3` up in the changed PATH: any program.
+            what = "Python" if entry.launcher == "python" else entry.program
             self.fail(
                 changed,
                 "PATH change",
-                f"PATH is changed before the launcher on line {line}, so Python may be another "
+                f"PATH is changed before the launcher on line {line}, so {what} may be another "
                 "program",
             )
-        for word in hydra_argv:
+        for word in entry.argv:
             self.need(word, line, "reaches the launcher's argv")
+        options: dict[str, str | bool] = {}
+        runtime_options: dict[str, str] = {}
+        size = WorldSize(
+            None, "launched by Python, not torchrun: the module starts its own workers"
+        )
+        if entry.torchrun is not None:
+            options, runtime_options = self.torchrun_options(entry.torchrun, env, line)
+            size = torchrun_world_size(options, runtime_options)
+            unseen.extend(f"{what} (torchrun, line {line})" for what in entry.torchrun.unseen)
         known, runtime = self.split_runtime(env)
         self.launch = LaunchRead(
-            tuple(hydra_argv),
+            tuple(entry.argv),
             line,
             known,
             runtime,
@@ -160,8 +267,59 @@ class _Launcher(_Sources):
             wrappers=tuple(used.wrapper.name for used in uses),
             unseen=tuple(unseen),
             path=self.path,
+            module=entry.module,
+            launcher=entry.launcher,
+            torchrun=options,
+            torchrun_runtime=runtime_options,
+            world_size=size.size,
+            world_size_reason=size.reason,
         )
         self.write_unknown("the launcher")
+
+    def torchrun_options(
+        self, used: Wrapped, env: dict[str, str], line: int
+    ) -> tuple[dict[str, str | bool], dict[str, str]]:
+        """torchrun's options as it reads them: its words, else its PET_* environment; those
+        only known at run time apart, described."""
+        wrapper = used.wrapper
+        interpreter = wrapper.interpreter_variable
+        if interpreter is not None and interpreter in env:
+            self.fail(
+                line,
+                wrapper.name,
+                f"{interpreter} in its environment names the interpreter it starts, so Python "
+                "may be another program",
+            )
+        options: dict[str, str | bool] = dict(used.options)
+        prefix = wrapper.environment_prefix
+        for option in wrapper.options if prefix is not None else ():
+            variable = f"{prefix}{option.canonical.upper()}"
+            ignored = set(option.names) & set(wrapper.environment_ignored)
+            if option.canonical in options or variable not in env or ignored:
+                continue
+            given = env[variable]
+            if option.effect is not None:
+                self.fail(
+                    line, wrapper.name, f"{variable} in its environment sets {option.names[-1]}"
+                )
+            if option.value is None:
+                # check_env: bool(int(VALUE)), and a value int() refuses stops torchrun.
+                self.need(given, line, f"is {variable}, which decides {option.names[-1]},")
+                try:
+                    options[option.canonical] = bool(int(given))
+                except ValueError:
+                    self.fail(line, wrapper.name, f"it stops on {variable}={given!r}")
+            else:
+                options[option.canonical] = given
+        known: dict[str, str | bool] = {}
+        runtime: dict[str, str] = {}
+        for name, setting in sorted(options.items()):
+            ids = self.lazy_ids(setting) if isinstance(setting, str) else []
+            if ids:
+                runtime[name] = self.describe(ids[0])
+            else:
+                known[name] = setting
+        return known, runtime
 
     def environment(self) -> dict[str, str]:
         """The exported scalar variables (bash does not export arrays)."""

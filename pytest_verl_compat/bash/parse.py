@@ -1,6 +1,6 @@
 """Parsing: a script's bytes, its typed syntax tree from ``shfmt --to-json`` (memoised by hash).
 
-Also the tree helpers every layer uses (:func:`_line`, :func:`_subst_text`) and the public
+Also the tree helpers every layer uses (:func:`line_of`, :func:`substitution_text`) and the public
 :func:`command_substitutions`, which needs only the tree.
 """
 
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.bash.errors import (
-    _MAX_NESTING,
-    _MAX_SCRIPT_BYTES,
-    _MAX_TREE_BYTES,
-    _SHFMT_MEMORY,
-    _SHFMT_TIMEOUT,
+    MAX_NESTING,
+    MAX_SCRIPT_BYTES,
+    MAX_TREE_BYTES,
+    SHFMT_MEMORY,
+    SHFMT_TIMEOUT,
     LaunchReadError,
 )
 
@@ -36,8 +36,8 @@ def command_substitutions(
     """(line, exact text) of every outermost ``$(...)``/backtick; ``text`` overrides the file."""
     # Nested substitutions are not listed: the reader looks up only the outer text and never
     # evaluates what is inside it, so only outer texts can ever need a binding.
-    label, data = _load(source, text)
-    tree = _parse(label, data)
+    label, data = load_script(source, text)
+    tree = parse_script(label, data)
     found: list[tuple[int, int, str]] = []
     stack: list[Any] = [tree]
     while stack:
@@ -46,14 +46,14 @@ def command_substitutions(
             stack.extend(node)
         elif isinstance(node, dict):
             if node.get("Type") == "CmdSubst":
-                found.append((node["Pos"]["Offset"], _line(node), _subst_text(data, node)))
+                found.append((node["Pos"]["Offset"], line_of(node), substitution_text(data, node)))
             else:
                 stack.extend(value for value in node.values() if isinstance(value, (dict, list)))
     return [(line, subst) for _, line, subst in sorted(found)]
 
 
-def _load(source: str | os.PathLike[str], text: str | None) -> tuple[str, bytes]:
-    """The label and UTF-8 bytes of a script given by path or as text, checked by :func:`_vet`."""
+def load_script(source: str | os.PathLike[str], text: str | None) -> tuple[str, bytes]:
+    """The label and UTF-8 bytes of a script given by path or as text, checked by :func:`vet_script`."""
     label = os.fspath(source)
     if text is not None:
         try:
@@ -64,12 +64,12 @@ def _load(source: str | os.PathLike[str], text: str | None) -> tuple[str, bytes]
             ) from None
     else:
         data = _read_regular(label)
-    _vet(label, data)
+    vet_script(label, data)
     return label, data
 
 
 def _read_regular(label: str) -> bytes:
-    """The bytes of a regular file of at most ``_MAX_SCRIPT_BYTES``, read without blocking."""
+    """The bytes of a regular file of at most ``MAX_SCRIPT_BYTES``, read without blocking."""
     # stat before open: opening a device can have effects of its own (a tape rewinds, a FIFO
     # waits for a writer). O_NONBLOCK keeps a FIFO swapped in after the stat from hanging the
     # open, and the fstat of the opened file is the check that counts.
@@ -83,8 +83,8 @@ def _read_regular(label: str) -> bytes:
                 raise LaunchReadError(label, None, "read", _not_regular(mode))
             chunks: list[bytes] = []
             size = 0
-            while size <= _MAX_SCRIPT_BYTES:
-                chunk = os.read(fd, _MAX_SCRIPT_BYTES + 1 - size)
+            while size <= MAX_SCRIPT_BYTES:
+                chunk = os.read(fd, MAX_SCRIPT_BYTES + 1 - size)
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -94,7 +94,7 @@ def _read_regular(label: str) -> bytes:
     except OSError as exc:
         raise LaunchReadError(label, None, "read", exc.strerror or str(exc)) from None
     data = b"".join(chunks)
-    if len(data) > _MAX_SCRIPT_BYTES:
+    if len(data) > MAX_SCRIPT_BYTES:
         raise LaunchReadError(label, None, "size", _too_large())
     return data
 
@@ -112,15 +112,15 @@ def _not_regular(mode: int) -> str:
 
 
 def _too_large() -> str:
-    return f"too large: a launch script may have at most {_MAX_SCRIPT_BYTES} bytes"
+    return f"too large: a launch script may have at most {MAX_SCRIPT_BYTES} bytes"
 
 
 _BRACKETS = re.compile(rb"[(){}\[\]]")
 
 
-def _vet(label: str, data: bytes) -> None:
+def vet_script(label: str, data: bytes) -> None:
     """Refuse bytes that bash reads differently from shfmt, or that would exhaust shfmt."""
-    if len(data) > _MAX_SCRIPT_BYTES:
+    if len(data) > MAX_SCRIPT_BYTES:
         raise LaunchReadError(label, None, "size", _too_large())
     # shfmt drops NUL bytes and reads CRLF as a newline; bash keeps the \r in the words (so
     # `main_ppo\r` is another module) and drops or refuses NULs. Neither appears in a script
@@ -152,12 +152,12 @@ def _vet(label: str, data: bytes) -> None:
             continue
         for bracket in _BRACKETS.findall(text):
             depth = depth + 1 if bracket in b"({[" else max(depth - 1, 0)
-            if depth > _MAX_NESTING:
+            if depth > MAX_NESTING:
                 raise LaunchReadError(
                     label,
                     number,
                     "nesting",
-                    f"too deeply nested: more than {_MAX_NESTING} open brackets",
+                    f"too deeply nested: more than {MAX_NESTING} open brackets",
                 )
 
 
@@ -181,7 +181,7 @@ _TREE_TEXT: dict[str, bytes] = {}
 _TREE_TEXT_LIMIT = 512
 
 
-def _parse(label: str, data: bytes) -> Node:
+def parse_script(label: str, data: bytes) -> Node:
     """The typed syntax tree of ``data``, as printed by ``shfmt --to-json`` (memoised by hash)."""
     digest = hashlib.sha256(data).hexdigest()
     cached = _TREE_TEXT.get(digest)
@@ -204,7 +204,7 @@ def _parse_uncached(label: str, data: bytes) -> Node:
         proc = _run_bounded([exe, "--language-dialect=bash", "--to-json"], data)
     except subprocess.TimeoutExpired:
         raise LaunchReadError(
-            label, None, "limit", f"too large: shfmt did not finish in {_SHFMT_TIMEOUT} s"
+            label, None, "limit", f"too large: shfmt did not finish in {SHFMT_TIMEOUT} s"
         ) from None
     except (OSError, subprocess.SubprocessError) as exc:
         raise LaunchReadError(label, None, "shfmt", f"could not run {exe}: {exc}") from None
@@ -217,7 +217,7 @@ def _parse_uncached(label: str, data: bytes) -> Node:
                 label,
                 None,
                 "limit",
-                f"too large or too deeply nested: shfmt exceeded its {_SHFMT_MEMORY >> 20} MiB "
+                f"too large or too deeply nested: shfmt exceeded its {SHFMT_MEMORY >> 20} MiB "
                 f"memory budget ({first.strip()})",
             )
         line: int | None = None
@@ -229,12 +229,12 @@ def _parse_uncached(label: str, data: bytes) -> Node:
         if first.strip() == "exceeded max depth":
             raise LaunchReadError(label, line, "nesting", "too deeply nested for shfmt")
         raise LaunchReadError(label, line, "syntax error", first.strip())
-    if len(proc.stdout) > _MAX_TREE_BYTES:
+    if len(proc.stdout) > MAX_TREE_BYTES:
         raise LaunchReadError(
             label,
             None,
             "limit",
-            f"too large or too deeply nested: its syntax tree exceeds {_MAX_TREE_BYTES >> 20} MiB",
+            f"too large or too deeply nested: its syntax tree exceeds {MAX_TREE_BYTES >> 20} MiB",
         )
     try:
         tree = json.loads(proc.stdout)
@@ -259,9 +259,9 @@ def _run_bounded(argv: list[str], data: bytes) -> subprocess.CompletedProcess[by
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as proc:
         try:
-            resource.prlimit(proc.pid, resource.RLIMIT_DATA, (_SHFMT_MEMORY, _SHFMT_MEMORY))
+            resource.prlimit(proc.pid, resource.RLIMIT_DATA, (SHFMT_MEMORY, SHFMT_MEMORY))
             resource.prlimit(proc.pid, resource.RLIMIT_CORE, (0, 0))
-            stdout, stderr = proc.communicate(data, timeout=_SHFMT_TIMEOUT)
+            stdout, stderr = proc.communicate(data, timeout=SHFMT_TIMEOUT)
         except BaseException:
             proc.kill()
             proc.wait()
@@ -269,12 +269,12 @@ def _run_bounded(argv: list[str], data: bytes) -> subprocess.CompletedProcess[by
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
-def _line(node: Node) -> int:
+def line_of(node: Node) -> int:
     """The 1-based line a node starts on."""
     return int(node.get("Pos", {}).get("Line", 0))
 
 
-def _subst_text(data: bytes, node: Node) -> str:
+def substitution_text(data: bytes, node: Node) -> str:
     """The exact source text between the delimiters of a command substitution."""
     left = node["Left"]["Offset"]
     right = node["Right"]["Offset"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from pytest_verl_compat.bash.arithmetic import _Arithmetic
-from pytest_verl_compat.bash.errors import _MAX_PATTERN_STEPS, _MAX_PATTERN_SUBJECT, _Budget
-from pytest_verl_compat.bash.parse import Node, _line
-from pytest_verl_compat.bash.words import _Fields, _lit_chunks
+from pytest_verl_compat.bash.arithmetic import Arithmetic
+from pytest_verl_compat.bash.errors import MAX_PATTERN_STEPS, MAX_PATTERN_SUBJECT, BudgetExceeded
+from pytest_verl_compat.bash.parse import Node, line_of
+from pytest_verl_compat.bash.words import Fields, literal_chunks
 
 _CHAR_CLASSES = {
     "alpha": "a-zA-Z",
@@ -191,7 +191,7 @@ def _pattern_text(chars: list[tuple[str, bool]]) -> str:
     return "".join(c for c, _ in chars)
 
 
-class _Patterns(_Arithmetic):
+class Patterns(Arithmetic):
     """Pattern words, matching and the pattern operators of parameter expansion."""
 
     def pattern_chars(self, word: Node | None) -> list[tuple[str, bool]]:
@@ -200,20 +200,20 @@ class _Patterns(_Arithmetic):
         for part in (word or {}).get("Parts") or []:
             kind = part.get("Type")
             if kind == "Lit":
-                for chunk, escaped in _lit_chunks(part.get("Value", "")):
+                for chunk, escaped in literal_chunks(part.get("Value", "")):
                     chars.extend((c, not escaped) for c in chunk)
             elif kind == "SglQuoted":
                 value = part.get("Value", "")
                 if part.get("Dollar"):
-                    value = self.ansi_c(value, _line(part))
+                    value = self.ansi_c(value, line_of(part))
                 chars.extend((c, False) for c in value)
             elif kind == "DblQuoted":
-                fb = _Fields(split=False)
+                fb = Fields(split=False)
                 self.part(part, fb, quoted=False, pword=False)
                 chars.extend((c, False) for c in fb.joined())
             else:
                 # Unquoted expansions keep their pattern characters active.
-                fb = _Fields(split=False)
+                fb = Fields(split=False)
                 self.part(part, fb, quoted=False, pword=False)
                 chars.extend((c, True) for c in fb.joined())
         return chars
@@ -226,12 +226,12 @@ class _Patterns(_Arithmetic):
 
     def spend_pattern_steps(self, count: int) -> None:
         self.pattern_steps += count
-        if self.pattern_steps > _MAX_PATTERN_STEPS:
-            raise _Budget("pattern matching takes too many steps")
+        if self.pattern_steps > MAX_PATTERN_STEPS:
+            raise BudgetExceeded("pattern matching takes too many steps")
 
     def match(self, word: Node, subject: str) -> bool:
         """Whether ``subject`` matches a case pattern."""
-        line = _line(word)
+        line = line_of(word)
         self.need(subject, line, "decides which `case` branch runs")
         return self.compile_pattern(word, line, "decides which `case` branch runs").fullmatch(
             subject
@@ -330,7 +330,7 @@ class _Patterns(_Arithmetic):
         for part in (word or {}).get("Parts") or []:
             kind = part.get("Type")
             if kind == "Lit":
-                for chunk, escaped in _lit_chunks(part.get("Value", "")):
+                for chunk, escaped in literal_chunks(part.get("Value", "")):
                     if escaped:
                         pieces.append(chunk)
                         continue
@@ -339,11 +339,11 @@ class _Patterns(_Arithmetic):
                             pieces.append(None)
                         pieces.append(segment)
             elif kind in ("SglQuoted", "DblQuoted"):
-                fb = _Fields(split=False)
+                fb = Fields(split=False)
                 self.part(part, fb, quoted=False, pword=False)
                 pieces.append(fb.joined())
             else:
-                fb = _Fields(split=False)
+                fb = Fields(split=False)
                 self.part(part, fb, quoted=False, pword=False)
                 text = fb.joined()
                 if "&" in text:
@@ -355,7 +355,7 @@ class _Patterns(_Arithmetic):
 
     def check_pattern_subject(self, value: str, line: int) -> None:
         """Pattern operations are quadratic and locale-dependent beyond ASCII."""
-        if len(value) > _MAX_PATTERN_SUBJECT:
+        if len(value) > MAX_PATTERN_SUBJECT:
             self.fail(line, "limit", "pattern operation on a very long value")
         if not value.isascii():
             self.fail(

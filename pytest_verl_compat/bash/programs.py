@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from pytest_verl_compat.bash import paths
-from pytest_verl_compat.bash.conditions import _Conditions
+import pytest_verl_compat.bash.paths as paths
+from pytest_verl_compat.bash.conditions import Conditions
 from pytest_verl_compat.bash.parse import Node
 from pytest_verl_compat.bash.printing import echo_output, printf_output
 
@@ -40,16 +40,33 @@ def _split_options(words: list[str], flags: str) -> tuple[set[str], list[str]] |
     return seen, words[index:]
 
 
-class _Programs(_Conditions):
+class Programs(Conditions):
     """The output of modelled commands, where it goes, and the working directory."""
 
     # ---------------------------------------------------------------- output
 
     def write(self, text: str) -> None:
         """Text a command writes to its standard output."""
-        if self.capture is not None and self.stdout_captured:
+        capture = self.capture
+        if capture is not None and self.stdout_captured:
             self.charge(len(text))
-            self.capture.pieces.append(text)
+            if text and capture.open_newlines is not None and capture.unknown is None:
+                capture.unknown = f"the trailing newlines {capture.open_newlines} printed"
+            capture.pieces.append(text)
+            if text:
+                capture.open_newlines = None
+
+    def write_bound(self, output: str, what: str) -> None:
+        """A skipped program whose command text is bound prints the bound output: exactly, up
+        to the trailing newlines a `$(...)` drops (the binding holds the output without them)."""
+        capture = self.capture
+        if capture is None or not self.stdout_captured:
+            return
+        if self.stderr_captured or not capture.strips_trailing_newlines:
+            self.write_unknown(f"{what} (its trailing newlines)")
+            return
+        self.write(output)
+        capture.open_newlines = what
 
     def write_unknown(self, what: str) -> None:
         """A command whose output (on either stream) is only known at run time."""
@@ -99,7 +116,7 @@ class _Programs(_Conditions):
         if name in ("cd", "pushd", "popd"):
             return self.cd(words, line)
         program = name.rsplit("/", 1)[-1]
-        model = _COREUTILS.get(program)
+        model = COREUTILS.get(program)
         if model is not None:
             if self.sh.path_changed is not None:
                 self.write_unknown(f"`{program}` after a PATH change")
@@ -321,12 +338,12 @@ def _zero_padded(value: int, size: int) -> str:
     return f"-{text}" if value < 0 else text
 
 
-_COREUTILS: dict[str, Callable[[_Programs, list[str], int], int]] = {
-    "dirname": _Programs.dirname_program,
-    "basename": _Programs.basename_program,
-    "realpath": _Programs.canonical_program,
-    "readlink": _Programs.canonical_program,
-    "seq": _Programs.seq_program,
+COREUTILS: dict[str, Callable[[Programs, list[str], int], int]] = {
+    "dirname": Programs.dirname_program,
+    "basename": Programs.basename_program,
+    "realpath": Programs.canonical_program,
+    "readlink": Programs.canonical_program,
+    "seq": Programs.seq_program,
 }
 
 

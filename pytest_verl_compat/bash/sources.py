@@ -18,34 +18,18 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from pytest_verl_compat.bash import paths
-from pytest_verl_compat.bash.errors import _MAX_SCRIPT_BYTES, _Return
-from pytest_verl_compat.bash.parse import _parse, _vet
-from pytest_verl_compat.bash.traps import _Traps
+import pytest_verl_compat.bash.paths as paths
+from pytest_verl_compat.bash.errors import MAX_SCRIPT_BYTES, ShellReturn
+from pytest_verl_compat.bash.parse import parse_script, vet_script
+from pytest_verl_compat.bash.traps import Traps
 
 # Files sourced inside sourced files, and text read by `source` in all.
 _MAX_SOURCE_DEPTH = 16
 _MAX_SOURCED_BYTES = 16 << 20
 
 
-@dataclass(frozen=True)
-class SourceScope:
-    """Which files ``source`` may read: those under ``root``; with ``pins``, only those pinned
-    (path relative to ``root`` -> sha256)."""
-
-    root: str
-    pins: Mapping[str, str] | None = field(default=None)
-
-    @classmethod
-    def around(cls, script: str | os.PathLike[str]) -> SourceScope:
-        """The default: the folder tree of the script."""
-        return cls(os.path.dirname(os.path.abspath(os.fspath(script))))
-
-
-class _Sources(_Traps):
+class Sources(Traps):
     """The ``source`` and ``.`` builtins."""
 
     def source_builtin(self, words: list[str], line: int) -> int:
@@ -64,7 +48,7 @@ class _Sources(_Traps):
         if depth >= _MAX_SOURCE_DEPTH:
             self.fail(line, "source", f"files sourced more than {_MAX_SOURCE_DEPTH} levels deep")
         label, data = self.sourced_file(name, line)
-        tree = _parse(label, data)
+        tree = parse_script(label, data)
         positional, args_set = self.sh.positional, self.sh.args_set
         if len(args) > 1:
             self.sh.positional, self.sh.args_set = args[1:], False
@@ -72,7 +56,7 @@ class _Sources(_Traps):
         saved = self.enter_file(label, data, name)
         try:
             status = self.stmts(tree.get("Stmts") or [], exempt=False)
-        except _Return as done:
+        except ShellReturn as done:
             status = done.status
         finally:
             self.enter_file(*saved)
@@ -112,7 +96,7 @@ class _Sources(_Traps):
         if self.sourced_bytes > _MAX_SOURCED_BYTES:
             self.fail(line, "source", f"more than {_MAX_SOURCED_BYTES} bytes of sourced files")
         self.sourced[relative] = digest
-        _vet(real, data)
+        vet_script(real, data)
         return real, data
 
     def find_sourced(self, name: str, line: int) -> str:
@@ -154,16 +138,16 @@ class _Sources(_Traps):
                 self.fail(line, "source", f"{real} left the folder while it was opened")
             chunks: list[bytes] = []
             size = 0
-            while size <= _MAX_SCRIPT_BYTES:
-                chunk = os.read(fd, _MAX_SCRIPT_BYTES + 1 - size)
+            while size <= MAX_SCRIPT_BYTES:
+                chunk = os.read(fd, MAX_SCRIPT_BYTES + 1 - size)
                 if not chunk:
                     break
                 chunks.append(chunk)
                 size += len(chunk)
         finally:
             os.close(fd)
-        if size > _MAX_SCRIPT_BYTES:
-            self.fail(line, "source", f"{real} is larger than {_MAX_SCRIPT_BYTES} bytes")
+        if size > MAX_SCRIPT_BYTES:
+            self.fail(line, "source", f"{real} is larger than {MAX_SCRIPT_BYTES} bytes")
         return b"".join(chunks)
 
 

@@ -1,41 +1,41 @@
 """Interpreter state: the launcher it looks for, shell options, variables and their values.
 
-:class:`_State` is the base of the interpreter's mixin layers: it holds the bindings, the
-mutable :class:`_Shell` and the variable table operations every layer needs.
+:class:`State` is the base of the interpreter's mixin layers: it holds the bindings, the
+mutable :class:`Shell` and the variable table operations every layer needs.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
 from pytest_verl_compat.bash.arrays import MAX_KEYS, Assoc
 from pytest_verl_compat.bash.errors import (
-    _MAX_FIELDS,
-    _MAX_RUNTIME_VALUES,
-    _MAX_VALUE,
-    _MAX_WORK,
+    MAX_FIELDS,
+    MAX_RUNTIME_VALUES,
+    MAX_VALUE,
+    MAX_WORK,
+    BudgetExceeded,
     LaunchReadError,
-    _Budget,
 )
 from pytest_verl_compat.model import Bindings
 
 if TYPE_CHECKING:
     from pytest_verl_compat.bash.parse import Node
-    from pytest_verl_compat.bash.sources import SourceScope
-    from pytest_verl_compat.bash.words import _Fields
+    from pytest_verl_compat.bash.scope import SourceScope
+    from pytest_verl_compat.bash.words import Fields
 
 
-_LAUNCHER_MODULE = "verl.trainer.main_ppo"
+LAUNCHER_MODULE = "verl.trainer.main_ppo"
 # Variables bash gives the same value at every start, ignoring the environment.
 _BASH_STARTS_WITH = {"IFS": " \t\n", "OPTIND": "1", "OPTERR": "1"}
 # The program names that run Python: `python`, `python3`, `python3.11`, by PATH or by a path.
 _PYTHON = re.compile(r"python(3(\.[0-9]+)?)?")
 
 
-def _is_python(word: str) -> bool:
+def is_python(word: str) -> bool:
     """Whether ``word`` names a Python interpreter (``python3``, ``/usr/bin/python3.11``...)."""
     return _PYTHON.fullmatch(word.rsplit("/", 1)[-1]) is not None
 
@@ -104,7 +104,7 @@ _NOT_LAZY = frozenset(
 # Arrays bash computes: the call stack and the statuses of the last pipeline.
 _COMPUTED = frozenset({"BASH_SOURCE", "FUNCNAME", "PIPESTATUS"})
 
-# A run-time value inside a string: NUL, its number in _State.lazies, NUL. bash values never hold
+# A run-time value inside a string: NUL, its number in State.lazies, NUL. bash values never hold
 # a NUL byte (scripts holding one are refused, substitution outputs drop them, bindings are
 # checked), so the marker cannot be forged; it is copied, concatenated and exported like text.
 _LAZY = re.compile("\0([0-9]+)\0")
@@ -121,7 +121,7 @@ class _Lazy:
     cause: int | None = None
 
 
-_SET_FLAGS = {
+SET_FLAGS = {
     "e": "errexit",
     "u": "nounset",
     "a": "allexport",
@@ -129,8 +129,8 @@ _SET_FLAGS = {
     "E": "errtrace",
 }
 # Options that change nothing this reader computes (tracing, job control, history, ...).
-_SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTp")
-_SET_HARMLESS_NAMES = frozenset(
+SET_HARMLESS_FLAGS = frozenset("xvfhHmbCPTp")
+SET_HARMLESS_NAMES = frozenset(
     {
         "xtrace",
         "verbose",
@@ -151,7 +151,7 @@ _SET_HARMLESS_NAMES = frozenset(
         "interactive-comments",
     }
 )
-_SET_NAMED = {
+SET_NAMED = {
     "errexit": "errexit",
     "nounset": "nounset",
     "pipefail": "pipefail",
@@ -182,6 +182,20 @@ class LaunchRead:
     sources: tuple[tuple[str, str], ...] = ()
     # The file the launcher line is in (the script, or a file it sourced).
     path: str = ""
+    # The entry module the launch runs (dotted: `verl.trainer.main_ppo`), and what runs it:
+    # "python" or "torchrun" (also `python -m torch.distributed.run`).
+    module: str = ""
+    launcher: str = "python"
+    # torchrun's options as it reads them (from its words, or its PET_* environment): the
+    # canonical long name (`nproc_per_node`, `nnodes`, `standalone`, `master_port`, ...) and the
+    # value, True for a flag; options whose value only the running script knows, described.
+    torchrun: Mapping[str, str | bool] = field(default_factory=dict)
+    torchrun_runtime: Mapping[str, str] = field(default_factory=dict)
+    # The processes torchrun starts in all (nproc_per_node x nnodes), None when only the run
+    # decides (`--nproc_per_node=gpu`, an elastic `--nnodes=1:4`, a run-time value, a plain
+    # Python launch), with the reason.
+    world_size: int | None = None
+    world_size_reason: str = ""
 
 
 Value = str | dict[int, str] | Assoc
@@ -192,7 +206,7 @@ def _copy_value(value: Value) -> Value:
 
 
 @dataclass(frozen=True, eq=False)
-class _Function:
+class ShellFunction:
     """A function the script defined: its body and the file that defined it."""
 
     body: Node
@@ -203,7 +217,7 @@ class _Function:
     def __eq__(self, other: object) -> bool:
         # The same definition (one syntax tree node) from the same file.
         return (
-            isinstance(other, _Function)
+            isinstance(other, ShellFunction)
             and self.body is other.body
             and (self.path, self.source) == (other.path, other.source)
         )
@@ -213,7 +227,7 @@ class _Function:
 
 
 @dataclass(frozen=True)
-class _Trap:
+class Trap:
     """Code a trap runs: parsed when the trap is set, run where bash runs it."""
 
     text: str
@@ -222,16 +236,22 @@ class _Trap:
     path: str
 
 
-class _Capture:
+class Capture:
     """The output of a command substitution being evaluated: known text, or why it is not."""
 
-    def __init__(self) -> None:
+    def __init__(self, strips_trailing_newlines: bool = False) -> None:
         self.pieces: list[str] = []
         # What wrote output this reader cannot know (a skipped program), if anything did.
         self.unknown: str | None = None
+        # A `$(...)` drops every trailing newline of its output, so a command whose output is
+        # bound without its trailing newlines may end it; a pipe or a `<(...)` keeps them.
+        self.strips_trailing_newlines = strips_trailing_newlines
+        # The bound command that wrote last, while nothing has followed it: the newlines it
+        # really ended with are unknown, so any further output makes the whole unknown.
+        self.open_newlines: str | None = None
 
 
-class _Input:
+class StandardInput:
     """A command's standard input: known text read from a position, or unknown (None)."""
 
     def __init__(self, text: str | None, origin: str, heredoc: bool = False) -> None:
@@ -243,7 +263,7 @@ class _Input:
         self.heredoc = heredoc
 
 
-class _Shell:
+class Shell:
     """The mutable shell state; copied for subshells so their changes are discarded."""
 
     def __init__(
@@ -266,11 +286,11 @@ class _Shell:
         # Variables bash provides that the script unset: from then on they are ordinary.
         self.dropped: set[str] = set()
         # The functions the script defined.
-        self.functions: dict[str, _Function] = {}
+        self.functions: dict[str, ShellFunction] = {}
         # The working directory as `cd` left it; None: the one the script starts in.
         self.cwd = cwd
         # Traps with code: "EXIT", "ERR".
-        self.traps: dict[str, _Trap] = {}
+        self.traps: dict[str, Trap] = {}
         # Whether a background job ran (then `$!` is its process id, a run-time value).
         self.background = False
         # PIPESTATUS: the statuses of the last pipeline.
@@ -280,9 +300,9 @@ class _Shell:
         # `set` changed the positional parameters (a `source` with arguments keeps them then).
         self.args_set = False
 
-    def fork(self) -> _Shell:
+    def fork(self) -> Shell:
         """An independent copy, as a subshell gets."""
-        copy = _Shell(
+        copy = Shell(
             {k: _copy_value(v) for k, v in self.vars.items()},
             set(self.exported),
             set(self.readonly),
@@ -308,7 +328,7 @@ class _Shell:
     )
 
 
-class _State:
+class State:
     """The interpreter's state and variables; each layer above adds one group of methods.
 
     The layers are mixins stacked in import order (arithmetic, patterns, expansion, conditions,
@@ -323,6 +343,8 @@ class _State:
         bindings: Bindings,
         script: str | None = None,
         scope: SourceScope | None = None,
+        accepts: Callable[[str], bool] | None = None,
+        entry_stems: frozenset[str] = frozenset(),
     ) -> None:
         # The file being run (the script, or a file it sources): errors name it, and syntax
         # tree offsets point into its text.
@@ -339,7 +361,7 @@ class _State:
                 self.fail(None, "binding", f"{name.replace(chr(0), '')} holds a NUL byte")
         # bash sets these at start whatever its environment holds.
         variables: dict[str, Value] = {**env, **_BASH_STARTS_WITH}
-        self.sh = _Shell(
+        self.sh = Shell(
             variables,
             set(env) - _BASH_STARTS_WITH.keys(),
             set(),
@@ -353,18 +375,22 @@ class _State:
         self.sourced_bytes = 0
         # The standard input of the command being run, and whether it is its own (not one it
         # shares with the commands around it).
-        self.stdin = _Input(None, "the script's standard input")
+        self.stdin = StandardInput(None, "the script's standard input")
         self.stdin_owned = False
         # What the output of `<(...)` paths holds (None: unknown), by their run-time marker.
         self.process_outputs: dict[str, str | None] = {}
         # The substitutions being evaluated, innermost last: a launcher there is refused.
         self.substituting: list[str] = []
         self.launch: LaunchRead | None = None
+        # Which entry modules this read accepts as its launch, and their file names without
+        # `.py` (a file of that name in a folder only known at run time is refused).
+        self.accepts = accepts or LAUNCHER_MODULE.__eq__
+        self.entry_stems = entry_stems
         # The last `python -m OTHER_MODULE` run, named when no launcher is reached.
         self.other_entry: tuple[int, str] | None = None
         # What the innermost command substitution being evaluated has captured (None outside
         # one), and whether standard output and error lead to it at this point.
-        self.capture: _Capture | None = None
+        self.capture: Capture | None = None
         self.stdout_captured = False
         self.stderr_captured = False
         # The functions and sourced files being run, innermost last: (FUNCNAME, BASH_SOURCE)
@@ -373,6 +399,9 @@ class _State:
         self.calls: list[tuple[str, str]] = []
         # BASH_SOURCE of the file being run: the script's path, or a sourced file's as given.
         self.source_name = self.script
+        # The source text of the statement being run: a skipped program run by a statement
+        # whose text is bound in `substitutions` prints that output (`now() { date; }`).
+        self.command_text: tuple[str, ...] = ()
         # The status of the last command substitution of the command being run.
         self.substitution_status = 0
         # Whether no later command reads the status of the statement about to run, and of the
@@ -404,8 +433,10 @@ class _State:
         self, line: int, what: str, binding: str, nonempty: bool, cause: int | None = None
     ) -> str:
         """A new run-time value: text that may be copied around but never decided on."""
-        if len(self.lazies) >= _MAX_RUNTIME_VALUES:
-            raise _Budget(f"the script expands more than {_MAX_RUNTIME_VALUES} run-time values")
+        if len(self.lazies) >= MAX_RUNTIME_VALUES:
+            raise BudgetExceeded(
+                f"the script expands more than {MAX_RUNTIME_VALUES} run-time values"
+            )
         self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
         return f"\0{len(self.lazies) - 1}\0"
 
@@ -484,13 +515,13 @@ class _State:
         )
 
     if TYPE_CHECKING:
-        # Implemented by _Expansion; arithmetic and patterns expand words through them.
+        # Implemented by Expansion; arithmetic and patterns expand words through them.
 
-        def part(self, part: Node, fb: _Fields, quoted: bool, pword: bool) -> None: ...
+        def part(self, part: Node, fb: Fields, quoted: bool, pword: bool) -> None: ...
 
         def ansi_c(self, text: str, line: int) -> str: ...
 
-        # Implemented by _Functions (declarations and `return` are builtins) and by the
+        # Implemented by Functions (declarations and `return` are builtins) and by the
         # interpreter (a command substitution runs statements).
 
         def make_local(self, name: str, line: int) -> None: ...
@@ -514,8 +545,8 @@ class _State:
     def charge(self, characters: int) -> None:
         """Count characters produced by expansions against the script's work budget."""
         self.work += characters
-        if self.work > _MAX_WORK:
-            raise _Budget(f"the script expands more than {_MAX_WORK} characters in all")
+        if self.work > MAX_WORK:
+            raise BudgetExceeded(f"the script expands more than {MAX_WORK} characters in all")
 
     # ---------------------------------------------------------------- assignments
 
@@ -563,7 +594,7 @@ class _State:
                 self.fail(line, "limit", f"the associative array {name} has too many keys")
         else:
             size = sum(len(v) for v in value.values())
-        if size > _MAX_VALUE or (not isinstance(value, str) and len(value) > _MAX_FIELDS):
+        if size > MAX_VALUE or (not isinstance(value, str) and len(value) > MAX_FIELDS):
             self.fail(line, "limit", f"the value of {name} grows too large")
         self.sh.vars[name] = value
         if "allexport" in self.sh.options:

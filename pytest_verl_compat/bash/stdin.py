@@ -15,12 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pytest_verl_compat.bash.arithmetic import _legal_integer
 from pytest_verl_compat.bash.filters import FILTERS, Filter
 from pytest_verl_compat.bash.parse import Node
-from pytest_verl_compat.bash.programs import _Programs
-from pytest_verl_compat.bash.state import _Input
-from pytest_verl_compat.bash.words import _Fields, _is_name
+from pytest_verl_compat.bash.programs import Programs
+from pytest_verl_compat.bash.state import StandardInput
+from pytest_verl_compat.bash.words import Fields, is_name, legal_integer
 
 _WHITESPACE = " \t\n"
 # A character read, and whether a backslash protected it from being a separator.
@@ -60,7 +59,7 @@ def getopt(words: list[str], spec: str) -> tuple[list[tuple[str, str]], list[str
     return found, words[index:]
 
 
-class _Stdin(_Programs):
+class Stdin(Programs):
     """Where a command's standard input comes from, and the builtins that read it."""
 
     # ---------------------------------------------------------------- sources of input
@@ -75,7 +74,7 @@ class _Stdin(_Programs):
         line_start = True
         for part in (redir.get("Hdoc") or {}).get("Parts") or []:
             if part.get("Type") != "Lit":
-                fb = _Fields(split=False)
+                fb = Fields(split=False)
                 self.part(part, fb, quoted=True, pword=False)
                 pieces.append(fb.joined())
                 line_start = False
@@ -100,7 +99,7 @@ class _Stdin(_Programs):
         return True
 
     @contextmanager
-    def reading(self, source: _Input | None) -> Iterator[None]:
+    def reading(self, source: StandardInput | None) -> Iterator[None]:
         """Run a command with ``source`` as its standard input (None: the one it inherits)."""
         saved = (self.stdin, self.stdin_owned)
         if source is not None:
@@ -168,7 +167,7 @@ class _Stdin(_Programs):
             if letter in given:
                 self.fail(line, f"read -{letter}", "reads with a timeout or another descriptor")
         for name in [given.get("a", ""), *names]:
-            if name and not _is_name(name):
+            if name and not is_name(name):
                 self.fail(line, "read", f"not a variable name: {self.shown(name)!r}")
         delimiter = "\n"
         if "d" in given:
@@ -177,7 +176,7 @@ class _Stdin(_Programs):
         exact = "N" in given
         for letter in "nN":
             if letter in given:
-                count = _legal_integer(given[letter])
+                count = legal_integer(given[letter])
                 if count is None or count < 0:
                     return 2
         self.need(self.stdin.text or "", line, "is read by `read`")
@@ -250,11 +249,11 @@ class _Stdin(_Programs):
             if letter in given:
                 self.fail(line, f"{words[0]} -{letter}", "not supported")
         name = names[0] if names else "MAPFILE"
-        if len(names) > 1 or not _is_name(name):
+        if len(names) > 1 or not is_name(name):
             self.fail(line, words[0], f"not one array name: {self.shown(' '.join(names))!r}")
         numbers = {}
         for letter in "nOs":
-            value = _legal_integer(given.get(letter, "0"))
+            value = legal_integer(given.get(letter, "0"))
             if value is None or value < 0:
                 return 1
             numbers[letter] = value
@@ -290,7 +289,7 @@ class _Stdin(_Programs):
         if len(words) < 3:
             return 2
         spec, name = words[1], words[2]
-        if not _is_name(name):
+        if not is_name(name):
             self.fail(line, "getopts", f"not a variable name: {self.shown(name)!r}")
         args = words[3:] if len(words) > 3 else list(self.sh.positional)
         for word in [spec, *args]:
@@ -299,7 +298,7 @@ class _Stdin(_Programs):
         letters = spec[1:] if silent else spec
         optind_text = self.lookup("OPTIND", None, line) or ""
         self.need(optind_text, line, "is OPTIND, which `getopts` reads,")
-        optind = _legal_integer(optind_text) or 0
+        optind = legal_integer(optind_text) or 0
         seen_at, nextchar = self.sh.getopts_char
         if optind != seen_at:
             # The script set OPTIND (OPTIND=1 starts again): bash's getopts_reset.
@@ -434,7 +433,7 @@ def _last_word(chars: list[_Char], position: int, ifs: str) -> str:
 
 def _split_chars(chars: list[_Char], ifs: str) -> list[str]:
     """``read -a``: the line split into fields as words are, escaped characters kept."""
-    fields = _Fields(split=True, ifs=ifs)
+    fields = Fields(split=True, ifs=ifs)
     for c, escaped in chars:
         (fields.text if escaped else fields.expanded)(c)
     return fields.finish()

@@ -10,17 +10,17 @@ command and stays refused, and so does code only known at run time.
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash.errors import LaunchReadError, _Exit, _LoopControl, _Return
-from pytest_verl_compat.bash.functions import _Functions
-from pytest_verl_compat.bash.parse import _load, _parse
-from pytest_verl_compat.bash.state import _Trap
+from pytest_verl_compat.bash.errors import LaunchReadError, LoopControl, ShellExit, ShellReturn
+from pytest_verl_compat.bash.functions import Functions
+from pytest_verl_compat.bash.parse import load_script, parse_script
+from pytest_verl_compat.bash.state import Trap
 
 # Conditions that run code in every run, by the name bash shows; signals are the rest.
 _ALIASES = {"0": "EXIT", "EXIT": "EXIT", "ERR": "ERR", "DEBUG": "DEBUG", "RETURN": "RETURN"}
 _MODELLED = frozenset({"EXIT", "ERR"})
 
 
-class _Traps(_Functions):
+class Traps(Functions):
     """The ``trap`` builtin and running its code."""
 
     def trap_builtin(self, words: list[str], line: int) -> int:
@@ -43,18 +43,18 @@ class _Traps(_Functions):
                 if action == "-":
                     self.sh.traps.pop(kind, None)
                 else:
-                    self.sh.traps[kind] = _Trap("", None, line, self.path)
+                    self.sh.traps[kind] = Trap("", None, line, self.path)
             return 0
         for kind in sorted(kinds - _MODELLED - {"signal"}):
             self.fail(line, f"trap {kind}", "runs its code around every command")
         if kinds & _MODELLED:
             self.need(action, line, "is the code of a trap, which bash parses")
             try:
-                tree = _parse(*_load(self.path, action))
+                tree = parse_script(*load_script(self.path, action))
             except LaunchReadError as exc:
                 self.fail(line, "trap", f"its code does not parse: {exc.detail}")
             for kind in kinds & _MODELLED:
-                self.sh.traps[kind] = _Trap(action, tree, line, self.path)
+                self.sh.traps[kind] = Trap(action, tree, line, self.path)
         return 0
 
     def run_trap(self, kind: str) -> None:
@@ -69,9 +69,9 @@ class _Traps(_Functions):
         self.substituting.append("the code of a trap")
         try:
             self.stmts(trap.tree.get("Stmts") or [], exempt=False)
-        except _Return as done:
+        except ShellReturn as done:
             status = done.status
-        except _LoopControl:
+        except LoopControl:
             pass
         except LaunchReadError as exc:
             if exc.construct in ("limit", "nesting"):
@@ -95,7 +95,7 @@ class _Traps(_Functions):
         self.sh.status = status
         try:
             self.run_trap("EXIT")
-        except _Exit as done:
+        except ShellExit as done:
             return done.status
         return status
 

@@ -1,7 +1,7 @@
 """Words: quoting, literal text, ASCII-only value helpers and the field builder.
 
-A word before expansion is a list of items (:data:`_Item`): unquoted characters, protected
-(:class:`_Quoted`) text, or syntax-tree parts still to expand.  :class:`_Fields` collects the
+A word before expansion is a list of items (:data:`Item`): unquoted characters, protected
+(:class:`Quoted`) text, or syntax-tree parts still to expand.  :class:`Fields` collects the
 expanded text into fields, splitting only unquoted expansion results on IFS whitespace.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pytest_verl_compat.bash.errors import _MAX_FIELDS, _Budget
+from pytest_verl_compat.bash.errors import MAX_FIELDS, BudgetExceeded
 from pytest_verl_compat.bash.parse import Node
 
 _IFS_WHITESPACE = " \t\n"
 
 
-_ANSI_ESCAPES = {
+ANSI_ESCAPES = {
     "a": "\a",
     "b": "\b",
     "e": "\x1b",
@@ -32,28 +32,45 @@ _ANSI_ESCAPES = {
 }
 
 
-def _sq(text: str) -> str:
+def single_quoted(text: str) -> str:
     """``text`` single-quoted for a shell command line."""
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _is_name(text: str) -> bool:
+def is_name(text: str) -> bool:
     """Whether ``text`` is a bash variable name."""
     if not text or not (text[0] == "_" or ("a" <= text[0] <= "z") or ("A" <= text[0] <= "Z")):
         return False
     return all(c == "_" or (c.isascii() and c.isalnum()) for c in text)
 
 
-def _could_be_user(text: str) -> bool:
+def could_be_user(text: str) -> bool:
     """Whether ``text`` is a plausible login name (``[a-z_][a-z0-9_.-]*``, any case)."""
     if not text or not (text[0] == "_" or (text[0].isascii() and text[0].isalpha())):
         return False
     return all(c in "_.-" or (c.isascii() and c.isalnum()) for c in text)
 
 
-def _ascii_digits(text: str) -> bool:
+def ascii_digits(text: str) -> bool:
     """Whether ``text`` is a non-empty run of ASCII decimal digits."""
     return bool(text) and all("0" <= c <= "9" for c in text)
+
+
+def legal_integer(text: str) -> int | None:
+    """An operand of ``[ ... -eq ... ]``: optional blanks and sign around decimal digits."""
+    body = text.strip(" \t\n")
+    sign = 1
+    if body[:1] in ("+", "-"):
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    if not ascii_digits(body):
+        return None
+    # bash's legal_number is strtoimax: a value outside 64 bits is not a number at all.
+    body = body.lstrip("0") or "0"
+    if len(body) > 19:
+        return None
+    value = sign * int(body)
+    return value if -(1 << 63) <= value < 1 << 63 else None
 
 
 _LOWER_ASCII = "abcdefghijklmnopqrstuvwxyz"
@@ -61,15 +78,15 @@ _TO_UPPER = str.maketrans(_LOWER_ASCII, _LOWER_ASCII.upper())
 _TO_LOWER = str.maketrans(_LOWER_ASCII.upper(), _LOWER_ASCII)
 
 
-def _ascii_case(text: str, op: str) -> str:
+def ascii_case(text: str, op: str) -> str:
     """Bash's ``^^ ^ ,, ,`` case changes; only ASCII letters change in the C locale."""
     upper = op.startswith("^")
     if len(op) == 2:
         return text.translate(_TO_UPPER if upper else _TO_LOWER)
-    return _ascii_case_char(text[:1], upper) + text[1:] if text else text
+    return ascii_case_char(text[:1], upper) + text[1:] if text else text
 
 
-def _ascii_case_char(c: str, upper: bool) -> str:
+def ascii_case_char(c: str, upper: bool) -> str:
     """One character with its ASCII case changed."""
     if upper and "a" <= c <= "z":
         return chr(ord(c) - 32)
@@ -78,7 +95,7 @@ def _ascii_case_char(c: str, upper: bool) -> str:
     return c
 
 
-def _unescape_dq(text: str) -> str:
+def unescape_double_quoted(text: str) -> str:
     """Backslash removal inside double quotes: only before ``$ ` " \\`` and newline."""
     if "\\" not in text:
         return text
@@ -96,7 +113,7 @@ def _unescape_dq(text: str) -> str:
     return "".join(out)
 
 
-def _lit_chunks(text: str) -> Iterator[tuple[str, bool]]:
+def literal_chunks(text: str) -> Iterator[tuple[str, bool]]:
     """An unquoted literal as (text, escaped) runs; escaped runs are single characters."""
     start = 0
     i = 0
@@ -104,8 +121,10 @@ def _lit_chunks(text: str) -> Iterator[tuple[str, bool]]:
         if text[i] == "\\":
             if i > start:
                 yield text[start:i], False
-            # A trailing lone backslash stands for itself.
-            yield (text[i + 1] if i + 1 < len(text) else "\\"), True
+            # A lone backslash ends a literal only at the end of the script, where bash reads it
+            # as a line continuation into nothing: it vanishes (`echo a \` at EOF passes `a`).
+            if i + 1 < len(text):
+                yield text[i + 1], True
             i += 2
             start = i
         else:
@@ -114,7 +133,7 @@ def _lit_chunks(text: str) -> Iterator[tuple[str, bool]]:
         yield text[start:], False
 
 
-class _Quoted:
+class Quoted:
     """A run of text inside a word that is protected from brace expansion and splitting."""
 
     __slots__ = ("text",)
@@ -124,10 +143,10 @@ class _Quoted:
 
 
 # A word before expansion: unquoted characters (str of length 1), protected text, or parts.
-_Item = str | _Quoted | Node
+Item = str | Quoted | Node
 
 
-class _Fields:
+class Fields:
     """Accumulates expansion results into fields, splitting only unquoted expansion results.
 
     Splitting follows bash's ``list_string`` with any IFS: IFS whitespace (space, tab, newline
@@ -203,8 +222,8 @@ class _Fields:
         """End the field in progress (an empty one only when a delimiter ends it)."""
         if self.content or keep_empty:
             self.fields.append("".join(self.buf))
-            if len(self.fields) > _MAX_FIELDS:
-                raise _Budget("too many words")
+            if len(self.fields) > MAX_FIELDS:
+                raise BudgetExceeded("too many words")
         self.buf = []
         self.content = False
 
@@ -228,6 +247,6 @@ class _Fields:
         return "".join(self.buf)
 
 
-def _is_char(item: _Item, c: str) -> bool:
+def is_char(item: Item, c: str) -> bool:
     """Whether an item is the unquoted character ``c``."""
     return type(item) is str and item == c

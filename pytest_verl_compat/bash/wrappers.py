@@ -3,11 +3,12 @@
 ``ray job submit [OPTIONS] -- python3 -m verl.trainer.main_ppo ...``, ``uv run``, ``env``,
 ``nohup``, ``timeout``, ``srun`` (and more, one :class:`Wrapper` each in :data:`WRAPPERS`) hand
 the wrapped command the words after their own options, unchanged. A wrapper is never run: its
-options are read with its own parser's rules (GNU getopt, click or clap) and checked, an option
-it does not have is refused by name, and the effects it has on the wrapped command (working
-directory, environment) are applied. An option value the wrapper parses (a duration, a number,
-JSON) must be known; free text it only passes on (a cluster address, a folder to upload) may be
-a run-time value, which is never run.
+options are read with its own parser's rules (GNU getopt, argparse, click, clap or pflag) and
+checked, an option it does not have is refused by name, and the effects it has on the wrapped
+command (working directory, environment) are applied. The tables of the wrappers scripts use most
+are built from their own documented option lists (:mod:`wrapper_tables`, ``data/wrappers``).
+An option value the wrapper parses (a duration, a number, JSON) must be known; free text it only
+passes on (a cluster address, a folder to upload) may be a run-time value, which is never run.
 """
 
 from __future__ import annotations
@@ -16,64 +17,14 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
-# What an option's value is. "text" is passed on unread and may be a run-time value; every
-# other kind is parsed by the wrapper, so this reader checks it and needs it known.
-ValueKind = Literal["text", "name", "int", "float", "duration", "signal", "json", "choice", "bool"]
-# What an option does to the wrapped command.
-Effect = Literal[
-    "cwd",  # runs it in this folder
-    "clear-env",  # starts it with an empty environment
-    "unset",  # removes one variable
-    "env-json",  # a Ray runtime environment: its env_vars (and working_dir)
-    "env-file",  # variables from a file the reader never opens
-    "working-dir",  # runs it in an uploaded copy of this folder
-    "export",  # srun --export: which variables it gets
-    "assign",  # NAME=VALUE: one variable it sets
-    "module",  # the command is a Python module (uv run -m)
-    "refuse",  # the option changes the command line in a way not modelled
-    "exits",  # prints something and runs nothing (--help, --version)
-]
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of a wrapper: its spellings, its value and its effect."""
-
-    names: tuple[str, ...]
-    value: ValueKind | None = None
-    effect: Effect | None = None
-    # A value given only as `--name=VALUE` (getopt's optional argument).
-    optional_value: bool = False
-    choices: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Wrapper:
-    """A program that runs the command in its arguments."""
-
-    words: tuple[str, ...]  # the program and its subcommand
-    options: tuple[Option, ...]
-    # How options are read: "getopt" (GNU, long options abbreviable, stops at the first
-    # operand), "clap" (the same without abbreviations), "click" (options anywhere among the
-    # operands until `--`).
-    parser: Literal["getopt", "clap", "click"]
-    # Operands the wrapper reads before the command (timeout's DURATION).
-    operands: tuple[ValueKind, ...] = ()
-    # NAME=VALUE operands before the command set variables (env).
-    assignments: bool = False
-    # The command runs elsewhere, in an environment the script never sees (a Ray cluster).
-    remote_environment: str | None = None
-    # Variables the wrapper itself sets for the command, not visible in the script.
-    adds_variables: str | None = None
-    # Where this behaviour is written in the wrapper's own code or documentation.
-    evidence: str = ""
-
-    @property
-    def name(self) -> str:
-        return " ".join(self.words)
-
+from pytest_verl_compat.bash.wrapper_tables import (
+    TABLE_FILES,
+    Option,
+    ValueKind,
+    Wrapper,
+    option_list,
+)
 
 _SPEC = re.compile(
     r"(?P<names>[-\w/]+)(?P<value>\[?=(?P<kind>\w*)(?:\((?P<choices>[\w|]+)\))?\]?)?(?::(?P<effect>[\w-]+))?"
@@ -102,138 +53,6 @@ def _options(spec: str) -> tuple[Option, ...]:
 
 
 _EXITS = "--help:exits --version:exits"
-
-_RAY_JOB_SUBMIT = Wrapper(
-    ("ray", "job", "submit"),
-    _options(
-        "--address= --job-id= --submission-id= --runtime-env=:env-file "
-        "--runtime-env-json=json:env-json --working-dir=:working-dir --metadata-json=json "
-        "--entrypoint-num-cpus=float --entrypoint-num-gpus=float --entrypoint-memory=int "
-        "--entrypoint-resources=json --entrypoint-label-selector=json --no-wait --verify= "
-        "--headers=json --log-style=choice(auto|record|pretty) "
-        "--log-color=choice(auto|false|true) -v/--verbose --help:exits"
-    ),
-    "click",
-    remote_environment="the Ray cluster's environment",
-    evidence=(
-        "ray 2.60 dashboard/modules/job/cli.py:316 submits shlex.join(entrypoint), which "
-        "job_supervisor.py:184 runs with shell=True on the cluster, with the runtime "
-        "environment's env_vars (dashboard_sdk.py parse_runtime_env_args)"
-    ),
-)
-
-_UV_RUN = Wrapper(
-    ("uv", "run"),
-    _options(
-        "--extra= --no-extra= --group= --no-group= --only-group= --with= --with-editable= "
-        "--with-requirements= --package= --project= --index= --default-index= "
-        "--extra-index-url= --upgrade-package= --reinstall-package= --refresh-package= "
-        "--resolution= --prerelease= --fork-strategy= --exclude-newer= --exclude-newer-package= "
-        "--index-strategy= --keyring-provider= --config-settings-package= "
-        "--no-build-isolation-package= --no-build-package= --no-binary-package= --link-mode= "
-        "--cache-dir= --python-preference= --color= --allow-insecure-host= --config-file= "
-        "--max-recursion-depth= -p/--python= -i/--index-url= -f/--find-links= -P= "
-        "-C/--config-setting= --directory=:cwd --env-file=:env-file -m/--module:module "
-        "-s/--script --all-extras --no-dev --dev --only-dev --all-groups --no-default-groups "
-        "--no-editable --exact --no-env-file --isolated --active --no-active --no-sync --locked "
-        "--frozen --gui-script --no-project --show-resolution --no-index --no-sources "
-        "--reinstall --refresh --compile-bytecode --no-build-isolation --no-build --no-binary "
-        "--managed-python --no-managed-python --no-python-downloads --native-tls --offline "
-        "--no-progress --no-config --preview --no-preview -U/--upgrade -n/--no-cache -q/--quiet "
-        "-v/--verbose -h/--help:exits -V/--version:exits"
-    ),
-    "clap",
-    adds_variables="VIRTUAL_ENV, PATH and UV_* as uv run sets them",
-    evidence="uv run [OPTIONS] [COMMAND]: the first operand starts the command (docs.astral.sh/uv/reference/cli/#uv-run)",
-)
-
-_ENV = Wrapper(
-    ("env",),
-    _options(
-        "-i/--ignore-environment:clear-env -0/--null:refuse -u/--unset=name:unset "
-        "-C/--chdir=:cwd -S/--split-string=:refuse --block-signal[=signal] "
-        f"--default-signal[=signal] --ignore-signal[=signal] --list-signal-handling -v/--debug {_EXITS}"
-    ),
-    "getopt",
-    assignments=True,
-    evidence="coreutils env: [OPTION]... [-] [NAME=VALUE]... [COMMAND [ARG]...]",
-)
-
-_NOHUP = Wrapper(
-    ("nohup",), _options(_EXITS), "getopt", evidence="coreutils nohup COMMAND [ARG]..."
-)
-
-_TIMEOUT = Wrapper(
-    ("timeout",),
-    _options(
-        "--preserve-status --foreground -k/--kill-after=duration -s/--signal=signal -v/--verbose "
-        + _EXITS
-    ),
-    "getopt",
-    operands=("duration",),
-    evidence="coreutils timeout [OPTION] DURATION COMMAND [ARG]...",
-)
-
-_SRUN = Wrapper(
-    ("srun",),
-    _options(
-        "-A/--account= --acctg-freq= --bb= --bbf= --bcast-exclude= -b/--begin= "
-        "-c/--cpus-per-task= --comment= --container= --container-id= --cpu-freq= "
-        "-d/--dependency= --deadline= -e/--error= --epilog= --gres= --gres-flags= -i/--input= "
-        "-J/--job-name= -L/--licenses= -M/--clusters= -m/--distribution= --mail-type= "
-        "--mail-user= --mcs-label= --mpi= -n/--ntasks= --ntasks-per-node= -N/--nodes= "
-        "--network= -o/--output= -p/--partition= --power= --priority= --prolog= -q/--qos= "
-        "-r/--relative= --reservation= --signal= --slurmd-debug= --switches= -S/--core-spec= "
-        "--thread-spec= -T/--threads= -t/--time= --task-epilog= --task-prolog= --time-min= "
-        "--tres-bind= --tres-per-task= -W/--wait= --wckey= --het-group= --cluster-constraint= "
-        "-C/--constraint= --mem= --mincpus= --tmp= -w/--nodelist= -x/--exclude= --mem-per-cpu= "
-        "-B/--extra-node-info= --sockets-per-node= --cores-per-socket= --threads-per-core= "
-        "--ntasks-per-core= --ntasks-per-socket= --ntasks-per-gpu= --hint= --cpu-bind= "
-        "--mem-bind= --cpus-per-gpu= -G/--gpus= --gpu-bind= --gpu-freq= --gpus-per-node= "
-        "--gpus-per-socket= --gpus-per-task= --mem-per-gpu= --container-image= "
-        "--container-mounts= --container-name= --container-save= --container-env= "
-        "-D/--chdir=:cwd --container-workdir=:cwd --export=:export --bcast[=] --compress[=] "
-        "--exclusive[=] --nice[=] --propagate[=] --resv-ports[=] --send-libs[=] "
-        "-I/--immediate[=] -K/--kill-on-bad-exit[=] -E/--preserve-env -H/--hold -k/--no-kill "
-        "-l/--label --multi-prog -O/--overcommit --overlap --pty -Q/--quiet --quit-on-interrupt "
-        "--spread-job --test-only -u/--unbuffered --use-min-nodes -v/--verbose "
-        "-X/--disable-status -Z/--no-allocate --contiguous --reboot --exact -s/--oversubscribe "
-        "--external-launcher --container-mount-home --no-container-mount-home "
-        "--container-remap-root --no-container-remap-root --container-entrypoint "
-        "--no-container-entrypoint --container-writable --container-readonly -h/--help:exits "
-        "--usage:exits -V/--version:exits"
-    ),
-    "getopt",
-    adds_variables="the SLURM_* variables srun sets for each task",
-    evidence="srun [OPTIONS] executable [ARGS]: options end at the executable (slurm.schedmd.com/srun.html)",
-)
-
-_DOCKER_EXEC = Wrapper(
-    ("docker", "exec"),
-    _options(
-        "-d/--detach --detach-keys= -e/--env=:assign --env-file=:env-file -i/--interactive "
-        "--privileged -t/--tty -u/--user= -w/--workdir=:cwd --help:exits"
-    ),
-    "clap",
-    operands=("text",),
-    remote_environment="the container's environment",
-    evidence=(
-        "docker exec [OPTIONS] CONTAINER COMMAND [ARG...]: the command runs in the container "
-        "with its environment and -e/--env variables (docs.docker.com/reference/cli/docker/"
-        "container/exec)"
-    ),
-)
-
-_CONDA_RUN = Wrapper(
-    ("conda", "run"),
-    _options(
-        "-n/--name= -p/--prefix= --cwd=:cwd --no-capture-output --live-stream -v/--verbose "
-        "--debug-wrapper-scripts --dev -h/--help:exits"
-    ),
-    "getopt",
-    adds_variables="the variables activating the conda environment sets",
-    evidence="conda run [-n ENV | -p PREFIX] [OPTIONS] COMMAND...: argparse, options first",
-)
 
 # Programs that only run the command after their options (and operands), unchanged, in the
 # same environment.
@@ -267,24 +86,32 @@ _PLAIN_SPECS: tuple[tuple[str, str, tuple[ValueKind, ...], str], ...] = (
         "GNU time [OPTION]... COMMAND [ARG]...",
     ),
 )
+# stdbuf runs its command with its own library preloaded: LD_PRELOAD gets libstdbuf.so (where
+# coreutils installed it) in front, and each -i/-o/-e option becomes a _STDBUF_* variable.
+_PLAIN_ENVIRONMENTS = {
+    "stdbuf": ("the _STDBUF_I, _STDBUF_O and _STDBUF_E variables of its options", ("LD_PRELOAD",))
+}
 _PLAIN = tuple(
-    Wrapper((program,), _options(spec), "getopt", operands=operands, evidence=usage)
+    Wrapper(
+        (program,),
+        _options(spec),
+        "getopt",
+        operands=operands,
+        evidence=usage,
+        adds_variables=_PLAIN_ENVIRONMENTS.get(program, (None, ()))[0],
+        changes_variables=_PLAIN_ENVIRONMENTS.get(program, (None, ()))[1],
+    )
     for program, spec, operands, usage in _PLAIN_SPECS
 )
 
-WRAPPERS: tuple[Wrapper, ...] = (
-    _RAY_JOB_SUBMIT,
-    _UV_RUN,
-    _ENV,
-    _NOHUP,
-    _TIMEOUT,
-    _SRUN,
-    _DOCKER_EXEC,
-    _CONDA_RUN,
-    *_PLAIN,
-)
-# The programs a wrapper starts with: a script function of one of these names is refused.
-WRAPPER_PROGRAMS = frozenset(wrapper.words[0] for wrapper in WRAPPERS)
+# The wrappers whose documented option lists are stored as data (torchrun aside: it is a
+# launcher, read by `launcher`), then the plain ones above.
+_DOCUMENTED = {name: option_list(name).wrapper for name in TABLE_FILES}
+TORCHRUN = _DOCUMENTED.pop("torchrun")
+WRAPPERS: tuple[Wrapper, ...] = (*_DOCUMENTED.values(), *_PLAIN)
+# The programs a wrapper (or torchrun) starts with: a script function of one of these names is
+# refused.
+WRAPPER_PROGRAMS = frozenset(wrapper.words[0] for wrapper in (*WRAPPERS, TORCHRUN))
 
 
 def find_wrapper(words: list[str]) -> Wrapper | None:
@@ -326,8 +153,10 @@ class Wrapped:
     export: list[str] | None = None
     # Environments added that the script does not show, described.
     unseen: list[str] = field(default_factory=list)
-    # The command is a Python module to run (uv run -m).
+    # The command is a Python module to run (uv run -m, torchrun -m).
     module: bool = False
+    # The options read, by canonical name (last given wins): their value, True for a flag.
+    options: dict[str, str | bool] = field(default_factory=dict)
 
 
 # A run-time value's check: needs(word, purpose) raises unless the word is known text.
@@ -350,6 +179,12 @@ def parse(wrapper: Wrapper, words: list[str], need: Need) -> Wrapped | None:
         # Only the option's name decides: `--working-dir=<run-time value>` is still read.
         need(word.partition("=")[0] if word.startswith("--") else word[:2], purpose)
         if word == "--":
+            if wrapper.parser == "argparse":
+                # Where argparse drops a `--` among REMAINDER words changed between Python
+                # releases: which interpreter runs the wrapper decides the command.
+                raise WrapperRefusal(
+                    wrapper.name, f"`--` in the words of `{wrapper.name}` (argparse)"
+                )
             operands.extend(rest[index + 1 :])
             break
         if len(word) < 2 or not word.startswith("-"):
@@ -384,7 +219,12 @@ def parse(wrapper: Wrapper, words: list[str], need: Need) -> Wrapped | None:
             result.assignments.append((name, value))
     if not operands:
         return None
-    result.command = ["python", "-m", *operands] if result.module else operands
+    if wrapper.parser == "argparse" and "--" in operands:
+        raise WrapperRefusal(wrapper.name, f"`--` in the words of `{wrapper.name}` (argparse)")
+    if result.module or wrapper.runs_python:
+        result.command = ["python", *(["-m"] if result.module else []), *operands]
+    else:
+        result.command = operands
     return result
 
 
@@ -404,9 +244,8 @@ def _read_option(
         if eq or option.optional_value:
             value = attached if eq else None
             return _effect(wrapper, option, name, value, need, result, index + 1)
-        if index + 1 >= len(words):
-            raise WrapperRefusal(wrapper.name, f"`{name}` of `{wrapper.name}` needs a value")
-        return _effect(wrapper, option, name, words[index + 1], need, result, index + 2)
+        value = _separate_value(wrapper, words, index, name)
+        return _effect(wrapper, option, name, value, need, result, index + 2)
     # A cluster of short options: each letter a flag, until one that takes a value.
     position = 1
     while position < len(word):
@@ -419,19 +258,57 @@ def _read_option(
                 return None
             continue
         if position < len(word):
-            return _effect(wrapper, option, name, word[position:], need, result, index + 1)
+            attached = word[position:]
+            if wrapper.parser in _SHORT_EQUALS and attached.startswith("="):
+                attached = attached[1:]  # `-p=3.11` is `-p 3.11` here, `-p =3.11` for getopt
+            return _effect(wrapper, option, name, attached, need, result, index + 1)
         if option.optional_value:
             return _effect(wrapper, option, name, None, need, result, index + 1)
-        if index + 1 >= len(words):
-            raise WrapperRefusal(wrapper.name, f"`{name}` of `{wrapper.name}` needs a value")
-        return _effect(wrapper, option, name, words[index + 1], need, result, index + 2)
+        value = _separate_value(wrapper, words, index, name)
+        return _effect(wrapper, option, name, value, need, result, index + 2)
     return index + 1
+
+
+# Parsers that read `-X=VALUE` as `-X VALUE` (clap, pflag, argparse); GNU getopt keeps the `=`.
+_SHORT_EQUALS = frozenset({"clap", "pflag", "argparse"})
+# A number argparse takes as a value even though it starts with `-` (its `_negative_number_matcher`,
+# while the parser has no option that looks like one).
+_NEGATIVE_NUMBER = re.compile(r"-\d+$|-\d*\.\d+$")
+
+
+def _separate_value(wrapper: Wrapper, words: list[str], index: int, name: str) -> str:
+    """The word after an option that requires a value, as the wrapper's parser takes it."""
+    if index + 1 >= len(words):
+        raise WrapperRefusal(wrapper.name, f"`{name}` of `{wrapper.name}` needs a value")
+    value = words[index + 1]
+    looks_like_option = value.startswith("-") and value != "-"
+    if looks_like_option and (
+        wrapper.parser == "clap"
+        or (wrapper.parser == "argparse" and not _NEGATIVE_NUMBER.match(value))
+    ):
+        # clap and argparse read such a word as the next option, and stop with an error.
+        raise WrapperRefusal(
+            wrapper.name, f"`{name}` of `{wrapper.name}` is followed by the option-like {value!r}"
+        )
+    return value
 
 
 def _long_option(wrapper: Wrapper, name: str) -> Option:
     exact = [option for option in wrapper.options if name in option.names]
     if exact:
         return exact[0]
+    if wrapper.parser == "argparse":
+        # argparse takes a prefix matching one option string; two strings of one option (torchrun's
+        # --nproc-per-node and --nproc_per_node for `--nproc`) are ambiguous to Python 3.11 and
+        # not to later releases, so such a prefix is refused as ambiguous.
+        strings = {n: o for o in wrapper.options for n in o.names if n.startswith(name)}
+        if len(strings) == 1 and name.startswith("--"):
+            return next(iter(strings.values()))
+        if len(strings) > 1:
+            raise WrapperRefusal(
+                wrapper.name,
+                f"`{name}` is ambiguous for `{wrapper.name}` ({', '.join(sorted(strings))})",
+            )
     if wrapper.parser == "getopt":
         # GNU getopt_long takes any unambiguous prefix of a long option.
         prefixed = {
@@ -467,6 +344,7 @@ def _effect(
 ) -> int | None:
     if value is not None and option.value is not None:
         _check_value(wrapper, option.value, value, f"the value of `{name}`", need, option.choices)
+    result.options[option.canonical] = True if option.value is None or value is None else value
     effect = option.effect
     if effect == "exits":
         return None
