@@ -84,7 +84,8 @@ def batch_not_divisible(inp: CheckInput) -> Iterator[Hit]:
         yield Hit(
             "data.train_batch_size",
             f"data.train_batch_size={batch} over {dp} data-parallel ranks: each takes {per_rank}, "
-            f"so a step trains {per_rank * dp} sequences, not {batch}; verl 0.9.0 does not fail",
+            f"so a step trains {per_rank * dp} sequences, not {batch}; verl {inp.version} does "
+            "not fail",
         )
 
 

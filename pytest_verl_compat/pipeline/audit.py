@@ -16,9 +16,9 @@ from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.checks.registry import RL, family_of
 from pytest_verl_compat.model import (
     COMPOSED,
-    SEMANTIC_REJECTION,
     COMPOSITION_REJECTION,
     SCRIPT,
+    SEMANTIC_REJECTION,
     Bindings,
     Case,
     CompileReport,
@@ -65,6 +65,7 @@ from pytest_verl_compat.pipeline.pins import (
 from pytest_verl_compat.pipeline.profile import (
     Profile,
     default_profile,
+    default_sft_profile,
     load_profile,
     profile_sha256,
 )

@@ -19,6 +19,7 @@ from pytest_verl_compat.model import RULE_CLASSES, LeafClass
 from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_bytes
 
 # The profile the embedded corpus is compiled with when its manifest names none.
+DEFAULT_SFT_PROFILE_FILE = "profiles/default_sft.txt"
 DEFAULT_PROFILE_FILE = "profiles/default.txt"
 
 
@@ -71,6 +72,13 @@ def pattern_regex(patterns: Iterable[str]) -> re.Pattern[str]:
 def default_profile() -> str:
     """The shipped default profile's name (data beside the profiles, not a literal in code)."""
     return resources.files("pytest_verl_compat").joinpath(DEFAULT_PROFILE_FILE).read_text().strip()
+
+
+def default_sft_profile() -> str:
+    """The shipped SFT profile's name (``profiles/default_sft.txt``)."""
+    return (
+        resources.files("pytest_verl_compat").joinpath(DEFAULT_SFT_PROFILE_FILE).read_text().strip()
+    )
 
 
 def profile_path(name: str) -> Path:

@@ -12,7 +12,6 @@ only an accepted report.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.lower import NotAccepted
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.pipeline.profile import Profile, load_profile
+from pytest_verl_compat.pipeline.profile import Profile, default_sft_profile, load_profile
 from pytest_verl_compat.pipeline.safe_input import load_yaml_file
 from reference_trainer.config import (
     ModelConfig,
@@ -40,16 +39,8 @@ from reference_trainer.config import (
 
 SFT_CONFIG_NAME = "sft_trainer_engine"
 SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
-DEFAULT_SFT_PROFILE_FILE = "profiles/default_sft.txt"
 # The frequency verl's SFT trainer reads as "the batches of one epoch".
 EPOCH_FREQUENCY = "after_each_epoch"
-
-
-def default_sft_profile() -> str:
-    """The shipped SFT profile's name (data beside the profiles, not a literal in code)."""
-    return (
-        resources.files("pytest_verl_compat").joinpath(DEFAULT_SFT_PROFILE_FILE).read_text().strip()
-    )
 
 
 def sft_cases_path() -> Path:
