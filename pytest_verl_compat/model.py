@@ -186,6 +186,8 @@ class ExplicitFields:
     # launcher does not say (a plain Python launch: Ray places the workers) or only the run does.
     world_size: int | None = None
     world_size_reason: str = ""
+    # What runs the entry module: "python" or "torchrun"; None when no script was read.
+    launcher: str | None = None
 
     def environment(self, bindings: Bindings) -> Mapping[str, str]:
         """What ``${oc.env:...}`` sees: the launcher's environment, else the case's bindings."""

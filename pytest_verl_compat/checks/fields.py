@@ -101,16 +101,20 @@ def _feature_on(resolved: Mapping[str, Any], key: str) -> bool:
 def no_effect(inp: CheckInput) -> Iterator[Hit]:
     # Names, output folders and profiler switches are set on purpose; flag only the fields whose
     # setting suggests an intent upstream ignores: the profile marks those rules `no_effect`.
-    inert = {leaf.path for leaf in inp.leaves if leaf.klass == "inert" and leaf.no_effect}
     for field in inp.explicit_fields:
         key = field_key(field)
         if _legacy_replacement(key):
             continue  # the legacy-key error says more
         if _feature_on(inp.resolved, key):
             continue  # its block is switched on, so the selected code path reads it
-        if key in inert or any(
-            path.startswith(key + ".") or path.startswith(key + "[") for path in inert
-        ):
+        # Every leaf the field sets: itself, or the whole section it names (a group selection
+        # such as `engine=fsdp` sets every leaf of the section, most of which act).
+        landed = [
+            leaf
+            for leaf in inp.leaves
+            if leaf.path == key or leaf.path.startswith((key + ".", key + "["))
+        ]
+        if landed and all(leaf.klass == "inert" and leaf.no_effect for leaf in landed):
             yield Hit(
                 key,
                 f"`{field}` lands on a field with no effect on training here (profile class inert)",

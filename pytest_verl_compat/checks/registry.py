@@ -72,6 +72,10 @@ class CheckInput:
     # nproc_per_node x nnodes; None when the launcher does not say).
     family: str = RL
     world_size: int | None = None
+    # How the launch starts the entry module ("python", "torchrun"; None: no script read), and
+    # where the entry point takes its world from ("ray", "torchrun"; ``pipeline.entry_points``).
+    launcher: str | None = None
+    world_source: str | None = None
 
     @property
     def version(self) -> str:

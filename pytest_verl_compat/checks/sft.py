@@ -226,3 +226,24 @@ def lora_settings_without_rank(inp: CheckInput) -> Iterator[Hit]:
             f"{', '.join(named)} set while model.lora_rank=0: no adapter is built, so "
             f"{'they change' if len(named) > 1 else 'it changes'} nothing",
         )
+
+
+@check(
+    "sft.needs-torchrun",
+    level="error",
+    evidence="verl/utils/distributed.py:62-70 (initialize_global_process_group reads RANK, "
+    "WORLD_SIZE and LOCAL_RANK from the environment torchrun sets), called by "
+    "verl/trainer/sft_trainer.py:451-454",
+    fix="launch it with torchrun --nnodes=N --nproc_per_node=M -m verl.trainer.sft_trainer",
+    family=SFT,
+)
+def needs_torchrun(inp: CheckInput) -> Iterator[Hit]:
+    """An entry point that starts its world from torchrun's environment, run by plain Python:
+    the process group finds no rank and world size, and the trainer fails at start."""
+    if inp.world_source != "torchrun" or inp.launcher != "python":
+        return
+    yield Hit(
+        "<launch>",
+        "the entry point initialises its process group from torchrun's environment (RANK, "
+        "WORLD_SIZE, LOCAL_RANK), but the script runs it with python",
+    )

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.bash import LaunchExited, LaunchReadError
+from pytest_verl_compat.bash.entry_points import ENTRY_PACKAGES
 from pytest_verl_compat.cli.check_report import (
     FORMATS,
     STDIN_LABEL,
@@ -55,6 +56,7 @@ from pytest_verl_compat.cli.common import (
 from pytest_verl_compat.cli.output import waiting
 from pytest_verl_compat.model import LEVELS, Case, Finding, Level, Location, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path, set_positions
 from pytest_verl_compat.pipeline.safe_input import InputError, read_text
 from pytest_verl_compat.pipeline.snapshot import write_atomic
@@ -65,11 +67,15 @@ from pytest_verl_compat.pipeline.suppress import (
     check_selectors,
     directives,
 )
-from pytest_verl_compat.upstream.rules import LAUNCH_NO_LAUNCHER, LAUNCH_UNREADABLE, all_rules
+from pytest_verl_compat.upstream.rules import (
+    LAUNCH_NO_LAUNCHER,
+    LAUNCH_UNKNOWN_ENTRY,
+    LAUNCH_UNREADABLE,
+    all_rules,
+)
 
 MAX_SCRIPT_BYTES = 1 << 20  # the launch reader's own bound
 STDIN = "-"
-LAUNCHER_MODULE = "verl.trainer.main_ppo"
 SETTINGS_TABLE = "verl-compat"
 SETTINGS_KEYS = ("select", "ignore", "fail-on")
 
@@ -239,6 +245,15 @@ def _launch_finding(exc: LaunchReadError, label: str) -> Finding:
     )
 
 
+def _launch_line(session: AuditSession, case: Case, label: str) -> Location:
+    """The launcher line of a case whose launch the reader did follow (line 1 when unknown)."""
+    try:
+        line = session.read_fields(case).launch_line
+    except StageFailed:
+        line = None
+    return Location(label, line or 1, 0, "launcher")
+
+
 def _script_text(target: Target, scratch: Path) -> tuple[Path, str]:
     """The script's file and text (standard input is written to a private file first)."""
     if target.text is not None:
@@ -265,11 +280,12 @@ def prepare(
             fallback = Location(display_path(session.manifest.path), case.line, 0, "manifest")
         else:
             path, text = _script_text(target, scratch)
-            if LAUNCHER_MODULE not in text:
+            if not any(package in text for package in ENTRY_PACKAGES):
+                # No word of an entry package at all: a helper script, not read further.
                 finding = Finding(
                     "info",
                     "<launch>",
-                    f"no `python3 -m {LAUNCHER_MODULE}` in the script: nothing to check",
+                    "no module of verl's entry packages is named in the script: nothing to check",
                     check=LAUNCH_NO_LAUNCHER,
                     location=Location(label, 1, 0, "script"),
                 )
@@ -284,6 +300,13 @@ def prepare(
         return Prepared(target, result=FileResult(label, "unreadable", error=str(exc)))
     except StageFailed as exc:
         cause = exc.__cause__
+        if isinstance(cause, UnknownEntryPoint):
+            fix = f"launch {cause.near}" if cause.near else ""
+            unknown = Finding(
+                "error", "<launch>", str(cause), fix, check=LAUNCH_UNKNOWN_ENTRY,
+                location=_launch_line(session, case, label),
+            )  # fmt: skip
+            return Prepared(target, result=FileResult(label, "checked", [unknown], valid=False))
         if isinstance(cause, LaunchReadError):
             finding = _launch_finding(cause, label)
             status: FileStatus = (

@@ -33,7 +33,12 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer, count_leaves
-from pytest_verl_compat.pipeline.entry_points import EntryPoint, by_module, closest
+from pytest_verl_compat.pipeline.entry_points import (
+    EntryPoint,
+    UnknownEntryPoint,
+    by_module,
+    closest,
+)
 from pytest_verl_compat.pipeline.entry_points import scan as scan_entry_points
 from pytest_verl_compat.pipeline.lower import NotAccepted, reference_config
 from pytest_verl_compat.pipeline.manifest import (
@@ -199,9 +204,10 @@ class AuditSession:
                 f"{module}: the entry points of verl {self.pin.version} are read from the "
                 "installed package, and it is not installed here"
             )
-        near = closest(module, tuple(known.values()))
-        hint = f"; the closest it has is {near}" if near else ""
-        raise StageFailed(f"verl {self.pin.version} has no entry point {module}{hint}")
+        unknown = UnknownEntryPoint(
+            module, self.pin.version, closest(module, tuple(known.values()))
+        )
+        raise StageFailed(str(unknown)) from unknown
 
     def _is_pinned(self, entry: EntryPoint) -> bool:
         assert self.manifest is not None
@@ -297,6 +303,15 @@ class AuditSession:
             )
         return ExplicitFields(tuple(golden["explicit_fields"]), None)
 
+    def read_fields(self, case: Case) -> ExplicitFields:
+        """A case's explicit fields as its outcome reads them (the script, else golden)."""
+        if case.kind == SCRIPT:
+            return self._read_from(case, _FILESYSTEM_ROOT)
+        try:
+            return self.read(case)
+        except StageUnavailable:
+            return self.golden_fields(case)
+
     def outcome(self, case: Case) -> CaseOutcome:
         """Read (or take from golden) and compose a case, once per process."""
         if case.id in self._outcomes:
@@ -323,7 +338,7 @@ class AuditSession:
     def _compose(self, case_id: str, fields: ExplicitFields, bindings: Bindings) -> Composition:
         """The fields composed on the tree, or the composition kept for the same tree, fields
         and environment (``memo``)."""
-        composer = self.composer()
+        composer = self.composer(fields)
         variables = dict(fields.environment(bindings))
         key = self.memo.key(
             COMPOSITION_KIND,
@@ -433,6 +448,7 @@ class AuditSession:
         if family is None:
             return self._without_profile(case, outcome.fields)
         profile_name = self.profile_name if family == RL else default_sft_profile()
+        entry = self.entry_point(outcome.fields)
         facts = self.model_facts(case)
         composed = self._memo_keys.get(case.id)
         key = None
@@ -443,7 +459,11 @@ class AuditSession:
                     "composition": composed,
                     "case": case.id,
                     "profile": self._profile_sha256(profile_name),
-                    "world_size": outcome.fields.world_size,
+                    "launch": [
+                        outcome.fields.world_size,
+                        outcome.fields.launcher,
+                        entry.world if entry is not None else None,
+                    ],
                     "model_facts": {
                         role: dataclasses.asdict(fact) for role, fact in sorted(facts.items())
                     },
@@ -462,6 +482,8 @@ class AuditSession:
             defaults=self.composer(outcome.fields).defaults(outcome.fields.fields),
             family=family,
             world_size=outcome.fields.world_size,
+            launcher=outcome.fields.launcher,
+            world_source=entry.world if entry is not None else None,
         )
         plain = report_json(report) if key is not None else None
         if key is not None and plain is not None:

@@ -102,6 +102,8 @@ def compile_resolved(
     defaults: Mapping[str, Any] | None = None,
     family: str = RL,
     world_size: int | None = None,
+    launcher: str | None = None,
+    world_source: str | None = None,
 ) -> CompileReport:
     """Classify every leaf and run the semantic checks of the tree's ``family`` (the launch's
     ``world_size`` for the checks that need it); any problem or error rejects the case."""
@@ -117,6 +119,8 @@ def compile_resolved(
             defaults or {},
             family,
             world_size,
+            launcher,
+            world_source,
         )
     )
     reasons = rejection_reasons(leaves, findings)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,6 +38,16 @@ _PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_proce
 # directory, which is that package folder when the launch runs from a verl checkout's root.
 _PKG = "pkg://"
 _FILE = "file://"
+
+
+class UnknownEntryPoint(ValueError):
+    """A launch of a module the pinned release does not have, and the closest it has."""
+
+    def __init__(self, module: str, version: str, near: str | None) -> None:
+        hint = f"; the closest it has is {near}" if near else ""
+        super().__init__(f"verl {version} has no entry point {module}{hint}")
+        self.module = module
+        self.near = near
 
 
 @dataclass(frozen=True)
@@ -206,3 +217,23 @@ def closest(module: str, entries: tuple[EntryPoint, ...]) -> str | None:
     names = [entry.module for entry in entries]
     match = difflib.get_close_matches(module, names, n=1, cutoff=0.6)
     return match[0] if match else None
+
+
+def launch_acceptor(site: Path | None) -> Callable[[str], bool] | None:
+    """Which modules a script's launch may run, for the reader (``read_launch``'s
+    ``entry_modules``): an entry point of the installed release, or a module the release does
+    not have at all (a renamed or removed entry point, an older release's recipe), which the
+    session then names as missing. A module the release has that is no entry point (a model
+    merger run after training) is another command, not the launch. Without an installed verl,
+    None: the reader's default (the pinned entry point alone)."""
+    if site is None:
+        return None
+    entries = by_module(scan(site))
+
+    def accepts(module: str) -> bool:
+        if module in entries:
+            return True
+        path = site / module.replace(".", "/")
+        return not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file())
+
+    return accepts

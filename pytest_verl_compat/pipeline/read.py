@@ -9,7 +9,8 @@ from markdown_it import MarkdownIt
 
 from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
-from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
+from pytest_verl_compat.pipeline.entry_points import launch_acceptor
+from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins, installed_verl_root
 
 __all__ = ["PinMismatch", "read_case_fields"]
 from pytest_verl_compat.pipeline.safe_input import read_text
@@ -56,12 +57,26 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
     fields: list[str] = []
     line = None
     variables = None
+    module: str | None = None
+    world_size: int | None = None
+    reason = ""
+    launcher: str | None = None
     if case.launch is not None:
-        read = read_launch(root / case.launch, case.bindings, scope=source_scope(case, root))
+        installed = installed_verl_root()
+        read = read_launch(
+            root / case.launch,
+            case.bindings,
+            scope=source_scope(case, root),
+            entry_modules=launch_acceptor(installed[0] if installed else None),
+        )
         fields.extend(read.argv)
         line = read.line
         variables = dict(read.exported)
+        module, launcher = read.module or None, read.launcher
+        world_size, reason = read.world_size, read.world_size_reason
     for block in case.override_blocks:
         fields.extend(override_block(root, block))
     fields.extend(case.overrides)
-    return ExplicitFields(tuple(fields), line, variables)
+    return ExplicitFields(
+        tuple(fields), line, variables, module, world_size, reason, launcher=launcher
+    )

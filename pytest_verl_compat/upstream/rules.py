@@ -18,6 +18,7 @@ from pytest_verl_compat.upstream.early import NEVER_READ_RULE, OVERRIDDEN_RULE, 
 COMPOSE = "compose"
 LAUNCH_UNREADABLE = "launch.unreadable"
 LAUNCH_NO_LAUNCHER = "launch.no-launcher"
+LAUNCH_UNKNOWN_ENTRY = "launch.unknown-entry-point"
 
 _UPSTREAM = "upstream's own check, run in the sandboxed oracle process (verl-compat check)"
 
@@ -234,13 +235,27 @@ LOCAL_RULES = (
     RuleDoc(
         LAUNCH_NO_LAUNCHER,
         "info",
-        "The script reaches no `python3 -m verl.trainer.main_ppo` command with these bindings "
-        "(another entry point, or it exits first): nothing to check.",
-        "not upstream's: only verl.trainer.main_ppo's argv is composed",
-        "nothing, if the script is not a PPO launch script; otherwise bind what makes it reach "
+        "The script reaches no launch of one of the pinned release's entry points (`python3 -m "
+        "verl.trainer.main_ppo`, `torchrun … -m verl.trainer.sft_trainer`, …) with these "
+        "bindings (it exits first, or runs none): nothing to check.",
+        "not upstream's: the entry points are the installed release's @hydra.main modules "
+        "(pipeline/entry_points.py)",
+        "nothing, if the script is not a launch script; otherwise bind what makes it reach "
         "the launcher (--arg WORD, --env NAME=VALUE)",
         None,
         "the launch reader",
+    ),
+    RuleDoc(
+        LAUNCH_UNKNOWN_ENTRY,
+        "error",
+        "The script launches a module under verl (or an older release's recipe) that the pinned "
+        "release does not have: Python fails at once with `No module named …`.",
+        "the pinned release's modules, as installed (pipeline/entry_points.py lists its "
+        "@hydra.main entry points)",
+        "launch the entry point the release has (the finding names the closest), or pin the "
+        "release the script was written for",
+        None,
+        "the session, from the launch reader's module",
     ),
 )
 
