@@ -76,13 +76,15 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
         )
         fields = outcome.fields.fields
         variables = referenced_variables(fields, outcome.fields.environment(case.bindings))
+        module = outcome.fields.module
         try:
-            entry_request(fields, variables)
+            entry_request(fields, variables, module)
         except EntryArgvRefused:
             continue  # never sent: the trusted stage skips it
-        asked[COMPOSE][compose_key(gate.tree, fields, variables)] = {
+        asked[COMPOSE][compose_key(gate.tree, fields, variables, module)] = {
             "fields": list(fields),
             "variables": variables,
+            "module": module,
         }
     manifest = session.manifest
     if manifest is not None and manifest.conformance is not None and not upstream_missing_reason():
@@ -113,7 +115,7 @@ def record(session: AuditSession) -> dict[str, dict[str, Any]]:
             if checks.get(key) is None:
                 oracle.submit(key, question)
         for question in asked[COMPOSE].values():
-            trusted.prefetch(question["fields"], question["variables"])
+            trusted.prefetch(question["fields"], question["variables"], question["module"])
         cases: list[ConformanceCase] = list(asked[CONFORMANCE_RESULTS].values())
         for case in cases:
             references.prefetch(case)
@@ -122,7 +124,9 @@ def record(session: AuditSession) -> dict[str, dict[str, Any]]:
             answer = early_answer(session, question["mapping"], gate.tree, checks, oracle, explicit)
             recorded[CHECKS][key] = answer.to_json()
         for key, question in asked[COMPOSE].items():
-            result = trusted.result(question["fields"], question["variables"])
+            result = trusted.result(
+                question["fields"], question["variables"], module=question["module"]
+            )
             recorded[COMPOSE][key] = {
                 "ok": result.ok,
                 "resolved_sha256": result.resolved_sha256,

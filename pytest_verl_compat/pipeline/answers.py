@@ -76,6 +76,7 @@ _ORACLE_PROCESS = (
     "pytest_verl_compat/pipeline/targets.py",
     "pytest_verl_compat/pipeline/safe_input.py",
     "pytest_verl_compat/checks/roles.py",
+    "pytest_verl_compat/pipeline/entry_points.py",
 )
 ORACLE_CODE: dict[str, tuple[str, ...]] = {
     CHECKS: _ORACLE_PROCESS,

@@ -79,6 +79,8 @@ from pytest_verl_compat.pipeline.safe_input import InputError, confined
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from reference_trainer.config import ReferenceTrainerConfig
 
+# The golden file's record of a launch of another entry point than the pinned one.
+LAUNCH_KEY = "launch"
 # A user's own script is read from its absolute path, so its pins are checked from the root.
 _FILESYSTEM_ROOT = Path("/")
 
@@ -301,7 +303,16 @@ class AuditSession:
                 f"[{case.id}] golden file {self.golden_path(case)} pins inputs {golden.get('inputs')}, "
                 f"but the manifest pins {pinned}"
             )
-        return ExplicitFields(tuple(golden["explicit_fields"]), None)
+        recorded = golden.get(LAUNCH_KEY)
+        launch: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        return ExplicitFields(
+            tuple(golden["explicit_fields"]),
+            None,
+            module=launch.get("module"),
+            world_size=launch.get("world_size"),
+            world_size_reason=str(launch.get("world_size_reason", "")),
+            launcher=launch.get("launcher"),
+        )
 
     def read_fields(self, case: Case) -> ExplicitFields:
         """A case's explicit fields as its outcome reads them (the script, else golden)."""
@@ -579,6 +590,16 @@ class AuditSession:
             "explicit_fields": list(outcome.fields.fields),
             "outcome": composition.outcome,
         }
+        fields = outcome.fields
+        if self.entry_point(fields) is not None:
+            # Another entry point than the pinned one: which, and the world its launcher starts,
+            # so that a run from this golden file composes and checks it as the script does.
+            payload[LAUNCH_KEY] = {
+                "module": fields.module,
+                "launcher": fields.launcher,
+                "world_size": fields.world_size,
+                "world_size_reason": fields.world_size_reason,
+            }
         if composition.composed:
             payload["missing"] = list(composition.missing)
             payload["resolved_leaf_count"] = count_leaves(composition.resolved)

@@ -310,14 +310,15 @@ def test_trusted(
         # Never sent: a rejected case may carry what upstream's entry point must not see.
         pytest.skip(f"composition rejected ({composition.reason}): not sent to upstream")
     fields, variables = outcome.fields.fields, outcome.fields.environment(verl_case.bindings)
-    result = trusted.result(fields, variables)
+    module = outcome.fields.module
+    result = trusted.result(fields, variables, module=module)
     _record(request, verl_case, "trusted", trusted_cached=result.cached, trusted_ok=result.ok)
     if result.refused:
         pytest.skip(result.error)
     assert result.ok, f"upstream entry point failed: {result.error} [{verl_case.id}]"
     if result.differs_from(composition.resolved):
         # Only a digest is kept: ask for the whole mapping to say where the two differ.
-        whole = trusted.result(fields, variables, whole=True)
+        whole = trusted.result(fields, variables, whole=True, module=module)
         difference = first_difference(composition.resolved, whole.resolved)
         pytest.fail(
             f"resolved mapping differs from upstream's entry point at {difference} "

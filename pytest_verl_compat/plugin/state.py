@@ -110,7 +110,8 @@ class AuditState:
             return
         trusted = self.trusted()
         if "test_trusted" in stages and isinstance(trusted, TrustedCompositions):
-            trusted.prefetch(outcome.fields.fields, outcome.fields.environment(case.bindings))
+            fields = outcome.fields
+            trusted.prefetch(fields.fields, fields.environment(case.bindings), fields.module)
         tree = self.upstream_gate().tree
         assert tree is not None
         if "test_verdict" not in stages:

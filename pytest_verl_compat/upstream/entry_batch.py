@@ -1,7 +1,10 @@
-"""Runs inside the sandbox (``python -I -m``): upstream's entry point on many argvs in one process.
+"""Runs inside the sandbox (``python -I -m``): upstream's entry points on many argvs in one process.
 
-Reads a JSON list of argvs on stdin and runs ``verl.trainer.main_ppo`` as ``__main__`` (``runpy``,
-what ``python -m`` does) once per argv with ``--cfg job --resolve``, importing verl's packages once.
+Reads a JSON list on stdin, each item an argv or ``{"module", "argv", "search_path"}``, and runs
+the module (default ``verl.trainer.main_ppo``) as ``__main__`` (``runpy``, what ``python -m``
+does) once per argv with ``--cfg job --resolve``, importing verl's packages once. A search path
+its config names relative to the working directory (``file://verl/trainer/config``: the launch
+runs from a verl checkout's root) is given as that folder of the installed verl.
 Running it as ``__main__`` matters: Hydra then resolves a relative ``--config-path`` against the
 module's file, not its package (hydra/_internal/utils.py:51-59 and :129-137). Prints one JSON list: per argv, the printed job config or the last line
 of what Hydra reported before exiting.
@@ -15,19 +18,31 @@ import json
 import sys
 from typing import Any
 
+DEFAULT_MODULE = "verl.trainer.main_ppo"
 
-def run_one(argv: list[str]) -> dict[str, Any]:
+
+def run_one(
+    argv: list[str], module: str = DEFAULT_MODULE, search_path: tuple[str, ...] = ()
+) -> dict[str, Any]:
     import runpy
+    from pathlib import Path
 
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     out, err = io.StringIO(), io.StringIO()
-    sys.argv = ["main_ppo.py", "--cfg", "job", "--resolve", *argv]
+    searching = []
+    if search_path:
+        import verl
+
+        site = Path(verl.__file__).parent.parent
+        folders = ",".join(f"file://{site / folder}" for folder in search_path)
+        searching = [f"hydra.searchpath=[{folders}]"]
+    sys.argv = [module.rsplit(".", 1)[-1] + ".py", "--cfg", "job", "--resolve", *searching, *argv]
     code = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            runpy.run_module("verl.trainer.main_ppo", run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
     # Hydra's message is the first line that is not a warning (logged or from `warnings`).
@@ -42,8 +57,13 @@ def run_one(argv: list[str]) -> dict[str, Any]:
 
 
 def main() -> int:
-    argvs = json.loads(sys.stdin.read())
-    results = [run_one(argv) for argv in argvs]
+    items = json.loads(sys.stdin.read())
+    results = [
+        run_one(item)
+        if isinstance(item, list)
+        else run_one(item["argv"], item["module"], tuple(item.get("search_path", ())))
+        for item in items
+    ]
     sys.stdout.write(json.dumps(results))
     return 0
 

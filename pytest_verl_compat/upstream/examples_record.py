@@ -50,25 +50,38 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
     """Read every case, then run upstream's entry point on all argvs in one sandboxed process."""
     recorded: dict[str, dict[str, Any]] = {}
     argvs: dict[str, tuple[str, ...]] = {}
+    launches: list[dict[str, Any]] = []
     for case in cases:
         try:
-            argvs[case.id] = session.outcome(case).fields.fields
+            fields = session.outcome(case).fields
         except (StageFailed, StageUnavailable) as exc:
             recorded[case.id] = {"read": False, "reason": str(exc).split(": ", 1)[-1]}
+            continue
+        argvs[case.id] = fields.fields
+        launched = session.entry_point(fields)
+        launches.append(
+            {
+                "module": launched.module if launched is not None else ENTRY_MODULE,
+                "argv": list(fields.fields),
+                "search_path": (
+                    list(launched.search_path) if launched and launched.cwd_relative else []
+                ),
+            }
+        )
     variables: dict[str, str] = {}
     for case in cases:
         if case.id in argvs:
             variables.update(referenced_variables(argvs[case.id], case.bindings.variables))
     run = run_module(
         "pytest_verl_compat.upstream.entry_batch",
-        stdin=json.dumps([list(fields) for fields in argvs.values()]),
+        stdin=json.dumps(launches),
         variables=variables,
         timeout=3600,
     )
     if run.returncode != 0:
         raise RuntimeError(f"upstream's entry point batch failed:\n{run.stderr_tail(20)}")
-    for (case_id, fields), result in zip(argvs.items(), json.loads(run.stdout), strict=True):
-        entry: dict[str, Any] = {"read": True, "argv_sha256": argv_digest(fields)}
+    for (case_id, argv), result in zip(argvs.items(), json.loads(run.stdout), strict=True):
+        entry: dict[str, Any] = {"read": True, "argv_sha256": argv_digest(argv)}
         if result["code"] != 0:
             entry.update(composed=False, error=result["error"])
         else:

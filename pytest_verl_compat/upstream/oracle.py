@@ -88,9 +88,15 @@ def _config_option(option: str, value: str) -> str:
     return f"{long}={value}"
 
 
-def compose_request(fields: Sequence[str], variables: Mapping[str, str]) -> dict[str, Any]:
-    """A ``compose`` question; raises EntryArgvRefused before anything is sent."""
-    return {"kind": "compose", "argv": entry_argv(fields), "env": safe_variables(variables)}
+def compose_request(
+    fields: Sequence[str], variables: Mapping[str, str], module: str | None = None
+) -> dict[str, Any]:
+    """A ``compose`` question, of ``module``'s entry point (the pinned one by default); raises
+    EntryArgvRefused before anything is sent."""
+    request = {"kind": "compose", "argv": entry_argv(fields), "env": safe_variables(variables)}
+    if module and module != ENTRY_MODULE:
+        request["module"] = module
+    return request
 
 
 def validate_request(mapping: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.upstream import validate
@@ -31,16 +32,43 @@ from pytest_verl_compat.upstream.oracle import (
 from pytest_verl_compat.upstream.runner import safe_variables
 
 
+def _entry_module(entry: Any, request: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """The entry point a ``compose`` question names (the pinned one by default), imported once,
+    and the search path override its config needs; only an ``@hydra.main`` module of the
+    installed verl is ever imported (``pipeline.entry_points``), whatever the sender asks."""
+    module = request.get("module") or ENTRY_MODULE
+    if module == ENTRY_MODULE:
+        return entry, []
+    import verl
+
+    from pytest_verl_compat.pipeline.entry_points import by_module, scan
+
+    site = Path(verl.__file__).resolve().parents[1]
+    known = by_module(scan(site))
+    if module not in known:
+        raise EntryArgvRefused(f"{module!r}: not an entry point of the installed verl")
+    found = known[module]
+    searching = []
+    if found.cwd_relative:
+        folders = ",".join(f"file://{site / folder}" for folder in found.search_path)
+        searching = [f"hydra.searchpath=[{folders}]"]
+    if module not in _ENTRIES:
+        _ENTRIES[module] = importlib.import_module(module)
+    return _ENTRIES[module], searching
+
+
 def _compose(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     argv = entry_argv(request["argv"])  # checked again here: this side trusts no sender
+    module, searching = _entry_module(entry, request)
     saved_argv, saved_environ = sys.argv, dict(os.environ)
     os.environ.update(safe_variables(request.get("env")))
-    sys.argv = ["main_ppo.py", "--cfg", "job", "--resolve", *argv]
+    name = str(getattr(module, "__name__", ENTRY_MODULE)).rsplit(".", 1)[-1]
+    sys.argv = [f"{name}.py", "--cfg", "job", "--resolve", *searching, *argv]
     printed, errors = io.StringIO(), io.StringIO()
     status: Any = 0
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
-            entry.main()
+            module.main()
     except SystemExit as exc:  # Hydra reports an invalid config by exiting 1
         status = exc.code
     finally:
@@ -73,6 +101,8 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _ENTRY: Any = None  # the imported entry point, set before the workers fork
+# The other entry points a question named, imported at its first question.
+_ENTRIES: dict[str, Any] = {}
 # Questions of other kinds, answered by the modules named with --serve (their ORACLE_HANDLERS).
 _SERVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {}
 

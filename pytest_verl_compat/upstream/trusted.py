@@ -17,7 +17,12 @@ from pytest_verl_compat.pipeline.answers import (
     answers,
     mapping_digest,
 )
-from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle, compose_request
+from pytest_verl_compat.upstream.oracle import (
+    ENTRY_MODULE,
+    EntryArgvRefused,
+    UpstreamOracle,
+    compose_request,
+)
 from pytest_verl_compat.upstream.runner import referenced_variables
 
 
@@ -49,11 +54,20 @@ def printed_config(text: str) -> Any:
     return yaml.load(text, Loader=_SAFE_LOADER)
 
 
-def cache_key(tree_sha256: str, fields: Sequence[str], variables: Mapping[str, str]) -> str:
-    return answer_key(
-        COMPOSE,
-        {"tree": tree_sha256, "fields": list(fields), "variables": sorted(variables.items())},
-    )
+def cache_key(
+    tree_sha256: str,
+    fields: Sequence[str],
+    variables: Mapping[str, str],
+    module: str | None = None,
+) -> str:
+    question: dict[str, Any] = {
+        "tree": tree_sha256,
+        "fields": list(fields),
+        "variables": sorted(variables.items()),
+    }
+    if module and module != ENTRY_MODULE:  # the pinned entry point's keys stay as they were
+        question["module"] = module
+    return answer_key(COMPOSE, question)
 
 
 def _entry_shape(entry: Any) -> bool:
@@ -86,26 +100,33 @@ class TrustedCompositions:
             return None
         return TrustedResult(hit["ok"], hit["resolved_sha256"], hit["error"], True)
 
-    def prefetch(self, fields: Sequence[str], variables: Mapping[str, str]) -> None:
+    def prefetch(
+        self, fields: Sequence[str], variables: Mapping[str, str], module: str | None = None
+    ) -> None:
         """Ask now, so the answer is ready when the trusted stage reads it."""
         variables = referenced_variables(fields, variables)
-        key = cache_key(self.tree_sha256, fields, variables)
+        key = cache_key(self.tree_sha256, fields, variables, module)
         if self._kept(key) is None:
             with contextlib.suppress(EntryArgvRefused):  # result() reports the refusal
-                self.oracle.submit(key, compose_request(fields, variables))
+                self.oracle.submit(key, compose_request(fields, variables, module))
 
     def result(
-        self, fields: Sequence[str], variables: Mapping[str, str], *, whole: bool = False
+        self,
+        fields: Sequence[str],
+        variables: Mapping[str, str],
+        *,
+        whole: bool = False,
+        module: str | None = None,
     ) -> TrustedResult:
-        """The entry point's answer for these fields; ``whole``: with the mapping itself (asked
-        of the oracle when only its digest is kept)."""
+        """``module``'s entry point's answer for these fields (the pinned one by default);
+        ``whole``: with the mapping itself (asked of the oracle when only its digest is kept)."""
         variables = referenced_variables(fields, variables)
-        key = cache_key(self.tree_sha256, fields, variables)
+        key = cache_key(self.tree_sha256, fields, variables, module)
         kept = None if whole else self._kept(key)
         if kept is not None:
             return kept
         try:
-            request = compose_request(fields, variables)
+            request = compose_request(fields, variables, module)
         except EntryArgvRefused as exc:
             return TrustedResult(False, None, f"not sent to upstream: {exc}", False, refused=True)
         answer = self.oracle.answer(key, request)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.fields import field_key
-from pytest_verl_compat.checks.registry import WRONG_TYPE
+from pytest_verl_compat.checks.registry import RL, WRONG_TYPE, family_of
 from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
@@ -167,11 +167,12 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         reason = session.outcome(case).composition.reason
         finding = Finding("error", COMPOSITION, reason, check=COMPOSE)
         return CaseCheck((finding,), False, False, reason, composed=False)
-    answer = (
-        ask(session.outcome(case).composition.mapping, explicit_keys(session, case))
-        if ask is not None
-        else None
-    )
+    mapping = session.outcome(case).composition.mapping
+    answer: EarlyAnswer | str | None = None
+    if ask is not None and family_of(mapping) != RL:
+        answer = "upstream's own checks are probed on the RL trainers' trees only"
+    elif ask is not None:
+        answer = ask(mapping, explicit_keys(session, case))
     compiled = session.compile_key(case)
     key = None
     if compiled is not None:
