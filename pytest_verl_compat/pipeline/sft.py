@@ -61,8 +61,20 @@ def sft_case_overrides(path: Path | None = None) -> dict[str, list[str]]:
             raise ValueError(f"{path}: every case needs an id and an overrides list")
         if entry["id"] in found:
             raise ValueError(f"{path}: duplicate SFT case id {entry['id']!r}")
-        found[str(entry["id"])] = [str(line) for line in entry["overrides"]]
+        base = _base_fields(str(entry["base"])) if entry.get("base") else []
+        found[str(entry["id"])] = [*base, *(str(line) for line in entry["overrides"])]
     return found
+
+
+def _base_fields(case_id: str) -> list[str]:
+    """The explicit fields of a case of the embedded manifest (its script's, else its golden
+    file's): a step case trains the corpus case itself, at the step's shape."""
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+    session = AuditSession.start(AuditOptions())
+    if session.manifest is None:
+        raise ValueError(f"no manifest: {session.manifest_error}")
+    return list(session.read_fields(session.manifest.case(case_id)).fields)
 
 
 def sft_composer(config_dir: Path | None = None) -> Composer:

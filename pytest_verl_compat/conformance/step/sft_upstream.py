@@ -35,12 +35,14 @@ def _compose(model_dir: str, request: dict[str, Any]) -> Any:
     import verl
     from hydra import compose, initialize_config_dir
 
+    # The case's own overrides first (a corpus case names its model and its engine group), then
+    # the tiny local model and the CPU settings, which win.
     overrides = [
+        *request["overrides"],
         f"model.path={os.path.join(model_dir, 'policy')}",
         "model.enable_gradient_checkpointing=False",
         "+model.override_config.attn_implementation=eager",
         *upstream_patches.cpu_overrides("engine"),
-        *request["overrides"],
     ]
     if request["adapter"]:
         overrides.append(f"model.lora_adapter_path={os.path.join(model_dir, request['adapter'])}")
