@@ -44,7 +44,7 @@ from pytest_verl_compat.upstream.oracle import compose_request as entry_request
 from pytest_verl_compat.upstream.runner import referenced_variables
 from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_answers
 from pytest_verl_compat.upstream.trusted import cache_key as compose_key
-from pytest_verl_compat.upstream.verdict import explicit_keys
+from pytest_verl_compat.upstream.verdict import explicit_keys, unprobed
 
 # The oracle process imports these to answer the conformance questions.
 _SERVED = ("pytest_verl_compat.conformance.reference_answers",)
@@ -71,9 +71,10 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
             continue
         mapping = outcome.composition.mapping
         explicit = explicit_keys(session, case)
-        asked[CHECKS][cache_key(session.pin.version, gate.tree, mapping, explicit)] = (
-            checks_request(mapping, explicit=explicit)
-        )
+        if unprobed(mapping) is None:
+            asked[CHECKS][cache_key(session.pin.version, gate.tree, mapping, explicit)] = (
+                checks_request(mapping, explicit=explicit)
+            )
         fields = outcome.fields.fields
         variables = referenced_variables(fields, outcome.fields.environment(case.bindings))
         module = outcome.fields.module

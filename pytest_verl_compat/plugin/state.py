@@ -27,6 +27,7 @@ from pytest_verl_compat.upstream.verdict import (
     check_case,
     explicit_keys,
     live_asker,
+    unprobed,
 )
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class AuditState:
             trusted.prefetch(fields.fields, fields.environment(case.bindings), fields.module)
         tree = self.upstream_gate().tree
         assert tree is not None
-        if "test_verdict" not in stages:
+        if "test_verdict" not in stages or unprobed(outcome.composition.mapping):
             return
         prefetch_answer(
             self.session,

@@ -160,6 +160,13 @@ def recorded_asker(answer: Mapping[str, Any] | None) -> Asker:
     return ask
 
 
+def unprobed(mapping: Mapping[str, Any]) -> str | None:
+    """Why upstream's own checks are not asked of a composed mapping, or None when they are."""
+    if family_of(mapping) != RL:
+        return "upstream's own checks are probed on the RL trainers' trees only"
+    return None
+
+
 def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseCheck:
     """The case's findings and verdicts; ``ask`` None leaves upstream's own checks out."""
     report = session.compile(case)
@@ -169,10 +176,8 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         return CaseCheck((finding,), False, False, reason, composed=False)
     mapping = session.outcome(case).composition.mapping
     answer: EarlyAnswer | str | None = None
-    if ask is not None and family_of(mapping) != RL:
-        answer = "upstream's own checks are probed on the RL trainers' trees only"
-    elif ask is not None:
-        answer = ask(mapping, explicit_keys(session, case))
+    if ask is not None:
+        answer = unprobed(mapping) or ask(mapping, explicit_keys(session, case))
     compiled = session.compile_key(case)
     key = None
     if compiled is not None:
