@@ -32,7 +32,13 @@ RULES = all_rules()
 WITH_EXAMPLES = sorted(rule for rule, doc in RULES.items() if doc.example is not None)
 # Rules whose findings cannot be produced by a case plus overrides: the launch reader's (a script's
 # text decides them; tests/test_check_command.py fires them) and the directives'.
-WITHOUT_EXAMPLES = {"launch.unreadable", "launch.no-launcher", "directive.unused"}
+WITHOUT_EXAMPLES = {
+    "launch.unreadable",
+    "launch.no-launcher",
+    "launch.unknown-entry-point",
+    "sft.needs-torchrun",
+    "directive.unused",
+}
 _counter = itertools.count()
 
 

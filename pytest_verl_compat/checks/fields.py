@@ -152,3 +152,31 @@ def vllm_false_flag_dropped(inp: CheckInput) -> Iterator[Hit]:
                 "`--flag` arguments and drops False ones, so vLLM keeps its own default",
                 fix="leave it out; to turn the feature off, pass vLLM's own negative flag",
             )
+
+
+@check(
+    "entry.forced-value",
+    level="warning",
+    evidence="the entry point's main overwrites the key before any reader (pipeline/entry_points.py "
+    "lists the assignments; e.g. verl/experimental/one_step_off_policy/main_ppo.py:121-122)",
+    fix="set the key the entry point copies instead",
+    example=Example(
+        ("actor_rollout_ref.rollout.nnodes=2",),
+        ("rollout.nnodes=2",),
+        base="examples/mtp_trainer/run_mimo_7b_mtp_fully_async_megatron_multinode.sh",
+    ),
+    family=None,
+)
+def forced_value(inp: CheckInput) -> Iterator[Hit]:
+    """An explicit key the entry point's ``main`` overwrites with another key's value before
+    anything reads it (the asynchronous trainers copy ``rollout.nnodes`` into
+    ``actor_rollout_ref.rollout.nnodes``): the script's value never acts."""
+    explicit = {field_key(field): field for field in inp.explicit_fields}
+    for target, source, where in inp.forced:
+        if target in explicit:
+            yield Hit(
+                target,
+                f"`{explicit[target]}` is overwritten by the entry point at {where} with "
+                f"{source}'s value before anything reads it",
+                f"set {source} instead",
+            )

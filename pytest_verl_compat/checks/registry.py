@@ -76,6 +76,9 @@ class CheckInput:
     # where the entry point takes its world from ("ray", "torchrun"; ``pipeline.entry_points``).
     launcher: str | None = None
     world_source: str | None = None
+    # Keys the entry point's ``main`` overwrites with another key's value before anything reads
+    # them: (the key, the key it copies, the file:line) (``pipeline.entry_points``).
+    forced: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def version(self) -> str:

@@ -97,7 +97,9 @@ def batch_not_divisible(inp: CheckInput) -> Iterator[Hit]:
     fix="make train_batch_size // dp_size a multiple of data.micro_batch_size_per_gpu, or set "
     "data.use_dynamic_bsz=True",
     example=Example(
-        ("data.micro_batch_size_per_gpu=3",), ("data.micro_batch_size_per_gpu=4",), base=SFT_BASE
+        ("data.use_dynamic_bsz=False", "data.micro_batch_size_per_gpu=3"),
+        ("data.use_dynamic_bsz=False", "data.micro_batch_size_per_gpu=4"),
+        base=SFT_BASE,
     ),
     family=SFT,
 )
@@ -247,3 +249,33 @@ def needs_torchrun(inp: CheckInput) -> Iterator[Hit]:
         "the entry point initialises its process group from torchrun's environment (RANK, "
         "WORLD_SIZE, LOCAL_RANK), but the script runs it with python",
     )
+
+
+@check(
+    "sft.micro-batch-with-dynamic-batch",
+    level="warning",
+    evidence="verl/workers/engine/utils.py:107-128 (prepare_micro_batches reads "
+    "micro_batch_size_per_gpu only when use_dynamic_bsz is false); sft_trainer_engine.yaml "
+    "defaults data.use_dynamic_bsz to true",
+    fix="set data.use_dynamic_bsz=False for micro-batches of that many sequences, or remove it "
+    "(the token budget data.max_token_len_per_gpu decides)",
+    example=Example(
+        ("data.micro_batch_size_per_gpu=2",),
+        ("data.micro_batch_size_per_gpu=2", "data.use_dynamic_bsz=False"),
+        base=SFT_BASE,
+    ),
+    family=SFT,
+)
+def micro_batch_with_dynamic_batch(inp: CheckInput) -> Iterator[Hit]:
+    """With a dynamic batch size (the SFT trainer's default), micro-batches are cut by the token
+    budget: an explicit ``micro_batch_size_per_gpu`` is never read by training."""
+    data = _data(inp)
+    if not data.get("use_dynamic_bsz"):
+        return
+    if "data.micro_batch_size_per_gpu" in {field_key(f) for f in inp.explicit_fields}:
+        yield Hit(
+            "data.micro_batch_size_per_gpu",
+            f"data.micro_batch_size_per_gpu={data['micro_batch_size_per_gpu']} is not read while "
+            "data.use_dynamic_bsz is true: micro-batches hold up to data.max_token_len_per_gpu="
+            f"{data['max_token_len_per_gpu']} tokens instead",
+        )

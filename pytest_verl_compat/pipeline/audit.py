@@ -273,9 +273,8 @@ class AuditSession:
         extended = dataclasses.replace(
             case, id=case_id or f"{case.id}+set", overrides=case.overrides + overrides
         )
-        fields = ExplicitFields(
-            base.fields.fields + overrides, base.fields.launch_line, base.fields.variables
-        )
+        # The same launch (entry point, world), its override list extended.
+        fields = dataclasses.replace(base.fields, fields=base.fields.fields + overrides)
         composition = self._compose(extended.id, fields, case.bindings)
         self._outcomes[extended.id] = CaseOutcome(fields, base.fields_source, composition)
         # A case composed again with other overrides is compiled again.
@@ -495,6 +494,7 @@ class AuditSession:
             world_size=outcome.fields.world_size,
             launcher=outcome.fields.launcher,
             world_source=entry.world if entry is not None else None,
+            forced=entry.forced if entry is not None else (),
         )
         plain = report_json(report) if key is not None else None
         if key is not None and plain is not None:

@@ -104,6 +104,7 @@ def compile_resolved(
     world_size: int | None = None,
     launcher: str | None = None,
     world_source: str | None = None,
+    forced: tuple[tuple[str, str, str], ...] = (),
 ) -> CompileReport:
     """Classify every leaf and run the semantic checks of the tree's ``family`` (the launch's
     ``world_size`` for the checks that need it); any problem or error rejects the case."""
@@ -121,6 +122,7 @@ def compile_resolved(
             world_size,
             launcher,
             world_source,
+            forced,
         )
     )
     reasons = rejection_reasons(leaves, findings)

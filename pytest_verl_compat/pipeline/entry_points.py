@@ -65,6 +65,9 @@ class EntryPoint:
     cwd_relative: bool
     world: WorldSource  # where its world size comes from
     world_evidence: str  # the file:line of the call that decides it, "" for none
+    # Keys its ``main`` overwrites before anything reads them (``config.a.b = config.c.d``):
+    # (the key overwritten, the key it copies, the file:line).
+    forced: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def where(self) -> str:
@@ -93,6 +96,32 @@ def _hydra_main(function: ast.FunctionDef) -> tuple[int, str, str] | None:
         if isinstance(path, ast.Constant) and isinstance(config, ast.Constant):
             return decorator.lineno, str(path.value), str(config.value)
     return None
+
+
+def _dotted(node: ast.expr, root: str) -> str | None:
+    """``config.a.b`` as ``a.b`` when rooted at the name ``root``, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id == root and parts:
+        return ".".join(reversed(parts))
+    return None
+
+
+def _forced(function: ast.FunctionDef, relative: str) -> tuple[tuple[str, str, str], ...]:
+    """The keys ``main`` overwrites with another key's value, in its own body."""
+    if not function.args.args:
+        return ()
+    root = function.args.args[0].arg
+    found = []
+    for node in function.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = _dotted(node.targets[0], root)
+            source = _dotted(node.value, root)
+            if target and source:
+                found.append((target, source, f"{relative}:{node.lineno}"))
+    return tuple(found)
 
 
 def _world(tree: ast.Module, relative: str) -> tuple[WorldSource, str]:
@@ -194,6 +223,7 @@ def scan(site: Path) -> tuple[EntryPoint, ...]:
                     cwd_relative=cwd_relative,
                     world=world,
                     world_evidence=evidence,
+                    forced=_forced(node, relative),
                 )
             )
     return tuple(found)
