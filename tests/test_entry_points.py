@@ -1,0 +1,141 @@
+"""Every entry point a verl 0.9.0 script launches (issue 30): the registry read from the installed
+verl's own source, the launch read as bash runs it, composed on its own config, and the launch
+mistakes the entry point decides (a module the release lacks, a torchrun module run by python)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_verl_compat.model import Bindings
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.entry_points import by_module, closest, launch_acceptor, scan
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+INSTALLED = installed_verl_root()
+pytestmark = pytest.mark.skipif(INSTALLED is None, reason="the registry is the installed verl's")
+TORCHRUN = "torchrun --standalone --nnodes=1 --nproc_per_node=4"
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    assert INSTALLED is not None
+    return INSTALLED[0]
+
+
+@pytest.fixture(scope="module")
+def session() -> AuditSession:
+    return AuditSession.start(AuditOptions())
+
+
+def test_the_registry_is_every_hydra_main_of_the_release_with_its_config_and_world(
+    site: Path,
+) -> None:
+    entries = by_module(scan(site))
+    expected = {
+        "verl.trainer.main_ppo": ("ppo_trainer", "ray"),
+        "verl.trainer.sft_trainer": ("sft_trainer_engine", "torchrun"),
+        "verl.trainer.sft_trainer_ray": ("sft_trainer_engine", "ray"),
+        "verl.trainer.main_eval": ("evaluation", "ray"),
+        "verl.trainer.main_generation_server": ("ppo_trainer", "ray"),
+        "verl.experimental.fully_async_policy.fully_async_main": ("fully_async_ppo_trainer", "ray"),
+        "verl.experimental.one_step_off_policy.main_ppo": ("one_step_off_ppo_trainer", "ray"),
+    }
+    assert {m: (e.config_name, e.world) for m, e in entries.items()} == expected
+    sft = entries["verl.trainer.sft_trainer"]
+    assert sft.world_evidence.startswith("verl/trainer/sft_trainer.py:")
+    # The asynchronous trainers start Ray through main_ppo's run_ppo, and add verl's own tree.
+    one_step = entries["verl.experimental.one_step_off_policy.main_ppo"]
+    assert one_step.search_path == ("verl/trainer/config",) and one_step.cwd_relative
+    assert one_step.world_evidence.startswith("verl/trainer/main_ppo.py:")
+    assert closest("verl.trainer.main_ppo_sync", scan(site)) == "verl.trainer.main_ppo"
+    assert closest("verl.trainer.fsdp_sft_trainer", scan(site)) == "verl.trainer.sft_trainer"
+
+
+def test_the_launch_is_an_entry_point_or_a_module_the_release_lacks(site: Path) -> None:
+    accepts = launch_acceptor(site)
+    assert accepts is not None
+    assert accepts("verl.trainer.sft_trainer") and accepts("verl.trainer.main_ppo")
+    assert accepts("verl.trainer.main_ppo_sync")  # a module the release lacks: named as missing
+    assert accepts("recipe.dapo.main_dapo")
+    # A module the release has that is no entry point is another command of the script.
+    assert not accepts("verl.model_merger") and not accepts("verl.trainer.ppo.core_algos")
+
+
+def _check(session: AuditSession, text: str, tmp_path: Path, name: str = "run.sh") -> list[str]:
+    from pytest_verl_compat.upstream.verdict import check_case
+
+    script = tmp_path / name
+    script.write_text(text)
+    case = session.case_for_script(script, Bindings())
+    try:
+        result = check_case(session, case, None)
+    except Exception as exc:  # the stage's failure is what the test compares
+        return [f"raised: {exc}"]
+    return [f.rule for f in result.findings]
+
+
+def test_a_module_the_release_lacks_names_the_closest(
+    session: AuditSession, tmp_path: Path
+) -> None:
+    from pytest_verl_compat.model import StageFailed
+    from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
+
+    script = tmp_path / "sync.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo_sync algorithm.adv_estimator=remax\n")
+    with pytest.raises(StageFailed, match=r"no entry point verl\.trainer\.main_ppo_sync") as info:
+        session.outcome(session.case_for_script(script))
+    assert isinstance(info.value.__cause__, UnknownEntryPoint)
+    assert info.value.__cause__.near == "verl.trainer.main_ppo"
+    # Its twin: the entry point the release has composes.
+    twin = tmp_path / "twin.sh"
+    twin.write_text("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=remax\n")
+    assert session.outcome(session.case_for_script(twin)).composition.composed
+
+
+def test_the_sft_trainer_run_by_python_is_an_error_and_under_torchrun_it_is_not(
+    session: AuditSession, tmp_path: Path
+) -> None:
+    body = "-m verl.trainer.sft_trainer data.train_batch_size=64 model.path=/m\n"
+    by_python = _check(session, f"python3 {body}", tmp_path, "python.sh")
+    by_torchrun = _check(session, f"{TORCHRUN} {body}", tmp_path, "torchrun.sh")
+    assert "sft.needs-torchrun" in by_python
+    assert "sft.needs-torchrun" not in by_torchrun
+
+
+def test_the_world_comes_from_torchrun(session: AuditSession, tmp_path: Path) -> None:
+    """train_batch_size 6 over 4 ranks leaves 2 sequences out of every step; over 3, none."""
+    body = "-m verl.trainer.sft_trainer data.train_batch_size=6 model.path=/m\n"
+    on_four = _check(session, f"{TORCHRUN} {body}", tmp_path, "four.sh")
+    on_three = _check(session, f"{TORCHRUN.replace('=4', '=3')} {body}", tmp_path, "three.sh")
+    assert "sft.batch-not-divisible" in on_four
+    assert "sft.batch-not-divisible" not in on_three
+
+
+def test_an_entry_point_with_a_search_path_composes_without_importing_verl(
+    session: AuditSession, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    # In a fresh process: composing one_step_off's tree (its search path names verl's own tree,
+    # pkg:// or file://) must never import the verl package.
+    script = tmp_path / "one_step.sh"
+    script.write_text(
+        "python3 -m verl.experimental.one_step_off_policy.main_ppo rollout.nnodes=1 "
+        "actor_rollout_ref.rollout.nnodes=2\n"
+    )
+    code = (
+        "import sys\n"
+        "from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession\n"
+        "s = AuditSession.start(AuditOptions())\n"
+        f"o = s.outcome(s.case_for_script({str(script)!r}))\n"
+        "assert o.composition.composed, o.composition.reason\n"
+        "print('verl' in sys.modules, o.composition.resolved['rollout']['nnodes'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "1"]
+    # And its own check: the key its main overwrites.
+    assert "entry.forced-value" in _check(session, script.read_text(), tmp_path, "forced.sh")
