@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.model import COMPOSED, Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
@@ -135,7 +136,7 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
     """Compare every case of a session on its pinned tree with the same case on ``against_root``."""
     from pytest_verl_compat.model import StageFailed, StageUnavailable
     from pytest_verl_compat.pipeline.compile import compile_resolved
-    from pytest_verl_compat.pipeline.profile import load_profile
+    from pytest_verl_compat.pipeline.profile import default_sft_profile, load_profile
 
     if session.manifest is None:
         raise DriftError(session.manifest_error or "no manifest")
@@ -155,9 +156,11 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
             f"{against_root} has no {pin.config_dir}/{pin.config_name}.yaml: not a verl tree"
         )
     digest = tree_sha256(config_dir)
-    profile = load_profile(session.profile_name)
+    profiles = {RL: load_profile(session.profile_name), SFT: load_profile(default_sft_profile())}
     composer = Composer(config_dir, pin.config_name)
     composer.check_tree()  # a hostile file in the other tree is unreadable input (InputError)
+    # The other configs of the same folder an entry point composes (sft_trainer_engine).
+    composers = {pin.config_name: composer}
 
     files = {}
     for case in session.cases:
@@ -203,7 +206,17 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
                         set(_leaves(pinned.mapping)) - set(_leaves(default.mapping))
                     )
             continue
-        against = composer.compose(fields.fields, fields.environment(case.bindings))
+        launched = session.entry_point(fields)
+        name = launched.config_name if launched is not None else pin.config_name
+        if launched is not None and launched.config_dir != pin.config_dir:
+            entry["composition_error"] = (
+                f"{launched.module} composes {launched.config_dir}/{name}.yaml, which is not "
+                f"part of the compared tree ({pin.config_dir})"
+            )
+            continue
+        if name not in composers:
+            composers[name] = Composer(config_dir, name)
+        against = composers[name].compose(fields.fields, fields.environment(case.bindings))
         if not against.composed:
             entry["outcome"]["against"] = against.outcome
             against_reason = against.reason
@@ -215,6 +228,8 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
                 entry["added"], entry["removed"], entry["changed"] = leaf_changes(
                     pinned.mapping, against.mapping
                 )
+            family = family_of(against.mapping) or RL
+            profile = profiles.get(family, profiles[RL])
             entry["unclassified"] = unclassified_paths(profile, against.mapping)
             try:
                 report = compile_resolved(
@@ -222,6 +237,9 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
                     case_id=case.id,
                     profile=profile,
                     explicit_fields=fields.fields,
+                    family=family,
+                    world_size=fields.world_size,
+                    launcher=fields.launcher,
                 )
             except (KeyError, TypeError) as exc:
                 # The pinned release's checks read its mapping's shape; an older release's tree

@@ -120,19 +120,31 @@ class ReleaseComposers:
     def pinned(self) -> str:
         return self.session.pin.version
 
-    def composer(self, version: str) -> Composer:
-        if version == self.pinned:
+    def composer(self, version: str, name: str | None = None) -> Composer:
+        """The release's composer of the config ``name`` (the pinned one's by default: an entry
+        point of the same folder, such as the SFT trainer's, names its own)."""
+        name = name or self.session.pin.config_name
+        if version == self.pinned and name == self.session.pin.config_name:
             return self.session.composer()
-        if version not in self._composers:
-            tree = release_tree(version, index=self.index)
-            self._composers[version] = Composer(tree.config_dir, self.session.pin.config_name)
-        return self._composers[version]
+        key = f"{version}\0{name}"
+        if key not in self._composers:
+            tree = (
+                self.session.composer().config_dir
+                if version == self.pinned
+                else release_tree(version, index=self.index).config_dir
+            )
+            self._composers[key] = Composer(tree, name)
+        return self._composers[key]
 
     def base(
-        self, version: str, fields: Sequence[str], variables: Mapping[str, str]
+        self,
+        version: str,
+        fields: Sequence[str],
+        variables: Mapping[str, str],
+        name: str | None = None,
     ) -> Composition:
         """The composition of the config the fields select, without their values."""
-        return self.composer(version).compose(selection(fields), variables)
+        return self.composer(version, name).compose(selection(fields), variables)
 
 
 def check_versions(session: AuditSession, versions: Sequence[str], index: ReleaseIndex) -> None:
@@ -216,16 +228,19 @@ def _other_release_cell(
     version: str,
     fields: Sequence[str],
     variables: Mapping[str, str],
+    name: str | None = None,
 ) -> dict[str, Any]:
     """A compose cell of a release other than the pinned one, from the cache or composed now
-    (``variables``: what ``${oc.env:…}`` sees, the launcher's environment)."""
+    (``variables``: what ``${oc.env:…}`` sees, the launcher's environment; ``name``: the config
+    the launch's entry point composes)."""
     release = composers.index.release(version)
-    key = cell_key(release.tree_sha256, composers.session.pin.config_name, fields, variables)
+    name = name or composers.session.pin.config_name
+    key = cell_key(release.tree_sha256, name, fields, variables)
     cached = cache.get(key) if cache is not None else None
     if cached is not None:
         return cached
-    composition = composers.composer(version).compose(fields, variables)
-    base = None if composition.composed else composers.base(version, fields, variables)
+    composition = composers.composer(version, name).compose(fields, variables)
+    base = None if composition.composed else composers.base(version, fields, variables, name)
     cell = {
         "composed": composition.composed,
         "reason": composition.reason,
@@ -284,16 +299,29 @@ def matrix_report(
         case, outcome = read[entry["id"]]
         fields = outcome.fields.fields
         variables = outcome.fields.environment(case.bindings)
+        launched = session.entry_point(outcome.fields)
+        if launched is not None and launched.config_dir != session.pin.config_dir:
+            entry.update(
+                read=False,
+                reason=f"{launched.module} composes {launched.config_dir}/"
+                f"{launched.config_name}.yaml, outside the releases' {session.pin.config_dir}",
+            )
+            continue
+        name = launched.config_name if launched is not None else None
         keys = explicit_keys(fields)
         values: dict[str, dict[str, str]] = {}
         for version in versions:
             if version == pinned:
                 composition = outcome.composition
                 entry["cells"][version] = _check_cell(composition, verdicts.get(case.id))
-                base = None if composition.composed else composers.base(version, fields, variables)
+                base = (
+                    None
+                    if composition.composed
+                    else composers.base(version, fields, variables, name)
+                )
                 values[version] = key_values(keys, composition, base)
             else:
-                cell = _other_release_cell(composers, cache, version, fields, variables)
+                cell = _other_release_cell(composers, cache, version, fields, variables, name)
                 entry["cells"][version] = {
                     "kind": COMPOSE,
                     "composed": cell["composed"],
