@@ -139,3 +139,14 @@ def test_an_entry_point_with_a_search_path_composes_without_importing_verl(
     assert done.stdout.split() == ["False", "1"]
     # And its own check: the key its main overwrites.
     assert "entry.forced-value" in _check(session, script.read_text(), tmp_path, "forced.sh")
+
+
+def test_train_runs_the_corpus_sft_case_end_to_end(tmp_path: Path) -> None:
+    """`verl-compat train sft_gsm8k`: the official SFT script's own fields, through the SFT
+    compile gate and the reference trainer's SFT loop on the tiny model."""
+    from pytest_verl_compat import cli
+
+    out = tmp_path / "run"
+    status = cli.main(["train", "sft_gsm8k", "--steps", "1", "--out", str(out), "--no-progress"])
+    assert status == 0
+    assert (out / "final" / "hf").is_dir()

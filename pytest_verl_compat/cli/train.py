@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.checks.registry import SFT, family_of
 from pytest_verl_compat.cli.train_sft import cmd_train_sft, is_sft_case
 from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
@@ -132,10 +133,35 @@ def _config(
     return session.reference_config(case)
 
 
+def _sft_fields(target: str, manifest: str | None, upstream: str | None) -> list[str] | None:
+    """The explicit fields of a manifest case or script that launches the SFT trainer (its tree
+    is the SFT trainer's), else None."""
+    session = AuditSession.start(AuditOptions(manifest=manifest, upstream=upstream))
+    if session.manifest is None:
+        return None
+    try:
+        case = (
+            session.case_for_script(target)
+            if Path(target).is_file()
+            else session.manifest.case(target)
+        )
+        outcome = session.outcome(case)
+    except (KeyError, StageFailed, StageUnavailable):
+        return None
+    if not outcome.composition.composed or family_of(outcome.composition.mapping) != SFT:
+        return None
+    return list(outcome.fields.fields)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Run the reference trainer; 0 on success, 2 on a bad case or binding."""
     if is_sft_case(args.case):
         return cmd_train_sft(args)
+    manifest, upstream = getattr(args, "manifest", None), getattr(args, "upstream", None)
+    sft_fields = _sft_fields(args.case, manifest, upstream)
+    if sft_fields is not None:
+        # An SFT script or corpus case: its own fields, then --override, through the SFT loop.
+        return cmd_train_sft(args, fields=sft_fields)
     try:
         cfg = _config(args.case, getattr(args, "manifest", None), getattr(args, "upstream", None))
     except (StageFailed, StageUnavailable, KeyError, ValueError) as exc:

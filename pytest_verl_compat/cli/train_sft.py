@@ -24,23 +24,27 @@ def is_sft_case(case: str) -> bool:
     return case == SFT_PREFIX or case.startswith(f"{SFT_PREFIX}/")
 
 
-def cmd_train_sft(args: argparse.Namespace) -> int:
-    """Train an SFT case; 0 on success, 2 on a bad case, binding or run folder."""
+def cmd_train_sft(args: argparse.Namespace, fields: list[str] | None = None) -> int:
+    """Train an SFT case (of corpus/sft_step.yaml, or the ``fields`` of an SFT script or corpus
+    case); 0 on success, 2 on a bad case, binding or run folder."""
     from reference_trainer.checkpoint import CheckpointError
     from reference_trainer.run_files import RunFolderError
     from reference_trainer.sft import SFTBudget, SFTTrainer
 
     try:
-        cases = sft_case_overrides()
-        if args.case != SFT_PREFIX and args.case not in cases:
-            known = ", ".join(sorted(cases))
-            raise ValueError(f"unknown SFT case {args.case!r}; known: {SFT_PREFIX}, {known}")
-        overrides = [*cases.get(args.case, []), *(args.override or [])]
+        if fields is not None:
+            overrides = [*fields, *(args.override or [])]
+        else:
+            cases = sft_case_overrides()
+            if args.case != SFT_PREFIX and args.case not in cases:
+                known = ", ".join(sorted(cases))
+                raise ValueError(f"unknown SFT case {args.case!r}; known: {SFT_PREFIX}, {known}")
+            overrides = [*cases.get(args.case, []), *(args.override or [])]
         _, cfg = lower_sft(overrides, case_id=args.case)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         print(f"verl-compat train: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path("runs") / args.case)
+    out = Path(args.out or Path("runs") / Path(args.case).stem)
     budget = SFTBudget(
         steps=args.steps,
         train_batch_size=args.train_batch_size,
