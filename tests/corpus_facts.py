@@ -22,4 +22,7 @@ def case_ids(kind: str) -> list[str]:
 
 
 OFFICIAL = case_ids("official")
+# The official cases of the RL entry point (main_ppo): those without script arguments of an SFT
+# launch (an SFT case names its entry point's own tree, sft_trainer_engine).
+OFFICIAL_RL = [case_id for case_id in OFFICIAL if not case_id.startswith("sft_")]
 PINNED_VERSION: str = MANIFEST["upstream"]["version"]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from corpus_facts import AUDIT, OFFICIAL
+from corpus_facts import AUDIT, OFFICIAL_RL
 
 from pytest_verl_compat.model import LEAF_CLASSES
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
@@ -30,7 +30,7 @@ def profile():
     return load_profile()
 
 
-@pytest.mark.parametrize("case_id", OFFICIAL)
+@pytest.mark.parametrize("case_id", OFFICIAL_RL)
 def test_official_cases_are_accepted_with_every_leaf_classified(case_id: str, profile) -> None:
     mapping = resolved(case_id)
     report = compile_resolved(mapping, case_id=case_id, profile=profile)

@@ -15,8 +15,8 @@ from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 pytestmark = pytest.mark.slow
-CASES = 25  # seven official, nine derived and nine field cases
-COMPOSED = 23  # all but the two composition rejections
+CASES = 27  # nine official (seven RL, two SFT), nine derived and nine field cases
+COMPOSED = 25  # all but the two composition rejections
 
 
 def run_audit(pytester: pytest.Pytester, cache: Path, *args: str) -> pytest.RunResult:
@@ -63,20 +63,20 @@ def test_checkout_all_stages_pass(
     result.stdout.fnmatch_lines(
         [
             "*verl corpus audit*",
-            "16 cases; 14 composed; 12 accepted; 2 semantic rejections; 2 composition rejections",
+            "18 cases; 16 composed; 14 accepted; 2 semantic rejections; 2 composition rejections",
             "resolved leaves by class: *",
             # A field case verl runs (V1 pads the step) but the reference trainer refuses is not
             # counted as an error caught.
             "field corpus: 9 cases; 5 errors caught; 1 refused by the reference trainer only; *",
-            "stages: 25 read (0 skipped); 23 equal to upstream's entry point (2 skipped); 25 match golden;*",
-            "check (static and upstream's own early checks): 23 cases; 17 valid for verl; *",
+            "stages: 27 read (0 skipped); 25 equal to upstream's entry point (2 skipped); 27 match golden;*",
+            "check (static and upstream's own early checks): 25 cases; 19 valid for verl; *",
         ]
     )
     audit = json.loads(report.read_text())
-    assert [case["id"] for case in audit["cases"]][:7] == OFFICIAL
+    assert [case["id"] for case in audit["cases"]][: len(OFFICIAL)] == OFFICIAL
     assert audit["upstream"]["commit"] == "483b8a009ba3a97563edee3a19887e4862b8094a"
     assert audit["profile"] == "verl-0.9.0-single-device"
-    for case in audit["cases"][:7]:
+    for case in audit["cases"][: len(OFFICIAL)]:
         assert case["outcome"] == "accepted"
         assert case["resolved_leaf_count"] > 800
         assert case["inputs"] and all(len(pin["sha256"]) == 64 for pin in case["inputs"])

@@ -23,7 +23,8 @@ def write_manifest(tmp_path: Path, mutate) -> Path:
     return path
 
 
-def test_embedded_manifest_has_the_seven_official_cases() -> None:
+def test_embedded_manifest_has_the_official_cases() -> None:
+    """The seven official RL cases and two official SFT scripts (their arguments bound)."""
     manifest = load_manifest(MANIFEST)
     assert [c.id for c in manifest.cases if c.kind == "official"] == [
         "ppo",
@@ -32,6 +33,8 @@ def test_embedded_manifest_has_the_seven_official_cases() -> None:
         "reinforce_plus_plus",
         "grpo_lora",
         "grpo_reward_model",
+        "sft_gsm8k",
+        "sft_multiturn",
         "dr_grpo",
     ]
     assert manifest.upstream.commit == "483b8a009ba3a97563edee3a19887e4862b8094a"
@@ -59,6 +62,8 @@ def test_bad_case_field_names_file_case_and_field_and_spares_the_others(tmp_path
         "reinforce_plus_plus",
         "grpo_lora",
         "grpo_reward_model",
+        "sft_gsm8k",
+        "sft_multiturn",
         "dr_grpo",
         "field/lora-sglang-without-merge",
     ]
@@ -349,8 +354,8 @@ def test_audit_stdout_is_only_json(tmp_path: Path, installed_verl: None) -> None
     result = cli_here(tmp_path, "audit")
     assert result.returncode == 0, result.stderr
     audit = json.loads(result.stdout)
-    assert audit["totals"]["cases"] == 16
-    assert "16 cases; 14 composed" in result.stderr
+    assert audit["totals"]["cases"] == 18
+    assert "18 cases; 16 composed" in result.stderr
 
 
 def test_an_internal_error_is_exit_3_not_a_finding(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -230,6 +230,7 @@ def drift_report(session: AuditSession, against_root: Path) -> dict[str, Any]:
                 )
             family = family_of(against.mapping) or RL
             profile = profiles.get(family, profiles[RL])
+            entry["profile"] = profile.name
             entry["unclassified"] = unclassified_paths(profile, against.mapping)
             try:
                 report = compile_resolved(

@@ -20,6 +20,7 @@ from typing import Any
 from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.answers import mapping_digest
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.report import example_totals
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
@@ -137,6 +138,9 @@ def example_entry(
     try:
         outcome = session.outcome(case)
     except StageFailed as exc:
+        if isinstance(exc.__cause__, UnknownEntryPoint):
+            # Read: the launch runs a module the release lacks, which Python refuses at once.
+            return {**entry, "read": True, "composed": False, "reason": str(exc.__cause__)}
         return {**entry, "read": False, "reason": str(exc).split(": ", 1)[-1]}
     composition = outcome.composition
     entry.update(read=True, composed=composition.composed)
