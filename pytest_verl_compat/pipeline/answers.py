@@ -201,8 +201,15 @@ class UserAnswers:
             return
 
 
-def recorded_path(golden_dir: Path, kind: str) -> Path:
-    return golden_dir / "answers" / (f"{kind}.json.gz" if kind in _COMPRESSED else f"{kind}.json")
+def recorded_path(golden_dir: Path, kind: str, part: str = "") -> Path:
+    """A kind's recorded file beside the golden files; ``part``: a further file of the kind,
+    written by another recorder (``checks-examples.json``: verl's example scripts' answers)."""
+    name = f"{kind}-{part}" if part else kind
+    return golden_dir / "answers" / (f"{name}.json.gz" if kind in _COMPRESSED else f"{name}.json")
+
+
+# The recorded file of upstream's checks on verl's own example scripts (``examples_record``).
+EXAMPLES_PART = "examples"
 
 
 def dumps_recorded(kind: str, entries: Mapping[str, Any]) -> bytes:
@@ -229,19 +236,22 @@ def load_recorded(path: Path) -> dict[str, Any]:
 
 
 class RecordedAnswers:
-    """The recorded answers of one kind (read-only), loaded on the first question."""
+    """The recorded answers of one kind (read-only) from one or more files, loaded on the first
+    question."""
 
-    def __init__(self, path: Path, checker: Checker | None = None) -> None:
-        self.path = path
+    def __init__(self, path: Path | tuple[Path, ...], checker: Checker | None = None) -> None:
+        self.paths = path if isinstance(path, tuple) else (path,)
         self.checker = checker
         self._entries: dict[str, Any] | None = None
 
     def entries(self) -> dict[str, Any]:
         if self._entries is None:
-            try:
-                self._entries = load_recorded(self.path)
-            except InputError:
-                self._entries = {}
+            self._entries = {}
+            for path in self.paths:
+                try:
+                    self._entries.update(load_recorded(path))
+                except InputError:
+                    continue
         return self._entries
 
     def get(self, key: str) -> Any | None:
@@ -289,7 +299,10 @@ def answers(
     """The answers of ``kind``: the user cache (unless ``user`` is false) and, with a golden
     folder, the answers recorded there."""
     recorded = (
-        RecordedAnswers(recorded_path(golden_dir, kind), checker)
+        RecordedAnswers(
+            (recorded_path(golden_dir, kind), recorded_path(golden_dir, kind, EXAMPLES_PART)),
+            checker,
+        )
         if golden_dir is not None
         else None
     )
