@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, SFT_ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 from pytest_verl_compat.upstream.probes.phases import run_all
+from pytest_verl_compat.upstream.probes.sft_phases import run_sft
 
 if TYPE_CHECKING:
     pass
@@ -95,15 +97,24 @@ def checks_one(
     mapping: Mapping[str, Any],
     watch: Mapping[str, list[int]] | None = None,
     explicit: list[str] | None = None,
+    entry: str | None = None,
+    world_size: int | None = None,
 ) -> dict[str, Any]:
-    """Every early upstream check on one resolved mapping (inside the oracle process).
+    """Every early upstream check on one resolved mapping (inside the oracle process), by the
+    entry point it is composed for (``oracle.CHECKED_ENTRIES``, main_ppo by default).
 
-    ``verdict``/``message`` are validate_config's alone (what the validate stage compares with
-    the compiler's outcome); ``failures`` holds every probe's failure record (``probes``).
+    main_ppo's ``verdict``/``message`` are validate_config's alone (what the validate stage
+    compares with the compiler's outcome); the SFT trainer's are its config load's
+    (``SFTTrainer._build_config``), on rank 0 of a world of ``world_size``; ``failures`` holds
+    every probe's failure record (``probes``).
     """
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
+    if entry == SFT_ENTRY_MODULE:
+        return run_sft(mapping, world_size, [str(k) for k in explicit or []])
+    if entry not in (None, ENTRY_MODULE):
+        raise ValueError(f"no upstream checks for entry point {entry!r}")
     answer = run_all(
         mapping, validate_config_with_stand_ins, watch, [str(k) for k in explicit or []]
     )
