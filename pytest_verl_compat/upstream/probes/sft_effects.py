@@ -38,32 +38,38 @@ def _module_file(root: Path, name: str) -> Path | None:
     return None
 
 
-def _imported(path: Path, name: str) -> set[str]:
-    """The verl modules (and names, which may be modules) a module imports anywhere in it."""
+def _read(path: Path, name: str) -> tuple[set[str], set[str]]:
+    """The verl modules (and names, which may be modules) a module imports anywhere in it, and
+    every attribute name and string constant it holds: one parse for both."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
-        return set()
+        return set(), set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
+    imported: set[str] = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, *([node.module] if node.module else [])])
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {module for module in found if module.split(".")[0] == "verl"}
+            imported.add(base)
+            imported.update(f"{base}.{alias.name}" for alias in node.names)
+    return {module for module in imported if module.split(".")[0] == "verl"}, names
 
 
 @functools.cache
-def entry_files(root: Path, entry: str) -> tuple[Path, ...]:
-    """Every file of the installed verl that ``entry`` imports, directly or not, with the
-    packages above each (their ``__init__`` runs on import)."""
+def _entry_path(root: Path, entry: str) -> tuple[tuple[Path, ...], frozenset[str]]:
     seen: dict[str, Path] = {}
+    referenced: set[str] = set()
+    config = root / "workers" / "config"
     pending = [entry]
     while pending:
         name = pending.pop()
@@ -75,29 +81,23 @@ def entry_files(root: Path, entry: str) -> tuple[Path, ...]:
         seen[name] = path
         parts = name.split(".")
         pending.extend(".".join(parts[:depth]) for depth in range(1, len(parts)))
-        pending.extend(_imported(path, name))
-    return tuple(sorted(set(seen.values())))
+        imported, names = _read(path, name)
+        pending.extend(imported)
+        if config not in path.parents:
+            referenced |= names
+    return tuple(sorted(set(seen.values()))), frozenset(referenced)
 
 
-@functools.cache
+def entry_files(root: Path, entry: str) -> tuple[Path, ...]:
+    """Every file of the installed verl that ``entry`` imports, directly or not (at module level
+    or in a function), with the packages above each (their ``__init__`` runs on import)."""
+    return _entry_path(root, entry)[0]
+
+
 def referenced_on_path(root: Path, entry: str) -> frozenset[str]:
     """Every attribute name and string key the entry point's modules read outside the config
     dataclasses (``effects.referenced_names``, scoped to ``entry_files``)."""
-    config = root / "workers" / "config"
-    names: set[str] = set()
-    for path in entry_files(root, entry):
-        if config in path.parents:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute):
-                names.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                names.add(node.value)
-    return frozenset(names)
+    return _entry_path(root, entry)[1]
 
 
 def _sft_optimizer(cfg: Any, plain: Mapping[str, Any]) -> Any:

@@ -28,6 +28,13 @@ _HIDDEN = 4
 # The optimizer modules the probe builds from (``build_optimizer`` imports ``optimizer_impl`` by
 # name, verl/workers/config/optimizer.py:341): any other name is not imported here.
 SAFE_OPTIMIZER_MODULES = frozenset({"torch.optim"})
+# peft's refusals that depend on the real model: its module names, or the default targets peft
+# keeps per model type (peft/utils/constants.py) when target_modules is left unset.
+MODEL_DEPENDENT_LORA = (
+    "not found in the base model",
+    "No modules were targeted",
+    "Please specify `target_modules`",
+)
 WRAP_STEP = "trainer init: FSDPEngine._build_fsdp_module (get_fsdp_wrap_policy)"
 LORA_STEP = "trainer init: FSDPEngine._build_lora_module (get_peft_model)"
 
@@ -212,7 +219,7 @@ def _peft(real: Any, notes: list[dict[str, str]]) -> Any:
             return real(module, config, *args, **kwargs)
         except ValueError as exc:
             text = str(exc)
-            if "not found in the base model" not in text and "No modules were targeted" not in text:
+            if not any(words in text for words in MODEL_DEPENDENT_LORA):
                 raise
             _note(notes, LORA_STEP, f"LoRA's target modules are the real model's: {text[:200]}")
             return module

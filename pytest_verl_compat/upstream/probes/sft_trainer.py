@@ -40,13 +40,32 @@ KNOBS = {
 # A stand-in data set holds two steps' rows, so that an epoch has a first step.
 STAND_IN_STEPS = 2
 # The steps of ``SFTTrainer.__init__`` in its order (sft_trainer.py:61-73), each with what it
-# builds that the later steps use.
+# builds that the later steps use: a step that raised before building all of it ends the
+# construction (the profiler interval's asserts come after the configs they need).
 INIT_STEPS = (
-    ("_build_config", ("model_config", "optimizer_config")),
-    ("_build_dataset", ("train_dataset",)),
-    ("_build_engine", ("training_client", "engine")),
-    ("_build_dataloader", ("train_dataloader",)),
-    ("_init_engine", ("total_training_steps",)),
+    (
+        "_build_config",
+        (
+            "model_config",
+            "engine_config",
+            "optimizer_config",
+            "checkpoint_config",
+            "profiler_config",
+        ),
+    ),
+    ("_build_dataset", ("train_dataset", "val_dataset")),
+    ("_build_engine", ("loss_fn", "training_client", "engine")),
+    (
+        "_build_dataloader",
+        (
+            "train_sampler",
+            "global_batch_size",
+            "train_batch_size_per_dp",
+            "collate_fn",
+            "train_dataloader",
+        ),
+    ),
+    ("_init_engine", ("total_training_steps", "steps_per_epoch", "save_freq", "test_freq")),
     ("_build_ckpt_handler", ("ckpt_handler",)),
 )
 RESUME_NOTE = {
