@@ -127,6 +127,19 @@ SFT_EFFECTS = (
 )
 
 
+def _unread_fields(out: Collector, keys: list[str]) -> list[str]:
+    """The keys that are a field of a converted config dataclass no probe read: the only
+    candidates ``effects.never_read`` can report."""
+    import dataclasses
+
+    fields: set[str] = set()
+    for obj, path in out.reads.tagged():
+        if dataclasses.is_dataclass(obj):
+            fields.update(f"{path}.{field.name}" for field in dataclasses.fields(obj))
+    read = out.reads.origins(out.reads.read)
+    return [key for key in keys if key in fields and key not in read]
+
+
 def without_effect(
     out: Collector, plain: Mapping[str, Any], leaves: Mapping[str, Any], explicit: list[str]
 ) -> list[dict[str, Any]]:
@@ -135,12 +148,14 @@ def without_effect(
     if not keys:
         return []
     root = verl_root()
-    referenced = referenced_on_path(root, SFT_ENTRY)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = effects.never_read(
-            out.reads, out.reads.tagged(), keys, root, leaves, referenced=referenced
-        )
+        found = []
+        if _unread_fields(out, keys):  # the scans of verl's source cost seconds: only if needed
+            referenced = referenced_on_path(root, SFT_ENTRY)
+            found = effects.never_read(
+                out.reads, out.reads.tagged(), keys, root, leaves, referenced=referenced
+            )
         skip = {record[effects.KEY_KEY] for record in found}
         rest = [key for key in keys if key not in skip]
         found += effects.overridden(plain, rest, leaves, root, effects=SFT_EFFECTS)

@@ -15,6 +15,7 @@ name only the real model has, or a wrap class only it defines, is not evaluated 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -35,6 +36,7 @@ MODEL_DEPENDENT_LORA = (
     "No modules were targeted",
     "Please specify `target_modules`",
 )
+ATTENTION_STEP = "trainer init: FSDPEngine._build_module (apply_monkey_patch)"
 WRAP_STEP = "trainer init: FSDPEngine._build_fsdp_module (get_fsdp_wrap_policy)"
 LORA_STEP = "trainer init: FSDPEngine._build_lora_module (get_peft_model)"
 
@@ -186,6 +188,21 @@ def _nothing(*_: Any, **__: Any) -> None:
     return None
 
 
+def _no_attention_patch(
+    notes: list[dict[str, str]], *_: Any, ulysses_sp_size: int = 1, **__: Any
+) -> None:
+    """``apply_monkey_patch`` (verl/models/transformers/monkey_patch.py) patches the real
+    architecture's attention; with sequence parallel it also checks that the model's heads split
+    over the ranks (:340-345), which only the real model's config can answer."""
+    if ulysses_sp_size > 1:
+        _note(
+            notes,
+            ATTENTION_STEP,
+            "the attention heads' split over the sequence-parallel "
+            "ranks is the real model's (monkey_patch.py:340-345)",
+        )
+
+
 def _no_weight_context(*_: Any, **__: Any) -> Any:
     return contextlib.nullcontext
 
@@ -265,7 +282,7 @@ def stand_in_model() -> Iterator[list[dict[str, str]]]:
         (model_config.AutoConfig, "from_pretrained", staticmethod(_auto_config)),
         (verl.utils.model, "get_hf_auto_model_class", lambda *a, **k: StandInAutoModel),
         (transformer_impl, "get_init_weight_context_manager", _no_weight_context),
-        (transformer_impl, "apply_monkey_patch", _nothing),
+        (transformer_impl, "apply_monkey_patch", functools.partial(_no_attention_patch, notes)),
         (
             transformer_impl,
             "get_fsdp_wrap_policy",

@@ -29,6 +29,7 @@ from typing import Any
 from pytest_verl_compat.upstream.probes.records import (
     KEY_ADMITTED,
     KEY_EFFECTS,
+    KEY_KEYS,
     KEY_MESSAGE,
     KEY_NOT_EVALUATED,
     KEY_PHASE,
@@ -74,6 +75,20 @@ def _timed(timings: list[tuple[str, float]] | None, name: str) -> Iterator[None]
             timings.append((name, time.perf_counter() - start))
 
 
+def _quoted_values(message: str, leaves: Mapping[str, Any]) -> list[str]:
+    """The leaves whose text the message quotes (``unexpected precision: bf17``), for a failure
+    whose statements read no key: a value that reached upstream inside a plain dict field
+    (``engine.mixed_precision``) or an attribute it was copied to."""
+    text = message.rstrip()
+    return sorted(
+        key
+        for key, value in leaves.items()
+        if isinstance(value, str)
+        and len(value) > 1
+        and (f"'{value}'" in text or text.endswith(f": {value}"))
+    )
+
+
 def _profiler_interval(cfg: Any) -> None:
     """``_build_config``'s last lines (sft_trainer.py:148-149) on a trainer of this config."""
     from verl.trainer.sft_trainer import SFTTrainer
@@ -107,6 +122,7 @@ def run_sft(
     processes: the answer ``phases.run_all`` gives for main_ppo, with the config-load phase's
     ``verdict`` and ``message``."""
     from pytest_verl_compat.upstream.probes.sft_effects import without_effect
+    from pytest_verl_compat.upstream.probes.sft_keys import narrowed
     from pytest_verl_compat.upstream.probes.sft_step import first_step
     from pytest_verl_compat.upstream.probes.sft_trainer import sft_trainer_probes, torchrun_free
     from pytest_verl_compat.upstream.probes.types import explicit_types, wrong_types
@@ -125,6 +141,10 @@ def run_sft(
         with timed("first update (fit's first step)"):
             first_step(out, plain, trainer)
     out.not_run.extend(note for note in notes if note not in out.not_run)
+    for record in out.records:
+        record[KEY_KEYS] = narrowed(record, out.reads) or _quoted_values(
+            str(record[KEY_MESSAGE]), leaves
+        )
     with timed("types (the dataclasses' annotations)"):
         refused, admitted = explicit_types(plain, leaves, explicit)
         types = wrong_types(out.reads.tagged(), leaves)

@@ -46,6 +46,22 @@ KNOBS = {
 _PADDED = ("right", "left_right")
 
 
+def _no_rows(max_length: Any, rows: Any) -> str:
+    """Why no tiny batch of ``rows`` rows up to ``max_length`` tokens is built, or ""."""
+    if not (isinstance(max_length, int) and isinstance(rows, int)) or isinstance(max_length, bool):
+        return f"data.max_length={max_length!r} and {rows!r} rows per rank make no batch here"
+    if max_length < 2:
+        # A row is a prompt token and a trained one; shorter rows are the data set's to refuse
+        # (multiturn_sft_dataset.py:390-406), on the data the probe does not read.
+        return f"a row of data.max_length={max_length} tokens holds no trained token"
+    if max_length > MAX_ROW_TOKENS:
+        return (
+            f"a row of data.max_length={max_length} tokens is more than the probe builds "
+            f"({MAX_ROW_TOKENS}): the first step was not run"
+        )
+    return ""
+
+
 def _row_lengths(rows: int, max_length: int) -> list[int]:
     return [max_length, *(min(_SHORT_ROWS[i % 3], max_length) for i in range(rows - 1))]
 
@@ -148,17 +164,13 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> Any:
     engine = getattr(trainer, "engine", None)
     if engine is None or getattr(engine, "module", None) is None:
         return None  # the trainer probe recorded why the engine was not built
-    max_length = int(plain["data"]["max_length"])
-    if max_length > MAX_ROW_TOKENS:
-        out.not_run.append(
-            {
-                KEY_STEP: FIRST_UPDATE,
-                KEY_REASON: f"a row of data.max_length={max_length} tokens is more than the "
-                f"probe builds ({MAX_ROW_TOKENS}): the first step was not run",
-            }
-        )
+    max_length = plain["data"]["max_length"]
+    rows = trainer.train_batch_size_per_dp
+    reason = _no_rows(max_length, rows)
+    if reason:
+        out.not_run.append({KEY_STEP: FIRST_UPDATE, KEY_REASON: reason})
         return None
-    lengths = _row_lengths(int(trainer.train_batch_size_per_dp), max_length)
+    lengths = _row_lengths(rows, max_length)
     data = out.run(
         FIRST_UPDATE,
         functools.partial(first_batch, trainer, plain, lengths),

@@ -31,11 +31,12 @@ from pytest_verl_compat.upstream.probes.records import KEY_REASON, KEY_STEP, Col
 TRAINER_INIT = "trainer init: SFTTrainer.__init__"
 # Values the trainer keeps as its own attributes or hands to the checkpoint handler (never a
 # configuration read where they are tested), by their names there, with the keys they come from
-# (sft_trainer.py:83-84 and :148).
+# (sft_trainer.py:83-92 and :148).
 KNOBS = {
     "profiler_interval": ("trainer.profile_interval",),
     "resume_mode": ("trainer.resume_mode",),
     "resume_from_path": ("trainer.resume_from_path",),
+    "default_local_dir": ("trainer.default_local_dir",),
 }
 # A stand-in data set holds two steps' rows, so that an epoch has a first step.
 STAND_IN_STEPS = 2
@@ -215,6 +216,11 @@ def sft_trainer_probes(out: Collector, mapping: Mapping[str, Any]) -> Any:
 
     cfg = OmegaConf.create(dict(mapping))
     trainer = _bare_trainer(cfg)
+    # _init_engine writes the optimizer's horizon from a value of its own (sft_trainer.py:181-185):
+    # the recorder sees a write with no read on its line, so its source is named here.
+    given = mapping["trainer"].get("total_training_steps") is not None
+    horizon = "trainer.total_training_steps" if given else "trainer.total_epochs"
+    out.reads.provenance["optim.total_training_steps"] = frozenset({horizon})
     for name, _ in INIT_STEPS:
         if _step(out, trainer, name):
             continue
