@@ -374,6 +374,7 @@ def cache_key(
             "explicit": sorted(set(explicit)),
             **{name: request[name] for name in ("entry", "world_size") if name in request},
         },
+        request.get("entry"),
     )
 
 

@@ -12,6 +12,7 @@ have, and are replaced by labelled stand-ins:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import sys
 import types
@@ -24,7 +25,6 @@ from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, SFT_ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 from pytest_verl_compat.upstream.probes.phases import run_all
-from pytest_verl_compat.upstream.probes.sft_phases import run_sft
 
 if TYPE_CHECKING:
     pass
@@ -34,6 +34,10 @@ STAND_INS = (
     "critic model config: not loaded from the model hub; batch checks run on the critic section",
 )
 ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The probes of each entry point besides main_ppo, by module: each module's ``run_entry(mapping,
+# world_size, explicit)`` answers its questions. Named, not imported here, so that main_ppo's
+# answers are keyed by main_ppo's code alone (``pipeline.answers.ENTRY_CODE`` keys these).
+ENTRY_PROBES = {SFT_ENTRY_MODULE: "pytest_verl_compat.upstream.probes.sft_phases"}
 
 
 def _stand_in_lora_rank(lora_rank: int) -> int:
@@ -111,8 +115,12 @@ def checks_one(
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
-    if entry == SFT_ENTRY_MODULE:
-        return run_sft(mapping, world_size, [str(k) for k in explicit or []])
+    if entry in ENTRY_PROBES:
+        probes = importlib.import_module(ENTRY_PROBES[entry])
+        answer: dict[str, Any] = probes.run_entry(
+            mapping, world_size, [str(k) for k in explicit or []]
+        )
+        return answer
     if entry not in (None, ENTRY_MODULE):
         raise ValueError(f"no upstream checks for entry point {entry!r}")
     answer = run_all(

@@ -112,13 +112,13 @@ def config_load(out: Collector, mapping: Mapping[str, Any]) -> None:
     out.run(CONFIG_LOAD, functools.partial(_profiler_interval, cfg), PROFILER_INTERVAL, KNOBS)
 
 
-def run_sft(
+def run_entry(
     mapping: Mapping[str, Any],
     world_size: int | None = None,
     explicit: Sequence[str] = (),
     timings: list[tuple[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Every SFT probe on one resolved mapping, for rank 0 of a world of ``world_size``
+    """``run_sft``'s probes (``validate.ENTRY_PROBES``): every SFT probe on one resolved mapping, for rank 0 of a world of ``world_size``
     processes: the answer ``phases.run_all`` gives for main_ppo, with the config-load phase's
     ``verdict`` and ``message``."""
     from pytest_verl_compat.upstream.probes.sft_effects import without_effect
