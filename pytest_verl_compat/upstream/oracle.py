@@ -129,6 +129,8 @@ def checks_request(
             raise ValueError(f"no upstream checks for entry point {entry!r}: {CHECKED_ENTRIES}")
         request["entry"] = entry
         if world_size is not None:
+            if int(world_size) < 1:
+                raise ValueError(f"world_size={world_size}: a launch has at least one process")
             request["world_size"] = int(world_size)
     return request
 

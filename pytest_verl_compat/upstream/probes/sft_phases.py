@@ -131,8 +131,9 @@ def run_entry(
     leaves = _leaves(plain)
     out = Collector(leaves)
     timed = functools.partial(_timed, timings)
-    if world_size is None:
+    if world_size is None or world_size < 1:
         out.not_run.append(dict(UNKNOWN_WORLD))
+        world_size = None
     with torchrun_free(plain, world_size or DEFAULT_WORLD) as notes:
         with timed("config load (SFTTrainer._build_config)"):
             config_load(out, plain)

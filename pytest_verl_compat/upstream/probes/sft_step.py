@@ -42,6 +42,7 @@ KNOBS = {
     "max_token_len_per_gpu": ("data.max_token_len_per_gpu",),
     "max_seq_len": ("data.max_length",),
     "pad_mode": ("data.pad_mode",),
+    "ulysses_sequence_parallel_size": ("engine.ulysses_sequence_parallel_size",),
 }
 _PADDED = ("right", "left_right")
 

@@ -37,6 +37,8 @@ KNOBS = {
     "resume_mode": ("trainer.resume_mode",),
     "resume_from_path": ("trainer.resume_from_path",),
     "default_local_dir": ("trainer.default_local_dir",),
+    # FSDPEngine keeps it as an attribute (transformer_impl.py:225) and divides by it (:633)
+    "ulysses_sequence_parallel_size": ("engine.ulysses_sequence_parallel_size",),
 }
 # A stand-in data set holds two steps' rows, so that an epoch has a first step.
 STAND_IN_STEPS = 2
