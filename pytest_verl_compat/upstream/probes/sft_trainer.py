@@ -10,8 +10,9 @@ resume (``_build_ckpt_handler`` and ``load_checkpoint``, :82-98 and :73). The pr
 methods themselves, in that order, each a step of its own, on rank 0 of the launch's world
 (``torchrun_free``): the process group, the data files, the model's files and the user's modules
 and checkpoints are stood in (``boundary.laptop``, ``sft_model``), and a resume path is looked up
-as data. A data set that fails leaves a stand-in for the steps after it (they do not depend on
-its rows); any other failure ends the construction, as it would upstream.
+as data. A step that fails after building what the later steps use lets them run (each failure
+is then reported, not only the first); one that fails before ends the construction, but for the
+data sets, which leave a stand-in (the steps after them never read their rows).
 """
 
 from __future__ import annotations
