@@ -144,6 +144,29 @@ def test_an_answer_key_digests_every_module_the_oracle_runs_for_it(kind: str) ->
     assert not left_out, f"{kind}: the key leaves out {left_out} (add them to ORACLE_CODE)"
 
 
+def test_an_entry_points_answer_key_digests_every_module_its_probes_run() -> None:
+    """The checks of another entry point than main_ppo run its probes module (``validate``
+    names it): the entry's key digests that module's closure too, main_ppo's never needs to."""
+    from pytest_verl_compat.pipeline.answers import ENTRY_CODE, ORACLE_CODE
+    from pytest_verl_compat.upstream.validate import ENTRY_PROBES
+
+    assert set(ENTRY_PROBES) == set(ENTRY_CODE)
+    for entry, probes in ENTRY_PROBES.items():
+        closure = _closure((*ORACLE_ENTRIES[CHECKS], probes))
+        code = ENTRY_CODE[entry]
+        left_out = sorted(
+            m
+            for m in closure - {"pytest_verl_compat", "pytest_verl_compat.model"}
+            if not any(
+                m.replace(".", "/") == path.removesuffix(".py")
+                or m.replace(".", "/").startswith(path.rstrip("/") + "/")
+                for path in code
+            )
+        )
+        assert not left_out, f"{entry}: the key leaves out {left_out} (add them to ENTRY_CODE)"
+        assert probes.replace(".", "/") + ".py" not in ORACLE_CODE[CHECKS]
+
+
 def test_a_conformance_result_key_digests_every_module_the_comparison_runs() -> None:
     """Our side of a conformance case is computed by what ``run_case`` imports: a module left
     out of ``OURS_CODE`` would let a recorded result outlive a change to our math."""

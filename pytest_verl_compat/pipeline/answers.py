@@ -67,12 +67,36 @@ PLATFORM = (
 # Our modules the oracle process runs for each kind, relative to the folder holding the package
 # (a folder stands for every module in it); ``tests/test_recorded_answers.py`` checks that they
 # cover every module the process imports for the kind.
+_PROBES = "pytest_verl_compat/upstream/probes/"
+# main_ppo's probes, and those the SFT trainer's checks run besides (``validate`` finds an entry
+# point's probes by name, so a change to the SFT trainer's leaves main_ppo's answers valid).
+_RL_PROBES = tuple(
+    f"{_PROBES}{name}.py"
+    for name in (
+        "__init__",
+        "boundary",
+        "config_load",
+        "effects",
+        "first_step",
+        "patching",
+        "phases",
+        "recorder",
+        "records",
+        "statements",
+        "tiny_batch",
+        "trainer",
+        "types",
+    )
+)
+_SFT_PROBES = tuple(
+    f"{_PROBES}sft_{name}.py" for name in ("effects", "keys", "model", "phases", "step", "trainer")
+)
 _ORACLE_PROCESS = (
     "pytest_verl_compat/upstream/oracle_process.py",
     "pytest_verl_compat/upstream/oracle.py",
     "pytest_verl_compat/upstream/validate.py",
     "pytest_verl_compat/upstream/runner.py",
-    "pytest_verl_compat/upstream/probes",
+    *_RL_PROBES,
     "pytest_verl_compat/pipeline/targets.py",
     "pytest_verl_compat/pipeline/safe_input.py",
     "pytest_verl_compat/checks/roles.py",
@@ -92,6 +116,11 @@ ORACLE_CODE: dict[str, tuple[str, ...]] = {
         "pytest_verl_compat/pipeline/snapshot.py",
         "reference_trainer/math",
     ),
+}
+
+# Our modules the oracle process runs for the checks of an entry point other than main_ppo.
+ENTRY_CODE: dict[str, tuple[str, ...]] = {
+    "verl.trainer.sft_trainer": (*_ORACLE_PROCESS, *_SFT_PROBES),
 }
 
 
@@ -147,14 +176,16 @@ def mapping_digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def answer_key(kind: str, question: Any) -> str:
-    """The key of one question of ``kind`` (JSON-able), on this platform, asked by this code."""
+def answer_key(kind: str, question: Any, entry: str | None = None) -> str:
+    """The key of one question of ``kind`` (JSON-able), on this platform, asked by this code
+    (for a ``checks`` question of another entry point than main_ppo, ``ENTRY_CODE``'s)."""
+    code = code_sha256(ENTRY_CODE[entry]) if entry in ENTRY_CODE else oracle_code_sha256(kind)
     payload = json.dumps(
         {
             "format": ANSWER_FORMAT,
             "kind": kind,
             "platform": platform_versions(),
-            "code": oracle_code_sha256(kind),
+            "code": code,
             "question": question,
         },
         sort_keys=True,

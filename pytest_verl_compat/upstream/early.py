@@ -353,10 +353,18 @@ class EarlyAnswer:
 
 
 def cache_key(
-    version: str, tree: str, mapping: Mapping[str, Any], explicit: Sequence[str] = ()
+    version: str,
+    tree: str,
+    mapping: Mapping[str, Any],
+    explicit: Sequence[str] = (),
+    entry: str | None = None,
+    world_size: int | None = None,
 ) -> str:
     """The key of upstream's checks on one mapping (``answers.answer_key`` of kind ``checks``):
-    the verl version, the tree, the mapping and the keys the script set."""
+    the verl version, the tree, the mapping and the keys the script set; for an entry point other
+    than main_ppo also the entry point and the launch's world size (``oracle.checks_request``:
+    what enters the question enters its key; main_ppo's question is what it always was)."""
+    request = checks_request({}, entry=entry, world_size=world_size)
     return answer_key(
         CHECKS,
         {
@@ -364,7 +372,9 @@ def cache_key(
             "tree": tree,
             "mapping": hashlib.sha256(json.dumps(mapping, sort_keys=True).encode()).hexdigest(),
             "explicit": sorted(set(explicit)),
+            **{name: request[name] for name in ("entry", "world_size") if name in request},
         },
+        request.get("entry"),
     )
 
 
@@ -429,11 +439,14 @@ def prefetch_answer(
     cache: AnswerStore | None,
     oracle: UpstreamOracle,
     explicit: Sequence[str] = (),
+    entry: str | None = None,
+    world_size: int | None = None,
 ) -> None:
     """Send the question now (the answer arrives while other work runs) unless it is stored."""
-    key = cache_key(session.pin.version, tree, mapping, explicit)
+    key = cache_key(session.pin.version, tree, mapping, explicit, entry, world_size)
     if cache is None or cache.get(key) is None:
-        oracle.submit(key, checks_request(mapping, explicit=explicit))
+        request = checks_request(mapping, explicit=explicit, entry=entry, world_size=world_size)
+        oracle.submit(key, request)
 
 
 def early_answer(
@@ -443,26 +456,31 @@ def early_answer(
     cache: AnswerStore | None,
     oracle: UpstreamOracle | None = None,
     explicit: Sequence[str] = (),
+    entry: str | None = None,
+    world_size: int | None = None,
 ) -> EarlyAnswer:
     """Upstream's early checks on one composed mapping, from the cache or the oracle process;
-    ``explicit``: the keys the script set (examined for effect).
+    ``explicit``: the keys the script set (examined for effect); ``entry`` and ``world_size``:
+    the launch's entry point (main_ppo by default) and, for the SFT trainer, torchrun's world
+    size (``oracle.checks_request``).
 
     Raises RuntimeError when the oracle process gives no answer.
     """
-    key = cache_key(session.pin.version, tree, mapping, explicit)
+    key = cache_key(session.pin.version, tree, mapping, explicit, entry, world_size)
     hit = cache.get(key) if cache is not None else None
     if hit is not None:
         return EarlyAnswer.from_json(hit, cached=True)
     own = oracle is None
     asker = UpstreamOracle() if oracle is None else oracle
     try:
-        answer = asker.answer(key, checks_request(mapping, explicit=explicit))
+        request = checks_request(mapping, explicit=explicit, entry=entry, world_size=world_size)
+        answer = asker.answer(key, request)
     finally:
         if own:
             asker.close()
     if "verdict" not in answer:
         raise RuntimeError(f"upstream's checks gave no verdict: {answer.get('error', answer)}")
-    entry = {
+    stored = {
         "verdict": answer["verdict"],
         "message": answer["message"],
         "failures": answer.get("failures", []),
@@ -472,8 +490,8 @@ def early_answer(
         KEY_ADMITTED: answer.get(KEY_ADMITTED, []),
     }
     if cache is not None:
-        cache.put(key, entry)
-    return EarlyAnswer.from_json(entry)
+        cache.put(key, stored)
+    return EarlyAnswer.from_json(stored)
 
 
 # --- the same cause said twice ---------------------------------------------------------------

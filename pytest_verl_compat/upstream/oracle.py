@@ -33,6 +33,10 @@ from typing import Any
 from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
+# The SFT trainer's entry point (``torchrun … -m verl.trainer.sft_trainer``): its checks run the
+# SFT probes on rank 0 of the launch's world.
+SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
+CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE)
 PROCESS_MODULE = "pytest_verl_compat.upstream.oracle_process"
 # Hydra's ``--config-path`` is relative to the file that declares ``@hydra.main`` (verl/trainer/),
 # so these two spellings name the pinned tree itself; anything else would add another tree.
@@ -108,15 +112,32 @@ def checks_request(
     mapping: Mapping[str, Any],
     watch: Mapping[str, list[int]] | None = None,
     explicit: Sequence[str] = (),
+    entry: str | None = None,
+    world_size: int | None = None,
 ) -> dict[str, Any]:
     """A ``checks`` question: every probe of upstream's code on one resolved mapping; ``explicit``
     (the keys the script set) are examined for effect; with ``watch`` (the census's deciding
-    lines) the answer also says which of them ran."""
+    lines, main_ppo's) the answer also says which of them ran.
+
+    ``entry``: the entry point the mapping is composed for (``CHECKED_ENTRIES``), main_ppo by
+    default; ``world_size``: the launch's world size where the launcher decides it (torchrun's
+    ``--nnodes`` × ``--nproc_per_node`` for the SFT trainer; none known: one process). main_ppo's
+    world is its configuration's (``trainer.nnodes`` × ``trainer.n_gpus_per_node``), so for it
+    ``world_size`` is not part of the question. At their defaults the question is main_ppo's as
+    it always was (its recorded answers keep their keys)."""
     request: dict[str, Any] = {"kind": "checks", "mapping": dict(mapping)}
     if explicit:
         request["explicit"] = sorted({str(key) for key in explicit})
     if watch:
         request["watch"] = {str(k): [int(n) for n in v] for k, v in watch.items()}
+    if entry not in (None, ENTRY_MODULE):
+        if entry not in CHECKED_ENTRIES:
+            raise ValueError(f"no upstream checks for entry point {entry!r}: {CHECKED_ENTRIES}")
+        request["entry"] = entry
+        if world_size is not None:
+            if int(world_size) < 1:
+                raise ValueError(f"world_size={world_size}: a launch has at least one process")
+            request["world_size"] = int(world_size)
     return request
 
 

@@ -87,7 +87,11 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
             answer = _compose(entry, request)
         elif request["kind"] == "checks":
             answer = validate.checks_one(
-                request["mapping"], request.get("watch"), request.get("explicit") or []
+                request["mapping"],
+                request.get("watch"),
+                request.get("explicit") or [],
+                entry=request.get("entry"),
+                world_size=request.get("world_size"),
             )
         elif request["kind"] in _SERVED:
             answer = _SERVED[request["kind"]](request)

@@ -12,6 +12,7 @@ have, and are replaced by labelled stand-ins:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import sys
 import types
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, SFT_ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 from pytest_verl_compat.upstream.probes.phases import run_all
@@ -32,6 +34,10 @@ STAND_INS = (
     "critic model config: not loaded from the model hub; batch checks run on the critic section",
 )
 ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The probes of each entry point besides main_ppo, by module: each module's ``run_entry(mapping,
+# world_size, explicit)`` answers its questions. Named, not imported here, so that main_ppo's
+# answers are keyed by main_ppo's code alone (``pipeline.answers.ENTRY_CODE`` keys these).
+ENTRY_PROBES = {SFT_ENTRY_MODULE: "pytest_verl_compat.upstream.probes.sft_phases"}
 
 
 def _stand_in_lora_rank(lora_rank: int) -> int:
@@ -95,15 +101,28 @@ def checks_one(
     mapping: Mapping[str, Any],
     watch: Mapping[str, list[int]] | None = None,
     explicit: list[str] | None = None,
+    entry: str | None = None,
+    world_size: int | None = None,
 ) -> dict[str, Any]:
-    """Every early upstream check on one resolved mapping (inside the oracle process).
+    """Every early upstream check on one resolved mapping (inside the oracle process), by the
+    entry point it is composed for (``oracle.CHECKED_ENTRIES``, main_ppo by default).
 
-    ``verdict``/``message`` are validate_config's alone (what the validate stage compares with
-    the compiler's outcome); ``failures`` holds every probe's failure record (``probes``).
+    main_ppo's ``verdict``/``message`` are validate_config's alone (what the validate stage
+    compares with the compiler's outcome); the SFT trainer's are its config load's
+    (``SFTTrainer._build_config``), on rank 0 of a world of ``world_size``; ``failures`` holds
+    every probe's failure record (``probes``).
     """
     refused = _refusal(mapping)
     if refused:
         return {"verdict": "refused", "message": refused, "failures": []}
+    if entry in ENTRY_PROBES:
+        probes = importlib.import_module(ENTRY_PROBES[entry])
+        answer: dict[str, Any] = probes.run_entry(
+            mapping, world_size, [str(k) for k in explicit or []]
+        )
+        return answer
+    if entry not in (None, ENTRY_MODULE):
+        raise ValueError(f"no upstream checks for entry point {entry!r}")
     answer = run_all(
         mapping, validate_config_with_stand_ins, watch, [str(k) for k in explicit or []]
     )

@@ -82,13 +82,24 @@ class StandIn:
 
 
 class FakeMesh:
-    """A device mesh of the asked shape on rank 0: sizes, names and sub-meshes, no processes."""
+    """A device mesh of the asked shape on rank 0: sizes, names and sub-meshes, no processes.
 
-    def __init__(self, shape: tuple[int, ...], names: tuple[str, ...]) -> None:
+    ``keys``: the configuration keys that make the world size (none under torchrun, whose world
+    is its command line's). ``grouped``: a dimension's group is rank 0's along it (a
+    ``FakeGroup`` of its ranks, whose size collectives answer) rather than a stand-in."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        names: tuple[str, ...],
+        keys: tuple[str, ...] = WORLD_KEYS,
+        grouped: bool = False,
+    ) -> None:
         self.mesh_shape, self.mesh_dim_names = shape, names
+        self.keys, self.grouped = keys, grouped
 
     def size(self, dim: int | None = None) -> int:
-        note_read(*WORLD_KEYS)
+        note_read(*self.keys)
         return math.prod(self.mesh_shape) if dim is None else self.mesh_shape[dim]
 
     def get_local_rank(self, mesh_dim: Any = None) -> int:
@@ -97,8 +108,13 @@ class FakeMesh:
     def get_rank(self) -> int:
         return 0
 
-    def get_group(self, mesh_dim: Any = None) -> StandIn:
-        return StandIn()
+    def get_group(self, mesh_dim: Any = None) -> Any:
+        if not self.grouped:
+            return StandIn()
+        dim = self.mesh_dim_names.index(mesh_dim) if isinstance(mesh_dim, str) else mesh_dim or 0
+        # Row-major ranks: rank 0's neighbours along ``dim`` are multiples of its stride.
+        stride = math.prod(self.mesh_shape[dim + 1 :])
+        return FakeGroup(range(0, stride * self.mesh_shape[dim], stride))
 
     @property
     def ndim(self) -> int:
@@ -107,7 +123,7 @@ class FakeMesh:
     def __getitem__(self, names: Any) -> FakeMesh:
         wanted = (names,) if isinstance(names, str) else tuple(names)
         index = [self.mesh_dim_names.index(name) for name in wanted]
-        return FakeMesh(tuple(self.mesh_shape[i] for i in index), wanted)
+        return FakeMesh(tuple(self.mesh_shape[i] for i in index), wanted, self.keys, self.grouped)
 
 
 def world_size(mapping: Mapping[str, Any]) -> int:
@@ -115,19 +131,19 @@ def world_size(mapping: Mapping[str, Any]) -> int:
     return int(trainer["n_gpus_per_node"]) * int(trainer["nnodes"])
 
 
-def _init_device_mesh(world: int) -> Any:
+def _init_device_mesh(world: int, keys: tuple[str, ...] = WORLD_KEYS, grouped: bool = False) -> Any:
     def init_device_mesh(
         device_type: str, mesh_shape: Any, *, mesh_dim_names: Any = None, **_: Any
     ) -> FakeMesh:
         shape = tuple(int(size) for size in mesh_shape)
-        note_read(*WORLD_KEYS)
+        note_read(*keys)
         if math.prod(shape) != world:
             raise LibraryCheck(
                 f"torch init_device_mesh: mesh shape {shape} (product {math.prod(shape)}) must "
                 f"multiply to the world size {world}"
             )
         names = tuple(mesh_dim_names or (f"dim{i}" for i in range(len(shape))))
-        return FakeMesh(shape, names)
+        return FakeMesh(shape, names, keys, grouped)
 
     return init_device_mesh
 
@@ -202,8 +218,17 @@ def _require_engine_package(backend: str) -> None:
 
 
 @contextlib.contextmanager
-def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
-    """Upstream's worker and engine constructors runnable here, for rank 0 of the config's world."""
+def laptop(
+    mapping: Mapping[str, Any],
+    world: int | None = None,
+    world_keys: tuple[str, ...] = WORLD_KEYS,
+    grouped: bool = False,
+) -> Iterator[None]:
+    """Upstream's worker and engine constructors runnable here, for rank 0 of the config's world.
+
+    ``world``: the world size when the launcher, not the configuration, decides it (torchrun's
+    ``--nnodes`` × ``--nproc_per_node``), with ``world_keys`` the keys to name for it (none);
+    ``grouped``: meshes answer groups of ranks (``FakeMesh``)."""
     import torch.distributed
     import torch.distributed.device_mesh
     from verl.checkpoint_engine import CheckpointEngineRegistry
@@ -215,8 +240,8 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    world = world_size(mapping)
-    per_node = str(mapping["trainer"]["n_gpus_per_node"])
+    per_node = str(world) if world is not None else str(mapping["trainer"]["n_gpus_per_node"])
+    world = world if world is not None else world_size(mapping)
     env = {
         "WORLD_SIZE": str(world),
         "RANK": "0",
@@ -226,10 +251,10 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
         "MASTER_PORT": "29500",
         "VERL_ENGINE_DEVICE": "cuda",
     }
-    mesh = _init_device_mesh(world)
+    mesh = _init_device_mesh(world, world_keys, grouped)
 
     def get_world_size(group: Any = None, *_: Any, **__: Any) -> int:
-        note_read(*WORLD_KEYS)
+        note_read(*world_keys)
         return group.size() if isinstance(group, FakeGroup) else world
 
     def get_rank(group: Any = None, *_: Any, **__: Any) -> int:
@@ -239,7 +264,7 @@ def laptop(mapping: Mapping[str, Any]) -> Iterator[None]:
         return FakeGroup(range(world) if ranks is None else ranks)
 
     def worker_world_size(self: Any) -> int:
-        note_read(*WORLD_KEYS)
+        note_read(*world_keys)
         return int(self._world_size)
 
     patches = [

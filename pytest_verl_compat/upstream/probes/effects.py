@@ -108,7 +108,7 @@ def _optimizer(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
         engine_cls: Any = transformer_impl.FSDPEngine  # its methods, called on stand-in selves
 
         node = cfg
-        for part in section.split("."):
+        for part in filter(None, section.split(".")):  # "" is the root (the SFT trainer's)
             node = node[part]
         optim = omega_conf_to_dataclass(node.optim)
         if optim.total_training_steps is None or optim.total_training_steps <= 0:
@@ -204,6 +204,12 @@ def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
         tokens=EFFECT_TOKENS,
     )
     return {name: value.values() if value.is_nested else value for name, value in put.items()}
+
+
+def optimizer_effect(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """The optimizer of the config section at ``section`` (its ``optim``; "" for the root), as
+    ``_optimizer`` computes it: for another entry point's effects."""
+    return _optimizer(section)
 
 
 def _needs_critic(plain: Mapping[str, Any]) -> bool:
@@ -365,12 +371,17 @@ class _Failed:
 
 
 def overridden(
-    plain: Mapping[str, Any], explicit: list[str], leaves: Mapping[str, Any], root: Path
+    plain: Mapping[str, Any],
+    explicit: list[str],
+    leaves: Mapping[str, Any],
+    root: Path,
+    effects: tuple[Effect, ...] = EFFECTS,
 ) -> list[dict[str, Any]]:
-    """Explicit numeric or boolean keys an effect reads whose perturbation changes nothing."""
+    """Explicit numeric or boolean keys an effect reads whose perturbation changes nothing
+    (``effects``: those of the entry point's path, by default main_ppo's)."""
     results = []
     baselines: list[tuple[Effect, Any, ConfigReads]] = []
-    for effect in EFFECTS:
+    for effect in effects:
         if not effect.applies(plain):
             continue
         reads = ConfigReads(root, leaves)
@@ -561,8 +572,10 @@ def never_read(
     explicit: list[str],
     root: Path,
     leaves: Mapping[str, Any],
+    referenced: frozenset[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Explicit fields of a converted config dataclass that nothing reads (see the docstring)."""
+    """Explicit fields of a converted config dataclass that nothing reads (see the docstring);
+    ``referenced``: the names the entry point's code reads, by default the whole package's."""
     import dataclasses as dc
 
     fields_at: dict[str, set[str]] = {}
@@ -571,7 +584,7 @@ def never_read(
         lineage = {cls.__name__ for cls in type(obj).mro()}
         if dc.is_dataclass(obj) and not lineage & reflected:
             fields_at.setdefault(path, set()).update(f.name for f in dc.fields(obj))
-    referenced = referenced_names(root)
+    referenced = referenced_names(root) if referenced is None else referenced
     read = reads.origins(reads.read)
     results = []
     for key in explicit:
