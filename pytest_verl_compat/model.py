@@ -180,6 +180,9 @@ class ExplicitFields:
     # The launcher's known environment as the script (and its wrappers) leave it, which
     # `${oc.env:NAME}` reads; None when the fields did not come from reading a script.
     variables: Mapping[str, str] | None = None
+    # Overrides whose value holds a run-time value carried as a placeholder (``RUNTIME_PWD``):
+    # (the key, what the value holds and where it comes from).
+    carried: tuple[tuple[str, str], ...] = ()
 
     def environment(self, bindings: Bindings) -> Mapping[str, str]:
         """What ``${oc.env:...}`` sees: the launcher's environment, else the case's bindings."""

@@ -43,12 +43,18 @@ _MAX_ITERATIONS = 10_000
 _RESOURCE_ERRORS = frozenset({"limit", "nesting", "launcher"})
 
 
+# Whether an override may keep a run-time value in its value: (its key, its value with the
+# placeholders) -> yes. The reader's caller knows which keys only name files.
+Carry = Callable[[str, str], bool]
+
+
 def read_launch(
     path: str | os.PathLike[str],
     bindings: Bindings,
     *,
     text: str | None = None,
     scope: SourceScope | None = None,
+    carry: Carry | None = None,
 ) -> LaunchRead:
     """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it.
 
@@ -56,17 +62,28 @@ def read_launch(
     script-directory idiom (``$(cd "$(dirname "$0")" && pwd)``) names the script's folder
     whatever folder it is started from. Given as ``text``, ``$0`` is ``path`` as given.
     ``scope``: the files ``source`` may read (by default those under the script's folder).
+    ``carry``: the overrides whose value may hold a run-time value, as a placeholder
+    (``LaunchRead.carried``); without it every run-time value in the argv is refused.
     """
     label, data = _load(path, text)
     script = label if text is not None else os.path.abspath(label)
-    return _read(label, data, bindings, script, scope or SourceScope.around(label))
+    read = _read(label, data, bindings, script, scope or SourceScope.around(label))
+    for value in read.carried:
+        word = read.argv[value.index].partition("=")[2]
+        if carry is None or not carry(value.key, word):
+            raise LaunchReadError(read.path or label, value.line, "run-time value", value.refusal())
+    return read
 
 
 def read_launch_text(text: str, bindings: Bindings, *, path: str = "<string>") -> LaunchRead:
     """Read a script given as text; ``path`` only labels error messages and ``$0`` (it sources
-    no file)."""
+    no file). Every run-time value in the argv is refused."""
     label, data = _load(path, text)
-    return _read(label, data, bindings, label, None)
+    read = _read(label, data, bindings, label, None)
+    if read.carried:
+        value = read.carried[0]
+        raise LaunchReadError(read.path or label, value.line, "run-time value", value.refusal())
+    return read
 
 
 def _read(
@@ -580,7 +597,11 @@ class _Interpreter(_Branches):
         line: int,
     ) -> None:
         """The launcher runs: record what it receives (its redirections open nothing)."""
-        self.need(uncertain or "", line, "reaches the launcher's argv")
+        split = [word for word in hydra_argv if uncertain and uncertain in word]
+        if not split or not all(self.carriable(word) for word in split):
+            # An override's value split unquoted is carried as one word (a file's name holds no
+            # blank); the read stage refuses it where the value decides more than a file.
+            self.need(uncertain or "", line, "reaches the launcher's argv")
         with self.forked():
             stdin = self.redirections(redirs, launcher=True)
         with self.routed(redirs), self.reading(stdin):

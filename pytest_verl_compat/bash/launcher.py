@@ -11,7 +11,7 @@ from __future__ import annotations
 from pytest_verl_compat.bash import paths
 from pytest_verl_compat.bash.builtins import _SHELLS
 from pytest_verl_compat.bash.sources import _Sources
-from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, LaunchRead, _is_python
+from pytest_verl_compat.bash.state import _LAUNCHER_MODULE, CarriedValue, LaunchRead, _is_python
 from pytest_verl_compat.bash.wrappers import Wrapped, WrapperRefusal, find_wrapper, parse
 
 # Python's one-letter options that take no value, and those that take one (python3 --help).
@@ -148,11 +148,10 @@ class _Launcher(_Sources):
                 f"PATH is changed before the launcher on line {line}, so Python may be another "
                 "program",
             )
-        for word in hydra_argv:
-            self.need(word, line, "reaches the launcher's argv")
+        argv, carried = self.carry_runtime(hydra_argv, line)
         known, runtime = self.split_runtime(env)
         self.launch = LaunchRead(
-            tuple(hydra_argv),
+            tuple(argv),
             line,
             known,
             runtime,
@@ -160,8 +159,51 @@ class _Launcher(_Sources):
             wrappers=tuple(used.wrapper.name for used in uses),
             unseen=tuple(unseen),
             path=self.path,
+            carried=tuple(carried),
         )
         self.write_unknown("the launcher")
+
+    def carry_runtime(self, words: list[str], line: int) -> tuple[list[str], list[CarriedValue]]:
+        """The argv with each run-time value in an override's value (``data.train_files=$PWD/x``)
+        written as a placeholder (``RUNTIME_PWD/x``), and what each carried word holds; a run-time
+        value anywhere else (a key, a flag, a whole word of its own) is refused here, and the
+        reader's caller refuses a carried one where the value decides more than a file's name."""
+        argv: list[str] = []
+        carried: list[CarriedValue] = []
+        for index, word in enumerate(words):
+            key, _, value = word.partition("=")
+            if not self.lazy_ids(word):
+                argv.append(word)
+                continue
+            if not self.carriable(word):
+                self.need(word, line, "reaches the launcher's argv")
+            ids = self.lazy_ids(value)
+            lazies = [self.lazies[i] for i in ids]
+            argv.append(f"{key}={self.replace_runtime(value, self.placeholder)}")
+            carried.append(
+                CarriedValue(
+                    index,
+                    key.lstrip("+~"),
+                    ", ".join(self.describe(i) for i in ids),
+                    tuple(self.placeholder(i) for i in ids),
+                    lazies[0].binding,
+                    line,
+                )
+            )
+        return argv, carried
+
+    def carriable(self, word: str) -> bool:
+        """An override whose run-time values all lie in its value (``key=$PWD/x``)."""
+        key, equals, _ = word.partition("=")
+        return bool(equals) and not word.startswith("-") and not self.lazy_ids(key)
+
+    def placeholder(self, index: int) -> str:
+        """The text a carried run-time value stands as: ``RUNTIME_PWD`` for ``$PWD``, else
+        ``RUNTIME_<n>`` (letters, digits and ``_`` only, which Hydra's override grammar reads as
+        plain text)."""
+        what = self.lazies[index].what
+        name = what[1:] if what.startswith("$") and what[1:].isidentifier() else str(index)
+        return f"RUNTIME_{name}"
 
     def environment(self) -> dict[str, str]:
         """The exported scalar variables (bash does not export arrays)."""

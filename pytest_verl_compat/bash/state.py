@@ -7,7 +7,7 @@ mutable :class:`_Shell` and the variable table operations every layer needs.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
@@ -162,6 +162,25 @@ _SET_NAMED = {
 
 
 @dataclass(frozen=True)
+class CarriedValue:
+    """A run-time value in an override's value, carried into the argv as a placeholder."""
+
+    index: int  # the word's place in the argv
+    key: str  # the override's key
+    what: str  # the run-time values it holds, where each comes from (``$PWD (line 2)``)
+    placeholders: tuple[str, ...]  # the text each stands as in the argv (``RUNTIME_PWD``)
+    binding: str  # how to bind the first
+    line: int  # the launcher's line
+
+    def refusal(self) -> str:
+        """The reader's words for a run-time value that must be known here."""
+        return (
+            f"{self.what} reaches the launcher's argv on line {self.line}, but is only known "
+            f"when the script runs; {self.binding}"
+        )
+
+
+@dataclass(frozen=True)
 class LaunchRead:
     """The launcher command as bash would run it."""
 
@@ -182,6 +201,8 @@ class LaunchRead:
     sources: tuple[tuple[str, str], ...] = ()
     # The file the launcher line is in (the script, or a file it sourced).
     path: str = ""
+    # Run-time values carried in overrides' values as placeholders (``CarriedValue``).
+    carried: tuple[CarriedValue, ...] = ()
 
 
 Value = str | dict[int, str] | Assoc
@@ -408,6 +429,10 @@ class _State:
             raise _Budget(f"the script expands more than {_MAX_RUNTIME_VALUES} run-time values")
         self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
         return f"\0{len(self.lazies) - 1}\0"
+
+    def replace_runtime(self, text: str, replace: Callable[[int], str]) -> str:
+        """``text`` with each run-time value's marker replaced by ``replace(its number)``."""
+        return _LAZY.sub(lambda match: replace(int(match.group(1))), text)
 
     def lazy_ids(self, text: str) -> list[int]:
         """The run-time values inside ``text``, in order."""
