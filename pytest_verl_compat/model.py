@@ -188,6 +188,9 @@ class ExplicitFields:
     world_size_reason: str = ""
     # What runs the entry module: "python" or "torchrun"; None when no script was read.
     launcher: str | None = None
+    # Overrides whose value holds a run-time value carried as a placeholder (``RUNTIME_PWD``):
+    # (the key, what the value holds and where it comes from).
+    carried: tuple[tuple[str, str], ...] = ()
 
     def environment(self, bindings: Bindings) -> Mapping[str, str]:
         """What ``${oc.env:...}`` sees: the launcher's environment, else the case's bindings."""

@@ -86,9 +86,10 @@ from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
 from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
 from pytest_verl_compat.bash.parse import command_substitutions
 from pytest_verl_compat.bash.scope import SourceScope
-from pytest_verl_compat.bash.state import LaunchRead
+from pytest_verl_compat.bash.state import CarriedValue, LaunchRead
 
 __all__ = [
+    "CarriedValue",
     "LaunchExited",
     "LaunchRead",
     "LaunchReadError",

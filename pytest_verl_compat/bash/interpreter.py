@@ -45,6 +45,11 @@ _MAX_ITERATIONS = 10_000
 _RESOURCE_ERRORS = frozenset({"limit", "nesting", "launcher"})
 
 
+# Whether an override may keep a run-time value in its value: (its key, its value with the
+# placeholders) -> yes. The reader's caller knows which keys only name files.
+Carry = Callable[[str, str], bool]
+
+
 def read_launch(
     path: str | os.PathLike[str],
     bindings: Bindings,
@@ -52,6 +57,7 @@ def read_launch(
     text: str | None = None,
     scope: SourceScope | None = None,
     entry_modules: EntryModules = None,
+    carry: Carry | None = None,
 ) -> LaunchRead:
     """Read the script at ``path`` (or ``text``, labelled with ``path``) without executing it.
 
@@ -65,20 +71,32 @@ def read_launch(
     ``verl.trainer.main_ppo`` alone: another module's launch is then no launch, and the read
     fails with "no launcher" naming it as another entry point. With it, the read returns the
     script's final launch of any accepted module.
+
+    ``carry``: the overrides whose value may hold a run-time value, as a placeholder
+    (``LaunchRead.carried``); without it every run-time value in the argv is refused.
     """
     label, data = load_script(path, text)
     script = label if text is not None else os.path.abspath(label)
-    scope = scope or SourceScope.around(label)
-    return _read(label, data, bindings, script, scope, entry_modules)
+    read = _read(label, data, bindings, script, scope or SourceScope.around(label), entry_modules)
+    for value in read.carried:
+        word = read.argv[value.index].partition("=")[2]
+        if carry is None or not carry(value.key, word):
+            raise LaunchReadError(read.path or label, value.line, "run-time value", value.refusal())
+    return read
 
 
 def read_launch_text(
     text: str, bindings: Bindings, *, path: str = "<string>", entry_modules: EntryModules = None
 ) -> LaunchRead:
     """Read a script given as text; ``path`` only labels error messages and ``$0`` (it sources
-    no file). ``entry_modules`` as for :func:`read_launch`."""
+    no file). ``entry_modules`` as for :func:`read_launch`. Every run-time value in the argv
+    is refused."""
     label, data = load_script(path, text)
-    return _read(label, data, bindings, label, None, entry_modules)
+    read = _read(label, data, bindings, label, None, entry_modules)
+    if read.carried:
+        value = read.carried[0]
+        raise LaunchReadError(read.path or label, value.line, "run-time value", value.refusal())
+    return read
 
 
 def _read(
@@ -621,7 +639,11 @@ class Interpreter(Branches):
         line: int,
     ) -> None:
         """The launcher runs: record what it receives (its redirections open nothing)."""
-        self.need(uncertain or "", line, "reaches the launcher's argv")
+        split = [word for word in entry.argv if uncertain and uncertain in word]
+        if not split or not all(self.carriable(word) for word in split):
+            # An override's value split unquoted is carried as one word (a file's name holds no
+            # blank); the read stage refuses it where the value decides more than a file.
+            self.need(uncertain or "", line, "reaches the launcher's argv")
         with self.forked():
             stdin = self.redirections(redirs, launcher=True)
         with self.routed(redirs), self.reading(stdin):

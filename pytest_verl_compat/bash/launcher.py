@@ -19,7 +19,7 @@ import pytest_verl_compat.bash.paths as paths
 from pytest_verl_compat.bash.builtins import SHELLS
 from pytest_verl_compat.bash.entry_points import WorldSize, module_of_file, torchrun_world_size
 from pytest_verl_compat.bash.sources import Sources
-from pytest_verl_compat.bash.state import LaunchRead, is_python
+from pytest_verl_compat.bash.state import CarriedValue, LaunchRead, is_python
 from pytest_verl_compat.bash.wrappers import (
     TORCHRUN,
     Wrapped,
@@ -246,8 +246,7 @@ class Launcher(Sources):
                 f"PATH is changed before the launcher on line {line}, so {what} may be another "
                 "program",
             )
-        for word in entry.argv:
-            self.need(word, line, "reaches the launcher's argv")
+        argv, carried = self.carry_runtime(list(entry.argv), line)
         options: dict[str, str | bool] = {}
         runtime_options: dict[str, str] = {}
         size = WorldSize(
@@ -259,7 +258,7 @@ class Launcher(Sources):
             unseen.extend(f"{what} (torchrun, line {line})" for what in entry.torchrun.unseen)
         known, runtime = self.split_runtime(env)
         self.launch = LaunchRead(
-            tuple(entry.argv),
+            tuple(argv),
             line,
             known,
             runtime,
@@ -273,8 +272,51 @@ class Launcher(Sources):
             torchrun_runtime=runtime_options,
             world_size=size.size,
             world_size_reason=size.reason,
+            carried=tuple(carried),
         )
         self.write_unknown("the launcher")
+
+    def carry_runtime(self, words: list[str], line: int) -> tuple[list[str], list[CarriedValue]]:
+        """The argv with each run-time value in an override's value (``data.train_files=$PWD/x``)
+        written as a placeholder (``RUNTIME_PWD/x``), and what each carried word holds; a run-time
+        value anywhere else (a key, a flag, a whole word of its own) is refused here, and the
+        reader's caller refuses a carried one where the value decides more than a file's name."""
+        argv: list[str] = []
+        carried: list[CarriedValue] = []
+        for index, word in enumerate(words):
+            key, _, value = word.partition("=")
+            if not self.lazy_ids(word):
+                argv.append(word)
+                continue
+            if not self.carriable(word):
+                self.need(word, line, "reaches the launcher's argv")
+            ids = self.lazy_ids(value)
+            lazies = [self.lazies[i] for i in ids]
+            argv.append(f"{key}={self.replace_runtime(value, self.placeholder)}")
+            carried.append(
+                CarriedValue(
+                    index,
+                    key.lstrip("+~"),
+                    ", ".join(self.describe(i) for i in ids),
+                    tuple(self.placeholder(i) for i in ids),
+                    lazies[0].binding,
+                    line,
+                )
+            )
+        return argv, carried
+
+    def carriable(self, word: str) -> bool:
+        """An override whose run-time values all lie in its value (``key=$PWD/x``)."""
+        key, equals, _ = word.partition("=")
+        return bool(equals) and not word.startswith("-") and not self.lazy_ids(key)
+
+    def placeholder(self, index: int) -> str:
+        """The text a carried run-time value stands as: ``RUNTIME_PWD`` for ``$PWD``, else
+        ``RUNTIME_<n>`` (letters, digits and ``_`` only, which Hydra's override grammar reads as
+        plain text)."""
+        what = self.lazies[index].what
+        name = what[1:] if what.startswith("$") and what[1:].isidentifier() else str(index)
+        return f"RUNTIME_{name}"
 
     def torchrun_options(
         self, used: Wrapped, env: dict[str, str], line: int

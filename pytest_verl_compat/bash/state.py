@@ -162,6 +162,25 @@ SET_NAMED = {
 
 
 @dataclass(frozen=True)
+class CarriedValue:
+    """A run-time value in an override's value, carried into the argv as a placeholder."""
+
+    index: int  # the word's place in the argv
+    key: str  # the override's key
+    what: str  # the run-time values it holds, where each comes from (``$PWD (line 2)``)
+    placeholders: tuple[str, ...]  # the text each stands as in the argv (``RUNTIME_PWD``)
+    binding: str  # how to bind the first
+    line: int  # the launcher's line
+
+    def refusal(self) -> str:
+        """The reader's words for a run-time value that must be known here."""
+        return (
+            f"{self.what} reaches the launcher's argv on line {self.line}, but is only known "
+            f"when the script runs; {self.binding}"
+        )
+
+
+@dataclass(frozen=True)
 class LaunchRead:
     """The launcher command as bash would run it."""
 
@@ -196,6 +215,8 @@ class LaunchRead:
     # Python launch), with the reason.
     world_size: int | None = None
     world_size_reason: str = ""
+    # Run-time values carried in overrides' values as placeholders (``CarriedValue``).
+    carried: tuple[CarriedValue, ...] = ()
 
 
 Value = str | dict[int, str] | Assoc
@@ -439,6 +460,10 @@ class State:
             )
         self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
         return f"\0{len(self.lazies) - 1}\0"
+
+    def replace_runtime(self, text: str, replace: Callable[[int], str]) -> str:
+        """``text`` with each run-time value's marker replaced by ``replace(its number)``."""
+        return _LAZY.sub(lambda match: replace(int(match.group(1))), text)
 
     def lazy_ids(self, text: str) -> list[int]:
         """The run-time values inside ``text``, in order."""

@@ -9,7 +9,7 @@ from typing import Any
 from pytest_verl_compat.checks.examples import FILTER
 from pytest_verl_compat.checks.registry import CheckFunction, CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import GROUP_ESTIMATORS, get
-from pytest_verl_compat.checks.upstream_names import FILTER_METRICS, REGISTRIES
+from pytest_verl_compat.checks.upstream_names import FILTER_METRICS, LOOKED_UP_WHEN, REGISTRIES
 
 
 @check(
@@ -238,6 +238,9 @@ def _registered_name(path: str) -> CheckFunction:
         value = get(inp.resolved, path)
         if value in names:
             return
+        selector = LOOKED_UP_WHEN.get(path)
+        if selector is not None and get(inp.resolved, selector[0]) != selector[1]:
+            return  # another loading source: the name is not looked up in the registry
         close = difflib.get_close_matches(str(value), names, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         yield Hit(

@@ -93,6 +93,18 @@ REGISTRIES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
 }
 
+# Registries that upstream looks a name up in only when another key selects them, by the
+# registry's key: (the selecting key, the value that selects the registry, upstream's line). With
+# any other value the name bypasses the registry (``source: importlib`` loads a class of the
+# user's by that name instead), so it is no registry name to check.
+LOOKED_UP_WHEN: dict[str, tuple[str, str, str]] = {
+    "reward.reward_manager.name": (
+        "reward.reward_manager.source",
+        "register",
+        "verl/trainer/ppo/reward.py:92-96 (resolve_reward_manager_cls)",
+    ),
+}
+
 # Legacy top-level reward keys that the pinned release no longer reads, and the key that replaced
 # each.
 LEGACY_REWARD_KEYS: dict[str, str] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -49,6 +50,26 @@ def source_scope(case: Case, root: Path) -> SourceScope:
     return SourceScope(str(root), {pin.path: pin.sha256 for pin in case.inputs})
 
 
+# A leaf whose value only names a file or a folder (verl opens, copies, writes or passes it on):
+# a run-time value there (``data.train_files=$PWD/data/train.parquet``) changes no verdict, so the
+# reader's placeholder is kept. Elsewhere (a size, a name, a flag) the value decides something.
+_PATH_LEAF = re.compile(r"(^|_)(path|paths|dir|dirs|file|files|folder)$")
+# Path leaves whose text upstream itself reads, and the text that must stay known after the last
+# run-time value: the resume folder's step (``int(path.split("global_step_")[-1])``,
+# verl/trainer/ppo/v1/trainer_base.py:812-823).
+_CONTENT_READ = {"trainer.resume_from_path": "global_step_"}
+RUNTIME_PREFIX = "RUNTIME_"
+
+
+def carry_in_path_leaves(key: str, value: str) -> bool:
+    """Whether an override may keep a run-time value (``read_launch``'s ``carry``): in a leaf
+    that only names a file or a folder, outside any part of it upstream reads."""
+    if not _PATH_LEAF.search(key.rpartition(".")[2]):
+        return False
+    marker = _CONTENT_READ.get(key)
+    return marker is None or (marker in value and RUNTIME_PREFIX not in value.rpartition(marker)[2])
+
+
 def read_case_fields(case: Case, root: Path) -> ExplicitFields:
     """Verify the pinned inputs, read the launch script and append the case's extra overrides."""
     bad = [check for check in check_pins(root, case.inputs) if not check.ok]
@@ -61,6 +82,7 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
     world_size: int | None = None
     reason = ""
     launcher: str | None = None
+    carried: tuple[tuple[str, str], ...] = ()
     if case.launch is not None:
         installed = installed_verl_root()
         read = read_launch(
@@ -68,6 +90,11 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
             case.bindings,
             scope=source_scope(case, root),
             entry_modules=launch_acceptor(installed[0] if installed else None),
+            carry=carry_in_path_leaves,
+        )
+        carried = tuple(
+            (value.key, f"{value.what} as {', '.join(value.placeholders)}")
+            for value in read.carried
         )
         fields.extend(read.argv)
         line = read.line
@@ -78,5 +105,12 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
         fields.extend(override_block(root, block))
     fields.extend(case.overrides)
     return ExplicitFields(
-        tuple(fields), line, variables, module, world_size, reason, launcher=launcher
+        tuple(fields),
+        line,
+        variables,
+        module,
+        world_size,
+        reason,
+        launcher=launcher,
+        carried=carried,
     )

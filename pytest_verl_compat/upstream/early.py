@@ -31,10 +31,12 @@ from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
     KEY_EFFECTS,
     KEY_NOT_EVALUATED,
+    KEY_NOTES,
     KEY_TYPES,
     statements,
 )
 from pytest_verl_compat.upstream.probes import effects as probe_effects
+from pytest_verl_compat.upstream.probes import optional as probe_optional
 from pytest_verl_compat.upstream.probes import records as ec
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
@@ -237,6 +239,8 @@ class EarlyAnswer:
     without_effect: tuple[Mapping[str, Any], ...] = ()
     # Explicit keys whose config dataclass's annotation admits their value (``probes.types``).
     admitted_types: tuple[Mapping[str, str], ...] = ()
+    # What this machine decided rather than the configuration (``probes.optional``).
+    notes: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], cached: bool = False) -> EarlyAnswer:
@@ -249,6 +253,7 @@ class EarlyAnswer:
             wrong_types=tuple(dict(t) for t in raw.get(KEY_TYPES, [])),
             without_effect=tuple(dict(e) for e in raw.get(KEY_EFFECTS, [])),
             admitted_types=tuple(dict(t) for t in raw.get(KEY_ADMITTED, [])),
+            notes=tuple(dict(n) for n in raw.get(KEY_NOTES, [])),
         )
 
     def effect_findings(self, version: str) -> list[Finding]:
@@ -311,25 +316,53 @@ class EarlyAnswer:
             )
         return out
 
-    def type_findings(self, version: str, keys: Iterable[str]) -> list[Finding]:
-        """An error for each of ``keys`` whose value its config dataclass's annotation refuses."""
+    def note_findings(self, user_keys: Callable[[Iterable[str]], list[str]]) -> list[Finding]:
+        """An info finding for each note: valid here, decided by what this machine lacks."""
+        out = []
+        for note in self.notes:
+            keys = user_keys(str(k) for k in note.get(probe_optional.KEY_KEYS) or [])
+            out.append(
+                Finding(
+                    "info",
+                    ", ".join(keys) or "<environment>",
+                    str(note[probe_optional.KEY_MESSAGE]),
+                    "nothing: the name is valid where the package is installed",
+                    evidence=str(note[probe_optional.KEY_WHERE]),
+                    check=str(note[probe_optional.KEY_RULE]),
+                )
+            )
+        return out
+
+    def type_findings(
+        self,
+        version: str,
+        keys: Iterable[str],
+        user_keys: Callable[[Iterable[str]], list[str]] | None = None,
+    ) -> list[Finding]:
+        """An error for each of ``keys`` whose value its config dataclass's annotation refuses;
+        with ``user_keys`` (a key to the key the script set it by), also a refused copy the tree
+        interpolates from one of ``keys``, named by that key."""
         wanted = set(keys)
-        return [
-            Finding(
+        out: dict[str, Finding] = {}
+        for record in self.wrong_types:
+            copy = str(record[probe_types.KEY_KEY])
+            key = copy if user_keys is None else user_keys([copy])[0]
+            if key not in wanted or key in out:
+                continue
+            via = f" (the tree copies it into {copy})" if key != copy else ""
+            out[key] = Finding(
                 "error",
-                record[probe_types.KEY_KEY],
+                key,
                 f"{record[probe_types.KEY_VALUE]}, but verl {version}'s "
                 f"{record[probe_types.KEY_FIELD]} expects {record[probe_types.KEY_EXPECTED]} (its "
-                "annotation); Hydra's instantiate checks no type, so the value reaches the code "
-                "that uses it",
-                f"set {record[probe_types.KEY_KEY]} to {record[probe_types.KEY_EXPECTED]}",
+                f"annotation){via}; Hydra's instantiate checks no type, so the value reaches the "
+                "code that uses it",
+                f"set {key} to {record[probe_types.KEY_EXPECTED]}",
                 evidence=f"{record[probe_types.KEY_FIELD]} (verl/utils/config.py:52 instantiates "
                 "it unchecked)",
                 check=TYPE_ANNOTATION,
             )
-            for record in self.wrong_types
-            if record[probe_types.KEY_KEY] in wanted
-        ]
+        return list(out.values())
 
     def to_json(self) -> dict[str, Any]:
         """The answer as the oracle gave it (what the caches and the examples recording keep)."""
@@ -341,6 +374,7 @@ class EarlyAnswer:
             KEY_TYPES: [dict(t) for t in self.wrong_types],
             KEY_EFFECTS: [dict(e) for e in self.without_effect],
             KEY_ADMITTED: [dict(t) for t in self.admitted_types],
+            KEY_NOTES: [dict(n) for n in self.notes],
         }
 
     def validate_message(self, version: str = "") -> str:
@@ -488,6 +522,7 @@ def early_answer(
         KEY_TYPES: answer.get(KEY_TYPES, []),
         KEY_EFFECTS: answer.get(KEY_EFFECTS, []),
         KEY_ADMITTED: answer.get(KEY_ADMITTED, []),
+        KEY_NOTES: answer.get(KEY_NOTES, []),
     }
     if cache is not None:
         cache.put(key, stored)

@@ -19,6 +19,7 @@ COMPOSE = "compose"
 LAUNCH_UNREADABLE = "launch.unreadable"
 LAUNCH_NO_LAUNCHER = "launch.no-launcher"
 LAUNCH_UNKNOWN_ENTRY = "launch.unknown-entry-point"
+LAUNCH_RUNTIME = "launch.run-time-value"
 
 _UPSTREAM = "upstream's own check, run in the sandboxed oracle process (verl-compat check)"
 
@@ -229,6 +230,21 @@ LOCAL_RULES = (
         "not upstream's: the reader follows bash's semantics and refuses what it cannot know "
         "(pytest_verl_compat/bash)",
         "bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) or write the override literally",
+        None,
+        "the launch reader",
+    ),
+    RuleDoc(
+        LAUNCH_RUNTIME,
+        "info",
+        "An override whose value holds a run-time value (`data.train_files=$PWD/data/train.parquet`, "
+        "`$(pwd)`, a variable bash sets) in a leaf that only names a file or a folder: the value "
+        "is carried as a placeholder (`RUNTIME_PWD`) and the verdict is given. A run-time value "
+        "in any other leaf (a size, a name, a flag), in a key or in a flag decides what the run "
+        "does and stays `launch.unreadable`, as does the step number of `trainer.resume_from_path`, "
+        "which upstream reads (verl/trainer/ppo/v1/trainer_base.py:812-823).",
+        "not upstream's: the launch reader (pytest_verl_compat/bash) carries the value, the read "
+        "stage (pytest_verl_compat/pipeline/read.py) decides where it may stay unknown",
+        "nothing; bind the value (--env NAME=VALUE) to check the path itself",
         None,
         "the launch reader",
     ),

@@ -34,7 +34,7 @@ from pytest_verl_compat.upstream.early import (
 )
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
-from pytest_verl_compat.upstream.rules import COMPOSE
+from pytest_verl_compat.upstream.rules import COMPOSE, LAUNCH_RUNTIME
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -120,25 +120,45 @@ def explicit_keys(session: AuditSession, case: Case) -> tuple[str, ...]:
     return tuple(sorted({field_key(field) for field in session.outcome(case).fields.fields}))
 
 
-def _user_keys(session: AuditSession, case: Case) -> Callable[[UpstreamFailure], list[str]]:
-    """A failure's keys as the user set them: a key the tree copies from another by
-    interpolation (``fsdp_config.strategy: ${..strategy}``) is that other key, unless the script
-    set the copy itself."""
+def _user_keys(session: AuditSession, case: Case) -> Callable[[Iterable[str]], list[str]]:
+    """Keys as the user set them: a key the tree copies from another by interpolation
+    (``fsdp_config.strategy: ${..strategy}``) is that other key, unless the script set the copy
+    itself; the keys the script set come first (a statement that reads several keys is decided,
+    for the user, by the ones they wrote, not by a default read before them)."""
     explicit = set(explicit_keys(session, case))
     sources = session.composer().interpolation_sources()
 
-    def keys_of(failure: UpstreamFailure) -> list[str]:
+    def keys_of(keys: Iterable[str]) -> list[str]:
         out: list[str] = []
-        for key in failure.keys:
+        for key in keys:
             seen = {key}
             while key not in explicit and key in sources and sources[key] not in seen:
                 key = sources[key]
                 seen.add(key)
             if key not in out:
                 out.append(key)
-        return out
+        return [k for k in out if k in explicit] + [k for k in out if k not in explicit]
 
     return keys_of
+
+
+def _deciding_path(keys: Sequence[str], explicit: set[str]) -> str:
+    """The path an upstream failure names: the keys the script set among those upstream read on
+    its deciding lines, when it set any (the condition in the fix still shows the others)."""
+    named = [key for key in keys if key in explicit] or list(keys)
+    return ", ".join(named)
+
+
+def _explicit_first(finding: Finding, explicit: set[str]) -> Finding:
+    """A finding of several keys with the script's own keys first: its key and its location
+    are then the one the user wrote (``pipeline/locate.py`` locates the first)."""
+    keys = finding.keys
+    if len(keys) < 2 or finding.path.startswith("<"):
+        return finding
+    ordered = [k for k in keys if k in explicit] + [k for k in keys if k not in explicit]
+    return (
+        finding if list(keys) == ordered else dataclasses.replace(finding, path=", ".join(ordered))
+    )
 
 
 def _with_static_fix(finding: Finding, covered: list[Finding]) -> Finding:
@@ -203,7 +223,11 @@ def _verdict(
         if isinstance(answer, str):
             skipped = answer
         else:
-            keys_of = _user_keys(session, case)
+            user_keys = _user_keys(session, case)
+
+            def keys_of(failure: UpstreamFailure) -> list[str]:
+                return user_keys(failure.keys)
+
             covered = covered_static_findings(answer, findings, keys_of)
             # A dataclass annotation is upstream's own typing and outranks the tree default's
             # type (``rollout_is_threshold: str | float`` defaults to 2.0).
@@ -213,17 +237,38 @@ def _verdict(
                 for f in findings
                 if f not in covered and not (f.check == WRONG_TYPE and f.path in admitted)
             ]
+            explicit = set(explicit_keys(session, case))
             upstream = [
                 _with_static_fix(
-                    failure.finding(session.pin.version, ", ".join(keys_of(failure))), covered
+                    failure.finding(
+                        session.pin.version, _deciding_path(keys_of(failure), explicit)
+                    ),
+                    covered,
                 )
                 for failure in answer.failures
             ]
             typed = {f.path for f in findings if f.check == WRONG_TYPE}
-            explicit = set(explicit_keys(session, case)) - typed
-            upstream += answer.type_findings(session.pin.version, explicit)
+            upstream += [
+                f
+                for f in answer.type_findings(session.pin.version, explicit, user_keys)
+                if f.path not in typed
+            ]
             upstream += answer.effect_findings(session.pin.version)
-    findings += upstream
+            upstream += answer.note_findings(user_keys)
+    explicit_set = set(explicit_keys(session, case))
+    findings = [_explicit_first(f, explicit_set) for f in findings] + upstream
+    findings += [
+        Finding(
+            "info",
+            key,
+            f"its value holds {what}, a value only known when the script runs; the verdict "
+            "stands for any value there, since the key only names a file or a folder",
+            "nothing; bind the value (--env NAME=VALUE) to check the path itself",
+            evidence="a path leaf: verl opens, copies or writes what it names",
+            check=LAUNCH_RUNTIME,
+        )
+        for key, what in session.outcome(case).fields.carried
+    ]
     valid = not any(f.level == "error" for f in findings)
     runnable = report.accepted and valid
     if runnable:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.upstream.probes.patching import all_patched, environment
@@ -217,6 +218,44 @@ def _require_engine_package(backend: str) -> None:
         raise ImportError(f"not evaluated here: the {backend} engine needs {exc.name}") from exc
 
 
+def _checkpoint_engines(mapping: Mapping[str, Any]) -> dict[str, type]:
+    """The checkpoint engine registry as a run on a GPU machine has it: every live name, and every
+    name a module registers only where its optional package imports (``optional``), each a
+    stand-in; with ``custom_backend_module`` set, the user's module (never imported) may register
+    any name, so any is taken as registered and not evaluated."""
+    import verl
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
+    from pytest_verl_compat.upstream.probes.optional import optional_names, stand_in_for
+
+    registry: dict[str, type] = dict.fromkeys(CheckpointEngineRegistry._registry, StandIn)
+    name = "CheckpointEngineRegistry"
+    root = Path(verl.__file__).resolve().parent
+    for backend, optional in optional_names(root, "checkpoint_engine", name).items():
+        registry.setdefault(backend, stand_in_for(optional, name, StandIn))
+    rollout = mapping.get("actor_rollout_ref", {}).get("rollout", {})
+    custom = (rollout.get("checkpoint_engine") or {}).get("custom_backend_module")
+    if custom:
+        return _UserRegistry(registry, str(custom))
+    return registry
+
+
+class _UserRegistry(dict[str, type]):
+    """A registry a module of the user's may extend: a name it lacks is not evaluated here."""
+
+    def __init__(self, known: Mapping[str, type], module: str) -> None:
+        super().__init__(known)
+        self.module = module
+
+    def __contains__(self, name: object) -> bool:
+        if not super().__contains__(name):
+            raise ImportError(
+                f"not evaluated here: {name!r} may be registered by custom_backend_module "
+                f"{self.module!r}, which is not imported"
+            )
+        return True
+
+
 @contextlib.contextmanager
 def laptop(
     mapping: Mapping[str, Any],
@@ -294,11 +333,7 @@ def laptop(
             "_ROLLOUT_REGISTRY",
             dict.fromkeys(rollout_base._ROLLOUT_REGISTRY, STAND_IN_CLASS),
         ),
-        (
-            CheckpointEngineRegistry,
-            "_registry",
-            dict.fromkeys(CheckpointEngineRegistry._registry, StandIn),
-        ),
+        (CheckpointEngineRegistry, "_registry", _checkpoint_engines(mapping)),
         # The replica loaders import vLLM or SGLang (SGLang's also installs mock vllm modules in
         # sys.modules, verl/workers/rollout/replica.py:331-360): each answers a stand-in class.
         (

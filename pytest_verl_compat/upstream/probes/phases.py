@@ -21,6 +21,7 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_ADMITTED,
     KEY_EFFECTS,
     KEY_NOT_EVALUATED,
+    KEY_NOTES,
     KEY_RAN,
     KEY_TYPES,
     Collector,
@@ -89,10 +90,20 @@ def run_all(
         KEY_TYPES: types,
         KEY_ADMITTED: admitted,
         KEY_EFFECTS: without_effect,
+        KEY_NOTES: _distinct(out.reads.notes),
     }
     if tracer is not None:
         answer[KEY_RAN] = tracer.ran()
     return answer
+
+
+def _distinct(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each note once (a worker built twice notes twice), in order."""
+    out: list[dict[str, Any]] = []
+    for note in notes:
+        if note not in out:
+            out.append(note)
+    return out
 
 
 class _Clock:

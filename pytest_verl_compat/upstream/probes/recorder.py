@@ -30,6 +30,7 @@ from typing import Any
 from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.patching import all_patched
 
+_UNSET: Any = object()  # ``wrote`` without the value written
 # Set on an exception raised while Hydra instantiated a config section: that section's path.
 SECTION_ATTRIBUTE = "_verl_compat_section"
 _PROBES = Path(__file__).resolve().parent
@@ -45,6 +46,16 @@ def note_read(*keys: str) -> None:
     if _ACTIVE:
         for key in keys:
             _ACTIVE[-1].note(key)
+
+
+def note_environment(value: Any, note: dict[str, Any], keys_field: str = "keys") -> None:
+    """Keep ``note`` (about this machine, not the configuration: a name registered only where an
+    optional package imports) for the running probe step, with the configuration keys read so
+    far that hold ``value`` under ``keys_field``."""
+    if _ACTIVE:
+        reads = _ACTIVE[-1]
+        keys = sorted(k for k in reads.origins(reads.read) if reads.leaves.get(k) == value)
+        reads.notes.append({**note, keys_field: keys})
 
 
 # Functions between a reading line and the hook that are plain accessors, not traversals.
@@ -81,6 +92,10 @@ class ConfigReads:
         self._roots: list[str] = []
         self._skip = _skipped_prefixes()
         self._relative: dict[str, str | None] = {}
+        # Notes of the environment (``note_environment``), and the writes upstream made to keys
+        # (key → [(verl/…py:line, the value written, the keys read on that line)]).
+        self.notes: list[dict[str, Any]] = []
+        self.writes: dict[str, list[tuple[str, Any, frozenset[str]]]] = {}
 
     # --- where a read comes from ------------------------------------------------------------
 
@@ -128,12 +143,17 @@ class ConfigReads:
         if lines[0][0].startswith("verl/"):
             self.read.add(key)
 
-    def wrote(self, key: str) -> None:
+    def wrote(self, key: str, value: Any = _UNSET) -> None:
+        """Upstream's code set ``key``: its value now comes from the keys read on that line;
+        with ``value``, the write is also kept (``writes``: a key upstream overwrites)."""
         lines = self._callers()
         if lines:
             sources = frozenset(self.by_line.get(lines[0], ()))
             if sources:
                 self.provenance[key] = sources
+            if value is not _UNSET and lines[0][0].startswith("verl/") and key in self.leaves:
+                where = f"{lines[0][0]}:{lines[0][1]}"
+                self.writes.setdefault(key, []).append((where, value, sources))
 
     def copied(self, key: str, value: Any) -> None:
         """A field whose value is not the configuration's: upstream copied a setting down into a
@@ -351,12 +371,12 @@ def recording(reads: ConfigReads) -> Iterator[ConfigReads]:
     def set_attr(node: Any, key: str, value: Any) -> None:
         original_setattr(node, key, value)
         if not key.startswith("_"):
-            reads.wrote(reads.dict_path(node, key))
+            reads.wrote(reads.dict_path(node, key), value)
 
     def set_item(node: Any, key: Any, value: Any) -> None:
         original_setitem(node, key, value)
         if isinstance(key, str):
-            reads.wrote(reads.dict_path(node, key))
+            reads.wrote(reads.dict_path(node, key), value)
 
     def getattribute(obj: Any, name: str) -> Any:
         value = object.__getattribute__(obj, name)
@@ -374,7 +394,11 @@ def recording(reads: ConfigReads) -> Iterator[ConfigReads]:
         if name[:1] != "_":
             held = reads._paths.get(id(obj))
             if held is not None and held[0] is obj:
-                reads.wrote(f"{held[1]}.{name}")
+                reads.wrote(f"{held[1]}.{name}", value)
+            elif reads._building and name in field_names(type(obj)):
+                # Its own ``__post_init__`` while Hydra builds it (``sequence_parallel = False``
+                # under a tensor parallel size of 1, engine.py:237-239): the section being built.
+                reads.wrote(f"{reads._building[-1]}.{name}", value)
 
     def instantiate(config: Any, *args: Any, **kwargs: Any) -> Any:
         root = reads.dict_path(config) if isinstance(config, DictConfig) else ""

@@ -35,6 +35,7 @@ KEY_TYPES = "types"
 KEY_ADMITTED = "admitted_types"  # explicit keys whose annotation admits their value
 KEY_RAN = "ran"  # the census's watched lines that ran (a census question only)
 KEY_EFFECTS = "without_effect"  # explicit keys never read, or read and overridden (``effects``)
+KEY_NOTES = "notes"  # what this machine decided, not the configuration (``optional``)
 
 
 # JSON keys of one failure record (they travel from the oracle process to the caller's cache).
