@@ -61,8 +61,8 @@ def test_the_same_value_reaching_the_argv_names_both_lines() -> None:
     err = refused(UNUSED.replace("trainer.total_epochs=1", "trainer.default_local_dir=$LOG_DIR"))
     assert err.line == 9
     assert str(err) == (
-        "run.sh:9: run-time value: $PWD (line 2) reaches the launcher's argv on line 9, but is "
-        "only known when the script runs; bind it: --env PWD=VALUE (environment.variables in "
+        "run.sh:9: run-time value: $PWD (line 2), $(date +%Y%m%d) (line 3), $(date +%H%M%S) "
+        "(line 3) reaches the launcher's argv on line 9, but is only known when the script runs; bind it: --env PWD=VALUE (environment.variables in "
         "the manifest)"
     )
 

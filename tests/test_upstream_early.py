@@ -30,6 +30,7 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.early import (
     STATIC_EQUIVALENT_MESSAGES,
     STATIC_EQUIVALENTS,
+    ChecksQuestion,
     EarlyAnswer,
     UpstreamFailure,
     cache_key,
@@ -276,15 +277,15 @@ def test_cache_cold_then_warm_and_a_corrupt_entry_is_a_miss(tmp_path: Path) -> N
         CountingOracle(),
         {"a": 1},
     )
-    cold = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
-    warm = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
+    cold = early_answer(SESSION, ChecksQuestion(mapping), "tree", cache, oracle)  # type: ignore[arg-type]
+    warm = early_answer(SESSION, ChecksQuestion(mapping), "tree", cache, oracle)  # type: ignore[arg-type]
     assert (cold.cached, warm.cached, oracle.asked) == (False, True, 1)
     assert warm.failures == cold.failures and warm.failures[0].where.endswith(":610")
     entry = tmp_path / f"{cache_key('0.9.0', 'tree', mapping)}.json"
     assert entry.is_file() and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
     for corrupt in (b"{not json", b'{"verdict": 1}', b"[]", b" " * (2 << 20)):
         entry.write_bytes(corrupt)
-        again = early_answer(SESSION, mapping, "tree", cache, oracle)  # type: ignore[arg-type]
+        again = early_answer(SESSION, ChecksQuestion(mapping), "tree", cache, oracle)  # type: ignore[arg-type]
         assert not again.cached and again.failures == cold.failures
     assert oracle.asked == 5
     # A FIFO or a link where the entry should be is a miss, never a read that blocks.
@@ -318,7 +319,7 @@ def test_an_unwritable_cache_is_only_slower(tmp_path: Path) -> None:
     blocked.write_text("")
     cache, oracle = UserAnswers(CHECK_ANSWERS, blocked / "sub", checked_entry), CountingOracle()
     for _ in range(2):
-        assert early_answer(SESSION, {"a": 1}, "t", cache, oracle).failures  # type: ignore[arg-type]
+        assert early_answer(SESSION, ChecksQuestion({"a": 1}), "t", cache, oracle).failures  # type: ignore[arg-type]
     assert oracle.asked == 2
 
 

@@ -23,7 +23,13 @@ from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.sft import compose_sft
-from pytest_verl_compat.upstream.early import EarlyAnswer, cache_key, early_answer, upstream_gate
+from pytest_verl_compat.upstream.early import (
+    ChecksQuestion,
+    EarlyAnswer,
+    cache_key,
+    early_answer,
+    upstream_gate,
+)
 from pytest_verl_compat.upstream.oracle import (
     ENTRY_MODULE,
     SFT_ENTRY_MODULE,
@@ -59,16 +65,10 @@ def ask(
     assert composition.composed, composition.reason
     tree = upstream_gate(session).tree
     assert tree is not None
-    return early_answer(
-        session,
-        composition.mapping,
-        tree,
-        None,
-        oracle,
-        explicit_of(overrides),
-        entry=SFT_ENTRY_MODULE,
-        world_size=world,
+    question = ChecksQuestion(
+        composition.mapping, tuple(explicit_of(overrides)), SFT_ENTRY_MODULE, world
     )
+    return early_answer(session, question, tree, None, oracle)
 
 
 def errors_at(answer: EarlyAnswer, key: str) -> list[str]:

@@ -38,13 +38,18 @@ from pytest_verl_compat.pipeline.answers import (
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.snapshot import write_atomic_bytes
-from pytest_verl_compat.upstream.early import cache_key, check_answers, early_answer, upstream_gate
-from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.early import (
+    ChecksQuestion,
+    check_answers,
+    early_answer,
+    upstream_gate,
+)
+from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle
 from pytest_verl_compat.upstream.oracle import compose_request as entry_request
 from pytest_verl_compat.upstream.runner import referenced_variables
 from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_answers
 from pytest_verl_compat.upstream.trusted import cache_key as compose_key
-from pytest_verl_compat.upstream.verdict import explicit_keys, unprobed
+from pytest_verl_compat.upstream.verdict import upstream_question
 
 # The oracle process imports these to answer the conformance questions.
 _SERVED = ("pytest_verl_compat.conformance.reference_answers",)
@@ -69,12 +74,9 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
             continue
         if not outcome.composition.composed:
             continue
-        mapping = outcome.composition.mapping
-        explicit = explicit_keys(session, case)
-        if unprobed(mapping) is None:
-            asked[CHECKS][cache_key(session.pin.version, gate.tree, mapping, explicit)] = (
-                checks_request(mapping, explicit=explicit)
-            )
+        question = upstream_question(session, case)
+        if not isinstance(question, str):
+            asked[CHECKS][question.key(session.pin.version, gate.tree)] = question.request()
         fields = outcome.fields.fields
         variables = referenced_variables(fields, outcome.fields.environment(case.bindings))
         module = outcome.fields.module
@@ -121,8 +123,9 @@ def record(session: AuditSession) -> dict[str, dict[str, Any]]:
         for case in cases:
             references.prefetch(case)
         for key, question in asked[CHECKS].items():
-            explicit = question.get("explicit", ())
-            answer = early_answer(session, question["mapping"], gate.tree, checks, oracle, explicit)
+            answer = early_answer(
+                session, ChecksQuestion.from_request(question), gate.tree, checks, oracle
+            )
             recorded[CHECKS][key] = answer.to_json()
         for key, question in asked[COMPOSE].items():
             result = trusted.result(

@@ -25,9 +25,8 @@ from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_ans
 from pytest_verl_compat.upstream.verdict import (
     CaseCheck,
     check_case,
-    explicit_keys,
     live_asker,
-    unprobed,
+    upstream_question,
 )
 
 if TYPE_CHECKING:
@@ -115,16 +114,10 @@ class AuditState:
             trusted.prefetch(fields.fields, fields.environment(case.bindings), fields.module)
         tree = self.upstream_gate().tree
         assert tree is not None
-        if "test_verdict" not in stages or unprobed(outcome.composition.mapping):
+        question = upstream_question(self.session, case)
+        if "test_verdict" not in stages or isinstance(question, str):
             return
-        prefetch_answer(
-            self.session,
-            outcome.composition.mapping,
-            tree,
-            self.check_answers(),
-            self.oracle,
-            explicit_keys(self.session, case),
-        )
+        prefetch_answer(self.session, question, tree, self.check_answers(), self.oracle)
 
     def check(self, case: Case) -> CaseCheck:
         """The case's verdict exactly as ``verl-compat check`` gives it (``upstream.verdict``),

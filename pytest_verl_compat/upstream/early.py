@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
 from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
     KEY_EFFECTS,
@@ -144,12 +144,32 @@ STATIC_EQUIVALENTS: dict[str, tuple[tuple[str, ...], ...]] = {
             "assert self.config.actor.ppo_micro_batch_size_per_gpu is not None",
         ),
     ),
+    # The SFT trainer's (verl.trainer.sft_trainer), where its probes see them fail.
+    "sft.batch-per-rank": (
+        ("verl/trainer/sft_trainer.py", "self.train_dataloader = StatefulDataLoader("),
+    ),
+    "sft.static-micro-batch": (
+        (
+            "verl/workers/engine/utils.py",
+            "assert total_data_size % (force_group_size * micro_batch_size_per_gpu) == 0",
+        ),
+    ),
+    "sft.sequence-parallel-divides-world": (
+        (
+            "verl/workers/engine/fsdp/transformer_impl.py",
+            "self.ulysses_device_mesh = init_device_mesh(",
+        ),
+    ),
+    "sft.token-budget-below-max-length": (
+        ("verl/utils/seqlen_balancing.py", "assert max_token_len >= max_seq_len"),
+    ),
 }
 
 # Upstream raises these in a multi-line ``raise ValueError(`` whose first line names nothing: the
 # static check is matched by upstream's message instead.
 STATIC_EQUIVALENT_MESSAGES = {
     "validate.sequence-parallel-needs-remove-padding": "you must enable `use_remove_padding`",
+    "sft.sequence-parallel-needs-remove-padding": "you must enable `use_remove_padding`",
     "batch.mini-batch-larger-than-batch": "must be >= actor.ppo_mini_batch_size",
 }
 
@@ -256,8 +276,11 @@ class EarlyAnswer:
             notes=tuple(dict(n) for n in raw.get(KEY_NOTES, [])),
         )
 
-    def effect_findings(self, version: str) -> list[Finding]:
-        """A warning for each explicit key that changes nothing (``probes.effects``)."""
+    def effect_findings(self, version: str, entry: str | None = None) -> list[Finding]:
+        """A warning for each explicit key that changes nothing (``probes.effects``) on the path
+        of ``entry``'s launch (main_ppo's V1 trainer by default)."""
+        main = entry in (None, ENTRY_MODULE)
+        path = "the main_ppo V1 path" if main else f"{str(entry).rpartition('.')[2]}'s path"
         out = []
         for record in self.without_effect:
             key = str(record[probe_effects.KEY_KEY])
@@ -268,7 +291,7 @@ class EarlyAnswer:
                     Finding(
                         "warning",
                         key,
-                        f"verl {version} never reads it on the main_ppo V1 path{read}",
+                        f"verl {version} never reads it on {path}{read}",
                         f"set {instead[0]}" if instead else f"remove {key}",
                         evidence="no code of the installed verl outside its config dataclasses "
                         "(verl/workers/config/) reads the field, and none of the probes did",
@@ -412,6 +435,36 @@ def cache_key(
     )
 
 
+@dataclass(frozen=True)
+class ChecksQuestion:
+    """One question for upstream's checks: a composed mapping, the keys the script set (examined
+    for effect), and the launch's entry point and world size where they enter the question
+    (``oracle.checks_request``: None for main_ppo, whose world is its configuration's)."""
+
+    mapping: Mapping[str, Any]
+    explicit: tuple[str, ...] = ()
+    entry: str | None = None
+    world_size: int | None = None
+
+    def key(self, version: str, tree: str) -> str:
+        return cache_key(version, tree, self.mapping, self.explicit, self.entry, self.world_size)
+
+    def request(self) -> dict[str, Any]:
+        return checks_request(
+            self.mapping, explicit=self.explicit, entry=self.entry, world_size=self.world_size
+        )
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, Any]) -> ChecksQuestion:
+        """The question a ``checks`` request asks (``request``'s inverse)."""
+        return cls(
+            request["mapping"],
+            tuple(request.get("explicit", ())),
+            request.get("entry"),
+            request.get("world_size"),
+        )
+
+
 class AnswerStore(Protocol):
     """Where answers are kept and looked up (``answers.Answers``, or one of its stores)."""
 
@@ -468,47 +521,38 @@ def upstream_gate(session: AuditSession) -> UpstreamGate:
 
 def prefetch_answer(
     session: AuditSession,
-    mapping: Mapping[str, Any],
+    question: ChecksQuestion,
     tree: str,
     cache: AnswerStore | None,
     oracle: UpstreamOracle,
-    explicit: Sequence[str] = (),
-    entry: str | None = None,
-    world_size: int | None = None,
 ) -> None:
     """Send the question now (the answer arrives while other work runs) unless it is stored."""
-    key = cache_key(session.pin.version, tree, mapping, explicit, entry, world_size)
+    key = question.key(session.pin.version, tree)
     if cache is None or cache.get(key) is None:
-        request = checks_request(mapping, explicit=explicit, entry=entry, world_size=world_size)
-        oracle.submit(key, request)
+        oracle.submit(key, question.request())
 
 
 def early_answer(
     session: AuditSession,
-    mapping: Mapping[str, Any],
+    question: ChecksQuestion,
     tree: str,
     cache: AnswerStore | None,
     oracle: UpstreamOracle | None = None,
-    explicit: Sequence[str] = (),
-    entry: str | None = None,
-    world_size: int | None = None,
 ) -> EarlyAnswer:
-    """Upstream's early checks on one composed mapping, from the cache or the oracle process;
-    ``explicit``: the keys the script set (examined for effect); ``entry`` and ``world_size``:
-    the launch's entry point (main_ppo by default) and, for the SFT trainer, torchrun's world
-    size (``oracle.checks_request``).
+    """Upstream's early checks on one question (``ChecksQuestion``: the composed mapping, the
+    keys the script set, the launch's entry point and world size), from the cache or the oracle
+    process.
 
     Raises RuntimeError when the oracle process gives no answer.
     """
-    key = cache_key(session.pin.version, tree, mapping, explicit, entry, world_size)
+    key = question.key(session.pin.version, tree)
     hit = cache.get(key) if cache is not None else None
     if hit is not None:
         return EarlyAnswer.from_json(hit, cached=True)
     own = oracle is None
     asker = UpstreamOracle() if oracle is None else oracle
     try:
-        request = checks_request(mapping, explicit=explicit, entry=entry, world_size=world_size)
-        answer = asker.answer(key, request)
+        answer = asker.answer(key, question.request())
     finally:
         if own:
             asker.close()

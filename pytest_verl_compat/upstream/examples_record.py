@@ -24,8 +24,8 @@ from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.report import example_totals
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-from pytest_verl_compat.upstream.early import cache_key, early_answer, upstream_gate
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.early import early_answer, upstream_gate
+from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.runner import referenced_variables, run_module
 from pytest_verl_compat.upstream.trusted import printed_config
 
@@ -99,7 +99,7 @@ def _early_answers(session: AuditSession, cases: list[Case]) -> dict[str, dict[s
     """Upstream's own code (the probes) on each composed script, through the oracle (as ``check``
     asks it, all questions sent first so both workers stay busy): the answer as ``check``'s cache
     keeps it, so that ``example_entry`` judges the script by the same code."""
-    from pytest_verl_compat.upstream.verdict import explicit_keys
+    from pytest_verl_compat.upstream.verdict import upstream_question
 
     gate = upstream_gate(session)
     if gate.tree is None:
@@ -109,17 +109,16 @@ def _early_answers(session: AuditSession, cases: list[Case]) -> dict[str, dict[s
     for case in cases:
         composition = session.outcome(case).composition
         if composition.composed and composition.resolved is not None:
-            questions[case.id] = (composition.resolved, explicit_keys(session, case))
+            question = upstream_question(session, case)
+            if not isinstance(question, str):
+                questions[case.id] = question
     oracle = UpstreamOracle(workers=2)
     try:
-        for mapping, explicit in questions.values():
-            oracle.submit(
-                cache_key(version, gate.tree, mapping, explicit),
-                checks_request(mapping, explicit=explicit),
-            )
+        for question in questions.values():
+            oracle.submit(question.key(version, gate.tree), question.request())
         answers = {
-            case_id: early_answer(session, mapping, gate.tree, None, oracle, explicit).to_json()
-            for case_id, (mapping, explicit) in questions.items()
+            case_id: early_answer(session, question, gate.tree, None, oracle).to_json()
+            for case_id, question in questions.items()
         }
     finally:
         oracle.close()

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.fields import field_key
-from pytest_verl_compat.checks.registry import RL, WRONG_TYPE, family_of
+from pytest_verl_compat.checks.registry import RL, SFT, WRONG_TYPE, family_of
 from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
 from pytest_verl_compat.upstream.early import (
     AnswerStore,
+    ChecksQuestion,
     EarlyAnswer,
     UpstreamFailure,
     UpstreamGate,
@@ -32,7 +33,7 @@ from pytest_verl_compat.upstream.early import (
     prefetch_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
+from pytest_verl_compat.upstream.oracle import SFT_ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.rules import COMPOSE, LAUNCH_RUNTIME
 
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
 # The path of the one finding a composition rejection gives.
 COMPOSITION = "<composition>"
 
-# Upstream's answer on one resolved mapping, or the one-line reason it gave none.
-# Upstream's answer on one resolved mapping and the keys the script set, or why it gave none.
-Asker = Callable[[Mapping[str, Any], Sequence[str]], "EarlyAnswer | str"]
+# Upstream's answer to one question (a resolved mapping, the keys the script set, the launch's
+# entry point and world size), or the one-line reason it gave none.
+Asker = Callable[[ChecksQuestion], "EarlyAnswer | str"]
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,11 @@ def live_asker(
     """Upstream's early checks through the oracle process (or its cache), behind the gate."""
     gate = gate if gate is not None else upstream_gate(session)
 
-    def ask(mapping: Mapping[str, Any], explicit: Sequence[str]) -> EarlyAnswer | str:
+    def ask(question: ChecksQuestion) -> EarlyAnswer | str:
         if gate.tree is None:
             return gate.reason
         try:
-            answer = early_answer(session, mapping, gate.tree, cache, oracle, explicit)
+            answer = early_answer(session, question, gate.tree, cache, oracle)
         except RuntimeError as exc:
             return str(exc).splitlines()[0]
         return answer.message if answer.verdict == "refused" else answer
@@ -172,7 +173,7 @@ def _with_static_fix(finding: Finding, covered: list[Finding]) -> Finding:
 def recorded_asker(answer: Mapping[str, Any] | None) -> Asker:
     """Upstream's answer as recorded (``examples_record``): the same findings without an oracle."""
 
-    def ask(mapping: Mapping[str, Any], explicit: Sequence[str]) -> EarlyAnswer | str:
+    def ask(question: ChecksQuestion) -> EarlyAnswer | str:
         if answer is None:
             return "no recorded answer of upstream's checks"
         return EarlyAnswer.from_json(answer)
@@ -180,11 +181,24 @@ def recorded_asker(answer: Mapping[str, Any] | None) -> Asker:
     return ask
 
 
-def unprobed(mapping: Mapping[str, Any]) -> str | None:
-    """Why upstream's own checks are not asked of a composed mapping, or None when they are."""
-    if family_of(mapping) != RL:
-        return "upstream's own checks are probed on the RL trainers' trees only"
-    return None
+def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str:
+    """What upstream's own checks are asked of a composed case, or why they are not asked: an RL
+    trainer's tree goes to main_ppo's probes, the SFT trainer's to its own (with torchrun's world
+    size); any other tree has no probes."""
+    outcome = session.outcome(case)
+    mapping = outcome.composition.mapping
+    explicit = explicit_keys(session, case)
+    family = family_of(mapping)
+    if family == RL:
+        return ChecksQuestion(mapping, explicit)
+    module = outcome.fields.module
+    if family == SFT and module in (None, SFT_ENTRY_MODULE):
+        return ChecksQuestion(mapping, explicit, SFT_ENTRY_MODULE, outcome.fields.world_size)
+    launched = f"{module}'s" if module else "this"
+    return (
+        f"upstream's own checks are probed on main_ppo's and {SFT_ENTRY_MODULE}'s trees; "
+        f"{launched} tree is composed and checked statically only"
+    )
 
 
 def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseCheck:
@@ -194,10 +208,10 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
         reason = session.outcome(case).composition.reason
         finding = Finding("error", COMPOSITION, reason, check=COMPOSE)
         return CaseCheck((finding,), False, False, reason, composed=False)
-    mapping = session.outcome(case).composition.mapping
     answer: EarlyAnswer | str | None = None
     if ask is not None:
-        answer = unprobed(mapping) or ask(mapping, explicit_keys(session, case))
+        question = upstream_question(session, case)
+        answer = question if isinstance(question, str) else ask(question)
     compiled = session.compile_key(case)
     key = None
     if compiled is not None:
@@ -253,7 +267,8 @@ def _verdict(
                 for f in answer.type_findings(session.pin.version, explicit, user_keys)
                 if f.path not in typed
             ]
-            upstream += answer.effect_findings(session.pin.version)
+            module = session.outcome(case).fields.module
+            upstream += answer.effect_findings(session.pin.version, module)
             upstream += answer.note_findings(user_keys)
     explicit_set = set(explicit_keys(session, case))
     findings = [_explicit_first(f, explicit_set) for f in findings] + upstream
@@ -298,14 +313,9 @@ def many_asker(
         return live_asker(session, cache, None, gate), lambda: None
     oracle = UpstreamOracle(workers=workers if len(composed) > 1 else 1)
     for case in composed:
-        prefetch_answer(
-            session,
-            session.outcome(case).composition.mapping,
-            gate.tree,
-            cache,
-            oracle,
-            explicit_keys(session, case),
-        )
+        question = upstream_question(session, case)
+        if not isinstance(question, str):
+            prefetch_answer(session, question, gate.tree, cache, oracle)
     return live_asker(session, cache, oracle, gate), oracle.close
 
 
