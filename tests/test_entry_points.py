@@ -51,6 +51,33 @@ def test_the_registry_is_every_hydra_main_of_the_release_with_its_config_and_wor
     assert one_step.world_evidence.startswith("verl/trainer/main_ppo.py:")
     assert closest("verl.trainer.main_ppo_sync", scan(site)) == "verl.trainer.main_ppo"
     assert closest("verl.trainer.fsdp_sft_trainer", scan(site)) == "verl.trainer.sft_trainer"
+    # Which train: a trainer's fit reached from the module (its own, or run_ppo's in main_ppo).
+    trains = {m: e.trains_at.rpartition(":")[0] for m, e in entries.items()}
+    assert trains == {
+        "verl.trainer.main_ppo": "verl/trainer/main_ppo.py",
+        "verl.trainer.sft_trainer": "verl/trainer/sft_trainer.py",
+        "verl.trainer.sft_trainer_ray": "verl/trainer/sft_trainer_ray.py",
+        "verl.trainer.main_eval": "",
+        "verl.trainer.main_generation_server": "",
+        "verl.experimental.fully_async_policy.fully_async_main": "verl/trainer/main_ppo.py",
+        "verl.experimental.one_step_off_policy.main_ppo": (
+            "verl/experimental/one_step_off_policy/main_ppo.py"
+        ),
+    }
+
+
+def test_an_entry_point_that_never_trains_gets_no_training_check(
+    session: AuditSession, tmp_path: Path
+) -> None:
+    """The generation server composes ppo_trainer's tree but never fits: a missing micro-batch
+    size, an error for main_ppo, is none for it; its twin under main_ppo keeps the error."""
+    body = "actor_rollout_ref.model.path=/m actor_rollout_ref.rollout.name=vllm\n"
+    serving = _check(
+        session, f"python3 -m verl.trainer.main_generation_server {body}", tmp_path, "g.sh"
+    )
+    training = _check(session, f"python3 -m verl.trainer.main_ppo {body}", tmp_path, "t.sh")
+    assert serving == [], serving
+    assert "validate.no-micro-batch-size" in training, training
 
 
 def test_the_launch_is_an_entry_point_or_a_module_the_release_lacks(site: Path) -> None:
@@ -111,6 +138,24 @@ def test_the_world_comes_from_torchrun(session: AuditSession, tmp_path: Path) ->
     on_three = _check(session, f"{TORCHRUN.replace('=4', '=3')} {body}", tmp_path, "three.sh")
     assert "sft.batch-not-divisible" in on_four
     assert "sft.batch-not-divisible" not in on_three
+
+
+@pytest.mark.parametrize(("micro", "fires"), [(2, False), (3, True)])
+def test_megatrons_data_parallel_ranks_exclude_its_model_parallel_ranks(
+    session: AuditSession, tmp_path: Path, micro: int, fires: bool
+) -> None:
+    """128 processes at tensor 2 x pipeline 4 are 16 data-parallel ranks (Megatron-Core's), so
+    a batch of 128 gives each 8 sequences: micro-batches of 2 divide them, of 3 do not; FSDP's
+    reckoning (128 ranks, 1 sequence each) would flag both."""
+    body = (
+        "-m verl.trainer.sft_trainer engine=megatron data.train_batch_size=128 "
+        f"data.use_dynamic_bsz=False data.micro_batch_size_per_gpu={micro} model.path=/m "
+        "engine.tensor_model_parallel_size=2 engine.pipeline_model_parallel_size=4\n"
+    )
+    launch = "torchrun --nnodes=16 --nproc_per_node=8"
+    rules = _check(session, f"{launch} {body}", tmp_path, f"megatron{micro}.sh")
+    assert ("sft.static-micro-batch" in rules) is fires, rules
+    assert "sft.batch-per-rank" not in rules
 
 
 def test_an_entry_point_with_a_search_path_composes_without_importing_verl(

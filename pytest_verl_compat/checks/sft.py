@@ -24,12 +24,43 @@ SFT_BASE = "sft_gsm8k"
 _ENGINE = "engine.ulysses_sequence_parallel_size"
 
 
+# The sizes Megatron-Core divides the world by before data parallelism (expert parallelism is
+# laid out inside the data-parallel ranks).
+_MEGATRON_MODEL_PARALLEL = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+)
+
+
+# An engine group without a ``strategy`` key takes its dataclass's default (megatron.yaml has none:
+# McoreEngineConfig.strategy = "megatron", verl/workers/config/engine.py:214).
+_STRATEGY_OF_TARGET = {"verl.workers.config.McoreEngineConfig": "megatron"}
+
+
 def _sizes(inp: CheckInput) -> tuple[int, int] | None:
-    """(world, data-parallel ranks), when the launch fixes the world."""
+    """(world, data-parallel ranks), when the launch fixes the world and the engine's data-parallel
+    size follows from the configuration alone: FSDP's is world // ulysses_sequence_parallel_size
+    (verl/workers/engine/fsdp/transformer_impl.py:632-633); Megatron's is Megatron-Core's data
+    parallel world, world // (tensor x pipeline x context parallel), or 1 with a dynamic context
+    parallel (megatron/transformer_impl.py:747-751). Other engines lay out a device mesh the
+    configuration does not fix here (automodel, veomni, torchtitan): None."""
     if inp.world_size is None:
         return None
-    sp = int(inp.resolved["engine"].get("ulysses_sequence_parallel_size") or 1)
-    return inp.world_size, max(inp.world_size // max(sp, 1), 1)
+    world = inp.world_size
+    engine = inp.resolved["engine"]
+    strategy = str(engine.get("strategy") or _STRATEGY_OF_TARGET.get(engine.get("_target_"), ""))
+    if strategy.startswith("fsdp"):
+        sp = int(engine.get("ulysses_sequence_parallel_size") or 1)
+        return world, max(world // max(sp, 1), 1)
+    if strategy == "megatron":
+        if engine.get("dynamic_context_parallel"):
+            return world, 1
+        model = 1
+        for key in _MEGATRON_MODEL_PARALLEL:
+            model *= int(engine.get(key) or 1)
+        return (world, world // model) if model > 0 and world % model == 0 else None
+    return None
 
 
 def _data(inp: CheckInput) -> Mapping[str, Any]:

@@ -455,10 +455,10 @@ class AuditSession:
         RL trainer's tree (the manifest's profile), the SFT trainer's (the SFT profile)."""
         mapping = outcome.composition.mapping
         family = family_of(mapping)
-        if family is None:
+        entry = self.entry_point(outcome.fields)
+        if family is None or (entry is not None and not entry.trains_at):
             return self._without_profile(case, outcome.fields)
         profile_name = self.profile_name if family == RL else default_sft_profile()
-        entry = self.entry_point(outcome.fields)
         facts = self.model_facts(case)
         composed = self._memo_keys.get(case.id)
         key = None
@@ -502,18 +502,20 @@ class AuditSession:
         return report
 
     def _without_profile(self, case: Case, fields: ExplicitFields) -> CompileReport:
-        """A composed tree of no family the reference trainer trains (verl's evaluation): no
-        leaf classified, the case not runnable, with why."""
+        """A composed tree of no family the reference trainer trains (verl's evaluation), or of
+        an entry point that never trains (it serves or scores a model): no leaf classified, no
+        training check, the case not runnable, with why."""
         entry = self.entry_point(fields)
         what = f"{entry.module} ({entry.config_name})" if entry is not None else "this config"
-        return CompileReport(
-            case.id,
-            "none",
-            SEMANTIC_REJECTION,
-            f"the reference trainer has no counterpart of {what}: no profile classifies its tree",
-            (),
-            (),
+        reason = (
+            f"the reference trainer has no counterpart of {what}: no profile classifies its tree"
         )
+        if entry is not None and not entry.trains_at:
+            reason = (
+                f"{entry.module} never trains (no trainer's fit is reached from {entry.file}): "
+                "the training checks and the reference trainer do not apply to its tree"
+            )
+        return CompileReport(case.id, "none", SEMANTIC_REJECTION, reason, (), ())
 
     def compile_key(self, case: Case) -> str | None:
         """The key of the case's compile report in the memo, once compiled (None: not kept)."""

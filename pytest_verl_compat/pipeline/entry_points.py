@@ -33,6 +33,8 @@ WorldSource = Literal["ray", "torchrun", "none"]
 # The launcher-relative calls that start a world (the last component of the called name).
 _RAY_CALLS = frozenset({"init"})
 _PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_process_group"})
+# The method every verl trainer trains in (RayPPOTrainer, SFTTrainer, the asynchronous trainers).
+_FIT = "fit"
 # What a search path of a verl config names: ``pkg://verl.trainer.config``, a package folder of
 # the installed verl; ``file://verl/trainer/config``, a folder relative to the launcher's working
 # directory, which is that package folder when the launch runs from a verl checkout's root.
@@ -68,6 +70,10 @@ class EntryPoint:
     # Keys its ``main`` overwrites before anything reads them (``config.a.b = config.c.d``):
     # (the key overwritten, the key it copies, the file:line).
     forced: tuple[tuple[str, str, str], ...] = ()
+    # The file:line where it starts a trainer's ``fit`` (directly, or through a function of
+    # another verl module that does: ``run_ppo``); "" when it never trains (it serves a model or
+    # scores outputs), so no training check applies to its tree.
+    trains_at: str = ""
 
     @property
     def where(self) -> str:
@@ -162,6 +168,49 @@ def _world_of(
     return "none", ""
 
 
+def _fit_call(tree: ast.Module, relative: str) -> str:
+    """The first ``<trainer>.fit(...)`` call of a module, as file:line; "" when none."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == _FIT
+        ):
+            return f"{relative}:{node.lineno}"
+    return ""
+
+
+def _trains_at(site: Path, relative: str, tree: ast.Module) -> str:
+    """Where the module starts training: its own ``.fit(`` call, else a call of a function it
+    imports from a verl module that calls one (fully_async_main calls main_ppo's ``run_ppo``,
+    whose TaskRunner fits)."""
+    own = _fit_call(tree, relative)
+    if own:
+        return own
+    called = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("verl."):
+            continue
+        if not any((alias.asname or alias.name) in called for alias in node.names):
+            continue
+        imported = (node.module or "").replace(".", "/") + ".py"
+        path = site / imported
+        if not path.is_file():
+            continue
+        try:
+            other = ast.parse(read_text(path, what="verl module"), filename=imported)
+        except (InputError, SyntaxError):
+            continue
+        found = _fit_call(other, imported)
+        if found:
+            return found
+    return ""
+
+
 def _search_path(config_file: Path, site: Path) -> tuple[tuple[str, ...], bool]:
     """The folders a config's own ``hydra.searchpath`` adds (``pkg://verl.x.y`` → ``verl/x/y``;
     a relative ``file://verl/x/y`` too), and whether one was relative to the working folder."""
@@ -224,6 +273,7 @@ def scan(site: Path) -> tuple[EntryPoint, ...]:
                     world=world,
                     world_evidence=evidence,
                     forced=_forced(node, relative),
+                    trains_at=_trains_at(site, relative, tree),
                 )
             )
     return tuple(found)

@@ -45,6 +45,15 @@ def run_one(
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+        except ImportError as exc:
+            # The module imports a package verl does not require (main_generation_server:
+            # openai), absent where the oracle runs: said, and the other launches still run.
+            name = type(exc).__name__
+            return {
+                "code": 1,
+                "stdout": "",
+                "error": f"{module} does not import here: {name}: {exc}",
+            }
     # Hydra's message is the first line that is not a warning (logged or from `warnings`).
     noise = ("Warning:", "warnings.warn(", "WARNING:", "HYDRA_FULL_ERROR")
     lines = [

@@ -189,9 +189,15 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
     mapping = outcome.composition.mapping
     explicit = explicit_keys(session, case)
     family = family_of(mapping)
+    module = outcome.fields.module
+    entry = session.entry_point(outcome.fields)
+    if entry is not None and not entry.trains_at:
+        return (
+            f"{entry.module} never trains (no trainer's fit is reached from {entry.file}): "
+            "upstream's training checks do not apply; its tree is composed only"
+        )
     if family == RL:
         return ChecksQuestion(mapping, explicit)
-    module = outcome.fields.module
     if family == SFT and module in (None, SFT_ENTRY_MODULE):
         return ChecksQuestion(mapping, explicit, SFT_ENTRY_MODULE, outcome.fields.world_size)
     launched = f"{module}'s" if module else "this"
@@ -278,7 +284,7 @@ def _verdict(
             key,
             f"its value holds {what}, a value only known when the script runs; the verdict "
             "stands for any value there, since the key only names a file or a folder",
-            "nothing; bind the value (--env NAME=VALUE) to check the path itself",
+            "bind the value (--env NAME=VALUE) to check the path itself",
             evidence="a path leaf: verl opens, copies or writes what it names",
             check=LAUNCH_RUNTIME,
         )

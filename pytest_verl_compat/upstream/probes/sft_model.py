@@ -39,6 +39,7 @@ MODEL_DEPENDENT_LORA = (
 ATTENTION_STEP = "trainer init: FSDPEngine._build_module (apply_monkey_patch)"
 WRAP_STEP = "trainer init: FSDPEngine._build_fsdp_module (get_fsdp_wrap_policy)"
 LORA_STEP = "trainer init: FSDPEngine._build_lora_module (get_peft_model)"
+MTP_STEP = "trainer init: MegatronEngine (check_mtp_config)"
 
 
 class StandInModelOutput:
@@ -244,6 +245,26 @@ def _peft(real: Any, notes: list[dict[str, str]]) -> Any:
     return get_peft_model
 
 
+def _mtp(real: Any, notes: list[dict[str, str]]) -> Any:
+    def check_mtp_config(model_config: Any, engine_config: Any) -> Any:
+        """verl/utils/megatron_utils.py:1814-1836 raises when model.mtp.enable asks for MTP
+        layers the model's config lacks (:1828-1829): the real model's to answer. The stand-in
+        answers as a model with one MTP layer, so the settings it then reads are checked, and
+        the question is noted."""
+        hf_config = model_config.hf_config
+        if model_config.mtp.enable and not getattr(hf_config, "num_nextn_predict_layers", 0):
+            _note(
+                notes,
+                MTP_STEP,
+                "whether the model has MTP layers (model.mtp.enable=True) is the real model's "
+                "config: verl/utils/megatron_utils.py:1828-1829 raises without them",
+            )
+            hf_config.num_nextn_predict_layers = 1
+        return real(model_config, engine_config)
+
+    return check_mtp_config
+
+
 def _refuse_adapter(*_: Any, **__: Any) -> Any:
     raise ImportError("not evaluated here: it would read the pre-trained LoRA adapter's files")
 
@@ -270,6 +291,7 @@ def stand_in_model() -> Iterator[list[dict[str, str]]]:
     from verl.plugin.platform import platform_manager
     from verl.workers.config import model, optimizer
     from verl.workers.engine.fsdp import transformer_impl as engine
+    from verl.workers.engine.megatron import transformer_impl as megatron_engine
 
     # Names these modules import rather than export, patched where they are looked up.
     model_config: Any = model
@@ -297,6 +319,11 @@ def stand_in_model() -> Iterator[list[dict[str, str]]]:
         (verl.utils.fs, "copy_to_local", lambda path, *a, **k: path),
         (peft.PeftModel, "from_pretrained", staticmethod(_refuse_adapter)),
         (optimizer, "build_optimizer", _optimizer(optimizer.build_optimizer)),
+        (
+            megatron_engine,
+            "check_mtp_config",
+            _mtp(megatron_engine.check_mtp_config, notes),  # type: ignore[attr-defined]
+        ),
     ]
     with all_patched(patches):
         yield notes
