@@ -195,3 +195,16 @@ def test_train_runs_the_corpus_sft_case_end_to_end(tmp_path: Path) -> None:
     status = cli.main(["train", "sft_gsm8k", "--steps", "1", "--out", str(out), "--no-progress"])
     assert status == 0
     assert (out / "final" / "hf").is_dir()
+
+
+def test_legacy_reward_keys_are_read_where_the_entry_point_migrates_them(
+    session: AuditSession, tmp_path: Path
+) -> None:
+    """fully_async_main copies reward_model.* into reward.* (migrate_legacy_reward_impl,
+    fully_async_main.py:237); main_ppo never does, so there the same key is an error."""
+    body = "reward_model.reward_manager=dapo actor_rollout_ref.model.path=/m\n"
+    fully_async = "verl.experimental.fully_async_policy.fully_async_main"
+    migrated = _check(session, f"python3 -m {fully_async} {body}", tmp_path, "async.sh")
+    ignored = _check(session, f"python3 -m verl.trainer.main_ppo {body}", tmp_path, "ppo.sh")
+    assert "fields.legacy-reward-key" not in migrated, migrated
+    assert "fields.legacy-reward-key" in ignored, ignored

@@ -14,6 +14,11 @@ def field_key(field: str) -> str:
     return field.split("=", 1)[0].lstrip("+~")
 
 
+# The function that copies the legacy reward keys into reward.*
+# (verl/experimental/reward_loop/reward_loop.py:39); an entry point that calls it reads them.
+_MIGRATES_LEGACY_REWARD = "migrate_legacy_reward_impl"
+
+
 def _legacy_replacement(key: str) -> str | None:
     return next(
         (new for old, new in LEGACY_REWARD_KEYS.items() if key == old or key.startswith(old + ".")),
@@ -39,6 +44,8 @@ def _legacy_replacement(key: str) -> str | None:
     ),
 )
 def legacy_reward_key(inp: CheckInput) -> Iterator[Hit]:
+    if _MIGRATES_LEGACY_REWARD in inp.entry_calls:
+        return  # the entry point migrates them (fully_async_main.py:237)
     for field in inp.explicit_fields:
         key = field_key(field)
         replacement = _legacy_replacement(key)

@@ -79,6 +79,9 @@ class CheckInput:
     # Keys the entry point's ``main`` overwrites with another key's value before anything reads
     # them: (the key, the key it copies, the file:line) (``pipeline.entry_points``).
     forced: tuple[tuple[str, str, str], ...] = ()
+    # The functions the entry point's module calls by name (``pipeline.entry_points``): a check
+    # whose claim depends on the entry point (a migration only one of them runs) reads them.
+    entry_calls: frozenset[str] = frozenset()
 
     @property
     def version(self) -> str:

@@ -473,6 +473,7 @@ class AuditSession:
                         outcome.fields.world_size,
                         outcome.fields.launcher,
                         entry.world if entry is not None else None,
+                        entry.module if entry is not None else None,
                     ],
                     "model_facts": {
                         role: dataclasses.asdict(fact) for role, fact in sorted(facts.items())
@@ -495,6 +496,7 @@ class AuditSession:
             launcher=outcome.fields.launcher,
             world_source=entry.world if entry is not None else None,
             forced=entry.forced if entry is not None else (),
+            entry_calls=entry.calls if entry is not None else frozenset(),
         )
         plain = report_json(report) if key is not None else None
         if key is not None and plain is not None:

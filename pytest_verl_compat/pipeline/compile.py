@@ -105,6 +105,7 @@ def compile_resolved(
     launcher: str | None = None,
     world_source: str | None = None,
     forced: tuple[tuple[str, str, str], ...] = (),
+    entry_calls: frozenset[str] = frozenset(),
 ) -> CompileReport:
     """Classify every leaf and run the semantic checks of the tree's ``family`` (the launch's
     ``world_size`` for the checks that need it); any problem or error rejects the case."""
@@ -123,6 +124,7 @@ def compile_resolved(
             launcher,
             world_source,
             forced,
+            entry_calls,
         )
     )
     reasons = rejection_reasons(leaves, findings)

@@ -74,6 +74,8 @@ class EntryPoint:
     # another verl module that does: ``run_ppo``); "" when it never trains (it serves a model or
     # scores outputs), so no training check applies to its tree.
     trains_at: str = ""
+    # Every function its module calls by name (``f(...)``, ``m.f(...)``: ``f``).
+    calls: frozenset[str] = frozenset()
 
     @property
     def where(self) -> str:
@@ -166,6 +168,17 @@ def _world_of(
             if world != "none":
                 return world, evidence
     return "none", ""
+
+
+def _called_names(tree: ast.Module) -> frozenset[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                names.add(node.func.id)
+            elif isinstance(node.func, ast.Attribute):
+                names.add(node.func.attr)
+    return frozenset(names)
 
 
 def _fit_call(tree: ast.Module, relative: str) -> str:
@@ -274,6 +287,7 @@ def scan(site: Path) -> tuple[EntryPoint, ...]:
                     world_evidence=evidence,
                     forced=_forced(node, relative),
                     trains_at=_trains_at(site, relative, tree),
+                    calls=_called_names(tree),
                 )
             )
     return tuple(found)
