@@ -7,6 +7,9 @@ pytest cache folder: verl is imported and every probe runs) and then warm (the a
 
 - ``check SCRIPT``: one official example script (run_qwen3_8b_fsdp.sh of GRPO);
 - ``check SCRIPT --no-upstream-checks``: the static checks alone, for the probes' share;
+- ``check SFT_SCRIPT``: one official SFT script (gsm8k's run_qwen2_5_0_5b_fsdp.sh, its two
+  documented arguments bound: torchrun's 8 ranks and a save folder), beside the GRPO one (a
+  baseline without SFT verdicts answers it at once, so compare it with ``check SCRIPT``);
 - ``pytest --verl-corpus``: the README's first command on the embedded default.
 
 With ``--baseline``, the same commands run on another checkout of this project (an earlier
@@ -30,6 +33,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
+SFT_SCRIPT = "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh"
+SFT_ARGS = ["--arg", "8", "--arg", "/home/verl/ckpt/sft_gsm8k"]
 
 
 def _run(python: str, tree: Path, args: list[str], cache: Path) -> float:
@@ -56,6 +61,7 @@ def commands(upstream: Path, cache: Path) -> dict[str, list[str]]:
             str(upstream / SCRIPT),
             "--no-upstream-checks",
         ],
+        "check SFT_SCRIPT": [*cli, "check", str(upstream / SFT_SCRIPT), *SFT_ARGS],
         "pytest --verl-corpus": [
             "-m",
             "pytest",

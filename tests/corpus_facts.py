@@ -22,7 +22,16 @@ def case_ids(kind: str) -> list[str]:
 
 
 OFFICIAL = case_ids("official")
-# The official cases of the RL entry point (main_ppo): those without script arguments of an SFT
-# launch (an SFT case names its entry point's own tree, sft_trainer_engine).
-OFFICIAL_RL = [case_id for case_id in OFFICIAL if not case_id.startswith("sft_")]
+
+
+def launched_module(case_id: str) -> str | None:
+    """The entry module a case's golden snapshot records (None: the pinned main_ppo)."""
+    snapshot = json.loads((REPO / "golden" / "compose" / f"{case_id}.json").read_text())
+    launch = snapshot.get("launch") or {}
+    return launch.get("module")
+
+
+# The official cases of the RL entry point (main_ppo): those whose snapshot records no other
+# entry point (an SFT case's records verl.trainer.sft_trainer, whose tree is sft_trainer_engine).
+OFFICIAL_RL = [case_id for case_id in OFFICIAL if launched_module(case_id) is None]
 PINNED_VERSION: str = MANIFEST["upstream"]["version"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from corpus_facts import OFFICIAL
+from corpus_facts import OFFICIAL_RL
 
 from reference_trainer.budget import LocalBudget
 from reference_trainer.checkpoint import CheckpointError, complete_checkpoints
@@ -31,7 +31,7 @@ def configs() -> dict[str, ReferenceTrainerConfig]:
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 
     session = AuditSession.start(AuditOptions(upstream=None))
-    return {case: session.reference_config(session.manifest.case(case)) for case in OFFICIAL}
+    return {case: session.reference_config(session.manifest.case(case)) for case in OFFICIAL_RL}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, case: str) -> None
     assert not differing, f"tensors not bit-identical={differing[:5]}, but should be none [{case}]"
 
 
-@pytest.mark.parametrize("case", OFFICIAL)
+@pytest.mark.parametrize("case", OFFICIAL_RL)
 def test_each_official_case_trains_with_upstream_update_counts(
     case: str,
     configs: dict[str, ReferenceTrainerConfig],

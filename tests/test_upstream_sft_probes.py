@@ -21,6 +21,7 @@ from hostile_canary import Canary
 
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.sft import compose_sft
 from pytest_verl_compat.upstream.early import (
@@ -30,12 +31,7 @@ from pytest_verl_compat.upstream.early import (
     early_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import (
-    ENTRY_MODULE,
-    SFT_ENTRY_MODULE,
-    UpstreamOracle,
-    checks_request,
-)
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
 
 pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import ModelFacts
-from pytest_verl_compat.checks.registry import RL, family_of
+from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.model import (
     COMPOSED,
     COMPOSITION_REJECTION,
@@ -34,6 +34,7 @@ from pytest_verl_compat.model import (
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer, count_leaves
 from pytest_verl_compat.pipeline.entry_points import (
+    SFT_CONFIG_NAME,
     EntryPoint,
     UnknownEntryPoint,
     by_module,
@@ -210,6 +211,12 @@ class AuditSession:
             module, self.pin.version, closest(module, tuple(known.values()))
         )
         raise StageFailed(str(unknown)) from unknown
+
+    def launches_sft(self, case: Case) -> bool:
+        """Whether the case launches an entry point of the SFT trainer's tree (its read fields'
+        entry point; nothing composed): the RL reference trainer and step stage never train it."""
+        entry = self.entry_point(self.read(case))
+        return entry is not None and entry.config_name == SFT_CONFIG_NAME
 
     def _is_pinned(self, entry: EntryPoint) -> bool:
         assert self.manifest is not None
@@ -559,8 +566,14 @@ class AuditSession:
             raise StageFailed(
                 f"[{case.id}] composition rejected: {self.outcome(case).composition.reason}"
             )
+        mapping = self.outcome(case).composition.mapping
+        if family_of(mapping) == SFT:
+            raise StageFailed(
+                f"[{case.id}] the SFT trainer's tree: the SFT reference trainer lowers it "
+                "(pipeline.sft.sft_config), not the RL one"
+            )
         try:
-            return reference_config(self.outcome(case).composition.mapping, report)
+            return reference_config(mapping, report)
         except NotAccepted as exc:
             raise StageFailed(str(exc)) from exc
 

@@ -32,6 +32,10 @@ from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, r
 WorldSource = Literal["ray", "torchrun", "none"]
 # The launcher-relative calls that start a world (the last component of the called name).
 _RAY_CALLS = frozenset({"init"})
+# The SFT trainer's entry point and its config, which every SFT launch composes (the RL
+# trainers' is the pinned ``main_ppo``'s ``ppo_trainer``).
+SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
+SFT_CONFIG_NAME = "sft_trainer_engine"
 _PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_process_group"})
 # The method every verl trainer trains in (RayPPOTrainer, SFTTrainer, the asynchronous trainers).
 _FIT = "fit"

@@ -24,6 +24,7 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.compile import classify, rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.entry_points import SFT_CONFIG_NAME
 from pytest_verl_compat.pipeline.lower import NotAccepted
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
@@ -37,8 +38,6 @@ from reference_trainer.config import (
     SFTLoopConfig,
 )
 
-SFT_CONFIG_NAME = "sft_trainer_engine"
-SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
 # The frequency verl's SFT trainer reads as "the batches of one epoch".
 EPOCH_FREQUENCY = "after_each_epoch"
 

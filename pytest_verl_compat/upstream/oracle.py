@@ -30,12 +30,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
 # The SFT trainer's entry point (``torchrun … -m verl.trainer.sft_trainer``): its checks run the
 # SFT probes on rank 0 of the launch's world.
-SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
 CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE)
 PROCESS_MODULE = "pytest_verl_compat.upstream.oracle_process"
 # Hydra's ``--config-path`` is relative to the file that declares ``@hydra.main`` (verl/trainer/),

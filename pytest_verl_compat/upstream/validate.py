@@ -20,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
-from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, SFT_ENTRY_MODULE
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 from pytest_verl_compat.upstream.probes.phases import run_all

@@ -20,6 +20,7 @@ from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import RL, SFT, WRONG_TYPE, family_of
 from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
+from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
 from pytest_verl_compat.upstream.early import (
     AnswerStore,
@@ -33,7 +34,7 @@ from pytest_verl_compat.upstream.early import (
     prefetch_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import SFT_ENTRY_MODULE, UpstreamOracle
+from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.rules import COMPOSE, LAUNCH_RUNTIME
 

@@ -41,7 +41,8 @@ def step_case_ids(session: AuditSession, plan: StepPlan | None = None) -> list[s
     plan = plan or load_step_plan()
     manifest = {c.id for c in session.cases}
     step_only = [spec.id for spec in plan.cases if spec.base in manifest]
-    return [c.id for c in session.cases if trains(c)] + step_only
+    # An SFT launch trains in the SFT step stage (conformance/step/sft.py), not this one.
+    return [c.id for c in session.cases if trains(c) and not session.launches_sft(c)] + step_only
 
 
 def _spec_case(session: AuditSession, spec: StepCaseSpec) -> StepCase:
