@@ -21,8 +21,31 @@ from typing import Any
 DEFAULT_MODULE = "verl.trainer.main_ppo"
 
 
+def _decorated_main(config_dir: str, config_name: str) -> None:
+    """What ``python -m MODULE --cfg job`` prints for a module that does not import here (it
+    imports a package verl does not require: main_generation_server's ``openai``): Hydra's own
+    ``hydra.main`` with the module's decorator arguments (its config folder and name, read from
+    its source by the entry-point registry), on a task that never runs (with ``--cfg`` Hydra
+    prints the composed config instead of running the task, hydra/_internal/utils.py:403-410)."""
+    from pathlib import Path
+
+    import hydra
+    import verl
+
+    site = Path(verl.__file__).parent.parent
+
+    @hydra.main(config_path=str(site / config_dir), config_name=config_name, version_base=None)
+    def main(_: Any) -> None:
+        raise RuntimeError("--cfg job never runs the task")
+
+    main()
+
+
 def run_one(
-    argv: list[str], module: str = DEFAULT_MODULE, search_path: tuple[str, ...] = ()
+    argv: list[str],
+    module: str = DEFAULT_MODULE,
+    search_path: tuple[str, ...] = (),
+    decorator: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     import runpy
     from pathlib import Path
@@ -40,9 +63,17 @@ def run_one(
         searching = [f"hydra.searchpath=[{folders}]"]
     sys.argv = [module.rsplit(".", 1)[-1] + ".py", "--cfg", "job", "--resolve", *searching, *argv]
     code = 0
+    via = ""
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            try:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            except ImportError as exc:
+                if decorator is None:
+                    raise
+                via = f"{module} does not import here ({type(exc).__name__}: {exc})"
+                GlobalHydra.instance().clear()
+                _decorated_main(*decorator)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except ImportError as exc:
@@ -62,7 +93,7 @@ def run_one(
         if line.strip() and not any(mark in line for mark in noise)
     ]
     chosen = lines[0] if lines else ""
-    return {"code": code, "stdout": out.getvalue(), "error": chosen}
+    return {"code": code, "stdout": out.getvalue(), "error": chosen, "via": via}
 
 
 def main() -> int:
@@ -70,7 +101,12 @@ def main() -> int:
     results = [
         run_one(item)
         if isinstance(item, list)
-        else run_one(item["argv"], item["module"], tuple(item.get("search_path", ())))
+        else run_one(
+            item["argv"],
+            item["module"],
+            tuple(item.get("search_path", ())),
+            tuple(item["decorator"]) if item.get("decorator") else None,
+        )
         for item in items
     ]
     sys.stdout.write(json.dumps(results))

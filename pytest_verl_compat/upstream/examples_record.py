@@ -67,6 +67,11 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
                 "search_path": (
                     list(launched.search_path) if launched and launched.cwd_relative else []
                 ),
+                # Its @hydra.main arguments, for a module that does not import where the
+                # oracle runs (entry_batch composes with Hydra's own hydra.main and says so).
+                "decorator": (
+                    [launched.config_dir, launched.config_name] if launched is not None else None
+                ),
             }
         )
     variables: dict[str, str] = {}
@@ -87,6 +92,8 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
             entry.update(composed=False, error=result["error"])
         else:
             entry.update(composed=True, resolved_sha256=digest(printed_config(result["stdout"])))
+        if result.get("via"):
+            entry["via"] = f"{result['via']}: composed by hydra.main with its decorator's config"
         recorded[case_id] = entry
     by_id = {case.id: case for case in cases}
     composed = [cid for cid, entry in recorded.items() if entry.get("composed")]
