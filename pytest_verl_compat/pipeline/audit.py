@@ -215,7 +215,10 @@ class AuditSession:
     def launches_sft(self, case: Case) -> bool:
         """Whether the case launches an entry point of the SFT trainer's tree (its read fields'
         entry point; nothing composed): the RL reference trainer and step stage never train it."""
-        entry = self.entry_point(self.read(case))
+        try:
+            entry = self.entry_point(self.read_fields(case))
+        except (StageFailed, StageUnavailable):
+            return False  # not read here: the stages that read it say why
         return entry is not None and entry.config_name == SFT_CONFIG_NAME
 
     def _is_pinned(self, entry: EntryPoint) -> bool:

@@ -61,7 +61,9 @@ def run_one(
         site = Path(verl.__file__).parent.parent
         folders = ",".join(f"file://{site / folder}" for folder in search_path)
         searching = [f"hydra.searchpath=[{folders}]"]
-    sys.argv = [module.rsplit(".", 1)[-1] + ".py", "--cfg", "job", "--resolve", *searching, *argv]
+    # The search path after the argv: an option of the argv (--config-name) after a positional
+    # override would end argparse's positional run (Hydra parses overrides as one nargs="*").
+    sys.argv = [module.rsplit(".", 1)[-1] + ".py", "--cfg", "job", "--resolve", *argv, *searching]
     code = 0
     via = ""
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -64,9 +64,10 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
             {
                 "module": launched.module if launched is not None else ENTRY_MODULE,
                 "argv": list(fields.fields),
-                "search_path": (
-                    list(launched.search_path) if launched and launched.cwd_relative else []
-                ),
+                # The folders its config's search path adds, as the launch from a verl
+                # checkout's root finds them (a file://verl/... path of a config the script
+                # selects with --config-name is relative to that root, not to the sandbox).
+                "search_path": list(launched.search_path) if launched is not None else [],
                 # Its @hydra.main arguments, for a module that does not import where the
                 # oracle runs (entry_batch composes with Hydra's own hydra.main and says so).
                 "decorator": (

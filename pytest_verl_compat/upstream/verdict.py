@@ -34,7 +34,7 @@ from pytest_verl_compat.upstream.early import (
     prefetch_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.rules import COMPOSE, LAUNCH_RUNTIME
 
@@ -197,14 +197,17 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
             f"{entry.module} never trains (no trainer's fit is reached from {entry.file}): "
             "upstream's training checks do not apply; its tree is composed only"
         )
-    if family == RL:
+    if family == RL and module in (None, ENTRY_MODULE):
         return ChecksQuestion(mapping, explicit)
     if family == SFT and module in (None, SFT_ENTRY_MODULE):
         return ChecksQuestion(mapping, explicit, SFT_ENTRY_MODULE, outcome.fields.world_size)
     launched = f"{module}'s" if module else "this"
+    # The probes run main_ppo's trainer and the SFT trainer; another entry point's trainer
+    # (fully_async_main's FullyAsyncTrainer sets data.train_batch_size=0 on purpose, which
+    # main_ppo's dataloader divides by) would be judged by code its launch never runs.
     return (
-        f"upstream's own checks are probed on main_ppo's and {SFT_ENTRY_MODULE}'s trees; "
-        f"{launched} tree is composed and checked statically only"
+        f"upstream's own checks are probed on {ENTRY_MODULE}'s and {SFT_ENTRY_MODULE}'s "
+        f"launches; {launched} trainer is checked statically only"
     )
 
 
