@@ -5,7 +5,7 @@ in shfmt's syntax tree (never by pattern-matching the text):
 
 * every outermost ``$(...)`` / backtick substitution becomes ``$(printf %s 'OUTPUT')`` with its
   bound output, so nothing the script names is executed (an unbound one becomes a marker);
-* the words ``python3 -m verl.trainer.main_ppo`` of every launcher become a bash one-liner that
+* the words ``python3 -m MODULE`` of every launcher (main_ppo, or another entry point) become a bash one-liner that
   writes its arguments and its environment, NUL-separated, into the scratch directory.
 
 bash then runs the copy as ``env -i HOME=... bash copy.sh ARGS...``.  This module is test code:
@@ -29,7 +29,24 @@ BASH = shutil.which("bash")
 ENV = shutil.which("env")
 UNBOUND_MARKER = "<<unbound substitution>>"
 
-LAUNCHER_WORDS = (("python3", "python"), ("-m",), ("verl.trainer.main_ppo",))
+LAUNCHER_WORDS = (("python3", "python"), ("-m",))
+
+
+def _launched(module: str | None) -> bool:
+    """A module the reader takes as the launch: main_ppo, or any module ``launch_acceptor``
+    accepts where verl is installed (another entry point, or one the release lacks)."""
+    if module == "verl.trainer.main_ppo":
+        return True
+    if module is None or not module.startswith("verl."):
+        return False
+    from pytest_verl_compat.pipeline.entry_points import launch_acceptor
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+    installed = installed_verl_root()
+    accepts = launch_acceptor(installed[0] if installed else None)
+    return accepts is not None and accepts(module)
+
+
 # Variables bash (and the printer's own bash) add to every child environment.
 BASH_OWN_EXPORTS = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 
@@ -116,8 +133,12 @@ def instrument(
         if kind == "CallExpr" and not stubbed:
             args = node.get("Args") or []
             words = [_literal(w) for w in args[:3]]
-            pairs = zip(words, LAUNCHER_WORDS, strict=False)
-            if len(words) == 3 and all(word in allowed for word, allowed in pairs):
+            pairs = zip(words[:2], LAUNCHER_WORDS, strict=False)
+            if (
+                len(words) == 3
+                and all(word in allowed for word, allowed in pairs)
+                and _launched(words[2])
+            ):
                 edits.append((args[0]["Pos"]["Offset"], args[2]["End"]["Offset"], printer.encode()))
                 lines.append(node["Pos"]["Line"])
         return True

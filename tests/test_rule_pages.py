@@ -31,9 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 RULES = all_rules()
 WITH_EXAMPLES = sorted(rule for rule, doc in RULES.items() if doc.example is not None)
 # Rules whose findings cannot be produced by a case plus overrides: the launch reader's (a script's
-# text decides them; tests/test_check_command.py fires them) and the directives'.
+# text decides them; tests/test_check_command.py and tests/test_sandbox_and_user_keys.py fire them)
+# and the directives'.
 WITHOUT_EXAMPLES = {
     "launch.unreadable",
+    "launch.run-time-value",
     "launch.no-launcher",
     "launch.unknown-entry-point",
     "sft.needs-torchrun",

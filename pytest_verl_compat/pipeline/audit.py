@@ -34,6 +34,7 @@ from pytest_verl_compat.model import (
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer, count_leaves
 from pytest_verl_compat.pipeline.entry_points import (
+    PINNED_ENTRY_MODULE,
     SFT_CONFIG_NAME,
     EntryPoint,
     UnknownEntryPoint,
@@ -196,7 +197,7 @@ class AuditSession:
         """The entry point the fields' launch runs; None for the pinned one, or a launch that
         names none. A module the release does not have is the read stage's failure."""
         module = fields.module if fields is not None else None
-        if not module:
+        if not module or module == PINNED_ENTRY_MODULE:
             return None
         known = by_module(self.entry_points())
         if module in known:

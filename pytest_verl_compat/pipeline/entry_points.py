@@ -34,6 +34,8 @@ WorldSource = Literal["ray", "torchrun", "none"]
 _RAY_CALLS = frozenset({"init"})
 # The SFT trainer's entry point and its config, which every SFT launch composes (the RL
 # trainers' is the pinned ``main_ppo``'s ``ppo_trainer``).
+PINNED_ENTRY_MODULE = "verl.trainer.main_ppo"
+PINNED_ENTRY_MODULE = "verl.trainer.main_ppo"
 SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
 SFT_CONFIG_NAME = "sft_trainer_engine"
 _PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_process_group"})

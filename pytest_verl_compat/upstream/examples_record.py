@@ -56,7 +56,11 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
         try:
             fields = session.outcome(case).fields
         except (StageFailed, StageUnavailable) as exc:
-            recorded[case.id] = {"read": False, "reason": str(exc).split(": ", 1)[-1]}
+            if isinstance(exc.__cause__, UnknownEntryPoint):
+                # Read; the module it launches is not in the release, so Python stops at once.
+                recorded[case.id] = {"read": True, "composed": False, "error": str(exc.__cause__)}
+            else:
+                recorded[case.id] = {"read": False, "reason": str(exc).split(": ", 1)[-1]}
             continue
         argvs[case.id] = fields.fields
         launched = session.entry_point(fields)

@@ -30,10 +30,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
+from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE, SFT_ENTRY_MODULE
 from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables
 
-ENTRY_MODULE = "verl.trainer.main_ppo"
+ENTRY_MODULE = PINNED_ENTRY_MODULE
 # The SFT trainer's entry point (``torchrun … -m verl.trainer.sft_trainer``): its checks run the
 # SFT probes on rank 0 of the launch's world.
 CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE)

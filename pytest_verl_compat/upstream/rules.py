@@ -244,7 +244,7 @@ LOCAL_RULES = (
         "which upstream reads (verl/trainer/ppo/v1/trainer_base.py:812-823).",
         "not upstream's: the launch reader (pytest_verl_compat/bash) carries the value, the read "
         "stage (pytest_verl_compat/pipeline/read.py) decides where it may stay unknown",
-        "nothing; bind the value (--env NAME=VALUE) to check the path itself",
+        "bind the value (--env NAME=VALUE) to check the path itself",
         None,
         "the launch reader",
     ),
