@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pytest_verl_compat.model import Composition
 from pytest_verl_compat.pipeline import compose as compose_module
 from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.entry_points import SFT_CONFIG_NAME, SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.hydra_internals import deterministic_resolvers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def hydra_reference(fields: Sequence[str], variables: dict[str, str]) -> Composition:
+def config_name_of(golden: Path) -> str:
+    """The config a golden case composes: its launch's entry point's (the SFT trainer's), else
+    main_ppo's ``ppo_trainer``."""
+    launch = json.loads(golden.read_text()).get("launch") or {}
+    return SFT_CONFIG_NAME if launch.get("module") == SFT_ENTRY_MODULE else "ppo_trainer"
+
+
+def hydra_reference(
+    fields: Sequence[str], variables: dict[str, str], config_name: str = "ppo_trainer"
+) -> Composition:
     """Plain ``hydra.compose`` and ``OmegaConf.to_container``, nothing of ours but the resolvers."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -44,7 +54,7 @@ def hydra_reference(fields: Sequence[str], variables: dict[str, str]) -> Composi
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="ppo_trainer", overrides=list(fields))
+            cfg = compose(config_name=config_name, overrides=list(fields))
         with deterministic_resolvers(variables):
             resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     except Exception as exc:  # the Composer turns every compose error into a rejection
@@ -100,8 +110,10 @@ def reference_base() -> dict[str, Any]:
 )
 def test_golden_cases_compose_as_hydra_does(composer: Composer, golden: Path) -> None:
     fields = json.loads(golden.read_text())["explicit_fields"]
+    name = config_name_of(golden)
+    composer = composer if name == composer.config_name else Composer(CONFIG_DIR, name)
     fast = composer.compose(fields, VARIABLES)
-    assert_same(fields, fast, hydra_reference(fields, VARIABLES))
+    assert_same(fields, fast, hydra_reference(fields, VARIABLES, name))
     assert_base_untouched(composer)
 
 
@@ -111,7 +123,9 @@ def test_golden_cases_take_the_fast_path(composer: Composer) -> None:
         payload = json.loads(golden.read_text())
         if payload["outcome"] != "composed":
             continue
-        composer._fast_compose(payload["explicit_fields"], VARIABLES)
+        name = config_name_of(golden)
+        case_composer = composer if name == composer.config_name else Composer(CONFIG_DIR, name)
+        case_composer._fast_compose(payload["explicit_fields"], VARIABLES)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from corpus_facts import OFFICIAL
+from corpus_facts import OFFICIAL_RL
 
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer
@@ -28,7 +28,9 @@ def write_resolved(tmp_path: Path, case_id: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case_id", OFFICIAL)
+# The RL cases: `compile RESOLVED` checks a run folder against main_ppo's tree (an SFT run's
+# sft_trainer_engine file is not recognised yet).
+@pytest.mark.parametrize("case_id", OFFICIAL_RL)
 def test_resolved_file_compiles_to_the_composed_cases_report(tmp_path: Path, case_id: str) -> None:
     path = write_resolved(tmp_path, case_id)
     result = subprocess.run(

@@ -39,6 +39,7 @@ from pytest_verl_compat.upstream.early import (
     early_answer,
 )
 from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.verdict import upstream_question
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 
@@ -473,13 +474,18 @@ def test_upstreams_early_checks_on_every_composed_example(
             composition = session.outcome(case).composition
         except (StageFailed, StageUnavailable):
             continue  # not read (the script exits before its launcher): upstream never sees it
-        if composition.composed:
-            mappings[case.id] = composition.mapping
-            oracle.submit(f"example:{case.id}", checks_request(composition.mapping))
+        if not composition.composed:
+            continue
+        # Asked as check asks it: main_ppo's probes or the SFT trainer's, by the launch.
+        question = upstream_question(session, case)
+        if isinstance(question, str):
+            continue
+        mappings[case.id] = question
+        oracle.submit(f"example:{case.id}", question.request())
     assert len(mappings) > 80
     found = {}
-    for case_id, mapping in mappings.items():
-        raw = oracle.answer(f"example:{case_id}", checks_request(mapping))
+    for case_id, question in mappings.items():
+        raw = oracle.answer(f"example:{case_id}", question.request())
         failures = EarlyAnswer.from_json(raw).failures
         if failures:
             found[case_id] = (failures[0].check_id, failures[0].where.split(":")[0])

@@ -84,6 +84,12 @@ def measure(
             else [f"ERROR <composition>: {composition.reason.splitlines()[0]}"],
         }
         entries[relative] = entry
+        launched = session.entry_point(session.outcome(case).fields)
+        if launched is not None:
+            # migrate rewrites main_ppo launches (their tree's keys); another entry point's
+            # script is measured (read, composed, judged) but not rewritten.
+            entry["migrate_skipped"] = f"{launched.module}'s launch: migrate rewrites main_ppo's"
+            continue
         try:
             migration = migrate_script(session, case, source, target)
         except MigrateError as exc:
