@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, UsageError, open_session, say
+from pytest_verl_compat.pipeline.answers import CHECKS, dumps_recorded, load_recorded, stale_keys
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
@@ -27,8 +28,12 @@ def cmd_census(args: argparse.Namespace) -> int:
     reasons = census.load_reasons()
     entries = census.settled(census.scan(installed[0]), reasons)
     configs = census_run.configurations(session)
-    say("census", f"{len(entries)} checks; running the probes on {len(configs)} configurations")
-    ran = census_run.coverage(configs, entries)
+    recorded_file = census_run.recorded_file(session)
+    recorded = {} if args.fresh else load_recorded(recorded_file)
+    say("census", f"{len(entries)} checks on {len(configs)} configurations")
+    ran, answers = census_run.coverage(configs, entries, recorded)
+    asked = sum(1 for key in answers if key not in recorded)
+    say("census", f"{len(answers) - asked} answers recorded, {asked} asked of the oracle")
     page = census_run.render(session.pin.version, entries, ran, reasons, len(configs))
     counts = census.summary(entries, ran, reasons)
     print(
@@ -39,6 +44,13 @@ def cmd_census(args: argparse.Namespace) -> int:
     if args.check:
         target = Path(args.check)
         old = target.read_text(encoding="utf-8") if target.is_file() else ""
+        missing, unused = stale_keys(load_recorded(recorded_file), answers)
+        if missing or unused:
+            say(
+                "census",
+                f"{recorded_file} is stale ({len(missing)} answers not recorded, {len(unused)} "
+                "no longer asked): re-record with `verl-compat census --write PAGE`",
+            )
         if old != page:
             say("census", f"{target} is out of date:")
             sys.stderr.writelines(
@@ -47,11 +59,14 @@ def cmd_census(args: argparse.Namespace) -> int:
                 )
             )
             return EXIT_FINDINGS
+        if missing or unused:
+            return EXIT_FINDINGS
         say("census", f"{target} is up to date")
         return EXIT_FINDINGS if counts["unexplained"] else EXIT_OK
     if args.write:
         write_atomic(Path(args.write), page)
-        say("census", f"wrote {args.write}")
+        write_atomic(recorded_file, dumps_recorded(CHECKS, answers).decode("utf-8"))
+        say("census", f"wrote {args.write} and {recorded_file}")
     elif args.json:
         sys.stdout.write(json.dumps(counts, indent=2, sort_keys=True) + "\n")
     else:
@@ -69,4 +84,9 @@ def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     mode.add_argument("--write", metavar="PATH", help="write the page (docs/upstream-checks.md)")
     mode.add_argument("--check", metavar="PATH", help="exit 1 when PATH is not the page of now")
     mode.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="ask the oracle for every configuration, ignoring golden/answers/census.json",
+    )
     parser.set_defaults(func=cmd_census)
