@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, UsageError, open_session, say
-from pytest_verl_compat.pipeline.answers import CHECKS, dumps_recorded, load_recorded, stale_keys
+from pytest_verl_compat.pipeline.answers import (
+    CHECKS,
+    dumps_recorded,
+    load_recorded,
+    recorded_path,
+    stale_keys,
+)
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
@@ -25,6 +31,8 @@ def cmd_census(args: argparse.Namespace) -> int:
         raise UsageError(
             f"needs the installed verl {session.pin.version}: pip install 'pytest-verl-compat[upstream]'"
         )
+    if args.reads:
+        return _reads(args, session, installed[0])
     reasons = census.load_reasons()
     entries = census.settled(census.scan(installed[0]), reasons)
     configs = census_run.configurations(session)
@@ -74,6 +82,58 @@ def cmd_census(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if counts["unexplained"] else EXIT_OK
 
 
+def _compare(target: Path, page: str) -> bool:
+    """Whether ``target`` holds ``page``; says how it differs when not."""
+    old = target.read_text(encoding="utf-8") if target.is_file() else ""
+    if old == page:
+        say("census", f"{target} is up to date")
+        return True
+    say("census", f"{target} is out of date:")
+    sys.stderr.writelines(
+        difflib.unified_diff(old.splitlines(True), page.splitlines(True), str(target), "now", n=0)
+    )
+    return False
+
+
+def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
+    """The read census (``read_census``): every leaf of the default tree and where verl reads it."""
+    from pytest_verl_compat.upstream import census_run, read_census
+
+    tree = session.composer().compose((), {})
+    if not tree.composed:
+        raise UsageError(f"main_ppo's default tree does not compose: {tree.reason}")
+    configs = census_run.reads_configurations(census_run.configurations(session))
+    recorded_file = recorded_path(session.golden_dir, census_run.READS_NAME)
+    recorded = {} if args.fresh else load_recorded(recorded_file)
+    wanted = set(read_census.leaves(tree.mapping))
+    say("census", f"{len(wanted)} leaves; the probes' reads on {len(configs)} configurations")
+    traced, answer = census_run.traced_reads(configs, wanted, recorded)
+    entries = read_census.census(verl_parent, tree.mapping, traced)
+    page = read_census.render(session.pin.version, entries, len(configs))
+    counts = read_census.summary(entries)
+    print(
+        f"census --reads: {counts['leaves']} leaves; {counts['traced']} traced, "
+        f"{counts['static']} static only, {counts['never read']} never read, "
+        f"{counts['undecided']} undecided",
+        file=sys.stderr,
+    )
+    if args.check:
+        missing, unused = stale_keys(load_recorded(recorded_file), answer)
+        up_to_date = _compare(Path(args.check), page)
+        if missing or unused:
+            say("census", f"{recorded_file} is stale: re-record with `census --reads --write`")
+        return EXIT_OK if up_to_date and not (missing or unused) else EXIT_FINDINGS
+    if args.write:
+        write_atomic(Path(args.write), page)
+        write_atomic(recorded_file, dumps_recorded(CHECKS, answer).decode("utf-8"))
+        say("census", f"wrote {args.write} and {recorded_file}")
+    elif args.json:
+        sys.stdout.write(json.dumps(counts, indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(page)
+    return EXIT_OK
+
+
 def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     parser = sub.add_parser(
         "census",
@@ -85,8 +145,15 @@ def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     mode.add_argument("--check", metavar="PATH", help="exit 1 when PATH is not the page of now")
     mode.add_argument("--json", action="store_true", help="print the counts as JSON")
     parser.add_argument(
+        "--reads",
+        action="store_true",
+        help="the read census instead: every leaf of main_ppo's tree and where verl reads it "
+        "(docs/upstream-reads.md)",
+    )
+    parser.add_argument(
         "--fresh",
         action="store_true",
-        help="ask the oracle for every configuration, ignoring golden/answers/census.json",
+        help="ask the oracle for every configuration, ignoring the recorded answers "
+        "(golden/answers/census.json, reads.json)",
     )
     parser.set_defaults(func=cmd_census)

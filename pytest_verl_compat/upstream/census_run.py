@@ -22,7 +22,13 @@ from typing import Any
 import yaml
 
 from pytest_verl_compat.model import StageFailed, StageUnavailable
-from pytest_verl_compat.pipeline.answers import CHECKS, answer_key, recorded_path
+from pytest_verl_compat.pipeline.answers import (
+    CHECKS,
+    answer_key,
+    code_sha256,
+    mapping_digest,
+    recorded_path,
+)
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.upstream import census
@@ -248,3 +254,64 @@ def render(
 def _cell(text: str, limit: int = 110) -> str:
     text = text.replace("|", "\\|").replace("`", "'")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# The read census's traced half (``read_census``): the probes' reads, asked with ``reads_probe``.
+READS_NAME = "reads"
+READS_PROBE = "pytest_verl_compat.upstream.reads_probe"
+KEY_READS = "reads"
+KEY_CONFIGURATIONS = "configurations"
+
+
+def reads_configurations(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The read census's configurations: the corpus's main_ppo cases and the variants (verl's
+    example scripts add sizes and paths, not other code paths, at twice the time)."""
+    return {cid: mapping for cid, mapping in configs.items() if not cid.startswith("examples/")}
+
+
+def reads_key(configs: Mapping[str, Mapping[str, Any]]) -> str:
+    """One key for the whole traced run: every configuration, the probes and the handler."""
+    question = {
+        "kind": READS_NAME,
+        "handler": code_sha256(("pytest_verl_compat/upstream/reads_probe.py",)),
+        "mappings": [mapping_digest(dict(configs[cid])) for cid in sorted(configs)],
+    }
+    return answer_key(CHECKS, question)
+
+
+def traced_reads(
+    configs: Mapping[str, Mapping[str, Any]],
+    wanted: set[str],
+    recorded: Mapping[str, Any] | None = None,
+    workers: int = 2,
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Leaf → the ``verl/…py:line`` places the probes read it, over every configuration (only
+    the ``wanted`` leaves), and the answer to record; from ``recorded`` when its key is there."""
+    key = reads_key(configs)
+    known = (recorded or {}).get(key)
+    if isinstance(known, dict) and isinstance(known.get(KEY_READS), dict):
+        return dict(known[KEY_READS]), {key: known}
+    from pytest_verl_compat.upstream import reads_probe
+
+    merged: dict[str, set[str]] = {}
+    oracle = UpstreamOracle(workers, served=(READS_PROBE,))
+    try:
+        for cid, mapping in configs.items():
+            oracle.submit(f"reads:{cid}", {"kind": reads_probe.KIND, "mapping": dict(mapping)})
+        for cid, mapping in configs.items():
+            answer = oracle.answer(
+                f"reads:{cid}", {"kind": reads_probe.KIND, "mapping": dict(mapping)}
+            )
+            if reads_probe.KEY_READS not in answer:
+                raise RuntimeError(f"{cid}: the oracle gave no reads: {answer.get('error')}")
+            for where, keys in answer[reads_probe.KEY_READS].items():
+                for leaf in keys:
+                    if leaf in wanted:
+                        merged.setdefault(leaf, set()).add(where)
+    finally:
+        oracle.close()
+    reads = {
+        leaf: sorted(places, key=lambda w: (w.rpartition(":")[0], int(w.rpartition(":")[2])))
+        for leaf, places in sorted(merged.items())
+    }
+    return reads, {key: {KEY_CONFIGURATIONS: len(configs), KEY_READS: reads}}
