@@ -315,3 +315,19 @@ def traced_reads(
         for leaf, places in sorted(merged.items())
     }
     return reads, {key: {KEY_CONFIGURATIONS: len(configs), KEY_READS: reads}}
+
+
+def traced_reads_of(mapping: Mapping[str, Any], key: str) -> list[str]:
+    """The ``verl/…py:line`` places the probes read ``key`` at on one configuration (one oracle
+    question; ~10 s with verl's import)."""
+    from pytest_verl_compat.upstream import reads_probe
+
+    oracle = UpstreamOracle(1, served=(READS_PROBE,))
+    try:
+        answer = oracle.answer("explain", {"kind": reads_probe.KIND, "mapping": dict(mapping)})
+    finally:
+        oracle.close()
+    if reads_probe.KEY_READS not in answer:
+        raise RuntimeError(f"the oracle gave no reads: {answer.get('error')}")
+    found = [where for where, keys in answer[reads_probe.KEY_READS].items() if key in keys]
+    return sorted(found, key=lambda w: (w.rpartition(":")[0], int(w.rpartition(":")[2])))

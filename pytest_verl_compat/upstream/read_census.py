@@ -18,6 +18,7 @@ section the reading cannot tell; those are listed with the places. The guard of 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,8 +307,13 @@ def census(
         entry = LeafReads(leaf)
         for where in traced.get(leaf, []):
             entry.places.append(_traced_place(where, by_file, verl_parent))
+        traced_at = {place.where: i for i, place in enumerate(entry.places)}
         for read in by_name.get(name, []):
-            if _matches(read, section, sections_of_class, class_of_section):
+            if read.place.where in traced_at:
+                # The probes saw this line read the leaf: the object is its section.
+                i = traced_at[read.place.where]
+                entry.places[i] = dataclasses.replace(entry.places[i], holder=read.place.holder)
+            elif _matches(read, section, sections_of_class, class_of_section):
                 entry.places.append(read.place)
             else:
                 entry.unmatched.append(read.place)
@@ -377,6 +383,11 @@ def render(version: str, entries: list[LeafReads], configurations: int) -> str:
         "its name is read only on objects whose section the reading cannot tell, or used only "
         "as a keyword or string (a dict passed on, a `getattr`): listed at the end with those "
         "places.",
+        "",
+        "`verl-compat explain KEY [SCRIPT]` answers from this census for one key and, given a "
+        "launch script or corpus case (and `--set` overrides), says whether the key acts in "
+        "that configuration: read there by the probes (*acts*), every place's guard false on "
+        "its values (*no effect*, with the leaves that decide it), or neither (*undecided*).",
         "",
         "Check that this page is the one of now (the probes' reads are recorded by content in "
         "`golden/answers/reads.json`, so this takes seconds when nothing changed):",
