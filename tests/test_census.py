@@ -24,6 +24,7 @@ from pytest_verl_compat.upstream import census, census_run
 from pytest_verl_compat.upstream.probes.records import KEY_RAN
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-checks.md"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGENERATE = "verl-compat census --upstream PATH --write docs/upstream-checks.md"
 # The share of configuration checks the probes evaluate may not fall below this (85.9% when
 # classified by what conditions read; the rest, explained on the page, run in the rollout
@@ -54,7 +55,8 @@ def test_the_page_is_the_census_of_the_installed_verl() -> None:
     assert installed is not None
     text = PAGE.read_text(encoding="utf-8")
     reasons = census.load_reasons()
-    entries = census.settled(census.scan(installed[0]), reasons)
+    traced = census_run.recorded_traced(GOLDEN)
+    entries = census.settled(census.scan(installed[0], traced), reasons)
     rows = _page_rows(text)
     evaluated = {where for where, status in rows.items() if status.startswith("yes")}
     ran: dict[str, set[int]] = {}

@@ -34,7 +34,8 @@ def cmd_census(args: argparse.Namespace) -> int:
     if args.reads:
         return _reads(args, session, installed[0])
     reasons = census.load_reasons()
-    entries = census.settled(census.scan(installed[0]), reasons)
+    traced = census_run.recorded_traced(session.golden_dir)
+    entries = census.settled(census.scan(installed[0], traced), reasons)
     configs = census_run.configurations(session)
     recorded_file = census_run.recorded_file(session)
     recorded = {} if args.fresh else load_recorded(recorded_file)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -218,8 +218,40 @@ def _config_class_sources(verl_parent: Path) -> list[statements.Source]:
     return found
 
 
-def scan(verl_parent: Path) -> list[Entry]:
-    """Every raise and assert of the scope, in file and line order."""
+# Traced reads: ``verl/…py`` → line → the configuration keys the probes saw that line read.
+Traced = Mapping[str, Mapping[int, list[str]]]
+
+
+def traced_by_line(reads: Mapping[str, list[str]]) -> dict[str, dict[int, list[str]]]:
+    """The read census's traced reads (leaf → ``verl/…py:line``) turned around, by file and line."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for leaf, places in reads.items():
+        for where in places:
+            file, _, line = where.rpartition(":")
+            out.setdefault(file, {}).setdefault(int(line), set()).add(leaf)
+    return {f: {n: sorted(keys) for n, keys in lines.items()} for f, lines in out.items()}
+
+
+def _traced_reads(source: statements.Source, node: ast.stmt, traced: Traced) -> list[str]:
+    """The keys the probes saw read on the lines that decide ``node``: its guard and the
+    assignments it depends on (an assert's own test too; a raise's own line is its message)."""
+    lines = traced.get(source.relative)
+    if not lines:
+        return []
+    ranges = statements.deciding_lines(source, node.lineno)
+    if isinstance(node, ast.Raise):
+        ranges = ranges[1:] if statements.guard(source, node) is not None else ranges[2:]
+    keys: dict[str, None] = {}
+    for lo, hi in ranges:
+        for line in range(lo, hi + 1):
+            keys.update(dict.fromkeys(lines.get(line, [])))
+    return [f"traced: {key}" for key in keys]
+
+
+def scan(verl_parent: Path, traced: Traced | None = None) -> list[Entry]:
+    """Every raise and assert of the scope, in file and line order; ``traced``: the lines the
+    probes saw read the configuration (``traced_by_line``), which make a condition ``config``
+    besides what the reading of its source finds."""
     scoped = _sources(verl_parent)
     classes = census_reads.config_classes(_config_class_sources(verl_parent))
     index = census_reads.build_index([source for source, _ in scoped], classes)
@@ -234,6 +266,7 @@ def scan(verl_parent: Path) -> list[Entry]:
             context = census_reads.context_of(source, source.function(node), index, classes)
             # An unconditional raise is decided by how it was reached: what its message names.
             read = census_reads.reads(condition if condition is not None else node, context)
+            read += [r for r in _traced_reads(source, node, traced or {}) if r not in read]
             entries.append(
                 Entry(
                     file=source.relative,

@@ -26,6 +26,7 @@ from pytest_verl_compat.pipeline.answers import (
     CHECKS,
     answer_key,
     code_sha256,
+    load_recorded,
     mapping_digest,
     recorded_path,
 )
@@ -185,7 +186,10 @@ def render(
         "calls).",
         "",
         "How an entry is classified (`pytest_verl_compat/upstream/census_reads.py`): by what its "
-        "condition reads, from the source. It is `config` when the condition (for an unconditional "
+        "condition reads. It is `config` when the probes saw a configuration key read on a line "
+        "that decides it (its guard, the assignments the condition uses, an assert's test: the "
+        "traced reads recorded for `docs/upstream-reads.md`, shown as `traced: key`), or when, "
+        "read from the source, the condition (for an unconditional "
         "`raise`, its message) names a field of a configuration object (an attribute, `.get` or "
         "item of `config`, `cfg`, `…_config`, a parameter typed with one of verl's config classes, "
         "`self` in a config class), a local assigned from one in the same function, an attribute "
@@ -331,3 +335,14 @@ def traced_reads_of(mapping: Mapping[str, Any], key: str) -> list[str]:
         raise RuntimeError(f"the oracle gave no reads: {answer.get('error')}")
     found = [where for where, keys in answer[reads_probe.KEY_READS].items() if key in keys]
     return sorted(found, key=lambda w: (w.rpartition(":")[0], int(w.rpartition(":")[2])))
+
+
+def recorded_traced(golden_dir: Path) -> dict[str, dict[int, list[str]]]:
+    """The probes' traced reads recorded for the read census (``golden/answers/reads.json``), by
+    file and line: what the census adds to its reading of the source (``census.scan``). Their
+    staleness is ``census --reads --check``'s."""
+    recorded = load_recorded(recorded_path(golden_dir, READS_NAME))
+    reads: dict[str, list[str]] = next(
+        (v[KEY_READS] for v in recorded.values() if KEY_READS in v), {}
+    )
+    return census.traced_by_line(reads)
