@@ -50,7 +50,7 @@ def _by_leaf(entries: list[read_census.LeafReads]) -> dict[str, read_census.Leaf
 
 
 def test_each_leaf_gets_its_reads_and_status(verl_parent: Path) -> None:
-    found = _by_leaf(read_census.census(verl_parent, TREE, {}))
+    found = _by_leaf(read_census.census(verl_parent, {"t": TREE}, {}))
     assert sorted(found) == [
         "a.never",
         "a.size",
@@ -79,7 +79,7 @@ def test_each_leaf_gets_its_reads_and_status(verl_parent: Path) -> None:
 
 def test_a_traced_read_comes_first(verl_parent: Path) -> None:
     traced = {"a.never": ["verl/trainer/ppo/run.py:5"]}
-    found = _by_leaf(read_census.census(verl_parent, TREE, traced))
+    found = _by_leaf(read_census.census(verl_parent, {"t": TREE}, traced))
     assert found["a.never"].status == "traced"
     assert found["a.never"].places[0].function == "run"
     page = read_census.render("0.0.0", list(found.values()), 1)

@@ -96,21 +96,34 @@ def _compare(target: Path, page: str) -> bool:
     return False
 
 
+def read_trees(session: Any, verl_parent: Path) -> dict[str, dict[str, Any]]:
+    """main_ppo's composed trees by name: the default ``ppo_trainer`` and each other choice of
+    its ``model_engine`` group (the installed verl's ``trainer/config/model_engine/*.yaml``)."""
+    default = session.composer().compose((), {})
+    if not default.composed:
+        raise UsageError(f"main_ppo's default tree does not compose: {default.reason}")
+    trees = {"ppo_trainer": dict(default.mapping)}
+    for path in sorted((verl_parent / "verl/trainer/config/model_engine").glob("*.yaml")):
+        override = f"model_engine={path.stem}"
+        composed = session.composer().compose((override,), {})
+        if composed.composed and dict(composed.mapping) != trees["ppo_trainer"]:
+            trees[override] = dict(composed.mapping)
+    return trees
+
+
 def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
-    """The read census (``read_census``): every leaf of the default tree and where verl reads it."""
+    """The read census (``read_census``): every leaf of main_ppo's trees and where verl reads it."""
     from pytest_verl_compat.upstream import census_run, read_census
 
-    tree = session.composer().compose((), {})
-    if not tree.composed:
-        raise UsageError(f"main_ppo's default tree does not compose: {tree.reason}")
+    trees = read_trees(session, verl_parent)
     configs = census_run.reads_configurations(census_run.configurations(session))
     recorded_file = recorded_path(session.golden_dir, census_run.READS_NAME)
     recorded = {} if args.fresh else load_recorded(recorded_file)
-    wanted = set(read_census.leaves(tree.mapping))
+    wanted = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
     say("census", f"{len(wanted)} leaves; the probes' reads on {len(configs)} configurations")
     traced, answer = census_run.traced_reads(configs, wanted, recorded)
-    entries = read_census.census(verl_parent, tree.mapping, traced)
-    page = read_census.render(session.pin.version, entries, len(configs))
+    entries = read_census.census(verl_parent, trees, traced)
+    page = read_census.render(session.pin.version, entries, len(configs), trees)
     counts = read_census.summary(entries)
     print(
         f"census --reads: {counts['leaves']} leaves; {counts['traced']} traced, "

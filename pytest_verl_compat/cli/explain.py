@@ -7,6 +7,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.cli.census import read_trees
 from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -29,14 +30,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise UsageError(
             f"needs the installed verl {session.pin.version}: pip install 'pytest-verl-compat[upstream]'"
         )
-    tree = session.composer().compose((), {})
-    if not tree.composed:
-        raise UsageError(f"main_ppo's default tree does not compose: {tree.reason}")
-    leaves = read_census.leaves(tree.mapping)
+    trees = read_trees(session, installed[0])
+    leaves = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
     if args.key not in leaves:
-        near = difflib.get_close_matches(args.key, list(leaves), n=3, cutoff=0.6)
+        near = difflib.get_close_matches(args.key, sorted(leaves), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
-        raise UsageError(f"{args.key}: not a leaf of main_ppo's ppo_trainer tree{hint}")
+        raise UsageError(f"{args.key}: not a leaf of main_ppo's trees{hint}")
     # The traced reads recorded for the read census (``census --reads --write``), by leaf.
     recorded = load_recorded(recorded_path(session.golden_dir, census_run.READS_NAME))
     traced: dict[str, list[str]] = next(
@@ -44,7 +43,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )
     if not traced:
         say("explain", "no recorded traced reads: the places below are static only")
-    entries = read_census.census(installed[0], tree.mapping, traced)
+    entries = read_census.census(installed[0], trees, traced)
     entry = next(e for e in entries if e.leaf == args.key)
     print(f"{args.key}: where verl {session.pin.version} reads it ({entry.status})")
     for place in entry.places:

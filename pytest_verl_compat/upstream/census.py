@@ -233,13 +233,17 @@ def traced_by_line(reads: Mapping[str, list[str]]) -> dict[str, dict[int, list[s
 
 
 def _traced_reads(source: statements.Source, node: ast.stmt, traced: Traced) -> list[str]:
-    """The keys the probes saw read on the lines that decide ``node``: its guard and the
-    assignments it depends on (an assert's own test too; a raise's own line is its message)."""
+    """The keys the probes saw read on the lines that decide ``node``'s outcome: a raise's guard
+    or an assert's test, and the assignments they use (a raise's own line is its message)."""
     lines = traced.get(source.relative)
     if not lines:
         return []
     ranges = statements.deciding_lines(source, node.lineno)
-    if isinstance(node, ast.Raise):
+    # deciding_lines gives the statement, then the ``if`` it sits under (an assert's: the one
+    # that decides whether it runs at all, not its outcome), then the assignments.
+    if isinstance(node, ast.Assert):
+        ranges = ranges[:1] + ranges[2:]
+    else:
         ranges = ranges[1:] if statements.guard(source, node) is not None else ranges[2:]
     keys: dict[str, None] = {}
     for lo, hi in ranges:

@@ -273,12 +273,14 @@ def reads_configurations(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, 
     return {cid: mapping for cid, mapping in configs.items() if not cid.startswith("examples/")}
 
 
-def reads_key(configs: Mapping[str, Mapping[str, Any]]) -> str:
-    """One key for the whole traced run: every configuration, the probes and the handler."""
+def reads_key(configs: Mapping[str, Mapping[str, Any]], wanted: set[str]) -> str:
+    """One key for the whole traced run: every configuration, the leaves kept, the probes and
+    the handler."""
     question = {
         "kind": READS_NAME,
         "handler": code_sha256(("pytest_verl_compat/upstream/reads_probe.py",)),
         "mappings": [mapping_digest(dict(configs[cid])) for cid in sorted(configs)],
+        "leaves": mapping_digest(sorted(wanted)),
     }
     return answer_key(CHECKS, question)
 
@@ -291,7 +293,7 @@ def traced_reads(
 ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Leaf → the ``verl/…py:line`` places the probes read it, over every configuration (only
     the ``wanted`` leaves), and the answer to record; from ``recorded`` when its key is there."""
-    key = reads_key(configs)
+    key = reads_key(configs, wanted)
     known = (recorded or {}).get(key)
     if isinstance(known, dict) and isinstance(known.get(KEY_READS), dict):
         return dict(known[KEY_READS]), {key: known}
