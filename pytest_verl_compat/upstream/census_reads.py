@@ -148,6 +148,9 @@ def _getattr_of_config(call: ast.Call, context: Context) -> bool:
     """``getattr(config, name)``: a field read by a name computed at run time."""
     if not (isinstance(call.func, ast.Name) and call.func.id == "getattr" and call.args):
         return False
+    name = call.args[1] if len(call.args) > 1 else None
+    if isinstance(name, ast.Constant) and str(name.value).startswith("_"):
+        return False  # a private attribute of the object, no field (``_mutable_fields``)
     chain = _chain(call.args[0])
     return chain is not None and _holds_config(chain, context)
 
@@ -363,7 +366,10 @@ def _callee(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
     elif isinstance(func, ast.Attribute):
         owner = _chain(func.value)
         qualified = callees.get(f"{owner[-1]}.{func.attr}", []) if owner else []
-        found = qualified or callees.get(func.attr, [])
+        # A dunder by its bare name is any class's (``object.__setattr__(obj, …)`` is not
+        # BaseConfig's, and passes the instance itself): only ``Class.__x__`` resolves.
+        bare = [] if func.attr.startswith("__") else callees.get(func.attr, [])
+        found = qualified or bare
     else:
         return None
     return found[0] if len(found) == 1 else None
