@@ -12,6 +12,7 @@ from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
     UsageError,
+    add_bindings_flags,
     flag_bindings,
     open_session,
     say,
@@ -110,4 +111,5 @@ def add_explain_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a Hydra override added to SCRIPT's (repeatable)",
     )
+    add_bindings_flags(parser)
     parser.set_defaults(func=cmd_explain)
