@@ -1,16 +1,17 @@
-"""The census of upstream's checks (issue 22): docs/upstream-checks.md is what the installed verl
-and census_reasons.yaml give, no configuration entry is unexplained, at least 90% are evaluated.
+"""The census of upstream's checks (issues 22, 29): docs/upstream-checks.md is what the installed
+verl and census_reasons.yaml give, no configuration entry is unexplained, the share evaluated does
+not fall, and a condition is labelled by what it reads, not by its words.
 
-The page's "evaluated" column comes from a coverage run of the probes (``verl-compat census``,
-~20 min on two cores), too slow for every run; this test re-renders the page from the scan of the
-installed verl, the reasons and the page's own "yes" rows, so a new `raise` upstream, a changed
-reason or a hand edit fails here at once, naming the command that regenerates the page. The slow
-test re-runs the coverage itself (``VERL_COMPAT_CENSUS=1``).
+The page's "evaluated" column comes from a coverage run of the probes, recorded by content in
+golden/answers/census.json; the first test re-renders the page from the scan of the installed
+verl, the reasons and the page's own "yes" rows (a new `raise` upstream, a changed reason or a
+hand edit fails at once); the CLI test re-derives every configuration's question and fails when
+the recorded answers are stale (a probe, verl or a configuration changed).
 """
 
 from __future__ import annotations
 
-import os
+import ast
 import re
 import subprocess
 import sys
@@ -20,10 +21,15 @@ import pytest
 
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream import census, census_run
+from pytest_verl_compat.upstream.probes.records import KEY_RAN
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-checks.md"
-REGENERATE = "verl-compat --upstream PATH census --write docs/upstream-checks.md"
-MINIMUM_SHARE = 0.90
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+REGENERATE = "verl-compat census --upstream PATH --write docs/upstream-checks.md"
+# The share of configuration checks the probes evaluate may not fall below this (85.8% when
+# classified by what conditions read; the rest, explained on the page, run in the rollout
+# servers, on a built model's weights or Megatron's forward pass, or in fit's loop on real data).
+MINIMUM_SHARE = 0.85
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 
 pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
@@ -49,9 +55,10 @@ def test_the_page_is_the_census_of_the_installed_verl() -> None:
     assert installed is not None
     text = PAGE.read_text(encoding="utf-8")
     reasons = census.load_reasons()
-    entries = census.settled(census.scan(installed[0]), reasons)
+    traced = census_run.recorded_traced(GOLDEN)
+    entries = census.settled(census.scan(installed[0], traced), reasons)
     rows = _page_rows(text)
-    evaluated = {where for where, status in rows.items() if status == "yes"}
+    evaluated = {where for where, status in rows.items() if status.startswith("yes")}
     ran: dict[str, set[int]] = {}
     for entry in entries:
         if entry.where in evaluated:
@@ -81,16 +88,169 @@ def test_every_reason_matches_an_entry_and_none_is_a_to_do() -> None:
         )
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("VERL_COMPAT_CENSUS"),
-    reason="the coverage run takes ~20 min on two cores; VERL_COMPAT_CENSUS=1 runs it",
-)
-def test_the_coverage_run_gives_the_committed_page(upstream_checkout: Path) -> None:
+def test_the_recorded_coverage_is_the_coverage_of_now(upstream_checkout: Path) -> None:
+    """``census --check`` re-derives every configuration's question; a recorded answer whose key
+    no longer matches (a changed probe, verl, variant or corpus case) fails it."""
     run = subprocess.run(
-        [*CLI, "--upstream", str(upstream_checkout), "census", "--check", str(PAGE)],
+        [*CLI, "-q", "--upstream", str(upstream_checkout), "census", "--check", str(PAGE)],
         capture_output=True,
         text=True,
         check=False,
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    assert "0 asked of the oracle" in run.stderr, run.stderr[-2000:]
+
+
+def _entry(entries: list[census.Entry], where: str) -> census.Entry:
+    found = [e for e in entries if e.where == where]
+    assert found, f"no census entry at {where}: has verl 0.9.0's source moved?"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("where", "read"),
+    [
+        # The checks issue 29 names, that a condition's words had labelled "data".
+        ("verl/workers/config/actor.py:238", "self.ppo_mini_batch_size"),
+        ("verl/workers/config/rollout.py:293", "self.expert_parallel_size"),
+        ("verl/workers/config/actor.py:224", "self.loss_agg_mode"),
+        # A local assigned from the configuration, and a parameter its caller passes it.
+        ("verl/utils/config.py:110", "real_train_batch_size ← line 109"),
+        ("verl/trainer/ppo/core_algos.py:1204", "loss_agg_mode ←"),
+    ],
+)
+def test_a_condition_that_reads_the_configuration_is_config(where: str, read: str) -> None:
+    installed = installed_verl_root()
+    assert installed is not None
+    entry = _entry(census.settled(census.scan(installed[0]), census.load_reasons()), where)
+    assert entry.depends == "config", f"depends={entry.depends}, but should be config [{where}]"
+    assert any(r.startswith(read) for r in entry.reads), entry.reads
+
+
+def test_a_condition_without_configuration_is_data_or_internal() -> None:
+    installed = installed_verl_root()
+    assert installed is not None
+    entries = census.scan(installed[0])
+    # The batch's own invariant (no configuration value reaches it) and an abstract method.
+    assert _entry(entries, "verl/checkpoint_engine/base.py:584").depends == "data"
+    assert _entry(entries, "verl/checkpoint_engine/base.py:129").depends == "internal"
+
+
+SYNTHETIC = """
+class Worker:
+    def __init__(self, config):
+        self.config = config
+        self.mode = config.loss_agg_mode
+
+    def run(self, data):
+        size = self.config.ppo_mini_batch_size
+        assert size % 2 == 0
+        assert self.mode in ("token-mean",)
+        assert data.shape[0] > 0
+        assert isinstance(self.config, dict)
+        helper(self.config.n_gpus, data)
+
+def helper(n, batch):
+    assert n > 0
+    assert batch.shape[0] % 2 == 0
+"""
+
+
+def test_reads_follow_locals_attributes_and_call_sites(tmp_path: Path) -> None:
+    """The reading on a module of its own: a local, a ``self`` attribute and a parameter from
+    the configuration are reads; the batch's shape and a type check of the section are not."""
+    from pytest_verl_compat.upstream import census_reads
+    from pytest_verl_compat.upstream.probes import statements
+
+    path = tmp_path / "worker.py"
+    path.write_text(SYNTHETIC, encoding="utf-8")
+    source = statements.parse(str(path), "verl/worker.py")
+    assert source is not None
+    index = census_reads.build_index([source], frozenset())
+    found = {}
+    for node in (n for n in ast.walk(source.tree) if isinstance(n, ast.Assert)):
+        context = census_reads.context_of(source, source.function(node), index, frozenset())
+        found[ast.unparse(node.test)] = census_reads.reads(node.test, context)
+    assert found["size % 2 == 0"] == ["size ← line 8: self.config.ppo_mini_batch_size"]
+    assert found["self.mode in ('token-mean',)"][0].startswith("self.mode ← verl/worker.py:5")
+    assert found["n > 0"][0].startswith("n ← verl/worker.py:13: self.config.n_gpus")
+    assert found["data.shape[0] > 0"] == []
+    assert found["isinstance(self.config, dict)"] == []
+    assert found["batch.shape[0] % 2 == 0"] == []
+
+
+def test_recorded_answers_are_read_without_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A question whose key is recorded starts no oracle; a changed question is asked anew."""
+    from pytest_verl_compat.pipeline.answers import CHECKS, answer_key
+    from pytest_verl_compat.upstream.oracle import checks_request
+
+    entry = census.Entry("verl/x.py", 3, "f", "assert", "assert x", "x", "config", (3,))
+    mapping = {"trainer": {"use_v1": True}}
+    key = answer_key(CHECKS, checks_request(mapping, census.watched_lines([entry])))
+    asked: list[str] = []
+
+    class Oracle:
+        def __init__(self, workers: int) -> None:
+            pass
+
+        def submit(self, tag: str, question: object) -> None:
+            asked.append(tag)
+
+        def answer(self, tag: str, question: object) -> dict[str, object]:
+            return {KEY_RAN: {"verl/x.py": [3]}}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(census_run, "UpstreamOracle", Oracle)
+    recorded = {key: {"config": "a", KEY_RAN: {"verl/x.py": "3"}}}
+    ran, answers = census_run.coverage({"a": mapping}, [entry], recorded)
+    assert (ran, asked) == ({"verl/x.py": {3}}, [])
+    changed = {"trainer": {"use_v1": True, "nnodes": 2}}
+    ran, answers = census_run.coverage({"a": changed}, [entry], recorded)
+    assert asked == ["census:a"] and key not in answers
+    assert ran == {"verl/x.py": {3}}
+
+
+def test_the_census_runs_main_ppo_configurations_only(upstream_session: object) -> None:
+    """The SFT trainer's cases compose another tree (issue 29: the census crashed on them)."""
+    from pytest_verl_compat.pipeline.audit import AuditSession
+    from pytest_verl_compat.upstream.oracle import ENTRY_MODULE
+
+    assert isinstance(upstream_session, AuditSession)
+    configs = census_run.configurations(upstream_session)
+    sft = [
+        case.id
+        for case in upstream_session.cases
+        if upstream_session.outcome(case).fields.module not in (None, ENTRY_MODULE)
+    ]
+    assert sft, "the corpus has no SFT case: this test would test nothing"
+    assert not set(sft) & set(configs)
+    assert all("actor_rollout_ref" in mapping for mapping in configs.values())
+
+
+SETATTR = """
+class FooConfig:
+    def __setattr__(self, name, value):
+        assert name not in getattr(self, "_frozen", ())
+
+class Other:
+    def __init__(self, config):
+        object.__setattr__(config.section, "strategy", config.strategy)
+"""
+
+
+def test_a_dunder_called_on_object_and_a_private_attribute_are_no_reads(tmp_path: Path) -> None:
+    """``object.__setattr__(config.section, …)`` is not a call of FooConfig.__setattr__ that
+    passes it configuration, and ``getattr(self, "_frozen")`` reads no field."""
+    from pytest_verl_compat.upstream import census_reads
+    from pytest_verl_compat.upstream.probes import statements
+
+    path = tmp_path / "foo.py"
+    path.write_text(SETATTR, encoding="utf-8")
+    source = statements.parse(str(path), "verl/workers/config/foo.py")
+    assert source is not None
+    index = census_reads.build_index([source], frozenset({"FooConfig"}))
+    (node,) = [n for n in ast.walk(source.tree) if isinstance(n, ast.Assert)]
+    context = census_reads.context_of(source, source.function(node), index, frozenset())
+    assert census_reads.reads(node.test, context) == []

@@ -26,6 +26,7 @@ from pytest_verl_compat.cli.common import (
     say,
 )
 from pytest_verl_compat.cli.drift import add_drift_parsers
+from pytest_verl_compat.cli.explain import add_explain_parser
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
 from pytest_verl_compat.cli.output import configure_output
 from pytest_verl_compat.cli.pin import add_pin_parser
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub, common)
     add_audit_parser(sub, common)
     add_census_parser(sub, common)
+    add_explain_parser(sub, common)
     add_case_source(add_train_parser(sub))
     add_drift_parsers(sub, common)
     add_pin_parser(sub)

@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, UsageError, open_session, say
+from pytest_verl_compat.pipeline.answers import (
+    CHECKS,
+    dumps_recorded,
+    load_recorded,
+    recorded_path,
+    stale_keys,
+)
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
@@ -24,11 +31,18 @@ def cmd_census(args: argparse.Namespace) -> int:
         raise UsageError(
             f"needs the installed verl {session.pin.version}: pip install 'pytest-verl-compat[upstream]'"
         )
+    if args.reads:
+        return _reads(args, session, installed[0])
     reasons = census.load_reasons()
-    entries = census.settled(census.scan(installed[0]), reasons)
+    traced = census_run.recorded_traced(session.golden_dir)
+    entries = census.settled(census.scan(installed[0], traced), reasons)
     configs = census_run.configurations(session)
-    say("census", f"{len(entries)} checks; running the probes on {len(configs)} configurations")
-    ran = census_run.coverage(configs, entries)
+    recorded_file = census_run.recorded_file(session)
+    recorded = {} if args.fresh else load_recorded(recorded_file)
+    say("census", f"{len(entries)} checks on {len(configs)} configurations")
+    ran, answers = census_run.coverage(configs, entries, recorded)
+    asked = sum(1 for key in answers if key not in recorded)
+    say("census", f"{len(answers) - asked} answers recorded, {asked} asked of the oracle")
     page = census_run.render(session.pin.version, entries, ran, reasons, len(configs))
     counts = census.summary(entries, ran, reasons)
     print(
@@ -39,6 +53,13 @@ def cmd_census(args: argparse.Namespace) -> int:
     if args.check:
         target = Path(args.check)
         old = target.read_text(encoding="utf-8") if target.is_file() else ""
+        missing, unused = stale_keys(load_recorded(recorded_file), answers)
+        if missing or unused:
+            say(
+                "census",
+                f"{recorded_file} is stale ({len(missing)} answers not recorded, {len(unused)} "
+                "no longer asked): re-record with `verl-compat census --write PAGE`",
+            )
         if old != page:
             say("census", f"{target} is out of date:")
             sys.stderr.writelines(
@@ -47,16 +68,84 @@ def cmd_census(args: argparse.Namespace) -> int:
                 )
             )
             return EXIT_FINDINGS
+        if missing or unused:
+            return EXIT_FINDINGS
         say("census", f"{target} is up to date")
         return EXIT_FINDINGS if counts["unexplained"] else EXIT_OK
     if args.write:
         write_atomic(Path(args.write), page)
-        say("census", f"wrote {args.write}")
+        write_atomic(recorded_file, dumps_recorded(CHECKS, answers).decode("utf-8"))
+        say("census", f"wrote {args.write} and {recorded_file}")
     elif args.json:
         sys.stdout.write(json.dumps(counts, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(page)
     return EXIT_FINDINGS if counts["unexplained"] else EXIT_OK
+
+
+def _compare(target: Path, page: str) -> bool:
+    """Whether ``target`` holds ``page``; says how it differs when not."""
+    old = target.read_text(encoding="utf-8") if target.is_file() else ""
+    if old == page:
+        say("census", f"{target} is up to date")
+        return True
+    say("census", f"{target} is out of date:")
+    sys.stderr.writelines(
+        difflib.unified_diff(old.splitlines(True), page.splitlines(True), str(target), "now", n=0)
+    )
+    return False
+
+
+def read_trees(session: Any, verl_parent: Path) -> dict[str, dict[str, Any]]:
+    """main_ppo's composed trees by name: the default ``ppo_trainer`` and each other choice of
+    its ``model_engine`` group (the installed verl's ``trainer/config/model_engine/*.yaml``)."""
+    default = session.composer().compose((), {})
+    if not default.composed:
+        raise UsageError(f"main_ppo's default tree does not compose: {default.reason}")
+    trees = {"ppo_trainer": dict(default.mapping)}
+    for path in sorted((verl_parent / "verl/trainer/config/model_engine").glob("*.yaml")):
+        override = f"model_engine={path.stem}"
+        composed = session.composer().compose((override,), {})
+        if composed.composed and dict(composed.mapping) != trees["ppo_trainer"]:
+            trees[override] = dict(composed.mapping)
+    return trees
+
+
+def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
+    """The read census (``read_census``): every leaf of main_ppo's trees and where verl reads it."""
+    from pytest_verl_compat.upstream import census_run, read_census
+
+    trees = read_trees(session, verl_parent)
+    configs = census_run.reads_configurations(census_run.configurations(session))
+    recorded_file = recorded_path(session.golden_dir, census_run.READS_NAME)
+    recorded = {} if args.fresh else load_recorded(recorded_file)
+    wanted = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
+    say("census", f"{len(wanted)} leaves; the probes' reads on {len(configs)} configurations")
+    traced, answer = census_run.traced_reads(configs, wanted, recorded)
+    entries = read_census.census(verl_parent, trees, traced)
+    page = read_census.render(session.pin.version, entries, len(configs), trees)
+    counts = read_census.summary(entries)
+    print(
+        f"census --reads: {counts['leaves']} leaves; {counts['traced']} traced, "
+        f"{counts['static']} static only, {counts['never read']} never read, "
+        f"{counts['undecided']} undecided",
+        file=sys.stderr,
+    )
+    if args.check:
+        missing, unused = stale_keys(load_recorded(recorded_file), answer)
+        up_to_date = _compare(Path(args.check), page)
+        if missing or unused:
+            say("census", f"{recorded_file} is stale: re-record with `census --reads --write`")
+        return EXIT_OK if up_to_date and not (missing or unused) else EXIT_FINDINGS
+    if args.write:
+        write_atomic(Path(args.write), page)
+        write_atomic(recorded_file, dumps_recorded(CHECKS, answer).decode("utf-8"))
+        say("census", f"wrote {args.write} and {recorded_file}")
+    elif args.json:
+        sys.stdout.write(json.dumps(counts, indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(page)
+    return EXIT_OK
 
 
 def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -69,4 +158,16 @@ def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     mode.add_argument("--write", metavar="PATH", help="write the page (docs/upstream-checks.md)")
     mode.add_argument("--check", metavar="PATH", help="exit 1 when PATH is not the page of now")
     mode.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument(
+        "--reads",
+        action="store_true",
+        help="the read census instead: every leaf of main_ppo's tree and where verl reads it "
+        "(docs/upstream-reads.md)",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="ask the oracle for every configuration, ignoring the recorded answers "
+        "(golden/answers/census.json, reads.json)",
+    )
     parser.set_defaults(func=cmd_census)

@@ -2,16 +2,18 @@
 
 Read from the installed verl's source with ``ast`` (nothing is imported): each statement with the
 function it sits in, the condition that decides it (an assert's test, the ``if`` a raise sits
-under) and what that condition depends on:
+under) and what that condition reads:
 
-- ``config``: configuration values (``config.…``, ``self.config.…``, a config dataclass's own
-  fields in its ``__post_init__``/``validate``, a name looked up in a registry, or a local
-  assigned from those);
-- ``data``: the batch or the model's tensors (shapes, masks, token counts);
-- ``internal``: upstream's own invariants (an abstract method, a type check of its own objects, a
-  registration made twice);
+- ``config``: a configuration value, by what the condition reads (``census_reads``: a field of a
+  config object, a local or ``self`` attribute assigned from one, a parameter its callers pass
+  one), never by its words;
+- ``data``: no configuration value, and it names the batch or the model's tensors;
+- ``internal``: no configuration value, upstream's own invariants (an abstract method, a type
+  check of its own objects, a registration made twice);
 - ``elsewhere``: in a function the V1 path never calls (the V0 trainer's helpers, an engine the
   tree cannot select), set by ``census_reasons.yaml`` with the evidence.
+
+A label other than the reading's comes only from ``census_reasons.yaml``, with its reason.
 
 Which ``config`` entries ``check`` evaluates is measured, not typed: ``coverage`` runs the probes
 on a corpus of configurations in the oracle with a line tracer and marks an entry evaluated when
@@ -24,13 +26,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from pytest_verl_compat.upstream import census_reads
 from pytest_verl_compat.upstream.probes import statements
 
 Depends = Literal["config", "data", "internal", "elsewhere"]
@@ -49,6 +52,10 @@ SCOPE = (
     "verl/trainer/ppo/utils.py",
     "verl/trainer/ppo/ray_trainer.py::apply_kl_penalty",
     "verl/trainer/distillation/losses.py",
+    # The trainer's own config dataclasses (AlgoConfig and its sections) and the profiler's
+    # config: the probes build and run them (issue 29: the scope grows with what runs).
+    "verl/trainer/config/*.py",
+    "verl/utils/profiler/config.py",
     "verl/utils/config.py",
     "verl/utils/tensordict_utils.py::make_iterator",
     "verl/base_config.py",
@@ -67,7 +74,8 @@ SCOPE = (
     "verl/checkpoint_engine/base.py",
 )
 
-# Words of a condition that reads the batch or the model's tensors.
+# Words of a condition that reads no configuration value and names the batch or the model's
+# tensors (they sort ``data`` from ``internal``, never ``config`` from the rest).
 _DATA_WORDS = (
     "shape",
     "numel",
@@ -99,8 +107,6 @@ _DATA_WORDS = (
     "device_mesh",
     "in data",
 )
-# Names of a condition that hold configuration.
-_CONFIG_ROOTS = ("config", "cfg", "self.config", "kl_ctrl", "model_config", "engine_config")
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class Entry:
     # The lines whose running means the condition was evaluated: the assert, the guard's test,
     # or the guarded try body of an ``except … raise``.
     deciding: tuple[int, ...] = field(default=(), compare=False)
+    # The configuration values the condition reads (``census_reads``), as source text.
+    reads: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def where(self) -> str:
@@ -170,88 +178,102 @@ def _deciding(
     return None, _lines_of(statement)
 
 
-def _in_config_class(source: statements.Source, node: ast.AST) -> bool:
-    """Inside a method of a config dataclass (``verl/workers/config/``, or a ``*Config`` class)."""
-    for ancestor in source.ancestors(node):
-        if isinstance(ancestor, ast.ClassDef):
-            return source.relative.startswith("verl/workers/config/") or ancestor.name.endswith(
-                "Config"
-            )
-    return False
-
-
-def _depends(source: statements.Source, statement: ast.stmt, condition: ast.AST | None) -> Depends:
-    """What the deciding condition reads (see the module's docstring)."""
+def _depends(
+    source: statements.Source,
+    statement: ast.stmt,
+    condition: ast.AST | None,
+    read: list[str],
+) -> Depends:
+    """What decides the statement (see the module's docstring): ``config`` when its condition
+    reads a configuration value (``census_reads``); otherwise the batch's words tell ``data`` from
+    ``internal``: they only ever sort the conditions that read no configuration."""
+    if read:
+        return "config"
     if condition is None:
-        # An unconditional raise: an abstract method or a fallback of a registry lookup.
-        text = ast.unparse(statement)
-        return "config" if "Unknown" in text or "not supported" in text.lower() else "internal"
-    function = source.function(statement)
-    texts = [ast.unparse(condition)]
-    if function is not None:
-        for lo, hi in statements.deciding_lines(source, statement.lineno)[statements.OWN_RANGES :]:
-            texts.append(statements.text(source, [(lo, hi)]))
-    text = "\n".join(texts)
+        return "internal"  # an abstract method, a fallback that reads nothing of the config
     if ".decorator" in source.qualname(statement) or "register" in source.qualname(statement):
         return "internal"  # a registration, made when upstream's modules are imported
-    if _on_own_objects(texts[0]):
-        return "internal"
-    if function is not None and _only_a_passed_argument(texts[0], function):
-        return "internal"
-    if any(word in text for word in _DATA_WORDS) and not any(
-        root in texts[0] for root in _CONFIG_ROOTS
-    ):
-        return "data"
-    if any(root in text for root in _CONFIG_ROOTS) or _in_config_class(source, statement):
-        return "config"
-    if " in " in texts[0] and any(part.isupper() for part in texts[0].replace("_", " ").split()):
-        return "config"  # a name looked up in a registry (``name not in ADV_ESTIMATOR_REGISTRY``)
-    if function is not None and any(
-        arg.arg in texts[0] for arg in function.args.args if arg.arg not in ("self", "cls")
-    ):
-        return "config"  # decided by an argument its caller takes from the configuration
-    return "internal"
+    texts = [ast.unparse(condition)]
+    for lo, hi in statements.deciding_lines(source, statement.lineno)[statements.OWN_RANGES :]:
+        texts.append(statements.text(source, [(lo, hi)]))
+    return "data" if any(word in "\n".join(texts) for word in _DATA_WORDS) else "internal"
 
 
-def _on_own_objects(condition: str) -> bool:
-    """A type check of an object upstream made itself (``isinstance(config, AlgoConfig)``), as
-    opposed to a configuration value's (``isinstance(self.config.trainer.resume_from_path, str)``)."""
-    return (
-        "isinstance(" in condition
-        and not any(f"isinstance({root}." in condition for root in _CONFIG_ROOTS)
-        and "issubclass(" not in condition
-    ) or "issubclass(" in condition
-
-
-def _only_a_passed_argument(
-    condition: str, function: ast.FunctionDef | ast.AsyncFunctionDef
-) -> bool:
-    """``config is not None`` on an argument every caller passes: upstream checking itself."""
-    names = {arg.arg for arg in function.args.args + function.args.kwonlyargs}
-    match = condition.replace("(", " ").replace(")", " ").split()
-    return (
-        len(match) in (3, 4)
-        and match[0] in names
-        and match[1:] in (["is", "not", "None"], ["is", "None"])
-    )
-
-
-def scan(verl_parent: Path) -> list[Entry]:
-    """Every raise and assert of the scope, in file and line order."""
-    entries: list[Entry] = []
+def _sources(verl_parent: Path) -> list[tuple[statements.Source, tuple[str, ...]]]:
+    out = []
     for path, relative, names in _in_scope(verl_parent):
         source = statements.parse(str(path), relative)
-        if source is None:
-            continue
+        if source is not None:
+            out.append((source, names))
+    return out
+
+
+def _config_class_sources(verl_parent: Path) -> list[statements.Source]:
+    found = []
+    for folder in census_reads.CONFIG_FOLDERS:
+        for path in sorted((verl_parent / folder).glob("*.py")):
+            source = statements.parse(str(path), path.relative_to(verl_parent).as_posix())
+            if source is not None:
+                found.append(source)
+    return found
+
+
+# Traced reads: ``verl/…py`` → line → the configuration keys the probes saw that line read.
+Traced = Mapping[str, Mapping[int, list[str]]]
+
+
+def traced_by_line(reads: Mapping[str, list[str]]) -> dict[str, dict[int, list[str]]]:
+    """The read census's traced reads (leaf → ``verl/…py:line``) turned around, by file and line."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for leaf, places in reads.items():
+        for where in places:
+            file, _, line = where.rpartition(":")
+            out.setdefault(file, {}).setdefault(int(line), set()).add(leaf)
+    return {f: {n: sorted(keys) for n, keys in lines.items()} for f, lines in out.items()}
+
+
+def _traced_reads(source: statements.Source, node: ast.stmt, traced: Traced) -> list[str]:
+    """The keys the probes saw read on the lines that decide ``node``'s outcome: a raise's guard
+    or an assert's test, and the assignments they use (a raise's own line is its message)."""
+    lines = traced.get(source.relative)
+    if not lines:
+        return []
+    ranges = statements.deciding_lines(source, node.lineno)
+    # deciding_lines gives the statement, then the ``if`` it sits under (an assert's: the one
+    # that decides whether it runs at all, not its outcome), then the assignments.
+    if isinstance(node, ast.Assert):
+        ranges = ranges[:1] + ranges[2:]
+    else:
+        ranges = ranges[1:] if statements.guard(source, node) is not None else ranges[2:]
+    keys: dict[str, None] = {}
+    for lo, hi in ranges:
+        for line in range(lo, hi + 1):
+            keys.update(dict.fromkeys(lines.get(line, [])))
+    return [f"traced: {key}" for key in keys]
+
+
+def scan(verl_parent: Path, traced: Traced | None = None) -> list[Entry]:
+    """Every raise and assert of the scope, in file and line order; ``traced``: the lines the
+    probes saw read the configuration (``traced_by_line``), which make a condition ``config``
+    besides what the reading of its source finds."""
+    scoped = _sources(verl_parent)
+    classes = census_reads.config_classes(_config_class_sources(verl_parent))
+    index = census_reads.build_index([source for source, _ in scoped], classes)
+    entries: list[Entry] = []
+    for source, names in scoped:
         for node in ast.walk(source.tree):
             if not isinstance(node, ast.Raise | ast.Assert):
                 continue
             if names and _top_level_name(source, node) not in names:
                 continue
             condition, deciding = _deciding(source, node)
+            context = census_reads.context_of(source, source.function(node), index, classes)
+            # An unconditional raise is decided by how it was reached: what its message names.
+            read = census_reads.reads(condition if condition is not None else node, context)
+            read += [r for r in _traced_reads(source, node, traced or {}) if r not in read]
             entries.append(
                 Entry(
-                    file=relative,
+                    file=source.relative,
                     line=node.lineno,
                     function=source.qualname(node) or "<module>",
                     kind="assert" if isinstance(node, ast.Assert) else "raise",
@@ -259,8 +281,9 @@ def scan(verl_parent: Path) -> list[Entry]:
                     condition=" ".join(ast.unparse(condition).split())
                     if condition is not None
                     else "",
-                    depends=_depends(source, node, condition),
+                    depends=_depends(source, node, condition, read),
                     deciding=deciding,
+                    reads=tuple(read),
                 )
             )
     return sorted(entries, key=lambda e: (e.file, e.line))
@@ -269,8 +292,8 @@ def scan(verl_parent: Path) -> list[Entry]:
 @dataclass(frozen=True)
 class Reason:
     """Why the probes cannot evaluate the entries of one file and function pattern; with
-    ``depends``, why those entries do not read the configuration after all (the scan's words
-    heuristic took them for configuration checks)."""
+    ``depends``, the label of those entries where the reading of the source cannot tell it, and
+    why."""
 
     file: str
     function: str
@@ -295,6 +318,12 @@ def load_reasons(path: Path = REASONS_FILE) -> list[Reason]:
 
 def reason_for(entry: Entry, reasons: Iterable[Reason]) -> str:
     return next((r.reason for r in reasons if r.covers(entry)), "")
+
+
+def relabel_reason(entry: Entry, reasons: Iterable[Reason]) -> str:
+    """The written reason behind an entry's label, when a reason's ``depends`` set it."""
+    rule = next((r for r in reasons if r.covers(entry)), None)
+    return rule.reason if rule is not None and rule.depends is not None else ""
 
 
 def settled(entries: Iterable[Entry], reasons: list[Reason]) -> list[Entry]:

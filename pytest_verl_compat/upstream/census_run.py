@@ -1,9 +1,15 @@
 """The census's coverage run and its page: which of upstream's configuration checks ``check`` runs.
 
-Every corpus case, every composed example script of the pinned release and the variants of
-``census_variants.yaml`` go to the oracle as ``checks`` questions carrying the census's deciding
-lines; the oracle runs the probes under a line tracer and answers which of those lines ran. An
-entry is evaluated when one of its deciding lines ran for at least one configuration.
+Every corpus case and composed example script that launches ``main_ppo`` (the census is about its
+trees; the SFT trainer's cases compose another tree) and the variants of ``census_variants.yaml``
+go to the oracle as ``checks`` questions carrying the census's deciding lines; the oracle runs the
+probes under a line tracer and answers which of those lines ran. An entry is evaluated when one of
+its deciding lines ran for at least one configuration.
+
+Each answer's lines are recorded under its ``answer_key`` (the question, the installed packages,
+our oracle code) in ``golden/answers/census.json``: a question whose key is recorded is not asked
+again, so ``census --check`` re-renders the page from the recorded lines in seconds, and a changed
+probe, verl or configuration is a key that misses, asked anew.
 """
 
 from __future__ import annotations
@@ -16,13 +22,25 @@ from typing import Any
 import yaml
 
 from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.pipeline.answers import (
+    CHECKS,
+    answer_key,
+    code_sha256,
+    load_recorded,
+    mapping_digest,
+    recorded_path,
+)
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.upstream import census
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.probes.records import KEY_RAN
 
 VARIANTS_FILE = Path(__file__).with_name("census_variants.yaml")
+# The recorded coverage's file beside the golden files (``golden/answers/census.json``).
+RECORDED_NAME = "census"
+# JSON keys of one recorded answer: the configuration's id (for a reader), the lines that ran.
+KEY_CONFIG = "config"
 
 
 def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
@@ -32,9 +50,12 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
     out: dict[str, Mapping[str, Any]] = {}
     for case in cases:
         try:
-            composition = session.outcome(case).composition
+            outcome = session.outcome(case)
         except (StageFailed, StageUnavailable):
             continue  # not read: the script exits before its launcher
+        if outcome.fields.module not in (None, ENTRY_MODULE):
+            continue  # another entry point's tree (the SFT trainer's), not main_ppo's
+        composition = outcome.composition
         if composition.composed:
             out[case.id] = composition.mapping
     by_id = {case.id: case for case in cases}
@@ -58,29 +79,88 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
     return out
 
 
+def recorded_file(session: AuditSession) -> Path:
+    return recorded_path(session.golden_dir, RECORDED_NAME)
+
+
 def coverage(
-    configs: Mapping[str, Mapping[str, Any]], entries: list[census.Entry], workers: int = 2
-) -> dict[str, set[int]]:
-    """The watched lines that ran, over every configuration, from one oracle process."""
+    configs: Mapping[str, Mapping[str, Any]],
+    entries: list[census.Entry],
+    recorded: Mapping[str, Any] | None = None,
+    workers: int = 2,
+) -> tuple[dict[str, set[int]], dict[str, Any]]:
+    """The watched lines that ran, over every configuration, and the answers by key to record.
+
+    A configuration whose question's key is in ``recorded`` is read from there; the others are
+    asked of one oracle process (none started when every key is recorded)."""
     watch = census.watched_lines(entries)
     if not watch:
         raise ValueError("no upstream check to watch: the census found no file of its scope")
-    oracle = UpstreamOracle(workers)
+    questions = {cid: checks_request(mapping, watch) for cid, mapping in configs.items()}
+    keys = {cid: answer_key(CHECKS, question) for cid, question in questions.items()}
+    known = recorded or {}
+    answers: dict[str, Any] = {}
+    asked = [cid for cid in configs if not _recorded_answer(known.get(keys[cid]))]
+    for cid in configs:
+        if cid not in asked:
+            answers[keys[cid]] = {KEY_CONFIG: cid, KEY_RAN: dict(known[keys[cid]][KEY_RAN])}
+    if asked:
+        oracle = UpstreamOracle(workers)
+        try:
+            for cid in asked:
+                oracle.submit(f"census:{cid}", questions[cid])
+            for cid in asked:
+                answer = oracle.answer(f"census:{cid}", questions[cid])
+                if KEY_RAN not in answer:
+                    raise RuntimeError(
+                        f"{cid}: the oracle gave no coverage: {answer.get('error', answer)}"
+                    )
+                answers[keys[cid]] = {
+                    KEY_CONFIG: cid,
+                    KEY_RAN: {
+                        relative: spans(lines)
+                        for relative, lines in sorted(answer[KEY_RAN].items())
+                    },
+                }
+        finally:
+            oracle.close()
     ran: dict[str, set[int]] = {}
+    for answer in answers.values():
+        for relative, text in answer[KEY_RAN].items():
+            ran.setdefault(relative, set()).update(lines_of(text))
+    return ran, answers
+
+
+def spans(lines: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``"3-5,9"``: a recorded answer's lines, compact and readable."""
+    runs: list[list[int]] = []
+    for line in sorted(set(lines)):
+        if runs and runs[-1][1] == line - 1:
+            runs[-1][1] = line
+        else:
+            runs.append([line, line])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def lines_of(text: str) -> set[int]:
+    """The lines of ``spans``' text."""
+    found: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        found.update(range(int(lo), int(hi or lo) + 1))
+    return found
+
+
+def _recorded_answer(entry: Any) -> bool:
+    """A recorded entry this code can read (anything else is asked anew)."""
+    if not (isinstance(entry, dict) and isinstance(entry.get(KEY_RAN), dict)):
+        return False
     try:
-        for config_id, mapping in configs.items():
-            oracle.submit(f"census:{config_id}", checks_request(mapping, watch))
-        for config_id, mapping in configs.items():
-            answer = oracle.answer(f"census:{config_id}", checks_request(mapping, watch))
-            if KEY_RAN not in answer:
-                raise RuntimeError(
-                    f"{config_id}: the oracle gave no coverage: {answer.get('error', answer)}"
-                )
-            for relative, lines in answer[KEY_RAN].items():
-                ran.setdefault(relative, set()).update(lines)
-    finally:
-        oracle.close()
-    return ran
+        for text in entry[KEY_RAN].values():
+            lines_of(text)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def render(
@@ -102,14 +182,38 @@ def render(
         f"verl {version} (`pytest_verl_compat/upstream/census.py`); do not edit. Every `raise` and "
         "`assert` of the files below, with the condition that decides it and what that condition "
         "reads: `config` (configuration values), `data` (the batch, the model's tensors), "
-        "`internal` (upstream's own invariants), or `elsewhere` (a function the V1 path never calls). A configuration entry is *evaluated* when "
-        "`verl-compat check`'s probes ran its deciding line on at least one of "
-        f"{configurations} configurations (the corpus cases, verl's example scripts, "
-        "`census_variants.yaml`); otherwise it says why not (`census_reasons.yaml`).",
+        "`internal` (upstream's own invariants), or `elsewhere` (a function the V1 path never "
+        "calls).",
         "",
-        "Check that this page is the one the installed verl and the probes give now (exit 1 when",
-        "not; about a minute and a half on 2 cores, the probes run on every configuration), with",
-        f"verl's example scripts in the checkout `verl-v{version}`:",
+        "How an entry is classified (`pytest_verl_compat/upstream/census_reads.py`): by what its "
+        "condition reads. It is `config` when the probes saw a configuration key read on a line "
+        "that decides it (its guard, the assignments the condition uses, an assert's test: the "
+        "traced reads recorded for `docs/upstream-reads.md`, shown as `traced: key`), or when, "
+        "read from the source, the condition (for an unconditional "
+        "`raise`, its message) names a field of a configuration object (an attribute, `.get` or "
+        "item of `config`, `cfg`, `…_config`, a parameter typed with one of verl's config classes, "
+        "`self` in a config class), a local assigned from one in the same function, an attribute "
+        "of `self` a method of its class assigns from one, or a parameter its callers in these "
+        "files pass one (followed through up to four calls). The column *config values read* "
+        "shows the first two, a derived name with where it comes from (`←`). A condition that "
+        "reads no configuration is `data` when it names the batch or the model's tensors "
+        "(`shape`, `mask`, `batch`, `token`, …), else `internal`; those words never decide "
+        "whether a condition is `config`. A label other than the reading's carries a written "
+        "reason from `census_reasons.yaml` (a value passed through a `**kwargs` dict or by a "
+        "caller outside these files, a function main_ppo's V1 path never calls), shown in the "
+        "last column.",
+        "",
+        "A configuration entry is *evaluated* when `verl-compat check`'s probes ran its deciding "
+        f"line on at least one of {configurations} configurations (the corpus cases and verl's "
+        "example scripts that launch `main_ppo`, and `census_variants.yaml`); otherwise it says "
+        "why not (`census_reasons.yaml`).",
+        "",
+        "Check that this page is the one the installed verl and the probes give now (exit 1 when "
+        "not). The probes' answers are recorded by content in `golden/answers/census.json` (each "
+        "under the key of its question, the installed packages and our oracle code), so with "
+        "nothing changed the check reads them and takes seconds; a changed probe, verl or "
+        "configuration asks the oracle again (minutes on 2 cores) and the check fails until "
+        f"`--write` re-records. With verl's example scripts in the checkout `verl-v{version}`:",
         "",
         "```bash",
         f"verl-compat census --upstream verl-v{version} --check docs/upstream-checks.md",
@@ -126,21 +230,26 @@ def render(
         lines += [
             f"## `{file}`",
             "",
-            "| line | function | check | reads | evaluated |",
-            "| ---: | --- | --- | --- | --- |",
+            "| line | function | check | config values read | reads | evaluated |",
+            "| ---: | --- | --- | --- | --- | --- |",
         ]
         for entry in (e for e in entries if e.file == file):
+            relabel = census.relabel_reason(entry, reasons)
             if entry.depends == "elsewhere":
                 status = "not on the V1 path: " + census.reason_for(entry, reasons)
             elif entry.depends != "config":
-                status = "—"
+                status = f"— ({relabel})" if relabel else "—"
             elif entry.where in done:
                 status = "yes"
             else:
                 status = "no: " + (census.reason_for(entry, reasons) or "**unexplained**")
             check = entry.condition or entry.statement
+            read = "<br>".join(f"`{_cell(r, 70)}`" for r in entry.reads[:2]) or "—"
+            if relabel and entry.depends == "config" and entry.where in done:
+                status = f"yes ({relabel})"
             lines.append(
-                f"| {entry.line} | `{entry.function}` | `{_cell(check)}` | {entry.depends} | {status} |"
+                f"| {entry.line} | `{entry.function}` | `{_cell(check)}` | {read} | "
+                f"{entry.depends} | {status} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -149,3 +258,93 @@ def render(
 def _cell(text: str, limit: int = 110) -> str:
     text = text.replace("|", "\\|").replace("`", "'")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# The read census's traced half (``read_census``): the probes' reads, asked with ``reads_probe``.
+READS_NAME = "reads"
+READS_PROBE = "pytest_verl_compat.upstream.reads_probe"
+KEY_READS = "reads"
+KEY_CONFIGURATIONS = "configurations"
+
+
+def reads_configurations(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The read census's configurations: the corpus's main_ppo cases and the variants (verl's
+    example scripts add sizes and paths, not other code paths, at twice the time)."""
+    return {cid: mapping for cid, mapping in configs.items() if not cid.startswith("examples/")}
+
+
+def reads_key(configs: Mapping[str, Mapping[str, Any]], wanted: set[str]) -> str:
+    """One key for the whole traced run: every configuration, the leaves kept, the probes and
+    the handler."""
+    question = {
+        "kind": READS_NAME,
+        "handler": code_sha256(("pytest_verl_compat/upstream/reads_probe.py",)),
+        "mappings": [mapping_digest(dict(configs[cid])) for cid in sorted(configs)],
+        "leaves": mapping_digest(sorted(wanted)),
+    }
+    return answer_key(CHECKS, question)
+
+
+def traced_reads(
+    configs: Mapping[str, Mapping[str, Any]],
+    wanted: set[str],
+    recorded: Mapping[str, Any] | None = None,
+    workers: int = 2,
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Leaf → the ``verl/…py:line`` places the probes read it, over every configuration (only
+    the ``wanted`` leaves), and the answer to record; from ``recorded`` when its key is there."""
+    key = reads_key(configs, wanted)
+    known = (recorded or {}).get(key)
+    if isinstance(known, dict) and isinstance(known.get(KEY_READS), dict):
+        return dict(known[KEY_READS]), {key: known}
+    from pytest_verl_compat.upstream import reads_probe
+
+    merged: dict[str, set[str]] = {}
+    oracle = UpstreamOracle(workers, served=(READS_PROBE,))
+    try:
+        for cid, mapping in configs.items():
+            oracle.submit(f"reads:{cid}", {"kind": reads_probe.KIND, "mapping": dict(mapping)})
+        for cid, mapping in configs.items():
+            answer = oracle.answer(
+                f"reads:{cid}", {"kind": reads_probe.KIND, "mapping": dict(mapping)}
+            )
+            if reads_probe.KEY_READS not in answer:
+                raise RuntimeError(f"{cid}: the oracle gave no reads: {answer.get('error')}")
+            for where, keys in answer[reads_probe.KEY_READS].items():
+                for leaf in keys:
+                    if leaf in wanted:
+                        merged.setdefault(leaf, set()).add(where)
+    finally:
+        oracle.close()
+    reads = {
+        leaf: sorted(places, key=lambda w: (w.rpartition(":")[0], int(w.rpartition(":")[2])))
+        for leaf, places in sorted(merged.items())
+    }
+    return reads, {key: {KEY_CONFIGURATIONS: len(configs), KEY_READS: reads}}
+
+
+def traced_reads_of(mapping: Mapping[str, Any], key: str) -> list[str]:
+    """The ``verl/…py:line`` places the probes read ``key`` at on one configuration (one oracle
+    question; ~10 s with verl's import)."""
+    from pytest_verl_compat.upstream import reads_probe
+
+    oracle = UpstreamOracle(1, served=(READS_PROBE,))
+    try:
+        answer = oracle.answer("explain", {"kind": reads_probe.KIND, "mapping": dict(mapping)})
+    finally:
+        oracle.close()
+    if reads_probe.KEY_READS not in answer:
+        raise RuntimeError(f"the oracle gave no reads: {answer.get('error')}")
+    found = [where for where, keys in answer[reads_probe.KEY_READS].items() if key in keys]
+    return sorted(found, key=lambda w: (w.rpartition(":")[0], int(w.rpartition(":")[2])))
+
+
+def recorded_traced(golden_dir: Path) -> dict[str, dict[int, list[str]]]:
+    """The probes' traced reads recorded for the read census (``golden/answers/reads.json``), by
+    file and line: what the census adds to its reading of the source (``census.scan``). Their
+    staleness is ``census --reads --check``'s."""
+    recorded = load_recorded(recorded_path(golden_dir, READS_NAME))
+    reads: dict[str, list[str]] = next(
+        (v[KEY_READS] for v in recorded.values() if KEY_READS in v), {}
+    )
+    return census.traced_by_line(reads)
