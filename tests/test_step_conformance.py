@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from corpus_facts import MANIFEST, OFFICIAL
+from corpus_facts import MANIFEST, OFFICIAL_RL
 from step_mutants import SOURCE_MUTANTS, SourceMutant
 
 from pytest_verl_compat.conformance.step.cases import step_case_ids, step_cases
@@ -36,7 +36,7 @@ from pytest_verl_compat.pipeline.pins import installed_verl_root
 from reference_trainer.config import ReferenceTrainerConfig
 
 # The manifest's step cases: the official ones, then the derived ones the compiler must accept.
-TRAINED = OFFICIAL + [
+TRAINED = OFFICIAL_RL + [
     case["id"]
     for case in MANIFEST["cases"]
     if case["kind"] == "derived"
@@ -76,7 +76,7 @@ def test_every_official_case_steps_through_several_mini_and_micro_batches_and_ep
 ) -> None:
     session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
     table = CoverageTable(load_coverage())
-    for case in step_cases(session, OFFICIAL):
+    for case in step_cases(session, OFFICIAL_RL):
         shape = case.shape
         s = step_settings(case, PLAN.variants["sgd"], table)["overrides"]
         roles = {"actor": shape.actor}
@@ -148,7 +148,7 @@ def test_the_step_stage_trains_the_manifest_cases_and_the_step_only_ones(
         if "::test_step[" in line
     )
     assert ids == sorted(ALL_STEP_CASES)
-    assert len(TRAINED) > len(OFFICIAL)  # the corpus has accepted derived cases
+    assert len(TRAINED) > len(OFFICIAL_RL)  # the corpus has accepted derived cases
     session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
     assert step_case_ids(session) == ALL_STEP_CASES
 
@@ -517,7 +517,7 @@ def _perturbed(value: Any) -> Any:
     return None  # strings: their supported values are checked by the compiler's value lists
 
 
-@pytest.mark.parametrize("case_id", OFFICIAL)
+@pytest.mark.parametrize("case_id", OFFICIAL_RL)
 def test_every_exact_leaf_reaches_the_trainers_config(case_id: str) -> None:
     """An `exact` leaf is one the reference trainer follows: changing it changes the lowered
     config (or the compiler rejects the new value). Critic leaves count only with a critic."""

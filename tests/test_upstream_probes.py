@@ -74,10 +74,11 @@ STATIC_BATCHES = (
 )
 # (case, rule, the key the finding must name, words of upstream's message, fires, valid twin)
 AFTER_VALIDATE = {
+    # The key the script set decides it (issue 29): resume_mode; the fix names the path too.
     "resume-without-path": (
         "grpo",
         "upstream.trainer-init",
-        "trainer.resume_from_path",
+        "trainer.resume_mode",
         "resume ckpt must be str type",
         ("trainer.resume_mode=resume_path",),
         ("trainer.resume_mode=resume_path", "trainer.resume_from_path=ckpt/global_step_10"),

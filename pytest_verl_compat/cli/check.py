@@ -267,8 +267,11 @@ def _script_text(target: Target, scratch: Path) -> tuple[Path, str]:
 def prepare(
     session: AuditSession, target: Target, args: argparse.Namespace, scratch: Path
 ) -> Prepared:
+    named = target.case_id or ""  # the case id a result names, when a case was named
     if target.error:
-        return Prepared(target, result=FileResult(target.label, "unreadable", error=target.error))
+        return Prepared(
+            target, result=FileResult(target.label, "unreadable", error=target.error, case=named)
+        )
     overrides = tuple(args.set or ())
     text: str | None = None
     fallback: Location | None = None
@@ -289,7 +292,9 @@ def prepare(
                     check=LAUNCH_NO_LAUNCHER,
                     location=Location(label, 1, 0, "script"),
                 )
-                return Prepared(target, result=FileResult(label, "not-a-launcher", [finding]))
+                return Prepared(
+                    target, result=FileResult(label, "not-a-launcher", [finding], case=named)
+                )
             case = session.case_for_script(path, flag_bindings(args))
             # The session keeps each case's results by id, and a script's id is its stem: two
             # scripts of one call (grpo_trainer/run_x.sh, ppo_trainer/run_x.sh) must not share.
@@ -297,7 +302,7 @@ def prepare(
         case = session.with_overrides(case, overrides)
         outcome = session.outcome(case)
     except InputError as exc:
-        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc)))
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
     except StageFailed as exc:
         cause = exc.__cause__
         if isinstance(cause, UnknownEntryPoint):
@@ -306,15 +311,19 @@ def prepare(
                 "error", "<launch>", str(cause), fix, check=LAUNCH_UNKNOWN_ENTRY,
                 location=_launch_line(session, case, label),
             )  # fmt: skip
-            return Prepared(target, result=FileResult(label, "checked", [unknown], valid=False))
+            return Prepared(
+                target, result=FileResult(label, "checked", [unknown], valid=False, case=named)
+            )
         if isinstance(cause, LaunchReadError):
             finding = _launch_finding(cause, label)
             status: FileStatus = (
                 "not-a-launcher" if finding.rule == LAUNCH_NO_LAUNCHER else "checked"
             )
             valid = None if status == "not-a-launcher" else False
-            return Prepared(target, result=FileResult(label, status, [finding], valid=valid))
-        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc)))
+            return Prepared(
+                target, result=FileResult(label, status, [finding], valid=valid, case=named)
+            )
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
     if text is None and case.launch is not None and outcome.fields_source == "launch":
         root = session.upstream.root if session.upstream is not None else Path("/")
         try:
