@@ -94,7 +94,7 @@ def test_checkout_all_stages_pass(
     ]
     suite = ET.parse(junit).getroot().find("testsuite")
     totals = {p.get("name"): p.get("value") for p in suite.find("properties")}
-    assert totals["verl_corpus_cases"] == "16"
+    assert totals["verl_corpus_cases"] == "18"
     assert totals["verl_corpus_composed"] == "14"
     assert totals["verl_corpus_accepted"] == "12"
     assert totals["verl_corpus_leaf_classes_unknown"] == "0"
@@ -119,7 +119,7 @@ def test_embedded_default_skips_read_with_reason(
         [
             "*upstream: installed verl 0.9.0 distribution at *",
             "18 cases; 16 composed; 14 accepted;*",
-            "stages: 0 read (25 skipped); 23 equal to upstream's entry point (2 skipped)*",
+            "stages: 0 read (27 skipped); 25 equal to upstream's entry point (2 skipped)*",
             "*has no launch scripts; explicit fields come from the golden snapshot*",
         ]
     )
