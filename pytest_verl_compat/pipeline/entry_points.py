@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -160,20 +160,31 @@ def _world_of(
     world, evidence = _world(tree, relative)
     if world != "none" or depth == 0:
         return world, evidence
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("verl."):
-            imported = (node.module or "").replace(".", "/") + ".py"
-            path = site / imported
-            if not path.is_file():
-                continue
-            try:
-                other = ast.parse(read_text(path, what="verl module"), filename=imported)
-            except (InputError, SyntaxError):
-                continue
-            world, evidence = _world_of(site, imported, other, depth - 1)
-            if world != "none":
-                return world, evidence
+    for imported, other in _verl_imports(site, tree):
+        world, evidence = _world_of(site, imported, other, depth - 1)
+        if world != "none":
+            return world, evidence
     return "none", ""
+
+
+def _verl_imports(
+    site: Path, tree: ast.Module, wanted: Callable[[ast.ImportFrom], bool] = lambda _: True
+) -> Iterator[tuple[str, ast.Module]]:
+    """Each ``from verl.x import ...`` of a module that ``wanted`` keeps and whose source parses:
+    the imported module's file (relative to ``site``) and its syntax tree."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("verl."):
+            continue
+        if not wanted(node):
+            continue
+        imported = (node.module or "").replace(".", "/") + ".py"
+        path = site / imported
+        if not path.is_file():
+            continue
+        try:
+            yield imported, ast.parse(read_text(path, what="verl module"), filename=imported)
+        except (InputError, SyntaxError):
+            continue
 
 
 def _called_names(tree: ast.Module) -> frozenset[str]:
@@ -211,19 +222,11 @@ def _trains_at(site: Path, relative: str, tree: ast.Module) -> str:
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
     }
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("verl."):
-            continue
-        if not any((alias.asname or alias.name) in called for alias in node.names):
-            continue
-        imported = (node.module or "").replace(".", "/") + ".py"
-        path = site / imported
-        if not path.is_file():
-            continue
-        try:
-            other = ast.parse(read_text(path, what="verl module"), filename=imported)
-        except (InputError, SyntaxError):
-            continue
+
+    def calls_it(node: ast.ImportFrom) -> bool:
+        return any((alias.asname or alias.name) in called for alias in node.names)
+
+    for imported, other in _verl_imports(site, tree, calls_it):
         found = _fit_call(other, imported)
         if found:
             return found
