@@ -212,6 +212,8 @@ def test_recorded_answers_are_read_without_the_oracle(monkeypatch: pytest.Monkey
     assert ran == {"verl/x.py": {3}}
 
 
+# Composing the examples reads Megatron-Lite's own search path, which Hydra warns is absent.
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath")
 def test_the_census_runs_main_ppo_configurations_only(upstream_session: object) -> None:
     """The SFT trainer's cases compose another tree (issue 29: the census crashed on them)."""
     from pytest_verl_compat.pipeline.audit import AuditSession
