@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,6 +163,64 @@ def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) 
         if not (cache / version).is_dir():
             install_wheel(index.release(version), wheel, cache / version, index)
     return cache
+
+
+@pytest.fixture(scope="session")
+def example_answers(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    upstream_checkout: Path,
+    upstream_checks_cache: Path,
+) -> Path:
+    """Upstream's answers for every composed example script of the pinned release, in this run's
+    user cache: asked once per run (the first xdist worker asks, behind a file lock; the other
+    waits and finds them), as ``check`` asks them (``many_asker``: one oracle process, verl
+    imported once). The tests that judge all examples through ``check``, the plugin or the
+    oracle's answers then read the same answers instead of each asking verl ~100 times (about
+    a minute on 2 cores each). Skips without verl."""
+    from filelock import FileLock
+
+    from pytest_verl_compat.pipeline.pins import installed_verl_root
+
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    folder = run_folder(request, tmp_path_factory)
+    done = folder / "example-answers.done"
+    with FileLock(f"{folder / 'example-answers'}.lock"):
+        if not done.exists():
+            from pytest_verl_compat.model import StageFailed, StageUnavailable
+            from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+            from pytest_verl_compat.pipeline.manifest import (
+                default_examples_path,
+                default_manifest_path,
+                load_examples,
+                load_manifest,
+            )
+            from pytest_verl_compat.upstream.verdict import many_asker, upstream_question
+
+            session = AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
+            bindings = load_manifest(default_manifest_path()).bindings
+            cases = []
+            with warnings.catch_warnings():
+                # Hydra warns that Megatron-Lite's own search path (a Megatron example's) is absent.
+                warnings.filterwarnings("ignore", "provider=hydra.searchpath")
+                for case in load_examples(default_examples_path(), bindings):
+                    try:
+                        composed = session.outcome(case).composition.composed
+                    except (StageFailed, StageUnavailable):
+                        continue  # not read: upstream is never asked about it
+                    if composed:
+                        cases.append(case)
+                ask, close = many_asker(session, cases)
+                try:
+                    for case in cases:
+                        question = upstream_question(session, case)
+                        if ask is not None and not isinstance(question, str):
+                            ask(question)
+                finally:
+                    close()
+            done.write_text("")
+    return upstream_checks_cache
 
 
 @pytest.fixture(scope="module")

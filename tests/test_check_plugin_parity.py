@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.manifest import default_examples_path, default_manifest_path
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 
+REPO = Path(__file__).resolve().parents[1]
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 
 pytestmark = [
@@ -72,13 +74,16 @@ def parity_manifest(folder: Path) -> tuple[Path, list[str]]:
     embedded = default_manifest_path().parent
     manifest["conformance"] = str(embedded / manifest["conformance"])
     manifest["golden_dir"] = str(folder / "golden")
+    # The corpus cases' recorded answers, as the embedded default reads them (what upstream
+    # answers for them is tests/test_recorded_answers.py's to check, live).
+    shutil.copytree(REPO / "golden" / "answers", folder / "golden" / "answers")
     path = folder / "manifest.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
     return path, ids
 
 
 def test_the_plugin_and_check_give_every_case_the_same_verdict(
-    pytester: pytest.Pytester, upstream_checkout: Path, tmp_path: Path
+    pytester: pytest.Pytester, upstream_checkout: Path, tmp_path: Path, example_answers: Path
 ) -> None:
     manifest, ids = parity_manifest(tmp_path)
     assert len(ids) > 100
@@ -108,8 +113,9 @@ def test_the_plugin_and_check_give_every_case_the_same_verdict(
     assert plugin, run.stdout.str()[-3000:]
 
     sources = ("--manifest", str(manifest), "--upstream", str(upstream_checkout))
-    # The same user cache as the plugin's run (the suite's): both doors read the same answers
-    # of upstream, asked once; what they must agree on is what each makes of them.
+    # The same user cache as the plugin's run (the suite's, where ``example_answers`` put
+    # upstream's answers for every example): both doors read the same answers of upstream, asked
+    # once per run; what they must agree on is what each makes of them.
     check = subprocess.run(
         [*CLI, *sources, "check", *ids, "--format", "json"],
         capture_output=True,

@@ -458,17 +458,20 @@ EXAMPLE_FAILURES = {
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:provider=hydra.searchpath")  # Megatron-Lite's own search path
 def test_upstreams_early_checks_on_every_composed_example(
-    oracle: UpstreamOracle, session: AuditSession
+    example_answers: Path, session: AuditSession
 ) -> None:
+    """Each composed example's first upstream failure, as ``check`` asks and reads it (the run's
+    shared answers: ``example_answers`` asked verl once for every example)."""
     from pytest_verl_compat.pipeline.manifest import (
         default_examples_path,
         default_manifest_path,
         load_examples,
         load_manifest,
     )
+    from pytest_verl_compat.upstream.verdict import many_asker
 
     cases = load_examples(default_examples_path(), load_manifest(default_manifest_path()).bindings)
-    mappings = {}
+    questions = {}
     for case in cases:
         try:
             composition = session.outcome(case).composition
@@ -480,13 +483,18 @@ def test_upstreams_early_checks_on_every_composed_example(
         question = upstream_question(session, case)
         if isinstance(question, str):
             continue
-        mappings[case.id] = question
-        oracle.submit(f"example:{case.id}", question.request())
-    assert len(mappings) > 80
+        questions[case.id] = (case, question)
+    assert len(questions) > 80
+    ask, close = many_asker(session, [case for case, _ in questions.values()])
+    assert ask is not None
     found = {}
-    for case_id, question in mappings.items():
-        raw = oracle.answer(f"example:{case_id}", question.request())
-        failures = EarlyAnswer.from_json(raw).failures
-        if failures:
-            found[case_id] = (failures[0].check_id, failures[0].where.split(":")[0])
+    try:
+        for case_id, (_, question) in questions.items():
+            answer = ask(question)
+            assert isinstance(answer, EarlyAnswer), f"{case_id}: {answer}"
+            if answer.failures:
+                failure = answer.failures[0]
+                found[case_id] = (failure.check_id, failure.where.split(":")[0])
+    finally:
+        close()
     assert found == EXAMPLE_FAILURES
