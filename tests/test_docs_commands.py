@@ -1,7 +1,8 @@
 """Every command block of README.md and docs/*.md runs as written, so the docs cannot drift.
 
-Each document's ``bash``/``console`` blocks run in order, in one bash script, inside a copy of
-this repository (a fresh clone, as the README assumes) with no ``$VERL_UPSTREAM``:
+Each section's ``bash``/``console`` blocks run in order, in one bash script, inside a copy of
+this repository (a fresh clone, as the README assumes) with no ``$VERL_UPSTREAM``; a section
+that goes on with an earlier one's files runs after it in the same copy (``CONTINUES``):
 
 - ``verl-compat``, ``pytest`` and ``.venv/bin/…`` run this interpreter on the copy;
 - ``verl-v0.9.0``/``verl-v0.9.1`` in the copy and ``~/src/verl-v0.9.0``/``~/src/verl-main``
@@ -17,6 +18,7 @@ an entry that no longer matches a documented command fails the test.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +62,12 @@ EXPECTED_STATUS = {
     "verl-compat --upstream verl-v0.9.0 drift --against verl-v0.9.1": 1,
     "verl-compat --upstream ~/src/verl-v0.9.0 drift --against ~/src/verl-main": 1,
 }
+
+
+# A section whose commands use what an earlier section's commands made (its files, in the same
+# folder) runs after that section, in the same copy; every other section runs alone, so the
+# sections of a long document share out over ``-n 2``'s workers. By (document, section title).
+CONTINUES = {("README.md", "Use it in CI"): "Audit your own scripts"}
 
 
 @dataclass(frozen=True)
@@ -123,12 +131,33 @@ def documented_commands(doc: str) -> list[Command]:
     return commands
 
 
+def command_groups(doc: str) -> dict[str, list[Command]]:
+    """A document's commands that run, by the section they run in (its title; a continuing
+    section's commands join the section they continue), in document order."""
+    groups: dict[str, list[Command]] = {}
+    for command in documented_commands(doc):
+        if any(_skip_reason(part) is None for part in command.parts()):
+            groups.setdefault(command.section, []).append(command)
+    for (where, later), earlier in CONTINUES.items():
+        if where == doc and later in groups:
+            groups[earlier] = groups.get(earlier, []) + groups.pop(later)
+    return groups
+
+
 def _skip_reason(part: str) -> str | None:
     return next((why for start, why in NOT_RUN.items() if part.startswith(start)), None)
 
 
 def _expected_status(text: str) -> int:
     return next((code for start, code in EXPECTED_STATUS.items() if text.startswith(start)), 0)
+
+
+GROUPS = [(doc, section) for doc in DOCS for section in command_groups(doc)]
+
+
+def _slug(section: str) -> str:
+    """A section title as a node id's part (GitHub's anchors, roughly)."""
+    return re.sub(r"[^a-z0-9]+", "-", section.lower()).strip("-")
 
 
 def test_every_command_is_run_or_has_a_reason_not_to_be() -> None:
@@ -141,6 +170,11 @@ def test_every_command_is_run_or_has_a_reason_not_to_be() -> None:
         start for start in EXPECTED_STATUS if not any(t.startswith(start) for t in texts)
     ]
     assert not stale_status, f"EXPECTED_STATUS entries that match no command: {stale_status}"
+    sections = {(doc, c.section) for doc in DOCS for c in documented_commands(doc)}
+    stale_continues = [
+        entry for entry in CONTINUES.items() if {entry[0], (entry[0][0], entry[1])} - sections
+    ]
+    assert not stale_continues, f"CONTINUES entries that name no section: {stale_continues}"
 
 
 def _copy_of_the_repository(dest: Path) -> Path:
@@ -169,9 +203,10 @@ def _shims(folder: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize(("doc", "section"), GROUPS, ids=[f"{d}#{_slug(s)}" for d, s in GROUPS])
 def test_documented_commands_run_as_written(
     doc: str,
+    section: str,
     tmp_path: Path,
     upstream_checkout: Path,
     upstream_091: Path,
@@ -179,7 +214,7 @@ def test_documented_commands_run_as_written(
 ) -> None:
     if installed_verl_root() is None:
         pytest.skip("the documented default takes the config tree from the installed verl")
-    commands = documented_commands(doc)
+    commands = command_groups(doc)[section]
     if any(" matrix" in c.text or " migrate" in c.text for c in commands):
         # The release trees these commands read, in the user cache already (fetched once).
         request.getfixturevalue("release_cache")
@@ -199,8 +234,6 @@ def test_documented_commands_run_as_written(
     ran: list[tuple[int, Command]] = []
     for command in commands:
         kept = [part for part in command.parts() if _skip_reason(part) is None]
-        if not kept:
-            continue
         n = len(ran)
         ran.append((n, command))
         script += [
@@ -209,7 +242,6 @@ def test_documented_commands_run_as_written(
             f"}} > {record}/{n}.out 2> {record}/{n}.err",
             f"__status=$?; echo $__status > {record}/{n}.status; (exit $__status)",
         ]
-    assert ran, f"{doc}: no command runs"
     env = {
         key: value
         for key, value in os.environ.items()
