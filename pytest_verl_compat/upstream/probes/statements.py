@@ -57,13 +57,25 @@ class Source:
         return _statement_at(self, line)
 
 
-@functools.lru_cache(maxsize=4096)
 def _statement_at(source: Source, line: int) -> ast.stmt | None:
-    best: ast.stmt | None = None
+    return _innermost_statements(source).get(line)
+
+
+@functools.lru_cache(maxsize=256)
+def _innermost_statements(source: Source) -> dict[int, ast.stmt]:
+    """Each line's innermost statement, from one walk of the file (a walk per line asked took
+    most of the census's time): the shortest span holding the line, the last met in the walk's
+    breadth-first order among equals."""
+    best: dict[int, ast.stmt] = {}
     for node in ast.walk(source.tree):
-        if isinstance(node, ast.stmt) and _lines(node)[0] <= line <= _lines(node)[1]:
-            if best is None or _span(node) <= _span(best):
-                best = node
+        if not isinstance(node, ast.stmt):
+            continue
+        start, end = _lines(node)
+        span = end - start
+        for line in range(start, end + 1):
+            held = best.get(line)
+            if held is None or span <= _span(held):
+                best[line] = node
     return best
 
 
