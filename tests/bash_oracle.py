@@ -520,15 +520,31 @@ def record(launcher, target, args, torchrun=None):
 
 
 def torchrun(words):
-    # torch's own parser (with its PET_* environment defaults) decides what torchrun reads.
+    # The words as torchrun got them, with its environment: torch's own parser reads them in the
+    # test process (parse_torchrun), where torch is imported once, not once per launch (~2 s).
+    record("torchrun", (None, None), list(words))
+"""
+
+
+def parse_torchrun(words: list[str], env: dict[str, str]) -> dict[str, Any] | None:
+    """What torchrun reads from the words it got, by torch's own parser with the environment the
+    launch had (its PET_* defaults are read when the parser is built): the target, the training
+    script's words, and the options with the world size they make (None when elastic or
+    ``gpu``)."""
+    from unittest import mock
+
     from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 
-    parsed = get_args_parser().parse_args(words)
-    options = {{
+    with mock.patch.dict(os.environ, env, clear=True):
+        try:
+            parsed = get_args_parser().parse_args(words)
+        except SystemExit:  # a usage error (argparse prints it and exits 2)
+            return None
+    options = {
         key: value
         for key, value in vars(parsed).items()
         if key not in ("training_script", "training_script_args")
-    }}
+    }
     try:
         low, high = parse_min_max_nnodes(parsed.nnodes)
         nodes = low if low == high else None
@@ -536,9 +552,12 @@ def torchrun(words):
     except ValueError:
         world = None
     options["world_size"] = world
-    target = ("module" if parsed.module else "script", parsed.training_script)
-    record("torchrun", target, list(parsed.training_script_args), options)
-"""
+    return {
+        "kind": "module" if parsed.module else "script",
+        "target": parsed.training_script,
+        "args": list(parsed.training_script_args),
+        "torchrun": options,
+    }
 
 
 @dataclass(frozen=True)
@@ -646,6 +665,11 @@ def run_bash_sandboxed(
     if log.exists():
         for line in log.read_text().splitlines():
             entry = json.loads(line)
+            if entry["launcher"] == "torchrun":
+                read = parse_torchrun(entry["args"], entry["env"])
+                if read is None:
+                    continue  # torchrun refuses its words and starts nothing
+                entry.update(read)
             exported = {
                 k: v
                 for k, v in entry["env"].items()
