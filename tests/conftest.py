@@ -75,6 +75,20 @@ def upstream_checks_cache(
         os.environ["XDG_CACHE_HOME"] = saved
 
 
+@pytest.fixture
+def pytester(pytester: pytest.Pytester) -> pytest.Pytester:
+    """pytester, whose subprocess runs leave out hypothesis's pytest plugin: its terminal summary
+    imports hypothesis at the end of every run (``_hypothesis_pytestplugin.py``,
+    ``pytest_terminal_summary``; ~1 s here), and no run of a test here uses hypothesis."""
+    run = pytester.runpytest_subprocess
+
+    def without_hypothesis(*args: object, **kwargs: object) -> pytest.RunResult:
+        return run("-p", "no:hypothesispytest", *args, **kwargs)  # type: ignore[arg-type]
+
+    pytester.runpytest_subprocess = without_hypothesis  # type: ignore[method-assign]
+    return pytester
+
+
 @pytest.fixture(scope="session")
 def shared_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One pytest cache for every pytester run, so upstream's slow entry point runs once per case."""
