@@ -531,11 +531,14 @@ def parse_torchrun(words: list[str], env: dict[str, str]) -> dict[str, Any] | No
     launch had (its PET_* defaults are read when the parser is built): the target, the training
     script's words, and the options with the world size they make (None when elastic or
     ``gpu``)."""
+    import contextlib
+    import io
     from unittest import mock
 
     from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 
-    with mock.patch.dict(os.environ, env, clear=True):
+    # argparse prints a usage error to stderr, where the stub's bash run would have printed it.
+    with mock.patch.dict(os.environ, env, clear=True), contextlib.redirect_stderr(io.StringIO()):
         try:
             parsed = get_args_parser().parse_args(words)
         except SystemExit:  # a usage error (argparse prints it and exits 2)
