@@ -218,13 +218,17 @@ def _spans(lines: list[int]) -> str:
     "effect.off-path",
     level="warning",
     evidence="every place verl {version} reads the key (the read census, docs/upstream-reads.md; "
-    "pytest_verl_compat/data/off_path_reads.json), each under a guard its values decide; "
-    "an engine class's method runs only for the backends it is registered for "
-    "(verl/workers/engine_workers.py:135-137, verl/workers/engine/base.py:349-390)",
+    "pytest_verl_compat/data/off_path_reads.json), each under a guard its values decide, e.g. "
+    "trainer.resume_from_path only under resume_mode == 'resume_path' "
+    "(verl/trainer/ppo/v1/trainer_base.py:793-807); an engine class's method runs only for the "
+    "backends it is registered for (verl/workers/engine_workers.py:135-137, "
+    "verl/workers/engine/base.py:349-390); the finding names the lines",
     summary="An explicit key whose every reader lies off the path the configuration selects: "
     "each place verl reads it sits under an `if` (or in an engine class) that the script's own "
     "values rule out, such as a resume path under resume_mode=auto, a checkpoint path whose flag "
-    "is off, or an FSDP1-only option under fsdp2.",
+    "is off, or an FSDP1-only option under fsdp2. Left out where another rule already speaks of "
+    "the key (fields.no-effect, the legacy reward keys, entry.forced-value, upstream's "
+    "effect.never-read and effect.overridden).",
     fix="remove the key, or select the path that reads it",
     example=Example(
         fires=("trainer.resume_mode=auto", "trainer.resume_from_path=ckpt/global_step_10"),

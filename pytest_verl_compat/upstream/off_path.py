@@ -16,6 +16,8 @@ only when the reading is certain to have seen every read of it:
   ``fields``, ``.items()``, a ``for`` over it) nor walked by reflection (a config class annotated
   on a parameter that ``fields``/``asdict``/``vars`` reads): its fields would be read by name
   nowhere;
+- no interpolation of verl's config files copies it into another key (``${oc.select:a.b,…}``;
+  a relative one, ``${..b}``, counts for every leaf of that name): the other key may be read;
 - every place has a guard (the ``if`` tests around it) that names a value of the tree.
 
 Each place keeps the conjuncts of its guard in a normal form: a leaf is ``L['a.b.c']``, anything
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +79,12 @@ class PackageScan:
     owner: dict[str, str] = field(default_factory=dict)
     # Files of entry points whose tree is not main_ppo's (``hydra.main`` on another tree).
     foreign: set[str] = field(default_factory=set)
+    # What the config files' interpolations copy: absolute paths, and the names of relative ones.
+    copied_paths: set[str] = field(default_factory=set)
+    copied_names: set[str] = field(default_factory=set)
+
+    def copied(self, leaf: str) -> bool:
+        return leaf in self.copied_paths or leaf.rpartition(".")[2] in self.copied_names
     # Config sections handed on whole, by the chain that names them (``self.config.rollout``,
     # ``self.engine_config``); a local's section the reading cannot tell.
     spread: set[tuple[str, ...]] = field(default_factory=set)
@@ -335,8 +344,25 @@ def _on_main_tree(config: Path) -> bool:
     return isinstance(defaults, list) and MAIN_TREE in defaults
 
 
+_INTERPOLATION = re.compile(r"\$\{([^}]*)\}")
+
+
+def _interpolations(scan: PackageScan, text: str) -> None:
+    for inner in _INTERPOLATION.findall(text):
+        resolver, colon, rest = inner.partition(":")
+        if colon and resolver != "oc.select":
+            continue  # another resolver (oc.env, …) reads no key
+        path = (rest if colon else inner).split(",")[0].strip()
+        if path.startswith("."):
+            scan.copied_names.add(path.rpartition(".")[2])
+        elif path:
+            scan.copied_paths.add(path)
+
+
 def scan_package(verl_parent: Path) -> PackageScan:
     scan = PackageScan(reflected=reflected_classes(verl_parent / "verl"))
+    for path in sorted((verl_parent / "verl").rglob("*.yaml")):
+        _interpolations(scan, path.read_text(encoding="utf-8"))
     for path in sorted((verl_parent / "verl").rglob("*.py")):
         relative = path.relative_to(verl_parent).as_posix()
         source = statements.parse(str(path), relative)
@@ -522,7 +548,7 @@ def build(
         if entry.status not in ("traced", "static") or entry.unmatched:
             continue
         section, _, name = entry.leaf.rpartition(".")
-        if _spread_sections(section, scan, classes_of):
+        if _spread_sections(section, scan, classes_of) or scan.copied(entry.leaf):
             continue
         places_at = {p.where for p in entry.places}
         if any(w not in places_at and not scan.off_tree(w) for w in scan.uses.get(name, ())):
