@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -233,3 +235,31 @@ def test_the_recorded_index_is_what_the_installed_verl_gives(session: AuditSessi
     ), "stale: verl-compat census --reads --write docs/upstream-reads.md"
     # Each leaf of the index is read only at places whose guards name a leaf of the tree.
     assert built and all(place["guard"] for places in built.values() for place in places)
+
+
+@pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+def test_explain_says_what_check_says(upstream_checkout: Path) -> None:
+    """``explain`` judges a key of the index as ``check`` does: the engine's strategy is the
+    actor's (verl/workers/config/actor.py:329), not fsdp_config's own tree value."""
+    key = "actor_rollout_ref.actor.fsdp_config.use_orig_params"
+    cli = (
+        sys.executable,
+        "-m",
+        "pytest_verl_compat.cli",
+        "-q",
+        "--upstream",
+        str(upstream_checkout),
+    )
+    sets = ("--set", "actor_rollout_ref.actor.strategy=fsdp2", "--set", f"{key}=True")
+    done = subprocess.run(
+        [*cli, "explain", key, "grpo", *sets],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"grpo: {key} = True: no effect" in done.stdout
+    assert (
+        "off this path: verl/workers/engine/fsdp/transformer_impl.py:428  "
+        "[actor_rollout_ref.actor.strategy='fsdp2']" in done.stdout
+    )

@@ -161,6 +161,18 @@ def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def judged(
+    key: str, resolved: Mapping[str, Any], version: str
+) -> list[tuple[Place, dict[str, Any] | None]] | None:
+    """Each place ``version`` reads ``key`` with what rules it out on ``resolved`` (None: it may
+    run); None when the index does not hold the key."""
+    places = off_path_reads(version).get(key)
+    if places is None:
+        return None
+    leaves = _flat(resolved)
+    return [(place, ruled_out(place, leaves)) for place in places]
+
+
 def off_path_keys(
     resolved: Mapping[str, Any], explicit: Sequence[str], version: str
 ) -> Iterator[tuple[str, str, tuple[Place, ...], dict[str, Any]]]:

@@ -85,6 +85,7 @@ class PackageScan:
 
     def copied(self, leaf: str) -> bool:
         return leaf in self.copied_paths or leaf.rpartition(".")[2] in self.copied_names
+
     # Config sections handed on whole, by the chain that names them (``self.config.rollout``,
     # ``self.engine_config``); a local's section the reading cannot tell.
     spread: set[tuple[str, ...]] = field(default_factory=set)
