@@ -197,6 +197,7 @@ def _place(*guard: str) -> check.Place:
         (("UNKNOWN or L['a.flag']",), None),
         (("L['a.absent']",), None),
         (("L['a']",), None),  # a section, not a value
+        (("L['a.missing'] == 'fsdp'",), None),  # a mandatory value not given
         # Nothing but the normal form is evaluated, and nothing is executed.
         (("__import__('os').system('false')",), None),
         (("L['a.size'] + 1 == 0",), None),
@@ -207,6 +208,7 @@ def test_a_guard_is_ruled_out_only_when_decidedly_false(
     guard: tuple[str, ...], ruled_out: dict[str, object] | None
 ) -> None:
     leaves = {"a": {"flag": False}, "a.flag": False, "a.mode": "fast", "a.size": 2}
+    leaves["a.missing"] = "???"
     assert check.ruled_out(_place(*guard), leaves) == ruled_out
 
 

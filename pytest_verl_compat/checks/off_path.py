@@ -21,6 +21,8 @@ OFF_PATH_READS = "data/off_path_reads.json"
 _LEAF = "L"
 _UNKNOWN_NAME = "UNKNOWN"
 _UNKNOWN: Any = object()
+# OmegaConf's mandatory value not given: verl fails on it before any guard.
+_MISSING = "???"
 # Places named in a finding (the rest counted).
 PLACES_SHOWN = 2
 
@@ -95,8 +97,8 @@ class _Guard:
         if leaf not in self.leaves:
             return _UNKNOWN
         value = self.leaves[leaf]
-        if isinstance(value, Mapping):
-            return _UNKNOWN  # a section, not a value a guard compares
+        if isinstance(value, Mapping) or value == _MISSING:
+            return _UNKNOWN  # a section, or a value the script still has to give (``???``)
         self.read[leaf] = value
         return value
 
