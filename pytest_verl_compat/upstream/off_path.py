@@ -73,7 +73,8 @@ class PackageScan:
     # class's own field into the section below it (``object.__setattr__(self.engine,
     # "strategy", self.strategy)``, verl/workers/config/actor.py:329), or anything else.
     stored: dict[str, set[Store]] = field(default_factory=dict)
-    # Module-level functions and classes, by name: the files that use them (imports aside).
+    # Names, by the verl/…py:line that use them (imports aside): who calls a module-level
+    # function or class.
     referenced: dict[str, set[str]] = field(default_factory=dict)
     # verl/…py:line of a use → the module-level function or class holding it.
     owner: dict[str, str] = field(default_factory=dict)
@@ -82,10 +83,6 @@ class PackageScan:
     # What the config files' interpolations copy: absolute paths, and the names of relative ones.
     copied_paths: set[str] = field(default_factory=set)
     copied_names: set[str] = field(default_factory=set)
-
-    def copied(self, leaf: str) -> bool:
-        return leaf in self.copied_paths or leaf.rpartition(".")[2] in self.copied_names
-
     # Config sections handed on whole, by the chain that names them (``self.config.rollout``,
     # ``self.engine_config``); a local's section the reading cannot tell.
     spread: set[tuple[str, ...]] = field(default_factory=set)
@@ -93,6 +90,9 @@ class PackageScan:
     reflected: frozenset[str] = frozenset()
     bases: dict[str, set[str]] = field(default_factory=dict)  # class → its base names
     backends: dict[str, set[str]] = field(default_factory=dict)  # registered engine → backends
+
+    def copied(self, leaf: str) -> bool:
+        return leaf in self.copied_paths or leaf.rpartition(".")[2] in self.copied_names
 
     def use(self, name: str, where: str) -> None:
         self.uses.setdefault(name, set()).add(where)
@@ -107,7 +107,14 @@ class PackageScan:
         if file in self.foreign:
             return True
         owner = self.owner.get(where)
-        users = self.referenced.get(owner, set()) - {file} if owner else set()
+        if not owner:
+            return False
+        # Who uses the owner, but the owner itself (another function of its file counts).
+        users = {
+            spot.rpartition(":")[0]
+            for spot in self.referenced.get(owner, set())
+            if not (spot.rpartition(":")[0] == file and self.owner.get(spot) == owner)
+        }
         return bool(users) and users <= self.foreign
 
     def engine_backends(self, cls: str) -> set[str]:
@@ -174,11 +181,11 @@ def _scan_file(scan: PackageScan, source: statements.Source) -> None:
         if isinstance(node, ast.Attribute):
             scan.use(node.attr, where)
             if isinstance(node.ctx, ast.Load):
-                scan.referenced.setdefault(node.attr, set()).add(relative)
+                scan.referenced.setdefault(node.attr, set()).add(where)
             elif _chain(node.value) != ["self"] or in_config:
                 scan.store(node.attr, _how_stored(source, node, node.value, in_config))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            scan.referenced.setdefault(node.id, set()).add(relative)
+            scan.referenced.setdefault(node.id, set()).add(where)
         elif isinstance(node, ast.keyword):
             if node.arg:
                 scan.use(node.arg, f"{relative}:{node.value.lineno}")
