@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,3 +266,131 @@ def test_explain_says_what_check_says(upstream_checkout: Path) -> None:
         "off this path: verl/workers/engine/fsdp/transformer_impl.py:428  "
         "[actor_rollout_ref.actor.strategy='fsdp2']" in done.stdout
     )
+
+
+# A package shaped like verl's, each leaf of it one class of what keeps a key out of the index.
+_PACKAGE = {
+    "verl/trainer/ppo/trainer.py": """
+class Trainer:
+    def fit(self):
+        if self.config.trainer.mode == "a":
+            print(self.config.trainer.path_a)
+        if self.config.trainer.mode == "b":
+            print(self.config.other.spread_key)
+        if self.config.trainer.flag:
+            print(self.config.trainer.used_elsewhere)
+        if self.config.trainer.mode == "c":
+            print(self.config.trainer.copied_key)
+        print(self.config.trainer.unguarded)
+        if self.config.trainer.reassigned == 1:
+            print(self.config.trainer.behind_reassigned)
+""",
+    "verl/utils/helpers.py": """
+def helper(obj):
+    return obj.used_elsewhere
+""",
+    "verl/utils/sft_helpers.py": """
+def sft_only(obj):
+    return obj.path_a
+""",
+    "verl/trainer/sft.py": """
+import hydra
+
+
+@hydra.main(config_path="config", config_name="sft")
+def main(config):
+    sft_only(config)
+""",
+    "verl/trainer/config/sft.yaml": "trainer: {}\n",
+    "verl/trainer/config/ppo_trainer.yaml": "foo: ${oc.select:trainer.copied_key,null}\n",
+    "verl/workers/spread.py": """
+def log(self):
+    for key in self.config.other.items():
+        print(key)
+""",
+    "verl/workers/reassign.py": """
+def setup(config):
+    config.trainer.reassigned = 2
+""",
+    "verl/workers/engine/base.py": "class EngineRegistry:\n    pass\n",
+    "verl/workers/engine/alpha.py": """
+class AlphaEngine:
+    def __init__(self):
+        print(self.engine_config.alpha_only)
+
+
+@EngineRegistry.register(model_type="language_model", backend=["alpha"])
+class AlphaEngineWithLMHead(AlphaEngine):
+    pass
+""",
+    "verl/workers/config/actor.py": """
+class ActorConfig(BaseConfig):
+    def __post_init__(self):
+        self.engine = self.fsdp
+        object.__setattr__(self.engine, "strategy", self.strategy)
+""",
+}
+_TREE = {
+    "trainer": {
+        "mode": "a",
+        "path_a": None,
+        "flag": False,
+        "used_elsewhere": 1,
+        "copied_key": 1,
+        "unguarded": 1,
+        "reassigned": 1,
+        "behind_reassigned": 1,
+    },
+    "other": {"spread_key": 1},
+    "actor": {
+        "_target_": "verl.workers.config.actor.ActorConfig",
+        "strategy": "beta",
+        "fsdp": {
+            "_target_": "verl.workers.config.engine.FSDPEngineConfig",
+            "strategy": "alpha",
+            "alpha_only": 1,
+        },
+    },
+}
+
+
+def _index(root: Path, leave_out: str = "") -> dict[str, Any]:
+    from pytest_verl_compat.upstream import off_path
+
+    for relative, text in _PACKAGE.items():
+        if relative != leave_out:
+            path = root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text.lstrip("\n"), encoding="utf-8")
+    return off_path.build(root, {"ppo_trainer": _TREE}, {})
+
+
+def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: Path) -> None:
+    """Out: a section iterated (spread_key), a use of the name elsewhere (used_elsewhere), an
+    interpolation copying the key (copied_key), a read with no guard (unguarded), a guard on a
+    value verl reassigns (behind_reassigned). In: a guarded read (path_a; its use in a helper
+    only another tree's entry point calls does not count), an engine's read (alpha_only) with the
+    dispatch on the strategy the config class copies from the section above."""
+    built = _index(tmp_path)
+    assert sorted(built) == ["actor.fsdp.alpha_only", "trainer.path_a"]
+    assert built["trainer.path_a"][0]["guard"] == ["L['trainer.mode'] == 'a'"]
+    # The engine config's strategy is the actor's (copied in ActorConfig.__post_init__).
+    assert built["actor.fsdp.alpha_only"][0]["guard"] == ["L['actor.strategy'] in ['alpha']"]
+
+
+@pytest.mark.parametrize(
+    ("leave_out", "leaf", "enters"),
+    [
+        ("verl/workers/spread.py", "other.spread_key", True),
+        ("verl/utils/helpers.py", "trainer.used_elsewhere", True),
+        ("verl/trainer/config/ppo_trainer.yaml", "trainer.copied_key", True),
+        ("verl/workers/reassign.py", "trainer.behind_reassigned", True),
+        # With no caller left, the helper may be anyone's: its use counts again.
+        ("verl/trainer/sft.py", "trainer.path_a", False),
+    ],
+)
+def test_each_cause_alone_keeps_its_leaf_out(
+    tmp_path: Path, leave_out: str, leaf: str, enters: bool
+) -> None:
+    assert leaf not in _index(tmp_path / "all") or not enters
+    assert (leaf in _index(tmp_path / "without", leave_out)) is enters

@@ -434,12 +434,22 @@ def _resolver(
     class copies from its own field (``FSDPActorConfig.__post_init__`` sets ``fsdp_config.strategy``
     to the actor's ``strategy``, verl/workers/config/actor.py:329) reads that field instead."""
 
+    holder = place.holder.split(".") if place.holder else []
+    parts = section.split(".") if section else []
+    # ``self.config.trainer`` holds ``trainer``: ``self.config`` is the section above it (here the
+    # root), so ``self.config.algorithm.x`` in the same guard is ``algorithm.x``.
+    shared = 0
+    while shared < min(len(holder) - 1, len(parts)) and holder[-1 - shared] == parts[-1 - shared]:
+        shared += 1
+    above, above_path = holder[: len(holder) - shared], parts[: len(parts) - shared]
+
     def resolve(chain: list[str]) -> str | None:
-        holder = place.holder.split(".") if place.holder else []
         path = None
         if holder and chain[: len(holder)] == holder and len(chain) > len(holder):
             rest = chain[len(holder) :]
             path = ".".join([section, *rest]) if section else ".".join(rest)
+        elif shared and chain[: len(above)] == above and len(chain) > len(above):
+            path = ".".join([*above_path, *chain[len(above) :]])
         elif chain[0] in ("config", "cfg") and len(chain) > 1:
             path = ".".join(chain[1:])
         if path is None or path not in known:
