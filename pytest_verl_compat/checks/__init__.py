@@ -13,6 +13,7 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     fields,
     micro_batch,
     model_fit,
+    off_path,
     parallel,
     sft,
     types,
@@ -29,6 +30,7 @@ from pytest_verl_compat.checks.registry import (
     register_rule,
     rule_docs,
     semantic_findings,
+    yield_to_others,
 )
 
 __all__ = [
@@ -42,4 +44,5 @@ __all__ = [
     "register_rule",
     "rule_docs",
     "semantic_findings",
+    "yield_to_others",
 ]

@@ -135,6 +135,9 @@ class Check:
     example: Example | None = None
     # The family of tree it reads; None: every family (a check of the tree's own types).
     family: str | None = RL
+    # Rules that say more about the same key: where one of them fires on a path, this check's
+    # finding on that path is left out (``yield_to_others``).
+    yields_to: tuple[str, ...] = ()
 
     def doc(self) -> RuleDoc:
         summary = self.summary or (self.run.__doc__ or "").strip().split("\n\n")[0]
@@ -164,17 +167,21 @@ def check(
     fix: str = "",
     example: Example | None = None,
     family: str | None = RL,
+    yields_to: tuple[str, ...] = (),
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register ``function`` as the check ``check_id``; ids are unique across families.
 
     ``summary`` (default: the function's docstring) says what it checks, ``fix`` what to change,
-    ``example`` where it fires and its valid twin: the rule's page.
+    ``example`` where it fires and its valid twin: the rule's page. ``yields_to``: the rules
+    whose finding on the same path makes this one's redundant.
     """
 
     def register(function: CheckFunction) -> CheckFunction:
         if check_id in CHECKS or check_id in RULE_DOCS:
             raise ValueError(f"check {check_id!r} is registered twice")
-        CHECKS[check_id] = Check(check_id, level, evidence, function, summary, fix, example, family)
+        CHECKS[check_id] = Check(
+            check_id, level, evidence, function, summary, fix, example, family, yields_to
+        )
         return function
 
     return register
@@ -209,6 +216,19 @@ def family_of(resolved: Mapping[str, Any]) -> str | None:
     return None
 
 
+def yield_to_others(findings: Iterable[Finding]) -> list[Finding]:
+    """``findings`` without those of a check that yields to another finding's rule on the same
+    path (one key, one finding: the rule that says more)."""
+    kept = list(findings)
+    fired = {(f.path, f.check) for f in kept}
+    return [
+        f
+        for f in kept
+        if f.check not in CHECKS
+        or not any((f.path, other) in fired for other in CHECKS[f.check].yields_to)
+    ]
+
+
 def semantic_findings(inp: CheckInput) -> list[Finding]:
     """Every registered check on one input, in a stable order (level, path, message).
 
@@ -227,4 +247,4 @@ def semantic_findings(inp: CheckInput) -> list[Finding]:
         except (TypeError, ValueError, ArithmeticError, AttributeError):
             if not typed:
                 raise
-    return sorted(findings, key=Finding.sort_key)
+    return sorted(yield_to_others(findings), key=Finding.sort_key)

@@ -113,7 +113,7 @@ def read_trees(session: Any, verl_parent: Path) -> dict[str, dict[str, Any]]:
 
 def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     """The read census (``read_census``): every leaf of main_ppo's trees and where verl reads it."""
-    from pytest_verl_compat.upstream import census_run, read_census
+    from pytest_verl_compat.upstream import census_run, off_path, read_census
 
     trees = read_trees(session, verl_parent)
     configs = census_run.reads_configurations(census_run.configurations(session))
@@ -124,6 +124,12 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     traced, answer = census_run.traced_reads(configs, wanted, recorded)
     entries = read_census.census(verl_parent, trees, traced)
     page = read_census.render(session.pin.version, entries, len(configs), trees)
+    # What ``effect.off-path`` reads without verl (package data), from the same census.
+    data_file = Path(off_path.__file__).parents[1] / off_path.DATA
+    previous = data_file.read_text(encoding="utf-8") if data_file.is_file() else ""
+    data = off_path.dumps(
+        session.pin.version, off_path.build(verl_parent, trees, traced, entries), previous
+    )
     counts = read_census.summary(entries)
     print(
         f"census --reads: {counts['leaves']} leaves; {counts['traced']} traced, "
@@ -134,13 +140,16 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     if args.check:
         missing, unused = stale_keys(load_recorded(recorded_file), answer)
         up_to_date = _compare(Path(args.check), page)
+        data_current = _compare(data_file, data)
         if missing or unused:
             say("census", f"{recorded_file} is stale: re-record with `census --reads --write`")
-        return EXIT_OK if up_to_date and not (missing or unused) else EXIT_FINDINGS
+        current = up_to_date and data_current and not (missing or unused)
+        return EXIT_OK if current else EXIT_FINDINGS
     if args.write:
         write_atomic(Path(args.write), page)
         write_atomic(recorded_file, dumps_recorded(CHECKS, answer).decode("utf-8"))
-        say("census", f"wrote {args.write} and {recorded_file}")
+        write_atomic(data_file, data)
+        say("census", f"wrote {args.write}, {recorded_file} and {data_file}")
     elif args.json:
         sys.stdout.write(json.dumps(counts, indent=2, sort_keys=True) + "\n")
     else:

@@ -7,6 +7,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.checks import off_path
 from pytest_verl_compat.cli.census import read_trees
 from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
@@ -57,16 +58,30 @@ def cmd_explain(args: argparse.Namespace) -> int:
     here = census_run.traced_reads_of(mapping, args.key)
     values = read_census.leaves(mapping)
     result = explain.explain(entry, here, values)
-    print(f"\n{args.script}: {args.key} = {values.get(args.key)!r}: {result.verdict}")
+    verdict = result.verdict
+    # Where ``check``'s index (effect.off-path) holds the key, its judgement of the places: it
+    # models the engine dispatch and the values a config class copies (verl/workers/config/
+    # actor.py:329 gives fsdp_config the actor's strategy), which the guards alone do not.
+    by_index = off_path.judged(args.key, mapping, session.pin.version)
+    if by_index is not None and not result.traced:
+        ruled = all(read is not None for _, read in by_index)
+        verdict = explain.NO_EFFECT if ruled else explain.UNDECIDED
+    print(f"\n{args.script}: {args.key} = {values.get(args.key)!r}: {verdict}")
     for where in result.traced:
         print(f"  read here: {where} (traced: the probes ran this line on this configuration)")
+    if by_index is not None:
+        for spot, read in by_index:
+            because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted((read or {}).items()))
+            state = "off this path" if read is not None else "may run here"
+            print(f"  {state}: {spot.where}" + (f"  [{because}]" if because else ""))
+        return EXIT_FINDINGS if verdict == explain.NO_EFFECT else EXIT_OK
     for judged in result.judged:
         state = {True: "guard holds", False: "off this path", None: "guard not evaluated"}[
             judged.holds
         ]
         because = ", ".join(f"{leaf}={value!r}" for leaf, value in judged.because)
         print(f"  {state}: {_place(judged.place)}" + (f"  [{because}]" if because else ""))
-    return EXIT_FINDINGS if result.verdict == explain.NO_EFFECT else EXIT_OK
+    return EXIT_FINDINGS if verdict == explain.NO_EFFECT else EXIT_OK
 
 
 def _place(place: Any) -> str:

@@ -403,6 +403,14 @@ def render(
         "that configuration: read there by the probes (*acts*), every place's guard false on "
         "its values (*no effect*, with the leaves that decide it), or neither (*undecided*).",
         "",
+        "`verl-compat check` warns about such a key (`effect.off-path`, docs/rules.md) for the "
+        "leaves whose every read this census is sure to have seen (no use of the name it cannot "
+        "attribute, no section handed on whole, no interpolation copying it, guards on values "
+        "verl never reassigns but by the copies it models): `census --reads --write` records "
+        "them, with each place's guard and the engine dispatch, in "
+        "`pytest_verl_compat/data/off_path_reads.json` (`upstream/off_path.py`), so the check "
+        "runs without verl.",
+        "",
         "Check that this page is the one of now (the probes' reads are recorded by content in "
         "`golden/answers/reads.json`, so this takes seconds when nothing changed):",
         "",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.fields import field_key
-from pytest_verl_compat.checks.registry import RL, SFT, WRONG_TYPE, family_of
+from pytest_verl_compat.checks.registry import RL, SFT, WRONG_TYPE, family_of, yield_to_others
 from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
@@ -281,7 +281,9 @@ def _verdict(
             upstream += answer.effect_findings(session.pin.version, module)
             upstream += answer.note_findings(user_keys)
     explicit_set = set(explicit_keys(session, case))
-    findings = [_explicit_first(f, explicit_set) for f in findings] + upstream
+    # A static finding that yields to upstream's own on the same key (effect.off-path to
+    # effect.overridden) is left out.
+    findings = yield_to_others([_explicit_first(f, explicit_set) for f in findings] + upstream)
     findings += [
         Finding(
             "info",

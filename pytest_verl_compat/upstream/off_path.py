@@ -1,0 +1,590 @@
+"""The off-path index: the leaves whose every read the configuration's own values can rule out.
+
+``checks/off_path.py`` warns about an explicit key that no code of the selected path reads. It
+runs without verl, from this index (``data/off_path_reads.json``, one entry per verl release),
+which is built here from the read census (``read_census``: the probes' traced reads and the
+static reads of main_ppo's path) and a scan of the whole installed ``verl`` package. A leaf enters
+only when the reading is certain to have seen every read of it:
+
+- the census found it read (traced or static) and found no read of its name on an object of
+  another or an unknown section;
+- every use of its name anywhere in the package (an attribute, a keyword, a parameter, a string,
+  a field of a class outside the config dataclasses) is one of those places: a use the reading
+  cannot attribute (a ``**kwargs`` parameter, a ``getattr``, another object's field) keeps the key
+  out;
+- no section above it is passed on whole (``**section``, ``asdict``, ``to_container``, ``vars``,
+  ``fields``, ``.items()``, a ``for`` over it) nor walked by reflection (a config class annotated
+  on a parameter that ``fields``/``asdict``/``vars`` reads): its fields would be read by name
+  nowhere;
+- no interpolation of verl's config files copies it into another key (``${oc.select:a.b,…}``;
+  a relative one, ``${..b}``, counts for every leaf of that name): the other key may be read;
+- every place has a guard (the ``if`` tests around it) that names a value of the tree.
+
+Each place keeps the conjuncts of its guard in a normal form: a leaf is ``L['a.b.c']``, anything
+the configuration does not decide is ``UNKNOWN`` (a local, a call, a leaf verl assigns to before
+it tests it: ``engine_config.use_remove_padding = …``, engine_workers.py:113). A place in an engine
+class's method gains the engine's dispatch as a conjunct: ``EngineRegistry.new(backend=
+engine_config.strategy)`` (verl/workers/engine_workers.py:135-137) builds a class registered for
+that backend (verl/workers/engine/base.py:349-390), so a method of a class runs only for the
+backends of the registered classes that derive from it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_verl_compat.upstream import read_census
+from pytest_verl_compat.upstream.probes import statements
+from pytest_verl_compat.upstream.probes.effects import reflected_classes
+
+# The index, beside the other data generated from the installed verl (package data).
+DATA = "data/off_path_reads.json"
+# The folders of verl's config dataclasses: a field declared there is not a use of the name.
+_CONFIG_FOLDERS = ("verl/workers/config/", "verl/trainer/config/")
+# Calls that hand a whole object on (its fields read by name nowhere).
+_SPREADING_CALLS = frozenset({"asdict", "astuple", "vars", "fields", "to_container", "to_object"})
+_SPREADING_METHODS = frozenset({"items", "keys", "values", "to_dict", "to_container"})
+# The name of the section's leaf that selects the engine class (``EngineRegistry.new``'s backend).
+STRATEGY = "strategy"
+LEAF = "L"
+# How a name is assigned on a config object: (COPY, config class, field below it), or OTHER.
+Store = tuple[str, str, str]
+COPY = "copy"
+OTHER: Store = ("other", "", "")
+# main_ppo's config tree: another entry point's tree is "foreign" unless built on it.
+MAIN_TREE = "ppo_trainer"
+UNKNOWN = "UNKNOWN"
+
+
+@dataclass
+class PackageScan:
+    """What the whole installed package does with names, by name."""
+
+    uses: dict[str, set[str]] = field(default_factory=dict)  # name → verl/…py:line
+    # Names assigned on a config object, each with how (``_how_stored``): a copy of a config
+    # class's own field into the section below it (``object.__setattr__(self.engine,
+    # "strategy", self.strategy)``, verl/workers/config/actor.py:329), or anything else.
+    stored: dict[str, set[Store]] = field(default_factory=dict)
+    # Names, by the verl/…py:line that use them (imports aside): who calls a module-level
+    # function or class.
+    referenced: dict[str, set[str]] = field(default_factory=dict)
+    # verl/…py:line of a use → the module-level function or class holding it.
+    owner: dict[str, str] = field(default_factory=dict)
+    # Files of entry points whose tree is not main_ppo's (``hydra.main`` on another tree).
+    foreign: set[str] = field(default_factory=set)
+    # What the config files' interpolations copy: absolute paths, and the names of relative ones.
+    copied_paths: set[str] = field(default_factory=set)
+    copied_names: set[str] = field(default_factory=set)
+    # Config sections handed on whole, by the chain that names them (``self.config.rollout``,
+    # ``self.engine_config``); a local's section the reading cannot tell.
+    spread: set[tuple[str, ...]] = field(default_factory=set)
+    # Config classes whose every field verl reads by reflection (``probes.effects``).
+    reflected: frozenset[str] = frozenset()
+    bases: dict[str, set[str]] = field(default_factory=dict)  # class → its base names
+    backends: dict[str, set[str]] = field(default_factory=dict)  # registered engine → backends
+
+    def copied(self, leaf: str) -> bool:
+        return leaf in self.copied_paths or leaf.rpartition(".")[2] in self.copied_names
+
+    def use(self, name: str, where: str) -> None:
+        self.uses.setdefault(name, set()).add(where)
+
+    def store(self, name: str, how: Store) -> None:
+        self.stored.setdefault(name, set()).add(how)
+
+    def off_tree(self, where: str) -> bool:
+        """Whether a use lies in another tree's code: in a file of an entry point on another
+        tree, or in a module-level function or class that only such files use."""
+        file = where.rpartition(":")[0]
+        if file in self.foreign:
+            return True
+        owner = self.owner.get(where)
+        if not owner:
+            return False
+        # Who uses the owner, but the owner itself (another function of its file counts).
+        users = {
+            spot.rpartition(":")[0]
+            for spot in self.referenced.get(owner, set())
+            if not (spot.rpartition(":")[0] == file and self.owner.get(spot) == owner)
+        }
+        return bool(users) and users <= self.foreign
+
+    def engine_backends(self, cls: str) -> set[str]:
+        """The backends under which a method of ``cls`` can run: those of every registered engine
+        class that is ``cls`` or derives from it (by name)."""
+        found: set[str] = set()
+        for registered, backends in self.backends.items():
+            if cls in self.lineage(registered):
+                found |= backends
+        return found
+
+    def lineage(self, cls: str) -> set[str]:
+        seen, todo = set(), [cls]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self.bases.get(name, ()))
+        return seen
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+
+def _last(node: ast.AST) -> str | None:
+    chain = _chain(node)
+    return chain[-1] if chain else None
+
+
+_ROOTS = ("config", "cfg")
+
+
+def _section_chain(node: ast.AST) -> tuple[str, ...] | None:
+    """The chain of a config section named by a path the reading can place: below the tree's
+    root (``config.a.b``, ``self.config.a``) or a config attribute of ``self``
+    (``self.engine_config``); None for anything else (a local, the whole tree)."""
+    chain = _chain(node)
+    if not chain:
+        return None
+    rest = chain[1:] if chain[0] == "self" else chain
+    if rest and rest[0] in _ROOTS and len(rest) > 1:
+        return tuple(rest)
+    if chain[0] == "self" and len(rest) == 1 and rest[0].endswith(("_config", "_cfg")):
+        return tuple(rest)
+    return None
+
+
+def _callee(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _scan_file(scan: PackageScan, source: statements.Source) -> None:
+    relative = source.relative
+    in_config = relative.startswith(_CONFIG_FOLDERS)
+    for node in ast.walk(source.tree):
+        line = getattr(node, "lineno", 0)
+        where = f"{relative}:{line}"
+        if isinstance(node, ast.Attribute):
+            scan.use(node.attr, where)
+            if isinstance(node.ctx, ast.Load):
+                scan.referenced.setdefault(node.attr, set()).add(where)
+            elif _chain(node.value) != ["self"] or in_config:
+                scan.store(node.attr, _how_stored(source, node, node.value, in_config))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            scan.referenced.setdefault(node.id, set()).add(where)
+        elif isinstance(node, ast.keyword):
+            if node.arg:
+                scan.use(node.arg, f"{relative}:{node.value.lineno}")
+            else:
+                _spread(scan, node.value)
+        elif isinstance(node, ast.arg):
+            scan.use(node.arg, where)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            scan.use(node.value, where)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del):
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                scan.store(node.slice.value, OTHER)
+        elif isinstance(node, ast.Dict):
+            # ``{**section}``: a None key is a spread.
+            for key, value in zip(node.keys, node.values, strict=True):
+                if key is None:
+                    _spread(scan, value)
+        elif isinstance(node, ast.For | ast.comprehension):
+            _spread(scan, node.iter)
+        elif isinstance(node, ast.Call):
+            _scan_call(scan, source, node, in_config)
+        elif isinstance(node, ast.ClassDef):
+            _scan_class(scan, node, in_config, relative)
+
+
+def _spread(scan: PackageScan, node: ast.AST) -> None:
+    chain = _section_chain(node)
+    if chain:
+        scan.spread.add(chain)
+
+
+def _how_stored(
+    source: statements.Source, node: ast.AST, target: ast.AST, in_config: bool, value: Any = None
+) -> Store:
+    """A copy (``COPY``, the config class, the field below it) for ``self.<child>.<n> =
+    self.<n>`` (or its ``setattr``) run unconditionally in a method of a config class, where
+    ``self.<child>`` is the field ``<child>`` or a name the method gives it (``self.engine =
+    self.fsdp_config``, verl/workers/config/actor.py:325); anything else is ``OTHER``."""
+    if value is None:
+        parent = source.parent(node)
+        value = parent.value if isinstance(parent, ast.Assign) else None
+    name = node.attr if isinstance(node, ast.Attribute) else None
+    if isinstance(node, ast.Call) and len(node.args) >= 2:
+        named = node.args[1]
+        name = (
+            named.value
+            if isinstance(named, ast.Constant) and isinstance(named.value, str)
+            else None
+        )
+    chain = _chain(target)
+    copied = _chain(value) if value is not None else None
+    function = source.function(node)
+    owner = next((a for a in source.ancestors(node) if isinstance(a, ast.ClassDef)), None)
+    if not (
+        in_config
+        and name
+        and function is not None
+        and owner is not None
+        and chain is not None
+        and len(chain) == 2
+        and chain[0] == "self"
+        and copied == ["self", name]
+        and not read_census.guard(source, node)
+    ):
+        return OTHER
+    child = chain[1]
+    for statement in ast.walk(function):
+        # ``self.engine = self.fsdp_config``: the copy lands on the field it names.
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and _chain(statement.targets[0]) == ["self", chain[1]]
+        ):
+            alias = _chain(statement.value)
+            if alias is None or len(alias) != 2 or alias[0] != "self":
+                return OTHER
+            child = alias[1]
+    return (COPY, owner.name, child)
+
+
+def _scan_call(
+    scan: PackageScan, source: statements.Source, node: ast.Call, in_config: bool
+) -> None:
+    name = _callee(node)
+    if name in ("setattr", "__setattr__", "delattr") and len(node.args) >= 2:
+        target = node.args[1]
+        if isinstance(target, ast.Constant) and isinstance(target.value, str):
+            value = node.args[2] if len(node.args) > 2 else None
+            scan.store(
+                target.value,
+                _how_stored(source, node, node.args[0], in_config, value)
+                if value is not None
+                else OTHER,
+            )
+    if name in _SPREADING_CALLS and node.args:
+        _spread(scan, node.args[0])
+    if name in _SPREADING_METHODS and isinstance(node.func, ast.Attribute):
+        _spread(scan, node.func.value)
+
+
+def _scan_class(scan: PackageScan, node: ast.ClassDef, in_config: bool, relative: str) -> None:
+    scan.bases.setdefault(node.name, set()).update(
+        b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+    )
+    for statement in node.body:
+        # A field of a class that is not a config dataclass (built from a section with ``**``).
+        if (
+            not in_config
+            and isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+        ):
+            scan.use(statement.target.id, f"{relative}:{statement.lineno}")
+    for decorator in node.decorator_list:
+        if not (isinstance(decorator, ast.Call) and _callee(decorator) == "register"):
+            continue
+        if _last(getattr(decorator.func, "value", None) or decorator.func) != "EngineRegistry":
+            continue
+        for keyword in decorator.keywords:
+            if keyword.arg == "backend":
+                scan.backends.setdefault(node.name, set()).update(_strings(keyword.value))
+
+
+def _strings(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return {
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        }
+    return set()
+
+
+def _owners(scan: PackageScan, source: statements.Source) -> None:
+    """Each line of a module-level function or class, with its name."""
+    for node in source.tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                scan.owner[f"{source.relative}:{line}"] = node.name
+
+
+def _tree_of(path: Path, node: ast.AST) -> Path | None:
+    """The config file a ``@hydra.main(config_path=…, config_name=…)`` decorator names."""
+    if not (isinstance(node, ast.Call) and _callee(node) == "main"):
+        return None
+    named = {
+        k.arg: k.value.value
+        for k in node.keywords
+        if isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
+    }
+    if "config_name" not in named:
+        return None
+    return path.parent / str(named.get("config_path") or "") / f"{named['config_name']}.yaml"
+
+
+def _on_main_tree(config: Path) -> bool:
+    """Whether a config file is main_ppo's tree or built on it (its defaults list names it)."""
+    if config.stem == MAIN_TREE:
+        return True
+    try:
+        raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return True  # unreadable: not known to be another tree
+    defaults = raw.get("defaults") if isinstance(raw, dict) else None
+    return isinstance(defaults, list) and MAIN_TREE in defaults
+
+
+_INTERPOLATION = re.compile(r"\$\{([^}]*)\}")
+
+
+def _interpolations(scan: PackageScan, text: str) -> None:
+    for inner in _INTERPOLATION.findall(text):
+        resolver, colon, rest = inner.partition(":")
+        if colon and resolver != "oc.select":
+            continue  # another resolver (oc.env, …) reads no key
+        path = (rest if colon else inner).split(",")[0].strip()
+        if path.startswith("."):
+            scan.copied_names.add(path.rpartition(".")[2])
+        elif path:
+            scan.copied_paths.add(path)
+
+
+def scan_package(verl_parent: Path) -> PackageScan:
+    scan = PackageScan(reflected=reflected_classes(verl_parent / "verl"))
+    for path in sorted((verl_parent / "verl").rglob("*.yaml")):
+        _interpolations(scan, path.read_text(encoding="utf-8"))
+    for path in sorted((verl_parent / "verl").rglob("*.py")):
+        relative = path.relative_to(verl_parent).as_posix()
+        source = statements.parse(str(path), relative)
+        if source is None:
+            continue
+        _scan_file(scan, source)
+        _owners(scan, source)
+        for node in ast.walk(source.tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for decorator in node.decorator_list:
+                    config = _tree_of(path, decorator)
+                    if config is not None and not _on_main_tree(config):
+                        scan.foreign.add(relative)
+    return scan
+
+
+# --- guards in normal form ---------------------------------------------------------------------
+
+
+class _Normaliser(ast.NodeTransformer):
+    """A guard's test with each name the configuration decides as ``L['leaf']``, the rest
+    ``UNKNOWN``; only constants, containers, ``not``, ``and``/``or`` and one comparison stay."""
+
+    def __init__(self, resolve: Any) -> None:
+        self.resolve = resolve
+        self.leaves: set[str] = set()
+
+    def _unknown(self) -> ast.expr:
+        return ast.Name(UNKNOWN, ast.Load())
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if isinstance(node, ast.Constant):
+            return node
+        if isinstance(node, ast.List | ast.Tuple | ast.Set):
+            return type(node)(elts=[self.visit(e) for e in node.elts], ctx=ast.Load())  # type: ignore[call-arg]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return ast.UnaryOp(ast.Not(), self.visit(node.operand))
+        if isinstance(node, ast.BoolOp):
+            return ast.BoolOp(node.op, [self.visit(v) for v in node.values])
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            return ast.Compare(self.visit(node.left), node.ops, [self.visit(node.comparators[0])])
+        if isinstance(node, ast.Attribute | ast.Name):
+            chain = _chain(node)
+            leaf = self.resolve(chain) if chain else None
+            if leaf is None:
+                return self._unknown()
+            self.leaves.add(leaf)
+            return ast.Subscript(ast.Name(LEAF, ast.Load()), ast.Constant(leaf), ast.Load())
+        return self._unknown()
+
+
+def _resolver(
+    place: read_census.Place,
+    section: str,
+    known: Mapping[str, Any],
+    scan: PackageScan,
+    classes_of: Mapping[str, set[str]],
+) -> Any:
+    """The leaf a name of the place's guard reads (as ``explain`` resolves it), or None when the
+    configuration does not decide it: not a leaf, or a leaf verl assigns to. A leaf that a config
+    class copies from its own field (``FSDPActorConfig.__post_init__`` sets ``fsdp_config.strategy``
+    to the actor's ``strategy``, verl/workers/config/actor.py:329) reads that field instead."""
+
+    holder = place.holder.split(".") if place.holder else []
+    parts = section.split(".") if section else []
+    # ``self.config.trainer`` holds ``trainer``: ``self.config`` is the section above it (here the
+    # root), so ``self.config.algorithm.x`` in the same guard is ``algorithm.x``.
+    shared = 0
+    while shared < min(len(holder) - 1, len(parts)) and holder[-1 - shared] == parts[-1 - shared]:
+        shared += 1
+    above, above_path = holder[: len(holder) - shared], parts[: len(parts) - shared]
+
+    def resolve(chain: list[str]) -> str | None:
+        path = None
+        if holder and chain[: len(holder)] == holder and len(chain) > len(holder):
+            rest = chain[len(holder) :]
+            path = ".".join([section, *rest]) if section else ".".join(rest)
+        elif shared and chain[: len(above)] == above and len(chain) > len(above):
+            path = ".".join([*above_path, *chain[len(above) :]])
+        elif chain[0] in ("config", "cfg") and len(chain) > 1:
+            path = ".".join(chain[1:])
+        if path is None or path not in known:
+            return None
+        return _copied(path, known, scan, classes_of)
+
+    return resolve
+
+
+def _copied(
+    path: str, known: Mapping[str, Any], scan: PackageScan, classes_of: Mapping[str, set[str]]
+) -> str | None:
+    """The leaf whose value ``path`` holds when verl reads it: itself, the field a config class
+    copies into it, or None when verl assigns it otherwise."""
+    below, _, name = path.rpartition(".")
+    stores = scan.stored.get(name)
+    if not stores:
+        return path
+    if OTHER in stores:
+        return None
+    above, _, child = below.rpartition(".")
+    built = classes_of.get(above, set())
+    lineage = set().union(*(scan.lineage(c) for c in built)) if built else set()
+    sources = {f"{above}.{name}" for _, cls, into in stores if cls in lineage and into == child}
+    if not sources:
+        return path  # every assignment of the name is a copy into another section
+    source = sources.pop()
+    return source if source in known else None
+
+
+def normal_guard(
+    place: read_census.Place,
+    section: str,
+    known: Mapping[str, Any],
+    scan: PackageScan,
+    classes_of: Mapping[str, set[str]],
+) -> list[str]:
+    """The place's guard conjuncts that name a leaf, in normal form (``[]``: none does)."""
+    resolve = _resolver(place, section, known, scan, classes_of)
+    out = []
+    for part in filter(None, place.guard.split(" ∧ ")):
+        try:
+            tree = ast.parse(part, mode="eval")
+        except SyntaxError:
+            continue
+        normaliser = _Normaliser(resolve)
+        body = normaliser.visit(tree.body)
+        if normaliser.leaves:
+            out.append(ast.unparse(body))
+    dispatch = _dispatch(place, resolve, scan)
+    return out + ([dispatch] if dispatch else [])
+
+
+def _dispatch(place: read_census.Place, resolve: Any, scan: PackageScan) -> str:
+    """``L['<section>.strategy'] in [...]`` for a place in a method of an engine class whose
+    object is the engine's own config section (``self.engine_config``), else ""."""
+    cls = place.function.split(".")[0] if "." in place.function else ""
+    if not cls or place.holder.split(".")[-1] != "engine_config":
+        return ""
+    strategy = resolve([*place.holder.split("."), STRATEGY])
+    backends = scan.engine_backends(cls)
+    if strategy is None or not backends:
+        return ""
+    return f"{LEAF}[{strategy!r}] in {sorted(backends)!r}"
+
+
+# --- the index -----------------------------------------------------------------------------------
+
+
+def _spread_sections(section: str, scan: PackageScan, classes_of: Mapping[str, set[str]]) -> bool:
+    """Whether a section at or above ``section`` is handed on whole or walked by reflection."""
+    parts = section.split(".") if section else []
+    for depth in range(1, len(parts) + 1):
+        above = parts[:depth]
+        classes = classes_of.get(".".join(above), set())
+        if classes & scan.reflected:
+            return True
+        stems = {c.lower().removesuffix("config") for c in classes}
+        for chain in scan.spread:
+            if chain[0] in _ROOTS:
+                # ``self.config.actor_rollout_ref.rollout``: the tail names the section.
+                tail = list(chain[1:])
+                if above[-len(tail) :] == tail and len(tail) <= len(above):
+                    return True
+                continue
+            # ``self.engine_config``: the section named like it, or like the class built there.
+            stem = chain[0].lstrip("_").removesuffix("_config").removesuffix("_cfg")
+            if stem == above[-1] or any(s.endswith(stem.replace("_", "")) for s in stems):
+                return True
+    return False
+
+
+def build(
+    verl_parent: Path,
+    trees: Mapping[str, Mapping[str, Any]],
+    traced: Mapping[str, list[str]],
+    entries: list[read_census.LeafReads] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Leaf → its places (``where``, ``guard`` conjuncts in normal form, ``traced``), for the leaves whose
+    every read the configuration can rule out (see the module's docstring); sorted. ``entries``:
+    the read census of the same trees and reads, when the caller has it."""
+    if entries is None:
+        entries = read_census.census(verl_parent, trees, traced)
+    scan = scan_package(verl_parent)
+    known: dict[str, Any] = {}
+    classes_of: dict[str, set[str]] = {}
+    for tree in trees.values():
+        known.update(read_census.leaves(tree))
+        for name, sections in read_census.targets(tree).items():
+            for section in sections:
+                classes_of.setdefault(section, set()).add(name)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        if entry.status not in ("traced", "static") or entry.unmatched:
+            continue
+        section, _, name = entry.leaf.rpartition(".")
+        if _spread_sections(section, scan, classes_of) or scan.copied(entry.leaf):
+            continue
+        places_at = {p.where for p in entry.places}
+        if any(w not in places_at and not scan.off_tree(w) for w in scan.uses.get(name, ())):
+            continue  # a use of the name the census did not attribute to this leaf
+        places = []
+        for place in entry.places:
+            guard = normal_guard(place, section, known, scan, classes_of)
+            if not guard:
+                break
+            # ``traced``: the probes ran the line on a configuration (main_ppo's own path).
+            places.append({"where": place.where, "guard": guard, "traced": place.how == "traced"})
+        else:
+            out[entry.leaf] = places
+    return dict(sorted(out.items()))
+
+
+def dumps(version: str, index: Mapping[str, Any], previous: str = "") -> str:
+    """The data file with ``version``'s entry set to ``index`` (other versions kept)."""
+    data: dict[str, Any] = json.loads(previous) if previous else {}
+    data[version] = index
+    return json.dumps(dict(sorted(data.items())), indent=1, sort_keys=True) + "\n"
