@@ -32,6 +32,7 @@ FIRST_UPDATE = "first update: TrainingWorker.train_mini_batch"
 FIRST_LOG_PROB = "first step: TrainingWorker.infer_batch"
 ADVANTAGE = "first step: PPOTrainer._compute_advantage"
 LOSS = "first update: the loss"
+LOGITS_PROCESSOR = "first update: the top-k distillation loss in the logits processor"
 OPTIMIZER = "first update: the optimizer and its scheduler"
 STEP = "first step: PPOTrainer.step"
 # Optimizer modules the probe imports to build the optimizer a configuration names
@@ -203,16 +204,40 @@ def _advantage(trainer: Any, plain: Mapping[str, Any]) -> None:
     )
 
 
-def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
-    """The actor's loss as the engine calls it on a micro-batch (``loss_function(model_output,
-    data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
+def _actor_loss_inputs(plain: Mapping[str, Any], dp: int) -> tuple[Any, Any]:
+    """(model output, micro-batch) of the actor's loss on the first step's tiny batch."""
     batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
     fields = {"old_log_probs": (-1.0, 1.6), "advantages": (0.0, 1.0), "ref_log_prob": (-1.1, 0.9)}
     output = tiny_batch.StandInOutput(
         log_probs=tiny_batch.model_output(batch, -1.0)[1],
         entropy=tiny_batch.model_output(batch, 0.7)[1],
     )
-    hybrid.loss_fn(model_output=output, data=tiny_batch.micro_batch(batch, dp, fields))
+    return output, tiny_batch.micro_batch(batch, dp, fields)
+
+
+def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
+    """The actor's loss as the engine calls it on a micro-batch (``loss_function(model_output,
+    data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
+    output, data = _actor_loss_inputs(plain, dp)
+    hybrid.loss_fn(model_output=output, data=data)
+
+
+# The student's vocabulary in the top-k logits processor's stand-in logits (any size: the
+# processor's checks read the configuration, not the logits).
+_STUDENT_VOCABULARY = 8
+
+
+def _topk_logits_processor(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
+    """The actor's loss as the engine's logits processor under top-k distillation: the engine
+    calls it with the student's logits of the micro-batch's tokens when the update's
+    ``distillation_use_topk`` is set (fsdp/transformer_impl.py:1374-1375,
+    megatron/transformer_impl.py:1218-1219), and ``distillation_ppo_loss`` hands them to
+    ``compute_topk_loss`` (trainer/distillation/losses.py:204-205)."""
+    import torch
+
+    _, data = _actor_loss_inputs(plain, dp)
+    tokens = int(data["prompts"].offsets()[-1] + data["responses"].offsets()[-1])
+    hybrid.loss_fn(student_logits=torch.zeros(1, tokens, _STUDENT_VOCABULARY), data=data)
 
 
 def _critic_loss(worker: Any, plain: Mapping[str, Any], dp: int) -> None:
@@ -326,6 +351,30 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
         else:
             loss = functools.partial(_critic_loss, worker, plain, dp)
         out.run(f"{LOSS} ({role})", loss, "the worker's loss_fn", partial_batch=True)
+        if role == "actor" and _distillation_use_topk(trainer):
+            out.run(
+                f"{LOGITS_PROCESSOR} ({role})",
+                functools.partial(
+                    _topk_logits_processor, trainer.actor_rollout_wg.instance, plain, dp
+                ),
+                "the worker's loss_fn as the logits processor",
+                partial_batch=True,
+            )
+        if role == "actor" and megatron_step.is_megatron(engine):
+            output, data = _actor_loss_inputs(plain, dp)
+            out.run(
+                f"{megatron_step.POSTPROCESS} ({role})",
+                functools.partial(
+                    megatron_step.postprocess,
+                    engine,
+                    trainer.actor_rollout_wg.instance.loss_fn,
+                    output,
+                    data,
+                ),
+                f"{type(engine).__name__}.postprocess_micro_batch_func",
+                megatron_step.tf_config_knobs(_ENGINE_SECTIONS[role]),
+                partial_batch=True,
+            )
     # The trainer reads parameter_sync_step from its mode's section in __init__
     # (trainer_base.py:133-134), a method before the one that checks it.
     mode = plain["trainer"]["v1"]["trainer_mode"]
