@@ -5,9 +5,10 @@
 ``init()``, whose ``_setup`` (verl/trainer/ppo/v1/trainer_base.py:229-369) builds the tokenizer, the
 data loaders' batch arithmetic, the resource pools, the critic's ``TrainingWorker``, the actor's
 ``ActorRolloutRefWorker`` and its ``init_model`` (engines, reference, rollout and checkpoint engine
-configs), the reward manager and the checkpoint resume. The probe runs those methods themselves;
-``ray_free`` stands in for what needs a cluster (the worker groups run their workers in this
-process, rank 0 of the configuration's world, under ``boundary.laptop``), for the data files
+configs), the rollout replicas (their constructor), the reward manager and the checkpoint resume.
+The probe runs those methods themselves; ``ray_free`` stands in for what needs a cluster (the
+worker groups run their workers in this process, rank 0 of the configuration's world, under
+``boundary.laptop``), for the rollout servers (``_replica_class``), for the data files
 (datasets of a stand-in length), and for what would load the user's files or modules (custom
 samplers, reward modules of ``source: importlib``, checkpoints: ``torch.load`` is refused).
 """
