@@ -62,6 +62,17 @@ SMALL = {
 }
 
 REWARD_MODEL = {"reward.reward_model.enable": True, "reward.reward_model.rollout.name": "vllm"}
+# On-policy distillation with a top-k loss (the census's variant): the update's
+# distillation_use_topk is set (trainer_base.py:1679-1683).
+TOPK_DISTILLATION = {
+    "distillation.enabled": True,
+    "distillation.n_gpus_per_node": 8,
+    "distillation.nnodes": 1,
+    "distillation.teacher_models.teacher_model.model_path": "/home/verl/teacher",
+    "distillation.teacher_models.teacher_model.key": "gsm8k",
+    "distillation.teacher_models.teacher_model.num_replicas": 4,
+    "distillation.distillation_loss.loss_mode": "forward_kl_topk",
+}
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +164,40 @@ PHASES = {
         {**STATIC, f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu": 7},
         STATIC,
     ),
+    # PPOTrainer.step splits the batch over parameter_sync_step (trainer_base.py:509-515).
+    "parameter-sync-step": (
+        "first step: PPOTrainer.step",
+        "verl/trainer/ppo/v1/trainer_base.py",
+        "must be divisible by parameter_sync_step (3)",
+        {"trainer.v1.sync.parameter_sync_step": 3},
+        {"trainer.v1.sync.parameter_sync_step": 4},
+    ),
+    # Its first batch is whole gen_batch_size fetches (_next_train_batch, trainer_base.py:1328-1340).
+    "gen-batch-size": (
+        "first step: PPOTrainer.step",
+        "verl/trainer/ppo/v1/trainer_base.py",
+        "must be a positive multiple of gen_batch_size (96)",
+        {"data.gen_batch_size": 96},
+        {"data.gen_batch_size": 256},
+    ),
+    # A rollout replica's GPUs fill whole nodes (RolloutReplica.__init__, replica.py:107-116):
+    # 12 GPUs per replica on 8-GPU nodes.
+    "rollout-replica-nodes": (
+        "trainer init: LLMServerManager.create",
+        "verl/workers/rollout/replica.py",
+        "world_size 12 must be divisible by gpus_per_node 8",
+        {"trainer.nnodes": 3, f"{ARR}.rollout.tensor_model_parallel_size": 12},
+        {"trainer.nnodes": 3, f"{ARR}.rollout.tensor_model_parallel_size": 8},
+    ),
+    # compute_topk_loss knows the fsdp, veomni and megatron strategies, not fsdp2
+    # (trainer/distillation/losses.py:137-148).
+    "topk-distillation-strategy": (
+        "first update: the top-k distillation loss in the logits processor (actor)",
+        "verl/trainer/distillation/losses.py",
+        "Unsupported strategy: config.strategy='fsdp2'",
+        {**TOPK_DISTILLATION, f"{ARR}.actor.strategy": "fsdp2"},
+        {**TOPK_DISTILLATION, f"{ARR}.actor.strategy": "fsdp"},
+    ),
 }
 
 
@@ -173,6 +218,72 @@ def test_upstream_check_fires_at_its_phase_and_not_on_the_valid_twin(
     assert set(failure.keys) & set(bad_edits), failure.keys
     good = ask(oracle, edited(grpo, good_edits))
     assert not [f for f in good.failures if f.phase.startswith(phase)], good.failures
+
+
+MEGATRON_EXAMPLE = "examples/gpg_trainer/run_qwen3_8b_megatron"
+MEGATRON = f"{ARR}.actor.megatron"
+PER_TOKEN_LOSS = {f"{MEGATRON}.override_transformer_config.calculate_per_token_loss": True}
+# The Megatron engine's own checks of a micro-batch (verl/workers/engine/megatron/transformer_impl.py),
+# on verl's Megatron GPG example: (phase prefix, words, fires, valid twin).
+MEGATRON_PHASES = {
+    # forward_step: pad_to_length with router replay (:1243-1252).
+    "pad-to-length-router-replay": (
+        "first step: MegatronEngine.forward_step (actor",
+        "pad_to_length is not supported with router replay",
+        {f"{MEGATRON}.pad_to_length": True, f"{MEGATRON}.router_replay.mode": "R2"},
+        {f"{MEGATRON}.router_replay.mode": "R2"},
+    ),
+    # forward_step: pad_to_length with the update's top-k distillation (:1243-1250).
+    "pad-to-length-topk-distillation": (
+        "first step: MegatronEngine.forward_step (actor, train_batch)",
+        "pad_to_length is not supported with top-K distillation",
+        {**TOPK_DISTILLATION, f"{MEGATRON}.pad_to_length": True},
+        TOPK_DISTILLATION,
+    ),
+    # postprocess_micro_batch_func under calculate_per_token_loss (:1440-1455).
+    "per-token-loss-seq-mean-token-mean": (
+        "first update: MegatronEngine.postprocess_micro_batch_func (actor)",
+        "loss_agg_mode='seq-mean-token-mean' is incompatible with calculate_per_token_loss=True",
+        {**PER_TOKEN_LOSS, f"{ARR}.actor.loss_agg_mode": "seq-mean-token-mean"},
+        {**PER_TOKEN_LOSS, f"{ARR}.actor.loss_agg_mode": "token-mean"},
+    ),
+    # ... and without remove-padding (BSHD, :1456-1463).
+    "per-token-loss-bshd": (
+        "first update: MegatronEngine.postprocess_micro_batch_func (actor)",
+        "calculate_per_token_loss=True requires use_remove_padding=True",
+        {**PER_TOKEN_LOSS, f"{ARR}.model.use_remove_padding": False},
+        {**PER_TOKEN_LOSS, f"{ARR}.model.use_remove_padding": True},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def megatron(session: AuditSession) -> dict[str, Any]:
+    from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
+
+    assert session.manifest is not None
+    examples = load_examples(default_examples_path(), session.manifest.bindings)
+    case = next(case for case in examples if case.id == MEGATRON_EXAMPLE)
+    return session.outcome(case).composition.mapping
+
+
+@needs_verl
+@pytest.mark.parametrize("name", sorted(MEGATRON_PHASES))
+def test_megatron_engine_check_fires_on_its_batch_and_not_on_the_valid_twin(
+    name: str, oracle: UpstreamOracle, megatron: dict[str, Any]
+) -> None:
+    phase, words, bad_edits, good_edits = MEGATRON_PHASES[name]
+    bad = ask(oracle, edited(megatron, bad_edits))
+    fired = [f for f in bad.failures if f.phase.startswith(phase) and words in f.message]
+    assert fired, f"failures={bad.failures}, but should include {phase!r} with {words!r}"
+    failure = fired[0]
+    assert failure.where.startswith("verl/workers/engine/megatron/transformer_impl.py:"), failure
+    assert "raise" in upstream_line(failure.where), failure.where
+    assert set(failure.keys) & set(bad_edits), failure.keys
+    good = ask(oracle, edited(megatron, good_edits))
+    assert not [f for f in good.failures if f.phase.startswith(phase)], good.failures
+    # The steps stop at the first tensor the rollout would fill: the probe's limit, not a finding.
+    assert any("MegatronEngine" in step["step"] for step in good.not_evaluated), good
 
 
 @needs_verl

@@ -72,6 +72,16 @@ STATIC_BATCHES = (
     f"{ARR}.ref.log_prob_use_dynamic_bsz=false",
     f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=8",
 )
+# On-policy distillation with a top-k loss, one teacher of four replicas on its own node.
+TOPK_DISTILLATION = (
+    "distillation.enabled=True",
+    "distillation.n_gpus_per_node=8",
+    "distillation.nnodes=1",
+    "distillation.teacher_models.teacher_model.model_path=/home/verl/teacher",
+    "distillation.teacher_models.teacher_model.key=gsm8k",
+    "distillation.teacher_models.teacher_model.num_replicas=4",
+    "distillation.distillation_loss.loss_mode=forward_kl_topk",
+)
 # (case, rule, the key the finding must name, words of upstream's message, fires, valid twin)
 AFTER_VALIDATE = {
     # The key the script set decides it (issue 29): resume_mode; the fix names the path too.
@@ -123,6 +133,24 @@ AFTER_VALIDATE = {
         (*STATIC_BATCHES, f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=6"),
         (*STATIC_BATCHES, f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=8"),
     ),
+    # PPOTrainer.step's first batch is whole gen_batch_size fetches (trainer_base.py:1328-1340).
+    "gen-batch-size": (
+        "grpo",
+        "upstream.first-step",
+        "data.gen_batch_size",
+        "must be a positive multiple of gen_batch_size (96)",
+        ("data.gen_batch_size=96",),
+        ("data.gen_batch_size=256",),
+    ),
+    # Top-k distillation's logits processor with the fsdp2 actor (distillation/losses.py:137-148).
+    "topk-distillation-strategy": (
+        "grpo",
+        "upstream.first-update",
+        f"{A}.strategy",
+        "Unsupported strategy",
+        (*TOPK_DISTILLATION, f"{A}.strategy=fsdp2"),
+        (*TOPK_DISTILLATION, f"{A}.strategy=fsdp"),
+    ),
 }
 
 
@@ -143,6 +171,38 @@ def test_an_error_after_validate_config_names_its_key_and_the_twin_is_clean(
     good = check(session, oracle, base, twin)
     assert good.valid, [f.line() for f in good.findings if f.level == "error"]
     assert not [f for f in good.findings if f.level == "error"]
+
+
+MEGATRON_EXAMPLE = "examples/gpg_trainer/run_qwen3_8b_megatron"
+PER_TOKEN_LOSS = f"+{A}.megatron.override_transformer_config.calculate_per_token_loss=True"
+
+
+def test_a_megatron_engine_error_names_the_keys_the_script_set_and_the_twin_is_clean(
+    session: AuditSession, oracle: UpstreamOracle
+) -> None:
+    """The Megatron engine's per-token-loss check (transformer_impl.py:1446-1455), run by check on
+    verl's Megatron example: an error at the loss aggregation and the override that asks for the
+    per-token regime; token-mean, the same override, is clean."""
+    from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
+
+    assert session.manifest is not None
+    examples = load_examples(default_examples_path(), session.manifest.bindings)
+    base = next(case for case in examples if case.id == MEGATRON_EXAMPLE)
+
+    def checked(*overrides: str) -> CaseCheck:
+        case = dataclasses.replace(base, id=f"{base.id}+probe{next(_ids)}")
+        return check_case(
+            session, session.with_overrides(case, overrides), live_asker(session, None, oracle)
+        )
+
+    bad = checked(PER_TOKEN_LOSS, f"{A}.loss_agg_mode=seq-mean-token-mean")
+    errors = by_rule(bad, "upstream.first-update")
+    assert errors, [f.line() for f in bad.findings]
+    keys = set(errors[0].path.split(", "))
+    assert {f"{A}.loss_agg_mode", PER_TOKEN_LOSS[1:].partition("=")[0]} <= keys, keys
+    assert "seq-mean-token-mean" in errors[0].message and not bad.valid
+    good = checked(PER_TOKEN_LOSS, f"{A}.loss_agg_mode=token-mean")
+    assert good.valid, [f.line() for f in good.findings if f.level == "error"]
 
 
 # --- 2. keys without effect ----------------------------------------------------------------------

@@ -78,6 +78,7 @@ _RL_PROBES = tuple(
         "config_load",
         "effects",
         "first_step",
+        "megatron_step",
         "optional",
         "patching",
         "phases",

@@ -7,7 +7,9 @@ The probes call verl 0.9.0's own functions and constructors in the order ``main_
    tokenizer, the data loaders' batch arithmetic, the critic's and the actor's workers with their
    engines and data-parallel meshes (``boundary.laptop``: rank 0 of the configuration's world,
    no GPU, no Ray, no model files), the reward manager and the checkpoint resume;
-3. ``first_step``: each constructed worker's log-prob pass and update on the first step's rows.
+3. ``first_step``: each constructed worker's log-prob pass and update on the first step's rows
+   (on a Megatron engine also its own micro-batch checks, ``megatron_step``), the losses, and
+   ``PPOTrainer.step`` up to the data set's loader.
 
 Every read of the configuration is recorded (``recorder``), so a failure names the keys read on
 the lines that decided it; ``records`` keeps one record per failure and one note per step that

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import tiny_batch
+from pytest_verl_compat.upstream.probes import megatron_step, tiny_batch
 from pytest_verl_compat.upstream.probes.patching import all_patched, patched
 from pytest_verl_compat.upstream.probes.records import Collector
 
@@ -32,7 +32,9 @@ FIRST_UPDATE = "first update: TrainingWorker.train_mini_batch"
 FIRST_LOG_PROB = "first step: TrainingWorker.infer_batch"
 ADVANTAGE = "first step: PPOTrainer._compute_advantage"
 LOSS = "first update: the loss"
+LOGITS_PROCESSOR = "first update: the top-k distillation loss in the logits processor"
 OPTIMIZER = "first update: the optimizer and its scheduler"
+STEP = "first step: PPOTrainer.step"
 # Optimizer modules the probe imports to build the optimizer a configuration names
 # (``build_optimizer`` imports ``optim.optimizer_impl`` by name, verl/workers/config/optimizer.py:341);
 # any other module name is not imported here, whatever package it would load.
@@ -67,20 +69,31 @@ def _no_outputs(output: Any, **_: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _no_model(worker: Any) -> Iterator[None]:
-    """What needs the model's weights, stood in on one worker's engine."""
+def _no_model(worker: Any) -> Iterator[dict[str, Any]]:
+    """What needs the model's weights, stood in on one worker's engine; yields the first batch the
+    worker handed each of the engine's steps (``infer_batch``, ``train_batch``), by the step's name
+    (the later mini-batches carry the same knobs)."""
     engine = worker.engine
+    handed: dict[str, Any] = {}
+
+    def split(name: str) -> Any:
+        def step(data: Any, loss_function: Any = None, **kwargs: Any) -> dict[str, Any]:
+            handed.setdefault(name, data)
+            return _split(data, loss_function, **kwargs)
+
+        return step
+
     with contextlib.ExitStack() as stack:
         for name, value in (
-            ("train_batch", _split),
-            ("infer_batch", _split),
+            ("train_batch", split("train_batch")),
+            ("infer_batch", split("infer_batch")),
             ("train_mode", lambda **_: contextlib.nullcontext()),
             ("eval_mode", lambda **_: contextlib.nullcontext()),
             ("lr_scheduler_step", lambda: 0.0),
         ):
             stack.enter_context(patched(engine, name, value))
         stack.enter_context(patched(worker, "_postprocess_output", _no_outputs))
-        yield
+        yield handed
 
 
 def _padded_rows(trainer: Any, plain: Mapping[str, Any], dp: int) -> int:
@@ -89,6 +102,13 @@ def _padded_rows(trainer: Any, plain: Mapping[str, Any], dp: int) -> int:
     rows = int(plain["data"]["train_batch_size"]) * int(plain["actor_rollout_ref"]["rollout"]["n"])
     multiple = trainer._get_required_batch_multiple(dp)
     return -(-rows // multiple) * multiple if multiple > 0 else rows
+
+
+def _distillation_use_topk(trainer: Any) -> bool:
+    """What ``_update_actor`` hands the actor as ``distillation_use_topk`` (trainer_base.py:1679-1683):
+    the distillation loss's ``use_topk`` when ``_setup`` built the distillation config (:339-348)."""
+    config = getattr(trainer, "distillation_config", None)
+    return bool(config.distillation_loss.loss_settings.use_topk) if config is not None else False
 
 
 def _update_knobs(section: Mapping[str, Any], n: int, temperature: float) -> dict[str, Any]:
@@ -122,6 +142,18 @@ _ROLES = {
         ),
     ),
     "critic": ("critic", ("critic.ppo_infer_max_token_len_per_gpu",)),
+}
+
+
+# Knobs the probe hands a worker beside the update's (``_distillation_use_topk``), with their keys.
+_HANDED_KNOBS = {
+    "distillation_use_topk": ("distillation.enabled", "distillation.distillation_loss.loss_mode"),
+}
+# Each role's engine section (the engine reads its attributes from it in ``__init__``).
+_ENGINE_SECTIONS = {
+    "actor": f"{ARR}.actor.megatron",
+    "reference": f"{ARR}.ref.megatron",
+    "critic": "critic.megatron",
 }
 
 
@@ -172,16 +204,40 @@ def _advantage(trainer: Any, plain: Mapping[str, Any]) -> None:
     )
 
 
-def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
-    """The actor's loss as the engine calls it on a micro-batch (``loss_function(model_output,
-    data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
+def _actor_loss_inputs(plain: Mapping[str, Any], dp: int) -> tuple[Any, Any]:
+    """(model output, micro-batch) of the actor's loss on the first step's tiny batch."""
     batch = tiny_batch.shape(plain["actor_rollout_ref"]["rollout"]["n"])
     fields = {"old_log_probs": (-1.0, 1.6), "advantages": (0.0, 1.0), "ref_log_prob": (-1.1, 0.9)}
     output = tiny_batch.StandInOutput(
         log_probs=tiny_batch.model_output(batch, -1.0)[1],
         entropy=tiny_batch.model_output(batch, 0.7)[1],
     )
-    hybrid.loss_fn(model_output=output, data=tiny_batch.micro_batch(batch, dp, fields))
+    return output, tiny_batch.micro_batch(batch, dp, fields)
+
+
+def _actor_loss(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
+    """The actor's loss as the engine calls it on a micro-batch (``loss_function(model_output,
+    data)``, fsdp/transformer_impl.py:1534): ``ppo_loss`` with the actor's own config."""
+    output, data = _actor_loss_inputs(plain, dp)
+    hybrid.loss_fn(model_output=output, data=data)
+
+
+# The student's vocabulary in the top-k logits processor's stand-in logits (any size: the
+# processor's checks read the configuration, not the logits).
+_STUDENT_VOCABULARY = 8
+
+
+def _topk_logits_processor(hybrid: Any, plain: Mapping[str, Any], dp: int) -> None:
+    """The actor's loss as the engine's logits processor under top-k distillation: the engine
+    calls it with the student's logits of the micro-batch's tokens when the update's
+    ``distillation_use_topk`` is set (fsdp/transformer_impl.py:1374-1375,
+    megatron/transformer_impl.py:1218-1219), and ``distillation_ppo_loss`` hands them to
+    ``compute_topk_loss`` (trainer/distillation/losses.py:204-205)."""
+    import torch
+
+    _, data = _actor_loss_inputs(plain, dp)
+    tokens = int(data["prompts"].offsets()[-1] + data["responses"].offsets()[-1])
+    hybrid.loss_fn(student_logits=torch.zeros(1, tokens, _STUDENT_VOCABULARY), data=data)
 
 
 def _critic_loss(worker: Any, plain: Mapping[str, Any], dp: int) -> None:
@@ -225,6 +281,18 @@ def _optimizer(worker: Any) -> None:
         engine.lr_scheduler_step()
 
 
+def _no_prompts(self: Any) -> Any:
+    raise ImportError("not evaluated here: the step's prompts come from the data set's loader")
+
+
+def _step(trainer: Any) -> None:
+    """``PPOTrainer.step`` as ``fit`` calls it (trainer_base.py:453): its batch split over
+    ``parameter_sync_step`` (:509-515), then ``_add_batch_to_generate``'s ``_next_train_batch``
+    (:1328-1340), up to the data set's loader, which is not read (``_fetch_one_gen_batch``)."""
+    with patched(type(trainer), "_fetch_one_gen_batch", _no_prompts):
+        trainer.step({}, {})
+
+
 def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
     """Each constructed worker's log-prob pass and update on the first step's rows."""
     if trainer is None:
@@ -248,7 +316,7 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
             continue  # the dispatch splits the batch evenly; validate_config reports this
         per_rank = rows // dp
         infer_knobs, update_knobs = _knobs(role)
-        with _no_model(worker):
+        with _no_model(worker) as handed:
             knobs = {"calculate_entropy": True, "compute_loss": False, "temperature": temperature}
             out.run(
                 f"{FIRST_LOG_PROB} ({role})",
@@ -257,12 +325,22 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
                 infer_knobs,
             )
             if section is not None:
-                data = _rows(per_rank, **_update_knobs(section, n, temperature))
+                extra = {"distillation_use_topk": _distillation_use_topk(trainer)}
+                data = _rows(per_rank, **_update_knobs(section, n, temperature), **extra)
                 out.run(
                     f"{FIRST_UPDATE} ({role})",
                     functools.partial(worker.train_mini_batch, data),
                     "TrainingWorker.train_mini_batch",
                     update_knobs,
+                )
+        if megatron_step.is_megatron(engine):
+            for step_name, batch in handed.items():
+                out.run(
+                    f"{megatron_step.FORWARD_STEP} ({role}, {step_name})",
+                    functools.partial(megatron_step.forward_step, engine, batch),
+                    f"{type(engine).__name__}.forward_step",
+                    {**megatron_step.engine_knobs(_ENGINE_SECTIONS[role]), **_HANDED_KNOBS},
+                    partial_batch=True,
                 )
         if section is None:
             continue
@@ -273,3 +351,32 @@ def first_step(out: Collector, plain: Mapping[str, Any], trainer: Any) -> None:
         else:
             loss = functools.partial(_critic_loss, worker, plain, dp)
         out.run(f"{LOSS} ({role})", loss, "the worker's loss_fn", partial_batch=True)
+        if role == "actor" and _distillation_use_topk(trainer):
+            out.run(
+                f"{LOGITS_PROCESSOR} ({role})",
+                functools.partial(
+                    _topk_logits_processor, trainer.actor_rollout_wg.instance, plain, dp
+                ),
+                "the worker's loss_fn as the logits processor",
+                partial_batch=True,
+            )
+        if role == "actor" and megatron_step.is_megatron(engine):
+            output, data = _actor_loss_inputs(plain, dp)
+            out.run(
+                f"{megatron_step.POSTPROCESS} ({role})",
+                functools.partial(
+                    megatron_step.postprocess,
+                    engine,
+                    trainer.actor_rollout_wg.instance.loss_fn,
+                    output,
+                    data,
+                ),
+                f"{type(engine).__name__}.postprocess_micro_batch_func",
+                megatron_step.tf_config_knobs(_ENGINE_SECTIONS[role]),
+                partial_batch=True,
+            )
+    # The trainer reads parameter_sync_step from its mode's section in __init__
+    # (trainer_base.py:133-134), a method before the one that checks it.
+    mode = plain["trainer"]["v1"]["trainer_mode"]
+    sync_step = {"parameter_sync_step": (f"trainer.v1.{mode}.parameter_sync_step",)}
+    out.run(STEP, functools.partial(_step, trainer), "PPOTrainer.step", sync_step)

@@ -5,9 +5,10 @@
 ``init()``, whose ``_setup`` (verl/trainer/ppo/v1/trainer_base.py:229-369) builds the tokenizer, the
 data loaders' batch arithmetic, the resource pools, the critic's ``TrainingWorker``, the actor's
 ``ActorRolloutRefWorker`` and its ``init_model`` (engines, reference, rollout and checkpoint engine
-configs), the reward manager and the checkpoint resume. The probe runs those methods themselves;
-``ray_free`` stands in for what needs a cluster (the worker groups run their workers in this
-process, rank 0 of the configuration's world, under ``boundary.laptop``), for the data files
+configs), the rollout replicas (their constructor), the reward manager and the checkpoint resume.
+The probe runs those methods themselves; ``ray_free`` stands in for what needs a cluster (the
+worker groups run their workers in this process, rank 0 of the configuration's world, under
+``boundary.laptop``), for the rollout servers (``_replica_class``), for the data files
 (datasets of a stand-in length), and for what would load the user's files or modules (custom
 samplers, reward modules of ``source: importlib``, checkpoints: ``torch.load`` is refused).
 """
@@ -80,8 +81,44 @@ def _create_resource_pool(self: Any) -> None:
 
 
 async def _no_servers(self: Any, *_: Any, **__: Any) -> None:
-    """``LLMServerManager.create`` builds its replica class for real (``__init__``,
-    verl/workers/rollout/llm_server.py:503-507); the servers it would launch are not started."""
+    """No global load balancer: it routes requests to servers that are not started."""
+
+
+def _replica_class() -> type:
+    """A rollout replica class with upstream's own constructor and no server, for
+    ``LLMServerManager._initialize_llm_servers`` (verl/workers/rollout/llm_server.py:517-575) to
+    build its replicas with: ``RolloutReplica.__init__`` runs its layout check
+    (verl/workers/rollout/replica.py:107-116) on the rollout config; the ``init_*`` that would
+    start the servers start none.
+
+    The replicas differ only in their rank (llm_server.py:556-562), so the first one constructed
+    runs upstream's constructor and the rest keep only what the manager reads back from them
+    (each conversion of the rollout config costs ~12 ms)."""
+    from verl.workers.rollout.replica import RolloutReplica
+
+    class StandInReplica(RolloutReplica):
+        constructed = False
+
+        def __init__(self, replica_rank: int, *args: Any, **kwargs: Any) -> None:
+            if not StandInReplica.constructed:
+                StandInReplica.constructed = True
+                super().__init__(replica_rank, *args, **kwargs)
+            # What the manager reads back from each replica (llm_server.py:579-580, 597).
+            self.__dict__.update(
+                replica_rank=replica_rank, _server_handle=None, _server_address=None
+            )
+
+        async def launch_servers(self) -> None:
+            return None
+
+        async def init_hybrid(self, *_: Any, **__: Any) -> None:
+            return None
+
+        init_hybrid_colocated = init_hybrid
+        init_colocated = init_hybrid
+        init_standalone = init_hybrid
+
+    return StandInReplica
 
 
 def _refuse_load(*_: Any, **__: Any) -> Any:
@@ -102,8 +139,10 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
     from verl.utils import import_utils
     from verl.workers import engine_workers
     from verl.workers.rollout import llm_server
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     length = int(mapping["data"]["train_batch_size"]) * _STAND_IN_STEPS
+    replica = _replica_class()
     patches = [
         (ray, "remote", lambda cls=None, **_: cls if cls is not None else (lambda c: c)),
         (trainer_base, "create_rl_dataset", lambda *a, **k: StandInDataset(length)),
@@ -113,7 +152,16 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
         (trainer_base, "RayWorkerGroup", LocalWorkerGroup),
         (trainer_base, "RewardLoopManager", _reward_loop_manager),
         (trainer_base, "MultiTeacherModelManager", StandIn),
-        (llm_server.LLMServerManager, "_initialize_llm_servers", _no_servers),
+        # Every registered backend's replica is the stand-in (the real ones import vLLM, SGLang
+        # or TensorRT-LLM); upstream's own lookup runs first (replica.py:312-317).
+        (
+            RolloutReplicaRegistry,
+            "_registry",
+            dict.fromkeys(RolloutReplicaRegistry._registry, lambda: replica),
+        ),
+        # It would write the Prometheus config file the configuration names and reload the
+        # server (verl/workers/rollout/utils.py:141-175).
+        (llm_server, "update_prometheus_config", lambda *a, **k: None),
         (llm_server.LLMServerManager, "_init_global_load_balancer", _no_servers),
         (llm_server.LLMServerManager, "get_replicas", lambda self: []),
         (trainer_base, "CheckpointEngineManager", StandIn),
