@@ -194,3 +194,15 @@ def test_vllm_false_flags_are_dropped(session: AuditSession) -> None:
     on = findings(session, grpo, f"{key}=True")
     assert [f for f in off if f.startswith("warning:") and "never reaches vLLM" in f], off
     assert not [f for f in on if "never reaches vLLM" in f], on
+
+
+def test_a_deprecated_warmup_style_is_not_a_key_without_effect(session: AuditSession) -> None:
+    """``optim.warmup_style``, when set, replaces lr_scheduler_type
+    (verl/workers/config/optimizer.py:117-122): not a no-op, so no ``fields.no-effect`` finding
+    (the profile classes it unsupported: the reference trainer reads lr_scheduler_type). Its
+    twin, a PF-PPO field while PF-PPO is off, is a key without effect."""
+    grpo = session.manifest.case("grpo")  # type: ignore[union-attr]
+    style = findings(session, grpo, "actor_rollout_ref.actor.optim.warmup_style=cosine")
+    assert not [f for f in style if "warmup_style" in f and "no effect" in f], style
+    pf_ppo = findings(session, grpo, "algorithm.pf_ppo.reweight_method=pow")
+    assert [f for f in pf_ppo if "pf_ppo.reweight_method" in f and "no effect" in f], pf_ppo
