@@ -24,6 +24,7 @@ import yaml
 from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.answers import (
     CHECKS,
+    UserAnswers,
     answer_key,
     code_sha256,
     load_recorded,
@@ -324,17 +325,25 @@ def traced_reads(
 
 
 def traced_reads_of(mapping: Mapping[str, Any], key: str) -> list[str]:
-    """The ``verl/…py:line`` places the probes read ``key`` at on one configuration (one oracle
-    question; ~10 s with verl's import)."""
+    """The ``verl/…py:line`` places the probes read ``key`` at on one configuration: one oracle
+    question (~8-10 s with verl's import), kept in the user cache by content (the mapping, the
+    probes and the handler, as ``reads_key``), so asking about another key of the same script
+    reads it."""
     from pytest_verl_compat.upstream import reads_probe
 
-    oracle = UpstreamOracle(1, served=(READS_PROBE,))
-    try:
-        answer = oracle.answer("explain", {"kind": reads_probe.KIND, "mapping": dict(mapping)})
-    finally:
-        oracle.close()
-    if reads_probe.KEY_READS not in answer:
-        raise RuntimeError(f"the oracle gave no reads: {answer.get('error')}")
+    question = {"kind": reads_probe.KIND, "mapping": dict(mapping)}
+    cache = UserAnswers(READS_NAME)
+    cache_key = reads_key({"explain": mapping}, set())
+    answer = cache.get(cache_key)
+    if not isinstance(answer, dict) or not isinstance(answer.get(reads_probe.KEY_READS), dict):
+        oracle = UpstreamOracle(1, served=(READS_PROBE,))
+        try:
+            answer = oracle.answer("explain", question)
+        finally:
+            oracle.close()
+        if reads_probe.KEY_READS not in answer:
+            raise RuntimeError(f"the oracle gave no reads: {answer.get('error')}")
+        cache.put(cache_key, {reads_probe.KEY_READS: answer[reads_probe.KEY_READS]})
     found = [where for where, keys in answer[reads_probe.KEY_READS].items() if key in keys]
     return sorted(found, key=lambda w: (w.rpartition(":")[0], int(w.rpartition(":")[2])))
 
