@@ -341,3 +341,18 @@ class CompileReport:
             "leaves": {leaf.path: leaf.klass for leaf in self.leaves},
             "problems": [leaf.problem for leaf in self.leaves if leaf.problem],
         }
+
+
+# --- line numbers as text -------------------------------------------------------------------
+
+
+def line_spans(lines: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``"3-5,9"``: source lines, compact and readable (recorded answers'
+    lines, the places a finding names)."""
+    runs: list[list[int]] = []
+    for line in sorted(set(lines)):
+        if runs and runs[-1][1] == line - 1:
+            runs[-1][1] = line
+        else:
+            runs.append([line, line])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)

@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
+from pytest_verl_compat.model import line_spans
 
 # Every place verl reads each such leaf, with its guard in normal form, per verl release: built
 # from the read census and a scan of the installed package by ``upstream/off_path.py``
@@ -19,8 +20,9 @@ from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 OFF_PATH_READS = "data/off_path_reads.json"
 # The names a guard in normal form uses (``upstream/off_path.py`` writes them).
 _LEAF = "L"
-_UNKNOWN_NAME = "UNKNOWN"
-_UNKNOWN: Any = object()
+UNKNOWN_NAME = "UNKNOWN"
+# A guard's value the evaluation cannot decide (shared with ``upstream/explain.py``).
+UNKNOWN: Any = object()
 # OmegaConf's mandatory value not given: verl fails on it before any guard.
 _MISSING = "???"
 # Places named in a finding (the rest counted).
@@ -56,34 +58,56 @@ def _parsed(conjunct: str) -> ast.expr | None:
         return None
 
 
-class _Guard:
-    """One conjunct's value on a resolved mapping, and the leaves it read. Only the normal form's
-    nodes are evaluated (constants, containers, ``L['leaf']``, ``not``, ``and``/``or``, one
-    comparison); anything else is unknown. Nothing is executed."""
+class GuardValue:
+    """A guard's three-valued evaluation on a resolved mapping, and the leaves it read: constants,
+    containers, ``not``, ``and``/``or`` and one comparison are evaluated; a name is resolved by
+    ``read`` (a subclass's way of naming leaves); anything else is ``UNKNOWN``. Nothing is
+    executed."""
 
     def __init__(self, leaves: Mapping[str, Any]) -> None:
         self.leaves = leaves
-        self.read: dict[str, Any] = {}
+        self.read_leaves: dict[str, Any] = {}
+
+    def read(self, node: ast.Subscript | ast.Attribute | ast.Name) -> Any:
+        return UNKNOWN
 
     def value(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.List | ast.Tuple | ast.Set):
             items = [self.value(e) for e in node.elts]
-            return _UNKNOWN if any(i is _UNKNOWN for i in items) else items
-        if isinstance(node, ast.Subscript):
-            return self._leaf(node)
+            return UNKNOWN if any(i is UNKNOWN for i in items) else items
+        if isinstance(node, ast.Subscript | ast.Attribute | ast.Name):
+            return self.read(node)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             inner = self.value(node.operand)
-            return _UNKNOWN if inner is _UNKNOWN else not inner
+            return UNKNOWN if inner is UNKNOWN else not inner
         if isinstance(node, ast.BoolOp):
             return self._bool(node)
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
             left, right = self.value(node.left), self.value(node.comparators[0])
-            if left is _UNKNOWN or right is _UNKNOWN:
-                return _UNKNOWN
+            if left is UNKNOWN or right is UNKNOWN:
+                return UNKNOWN
             return _compare(node.ops[0], left, right)
-        return _UNKNOWN
+        return UNKNOWN
+
+    def _bool(self, node: ast.BoolOp) -> Any:
+        values = [self.value(v) for v in node.values]
+        known = [v for v in values if v is not UNKNOWN]
+        if isinstance(node.op, ast.And):
+            if any(not v for v in known):
+                return False
+            return UNKNOWN if len(known) < len(values) else True
+        if any(known):
+            return True
+        return UNKNOWN if len(known) < len(values) else False
+
+
+class _Guard(GuardValue):
+    """One conjunct of the recorded normal form: a leaf is ``L['leaf']``."""
+
+    def read(self, node: ast.Subscript | ast.Attribute | ast.Name) -> Any:
+        return self._leaf(node) if isinstance(node, ast.Subscript) else UNKNOWN
 
     def _leaf(self, node: ast.Subscript) -> Any:
         if not (
@@ -92,26 +116,15 @@ class _Guard:
             and isinstance(node.slice, ast.Constant)
             and isinstance(node.slice.value, str)
         ):
-            return _UNKNOWN
+            return UNKNOWN
         leaf = node.slice.value
         if leaf not in self.leaves:
-            return _UNKNOWN
+            return UNKNOWN
         value = self.leaves[leaf]
         if isinstance(value, Mapping) or value == _MISSING:
-            return _UNKNOWN  # a section, or a value the script still has to give (``???``)
-        self.read[leaf] = value
+            return UNKNOWN  # a section, or a value the script still has to give (``???``)
+        self.read_leaves[leaf] = value
         return value
-
-    def _bool(self, node: ast.BoolOp) -> Any:
-        values = [self.value(v) for v in node.values]
-        known = [v for v in values if v is not _UNKNOWN]
-        if isinstance(node.op, ast.And):
-            if any(not v for v in known):
-                return False
-            return _UNKNOWN if len(known) < len(values) else True
-        if any(known):
-            return True
-        return _UNKNOWN if len(known) < len(values) else False
 
 
 _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
@@ -131,11 +144,11 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
 def _compare(op: ast.cmpop, left: Any, right: Any) -> Any:
     compare = _COMPARE.get(type(op))
     if compare is None:
-        return _UNKNOWN
+        return UNKNOWN
     try:
         return bool(compare(left, right))
     except TypeError:
-        return _UNKNOWN
+        return UNKNOWN
 
 
 def ruled_out(place: Place, leaves: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -147,8 +160,8 @@ def ruled_out(place: Place, leaves: Mapping[str, Any]) -> dict[str, Any] | None:
             continue
         guard = _Guard(leaves)
         value = guard.value(node)
-        if value is not _UNKNOWN and not value:
-            return guard.read
+        if value is not UNKNOWN and not value:
+            return guard.read_leaves
     return None
 
 
@@ -214,18 +227,8 @@ def _shown(places: tuple[Place, ...]) -> str:
         files.setdefault(file, []).append(int(line) if line.isdigit() else 0)
     named = list(files.items())[:PLACES_SHOWN]
     more = len(places) - sum(len(lines) for _, lines in named)
-    text = ", ".join(f"{file}:{_spans(lines)}" for file, lines in named)
+    text = ", ".join(f"{file}:{line_spans(lines)}" for file, lines in named)
     return text + (f" and {more} more" if more > 0 else "")
-
-
-def _spans(lines: list[int]) -> str:
-    runs: list[list[int]] = []
-    for line in sorted(set(lines)):
-        if runs and runs[-1][1] == line - 1:
-            runs[-1][1] = line
-        else:
-            runs.append([line, line])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
 
 
 @check(

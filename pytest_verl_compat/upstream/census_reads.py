@@ -36,7 +36,7 @@ _METHODS = frozenset({"get", "items", "keys", "values", "to_dict", "copy", "pop"
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
-def _chain(node: ast.AST) -> list[str] | None:
+def attribute_chain(node: ast.AST) -> list[str] | None:
     """``["self", "config", "x"]`` for ``self.config.x``, else None (not a plain chain)."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
@@ -126,7 +126,7 @@ def reads(node: ast.AST, context: Context, flow: bool = False) -> list[str]:
             found[ast.unparse(n)] = None
             continue
         if isinstance(n, ast.Attribute | ast.Name):
-            chain = _chain(n)
+            chain = attribute_chain(n)
             if chain is None:
                 continue
             hit = _read_of_chain(chain, context)
@@ -138,7 +138,7 @@ def reads(node: ast.AST, context: Context, flow: bool = False) -> list[str]:
                     inner = inner.value
                     skip.add(id(inner))
         elif isinstance(n, ast.Subscript):
-            chain = _chain(n.value)
+            chain = attribute_chain(n.value)
             if chain is not None and _holds_config(chain, context):
                 found[ast.unparse(n)] = None
     return list(found)
@@ -151,7 +151,7 @@ def _getattr_of_config(call: ast.Call, context: Context) -> bool:
     name = call.args[1] if len(call.args) > 1 else None
     if isinstance(name, ast.Constant) and str(name.value).startswith("_"):
         return False  # a private attribute of the object, no field (``_mutable_fields``)
-    chain = _chain(call.args[0])
+    chain = attribute_chain(call.args[0])
     return chain is not None and _holds_config(chain, context)
 
 
@@ -332,7 +332,7 @@ def _attributes(
                 continue
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
             for target in targets:
-                chain = _chain(target)
+                chain = attribute_chain(target)
                 if chain is not None and len(chain) == 2 and chain[0] == "self":
                     found.setdefault(
                         ".".join(chain),
@@ -367,7 +367,7 @@ def _callee(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
     if isinstance(func, ast.Name):
         found = callees.get(func.id, [])
     elif isinstance(func, ast.Attribute):
-        owner = _chain(func.value)
+        owner = attribute_chain(func.value)
         qualified = callees.get(f"{owner[-1]}.{func.attr}", []) if owner else []
         # A dunder by its bare name is any class's (``object.__setattr__(obj, …)`` is not
         # BaseConfig's, and passes the instance itself): only ``Class.__x__`` resolves.

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from pytest_verl_compat.model import StageFailed, StageUnavailable
+from pytest_verl_compat.model import StageFailed, StageUnavailable, line_spans
 from pytest_verl_compat.pipeline.answers import (
     CHECKS,
     UserAnswers,
@@ -119,7 +119,7 @@ def coverage(
                 answers[keys[cid]] = {
                     KEY_CONFIG: cid,
                     KEY_RAN: {
-                        relative: spans(lines)
+                        relative: line_spans(lines)
                         for relative, lines in sorted(answer[KEY_RAN].items())
                     },
                 }
@@ -130,17 +130,6 @@ def coverage(
         for relative, text in answer[KEY_RAN].items():
             ran.setdefault(relative, set()).update(lines_of(text))
     return ran, answers
-
-
-def spans(lines: list[int]) -> str:
-    """``[3, 4, 5, 9]`` as ``"3-5,9"``: a recorded answer's lines, compact and readable."""
-    runs: list[list[int]] = []
-    for line in sorted(set(lines)):
-        if runs and runs[-1][1] == line - 1:
-            runs[-1][1] = line
-        else:
-            runs.append([line, line])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
 
 
 def lines_of(text: str) -> set[int]:

@@ -17,12 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_verl_compat.checks.off_path import UNKNOWN, GuardValue
+from pytest_verl_compat.upstream.census_reads import attribute_chain
 from pytest_verl_compat.upstream.read_census import LeafReads, Place
 
 ACTS = "acts"
 NO_EFFECT = "no effect"
 UNDECIDED = "undecided"
-_UNKNOWN: Any = object()
 
 
 @dataclass(frozen=True)
@@ -47,77 +48,21 @@ def _leaf_of(chain: list[str], place: Place, section: str, leaves: Mapping[str, 
     return None
 
 
-def _chain(node: ast.AST) -> list[str] | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+class _Evaluator(GuardValue):
+    """A guard as the source writes it: a name is a leaf through the place's object or the
+    tree's root (``_leaf_of``)."""
 
-
-class _Evaluator:
     def __init__(self, place: Place, section: str, leaves: Mapping[str, Any]) -> None:
-        self.place, self.section, self.leaves = place, section, leaves
-        self.read: dict[str, Any] = {}
+        super().__init__(leaves)
+        self.place, self.section = place, section
 
-    def value(self, node: ast.AST) -> Any:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.List | ast.Tuple | ast.Set):
-            items = [self.value(e) for e in node.elts]
-            return _UNKNOWN if any(i is _UNKNOWN for i in items) else items
-        if isinstance(node, ast.Attribute | ast.Name):
-            chain = _chain(node)
-            leaf = _leaf_of(chain, self.place, self.section, self.leaves) if chain else None
-            if leaf is None:
-                return _UNKNOWN
-            self.read[leaf] = self.leaves[leaf]
-            return self.leaves[leaf]
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            inner = self.value(node.operand)
-            return _UNKNOWN if inner is _UNKNOWN else not inner
-        if isinstance(node, ast.BoolOp):
-            values = [self.value(v) for v in node.values]
-            if isinstance(node.op, ast.And):
-                if any(v is not _UNKNOWN and not v for v in values):
-                    return False
-                return _UNKNOWN if any(v is _UNKNOWN for v in values) else True
-            if any(v is not _UNKNOWN and v for v in values):
-                return True
-            return _UNKNOWN if any(v is _UNKNOWN for v in values) else False
-        if isinstance(node, ast.Compare) and len(node.ops) == 1:
-            left, right = self.value(node.left), self.value(node.comparators[0])
-            if left is _UNKNOWN or right is _UNKNOWN:
-                return _UNKNOWN
-            return _compare(node.ops[0], left, right)
-        return _UNKNOWN
-
-
-def _compare(op: ast.cmpop, left: Any, right: Any) -> Any:
-    try:
-        if isinstance(op, ast.Eq):
-            return left == right
-        if isinstance(op, ast.NotEq):
-            return left != right
-        if isinstance(op, ast.Is):
-            return left is right
-        if isinstance(op, ast.IsNot):
-            return left is not right
-        if isinstance(op, ast.In):
-            return left in right
-        if isinstance(op, ast.NotIn):
-            return left not in right
-        if isinstance(op, ast.Gt):
-            return left > right
-        if isinstance(op, ast.GtE):
-            return left >= right
-        if isinstance(op, ast.Lt):
-            return left < right
-        if isinstance(op, ast.LtE):
-            return left <= right
-    except TypeError:
-        return _UNKNOWN
-    return _UNKNOWN
+    def read(self, node: ast.Subscript | ast.Attribute | ast.Name) -> Any:
+        chain = attribute_chain(node) if isinstance(node, ast.Attribute | ast.Name) else None
+        leaf = _leaf_of(chain, self.place, self.section, self.leaves) if chain else None
+        if leaf is None:
+            return UNKNOWN
+        self.read_leaves[leaf] = self.leaves[leaf]
+        return self.leaves[leaf]
 
 
 def judge(place: Place, section: str, leaves: Mapping[str, Any]) -> Judged:
@@ -130,13 +75,13 @@ def judge(place: Place, section: str, leaves: Mapping[str, Any]) -> Judged:
         try:
             tree = ast.parse(part, mode="eval")
         except SyntaxError:
-            results.append(_UNKNOWN)
+            results.append(UNKNOWN)
             continue
         results.append(evaluator.value(tree.body))
-    because = tuple(sorted(evaluator.read.items()))
-    if any(r is not _UNKNOWN and not r for r in results):
+    because = tuple(sorted(evaluator.read_leaves.items()))
+    if any(r is not UNKNOWN and not r for r in results):
         return Judged(place, False, because)
-    if any(r is _UNKNOWN for r in results):
+    if any(r is UNKNOWN for r in results):
         return Judged(place, None, because)
     return Judged(place, True, because)
 

@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from pytest_verl_compat.upstream import read_census
+from pytest_verl_compat.upstream.census_reads import attribute_chain
 from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.effects import reflected_classes
 
@@ -136,16 +137,8 @@ class PackageScan:
         return seen
 
 
-def _chain(node: ast.AST) -> list[str] | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
-
-
 def _last(node: ast.AST) -> str | None:
-    chain = _chain(node)
+    chain = attribute_chain(node)
     return chain[-1] if chain else None
 
 
@@ -156,7 +149,7 @@ def _section_chain(node: ast.AST) -> tuple[str, ...] | None:
     """The chain of a config section named by a path the reading can place: below the tree's
     root (``config.a.b``, ``self.config.a``) or a config attribute of ``self``
     (``self.engine_config``); None for anything else (a local, the whole tree)."""
-    chain = _chain(node)
+    chain = attribute_chain(node)
     if not chain:
         return None
     rest = chain[1:] if chain[0] == "self" else chain
@@ -182,7 +175,7 @@ def _scan_file(scan: PackageScan, source: statements.Source) -> None:
             scan.use(node.attr, where)
             if isinstance(node.ctx, ast.Load):
                 scan.referenced.setdefault(node.attr, set()).add(where)
-            elif _chain(node.value) != ["self"] or in_config:
+            elif attribute_chain(node.value) != ["self"] or in_config:
                 scan.store(node.attr, _how_stored(source, node, node.value, in_config))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             scan.referenced.setdefault(node.id, set()).add(where)
@@ -235,8 +228,8 @@ def _how_stored(
             if isinstance(named, ast.Constant) and isinstance(named.value, str)
             else None
         )
-    chain = _chain(target)
-    copied = _chain(value) if value is not None else None
+    chain = attribute_chain(target)
+    copied = attribute_chain(value) if value is not None else None
     function = source.function(node)
     owner = next((a for a in source.ancestors(node) if isinstance(a, ast.ClassDef)), None)
     if not (
@@ -257,9 +250,9 @@ def _how_stored(
         if (
             isinstance(statement, ast.Assign)
             and len(statement.targets) == 1
-            and _chain(statement.targets[0]) == ["self", chain[1]]
+            and attribute_chain(statement.targets[0]) == ["self", chain[1]]
         ):
-            alias = _chain(statement.value)
+            alias = attribute_chain(statement.value)
             if alias is None or len(alias) != 2 or alias[0] != "self":
                 return OTHER
             child = alias[1]
@@ -413,7 +406,7 @@ class _Normaliser(ast.NodeTransformer):
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
             return ast.Compare(self.visit(node.left), node.ops, [self.visit(node.comparators[0])])
         if isinstance(node, ast.Attribute | ast.Name):
-            chain = _chain(node)
+            chain = attribute_chain(node)
             leaf = self.resolve(chain) if chain else None
             if leaf is None:
                 return self._unknown()

@@ -220,7 +220,7 @@ def _mentions(sources: list[statements.Source]) -> dict[str, list[str]]:
 
 def _field_read(node: ast.AST, context: census_reads.Context) -> tuple[str, list[str]] | None:
     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-        holder = census_reads._chain(node.value)
+        holder = census_reads.attribute_chain(node.value)
         if (
             holder is not None
             and _within_config(holder, context)
@@ -229,7 +229,7 @@ def _field_read(node: ast.AST, context: census_reads.Context) -> tuple[str, list
         ):
             return node.attr, holder
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        holder = census_reads._chain(node.func.value)
+        holder = census_reads.attribute_chain(node.func.value)
         if (
             node.func.attr == "get"
             and holder is not None
@@ -240,7 +240,7 @@ def _field_read(node: ast.AST, context: census_reads.Context) -> tuple[str, list
         ):
             return node.args[0].value, holder
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        holder = census_reads._chain(node.value)
+        holder = census_reads.attribute_chain(node.value)
         if (
             holder is not None
             and isinstance(node.slice.value, str)
