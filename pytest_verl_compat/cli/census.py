@@ -122,8 +122,11 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     wanted = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
     say("census", f"{len(wanted)} leaves; the probes' reads on {len(configs)} configurations")
     traced, answer = census_run.traced_reads(configs, wanted, recorded)
-    entries = read_census.census(verl_parent, trees, traced)
-    page = read_census.render(session.pin.version, entries, len(configs), trees)
+    copies = session.composer().interpolation_sources()
+    explicit = census_run.explicit_keys(session)
+    outside = read_census.explicit_outside(trees, explicit)
+    entries = read_census.census(verl_parent, trees, traced, copies, outside)
+    page = read_census.render(session.pin.version, entries, len(configs), trees, explicit)
     # What ``effect.off-path`` reads without verl (package data), from the same census.
     data_file = Path(off_path.__file__).parents[1] / off_path.DATA
     previous = data_file.read_text(encoding="utf-8") if data_file.is_file() else ""
@@ -131,10 +134,14 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
         session.pin.version, off_path.build(verl_parent, trees, traced, entries), previous
     )
     counts = read_census.summary(entries)
+    found = read_census.explicit_coverage(entries, explicit)
+    counts["explicit keys"] = found.total
+    counts["explicit decided"] = len(found.decided)
     print(
         f"census --reads: {counts['leaves']} leaves; {counts['traced']} traced, "
-        f"{counts['static']} static only, {counts['never read']} never read, "
-        f"{counts['undecided']} undecided",
+        f"{counts['static']} static only, {counts[read_census.COPIED]} through a copy, "
+        f"{counts['never read']} never read, {counts['undecided']} undecided; the scripts' "
+        f"explicit keys: {len(found.decided)} of {found.total} decided",
         file=sys.stderr,
     )
     if args.check:

@@ -45,7 +45,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )
     if not traced:
         say("explain", "no recorded traced reads: the places below are static only")
-    entries = read_census.census(installed[0], trees, traced)
+    entries = read_census.census(
+        installed[0], trees, traced, session.composer().interpolation_sources()
+    )
     entry = next(e for e in entries if e.leaf == args.key)
     print(f"{args.key}: where verl {session.pin.version} reads it ({entry.status})")
     for place in entry.places:
@@ -90,7 +92,8 @@ def _place(place: Any) -> str:
         text += f" on {place.holder}"
     if place.guard:
         text += f" if {place.guard}"
-    return text + ("" if place.how == "traced" else f" ({place.how})")
+    text += "" if place.how == "traced" else f" ({place.how})"
+    return text + (f", {place.via}" if place.via else "")
 
 
 def _configuration(session: Any, args: argparse.Namespace) -> dict[str, Any]:

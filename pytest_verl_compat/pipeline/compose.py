@@ -445,6 +445,11 @@ class Composer:
             base.resolved = cast(dict[str, Any], resolved)
         return base.resolved
 
+    def is_group(self, key: str) -> bool:
+        """Whether ``key`` names a config group of the tree (``model_engine``): setting it
+        selects the group's file, which Hydra's composition reads, not verl's code."""
+        return "." not in key and self._base().repository.group_exists(key)
+
     def interpolation_sources(self) -> dict[str, str]:
         """Each leaf of the override-free tree that is one interpolation (``${..strategy}``), and
         the absolute key it copies (``actor_rollout_ref.actor.strategy``); a key the tree derives

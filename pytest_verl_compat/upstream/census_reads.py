@@ -31,7 +31,7 @@ CONFIG_FOLDERS = ("verl/workers/config/", "verl/trainer/config/")
 _ROOT_NAMES = frozenset({"config", "cfg"})
 _ROOT_SUFFIXES = ("_config", "_cfg")
 # Attribute names on a config object that are its methods, not fields.
-_METHODS = frozenset({"get", "items", "keys", "values", "to_dict", "copy", "pop"})
+METHODS = frozenset({"get", "items", "keys", "values", "to_dict", "copy", "pop"})
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -139,7 +139,7 @@ def reads(node: ast.AST, context: Context, flow: bool = False) -> list[str]:
                     skip.add(id(inner))
         elif isinstance(n, ast.Subscript):
             chain = attribute_chain(n.value)
-            if chain is not None and _holds_config(chain, context):
+            if chain is not None and holds_config(chain, context):
                 found[ast.unparse(n)] = None
     return list(found)
 
@@ -152,10 +152,10 @@ def _getattr_of_config(call: ast.Call, context: Context) -> bool:
     if isinstance(name, ast.Constant) and str(name.value).startswith("_"):
         return False  # a private attribute of the object, no field (``_mutable_fields``)
     chain = attribute_chain(call.args[0])
-    return chain is not None and _holds_config(chain, context)
+    return chain is not None and holds_config(chain, context)
 
 
-def _holds_config(chain: list[str], context: Context) -> bool:
+def holds_config(chain: list[str], context: Context) -> bool:
     """The chain names a config object itself (a section), not yet a field of one."""
     if chain == ["self"]:
         return context.config_self
@@ -173,12 +173,12 @@ def _read_of_chain(chain: list[str], context: Context) -> str | None:
             return f"{text} ← {context.derived[prefix]}"
     # A field of a config object: some proper prefix holds config and the next part is a field.
     for length in range(1, len(chain)):
-        if not _holds_config(chain[:length], context):
+        if not holds_config(chain[:length], context):
             continue
         part = chain[length]
         # A field, or ``.get``; not a method, nor a private or dunder attribute of the object
         # (``self.__dict__`` in BaseConfig's own frozen check is no configuration value).
-        if part == "get" or (part not in _METHODS and not part.startswith("_")):
+        if part == "get" or (part not in METHODS and not part.startswith("_")):
             return text
     return None
 
@@ -290,7 +290,7 @@ MAX_ROUNDS = 4
 def build_index(sources: list[statements.Source], classes: frozenset[str]) -> Index:
     """``self`` attributes assigned from configuration, and the parameters callers pass it, to a
     fixed point (at most ``MAX_ROUNDS``), each round reading call sites with the last round's."""
-    callees = _callees(sources)
+    callees = callees_by_name(sources)
     index = Index()
     for _ in range(MAX_ROUNDS):
         fresh = Index(
@@ -344,7 +344,7 @@ def _attributes(
 Callees = dict[str, list[tuple[Function, bool]]]
 
 
-def _callees(sources: list[statements.Source]) -> Callees:
+def callees_by_name(sources: list[statements.Source]) -> Callees:
     """The census's functions by the names a call uses: a function by its name, a class by its
     name (its ``__init__``), a method also by ``Class.method``."""
     by_name: Callees = {}
@@ -360,7 +360,7 @@ def _callees(sources: list[statements.Source]) -> Callees:
     return by_name
 
 
-def _callee(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
+def callee_of(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
     """The one function a call reaches by name (``cls.new`` and ``self.m`` only when the name is
     unique among the census's functions); None when the name is ambiguous or unknown."""
     func = call.func
@@ -387,7 +387,7 @@ def _passed(
     classes: frozenset[str],
     contexts: dict[int, Context],
 ) -> None:
-    target = _callee(call, callees)
+    target = callee_of(call, callees)
     if target is None:
         return
     callee, is_method = target

@@ -15,13 +15,14 @@ probe, verl or configuration is a key that misses, asked anew.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pytest_verl_compat.model import StageFailed, StageUnavailable, line_spans
+from pytest_verl_compat.checks.fields import field_key
+from pytest_verl_compat.model import Case, StageFailed, StageUnavailable, line_spans
 from pytest_verl_compat.pipeline.answers import (
     CHECKS,
     UserAnswers,
@@ -44,11 +45,14 @@ RECORDED_NAME = "census"
 KEY_CONFIG = "config"
 
 
-def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
-    """Every composed configuration of the coverage run, by a stable id."""
+def _cases(session: AuditSession) -> list[Case]:
+    """The corpus's cases and the example scripts (``corpus/examples.yaml``)."""
     assert session.manifest is not None
-    cases = [*session.cases, *load_examples(default_examples_path(), session.manifest.bindings)]
-    out: dict[str, Mapping[str, Any]] = {}
+    return [*session.cases, *load_examples(default_examples_path(), session.manifest.bindings)]
+
+
+def _main_ppo_outcomes(session: AuditSession, cases: list[Case]) -> Iterator[tuple[Case, Any]]:
+    """The read cases that launch main_ppo, with their outcome."""
     for case in cases:
         try:
             outcome = session.outcome(case)
@@ -56,6 +60,28 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
             continue  # not read: the script exits before its launcher
         if outcome.fields.module not in (None, ENTRY_MODULE):
             continue  # another entry point's tree (the SFT trainer's), not main_ppo's
+        yield case, outcome
+
+
+def explicit_keys(session: AuditSession) -> dict[str, list[str]]:
+    """Each key that a main_ppo case of the corpus or an example script sets (``+``/``~``
+    stripped), with the ids of the cases that set it: the read census's second denominator. A
+    config group's choice (``model_engine=megatron``) is Hydra's, written ``group=`` here so that
+    the census sets it apart (``read_census.hydra_own``)."""
+    out: dict[str, list[str]] = {}
+    composer = session.composer()
+    for case, outcome in _main_ppo_outcomes(session, _cases(session)):
+        for key in sorted({field_key(field) for field in outcome.fields.fields}):
+            shown = f"{key}=" if composer.is_group(key) else key
+            out.setdefault(shown, []).append(case.id)
+    return dict(sorted(out.items()))
+
+
+def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
+    """Every composed configuration of the coverage run, by a stable id."""
+    cases = _cases(session)
+    out: dict[str, Mapping[str, Any]] = {}
+    for case, outcome in _main_ppo_outcomes(session, cases):
         composition = outcome.composition
         if composition.composed:
             out[case.id] = composition.mapping

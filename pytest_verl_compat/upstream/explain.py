@@ -101,7 +101,10 @@ def explain(entry: LeafReads, traced_here: list[str], leaves: Mapping[str, Any])
     # static), judged by its guard; a read of the name on an object of unknown section keeps the
     # verdict undecided.
     here = set(traced_here)
-    judged = tuple(judge(p, section, leaves) for p in entry.places if p.where not in here)
+    # A place read through a copy judges its guard on the copy's section.
+    judged = tuple(
+        judge(p, p.section or section, leaves) for p in entry.places if p.where not in here
+    )
     if traced_here:
         verdict = ACTS
     elif entry.status == "never read" or (

@@ -556,7 +556,7 @@ def build(
                 classes_of.setdefault(section, set()).add(name)
     out: dict[str, list[dict[str, Any]]] = {}
     for entry in entries:
-        if entry.status not in ("traced", "static") or entry.unmatched:
+        if entry.status not in ("traced", "static") or entry.unmatched or entry.outside:
             continue
         section, _, name = entry.leaf.rpartition(".")
         if _spread_sections(section, scan, classes_of) or scan.copied(entry.leaf):

@@ -44,6 +44,12 @@ PATH_FILES = (
     "verl/workers/**/*.py",
 )
 TARGET = "_target_"
+# A leaf verl reads only through a leaf the tree copies it into (``rollout.response_length:
+# ${oc.select:data.max_response_length,512}``): its value acts where the copy is read.
+COPIED = "through a copy"
+# A key of a section verl hands on whole as keywords (``{**engine_config.override_transformer_
+# config}``, verl/workers/engine/megatron/transformer_impl.py:296): every key of it is read there.
+WHOLE = "passed whole"
 GUARDS_SHOWN = 2
 PLACES_SHOWN = 4
 
@@ -57,6 +63,11 @@ class Place:
     holder: str  # the object read (``self.config.actor_rollout_ref.actor``), "" when traced only
     guard: str  # the enclosing ``if`` tests, innermost first
     how: str  # "traced", "static", or "mention" (the name only, not a read the reading knows)
+    # How the object is the leaf's section when the place's own code cannot say: the call that
+    # passes it (``config = data_config, verl/trainer/ppo/utils.py:129``), or the copy read.
+    via: str = ""
+    # The section of the object read, when not the leaf's own: a copy's (``through`` a copy).
+    section: str = ""
 
 
 @dataclass
@@ -65,13 +76,19 @@ class LeafReads:
     places: list[Place] = field(default_factory=list)
     unmatched: list[Place] = field(default_factory=list)  # its name, on an unknown section
     trees: tuple[str, ...] = ()  # the composed trees that hold the leaf (all when empty)
+    outside: bool = False  # a key a script sets that no tree holds (``+`` into a section)
 
     @property
     def status(self) -> str:
-        if any(p.how == "traced" for p in self.places):
+        own = [p for p in self.places if not p.section and p.how != WHOLE]
+        if any(p.how == "traced" for p in own):
             return "traced"
-        if self.places:
+        if own:
             return "static"
+        if any(p.section for p in self.places):
+            return COPIED
+        if self.places:
+            return WHOLE
         return "undecided" if self.unmatched else "never read"
 
 
@@ -160,44 +177,223 @@ class StaticRead:
     config_class: str  # the class when the holder is ``self`` in a config class
 
 
-def static_reads(sources: list[statements.Source], classes: frozenset[str]) -> Iterator[StaticRead]:
-    """Every read of a field on a configuration object in ``sources``."""
+@dataclass(frozen=True, order=True)
+class Binding:
+    """A configuration object that a call passes one parameter of a function of the census."""
+
+    chain: tuple[str, ...]  # the object as the caller names it (``data_config``)
+    where: str  # the call, ``verl/…py:line``
+
+
+# Function (by id) → parameter → the configuration objects its callers pass it.
+Bindings = dict[int, dict[str, set[Binding]]]
+
+
+def _functions(source: statements.Source) -> list[census_reads.Function]:
+    return [
+        n for n in ast.walk(source.tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+
+
+def _returned_classes(function: census_reads.Function, class_names: set[str]) -> set[str]:
+    """The census's classes a factory returns, directly or through a local it assigns
+    (``get_dataset_class`` returns ``RLHFDataset``, or a user's class it loads, which is no
+    class of verl's and so no read the census can see)."""
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    assigned.setdefault(target.id, []).append(node.value)
+    found: set[str] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
+            values = [node.value, *assigned.get(node.value.id, [])]
+            found |= {v.id for v in values if isinstance(v, ast.Name) and v.id in class_names}
+    return found
+
+
+def _call_targets(
+    call: ast.Call,
+    function: census_reads.Function,
+    callees: census_reads.Callees,
+    class_names: set[str],
+) -> list[tuple[census_reads.Function, bool]]:
+    """The functions a call reaches: by name (``census_reads.callee_of``), or, for a class held
+    in a local (``dataset_cls = get_dataset_class(data_config)``, then ``dataset_cls(…)``,
+    verl/trainer/ppo/utils.py:126-129), the ``__init__`` of each class its factory returns."""
+    target = census_reads.callee_of(call, callees)
+    if target is not None:
+        return [target]
+    if not isinstance(call.func, ast.Name):
+        return []
+    local = call.func.id
+    found: list[tuple[census_reads.Function, bool]] = []
+    for node in ast.walk(function):
+        if not (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and any(isinstance(t, ast.Name) and t.id == local for t in node.targets)
+        ):
+            continue
+        factory = census_reads.callee_of(node.value, callees)
+        if factory is None:
+            continue
+        for name in sorted(_returned_classes(factory[0], class_names)):
+            inits = [c for c in callees.get(name, []) if c[0].name == "__init__"]
+            if len(inits) == 1:
+                found.append(inits[0])
+    return found
+
+
+def bindings(sources: list[statements.Source], classes: frozenset[str]) -> Bindings:
+    """What the census's call sites pass each parameter that holds configuration, one level:
+    ``RLHFDataset.__init__``'s ``config`` is ``data_config`` (verl/trainer/ppo/utils.py:129), so
+    its reads are reads of ``data``. Only an argument that is a configuration object or a section
+    of one binds (a plain value passed on is the check census's concern, not a section)."""
+    callees = census_reads.callees_by_name(sources)
+    class_names = {n.name for s in sources for n in ast.walk(s.tree) if isinstance(n, ast.ClassDef)}
     empty = census_reads.Index()
+    out: Bindings = {}
     for source in sources:
-        functions = [
-            n
-            for n in ast.walk(source.tree)
-            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-        ]
-        for function in functions:
+        for function in _functions(source):
+            context: census_reads.Context | None = None
+            for call in ast.walk(function):
+                if not isinstance(call, ast.Call) or source.function(call) is not function:
+                    continue
+                targets = _call_targets(call, function, callees, class_names)
+                if not targets:
+                    continue
+                if context is None:
+                    context = census_reads.context_of(source, function, empty, classes)
+                    context.roots |= set(context.derived)
+                for callee, is_method in targets:
+                    params = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]]
+                    if is_method and params and params[0] in ("self", "cls"):
+                        params = params[1:]
+                    pairs: list[tuple[str, ast.expr]] = list(zip(params, call.args, strict=False))
+                    pairs += [(k.arg, k.value) for k in call.keywords if k.arg is not None]
+                    for param, argument in pairs:
+                        chain = census_reads.attribute_chain(argument)
+                        if chain is not None and _within_config(chain, context):
+                            out.setdefault(id(callee), {}).setdefault(param, set()).add(
+                                Binding(tuple(chain), f"{source.relative}:{call.lineno}")
+                            )
+    return out
+
+
+def _aliases(
+    source: statements.Source, function: census_reads.Function, context: census_reads.Context
+) -> dict[str, set[Binding]]:
+    """Locals that name a configuration object by another name, assigned once in the function
+    (``config = self.rollout_config``, verl/experimental/agent_loop/agent_loop.py:600): their
+    reads are reads of that object."""
+    assigned: dict[str, list[ast.Assign | ast.AugAssign | ast.AnnAssign]] = {}
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+            and source.function(node) is function
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for named in ast.walk(target):
+                    if isinstance(named, ast.Name):
+                        assigned.setdefault(named.id, []).append(node)
+    params = {
+        a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]
+    }
+    out: dict[str, set[Binding]] = {}
+    for name, nodes in assigned.items():
+        only = nodes[0]
+        if name in params or len(nodes) != 1 or not isinstance(only, ast.Assign):
+            continue
+        if len(only.targets) != 1 or not isinstance(only.targets[0], ast.Name):
+            continue
+        chain = key_chain(only.value)
+        if chain is not None and len(chain) > 1 and _within_config(chain, context):
+            out[name] = {Binding(tuple(chain), f"{source.relative}:{only.lineno}")}
+    return out
+
+
+def static_reads(sources: list[statements.Source], classes: frozenset[str]) -> Iterator[StaticRead]:
+    """Every read of a field on a configuration object in ``sources``; a read on a parameter
+    that callers pass a configuration object (``bindings``) also as a read of that object."""
+    empty = census_reads.Index()
+    bound = bindings(sources, classes)
+    for source in sources:
+        for function in _functions(source):
             context = census_reads.context_of(source, function, empty, classes)
             context.roots |= set(context.derived)
+            aliases = _aliases(source, function, context)
             owner = next(
                 (a.name for a in source.ancestors(function) if isinstance(a, ast.ClassDef)), ""
             )
             for node in ast.walk(function):
+                if source.function(node) is not function:
+                    continue
+                for holder in _spreads(node, context, aliases):
+                    line = getattr(node, "lineno", function.lineno)
+                    where = f"{source.relative}:{line}"
+                    text = "**" + ".".join(holder)
+                    place = Place(where, source.qualname(node), text, guard(source, node), WHOLE)
+                    yield StaticRead(SPREAD, holder, place, "")
                 found = _field_read(node, context)
-                if found is None or source.function(node) is not function:
+                if found is None:
                     continue
                 name, holder = found
                 line = getattr(node, "lineno", function.lineno)
-                yield StaticRead(
-                    name,
-                    holder,
-                    Place(
-                        f"{source.relative}:{line}",
-                        source.qualname(node),
-                        ".".join(holder),
-                        guard(source, node),
-                        "static",
-                    ),
-                    owner if holder == ["self"] and context.config_self else "",
+                place = Place(
+                    f"{source.relative}:{line}",
+                    source.qualname(node),
+                    ".".join(holder),
+                    guard(source, node),
+                    "static",
                 )
+                yield StaticRead(
+                    name, holder, place, owner if holder == ["self"] and context.config_self else ""
+                )
+                for binding in sorted(
+                    bound.get(id(function), {}).get(holder[0], set())
+                    | aliases.get(holder[0], set())
+                ):
+                    # The place's guard keeps the callee's own names: ``holder`` resolves them.
+                    via = f"{holder[0]} = {'.'.join(binding.chain)}, {binding.where}"
+                    yield StaticRead(
+                        name,
+                        [*binding.chain, *holder[1:]],
+                        dataclasses.replace(place, via=via),
+                        "",
+                    )
+
+
+# The name a spread is filed under among the static reads: no field is called so.
+SPREAD = "**"
+
+
+def _spreads(
+    node: ast.AST, context: census_reads.Context, aliases: Mapping[str, set[Binding]]
+) -> list[list[str]]:
+    """The configuration sections ``node`` hands on as keywords: ``f(**section)``,
+    ``{**section}``."""
+    values: list[ast.expr] = []
+    if isinstance(node, ast.Call):
+        values = [k.value for k in node.keywords if k.arg is None]
+    elif isinstance(node, ast.Dict):
+        values = [v for k, v in zip(node.keys, node.values, strict=True) if k is None]
+    out = []
+    for value in values:
+        chain = key_chain(value)
+        if chain is not None and len(chain) > 1 and _within_config(chain, context):
+            out.append(chain)
+        elif chain is not None and len(chain) == 1 and chain[0] in aliases:
+            # ``reward_kwargs = config.reward.get("reward_kwargs")``, then ``f(**reward_kwargs)``.
+            out += [list(b.chain) for b in sorted(aliases[chain[0]])]
+    return out
 
 
 def _within_config(holder: list[str], context: census_reads.Context) -> bool:
     """The object is a config section or a section within one (``self.config.actor_rollout_ref``)."""
-    return any(census_reads._holds_config(holder[:k], context) for k in range(1, len(holder) + 1))
+    return any(census_reads.holds_config(holder[:k], context) for k in range(1, len(holder) + 1))
 
 
 def _mentions(sources: list[statements.Source]) -> dict[str, list[str]]:
@@ -218,20 +414,60 @@ def _mentions(sources: list[statements.Source]) -> dict[str, list[str]]:
     return {name: sorted(places, key=_file_line) for name, places in found.items()}
 
 
+def key_chain(node: ast.AST) -> list[str] | None:
+    """``attribute_chain``, also through keyed reads: ``config.reward.get("reward_kwargs", {})``
+    is ``["config", "reward", "reward_kwargs"]``, as is ``config.reward["reward_kwargs"]``."""
+    parts: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _KEYED_READS
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            parts.append(node.args[0].value)
+            node = node.func.value
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+        ):
+            parts.append(node.slice.value)
+            node = node.value
+        else:
+            break
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+# Methods that read a key by name: ``section.get("x", d)``, and ``section.pop("x", d)``, which
+# reads it before removing it (verl/workers/engine_workers.py:545 reads the ref's
+# ``log_prob_use_dynamic_bsz`` so).
+_KEYED_READS = frozenset({"get", "pop"})
+
+
 def _field_read(node: ast.AST, context: census_reads.Context) -> tuple[str, list[str]] | None:
+    """The field ``node`` reads and the object it reads it on (that object named through keyed
+    reads too: ``config.reward.get("reward_kwargs", {}).get("overlong_buffer_cfg")``)."""
     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-        holder = census_reads.attribute_chain(node.value)
+        holder = key_chain(node.value)
         if (
             holder is not None
             and _within_config(holder, context)
             and not node.attr.startswith("_")
-            and node.attr not in census_reads._METHODS
+            and node.attr not in census_reads.METHODS
         ):
             return node.attr, holder
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-        holder = census_reads.attribute_chain(node.func.value)
+        holder = key_chain(node.func.value)
         if (
-            node.func.attr == "get"
+            node.func.attr in _KEYED_READS
             and holder is not None
             and _within_config(holder, context)
             and node.args
@@ -240,7 +476,7 @@ def _field_read(node: ast.AST, context: census_reads.Context) -> tuple[str, list
         ):
             return node.args[0].value, holder
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        holder = census_reads.attribute_chain(node.value)
+        holder = key_chain(node.value)
         if (
             holder is not None
             and isinstance(node.slice.value, str)
@@ -256,7 +492,29 @@ def _matches(
     sections_of_class: Mapping[str, set[str]],
     class_of_section: Mapping[str, set[str]],
 ) -> bool:
-    """Whether the read's object is ``section`` (the leaf's parent)."""
+    """Whether the read's object is ``section`` (the leaf's parent): named by itself, or by an
+    object that names a section above it and then the sections below by their names
+    (``self.engine_config.override_transformer_config`` on the Megatron engine's section)."""
+    if _names_section(read, section, sections_of_class, class_of_section):
+        return True
+    parts = section.split(".") if section else []
+    for k in range(1, len(read.holder)):
+        head, tail = read.holder[:k], read.holder[k:]
+        if head == ["self"] or not (len(tail) < len(parts) and parts[-len(tail) :] == tail):
+            continue
+        above = ".".join(parts[: len(parts) - len(tail)])
+        shorter = dataclasses.replace(read, holder=head, config_class="")
+        if _names_section(shorter, above, sections_of_class, class_of_section):
+            return True
+    return False
+
+
+def _names_section(
+    read: StaticRead,
+    section: str,
+    sections_of_class: Mapping[str, set[str]],
+    class_of_section: Mapping[str, set[str]],
+) -> bool:
     parts = section.split(".") if section else []
     holder = [p for p in read.holder if p != "self"]
     if read.config_class:
@@ -283,10 +541,15 @@ def census(
     verl_parent: Path,
     trees: Mapping[str, Mapping[str, Any]],
     traced: Mapping[str, list[str]],
+    copies: Mapping[str, str] | None = None,
+    outside: Iterable[str] = (),
 ) -> list[LeafReads]:
     """Every leaf of the ``trees`` (by name: the default and each ``model_engine`` choice) with
     its reads: ``traced`` (leaf → ``verl/…py:line``) first, then the static reads of the path's
-    files."""
+    files; a leaf with none of its own, read where a leaf that copies it is read (``copies``:
+    copy → the leaf it interpolates, ``Composer.interpolation_sources``); a leaf or ``outside``
+    key (one a script sets that no tree holds, marked so) with no read of its own, read where a
+    section above it is handed on whole."""
     sources = _sources(verl_parent)
     by_file = {s.relative: s for s in sources}
     classes = census_reads.config_classes(sources)
@@ -311,10 +574,14 @@ def census(
     for read in static_reads(sources, classes):
         by_name.setdefault(read.name, []).append(read)
     out: list[LeafReads] = []
-    for leaf in sorted(held):
+    spreads = by_name.get(SPREAD, [])
+    extra = sorted(set(outside) - set(held))
+    for leaf in [*sorted(held), *extra]:
         section, _, name = leaf.rpartition(".")
-        in_all = len(held[leaf]) == len(trees)
-        entry = LeafReads(leaf, trees=() if in_all else tuple(held[leaf]))
+        in_all = len(held.get(leaf, ())) == len(trees)
+        entry = LeafReads(
+            leaf, trees=() if in_all else tuple(held.get(leaf, ())), outside=leaf not in held
+        )
         for spot in traced.get(leaf, []):
             entry.places.append(_traced_place(spot, by_file, verl_parent))
         traced_at = {place.where: i for i, place in enumerate(entry.places)}
@@ -327,13 +594,144 @@ def census(
                 entry.places.append(read.place)
             else:
                 entry.unmatched.append(read.place)
+        if not entry.places:
+            entry.places = _passed_whole(leaf, spreads, sections_of_class, class_of_section)
         if not entry.places and not entry.unmatched:
             # Its name is used, but not as a read of a config object the reading recognises.
             entry.unmatched = [Place(w, "", "", "", "mention") for w in mentions.get(name, [])]
         entry.places = _distinct(entry.places)
         entry.unmatched = _distinct(entry.unmatched)
         out.append(entry)
+    _through_copies(out, copies or {})
+    _as_dict_entries(out, _dict_fields(sources, classes), class_of_section)
     return out
+
+
+def _dict_fields(
+    sources: list[statements.Source], classes: frozenset[str]
+) -> dict[tuple[str, str], str]:
+    """(config class, field) → where it is declared, for a field that maps names to instances of
+    a config class (``teacher_models: dict[str, DistillationTeacherModelConfig]``,
+    verl/workers/config/distillation.py:265): each entry is built as that class."""
+    found: dict[tuple[str, str], str] = {}
+    for source in sources:
+        for node in ast.walk(source.tree):
+            if not isinstance(node, ast.ClassDef) or node.name not in classes:
+                continue
+            for item in node.body:
+                if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                    continue
+                annotation = item.annotation
+                if (
+                    isinstance(annotation, ast.Subscript)
+                    and isinstance(annotation.value, ast.Name)
+                    and annotation.value.id == "dict"
+                    and isinstance(annotation.slice, ast.Tuple)
+                    and len(annotation.slice.elts) == 2
+                    and isinstance(annotation.slice.elts[1], ast.Name)
+                    and annotation.slice.elts[1].id in classes
+                ):
+                    where = f"{source.relative}:{item.lineno}"
+                    found[(node.name, item.target.id)] = where
+    return found
+
+
+def _as_dict_entries(
+    entries: list[LeafReads],
+    dict_fields: Mapping[tuple[str, str], str],
+    class_of_section: Mapping[str, set[str]],
+) -> None:
+    """A key in no tree that is an entry of such a field (``distillation.teacher_models.gsm8k.key``
+    beside the tree's ``teacher_model`` entry) is read as the tree's entries are: the same class
+    reads the same field of each, so it takes a decided entry's places, marked so (static: the
+    probes traced the tree's entry, not this one)."""
+    by_leaf = {e.leaf: e for e in entries}
+    for entry in entries:
+        if not entry.outside or entry.status != "undecided":
+            continue
+        parts = entry.leaf.split(".")
+        for i in range(len(parts) - 2):
+            owner, field_name = ".".join(parts[:i]), parts[i]
+            where = next(
+                (
+                    dict_fields[(cls, field_name)]
+                    for cls in sorted(class_of_section.get(owner, set()))
+                    if (cls, field_name) in dict_fields
+                ),
+                "",
+            )
+            if not where:
+                continue
+            prefix, rest = ".".join(parts[: i + 1]), ".".join(parts[i + 2 :])
+            siblings = sorted(
+                (
+                    e
+                    for leaf, e in by_leaf.items()
+                    if leaf.startswith(prefix + ".")
+                    and leaf.endswith("." + rest)
+                    and leaf.count(".") == entry.leaf.count(".")
+                    and not e.outside
+                    and e.status != "undecided"
+                ),
+                key=lambda e: e.leaf,
+            )
+            if siblings:
+                sibling = siblings[0]
+                via = f"as {sibling.leaf}: an entry of {field_name} ({where})"
+                entry.places = [
+                    dataclasses.replace(p, how="static" if p.how == "traced" else p.how, via=via)
+                    for p in sibling.places
+                ]
+                entry.unmatched = []
+                break
+
+
+def _passed_whole(
+    leaf: str,
+    spreads: list[StaticRead],
+    sections_of_class: Mapping[str, set[str]],
+    class_of_section: Mapping[str, set[str]],
+) -> list[Place]:
+    """The places that hand on whole the nearest section above ``leaf`` that any place does."""
+    parts = leaf.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        above = ".".join(parts[:depth])
+        found = [
+            r.place for r in spreads if _matches(r, above, sections_of_class, class_of_section)
+        ]
+        if found:
+            return found
+    return []
+
+
+def _through_copies(entries: list[LeafReads], copies: Mapping[str, str]) -> None:
+    """A leaf with no read of its own is read where the leaves copying it are (transitively:
+    a copy of a copy); their places join it, marked with the copy and its section."""
+    by_leaf = {e.leaf: e for e in entries}
+    copied_by: dict[str, list[str]] = {}
+    for copy, source in sorted(copies.items()):
+        copied_by.setdefault(source, []).append(copy)
+    changed = True
+    while changed:
+        changed = False
+        for entry in entries:
+            if entry.places:
+                continue
+            found: list[Place] = []
+            for copy in copied_by.get(entry.leaf, []):
+                other = by_leaf.get(copy)
+                if other is None:
+                    continue
+                section = copy.rpartition(".")[0]
+                found += [
+                    dataclasses.replace(
+                        p, via=p.via or f"through its copy {copy}", section=p.section or section
+                    )
+                    for p in other.places
+                ]
+            if found:
+                entry.places = _distinct(found)
+                changed = True
 
 
 def _distinct(places: list[Place]) -> list[Place]:
@@ -363,16 +761,112 @@ def _traced_place(where: str, by_file: Mapping[str, statements.Source], parent: 
 
 
 def summary(entries: list[LeafReads]) -> dict[str, int]:
-    counts = {"leaves": len(entries), "traced": 0, "static": 0, "never read": 0, "undecided": 0}
+    entries = [e for e in entries if not e.outside]
+    counts = {
+        "leaves": len(entries),
+        "traced": 0,
+        "static": 0,
+        COPIED: 0,
+        WHOLE: 0,
+        "never read": 0,
+        "undecided": 0,
+    }
     for entry in entries:
         counts[entry.status] += 1
     return counts
 
 
+def _share(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole if whole else 100.0:.1f}%"
+
+
+# Keys a script passes that are Hydra's own, not the tree's: its options, a group's package
+# (``actor@actor_rollout_ref.actor``), a group's choice (``model_engine=``, as
+# ``census_run.explicit_keys`` writes it): they select and place config files.
+def hydra_own(key: str) -> bool:
+    return key.startswith(("--", "hydra.")) or "@" in key or key.endswith("=")
+
+
+@dataclass(frozen=True)
+class ExplicitKeys:
+    """The keys the scripts set, by how the census decides them."""
+
+    decided: list[LeafReads]
+    undecided: list[LeafReads]
+    hydra: list[str]  # Hydra's options and group packages: no key of the tree
+
+    @property
+    def total(self) -> int:
+        return len(self.decided) + len(self.undecided)
+
+
+def explicit_coverage(entries: list[LeafReads], explicit: Mapping[str, list[str]]) -> ExplicitKeys:
+    """The explicit keys (key → the cases that set it), each by its entry: a leaf's, or, for a
+    key no tree holds (``census(outside=…)``), its own."""
+    by_leaf = {e.leaf: e for e in entries}
+    hydra = [k for k in explicit if hydra_own(k)]
+    found = [by_leaf[k] for k in explicit if k in by_leaf and not hydra_own(k)]
+    missing = [k for k in explicit if k not in by_leaf and not hydra_own(k)]
+    if missing:
+        raise ValueError(f"explicit keys without a census entry: {missing[:5]}")
+    decided = [e for e in found if e.status != "undecided"]
+    undecided = [e for e in found if e.status == "undecided"]
+    return ExplicitKeys(decided, undecided, hydra)
+
+
+def explicit_outside(trees: Mapping[str, Mapping[str, Any]], explicit: Iterable[str]) -> list[str]:
+    """The explicit keys no tree holds (``+`` into a section, a key of a script that does not
+    compose), Hydra's own aside: ``census``'s ``outside``."""
+    held = {leaf for tree in trees.values() for leaf in leaves(tree)}
+    return sorted(k for k in explicit if k not in held and not hydra_own(k))
+
+
+def _explicit_section(
+    version: str, entries: list[LeafReads], explicit: Mapping[str, list[str]]
+) -> list[str]:
+    found = explicit_coverage(entries, explicit)
+    cases = len({case for ids in explicit.values() for case in ids})
+    outside = [e for e in [*found.decided, *found.undecided] if e.outside]
+    outside_decided = sum(1 for e in found.decided if e.outside)
+    by_use = sorted(found.undecided, key=lambda e: (-len(explicit[e.leaf]), e.leaf))
+    share = _share(len(found.decided), found.total)
+    return [
+        "## The keys the scripts set",
+        "",
+        f"The {cases} read cases that launch main_ppo (the corpus's and verl {version}'s example "
+        f"scripts', `corpus/examples.yaml`) set {found.total} distinct keys (`+`/`~` stripped; "
+        "Hydra's own options, group choices and packages aside: "
+        + (", ".join(f"`{k}`" for k in found.hydra) or "none")
+        + f"). Their reads are decided for **{len(found.decided)} ({share})**. A leaf of the "
+        f"trees has its status above; {len(outside)} keys are in no tree (added with `+` into a "
+        "section, or set by a script that does not compose), each decided as a leaf is (a "
+        f"section above it passed on whole, its name never used) for {outside_decided} of them.",
+        "",
+        "| explicit keys | decided | undecided | of them in no tree (decided) |",
+        "| ---: | ---: | ---: | ---: |",
+        f"| {found.total} | {len(found.decided)} ({share}) | {len(found.undecided)} | "
+        f"{len(outside)} ({outside_decided}) |",
+        "",
+        "Undecided, by the number of cases that set them (*in no tree* marked):",
+        "",
+        "| key | cases |",
+        "| --- | ---: |",
+        *(
+            f"| `{e.leaf}`{' (in no tree)' if e.outside else ''} | {len(explicit[e.leaf])} |"
+            for e in by_use
+        ),
+        "",
+    ]
+
+
 def render(
-    version: str, entries: list[LeafReads], configurations: int, trees: Iterable[str] = ()
+    version: str,
+    entries: list[LeafReads],
+    configurations: int,
+    trees: Iterable[str] = (),
+    explicit: Mapping[str, list[str]] | None = None,
 ) -> str:
-    """The page (Markdown), byte-stable for the same verl, tree and recorded reads."""
+    """The page (Markdown), byte-stable for the same verl, tree, recorded reads and scripts."""
     counts = summary(entries)
     decided = counts["leaves"] - counts["undecided"]
     share = 100.0 * decided / counts["leaves"] if counts["leaves"] else 100.0
@@ -390,7 +884,11 @@ def render(
         "of main_ppo's path reads a field of that name on an object of that section "
         "(`self.config.actor_rollout_ref.actor`, `actor_config`, an `…_config` object named like "
         "the class the tree's `_target_` builds there, as `engine_config` for `FSDPEngineConfig`, "
-        "or `self` in that class). The guard is the `if` tests around the place in its "
+        "or `self` in that class), or on a parameter that the path's calls pass such an object "
+        "(`RLHFDataset.__init__`'s `config`, passed `data_config`: the place names the call); "
+        "*through a copy* where the leaf has no read of its own but the tree copies it into a "
+        "leaf that is read (`${oc.select:data.max_response_length,512}`), at the copy's places. "
+        "The guard is the `if` tests around the place in its "
         "function, innermost first: what the configuration must select for it to run. A leaf is "
         "*decided* when such a read is found, or when no file of the path uses its name at all "
         "(no attribute, keyword or string of that name: *never read*); it is *undecided* when "
@@ -418,12 +916,17 @@ def render(
         f"verl-compat census --upstream verl-v{version} --reads --check docs/upstream-reads.md",
         "```",
         "",
-        "| leaves | traced | static only | never read | undecided | decided |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| {counts['leaves']} | {counts['traced']} | {counts['static']} | "
-        f"{counts['never read']} | {counts['undecided']} | {decided} ({share:.1f}%) |",
+        "| leaves | traced | static only | through a copy | passed whole | never read | "
+        "undecided | decided |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {counts['leaves']} | {counts['traced']} | {counts['static']} | {counts[COPIED]} | "
+        f"{counts[WHOLE]} | {counts['never read']} | {counts['undecided']} | {decided} "
+        f"({share:.1f}%) |",
         "",
     ]
+    if explicit is not None:
+        lines += _explicit_section(version, entries, explicit)
+    entries = [e for e in entries if not e.outside]
     sections = sorted({e.leaf.split(".")[0] for e in entries})
     for section in sections:
         lines += [
@@ -463,7 +966,14 @@ def _places(places: list[Place]) -> str:
             parts.append(f"on `{_cell(place.holder, 50)}`")
         if place.guard:
             parts.append(f"if `{_cell(place.guard, 80)}`")
-        suffix = {"traced": "", "static": " (static)", "mention": " (name only)"}[place.how]
+        suffix = {
+            "traced": "",
+            "static": " (static)",
+            "mention": " (name only)",
+            WHOLE: " (passed whole)",
+        }[place.how]
+        if place.via:
+            suffix += f", {_cell(place.via, 90)}"
         cells.append(" ".join(parts) + suffix)
     more = len(places) - PLACES_SHOWN
     if more > 0:
