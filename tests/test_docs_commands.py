@@ -1,8 +1,7 @@
 """Every command block of README.md and docs/*.md runs as written, so the docs cannot drift.
 
 Each section's ``bash``/``console`` blocks run in order, in one bash script, inside a copy of
-this repository (a fresh clone, as the README assumes) with no ``$VERL_UPSTREAM``; a section
-that goes on with an earlier one's files runs after it in the same copy (``CONTINUES``):
+this repository (a fresh clone, as the README assumes) with no ``$VERL_UPSTREAM``:
 
 - ``verl-compat``, ``pytest`` and ``.venv/bin/…`` run this interpreter on the copy;
 - ``verl-v0.9.0``/``verl-v0.9.1`` in the copy and ``~/src/verl-v0.9.0``/``~/src/verl-main``
@@ -12,7 +11,9 @@ that goes on with an earlier one's files runs after it in the same copy (``CONTI
 
 The pytest commands run as written, every stage included (no ``-k``, no ``PYTEST_ADDOPTS``
 of the developer's). Installs, clones and real-model runs are not run here; ``NOT_RUN`` gives each its reason, and
-an entry that no longer matches a documented command fails the test.
+an entry that no longer matches a documented command fails the test. The sections a new user
+runs first (``FRESH_CLONE``) run in CI's ``.ci/fresh-clone`` instead, where a user runs them:
+from a fresh clone, in the venv the README's first command makes.
 """
 
 from __future__ import annotations
@@ -64,10 +65,17 @@ EXPECTED_STATUS = {
 }
 
 
-# A section whose commands use what an earlier section's commands made (its files, in the same
-# folder) runs after that section, in the same copy; every other section runs alone, so the
-# sections of a long document share out over ``-n 2``'s workers. By (document, section title).
-CONTINUES = {("README.md", "Use it in CI"): "Audit your own scripts"}
+# Sections that .ci/fresh-clone runs as written (``script NAME DOC "HEADING"``), from a fresh
+# clone in the venv the README's first command makes: where a user runs them, which this copy
+# with the test venv's interpreter is not; running them here too would check the same commands
+# twice at ~1 minute each. By (document, section title); every other section runs alone, so
+# the sections of a long document share out over ``-n 2``'s workers.
+FRESH_CLONE = {
+    ("README.md", "Audit your own scripts"),
+    ("README.md", "Use it in CI"),
+    ("docs/drift.md", "`verl-compat init FOLDER [--out manifest.yaml]`"),
+}
+FRESH_CLONE_SCRIPT = REPO / ".ci" / "fresh-clone"
 
 
 @dataclass(frozen=True)
@@ -132,15 +140,14 @@ def documented_commands(doc: str) -> list[Command]:
 
 
 def command_groups(doc: str) -> dict[str, list[Command]]:
-    """A document's commands that run, by the section they run in (its title; a continuing
-    section's commands join the section they continue), in document order."""
+    """A document's commands that run here, by the section they run in (its title), in
+    document order (the sections CI runs from a fresh clone aside)."""
     groups: dict[str, list[Command]] = {}
     for command in documented_commands(doc):
+        if (doc, command.section) in FRESH_CLONE:
+            continue
         if any(_skip_reason(part) is None for part in command.parts()):
             groups.setdefault(command.section, []).append(command)
-    for (where, later), earlier in CONTINUES.items():
-        if where == doc and later in groups:
-            groups[earlier] = groups.get(earlier, []) + groups.pop(later)
     return groups
 
 
@@ -171,10 +178,18 @@ def test_every_command_is_run_or_has_a_reason_not_to_be() -> None:
     ]
     assert not stale_status, f"EXPECTED_STATUS entries that match no command: {stale_status}"
     sections = {(doc, c.section) for doc in DOCS for c in documented_commands(doc)}
-    stale_continues = [
-        entry for entry in CONTINUES.items() if {entry[0], (entry[0][0], entry[1])} - sections
-    ]
-    assert not stale_continues, f"CONTINUES entries that name no section: {stale_continues}"
+    assert not FRESH_CLONE - sections, f"FRESH_CLONE names no section: {FRESH_CLONE - sections}"
+
+
+def test_the_sections_left_to_the_fresh_clone_are_the_ones_it_runs() -> None:
+    """Each ``FRESH_CLONE`` section is one that .ci/fresh-clone runs as written, all of its
+    commands (``.ci/doc_commands.py DOC HEADING``, without ``--first``)."""
+    text = FRESH_CLONE_SCRIPT.read_text(encoding="utf-8")
+    run = re.findall(r'^script \S+ (\S+) "([^"]+)"(.*)$', text, flags=re.MULTILINE)
+    for doc, section in sorted(FRESH_CLONE):
+        assert any(
+            doc == d and heading in section and "--first" not in rest for d, heading, rest in run
+        ), f"{doc} '{section}': not run by {FRESH_CLONE_SCRIPT.name}"
 
 
 def _copy_of_the_repository(dest: Path) -> Path:
