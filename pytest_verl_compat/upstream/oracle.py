@@ -228,6 +228,11 @@ class UpstreamOracle:
             )
             if request_id in self._answers:
                 return self._answers[request_id]
+            done = self._done
+        if done and len(self._readers) > 1:
+            # The process ended: its last words (why it stopped) may still be in the stderr pipe,
+            # read by another thread that the end of stdout does not wait for.
+            self._readers[1].join(timeout=10)
         tail = "\n".join(self._stderr[-15:])
         raise RuntimeError(f"upstream oracle process gave no answer:\n{tail}")
 
