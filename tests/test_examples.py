@@ -95,6 +95,35 @@ def test_example(case: Case, session: AuditSession) -> None:
     assert entry == RECORDED_BY_ID[case.id]
 
 
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath:UserWarning")
+def test_the_examples_answers_are_recorded_under_the_keys_check_asks_now(
+    session: AuditSession,
+) -> None:
+    """golden/answers/checks-examples.json holds each composed script's recorded answer under
+    the key ``check`` asks it by now: a changed probe, tree, script or our oracle code re-keys
+    the question, and the file must be re-recorded (the suite would otherwise ask verl ~100
+    times, and a user's ``check`` on a verl example would too)."""
+    from pytest_verl_compat.pipeline.answers import (
+        CHECKS,
+        EXAMPLES_PART,
+        load_recorded,
+        recorded_path,
+    )
+    from pytest_verl_compat.upstream.examples_record import recorded_answers
+
+    if installed_verl_root() is None:
+        pytest.skip("the questions' tree is the installed verl's")
+    recorded = load_recorded(recorded_path(GOLDEN, CHECKS, EXAMPLES_PART))
+    now = recorded_answers(session, CASES, UPSTREAM)
+    assert len(now) == sum(1 for entry in UPSTREAM.values() if UPSTREAM_ANSWER in entry)
+    stale = sorted(set(now) ^ set(recorded))
+    assert not stale, (
+        f"{len(stale)} recorded answers are stale; re-record with "
+        "python -m pytest_verl_compat.upstream.examples_record"
+    )
+    assert recorded == now
+
+
 def test_totals_are_the_recorded_ones() -> None:
     assert example_totals(RECORDED["scripts"]) == RECORDED["totals"]
     audit = json.loads((GOLDEN / "audit.json").read_text(encoding="utf-8"))

@@ -5,7 +5,10 @@ script of ``corpus/examples.yaml`` and runs ``python -m verl.trainer.main_ppo --
 with the same argv through ``runner.run_module`` (a sandboxed subprocess, ~12 s each). The file
 keeps, per script, the argv's sha256, whether upstream composed it, and the sha256 of the resolved
 mapping it printed; the test suite compares our in-process composition with it without starting
-109 subprocesses.
+109 subprocesses. Upstream's answers to ``check``'s questions on the composed scripts are also
+written under the keys ``check`` asks them by (``golden/answers/checks-examples.json``, beside
+the corpus's ``checks.json``), so that ``check``, the plugin and the suite find every verl
+example's answer without importing verl; ``tests/test_examples.py`` fails when a key is stale.
 """
 
 from __future__ import annotations
@@ -18,12 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.model import Case, StageFailed, StageUnavailable
-from pytest_verl_compat.pipeline.answers import mapping_digest
+from pytest_verl_compat.pipeline.answers import (
+    CHECKS,
+    EXAMPLES_PART,
+    dumps_recorded,
+    mapping_digest,
+    recorded_path,
+)
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.report import example_totals
-from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
+from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic, write_atomic_bytes
 from pytest_verl_compat.upstream.early import early_answer, upstream_gate
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
 from pytest_verl_compat.upstream.runner import referenced_variables, run_module
@@ -107,6 +116,40 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
     return recorded
 
 
+def answer_keys(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, str]:
+    """Each composed script's question key, as ``check`` asks it (case id → key)."""
+    from pytest_verl_compat.upstream.verdict import upstream_question
+
+    gate = upstream_gate(session)
+    if gate.tree is None:
+        raise RuntimeError(f"upstream's checks cannot run: {gate.reason}")
+    keys = {}
+    for case in cases:
+        try:
+            composition = session.outcome(case).composition
+        except (StageFailed, StageUnavailable):
+            continue
+        if composition.composed and composition.resolved is not None:
+            question = upstream_question(session, case)
+            if not isinstance(question, str):
+                keys[case.id] = question.key(session.pin.version, gate.tree)
+    return keys
+
+
+def recorded_answers(
+    session: AuditSession, cases: tuple[Case, ...], recorded: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The recorded answers file of the examples (``golden/answers/checks-examples.json``):
+    each composed script's answer under the key ``check`` looks it up by, so that ``check``, the
+    plugin and the matrix find every verl example's answer without asking verl."""
+    keys = answer_keys(session, cases)
+    return {
+        key: recorded[case_id][UPSTREAM_ANSWER]
+        for case_id, key in sorted(keys.items())
+        if UPSTREAM_ANSWER in recorded.get(case_id, {})
+    }
+
+
 def _early_answers(session: AuditSession, cases: list[Case]) -> dict[str, dict[str, Any]]:
     """Upstream's own code (the probes) on each composed script, through the oracle (as ``check``
     asks it, all questions sent first so both workers stay busy): the answer as ``check``'s cache
@@ -186,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(out, dumps(dict(sorted(recorded.items()))))
     composed = sum(1 for entry in recorded.values() if entry.get("composed"))
     print(f"wrote {out}: {len(recorded)} scripts, {composed} composed by upstream")
+    answers_file = recorded_path(session.golden_dir, CHECKS, EXAMPLES_PART)
+    answers = recorded_answers(session, example_cases(session), recorded)
+    write_atomic_bytes(answers_file, dumps_recorded(CHECKS, answers))
+    print(f"wrote {answers_file}: {len(answers)} answers")
     if args.audit:
         entries = [
             example_entry(session, case, recorded.get(case.id, {}).get(UPSTREAM_ANSWER))
