@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,30 +214,35 @@ def _returned_classes(function: census_reads.Function, class_names: set[str]) ->
     return found
 
 
+def _local_factories(function: census_reads.Function) -> dict[str, list[ast.Call]]:
+    """The calls whose results a function keeps in a plain local, by the local's name."""
+    found: dict[str, list[ast.Call]] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found.setdefault(target.id, []).append(node.value)
+    return found
+
+
 def _call_targets(
     call: ast.Call,
-    function: census_reads.Function,
+    factories: Callable[[], dict[str, list[ast.Call]]],
     callees: census_reads.Callees,
     class_names: set[str],
 ) -> list[tuple[census_reads.Function, bool]]:
     """The functions a call reaches: by name (``census_reads.callee_of``), or, for a class held
     in a local (``dataset_cls = get_dataset_class(data_config)``, then ``dataset_cls(…)``,
-    verl/trainer/ppo/utils.py:126-129), the ``__init__`` of each class its factory returns."""
+    verl/trainer/ppo/utils.py:126-129), the ``__init__`` of each class its factory returns
+    (``factories``: the function's locals assigned from calls, computed once when asked)."""
     target = census_reads.callee_of(call, callees)
     if target is not None:
         return [target]
     if not isinstance(call.func, ast.Name):
         return []
-    local = call.func.id
     found: list[tuple[census_reads.Function, bool]] = []
-    for node in ast.walk(function):
-        if not (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call)
-            and any(isinstance(t, ast.Name) and t.id == local for t in node.targets)
-        ):
-            continue
-        factory = census_reads.callee_of(node.value, callees)
+    for value in factories().get(call.func.id, []):
+        factory = census_reads.callee_of(value, callees)
         if factory is None:
             continue
         for name in sorted(_returned_classes(factory[0], class_names)):
@@ -246,27 +252,50 @@ def _call_targets(
     return found
 
 
-def bindings(sources: list[statements.Source], classes: frozenset[str]) -> Bindings:
+Contexts = dict[int, census_reads.Context]  # function id → its config holders
+
+
+def _context(
+    contexts: Contexts,
+    source: statements.Source,
+    function: census_reads.Function,
+    classes: frozenset[str],
+) -> census_reads.Context:
+    """A function's config holders (its derived locals count as holders), built once."""
+    context = contexts.get(id(function))
+    if context is None:
+        context = census_reads.context_of(source, function, census_reads.Index(), classes)
+        context.roots |= set(context.derived)
+        contexts[id(function)] = context
+    return context
+
+
+def bindings(
+    sources: list[statements.Source], classes: frozenset[str], contexts: Contexts | None = None
+) -> Bindings:
     """What the census's call sites pass each parameter that holds configuration, one level:
     ``RLHFDataset.__init__``'s ``config`` is ``data_config`` (verl/trainer/ppo/utils.py:129), so
     its reads are reads of ``data``. Only an argument that is a configuration object or a section
     of one binds (a plain value passed on is the check census's concern, not a section)."""
     callees = census_reads.callees_by_name(sources)
-    class_names = {n.name for s in sources for n in ast.walk(s.tree) if isinstance(n, ast.ClassDef)}
-    empty = census_reads.Index()
+    # Each class's ``__init__`` is filed under the class's name.
+    class_names = {
+        name for name, found in callees.items() if any(f.name == "__init__" for f, _ in found)
+    }
+    contexts = {} if contexts is None else contexts
     out: Bindings = {}
     for source in sources:
         for function in _functions(source):
             context: census_reads.Context | None = None
+            factories = functools.cache(functools.partial(_local_factories, function))
             for call in ast.walk(function):
                 if not isinstance(call, ast.Call) or source.function(call) is not function:
                     continue
-                targets = _call_targets(call, function, callees, class_names)
+                targets = _call_targets(call, factories, callees, class_names)
                 if not targets:
                     continue
                 if context is None:
-                    context = census_reads.context_of(source, function, empty, classes)
-                    context.roots |= set(context.derived)
+                    context = _context(contexts, source, function, classes)
                 for callee, is_method in targets:
                     params = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]]
                     if is_method and params and params[0] in ("self", "cls"):
@@ -318,26 +347,26 @@ def _aliases(
 def static_reads(sources: list[statements.Source], classes: frozenset[str]) -> Iterator[StaticRead]:
     """Every read of a field on a configuration object in ``sources``; a read on a parameter
     that callers pass a configuration object (``bindings``) also as a read of that object."""
-    empty = census_reads.Index()
-    bound = bindings(sources, classes)
+    contexts: Contexts = {}
+    bound = bindings(sources, classes, contexts)
     for source in sources:
         for function in _functions(source):
-            context = census_reads.context_of(source, function, empty, classes)
-            context.roots |= set(context.derived)
+            context = _context(contexts, source, function, classes)
             aliases = _aliases(source, function, context)
             owner = next(
                 (a.name for a in source.ancestors(function) if isinstance(a, ast.ClassDef)), ""
             )
             for node in ast.walk(function):
-                if source.function(node) is not function:
-                    continue
-                for holder in _spreads(node, context, aliases):
+                spreads = _spreads(node, context, aliases)
+                found = _field_read(node, context)
+                if (not spreads and found is None) or source.function(node) is not function:
+                    continue  # no read, or one of a nested function (its own walk has it)
+                for holder in spreads:
                     line = getattr(node, "lineno", function.lineno)
                     where = f"{source.relative}:{line}"
                     text = "**" + ".".join(holder)
                     place = Place(where, source.qualname(node), text, guard(source, node), WHOLE)
                     yield StaticRead(SPREAD, holder, place, "")
-                found = _field_read(node, context)
                 if found is None:
                     continue
                 name, holder = found
