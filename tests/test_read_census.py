@@ -4,17 +4,13 @@ follows from where verl reads it: traced, static on its own section, never read,
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream import read_census
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-reads.md"
-CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 
 CONFIG_CLASS = """
 from verl.base_config import BaseConfig
@@ -170,26 +166,14 @@ def test_a_leaf_is_read_through_the_copy_the_tree_makes_of_it(tmp_path: Path) ->
     assert "| `trainer_mode`" not in page
 
 
-@pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
-def test_the_page_and_its_recorded_reads_are_the_ones_of_now(upstream_checkout: Path) -> None:
-    """``census --reads --check`` re-derives the question of every configuration; a changed
-    probe, verl, case or variant makes the recorded reads stale and fails here."""
-    run = subprocess.run(
-        [
-            *CLI,
-            "-q",
-            "--upstream",
-            str(upstream_checkout),
-            "census",
-            "--reads",
-            "--check",
-            str(PAGE),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+def test_the_page_shows_the_command_that_checks_it_is_current() -> None:
+    """The page's own staleness check (``census --reads --check``: a changed probe, verl, case or
+    variant makes the recorded reads stale, and the page and the off-path index are re-derived
+    and compared) runs as written in tests/test_docs_commands.py, from a copy of the
+    repository: one run of ~50 s, not two."""
+    assert "verl-compat census --upstream verl-v0.9.0 --reads --check docs/upstream-reads.md" in (
+        PAGE.read_text(encoding="utf-8")
     )
-    assert run.returncode == 0, run.stderr[-4000:]
 
 
 # How verl names a section by other means: a local alias of it (verl/experimental/agent_loop/
