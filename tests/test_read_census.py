@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_verl_compat.upstream import read_census
+from pytest_verl_compat.upstream import read_census, read_census_page
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-reads.md"
 
@@ -78,7 +78,7 @@ def test_a_traced_read_comes_first(verl_parent: Path) -> None:
     found = _by_leaf(read_census.census(verl_parent, {"t": TREE}, traced))
     assert found["a.never"].status == "traced"
     assert found["a.never"].places[0].function == "run"
-    page = read_census.render("0.0.0", list(found.values()), 1)
+    page = read_census_page.render("0.0.0", list(found.values()), 1)
     assert "| 6 | 1 | 3 | 0 | 0 | 0 | 2 | 4 (66.7%) |" in page
 
 
@@ -153,7 +153,7 @@ def test_a_leaf_is_read_through_the_copy_the_tree_makes_of_it(tmp_path: Path) ->
     assert place.via == "through its copy rollout.length"
     # The twin: copied into a leaf nothing reads, it stays as it was (never read).
     assert found["data.spare"].status == "never read"
-    page = read_census.render(
+    page = read_census_page.render(
         "0.0.0",
         list(found.values()),
         1,

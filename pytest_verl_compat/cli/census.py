@@ -113,7 +113,7 @@ def read_trees(session: Any, verl_parent: Path) -> dict[str, dict[str, Any]]:
 
 def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     """The read census (``read_census``): every leaf of main_ppo's trees and where verl reads it."""
-    from pytest_verl_compat.upstream import census_run, off_path, read_census
+    from pytest_verl_compat.upstream import census_run, off_path, read_census, read_census_page
 
     trees = read_trees(session, verl_parent)
     configs = census_run.reads_configurations(census_run.configurations(session))
@@ -124,17 +124,17 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     traced, answer = census_run.traced_reads(configs, wanted, recorded)
     copies = session.composer().interpolation_sources()
     explicit = census_run.explicit_keys(session)
-    outside = read_census.explicit_outside(trees, explicit)
+    outside = read_census_page.explicit_outside(trees, explicit)
     entries = read_census.census(verl_parent, trees, traced, copies, outside)
-    page = read_census.render(session.pin.version, entries, len(configs), trees, explicit)
+    page = read_census_page.render(session.pin.version, entries, len(configs), trees, explicit)
     # What ``effect.off-path`` reads without verl (package data), from the same census.
     data_file = Path(off_path.__file__).parents[1] / off_path.DATA
     previous = data_file.read_text(encoding="utf-8") if data_file.is_file() else ""
     data = off_path.dumps(
         session.pin.version, off_path.build(verl_parent, trees, traced, entries), previous
     )
-    counts = read_census.summary(entries)
-    found = read_census.explicit_coverage(entries, explicit)
+    counts = read_census_page.summary(entries)
+    found = read_census_page.explicit_coverage(entries, explicit)
     counts["explicit keys"] = found.total
     counts["explicit decided"] = len(found.decided)
     print(

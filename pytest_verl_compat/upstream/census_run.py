@@ -67,7 +67,7 @@ def explicit_keys(session: AuditSession) -> dict[str, list[str]]:
     """Each key that a main_ppo case of the corpus or an example script sets (``+``/``~``
     stripped), with the ids of the cases that set it: the read census's second denominator. A
     config group's choice (``model_engine=megatron``) is Hydra's, written ``group=`` here so that
-    the census sets it apart (``read_census.hydra_own``)."""
+    the census sets it apart (``read_census_page.hydra_own``)."""
     out: dict[str, list[str]] = {}
     composer = session.composer()
     for case, outcome in _main_ppo_outcomes(session, _cases(session)):
