@@ -378,6 +378,18 @@ def callee_of(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
     return found[0] if len(found) == 1 else None
 
 
+def arguments_bound(
+    call: ast.Call, callee: Function, is_method: bool
+) -> list[tuple[str, ast.expr]]:
+    """(parameter, argument) of a call: positional ones by position (a method's ``self`` or
+    ``cls`` skipped), then the keywords by name."""
+    params = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]]
+    if is_method and params and params[0] in ("self", "cls"):
+        params = params[1:]
+    pairs: list[tuple[str, ast.expr]] = list(zip(params, call.args, strict=False))
+    return pairs + [(k.arg, k.value) for k in call.keywords if k.arg is not None]
+
+
 def _passed(
     source: statements.Source,
     call: ast.Call,
@@ -395,12 +407,7 @@ def _passed(
     context = contexts.get(id(function))
     if context is None:
         context = contexts[id(function)] = context_of(source, function, index, classes)
-    params = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]]
-    if is_method and params and params[0] in ("self", "cls"):
-        params = params[1:]
-    pairs: list[tuple[str, ast.expr]] = list(zip(params, call.args, strict=False))
-    pairs += [(k.arg, k.value) for k in call.keywords if k.arg is not None]
-    for param, argument in pairs:
+    for param, argument in arguments_bound(call, callee, is_method):
         if isinstance(argument, ast.Starred):
             continue
         found = reads(argument, context, flow=True)

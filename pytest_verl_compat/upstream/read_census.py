@@ -296,12 +296,7 @@ def bindings(
                 if context is None:
                     context = _context(contexts, source, function, classes)
                 for callee, is_method in targets:
-                    params = [a.arg for a in [*callee.args.posonlyargs, *callee.args.args]]
-                    if is_method and params and params[0] in ("self", "cls"):
-                        params = params[1:]
-                    pairs: list[tuple[str, ast.expr]] = list(zip(params, call.args, strict=False))
-                    pairs += [(k.arg, k.value) for k in call.keywords if k.arg is not None]
-                    for param, argument in pairs:
+                    for param, argument in census_reads.arguments_bound(call, callee, is_method):
                         chain = census_reads.attribute_chain(argument)
                         if chain is not None and _within_config(chain, context):
                             out.setdefault(id(callee), {}).setdefault(param, set()).add(
