@@ -109,14 +109,16 @@ def _closure(starts: tuple[str, ...]) -> set[str]:
     return seen
 
 
-# What the oracle process runs to answer each kind: its own module, the handlers of the kind.
+# What the oracle process runs to answer each kind: its own module (cold, or forked from the warm
+# template), the handlers of the kind.
+_PROCESS = (
+    "pytest_verl_compat.upstream.oracle_process",
+    "pytest_verl_compat.upstream.warm_process",
+)
 ORACLE_ENTRIES = {
-    CHECKS: ("pytest_verl_compat.upstream.oracle_process", "pytest_verl_compat.upstream.validate"),
-    COMPOSE: ("pytest_verl_compat.upstream.oracle_process",),
-    CONFORMANCE: (
-        "pytest_verl_compat.upstream.oracle_process",
-        "pytest_verl_compat.conformance.reference_answers",
-    ),
+    CHECKS: (*_PROCESS, "pytest_verl_compat.upstream.validate"),
+    COMPOSE: _PROCESS,
+    CONFORMANCE: (*_PROCESS, "pytest_verl_compat.conformance.reference_answers"),
 }
 
 

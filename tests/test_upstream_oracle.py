@@ -52,7 +52,10 @@ def test_printed_config_parses_as_safe_load_does() -> None:
 
 
 @needs_verl
-def test_close_ends_a_process_with_nothing_outstanding_at_once() -> None:
+def test_close_ends_a_process_with_nothing_outstanding_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VERL_COMPAT_WARM_SECONDS", "0")  # a cold process, still importing verl
     oracle = UpstreamOracle()
     oracle.start()
     assert oracle._process is not None

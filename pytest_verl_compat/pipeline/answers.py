@@ -98,6 +98,8 @@ _ORACLE_PROCESS = (
     "pytest_verl_compat/upstream/oracle.py",
     "pytest_verl_compat/upstream/validate.py",
     "pytest_verl_compat/upstream/runner.py",
+    "pytest_verl_compat/upstream/warm.py",
+    "pytest_verl_compat/upstream/warm_process.py",
     *_RL_PROBES,
     "pytest_verl_compat/pipeline/targets.py",
     "pytest_verl_compat/pipeline/safe_input.py",

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE, SFT_ENTRY_MODULE
+from pytest_verl_compat.upstream import warm
 from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables
 
 ENTRY_MODULE = PINNED_ENTRY_MODULE
@@ -169,7 +170,7 @@ class UpstreamOracle:
         if self._process is None:
             serve = [arg for name in self.served for arg in ("--serve", name)]
             self._process = UpstreamProcess(
-                PROCESS_MODULE, ("--workers", str(self.workers), *serve)
+                PROCESS_MODULE, ("--workers", str(self.workers), *serve), fork=warm.fork
             )
             self._readers = [
                 threading.Thread(target=target, daemon=True)

@@ -128,6 +128,13 @@ def _answer_in_worker(request: Mapping[str, Any]) -> dict[str, Any]:
     return _answer(_ENTRY, request)
 
 
+def prepare() -> Any:
+    """What every oracle process does first, and the warm template once for all its children
+    (``warm_process``): the stand-ins installed, then the entry point imported (~5-14 s)."""
+    validate.install_stand_ins()
+    return __import__(ENTRY_MODULE, fromlist=["main"])
+
+
 def serve(workers: int = 1, served: list[str] | None = None) -> None:
     """Answer one JSON question per stdin line on the original stdout, until stdin closes.
 
@@ -139,8 +146,7 @@ def serve(workers: int = 1, served: list[str] | None = None) -> None:
     global _ENTRY
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything upstream prints outside a request goes to stderr, not the protocol
-    validate.install_stand_ins()
-    _ENTRY = __import__(ENTRY_MODULE, fromlist=["main"])
+    _ENTRY = prepare()
     _load_served(served or [])
     # verl's import leaves millions of long-lived objects (torch, transformers, ray); without
     # this every full collection during a compose walks them all, and after a fork it would

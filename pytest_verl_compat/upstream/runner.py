@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # What the interpreter itself needs; everything else is left out.
 _BASE_ENVIRONMENT = {"PYTHONHASHSEED": "0", "LC_ALL": "C.UTF-8"}
@@ -197,9 +198,18 @@ class UpstreamProcess:
     requests. The caller owns the protocol; this class owns the sandbox and the cleanup.
     """
 
-    def __init__(self, module: str, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, module: str, args: Sequence[str] = (), *, fork: Callable[..., Any] | None = None
+    ) -> None:
         self._cwd = tempfile.TemporaryDirectory(prefix="verl-upstream-")
         env = sandbox_environment()
+        if fork is not None:
+            # Forked from a warm template (``warm.fork``) when there is one: the same process in
+            # the same kind of folder and environment, without its seconds of importing verl.
+            forked = fork(module, args, self._cwd.name, env)
+            if forked is not None:
+                self.process: Any = forked
+                return
         env["HOME"] = self._cwd.name
         self.process = subprocess.Popen(
             _command(module, args),

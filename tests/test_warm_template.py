@@ -1,0 +1,168 @@
+"""The warm template (``upstream/warm.py``): a forked oracle is the cold one without the import."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_verl_compat.pipeline.manifest import embedded_root
+from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.upstream import warm
+from pytest_verl_compat.upstream.oracle import (
+    PROCESS_MODULE,
+    UpstreamOracle,
+    checks_request,
+    compose_request,
+)
+from pytest_verl_compat.upstream.runner import sandbox_environment
+
+needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder whose sockets fit in sun_path (108 bytes), which pytest's tmp_path may not."""
+    folder = Path(tempfile.mkdtemp(prefix="warm-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _template_pids(socket: Path) -> list[int]:
+    """The live templates serving ``socket`` (from /proc: Linux, like the sandbox)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if warm.TEMPLATE_MODULE.encode() in words and os.fsencode(socket) in words:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _ask(oracle: UpstreamOracle, fields: list[str], resolved: dict) -> dict:  # type: ignore[type-arg]
+    home = compose_request(["trainer.project_name=${oc.env:HOME}"], {})
+    answers = {
+        "compose": oracle.answer("compose", compose_request(fields, {})),
+        "checks": oracle.answer("checks", checks_request(resolved)),
+        "home": oracle.answer("home", home),
+    }
+    assert oracle._process is not None
+    folder = oracle._process._cwd.name
+    # Each process's home is its own fresh empty folder, whichever way it started.
+    assert yaml.safe_load(answers.pop("home")["stdout"])["trainer"]["project_name"] == folder
+    return answers
+
+
+@needs_verl
+def test_a_forked_oracle_answers_as_the_cold_one_and_the_template_ends_when_idle(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp_path = short_tmp
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    case = json.loads((embedded_root() / "golden" / "compose" / "grpo.json").read_text())
+    fields, resolved = case["explicit_fields"], case["resolved"]
+
+    monkeypatch.setenv(warm.IDLE_VARIABLE, "0")  # the cold process, as before the template
+    cold = UpstreamOracle()
+    try:
+        cold_answers = _ask(cold, fields, resolved)
+        assert isinstance(cold._process.process, subprocess.Popen)  # type: ignore[union-attr]
+    finally:
+        cold.close()
+    assert not (tmp_path / "pytest-verl-compat").exists()
+
+    monkeypatch.setenv(warm.IDLE_VARIABLE, "4")
+    forked = [UpstreamOracle(), UpstreamOracle(workers=2)]
+    try:
+        for oracle in forked:
+            assert _ask(oracle, fields, resolved) == cold_answers
+            assert isinstance(oracle._process.process, warm.ForkedProcess)  # type: ignore[union-attr]
+    finally:
+        for oracle in forked:
+            oracle.close()
+    sockets = list((tmp_path / "pytest-verl-compat").glob("*.sock"))
+    assert len(sockets) == 1, "both oracles forked from one template"
+    assert sockets[0].stem == warm.template_key(sandbox_environment())
+    (template,) = _template_pids(sockets[0])
+
+    # A module the template did not prepare is refused by the child, in its own words.
+    connection = warm._connect(sockets[0])
+    assert connection is not None
+    child = warm._request(connection, "json.tool", [], str(tmp_path))
+    assert child.stderr is not None and "not served by the warm template" in child.stderr.read()
+    assert child.wait(timeout=30) == 1
+    for pipe in (child.stdin, child.stdout, child.stderr):
+        assert pipe is not None
+        pipe.close()
+
+    deadline = time.monotonic() + 30
+    while _template_pids(sockets[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _template_pids(sockets[0]), f"template {template} outlived its idle time"
+    assert not sockets[0].exists()
+
+
+def test_a_template_ends_when_its_socket_is_removed(tmp_path: Path) -> None:
+    """Its folder is a login's runtime folder, removed at logout: nothing may outlive it.
+    (The template serves no request here, so verl's import is all it does first.)"""
+    if installed_verl_root() is None:
+        pytest.skip("verl is not installed")
+    socket = tmp_path / "t.sock"
+    env = {**sandbox_environment(), "HOME": str(tmp_path)}
+    started = subprocess.run(
+        [sys.executable, "-I", "-m", warm.TEMPLATE_MODULE, "--socket", str(socket), "--idle", "600"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, timeout=600, check=True,
+    )  # fmt: skip
+    assert started.stdout.strip() == b"ready" and socket.exists()
+    (template,) = _template_pids(socket)
+    socket.unlink()
+    deadline = time.monotonic() + 30
+    while _template_pids(socket) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _template_pids(socket), f"template {template} outlived its socket"
+
+
+def test_a_runtime_folder_others_can_enter_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert warm.runtime_folder() == tmp_path / "pytest-verl-compat"  # made private, mode 0700
+    assert (tmp_path / "pytest-verl-compat").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "pytest-verl-compat").chmod(0o755)
+    assert warm.runtime_folder() is None
+    # Then the oracle starts cold, as before: no socket is made there.
+    assert warm.fork(PROCESS_MODULE, [], str(tmp_path), sandbox_environment()) is None
+    assert not list((tmp_path / "pytest-verl-compat").iterdir())
+
+
+def test_off_means_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv(warm.IDLE_VARIABLE, "0")
+    assert warm.fork(PROCESS_MODULE, [], str(tmp_path), sandbox_environment()) is None
+    assert not (tmp_path / "pytest-verl-compat").exists()
+
+
+def test_the_key_changes_with_the_code_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = tmp_path / "pytest_verl_compat"
+    code.mkdir()
+    (code / "a.py").write_text("A = 1\n")
+    monkeypatch.setattr(warm, "_CODE", (code,))
+    before = warm.template_key({"PATH": "/usr/bin"})
+    assert warm.template_key({"PATH": "/usr/bin"}) == before
+    assert warm.template_key({"PATH": "/usr/local/bin"}) != before
+    (code / "a.py").write_text("A = 22\n")  # an edit in a checkout the template imported
+    assert warm.template_key({"PATH": "/usr/bin"}) != before
