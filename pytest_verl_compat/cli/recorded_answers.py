@@ -96,9 +96,15 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
     return asked
 
 
-def record(session: AuditSession) -> dict[str, dict[str, Any]]:
-    """The answer to every question of ``questions``: upstream's from the user cache or one
-    oracle process, the conformance results by comparing both sides here."""
+def record(session: AuditSession, *, fresh: bool = False) -> dict[str, dict[str, Any]]:
+    """The answer to every question of ``questions``: an answer already recorded under its key
+    (unless ``fresh``), else upstream's from the user cache or one oracle process, and the
+    conformance results by comparing both sides here.
+
+    A key digests the question, the installed packages and every module that answers it
+    (``pipeline.answers``), so a recorded answer under a key asked now is the answer of now:
+    after a change to one case only that case's questions are asked. ``fresh`` asks them all
+    (``tests/test_recorded_answers.py`` holds the recorded files to that)."""
     from pytest_verl_compat.conformance.reference_answers import (
         OracleReferences,
         reference_answers,
@@ -106,12 +112,19 @@ def record(session: AuditSession) -> dict[str, dict[str, Any]]:
     from pytest_verl_compat.conformance.run import run_case
 
     asked = questions(session)
+    recorded: dict[str, dict[str, Any]] = {kind: {} for kind in RECORDED}
+    if not fresh:
+        for kind in RECORDED:
+            kept = load_recorded(recorded_path(session.golden_dir, kind))
+            recorded[kind] = {key: kept[key] for key in asked[kind] if key in kept}
+            asked[kind] = {k: q for k, q in asked[kind].items() if k not in recorded[kind]}
+    if not any(asked.values()):
+        return recorded
     gate = upstream_gate(session)
     assert gate.tree is not None
     checks = check_answers(None)
     oracle = UpstreamOracle(workers=2, served=_SERVED)
     references = OracleReferences(oracle, reference_answers(None))
-    recorded: dict[str, dict[str, Any]] = {kind: {} for kind in RECORDED}
     try:
         trusted = TrustedCompositions(oracle, gate.tree, trusted_answers(None))
         for key, question in asked[CHECKS].items():
