@@ -286,6 +286,37 @@ def test_megatron_engine_check_fires_on_its_batch_and_not_on_the_valid_twin(
     assert any("MegatronEngine" in step["step"] for step in good.not_evaluated), good
 
 
+# A Megatron layout that does not divide the world: megatron.core's initialize_model_parallel
+# refuses it when the actor's engine starts (transformer_impl.py:272-282), unless an earlier
+# configuration left the parallel state initialised (:245-257).
+BAD_LAYOUT = {f"{MEGATRON}.tensor_model_parallel_size": 3}
+
+
+@needs_verl
+def test_an_answer_does_not_depend_on_the_questions_the_worker_answered_before(
+    megatron: dict[str, Any],
+) -> None:
+    """One worker asked the bad layout, then its valid twin, then the bad layout again: the same
+    failures both times (upstream's parallel state is cleared after each configuration,
+    probes/patching.py LIBRARY_TEARDOWNS)."""
+    oracle = UpstreamOracle(workers=1)  # one worker: every question meets the one before
+    bad = edited(megatron, BAD_LAYOUT)
+    try:
+        first = oracle.answer("bad-first", checks_request(bad))
+        valid = oracle.answer("valid", checks_request(megatron))
+        again = oracle.answer("bad-again", checks_request(bad))
+    finally:
+        oracle.close()
+    layout = [
+        f
+        for f in EarlyAnswer.from_json(first).failures
+        if "initialize_model_parallel" in f.message or "divisible" in f.message
+    ]
+    assert layout, EarlyAnswer.from_json(first).failures
+    assert not EarlyAnswer.from_json(valid).failures, valid
+    assert again == first
+
+
 @needs_verl
 def test_v1_pads_the_batch_so_make_iterator_passes(
     oracle: UpstreamOracle, grpo: dict[str, Any]

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import yaml
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream import warm
+from pytest_verl_compat.upstream import runner, warm
 from pytest_verl_compat.upstream.oracle import (
     PROCESS_MODULE,
     UpstreamOracle,
@@ -113,25 +112,33 @@ def test_a_forked_oracle_answers_as_the_cold_one_and_the_template_ends_when_idle
     assert not sockets[0].exists()
 
 
-def test_a_template_ends_when_its_socket_is_removed(tmp_path: Path) -> None:
-    """Its folder is a login's runtime folder, removed at logout: nothing may outlive it.
-    (The template serves no request here, so verl's import is all it does first.)"""
+def test_a_template_ends_when_its_socket_is_removed_and_removes_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its folder is a login's runtime folder, removed at logout: nothing may outlive it, not
+    even the empty folder it ran in. (The template serves no request here, so verl's import is
+    all it does first.)"""
     if installed_verl_root() is None:
         pytest.skip("verl is not installed")
     socket = tmp_path / "t.sock"
-    env = {**sandbox_environment(), "HOME": str(tmp_path)}
-    started = subprocess.run(
-        [sys.executable, "-I", "-m", warm.TEMPLATE_MODULE, "--socket", str(socket), "--idle", "600"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, timeout=600, check=True,
-    )  # fmt: skip
-    assert started.stdout.strip() == b"ready" and socket.exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where start_detached makes its folder
+    with open(tmp_path / "errors", "w", encoding="utf-8") as errors:
+        started = runner.start_detached(
+            warm.TEMPLATE_MODULE, ["--socket", str(socket), "--idle", "600"],
+            sandbox_environment(), errors,
+        )  # fmt: skip
+    assert started.stdout is not None
+    assert started.wait(timeout=60) == 0  # the first process detaches the template and exits
+    assert started.stdout.readline().strip() == b"ready" and socket.exists()
+    started.stdout.close()
+    (folder,) = tmp_path.glob("verl-upstream-*")
     (template,) = _template_pids(socket)
     socket.unlink()
     deadline = time.monotonic() + 30
     while _template_pids(socket) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _template_pids(socket), f"template {template} outlived its socket"
+    assert not folder.exists(), "the template left its folder behind"
 
 
 def test_a_runtime_folder_others_can_enter_is_not_used(

@@ -102,6 +102,25 @@ def run_module(
     return UpstreamRun(proc.returncode, proc.stdout, proc.stderr)
 
 
+def start_detached(
+    module: str, args: Sequence[str], env: Mapping[str, str], stderr: Any
+) -> subprocess.Popen[bytes]:
+    """Start ``python -I -m module *args`` to outlive this process (the warm template of
+    ``warm.py``): in a fresh empty folder that it removes itself, with ``env`` (an allow-listed
+    environment of ``sandbox_environment``) and ``HOME`` there, in a session of its own so that no
+    signal of ours reaches it; what it prints comes back on the returned process's stdout."""
+    cwd = tempfile.mkdtemp(prefix="verl-upstream-")
+    return subprocess.Popen(
+        _command(module, args),
+        cwd=cwd,
+        env={**env, "HOME": cwd},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
 def _free_port() -> int:
     import socket
 

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from pytest_verl_compat.upstream import runner
+
 TEMPLATE_MODULE = "pytest_verl_compat.upstream.warm_process"
 IDLE_VARIABLE = "VERL_COMPAT_WARM_SECONDS"
 DEFAULT_IDLE_SECONDS = 300.0
@@ -176,20 +178,11 @@ def _connect(path: Path) -> socket.socket | None:
 
 def _start_template(path: Path, environment: Mapping[str, str], idle: float) -> bool:
     """Start a template for ``path`` and wait until it listens; whether it does."""
-    cwd = tempfile.mkdtemp(prefix="verl-upstream-")
-    env = {**environment, "HOME": cwd}
     log = path.with_suffix(".log")
     with open(log, "w", encoding="utf-8") as errors:
-        process = subprocess.Popen(
-            [sys.executable, "-I", "-m", TEMPLATE_MODULE, "--socket", os.fspath(path),
-             "--idle", str(idle)],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            start_new_session=True,  # it outlives this process, and no signal of ours reaches it
-        )  # fmt: skip
+        process = runner.start_detached(
+            TEMPLATE_MODULE, ["--socket", os.fspath(path), "--idle", str(idle)], environment, errors
+        )
     assert process.stdout is not None
     process.wait()  # the first process forks the template and exits at once
     ready, _, _ = select.select([process.stdout], [], [], _START_TIMEOUT)

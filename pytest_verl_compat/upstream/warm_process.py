@@ -69,6 +69,7 @@ def _child(connection: socket.socket, fds: list[int], request: dict[str, Any]) -
 
 
 def serve(path: str, idle: float) -> None:
+    start_folder = os.getcwd()
     oracle_process.prepare()
     gc.freeze()  # as the oracle does after its import: the children share these pages
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -133,6 +134,8 @@ def serve(path: str, idle: float) -> None:
     with contextlib.suppress(OSError):
         if os.stat(path).st_ino == inode:
             os.unlink(path)
+    with contextlib.suppress(OSError):  # the empty folder runner.start_detached made for it
+        os.rmdir(start_folder)
 
 
 def _start_child(connection: socket.socket, inherited_sockets: list[socket.socket]) -> int | None:

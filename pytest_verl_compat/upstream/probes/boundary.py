@@ -35,7 +35,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream.probes.patching import all_patched, environment
+from pytest_verl_compat.upstream.probes.patching import (
+    all_patched,
+    environment,
+    library_state_cleared,
+)
 from pytest_verl_compat.upstream.probes.recorder import note_read
 
 # The keys that make the world size a stand-in reports (Worker.world_size, a mesh's size).
@@ -349,5 +353,5 @@ def laptop(
         (model_config, "get_generation_config", lambda *a, **k: None),
         (model_config.AutoConfig, "from_pretrained", staticmethod(_auto_config)),  # type: ignore[attr-defined]
     ]
-    with environment(env), all_patched(patches):
+    with library_state_cleared(), environment(env), all_patched(patches):
         yield

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -52,3 +53,25 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+# Module-level state a library keeps between the configurations one oracle worker answers, with
+# the library's own function that clears it. Megatron-Core's parallel state is set up once per
+# process by the first Megatron engine (``mpu.initialize_model_parallel``,
+# verl/workers/engine/megatron/transformer_impl.py:272-282) and skipped by every later one once
+# ``mpu.is_initialized()`` (:245-257): left in place, a configuration's layout would be checked
+# or not depending on which configurations the same worker answered before it.
+LIBRARY_TEARDOWNS = (("megatron.core.parallel_state", "destroy_model_parallel"),)
+
+
+@contextlib.contextmanager
+def library_state_cleared() -> Iterator[None]:
+    """The block, then every loaded library's ``LIBRARY_TEARDOWNS`` function: each configuration
+    meets the libraries as the first one did."""
+    try:
+        yield
+    finally:
+        for module_name, function in LIBRARY_TEARDOWNS:
+            module = sys.modules.get(module_name)
+            if module is not None:
+                getattr(module, function)()
