@@ -116,22 +116,24 @@ class AuditSession:
     """Everything the stage tests share; built once per process from the options."""
 
     options: AuditOptions
-    manifest: Manifest | None = None
+    # Caches and the manifest's cases stay out of the repr: pytest prints a failing stage test's
+    # arguments, and the whole session's repr took ~1.7 s per failure (measured, 132 cases).
+    manifest: Manifest | None = field(default=None, repr=False)
     manifest_error: str = ""
     upstream: UpstreamTree | None = None
     upstream_reason: str = ""
     golden_dir: Path = Path("golden")
-    _outcomes: dict[str, CaseOutcome] = field(default_factory=dict)
-    _composer: Composer | None = None
-    _entry_composers: dict[tuple[str, str], Composer] = field(default_factory=dict)
-    _reports: dict[str, CompileReport | None] = field(default_factory=dict)
+    _outcomes: dict[str, CaseOutcome] = field(default_factory=dict, repr=False)
+    _composer: Composer | None = field(default=None, repr=False)
+    _entry_composers: dict[tuple[str, str], Composer] = field(default_factory=dict, repr=False)
+    _reports: dict[str, CompileReport | None] = field(default_factory=dict, repr=False)
     # ``check --model-config``: the actor model's facts, instead of its path's config.json.
-    model_facts_override: ModelFacts | None = None
-    _model_facts: dict[str, dict[str, ModelFacts]] = field(default_factory=dict)
+    model_facts_override: ModelFacts | None = field(default=None, repr=False)
+    _model_facts: dict[str, dict[str, ModelFacts]] = field(default_factory=dict, repr=False)
     # The stages' results kept between runs (``memo``), and each case's keys there.
-    memo: StageMemo = field(default_factory=StageMemo)
-    _memo_keys: dict[str, str] = field(default_factory=dict)
-    _profile_digests: dict[str, str] = field(default_factory=dict)
+    memo: StageMemo = field(default_factory=StageMemo, repr=False)
+    _memo_keys: dict[str, str] = field(default_factory=dict, repr=False)
+    _profile_digests: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:

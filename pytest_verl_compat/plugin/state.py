@@ -52,9 +52,9 @@ class AuditState:
     _checks: Answers | None = field(default=None, repr=False)
     # The upstream stages selected for each case (``test_verdict``, ``test_trusted``): a case is
     # asked only what a selected stage will read.
-    upstream_stages: dict[str, set[str]] = field(default_factory=dict)
+    upstream_stages: dict[str, set[str]] = field(default_factory=dict, repr=False)
     # The conformance stage's results kept between runs (``conformance.results``).
-    conformance_results: ConformanceResults = field(default_factory=ConformanceResults)
+    conformance_results: ConformanceResults = field(default_factory=ConformanceResults, repr=False)
 
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
