@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra_references import answer_digest, held_to_hydra, question_key, recorded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +85,26 @@ def assert_same(fields: Sequence[str], fast: Composition, reference: Composition
     assert fast.missing == reference.missing, fields
 
 
+def comparable(result: Composition) -> tuple[Any, ...]:
+    """What ``assert_same`` compares, as one value."""
+    return (result.outcome, result.reason, typed(result.resolved), result.missing)
+
+
+def assert_hydras(
+    fields: Sequence[str], fast: Composition, config_name: str = "ppo_trainer"
+) -> None:
+    """The fast path's answer is Hydra's: its recorded answer (``hydra_references``), else
+    Hydra asked live and compared."""
+    __tracebackhide__ = True
+
+    def live() -> str:
+        reference = hydra_reference(fields, VARIABLES, config_name)
+        assert_same(fields, fast, reference)
+        return answer_digest(comparable(reference))
+
+    held_to_hydra(CONFIG_DIR, config_name, fields, VARIABLES, answer_digest(comparable(fast)), live)
+
+
 def assert_base_untouched(composer: Composer) -> None:
     """The shared override-free composition must come back from every call unchanged."""
     __tracebackhide__ = True
@@ -113,8 +134,44 @@ def test_golden_cases_compose_as_hydra_does(composer: Composer, golden: Path) ->
     name = config_name_of(golden)
     composer = composer if name == composer.config_name else Composer(CONFIG_DIR, name)
     fast = composer.compose(fields, VARIABLES)
-    assert_same(fields, fast, hydra_reference(fields, VARIABLES, name))
+    assert_hydras(fields, fast, name)
     assert_base_untouched(composer)
+
+
+def test_recorded_answers_are_hydras_answers_now() -> None:
+    """A sample of Hydra's recorded answers for this tree, asked of Hydra live again."""
+    current = [
+        entry
+        for key, entry in sorted(recorded().items())
+        if key == question_key(CONFIG_DIR, entry["config"], entry["fields"], entry["variables"])
+    ]
+    if not current:
+        pytest.skip("no answer is recorded for this tree and these versions: all are asked live")
+    for entry in current[:: max(1, len(current) // 6)]:
+        live = hydra_reference(entry["fields"], entry["variables"], entry["config"])
+        assert answer_digest(comparable(live)) == entry["answer"], entry["fields"]
+
+
+def test_an_answer_unlike_the_recorded_one_is_compared_live() -> None:
+    """Only an equal recorded answer spares Hydra; any other digest asks it."""
+    fields = ["trainer.total_epochs=2"]
+    fast = Composer(CONFIG_DIR, "ppo_trainer")._compose_values(fields, VARIABLES)
+    right = answer_digest(comparable(fast))
+    asked: list[str] = []
+
+    def ask() -> str:
+        asked.append("live")
+        return right
+
+    key = question_key(CONFIG_DIR, "ppo_trainer", fields, VARIABLES)
+    recorded()[key] = {"config": "ppo_trainer", "fields": fields, "variables": {}, "answer": right}
+    try:
+        assert held_to_hydra(CONFIG_DIR, "ppo_trainer", fields, VARIABLES, right, ask)
+        assert not asked
+        assert not held_to_hydra(CONFIG_DIR, "ppo_trainer", fields, VARIABLES, "0" * 64, ask)
+        assert asked == ["live"]
+    finally:
+        del recorded()[key]
 
 
 def test_golden_cases_take_the_fast_path(composer: Composer) -> None:
@@ -282,7 +339,7 @@ with_official = st.booleans()
 def _check(composer: Composer, fields: list[str]) -> None:
     # The fast path against Hydra itself: before the _target_ guard, which Hydra does not have.
     fast = composer._compose_values(fields, VARIABLES)
-    assert_same(fields, fast, hydra_reference(fields, VARIABLES))
+    assert_hydras(fields, fast)
     assert_base_untouched(composer)
 
 
