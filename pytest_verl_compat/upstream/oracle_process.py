@@ -135,6 +135,16 @@ def prepare() -> Any:
     return __import__(ENTRY_MODULE, fromlist=["main"])
 
 
+def scan_sources() -> None:
+    """The probes' scan of verl's source (``effects.referenced_names``, every file parsed: ~4 s
+    on 2 cores), done where processes are forked to answer (the warm template, the worker pool)
+    instead of in each child's first answer. It is a pure function of the installed files, kept
+    per process; a single process scans when its first answer needs it."""
+    from pytest_verl_compat.upstream.probes import effects, records
+
+    effects.referenced_names(records.verl_root())
+
+
 def serve(workers: int = 1, served: list[str] | None = None) -> None:
     """Answer one JSON question per stdin line on the original stdout, until stdin closes.
 
@@ -157,6 +167,8 @@ def serve(workers: int = 1, served: list[str] | None = None) -> None:
             answers.write(json.dumps(_answer(_ENTRY, json.loads(line))) + "\n")
             answers.flush()
         return
+    scan_sources()
+    gc.freeze()
     lock = threading.Lock()
 
     def send(request_id: str, future: Future[dict[str, Any]]) -> None:
