@@ -27,18 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.pipeline import hydra_internals
+from pytest_verl_compat.pipeline.compose import tree_digest
+from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 RECORD = Path(__file__).resolve().parent / "data" / "hydra_references.json"
 RECORDING = os.environ.get("VERL_RECORD_HYDRA") == "1"
 
 
-@functools.cache
-def _tree_digest(config_dir: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in config_dir.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(config_dir).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+# The composer's own digest of a tree (every file's relative path and bytes), once per tree.
+_tree_digest = functools.cache(tree_digest)
 
 
 @functools.cache
@@ -95,12 +92,7 @@ def record(
             "variables": dict(sorted(variables.items())),
             "answer": digest,
         }
-        text = json.dumps(entries, indent=1, sort_keys=True) + "\n"
-        handle, temporary = tempfile.mkstemp(dir=RECORD.parent, prefix=".hydra_references.")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, RECORD)
+        write_atomic(RECORD, json.dumps(entries, indent=1, sort_keys=True) + "\n")
 
 
 def held_to_hydra(
