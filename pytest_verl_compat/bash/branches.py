@@ -52,12 +52,12 @@ class Branches(Launcher):
         when_true: Callable[[], int],
         when_false: Callable[[], int],
         undecided: Undecided,
-        status_unseen: bool = False,
+        status_reader: Node | None = None,
     ) -> int:
         """Run both ways; the shared result when they agree, else the condition's refusal.
 
-        ``status_unseen``: nothing reads this command's status (the next one neither expands
-        ``$?`` nor is a bare ``exit``/``return``), so only the statuses may differ.
+        ``status_reader``: the statement after this command. When it reads no status (neither
+        expands ``$?`` nor is a bare ``exit``/``return``), only the statuses may differ.
         """
         outcomes = []
         for way in (when_true, when_false):
@@ -77,7 +77,8 @@ class Branches(Launcher):
             outcomes.append((status, self.save()))
             self.load(saved)
         (first_status, first), (second_status, second) = outcomes
-        if (first_status != second_status and not status_unseen) or not _same(first, second):
+        status_differs = first_status != second_status
+        if (status_differs and observes_status(status_reader)) or not _same(first, second):
             raise undecided.error
         self.load(first)
         return first_status

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from pytest_verl_compat.bash.branches import Branches, Undecided, observes_status
+from pytest_verl_compat.bash.branches import Branches, Undecided
 from pytest_verl_compat.bash.builtins import (
     ARGUMENT_BUILTINS,
     BASH_BUILTINS,
@@ -171,8 +171,9 @@ class Interpreter(Branches):
         """Run a statement list; its status is the last statement's."""
         status = 0
         for index, stmt in enumerate(stmts):
-            following = stmts[index + 1] if index + 1 < len(stmts) else None
-            self.status_unseen = not observes_status(following)
+            # Which statement could read this one's status (None: the list's caller, taken to
+            # read it); asked only when an undecidable test's two ways end in different statuses.
+            self.status_reader = stmts[index + 1] if index + 1 < len(stmts) else None
             status = self.stmt(stmt, exempt)
         return status
 
@@ -183,7 +184,7 @@ class Interpreter(Branches):
             self.fail(line_of(stmt), "limit", "the script runs too many commands")
         self.line = line_of(stmt)
         # Only this statement's own `if`/`&&`/`||` may leave a status nobody reads.
-        self.unseen_here, self.status_unseen = self.status_unseen, False
+        self.reader_here, self.status_reader = self.status_reader, None
         cmd = stmt.get("Cmd")
         redirs = stmt.get("Redirs") or []
         if stmt.get("Coprocess"):
@@ -382,15 +383,15 @@ class Interpreter(Branches):
         """``&&``, ``||`` and pipelines."""
         op = cmd.get("Op")
         if op in ("&&", "||"):
-            unseen, self.unseen_here = self.unseen_here, False
+            reader, self.reader_here = self.reader_here, None
             status = self.condition([cmd["X"]])
             if isinstance(status, Undecided):
                 # `[ -d X ] || mkdir -p X`: the test's own status when it skips the other side.
                 run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
                 skip = lambda: 0 if op == "||" else 1  # noqa: E731
                 if op == "&&":
-                    return self.either(run_other, skip, status, unseen)
-                return self.either(skip, run_other, status, unseen)
+                    return self.either(run_other, skip, status, reader)
+                return self.either(skip, run_other, status, reader)
             if (status == 0) == (op == "&&"):
                 return self.stmt(cmd["Y"], exempt)
             return status
@@ -453,7 +454,7 @@ class Interpreter(Branches):
 
     def if_clause(self, cmd: Node, exempt: bool) -> int:
         """``if``/``elif``/``else``; conditions run with set -e ignored."""
-        unseen, self.unseen_here = self.unseen_here, False
+        reader, self.reader_here = self.reader_here, None
         clause: Node | None = cmd
         while clause is not None:
             cond = clause.get("Cond")
@@ -466,7 +467,7 @@ class Interpreter(Branches):
                     lambda then=then: self.stmts(then, exempt),  # type: ignore[misc]
                     lambda rest=rest: self.if_clause(rest, exempt) if rest else 0,  # type: ignore[misc]
                     status,
-                    unseen,
+                    reader,
                 )
             if status == 0:
                 return self.stmts(clause.get("Then") or [], exempt)

@@ -425,10 +425,11 @@ class State:
         self.command_text: tuple[str, ...] = ()
         # The status of the last command substitution of the command being run.
         self.substitution_status = 0
-        # Whether no later command reads the status of the statement about to run, and of the
-        # one running (see branches: an undecidable test whose two ways differ only in status).
-        self.status_unseen = False
-        self.unseen_here = False
+        # The statement after the one about to run, and after the one running: whether it reads
+        # their status (`$?`, a bare exit/return) decides an undecidable test whose two ways
+        # differ only in status (see branches). None: no such statement, the status is read.
+        self.status_reader: Node | None = None
+        self.reader_here: Node | None = None
         self.frames: list[dict[str, tuple[Value | None, bool, bool]]] = []
         self.steps = 0
         self.pattern_steps = 0
