@@ -138,13 +138,18 @@ def _forced(function: ast.FunctionDef, relative: str) -> tuple[tuple[str, str, s
     return tuple(found)
 
 
+@functools.lru_cache(maxsize=256)
 def _world(tree: ast.Module, relative: str) -> tuple[WorldSource, str]:
     """Where the module's world size comes from, by the first deciding call in its source."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
+        # The called name's last part; only a name or an attribute ends in one, and unparsing
+        # every call of a module is most of this scan's time.
+        last = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+        if last not in _RAY_CALLS and last not in _PROCESS_GROUP_CALLS:
+            continue
         called = ast.unparse(node.func)
-        last = called.rsplit(".", 1)[-1]
         if called.startswith("ray.") and last in _RAY_CALLS:
             return "ray", f"{relative}:{node.lineno}"
         if last in _PROCESS_GROUP_CALLS:
@@ -178,13 +183,23 @@ def _verl_imports(
         if not wanted(node):
             continue
         imported = (node.module or "").replace(".", "/") + ".py"
-        path = site / imported
-        if not path.is_file():
-            continue
-        try:
-            yield imported, ast.parse(read_text(path, what="verl module"), filename=imported)
-        except (InputError, SyntaxError):
-            continue
+        other = _module_tree(site, imported)
+        if other is not None:
+            yield imported, other
+
+
+@functools.lru_cache(maxsize=256)
+def _module_tree(site: Path, relative: str) -> ast.Module | None:
+    """A verl module's syntax tree, None when it is missing or does not parse: parsed once,
+    since the entry points import the same modules (``_world_of`` and ``_trains_at`` follow
+    them)."""
+    path = site / relative
+    if not path.is_file():
+        return None
+    try:
+        return ast.parse(read_text(path, what="verl module"), filename=relative)
+    except (InputError, SyntaxError):
+        return None
 
 
 def _called_names(tree: ast.Module) -> frozenset[str]:

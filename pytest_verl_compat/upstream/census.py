@@ -261,7 +261,7 @@ def scan(verl_parent: Path, traced: Traced | None = None) -> list[Entry]:
     index = census_reads.build_index([source for source, _ in scoped], classes)
     entries: list[Entry] = []
     for source, names in scoped:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if not isinstance(node, ast.Raise | ast.Assert):
                 continue
             if names and _top_level_name(source, node) not in names:

@@ -277,7 +277,7 @@ def config_classes(sources: Iterable[statements.Source]) -> frozenset[str]:
     return frozenset(
         node.name
         for source in sources
-        for node in ast.walk(source.tree)
+        for node in source.nodes
         if isinstance(node, ast.ClassDef) and _is_config_class(source, node)
     )
 
@@ -298,7 +298,7 @@ def build_index(sources: list[statements.Source], classes: frozenset[str]) -> In
             passed={k: dict(v) for k, v in index.passed.items()},
         )
         for source in sources:
-            for node in ast.walk(source.tree):
+            for node in source.nodes:
                 if isinstance(node, ast.ClassDef):
                     fresh.attributes.setdefault(id(node), {}).update(
                         _attributes(source, node, index, classes)
@@ -307,7 +307,7 @@ def build_index(sources: list[statements.Source], classes: frozenset[str]) -> In
         # last round's index only): built once per function, not once per call (~18,000 calls).
         contexts: dict[int, Context] = {}
         for source in sources:
-            for call in ast.walk(source.tree):
+            for call in source.nodes:
                 if isinstance(call, ast.Call):
                     _passed(source, call, callees, index, fresh, classes, contexts)
         if fresh == index:
@@ -324,7 +324,7 @@ def _attributes(
         if not isinstance(method, Function):
             continue
         context = context_of(source, method, index, classes)
-        for statement in ast.walk(method):
+        for statement in source.walk(method):
             if not isinstance(statement, ast.Assign | ast.AnnAssign) or statement.value is None:
                 continue
             value_reads = reads(statement.value, context, flow=True)
@@ -349,7 +349,7 @@ def callees_by_name(sources: list[statements.Source]) -> Callees:
     name (its ``__init__``), a method also by ``Class.method``."""
     by_name: Callees = {}
     for source in sources:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if isinstance(node, Function):
                 owner = _enclosing_class(source, node)
                 by_name.setdefault(node.name, []).append((node, owner is not None))

@@ -168,7 +168,7 @@ def _callee(node: ast.Call) -> str:
 def _scan_file(scan: PackageScan, source: statements.Source) -> None:
     relative = source.relative
     in_config = relative.startswith(_CONFIG_FOLDERS)
-    for node in ast.walk(source.tree):
+    for node in source.nodes:
         line = getattr(node, "lineno", 0)
         where = f"{relative}:{line}"
         if isinstance(node, ast.Attribute):
@@ -371,7 +371,7 @@ def scan_package(verl_parent: Path) -> PackageScan:
             continue
         _scan_file(scan, source)
         _owners(scan, source)
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 for decorator in node.decorator_list:
                     config = _tree_of(path, decorator)

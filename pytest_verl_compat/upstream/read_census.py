@@ -133,7 +133,7 @@ def _subclasses(sources: Iterable[statements.Source]) -> dict[str, set[str]]:
     """Class name → itself and every class of ``sources`` that derives from it (by name)."""
     bases: dict[str, set[str]] = {}
     for source in sources:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if isinstance(node, ast.ClassDef):
                 bases.setdefault(node.name, set()).update(
                     b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
@@ -190,9 +190,7 @@ Bindings = dict[int, dict[str, set[Binding]]]
 
 
 def _functions(source: statements.Source) -> list[census_reads.Function]:
-    return [
-        n for n in ast.walk(source.tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-    ]
+    return [n for n in source.nodes if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
 
 
 def _returned_classes(function: census_reads.Function, class_names: set[str]) -> set[str]:
@@ -287,8 +285,8 @@ def bindings(
         for function in _functions(source):
             context: census_reads.Context | None = None
             factories = functools.cache(functools.partial(_local_factories, function))
-            for call in ast.walk(function):
-                if not isinstance(call, ast.Call) or source.function(call) is not function:
+            for call in source.own_nodes(function):
+                if not isinstance(call, ast.Call):
                     continue
                 targets = _call_targets(call, factories, callees, class_names)
                 if not targets:
@@ -312,11 +310,8 @@ def _aliases(
     (``config = self.rollout_config``, verl/experimental/agent_loop/agent_loop.py:600): their
     reads are reads of that object."""
     assigned: dict[str, list[ast.Assign | ast.AugAssign | ast.AnnAssign]] = {}
-    for node in ast.walk(function):
-        if (
-            isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
-            and source.function(node) is function
-        ):
+    for node in source.own_nodes(function):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for named in ast.walk(target):
@@ -350,11 +345,12 @@ def static_reads(sources: list[statements.Source], classes: frozenset[str]) -> I
             owner = next(
                 (a.name for a in source.ancestors(function) if isinstance(a, ast.ClassDef)), ""
             )
-            for node in ast.walk(function):
+            # A nested function's reads are its own walk's.
+            for node in source.own_nodes(function):
                 spreads = _spreads(node, context, aliases)
                 found = _field_read(node, context)
-                if (not spreads and found is None) or source.function(node) is not function:
-                    continue  # no read, or one of a nested function (its own walk has it)
+                if not spreads and found is None:
+                    continue
                 for holder in spreads:
                     line = getattr(node, "lineno", function.lineno)
                     where = f"{source.relative}:{line}"
@@ -423,7 +419,7 @@ def _mentions(sources: list[statements.Source]) -> dict[str, list[str]]:
     """Every name used as an attribute, a keyword or a string in ``sources``, with its places."""
     found: dict[str, set[str]] = {}
     for source in sources:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if isinstance(node, ast.Attribute):
                 name = node.attr
             elif isinstance(node, ast.keyword) and node.arg:
@@ -638,7 +634,7 @@ def _dict_fields(
     verl/workers/config/distillation.py:265): each entry is built as that class."""
     found: dict[tuple[str, str], str] = {}
     for source in sources:
-        for node in ast.walk(source.tree):
+        for node in source.nodes:
             if not isinstance(node, ast.ClassDef) or node.name not in classes:
                 continue
             for item in node.body:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import tiny_batch
+from pytest_verl_compat.upstream.probes import statements, tiny_batch
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
 from pytest_verl_compat.upstream.probes.types import field_default
 
@@ -535,11 +535,10 @@ def _scan(root: Path) -> tuple[frozenset[str], frozenset[str]]:
     for path in sorted(root.rglob("*.py")):
         if config in path.parents:
             continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, ValueError):
+        source = statements.parse(str(path), path.relative_to(root.parent).as_posix())
+        if source is None:
             continue
-        for node in ast.walk(tree):
+        for node in source.nodes:
             if isinstance(node, ast.Attribute):
                 names.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
