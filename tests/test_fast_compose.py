@@ -114,6 +114,22 @@ def assert_base_untouched(composer: Composer) -> None:
     assert typed(OmegaConf.to_container(base.cfg, resolve=False)) == typed(base.plain)
 
 
+@pytest.fixture(autouse=True)
+def _draws_without_local_constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis mixes the constants of every local module in ``sys.modules`` into what it
+    draws (``providers._get_local_constants``, cached in ``CONSTANTS_CACHE`` when first used), so
+    a derandomized test drew other lists depending on which of our modules the worker had
+    imported before: importing ``upstream.releases.trees`` first changed 32 of the 35 lists of
+    ``test_new_values_of_existing_keys``, even with a fixed ``@seed``, and each list that
+    ``hydra_references`` does not hold is composed by Hydra live (~1 s). Without local constants
+    the draws depend on the test alone, as ``derandomize`` means them to. Private names of
+    hypothesis: ``monkeypatch`` fails loudly when they go."""
+    from hypothesis.internal.conjecture import providers
+
+    monkeypatch.setattr(providers, "_get_local_constants", providers.Constants)
+    monkeypatch.setattr(providers, "CONSTANTS_CACHE", {})
+
+
 @pytest.fixture(scope="module")
 def composer() -> Composer:
     return Composer(CONFIG_DIR, "ppo_trainer")
