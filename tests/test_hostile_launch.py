@@ -478,7 +478,7 @@ def test_shfmt_memory_budget_is_a_limit_not_a_syntax_error(
 ) -> None:
     """A tree too big for shfmt's memory cap is reported as a limit (cap lowered to test it)."""
     monkeypatch.setattr(bash_parse, "SHFMT_MEMORY", 8 << 20)
-    bash_parse._TREE_TEXT.clear()
+    bash_parse._TREES.clear()
     script = f"X='{canary.payload}'\n" + "echo a b c d\n" * 40_000 + f"{LAUNCH}\n"
     with pytest.raises(LaunchReadError) as caught:
         read_launch_text(script, _bindings({}), path="big.sh")

@@ -178,22 +178,22 @@ def _shfmt() -> str | None:
 
 # shfmt's tree, pickled, by sha256 of the script: a corpus reads the same few scripts many times
 # (every derived case re-reads its base), and each shfmt start costs more than the evaluation.
-_TREE_TEXT: dict[str, bytes] = {}
-_TREE_TEXT_LIMIT = 512
+_TREES: dict[str, bytes] = {}
+_TREES_LIMIT = 512
 
 
 def parse_script(label: str, data: bytes) -> Node:
     """The typed syntax tree of ``data``, as printed by ``shfmt --to-json`` (memoised by hash)."""
     digest = hashlib.sha256(data).hexdigest()
-    cached = _TREE_TEXT.get(digest)
+    cached = _TREES.get(digest)
     if cached is not None:
         fresh: Node = pickle.loads(cached)  # a fresh tree each time: callers may annotate it
         return fresh
     tree = _parse_uncached(label, data)
-    if len(_TREE_TEXT) < _TREE_TEXT_LIMIT:
+    if len(_TREES) < _TREES_LIMIT:
         # Our own tree, kept in this process only: pickle writes and reads it in about half
         # json's time, in a fifth of shfmt's indented text (5 ms and 70 kB for a 200-line script).
-        _TREE_TEXT[digest] = pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL)
+        _TREES[digest] = pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL)
     return tree
 
 
