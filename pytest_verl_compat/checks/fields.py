@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
+from pytest_verl_compat.model import LeafVerdict
 
 
 def field_key(field: str) -> str:
@@ -108,6 +109,7 @@ def _feature_on(resolved: Mapping[str, Any], key: str) -> bool:
 def no_effect(inp: CheckInput) -> Iterator[Hit]:
     # Names, output folders and profiler switches are set on purpose; flag only the fields whose
     # setting suggests an intent upstream ignores: the profile marks those rules `no_effect`.
+    under = _leaves_under(inp.leaves) if inp.explicit_fields else {}
     for field in inp.explicit_fields:
         key = field_key(field)
         if _legacy_replacement(key):
@@ -116,16 +118,26 @@ def no_effect(inp: CheckInput) -> Iterator[Hit]:
             continue  # its block is switched on, so the selected code path reads it
         # Every leaf the field sets: itself, or the whole section it names (a group selection
         # such as `engine=fsdp` sets every leaf of the section, most of which act).
-        landed = [
-            leaf
-            for leaf in inp.leaves
-            if leaf.path == key or leaf.path.startswith((key + ".", key + "["))
-        ]
+        landed = under.get(key, [])
         if landed and all(leaf.klass == "inert" and leaf.no_effect for leaf in landed):
             yield Hit(
                 key,
                 f"`{field}` lands on a field with no effect on training here (profile class inert)",
             )
+
+
+def _leaves_under(leaves: Iterable[LeafVerdict]) -> dict[str, list[LeafVerdict]]:
+    """Each leaf under every key that names it or a section above it (``a.b`` and ``a`` for
+    ``a.b[0]``): the leaves a field sets, found once per case, not by a scan of every leaf for
+    every field (3.6 of 56 s of a cold ``check`` of the 109 example scripts)."""
+    under: dict[str, list[LeafVerdict]] = {}
+    for leaf in leaves:
+        path = leaf.path
+        under.setdefault(path, []).append(leaf)
+        for end, char in enumerate(path):
+            if char in ".[":
+                under.setdefault(path[:end], []).append(leaf)
+    return under
 
 
 _VLLM_SWITCHES = (
