@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,83 @@ def test_override_free_config_is_hydras(composer: Composer) -> None:
     fast = OmegaConf.to_container(composer.compose_config([]), resolve=False)
     reference = Composer(CONFIG_DIR, "ppo_trainer", fast=False).compose_config([])
     assert typed(fast) == typed(OmegaConf.to_container(reference, resolve=False))
+
+
+def test_hydra_reads_the_config_files_with_libyaml_and_the_same_documents() -> None:
+    """Every YAML file of the pinned tree loads to the same document through OmegaConf's own
+    loader and through the one ``libyaml_config_loading`` gives Hydra, and that one is libyaml's
+    when PyYAML has it (``yaml.CParser`` was never exported, so the speed-up was once dead)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from pytest_verl_compat.pipeline.hydra_internals import libyaml_config_loading
+
+    files = sorted(CONFIG_DIR.rglob("*.yaml"))
+    assert len(files) > 50
+    pure = [OmegaConf.to_container(OmegaConf.load(f), resolve=False) for f in files]
+    with libyaml_config_loading():
+        from omegaconf import _utils
+
+        loader = _utils.get_yaml_loader()
+        fast = [OmegaConf.to_container(OmegaConf.load(f), resolve=False) for f in files]
+    assert issubclass(loader, yaml.cyaml.CParser) == yaml.__with_libyaml__
+    assert [typed(d) for d in fast] == [typed(d) for d in pure]
+
+
+def _nodes(node: Any, path: str = "") -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Every node of a config: its path, class and metadata (but the resolver cache, which
+    Hydra's compose fills with the clock's ``now`` for its own ``hydra`` node)."""
+    from omegaconf import DictConfig, ListConfig
+
+    metadata = {k: v for k, v in vars(node._metadata).items() if k != "resolver_cache"}
+    yield path, type(node).__name__, metadata
+    if node._is_none() or node._is_missing() or node._is_interpolation():
+        return
+    if isinstance(node, DictConfig):
+        for key in node.__dict__["_content"]:
+            yield from _nodes(node._get_node(key), f"{path}.{key}")
+    elif isinstance(node, ListConfig):
+        for index in range(len(node.__dict__["_content"])):
+            yield from _nodes(node._get_node(index), f"{path}[{index}]")
+
+
+KEPT_BASE_FIELDS = (
+    [],
+    ["data.train_batch_size=64", "+trainer.extra=1", "actor_rollout_ref.rollout.n=8"],
+    ["model_engine=megatron", "trainer.total_epochs=2"],
+    ["actor_rollout_ref.actor.ppo_mini_batch_size=abc"],
+    ["data.nope=1"],
+)
+
+
+def test_a_base_kept_in_the_user_cache_is_hydras(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The override-free compositions the fast path starts from are kept in the user cache as
+    JSON; a new process rebuilds each with the same nodes, classes and flags as Hydra's, and
+    composes every list as it would from Hydra's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("VERL_COMPAT_NO_CACHE", raising=False)
+    monkeypatch.setattr(compose_module, "_BASES", {})
+    composer = Composer(CONFIG_DIR, "ppo_trainer")
+    from_hydra = [composer.compose(fields, VARIABLES) for fields in KEPT_BASE_FIELDS]
+    hydra_bases = dict(compose_module._BASES)
+    assert len(hydra_bases) == 2  # the default engine's and megatron's
+    assert len(list((tmp_path / "pytest-verl-compat/results/base").iterdir())) == 2
+
+    monkeypatch.setattr(compose_module, "_BASES", {})
+
+    def no_hydra(*_: object) -> None:
+        raise AssertionError("composed by Hydra, not read from the user cache")
+
+    monkeypatch.setattr(Composer, "_hydra_base", no_hydra)
+    kept = Composer(CONFIG_DIR, "ppo_trainer")
+    assert [kept.compose(fields, VARIABLES) for fields in KEPT_BASE_FIELDS] == from_hydra
+    for key, hydra_base in hydra_bases.items():
+        kept_base = compose_module._BASES[key]
+        assert kept_base.groups == hydra_base.groups and "hydra/env" in kept_base.groups
+        assert list(_nodes(kept_base.cfg)) == list(_nodes(hydra_base.cfg))
+        assert typed(kept_base.plain) == typed(hydra_base.plain)
 
 
 # --- generated override lists --------------------------------------------------------------------

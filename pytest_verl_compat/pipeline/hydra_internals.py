@@ -99,11 +99,13 @@ def _libyaml_omegaconf_loader() -> Any:
     """OmegaConf's own YAML loader (its duplicate-key check, its float and no-timestamp
     resolvers) over libyaml's parser and composer, as PyYAML's CSafeLoader is SafeLoader over
     them; None when PyYAML was built without libyaml."""
-    import yaml
     from omegaconf import _utils
 
-    parser = getattr(yaml, "CParser", None)
-    if parser is None:
+    try:
+        # Not ``yaml.CParser``: PyYAML re-exports only cyaml's ``__all__`` (the C loaders and
+        # dumpers), so that name is never set and libyaml went unused while this read it.
+        from yaml.cyaml import CParser as parser
+    except ImportError:  # PyYAML built without libyaml
         return None
     from yaml.constructor import SafeConstructor
     from yaml.resolver import Resolver
@@ -112,7 +114,7 @@ def _libyaml_omegaconf_loader() -> Any:
 
     class OmegaConfLibyamlLoader(parser, pure):  # type: ignore[misc,valid-type]
         def __init__(self, stream: Any) -> None:
-            parser.__init__(self, stream)  # type: ignore[misc]
+            parser.__init__(self, stream)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
@@ -156,6 +158,23 @@ def config_repository() -> Any:
     hydra = GlobalHydra.instance().hydra
     assert hydra is not None
     return hydra.config_loader.repository  # type: ignore[attr-defined]
+
+
+def config_groups(repository: Any) -> frozenset[str]:
+    """Every config group the repository holds, nested ones by their path (``hydra/env``): what
+    its ``group_exists`` answers true for, as ``get_group_options`` lists them."""
+    from hydra.core.object_type import ObjectType
+
+    found: set[str] = set()
+    pending = [""]
+    while pending:
+        parent = pending.pop()
+        for name in repository.get_group_options(parent, results_filter=ObjectType.GROUP):
+            path = f"{parent}/{name}" if parent else name
+            if path not in found:
+                found.add(path)
+                pending.append(path)
+    return frozenset(found)
 
 
 def defaults_list(config_name: str, overrides: Sequence[str]) -> list[tuple[str, str]]:
