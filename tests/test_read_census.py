@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_verl_compat.upstream import read_census, read_census_page
+from pytest_verl_compat.upstream import read_census, read_census_page, static_reads
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-reads.md"
 
@@ -219,7 +219,7 @@ def test_a_section_named_by_an_alias_a_pop_a_keyed_chain_or_handed_on_whole(
     assert found["ref.dyn_bsz"].status == "static"
     assert found["reward.reward_kwargs.max_len"].status == "static"
     for key in ("engine.override.a", "engine.override.b"):
-        assert found[key].status == read_census.WHOLE, key
+        assert found[key].status == static_reads.WHOLE, key
         assert found[key].places[0].holder == "**engine_config.override"
     # The twins: a field of an object that is no configuration stays undecided; a key added
     # where no one hands the section on, and whose name nothing uses, is never read.
@@ -265,3 +265,26 @@ def test_a_users_entry_of_a_dict_of_configs_is_read_as_the_trees_entry(tmp_path:
     )
     # The twin: a dict of plain values builds no class, so its new entry stays undecided.
     assert found["distill.limits.gsm8k.key"].status == "undecided"
+
+
+def test_the_path_facts_are_kept_by_the_files_content(
+    verl_parent: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the census reads from verl's files alone is kept in the user cache by their
+    content: a second census reads it back and gives the same entries, and a changed file is
+    read anew."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("VERL_COMPAT_NO_CACHE", raising=False)
+    first = read_census.census(verl_parent, {"t": TREE}, {"mode": ["verl/trainer/ppo/run.py:3"]})
+
+    def unread(_: Path) -> None:
+        raise AssertionError("the files were read again")
+
+    monkeypatch.setattr(static_reads, "_sources", unread)
+    kept = read_census.census(verl_parent, {"t": TREE}, {"mode": ["verl/trainer/ppo/run.py:3"]})
+    assert kept == first
+    assert {e.leaf: e.status for e in kept}["a.size"] == "static"
+    run = verl_parent / "verl/trainer/ppo/run.py"
+    run.write_text(TRAINER + "\n# changed\n", encoding="utf-8")
+    with pytest.raises(AssertionError, match="read again"):
+        read_census.census(verl_parent, {"t": TREE}, {})

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from pytest_verl_compat.upstream import read_census
+from pytest_verl_compat.upstream import read_census, static_reads
 from pytest_verl_compat.upstream.census_reads import attribute_chain
 from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.effects import reflected_classes
@@ -241,7 +241,7 @@ def _how_stored(
         and len(chain) == 2
         and chain[0] == "self"
         and copied == ["self", name]
-        and not read_census.guard(source, node)
+        and not static_reads.guard(source, node)
     ):
         return OTHER
     child = chain[1]
@@ -416,7 +416,7 @@ class _Normaliser(ast.NodeTransformer):
 
 
 def _resolver(
-    place: read_census.Place,
+    place: static_reads.Place,
     section: str,
     known: Mapping[str, Any],
     scan: PackageScan,
@@ -474,7 +474,7 @@ def _copied(
 
 
 def normal_guard(
-    place: read_census.Place,
+    place: static_reads.Place,
     section: str,
     known: Mapping[str, Any],
     scan: PackageScan,
@@ -496,7 +496,7 @@ def normal_guard(
     return out + ([dispatch] if dispatch else [])
 
 
-def _dispatch(place: read_census.Place, resolve: Any, scan: PackageScan) -> str:
+def _dispatch(place: static_reads.Place, resolve: Any, scan: PackageScan) -> str:
     """``L['<section>.strategy'] in [...]`` for a place in a method of an engine class whose
     object is the engine's own config section (``self.engine_config``), else ""."""
     cls = place.function.split(".")[0] if "." in place.function else ""

@@ -7,13 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.upstream.read_census import (
-    COPIED,
-    WHOLE,
-    LeafReads,
-    Place,
-    leaves,
-)
+from pytest_verl_compat.upstream.read_census import COPIED, LeafReads, leaves
+from pytest_verl_compat.upstream.static_reads import WHOLE, Place
 
 PLACES_SHOWN = 4
 
