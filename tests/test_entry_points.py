@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_verl_compat.model import Bindings
+from pytest_verl_compat.pipeline import entry_points
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import by_module, closest, launch_acceptor, scan
 from pytest_verl_compat.pipeline.pins import installed_verl_root
@@ -64,6 +65,37 @@ def test_the_registry_is_every_hydra_main_of_the_release_with_its_config_and_wor
             "verl/experimental/one_step_off_policy/main_ppo.py"
         ),
     }
+
+
+def test_the_registry_is_kept_by_the_content_of_the_installed_files(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process reads the registry of an unchanged release from the user cache, equal to the
+    scan; a changed module of the release is scanned anew."""
+    copy = tmp_path / "site"
+    (copy / "verl").mkdir(parents=True)
+    for path in (site / "verl").rglob("*"):
+        if path.suffix in (".py", ".yaml") and path.is_file():
+            target = copy / path.relative_to(site)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("VERL_COMPAT_NO_CACHE", raising=False)
+    scanned = entry_points.installed(copy)
+    assert by_module(scanned)["verl.trainer.main_ppo"].config_name == "ppo_trainer"
+    entry_points.installed.cache_clear()
+
+    def no_scan(_: Path) -> None:
+        raise AssertionError("scanned, not read from the user cache")
+
+    monkeypatch.setattr(entry_points, "scan", no_scan)
+    assert entry_points.installed(copy) == scanned
+    entry_points.installed.cache_clear()
+    main = copy / "verl/trainer/main_ppo.py"
+    main.write_text(main.read_text() + "\n# changed\n")
+    with pytest.raises(AssertionError, match="scanned"):
+        entry_points.installed(copy)
+    entry_points.installed.cache_clear()
 
 
 def test_an_entry_point_that_never_trains_gets_no_training_check(

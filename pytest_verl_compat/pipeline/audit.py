@@ -41,7 +41,7 @@ from pytest_verl_compat.pipeline.entry_points import (
     by_module,
     closest,
 )
-from pytest_verl_compat.pipeline.entry_points import scan as scan_entry_points
+from pytest_verl_compat.pipeline.entry_points import installed as installed_entry_points
 from pytest_verl_compat.pipeline.lower import NotAccepted, reference_config
 from pytest_verl_compat.pipeline.manifest import (
     ManifestError,
@@ -193,7 +193,7 @@ class AuditSession:
         installed = installed_verl_root()
         if installed is None or self.manifest is None or installed[1] != self.pin.version:
             return ()
-        return scan_entry_points(installed[0])
+        return installed_entry_points(installed[0])
 
     def entry_point(self, fields: ExplicitFields | None) -> EntryPoint | None:
         """The entry point the fields' launch runs; None for the pinned one, or a launch that

@@ -20,12 +20,14 @@ the release, with the closest entry point the release does have (``closest``).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import functools
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_text
 
@@ -45,6 +47,8 @@ _FIT = "fit"
 # the installed verl; ``file://verl/trainer/config``, a folder relative to the launcher's working
 # directory, which is that package folder when the launch runs from a verl checkout's root.
 _PKG = "pkg://"
+# The user cache's kind for ``installed``.
+_KEPT_KIND = "entry-points"
 _FILE = "file://"
 
 
@@ -285,7 +289,9 @@ def scan(site: Path) -> tuple[EntryPoint, ...]:
         if "hydra.main" not in text:
             continue
         relative = path.relative_to(site).as_posix()
-        tree = ast.parse(text, filename=relative)
+        tree = _module_tree(site, relative)  # the same tree another entry point's imports use
+        if tree is None:
+            continue
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef):
                 continue
@@ -317,6 +323,49 @@ def scan(site: Path) -> tuple[EntryPoint, ...]:
     return tuple(found)
 
 
+@functools.lru_cache(maxsize=4)
+def installed(site: Path) -> tuple[EntryPoint, ...]:
+    """``scan(site)``, kept in the user cache (``StageMemo``) by the content of every file under
+    ``site/verl`` it may read (the modules, and the configs their search paths come from) and
+    our code: ~0.5 s of every process that reads a launch script, the same for a release. The
+    oracle's own process scans anew: it reads nothing of the user's cache."""
+    from pytest_verl_compat.pipeline.memo import StageMemo
+
+    memo = StageMemo()
+    files = [
+        [path.relative_to(site).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()]
+        for path in sorted((site / "verl").rglob("*"))
+        if path.suffix in (".py", ".yaml") and path.is_file()
+    ]
+    key = memo.key(_KEPT_KIND, files)
+    kept = memo.get(_KEPT_KIND, key)
+    if kept is not None:
+        try:
+            return tuple(_from_json(entry) for entry in kept)
+        except (KeyError, TypeError, ValueError):
+            pass  # not what this code writes: scan anew, and keep that instead
+    found = scan(site)
+    memo.put(_KEPT_KIND, key, [_as_json(entry) for entry in found])
+    return found
+
+
+def _as_json(entry: EntryPoint) -> dict[str, Any]:
+    plain = dataclasses.asdict(entry)
+    plain["calls"] = sorted(entry.calls)
+    return plain
+
+
+def _from_json(raw: dict[str, Any]) -> EntryPoint:
+    return EntryPoint(
+        **{
+            **raw,
+            "search_path": tuple(raw["search_path"]),
+            "forced": tuple(tuple(item) for item in raw["forced"]),
+            "calls": frozenset(raw["calls"]),
+        }
+    )
+
+
 def by_module(entries: tuple[EntryPoint, ...]) -> dict[str, EntryPoint]:
     return {entry.module: entry for entry in entries}
 
@@ -346,7 +395,7 @@ def launch_acceptor(site: Path | None) -> Callable[[str], bool] | None:
     None: the reader's default (the pinned entry point alone)."""
     if site is None:
         return None
-    entries = by_module(scan(site))
+    entries = by_module(installed(site))
 
     def accepts(module: str) -> bool:
         if module in entries:

@@ -11,7 +11,7 @@ import ast
 import collections
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # How far the def-use walk follows assignments back (a name assigned from a name assigned from …).
@@ -48,9 +48,9 @@ class Source:
         through each file many times (the call-site index alone, once per round)."""
         return list(ast.walk(self.tree))
 
-    @functools.cached_property
-    def _walks(self) -> dict[int, list[ast.AST]]:
-        return {}
+    # ``walk``'s and ``own_nodes``' lists by the node's id, kept for the next walk of the node.
+    _walks: dict[int, list[ast.AST]] = field(default_factory=dict, init=False, repr=False)
+    _own: dict[int, list[ast.AST]] = field(default_factory=dict, init=False, repr=False)
 
     def walk(self, node: ast.AST) -> list[ast.AST]:
         """``ast.walk(node)`` of a node of this file, as a list kept for the next walk."""
@@ -63,8 +63,7 @@ class Source:
         """The nodes of ``function`` whose innermost function is ``function`` (what
         ``self.function(node) is function`` keeps of its walk), in the walk's order: a nested
         function's own node, not what is inside it."""
-        key = -id(function)  # apart from ``walk``'s entry for the same node
-        found = self._walks.get(key)
+        found = self._own.get(id(function))
         if found is None:
             found = []
             todo = collections.deque(ast.iter_child_nodes(function))
@@ -73,7 +72,7 @@ class Source:
                 found.append(node)
                 if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     todo.extend(ast.iter_child_nodes(node))
-            self._walks[key] = found
+            self._own[id(function)] = found
         return found
 
     def parent(self, node: ast.AST) -> ast.AST | None:
