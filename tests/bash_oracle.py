@@ -39,7 +39,7 @@ def _launched(module: str | None) -> bool:
         return True
     if module is None or not module.startswith("verl."):
         return False
-    from pytest_verl_compat.pipeline.entry_points import launch_acceptor
+    from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
     from pytest_verl_compat.pipeline.pins import installed_verl_root
 
     installed = installed_verl_root()

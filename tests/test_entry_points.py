@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_verl_compat.model import Bindings
-from pytest_verl_compat.pipeline import entry_points
+from pytest_verl_compat.pipeline import entry_registry
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.entry_points import by_module, closest, launch_acceptor, scan
+from pytest_verl_compat.pipeline.entry_points import by_module, closest, scan
+from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 INSTALLED = installed_verl_root()
@@ -81,21 +82,21 @@ def test_the_registry_is_kept_by_the_content_of_the_installed_files(
             target.write_bytes(path.read_bytes())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("VERL_COMPAT_NO_CACHE", raising=False)
-    scanned = entry_points.installed(copy)
+    scanned = entry_registry.installed(copy)
     assert by_module(scanned)["verl.trainer.main_ppo"].config_name == "ppo_trainer"
-    entry_points.installed.cache_clear()
+    entry_registry.installed.cache_clear()
 
     def no_scan(_: Path) -> None:
         raise AssertionError("scanned, not read from the user cache")
 
-    monkeypatch.setattr(entry_points, "scan", no_scan)
-    assert entry_points.installed(copy) == scanned
-    entry_points.installed.cache_clear()
+    monkeypatch.setattr(entry_registry, "scan", no_scan)
+    assert entry_registry.installed(copy) == scanned
+    entry_registry.installed.cache_clear()
     main = copy / "verl/trainer/main_ppo.py"
     main.write_text(main.read_text() + "\n# changed\n")
     with pytest.raises(AssertionError, match="scanned"):
-        entry_points.installed(copy)
-    entry_points.installed.cache_clear()
+        entry_registry.installed(copy)
+    entry_registry.installed.cache_clear()
 
 
 def test_an_entry_point_that_never_trains_gets_no_training_check(

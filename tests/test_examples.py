@@ -17,7 +17,8 @@ from bash_oracle import BASH, ENV, run_bash
 
 from pytest_verl_compat.model import Case, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint, launch_acceptor
+from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
+from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.pipeline.manifest import (
     default_examples_path,
     default_manifest_path,

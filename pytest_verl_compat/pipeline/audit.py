@@ -41,7 +41,7 @@ from pytest_verl_compat.pipeline.entry_points import (
     by_module,
     closest,
 )
-from pytest_verl_compat.pipeline.entry_points import installed as installed_entry_points
+from pytest_verl_compat.pipeline.entry_registry import installed as installed_entry_points
 from pytest_verl_compat.pipeline.lower import NotAccepted, reference_config
 from pytest_verl_compat.pipeline.manifest import (
     ManifestError,

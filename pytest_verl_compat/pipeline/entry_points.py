@@ -20,14 +20,12 @@ the release, with the closest entry point the release does have (``closest``).
 from __future__ import annotations
 
 import ast
-import dataclasses
 import difflib
 import functools
-import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_text
 
@@ -47,8 +45,6 @@ _FIT = "fit"
 # the installed verl; ``file://verl/trainer/config``, a folder relative to the launcher's working
 # directory, which is that package folder when the launch runs from a verl checkout's root.
 _PKG = "pkg://"
-# The user cache's kind for ``installed``.
-_KEPT_KIND = "entry-points"
 _FILE = "file://"
 
 
@@ -323,49 +319,6 @@ def scan(site: Path) -> tuple[EntryPoint, ...]:
     return tuple(found)
 
 
-@functools.lru_cache(maxsize=4)
-def installed(site: Path) -> tuple[EntryPoint, ...]:
-    """``scan(site)``, kept in the user cache (``StageMemo``) by the content of every file under
-    ``site/verl`` it may read (the modules, and the configs their search paths come from) and
-    our code: ~0.5 s of every process that reads a launch script, the same for a release. The
-    oracle's own process scans anew: it reads nothing of the user's cache."""
-    from pytest_verl_compat.pipeline.memo import StageMemo
-
-    memo = StageMemo()
-    files = [
-        [path.relative_to(site).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()]
-        for path in sorted((site / "verl").rglob("*"))
-        if path.suffix in (".py", ".yaml") and path.is_file()
-    ]
-    key = memo.key(_KEPT_KIND, files)
-    kept = memo.get(_KEPT_KIND, key)
-    if kept is not None:
-        try:
-            return tuple(_from_json(entry) for entry in kept)
-        except (KeyError, TypeError, ValueError):
-            pass  # not what this code writes: scan anew, and keep that instead
-    found = scan(site)
-    memo.put(_KEPT_KIND, key, [_as_json(entry) for entry in found])
-    return found
-
-
-def _as_json(entry: EntryPoint) -> dict[str, Any]:
-    plain = dataclasses.asdict(entry)
-    plain["calls"] = sorted(entry.calls)
-    return plain
-
-
-def _from_json(raw: dict[str, Any]) -> EntryPoint:
-    return EntryPoint(
-        **{
-            **raw,
-            "search_path": tuple(raw["search_path"]),
-            "forced": tuple(tuple(item) for item in raw["forced"]),
-            "calls": frozenset(raw["calls"]),
-        }
-    )
-
-
 def by_module(entries: tuple[EntryPoint, ...]) -> dict[str, EntryPoint]:
     return {entry.module: entry for entry in entries}
 
@@ -384,23 +337,3 @@ def closest(module: str, entries: tuple[EntryPoint, ...]) -> str | None:
     names = [entry.module for entry in entries]
     match = difflib.get_close_matches(module, names, n=1, cutoff=0.6)
     return match[0] if match else None
-
-
-def launch_acceptor(site: Path | None) -> Callable[[str], bool] | None:
-    """Which modules a script's launch may run, for the reader (``read_launch``'s
-    ``entry_modules``): an entry point of the installed release, or a module the release does
-    not have at all (a renamed or removed entry point, an older release's recipe), which the
-    session then names as missing. A module the release has that is no entry point (a model
-    merger run after training) is another command, not the launch. Without an installed verl,
-    None: the reader's default (the pinned entry point alone)."""
-    if site is None:
-        return None
-    entries = by_module(installed(site))
-
-    def accepts(module: str) -> bool:
-        if module in entries:
-            return True
-        path = site / module.replace(".", "/")
-        return not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file())
-
-    return accepts

@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 
 from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
-from pytest_verl_compat.pipeline.entry_points import launch_acceptor
+from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins, installed_verl_root
 
 __all__ = ["PinMismatch", "read_case_fields"]
