@@ -56,9 +56,6 @@ def test_try_repo_flags_an_invalid_script_and_passes_a_valid_one(
         "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
         # The hook's environment has no verl: the checkout is the config tree.
         "VERL_UPSTREAM": str(upstream_checkout),
-        # pip as pre-commit runs it, but without byte-compiling what it installs (what the hook
-        # does is the same; the compile is most of the install's time, as in .ci/run's venv).
-        "PIP_NO_COMPILE": "1",
     }
     pre_commit = [sys.executable, "-m", "pre_commit", "try-repo", str(REPO), "verl-compat"]
 
