@@ -309,6 +309,21 @@ def test_a_base_kept_in_the_user_cache_is_hydras(
         assert typed(kept_base.plain) == typed(hydra_base.plain)
 
 
+def test_a_kept_base_or_defaults_list_not_of_this_codes_shape_is_composed_anew() -> None:
+    """The user cache is the user's, and may hold anything: only what this code writes is read."""
+    assert compose_module._kept_base({"plain": {"a": 1}, "groups": "actor"}) is None
+    assert compose_module._kept_base({"plain": [], "groups": []}) is None
+    assert compose_module._kept_base(None) is None
+    kept = compose_module._kept_base({"plain": {"a": {"b": 1}}, "groups": ["actor"]})
+    assert kept is not None and kept.group_exists("actor") and not kept.group_exists("a")
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.is_struct(kept.cfg)
+    assert compose_module._pairs_of_strings([["ppo_trainer", ""], ["actor/dp_actor", "actor"]])
+    assert not compose_module._pairs_of_strings([["ppo_trainer"]])
+    assert not compose_module._pairs_of_strings({"ppo_trainer": ""})
+
+
 # --- generated override lists --------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import yaml
 
@@ -184,12 +184,24 @@ class _Base:
         return key in self.groups
 
 
+def _pairs_of_strings(value: Any) -> TypeGuard[list[list[str]]]:
+    return isinstance(value, list) and all(
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+        for pair in value
+    )
+
+
 def _kept_base(kept: Any) -> _Base | None:
     """A base from the user cache (``memo.BASE``): Hydra's composition is rebuilt from its
     unresolved export, which gives the same nodes, types and flags (a test compares them with
     Hydra's), in ~0.1 s instead of Hydra's ~0.8 s; JSON, never a pickle."""
-    if not isinstance(kept, dict) or not isinstance(kept.get("plain"), dict):
-        return None
+    if not (
+        isinstance(kept, dict)
+        and isinstance(kept.get("plain"), dict)
+        and isinstance(kept.get("groups"), list)
+        and all(isinstance(group, str) for group in kept["groups"])
+    ):
+        return None  # not what this code writes: Hydra composes it anew
     cfg = _hydra().OmegaConf.create(kept["plain"])
     _hydra().OmegaConf.set_struct(cfg, True)
     return _Base(cfg, cast(_Mapping, kept["plain"]), frozenset(kept["groups"]))
@@ -526,8 +538,11 @@ class Composer:
         if key not in _CONFIG_FILES:
             memo = StageMemo()
             memo_key = memo.key(CONFIG_FILES_KIND, list(key))
-            listed = memo.get(CONFIG_FILES_KIND, memo_key)
-            if listed is None:  # Hydra's defaults list: as costly as a compose
+            kept = memo.get(CONFIG_FILES_KIND, memo_key)
+            listed: list[tuple[str, str]]
+            if _pairs_of_strings(kept):
+                listed = [(config_path, package) for config_path, package in kept]
+            else:  # Hydra's defaults list: as costly as a compose
                 with self._hydra():
                     listed = defaults_list(self.config_name, [*self._searching(), *groups])
                 memo.put(CONFIG_FILES_KIND, memo_key, listed)
