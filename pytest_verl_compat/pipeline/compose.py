@@ -516,9 +516,10 @@ class Composer:
         values: list[str] = []
         for line in fields:
             key = line.split("=", 1)[0]
-            if "." not in key and not _GROUP_PATH.fullmatch(key.lstrip("+~")):
+            name = key.lstrip("+~")
+            if "." not in key and not _GROUP_PATH.fullmatch(name):
                 raise _FastPathUnavailable(line)  # Hydra decides what such a key names
-            if "." not in key and base.group_exists(key.lstrip("+~")):
+            if "." not in key and base.group_exists(name):
                 if not _GROUP_OVERRIDE.fullmatch(line):
                     raise _FastPathUnavailable(line)
                 groups.append(line)

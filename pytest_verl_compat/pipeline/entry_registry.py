@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.pipeline.entry_points import EntryPoint, by_module, scan
 from pytest_verl_compat.pipeline.memo import StageMemo
+from pytest_verl_compat.pipeline.pins import files_sha256
 
 # The user cache's kind for ``installed``.
 _KEPT_KIND = "entry-points"
@@ -27,11 +27,14 @@ def installed(site: Path) -> tuple[EntryPoint, ...]:
     ``site/verl`` it may read (the modules, and the configs their search paths come from) and
     our code: ~0.5 s of every process that reads a launch script, the same for a release."""
     memo = StageMemo()
-    files = [
-        [path.relative_to(site).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()]
-        for path in sorted((site / "verl").rglob("*"))
-        if path.suffix in (".py", ".yaml") and path.is_file()
-    ]
+    files = files_sha256(
+        (
+            (path.relative_to(site).as_posix(), path)
+            for path in sorted((site / "verl").rglob("*"))
+            if path.suffix in (".py", ".yaml") and path.is_file()
+        ),
+        "verl file",
+    )
     key = memo.key(_KEPT_KIND, files)
     kept = memo.get(_KEPT_KIND, key)
     if kept is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -47,6 +48,18 @@ class UpstreamTree:
 def sha256_file(path: Path, what: str = "pinned input") -> str:
     """sha256 of a bounded regular file (a pinned input may be a link to /dev/zero or a FIFO)."""
     return hashlib.sha256(read_bytes(path, what=what)).hexdigest()
+
+
+def files_sha256(files: Iterable[tuple[str, Path]], what: str) -> list[list[str]]:
+    """[name, sha256] of each file, in order: a key for what is read from them. A file the bounded
+    reader refuses is "unreadable" (the scans that read such files skip it too)."""
+    digests = []
+    for name, path in files:
+        try:
+            digests.append([name, sha256_file(path, what)])
+        except InputError:
+            digests.append([name, "unreadable"])
+    return digests
 
 
 def tree_sha256(config_dir: Path) -> str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.pipeline.memo import StageMemo
+from pytest_verl_compat.pipeline.pins import files_sha256
 from pytest_verl_compat.upstream import census_reads
 from pytest_verl_compat.upstream.probes import statements
 
@@ -71,13 +71,6 @@ def _path_files(verl_parent: Path) -> list[tuple[str, Path]]:
             if path.suffix == ".py" and path.is_file():
                 seen.setdefault(relative, path)
     return sorted(seen.items())
-
-
-def _file_digest(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return "unreadable"  # ``statements.parse`` leaves it out
 
 
 def _sources(verl_parent: Path) -> list[statements.Source]:
@@ -498,7 +491,7 @@ def source_facts(verl_parent: Path) -> SourceFacts:
     (``StageMemo``): reading them is every ``explain``'s and census's largest part (~8 s: the
     bindings and reads of ~200 files), the same in every run of a release."""
     memo = StageMemo()
-    files = [[relative, _file_digest(path)] for relative, path in _path_files(verl_parent)]
+    files = files_sha256(_path_files(verl_parent), "verl module")
     key = memo.key(SOURCE_FACTS, files)
     kept = memo.get(SOURCE_FACTS, key)
     if kept is not None:
