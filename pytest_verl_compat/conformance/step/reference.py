@@ -56,7 +56,7 @@ def prepare_models(folder: Path, adapters: list[dict[str, Any]]) -> dict[str, An
     policy.config.architectures = ["Qwen2ForCausalLM"]
     policy.save_pretrained(folder / "policy")
     tokenizer.save_pretrained(folder / "policy")
-    critic = build_tiny_value_model(policy.config, SEED + 2)  # type: ignore[arg-type]
+    critic = build_tiny_value_model(policy.config, SEED + 2)
     critic.load_state_dict(policy.state_dict(), strict=False)  # the same trunk as the policy
     critic.config.architectures = ["Qwen2ForTokenClassification"]
     critic.save_pretrained(folder / "critic")

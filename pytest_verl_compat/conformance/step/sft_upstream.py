@@ -69,7 +69,7 @@ def _worker(config: Any, total_steps: int) -> Any:
         )
     )
     # verl's trainer passes no config (sft_trainer.py:163); sft_loss never reads it.
-    worker.set_loss_fn(loss_fn=functools.partial(sft_loss, config=None))  # type: ignore[arg-type]
+    worker.set_loss_fn(loss_fn=functools.partial(sft_loss, config=None))
     optimizer_config.total_training_steps = total_steps
     worker.reset()
     return worker

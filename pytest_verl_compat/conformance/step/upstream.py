@@ -200,7 +200,7 @@ class _Case:
                 config=TrainingWorkerConfig(
                     model_type="value_model",
                     model_config=critic_cfg.model,
-                    engine_config=critic_cfg.engine,  # type: ignore[arg-type]
+                    engine_config=critic_cfg.engine,
                     optimizer_config=critic_cfg.optim,
                     checkpoint_config=critic_cfg.checkpoint,
                 )
@@ -208,7 +208,7 @@ class _Case:
             self.critic.reset()
             self.critic.set_loss_fn(functools.partial(value_loss, config=critic_cfg))
         self.kl_ctrl = (
-            get_kl_controller(config.algorithm.kl_ctrl)  # type: ignore[no-untyped-call]
+            get_kl_controller(config.algorithm.kl_ctrl)
             if config.algorithm.use_kl_in_reward
             else None
         )
@@ -251,7 +251,7 @@ class _Case:
         masks += [torch.zeros(1, dtype=torch.int64)] * pad
         seqlen = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)])
         partitions = get_seqlen_balanced_partitions(
-            calculate_workload(seqlen),  # type: ignore[arg-type]  # as trainer_base passes it
+            calculate_workload(seqlen),  # as trainer_base passes it
             k_partitions=self.dp,
             equal_size=True,
         )
@@ -456,7 +456,7 @@ class _Case:
                 tu.get(self.actor.update_actor(query), "metrics")
             )
         states["actor"] = _state(
-            self.actor.actor.engine,  # type: ignore[union-attr]  # built by init_model
+            self.actor.actor.engine,  # built by init_model
             trainable_only=self.lora,
         )
         return metrics, raw, states

@@ -64,15 +64,15 @@ def install_cpu_platform() -> None:
 
     cpu_module = _cpu_device_module()
 
-    class PlatformCPU(PlatformBase):
+    class PlatformCPU(PlatformBase):  # type: ignore[misc]  # verl is not followed (pyproject.toml)
         device_name = "cpu"
         vendor_name = "cpu"
-        device_module = cpu_module  # type: ignore[assignment]  # a torch.cuda-like namespace
+        device_module = cpu_module  # a torch.cuda-like namespace
 
         def is_available(self) -> bool:
             return True
 
-        def current_device(self) -> str:  # type: ignore[override]  # torch.device accepts "cpu"
+        def current_device(self) -> str:
             return "cpu"
 
         def device_count(self) -> int:

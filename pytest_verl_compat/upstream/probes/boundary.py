@@ -351,7 +351,7 @@ def laptop(
         (model_config, "hf_tokenizer", lambda *a, **k: StandIn(chat_template=None)),
         (model_config, "hf_processor", lambda *a, **k: None),
         (model_config, "get_generation_config", lambda *a, **k: None),
-        (model_config.AutoConfig, "from_pretrained", staticmethod(_auto_config)),  # type: ignore[attr-defined]
+        (model_config.AutoConfig, "from_pretrained", staticmethod(_auto_config)),
     ]
     with library_state_cleared(), environment(env), all_patched(patches):
         yield

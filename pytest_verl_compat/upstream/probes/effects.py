@@ -198,7 +198,7 @@ def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
         trainer.kl_ctrl_in_reward = get_kl_controller(cfg.algorithm.kl_ctrl)
     rollout = plain[ARR]["rollout"]
     put = tiny_batch.through_transfer_queue(
-        lambda meta: PPOTrainer._compute_advantage(trainer, meta, {}),  # type: ignore[arg-type]
+        lambda meta: PPOTrainer._compute_advantage(trainer, meta, {}),
         rollout["n"],
         bool(rollout.get("calculate_log_probs")),
         tokens=EFFECT_TOKENS,

@@ -322,7 +322,7 @@ def stand_in_model() -> Iterator[list[dict[str, str]]]:
         (
             megatron_engine,
             "check_mtp_config",
-            _mtp(megatron_engine.check_mtp_config, notes),  # type: ignore[attr-defined]
+            _mtp(megatron_engine.check_mtp_config, notes),
         ),
     ]
     with all_patched(patches):
