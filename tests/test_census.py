@@ -78,12 +78,19 @@ def test_the_page_explains_every_entry_and_the_share_evaluated_does_not_fall() -
     assert share >= MINIMUM_SHARE, f"{share:.1%} of the configuration checks evaluated"
 
 
-def test_every_reason_matches_an_entry_and_none_is_a_to_do() -> None:
-    """A reason no entry needs is stale; a reason names what this machine lacks."""
+@pytest.fixture(scope="module")
+def scanned() -> list[census.Entry]:
+    """The census's scan of the installed verl (~4 s), once for the tests of this module that
+    read it (each called it anew: seven scans of the same files)."""
     installed = installed_verl_root()
     assert installed is not None
+    return census.scan(installed[0])
+
+
+def test_every_reason_matches_an_entry_and_none_is_a_to_do(scanned: list[census.Entry]) -> None:
+    """A reason no entry needs is stale; a reason names what this machine lacks."""
     reasons = census.load_reasons()
-    entries = census.scan(installed[0])
+    entries = scanned
     for reason in reasons:
         assert any(reason.covers(entry) for entry in entries), f"matches no entry: {reason}"
         assert not re.search(r"\b(todo|later|not yet|not implemented)\b", reason.reason, re.I), (
@@ -119,18 +126,18 @@ def _entry(entries: list[census.Entry], where: str) -> census.Entry:
         ("verl/trainer/ppo/core_algos.py:1204", "loss_agg_mode ←"),
     ],
 )
-def test_a_condition_that_reads_the_configuration_is_config(where: str, read: str) -> None:
-    installed = installed_verl_root()
-    assert installed is not None
-    entry = _entry(census.settled(census.scan(installed[0]), census.load_reasons()), where)
+def test_a_condition_that_reads_the_configuration_is_config(
+    where: str, read: str, scanned: list[census.Entry]
+) -> None:
+    entry = _entry(census.settled(scanned, census.load_reasons()), where)
     assert entry.depends == "config", f"depends={entry.depends}, but should be config [{where}]"
     assert any(r.startswith(read) for r in entry.reads), entry.reads
 
 
-def test_a_condition_without_configuration_is_data_or_internal() -> None:
-    installed = installed_verl_root()
-    assert installed is not None
-    entries = census.scan(installed[0])
+def test_a_condition_without_configuration_is_data_or_internal(
+    scanned: list[census.Entry],
+) -> None:
+    entries = scanned
     # The batch's own invariant (no configuration value reaches it) and an abstract method.
     assert _entry(entries, "verl/checkpoint_engine/base.py:584").depends == "data"
     assert _entry(entries, "verl/checkpoint_engine/base.py:129").depends == "internal"
