@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ from pytest_verl_compat.upstream.oracle import (
     checks_request,
     compose_request,
 )
+from pytest_verl_compat.upstream.probes import trainer
 from pytest_verl_compat.upstream.runner import sandbox_environment
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
@@ -61,6 +64,26 @@ def _ask(oracle: UpstreamOracle, fields: list[str], resolved: dict) -> dict:  # 
     # Each process's home is its own fresh empty folder, whichever way it started.
     assert yaml.safe_load(answers.pop("home")["stdout"])["trainer"]["project_name"] == folder
     return answers
+
+
+def test_the_template_imports_every_module_the_trainer_probes_import() -> None:
+    """``prepare_children`` imports ``PATCHED_MODULES`` before the template forks; a module that
+    ``ray_free`` imports and the list lacks would be imported again by every child, in its first
+    answer (~8 s each before the list). Statically: ``from X import Y`` loads X, or X.Y when Y
+    is a submodule, so one of the two must be listed."""
+    tree = ast.parse(inspect.getsource(trainer.ray_free).lstrip())
+    missing = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            missing += [a.name for a in node.names if a.name not in trainer.PATCHED_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            missing += [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if node.module not in trainer.PATCHED_MODULES
+                and f"{node.module}.{a.name}" not in trainer.PATCHED_MODULES
+            ]
+    assert not missing, f"ray_free imports what PATCHED_MODULES does not list: {missing}"
 
 
 @needs_verl

@@ -135,14 +135,19 @@ def prepare() -> Any:
     return __import__(ENTRY_MODULE, fromlist=["main"])
 
 
-def scan_sources() -> None:
-    """The probes' scan of verl's source (``effects.referenced_names``, every file parsed: ~4 s
-    on 2 cores), done where processes are forked to answer (the warm template, the worker pool)
-    instead of in each child's first answer. It is a pure function of the installed files, kept
-    per process; a single process scans when its first answer needs it."""
-    from pytest_verl_compat.upstream.probes import effects, records
+def prepare_children() -> None:
+    """What each forked child's first answer would otherwise do, done once where processes are
+    forked to answer (the warm template, the worker pool): the probes' scan of verl's source
+    (``effects.referenced_names``, every file parsed: ~4 s on 2 cores) and the import of the
+    modules the trainer's probes patch (``trainer.PATCHED_MODULES``: V1's trainer, the engines,
+    Megatron's chain, ~8 s, which the entry point's import does not reach). Both are pure
+    functions of the installed files, kept per process; a single process does them when its
+    first answer needs them."""
+    from pytest_verl_compat.upstream.probes import effects, records, trainer
 
     effects.referenced_names(records.verl_root())
+    for module in trainer.PATCHED_MODULES:
+        importlib.import_module(module)
 
 
 def serve(workers: int = 1, served: list[str] | None = None) -> None:
@@ -167,7 +172,7 @@ def serve(workers: int = 1, served: list[str] | None = None) -> None:
             answers.write(json.dumps(_answer(_ENTRY, json.loads(line))) + "\n")
             answers.flush()
         return
-    scan_sources()
+    prepare_children()
     gc.freeze()
     lock = threading.Lock()
 

@@ -71,7 +71,7 @@ def _child(connection: socket.socket, fds: list[int], request: dict[str, Any]) -
 def serve(path: str, idle: float) -> None:
     start_folder = os.getcwd()
     oracle_process.prepare()
-    oracle_process.scan_sources()
+    oracle_process.prepare_children()
     gc.freeze()  # as the oracle does after its import: the children share these pages
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
