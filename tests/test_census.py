@@ -90,9 +90,8 @@ def scanned() -> list[census.Entry]:
 def test_every_reason_matches_an_entry_and_none_is_a_to_do(scanned: list[census.Entry]) -> None:
     """A reason no entry needs is stale; a reason names what this machine lacks."""
     reasons = census.load_reasons()
-    entries = scanned
     for reason in reasons:
-        assert any(reason.covers(entry) for entry in entries), f"matches no entry: {reason}"
+        assert any(reason.covers(entry) for entry in scanned), f"matches no entry: {reason}"
         assert not re.search(r"\b(todo|later|not yet|not implemented)\b", reason.reason, re.I), (
             reason
         )
@@ -137,10 +136,9 @@ def test_a_condition_that_reads_the_configuration_is_config(
 def test_a_condition_without_configuration_is_data_or_internal(
     scanned: list[census.Entry],
 ) -> None:
-    entries = scanned
     # The batch's own invariant (no configuration value reaches it) and an abstract method.
-    assert _entry(entries, "verl/checkpoint_engine/base.py:584").depends == "data"
-    assert _entry(entries, "verl/checkpoint_engine/base.py:129").depends == "internal"
+    assert _entry(scanned, "verl/checkpoint_engine/base.py:584").depends == "data"
+    assert _entry(scanned, "verl/checkpoint_engine/base.py:129").depends == "internal"
 
 
 SYNTHETIC = """
