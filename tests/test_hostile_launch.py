@@ -2,9 +2,9 @@
 
 Every script carries the canary's payload where an attacker would put code. Each case goes
 through the public reader API (``read_launch`` on the file and ``read_launch_text`` on its text)
-and through the CLI (``python -m pytest_verl_compat.cli read SCRIPT``); the verdict is either a
-refusal naming the script, the line and the construct, or an argv (or an exit) that real bash
-gives too (checked with the oracle, which runs bash on an instrumented copy). The CLI runs first
+and through the CLI (``verl-compat read SCRIPT``: its ``main`` in a child process forked from a
+server that imported it once, ``cli_child``); the verdict is either a refusal naming the script,
+the line and the construct, or an argv (or an exit) that real bash gives too (checked with the oracle, which runs bash on an instrumented copy). The CLI runs first
 and with a timeout and a memory cap, so a reader that hangs on a FIFO or reads /dev/zero fails
 the test instead of taking the machine.
 """
@@ -12,7 +12,6 @@ the test instead of taking the machine.
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cli_child
 import pytest
 from bash_oracle import BASH, ENV, run_bash
 from hostile_canary import Canary
@@ -335,22 +335,11 @@ def _bindings(env: Mapping[str, str]) -> Bindings:
     return Bindings(variables={**HOME, **env})
 
 
-def _cli_limits() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (CLI_MEMORY, CLI_MEMORY))
-
-
 def run_cli(workdir: Path, script: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    """``verl-compat read`` in a subprocess, bounded in time and memory."""
+    """``verl-compat read`` in a child process, bounded in time and memory."""
     flags = [f"--env={name}={value}" for name, value in env.items()]
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_verl_compat.cli", "read", script, *flags],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=CLI_TIMEOUT,
-        check=False,
-        preexec_fn=_cli_limits,
+    return cli_child.run_cli(
+        ["read", script, *flags], workdir, timeout=CLI_TIMEOUT, memory=CLI_MEMORY
     )
 
 
@@ -522,3 +511,38 @@ def test_error_stays_on_one_line_whatever_the_file_name(tmp_path: Path, canary: 
     assert cli.stderr.count("\n") == 1, cli.stderr
     assert cli.stderr.startswith("verl-compat read: run\\n.sh:2: run-time value: ")
     assert not canary.fired()
+
+
+# --------------------------------------------------------------------------- the CLI's child
+
+
+@pytest.mark.parametrize("name", ["builtin-read", "builtin-eval", "command-exit"])
+def test_the_forked_cli_answers_as_python_m_does(name: str, tmp_path: Path, canary: Canary) -> None:
+    """``cli_child`` (the CLI's ``main`` forked from a server that imported it) gives the exit
+    status, stdout and stderr that ``python -m pytest_verl_compat.cli`` gives on the same script."""
+    (tmp_path / "run.sh").write_bytes(_script_bytes(CASES[name], canary))
+    forked = run_cli(tmp_path, "run.sh", {})
+    started = subprocess.run(
+        [sys.executable, "-m", cli_child.CLI_MODULE, "read", "run.sh"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=CLI_TIMEOUT,
+        check=False,
+    )
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        started.returncode,
+        started.stdout,
+        started.stderr,
+    )
+    assert not canary.fired()
+
+
+def test_the_forked_cli_is_bounded_in_time_and_memory(tmp_path: Path) -> None:
+    (tmp_path / "run.sh").write_text(f"{LAUNCH} a=1\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        cli_child.run_cli(["read", "run.sh"], tmp_path, timeout=0.001)
+    starved = cli_child.run_cli(["read", "run.sh"], tmp_path, timeout=CLI_TIMEOUT, memory=1 << 20)
+    assert starved.returncode != 0 and starved.stdout == ""
+    assert cli_child.run_cli(["read", "run.sh"], tmp_path, timeout=CLI_TIMEOUT).stdout == "a=1\n"
