@@ -15,6 +15,7 @@ import pytest
 
 from pytest_verl_compat.cli import main, output
 from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.upstream.warm import IDLE_VARIABLE
 
 
 class Terminal(io.StringIO):
@@ -92,7 +93,14 @@ def test_quiet_and_verbose_before_or_after_the_command(tmp_path: Path, capsys) -
 def test_a_cold_check_on_a_terminal_says_it_waits_for_verl(tmp_path: Path) -> None:
     if installed_verl_root() is None:
         pytest.skip("needs the installed verl (the [upstream] extra)")
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cold-cache")}
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path / "cold-cache"),
+        # Cold means verl imported nowhere yet: no warm template to fork from (a template the
+        # suite left warm answers within the second after which the wait is said, and the
+        # test then saw only the verdicts: it failed so in one suite run of 2026-12-03).
+        IDLE_VARIABLE: "0",
+    }
     env.pop("VERL_UPSTREAM", None)
     # A question no recorded answer holds (golden/answers answers the corpus case as it is).
     command = [
