@@ -2,8 +2,8 @@
 CLI once per case, over and over.
 
 A new ``python -m pytest_verl_compat.cli`` spends ~0.4 s of CPU importing the package before it
-reads anything; the hostile-launch suite alone ran 101 of them (48.9 s of CPU in a suite run that
-used 1 530 s on 2 cores, measured from /proc: benchmarks/README.md, "Stop 41"). Here a
+reads anything; the hostile-launch suite alone ran 101 of them, 48.9 s of CPU in one suite run
+(measured from /proc: benchmarks/README.md, "Stop 41"). Here a
 multiprocessing fork server imports ``pytest_verl_compat.cli`` once per xdist worker, and each call
 is a process forked from it that runs the CLI's own ``main`` with the argv, folder, environment
 and limits of that call, its stdout and stderr in files: what a subprocess of the CLI gives
