@@ -194,5 +194,13 @@ def test_the_key_changes_with_the_code_and_the_environment(
     before = warm.template_key({"PATH": "/usr/bin"})
     assert warm.template_key({"PATH": "/usr/bin"}) == before
     assert warm.template_key({"PATH": "/usr/local/bin"}) != before
+    copy = tmp_path / "copy" / "pytest_verl_compat"  # another clone of the same checkout
+    copy.mkdir(parents=True)
+    (copy / "a.py").write_text("A = 1\n")
+    monkeypatch.setattr(warm, "_CODE", (copy,))
+    assert warm.template_key({"PATH": "/usr/bin"}) == before
+    (copy / "a.py").write_text("A = 2\n")  # an edit of the same size, at once
+    assert warm.template_key({"PATH": "/usr/bin"}) != before
+    monkeypatch.setattr(warm, "_CODE", (code,))
     (code / "a.py").write_text("A = 22\n")  # an edit in a checkout the template imported
     assert warm.template_key({"PATH": "/usr/bin"}) != before

@@ -80,15 +80,16 @@ def runtime_folder() -> Path | None:
 
 def template_key(environment: Mapping[str, str]) -> str:
     """A digest of everything a template has loaded or inherited: the interpreter, this
-    package's and the reference trainer's files (path, size, modification time: a running
-    process's key, not a recorded answer's), every installed distribution and the environment."""
+    package's and the reference trainer's files (each one's path inside its folder and its
+    bytes: two copies of one checkout meet the same template, an edit never meets an old one),
+    every installed distribution and the environment."""
     digest = hashlib.sha256()
     for part in (sys.executable, sys.version, json.dumps(sorted(environment.items()))):
         digest.update(part.encode() + b"\0")
     for folder in _CODE:
         for path in sorted(folder.rglob("*.py")):
-            found = path.stat()
-            digest.update(f"{path}\0{found.st_size}\0{found.st_mtime_ns}\0".encode())
+            digest.update(f"{path.relative_to(folder.parent)}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
     for site in sorted({p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)}):
         installed = sorted(name for name in os.listdir(site) if name.endswith(".dist-info"))
         digest.update("\0".join([site, *installed]).encode() + b"\0")

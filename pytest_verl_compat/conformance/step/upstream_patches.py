@@ -234,6 +234,22 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def no_collection_on_device_moves() -> None:
+    """The FSDP engine's moves to the device without the full collection that follows each.
+
+    `FSDPEngine.to` runs `gc.collect()` after loading the model and the optimizer to the device
+    (verl/workers/engine/fsdp/transformer_impl.py:834), so that device memory the move left
+    unreferenced is freed; on a CPU platform that is twice per worker call (`freeze_heap`). A CPU
+    has no device memory to free, and a collection changes nothing a step computes: with it
+    skipped, every tensor the one-rank run writes was equal and only its timings, MFU and memory
+    metrics moved, while its CPU time went from 85-93 s to 74-80 s (benchmarks/README.md,
+    "Stop 42"). The collector's own automatic collections still run.
+    """
+    from verl.workers.engine.fsdp import transformer_impl
+
+    transformer_impl.gc = types.SimpleNamespace(collect=lambda generation=2: 0)
+
+
 def install() -> None:
     init_process_group()
     install_cpu_platform()
@@ -241,6 +257,7 @@ def install() -> None:
     eager_value_model()
     unpinned_cpu_offload()
     freeze_heap()
+    no_collection_on_device_moves()
 
 
 def cpu_overrides(section: str) -> list[str]:
