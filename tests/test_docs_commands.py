@@ -18,6 +18,7 @@ from a fresh clone, in the venv the README's first command makes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -217,6 +218,25 @@ def _shims(folder: Path) -> None:
     (folder / "python").symlink_to(sys.executable)
 
 
+@pytest.fixture(scope="session")
+def commands_on_path(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The venv's commands as an activated venv puts them on ``PATH``: one folder for the whole
+    run, shared by its xdist workers, so that every section's commands give upstream's oracle the
+    same environment (its ``PATH`` included) and fork from one warm template of verl, as one
+    user's shell does (``upstream/warm.py``: the template's key digests that environment)."""
+    from conftest import run_folder
+
+    folder = run_folder(request, tmp_path_factory) / "commands-on-path"
+    if not folder.is_dir():
+        staging = tmp_path_factory.mktemp("commands-on-path")
+        _shims(staging)
+        with contextlib.suppress(OSError):  # another worker's, with the same three files
+            staging.rename(folder)
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("doc", "section"), GROUPS, ids=[f"{d}#{_slug(s)}" for d, s in GROUPS])
 def test_documented_commands_run_as_written(
@@ -225,6 +245,7 @@ def test_documented_commands_run_as_written(
     tmp_path: Path,
     upstream_checkout: Path,
     upstream_091: Path,
+    commands_on_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
     if installed_verl_root() is None:
@@ -241,7 +262,6 @@ def test_documented_commands_run_as_written(
     (home / "src" / "verl-v0.9.0").symlink_to(upstream_checkout)
     (home / "src" / "verl-main").symlink_to(upstream_091)
     _shims(clone / ".venv" / "bin")
-    _shims(tmp_path / "bin")
     record = tmp_path / "record"
     record.mkdir()
 
@@ -264,7 +284,7 @@ def test_documented_commands_run_as_written(
     }
     env.update(
         HOME=str(home),
-        PATH=f"{tmp_path / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        PATH=f"{commands_on_path}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(clone),
     )
     subprocess.run(["bash", "-c", "\n".join(script)], env=env, check=False, timeout=1500)
