@@ -18,6 +18,7 @@ commands).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import resource
@@ -29,16 +30,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CLI_MODULE = "pytest_verl_compat.cli"
-_context: multiprocessing.context.ForkServerContext | None = None
 
 
+@functools.cache
 def _fork_server() -> multiprocessing.context.ForkServerContext:
-    global _context
-    if _context is None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([CLI_MODULE])
-        _context = context
-    return _context
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([CLI_MODULE])
+    return context
 
 
 def _exit_status(code: object) -> int:

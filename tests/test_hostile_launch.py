@@ -4,9 +4,10 @@ Every script carries the canary's payload where an attacker would put code. Each
 through the public reader API (``read_launch`` on the file and ``read_launch_text`` on its text)
 and through the CLI (``verl-compat read SCRIPT``: its ``main`` in a child process forked from a
 server that imported it once, ``cli_child``); the verdict is either a refusal naming the script,
-the line and the construct, or an argv (or an exit) that real bash gives too (checked with the oracle, which runs bash on an instrumented copy). The CLI runs first
-and with a timeout and a memory cap, so a reader that hangs on a FIFO or reads /dev/zero fails
-the test instead of taking the machine.
+the line and the construct, or an argv (or an exit) that real bash gives too (checked with the
+oracle, which runs bash on an instrumented copy). The CLI runs first and with a timeout and a
+memory cap, so a reader that hangs on a FIFO or reads /dev/zero fails the test instead of taking
+the machine.
 """
 
 from __future__ import annotations
