@@ -140,12 +140,8 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     the xdist workers (the parent of their base temp folders), behind a file lock. Without PyPI
     the tests that need them skip, except in CI, where they fail."""
     from filelock import FileLock
-
-    from pytest_verl_compat.upstream.releases.trees import (
-        ReleaseError,
-        download_wheel,
-        load_release_index,
-    )
+    from pytest_verl_compat.releases.wheels import download_wheel
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
 
     shared = tmp_path_factory.getbasetemp().parent / "verl-release-wheels"
     shared.mkdir(exist_ok=True)
@@ -167,11 +163,8 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) -> Path:
     """Every release's tree in this run's user cache (where the commands look), from the wheels."""
-    from pytest_verl_compat.upstream.releases.trees import (
-        cache_dir,
-        install_wheel,
-        load_release_index,
-    )
+    from pytest_verl_compat.releases.wheels import cache_dir, install_wheel
+    from pytest_verl_compat.releases.index import load_release_index
 
     index = load_release_index()
     cache = cache_dir()

@@ -18,10 +18,10 @@ from check_findings import findings
 
 from pytest_verl_compat.checks.micro_batch import step_rows
 from pytest_verl_compat.checks.model_facts import facts_from_config, tokenizer_ids
+from pytest_verl_compat.files.safe_input import InputError
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.model_facts import local_model_facts, read_model_facts
-from pytest_verl_compat.pipeline.safe_input import InputError
 
 STATIC = (
     "actor_rollout_ref.actor.use_dynamic_bsz=False",

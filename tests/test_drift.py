@@ -12,9 +12,9 @@ import yaml
 from corpus_facts import OFFICIAL_RL
 
 from pytest_verl_compat.cli.drift import add_drift_parsers
+from pytest_verl_compat.files.digests import sha256_file, tree_sha256
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.pins import sha256_file, tree_sha256
 from pytest_verl_compat.pipeline.profile import load_profile, profile_path
 from pytest_verl_compat.upstream.drift import (
     OUTCOME_NOTE,

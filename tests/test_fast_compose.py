@@ -207,7 +207,7 @@ def test_rejections_on_other_releases_are_hydras(version: str, release_cache: Pa
     """The fast path takes Hydra's own override rejection as it is (no second compose): on an
     older and a newer release's tree, which reject several golden cases, every rejection is the
     one Hydra's full compose gives, byte for byte."""
-    from pytest_verl_compat.upstream.releases.trees import release_tree
+    from pytest_verl_compat.releases.wheels import release_tree
 
     tree = release_tree(version, fetch=False)
     fast = Composer(tree.config_dir, "ppo_trainer")

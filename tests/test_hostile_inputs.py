@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_verl_compat.model import Case
-from pytest_verl_compat.pipeline.compose import Composer
-from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
-from pytest_verl_compat.pipeline.resolved import ResolvedFileError, load_resolved
-from pytest_verl_compat.pipeline.safe_input import (
+from pytest_verl_compat.files.safe_input import (
     MAX_INPUT_BYTES,
     InputError,
     confined,
     load_yaml,
     read_text,
 )
+from pytest_verl_compat.model import Case
+from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
+from pytest_verl_compat.pipeline.resolved import ResolvedFileError, load_resolved
 from pytest_verl_compat.pipeline.snapshot import OutputRefused, write_atomic
 
 # Nine levels of nine aliases: 81 aliases in 10 lines, 9**9 nodes when anything walks it.

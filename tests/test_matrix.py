@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from corpus_facts import OFFICIAL, PINNED_VERSION
 from launch_scripts import launch_script
+from pytest_verl_compat.releases.index import load_release_index
 
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Finding
@@ -25,7 +26,6 @@ from pytest_verl_compat.upstream.releases.matrix import (
     explicit_keys,
     matrix_report,
 )
-from pytest_verl_compat.upstream.releases.trees import load_release_index
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "golden" / "matrix" / "official.md"

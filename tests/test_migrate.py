@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from corpus_facts import PINNED_VERSION
 from launch_scripts import launch_script
+from pytest_verl_compat.releases.wheels import release_tree
+from pytest_verl_compat.releases.index import load_release_index
 
 from pytest_verl_compat.bash import read_launch
 from pytest_verl_compat.cli import main
@@ -28,7 +30,6 @@ from pytest_verl_compat.upstream.releases.evidence import (
     function_assignments,
     subtree_moves,
 )
-from pytest_verl_compat.upstream.releases.trees import load_release_index, release_tree
 
 INDEX = load_release_index()
 VERL = installed_verl_root()

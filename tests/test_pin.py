@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from pytest_verl_compat.cli import main
+from pytest_verl_compat.files.digests import sha256_file
+from pytest_verl_compat.files.safe_input import InputError
 from pytest_verl_compat.pipeline.init_manifest import init_manifest
 from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
 from pytest_verl_compat.pipeline.pin_manifest import pin_manifest
-from pytest_verl_compat.pipeline.pins import sha256_file
-from pytest_verl_compat.pipeline.safe_input import InputError
 
 SCRIPTS = {
     "a.sh": "examples/ppo_trainer/run_qwen3_8b_fsdp.sh",

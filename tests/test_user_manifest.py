@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
+from pytest_verl_compat.files.digests import sha256_file
 from pytest_verl_compat.pipeline.init_manifest import PLACEHOLDER, case_id, init_manifest
 from pytest_verl_compat.pipeline.manifest import load_manifest
-from pytest_verl_compat.pipeline.pins import sha256_file
 
 COMMON = """\
     data.train_files="$HOME/data/gsm8k/train.parquet" \\

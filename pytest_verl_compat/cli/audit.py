@@ -18,9 +18,9 @@ from pytest_verl_compat.cli.common import (
     say,
 )
 from pytest_verl_compat.cli.output import note
+from pytest_verl_compat.files.safe_input import load_json_file, read_text
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.report import build_audit, summary_lines
-from pytest_verl_compat.pipeline.safe_input import load_json_file, read_text
 from pytest_verl_compat.pipeline.snapshot import dumps, leaf_diff, write_atomic
 
 

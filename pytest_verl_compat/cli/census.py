@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, UsageError, open_session, say
+from pytest_verl_compat.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    UsageError,
+    open_session,
+    release_root,
+    say,
+)
 from pytest_verl_compat.pipeline.answers import (
     CHECKS,
     dumps_recorded,
@@ -17,7 +24,6 @@ from pytest_verl_compat.pipeline.answers import (
     recorded_path,
     stale_keys,
 )
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 
@@ -25,22 +31,18 @@ def cmd_census(args: argparse.Namespace) -> int:
     """Scan the installed verl, run the probes' coverage, print or write the page."""
     from pytest_verl_compat.upstream import census, census_run
 
-    installed = installed_verl_root()
     session = open_session(args)
-    if installed is None or installed[1] != session.pin.version:
-        raise UsageError(
-            f"needs the installed verl {session.pin.version}: pip install 'pytest-verl-compat[upstream]'"
-        )
+    root = release_root(session)
     if args.reads:
-        return _reads(args, session, installed[0])
+        return _reads(args, session, root)
     reasons = census.load_reasons()
     traced = census_run.recorded_traced(session.golden_dir)
-    entries = census.settled(census.scan(installed[0], traced), reasons)
+    entries = census.settled(census.scan(root, traced), reasons)
     configs = census_run.configurations(session)
     recorded_file = census_run.recorded_file(session)
     recorded = {} if args.fresh else load_recorded(recorded_file)
     say("census", f"{len(entries)} checks on {len(configs)} configurations")
-    ran, answers = census_run.coverage(configs, entries, recorded)
+    ran, answers = census_run.coverage(configs, entries, recorded, release=session.version)
     asked = sum(1 for key in answers if key not in recorded)
     say("census", f"{len(answers) - asked} answers recorded, {asked} asked of the oracle")
     page = census_run.render(session.pin.version, entries, ran, reasons, len(configs))
@@ -121,7 +123,7 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     recorded = {} if args.fresh else load_recorded(recorded_file)
     wanted = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
     say("census", f"{len(wanted)} leaves; the probes' reads on {len(configs)} configurations")
-    traced, answer = census_run.traced_reads(configs, wanted, recorded)
+    traced, answer = census_run.traced_reads(configs, wanted, recorded, release=session.version)
     copies = session.composer().interpolation_sources()
     explicit = census_run.explicit_keys(session)
     outside = read_census_page.explicit_outside(trees, explicit)

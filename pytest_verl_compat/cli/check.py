@@ -18,7 +18,6 @@ import dataclasses
 import os
 import sys
 import tempfile
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -54,11 +53,12 @@ from pytest_verl_compat.cli.common import (
     say,
 )
 from pytest_verl_compat.cli.output import waiting
+from pytest_verl_compat.cli.settings import find_pyproject, settings_from
+from pytest_verl_compat.files.safe_input import InputError, read_text
 from pytest_verl_compat.model import LEVELS, Case, Finding, Level, Location, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path, set_positions
-from pytest_verl_compat.pipeline.safe_input import InputError, read_text
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.pipeline.suppress import (
     Selection,
@@ -76,53 +76,6 @@ from pytest_verl_compat.upstream.rules import (
 
 MAX_SCRIPT_BYTES = 1 << 20  # the launch reader's own bound
 STDIN = "-"
-SETTINGS_TABLE = "verl-compat"
-SETTINGS_KEYS = ("select", "ignore", "fail-on")
-
-
-# --- settings: the command line over [tool.verl-compat] ----------------------------------------
-
-
-def find_pyproject(start: Path) -> Path | None:
-    """The nearest ``pyproject.toml`` from ``start`` upward that has ``[tool.verl-compat]``."""
-    for folder in (start, *start.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            try:
-                text = read_text(candidate, what="pyproject.toml")
-            except InputError:
-                continue
-            # The table itself, not any mention (a project's scripts may be named verl-compat).
-            if f"[tool.{SETTINGS_TABLE}]" in text or f"tool.{SETTINGS_TABLE}." in text:
-                return candidate
-    return None
-
-
-def _settings_from(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(read_text(path, what="pyproject.toml"))
-    except (InputError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{path}: not valid TOML: {exc}") from exc
-    table = data.get("tool", {}).get(SETTINGS_TABLE, {})
-    if not isinstance(table, dict):
-        raise UsageError(f"{path}: [tool.{SETTINGS_TABLE}] must be a table")
-    for key, value in table.items():
-        if key not in SETTINGS_KEYS:
-            raise UsageError(
-                f"{path}: [tool.{SETTINGS_TABLE}] has no setting {key!r} "
-                f"(settings: {', '.join(SETTINGS_KEYS)})"
-            )
-        if key in ("select", "ignore") and not (
-            isinstance(value, list) and all(isinstance(v, str) for v in value)
-        ):
-            raise UsageError(f"{path}: [tool.{SETTINGS_TABLE}] {key} must be a list of rule ids")
-        if key == "fail-on" and value not in LEVELS[:2]:
-            raise UsageError(
-                f"{path}: [tool.{SETTINGS_TABLE}] fail-on must be 'error' or 'warning'"
-            )
-    return dict(table)
-
-
 def _split(values: Sequence[str] | None) -> list[str] | None:
     if values is None:
         return None
@@ -136,7 +89,7 @@ def selection(args: argparse.Namespace) -> Selection:
     if not args.isolated:
         found = find_pyproject(Path.cwd())
         if found is not None:
-            settings = _settings_from(found)
+            settings = settings_from(found)
             where = str(found)
     known = list(all_rules())
     try:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.bash import LaunchReadError
+from pytest_verl_compat.cli.settings import SettingsError, release_setting
+from pytest_verl_compat.files.safe_input import InputError
 from pytest_verl_compat.model import Bindings, Case, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.compose import override_refusal
@@ -22,8 +24,8 @@ from pytest_verl_compat.pipeline.manifest import ManifestError
 from pytest_verl_compat.pipeline.pins import UpstreamError
 from pytest_verl_compat.pipeline.read import PinMismatch
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError
-from pytest_verl_compat.pipeline.safe_input import InputError
 from pytest_verl_compat.pipeline.snapshot import OutputRefused
+from pytest_verl_compat.releases.index import ReleaseError
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -49,6 +51,8 @@ INPUT_ERRORS: tuple[type[Exception], ...] = (
     OutputRefused,
     StageFailed,
     StageUnavailable,
+    SettingsError,
+    ReleaseError,
 )
 # A shell reports a command that a closed pipe stopped (`| head`) as killed by SIGPIPE.
 EXIT_BROKEN_PIPE = 128 + 13
@@ -100,7 +104,14 @@ def add_case_source(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         metavar="PATH",
         help="verl checkout or folder with verl/trainer/config "
-        "(default: $VERL_UPSTREAM, then the installed verl)",
+        "(default: $VERL_UPSTREAM, then the checked release's own files)",
+    )
+    group.add_argument(
+        "--release",
+        default=argparse.SUPPRESS,
+        metavar="VERSION",
+        help="the verl release to check against (default: the tree given, [tool.verl-compat] "
+        "release, the installed verl, then the manifest's release)",
     )
 
 
@@ -159,16 +170,35 @@ def open_session(args: argparse.Namespace) -> AuditSession:
     upstream = getattr(args, "upstream", None)
     if upstream is not None and not Path(upstream).expanduser().is_dir():
         raise UsageError(f"{upstream}: upstream folder not found")
+    release, release_source = getattr(args, "release", None), ""
+    if release is None and not getattr(args, "isolated", False):
+        release, release_source = release_setting(Path.cwd())
     session = AuditSession.start(
-        AuditOptions(manifest=manifest, upstream=upstream, rootdir=str(Path.cwd()))
+        AuditOptions(
+            manifest=manifest,
+            upstream=upstream,
+            rootdir=str(Path.cwd()),
+            release=release,
+            release_source=release_source,
+        )
     )
     if session.manifest_error:
         raise UsageError(session.manifest_error)
+    if session.release is None:
+        raise UsageError(session.release_error)
     if session.upstream is not None:
         # Every file of the tree is checked before a command composes on it: a hostile tree
         # is the command's unreadable input (InputError, exit 2), not each case's rejection.
         session.composer().check_tree()
     return session
+
+
+def release_root(session: AuditSession) -> Path:
+    """The folder of the checked release's own files (its ``verl`` package, read as data)."""
+    try:
+        return session.release_files().root
+    except StageUnavailable as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _looks_like_path(target: str) -> bool:

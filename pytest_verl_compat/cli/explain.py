@@ -16,23 +16,19 @@ from pytest_verl_compat.cli.common import (
     add_bindings_flags,
     flag_bindings,
     open_session,
+    release_root,
     say,
 )
 from pytest_verl_compat.pipeline.answers import load_recorded, recorded_path
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print where the installed verl reads KEY; with SCRIPT, whether it acts there."""
     from pytest_verl_compat.upstream import census_run, explain, read_census
 
-    installed = installed_verl_root()
     session = open_session(args)
-    if installed is None or installed[1] != session.pin.version:
-        raise UsageError(
-            f"needs the installed verl {session.pin.version}: pip install 'pytest-verl-compat[upstream]'"
-        )
-    trees = read_trees(session, installed[0])
+    root = release_root(session)
+    trees = read_trees(session, root)
     leaves = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
     if args.key not in leaves:
         near = difflib.get_close_matches(args.key, sorted(leaves), n=3, cutoff=0.6)
@@ -46,7 +42,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not traced:
         say("explain", "no recorded traced reads: the places below are static only")
     entries = read_census.census(
-        installed[0], trees, traced, session.composer().interpolation_sources()
+        root, trees, traced, session.composer().interpolation_sources()
     )
     entry = next(e for e in entries if e.leaf == args.key)
     print(f"{args.key}: where verl {session.pin.version} reads it ({entry.status})")
@@ -57,7 +53,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not args.script:
         return EXIT_OK
     mapping = _configuration(session, args)
-    here = census_run.traced_reads_of(mapping, args.key)
+    here = census_run.traced_reads_of(mapping, args.key, session.version)
     values = read_census.leaves(mapping)
     result = explain.explain(entry, here, values)
     verdict = result.verdict

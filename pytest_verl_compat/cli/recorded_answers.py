@@ -84,7 +84,7 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
             entry_request(fields, variables, module)
         except EntryArgvRefused:
             continue  # never sent: the trusted stage skips it
-        asked[COMPOSE][compose_key(gate.tree, fields, variables, module)] = {
+        asked[COMPOSE][compose_key(session.version, gate.tree, fields, variables, module)] = {
             "fields": list(fields),
             "variables": variables,
             "module": module,
@@ -92,7 +92,7 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
     manifest = session.manifest
     if manifest is not None and manifest.conformance is not None and not upstream_missing_reason():
         for conformance in conformance_cases(load_tolerances(manifest.conformance)):
-            asked[CONFORMANCE_RESULTS][result_key(conformance)] = conformance
+            asked[CONFORMANCE_RESULTS][result_key(conformance, session.version)] = conformance
     return asked
 
 
@@ -123,7 +123,7 @@ def record(session: AuditSession, *, fresh: bool = False) -> dict[str, dict[str,
     gate = upstream_gate(session)
     assert gate.tree is not None
     checks = check_answers(None)
-    oracle = UpstreamOracle(workers=2, served=_SERVED)
+    oracle = UpstreamOracle(workers=2, served=_SERVED, release=session.version)
     references = OracleReferences(oracle, reference_answers(None))
     try:
         trusted = TrustedCompositions(oracle, gate.tree, trusted_answers(None))

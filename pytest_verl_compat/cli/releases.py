@@ -120,7 +120,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Exit 0 when every moved key was migrated and verified, 1 when a key still blocks it."""
     import hashlib
 
-    from pytest_verl_compat.pipeline.safe_input import read_bytes
+    from pytest_verl_compat.files.safe_input import read_bytes
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
     from pytest_verl_compat.upstream.releases import (
         MigrateError,

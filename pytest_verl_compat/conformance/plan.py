@@ -13,8 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.safe_input import load_yaml_file
 from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
-from pytest_verl_compat.pipeline.safe_input import load_yaml_file
 
 COMPONENTS = (
     "advantage",

@@ -39,6 +39,9 @@ KIND = REFERENCE_KIND
 class Oracle(Protocol):
     """The slice of ``upstream.oracle.UpstreamOracle`` used here (that layer is not imported)."""
 
+    # The release whose code answers.
+    release: str
+
     def submit(self, request_id: str, request: Mapping[str, Any]) -> None: ...
 
     def answer(self, request_id: str, request: Mapping[str, Any]) -> dict[str, Any]: ...
@@ -145,12 +148,12 @@ class OracleReferences:
     def prefetch(self, case: ConformanceCase) -> None:
         """Ask the oracle now, unless the answer is kept (or never comes from the oracle)."""
         if oracle_answers(case):
-            key = answer_key_of(case)
+            key = answer_key_of(case, self.oracle.release)
             if self.store.get(key) is None:
                 self.oracle.submit(key, request(case))
 
     def _sample(self, case: ConformanceCase, sample: int) -> dict[str, Any]:
-        key = answer_key_of(case)
+        key = answer_key_of(case, self.oracle.release)
         with self._lock:
             if key not in self._decoded:
                 reply = self.store.get(key)

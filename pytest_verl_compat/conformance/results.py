@@ -40,7 +40,7 @@ OURS_CODE = (
     "pytest_verl_compat/pipeline/answers.py",
     "pytest_verl_compat/pipeline/manifest.py",
     "pytest_verl_compat/pipeline/memo.py",
-    "pytest_verl_compat/pipeline/safe_input.py",
+    "pytest_verl_compat/files/safe_input.py",
     "pytest_verl_compat/pipeline/snapshot.py",
 )
 _FIELDS = tuple(field.name for field in dataclasses.fields(ConformanceResult))
@@ -51,17 +51,17 @@ def reference_request(case: ConformanceCase) -> dict[str, Any]:
     return {"kind": REFERENCE_KIND, "case": dataclasses.asdict(case)}
 
 
-def reference_key(case: ConformanceCase) -> str:
-    """Where upstream's side of ``case`` is kept (``pipeline.answers``)."""
-    return answer_key(CONFORMANCE, reference_request(case))
+def reference_key(case: ConformanceCase, release: str) -> str:
+    """Where upstream's side of ``case`` (``release``'s) is kept (``pipeline.answers``)."""
+    return answer_key(CONFORMANCE, reference_request(case), release=release)
 
 
-def result_key(case: ConformanceCase) -> str:
+def result_key(case: ConformanceCase, release: str) -> str:
     """The key of ``case``'s result: the case, upstream's side, our code, the packages."""
     payload = json.dumps(
         {
             "case": dataclasses.asdict(case),
-            "reference": reference_key(case),
+            "reference": reference_key(case, release),
             "ours": code_sha256(OURS_CODE),
             "platform": platform_versions(),
         },
@@ -78,7 +78,10 @@ class ConformanceResults:
     """The results kept between runs, one per case key: the user cache's (``memo.StageMemo``,
     off with ``VERL_COMPAT_NO_CACHE=1``), then those recorded for the golden folder."""
 
-    def __init__(self, memo: StageMemo | None = None, golden_dir: Path | None = None) -> None:
+    def __init__(
+        self, release: str, memo: StageMemo | None = None, golden_dir: Path | None = None
+    ) -> None:
+        self.release = release
         self.memo = memo if memo is not None else StageMemo()
         self.recorded = (
             RecordedAnswers(recorded_path(golden_dir, CONFORMANCE_RESULTS), _result_shape)
@@ -89,7 +92,7 @@ class ConformanceResults:
 
     def get(self, case: ConformanceCase) -> ConformanceResult | None:
         if case.id not in self._known:
-            key = result_key(case)
+            key = result_key(case, self.release)
             entry = self.memo.get(KIND, key)
             if not _result_shape(entry) and self.recorded is not None:
                 entry = self.recorded.get(key)
@@ -99,4 +102,4 @@ class ConformanceResults:
 
     def put(self, case: ConformanceCase, result: ConformanceResult) -> None:
         self._known[case.id] = result
-        self.memo.put(KIND, result_key(case), dataclasses.asdict(result))
+        self.memo.put(KIND, result_key(case, self.release), dataclasses.asdict(result))

@@ -25,17 +25,16 @@ import functools
 import gzip
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
+from pytest_verl_compat.files.cache import user_cache_root
+from pytest_verl_compat.files.safe_input import InputError, read_bytes
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
-CACHE_FOLDER = "pytest-verl-compat"
 # Bumped when an answer's shape changes, so an older entry is never read as this version's.
 ANSWER_FORMAT = 4
 # The kinds of question, each with its folder in the user cache and its recorded file.
@@ -102,7 +101,7 @@ _ORACLE_PROCESS = (
     "pytest_verl_compat/upstream/warm_process.py",
     *_RL_PROBES,
     "pytest_verl_compat/pipeline/targets.py",
-    "pytest_verl_compat/pipeline/safe_input.py",
+    "pytest_verl_compat/files/safe_input.py",
     "pytest_verl_compat/checks/roles.py",
     "pytest_verl_compat/pipeline/entry_points.py",
 )
@@ -126,13 +125,6 @@ ORACLE_CODE: dict[str, tuple[str, ...]] = {
 ENTRY_CODE: dict[str, tuple[str, ...]] = {
     "verl.trainer.sft_trainer": (*_ORACLE_PROCESS, *_SFT_PROBES),
 }
-
-
-def user_cache_root() -> Path:
-    """``$XDG_CACHE_HOME/pytest-verl-compat`` (an absolute XDG_CACHE_HOME), else under ``~/.cache``."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / CACHE_FOLDER
 
 
 @functools.cache
@@ -180,15 +172,33 @@ def mapping_digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def answer_key(kind: str, question: Any, entry: str | None = None) -> str:
-    """The key of one question of ``kind`` (JSON-able), on this platform, asked by this code
-    (for a ``checks`` question of another entry point than main_ppo, ``ENTRY_CODE``'s)."""
+@functools.cache
+def release_platform(release: str) -> str:
+    """What answers for a release: its environment's lock for this platform, as the versions of
+    every distribution it pins (the same versions on every platform give the same answers), or
+    the release alone where no lock is pinned here (its environment cannot be built then)."""
+    from pytest_verl_compat.releases.environment import load_lock
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+
+    try:
+        lock = load_lock(load_release_index().supported_release(release))
+    except ReleaseError:
+        return f"verl=={release}"
+    pins = sorted(f"{pin.name.lower()}=={pin.version}" for pin in lock.pins)
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()
+
+
+def answer_key(kind: str, question: Any, entry: str | None = None, *, release: str) -> str:
+    """The key of one question of ``kind`` (JSON-able), answered by ``release``'s environment,
+    asked by this code (for a ``checks`` question of another entry point than main_ppo,
+    ``ENTRY_CODE``'s)."""
     code = code_sha256(ENTRY_CODE[entry]) if entry in ENTRY_CODE else oracle_code_sha256(kind)
     payload = json.dumps(
         {
             "format": ANSWER_FORMAT,
             "kind": kind,
-            "platform": platform_versions(),
+            "release": release,
+            "platform": release_platform(release),
             "code": code,
             "question": question,
         },

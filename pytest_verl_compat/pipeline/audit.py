@@ -14,6 +14,8 @@ from typing import Any
 
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
+from pytest_verl_compat.files.digests import sha256_file
+from pytest_verl_compat.files.safe_input import InputError, confined
 from pytest_verl_compat.model import (
     COMPOSED,
     COMPOSITION_REJECTION,
@@ -65,9 +67,9 @@ from pytest_verl_compat.pipeline.pins import (
     UpstreamError,
     UpstreamTree,
     check_pins,
-    installed_verl_root,
     locate_upstream,
-    sha256_file,
+    release_files_tree,
+    with_release_tree,
 )
 from pytest_verl_compat.pipeline.profile import (
     Profile,
@@ -77,10 +79,14 @@ from pytest_verl_compat.pipeline.profile import (
     profile_sha256,
 )
 from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
-from pytest_verl_compat.pipeline.safe_input import InputError, confined
 from pytest_verl_compat.pipeline.snapshot import read_golden
+from pytest_verl_compat.releases.choice import ReleaseChoice, choose_release
+from pytest_verl_compat.releases.index import ReleaseError
+from pytest_verl_compat.releases.wheels import ReleaseTree, release_tree
 from reference_trainer.config import ReferenceTrainerConfig
 
+# The folder of a golden folder that holds each other release's golden files than the manifest's.
+RELEASES_GOLDEN = "releases"
 # The golden file's record of a launch of another entry point than the pinned one.
 LAUNCH_KEY = "launch"
 # A user's own script is read from its absolute path, so its pins are checked from the root.
@@ -99,6 +105,11 @@ class AuditOptions:
     conformance_report: str | None = None
     trusted: str = "auto"  # "auto": run when verl is installed; "off"; "require"
     rootdir: str = "."
+    # The release to check, as the user chose it (``--release``, a setting), and where that
+    # choice was made (``releases.choice``); None: chosen by the tree, the installed verl or
+    # the manifest.
+    release: str | None = None
+    release_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,9 @@ class AuditSession:
     manifest_error: str = ""
     upstream: UpstreamTree | None = None
     upstream_reason: str = ""
+    # The release checked (``releases.choice``), or why none could be (``release_error``).
+    release: ReleaseChoice | None = None
+    release_error: str = ""
     golden_dir: Path = Path("golden")
     _outcomes: dict[str, CaseOutcome] = field(default_factory=dict, repr=False)
     _composer: Composer | None = field(default=None, repr=False)
@@ -163,13 +177,77 @@ class AuditSession:
             )
         except UpstreamError as exc:
             session.upstream_reason = str(exc)
+        session._choose_release()
         return session
+
+    def _choose_release(self) -> None:
+        """The release checked, and its own config tree where the folder given is not its."""
+        assert self.manifest is not None
+        given = self.upstream
+        try:
+            # A release_source says the value is a setting's (a file, an ini key), not a flag's.
+            setting = self.options.release_source
+            self.release = choose_release(
+                option=None if setting else self.options.release,
+                setting=self.options.release if setting else None,
+                setting_source=setting,
+                tree_version=given.version if given is not None else None,
+                manifest_version=self.manifest.upstream.version,
+            )
+        except ReleaseError as exc:
+            self.release_error = str(exc)
+            self.upstream, self.upstream_reason = None, str(exc)
+            return
+        if given is not None and given.version is None:
+            return  # a tree of no release: composed as it is; upstream's code never sees it
+        if given is not None and given.version == self.release.version:
+            return
+        try:
+            files = release_tree(self.release.version)
+        except ReleaseError as exc:
+            self.upstream, self.upstream_reason = None, str(exc)
+            return
+        pin = self.pin
+        self.upstream = (
+            release_files_tree(files, pin)
+            if given is None
+            else with_release_tree(given, files, pin)
+        )
+        if self.release.version != self.manifest.upstream.version:
+            # The manifest's own release keeps the golden folder's top; each other release has
+            # its own golden files (snapshots, recorded answers) beneath it.
+            self.golden_dir = self.golden_dir / RELEASES_GOLDEN / self.release.version
 
     @property
     def pin(self) -> UpstreamPin:
-        """The pinned upstream release (asked only once the manifest has loaded)."""
+        """The checked release's pin (asked only once the manifest has loaded): the manifest's
+        own, or another release's from the release index."""
         assert self.manifest is not None, self.manifest_error
-        return self.manifest.upstream
+        base = self.manifest.upstream
+        if self.release is None or self.release.version == base.version:
+            return base
+        release = self.release.release
+        return dataclasses.replace(
+            base,
+            tag=release.tag,
+            commit=release.commit,
+            version=release.version,
+            tree_sha256=release.tree_sha256,
+        )
+
+    @property
+    def version(self) -> str:
+        """The version of the release checked, as every output names it."""
+        return self.pin.version
+
+    def release_files(self) -> ReleaseTree:
+        """The checked release's own files (its source and tree), fetched on first use."""
+        if self.release is None:
+            raise StageUnavailable(self.release_error or "no release chosen")
+        try:
+            return release_tree(self.release.version)
+        except ReleaseError as exc:
+            raise StageUnavailable(str(exc)) from exc
 
     @property
     def cases(self) -> tuple[Case, ...]:
@@ -189,11 +267,13 @@ class AuditSession:
         return self._composer
 
     def entry_points(self) -> tuple[EntryPoint, ...]:
-        """The installed verl's entry points, when it is the pinned release (else none known)."""
-        installed = installed_verl_root()
-        if installed is None or self.manifest is None or installed[1] != self.pin.version:
+        """The checked release's entry points, from its own source (none known without it)."""
+        if self.release is None:
             return ()
-        return installed_entry_points(installed[0])
+        try:
+            return installed_entry_points(self.release_files().root)
+        except StageUnavailable:
+            return ()
 
     def entry_point(self, fields: ExplicitFields | None) -> EntryPoint | None:
         """The entry point the fields' launch runs; None for the pinned one, or a launch that
@@ -207,8 +287,8 @@ class AuditSession:
         assert self.manifest is not None
         if not known:
             raise StageUnavailable(
-                f"{module}: the entry points of verl {self.pin.version} are read from the "
-                "installed package, and it is not installed here"
+                f"{module}: the entry points of verl {self.pin.version} are read from its own "
+                f"files, and they are not here ({self.release_error or 'not fetched'})"
             )
         unknown = UnknownEntryPoint(
             module, self.pin.version, closest(module, tuple(known.values()))
@@ -234,9 +314,8 @@ class AuditSession:
         assert self.upstream is not None
         key = (entry.config_dir, entry.config_name)
         if key not in self._entry_composers:
-            installed = installed_verl_root()
-            assert installed is not None  # entry_point() found it in the installed release
-            site, pinned = installed[0], self.upstream.config_dir
+            # entry_point() found it in the release's own files
+            site, pinned = self.release_files().root, self.upstream.config_dir
 
             def folder(relative: str) -> Path:
                 return pinned if relative == self.pin.config_dir else site / relative
@@ -437,11 +516,20 @@ class AuditSession:
 
     @property
     def profile_name(self) -> str:
-        name = (self.manifest.profile if self.manifest else None) or default_profile()
+        name = (self.manifest.profile if self.manifest else None) or self.release_profile(RL)
         if name.endswith((".yaml", ".yml")) and self.manifest is not None:
             # A profile file is relative to the manifest, like golden_dir.
             return str((self.manifest.path.parent / name).resolve())
         return name
+
+    def release_profile(self, family: str) -> str:
+        """The checked release's own profile of a family's tree (the release index names it)."""
+        release = self.release.release if self.release is not None else None
+        if release is not None:
+            name = release.profile if family == RL else release.sft_profile
+            if name:
+                return name
+        return default_profile() if family == RL else default_sft_profile()
 
     def model_facts(self, case: Case) -> dict[str, ModelFacts]:
         """The facts of the case's models that are local folders (or the --model-config override)."""
@@ -471,7 +559,7 @@ class AuditSession:
         entry = self.entry_point(outcome.fields)
         if family is None or (entry is not None and not entry.trains_at):
             return self._without_profile(case, outcome.fields)
-        profile_name = self.profile_name if family == RL else default_sft_profile()
+        profile_name = self.profile_name if family == RL else self.release_profile(SFT)
         facts = self.model_facts(case)
         composed = self._memo_keys.get(case.id)
         key = None

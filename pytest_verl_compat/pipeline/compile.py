@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.compose import iter_leaves
 from pytest_verl_compat.pipeline.profile import Profile, load_profile
+from pytest_verl_compat.releases.lines import cite
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -92,6 +94,17 @@ def rejection_reasons(
     return reference_problems(leaves, findings, skip_unknown=skip_unknown) + errors
 
 
+def in_release(finding: Finding, version: str) -> Finding:
+    """``finding`` citing ``version``'s own lines of upstream (``releases.lines``)."""
+    cited = dataclasses.replace(
+        finding,
+        message=cite(finding.message, version),
+        fix=cite(finding.fix, version),
+        evidence=cite(finding.evidence, version),
+    )
+    return cited if cited != finding else finding
+
+
 def compile_resolved(
     resolved: Mapping[str, Any],
     *,
@@ -127,6 +140,9 @@ def compile_resolved(
             entry_calls,
         )
     )
+    # The checks cite the lines of the release the project's texts are written for; the
+    # findings of another release's profile cite that release's own lines.
+    findings = [in_release(finding, profile.version) for finding in findings]
     reasons = rejection_reasons(leaves, findings)
     if reasons:
         more = f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else ""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import yaml
 
+from pytest_verl_compat.files.safe_input import InputError, load_yaml, read_bytes, read_text
 from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
 from pytest_verl_compat.pipeline.hydra_internals import (
     apply_value_overrides,
@@ -29,7 +30,6 @@ from pytest_verl_compat.pipeline.hydra_internals import (
 from pytest_verl_compat.pipeline.memo import BASE as BASE_KIND
 from pytest_verl_compat.pipeline.memo import CONFIG_FILES as CONFIG_FILES_KIND
 from pytest_verl_compat.pipeline.memo import StageMemo, json_exact
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml, read_bytes, read_text
 from pytest_verl_compat.pipeline.targets import target_rejection
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_text
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_text
 
 WorldSource = Literal["ray", "torchrun", "none"]
 # The launcher-relative calls that start a world (the last component of the called name).

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.digests import files_sha256
 from pytest_verl_compat.pipeline.entry_points import EntryPoint, by_module, scan
 from pytest_verl_compat.pipeline.memo import StageMemo
-from pytest_verl_compat.pipeline.pins import files_sha256
 
 # The user cache's kind for ``installed``.
 _KEPT_KIND = "entry-points"

@@ -23,9 +23,9 @@ from pytest_verl_compat.bash import (
     command_substitutions,
     read_launch,
 )
+from pytest_verl_compat.files.digests import sha256_file
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.manifest import default_manifest_path
-from pytest_verl_compat.pipeline.pins import sha256_file
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 PLACEHOLDER = "BIND_ME"

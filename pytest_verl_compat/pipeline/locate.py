@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
+from pytest_verl_compat.files.safe_input import InputError, read_text
 from pytest_verl_compat.model import ExplicitFields, Finding, Location
-from pytest_verl_compat.pipeline.safe_input import InputError, read_text
 
 COMMAND_LINE = "<command line>"
 _INDEX = re.compile(r"\[\d+\]")

@@ -12,6 +12,13 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pytest_verl_compat.files.safe_input import (
+    SAFE_CASE_ID,
+    BoundedLoader,
+    InputError,
+    load_yaml,
+    read_text,
+)
 from pytest_verl_compat.model import (
     EXAMPLE,
     Bindings,
@@ -20,13 +27,6 @@ from pytest_verl_compat.model import (
     Manifest,
     OverrideBlock,
     UpstreamPin,
-)
-from pytest_verl_compat.pipeline.safe_input import (
-    SAFE_CASE_ID,
-    BoundedLoader,
-    InputError,
-    load_yaml,
-    read_text,
 )
 
 # Bases a derived case may stand on, one on another: each adds its overrides to every case above

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.cache import user_cache_root
 from pytest_verl_compat.model import (
     CompileReport,
     Composition,
@@ -33,7 +34,7 @@ from pytest_verl_compat.model import (
     LeafVerdict,
     Location,
 )
-from pytest_verl_compat.pipeline.answers import UserAnswers, platform_versions, user_cache_root
+from pytest_verl_compat.pipeline.answers import UserAnswers, platform_versions
 
 NO_CACHE_ENV = "VERL_COMPAT_NO_CACHE"
 MEMO_FORMAT = 1

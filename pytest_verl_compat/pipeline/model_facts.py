@@ -19,7 +19,7 @@ from pytest_verl_compat.checks.model_facts import (
     facts_from_config,
     tokenizer_ids,
 )
-from pytest_verl_compat.pipeline.safe_input import InputError, load_json_file
+from pytest_verl_compat.files.safe_input import InputError, load_json_file
 
 CONFIG_LIMIT = 1024 * 1024  # config.json files are a few KB
 TOKENIZER_LIMIT = 64 * 1024 * 1024  # tokenizer.json of large vocabularies reach ~35 MB

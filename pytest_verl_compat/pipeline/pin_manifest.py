@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from pytest_verl_compat.files.digests import sha256_file
+from pytest_verl_compat.files.safe_input import BoundedLoader, InputError, read_text
 from pytest_verl_compat.pipeline.manifest import load_manifest
-from pytest_verl_compat.pipeline.pins import sha256_file
-from pytest_verl_compat.pipeline.safe_input import BoundedLoader, InputError, read_text
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 

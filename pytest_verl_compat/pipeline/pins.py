@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from pytest_verl_compat.files.digests import sha256_file, tree_sha256
+from pytest_verl_compat.files.safe_input import InputError
 from pytest_verl_compat.model import InputPin, UpstreamPin
-from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
+from pytest_verl_compat.releases.index import load_release_index
+from pytest_verl_compat.releases.wheels import ReleaseTree
 
 
 class PinMismatch(Exception):
@@ -38,40 +40,9 @@ class UpstreamTree:
 
     def describe(self) -> str:
         version = f"verl {self.version}" if self.version else "unknown verl version"
-        if self.source == "distribution":
-            return (
-                f"installed {version} distribution at {self.root}; tree sha256 {self.tree_sha256}"
-            )
+        if self.source == "release":
+            return f"{version}'s own files (its pinned wheel, at {self.root}); tree sha256 {self.tree_sha256}"
         return f"{self.kind} {self.root} (from {self.source}); {version}; tree sha256 {self.tree_sha256}"
-
-
-def sha256_file(path: Path, what: str = "pinned input") -> str:
-    """sha256 of a bounded regular file (a pinned input may be a link to /dev/zero or a FIFO)."""
-    return hashlib.sha256(read_bytes(path, what=what)).hexdigest()
-
-
-def files_sha256(files: Iterable[tuple[str, Path]], what: str) -> list[list[str]]:
-    """[name, sha256] of each file, in order: a key for what is read from them. A file the bounded
-    reader refuses is "unreadable" (the scans that read such files skip it too)."""
-    digests = []
-    for name, path in files:
-        try:
-            digests.append([name, sha256_file(path, what)])
-        except InputError:
-            digests.append([name, "unreadable"])
-    return digests
-
-
-def tree_sha256(config_dir: Path) -> str:
-    """Hash of the YAML files of a config tree: their relative paths and contents, sorted."""
-    digest = hashlib.sha256()
-    for file in sorted(
-        config_dir.rglob("*.yaml"), key=lambda p: p.relative_to(config_dir).as_posix()
-    ):
-        digest.update(
-            f"{file.relative_to(config_dir).as_posix()}\0{sha256_file(file, 'config file')}\n".encode()
-        )
-    return digest.hexdigest()
 
 
 def installed_verl_root() -> tuple[Path, str] | None:
@@ -97,30 +68,39 @@ def checkout_tree(root: Path, pin: UpstreamPin, source: str) -> UpstreamTree:
         digest = tree_sha256(config_dir)
     except InputError as exc:
         raise UpstreamError(f"{root} ({source}): {exc}") from exc
-    version = pin.version if digest == pin.tree_sha256 else None
+    found = load_release_index().by_tree(digest)
     kind = "checkout" if (root / "examples").is_dir() else "distribution"
-    return UpstreamTree(root, config_dir, source, kind, digest, version)
+    return UpstreamTree(root, config_dir, source, kind, digest, found.version if found else None)
 
 
-def distribution_tree(pin: UpstreamPin) -> tuple[UpstreamTree | None, str]:
-    """The config tree of the installed verl, if any; the second value says why not."""
-    found = installed_verl_root()
-    if found is None:
-        return None, "verl is not installed (pip install 'pytest-verl-compat[upstream]')"
-    root, version = found
-    config_dir = root / pin.config_dir
-    if not (config_dir / f"{pin.config_name}.yaml").is_file():
-        return None, f"installed verl {version} at {root} has no {pin.config_dir}"
-    tree = UpstreamTree(
-        root, config_dir, "distribution", "distribution", tree_sha256(config_dir), version
+def release_files_tree(files: ReleaseTree, pin: UpstreamPin) -> UpstreamTree:
+    """A release's own files (its pinned wheel, unpacked in the user cache) as the tree."""
+    return UpstreamTree(
+        files.root,
+        files.root / pin.config_dir,
+        "release",
+        "distribution",
+        files.release.tree_sha256,
+        files.version,
     )
-    return tree, ""
+
+
+def with_release_tree(checkout: UpstreamTree, files: ReleaseTree, pin: UpstreamPin) -> UpstreamTree:
+    """A checkout's scripts, composed on another release's own config tree (``--release``
+    naming a release whose tree is not the checkout's)."""
+    return dataclasses.replace(
+        checkout,
+        config_dir=files.root / pin.config_dir,
+        tree_sha256=files.release.tree_sha256,
+        version=files.version,
+    )
 
 
 def locate_upstream(
     pin: UpstreamPin, *, option: str | None, ini: str | None, rootdir: Path
 ) -> tuple[UpstreamTree | None, str]:
-    """Find the upstream tree: option, then VERL_UPSTREAM, then ini, then the installed verl."""
+    """The upstream folder the user gave: option, then VERL_UPSTREAM, then ini (None: none
+    given; the checked release's own files are the tree then)."""
     for source, value in (
         ("option", option),
         ("VERL_UPSTREAM", os.environ.get("VERL_UPSTREAM")),
@@ -129,7 +109,7 @@ def locate_upstream(
         if value:
             base = rootdir if source == "ini" else Path.cwd()
             return checkout_tree(base / value, pin, source), ""
-    return distribution_tree(pin)
+    return None, "no upstream folder given"
 
 
 @dataclass(frozen=True)

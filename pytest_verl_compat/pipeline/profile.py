@@ -15,8 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_bytes
 from pytest_verl_compat.model import RULE_CLASSES, LeafClass
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_bytes
 
 # The profile the embedded corpus is compiled with when its manifest names none.
 DEFAULT_SFT_PROFILE_FILE = "profiles/default_sft.txt"

@@ -14,7 +14,7 @@ from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins, installed_verl_root
 
 __all__ = ["PinMismatch", "read_case_fields"]
-from pytest_verl_compat.pipeline.safe_input import read_text
+from pytest_verl_compat.files.safe_input import read_text
 
 
 def override_block(root: Path, block: OverrideBlock) -> list[str]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file
 
 
 class ResolvedFileError(Exception):

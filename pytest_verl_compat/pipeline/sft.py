@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.safe_input import load_yaml_file
 from pytest_verl_compat.model import (
     ACCEPTED,
     SEMANTIC_REJECTION,
@@ -29,7 +30,6 @@ from pytest_verl_compat.pipeline.lower import NotAccepted
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import Profile, default_sft_profile, load_profile
-from pytest_verl_compat.pipeline.safe_input import load_yaml_file
 from reference_trainer.config import (
     ModelConfig,
     OptimConfig,

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.pipeline.safe_input import InputError, load_json_file
+from pytest_verl_compat.files.safe_input import InputError, load_json_file
 
 # A diff longer than this stalls CI logs and helps nobody; the file diff has the rest.
 MAX_DIFF_LINES = 40

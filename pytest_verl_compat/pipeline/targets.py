@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file
 
 TARGET_KEY = "_target_"
 

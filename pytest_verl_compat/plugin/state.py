@@ -44,6 +44,8 @@ class AuditState:
 
     session: AuditSession
     oracle: UpstreamOracle
+    # The conformance stage's results kept between runs (``conformance.results``).
+    conformance_results: ConformanceResults
     conformance_error: str = ""
     _conformance: list[ConformanceCase] | None = field(default=None, repr=False)
     _trusted: TrustedCompositions | str | None = field(default=None, repr=False)
@@ -53,14 +55,14 @@ class AuditState:
     # The upstream stages selected for each case (``test_verdict``, ``test_trusted``): a case is
     # asked only what a selected stage will read.
     upstream_stages: dict[str, set[str]] = field(default_factory=dict, repr=False)
-    # The conformance stage's results kept between runs (``conformance.results``).
-    conformance_results: ConformanceResults = field(default_factory=ConformanceResults, repr=False)
 
     @classmethod
     def start(cls, session: AuditSession, oracle_workers: int = 1) -> AuditState:
-        oracle = UpstreamOracle(oracle_workers, served=(REFERENCE_ANSWERS,))
-        results = ConformanceResults(session.memo, session.golden_dir)
-        return cls(session, oracle, conformance_results=results)
+        oracle = UpstreamOracle(
+            oracle_workers, served=(REFERENCE_ANSWERS,), release=session.version
+        )
+        results = ConformanceResults(session.version, session.memo, session.golden_dir)
+        return cls(session, oracle, results)
 
     def conformance_references(self) -> OracleReferences | None:
         """Upstream's side of the conformance cases from the oracle, when verl is installed."""

@@ -115,6 +115,8 @@ def coverage(
     entries: list[census.Entry],
     recorded: Mapping[str, Any] | None = None,
     workers: int = 2,
+    *,
+    release: str,
 ) -> tuple[dict[str, set[int]], dict[str, Any]]:
     """The watched lines that ran, over every configuration, and the answers by key to record.
 
@@ -124,7 +126,9 @@ def coverage(
     if not watch:
         raise ValueError("no upstream check to watch: the census found no file of its scope")
     questions = {cid: checks_request(mapping, watch) for cid, mapping in configs.items()}
-    keys = {cid: answer_key(CHECKS, question) for cid, question in questions.items()}
+    keys = {
+        cid: answer_key(CHECKS, question, release=release) for cid, question in questions.items()
+    }
     known = recorded or {}
     answers: dict[str, Any] = {}
     asked = [cid for cid in configs if not _recorded_answer(known.get(keys[cid]))]
@@ -132,7 +136,7 @@ def coverage(
         if cid not in asked:
             answers[keys[cid]] = {KEY_CONFIG: cid, KEY_RAN: dict(known[keys[cid]][KEY_RAN])}
     if asked:
-        oracle = UpstreamOracle(workers)
+        oracle = UpstreamOracle(workers, release=release)
         try:
             for cid in asked:
                 oracle.submit(f"census:{cid}", questions[cid])
@@ -289,7 +293,7 @@ def reads_configurations(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, 
     return {cid: mapping for cid, mapping in configs.items() if not cid.startswith("examples/")}
 
 
-def reads_key(configs: Mapping[str, Mapping[str, Any]], wanted: set[str]) -> str:
+def reads_key(configs: Mapping[str, Mapping[str, Any]], wanted: set[str], release: str) -> str:
     """One key for the whole traced run: every configuration, the leaves kept, the probes and
     the handler."""
     question = {
@@ -298,7 +302,7 @@ def reads_key(configs: Mapping[str, Mapping[str, Any]], wanted: set[str]) -> str
         "mappings": [mapping_digest(dict(configs[cid])) for cid in sorted(configs)],
         "leaves": mapping_digest(sorted(wanted)),
     }
-    return answer_key(CHECKS, question)
+    return answer_key(CHECKS, question, release=release)
 
 
 def traced_reads(
@@ -306,17 +310,19 @@ def traced_reads(
     wanted: set[str],
     recorded: Mapping[str, Any] | None = None,
     workers: int = 2,
+    *,
+    release: str,
 ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Leaf → the ``verl/…py:line`` places the probes read it, over every configuration (only
     the ``wanted`` leaves), and the answer to record; from ``recorded`` when its key is there."""
-    key = reads_key(configs, wanted)
+    key = reads_key(configs, wanted, release)
     known = (recorded or {}).get(key)
     if isinstance(known, dict) and isinstance(known.get(KEY_READS), dict):
         return dict(known[KEY_READS]), {key: known}
     from pytest_verl_compat.upstream import reads_probe
 
     merged: dict[str, set[str]] = {}
-    oracle = UpstreamOracle(workers, served=(READS_PROBE,))
+    oracle = UpstreamOracle(workers, served=(READS_PROBE,), release=release)
     try:
         for cid, mapping in configs.items():
             oracle.submit(f"reads:{cid}", {"kind": reads_probe.KIND, "mapping": dict(mapping)})
@@ -339,7 +345,7 @@ def traced_reads(
     return reads, {key: {KEY_CONFIGURATIONS: len(configs), KEY_READS: reads}}
 
 
-def traced_reads_of(mapping: Mapping[str, Any], key: str) -> list[str]:
+def traced_reads_of(mapping: Mapping[str, Any], key: str, release: str) -> list[str]:
     """The ``verl/…py:line`` places the probes read ``key`` at on one configuration: one oracle
     question (~8-10 s with verl's import), kept in the user cache by content (the mapping, the
     probes and the handler, as ``reads_key``), so asking about another key of the same script
@@ -348,10 +354,10 @@ def traced_reads_of(mapping: Mapping[str, Any], key: str) -> list[str]:
 
     question = {"kind": reads_probe.KIND, "mapping": dict(mapping)}
     cache = UserAnswers(READS_NAME)
-    cache_key = reads_key({"explain": mapping}, set())
+    cache_key = reads_key({"explain": mapping}, set(), release)
     answer = cache.get(cache_key)
     if not isinstance(answer, dict) or not isinstance(answer.get(reads_probe.KEY_READS), dict):
-        oracle = UpstreamOracle(1, served=(READS_PROBE,))
+        oracle = UpstreamOracle(1, served=(READS_PROBE,), release=release)
         try:
             answer = oracle.answer("explain", question)
         finally:

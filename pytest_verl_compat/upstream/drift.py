@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
+from pytest_verl_compat.files.digests import sha256_file, tree_sha256
+from pytest_verl_compat.files.safe_input import load_yaml, read_text
 from pytest_verl_compat.model import COMPOSED, Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
-from pytest_verl_compat.pipeline.pins import installed_verl_root, sha256_file, tree_sha256
-from pytest_verl_compat.pipeline.safe_input import load_yaml, read_text
+from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 if TYPE_CHECKING:
     from pytest_verl_compat.model import CompileReport

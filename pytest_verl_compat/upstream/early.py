@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
-from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
+from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
@@ -432,6 +432,7 @@ def cache_key(
             **{name: request[name] for name in ("entry", "world_size") if name in request},
         },
         request.get("entry"),
+        release=version,
     )
 
 
@@ -500,23 +501,24 @@ class UpstreamGate:
 
 
 def upstream_gate(session: AuditSession) -> UpstreamGate:
-    """The installed tree's hash when upstream's code may see this session's compositions.
+    """The checked release's tree hash when upstream's code may see this session's compositions.
 
-    Only compositions of the installed verl's own tree reach its code: a tree from elsewhere (a
-    drift tree, a user's folder) may name any ``_target_`` and is never sent.
+    Only compositions of the checked release's own tree reach its code (in that release's own
+    environment): a tree from elsewhere (a drift tree, a user's folder) may name any
+    ``_target_`` and is never sent.
     """
-    installed = installed_verl_root()
-    if installed is None or installed[1] != session.pin.version:
-        return UpstreamGate(None, f"upstream verl {session.pin.version} not installed")
+    if session.release is None:
+        return UpstreamGate(None, session.release_error or "no release chosen")
     if session.upstream is None:
         return UpstreamGate(None, f"no upstream config tree: {session.upstream_reason}")
-    installed_tree = tree_sha256(installed[0] / session.pin.config_dir)
+    pinned = session.release.release.tree_sha256
     composed = session.upstream.tree_sha256
-    if installed_tree != composed:
+    if pinned != composed:
         return UpstreamGate(
-            None, f"installed verl's tree {installed_tree} is not the composed tree {composed}"
+            None,
+            f"the composed tree {composed} is not verl {session.version}'s own ({pinned})",
         )
-    return UpstreamGate(installed_tree, "")
+    return UpstreamGate(pinned, "")
 
 
 def prefetch_answer(
@@ -550,7 +552,7 @@ def early_answer(
     if hit is not None:
         return EarlyAnswer.from_json(hit, cached=True)
     own = oracle is None
-    asker = UpstreamOracle() if oracle is None else oracle
+    asker = UpstreamOracle(release=session.version) if oracle is None else oracle
     try:
         answer = asker.answer(key, question.request())
     finally:

@@ -167,7 +167,7 @@ def _early_answers(session: AuditSession, cases: list[Case]) -> dict[str, dict[s
             question = upstream_question(session, case)
             if not isinstance(question, str):
                 questions[case.id] = question
-    oracle = UpstreamOracle(workers=2)
+    oracle = UpstreamOracle(workers=2, release=version)
     try:
         for question in questions.values():
             oracle.submit(question.key(version, gate.tree), question.request())

@@ -31,8 +31,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE, SFT_ENTRY_MODULE
+from pytest_verl_compat.releases.index import ReleaseError
 from pytest_verl_compat.upstream import warm
-from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables
+from pytest_verl_compat.upstream.runner import (
+    UpstreamProcess,
+    release_interpreter,
+    safe_variables,
+)
 
 ENTRY_MODULE = PINNED_ENTRY_MODULE
 # The SFT trainer's entry point (``torchrun … -m verl.trainer.sft_trainer``): its checks run the
@@ -149,10 +154,12 @@ class UpstreamOracle:
     large answer never blocks the process while the parent is still submitting.
     """
 
-    def __init__(self, workers: int = 1, served: Sequence[str] = ()) -> None:
+    def __init__(self, workers: int = 1, served: Sequence[str] = (), *, release: str) -> None:
         self.workers = workers  # processes answering in parallel (forked after verl's import)
         # Modules of this package whose ORACLE_HANDLERS answer further kinds of question.
         self.served = tuple(served)
+        # The release whose code answers: the process runs in that release's own environment.
+        self.release = release
         self._process: UpstreamProcess | None = None
         self._answers: dict[str, dict[str, Any]] = {}
         self._submitted: set[str] = set()
@@ -161,6 +168,7 @@ class UpstreamOracle:
         self._condition = threading.Condition()
         self._readers: list[threading.Thread] = []
         self._outbox: queue.Queue[str | None] = queue.Queue()
+        self._failure = ""
 
     def start(self) -> None:
         """Start the process now (it imports verl, ~5 s) so that it is ready for questions."""
@@ -169,8 +177,19 @@ class UpstreamOracle:
     def _start(self) -> UpstreamProcess:
         if self._process is None:
             serve = [arg for name in self.served for arg in ("--serve", name)]
+            if self._failure:
+                raise RuntimeError(self._failure)
+            try:
+                interpreter = release_interpreter(self.release)
+            except ReleaseError as exc:
+                # Said once, for every question: the release's environment cannot be had here.
+                self._failure = str(exc)
+                raise RuntimeError(self._failure) from exc
             self._process = UpstreamProcess(
-                PROCESS_MODULE, ("--workers", str(self.workers), *serve), fork=warm.fork
+                PROCESS_MODULE,
+                ("--workers", str(self.workers), *serve),
+                fork=warm.fork,
+                interpreter=interpreter,
             )
             self._readers = [
                 threading.Thread(target=target, daemon=True)
@@ -214,7 +233,10 @@ class UpstreamOracle:
         """Queue one question unless it was already sent; returns at once."""
         if request_id in self._submitted:
             return
-        self._start()
+        try:
+            self._start()
+        except RuntimeError:
+            return  # answer() says why
         self._submitted.add(request_id)
         self._outbox.put(json.dumps({"id": request_id, **request}) + "\n")
 
@@ -223,6 +245,8 @@ class UpstreamOracle:
     ) -> dict[str, Any]:
         """The answer to a question, submitting it first if needed."""
         self.submit(request_id, request)
+        if self._failure:
+            raise RuntimeError(self._failure)
         with self._condition:
             self._condition.wait_for(
                 lambda: request_id in self._answers or self._done, timeout=timeout

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from pytest_verl_compat.files.digests import tree_sha256
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
-from pytest_verl_compat.pipeline.pins import tree_sha256
 
 # Path segments whose leaves only observe a run (profilers, tracers).
 OBSERVING_SEGMENTS = ("profiler", "tracing", "trace")

@@ -63,8 +63,51 @@ def sandbox_environment(extra: Mapping[str, str] | None = None) -> dict[str, str
     }
 
 
-def _command(module: str, args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-I", "-m", module, *args]
+# How a release's interpreter (``releases.environment``) runs a module of this checker, which is
+# not installed there: the folder of links to the checker's packages first on its path, then the
+# module as ``-m`` would run it. Nothing else of the checker's environment is visible.
+_BOOTSTRAP = (
+    "import runpy, sys; sys.path.insert(0, sys.argv[1]); del sys.argv[:2]; "
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The Python that runs upstream's code: a release's environment (``python`` and the folder
+    that holds the checker's packages for it), or this interpreter when ``python`` is None."""
+
+    python: str | None = None
+    checker: str | None = None
+
+    def command(self, module: str, args: Sequence[str]) -> list[str]:
+        if self.python is None:
+            return [sys.executable, "-I", "-m", module, *args]
+        assert self.checker is not None
+        return [self.python, "-I", "-c", _BOOTSTRAP, self.checker, module, *args]
+
+
+THIS_INTERPRETER = Interpreter()
+
+
+def say_progress(message: str) -> None:
+    """A step the user waits for (a release's environment built on first use), on stderr."""
+    print(f"verl-compat: {message}", file=sys.stderr, flush=True)
+
+
+def release_interpreter(version: str, progress: Callable[[str], None] | None = None) -> Interpreter:
+    """The interpreter of a supported release's own environment, built on first use (raises
+    ``ReleaseError``, one line, when it cannot be)."""
+    from pytest_verl_compat.releases.environment import checker_folder, release_environment
+    from pytest_verl_compat.releases.index import load_release_index
+
+    release = load_release_index().supported_release(version)
+    environment = release_environment(release, progress or say_progress)
+    return Interpreter(str(environment.python), str(checker_folder()))
+
+
+def _command(module: str, args: Sequence[str], interpreter: Interpreter | None = None) -> list[str]:
+    return (interpreter or THIS_INTERPRETER).command(module, args)
 
 
 def run_module(
@@ -75,6 +118,7 @@ def run_module(
     variables: Mapping[str, str] | None = None,
     timeout: float = 600,
     ranks: int = 1,
+    interpreter: Interpreter | None = None,
 ) -> UpstreamRun:
     """Run ``python -I -m module *args`` in a fresh empty folder with an allow-listed environment.
 
@@ -84,13 +128,19 @@ def run_module(
     """
     if ranks > 1:
         return _run_ranks(
-            module, args, stdin=stdin, variables=variables, timeout=timeout, ranks=ranks
+            module,
+            args,
+            stdin=stdin,
+            variables=variables,
+            timeout=timeout,
+            ranks=ranks,
+            interpreter=interpreter,
         )
     with tempfile.TemporaryDirectory(prefix="verl-upstream-") as cwd:
         env = sandbox_environment(variables)
         env["HOME"] = cwd  # nothing of the auditing user's home is read or written
         proc = subprocess.run(
-            _command(module, args),
+            _command(module, args, interpreter),
             cwd=cwd,
             env=env,
             input=stdin,
@@ -103,7 +153,11 @@ def run_module(
 
 
 def start_detached(
-    module: str, args: Sequence[str], env: Mapping[str, str], stderr: Any
+    module: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    stderr: Any,
+    interpreter: Interpreter | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``python -I -m module *args`` to outlive this process (the warm template of
     ``warm.py``): in a fresh empty folder that it removes itself, with ``env`` (an allow-listed
@@ -111,7 +165,7 @@ def start_detached(
     signal of ours reaches it; what it prints comes back on the returned process's stdout."""
     cwd = tempfile.mkdtemp(prefix="verl-upstream-")
     return subprocess.Popen(
-        _command(module, args),
+        _command(module, args, interpreter),
         cwd=cwd,
         env={**env, "HOME": cwd},
         stdin=subprocess.DEVNULL,
@@ -137,6 +191,7 @@ def _run_ranks(
     variables: Mapping[str, str] | None,
     timeout: float,
     ranks: int,
+    interpreter: Interpreter | None = None,
 ) -> UpstreamRun:
     """One sandboxed process per rank, each in a fresh empty folder, all on the same input.
 
@@ -173,7 +228,7 @@ def _run_ranks(
             ):
                 processes.append(
                     subprocess.Popen(
-                        _command(module, args),
+                        _command(module, args, interpreter),
                         cwd=cwd,
                         env=env,
                         stdin=source,
@@ -218,20 +273,25 @@ class UpstreamProcess:
     """
 
     def __init__(
-        self, module: str, args: Sequence[str] = (), *, fork: Callable[..., Any] | None = None
+        self,
+        module: str,
+        args: Sequence[str] = (),
+        *,
+        fork: Callable[..., Any] | None = None,
+        interpreter: Interpreter | None = None,
     ) -> None:
         self._cwd = tempfile.TemporaryDirectory(prefix="verl-upstream-")
         env = sandbox_environment()
         if fork is not None:
             # Forked from a warm template (``warm.fork``) when there is one: the same process in
             # the same kind of folder and environment, without its seconds of importing verl.
-            forked = fork(module, args, self._cwd.name, env)
+            forked = fork(module, args, self._cwd.name, env, interpreter)
             if forked is not None:
                 self.process: Any = forked
                 return
         env["HOME"] = self._cwd.name
         self.process = subprocess.Popen(
-            _command(module, args),
+            _command(module, args, interpreter),
             cwd=self._cwd.name,
             env=env,
             stdin=subprocess.PIPE,

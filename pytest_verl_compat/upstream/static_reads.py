@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.digests import files_sha256
 from pytest_verl_compat.pipeline.memo import StageMemo
-from pytest_verl_compat.pipeline.pins import files_sha256
 from pytest_verl_compat.upstream import census_reads
 from pytest_verl_compat.upstream.probes import statements
 

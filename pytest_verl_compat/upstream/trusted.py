@@ -55,6 +55,7 @@ def printed_config(text: str) -> Any:
 
 
 def cache_key(
+    release: str,
     tree_sha256: str,
     fields: Sequence[str],
     variables: Mapping[str, str],
@@ -67,7 +68,7 @@ def cache_key(
     }
     if module and module != ENTRY_MODULE:  # the pinned entry point's keys stay as they were
         question["module"] = module
-    return answer_key(COMPOSE, question)
+    return answer_key(COMPOSE, question, release=release)
 
 
 def _entry_shape(entry: Any) -> bool:
@@ -105,7 +106,7 @@ class TrustedCompositions:
     ) -> None:
         """Ask now, so the answer is ready when the trusted stage reads it."""
         variables = referenced_variables(fields, variables)
-        key = cache_key(self.tree_sha256, fields, variables, module)
+        key = cache_key(self.oracle.release, self.tree_sha256, fields, variables, module)
         if self._kept(key) is None:
             with contextlib.suppress(EntryArgvRefused):  # result() reports the refusal
                 self.oracle.submit(key, compose_request(fields, variables, module))
@@ -121,7 +122,7 @@ class TrustedCompositions:
         """``module``'s entry point's answer for these fields (the pinned one by default);
         ``whole``: with the mapping itself (asked of the oracle when only its digest is kept)."""
         variables = referenced_variables(fields, variables)
-        key = cache_key(self.tree_sha256, fields, variables, module)
+        key = cache_key(self.oracle.release, self.tree_sha256, fields, variables, module)
         kept = None if whole else self._kept(key)
         if kept is not None:
             return kept

@@ -323,7 +323,7 @@ def many_asker(
     composed = [case for case in cases if session.outcome(case).composition.composed]
     if gate.tree is None or not composed:
         return live_asker(session, cache, None, gate), lambda: None
-    oracle = UpstreamOracle(workers=workers if len(composed) > 1 else 1)
+    oracle = UpstreamOracle(workers=workers if len(composed) > 1 else 1, release=session.version)
     for case in composed:
         question = upstream_question(session, case)
         if not isinstance(question, str):

@@ -78,13 +78,17 @@ def runtime_folder() -> Path | None:
     return folder if stat.S_ISDIR(found.st_mode) and mine else None
 
 
-def template_key(environment: Mapping[str, str]) -> str:
-    """A digest of everything a template has loaded or inherited: the interpreter, this
-    package's and the reference trainer's files (each one's path inside its folder and its
-    bytes: two copies of one checkout meet the same template, an edit never meets an old one),
-    every installed distribution and the environment."""
+def template_key(
+    environment: Mapping[str, str], interpreter: runner.Interpreter | None = None
+) -> str:
+    """A digest of everything a template has loaded or inherited: the interpreter (a release's
+    environment is named by its folder, which names its lock's digest), this package's and the
+    reference trainer's files (each one's path inside its folder and its bytes: two copies of one
+    checkout meet the same template, an edit never meets an old one), every installed
+    distribution and the environment."""
     digest = hashlib.sha256()
-    for part in (sys.executable, sys.version, json.dumps(sorted(environment.items()))):
+    python = (interpreter.python if interpreter else None) or sys.executable
+    for part in (python, sys.version, json.dumps(sorted(environment.items()))):
         digest.update(part.encode() + b"\0")
     for folder in _CODE:
         for path in sorted(folder.rglob("*.py")):
@@ -140,7 +144,13 @@ class ForkedProcess:
         return self.returncode
 
 
-def fork(module: str, args: Sequence[str], cwd: str, environment: Mapping[str, str]) -> Any:
+def fork(
+    module: str,
+    args: Sequence[str],
+    cwd: str,
+    environment: Mapping[str, str],
+    interpreter: runner.Interpreter | None = None,
+) -> Any:
     """``module`` with ``args`` forked from the warm template, in ``cwd``; None when there is no
     template to fork from (turned off, or anything failed). The template serves only the
     oracle process's module (``warm_process.SERVED``); the child refuses any other."""
@@ -148,7 +158,7 @@ def fork(module: str, args: Sequence[str], cwd: str, environment: Mapping[str, s
     folder = runtime_folder() if idle > 0 else None
     if folder is None:
         return None
-    path = folder / f"{template_key(environment)}.sock"
+    path = folder / f"{template_key(environment, interpreter)}.sock"
     if len(os.fsencode(path)) > _SOCKET_PATH_LIMIT:
         return None
     connection = _connect(path)
@@ -156,7 +166,7 @@ def fork(module: str, args: Sequence[str], cwd: str, environment: Mapping[str, s
         with open(folder / f"{path.stem}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one starter; the others wait and then connect
             connection = _connect(path)
-            if connection is None and _start_template(path, environment, idle):
+            if connection is None and _start_template(path, environment, idle, interpreter):
                 connection = _connect(path)
     if connection is None:
         return None
@@ -177,12 +187,21 @@ def _connect(path: Path) -> socket.socket | None:
     return connection
 
 
-def _start_template(path: Path, environment: Mapping[str, str], idle: float) -> bool:
+def _start_template(
+    path: Path,
+    environment: Mapping[str, str],
+    idle: float,
+    interpreter: runner.Interpreter | None = None,
+) -> bool:
     """Start a template for ``path`` and wait until it listens; whether it does."""
     log = path.with_suffix(".log")
     with open(log, "w", encoding="utf-8") as errors:
         process = runner.start_detached(
-            TEMPLATE_MODULE, ["--socket", os.fspath(path), "--idle", str(idle)], environment, errors
+            TEMPLATE_MODULE,
+            ["--socket", os.fspath(path), "--idle", str(idle)],
+            environment,
+            errors,
+            interpreter,
         )
     assert process.stdout is not None
     process.wait()  # the first process forks the template and exits at once

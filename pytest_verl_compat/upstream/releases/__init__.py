@@ -10,6 +10,8 @@ folder of scripts). Others use what this face names.
 
 from __future__ import annotations
 
+from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+from pytest_verl_compat.releases.wheels import release_tree
 from pytest_verl_compat.upstream.releases.cells import CellCache
 from pytest_verl_compat.upstream.releases.matrix import (
     MatrixError,
@@ -19,11 +21,6 @@ from pytest_verl_compat.upstream.releases.matrix import (
     render_text,
 )
 from pytest_verl_compat.upstream.releases.migrate import MigrateError, migrate_script, render_lines
-from pytest_verl_compat.upstream.releases.trees import (
-    ReleaseError,
-    load_release_index,
-    release_tree,
-)
 
 __all__ = [
     "CellCache",

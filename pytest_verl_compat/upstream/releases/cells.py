@@ -12,16 +12,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.pipeline.safe_input import InputError, read_bytes
+from pytest_verl_compat.files.cache import user_cache_root
+from pytest_verl_compat.files.safe_input import InputError, read_bytes
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 
-CACHE_FOLDER = "pytest-verl-compat"
 CACHE_KIND = "release-cells"
 # Bumped when a cell's shape changes.
 CELL_FORMAT = 1
@@ -31,9 +30,7 @@ _PACKAGE = Path(__file__).resolve().parents[2]
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/pytest-verl-compat/release-cells`` (else under ``~/.cache``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / CACHE_FOLDER / CACHE_KIND
+    return user_cache_root() / CACHE_KIND
 
 
 @functools.lru_cache(maxsize=1)

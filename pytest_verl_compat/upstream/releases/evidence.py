@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.pipeline.safe_input import InputError, read_text
-from pytest_verl_compat.upstream.releases.trees import Release, ReleaseIndex
+from pytest_verl_compat.files.safe_input import InputError, read_text
+from pytest_verl_compat.releases.index import Release, ReleaseIndex
 
 WILDCARD = "*"
 MIGRATION_FUNCTION = "migration-function"

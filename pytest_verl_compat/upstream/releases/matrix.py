@@ -24,13 +24,9 @@ from hydra.errors import OverrideParseException
 from pytest_verl_compat.model import Case, Composition, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.hydra_internals import parse_override
+from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_release_index
+from pytest_verl_compat.releases.wheels import release_tree
 from pytest_verl_compat.upstream.releases.cells import CellCache, cell_key
-from pytest_verl_compat.upstream.releases.trees import (
-    ReleaseError,
-    ReleaseIndex,
-    load_release_index,
-    release_tree,
-)
 from pytest_verl_compat.upstream.verdict import PinnedVerdict, pinned_verdicts
 
 if TYPE_CHECKING:

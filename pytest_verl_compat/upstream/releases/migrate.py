@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.bash import LaunchReadError, read_launch
+from pytest_verl_compat.files.safe_input import BoundedLoader, InputError, read_text
 from pytest_verl_compat.model import Case, Composition
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import load_profile
-from pytest_verl_compat.pipeline.safe_input import BoundedLoader, InputError, read_text
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, locate_edits, verify_edits
+from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_release_index
+from pytest_verl_compat.releases.wheels import release_tree
 from pytest_verl_compat.upstream.releases.evidence import (
     DEPRECATION_MESSAGE,
     Move,
@@ -40,12 +42,6 @@ from pytest_verl_compat.upstream.releases.matrix import (
     explicit_keys,
     lookup,
     selection,
-)
-from pytest_verl_compat.upstream.releases.trees import (
-    ReleaseError,
-    ReleaseIndex,
-    load_release_index,
-    release_tree,
 )
 
 if TYPE_CHECKING:

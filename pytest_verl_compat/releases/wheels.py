@@ -1,20 +1,19 @@
-"""The config trees of verl's releases, by version: pinned in data, fetched with pip, cached.
+"""A release's files, from its pinned wheel: fetched with pip, unpacked as data, cached.
 
-``pytest_verl_compat/data/releases.yaml`` pins each release by its wheel's sha256 and its config
-tree's sha256. ``release_tree("0.8.0")`` returns the folder holding that tree: the installed verl
-when it is that release with that tree, else ``$XDG_CACHE_HOME/pytest-verl-compat/releases/0.8.0``,
-filled on first use by ``pip download --no-deps --only-binary=:all:`` (pip itself is the only
-program run, with an argv built here; ``--only-binary`` keeps it from building, that is running,
-a source distribution; ``--require-hashes`` makes it refuse any other file). The wheel is
-untrusted input all the same: its sha256 is checked again, and only ``verl/trainer/config/**.yaml``
-and the version file are taken out of it, each entry a bounded regular file confined to the
-release's folder. The folder is assembled beside the cache and renamed into place, so a reader
-never sees half a tree; a cached tree whose hash is no longer the pinned one is fetched again.
+``release_tree("0.8.0")`` returns ``$XDG_CACHE_HOME/pytest-verl-compat/releases/0.8.0`` (else under
+``~/.cache``), laid out like an installed verl: its ``verl/`` package, source and config tree. It
+is filled on first use by ``pip download --no-deps --only-binary=:all: --require-hashes`` (pip
+itself is the only program run, with an argv built here; ``--only-binary`` keeps it from building,
+that is running, a source distribution). The wheel is untrusted input all the same: its sha256 is
+checked again, and only the ``verl`` package's ``.py`` and ``.yaml`` files and its version file
+are taken out of it, each a bounded regular file confined to the release's folder; nothing of it
+is imported in this process (its code runs only in the release's own environment,
+``environment``). The folder is assembled beside the cache and renamed into place, so a reader
+never sees half of it; a cached folder whose tree is no longer the pinned one is fetched again.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
@@ -26,126 +25,55 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from pytest_verl_compat.pipeline.pins import installed_verl_root, tree_sha256
-from pytest_verl_compat.pipeline.safe_input import InputError, load_yaml_file, read_bytes
+from pytest_verl_compat.files.cache import user_cache_root
+from pytest_verl_compat.files.digests import tree_sha256
+from pytest_verl_compat.files.safe_input import InputError, read_bytes
+from pytest_verl_compat.releases.index import (
+    Release,
+    ReleaseError,
+    ReleaseIndex,
+    load_release_index,
+)
 
-RELEASES_FILE = Path(__file__).resolve().parents[2] / "data" / "releases.yaml"
-CACHE_FOLDER = "pytest-verl-compat"
 CACHE_KIND = "releases"
-# A wheel is a few MB; a config file a few KB (the largest, a generated megatron tree, ~40 KB).
+# A wheel is a few MB; a source file at most a few hundred KB.
 MAX_WHEEL_BYTES = 64 * 1024 * 1024
 MAX_MEMBER_BYTES = 1024 * 1024
-MAX_TREE_BYTES = 16 * 1024 * 1024
+MAX_TREE_BYTES = 32 * 1024 * 1024
 MAX_MEMBERS = 20_000
-MAX_TAKEN = 2_000
+MAX_TAKEN = 4_000
 PIP_TIMEOUT = 600
-
-
-class ReleaseError(Exception):
-    """A release that is unknown, cannot be fetched, or whose files are not the pinned ones."""
-
-
-@dataclass(frozen=True)
-class EntryPointCall:
-    """An upstream function the release's entry point applies to every config, and where."""
-
-    function: str
-    file: str
-    line: int
-
-
-@dataclass(frozen=True)
-class Release:
-    """One pinned release: its wheel and config tree hashes."""
-
-    version: str
-    wheel: str
-    wheel_sha256: str
-    tree_sha256: str
-    entry_point_calls: tuple[EntryPointCall, ...] = ()
-
-    def calls(self, function: str) -> EntryPointCall | None:
-        return next((call for call in self.entry_point_calls if call.function == function), None)
-
-
-@dataclass(frozen=True)
-class MigrationFunction:
-    """An upstream function that moves config keys, and the file that defines it."""
-
-    function: str
-    file: str
-
-
-@dataclass(frozen=True)
-class ReleaseIndex:
-    """The data file: the releases in order, and what is taken out of each wheel."""
-
-    releases: tuple[Release, ...]
-    config_dir: str
-    version_file: str
-    migration_functions: tuple[MigrationFunction, ...]
-
-    @property
-    def versions(self) -> tuple[str, ...]:
-        return tuple(release.version for release in self.releases)
-
-    def release(self, version: str) -> Release:
-        for release in self.releases:
-            if release.version == version:
-                return release
-        raise ReleaseError(
-            f"verl {version} is not a pinned release (known: {', '.join(self.versions)}; "
-            f"{RELEASES_FILE.name} pins them)"
-        )
-
-
-@functools.lru_cache(maxsize=4)
-def load_release_index(path: Path = RELEASES_FILE) -> ReleaseIndex:
-    raw: Any = load_yaml_file(path, what="release index")
-    try:
-        releases = tuple(
-            Release(
-                version=str(entry["version"]),
-                wheel=str(entry["wheel"]),
-                wheel_sha256=str(entry["wheel_sha256"]),
-                tree_sha256=str(entry["tree_sha256"]),
-                entry_point_calls=tuple(
-                    EntryPointCall(str(call["function"]), str(call["file"]), int(call["line"]))
-                    for call in entry.get("entry_point_calls") or ()
-                ),
-            )
-            for entry in raw["releases"]
-        )
-        functions = tuple(
-            MigrationFunction(str(entry["function"]), str(entry["file"]))
-            for entry in raw.get("migration_functions") or ()
-        )
-        return ReleaseIndex(releases, str(raw["config_dir"]), str(raw["version_file"]), functions)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReleaseError(f"{path}: malformed release index: {exc!r}") from exc
+# What is taken out of a wheel: the package's source and data files, nothing else.
+PACKAGE = "verl/"
+TAKEN_SUFFIXES = (".py", ".yaml")
+# Written last into an unpacked folder: the wheel it came from.
+COMPLETE = ".complete"
 
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/pytest-verl-compat/releases`` (else under ``~/.cache``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / CACHE_FOLDER / CACHE_KIND
+    return user_cache_root() / CACHE_KIND
 
 
 @dataclass(frozen=True)
 class ReleaseTree:
-    """A release's config tree on disk: ``root`` is laid out like a verl checkout."""
+    """A release's files on disk: ``root`` holds its ``verl`` package, as a site-packages
+    folder does, and its config tree."""
 
     release: Release
     root: Path
     config_dir: Path
-    source: str  # "installed", "cache" or "fetched"
+    source: str  # "cache" or "fetched"
 
     @property
     def version(self) -> str:
         return self.release.version
+
+    @property
+    def package(self) -> Path:
+        """The release's ``verl`` package folder (its source, read as data)."""
+        return self.root / "verl"
 
 
 def pip_command(release: Release, requirements: Path, dest: Path) -> list[str]:
@@ -179,14 +107,9 @@ def release_tree(
     index: ReleaseIndex | None = None,
     fetch: bool = True,
 ) -> ReleaseTree:
-    """The release's config tree: installed, cached, or fetched now (raises ReleaseError)."""
+    """The release's files: cached, or fetched now (raises ReleaseError)."""
     index = index or load_release_index()
     release = index.release(version)
-    installed = installed_verl_root()
-    if installed is not None and installed[1] == release.version:
-        config_dir = installed[0] / index.config_dir
-        if config_dir.is_dir() and tree_sha256(config_dir) == release.tree_sha256:
-            return ReleaseTree(release, installed[0], config_dir, "installed")
     folder = (cache or cache_dir()) / release.version
     cached = _cached_tree(release, folder, index)
     if cached is not None:
@@ -197,26 +120,28 @@ def release_tree(
     cached = _cached_tree(release, folder, index)
     if cached is None:  # another process replaced it with something else meanwhile
         raise ReleaseError(
-            f"verl {release.version}: the cached tree at {folder} is not the pinned one"
+            f"verl {release.version}: the cached files at {folder} are not the pinned ones"
         )
     return ReleaseTree(release, folder, folder / index.config_dir, "fetched")
 
 
 def _cached_tree(release: Release, folder: Path, index: ReleaseIndex) -> ReleaseTree | None:
     config_dir = folder / index.config_dir
-    if folder.is_symlink() or not config_dir.is_dir():
+    marker = folder / COMPLETE
+    if folder.is_symlink() or not config_dir.is_dir() or marker.is_symlink():
         return None
     try:
+        complete = read_bytes(marker, 256, "cache marker").decode("ascii", "replace").strip()
         digest = tree_sha256(config_dir)
     except InputError:
-        digest = ""
-    if digest != release.tree_sha256:
+        return None
+    if complete != release.wheel_sha256 or digest != release.tree_sha256:
         return None
     return ReleaseTree(release, folder, config_dir, "cache")
 
 
 def _fetch_into(release: Release, folder: Path, index: ReleaseIndex) -> None:
-    """Download the wheel into a folder beside the cache, then install its tree."""
+    """Download the wheel into a folder beside the cache, then unpack it into place."""
     work = _work_folder(release, folder.parent)
     try:
         install_wheel(release, download_wheel(release, work), folder, index)
@@ -235,7 +160,7 @@ def _work_folder(release: Release, parent: Path) -> Path:
 
 
 def install_wheel(release: Release, wheel: Path, folder: Path, index: ReleaseIndex) -> None:
-    """Check a downloaded wheel, unpack its tree beside ``folder`` and rename it into place."""
+    """Check a downloaded wheel, unpack it beside ``folder`` and rename it into place."""
     verify_wheel(release, wheel)
     work = _work_folder(release, folder.parent)
     try:
@@ -247,9 +172,10 @@ def install_wheel(release: Release, wheel: Path, folder: Path, index: ReleaseInd
                 f"verl {release.version}: the wheel's config tree has sha256 {digest}, "
                 f"not the pinned {release.tree_sha256}"
             )
+        (tree / COMPLETE).write_text(release.wheel_sha256 + "\n", encoding="ascii")
         if os.path.lexists(folder):
-            # A stale or damaged tree (its hash is not the pinned one): moved aside first, so
-            # the rename below never merges into it.
+            # A stale or damaged folder (not the pinned files): moved aside first, so the
+            # rename below never merges into it.
             os.replace(folder, work / "stale")
         try:
             os.rename(tree, folder)
@@ -306,7 +232,7 @@ def download_wheel(release: Release, work: Path) -> Path:
         ) from exc
     if proc.returncode != 0:
         raise ReleaseError(
-            f"verl {release.version}: cannot fetch its wheel ({_pip_reason(proc.stderr)}); "
+            f"verl {release.version}: cannot fetch its wheel ({pip_reason(proc.stderr)}); "
             f"`{shown_pip_command(release)}` needs PyPI"
         )
     wheel = dest / release.wheel
@@ -317,7 +243,8 @@ def download_wheel(release: Release, work: Path) -> Path:
     return wheel
 
 
-def _pip_reason(stderr: str) -> str:
+def pip_reason(stderr: str) -> str:
+    """pip's first error line, for a one-line message."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR:")]
     reason = (errors or lines or ["pip failed"])[0]
@@ -326,7 +253,7 @@ def _pip_reason(stderr: str) -> str:
 
 def _taken(name: str, index: ReleaseIndex) -> bool:
     return name == index.version_file or (
-        name.startswith(index.config_dir.rstrip("/") + "/") and name.endswith(".yaml")
+        name.startswith(PACKAGE) and name.endswith(TAKEN_SUFFIXES)
     )
 
 
@@ -345,7 +272,8 @@ def _member_path(name: str) -> PurePosixPath:
 
 
 def unpack_wheel(wheel: Path, dest: Path, index: ReleaseIndex) -> list[str]:
-    """Extract the config tree and the version file of a wheel into ``dest`` (a new folder).
+    """Extract the ``verl`` package's ``.py`` and ``.yaml`` files and its version file into
+    ``dest`` (a new folder).
 
     Every other member is skipped unread. A taken member must be a regular file of at most
     ``MAX_MEMBER_BYTES`` (its declared and its actual size), with a plain relative name, listed
@@ -389,6 +317,9 @@ def unpack_wheel(wheel: Path, dest: Path, index: ReleaseIndex) -> list[str]:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
             taken.append(name)
-    if index.version_file not in taken or not any(n.endswith(".yaml") for n in taken):
+    config_prefix = index.config_dir.rstrip("/") + "/"
+    if index.version_file not in taken or not any(
+        n.startswith(config_prefix) and n.endswith(".yaml") for n in taken
+    ):
         raise ReleaseError(f"{wheel.name}: no {index.config_dir} tree or no version file in it")
     return taken
