@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
@@ -144,6 +144,15 @@ class Case:
 
     def pinned_inputs(self) -> list[dict[str, str]]:
         return [pin.to_json() for pin in self.inputs]
+
+    def in_release(self, version: str) -> Case:
+        """The case as ``version`` is expected to judge it: ``expected.releases[version]`` (a
+        known divergence of another release than the manifest's) replaces what it names."""
+        releases = (self.expected or {}).get("releases") or {}
+        if not self.expected or "releases" not in self.expected:
+            return self
+        base = {k: v for k, v in self.expected.items() if k != "releases"}
+        return replace(self, expected={**base, **dict(releases.get(version) or {})})
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ from pytest_verl_compat.upstream.rules import (
 
 MAX_SCRIPT_BYTES = 1 << 20  # the launch reader's own bound
 STDIN = "-"
+
+
 def _split(values: Sequence[str] | None) -> list[str] | None:
     if values is None:
         return None

@@ -41,9 +41,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )
     if not traced:
         say("explain", "no recorded traced reads: the places below are static only")
-    entries = read_census.census(
-        root, trees, traced, session.composer().interpolation_sources()
-    )
+    entries = read_census.census(root, trees, traced, session.composer().interpolation_sources())
     entry = next(e for e in entries if e.leaf == args.key)
     print(f"{args.key}: where verl {session.pin.version} reads it ({entry.status})")
     for place in entry.places:

@@ -90,7 +90,11 @@ def questions(session: AuditSession) -> dict[str, dict[str, Any]]:
             "module": module,
         }
     manifest = session.manifest
-    if manifest is not None and manifest.conformance is not None and not upstream_missing_reason():
+    if (
+        manifest is not None
+        and manifest.conformance is not None
+        and not upstream_missing_reason(session.version)
+    ):
         for conformance in conformance_cases(load_tolerances(manifest.conformance)):
             asked[CONFORMANCE_RESULTS][result_key(conformance, session.version)] = conformance
     return asked

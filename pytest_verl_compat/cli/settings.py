@@ -64,8 +64,6 @@ def settings_from(path: Path) -> dict[str, Any]:
     return dict(table)
 
 
-
-
 def release_setting(start: Path) -> tuple[str | None, str]:
     """The ``release`` setting of the nearest ``[tool.verl-compat]`` and where it is written."""
     found = find_pyproject(start)

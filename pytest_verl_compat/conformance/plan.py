@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -302,15 +301,16 @@ def pinned_version() -> str:
     return load_manifest(default_manifest_path()).upstream.version
 
 
-@lru_cache(maxsize=8)  # asked once per case (282 in the default audit); a metadata scan each
-def upstream_missing_reason(pinned: str | None = None) -> str | None:
-    """Why upstream cannot be compared against, or None; imports nothing of verl."""
-    pinned = pinned or pinned_version()
-    missing = f"upstream verl {pinned} not installed"
+@lru_cache(maxsize=8)  # asked once per case (282 in the default audit)
+def upstream_missing_reason(release: str | None = None) -> str | None:
+    """Why ``release``'s upstream side cannot be computed here (it runs in the release's own
+    environment: a supported release with a lock for this platform), or None; builds nothing,
+    imports nothing of verl."""
+    from pytest_verl_compat.releases.environment import load_lock
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+
     try:
-        version = metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return missing
-    if version != pinned:
-        return f"{missing} (found verl {version})"
+        load_lock(load_release_index().supported_release(release or pinned_version()))
+    except ReleaseError as exc:
+        return str(exc)
     return None

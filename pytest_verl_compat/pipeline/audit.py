@@ -137,6 +137,9 @@ class AuditSession:
     release: ReleaseChoice | None = None
     release_error: str = ""
     golden_dir: Path = Path("golden")
+    # The golden folder's top: the manifest's own release's files, whose snapshots also hold
+    # each case's explicit fields (a script reads the same for every release).
+    corpus_golden_dir: Path = Path("golden")
     _outcomes: dict[str, CaseOutcome] = field(default_factory=dict, repr=False)
     _composer: Composer | None = field(default=None, repr=False)
     _entry_composers: dict[tuple[str, str], Composer] = field(default_factory=dict, repr=False)
@@ -168,6 +171,7 @@ class AuditSession:
             session.golden_dir = session.manifest.golden_dir
         else:
             session.golden_dir = root / "golden"
+        session.corpus_golden_dir = session.golden_dir
         try:
             session.upstream, session.upstream_reason = locate_upstream(
                 session.manifest.upstream,
@@ -198,12 +202,21 @@ class AuditSession:
             self.release_error = str(exc)
             self.upstream, self.upstream_reason = None, str(exc)
             return
-        if given is not None and given.version is None:
-            return  # a tree of no release: composed as it is; upstream's code never sees it
-        if given is not None and given.version == self.release.version:
+        version = self.release.version
+        if version != self.manifest.upstream.version:
+            # The manifest's own release keeps the golden folder's top; each other release has
+            # its own golden files (snapshots, recorded answers) beneath it, and its own
+            # expectations where the manifest says it judges a case otherwise.
+            self.golden_dir = self.golden_dir / RELEASES_GOLDEN / version
+            self.manifest = dataclasses.replace(
+                self.manifest, cases=tuple(case.in_release(version) for case in self.manifest.cases)
+            )
+        if given is not None and given.version in (None, version):
+            # Its own tree, or a tree of no release: composed as it is (upstream's code never
+            # sees a tree of no release, ``early.upstream_gate``).
             return
         try:
-            files = release_tree(self.release.version)
+            files = release_tree(version)
         except ReleaseError as exc:
             self.upstream, self.upstream_reason = None, str(exc)
             return
@@ -213,10 +226,6 @@ class AuditSession:
             if given is None
             else with_release_tree(given, files, pin)
         )
-        if self.release.version != self.manifest.upstream.version:
-            # The manifest's own release keeps the golden folder's top; each other release has
-            # its own golden files (snapshots, recorded answers) beneath it.
-            self.golden_dir = self.golden_dir / RELEASES_GOLDEN / self.release.version
 
     @property
     def pin(self) -> UpstreamPin:
@@ -239,6 +248,13 @@ class AuditSession:
     def version(self) -> str:
         """The version of the release checked, as every output names it."""
         return self.pin.version
+
+    def _release_root(self) -> Path | None:
+        """The checked release's files when they can be had (None: the reader's default)."""
+        try:
+            return self.release_files().root
+        except StageUnavailable:
+            return None
 
     def release_files(self) -> ReleaseTree:
         """The checked release's own files (its source and tree), fetched on first use."""
@@ -374,24 +390,27 @@ class AuditSession:
         self._model_facts.pop(extended.id, None)
         return extended
 
-    def golden_path(self, case: Case) -> Path:
+    def golden_path(self, case: Case, folder: Path | None = None) -> Path:
         # The id is checked when the manifest loads; confined() keeps that a guarantee here.
-        return confined(self.golden_dir / "compose", f"{case.id}.json")
+        return confined((folder or self.golden_dir) / "compose", f"{case.id}.json")
 
     def golden_fields(self, case: Case) -> ExplicitFields:
-        """Explicit fields recorded in the golden snapshot, only if it pins the same inputs."""
+        """Explicit fields recorded in the golden snapshot of the manifest's own release (a
+        script reads the same whatever the release checked), only if it pins the same inputs."""
         try:
-            golden = read_golden(self.golden_dir, "compose", case.id)
+            golden = read_golden(self.corpus_golden_dir, "compose", case.id)
         except InputError as exc:
             raise StageFailed(f"[{case.id}] {exc}") from exc
         if golden is None:
             raise StageFailed(
-                f"[{case.id}] no launch scripts here and no golden file {self.golden_path(case)}"
+                f"[{case.id}] no launch scripts here and no golden file "
+                f"{self.golden_path(case, self.corpus_golden_dir)}"
             )
         pinned = case.pinned_inputs()
         if golden.get("inputs") != pinned:
             raise StageFailed(
-                f"[{case.id}] golden file {self.golden_path(case)} pins inputs {golden.get('inputs')}, "
+                f"[{case.id}] golden file {self.golden_path(case, self.corpus_golden_dir)} pins "
+                f"inputs {golden.get('inputs')}, "
                 f"but the manifest pins {pinned}"
             )
         recorded = golden.get(LAUNCH_KEY)
@@ -502,15 +521,14 @@ class AuditSession:
             bindings=self.manifest.bindings.overlay(extra or Bindings()),
         )
 
-    @staticmethod
-    def _read_from(case: Case, root: Path, label: str = "") -> ExplicitFields:
+    def _read_from(self, case: Case, root: Path, label: str = "") -> ExplicitFields:
         """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate.
         The launch reader is imported here: a run from golden fields never needs it."""
         from pytest_verl_compat.bash import LaunchReadError
         from pytest_verl_compat.pipeline.read import read_case_fields
 
         try:
-            return read_case_fields(case, root)
+            return read_case_fields(case, root, self._release_root())
         except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
             raise StageFailed(f"{label}{exc}") from exc
 

@@ -11,7 +11,7 @@ from markdown_it import MarkdownIt
 from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
 from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
-from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins, installed_verl_root
+from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
 
 __all__ = ["PinMismatch", "read_case_fields"]
 from pytest_verl_compat.files.safe_input import read_text
@@ -70,8 +70,9 @@ def carry_in_path_leaves(key: str, value: str) -> bool:
     return marker is None or (marker in value and RUNTIME_PREFIX not in value.rpartition(marker)[2])
 
 
-def read_case_fields(case: Case, root: Path) -> ExplicitFields:
-    """Verify the pinned inputs, read the launch script and append the case's extra overrides."""
+def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -> ExplicitFields:
+    """Verify the pinned inputs, read the launch script and append the case's extra overrides;
+    a launch's entry module is judged by the checked release's files at ``release_root``."""
     bad = [check for check in check_pins(root, case.inputs) if not check.ok]
     if bad:
         raise PinMismatch("; ".join(check.message() for check in bad))
@@ -84,12 +85,11 @@ def read_case_fields(case: Case, root: Path) -> ExplicitFields:
     launcher: str | None = None
     carried: tuple[tuple[str, str], ...] = ()
     if case.launch is not None:
-        installed = installed_verl_root()
         read = read_launch(
             root / case.launch,
             case.bindings,
             scope=source_scope(case, root),
-            entry_modules=launch_acceptor(installed[0] if installed else None),
+            entry_modules=launch_acceptor(release_root),
             carry=carry_in_path_leaves,
         )
         carried = tuple(

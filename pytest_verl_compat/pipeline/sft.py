@@ -28,8 +28,8 @@ from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.entry_points import SFT_CONFIG_NAME
 from pytest_verl_compat.pipeline.lower import NotAccepted
 from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import Profile, default_sft_profile, load_profile
+from pytest_verl_compat.releases.wheels import release_tree
 from reference_trainer.config import (
     ModelConfig,
     OptimConfig,
@@ -76,13 +76,14 @@ def _base_fields(case_id: str) -> list[str]:
     return list(session.read_fields(session.manifest.case(case_id)).fields)
 
 
-def sft_composer(config_dir: Path | None = None) -> Composer:
-    """A composer of `sft_trainer_engine` on `config_dir`, by default the installed verl's tree."""
+def sft_composer(config_dir: Path | None = None, release: str | None = None) -> Composer:
+    """A composer of `sft_trainer_engine` on `config_dir`, by default the tree of ``release``
+    (the embedded manifest's release when none is named), from its own files."""
     if config_dir is None:
-        found = installed_verl_root()
-        if found is None:
-            raise FileNotFoundError("verl is not installed: no sft_trainer_engine tree to compose")
-        config_dir = found[0] / "verl" / "trainer" / "config"
+        from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
+
+        version = release or load_manifest(default_manifest_path()).upstream.version
+        config_dir = release_tree(version).config_dir
     return Composer(config_dir, SFT_CONFIG_NAME)
 
 

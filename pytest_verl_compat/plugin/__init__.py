@@ -35,6 +35,16 @@ def _existing_dir(value: str) -> str:
     return value
 
 
+def _release_version(value: str) -> str:
+    """A supported release (the release index; read without importing the pipeline)."""
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+
+    try:
+        return load_release_index().supported_release(value).version
+    except ReleaseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _existing_file(value: str) -> str:
     if not Path(value).expanduser().is_file():
         raise argparse.ArgumentTypeError(f"{value!r}: file not found")
@@ -79,6 +89,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "one, which --snapshot-update does not write when it is inside the installed package)",
     )
     group.addoption(
+        "--verl-corpus-release",
+        dest="verl_corpus_release",
+        type=_release_version,
+        default=None,
+        metavar="VERSION",
+        help="the verl release to audit against (its own tree, environment, profile and golden "
+        "files); default: the release of the upstream folder given, the ini key, the installed "
+        "verl, then the manifest's release",
+    )
+    group.addoption(
         "--verl-corpus-report",
         dest="verl_corpus_report",
         default=None,
@@ -116,6 +136,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("verl_corpus_manifest", "corpus manifest path, relative to rootdir", default=None)
     parser.addini("verl_corpus_golden", "golden snapshot folder, relative to rootdir", default=None)
+    parser.addini("verl_corpus_release", "the verl release to audit against", default=None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -175,6 +196,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_verl_compat.plugin.report import AuditReporter
     from pytest_verl_compat.plugin.state import AuditState
 
+    release, release_source = _release_option(config)
     options = AuditOptions(
         manifest=config.getoption("verl_corpus_manifest")
         or _ini_file(config, "verl_corpus_manifest"),
@@ -185,6 +207,8 @@ def pytest_configure(config: pytest.Config) -> None:
         conformance_report=config.getoption("verl_corpus_conformance_report"),
         trusted=config.getoption("verl_corpus_trusted"),
         rootdir=str(config.rootpath),
+        release=release,
+        release_source=release_source,
     )
     for option, value in (
         ("--verl-corpus-report", options.report),
@@ -204,6 +228,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(AuditReporter(config, state), "verl-corpus-reporter")
     config.pluginmanager.register(collect.CorpusCollector(), "verl-corpus-collector")
     collect.add_stage_tests(config)
+
+
+def _release_option(config: pytest.Config) -> tuple[str | None, str]:
+    """The release the run was told to audit and where: the option (a choice), else the ini
+    key (a setting, named as such in every output)."""
+    option = config.getoption("verl_corpus_release")
+    if option:
+        return str(option), ""
+    ini = config.getini("verl_corpus_release")
+    return (str(ini), "verl_corpus_release ini key") if ini else (None, "")
 
 
 def _output_refusal(value: str | None) -> str | None:

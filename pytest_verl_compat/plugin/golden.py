@@ -27,6 +27,11 @@ class GoldenExtension(SingleFileSnapshotExtension):
     stage: str = "compose"
     # The command that accepts a change, with the run's own corpus options (plugin/commands.py).
     accept: str = "pytest --verl-corpus --snapshot-update"
+    # Another release's golden folder (the manifest's own release's) and what to call it: a
+    # release without its golden file yet is shown its drift from that one's.
+    baseline_dir: Path | None = None
+    baseline: str = ""
+    release: str = ""
     file_extension = "json"
     _write_mode = WriteMode.TEXT
 
@@ -78,7 +83,24 @@ class GoldenExtension(SingleFileSnapshotExtension):
         data = next(iter(snapshot_collection)).data
         write_atomic(Path(snapshot_collection.location), str(data))
 
+    def _baseline(self, case_path: Path) -> str | None:
+        if self.baseline_dir is None:
+            return None
+        relative = case_path.relative_to(self.golden_dir)
+        found = self.baseline_dir / relative
+        return found.read_text(encoding="utf-8") if found.is_file() else None
+
     def diff_lines(self, serialized_data: Any, snapshot_data: Any) -> Iterator[str]:
+        if snapshot_data == "" and serialized_data:
+            baseline = self._baseline(self.case_path(json.loads(str(serialized_data))["case"]))
+            if baseline is not None:
+                yield (
+                    f"no golden file for {self.release} yet; how it differs from "
+                    f"{self.baseline}'s (- {self.baseline}, + {self.release}):"
+                )
+                yield from leaf_diff(json.loads(baseline), json.loads(str(serialized_data)))
+                yield f"run {self.accept} to accept it"
+                return
         try:
             old, new = json.loads(str(snapshot_data)), json.loads(str(serialized_data))
         except json.JSONDecodeError:
@@ -118,11 +140,14 @@ def golden_orphans(golden_dir: Path, stage: str, case_ids: set[str]) -> list[Pat
 
 
 def golden_extension(
-    golden_dir: Path, stage: str, accept: str = GoldenExtension.accept
+    golden_dir: Path,
+    stage: str,
+    accept: str = GoldenExtension.accept,
+    baseline: tuple[Path, str, str] | None = None,
 ) -> type[GoldenExtension]:
-    """A GoldenExtension bound to one golden folder and stage (syrupy takes classes, not instances)."""
-    return type(
-        f"Golden_{stage}",
-        (GoldenExtension,),
-        {"golden_dir": Path(golden_dir), "stage": stage, "accept": accept},
-    )
+    """A GoldenExtension bound to one golden folder and stage (syrupy takes classes, not
+    instances); ``baseline``: another release's golden folder, its name and this one's."""
+    attributes: dict[str, Any] = {"golden_dir": Path(golden_dir), "stage": stage, "accept": accept}
+    if baseline is not None:
+        attributes.update(baseline_dir=baseline[0], baseline=baseline[1], release=baseline[2])
+    return type(f"Golden_{stage}", (GoldenExtension,), attributes)

@@ -168,13 +168,10 @@ class AuditReporter:
 
     def conformance_report(self) -> dict[str, Any]:
         """Conformance results in the stage's case order (stable across runs and -n)."""
-        from pytest_verl_compat.pipeline.pins import installed_verl_root
-
-        installed = installed_verl_root()
         order = {case.id: index for index, case in enumerate(self.state.conformance_cases())}
         results = sorted(self.conformance.values(), key=lambda r: order.get(r["case"], len(order)))
         return {
-            "upstream": {"verl": installed[1] if installed else None},
+            "upstream": {"verl": self.session.version if self.session.release else None},
             "results": [
                 {
                     "component": r["component"],

@@ -17,18 +17,19 @@ from pytest_verl_compat.plugin.keys import audit_state_key
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
 
 
-def _sft_outcome() -> dict[str, Any]:
+def _sft_outcome(release: str) -> dict[str, Any]:
     from pytest_verl_compat.conformance.step.sft import (
         SFTOracleError,
         load_sft_step_plan,
         run_sft_steps,
     )
     from pytest_verl_compat.pipeline.lower import NotAccepted
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.releases.index import ReleaseError
+    from pytest_verl_compat.upstream.runner import release_runner
 
     try:
-        report = run_sft_steps(load_sft_step_plan(), run_module)
-    except (SFTOracleError, NotAccepted) as exc:
+        report = run_sft_steps(load_sft_step_plan(), release_runner(release))
+    except (SFTOracleError, NotAccepted, ReleaseError) as exc:
         return {"error": str(exc)}
     return {"report": report}
 
@@ -59,12 +60,15 @@ class TestSFTStepConformance:
 
         if not request.config.getoption("verl_corpus_step"):
             pytest.skip("the step stage runs with --verl-corpus-step")
-        missing = upstream_missing_reason()
+        missing = upstream_missing_reason(request.config.stash[audit_state_key].session.version)
         if missing:
             pytest.skip(missing)
         cases = sorted(sft_case_overrides())
         outcome = once_per_session(
-            request.config, tmp_path_factory, result_name("sft-step", cases), _sft_outcome
+            request.config,
+            tmp_path_factory,
+            result_name("sft-step", cases),
+            lambda: _sft_outcome(request.config.stash[audit_state_key].session.version),
         )
         if outcome.get("error"):
             pytest.fail(outcome["error"], pytrace=False)

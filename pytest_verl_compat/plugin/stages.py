@@ -239,7 +239,9 @@ def test_compile(
     if report is None:
         return  # nothing was composed, so there is no compile report to snapshot
     assert report.to_json() == snapshot.use_extension(
-        golden_extension(verl_audit.golden_dir, "compile", accept_command(request.config))
+        golden_extension(
+            verl_audit.golden_dir, "compile", accept_command(request.config), _baseline(verl_audit)
+        )
     )
 
 
@@ -335,7 +337,9 @@ def test_snapshot(
     payload = _run(lambda: verl_audit.golden_payload(verl_case), request, verl_case)
     _record(request, verl_case, "snapshot", golden=str(verl_audit.golden_path(verl_case).name))
     assert payload == snapshot.use_extension(
-        golden_extension(verl_audit.golden_dir, "compose", accept_command(request.config))
+        golden_extension(
+            verl_audit.golden_dir, "compose", accept_command(request.config), _baseline(verl_audit)
+        )
     )
 
 
@@ -390,13 +394,21 @@ def test_golden_orphans(verl_audit: AuditSession, request: pytest.FixtureRequest
         )
 
 
+def _baseline(session: AuditSession) -> tuple[Path, str, str] | None:
+    """The manifest's own release's golden folder, when the release checked is another."""
+    if session.golden_dir == session.corpus_golden_dir or session.manifest is None:
+        return None
+    base = session.manifest.upstream.version
+    return session.corpus_golden_dir, f"verl {base}", f"verl {session.version}"
+
+
 def test_conformance(
     conformance_case: Any, verl_state: AuditState, request: pytest.FixtureRequest
 ) -> None:
     """Our reference math equals upstream verl's, values and gradients, within the case's tolerance."""
     from pytest_verl_compat.conformance.plan import upstream_missing_reason
 
-    missing = upstream_missing_reason()
+    missing = upstream_missing_reason(verl_state.session.version)
     if missing:
         pytest.skip(missing)
     result = verl_state.conformance_results.get(conformance_case)
@@ -467,7 +479,7 @@ class TestStepConformance:
 
         if not request.config.getoption("verl_corpus_step"):
             pytest.skip("the step stage runs with --verl-corpus-step (about 4 minutes)")
-        missing = upstream_missing_reason()
+        missing = upstream_missing_reason(verl_audit.version)
         if missing:
             pytest.skip(missing)
         # Every selected step case in one upstream subprocess (verl is imported once).
@@ -503,7 +515,8 @@ def _step_outcome(verl_audit: AuditSession, selected: list[str]) -> dict[str, An
     """
     from pytest_verl_compat.conformance.step.cases import step_case
     from pytest_verl_compat.conformance.step.run import StepOracleError, run_steps
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.releases.index import ReleaseError
+    from pytest_verl_compat.upstream.runner import release_runner
 
     cases = []
     report: dict[str, Any] = {}
@@ -513,8 +526,8 @@ def _step_outcome(verl_audit: AuditSession, selected: list[str]) -> dict[str, An
         except (StageFailed, StageUnavailable, ValueError) as exc:
             report[cid] = str(exc)
     try:
-        report.update(run_steps(cases, run_module) if cases else {})
-    except StepOracleError as exc:
+        report.update(run_steps(cases, release_runner(verl_audit.version)) if cases else {})
+    except (StepOracleError, ReleaseError) as exc:
         return {"error": str(exc)}
     # As a worker under xdist reads it from JSON, so without xdist too.
     outcome: dict[str, Any] = json.loads(json.dumps({"report": report}))

@@ -66,7 +66,7 @@ class AuditState:
 
     def conformance_references(self) -> OracleReferences | None:
         """Upstream's side of the conformance cases from the oracle, when verl is installed."""
-        if self._references is None and upstream_missing_reason() is None:
+        if self._references is None and upstream_missing_reason(self.session.version) is None:
             from pytest_verl_compat.conformance.reference_answers import (
                 OracleReferences,
                 reference_answers,

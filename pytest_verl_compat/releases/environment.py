@@ -253,10 +253,7 @@ def download_command(lock: Lock, dest: Path) -> list[str]:
 
 
 def shown_download_command(lock: Lock) -> str:
-    return (
-        f"pip download --no-deps --require-hashes -r {lock.path} "
-        f"--dest {wheels_dir()}"
-    )
+    return f"pip download --no-deps --require-hashes -r {lock.path} --dest {wheels_dir()}"
 
 
 def _build(lock: Lock) -> ReleaseEnvironment:

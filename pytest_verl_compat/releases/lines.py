@@ -197,7 +197,8 @@ def dumps_line_map(data: Mapping[str, Any]) -> str:
     """The data file's text: sorted, one file's blocks per line, byte-deterministic."""
     files = json.dumps(list(data["base_files"]))
     changed = ",\n".join(
-        f"  {json.dumps(name)}: {json.dumps(blocks)}" for name, blocks in sorted(data["changed"].items())
+        f"  {json.dumps(name)}: {json.dumps(blocks)}"
+        for name, blocks in sorted(data["changed"].items())
     )
     return f'{{"base_files": {files},\n"changed": {{\n{changed}\n}}}}\n'
 

@@ -19,7 +19,6 @@ from pytest_verl_compat.files.safe_input import load_yaml, read_text
 from pytest_verl_compat.model import COMPOSED, Composition
 from pytest_verl_compat.pipeline.compile import rejection_reasons
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 if TYPE_CHECKING:
     from pytest_verl_compat.model import CompileReport
@@ -67,20 +66,12 @@ def known_tree_versions(session: AuditSession) -> dict[str, str]:
 
 
 def tree_version(root: Path, digest: str, known: Mapping[str, str]) -> str | None:
-    """A tree's verl version: its version file, else a known hash, else the installed verl's."""
+    """A tree's verl version: its version file, else a known release's hash."""
     version_file = root / "verl" / "version" / "version"
     if version_file.is_file():
         # The other tree is anyone's: a version file is a short bounded text (InputError).
         return read_text(version_file, limit=1024, what="version file").strip() or None
-    if digest in known:
-        return known[digest]
-    installed = installed_verl_root()
-    if installed is not None:
-        installed_root, installed_version = installed
-        config_dir = installed_root / "verl" / "trainer" / "config"
-        if config_dir.is_dir() and tree_sha256(config_dir) == digest:
-            return installed_version
-    return None
+    return known.get(digest)
 
 
 def _leaves(resolved: Mapping[str, Any]) -> dict[str, Any]:

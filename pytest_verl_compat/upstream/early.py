@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
@@ -579,13 +578,13 @@ def early_answer(
 
 
 @functools.lru_cache(maxsize=128)
-def _statement_lines(relative: str, statement: str, function: str = "") -> tuple[int, ...]:
-    """The lines of ``relative`` that start with ``statement``: the first, or every one inside
-    ``function`` when given (``raise NotImplementedError`` alone is not unique)."""
-    installed = installed_verl_root()
-    if installed is None:
-        return ()
-    source = statements.parse(str(installed[0] / relative), relative)
+def _statement_lines(
+    root: Path, relative: str, statement: str, function: str = ""
+) -> tuple[int, ...]:
+    """The lines of ``relative`` (in the release's files at ``root``) that start with
+    ``statement``: the first, or every one inside ``function`` when given (``raise
+    NotImplementedError`` alone is not unique)."""
+    source = statements.parse(str(root / relative), relative)
     if source is None:
         return ()
     found = []
@@ -608,16 +607,18 @@ def covered_static_findings(
     answer: EarlyAnswer,
     findings: Iterable[Finding],
     keys_of: Callable[[UpstreamFailure], Iterable[str]],
+    root: Path,
 ) -> list[Finding]:
     """The static findings that repeat a failure upstream reported: the check says what the
     failing statement says (``STATIC_EQUIVALENTS``, or upstream's words), and the finding is
     about the same section of the configuration as the failure's keys (``keys_of`` maps them to
     the keys the user set). A section the failure does not name keeps its static finding: the
-    first failing assertion hides the ones after it."""
+    first failing assertion hides the ones after it. ``root``: the answering release's files,
+    where the statements are found by their shape."""
     covered = []
     for finding in findings:
         for failure in answer.failures:
-            if _equivalent(finding.check, failure) and _sections(
+            if _equivalent(finding.check, failure, root) and _sections(
                 finding.path.split(", ")
             ) & _sections(keys_of(failure)):
                 covered.append(finding)
@@ -625,14 +626,14 @@ def covered_static_findings(
     return covered
 
 
-def _equivalent(check_id: str, failure: UpstreamFailure) -> bool:
+def _equivalent(check_id: str, failure: UpstreamFailure, root: Path) -> bool:
     words = STATIC_EQUIVALENT_MESSAGES.get(check_id)
     if words is not None and words in failure.message:
         return True
     for relative, statement, *function in STATIC_EQUIVALENTS.get(check_id, ()):
         if any(
             failure.where == f"{relative}:{n}"
-            for n in _statement_lines(relative, statement, *function)
+            for n in _statement_lines(root, relative, statement, *function)
         ):
             return True
     return False

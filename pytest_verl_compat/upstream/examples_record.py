@@ -35,7 +35,7 @@ from pytest_verl_compat.pipeline.report import example_totals
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic, write_atomic_bytes
 from pytest_verl_compat.upstream.early import early_answer, upstream_gate
 from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.runner import referenced_variables, run_module
+from pytest_verl_compat.upstream.runner import referenced_variables, release_runner
 from pytest_verl_compat.upstream.trusted import printed_config
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
@@ -92,7 +92,7 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
     for case in cases:
         if case.id in argvs:
             variables.update(referenced_variables(argvs[case.id], case.bindings.variables))
-    run = run_module(
+    run = release_runner(session.version)(
         "pytest_verl_compat.upstream.entry_batch",
         stdin=json.dumps(launches),
         variables=variables,

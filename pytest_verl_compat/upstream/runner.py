@@ -10,6 +10,7 @@ a name that changes how the interpreter or the loader start.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -104,6 +105,12 @@ def release_interpreter(version: str, progress: Callable[[str], None] | None = N
     release = load_release_index().supported_release(version)
     environment = release_environment(release, progress or say_progress)
     return Interpreter(str(environment.python), str(checker_folder()))
+
+
+def release_runner(version: str) -> Callable[..., UpstreamRun]:
+    """``run_module`` in ``version``'s own environment (built now, on first use)."""
+    interpreter = release_interpreter(version)
+    return functools.partial(run_module, interpreter=interpreter)
 
 
 def _command(module: str, args: Sequence[str], interpreter: Interpreter | None = None) -> list[str]:

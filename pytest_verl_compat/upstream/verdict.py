@@ -252,7 +252,9 @@ def _verdict(
             def keys_of(failure: UpstreamFailure) -> list[str]:
                 return user_keys(failure.keys)
 
-            covered = covered_static_findings(answer, findings, keys_of)
+            covered = covered_static_findings(
+                answer, findings, keys_of, session.release_files().root
+            )
             # A dataclass annotation is upstream's own typing and outranks the tree default's
             # type (``rollout_is_threshold: str | float`` defaults to 2.0).
             admitted = {str(t[probe_types.KEY_KEY]) for t in answer.admitted_types}

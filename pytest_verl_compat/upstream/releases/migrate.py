@@ -25,7 +25,6 @@ from pytest_verl_compat.files.safe_input import BoundedLoader, InputError, read_
 from pytest_verl_compat.model import Case, Composition
 from pytest_verl_compat.pipeline.compile import compile_resolved
 from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import load_profile
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, locate_edits, verify_edits
 from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_release_index
@@ -331,14 +330,13 @@ def migrate_script(
         index.config_dir,
         (split_hydra_argv(argv).config_name or session.pin.config_name).removesuffix(".yaml"),
     )
-    installed = installed_verl_root()
     context = MoveContext(
         index.release(source),
         index.release(target),
         source_base.mapping,
         target_base.mapping,
         index,
-        installed[0] if installed and installed[1] == session.pin.version else None,
+        session.release_files().root,
         session.pin.version,
     )
     moves = moves_between(context)
