@@ -45,8 +45,8 @@ def corpus_fields() -> list[tuple[str, list[str], dict[str, str]]]:
 def baseline(cases: list[tuple[str, list[str], dict[str, str]]]) -> tuple[float, dict[str, Any]]:
     import yaml
 
-    from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, entry_argv
-    from pytest_verl_compat.upstream.runner import referenced_variables, run_module
+    from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, entry_argv
+    from pytest_verl_compat.upstream.oracle.runner import referenced_variables, run_module
 
     start = time.perf_counter()
     results = {}
@@ -65,8 +65,8 @@ def oracle(
 ) -> tuple[float, dict[str, Any]]:
     import yaml
 
-    from pytest_verl_compat.upstream.oracle import UpstreamOracle, compose_request
-    from pytest_verl_compat.upstream.runner import referenced_variables
+    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle, compose_request
+    from pytest_verl_compat.upstream.oracle.runner import referenced_variables
 
     start = time.perf_counter()
     process = UpstreamOracle(workers)

@@ -99,7 +99,7 @@ def phases(upstream: Path) -> list[tuple[str, float]]:
 import json, time, warnings
 warnings.simplefilter("ignore")
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.upstream.verdict import explicit_keys
+from pytest_verl_compat.upstream.verdict.case import explicit_keys
 session = AuditSession.start(AuditOptions(upstream={str(upstream)!r}))
 case = session.case_for_script(session.upstream.root / {SCRIPT!r})
 mapping = session.outcome(case).composition.mapping
@@ -107,7 +107,7 @@ explicit = list(explicit_keys(session, case))
 t = time.perf_counter()
 import verl.trainer.main_ppo, verl.workers.engine_workers, verl.trainer.ppo.v1.trainer_base
 import_s = time.perf_counter() - t
-from pytest_verl_compat.upstream.validate import timed_phases
+from pytest_verl_compat.upstream.probes.validate import timed_phases
 print(json.dumps([["import verl", import_s], *timed_phases(mapping, explicit)]))
 """
     done = subprocess.run(

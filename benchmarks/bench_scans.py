@@ -42,7 +42,8 @@ PHASES = textwrap.dedent(
     from pytest_verl_compat.pipeline.manifest import (
         default_examples_path, default_manifest_path, load_examples, load_manifest)
     from pytest_verl_compat.pipeline.pins import installed_verl_root
-    from pytest_verl_compat.upstream import off_path, read_census
+    from pytest_verl_compat.upstream.census import off_path
+    from pytest_verl_compat.upstream.census import reads as read_census
 
     import pytest_verl_compat
     assert pytest_verl_compat.__file__.startswith(sys.argv[2]), pytest_verl_compat.__file__

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         step_batches,
         step_config,
     )
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import run_module
 
     plan = load_sft_step_plan()
     rows = []

@@ -69,7 +69,7 @@ def main() -> int:
     from pytest_verl_compat.conformance.step.cases import step_cases
     from pytest_verl_compat.conformance.step.run import compare_case, run_upstream
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import run_module
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cases", help="comma-separated step case ids (default: every one)")

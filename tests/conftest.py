@@ -140,8 +140,9 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     the xdist workers (the parent of their base temp folders), behind a file lock. Without PyPI
     the tests that need them skip, except in CI, where they fail."""
     from filelock import FileLock
-    from pytest_verl_compat.releases.wheels import download_wheel
+
     from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+    from pytest_verl_compat.releases.wheels import download_wheel
 
     shared = tmp_path_factory.getbasetemp().parent / "verl-release-wheels"
     shared.mkdir(exist_ok=True)
@@ -163,8 +164,8 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) -> Path:
     """Every release's tree in this run's user cache (where the commands look), from the wheels."""
-    from pytest_verl_compat.releases.wheels import cache_dir, install_wheel
     from pytest_verl_compat.releases.index import load_release_index
+    from pytest_verl_compat.releases.wheels import cache_dir, install_wheel
 
     index = load_release_index()
     cache = cache_dir()
@@ -206,7 +207,7 @@ def example_answers(
                 load_examples,
                 load_manifest,
             )
-            from pytest_verl_compat.upstream.verdict import many_asker, upstream_question
+            from pytest_verl_compat.upstream.verdict.case import many_asker, upstream_question
 
             session = AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
             bindings = load_manifest(default_manifest_path()).bindings
@@ -237,7 +238,7 @@ def example_answers(
 def oracle() -> Iterator[object]:
     """One upstream oracle process per test module (verl imported once); skips without verl."""
     from pytest_verl_compat.pipeline.pins import installed_verl_root
-    from pytest_verl_compat.upstream.oracle import UpstreamOracle
+    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 
     if installed_verl_root() is None:
         pytest.skip("verl is not installed")
@@ -295,7 +296,7 @@ def _start_step_oracle(
     from pytest_verl_compat.conformance.step.cases import step_cases
     from pytest_verl_compat.conformance.step.run import launch_upstream, prepare_upstream
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import run_module
 
     try:
         session = AuditSession.start(AuditOptions(manifest=None, upstream=None))

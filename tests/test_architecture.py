@@ -2,8 +2,11 @@
 
 Layers, lowest first; a module imports only its own layer folder and the layers below it:
 
-    model                       the shared vocabulary
+    model, files                the shared vocabulary; untrusted files read bounded, digests,
+                                the user cache
     bash, checks                the launch reader; the finding checks
+    releases                    verl's releases as data: the index, the choice, their files,
+                                environments and line maps
     pipeline                    manifest, pins, read, compose, resolved, profile, compile, lower,
                                 snapshot, audit session, audit report
     upstream, conformance       everything that runs upstream code; ours against upstream's math
@@ -25,13 +28,15 @@ PACKAGE = ROOT / "pytest_verl_compat"
 TRAINER = ROOT / "reference_trainer"
 LAYERS = {
     "model": 0,
+    "files": 0,
     "bash": 1,
     "checks": 1,
-    "pipeline": 2,
-    "upstream": 3,
-    "conformance": 3,
-    "plugin": 4,
-    "cli": 4,
+    "releases": 2,
+    "pipeline": 3,
+    "upstream": 4,
+    "conformance": 4,
+    "plugin": 5,
+    "cli": 5,
 }
 MAX_LINES = 800
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream import census, census_run
+from pytest_verl_compat.upstream.census import checks as census
+from pytest_verl_compat.upstream.census import checks_run as census_run
 from pytest_verl_compat.upstream.probes.records import KEY_RAN
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-checks.md"
@@ -164,7 +165,7 @@ def helper(n, batch):
 def test_reads_follow_locals_attributes_and_call_sites(tmp_path: Path) -> None:
     """The reading on a module of its own: a local, a ``self`` attribute and a parameter from
     the configuration are reads; the batch's shape and a type check of the section are not."""
-    from pytest_verl_compat.upstream import census_reads
+    from pytest_verl_compat.upstream.census import call_binding as census_reads
     from pytest_verl_compat.upstream.probes import statements
 
     path = tmp_path / "worker.py"
@@ -187,7 +188,7 @@ def test_reads_follow_locals_attributes_and_call_sites(tmp_path: Path) -> None:
 def test_recorded_answers_are_read_without_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
     """A question whose key is recorded starts no oracle; a changed question is asked anew."""
     from pytest_verl_compat.pipeline.answers import CHECKS, answer_key
-    from pytest_verl_compat.upstream.oracle import checks_request
+    from pytest_verl_compat.upstream.oracle.client import checks_request
 
     entry = census.Entry("verl/x.py", 3, "f", "assert", "assert x", "x", "config", (3,))
     mapping = {"trainer": {"use_v1": True}}
@@ -222,7 +223,7 @@ def test_the_census_runs_main_ppo_configurations_only(upstream_session: object) 
     census's configurations are the main_ppo cases, on the corpus's own cases (the whole run,
     examples included, is ``census --check`` in tests/test_docs_commands.py)."""
     from pytest_verl_compat.pipeline.audit import AuditSession
-    from pytest_verl_compat.upstream.oracle import ENTRY_MODULE
+    from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE
 
     assert isinstance(upstream_session, AuditSession)
     cases = list(upstream_session.cases)
@@ -255,7 +256,7 @@ class Other:
 def test_a_dunder_called_on_object_and_a_private_attribute_are_no_reads(tmp_path: Path) -> None:
     """``object.__setattr__(config.section, …)`` is not a call of FooConfig.__setattr__ that
     passes it configuration, and ``getattr(self, "_frozen")`` reads no field."""
-    from pytest_verl_compat.upstream import census_reads
+    from pytest_verl_compat.upstream.census import call_binding as census_reads
     from pytest_verl_compat.upstream.probes import statements
 
     path = tmp_path / "foo.py"

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_verl_compat.cli import main, output
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.warm import IDLE_VARIABLE
+from pytest_verl_compat.upstream.oracle.warm import IDLE_VARIABLE
 
 
 class Terminal(io.StringIO):

@@ -16,14 +16,14 @@ from pytest_verl_compat.files.digests import sha256_file, tree_sha256
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.profile import load_profile, profile_path
-from pytest_verl_compat.upstream.drift import (
+from pytest_verl_compat.upstream.drift.report import (
     OUTCOME_NOTE,
     drift_report,
     has_drift,
     render_markdown,
     section_of,
 )
-from pytest_verl_compat.upstream.retarget import (
+from pytest_verl_compat.upstream.drift.retarget import (
     is_observing,
     new_rules,
     retarget_cases,
@@ -296,7 +296,7 @@ def test_retarget_workflow(
 
 
 def test_retarget_refuses_to_overwrite_the_pinned_profile(upstream_091: Path) -> None:
-    from pytest_verl_compat.upstream.retarget import RetargetError
+    from pytest_verl_compat.upstream.drift.retarget import RetargetError
 
     with pytest.raises(RetargetError, match="pinned profile"):
         retarget_profile("verl-0.9.0-single-device", upstream_091, "verl-0.9.0-single-device")

@@ -124,7 +124,7 @@ def test_the_launch_is_an_entry_point_or_a_module_the_release_lacks(site: Path) 
 
 
 def _check(session: AuditSession, text: str, tmp_path: Path, name: str = "run.sh") -> list[str]:
-    from pytest_verl_compat.upstream.verdict import check_case
+    from pytest_verl_compat.upstream.verdict.case import check_case
 
     script = tmp_path / name
     script.write_text(text)

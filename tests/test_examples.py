@@ -1,7 +1,7 @@
 """verl 0.9.0's own launch scripts (corpus/examples.yaml): read, composed as upstream does, checked.
 
 Upstream's outcome for each argv was recorded once from its entry point
-(``python -m pytest_verl_compat.upstream.examples_record``, golden/examples/upstream.json); our
+(``python -m pytest_verl_compat.upstream.verdict.examples``, golden/examples/upstream.json); our
 per-script verdicts and the totals that golden/audit.json carries are in golden/examples/audit.json.
 """
 
@@ -27,7 +27,7 @@ from pytest_verl_compat.pipeline.manifest import (
 )
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.report import EXAMPLES_AUDIT, example_totals
-from pytest_verl_compat.upstream.examples_record import (
+from pytest_verl_compat.upstream.verdict.examples import (
     UPSTREAM_ANSWER,
     argv_digest,
     digest,
@@ -82,7 +82,7 @@ def test_example(case: Case, session: AuditSession) -> None:
     fields = outcome.fields.fields
     assert argv_digest(fields) == upstream["argv_sha256"], (
         f"the argv changed since upstream's outcome was recorded [{case.id}]; re-record with "
-        "python -m pytest_verl_compat.upstream.examples_record"
+        "python -m pytest_verl_compat.upstream.verdict.examples"
     )
     composition = session.outcome(case).composition
     assert composition.composed == upstream["composed"], (
@@ -110,7 +110,7 @@ def test_the_examples_answers_are_recorded_under_the_keys_check_asks_now(
         load_recorded,
         recorded_path,
     )
-    from pytest_verl_compat.upstream.examples_record import recorded_answers
+    from pytest_verl_compat.upstream.verdict.examples import recorded_answers
 
     if installed_verl_root() is None:
         pytest.skip("the questions' tree is the installed verl's")
@@ -120,7 +120,7 @@ def test_the_examples_answers_are_recorded_under_the_keys_check_asks_now(
     stale = sorted(set(now) ^ set(recorded))
     assert not stale, (
         f"{len(stale)} recorded answers are stale; re-record with "
-        "python -m pytest_verl_compat.upstream.examples_record"
+        "python -m pytest_verl_compat.upstream.verdict.examples"
     )
     assert recorded == now
 

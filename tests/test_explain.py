@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream import explain
-from pytest_verl_compat.upstream.read_census import LeafReads
-from pytest_verl_compat.upstream.static_reads import Place
+from pytest_verl_compat.upstream.census import explain
+from pytest_verl_compat.upstream.census.reads import LeafReads
+from pytest_verl_compat.upstream.census.static_reads import Place
 
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 KEY = "actor_rollout_ref.actor.kl_loss_coef"

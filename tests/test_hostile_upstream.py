@@ -22,13 +22,17 @@ from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.init_manifest import init_manifest
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
-from pytest_verl_compat.upstream.oracle import (
+from pytest_verl_compat.upstream.oracle.client import (
     EntryArgvRefused,
     UpstreamOracle,
     compose_request,
     entry_argv,
 )
-from pytest_verl_compat.upstream.runner import UpstreamProcess, safe_variables, sandbox_environment
+from pytest_verl_compat.upstream.oracle.runner import (
+    UpstreamProcess,
+    safe_variables,
+    sandbox_environment,
+)
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 
@@ -218,7 +222,7 @@ def test_upstream_process_runs_in_an_empty_folder() -> None:
 
 def test_one_sandboxed_process_per_rank_answers_with_rank_zeros_output() -> None:
     """run_module(..., ranks=2): the step oracle's data-parallel launch (any module will do)."""
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import run_module
 
     done = run_module("json.tool", stdin='{"a": 1}', ranks=2, timeout=60)
     assert done.returncode == 0 and json.loads(done.stdout) == {"a": 1}
@@ -231,7 +235,7 @@ def test_ranks_that_outlive_the_time_are_killed_together() -> None:
     """A rank waiting for a peer that is gone would wait forever: the time bounds all of them."""
     import time
 
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import run_module
 
     started = time.monotonic()
     done = run_module(

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from corpus_facts import OFFICIAL, PINNED_VERSION
 from launch_scripts import launch_script
-from pytest_verl_compat.releases.index import load_release_index
 
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.releases.cells import CellCache
-from pytest_verl_compat.upstream.releases.matrix import (
+from pytest_verl_compat.releases.index import load_release_index
+from pytest_verl_compat.upstream.drift.cells import CellCache
+from pytest_verl_compat.upstream.drift.matrix import (
     CHECK,
     COMPOSE,
     NOT_IN_TREE,
@@ -262,8 +262,8 @@ def test_without_a_located_tree_the_pinned_release_comes_from_its_wheel(
     """No checkout and no installed verl: the pinned column composes the pinned release's tree
     from the cache, and says that upstream's own checks could not run."""
     from pytest_verl_compat.pipeline import pins
-    from pytest_verl_compat.upstream import early
-    from pytest_verl_compat.upstream.releases import trees as releases
+    from pytest_verl_compat.upstream.drift import trees as releases
+    from pytest_verl_compat.upstream.verdict import early
 
     for module in (pins, releases, early):
         monkeypatch.setattr(module, "installed_verl_root", lambda: None)

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from corpus_facts import PINNED_VERSION
 from launch_scripts import launch_script
-from pytest_verl_compat.releases.wheels import release_tree
-from pytest_verl_compat.releases.index import load_release_index
 
 from pytest_verl_compat.bash import read_launch
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, candidates, locate_edits
-from pytest_verl_compat.upstream.releases.evidence import (
+from pytest_verl_compat.releases.index import load_release_index
+from pytest_verl_compat.releases.wheels import release_tree
+from pytest_verl_compat.upstream.drift.evidence import (
     DEPRECATION_MESSAGE,
     MIGRATION_FUNCTION,
     MOVED_SUBTREE,
@@ -392,7 +392,7 @@ def test_the_v080_examples_migrate_only_with_evidence(tmp_path: Path) -> None:
     from conftest import upstream_path
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
     from pytest_verl_compat.pipeline.manifest import load_examples
-    from pytest_verl_compat.upstream.releases.corpus import measure
+    from pytest_verl_compat.upstream.drift.migrate_corpus import measure
 
     root = upstream_path("VERL_UPSTREAM_080", "verl-v0.8.0")
     if root is None:

@@ -20,7 +20,7 @@ from pytest_verl_compat.checks.registry import CHECKS, yield_to_others
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.verdict import check_case
+from pytest_verl_compat.upstream.verdict.case import check_case
 
 RULE = "effect.off-path"
 VERSION = "0.9.0"
@@ -223,7 +223,7 @@ def test_the_shipped_index_reads_each_leaf_only_under_guards() -> None:
     is read only at places whose guards name a leaf of the tree. That the file is what the
     installed verl gives is checked once, by docs/upstream-reads.md's documented command
     (``census --reads --check``, which rebuilds it: ~17 s), in tests/test_docs_commands.py."""
-    from pytest_verl_compat.upstream import off_path
+    from pytest_verl_compat.upstream.census import off_path
 
     data = Path(off_path.__file__).parents[1] / off_path.DATA
     index = json.loads(data.read_text(encoding="utf-8"))
@@ -347,7 +347,7 @@ _TREE = {
 
 
 def _index(root: Path, leave_out: str = "") -> dict[str, Any]:
-    from pytest_verl_compat.upstream import off_path
+    from pytest_verl_compat.upstream.census import off_path
 
     for relative, text in _PACKAGE.items():
         if relative != leave_out:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_verl_compat.upstream import read_census, read_census_page, static_reads
+from pytest_verl_compat.upstream.census import reads as read_census
+from pytest_verl_compat.upstream.census import reads_page as read_census_page
+from pytest_verl_compat.upstream.census import static_reads
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-reads.md"
 

@@ -182,11 +182,11 @@ def _closure(starts: tuple[str, ...]) -> set[str]:
 # What the oracle process runs to answer each kind: its own module (cold, or forked from the warm
 # template), the handlers of the kind.
 _PROCESS = (
-    "pytest_verl_compat.upstream.oracle_process",
-    "pytest_verl_compat.upstream.warm_process",
+    "pytest_verl_compat.upstream.oracle.process",
+    "pytest_verl_compat.upstream.oracle.warm_process",
 )
 ORACLE_ENTRIES = {
-    CHECKS: (*_PROCESS, "pytest_verl_compat.upstream.validate"),
+    CHECKS: (*_PROCESS, "pytest_verl_compat.upstream.probes.validate"),
     COMPOSE: _PROCESS,
     CONFORMANCE: (*_PROCESS, "pytest_verl_compat.conformance.reference_answers"),
 }
@@ -220,7 +220,7 @@ def test_an_entry_points_answer_key_digests_every_module_its_probes_run() -> Non
     """The checks of another entry point than main_ppo run its probes module (``validate``
     names it): the entry's key digests that module's closure too, main_ppo's never needs to."""
     from pytest_verl_compat.pipeline.answers import ENTRY_CODE, ORACLE_CODE
-    from pytest_verl_compat.upstream.validate import ENTRY_PROBES
+    from pytest_verl_compat.upstream.probes.validate import ENTRY_PROBES
 
     assert set(ENTRY_PROBES) == set(ENTRY_CODE)
     for entry, probes in ENTRY_PROBES.items():

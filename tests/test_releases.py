@@ -14,10 +14,23 @@ from pathlib import Path
 import pytest
 import yaml
 from corpus_facts import MANIFEST, PINNED_VERSION
-from pytest_verl_compat.releases.wheels import MAX_MEMBER_BYTES, cache_dir, install_wheel, release_tree, unpack_wheel, verify_wheel
-from pytest_verl_compat.releases.index import RELEASES_FILE, Release, ReleaseError, ReleaseIndex, load_release_index
 
 from pytest_verl_compat.files.digests import tree_sha256
+from pytest_verl_compat.releases.index import (
+    RELEASES_FILE,
+    Release,
+    ReleaseError,
+    ReleaseIndex,
+    load_release_index,
+)
+from pytest_verl_compat.releases.wheels import (
+    MAX_MEMBER_BYTES,
+    cache_dir,
+    install_wheel,
+    release_tree,
+    unpack_wheel,
+    verify_wheel,
+)
 
 INDEX = load_release_index()
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")

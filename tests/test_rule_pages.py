@@ -23,9 +23,9 @@ from pytest_verl_compat.cli.rules import markdown, page_lines, pinned_rules, pin
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.rules import all_rules
-from pytest_verl_compat.upstream.verdict import check_case, live_asker
+from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+from pytest_verl_compat.upstream.verdict.case import check_case, live_asker
+from pytest_verl_compat.upstream.verdict.rules import all_rules
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = all_rules()

@@ -26,8 +26,8 @@ from pytest_verl_compat import cli
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.read import carry_in_path_leaves
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.verdict import CaseCheck, check_case, live_asker
+from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+from pytest_verl_compat.upstream.verdict.case import CaseCheck, check_case, live_asker
 
 _ids = itertools.count()
 CKPT = "actor_rollout_ref.rollout.checkpoint_engine.backend"

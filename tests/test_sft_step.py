@@ -43,7 +43,7 @@ def sft_oracle(
 ) -> Iterator[tuple[dict[str, Any], Path]]:
     """Upstream's steps of every SFT case and variant, and the models both sides start from."""
     from pytest_verl_compat.plugin.keys import is_xdist_worker
-    from pytest_verl_compat.upstream.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import run_module
 
     # One folder per run, shared by its xdist workers: they share the parent of their base
     # folders and the run's id (as tests/conftest.py's RL step oracle).

@@ -208,7 +208,7 @@ def test_cases_with_equal_step_settings_share_one_upstream_run(tmp_path: Path) -
     requests: list[tuple[dict[str, Any], int]] = []
 
     def fake_run_module(module: str, args: Any, *, stdin: str, timeout: float, ranks: int) -> Any:
-        from pytest_verl_compat.upstream.runner import UpstreamRun
+        from pytest_verl_compat.upstream.oracle.runner import UpstreamRun
 
         requests.append((json.loads(stdin), ranks))
         return UpstreamRun(0 if ranks == 1 else 1, "", "stopped after the request")

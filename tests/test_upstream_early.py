@@ -27,7 +27,9 @@ from pytest_verl_compat.pipeline.answers import CHECKS as CHECK_ANSWERS
 from pytest_verl_compat.pipeline.answers import UserAnswers
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.early import (
+from pytest_verl_compat.upstream.oracle.client import UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.verdict.case import upstream_question
+from pytest_verl_compat.upstream.verdict.early import (
     STATIC_EQUIVALENT_MESSAGES,
     STATIC_EQUIVALENTS,
     ChecksQuestion,
@@ -38,8 +40,6 @@ from pytest_verl_compat.upstream.early import (
     covered_static_findings,
     early_answer,
 )
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, checks_request
-from pytest_verl_compat.upstream.verdict import upstream_question
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 
@@ -352,7 +352,7 @@ def test_every_static_equivalent_names_a_registered_check_and_a_real_statement()
         pytest.skip("verl is not installed")
     installed = installed_verl_root()
     assert installed is not None
-    from pytest_verl_compat.upstream.early import _statement_lines
+    from pytest_verl_compat.upstream.verdict.early import _statement_lines
 
     for check_id, statements in STATIC_EQUIVALENTS.items():
         assert check_id in CHECKS
@@ -544,8 +544,7 @@ def test_check_leaves_out_the_static_finding_upstream_repeats(
 def test_check_says_why_upstreams_checks_are_skipped(
     upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_verl_compat.upstream import early
-    from pytest_verl_compat.upstream.verdict import check_case, live_asker
+    from pytest_verl_compat.upstream.verdict.case import check_case, early, live_asker
 
     monkeypatch.setattr(early, "installed_verl_root", lambda: None)
     session = AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
@@ -610,7 +609,7 @@ def test_upstreams_early_checks_on_every_composed_example(
         load_examples,
         load_manifest,
     )
-    from pytest_verl_compat.upstream.verdict import many_asker
+    from pytest_verl_compat.upstream.verdict.case import many_asker
 
     cases = load_examples(default_examples_path(), load_manifest(default_manifest_path()).bindings)
     questions = {}

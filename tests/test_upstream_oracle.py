@@ -16,8 +16,12 @@ from omegaconf import OmegaConf
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.oracle import UpstreamOracle, compose_request, validate_request
-from pytest_verl_compat.upstream.trusted import printed_config
+from pytest_verl_compat.upstream.oracle.client import (
+    UpstreamOracle,
+    compose_request,
+    validate_request,
+)
+from pytest_verl_compat.upstream.oracle.trusted import printed_config
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 
@@ -76,7 +80,7 @@ def test_a_selection_without_upstream_stages_starts_no_process(
     # validate as upstream would.
     pytester.makeconftest(
         f"""
-        from pytest_verl_compat.upstream.oracle import UpstreamOracle
+        from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 
         def _start(self):
             open({str(marker)!r}, "a").write("started\\n")

@@ -27,8 +27,8 @@ from hostile_canary import Canary
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.verdict import CaseCheck, check_case, live_asker
+from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+from pytest_verl_compat.upstream.verdict.case import CaseCheck, check_case, live_asker
 
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 

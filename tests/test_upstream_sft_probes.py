@@ -24,14 +24,14 @@ from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.sft import compose_sft
-from pytest_verl_compat.upstream.early import (
+from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.verdict.early import (
     ChecksQuestion,
     EarlyAnswer,
     cache_key,
     early_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
 
 pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 
@@ -308,7 +308,7 @@ def test_never_read_is_scoped_to_the_sft_entry_points_modules() -> None:
     """Names only the RL trainers' modules read are not read on the SFT path: the scan follows
     the SFT entry point's imports, not the whole package."""
     from pytest_verl_compat.upstream.probes.effects import referenced_names
-    from pytest_verl_compat.upstream.probes.sft_effects import (
+    from pytest_verl_compat.upstream.probes.sft.effects import (
         SFT_ENTRY,
         entry_files,
         referenced_on_path,

@@ -18,15 +18,16 @@ import yaml
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.pins import installed_verl_root
-from pytest_verl_compat.upstream import runner, warm
-from pytest_verl_compat.upstream.oracle import (
+from pytest_verl_compat.upstream.oracle.client import (
     PROCESS_MODULE,
     UpstreamOracle,
     checks_request,
     compose_request,
+    runner,
+    warm,
 )
+from pytest_verl_compat.upstream.oracle.runner import sandbox_environment
 from pytest_verl_compat.upstream.probes import trainer
-from pytest_verl_compat.upstream.runner import sandbox_environment
 
 needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
 

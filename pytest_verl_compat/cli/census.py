@@ -29,7 +29,8 @@ from pytest_verl_compat.pipeline.snapshot import write_atomic
 
 def cmd_census(args: argparse.Namespace) -> int:
     """Scan the installed verl, run the probes' coverage, print or write the page."""
-    from pytest_verl_compat.upstream import census, census_run
+    from pytest_verl_compat.upstream.census import checks as census
+    from pytest_verl_compat.upstream.census import checks_run as census_run
 
     session = open_session(args)
     root = release_root(session)
@@ -115,7 +116,10 @@ def read_trees(session: Any, verl_parent: Path) -> dict[str, dict[str, Any]]:
 
 def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     """The read census (``read_census``): every leaf of main_ppo's trees and where verl reads it."""
-    from pytest_verl_compat.upstream import census_run, off_path, read_census, read_census_page
+    from pytest_verl_compat.upstream.census import checks_run as census_run
+    from pytest_verl_compat.upstream.census import off_path
+    from pytest_verl_compat.upstream.census import reads as read_census
+    from pytest_verl_compat.upstream.census import reads_page as read_census_page
 
     trees = read_trees(session, verl_parent)
     configs = census_run.reads_configurations(census_run.configurations(session))

@@ -67,7 +67,7 @@ from pytest_verl_compat.pipeline.suppress import (
     check_selectors,
     directives,
 )
-from pytest_verl_compat.upstream.rules import (
+from pytest_verl_compat.upstream.verdict.rules import (
     LAUNCH_NO_LAUNCHER,
     LAUNCH_UNKNOWN_ENTRY,
     LAUNCH_UNREADABLE,
@@ -308,7 +308,7 @@ def finish(
     ask: Any,
     chosen: Selection,
 ) -> FileResult:
-    from pytest_verl_compat.upstream.verdict import check_case
+    from pytest_verl_compat.upstream.verdict.case import check_case
 
     if prepared.result is not None:
         result = prepared.result
@@ -364,7 +364,7 @@ def _asker(
     session: AuditSession, prepared: list[Prepared], args: argparse.Namespace
 ) -> tuple[Any, Callable[[], None]]:
     """Upstream's early checks for every composed case: one oracle process for the whole run."""
-    from pytest_verl_compat.upstream.verdict import many_asker
+    from pytest_verl_compat.upstream.verdict.case import many_asker
 
     cases = [p.case for p in prepared if p.case is not None]
     return many_asker(session, cases, enabled=not args.no_upstream_checks)

@@ -30,7 +30,7 @@ def _folder(value: str) -> str:
 
 def _folder_or_release(value: str) -> str:
     """A folder, or the version of a pinned release (its tree is fetched when the command runs)."""
-    from pytest_verl_compat.upstream.releases import load_release_index
+    from pytest_verl_compat.upstream.drift import load_release_index
 
     if Path(value).expanduser().is_dir() or value in load_release_index().versions:
         return value
@@ -40,7 +40,7 @@ def _folder_or_release(value: str) -> str:
 
 def _against_root(value: str) -> Path:
     """The folder ``--against`` names: the path itself, or the pinned release's fetched tree."""
-    from pytest_verl_compat.upstream.releases import ReleaseError, release_tree
+    from pytest_verl_compat.upstream.drift import ReleaseError, release_tree
 
     if Path(value).expanduser().is_dir():
         return Path(value)
@@ -53,7 +53,7 @@ def _against_root(value: str) -> Path:
 def cmd_drift(args: argparse.Namespace) -> int:
     """Exit 1 when the other tree drifts from the pinned one, 0 when not, 2 when it cannot run."""
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-    from pytest_verl_compat.upstream.drift import (
+    from pytest_verl_compat.upstream.drift.report import (
         DriftError,
         drift_report,
         has_drift,
@@ -78,7 +78,11 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_retarget(args: argparse.Namespace) -> int:
-    from pytest_verl_compat.upstream.retarget import RetargetError, retarget_cases, retarget_profile
+    from pytest_verl_compat.upstream.drift.retarget import (
+        RetargetError,
+        retarget_cases,
+        retarget_profile,
+    )
 
     session = open_session(args)
     pin = session.pin

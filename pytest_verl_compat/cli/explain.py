@@ -24,7 +24,9 @@ from pytest_verl_compat.pipeline.answers import load_recorded, recorded_path
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print where the installed verl reads KEY; with SCRIPT, whether it acts there."""
-    from pytest_verl_compat.upstream import census_run, explain, read_census
+    from pytest_verl_compat.upstream.census import checks_run as census_run
+    from pytest_verl_compat.upstream.census import explain
+    from pytest_verl_compat.upstream.census import reads as read_census
 
     session = open_session(args)
     root = release_root(session)

@@ -38,18 +38,18 @@ from pytest_verl_compat.pipeline.answers import (
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.snapshot import write_atomic_bytes
-from pytest_verl_compat.upstream.early import (
+from pytest_verl_compat.upstream.oracle.client import EntryArgvRefused, UpstreamOracle
+from pytest_verl_compat.upstream.oracle.client import compose_request as entry_request
+from pytest_verl_compat.upstream.oracle.runner import referenced_variables
+from pytest_verl_compat.upstream.oracle.trusted import TrustedCompositions, trusted_answers
+from pytest_verl_compat.upstream.oracle.trusted import cache_key as compose_key
+from pytest_verl_compat.upstream.verdict.case import upstream_question
+from pytest_verl_compat.upstream.verdict.early import (
     ChecksQuestion,
     check_answers,
     early_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import EntryArgvRefused, UpstreamOracle
-from pytest_verl_compat.upstream.oracle import compose_request as entry_request
-from pytest_verl_compat.upstream.runner import referenced_variables
-from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_answers
-from pytest_verl_compat.upstream.trusted import cache_key as compose_key
-from pytest_verl_compat.upstream.verdict import upstream_question
 
 # The oracle process imports these to answer the conformance questions.
 _SERVED = ("pytest_verl_compat.conformance.reference_answers",)

@@ -30,7 +30,7 @@ def _session(args: argparse.Namespace) -> Any:
     release's tree from its wheel, so the pinned column is still a composition and `check`'s
     static verdict."""
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-    from pytest_verl_compat.upstream.releases import ReleaseError, release_tree
+    from pytest_verl_compat.upstream.drift import ReleaseError, release_tree
 
     session = open_session(args)
     if session.upstream is not None or getattr(args, "upstream", None):
@@ -58,7 +58,7 @@ def _matrix_cases(session: Any, args: argparse.Namespace) -> list[Case]:
     if args.official:
         cases += [case for case in session.cases if case.kind == "official"]
     if args.examples:
-        from pytest_verl_compat.upstream.examples_record import example_cases
+        from pytest_verl_compat.upstream.verdict.examples import example_cases
 
         if session.upstream is None or not session.upstream.has_scripts:
             raise UsageError(
@@ -84,7 +84,7 @@ def _matrix_cases(session: Any, args: argparse.Namespace) -> list[Case]:
 def cmd_matrix(args: argparse.Namespace) -> int:
     """Exit 1 when a script is not read or not valid for the pinned release, else 0."""
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-    from pytest_verl_compat.upstream.releases import (
+    from pytest_verl_compat.upstream.drift import (
         CellCache,
         MatrixError,
         ReleaseError,
@@ -122,7 +122,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     from pytest_verl_compat.files.safe_input import read_bytes
     from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-    from pytest_verl_compat.upstream.releases import (
+    from pytest_verl_compat.upstream.drift import (
         MigrateError,
         ReleaseError,
         migrate_script,

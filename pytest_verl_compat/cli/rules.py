@@ -11,7 +11,7 @@ from typing import Any
 from pytest_verl_compat.checks import Example, RuleDoc
 from pytest_verl_compat.cli.common import EXIT_OK, UsageError, did_you_mean
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.upstream.rules import all_rules
+from pytest_verl_compat.upstream.verdict.rules import all_rules
 
 DOC_TITLE = "# Rules of `verl-compat check`"
 

@@ -87,18 +87,17 @@ _RL_PROBES = tuple(
         "tiny_batch",
         "trainer",
         "types",
+        "validate",
     )
 )
-_SFT_PROBES = tuple(
-    f"{_PROBES}sft_{name}.py" for name in ("effects", "keys", "model", "phases", "step", "trainer")
-)
+_SFT_PROBES = (f"{_PROBES}sft",)
 _ORACLE_PROCESS = (
-    "pytest_verl_compat/upstream/oracle_process.py",
-    "pytest_verl_compat/upstream/oracle.py",
-    "pytest_verl_compat/upstream/validate.py",
-    "pytest_verl_compat/upstream/runner.py",
-    "pytest_verl_compat/upstream/warm.py",
-    "pytest_verl_compat/upstream/warm_process.py",
+    "pytest_verl_compat/upstream/oracle/__init__.py",
+    "pytest_verl_compat/upstream/oracle/process.py",
+    "pytest_verl_compat/upstream/oracle/client.py",
+    "pytest_verl_compat/upstream/oracle/runner.py",
+    "pytest_verl_compat/upstream/oracle/warm.py",
+    "pytest_verl_compat/upstream/oracle/warm_process.py",
     *_RL_PROBES,
     "pytest_verl_compat/pipeline/targets.py",
     "pytest_verl_compat/files/safe_input.py",

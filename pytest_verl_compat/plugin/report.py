@@ -266,7 +266,7 @@ class AuditReporter:
             terminalreporter.write_line(line, yellow=True)
         checked = [f for f in self.facts.values() if "valid" in f]
         if checked:
-            from pytest_verl_compat.upstream.validate import STAND_INS
+            from pytest_verl_compat.upstream.probes.validate import STAND_INS
 
             valid = sum(1 for f in checked if f["valid"])
             runnable = sum(1 for f in checked if f["runnable"])

@@ -25,7 +25,7 @@ def _sft_outcome(release: str) -> dict[str, Any]:
     )
     from pytest_verl_compat.pipeline.lower import NotAccepted
     from pytest_verl_compat.releases.index import ReleaseError
-    from pytest_verl_compat.upstream.runner import release_runner
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
 
     try:
         report = run_sft_steps(load_sft_step_plan(), release_runner(release))

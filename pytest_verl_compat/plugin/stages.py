@@ -35,7 +35,7 @@ from pytest_verl_compat.plugin.nodes import NODE_PREFIX
 from pytest_verl_compat.plugin.sft_stage import TestSFTStepConformance  # noqa: F401  # collected here
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
 from pytest_verl_compat.plugin.state import AuditState
-from pytest_verl_compat.upstream.trusted import TrustedCompositions
+from pytest_verl_compat.upstream.oracle.trusted import TrustedCompositions
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -516,7 +516,7 @@ def _step_outcome(verl_audit: AuditSession, selected: list[str]) -> dict[str, An
     from pytest_verl_compat.conformance.step.cases import step_case
     from pytest_verl_compat.conformance.step.run import StepOracleError, run_steps
     from pytest_verl_compat.releases.index import ReleaseError
-    from pytest_verl_compat.upstream.runner import release_runner
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
 
     cases = []
     report: dict[str, Any] = {}

@@ -14,19 +14,19 @@ from pytest_verl_compat.conformance.results import ConformanceResults
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.answers import Answers
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.upstream.early import (
-    UpstreamGate,
-    check_answers,
-    prefetch_answer,
-    upstream_gate,
-)
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.trusted import TrustedCompositions, trusted_answers
-from pytest_verl_compat.upstream.verdict import (
+from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+from pytest_verl_compat.upstream.oracle.trusted import TrustedCompositions, trusted_answers
+from pytest_verl_compat.upstream.verdict.case import (
     CaseCheck,
     check_case,
     live_asker,
     upstream_question,
+)
+from pytest_verl_compat.upstream.verdict.early import (
+    UpstreamGate,
+    check_answers,
+    prefetch_answer,
+    upstream_gate,
 )
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Running the step oracle: upstream's steps in sandboxed subprocesses, ours in process, compared.
 
 `run_steps` takes the step cases and a runner (the plugin passes
-`pytest_verl_compat.upstream.runner.run_module`, the one place allowed to start upstream code;
+`pytest_verl_compat.upstream.oracle.runner.run_module`, the one place allowed to start upstream code;
 this layer may not import it). `run_upstream` writes the shared models and starts
 ``python -I -m pytest_verl_compat.conformance.step.upstream`` once for every one-rank case and
 variant (verl is imported once), and once per case that runs on several ranks (one process per

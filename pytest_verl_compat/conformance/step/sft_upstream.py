@@ -1,7 +1,7 @@
 """Upstream's side of the SFT step oracle: verl 0.9.0's SFT steps on its FSDP engine, on a CPU.
 
 Run only as ``python -I -m pytest_verl_compat.conformance.step.sft_upstream OUT_DIR`` through
-`pytest_verl_compat.upstream.runner.run_module`, once for every SFT step case (verl is imported
+`pytest_verl_compat.upstream.oracle.runner.run_module`, once for every SFT step case (verl is imported
 once); the request arrives on stdin (`sft.request_json`). Each case is built and fed the way
 `verl/trainer/sft_trainer.py` does it, minus its data set and loader:
 

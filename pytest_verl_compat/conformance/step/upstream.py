@@ -1,7 +1,7 @@
 """Upstream's side of the step oracle: verl 0.9.0's V1 training steps on its FSDP engine, on a CPU.
 
 Run only as ``python -I -m pytest_verl_compat.conformance.step.upstream OUT_DIR`` through
-`pytest_verl_compat.upstream.runner.run_module`, once per data-parallel rank (the request
+`pytest_verl_compat.upstream.oracle.runner.run_module`, once per data-parallel rank (the request
 arrives on stdin, see `plan.request_json`; with several ranks the runner starts one process per
 rank and they meet in one gloo process group). It imports verl once and runs every requested
 case the way `verl/trainer/ppo/v1/trainer_base.py` runs a step (`_step_once`, :536-586), minus

@@ -63,7 +63,7 @@ def new_rules(unclassified: Mapping[str, Any], version: str) -> list[dict[str, A
 def _version_for(against_root: Path, digest: str, new_name: str, version: str | None) -> str:
     if version:
         return version
-    from pytest_verl_compat.upstream.drift import release_trees, tree_version
+    from pytest_verl_compat.upstream.drift.report import release_trees, tree_version
 
     found = tree_version(against_root, digest, release_trees())
     if found:

@@ -17,13 +17,13 @@ from pytest_verl_compat.pipeline.answers import (
     answers,
     mapping_digest,
 )
-from pytest_verl_compat.upstream.oracle import (
+from pytest_verl_compat.upstream.oracle.client import (
     ENTRY_MODULE,
     EntryArgvRefused,
     UpstreamOracle,
     compose_request,
 )
-from pytest_verl_compat.upstream.runner import referenced_variables
+from pytest_verl_compat.upstream.oracle.runner import referenced_variables
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_verl_compat.upstream import runner
+from pytest_verl_compat.upstream.oracle import runner
 
-TEMPLATE_MODULE = "pytest_verl_compat.upstream.warm_process"
+TEMPLATE_MODULE = "pytest_verl_compat.upstream.oracle.warm_process"
 IDLE_VARIABLE = "VERL_COMPAT_WARM_SECONDS"
 DEFAULT_IDLE_SECONDS = 300.0
 # What the template imports: this package (and the reference trainer a served module may use).
 _CODE = tuple(
-    Path(__file__).resolve().parents[2] / name
+    Path(__file__).resolve().parents[3] / name
     for name in ("pytest_verl_compat", "reference_trainer")
 )
 _SOCKET_PATH_LIMIT = 100  # sun_path holds 108 bytes on Linux

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
-from pytest_verl_compat.upstream.oracle import ENTRY_MODULE
+from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 from pytest_verl_compat.upstream.probes.phases import run_all
@@ -38,7 +38,7 @@ ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The probes of each entry point besides main_ppo, by module: each module's ``run_entry(mapping,
 # world_size, explicit)`` answers its questions. Named, not imported here, so that main_ppo's
 # answers are keyed by main_ppo's code alone (``pipeline.answers.ENTRY_CODE`` keys these).
-ENTRY_PROBES = {SFT_ENTRY_MODULE: "pytest_verl_compat.upstream.probes.sft_phases"}
+ENTRY_PROBES = {SFT_ENTRY_MODULE: "pytest_verl_compat.upstream.probes.sft.phases"}
 
 
 def _stand_in_lora_rank(lora_rank: int) -> int:

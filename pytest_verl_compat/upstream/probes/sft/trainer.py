@@ -24,10 +24,10 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import sft_model
 from pytest_verl_compat.upstream.probes.boundary import laptop
 from pytest_verl_compat.upstream.probes.patching import all_patched
 from pytest_verl_compat.upstream.probes.records import KEY_REASON, KEY_STEP, Collector
+from pytest_verl_compat.upstream.probes.sft import model as sft_model
 
 TRAINER_INIT = "trainer init: SFTTrainer.__init__"
 # Values the trainer keeps as its own attributes or hands to the checkpoint handler (never a

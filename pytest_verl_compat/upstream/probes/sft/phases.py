@@ -104,7 +104,7 @@ def config_load(out: Collector, mapping: Mapping[str, Any]) -> None:
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
 
-    from pytest_verl_compat.upstream.probes.sft_trainer import KNOBS
+    from pytest_verl_compat.upstream.probes.sft.trainer import KNOBS
 
     cfg = OmegaConf.create(dict(mapping))
     for section in SECTIONS:
@@ -121,10 +121,10 @@ def run_entry(
     """``run_sft``'s probes (``validate.ENTRY_PROBES``): every SFT probe on one resolved mapping, for rank 0 of a world of ``world_size``
     processes: the answer ``phases.run_all`` gives for main_ppo, with the config-load phase's
     ``verdict`` and ``message``."""
-    from pytest_verl_compat.upstream.probes.sft_effects import without_effect
-    from pytest_verl_compat.upstream.probes.sft_keys import narrowed
-    from pytest_verl_compat.upstream.probes.sft_step import first_step
-    from pytest_verl_compat.upstream.probes.sft_trainer import sft_trainer_probes, torchrun_free
+    from pytest_verl_compat.upstream.probes.sft.effects import without_effect
+    from pytest_verl_compat.upstream.probes.sft.keys import narrowed
+    from pytest_verl_compat.upstream.probes.sft.step import first_step
+    from pytest_verl_compat.upstream.probes.sft.trainer import sft_trainer_probes, torchrun_free
     from pytest_verl_compat.upstream.probes.types import explicit_types, wrong_types
 
     plain = dict(mapping)

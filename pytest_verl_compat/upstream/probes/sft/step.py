@@ -24,9 +24,9 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import sft_model
 from pytest_verl_compat.upstream.probes.patching import all_patched
 from pytest_verl_compat.upstream.probes.records import KEY_REASON, KEY_STEP, Collector
+from pytest_verl_compat.upstream.probes.sft import model as sft_model
 
 FIRST_UPDATE = "first update: TrainingWorker.train_batch"
 # The first row's length is capped: a budget check needs the row, not a model's worth of tokens.

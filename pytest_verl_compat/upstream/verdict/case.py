@@ -22,7 +22,9 @@ from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
-from pytest_verl_compat.upstream.early import (
+from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle
+from pytest_verl_compat.upstream.probes import types as probe_types
+from pytest_verl_compat.upstream.verdict.early import (
     AnswerStore,
     ChecksQuestion,
     EarlyAnswer,
@@ -34,9 +36,7 @@ from pytest_verl_compat.upstream.early import (
     prefetch_answer,
     upstream_gate,
 )
-from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle
-from pytest_verl_compat.upstream.probes import types as probe_types
-from pytest_verl_compat.upstream.rules import COMPOSE, LAUNCH_RUNTIME
+from pytest_verl_compat.upstream.verdict.rules import COMPOSE, LAUNCH_RUNTIME
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession

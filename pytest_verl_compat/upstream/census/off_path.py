@@ -41,8 +41,9 @@ from typing import Any
 
 import yaml
 
-from pytest_verl_compat.upstream import read_census, static_reads
-from pytest_verl_compat.upstream.census_reads import attribute_chain
+from pytest_verl_compat.upstream.census import reads as read_census
+from pytest_verl_compat.upstream.census import static_reads
+from pytest_verl_compat.upstream.census.call_binding import attribute_chain
 from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.effects import reflected_classes
 

@@ -1,6 +1,6 @@
 """Upstream's own composition of every example script, recorded once into a data file.
 
-``python -m pytest_verl_compat.upstream.examples_record --upstream PATH --write`` reads each
+``python -m pytest_verl_compat.upstream.verdict.examples --upstream PATH --write`` reads each
 script of ``corpus/examples.yaml`` and runs ``python -m verl.trainer.main_ppo --cfg job --resolve``
 with the same argv through ``runner.run_module`` (a sandboxed subprocess, ~12 s each). The file
 keeps, per script, the argv's sha256, whether upstream composed it, and the sha256 of the resolved
@@ -33,10 +33,10 @@ from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
 from pytest_verl_compat.pipeline.report import example_totals
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic, write_atomic_bytes
-from pytest_verl_compat.upstream.early import early_answer, upstream_gate
-from pytest_verl_compat.upstream.oracle import UpstreamOracle
-from pytest_verl_compat.upstream.runner import referenced_variables, release_runner
-from pytest_verl_compat.upstream.trusted import printed_config
+from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+from pytest_verl_compat.upstream.oracle.runner import referenced_variables, release_runner
+from pytest_verl_compat.upstream.oracle.trusted import printed_config
+from pytest_verl_compat.upstream.verdict.early import early_answer, upstream_gate
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
 # Per composed script, upstream's answer to the probes (``EarlyAnswer.to_json``).
@@ -93,7 +93,7 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
         if case.id in argvs:
             variables.update(referenced_variables(argvs[case.id], case.bindings.variables))
     run = release_runner(session.version)(
-        "pytest_verl_compat.upstream.entry_batch",
+        "pytest_verl_compat.upstream.oracle.entry_batch",
         stdin=json.dumps(launches),
         variables=variables,
         timeout=3600,
@@ -118,7 +118,7 @@ def record(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, dict[str
 
 def answer_keys(session: AuditSession, cases: tuple[Case, ...]) -> dict[str, str]:
     """Each composed script's question key, as ``check`` asks it (case id → key)."""
-    from pytest_verl_compat.upstream.verdict import upstream_question
+    from pytest_verl_compat.upstream.verdict.case import upstream_question
 
     gate = upstream_gate(session)
     if gate.tree is None:
@@ -154,7 +154,7 @@ def _early_answers(session: AuditSession, cases: list[Case]) -> dict[str, dict[s
     """Upstream's own code (the probes) on each composed script, through the oracle (as ``check``
     asks it, all questions sent first so both workers stay busy): the answer as ``check``'s cache
     keeps it, so that ``example_entry`` judges the script by the same code."""
-    from pytest_verl_compat.upstream.verdict import upstream_question
+    from pytest_verl_compat.upstream.verdict.case import upstream_question
 
     gate = upstream_gate(session)
     if gate.tree is None:
@@ -186,7 +186,7 @@ def example_entry(
     """One example script: read, composed, valid for the pinned verl, runnable by the trainer,
     judged by ``check_case`` (``verl-compat check``'s own code) with upstream's answer as
     recorded (``golden/examples/upstream.json``), so the file needs no oracle to be checked."""
-    from pytest_verl_compat.upstream.verdict import check_case, recorded_asker
+    from pytest_verl_compat.upstream.verdict.case import check_case, recorded_asker
 
     entry: dict[str, Any] = {"id": case.id}
     try:
@@ -211,7 +211,7 @@ def example_entry(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_verl_compat.upstream.examples_record")
+    parser = argparse.ArgumentParser(prog="python -m pytest_verl_compat.upstream.verdict.examples")
     parser.add_argument("--upstream", required=True, help="a verl checkout with examples/")
     parser.add_argument("--out", required=True, help="the JSON file to write")
     parser.add_argument("--only", action="append", help="record only these case ids")

@@ -19,7 +19,7 @@ from typing import Any
 
 from pytest_verl_compat.files.digests import files_sha256
 from pytest_verl_compat.pipeline.memo import StageMemo
-from pytest_verl_compat.upstream import census_reads
+from pytest_verl_compat.upstream.census import call_binding as census_reads
 from pytest_verl_compat.upstream.probes import statements
 
 # The user cache's kind for ``source_facts``.

@@ -29,13 +29,13 @@ from pytest_verl_compat.pipeline.profile import load_profile
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, locate_edits, verify_edits
 from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_release_index
 from pytest_verl_compat.releases.wheels import release_tree
-from pytest_verl_compat.upstream.releases.evidence import (
+from pytest_verl_compat.upstream.drift.evidence import (
     DEPRECATION_MESSAGE,
     Move,
     MoveContext,
     moves_between,
 )
-from pytest_verl_compat.upstream.releases.matrix import (
+from pytest_verl_compat.upstream.drift.matrix import (
     ExplicitKey,
     canonical,
     explicit_keys,

@@ -2,7 +2,7 @@
 
 Upstream's entry point (``python -m verl.trainer.main_ppo --cfg job --resolve``) spends ~5 s of
 its ~5.5 s importing verl; 25 cases as 25 processes took ~146 s of a 155 s audit. This module runs
-``python -I -m pytest_verl_compat.upstream.oracle_process`` once (through ``runner.UpstreamProcess``: empty
+``python -I -m pytest_verl_compat.upstream.oracle.process`` once (through ``runner.UpstreamProcess``: empty
 folder, isolated interpreter, allow-listed environment), and sends it one JSON line per question:
 
 - ``compose``: call the entry point's own ``main()`` with ``sys.argv`` set exactly as the command
@@ -32,8 +32,8 @@ from typing import Any
 
 from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE, SFT_ENTRY_MODULE
 from pytest_verl_compat.releases.index import ReleaseError
-from pytest_verl_compat.upstream import warm
-from pytest_verl_compat.upstream.runner import (
+from pytest_verl_compat.upstream.oracle import warm
+from pytest_verl_compat.upstream.oracle.runner import (
     UpstreamProcess,
     release_interpreter,
     safe_variables,
@@ -43,7 +43,7 @@ ENTRY_MODULE = PINNED_ENTRY_MODULE
 # The SFT trainer's entry point (``torchrun … -m verl.trainer.sft_trainer``): its checks run the
 # SFT probes on rank 0 of the launch's world.
 CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE)
-PROCESS_MODULE = "pytest_verl_compat.upstream.oracle_process"
+PROCESS_MODULE = "pytest_verl_compat.upstream.oracle.process"
 # Hydra's ``--config-path`` is relative to the file that declares ``@hydra.main`` (verl/trainer/),
 # so these two spellings name the pinned tree itself; anything else would add another tree.
 _PINNED_CONFIG_PATHS = frozenset({"config", "./config"})

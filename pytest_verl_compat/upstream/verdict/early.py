@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
-from pytest_verl_compat.upstream.oracle import ENTRY_MODULE, UpstreamOracle, checks_request
+from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
     KEY_EFFECTS,

@@ -26,8 +26,8 @@ from pytest_verl_compat.pipeline.compose import Composer, split_hydra_argv
 from pytest_verl_compat.pipeline.hydra_internals import parse_override
 from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_release_index
 from pytest_verl_compat.releases.wheels import release_tree
-from pytest_verl_compat.upstream.releases.cells import CellCache, cell_key
-from pytest_verl_compat.upstream.verdict import PinnedVerdict, pinned_verdicts
+from pytest_verl_compat.upstream.drift.cells import CellCache, cell_key
+from pytest_verl_compat.upstream.verdict.case import PinnedVerdict, pinned_verdicts
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession

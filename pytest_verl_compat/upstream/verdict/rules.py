@@ -13,7 +13,11 @@ import dataclasses
 from pytest_verl_compat.checks import Example, RuleDoc, register_rule, rule_docs
 from pytest_verl_compat.checks.examples import MICRO, STATIC
 from pytest_verl_compat.pipeline import suppress  # registers directive.unused
-from pytest_verl_compat.upstream.early import NEVER_READ_RULE, OVERRIDDEN_RULE, TYPE_ANNOTATION
+from pytest_verl_compat.upstream.verdict.early import (
+    NEVER_READ_RULE,
+    OVERRIDDEN_RULE,
+    TYPE_ANNOTATION,
+)
 
 COMPOSE = "compose"
 LAUNCH_UNREADABLE = "launch.unreadable"

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import statements
-from pytest_verl_compat.upstream.static_reads import (
+from pytest_verl_compat.upstream.census.static_reads import (
     SPREAD,
     WHOLE,
     Place,
@@ -33,6 +32,7 @@ from pytest_verl_compat.upstream.static_reads import (
     guard,
     source_facts,
 )
+from pytest_verl_compat.upstream.probes import statements
 
 TARGET = "_target_"
 # A leaf verl reads only through a leaf the tree copies it into (``rollout.response_length:

@@ -40,7 +40,7 @@ def _keeping_collectors(made: list[Any]) -> Iterator[None]:
 
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     from pytest_verl_compat.upstream.probes import phases
-    from pytest_verl_compat.upstream.validate import validate_config_with_stand_ins
+    from pytest_verl_compat.upstream.probes.validate import validate_config_with_stand_ins
 
     made: list[Any] = []
     with (

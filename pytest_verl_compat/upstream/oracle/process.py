@@ -22,14 +22,14 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream import validate
-from pytest_verl_compat.upstream.oracle import (
+from pytest_verl_compat.upstream.oracle.client import (
     ENTRY_MODULE,
     PROCESS_MODULE,
     EntryArgvRefused,
     entry_argv,
 )
-from pytest_verl_compat.upstream.runner import safe_variables
+from pytest_verl_compat.upstream.oracle.runner import safe_variables
+from pytest_verl_compat.upstream.probes import validate
 
 
 def _entry_module(entry: Any, request: Mapping[str, Any]) -> tuple[Any, list[str]]:

@@ -28,8 +28,8 @@ import time
 import traceback
 from typing import Any
 
-from pytest_verl_compat.upstream import oracle_process
-from pytest_verl_compat.upstream.oracle import PROCESS_MODULE
+from pytest_verl_compat.upstream.oracle import process as oracle_process
+from pytest_verl_compat.upstream.oracle.client import PROCESS_MODULE
 
 _HEADER_LIMIT = 64 * 1024
 # The module the template prepared (``oracle_process.prepare``); any other would start cold.
@@ -177,7 +177,7 @@ def _start_child(connection: socket.socket, inherited_sockets: list[socket.socke
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="pytest_verl_compat.upstream.warm_process")
+    parser = argparse.ArgumentParser(prog="pytest_verl_compat.upstream.oracle.warm_process")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--idle", type=float, required=True)
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import yaml
 
-from pytest_verl_compat.upstream import census_reads
+from pytest_verl_compat.upstream.census import call_binding as census_reads
 from pytest_verl_compat.upstream.probes import statements
 
 Depends = Literal["config", "data", "internal", "elsewhere"]

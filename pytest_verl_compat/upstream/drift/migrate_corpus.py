@@ -1,7 +1,7 @@
 """``migrate`` over a folder of launch scripts, measured: what reads, composes, passes ``check``
 on the target release before and after ``migrate --write`` (on copies in a temporary folder).
 
-``python -m pytest_verl_compat.upstream.releases.corpus --from 0.8.0 EXAMPLES_DIR`` prints the
+``python -m pytest_verl_compat.upstream.drift.migrate_corpus --from 0.8.0 EXAMPLES_DIR`` prints the
 figures docs/releases.md quotes; ``--json FILE`` writes them per script. ``--bindings-from
 corpus/examples.yaml`` reads each script with the environment that file gives the script of the
 same path (the v0.9.0 examples' bindings, for scripts of another release's examples folder).
@@ -22,8 +22,8 @@ from pytest_verl_compat.model import Bindings, Case, StageFailed, StageUnavailab
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.manifest import load_examples
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic
-from pytest_verl_compat.upstream.releases.migrate import MigrateError, migrate_script
-from pytest_verl_compat.upstream.verdict import PinnedVerdict, pinned_verdicts
+from pytest_verl_compat.upstream.drift.migrate import MigrateError, migrate_script
+from pytest_verl_compat.upstream.verdict.case import PinnedVerdict, pinned_verdicts
 
 
 def _errors(verdict: PinnedVerdict | None) -> list[str]:
@@ -172,7 +172,9 @@ def summary(measured: Mapping[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_verl_compat.upstream.releases.corpus")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_verl_compat.upstream.drift.migrate_corpus"
+    )
     parser.add_argument("root", help="a folder holding examples/**/*.sh")
     parser.add_argument("--from", dest="source", required=True)
     parser.add_argument("--to", default=None)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_verl_compat.checks.off_path import UNKNOWN, GuardValue
-from pytest_verl_compat.upstream.census_reads import attribute_chain
-from pytest_verl_compat.upstream.read_census import LeafReads
-from pytest_verl_compat.upstream.static_reads import Place
+from pytest_verl_compat.upstream.census.call_binding import attribute_chain
+from pytest_verl_compat.upstream.census.reads import LeafReads
+from pytest_verl_compat.upstream.census.static_reads import Place
 
 ACTS = "acts"
 NO_EFFECT = "no effect"
