@@ -69,7 +69,9 @@ def oracle(
     from pytest_verl_compat.upstream.oracle.runner import referenced_variables
 
     start = time.perf_counter()
-    process = UpstreamOracle(workers)
+    from pytest_verl_compat.conformance.plan import pinned_version
+
+    process = UpstreamOracle(workers, release=pinned_version())
     requests = {
         case_id: compose_request(fields, referenced_variables(fields, variables))
         for case_id, fields, variables in cases

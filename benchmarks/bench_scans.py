@@ -41,14 +41,18 @@ PHASES = textwrap.dedent(
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
     from pytest_verl_compat.pipeline.manifest import (
         default_examples_path, default_manifest_path, load_examples, load_manifest)
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
     from pytest_verl_compat.upstream.census import off_path
     from pytest_verl_compat.upstream.census import reads as read_census
 
     import pytest_verl_compat
     assert pytest_verl_compat.__file__.startswith(sys.argv[2]), pytest_verl_compat.__file__
     out = {}
-    site = installed_verl_root()[0]
+    try:  # the verl a checkout reads: the release's own files, or (before them) the installed one
+        from pytest_verl_compat.releases.wheels import release_tree
+        site = release_tree(load_manifest(default_manifest_path()).upstream.version).root
+    except ImportError:
+        from pytest_verl_compat.pipeline.pins import installed_verl_root
+        site = installed_verl_root()[0]
     start = time.perf_counter()
     entry_points.scan(site)
     out["entry points"] = time.perf_counter() - start

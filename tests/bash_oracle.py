@@ -39,11 +39,12 @@ def _launched(module: str | None) -> bool:
         return True
     if module is None or not module.startswith("verl."):
         return False
-    from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
+    from corpus_facts import PINNED_VERSION
 
-    installed = installed_verl_root()
-    accepts = launch_acceptor(installed[0] if installed else None)
+    from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
+    from pytest_verl_compat.releases.wheels import release_tree
+
+    accepts = launch_acceptor(release_tree(PINNED_VERSION).root)
     return accepts is not None and accepts(module)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from corpus_facts import PINNED_VERSION, release_ready
 from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,6 +19,33 @@ REPO = Path(__file__).resolve().parents[1]
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# Each supported release's files and environment are the developer's (and CI's) own, kept between
+# runs: the run's user cache below is fresh, they are not (an environment is ~1.6 GB and a minute).
+if not os.environ.get("VERL_COMPAT_HOME"):
+    from pytest_verl_compat.files.cache import releases_home
+
+    os.environ["VERL_COMPAT_HOME"] = str(releases_home())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Build every supported release's environment before the run collects (the controller
+    only: its xdist workers find them built); without a network a developer's run skips the
+    tests that need one, CI's fails."""
+    if hasattr(config, "workerinput"):
+        return
+    from pytest_verl_compat.releases.environment import release_environment
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+
+    for release in load_release_index().supported:
+        try:
+            release_environment(release, progress=lambda line: print(line, flush=True))
+        except ReleaseError as exc:
+            if os.environ.get("CI"):
+                raise pytest.UsageError(
+                    f"cannot build verl {release.version}'s environment: {exc}"
+                ) from exc
+            print(f"verl {release.version}'s environment is not built: {exc}", flush=True)
 
 
 def upstream_path(env: str, folder: str) -> Path | None:
@@ -191,9 +219,7 @@ def example_answers(
     a minute on 2 cores each). Skips without verl."""
     from filelock import FileLock
 
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
-
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("verl is not installed")
     folder = run_folder(request, tmp_path_factory)
     done = folder / "example-answers.done"
@@ -237,12 +263,11 @@ def example_answers(
 @pytest.fixture(scope="module")
 def oracle() -> Iterator[object]:
     """One upstream oracle process per test module (verl imported once); skips without verl."""
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
     from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("verl is not installed")
-    process = UpstreamOracle()
+    process = UpstreamOracle(release=PINNED_VERSION)
     try:
         yield process
     finally:
@@ -281,10 +306,8 @@ def _start_step_oracle(
     """
     import threading
 
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
-
     wanted = any(STEP_ORACLE in getattr(item, "fixturenames", ()) for item in request.session.items)
-    if not wanted or installed_verl_root() is None:
+    if not wanted or not release_ready():
         yield
         return
     root = _step_oracle_root(request, tmp_path_factory)
@@ -331,9 +354,8 @@ def step_oracle(
     import time
 
     from pytest_verl_compat.conformance.step.run import load_upstream
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
 
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("verl is not installed")
     root = _step_oracle_root(request, tmp_path_factory)
     deadline = time.monotonic() + 3600

@@ -35,3 +35,32 @@ def launched_module(case_id: str) -> str | None:
 # entry point (an SFT case's records verl.trainer.sft_trainer, whose tree is sft_trainer_engine).
 OFFICIAL_RL = [case_id for case_id in OFFICIAL if launched_module(case_id) is None]
 PINNED_VERSION: str = MANIFEST["upstream"]["version"]
+
+
+def release_ready(version: str = PINNED_VERSION) -> bool:
+    """Whether ``version``'s own environment is built (tests/conftest.py builds every supported
+    release's before the run collects: the tests that run upstream's code skip without it)."""
+    from pytest_verl_compat.releases.environment import built, load_lock
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+
+    try:
+        return built(load_lock(load_release_index().supported_release(version))) is not None
+    except ReleaseError:
+        return False
+
+
+def release_root(version: str = PINNED_VERSION) -> Path:
+    """The folder of ``version``'s own files (its ``verl`` package, read as data)."""
+    from pytest_verl_compat.releases.wheels import release_tree
+
+    return release_tree(version).root
+
+
+def needs_release(version: str = PINNED_VERSION):  # type: ignore[no-untyped-def]
+    """A mark skipping a test that runs ``version``'s upstream code when its environment is not
+    built (CI builds it, and fails when it cannot)."""
+    import pytest
+
+    return pytest.mark.skipif(
+        not release_ready(version), reason=f"the environment of verl {version} is not built"
+    )

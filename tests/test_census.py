@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 
 import pytest
+from corpus_facts import PINNED_VERSION, needs_release, release_root
 
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.census import checks as census
 from pytest_verl_compat.upstream.census import checks_run as census_run
 from pytest_verl_compat.upstream.probes.records import KEY_RAN
@@ -33,7 +33,7 @@ REGENERATE = "verl-compat census --upstream PATH --write docs/upstream-checks.md
 # servers, on a built model's weights, or need Megatron-Core's unreleased dynamic CP).
 MINIMUM_SHARE = 0.90
 
-pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+pytestmark = needs_release()
 
 
 def _page_rows(text: str) -> dict[str, str]:
@@ -83,9 +83,7 @@ def test_the_page_explains_every_entry_and_the_share_evaluated_does_not_fall() -
 def scanned() -> list[census.Entry]:
     """The census's scan of the installed verl (~4 s), once for the tests of this module that
     read it (each called it anew: seven scans of the same files)."""
-    installed = installed_verl_root()
-    assert installed is not None
-    return census.scan(installed[0])
+    return census.scan(release_root())
 
 
 def test_every_reason_matches_an_entry_and_none_is_a_to_do(scanned: list[census.Entry]) -> None:
@@ -192,7 +190,9 @@ def test_recorded_answers_are_read_without_the_oracle(monkeypatch: pytest.Monkey
 
     entry = census.Entry("verl/x.py", 3, "f", "assert", "assert x", "x", "config", (3,))
     mapping = {"trainer": {"use_v1": True}}
-    key = answer_key(CHECKS, checks_request(mapping, census.watched_lines([entry])))
+    key = answer_key(
+        CHECKS, checks_request(mapping, census.watched_lines([entry])), release=PINNED_VERSION
+    )
     asked: list[str] = []
 
     class Oracle:
@@ -210,10 +210,10 @@ def test_recorded_answers_are_read_without_the_oracle(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(census_run, "UpstreamOracle", Oracle)
     recorded = {key: {"config": "a", KEY_RAN: {"verl/x.py": "3"}}}
-    ran, answers = census_run.coverage({"a": mapping}, [entry], recorded)
+    ran, answers = census_run.coverage({"a": mapping}, [entry], recorded, release=PINNED_VERSION)
     assert (ran, asked) == ({"verl/x.py": {3}}, [])
     changed = {"trainer": {"use_v1": True, "nnodes": 2}}
-    ran, answers = census_run.coverage({"a": changed}, [entry], recorded)
+    ran, answers = census_run.coverage({"a": changed}, [entry], recorded, release=PINNED_VERSION)
     assert asked == ["census:a"] and key not in answers
     assert ran == {"verl/x.py": {3}}
 

@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 import yaml
+from corpus_facts import needs_release
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.manifest import default_examples_path, default_manifest_path
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed"),
+    needs_release(),
 ]
 
 COLLECTOR = """

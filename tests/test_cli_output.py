@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from corpus_facts import release_ready
 
 from pytest_verl_compat.cli import main, output
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle.warm import IDLE_VARIABLE
 
 
@@ -91,7 +91,7 @@ def test_quiet_and_verbose_before_or_after_the_command(tmp_path: Path, capsys) -
 
 @pytest.mark.slow
 def test_a_cold_check_on_a_terminal_says_it_waits_for_verl(tmp_path: Path) -> None:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("needs the installed verl (the [upstream] extra)")
     env = {
         **os.environ,

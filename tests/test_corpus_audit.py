@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from corpus_facts import OFFICIAL, OFFICIAL_RL
+from corpus_facts import OFFICIAL, OFFICIAL_RL, release_ready
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 pytestmark = pytest.mark.slow
 CASES = 27  # nine official (seven RL, two SFT), nine derived and nine field cases
@@ -110,7 +109,7 @@ def test_checkout_all_stages_pass(
 def test_embedded_default_skips_read_with_reason(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, shared_cache_dir: Path
 ) -> None:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("the embedded default takes the tree from an installed verl")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
     result = run_audit(pytester, shared_cache_dir, "-k", "not conformance")
@@ -216,7 +215,7 @@ def test_pinned_hash_mismatch_fails_only_that_case(
 def test_conformance_stage_writes_matrix_and_json(
     pytester: pytest.Pytester, shared_cache_dir: Path
 ) -> None:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("upstream verl 0.9.0 not installed")
     report = pytester.path / "conformance.json"
     result = run_audit(

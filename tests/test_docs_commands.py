@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from corpus_facts import release_ready
 from markdown_it import MarkdownIt
-
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
@@ -248,7 +247,7 @@ def test_documented_commands_run_as_written(
     commands_on_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("the documented default takes the config tree from the installed verl")
     commands = command_groups(doc)[section]
     if any(" matrix" in c.text or " migrate" in c.text for c in commands):

@@ -7,16 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from corpus_facts import PINNED_VERSION, release_root
 
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline import entry_registry
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import by_module, closest, scan
 from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
-INSTALLED = installed_verl_root()
-pytestmark = pytest.mark.skipif(INSTALLED is None, reason="the registry is the installed verl's")
+INSTALLED = (release_root(), PINNED_VERSION)
 TORCHRUN = "torchrun --standalone --nnodes=1 --nproc_per_node=4"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from bash_oracle import BASH, ENV, run_bash
+from corpus_facts import release_ready, release_root
 
 from pytest_verl_compat.model import Case, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
@@ -25,7 +26,6 @@ from pytest_verl_compat.pipeline.manifest import (
     load_examples,
     load_manifest,
 )
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.report import EXAMPLES_AUDIT, example_totals
 from pytest_verl_compat.upstream.verdict.examples import (
     UPSTREAM_ANSWER,
@@ -112,7 +112,7 @@ def test_the_examples_answers_are_recorded_under_the_keys_check_asks_now(
     )
     from pytest_verl_compat.upstream.verdict.examples import recorded_answers
 
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("the questions' tree is the installed verl's")
     recorded = load_recorded(recorded_path(GOLDEN, CHECKS, EXAMPLES_PART))
     now = recorded_answers(session, CASES, UPSTREAM)
@@ -154,10 +154,9 @@ def test_example_read_equals_bash(case: Case, upstream_checkout: Path, tmp_path:
     if "PWD" in bindings.variables:
         # bash resets PWD to the folder it runs in; the binding stands for that folder.
         argv = tuple(f.replace(str(tmp_path), bindings.variables["PWD"]) for f in argv)
-    installed = installed_verl_root()
     read = read_launch(
         upstream_checkout / str(case.launch),
         bindings,
-        entry_modules=launch_acceptor(installed[0] if installed else None),
+        entry_modules=launch_acceptor(release_root()),
     )
     assert read.argv == argv

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from corpus_facts import needs_release
 
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.census import explain
 from pytest_verl_compat.upstream.census.reads import LeafReads
 from pytest_verl_compat.upstream.census.static_reads import Place
@@ -63,7 +63,7 @@ def _explain(upstream: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+@needs_release()
 def test_a_key_that_acts_and_its_twin_where_it_does_not(upstream_checkout: Path) -> None:
     acts = _explain(upstream_checkout, KEY, "grpo")
     assert acts.returncode == 0, acts.stderr[-3000:]
@@ -78,7 +78,7 @@ def test_a_key_that_acts_and_its_twin_where_it_does_not(upstream_checkout: Path)
     assert "actor_rollout_ref.actor.use_kl_loss=False" in off.stdout
 
 
-@pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+@needs_release()
 def test_an_unknown_key_names_the_nearest(upstream_checkout: Path) -> None:
     run = _explain(upstream_checkout, "actor_rollout_ref.actor.kl_los_coef")
     assert run.returncode == 2, run.stderr[-2000:]

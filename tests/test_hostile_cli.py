@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from corpus_facts import release_ready
 
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.cli.common import EXIT_BROKEN_PIPE, EXIT_USAGE
 from pytest_verl_compat.pipeline.compose import MAX_OVERRIDE_KEY, Composer
 from pytest_verl_compat.pipeline.init_manifest import init_manifest
 from pytest_verl_compat.pipeline.manifest import MAX_BASE_CHAIN, default_manifest_path
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import default_profile, profile_path
 
 GRPO_SCRIPT = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
@@ -33,7 +33,7 @@ HUGE = "9" * 5000
 @pytest.fixture
 def tree(monkeypatch: pytest.MonkeyPatch) -> None:
     """The embedded default's config tree (the installed verl), no checkout from the env."""
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("needs the installed verl (the [upstream] extra)")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
+from corpus_facts import PINNED_VERSION, needs_release, release_ready
 from hostile_canary import Canary
 
 from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.init_manifest import init_manifest
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
 from pytest_verl_compat.upstream.oracle.client import (
     EntryArgvRefused,
@@ -34,7 +34,7 @@ from pytest_verl_compat.upstream.oracle.runner import (
     sandbox_environment,
 )
 
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 class _Payload:
@@ -147,9 +147,9 @@ def test_tree_targets_are_the_classes_the_tree_names(upstream_checkout: Path) ->
 
 @pytest.fixture(scope="module")
 def oracle() -> Any:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("verl is not installed")
-    process = UpstreamOracle()
+    process = UpstreamOracle(release=PINNED_VERSION)
     yield process
     process.close()
 
@@ -192,7 +192,7 @@ def test_oracle_ignores_loader_variables_and_the_audited_folder(
     (audited / "sitecustomize.py").write_text(canary.python + "\n")
     monkeypatch.chdir(audited)
     monkeypatch.setenv("PYTHONPATH", str(audited))  # the auditing shell's own, too
-    oracle = UpstreamOracle()
+    oracle = UpstreamOracle(release=PINNED_VERSION)
     try:
         request = compose_request(
             ["trainer.project_name=${oc.env:PYTHONPATH,none}"],

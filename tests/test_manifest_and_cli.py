@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from corpus_facts import release_ready
 
 from pytest_verl_compat.pipeline.compose import Composer, count_leaves
 from pytest_verl_compat.pipeline.manifest import ManifestError, embedded_root, load_manifest
@@ -254,9 +255,8 @@ def cli_here(cwd: Path, *args: str, env: dict[str, str] | None = None):
 
 @pytest.fixture
 def installed_verl() -> None:
-    from pytest_verl_compat.pipeline.pins import installed_verl_root
 
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("needs the installed verl (the [upstream] extra)")
 
 

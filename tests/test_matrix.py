@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus_facts import OFFICIAL, PINNED_VERSION
+from corpus_facts import OFFICIAL, PINNED_VERSION, needs_release
 from launch_scripts import launch_script
 
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.upstream.drift.cells import CellCache
 from pytest_verl_compat.upstream.drift.matrix import (
@@ -45,9 +44,7 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str
     return status, json.loads(out)
 
 
-@pytest.mark.skipif(
-    installed_verl_root() is None, reason="the pinned verdict runs upstream's checks"
-)
+@needs_release()
 def test_the_official_cases_table_is_the_golden_file(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = _matrix(capsys, "--official", "--format", "markdown")
     assert status == 0
@@ -60,9 +57,7 @@ def test_the_official_cases_table_is_the_golden_file(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    installed_verl_root() is None, reason="the pinned verdict runs upstream's checks"
-)
+@needs_release()
 def test_the_table_does_not_depend_on_the_hash_seed_or_the_cache() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     proc = subprocess.run(
@@ -240,7 +235,7 @@ def test_explicit_keys() -> None:
     ]
 
 
-@pytest.mark.skipif(installed_verl_root() is None, reason="compares with check's upstream checks")
+@needs_release()
 def test_the_pinned_cell_is_what_check_prints(capsys: pytest.CaptureFixture[str]) -> None:
     for case_id in ("ppo", "field/legacy-reward-manager"):
         assert main(["check", case_id, "--format", "json"]) in (0, 1)

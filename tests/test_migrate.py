@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus_facts import PINNED_VERSION
+from corpus_facts import PINNED_VERSION, needs_release, release_root
 from launch_scripts import launch_script
 
 from pytest_verl_compat.bash import read_launch
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Bindings
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, candidates, locate_edits
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.releases.wheels import release_tree
@@ -32,10 +31,8 @@ from pytest_verl_compat.upstream.drift.evidence import (
 )
 
 INDEX = load_release_index()
-VERL = installed_verl_root()
-needs_verl = pytest.mark.skipif(
-    VERL is None, reason="the evidence is read from the installed verl's source"
-)
+VERL = (release_root(), PINNED_VERSION)
+needs_verl = needs_release()
 BINDINGS = Bindings(variables={"HOME": "/home/verl"})
 
 LEGACY_REWARD = textwrap.dedent(

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from corpus_facts import needs_release
 
 from pytest_verl_compat.checks import off_path as check
 from pytest_verl_compat.checks.registry import CHECKS, yield_to_others
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.verdict.case import check_case
 
 RULE = "effect.off-path"
@@ -232,7 +232,7 @@ def test_the_shipped_index_reads_each_leaf_only_under_guards() -> None:
         assert all(place["guard"] for places in places_by_leaf.values() for place in places)
 
 
-@pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+@needs_release()
 def test_explain_says_what_check_says(upstream_checkout: Path) -> None:
     """``explain`` judges a key of the index as ``check`` does: the engine's strategy is the
     actor's (verl/workers/config/actor.py:329), not fsdp_config's own tree value."""

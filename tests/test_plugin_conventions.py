@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from corpus_facts import release_ready
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.plugin.collect import embedded_golden_refusal
 from pytest_verl_compat.plugin.golden import UnsafeCaseId, golden_file, golden_orphans
@@ -47,7 +47,7 @@ def copy_corpus(tmp: Path) -> tuple[Path, Path]:
 @pytest.fixture
 def tree(monkeypatch: pytest.MonkeyPatch) -> None:
     """A config tree for the embedded default: the installed verl (no checkout from the env)."""
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("needs the installed verl (the [upstream] extra)")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
 

@@ -13,6 +13,7 @@ import json
 import shutil
 
 import pytest
+from corpus_facts import needs_release
 
 from pytest_verl_compat.cli import recorded_answers
 from pytest_verl_compat.conformance.plan import ConformanceCase
@@ -28,11 +29,8 @@ from pytest_verl_compat.pipeline.answers import (
     recorded_path,
 )
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
-pytestmark = pytest.mark.skipif(
-    installed_verl_root() is None, reason="the recorded answers are the installed verl's"
-)
+pytestmark = needs_release()
 
 
 @pytest.fixture(scope="module")

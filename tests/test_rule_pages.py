@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from corpus_facts import release_ready
 
 from pytest_verl_compat.checks import CHECKS, Example
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.cli.rules import markdown, page_lines, pinned_rules, pinned_version
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 from pytest_verl_compat.upstream.verdict.case import check_case, live_asker
 from pytest_verl_compat.upstream.verdict.rules import all_rules
@@ -130,7 +130,7 @@ def test_example_fires_and_its_twin_does_not(
     assert example is not None
     oracle = None
     if example.upstream:
-        if installed_verl_root() is None:
+        if not release_ready():
             pytest.skip("upstream's own checks need the installed verl")
         oracle = request.getfixturevalue("oracle")
     try:

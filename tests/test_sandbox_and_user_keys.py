@@ -21,17 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from corpus_facts import needs_release
 
 from pytest_verl_compat import cli
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.read import carry_in_path_leaves
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 from pytest_verl_compat.upstream.verdict.case import CaseCheck, check_case, live_asker
 
 _ids = itertools.count()
 CKPT = "actor_rollout_ref.rollout.checkpoint_engine.backend"
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from corpus_facts import needs_release
 
 from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.lower import NotAccepted
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import load_profile
 from pytest_verl_compat.pipeline.sft import (
     compile_sft,
@@ -17,7 +17,7 @@ from pytest_verl_compat.pipeline.sft import (
     sft_config,
 )
 
-pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+pytestmark = needs_release()
 
 # What an FSDP SFT script of verl's examples passes (examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh).
 SCRIPT_FIELDS = [

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from corpus_facts import needs_release
 from filelock import FileLock
 from sft_step_mutants import SFT_SOURCE_MUTANTS
 from step_mutants import SourceMutant
@@ -27,9 +28,8 @@ from pytest_verl_compat.conformance.step.sft import (
     step_batches,
 )
 from pytest_verl_compat.pipeline.lower import NotAccepted
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from corpus_facts import MANIFEST, OFFICIAL_RL
+from corpus_facts import MANIFEST, OFFICIAL_RL, needs_release
 from step_mutants import SOURCE_MUTANTS, SourceMutant
 
 from pytest_verl_compat.conformance.step.cases import step_case_ids, step_cases
@@ -32,7 +32,6 @@ from pytest_verl_compat.conformance.step.run import (
     run_steps,
 )
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from reference_trainer.config import ReferenceTrainerConfig
 
 # The manifest's step cases: the official ones, then the derived ones the compiler must accept.
@@ -45,7 +44,7 @@ TRAINED = OFFICIAL_RL + [
 PLAN = load_step_plan()
 STEP_ONLY = [spec.id for spec in PLAN.cases]
 ALL_STEP_CASES = TRAINED + STEP_ONLY
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 @pytest.fixture(scope="module")

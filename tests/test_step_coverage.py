@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from corpus_facts import needs_release
 from step_mutants import with_wrong_value
 
 from pytest_verl_compat.conformance.step.cases import step_case, step_cases
@@ -34,7 +35,6 @@ from pytest_verl_compat.conformance.step.plan import (
 from pytest_verl_compat.conformance.step.reference import step_config
 from pytest_verl_compat.conformance.step.run import UpstreamSteps, compare_case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.profile import load_profile
 from reference_trainer.config import ReferenceTrainerConfig
 
@@ -173,7 +173,7 @@ def test_the_coverage_command_prints_the_table_and_exits_clean(coverage: Any) ->
 # ------------------------------------------------------------------ wrong values are seen
 
 
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from corpus_facts import PINNED_VERSION, needs_release, release_ready, release_root
 from hostile_canary import Canary
 
 from pytest_verl_compat.checks import CHECKS
@@ -26,7 +27,7 @@ from pytest_verl_compat.model import Finding, StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.answers import CHECKS as CHECK_ANSWERS
 from pytest_verl_compat.pipeline.answers import UserAnswers
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.verdict.case import upstream_question
 from pytest_verl_compat.upstream.verdict.early import (
@@ -41,7 +42,7 @@ from pytest_verl_compat.upstream.verdict.early import (
     early_answer,
 )
 
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 ARR = "actor_rollout_ref"
 # Static micro-batches that divide everything of the grpo case (8 GPUs, 1024 prompts × n=5).
@@ -104,10 +105,8 @@ def ask(oracle: UpstreamOracle, mapping: Mapping[str, Any]) -> EarlyAnswer:
 
 
 def upstream_line(where: str) -> str:
-    installed = installed_verl_root()
-    assert installed is not None
     path, _, line = where.rpartition(":")
-    lines = (installed[0] / path).read_text(encoding="utf-8").splitlines()
+    lines = (release_root() / path).read_text(encoding="utf-8").splitlines()
     return lines[int(line) - 1]
 
 
@@ -299,7 +298,9 @@ def test_an_answer_does_not_depend_on_the_questions_the_worker_answered_before(
     """One worker asked the bad layout, then its valid twin, then the bad layout again: the same
     failures both times (upstream's parallel state is cleared after each configuration,
     probes/patching.py LIBRARY_TEARDOWNS)."""
-    oracle = UpstreamOracle(workers=1)  # one worker: every question meets the one before
+    oracle = UpstreamOracle(
+        workers=1, release=PINNED_VERSION
+    )  # one worker: every question meets the one before
     bad = edited(megatron, BAD_LAYOUT)
     try:
         first = oracle.answer("bad-first", checks_request(bad))
@@ -348,16 +349,15 @@ def test_a_foreign_target_is_never_instantiated(oracle: UpstreamOracle, canary: 
 
 
 def test_every_static_equivalent_names_a_registered_check_and_a_real_statement() -> None:
-    if installed_verl_root() is None:
-        pytest.skip("verl is not installed")
-    installed = installed_verl_root()
-    assert installed is not None
     from pytest_verl_compat.upstream.verdict.early import _statement_lines
 
-    for check_id, statements in STATIC_EQUIVALENTS.items():
-        assert check_id in CHECKS
-        for relative, statement, *function in statements:
-            assert _statement_lines(relative, statement, *function), (relative, statement, function)
+    for version in load_release_index().supported_versions:
+        root = release_root(version)
+        for check_id, statements in STATIC_EQUIVALENTS.items():
+            assert check_id in CHECKS
+            for relative, statement, *function in statements:
+                found = _statement_lines(root, relative, statement, *function)
+                assert found, (version, relative, statement, function)
     assert set(STATIC_EQUIVALENT_MESSAGES) <= set(CHECKS)
 
 
@@ -367,7 +367,7 @@ DYNAMIC_AGREES = (
 
 
 def test_a_static_finding_is_left_out_only_for_upstreams_statement_at_the_same_section() -> None:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("verl is not installed")
     where = _where("verl/workers/engine_workers.py", DYNAMIC_AGREES)
     keys = (f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.rollout.log_prob_use_dynamic_bsz")
@@ -379,7 +379,9 @@ def test_a_static_finding_is_left_out_only_for_upstreams_statement_at_the_same_s
 
     def covered(*failures: UpstreamFailure) -> list[Finding]:
         answer = EarlyAnswer("passes", "", failures)
-        return covered_static_findings(answer, [static, unrelated], lambda f: f.keys)
+        return covered_static_findings(
+            answer, [static, unrelated], lambda f: f.keys, release_root()
+        )
 
     assert covered(same) == [static]
     assert covered(other_line) == [] and covered(elsewhere) == []
@@ -506,7 +508,7 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
         f"do_sample (verl 0.9.0 raises it at trainer start: validate_config, {where}) (change "
     ), line
     assert "valid for verl 0.9.0: no" in cold.stderr
-    assert [p.name for p in (tmp_path / "pytest-verl-compat").iterdir()] == ["answers", "results"]
+    assert sorted(p.name for p in (tmp_path / "pytest-verl-compat").iterdir()) == ["answers", "results"]
     warm = cli(*sampled, cache=tmp_path)
     assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
     static = cli(*sampled, "--no-upstream-checks", cache=tmp_path)
@@ -518,9 +520,7 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
 
 
 def _where(relative: str, statement: str) -> str:
-    installed = installed_verl_root()
-    assert installed is not None
-    lines = (installed[0] / relative).read_text(encoding="utf-8").splitlines()
+    lines = (release_root() / relative).read_text(encoding="utf-8").splitlines()
     line = next(n for n, text in enumerate(lines, 1) if text.strip().startswith(statement))
     return f"{relative}:{line}"
 
@@ -544,15 +544,22 @@ def test_check_leaves_out_the_static_finding_upstream_repeats(
 def test_check_says_why_upstreams_checks_are_skipped(
     upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_verl_compat.upstream.verdict.case import check_case, early, live_asker
+    from pytest_verl_compat.releases.index import ReleaseError
+    from pytest_verl_compat.upstream.oracle import client
+    from pytest_verl_compat.upstream.verdict.case import check_case, live_asker
 
-    monkeypatch.setattr(early, "installed_verl_root", lambda: None)
+    def offline(version: str) -> None:
+        raise ReleaseError(f"cannot fetch the pinned wheels of verl {version} (offline)")
+
+    monkeypatch.setattr(client, "release_interpreter", offline)
     session = AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
     case = session.manifest.case("grpo")  # type: ignore[union-attr]
     static = check_case(session, case, None)
     result = check_case(session, case, live_asker(session, cache=None))
     assert result.findings == static.findings and result.valid
-    assert result.upstream_skipped == f"upstream verl {session.pin.version} not installed"
+    assert result.upstream_skipped == (
+        f"cannot fetch the pinned wheels of verl {session.pin.version} (offline)"
+    )
 
 
 @needs_verl

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import yaml
+from corpus_facts import PINNED_VERSION, needs_release, release_ready
 from omegaconf import OmegaConf
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle.client import (
     UpstreamOracle,
     compose_request,
@@ -23,7 +23,7 @@ from pytest_verl_compat.upstream.oracle.client import (
 )
 from pytest_verl_compat.upstream.oracle.trusted import printed_config
 
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 def test_printed_config_parses_as_safe_load_does() -> None:
@@ -60,7 +60,7 @@ def test_close_ends_a_process_with_nothing_outstanding_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("VERL_COMPAT_WARM_SECONDS", "0")  # a cold process, still importing verl
-    oracle = UpstreamOracle()
+    oracle = UpstreamOracle(release=PINNED_VERSION)
     oracle.start()
     assert oracle._process is not None
     process = oracle._process.process
@@ -71,7 +71,7 @@ def test_close_ends_a_process_with_nothing_outstanding_at_once(
 def test_a_selection_without_upstream_stages_starts_no_process(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("needs the installed verl (the [upstream] extra)")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no answer kept yet
@@ -117,7 +117,7 @@ def test_a_selection_without_upstream_stages_starts_no_process(
 def test_forked_workers_answer_each_question_as_one_process_would() -> None:
     golden = embedded_root() / "golden" / "compose"
     cases = {name: json.loads((golden / f"{name}.json").read_text()) for name in ("grpo", "ppo")}
-    oracle = UpstreamOracle(workers=2)
+    oracle = UpstreamOracle(workers=2, release=PINNED_VERSION)
     try:
         for name, case in cases.items():
             oracle.submit(name, compose_request(case["explicit_fields"], {}))
@@ -235,7 +235,7 @@ def test_conformance_from_the_oracle_equals_the_in_process_comparison() -> None:
 
 @needs_verl
 def test_the_oracle_serves_only_this_packages_modules() -> None:
-    oracle = UpstreamOracle(served=("json",))
+    oracle = UpstreamOracle(served=("json",), release=PINNED_VERSION)
     try:
         with pytest.raises(RuntimeError, match="not a module of pytest_verl_compat"):
             oracle.answer("x", {"kind": "conformance"}, timeout=120)

@@ -22,17 +22,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from corpus_facts import needs_release
 from hostile_canary import Canary
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 from pytest_verl_compat.upstream.verdict.case import CaseCheck, check_case, live_asker
 
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 
-pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+pytestmark = needs_release()
 
 ARR = "actor_rollout_ref"
 A = f"{ARR}.actor"

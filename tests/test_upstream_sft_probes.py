@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from corpus_facts import needs_release, release_root
 from hostile_canary import Canary
 
 from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
-from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.pipeline.sft import compose_sft
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle, checks_request
 from pytest_verl_compat.upstream.verdict.early import (
@@ -33,7 +33,7 @@ from pytest_verl_compat.upstream.verdict.early import (
     upstream_gate,
 )
 
-pytestmark = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+pytestmark = needs_release()
 
 MODEL = "model.path=Qwen/Qwen2.5-0.5B-Instruct"
 WORLD = 8
@@ -314,9 +314,7 @@ def test_never_read_is_scoped_to_the_sft_entry_points_modules() -> None:
         referenced_on_path,
     )
 
-    found = installed_verl_root()
-    assert found is not None
-    root = found[0] / "verl"
+    root = release_root() / "verl"
     files = {path.relative_to(root).as_posix() for path in entry_files(root, SFT_ENTRY)}
     assert "trainer/sft_trainer.py" in files and "workers/engine/fsdp/transformer_impl.py" in files
     assert "trainer/main_ppo.py" not in files

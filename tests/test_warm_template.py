@@ -15,21 +15,20 @@ from pathlib import Path
 
 import pytest
 import yaml
+from corpus_facts import PINNED_VERSION, needs_release, release_ready
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
-from pytest_verl_compat.pipeline.pins import installed_verl_root
+from pytest_verl_compat.upstream.oracle import runner, warm
 from pytest_verl_compat.upstream.oracle.client import (
     PROCESS_MODULE,
     UpstreamOracle,
     checks_request,
     compose_request,
-    runner,
-    warm,
 )
 from pytest_verl_compat.upstream.oracle.runner import sandbox_environment
 from pytest_verl_compat.upstream.probes import trainer
 
-needs_verl = pytest.mark.skipif(installed_verl_root() is None, reason="verl is not installed")
+needs_verl = needs_release()
 
 
 @pytest.fixture
@@ -97,7 +96,7 @@ def test_a_forked_oracle_answers_as_the_cold_one_and_the_template_ends_when_idle
     fields, resolved = case["explicit_fields"], case["resolved"]
 
     monkeypatch.setenv(warm.IDLE_VARIABLE, "0")  # the cold process, as before the template
-    cold = UpstreamOracle()
+    cold = UpstreamOracle(release=PINNED_VERSION)
     try:
         cold_answers = _ask(cold, fields, resolved)
         assert isinstance(cold._process.process, subprocess.Popen)  # type: ignore[union-attr]
@@ -106,7 +105,10 @@ def test_a_forked_oracle_answers_as_the_cold_one_and_the_template_ends_when_idle
     assert not (tmp_path / "pytest-verl-compat").exists()
 
     monkeypatch.setenv(warm.IDLE_VARIABLE, "4")
-    forked = [UpstreamOracle(), UpstreamOracle(workers=2)]
+    forked = [
+        UpstreamOracle(release=PINNED_VERSION),
+        UpstreamOracle(workers=2, release=PINNED_VERSION),
+    ]
     try:
         for oracle in forked:
             assert _ask(oracle, fields, resolved) == cold_answers
@@ -116,7 +118,8 @@ def test_a_forked_oracle_answers_as_the_cold_one_and_the_template_ends_when_idle
             oracle.close()
     sockets = list((tmp_path / "pytest-verl-compat").glob("*.sock"))
     assert len(sockets) == 1, "both oracles forked from one template"
-    assert sockets[0].stem == warm.template_key(sandbox_environment())
+    interpreter = runner.release_interpreter(PINNED_VERSION)
+    assert sockets[0].stem == warm.template_key(sandbox_environment(), interpreter)
     (template,) = _template_pids(sockets[0])
 
     # A module the template did not prepare is refused by the child, in its own words.
@@ -142,7 +145,7 @@ def test_a_template_ends_when_its_socket_is_removed_and_removes_its_folder(
     """Its folder is a login's runtime folder, removed at logout: nothing may outlive it, not
     even the empty folder it ran in. (The template serves no request here, so verl's import is
     all it does first.)"""
-    if installed_verl_root() is None:
+    if not release_ready():
         pytest.skip("verl is not installed")
     socket = tmp_path / "t.sock"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where start_detached makes its folder

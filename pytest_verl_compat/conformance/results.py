@@ -41,6 +41,11 @@ OURS_CODE = (
     "pytest_verl_compat/pipeline/manifest.py",
     "pytest_verl_compat/pipeline/memo.py",
     "pytest_verl_compat/files/safe_input.py",
+    "pytest_verl_compat/files/cache.py",
+    "pytest_verl_compat/files/digests.py",
+    "pytest_verl_compat/releases/environment.py",
+    "pytest_verl_compat/releases/index.py",
+    "pytest_verl_compat/releases/wheels.py",
     "pytest_verl_compat/pipeline/snapshot.py",
 )
 _FIELDS = tuple(field.name for field in dataclasses.fields(ConformanceResult))

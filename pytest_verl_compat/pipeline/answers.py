@@ -101,6 +101,11 @@ _ORACLE_PROCESS = (
     *_RL_PROBES,
     "pytest_verl_compat/pipeline/targets.py",
     "pytest_verl_compat/files/safe_input.py",
+    "pytest_verl_compat/files/cache.py",
+    "pytest_verl_compat/files/digests.py",
+    "pytest_verl_compat/releases/environment.py",
+    "pytest_verl_compat/releases/index.py",
+    "pytest_verl_compat/releases/wheels.py",
     "pytest_verl_compat/checks/roles.py",
     "pytest_verl_compat/pipeline/entry_points.py",
 )

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_verl_compat.files.cache import user_cache_root
+from pytest_verl_compat.files.cache import releases_home
 from pytest_verl_compat.files.safe_input import InputError, read_bytes, read_text
 from pytest_verl_compat.releases.index import Release, ReleaseError
 from pytest_verl_compat.releases.wheels import pip_reason
@@ -135,7 +135,7 @@ def load_lock(release: Release, tag: str | None = None) -> Lock:
 
 
 def user_lock_path(release: Release, tag: str) -> Path:
-    return user_cache_root() / "locks" / release.version / f"{LOCK_PREFIX}{tag}.txt"
+    return releases_home() / "locks" / release.version / f"{LOCK_PREFIX}{tag}.txt"
 
 
 @dataclass(frozen=True)
@@ -155,11 +155,13 @@ class ReleaseEnvironment:
 
 
 def environments_dir() -> Path:
-    return user_cache_root() / ENVIRONMENTS
+    """Where the environments are kept (``files.cache.releases_home``)."""
+    return releases_home() / ENVIRONMENTS
 
 
 def wheels_dir() -> Path:
-    return user_cache_root() / WHEELS
+    """The pinned wheels the environments are built from, beside them."""
+    return releases_home() / WHEELS
 
 
 def environment_folder(lock: Lock) -> Path:
@@ -187,7 +189,8 @@ def release_environment(release: Release, progress: Progress | None = None) -> R
     if found is not None:
         return found
     environments_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
-    with _locked(environment_folder(lock).with_suffix(".lock")):
+    folder = environment_folder(lock)
+    with _locked(folder.parent / f"{folder.name}.lock"):
         found = built(lock)  # another process built it while this one waited
         if found is not None:
             return found
@@ -325,7 +328,7 @@ def checker_folder() -> Path:
     environment is visible there). Made once per checker location, in the user cache."""
     base = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256(str(base).encode()).hexdigest()[:16]
-    folder = user_cache_root() / "checker" / digest
+    folder = releases_home() / "checker" / digest
     if all((folder / name).is_symlink() for name in CHECKER_PACKAGES):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

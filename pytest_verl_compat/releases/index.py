@@ -28,6 +28,11 @@ class ReleaseError(Exception):
     pinned ones; its message is one line."""
 
 
+class ReleaseUnsupported(ReleaseError):
+    """The release lacks what the probes need (a patch point moved): the checker cannot check
+    it yet, and says so instead of skipping upstream's checks."""
+
+
 @dataclass(frozen=True)
 class EntryPointCall:
     """An upstream function the release's entry point applies to every config, and where."""

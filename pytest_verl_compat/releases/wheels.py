@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from pytest_verl_compat.files.cache import user_cache_root
+from pytest_verl_compat.files.cache import releases_home
 from pytest_verl_compat.files.digests import tree_sha256
 from pytest_verl_compat.files.safe_input import InputError, read_bytes
 from pytest_verl_compat.releases.index import (
@@ -52,8 +52,9 @@ COMPLETE = ".complete"
 
 
 def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/pytest-verl-compat/releases`` (else under ``~/.cache``)."""
-    return user_cache_root() / CACHE_KIND
+    """Where the releases' files are kept (``files.cache.releases_home``: the user cache's
+    ``releases`` folder unless ``VERL_COMPAT_HOME`` says)."""
+    return releases_home() / CACHE_KIND
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ ENTRY_MODULE = PINNED_ENTRY_MODULE
 # SFT probes on rank 0 of the launch's world.
 CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE)
 PROCESS_MODULE = "pytest_verl_compat.upstream.oracle.process"
+# An answer's key when the release lacks a patch point the probes need (``probes.patching``).
+KEY_UNSUPPORTED = "unsupported"
 # Hydra's ``--config-path`` is relative to the file that declares ``@hydra.main`` (verl/trainer/),
 # so these two spellings name the pinned tree itself; anything else would add another tree.
 _PINNED_CONFIG_PATHS = frozenset({"config", "./config"})

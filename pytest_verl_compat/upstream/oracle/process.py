@@ -24,12 +24,14 @@ from typing import Any
 
 from pytest_verl_compat.upstream.oracle.client import (
     ENTRY_MODULE,
+    KEY_UNSUPPORTED,
     PROCESS_MODULE,
     EntryArgvRefused,
     entry_argv,
 )
 from pytest_verl_compat.upstream.oracle.runner import safe_variables
 from pytest_verl_compat.upstream.probes import validate
+from pytest_verl_compat.upstream.probes.patching import PatchPointMissing
 
 
 def _entry_module(entry: Any, request: Mapping[str, Any]) -> tuple[Any, list[str]]:
@@ -99,6 +101,8 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
             answer = validate.validate_one(request["mapping"])
     except EntryArgvRefused as exc:
         answer = {"ok": False, "error": f"refused: {exc}"}
+    except PatchPointMissing as exc:  # the release lacks what the probes need: said as such
+        answer = {"ok": False, KEY_UNSUPPORTED: str(exc), "error": str(exc)}
     except Exception as exc:  # one bad question must not end the audit's other answers
         answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"id": request["id"], **answer}

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.upstream.probes import statements, tiny_batch
+from pytest_verl_compat.upstream.probes.patching import PatchPointMissing
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
 from pytest_verl_compat.upstream.probes.types import field_default
 
@@ -361,6 +362,8 @@ def _observe(
     try:
         with recording(reads) if reads is not None else contextlib.nullcontext():
             return _plain(effect.compute(cfg, plain))
+    except PatchPointMissing:
+        raise
     except Exception as exc:  # upstream refused it: a different outcome, never equal
         return _Failed(f"{type(exc).__name__}: {exc}")
 

@@ -276,7 +276,7 @@ def _optimizer(worker: Any) -> None:
         (engine, "optimizer", optimizer),
         (engine, "lr_scheduler", scheduler),
     ]
-    with all_patched(held):
+    with all_patched(held, provided=True):
         engine.optimizer_step()
         engine.lr_scheduler_step()
 

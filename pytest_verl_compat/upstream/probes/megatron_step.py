@@ -87,7 +87,7 @@ def postprocess(engine: Any, loss_function: Any, output: Any, data: Any) -> None
     data["input_ids"] = torch.nested.as_nested_tensor(tokens, layout=torch.jagged)
     tu.assign_non_tensor(data, num_micro_batch=1)
     tf_config = TransformerConfigStandIn(engine.engine_config.override_transformer_config or {})
-    with all_patched([(engine, "tf_config", tf_config)]):
+    with all_patched([(engine, "tf_config", tf_config)], provided=True):
         engine.postprocess_micro_batch_func(
             output, data, forward_only=False, loss_function=loss_function
         )

@@ -2,6 +2,14 @@
 
 The probes' only way to change what upstream or a library does (STYLE 14d): every patch of the
 oracle process goes through ``patched`` or ``environment``, and every one is undone on exit.
+
+Each patched name is a *patch point* of the release the probes run on: a stand-in only stands in
+where upstream still looks the name up, so a name the release no longer has is never set anew
+(that would skip the stand-in silently and run the real code): ``patched`` raises
+``PatchPointMissing``, which the probes never take for the configuration's failure, and the
+command says ``release X not supported: <patch point> not found``. The patch points a run meets
+are recorded per release (``data/releases/<version>/patch_points.json``, ``recording``) and each
+is checked to exist in every supported release's files (``releases.patch_points``).
 """
 
 from __future__ import annotations
@@ -13,12 +21,73 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 _MISSING = object()
+# The patch points met while ``recording`` (one list per oracle process; the process answers one
+# question at a time).
+_RECORDING: list[set[str]] = []
+
+
+class PatchPointMissing(Exception):
+    """A patch point the release does not have: the probes cannot run on this release."""
+
+
+def patch_point(owner: Any, name: str) -> str:
+    """The patched name, qualified: ``module.name``, ``module.Class.name`` (a class or an
+    instance's class)."""
+    if isinstance(owner, type(sys)):
+        return f"{owner.__name__}.{name}"
+    cls = owner if isinstance(owner, type) else type(owner)
+    return f"{cls.__module__}.{cls.__qualname__}.{name}"
+
+
+def _release() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return "(none)"
 
 
 @contextlib.contextmanager
-def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+def recording() -> Iterator[set[str]]:
+    """The patch points met in the block."""
+    met: set[str] = set()
+    _RECORDING.append(met)
+    try:
+        yield met
+    finally:
+        _RECORDING.remove(met)
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any, *, provided: bool = False) -> Iterator[None]:
     """``owner.name = value`` for the block. A class's own attribute is restored, an inherited
-    one is deleted again (so the class inherits it as before)."""
+    one is deleted again (so the class inherits it as before). Raises ``PatchPointMissing`` when
+    ``owner`` has no such name (the release moved it); ``provided``: an attribute upstream's own
+    build would have set on the instance and the probe's stand-in build did not (the engine's
+    module and optimizer), so the instance lacks it until now (the release's files are checked
+    for it instead, ``releases.patch_points``)."""
+    point = patch_point(owner, name)
+    if not provided and not hasattr(owner, name):
+        raise PatchPointMissing(f"release {_release()} not supported: {point} not found")
+    for met in _RECORDING:
+        met.add(point)
+    with _set(owner, name, value):
+        yield
+
+
+@contextlib.contextmanager
+def attached(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """An attribute of the probes' own on an upstream object for the block (data a stand-in
+    reads): no patch point, nothing of upstream's replaced."""
+    if hasattr(owner, name):
+        raise ValueError(f"{patch_point(owner, name)} exists: attach a name upstream lacks")
+    with _set(owner, name, value):
+        yield
+
+
+@contextlib.contextmanager
+def _set(owner: Any, name: str, value: Any) -> Iterator[None]:
     saved = (
         owner.__dict__.get(name, _MISSING)
         if isinstance(owner, type)
@@ -35,11 +104,13 @@ def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def all_patched(patches: Iterable[tuple[Any, str, Any]]) -> Iterator[None]:
+def all_patched(
+    patches: Iterable[tuple[Any, str, Any]], *, provided: bool = False
+) -> Iterator[None]:
     """Every ``(owner, name, value)`` of ``patches`` for the block, undone in reverse order."""
     with contextlib.ExitStack() as stack:
         for owner, name, value in patches:
-            stack.enter_context(patched(owner, name, value))
+            stack.enter_context(patched(owner, name, value, provided=provided))
         yield
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from pytest_verl_compat.upstream.probes import statements, tiny_batch
 from pytest_verl_compat.upstream.probes.boundary import LibraryCheck
+from pytest_verl_compat.upstream.probes.patching import PatchPointMissing
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
 
 # What an answer holds besides the failures: the steps that could not run on this machine, and
@@ -245,6 +246,8 @@ class Collector:
                 return step()
         except LibraryCheck as exc:
             self._library_check(phase, exc, name)
+        except PatchPointMissing:
+            raise  # the release, not the configuration: the command says so, loudly
         except Exception as exc:
             if partial_batch and _missing_field(exc):
                 self.not_run.append({KEY_STEP: f"{phase}: {name}", KEY_REASON: message(exc)})

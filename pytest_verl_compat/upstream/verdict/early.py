@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_verl_compat.model import Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
-from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle, checks_request
+from pytest_verl_compat.releases.index import ReleaseUnsupported
+from pytest_verl_compat.upstream.oracle.client import (
+    ENTRY_MODULE,
+    KEY_UNSUPPORTED,
+    UpstreamOracle,
+    checks_request,
+)
 from pytest_verl_compat.upstream.probes import (
     KEY_ADMITTED,
     KEY_EFFECTS,
@@ -544,7 +550,8 @@ def early_answer(
     keys the script set, the launch's entry point and world size), from the cache or the oracle
     process.
 
-    Raises RuntimeError when the oracle process gives no answer.
+    Raises RuntimeError when the oracle process gives no answer, ``ReleaseUnsupported`` when
+    the release lacks a patch point of the probes.
     """
     key = question.key(session.pin.version, tree)
     hit = cache.get(key) if cache is not None else None
@@ -557,6 +564,8 @@ def early_answer(
     finally:
         if own:
             asker.close()
+    if KEY_UNSUPPORTED in answer:
+        raise ReleaseUnsupported(str(answer[KEY_UNSUPPORTED]))
     if "verdict" not in answer:
         raise RuntimeError(f"upstream's checks gave no verdict: {answer.get('error', answer)}")
     stored = {

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.upstream.probes.boundary import laptop
-from pytest_verl_compat.upstream.probes.patching import all_patched
+from pytest_verl_compat.upstream.probes.patching import all_patched, attached
 from pytest_verl_compat.upstream.probes.records import KEY_REASON, KEY_STEP, Collector
 from pytest_verl_compat.upstream.probes.sft import model as sft_model
 
@@ -172,7 +172,6 @@ def torchrun_free(mapping: Mapping[str, Any], world: int) -> Iterator[list[dict[
     patches = [
         # MultiTurnSFTDataset.__init__ runs its own checks (multiturn_sft_dataset.py:93-117);
         # the parquet files it would then copy and read are the user's.
-        (MultiTurnSFTDataset, "_verl_compat_length", length),
         (MultiTurnSFTDataset, "_download", lambda self: None),
         (MultiTurnSFTDataset, "_read_files_and_process", _no_rows),
         (import_utils, "load_module", lambda *a, **k: _ModuleAsData(length)),
@@ -185,6 +184,7 @@ def torchrun_free(mapping: Mapping[str, Any], world: int) -> Iterator[list[dict[
     with (
         laptop(mapping, world=world, world_keys=(), grouped=True),
         sft_model.stand_in_model() as notes,
+        attached(MultiTurnSFTDataset, "_verl_compat_length", length),
         all_patched(patches),
     ):
         yield notes
