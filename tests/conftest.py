@@ -191,16 +191,22 @@ def release_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def release_cache(release_wheels: dict[str, Path], upstream_checks_cache: Path) -> Path:
-    """Every release's tree in this run's user cache (where the commands look), from the wheels."""
-    from pytest_verl_compat.releases.index import load_release_index
-    from pytest_verl_compat.releases.wheels import cache_dir, install_wheel
+    """Every release's files where the commands look (``VERL_COMPAT_HOME``'s ``releases``),
+    from the wheels."""
+    from filelock import FileLock
+
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+    from pytest_verl_compat.releases.wheels import cache_dir, install_wheel, release_tree
 
     index = load_release_index()
     cache = cache_dir()
-    assert cache.is_relative_to(upstream_checks_cache)
-    for version, wheel in release_wheels.items():
-        if not (cache / version).is_dir():
-            install_wheel(index.release(version), wheel, cache / version, index)
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{cache}.lock"):
+        for version, wheel in release_wheels.items():
+            try:
+                release_tree(version, fetch=False)
+            except ReleaseError:
+                install_wheel(index.release(version), wheel, cache / version, index)
     return cache
 
 

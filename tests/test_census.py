@@ -196,7 +196,7 @@ def test_recorded_answers_are_read_without_the_oracle(monkeypatch: pytest.Monkey
     asked: list[str] = []
 
     class Oracle:
-        def __init__(self, workers: int) -> None:
+        def __init__(self, workers: int, **_: object) -> None:
             pass
 
         def submit(self, tag: str, question: object) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from corpus_facts import PINNED_VERSION
 
 from pytest_verl_compat import cli
 from pytest_verl_compat.model import ExplicitFields, Finding
@@ -319,7 +320,7 @@ def test_pyproject_settings_apply_from_the_nearest_file_upward(
     status, _, err = run(capsys, "check", "nested/bad.sh", NO_UPSTREAM)
     assert status == 2
     assert err.strip().endswith(
-        "[tool.verl-compat] has no setting 'selct' (settings: select, ignore, fail-on)"
+        "[tool.verl-compat] has no setting 'selct' (settings: select, ignore, fail-on, release)"
     )
 
 
@@ -407,3 +408,27 @@ def test_every_example_script_in_one_call_validates_as_sarif(
         assert location["physicalLocation"]["artifactLocation"]["uri"].startswith("examples/")
         assert location["physicalLocation"]["region"]["startLine"] >= 1
     assert result.stderr.splitlines()[-1].startswith("checked 109 files: ")
+
+
+def test_the_release_setting_chooses_the_release_and_the_flag_replaces_it(
+    scripts: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``release = "X"`` in [tool.verl-compat] chooses the release every output names; the
+    command line's --release replaces it, --isolated ignores the file, an unknown release is one
+    line naming the supported ones."""
+    from pytest_verl_compat.releases.index import load_release_index
+
+    supported = load_release_index().supported_versions
+    other = next(v for v in supported if v != PINNED_VERSION)
+    (scripts / "pyproject.toml").write_text(f'[tool.verl-compat]\nrelease = "{other}"\n')
+    monkeypatch.chdir(scripts / "runs")
+    _, _, err = run(capsys, "check", "nested/bad.sh", NO_UPSTREAM)
+    assert f"valid for verl {other}: " in err
+    _, _, err = run(capsys, "check", "nested/bad.sh", NO_UPSTREAM, "--release", PINNED_VERSION)
+    assert f"valid for verl {PINNED_VERSION}: " in err
+    (scripts / "pyproject.toml").write_text('[tool.verl-compat]\nrelease = "0.1.0"\n')
+    status, _, err = run(capsys, "check", "nested/bad.sh", NO_UPSTREAM)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "verl 0.1.0 is not a release the project knows; supported: " in err
+    assert ", ".join(supported) in err
+    assert run(capsys, "check", "nested/bad.sh", NO_UPSTREAM, "--isolated")[0] != 2

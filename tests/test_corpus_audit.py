@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from corpus_facts import OFFICIAL, OFFICIAL_RL, release_ready
+from corpus_facts import OFFICIAL, OFFICIAL_RL, PINNED_VERSION, release_ready
 
 from pytest_verl_compat.pipeline.manifest import embedded_root
 
@@ -110,13 +110,14 @@ def test_embedded_default_skips_read_with_reason(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, shared_cache_dir: Path
 ) -> None:
     if not release_ready():
-        pytest.skip("the embedded default takes the tree from an installed verl")
+        pytest.skip("the embedded default runs upstream's checks in the release's environment")
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
     result = run_audit(pytester, shared_cache_dir, "-k", "not conformance")
     result.assert_outcomes(passed=CASES * 3 + COMPOSED * 2 + 2, skipped=CASES + 4)
     result.stdout.fnmatch_lines(
         [
-            "*upstream: installed verl 0.9.0 distribution at *",
+            f"release: verl {PINNED_VERSION} (the corpus manifest's release)",
+            f"upstream: verl {PINNED_VERSION}'s own files (its pinned wheel, at *",
             "18 cases; 16 composed; 14 accepted;*",
             "stages: 0 read (27 skipped); 25 equal to upstream's entry point (2 skipped)*",
             "*has no launch scripts; explicit fields come from the golden snapshot*",

@@ -225,7 +225,7 @@ def test_the_shipped_index_reads_each_leaf_only_under_guards() -> None:
     (``census --reads --check``, which rebuilds it: ~17 s), in tests/test_docs_commands.py."""
     from pytest_verl_compat.upstream.census import off_path
 
-    data = Path(off_path.__file__).parents[1] / off_path.DATA
+    data = off_path.DATA_FILE
     index = json.loads(data.read_text(encoding="utf-8"))
     assert index and all(index.values())
     for places_by_leaf in index.values():

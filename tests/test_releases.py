@@ -24,6 +24,7 @@ from pytest_verl_compat.releases.index import (
     load_release_index,
 )
 from pytest_verl_compat.releases.wheels import (
+    COMPLETE,
     MAX_MEMBER_BYTES,
     cache_dir,
     install_wheel,
@@ -57,15 +58,14 @@ def test_the_fetched_trees_are_the_pinned_ones(release_cache: Path) -> None:
     for release in INDEX.releases:
         tree = release_tree(release.version, fetch=False)
         assert tree_sha256(tree.config_dir) == release.tree_sha256
-        if tree.source == "installed":
-            continue  # the pinned release, from the installed verl
-        # Only the config tree's YAML files and the version file are taken out of the wheel.
+        # Only the package's source and YAML files, the version file and the completion marker
+        # are taken out of the wheel.
         files = sorted(
             p.relative_to(tree.root).as_posix() for p in tree.root.rglob("*") if p.is_file()
         )
         assert files and all(
-            name == INDEX.version_file
-            or (name.startswith(INDEX.config_dir) and name.endswith(".yaml"))
+            name in (INDEX.version_file, COMPLETE)
+            or (name.startswith("verl/") and name.endswith((".py", ".yaml")))
             for name in files
         ), files
         assert (tree.root / INDEX.version_file).read_text().strip() == release.version
@@ -148,12 +148,12 @@ def test_release_tree_fetches_with_pip_into_the_user_cache(
 ) -> None:
     """The whole path: pip download, checks, unpack, rename; the second call answers from the
     cache. pip is pointed at the session's wheel folder, so this downloads nothing again."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("VERL_COMPAT_HOME", str(tmp_path))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(release_wheels["0.7.1"].parent))
     tree = release_tree("0.7.1")
     assert tree.source == "fetched" and tree.root == cache_dir() / "0.7.1"
-    assert cache_dir() == tmp_path / "pytest-verl-compat" / "releases"
+    assert cache_dir() == tmp_path / "releases"
     assert release_tree("0.7.1").source == "cache"
 
 
@@ -161,6 +161,7 @@ def test_without_pypi_a_release_is_a_one_line_usage_error(tmp_path: Path) -> Non
     env = {
         **os.environ,
         "XDG_CACHE_HOME": str(tmp_path / "empty-cache"),
+        "VERL_COMPAT_HOME": str(tmp_path / "no-releases"),
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": str(tmp_path / "no-wheels"),
         "PIP_CONFIG_FILE": os.devnull,
@@ -254,13 +255,25 @@ GOOD = [
     ("verl/version/version", b"0.0.1\n", stat.S_IFREG | 0o644),
     ("verl/trainer/config/ppo_trainer.yaml", b"trainer: {}\n", stat.S_IFREG | 0o644),
     ("verl/trainer/main_ppo.py", b"import os; os.system('x')\n", stat.S_IFREG | 0o644),
+    ("verl/ops/kernel.so", b"\x7fELF", stat.S_IFREG | 0o755),
+    ("verl-0.0.1.dist-info/RECORD", b"", stat.S_IFREG | 0o644),
+    ("setup_helper.py", b"import os\n", stat.S_IFREG | 0o644),
 ]
 
 
-def test_unpack_takes_only_the_tree_and_the_version_file(tmp_path: Path) -> None:
+def test_unpack_takes_the_packages_source_and_data_as_files(tmp_path: Path) -> None:
+    """The verl package's .py and .yaml files and the version file, to be read as data (the
+    release's code runs only in its own environment); nothing else of the wheel."""
     taken = unpack_wheel(_zip(tmp_path / "w.whl", GOOD), tmp_path / "out", INDEX)
-    assert taken == ["verl/version/version", "verl/trainer/config/ppo_trainer.yaml"]
-    assert not (tmp_path / "out" / "verl/trainer/main_ppo.py").exists()
+    assert taken == [
+        "verl/version/version",
+        "verl/trainer/config/ppo_trainer.yaml",
+        "verl/trainer/main_ppo.py",
+    ]
+    assert not (tmp_path / "out" / "verl/ops/kernel.so").exists()
+    assert not (tmp_path / "out" / "setup_helper.py").exists()
+    written = tmp_path / "out" / "verl/trainer/main_ppo.py"
+    assert not written.stat().st_mode & 0o111  # data, never made executable
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,6 @@ EXTRAS = {
     "matplotlib": "trainer",
     "gguf": "smollm2",
     "reasoning_gym": "smollm2",
-    "verl": "upstream",
 }
 
 

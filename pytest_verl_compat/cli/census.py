@@ -134,7 +134,7 @@ def _reads(args: argparse.Namespace, session: Any, verl_parent: Path) -> int:
     entries = read_census.census(verl_parent, trees, traced, copies, outside)
     page = read_census_page.render(session.pin.version, entries, len(configs), trees, explicit)
     # What ``effect.off-path`` reads without verl (package data), from the same census.
-    data_file = Path(off_path.__file__).parents[1] / off_path.DATA
+    data_file = off_path.DATA_FILE
     previous = data_file.read_text(encoding="utf-8") if data_file.is_file() else ""
     data = off_path.dumps(
         session.pin.version, off_path.build(verl_parent, trees, traced, entries), previous

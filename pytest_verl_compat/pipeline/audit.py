@@ -136,6 +136,7 @@ class AuditSession:
     # The release checked (``releases.choice``), or why none could be (``release_error``).
     release: ReleaseChoice | None = None
     release_error: str = ""
+    _release_files: ReleaseTree | None = field(default=None, repr=False)
     golden_dir: Path = Path("golden")
     # The golden folder's top: the manifest's own release's files, whose snapshots also hold
     # each case's explicit fields (a script reads the same for every release).
@@ -180,12 +181,16 @@ class AuditSession:
                 rootdir=rootdir,
             )
         except UpstreamError as exc:
+            # A folder given that is no upstream: said as it is, never replaced by another tree.
             session.upstream_reason = str(exc)
+            session._choose_release(refused=True)
+            return session
         session._choose_release()
         return session
 
-    def _choose_release(self) -> None:
-        """The release checked, and its own config tree where the folder given is not its."""
+    def _choose_release(self, *, refused: bool = False) -> None:
+        """The release checked, and its own config tree where the folder given is not its
+        (``refused``: the folder given is not an upstream folder; the session has no tree)."""
         assert self.manifest is not None
         given = self.upstream
         try:
@@ -211,13 +216,13 @@ class AuditSession:
             self.manifest = dataclasses.replace(
                 self.manifest, cases=tuple(case.in_release(version) for case in self.manifest.cases)
             )
-        if given is not None and given.version in (None, version):
+        if refused or (given is not None and given.version in (None, version)):
             # Its own tree, or a tree of no release: composed as it is (upstream's code never
             # sees a tree of no release, ``early.upstream_gate``).
             return
         try:
-            files = release_tree(version)
-        except ReleaseError as exc:
+            files = self.release_files()
+        except StageUnavailable as exc:
             self.upstream, self.upstream_reason = None, str(exc)
             return
         pin = self.pin
@@ -260,10 +265,12 @@ class AuditSession:
         """The checked release's own files (its source and tree), fetched on first use."""
         if self.release is None:
             raise StageUnavailable(self.release_error or "no release chosen")
-        try:
-            return release_tree(self.release.version)
-        except ReleaseError as exc:
-            raise StageUnavailable(str(exc)) from exc
+        if self._release_files is None:
+            try:
+                self._release_files = release_tree(self.release.version)
+            except ReleaseError as exc:
+                raise StageUnavailable(str(exc)) from exc
+        return self._release_files
 
     @property
     def cases(self) -> tuple[Case, ...]:

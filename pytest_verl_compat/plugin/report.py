@@ -232,6 +232,10 @@ class AuditReporter:
             terminalreporter.write_line(f"manifest error: {self.session.manifest_error}")
             return
         upstream = self.session.upstream
+        release = self.session.release
+        terminalreporter.write_line(
+            f"release: {release.describe() if release else 'none: ' + self.session.release_error}"
+        )
         terminalreporter.write_line(
             f"upstream: {upstream.describe() if upstream else 'none: ' + self.session.upstream_reason}"
         )

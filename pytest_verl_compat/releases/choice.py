@@ -1,9 +1,11 @@
 """Which release a command checks, and why: a choice, never a silent assumption.
 
-In order, the first that says: ``--release`` (or the plugin's ``--verl-corpus-release``); the
-release whose config tree an ``--upstream`` folder holds; ``release = "X"`` in
-``[tool.verl-compat]`` (or the plugin's ini key); the verl installed beside the checker (read
-from its distribution's metadata, never imported); the release a corpus manifest pins. A release
+In order, the first that says: ``--release`` (or the plugin's ``--verl-corpus-release``);
+``release = "X"`` in ``[tool.verl-compat]`` (or the plugin's ini key): a project's decision; the
+release whose config tree an upstream folder holds (``--upstream``, ``VERL_UPSTREAM``: its
+scripts are read either way, composed on the chosen release's tree); the verl installed beside
+the checker (read from its distribution's metadata, never imported); the release a corpus
+manifest pins. A release
 that is not supported is one line naming the supported ones, never a verdict labelled with
 another; so is an installed verl the project does not support.
 """
@@ -63,8 +65,8 @@ def choose_release(
     found = installed_version() if installed is True else installed or None
     for version, why in (
         (option, FROM_OPTION),
-        (tree_version, FROM_TREE),
         (setting, setting_source),
+        (tree_version, FROM_TREE),
         (found, FROM_INSTALLED),
         (manifest_version, FROM_MANIFEST),
     ):

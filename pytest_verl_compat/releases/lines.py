@@ -8,7 +8,7 @@ lines is in that release's own files: derived from the two releases' files alone
 matching blocks of each file's lines, as ``git diff`` pairs them), kept in
 ``data/releases/<version>/lines.json`` and checked against the files by the tests. A line that
 the other release changed or removed has no place there: the citation then says so
-(``verl/x.py:120 in 0.9.0, changed in 0.9.1``), never a wrong line.
+(the base release's line, ``(verl 0.9.0; changed in 0.9.1)``), never a wrong line.
 
 A citation is read as a person reads it: a full path (``verl/…/file.py:N``), a file's name alone
 (``engine_workers.py:617``: the last full path of that name in the same text, else the one file

@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from pytest_verl_compat.releases.index import DATA
 from pytest_verl_compat.upstream.census import reads as read_census
 from pytest_verl_compat.upstream.census import static_reads
 from pytest_verl_compat.upstream.census.call_binding import attribute_chain
@@ -48,7 +49,7 @@ from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.effects import reflected_classes
 
 # The index, beside the other data generated from the installed verl (package data).
-DATA = "data/off_path_reads.json"
+DATA_FILE = DATA / "off_path_reads.json"
 # The folders of verl's config dataclasses: a field declared there is not a use of the name.
 _CONFIG_FOLDERS = ("verl/workers/config/", "verl/trainer/config/")
 # Calls that hand a whole object on (its fields read by name nowhere).
