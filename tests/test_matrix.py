@@ -85,16 +85,18 @@ def test_cells_say_what_kind_of_verdict_they_are(capsys: pytest.CaptureFixture[s
     assert status == 0
     assert [r["version"] for r in report["releases"]] == list(INDEX.versions)
     assert report["pinned"] == PINNED_VERSION
+    supported = set(INDEX.supported_versions)
     for release in report["releases"]:
         assert release["tree_sha256"] == INDEX.release(release["version"]).tree_sha256
-        assert release["kind"] == (CHECK if release["version"] == PINNED_VERSION else COMPOSE)
+        assert release["kind"] == (CHECK if release["version"] in supported else COMPOSE)
     (script,) = report["scripts"]
     for version, cell in script["cells"].items():
-        assert cell["kind"] == (CHECK if version == PINNED_VERSION else COMPOSE)
+        assert cell["kind"] == (CHECK if version in supported else COMPOSE)
         assert cell["composed"] is True
-    pinned = script["cells"][PINNED_VERSION]
-    assert pinned["valid"] is True and pinned["findings"] == []
-    assert pinned["upstream_checks"] == "skipped: not asked (--no-upstream-checks)"
+    for version in supported:
+        verdict = script["cells"][version]
+        assert verdict["valid"] is True and verdict["findings"] == []
+        assert verdict["upstream_checks"] == "skipped: not asked (--no-upstream-checks)"
     assert set(report["kinds"]) == {CHECK, COMPOSE}
 
 
@@ -206,7 +208,8 @@ def test_the_cell_cache_changes_nothing(tmp_path: Path) -> None:
     uncached = matrix_report(session, cases, upstream_checks=False)
     cold = matrix_report(session, cases, upstream_checks=False, cache=cache)
     entries = sorted((tmp_path / "cells").glob("*.json"))
-    assert len(entries) == len(cases) * (len(INDEX.versions) - 1)
+    # The releases without a verdict of their own: composition cells, kept.
+    assert len(entries) == len(cases) * (len(INDEX.versions) - len(INDEX.supported_versions))
     warm = matrix_report(session, cases, upstream_checks=False, cache=cache)
     for entry in entries:
         entry.write_text('{"composed": "yes"}')  # a malformed entry is a miss
@@ -251,20 +254,20 @@ def test_the_pinned_cell_is_what_check_prints(capsys: pytest.CaptureFixture[str]
         assert cell["findings"], f"{case_id}: a case with findings, or the test compares nothing"
 
 
-def test_without_a_located_tree_the_pinned_release_comes_from_its_wheel(
+def test_without_a_checkout_each_supported_release_is_a_verdict_of_its_own(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No checkout and no installed verl: the pinned column composes the pinned release's tree
-    from the cache, and says that upstream's own checks could not run."""
-    from pytest_verl_compat.pipeline import pins
-    from pytest_verl_compat.upstream.drift import trees as releases
-    from pytest_verl_compat.upstream.verdict import early
+    """No checkout: every supported release's column is the verdict of `check` on that release
+    (its own tree from its pinned wheel, its own upstream code); an unsupported release's is its
+    tree's composition only."""
+    from pytest_verl_compat.releases.index import load_release_index
 
-    for module in (pins, releases, early):
-        monkeypatch.setattr(module, "installed_verl_root", lambda: None)
+    supported = load_release_index().supported_versions
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)
-    status, report = _json(capsys, "grpo", "--releases", f"0.8.0,{PINNED_VERSION}")
+    status, report = _json(capsys, "grpo", "--releases", ",".join(["0.7.1", *supported]))
     assert status == 0
-    cell = report["scripts"][0]["cells"][PINNED_VERSION]
-    assert cell["valid"] is True
-    assert cell["upstream_checks"] == f"skipped: upstream verl {PINNED_VERSION} not installed"
+    kinds = {release["version"]: release["kind"] for release in report["releases"]}
+    assert kinds == {"0.7.1": "compose", **dict.fromkeys(supported, "check")}
+    cells = report["scripts"][0]["cells"]
+    for version in supported:
+        assert cells[version]["valid"] is True and cells[version]["upstream_checks"] == "ran"

@@ -126,7 +126,9 @@ def _imported_from(tree: ast.Module, module: str, name: str) -> str | None:
     return None
 
 
-def _in_class(root: Path, module: str, cls: str, name: str, depth: int = 0) -> tuple[str, int] | None:
+def _in_class(
+    root: Path, module: str, cls: str, name: str, depth: int = 0
+) -> tuple[str, int] | None:
     parsed = _module(root, module)
     if parsed is None or depth > 8:
         return None
@@ -145,7 +147,9 @@ def _in_class(root: Path, module: str, cls: str, name: str, depth: int = 0) -> t
         if base_name is None:
             continue
         local = _top_level(tree, base_name)
-        source = module if isinstance(local, ast.ClassDef) else _imported_from(tree, module, base_name)
+        source = (
+            module if isinstance(local, ast.ClassDef) else _imported_from(tree, module, base_name)
+        )
         if source and source.split(".")[0] == PACKAGE:
             found = _in_class(root, source, base_name, name, depth + 1)
             if found is not None:

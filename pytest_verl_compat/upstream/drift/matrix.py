@@ -1,15 +1,16 @@
-"""Release matrix: each script's explicit fields composed on the config tree of every release.
+"""Release matrix: each script's explicit fields on every release, a verdict where supported.
 
-A cell is one script on one release. On the pinned release it is the full verdict of
-``verl-compat check`` (kind ``check``: valid for verl, with its findings, upstream's own checks
-included when the pinned verl is installed); on every other release it is whether Hydra composes
-the fields on that release's tree, with Hydra's reason when not (kind ``compose``: the tree is
-data, its ``_target_`` values are never instantiated, no code of that release runs). Each
-script also lists the keys it sets whose resolved value is not the same on every release: a key
-the tree does not have, a default an interpolation pulls in, a type the release coerces.
+A cell is one script on one release. On a supported release it is the full verdict of
+``verl-compat check`` on that release (kind ``check``: valid for verl, with its findings, upstream's
+own checks run in that release's own environment, each finding citing that release's lines); on
+any other release it is whether Hydra composes the fields on that release's tree, with Hydra's
+reason when not (kind ``compose``: the tree is data, its ``_target_`` values are never
+instantiated, no code of that release runs). Each script also lists the keys it sets whose
+resolved value is not the same on every release: a key the tree does not have, a default an
+interpolation pulls in, a type the release coerces.
 
-The fields are read once, with the pinned session's bindings, so every difference comes from
-the trees alone.
+The fields are read once, with the session's bindings, so every difference comes from the
+releases alone. ``pinned``: the session's own release (the one ``check`` would check).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ COMPOSE = "compose"
 NOT_IN_TREE = "(not in tree)"
 # What a cell's kind means, for the report's readers.
 KIND_NOTES = {
-    CHECK: "the full verdict of `verl-compat check` on the pinned release",
+    CHECK: "the full verdict of `verl-compat check` on a supported release (its own code, in its "
+    "own environment)",
     COMPOSE: "Hydra's composition of the release's config tree only (data: no code of that "
     "release runs)",
 }
@@ -247,6 +249,15 @@ def _other_release_cell(
     return cell
 
 
+def release_session(session: AuditSession, version: str) -> AuditSession:
+    """The same manifest, bindings and scripts, checked against another supported release."""
+    import dataclasses
+
+    from pytest_verl_compat.pipeline.audit import AuditSession as Session
+
+    return Session.start(dataclasses.replace(session.options, release=version, release_source=""))
+
+
 def matrix_report(
     session: AuditSession,
     cases: Iterable[Case],
@@ -283,10 +294,13 @@ def matrix_report(
             continue
         read[case.id] = (case, outcome)
 
-    verdicts: dict[str, PinnedVerdict] = {}
-    if pinned in versions:
-        verdicts = pinned_verdicts(
-            session, [case for case, _ in read.values()], upstream_checks=upstream_checks
+    checked = [v for v in versions if v == pinned or index.release(v).supported]
+    verdicts: dict[str, dict[str, PinnedVerdict]] = {}
+    sessions: dict[str, AuditSession] = {}
+    for version in checked:
+        sessions[version] = session if version == pinned else release_session(session, version)
+        verdicts[version] = pinned_verdicts(
+            sessions[version], [case for case, _ in read.values()], upstream_checks=upstream_checks
         )
 
     for entry in scripts:
@@ -307,9 +321,9 @@ def matrix_report(
         keys = explicit_keys(fields)
         values: dict[str, dict[str, str]] = {}
         for version in versions:
-            if version == pinned:
-                composition = outcome.composition
-                entry["cells"][version] = _check_cell(composition, verdicts.get(case.id))
+            if version in sessions:
+                composition = sessions[version].outcome(case).composition
+                entry["cells"][version] = _check_cell(composition, verdicts[version].get(case.id))
                 base = (
                     None
                     if composition.composed
@@ -332,7 +346,7 @@ def matrix_report(
             {
                 "version": version,
                 "tree_sha256": index.release(version).tree_sha256,
-                "kind": CHECK if version == pinned else COMPOSE,
+                "kind": CHECK if version in sessions else COMPOSE,
             }
             for version in versions
         ],
@@ -450,7 +464,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
 
 def matrix_failed(report: Mapping[str, Any]) -> bool:
-    """A script not read, or not valid for the pinned release (exit 1, as `check` would)."""
+    """A script not read, or not valid for the session's release (exit 1, as `check` would)."""
     for script in report["scripts"]:
         if not script["read"]:
             return True
