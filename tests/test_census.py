@@ -88,7 +88,7 @@ def scanned() -> list[census.Entry]:
 
 def test_every_reason_matches_an_entry_and_none_is_a_to_do(scanned: list[census.Entry]) -> None:
     """A reason no entry needs is stale; a reason names what this machine lacks."""
-    reasons = census.load_reasons()
+    reasons = census.load_reasons(PINNED_VERSION)
     for reason in reasons:
         assert any(reason.covers(entry) for entry in scanned), f"matches no entry: {reason}"
         assert not re.search(r"\b(todo|later|not yet|not implemented)\b", reason.reason, re.I), (
@@ -127,7 +127,7 @@ def _entry(entries: list[census.Entry], where: str) -> census.Entry:
 def test_a_condition_that_reads_the_configuration_is_config(
     where: str, read: str, scanned: list[census.Entry]
 ) -> None:
-    entry = _entry(census.settled(scanned, census.load_reasons()), where)
+    entry = _entry(census.settled(scanned, census.load_reasons(PINNED_VERSION)), where)
     assert entry.depends == "config", f"depends={entry.depends}, but should be config [{where}]"
     assert any(r.startswith(read) for r in entry.reads), entry.reads
 

@@ -508,7 +508,10 @@ def test_check_reports_upstreams_failure_warm_from_the_cache_and_can_skip_it(
         f"do_sample (verl 0.9.0 raises it at trainer start: validate_config, {where}) (change "
     ), line
     assert "valid for verl 0.9.0: no" in cold.stderr
-    assert sorted(p.name for p in (tmp_path / "pytest-verl-compat").iterdir()) == ["answers", "results"]
+    assert sorted(p.name for p in (tmp_path / "pytest-verl-compat").iterdir()) == [
+        "answers",
+        "results",
+    ]
     warm = cli(*sampled, cache=tmp_path)
     assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
     static = cli(*sampled, "--no-upstream-checks", cache=tmp_path)

@@ -30,6 +30,7 @@ from pytest_verl_compat.cli.explain import add_explain_parser
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
 from pytest_verl_compat.cli.output import configure_output
 from pytest_verl_compat.cli.pin import add_pin_parser
+from pytest_verl_compat.cli.release import add_release_command
 from pytest_verl_compat.cli.releases import add_release_parsers
 from pytest_verl_compat.cli.rules import add_rule_parser
 from pytest_verl_compat.cli.train import add_train_parser
@@ -85,7 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--upstream",
         metavar="PATH",
-        help="verl checkout folder (default: $VERL_UPSTREAM, then the installed verl)",
+        help="verl checkout folder (default: $VERL_UPSTREAM, then the checked release's files)",
+    )
+    parser.add_argument(
+        "--release",
+        metavar="VERSION",
+        help="the verl release to check against (default: [tool.verl-compat] release, the tree "
+        "given, the installed verl, then the manifest's release)",
     )
     _add_output_flags(parser, default=0)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -99,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_drift_parsers(sub, common)
     add_pin_parser(sub)
     add_release_parsers(sub, common)
+    add_release_command(sub, common)
     add_asset_parsers(sub)
     add_rule_parser(sub)
     for command in sub.choices.values():

@@ -36,7 +36,7 @@ def cmd_census(args: argparse.Namespace) -> int:
     root = release_root(session)
     if args.reads:
         return _reads(args, session, root)
-    reasons = census.load_reasons()
+    reasons = census.load_reasons(session.version)
     traced = census_run.recorded_traced(session.golden_dir)
     entries = census.settled(census.scan(root, traced), reasons)
     configs = census_run.configurations(session)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -27,10 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pytest_verl_compat.files.safe_input import InputError, read_bytes, read_text
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_bytes, read_text
 from pytest_verl_compat.releases.index import RELEASE_DATA, load_release_index
 
 LINES_FILE = "lines.json"
+# Citations whose lines a release changed, reviewed by a person: where they are in that release,
+# and why the claim still holds there (``data/releases/<version>/citations.yaml``).
+REVIEWED_FILE = "citations.yaml"
 MAX_LINES_BYTES = 8 << 20
 _CITATION = re.compile(
     r"(?P<path>(?:[A-Za-z_][\w]*/)*[A-Za-z_][\w]*\.py)?:(?P<start>\d+)(?:-(?P<end>\d+))?"
@@ -160,13 +164,14 @@ class LineMap:
         return None
 
     def span(self, file: str, start: int, end: int) -> tuple[int, int] | None:
-        """Where the lines ``start..end`` are, when every one of them is there, in order."""
+        """Where the lines ``start..end`` are, when every one of them is there, in order (the
+        release may have added lines between them; it changed none of them)."""
         found = [self.line(file, n) for n in range(start, end + 1)]
         if any(n is None for n in found):
             return None
-        first, last = found[0], found[-1]
-        assert first is not None and last is not None
-        return (first, last) if last - first == end - start else None
+        numbers = [n for n in found if n is not None]
+        in_order = all(a < b for a, b in itertools.pairwise(numbers))
+        return (numbers[0], numbers[-1]) if in_order else None
 
 
 def lines_path(version: str) -> Path:
@@ -232,7 +237,22 @@ def cite(text: str, version: str) -> str:
     return "".join(out)
 
 
+@functools.cache
+def reviewed(version: str) -> dict[str, str]:
+    """A person's reviewed citations of ``version``: the base release's citation (as the texts
+    write it, ``file.py:START-END``) and where it is in ``version``."""
+    path = RELEASE_DATA / version / REVIEWED_FILE
+    if not path.is_file():
+        return {}
+    raw: Any = load_yaml_file(path, what="reviewed citations") or {}
+    return {str(key): str(entry["in"]) for key, entry in raw.items()}
+
+
 def _cited(found: Citation, mapping: LineMap | None, base: str, version: str) -> str:
+    lines = f"{found.start}-{found.end}" if found.end != found.start else f"{found.start}"
+    person = reviewed(version).get(f"{found.file}:{lines}")
+    if person is not None:
+        return found.written.split("@", 1)[0].rsplit(":", 1)[0] + ":" + person
     if mapping is None:
         return f"{found.written} (verl {base}; no line map for {version})"
     moved = mapping.span(found.file, found.start, found.end)

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import yaml
 
+from pytest_verl_compat.releases.index import RELEASE_DATA
 from pytest_verl_compat.upstream.census import call_binding as census_reads
 from pytest_verl_compat.upstream.probes import statements
 
@@ -306,10 +307,19 @@ class Reason:
         )
 
 
-REASONS_FILE = Path(__file__).with_name("census_reasons.yaml")
+REASONS_NAME = "census_reasons.yaml"
 
 
-def load_reasons(path: Path = REASONS_FILE) -> list[Reason]:
+def reasons_file(version: str) -> Path:
+    """A release's reasons (``data/releases/<version>/census_reasons.yaml``): written by a person
+    for what the reading of the source cannot decide, each naming that release's lines."""
+    return RELEASE_DATA / version / REASONS_NAME
+
+
+def load_reasons(version: str, path: Path | None = None) -> list[Reason]:
+    path = path or reasons_file(version)
+    if not path.is_file():
+        return []
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
     return [
         Reason(str(r["file"]), str(r["function"]), str(r["reason"]), r.get("depends")) for r in raw

@@ -31,7 +31,7 @@ from pytest_verl_compat.pipeline.answers import (
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
-from pytest_verl_compat.pipeline.report import example_totals
+from pytest_verl_compat.pipeline.report import EXAMPLES_AUDIT, example_totals
 from pytest_verl_compat.pipeline.snapshot import dumps, write_atomic, write_atomic_bytes
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 from pytest_verl_compat.upstream.oracle.runner import referenced_variables, release_runner
@@ -213,16 +213,27 @@ def example_entry(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_verl_compat.upstream.verdict.examples")
     parser.add_argument("--upstream", required=True, help="a verl checkout with examples/")
-    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument(
+        "--release", help="the release to check them against (default: the checkout's)"
+    )
+    parser.add_argument(
+        "--out",
+        help="the JSON file to write (default: the release's golden examples/upstream.json)",
+    )
     parser.add_argument("--only", action="append", help="record only these case ids")
     parser.add_argument(
         "--audit",
         metavar="PATH",
-        help="also write the per-script verdicts and totals (golden/examples/audit.json) from it",
+        nargs="?",
+        const="",
+        help="also write the per-script verdicts and totals (default: the release's golden "
+        "examples/audit.json) from it",
     )
     args = parser.parse_args(argv)
-    session = AuditSession.start(AuditOptions(upstream=args.upstream))
-    out = Path(args.out)
+    session = AuditSession.start(AuditOptions(upstream=args.upstream, release=args.release))
+    if session.release is None:
+        raise SystemExit(session.release_error)
+    out = Path(args.out) if args.out else session.golden_dir / "examples" / "upstream.json"
     recorded: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     cases = tuple(c for c in example_cases(session) if not args.only or c.id in args.only)
     recorded.update(record(session, cases))
@@ -233,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     answers = recorded_answers(session, example_cases(session), recorded)
     write_atomic_bytes(answers_file, dumps_recorded(CHECKS, answers))
     print(f"wrote {answers_file}: {len(answers)} answers")
-    if args.audit:
+    if args.audit is not None:
+        args.audit = args.audit or str(session.golden_dir / EXAMPLES_AUDIT)
         entries = [
             example_entry(session, case, recorded.get(case.id, {}).get(UPSTREAM_ANSWER))
             for case in example_cases(session)

@@ -1,0 +1,184 @@
+"""``verl-compat release``: the releases the checker knows, their environments, and adding one.
+
+``release list`` says which releases are known and supported, which environments are built, and
+which verl is installed here; ``release env VERSION`` builds a release's environment (``--clean``
+removes it); ``release lock VERSION`` pins its environment's wheels for this platform;
+``release derive VERSION`` derives what can be derived from a release's own files (its
+``docs/releases.md`` checklist, step by step) and lists what needs a person. ``--check`` derives
+without writing and exits 1 when a derived file is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, UsageError, say
+from pytest_verl_compat.cli.output import note
+from pytest_verl_compat.pipeline.snapshot import write_atomic
+from pytest_verl_compat.releases.index import TRYING, Release, ReleaseError, load_release_index
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.releases.choice import installed_version
+    from pytest_verl_compat.releases.environment import built, load_lock
+
+    index = load_release_index()
+    installed = installed_version()
+    print(f"installed verl: {installed or 'none'}")
+    for release in index.releases:
+        state = "supported" if release.supported else "known (composition only)"
+        environment = ""
+        if release.supported:
+            try:
+                found = built(load_lock(release))
+                environment = f"; environment {'built' if found else 'not built'}"
+            except ReleaseError as exc:
+                environment = f"; {exc}"
+        print(f"{release.version}: {state}{environment}")
+    return EXIT_OK
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.releases.environment import (
+        built,
+        environment_folder,
+        load_lock,
+        release_environment,
+    )
+    from pytest_verl_compat.upstream.oracle.runner import say_progress
+
+    release = _release(args.version)
+    lock = load_lock(release)
+    if args.clean:
+        folder = environment_folder(lock)
+        if built(lock) is None and not folder.exists():
+            say("release", f"verl {release.version}'s environment is not built")
+            return EXIT_OK
+        shutil.rmtree(folder)
+        say("release", f"removed {folder}")
+        return EXIT_OK
+    environment = release_environment(release, say_progress)
+    print(environment.python)
+    return EXIT_OK
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.releases.lock import derive_lock, lock_destination
+
+    index = load_release_index()
+    release = index.release(args.version)
+    text = derive_lock(release, index)
+    target = lock_destination(release, package=args.package)
+    write_atomic(target, text)
+    note("release", f"wrote {target} ({len(text.splitlines()) - 3} pinned wheels)")
+    return EXIT_OK
+
+
+def _release(version: str) -> Release:
+    index = load_release_index()
+    return index.supported_release(version)
+
+
+# --- derive ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Derivation:
+    """What one ``release derive`` did: the files written (or stale), what needs a person."""
+
+    version: str
+    write: bool
+    written: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    person: list[str] = field(default_factory=list)
+
+    def keep(self, path: Path, text: str) -> None:
+        """Write ``text`` to ``path`` (``--write``), or note that it differs (``--check``)."""
+        old = path.read_text(encoding="utf-8") if path.is_file() else None
+        if old == text:
+            return
+        if self.write:
+            write_atomic(path, text)
+            self.written.append(str(path))
+        else:
+            self.stale.append(str(path))
+
+
+Step = Callable[[Derivation, Any], None]
+
+
+def cmd_derive(args: argparse.Namespace) -> int:
+    import os
+
+    from pytest_verl_compat.cli.release_steps import STEPS, DeriveContext
+
+    index = load_release_index()
+    release = index.release(args.version)
+    if args.version == index.citations:
+        raise UsageError(
+            f"verl {args.version} is the release the project's texts cite: its facts are written, "
+            "not derived"
+        )
+    os.environ[TRYING] = release.version
+    derivation = Derivation(release.version, write=not args.check)
+    context = DeriveContext(release, args.upstream, args.only)
+    for name, step in STEPS.items():
+        if args.only and name not in args.only:
+            continue
+        say("release", f"derive {release.version}: {name}")
+        step(derivation, context)
+    for path in derivation.written:
+        note("release", f"wrote {path}")
+    for path in derivation.stale:
+        say("release", f"stale: {path}")
+    if derivation.person:
+        print(f"verl {release.version}: {len(derivation.person)} things need a person:")
+        for item in derivation.person:
+            print(f"  - {item}")
+    elif not release.supported:
+        print(f"verl {release.version}: nothing left to review; mark it supported in releases.yaml")
+    return EXIT_FINDINGS if derivation.stale else EXIT_OK
+
+
+def add_release_command(sub: Any, common: argparse.ArgumentParser) -> None:
+    release = sub.add_parser(
+        "release", help="the releases checked: list, build an environment, pin it, add a release"
+    )
+    actions = release.add_subparsers(dest="action", required=True)
+    listed = actions.add_parser("list", help="known and supported releases, built environments")
+    listed.set_defaults(func=cmd_list)
+    env = actions.add_parser("env", help="build a release's environment (once), print its python")
+    env.add_argument("version", metavar="VERSION")
+    env.add_argument("--clean", action="store_true", help="remove the environment instead")
+    env.set_defaults(func=cmd_env)
+    lock = actions.add_parser("lock", help="pin a release's environment for this platform")
+    lock.add_argument("version", metavar="VERSION")
+    lock.add_argument(
+        "--package",
+        action="store_true",
+        help="write it into the package's data (a checkout's), not the user cache",
+    )
+    lock.set_defaults(func=cmd_lock)
+    derive = actions.add_parser(
+        "derive",
+        parents=[common],
+        help="derive a release's facts from its own files; list what needs a person",
+    )
+    derive.add_argument("version", metavar="VERSION")
+    derive.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 when a derived file differs from what is derived now",
+    )
+    derive.add_argument(
+        "--only",
+        action="append",
+        metavar="STEP",
+        help="run only this step (repeatable)",
+    )
+    derive.set_defaults(func=cmd_derive)

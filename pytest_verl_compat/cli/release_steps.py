@@ -1,0 +1,305 @@
+"""The steps of ``verl-compat release derive``: what a release's own files give, in order.
+
+Each step derives one kind of fact from the release's pinned wheel (and runs its code only in its
+own environment), keeps it (``Derivation.keep``: written, or named stale with ``--check``) and
+adds to ``Derivation.person`` what no derivation can settle: a profile rule to review, a rule
+whose cited line the release changed, a patch point or statement the probes need that moved, a
+census entry nobody explained, a case the release judges otherwise than the manifest expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_verl_compat.releases.index import Release, ReleaseError, load_release_index
+from pytest_verl_compat.releases.wheels import ReleaseTree, release_tree
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.cli.release import Derivation
+    from pytest_verl_compat.pipeline.audit import AuditSession
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = REPO / "pytest_verl_compat" / "profiles"
+# Where a release's census pages go (docs/census/<version>/).
+CENSUS_PAGES = REPO / "docs" / "census"
+
+
+@dataclass
+class DeriveContext:
+    """What the steps share: the release, its files, the citations' release's files, a session."""
+
+    release: Release
+    upstream: str | None
+    only: list[str] | None
+    _session: AuditSession | None = None
+
+    @property
+    def version(self) -> str:
+        return self.release.version
+
+    def files(self) -> ReleaseTree:
+        return release_tree(self.version)
+
+    def base(self) -> ReleaseTree:
+        return release_tree(load_release_index().citations)
+
+    def session(self) -> AuditSession:
+        """A session checking this release (the embedded corpus, the checkout's scripts)."""
+        if self._session is None:
+            from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+
+            self._session = AuditSession.start(
+                AuditOptions(upstream=self.upstream, release=self.version)
+            )
+            if self._session.release is None:
+                raise ReleaseError(self._session.release_error)
+        return self._session
+
+
+def _files(derivation: Derivation, context: DeriveContext) -> None:
+    files = context.files()
+    if not (files.package / "trainer" / "main_ppo.py").is_file():
+        derivation.person.append(f"verl {context.version} has no verl/trainer/main_ppo.py")
+
+
+def _lock(derivation: Derivation, context: DeriveContext) -> None:
+    from pytest_verl_compat.releases.environment import load_lock
+    from pytest_verl_compat.releases.lock import derive_lock, lock_destination
+
+    try:
+        load_lock(context.release)
+    except ReleaseError:
+        index = load_release_index()
+        derivation.keep(
+            lock_destination(context.release, package=True), derive_lock(context.release, index)
+        )
+
+
+def _line_map(derivation: Derivation, context: DeriveContext) -> None:
+    from pytest_verl_compat.releases.lines import derive_line_map, dumps_line_map, lines_path
+
+    data = derive_line_map(context.base().root, context.files().root)
+    derivation.keep(lines_path(context.version), dumps_line_map(data))
+    from pytest_verl_compat.releases.lines import line_map
+
+    line_map.cache_clear()
+
+
+def _profile(derivation: Derivation, context: DeriveContext) -> None:
+    """A release without a profile gets the citations release's, retargeted (its citations moved
+    to this release's lines); every leaf no rule classifies is a person's."""
+    from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
+    from pytest_verl_compat.pipeline.profile import load_profile
+    from pytest_verl_compat.releases.lines import cite
+    from pytest_verl_compat.upstream.drift.retarget import retarget_profile
+
+    index = load_release_index()
+    base = index.release(index.citations)
+    for family, base_name, name, config in (
+        ("rl", base.profile, context.release.profile, "ppo_trainer"),
+        ("sft", base.sft_profile, context.release.sft_profile, "sft_trainer_engine"),
+    ):
+        name = name or f"verl-{context.version}-{'single-device' if family == 'rl' else 'sft'}"
+        path = PROFILES / f"{name}.yaml"
+        if not path.is_file():
+            if not derivation.write:
+                derivation.stale.append(str(path))
+                continue
+            written = retarget_profile(
+                base_name,
+                context.files().root,
+                name,
+                out_dir=PROFILES,
+                version=context.version,
+                config_name=config,
+            )
+            written.write_text(cite(written.read_text(encoding="utf-8"), context.version))
+            derivation.written.append(str(written))
+            derivation.person.append(
+                f"{written.name}: review the rules retarget added for the leaves {base_name} "
+                "cannot classify, and the rules whose cited lines moved"
+            )
+            load_profile.cache_clear()
+        profile = load_profile(name)
+        composition = Composer(context.files().config_dir, config).compose([], {})
+        for leaf, _ in iter_leaves(composition.resolved) if composition.composed else ():
+            if profile.rule_for(leaf) is None:
+                derivation.person.append(f"{name}: no rule classifies {leaf}")
+
+
+def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
+    """Each rule's upstream lines, found in this release; one it changed needs a person."""
+    from pytest_verl_compat.releases.lines import cite
+    from pytest_verl_compat.upstream.verdict.rules import all_rules
+
+    for rule_id, doc in sorted(all_rules(context.version, context.release.profile).items()):
+        cited = cite(doc.why, context.version)
+        for word in (f"changed in {context.version}", f"gone in {context.version}"):
+            if word in cited:
+                derivation.person.append(
+                    f"rule {rule_id}: a line it cites is {word.split()[0]} in "
+                    f"{context.version} (check the rule still holds there): {cited[:200]}"
+                )
+                break
+
+
+def _statements(derivation: Derivation, context: DeriveContext) -> None:
+    """The statements a static finding is the same as (``early.STATIC_EQUIVALENTS``), found by
+    their shape in this release."""
+    from pytest_verl_compat.upstream.verdict.early import STATIC_EQUIVALENTS, _statement_lines
+
+    root = context.files().root
+    for check_id, statements in sorted(STATIC_EQUIVALENTS.items()):
+        for relative, statement, *function in statements:
+            if not _statement_lines(root, relative, statement, *function):
+                derivation.person.append(
+                    f"{check_id}: `{statement}` ({relative} {''.join(function)}) is not in "
+                    f"{context.version}: its static finding is no longer left out for upstream's"
+                )
+
+
+def _environment(derivation: Derivation, context: DeriveContext) -> None:
+    from pytest_verl_compat.releases.environment import release_environment
+    from pytest_verl_compat.upstream.oracle.runner import say_progress
+
+    release_environment(context.release, say_progress)
+
+
+def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
+    """Every patch point the probes meet on the census's configurations, found in the files."""
+    from pytest_verl_compat.releases.patch_points import check, dumps_points, points_path
+    from pytest_verl_compat.upstream.census import checks_run
+    from pytest_verl_compat.upstream.oracle.client import KEY_UNSUPPORTED, UpstreamOracle
+    from pytest_verl_compat.upstream.probes import patch_points_probe
+
+    session = context.session()
+    configs = checks_run.configurations(session)
+    oracle = UpstreamOracle(
+        2,
+        served=("pytest_verl_compat.upstream.probes.patch_points_probe",),
+        release=context.version,
+    )
+    met: set[str] = set()
+    try:
+        questions = {
+            cid: {"kind": patch_points_probe.KIND, "mapping": dict(m)} for cid, m in configs.items()
+        }
+        for cid, question in questions.items():
+            oracle.submit(cid, question)
+        for cid, question in questions.items():
+            answer = oracle.answer(cid, question)
+            if KEY_UNSUPPORTED in answer:
+                derivation.person.append(f"{cid}: {answer[KEY_UNSUPPORTED]}")
+                continue
+            met.update(answer.get(patch_points_probe.KEY_POINTS, []))
+    finally:
+        oracle.close()
+    derivation.keep(points_path(context.version), dumps_points(met))
+    for found in check(context.files().root, tuple(sorted(met))):
+        if found.where is None:
+            derivation.person.append(f"patch point {found.point}: {found.reason}")
+
+
+def _census_reasons(derivation: Derivation, context: DeriveContext) -> None:
+    """The census's reasons of the citations release, their lines moved to this release's, for a
+    person to confirm (a reason names what the release lacks, in its own lines)."""
+    from pytest_verl_compat.releases.lines import cite
+    from pytest_verl_compat.upstream.census.checks import reasons_file
+
+    target = reasons_file(context.version)
+    if target.is_file():
+        return
+    base = reasons_file(load_release_index().citations).read_text(encoding="utf-8")
+    derivation.keep(target, cite(base, context.version))
+    derivation.person.append(f"{target}: confirm each reason holds in {context.version}")
+
+
+def _cli(*argv: str) -> int:
+    from pytest_verl_compat.cli import main
+
+    return main(list(argv))
+
+
+def _census(derivation: Derivation, context: DeriveContext) -> None:
+    page = CENSUS_PAGES / context.version / "checks.md"
+    mode = "--write" if derivation.write else "--check"
+    args = ["census", "--release", context.version, mode, str(page)]
+    if context.upstream:
+        args += ["--upstream", context.upstream]
+    if _cli(*args) != 0:
+        (derivation.person if derivation.write else derivation.stale).append(
+            f"{page}: unexplained checks (the page lists them) or stale"
+        )
+
+
+def _reads(derivation: Derivation, context: DeriveContext) -> None:
+    page = CENSUS_PAGES / context.version / "reads.md"
+    mode = "--write" if derivation.write else "--check"
+    args = ["census", "--reads", "--release", context.version, mode, str(page)]
+    if context.upstream:
+        args += ["--upstream", context.upstream]
+    if _cli(*args) != 0:
+        derivation.stale.append(str(page))
+
+
+def _golden(derivation: Derivation, context: DeriveContext) -> None:
+    """The corpus's snapshots and verdicts on this release, and its cases judged otherwise than
+    the manifest expects."""
+    from pytest_verl_compat.model import StageFailed, StageUnavailable
+    from pytest_verl_compat.pipeline.snapshot import dumps
+
+    session = context.session()
+    for case in session.cases:
+        try:
+            payload = session.golden_payload(case)
+            report = session.compile(case)
+        except (StageFailed, StageUnavailable) as exc:
+            derivation.person.append(f"{case.id}: not composed on {context.version}: {exc}")
+            continue
+        derivation.keep(session.golden_dir / "compose" / f"{case.id}.json", dumps(payload))
+        if report is not None:
+            derivation.keep(
+                session.golden_dir / "compile" / f"{case.id}.json", dumps(report.to_json())
+            )
+            expected = (case.expected or {}).get("outcome", "accepted")
+            if report.outcome != expected and case.kind != "field":
+                derivation.person.append(
+                    f"{case.id}: {report.outcome} on {context.version}, the manifest expects "
+                    f"{expected} (add expected.releases.{context.version} with the reason)"
+                )
+    args = ["audit", "--release", context.version, "--write" if derivation.write else "--check"]
+    if context.upstream:
+        args += ["--upstream", context.upstream]
+    if _cli(*args) != 0:
+        derivation.stale.append(str(session.golden_dir / "audit.json"))
+
+
+def _examples(derivation: Derivation, context: DeriveContext) -> None:
+    from pytest_verl_compat.upstream.verdict import examples
+
+    if not context.upstream:
+        derivation.person.append("examples: pass --upstream CHECKOUT (the example scripts)")
+        return
+    if not derivation.write:
+        return  # tests/test_examples.py keeps them true
+    examples.main(["--upstream", context.upstream, "--release", context.version, "--audit"])
+
+
+STEPS: dict[str, Callable[[Derivation, Any], None]] = {
+    "files": _files,
+    "lock": _lock,
+    "line-map": _line_map,
+    "profile": _profile,
+    "rule-citations": _rule_citations,
+    "statements": _statements,
+    "environment": _environment,
+    "patch-points": _patch_points,
+    "census-reasons": _census_reasons,
+    "census": _census,
+    "reads": _reads,
+    "golden": _golden,
+    "examples": _examples,
+}
