@@ -291,3 +291,31 @@ def test_hostile_user_scripts_through_the_whole_audit(
     assert "composition rejected (a.b.pwn._target_='os.system'" in skipped
     assert "not sent to upstream: 'hydra.run.dir=/tmp/pwn'" in skipped
     result.stdout.fnmatch_lines(["3 cases; 1 composed; *2 composition rejections"])
+
+
+@needs_release("0.9.1")
+def test_a_class_named_by_its_module_path_is_never_imported_unless_it_is_verls_own() -> None:
+    """0.9.1's PPOTrainer.__init__ builds ``trainer.checkpoint_callback_class`` by importing it
+    (``load_class_from_fqn``, verl/trainer/ppo/checkpoint_callback.py:78-81@0.9.1): a name outside
+    verl is the user's module, never imported by the probes (not evaluated, said so); verl's own
+    class is built as upstream builds it, and its twin is clean."""
+    from pytest_verl_compat.releases.wheels import release_tree
+
+    composer = Composer(release_tree("0.9.1").config_dir, "ppo_trainer")
+    oracle = UpstreamOracle(release="0.9.1")
+    try:
+        answers = {}
+        for name, fqn in (
+            ("user", "os.system"),
+            ("verl", "verl.trainer.ppo.checkpoint_callback.CheckpointCallback"),
+        ):
+            mapping = composer.compose([f"trainer.checkpoint_callback_class={fqn}"], {}).mapping
+            answers[name] = oracle.answer(name, {"kind": "checks", "mapping": dict(mapping)})
+    finally:
+        oracle.close()
+    user, own = answers["user"], answers["verl"]
+    assert not [f for f in user["failures"] if "system" in json.dumps(f)], user["failures"]
+    refused = [n for n in user["not_evaluated"] if "a module of the user's" in n["reason"]]
+    assert refused, user["not_evaluated"]
+    assert not [n for n in own["not_evaluated"] if "a module of the user's" in n["reason"]]
+    assert not [f for f in own["failures"] if "allback" in json.dumps(f)], own["failures"]

@@ -142,6 +142,8 @@ def _in_class(
     member = _member(node, name)
     if member is not None:
         return relative, getattr(member, "lineno", node.lineno)
+    if hasattr(object, name):
+        return relative, node.lineno  # every class has it (``__getattribute__``): the class's own
     for base in node.bases:
         base_name = base.id if isinstance(base, ast.Name) else None
         if base_name is None:

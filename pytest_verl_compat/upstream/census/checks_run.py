@@ -89,6 +89,8 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
     by_id = {case.id: case for case in cases}
     raw = yaml.safe_load(VARIANTS_FILE.read_text(encoding="utf-8")) or []
     for index, variant in enumerate(raw):
+        if session.version not in variant.get("releases", [session.version]):
+            continue
         overrides = tuple(variant["overrides"])
         if variant["base"] is None:
             composition = session.composer().compose(overrides, {})

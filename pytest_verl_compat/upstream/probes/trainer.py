@@ -16,6 +16,7 @@ samplers, reward modules of ``source: importlib``, checkpoints: ``torch.load`` i
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -76,12 +77,44 @@ def _refuse_user_module(*_: Any, **__: Any) -> Any:
     raise ImportError("not evaluated here: it would import a module of the user's")
 
 
+def _own_classes_only(real: Any) -> Any:
+    """``load_class_from_fqn`` for verl's own classes (the release's code, already trusted);
+    any other name would import a module of the user's, refused as ``load_extern_type`` is
+    (0.9.1's ``trainer.checkpoint_callback_class``, an agent loop manager, a router class)."""
+
+    def load_class_from_fqn(fqn: Any, description: str = "class") -> Any:
+        if isinstance(fqn, str) and fqn.startswith("verl."):
+            return real(fqn, description)
+        return _refuse_user_module()
+
+    return load_class_from_fqn
+
+
+def everywhere(function: Any, stand_in: Any) -> list[tuple[Any, str, Any]]:
+    """Patches of ``function`` in every loaded verl module that holds it, under any name: a module
+    that imported it by name (``from verl.utils.import_utils import load_class_from_fqn``) calls
+    its own binding, so the stand-in must be there too. Found by identity, in whatever modules
+    the release has (0.9.1's checkpoint_callback, which 0.9.0 lacks, among them)."""
+    found = []
+    for name, module in sorted(sys.modules.items()):
+        if module is None or not (name == "verl" or name.startswith("verl.")):
+            continue
+        for attribute, value in sorted(vars(module).items()):
+            if value is function:
+                found.append((module, attribute, stand_in))
+    return found
+
+
 def _create_resource_pool(self: Any) -> None:
     self.resource_pool_dict = {name: StandIn(name=name) for name in self.resource_pool_spec}
 
 
 async def _no_servers(self: Any, *_: Any, **__: Any) -> None:
-    """No global load balancer: it routes requests to servers that are not started."""
+    """No global load balancer: it routes requests to servers that are not started. What the
+    real method sets (``self.global_load_balancer``, verl/workers/rollout/llm_server.py:600-611)
+    is set, to a stand-in: a trainer that hands it on (0.9.1's separate-async trainer adds its
+    replicas to it) meets what it would meet, never a missing attribute of the sandbox's."""
+    self.global_load_balancer = StandIn(name="global load balancer")
 
 
 def _replica_class() -> type:
@@ -190,6 +223,9 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
         (import_utils, "load_extern_type", _refuse_user_module),
         (trainer_base, "load_extern_type", _refuse_user_module),
         (import_utils, "import_external_libs", _refuse_user_module),
+        *everywhere(
+            import_utils.load_class_from_fqn, _own_classes_only(import_utils.load_class_from_fqn)
+        ),
     ]
     with laptop(mapping), all_patched(patches):
         yield
