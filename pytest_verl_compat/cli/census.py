@@ -177,14 +177,14 @@ def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="list verl's raise/assert checks on the main_ppo path and which `check` evaluates",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", metavar="PATH", help="write the page (docs/upstream-checks.md)")
+    mode.add_argument("--write", metavar="PATH", help="write the page (docs/census/VERSION/checks.md)")
     mode.add_argument("--check", metavar="PATH", help="exit 1 when PATH is not the page of now")
     mode.add_argument("--json", action="store_true", help="print the counts as JSON")
     parser.add_argument(
         "--reads",
         action="store_true",
         help="the read census instead: every leaf of main_ppo's tree and where verl reads it "
-        "(docs/upstream-reads.md)",
+        "(docs/census/VERSION/reads.md)",
     )
     parser.add_argument(
         "--fresh",

@@ -52,7 +52,7 @@ from pytest_verl_compat.cli.common import (
     override_value,
     say,
 )
-from pytest_verl_compat.cli.output import waiting
+from pytest_verl_compat.cli.output import note, waiting
 from pytest_verl_compat.cli.settings import find_pyproject, settings_from
 from pytest_verl_compat.files.safe_input import InputError, read_text
 from pytest_verl_compat.model import LEVELS, Case, Finding, Level, Location, StageFailed
@@ -400,7 +400,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             finally:
                 close()
     rules = all_rules(session.pin.version, Path(session.profile_name).stem)
-    run = CheckRun(results, session.pin.version, _tool_version(), rules, Path.cwd())
+    run = CheckRun(
+        results,
+        session.version,
+        _tool_version(),
+        rules,
+        Path.cwd(),
+        session.release.why if session.release else "",
+    )
     write_output(run, args, session)
     return exit_status(run, chosen, args)
 
@@ -420,6 +427,8 @@ def exit_status(run: CheckRun, chosen: Selection, args: argparse.Namespace) -> i
 
 def write_output(run: CheckRun, args: argparse.Namespace, session: AuditSession) -> None:
     many = len(run.results) > 1
+    # The release is a choice, said as one: which one, and what chose it.
+    note("check", f"checked against verl {run.version} ({run.release_why})")
     for result in run.results:
         if result.status == "unreadable":
             say("check", result.error)

@@ -85,10 +85,12 @@ class CheckRun:
     """Everything one ``check`` call found, and what it was run with."""
 
     results: Sequence[FileResult]
-    version: str  # the pinned verl version the verdicts speak of
+    version: str  # the verl release the verdicts speak of (the one checked)
     tool_version: str
     rules: dict[str, RuleDoc]
     cwd: Path
+    # Why that release was checked (``releases.choice``: the flag, a setting, the installed verl).
+    release_why: str = ""
 
     def counts(self) -> dict[str, int]:
         levels = Counter(f.level for r in self.results for f in r.findings)
@@ -194,6 +196,7 @@ def json_report(run: CheckRun) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "verl-compat", "version": run.tool_version},
         "verl_version": run.version,
+        "release": {"version": run.version, "chosen_by": run.release_why},
         "files": [r.to_json() for r in run.results],
         "summary": {**run.summary(), "findings": run.counts()},
     }
@@ -361,6 +364,8 @@ def sarif_report(run: CheckRun) -> dict[str, Any]:
                     }
                 },
                 "originalUriBaseIds": {SRCROOT: {"uri": run.cwd.as_uri() + "/"}},
+                # The release every result speaks of, and why it was the one checked.
+                "properties": {"verlRelease": run.version, "verlReleaseChosenBy": run.release_why},
                 "columnKind": "unicodeCodePoints",
                 "invocations": [
                     {

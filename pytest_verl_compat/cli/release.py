@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, UsageError, say
+from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, say
 from pytest_verl_compat.cli.output import note
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.releases.index import TRYING, Release, ReleaseError, load_release_index
@@ -119,11 +119,6 @@ def cmd_derive(args: argparse.Namespace) -> int:
 
     index = load_release_index()
     release = index.release(args.version)
-    if args.version == index.citations:
-        raise UsageError(
-            f"verl {args.version} is the release the project's texts cite: its facts are written, "
-            "not derived"
-        )
     os.environ[TRYING] = release.version
     derivation = Derivation(release.version, write=not args.check)
     context = DeriveContext(release, args.upstream, args.only)

@@ -40,6 +40,12 @@ class DeriveContext:
     def version(self) -> str:
         return self.release.version
 
+    @property
+    def is_base(self) -> bool:
+        """The release the project's texts cite: its lines, profile and reasons are written by a
+        person, not derived from another release's."""
+        return self.version == load_release_index().citations
+
     def files(self) -> ReleaseTree:
         return release_tree(self.version)
 
@@ -79,6 +85,8 @@ def _lock(derivation: Derivation, context: DeriveContext) -> None:
 
 
 def _line_map(derivation: Derivation, context: DeriveContext) -> None:
+    if context.is_base:
+        return
     from pytest_verl_compat.releases.lines import derive_line_map, dumps_line_map, lines_path
 
     data = derive_line_map(context.base().root, context.files().root)
@@ -91,6 +99,8 @@ def _line_map(derivation: Derivation, context: DeriveContext) -> None:
 def _profile(derivation: Derivation, context: DeriveContext) -> None:
     """A release without a profile gets the citations release's, retargeted (its citations moved
     to this release's lines); every leaf no rule classifies is a person's."""
+    if context.is_base:
+        return
     from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
     from pytest_verl_compat.pipeline.profile import load_profile
     from pytest_verl_compat.releases.lines import cite
@@ -132,6 +142,8 @@ def _profile(derivation: Derivation, context: DeriveContext) -> None:
 
 def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
     """Each rule's upstream lines, found in this release; one it changed needs a person."""
+    if context.is_base:
+        return
     from pytest_verl_compat.releases.lines import cite
     from pytest_verl_compat.upstream.verdict.rules import all_rules
 
@@ -206,6 +218,8 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
 def _census_reasons(derivation: Derivation, context: DeriveContext) -> None:
     """The census's reasons of the citations release, their lines moved to this release's, for a
     person to confirm (a reason names what the release lacks, in its own lines)."""
+    if context.is_base:
+        return
     from pytest_verl_compat.releases.lines import cite
     from pytest_verl_compat.upstream.census.checks import reasons_file
 

@@ -54,7 +54,7 @@ def _spec_case(session: AuditSession, spec: StepCaseSpec) -> StepCase:
         id=spec.id,
         config=session.reference_config(case),
         resolved=session.outcome(case).composition.mapping,
-        shape=spec.shape,
+        shape=spec.shape_in(session.version),
         steps=spec.steps,
         ranks=spec.ranks,
         variants=spec.variants,

@@ -131,6 +131,12 @@ class StepCaseSpec:
     variants: tuple[str, ...]
     active: tuple[str, ...]
     not_compared: Mapping[str, str]
+    # A release whose own behaviour needs another shape (``releases.<version>.shape`` of the
+    # case, each with its reason in the plan): the shape that release trains.
+    release_shapes: Mapping[str, Shape] = field(default_factory=dict)
+
+    def shape_in(self, version: str) -> Shape:
+        return self.release_shapes.get(version, self.shape)
 
 
 @dataclass(frozen=True)
@@ -191,13 +197,20 @@ def load_step_plan(path: Path | None = None) -> StepPlan:
             raise ValueError(f"{where}: unknown variants {unknown}; valid: {sorted(variants)}")
         if not str(entry.get("id", "")).startswith("step/"):
             raise ValueError(f"{where}: a step-only case id starts with 'step/'")
+        shape = _shape(entry.get("shape"), default_shape)
+        release_shapes = {}
+        for version, differs in (entry.get("releases") or {}).items():
+            if not str(differs.get("why", "")).strip():
+                raise ValueError(f"{where}.releases.{version}: a release's own shape says why")
+            release_shapes[str(version)] = _shape(differs.get("shape"), shape)
         cases.append(
             StepCaseSpec(
                 id=entry["id"],
                 base=entry["base"],
                 overrides=tuple(entry.get("overrides", ())),
                 why=entry.get("why", ""),
-                shape=_shape(entry.get("shape"), default_shape),
+                shape=shape,
+                release_shapes=release_shapes,
                 steps=int(entry.get("steps", 1)),
                 ranks=int(entry.get("ranks", 1)),
                 variants=tuple(entry.get("variants", variants)),
