@@ -98,8 +98,8 @@ class MoveContext:
     source_base: Mapping[str, Any]
     target_base: Mapping[str, Any]
     index: ReleaseIndex
-    # The installed verl's site-packages folder, when it is the pinned release: its code is the
-    # evidence the function and deprecation sources read. None without it.
+    # The chosen release's `verl` package, unpacked from its pinned wheel and read as data: its
+    # code is the evidence the function and deprecation sources read. None without it.
     verl_root: Path | None
     pinned: str
     notes: list[str] = field(default_factory=list)
@@ -257,7 +257,7 @@ def migration_function_moves(context: MoveContext) -> list[Move]:
         if context.verl_root is None:
             context.notes.append(
                 f"{function.function} ({function.file}) is not read: the pinned verl "
-                f"{context.pinned} is not installed (pip install 'pytest-verl-compat[upstream]')"
+                f"{context.pinned}'s files are not at hand (verl-compat release env {context.pinned})"
             )
             continue
         try:

@@ -298,7 +298,7 @@ class EarlyAnswer:
                         key,
                         f"verl {version} never reads it on {path}{read}",
                         f"set {instead[0]}" if instead else f"remove {key}",
-                        evidence="no code of the installed verl outside its config dataclasses "
+                        evidence="no code of the checked release outside its config dataclasses "
                         "(verl/workers/config/) reads the field, and none of the probes did",
                         check=NEVER_READ_RULE,
                     )

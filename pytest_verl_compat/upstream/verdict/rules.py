@@ -177,7 +177,7 @@ UPSTREAM_RULES = (
         NEVER_READ_RULE,
         "warning",
         "A key the script set that verl accepts and never reads: a field of a configuration "
-        "dataclass that no code of the installed verl outside the dataclasses themselves "
+        "dataclass that no code of the checked release outside the dataclasses themselves "
         "(verl/workers/config/) refers to, and that no probe read on the V1 path. The finding "
         "names the key of the same section with the closest name that is read.",
         "verl/workers/config/actor.py:312 declares `grad_clip`; the FSDP engine clips with "
@@ -258,7 +258,7 @@ LOCAL_RULES = (
         "The script reaches no launch of one of the pinned release's entry points (`python3 -m "
         "verl.trainer.main_ppo`, `torchrun … -m verl.trainer.sft_trainer`, …) with these "
         "bindings (it exits first, or runs none): nothing to check.",
-        "not upstream's: the entry points are the installed release's @hydra.main modules "
+        "not upstream's: the entry points are the checked release's @hydra.main modules "
         "(pipeline/entry_points.py)",
         "nothing, if the script is not a launch script; otherwise bind what makes it reach "
         "the launcher (--arg WORD, --env NAME=VALUE)",
