@@ -15,7 +15,7 @@ import torch
 
 from pytest_verl_compat.conformance.components import case_uses
 from pytest_verl_compat.conformance.plan import ConformanceCase
-from pytest_verl_compat.conformance.run import run_case
+from pytest_verl_compat.conformance.run import ReferenceSource, run_case
 from pytest_verl_compat.conformance.sides import reference_namespace
 
 
@@ -541,12 +541,15 @@ def mutation_cases(mutation: Mutation, cases: Iterable[ConformanceCase]) -> list
 
 
 def run_mutation_check(
-    cases: Iterable[ConformanceCase], mutations: Sequence[Mutation] = MUTATIONS
+    cases: Iterable[ConformanceCase],
+    mutations: Sequence[Mutation] = MUTATIONS,
+    reference: ReferenceSource | None = None,
 ) -> list[tuple[str, bool, list[str]]]:
     """For each mutant: (name, killed?, ids of the cases that failed against it).
 
-    Only the cases calling a replaced function run; upstream's side is cached, so this costs
-    about one run of our own math per such case.
+    Only the cases calling a replaced function run; upstream's side (``reference``: the release's
+    oracle, its answers kept) is asked once per case, so this costs about one run of our own math
+    per such case.
     """
     cases = list(cases)
     base = reference_namespace()
@@ -556,7 +559,7 @@ def run_mutation_check(
         failed = [
             case.id
             for case in mutation_cases(mutation, cases)
-            if not run_case(case, namespace).passed
+            if not run_case(case, namespace, reference=reference).passed
         ]
         outcome.append((mutation.name, bool(failed), failed))
     return outcome

@@ -325,7 +325,7 @@ def _start_step_oracle(
     from pytest_verl_compat.conformance.step.cases import step_cases
     from pytest_verl_compat.conformance.step.run import launch_upstream, prepare_upstream
     from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
-    from pytest_verl_compat.upstream.oracle.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
 
     try:
         session = AuditSession.start(AuditOptions(manifest=None, upstream=None))
@@ -337,7 +337,7 @@ def _start_step_oracle(
 
     def launch() -> None:
         try:
-            launch_upstream(prepared, run_module)
+            launch_upstream(prepared, release_runner(PINNED_VERSION))
         except Exception as exc:  # reported to every test that needs the results
             (root / "error").write_text(repr(exc))
         else:

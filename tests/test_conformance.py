@@ -1,13 +1,19 @@
-"""Our reference math against upstream verl 0.9.0: every conformance case, then the mutants."""
+"""Our reference math against each supported release's own: every conformance case, then the mutants.
+
+Upstream's side comes from the release's oracle (its own environment), each answer kept with the
+release's golden files (``reference_answers``): a run with them recorded imports no verl.
+"""
 
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from conformance_mutants import MUTATIONS, run_mutation_check
+from corpus_facts import PINNED_VERSION, REPO, release_ready
 
 from pytest_verl_compat.conformance.compare import ConformanceResult
 from pytest_verl_compat.conformance.plan import (
@@ -17,12 +23,38 @@ from pytest_verl_compat.conformance.plan import (
     load_tolerances,
     upstream_missing_reason,
 )
+from pytest_verl_compat.conformance.reference_answers import OracleReferences, reference_answers
 from pytest_verl_compat.conformance.run import run_case
+from pytest_verl_compat.pipeline.audit import RELEASES_GOLDEN
+from pytest_verl_compat.releases.index import load_release_index
 
-TOLERANCES = Path(__file__).resolve().parents[1] / "corpus" / "conformance.yaml"
+TOLERANCES = REPO / "corpus" / "conformance.yaml"
 CASES = conformance_cases(load_tolerances(TOLERANCES))
-MISSING_UPSTREAM = upstream_missing_reason()
-needs_upstream = pytest.mark.skipif(MISSING_UPSTREAM is not None, reason=str(MISSING_UPSTREAM))
+RELEASES = load_release_index().supported_versions
+
+
+def golden_dir(version: str) -> Path:
+    """Where ``version``'s answers are kept (the embedded corpus's golden files)."""
+    top = REPO / "golden"
+    return top if version == PINNED_VERSION else top / RELEASES_GOLDEN / version
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def references(request: pytest.FixtureRequest) -> Iterator[OracleReferences]:
+    """Upstream's side of every case on one release: its kept answers, else its oracle."""
+    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+
+    version = request.param
+    missing = upstream_missing_reason(version)
+    if missing is not None or not release_ready(version):
+        pytest.skip(missing or f"the environment of verl {version} is not built")
+    from pytest_verl_compat.plugin.state import REFERENCE_ANSWERS
+
+    oracle = UpstreamOracle(served=(REFERENCE_ANSWERS,), release=version)
+    try:
+        yield OracleReferences(oracle, reference_answers(golden_dir(version), user=False))
+    finally:
+        oracle.close()
 
 
 def assert_conforms(result: ConformanceResult) -> None:
@@ -59,28 +91,29 @@ def test_tolerance_file_rejects_loose_float64_and_unmatched_divergences(tmp_path
         conformance_cases(data)
 
 
-@needs_upstream
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in CASES])
-def test_conformance(case: ConformanceCase, record_property: pytest.RecordProperty) -> None:
-    result = run_case(case)
+def test_conformance(
+    case: ConformanceCase, references: OracleReferences, record_property: pytest.RecordProperty
+) -> None:
+    result = run_case(case, reference=references, candidate=references.candidate)
     record_property("max_abs_err", result.max_abs_err)
     record_property("max_grad_abs_err", result.max_grad_abs_err)
     assert_conforms(result)
 
 
-@needs_upstream
-def test_a_module_of_substitutes_replaces_our_functions() -> None:
+def test_a_module_of_substitutes_replaces_our_functions(references: OracleReferences) -> None:
     case = next(c for c in CASES if c.id == "kl.k3[large-float64]")
     broken = types.ModuleType("broken")
     broken.kl_penalty = lambda log_prob, ref, name: (log_prob - ref) * 0  # type: ignore[attr-defined]
-    result = run_case(case, broken)
+    result = run_case(case, broken, reference=references)
     assert not result.passed
     assert "kl.k3[large-float64]" in result.message and "rtol=1e-10" in result.message
 
 
-@needs_upstream
-def test_every_mutant_is_killed(record_property: pytest.RecordProperty) -> None:
-    outcome = run_mutation_check(CASES)
+def test_every_mutant_is_killed(
+    references: OracleReferences, record_property: pytest.RecordProperty
+) -> None:
+    outcome = run_mutation_check(CASES, reference=references)
     killed = [name for name, dead, _ in outcome if dead]
     print(f"mutation check: {len(killed)}/{len(outcome)} mutants killed")
     for name, dead, failed in outcome:

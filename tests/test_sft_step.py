@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from corpus_facts import needs_release
+from corpus_facts import PINNED_VERSION, needs_release
 from filelock import FileLock
 from sft_step_mutants import SFT_SOURCE_MUTANTS
 from step_mutants import SourceMutant
@@ -43,7 +43,7 @@ def sft_oracle(
 ) -> Iterator[tuple[dict[str, Any], Path]]:
     """Upstream's steps of every SFT case and variant, and the models both sides start from."""
     from pytest_verl_compat.plugin.keys import is_xdist_worker
-    from pytest_verl_compat.upstream.oracle.runner import run_module
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
 
     # One folder per run, shared by its xdist workers: they share the parent of their base
     # folders and the run's id (as tests/conftest.py's RL step oracle).
@@ -53,7 +53,7 @@ def sft_oracle(
         root = tmp_path_factory.getbasetemp().parent / f"sft-step-oracle-{run}"
     with FileLock(str(root) + ".lock"):
         if not (root / "done").exists():
-            run_sft_upstream(plan, run_module, root)
+            run_sft_upstream(plan, release_runner(PINNED_VERSION), root)
             (root / "done").write_text("")
     yield (
         {key: torch.load(path, weights_only=False) for key, path in _results(plan, root)},

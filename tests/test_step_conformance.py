@@ -408,20 +408,29 @@ def test_dr_grpo_divides_by_the_micro_batchs_longest_response() -> None:
 
 
 @needs_verl
+@needs_verl
 def test_shuffled_mini_batches_follow_verls_iterator_across_epochs() -> None:
     """One generator per update, seeded data_loader_seed + rank (engine_workers.py:276)."""
-    import torch
-    from tensordict import TensorDict
-    from verl.utils.tensordict_utils import make_iterator
+    from release_python import run_in_release
 
     from reference_trainer.batching import minibatches, shuffle_generator
 
     rows, size, epochs, seed = 12, 4, 3, 42
-    td = TensorDict({"row": torch.arange(rows)}, batch_size=[rows])
-    theirs = [
-        mb["row"].tolist()
-        for mb in make_iterator(td, size, epochs, seed=seed, dataloader_kwargs={"shuffle": True})
-    ]
+    theirs = run_in_release(
+        f"""
+        import torch
+        from tensordict import TensorDict
+        from verl.utils.tensordict_utils import make_iterator
+
+        td = TensorDict({{"row": torch.arange({rows})}}, batch_size=[{rows}])
+        result = [
+            mb["row"].tolist()
+            for mb in make_iterator(
+                td, {size}, {epochs}, seed={seed}, dataloader_kwargs={{"shuffle": True}}
+            )
+        ]
+        """
+    )
     generator = shuffle_generator(True, seed)
     ours = [mb.tolist() for _ in range(epochs) for mb in minibatches(rows, size, generator)]
     assert ours == theirs

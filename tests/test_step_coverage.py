@@ -146,12 +146,13 @@ def _field(cfg: Any, path: str) -> Any:
     return cfg
 
 
-def test_the_readme_lists_the_coverage_table(coverage: Any) -> None:
+def test_the_trainer_page_lists_the_coverage_table(coverage: Any) -> None:
     rows, _ = coverage
     table = markdown(rows)
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert table in readme, (
-        "README.md: regenerate the table with python -m pytest_verl_compat.conformance.step.coverage"
+    page = (REPO / "docs" / "trainer.md").read_text(encoding="utf-8")
+    assert table in page, (
+        "docs/trainer.md: regenerate the table with "
+        "python -m pytest_verl_compat.conformance.step.coverage"
     )
 
 

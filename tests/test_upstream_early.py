@@ -349,14 +349,14 @@ def test_a_foreign_target_is_never_instantiated(oracle: UpstreamOracle, canary: 
 
 
 def test_every_static_equivalent_names_a_registered_check_and_a_real_statement() -> None:
-    from pytest_verl_compat.upstream.verdict.early import _statement_lines
+    from pytest_verl_compat.upstream.verdict.early import statement_lines
 
     for version in load_release_index().supported_versions:
         root = release_root(version)
         for check_id, statements in STATIC_EQUIVALENTS.items():
             assert check_id in CHECKS
             for relative, statement, *function in statements:
-                found = _statement_lines(root, relative, statement, *function)
+                found = statement_lines(root, relative, statement, *function)
                 assert found, (version, relative, statement, function)
     assert set(STATIC_EQUIVALENT_MESSAGES) <= set(CHECKS)
 

@@ -152,7 +152,7 @@ def test_a_template_ends_when_its_socket_is_removed_and_removes_its_folder(
     with open(tmp_path / "errors", "w", encoding="utf-8") as errors:
         started = runner.start_detached(
             warm.TEMPLATE_MODULE, ["--socket", str(socket), "--idle", "600"],
-            sandbox_environment(), errors,
+            sandbox_environment(), errors, runner.release_interpreter(PINNED_VERSION),
         )  # fmt: skip
     assert started.stdout is not None
     assert started.wait(timeout=60) == 0  # the first process detaches the template and exits

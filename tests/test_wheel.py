@@ -37,7 +37,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheel_ships_corpus_golden_and_profiles_but_no_tests_or_upstream_files(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
     for required in (
         "pytest_verl_compat/plugin/__init__.py",
         "pytest_verl_compat/py.typed",
@@ -58,26 +59,30 @@ def test_wheel_ships_corpus_golden_and_profiles_but_no_tests_or_upstream_files(w
     ]
 
 
+def _member(wheel: Path, suffix: str) -> str:
+    """The text of the wheel's one member whose name ends with ``suffix``."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(suffix)]
+        return archive.read(name).decode()
+
+
 def test_wheel_metadata_is_complete(wheel: Path) -> None:
-    archive = zipfile.ZipFile(wheel)
-    meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-    meta = Parser().parsestr(archive.read(meta_name).decode())
+    meta = Parser().parsestr(_member(wheel, ".dist-info/METADATA"))
     assert meta["Name"] == "pytest-verl-compat"
     assert meta["Version"]
     assert meta["License-Expression"] == "Apache-2.0"
     assert "Framework :: Pytest" in meta.get_all("Classifier")
     # This project's pages only: verl's repository is not where this package lives.
     assert not [url for url in meta.get_all("Project-URL") or [] if "verl-project" in url]
-    assert "verl==0.9.0; extra == 'upstream'" in meta.get_all("Requires-Dist")
-    entry_points = archive.read(meta_name.replace("METADATA", "entry_points.txt")).decode()
+    # No verl, not even as an extra: each release's code runs in an environment of its own.
+    assert not [r for r in meta.get_all("Requires-Dist") if r.startswith("verl")]
+    entry_points = _member(wheel, ".dist-info/entry_points.txt")
     assert "verl_corpus = pytest_verl_compat.plugin" in entry_points
     assert "verl-compat = pytest_verl_compat.cli:main" in entry_points
 
 
 def test_plain_install_is_light_and_the_trainer_is_an_extra(wheel: Path) -> None:
-    archive = zipfile.ZipFile(wheel)
-    meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-    requires = Parser().parsestr(archive.read(meta_name).decode()).get_all("Requires-Dist")
+    requires = Parser().parsestr(_member(wheel, ".dist-info/METADATA")).get_all("Requires-Dist")
     plain = [r.split(";")[0] for r in requires if "extra ==" not in r]
     heavy = ("torch", "transformers", "peft", "matplotlib")
     assert not [r for r in plain if r.split("=")[0].split(">")[0].split("<")[0] in heavy], plain
@@ -91,6 +96,4 @@ def test_plain_install_is_light_and_the_trainer_is_an_extra(wheel: Path) -> None
 def test_license_is_in_the_repository_and_the_wheel(wheel: Path) -> None:
     text = (REPO / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
-    archive = zipfile.ZipFile(wheel)
-    (licensed,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
-    assert archive.read(licensed).decode() == text
+    assert _member(wheel, ".dist-info/licenses/LICENSE") == text

@@ -662,7 +662,7 @@ def test_another_entry_point_is_named_with_its_line(script: str, line: int, entr
 
 
 def test_the_readme_counts_the_user_scripts_the_reader_reads() -> None:
-    """The README's row for tests/user_scripts is what the reader reads today."""
+    """docs/launch-reader.md's row for tests/user_scripts is what the reader reads today."""
     import re
 
     from pytest_verl_compat.pipeline.manifest import default_manifest_path, load_manifest
@@ -676,7 +676,7 @@ def test_the_readme_counts_the_user_scripts_the_reader_reads() -> None:
             read += 1
         except LaunchReadError:
             pass
-    readme = (USER_SCRIPTS.parents[1] / "README.md").read_text()
+    readme = (USER_SCRIPTS.parents[1] / "docs" / "launch-reader.md").read_text()
     row = re.search(
         r"\| `tests/user_scripts/\*\.sh` \((\d+) scripts.*?\| [^|]* \| (\d+) / (\d+) \|", readme
     )

@@ -72,7 +72,7 @@ def _leaf(mapping: Any, key: str) -> tuple[bool, Any]:
 @functools.cache
 def annotated_strings(version: str) -> frozenset[str]:
     """Keys whose dataclass annotation admits a string although their tree default is a number
-    or a flag (``data/annotated_strings.yaml``, generated from the installed verl)."""
+    or a flag (``data/annotated_strings.yaml``, derived from each release's own code)."""
     text = resources.files("pytest_verl_compat").joinpath(ANNOTATED_STRINGS).read_text()
     listed = yaml.safe_load(text) or {}
     return frozenset(str(key) for key in listed.get(version) or ())

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_drift_parsers(sub, common)
     add_pin_parser(sub)
     add_release_parsers(sub, common)
-    add_release_command(sub, common)
+    add_release_command(sub, common, run_command=main)
     add_asset_parsers(sub)
     add_rule_parser(sub)
     for command in sub.choices.values():

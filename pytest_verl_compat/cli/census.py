@@ -177,7 +177,9 @@ def add_census_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="list verl's raise/assert checks on the main_ppo path and which `check` evaluates",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", metavar="PATH", help="write the page (docs/census/VERSION/checks.md)")
+    mode.add_argument(
+        "--write", metavar="PATH", help="write the page (docs/census/VERSION/checks.md)"
+    )
     mode.add_argument("--check", metavar="PATH", help="exit 1 when PATH is not the page of now")
     mode.add_argument("--json", action="store_true", help="print the counts as JSON")
     parser.add_argument(

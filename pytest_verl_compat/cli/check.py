@@ -427,11 +427,13 @@ def exit_status(run: CheckRun, chosen: Selection, args: argparse.Namespace) -> i
 
 def write_output(run: CheckRun, args: argparse.Namespace, session: AuditSession) -> None:
     many = len(run.results) > 1
-    # The release is a choice, said as one: which one, and what chose it.
-    note("check", f"checked against verl {run.version} ({run.release_why})")
     for result in run.results:
         if result.status == "unreadable":
             say("check", result.error)
+    # The release is a choice, said as one: which one, and what chose it (an input not read was
+    # checked against none).
+    if any(result.status != "unreadable" for result in run.results):
+        note("check", f"checked against verl {run.version} ({run.release_why})")
     skipped = sorted({r.upstream_skipped for r in run.results if r.upstream_skipped})
     for reason in skipped:
         say("check", f"upstream's own checks skipped: {reason}")

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, say
@@ -87,41 +85,19 @@ def _release(version: str) -> Release:
 # --- derive ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Derivation:
-    """What one ``release derive`` did: the files written (or stale), what needs a person."""
-
-    version: str
-    write: bool
-    written: list[str] = field(default_factory=list)
-    stale: list[str] = field(default_factory=list)
-    person: list[str] = field(default_factory=list)
-
-    def keep(self, path: Path, text: str) -> None:
-        """Write ``text`` to ``path`` (``--write``), or note that it differs (``--check``)."""
-        old = path.read_text(encoding="utf-8") if path.is_file() else None
-        if old == text:
-            return
-        if self.write:
-            write_atomic(path, text)
-            self.written.append(str(path))
-        else:
-            self.stale.append(str(path))
-
-
-Step = Callable[[Derivation, Any], None]
-
-
 def cmd_derive(args: argparse.Namespace) -> int:
     import os
 
-    from pytest_verl_compat.cli.release_steps import STEPS, DeriveContext
+    from pytest_verl_compat.cli.release_steps import STEPS, Derivation, DeriveContext
 
+    unknown = sorted(set(args.only or ()) - STEPS.keys())
+    if unknown:
+        raise ReleaseError(f"no derive step {', '.join(unknown)}; the steps: {', '.join(STEPS)}")
     index = load_release_index()
     release = index.release(args.version)
     os.environ[TRYING] = release.version
     derivation = Derivation(release.version, write=not args.check)
-    context = DeriveContext(release, args.upstream, args.only)
+    context = DeriveContext(release, args.upstream, args.only, args.run_command)
     for name, step in STEPS.items():
         if args.only and name not in args.only:
             continue
@@ -140,7 +116,11 @@ def cmd_derive(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if derivation.stale else EXIT_OK
 
 
-def add_release_command(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_release_command(
+    sub: Any, common: argparse.ArgumentParser, run_command: Callable[[list[str]], int]
+) -> None:
+    """``run_command``: the command line's own entry (``cli.main``), which ``derive`` runs for
+    its census and audit steps as a user would."""
     release = sub.add_parser(
         "release", help="the releases checked: list, build an environment, pin it, add a release"
     )
@@ -176,4 +156,4 @@ def add_release_command(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="STEP",
         help="run only this step (repeatable)",
     )
-    derive.set_defaults(func=cmd_derive)
+    derive.set_defaults(func=cmd_derive, run_command=run_command)

@@ -10,15 +10,15 @@ census entry nobody explained, a case the release judges otherwise than the mani
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.releases.index import Release, ReleaseError, load_release_index
 from pytest_verl_compat.releases.wheels import ReleaseTree, release_tree
 
 if TYPE_CHECKING:
-    from pytest_verl_compat.cli.release import Derivation
     from pytest_verl_compat.pipeline.audit import AuditSession
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,12 +28,37 @@ CENSUS_PAGES = REPO / "docs" / "census"
 
 
 @dataclass
+class Derivation:
+    """What one ``release derive`` did: the files written (or stale), what needs a person."""
+
+    version: str
+    write: bool
+    written: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    person: list[str] = field(default_factory=list)
+
+    def keep(self, path: Path, text: str) -> None:
+        """Write ``text`` to ``path`` (``--write``), or note that it differs (``--check``)."""
+        old = path.read_text(encoding="utf-8") if path.is_file() else None
+        if old == text:
+            return
+        if self.write:
+            write_atomic(path, text)
+            self.written.append(str(path))
+        else:
+            self.stale.append(str(path))
+
+
+@dataclass
 class DeriveContext:
     """What the steps share: the release, its files, the citations' release's files, a session."""
 
     release: Release
     upstream: str | None
     only: list[str] | None
+    # The command line's entry (``cli.main``), given by it: the census and audit steps run their
+    # commands as a user would.
+    run_command: Callable[[list[str]], int]
     _session: AuditSession | None = None
 
     @property
@@ -161,12 +186,12 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
 def _statements(derivation: Derivation, context: DeriveContext) -> None:
     """The statements a static finding is the same as (``early.STATIC_EQUIVALENTS``), found by
     their shape in this release."""
-    from pytest_verl_compat.upstream.verdict.early import STATIC_EQUIVALENTS, _statement_lines
+    from pytest_verl_compat.upstream.verdict.early import STATIC_EQUIVALENTS, statement_lines
 
     root = context.files().root
     for check_id, statements in sorted(STATIC_EQUIVALENTS.items()):
         for relative, statement, *function in statements:
-            if not _statement_lines(root, relative, statement, *function):
+            if not statement_lines(root, relative, statement, *function):
                 derivation.person.append(
                     f"{check_id}: `{statement}` ({relative} {''.join(function)}) is not in "
                     f"{context.version}: its static finding is no longer left out for upstream's"
@@ -178,6 +203,46 @@ def _environment(derivation: Derivation, context: DeriveContext) -> None:
     from pytest_verl_compat.upstream.oracle.runner import say_progress
 
     release_environment(context.release, say_progress)
+
+
+# The config-group selections whose defaults ``string_admitting`` reads (both engines' sections).
+ANNOTATED_SELECTIONS: tuple[tuple[str, ...], ...] = ((), ("model_engine=megatron",))
+
+
+def _annotated_strings(derivation: Derivation, context: DeriveContext) -> None:
+    """The keys whose tree default is a number or a flag but whose config dataclass admits a
+    string, by this release's own annotations (its code, in its environment)."""
+    import yaml
+
+    from pytest_verl_compat.checks.types import ANNOTATED_STRINGS
+    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+    from pytest_verl_compat.upstream.probes import annotated_strings_probe as probe
+
+    session = context.session()
+    oracle = UpstreamOracle(
+        served=("pytest_verl_compat.upstream.probes.annotated_strings_probe",),
+        release=context.version,
+    )
+    found: set[str] = set()
+    try:
+        for index, selections in enumerate(ANNOTATED_SELECTIONS):
+            question = {
+                "kind": probe.KIND,
+                "mapping": session.composer().defaults(selections),
+            }
+            answer = oracle.answer(f"annotated-strings-{index}", question)
+            if probe.KEY_KEYS not in answer:
+                raise ReleaseError(f"annotated strings of {context.version}: {answer}")
+            found.update(answer[probe.KEY_KEYS])
+    finally:
+        oracle.close()
+    path = REPO / "pytest_verl_compat" / ANNOTATED_STRINGS
+    text = path.read_text(encoding="utf-8")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    listed = yaml.safe_load(text) or {}
+    listed[context.version] = sorted(found)
+    body = yaml.safe_dump(dict(sorted(listed.items())), sort_keys=False, default_flow_style=False)
+    derivation.keep(path, header + body)
 
 
 def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
@@ -231,19 +296,13 @@ def _census_reasons(derivation: Derivation, context: DeriveContext) -> None:
     derivation.person.append(f"{target}: confirm each reason holds in {context.version}")
 
 
-def _cli(*argv: str) -> int:
-    from pytest_verl_compat.cli import main
-
-    return main(list(argv))
-
-
 def _census(derivation: Derivation, context: DeriveContext) -> None:
     page = CENSUS_PAGES / context.version / "checks.md"
     mode = "--write" if derivation.write else "--check"
     args = ["census", "--release", context.version, mode, str(page)]
     if context.upstream:
         args += ["--upstream", context.upstream]
-    if _cli(*args) != 0:
+    if context.run_command(args) != 0:
         (derivation.person if derivation.write else derivation.stale).append(
             f"{page}: unexplained checks (the page lists them) or stale"
         )
@@ -255,7 +314,7 @@ def _reads(derivation: Derivation, context: DeriveContext) -> None:
     args = ["census", "--reads", "--release", context.version, mode, str(page)]
     if context.upstream:
         args += ["--upstream", context.upstream]
-    if _cli(*args) != 0:
+    if context.run_command(args) != 0:
         derivation.stale.append(str(page))
 
 
@@ -287,7 +346,7 @@ def _golden(derivation: Derivation, context: DeriveContext) -> None:
     args = ["audit", "--release", context.version, "--write" if derivation.write else "--check"]
     if context.upstream:
         args += ["--upstream", context.upstream]
-    if _cli(*args) != 0:
+    if context.run_command(args) != 0:
         derivation.stale.append(str(session.golden_dir / "audit.json"))
 
 
@@ -311,9 +370,11 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,
+    "annotated-strings": _annotated_strings,
     "census-reasons": _census_reasons,
-    "census": _census,
+    # The reads first: the census page shows where each check's key was traced (their index).
     "reads": _reads,
+    "census": _census,
     "golden": _golden,
     "examples": _examples,
 }

@@ -7,9 +7,9 @@ and step-only) has one row of `corpus/step_coverage.yaml` (`plan.CoverageTable`)
 of the override-free composition of the pinned tree. `coverage_report` lists, per row, the
 cases that move it and the variant that detects a wrong value; `problems` says what breaks
 the promise (an unlisted leaf, a leaf no case moves, a row without its detector);
-`markdown` is the README's table.
+`markdown` is the table of docs/trainer.md.
 
-    python -m pytest_verl_compat.conformance.step.coverage   # the README table, on stdout
+    python -m pytest_verl_compat.conformance.step.coverage   # docs/trainer.md's table, on stdout
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def _perturb(mapping: dict[str, Any], dotted: str) -> bool:
 
 
 def markdown(rows: Sequence[RowCoverage]) -> str:
-    """The README's table: each trained row, the cases that move it, what detects a wrong value."""
+    """docs/trainer.md's table: each trained row, the cases that move it, what detects a wrong value."""
     lines = [
         "| setting | how the step trains it | step cases that move it | a wrong value shows in |",
         "| --- | --- | --- | --- |",

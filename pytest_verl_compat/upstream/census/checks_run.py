@@ -33,7 +33,12 @@ from pytest_verl_compat.pipeline.answers import (
     recorded_path,
 )
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.manifest import default_examples_path, load_examples
+from pytest_verl_compat.pipeline.manifest import (
+    default_examples_path,
+    default_manifest_path,
+    load_examples,
+    load_manifest,
+)
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.upstream.census import checks as census
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle, checks_request
@@ -190,8 +195,12 @@ def _recorded_answer(entry: Any) -> bool:
 
 # The census pages of a release: ``docs/census/<version>/checks.md`` and ``reads.md``.
 CENSUS_PAGES = "docs/census"
-# The release whose example scripts the census reads (a checkout holds them; a wheel does not).
-SCRIPTS_RELEASE = "0.9.0"
+
+
+def scripts_release() -> str:
+    """The release whose example scripts the census reads (a checkout holds them; a wheel does
+    not): the embedded corpus's, whose examples list pins them."""
+    return load_manifest(default_manifest_path()).upstream.version
 
 
 def census_page(version: str, kind: str) -> str:
@@ -253,10 +262,10 @@ def render(
         "and our oracle code), so with nothing changed the check reads them and takes seconds; "
         "a changed probe, release or configuration asks the oracle again (minutes on 2 cores) "
         "and the check fails until `--write` re-records. With verl's example scripts in the "
-        f"checkout `verl-v{SCRIPTS_RELEASE}`:",
+        f"checkout `verl-v{scripts_release()}`:",
         "",
         "```bash",
-        f"verl-compat census --release {version} --upstream verl-v{SCRIPTS_RELEASE} --check {page}",
+        f"verl-compat census --release {version} --upstream verl-v{scripts_release()} --check {page}",
         "```",
         "",
         "| entries | config | data | internal | elsewhere | config evaluated | config not evaluated, explained | unexplained |",

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.upstream.census.checks_run import SCRIPTS_RELEASE, census_page
+from pytest_verl_compat.upstream.census.checks_run import census_page, scripts_release
 from pytest_verl_compat.upstream.census.reads import COPIED, LeafReads, leaves
 from pytest_verl_compat.upstream.census.static_reads import WHOLE, Place
 
@@ -168,7 +168,7 @@ def render(
         "the release's golden answers, `reads.json`, so this takes seconds when nothing changed):",
         "",
         "```bash",
-        f"verl-compat census --release {version} --upstream verl-v{SCRIPTS_RELEASE} --reads "
+        f"verl-compat census --release {version} --upstream verl-v{scripts_release()} --reads "
         f"--check {census_page(version, 'reads')}",
         "```",
         "",

@@ -587,7 +587,7 @@ def early_answer(
 
 
 @functools.lru_cache(maxsize=128)
-def _statement_lines(
+def statement_lines(
     root: Path, relative: str, statement: str, function: str = ""
 ) -> tuple[int, ...]:
     """The lines of ``relative`` (in the release's files at ``root``) that start with
@@ -642,7 +642,7 @@ def _equivalent(check_id: str, failure: UpstreamFailure, root: Path) -> bool:
     for relative, statement, *function in STATIC_EQUIVALENTS.get(check_id, ()):
         if any(
             failure.where == f"{relative}:{n}"
-            for n in _statement_lines(root, relative, statement, *function)
+            for n in statement_lines(root, relative, statement, *function)
         ):
             return True
     return False
