@@ -73,7 +73,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
     text = derive_lock(release, index)
     target = lock_destination(release, package=args.package)
     write_atomic(target, text)
-    note("release", f"wrote {target} ({len(text.splitlines()) - 3} pinned wheels)")
+    pinned = sum(not line.startswith("#") for line in text.splitlines())
+    note("release", f"wrote {target} ({pinned} pinned wheels)")
     return EXIT_OK
 
 
@@ -102,7 +103,11 @@ def cmd_derive(args: argparse.Namespace) -> int:
         if args.only and name not in args.only:
             continue
         say("release", f"derive {release.version}: {name}")
-        step(derivation, context)
+        try:
+            step(derivation, context)
+        except RuntimeError as exc:  # upstream's process gave no answer: its last words
+            last = (str(exc).strip().splitlines() or [repr(exc)])[-1]
+            raise ReleaseError(f"derive {release.version}: {name}: {last}") from exc
     for path in derivation.written:
         note("release", f"wrote {path}")
     for path in derivation.stale:

@@ -198,11 +198,43 @@ def _statements(derivation: Derivation, context: DeriveContext) -> None:
                 )
 
 
-def _environment(derivation: Derivation, context: DeriveContext) -> None:
-    from pytest_verl_compat.releases.environment import release_environment
-    from pytest_verl_compat.upstream.oracle.runner import say_progress
+# What the oracle imports first in a release's environment: the entry points it runs.
+ENTRY_MODULES = ("verl.trainer.main_ppo", "verl.trainer.sft_trainer")
 
-    release_environment(context.release, say_progress)
+
+def _environment(derivation: Derivation, context: DeriveContext) -> None:
+    """The environment, built from the lock, and its entry points imported there: a lock whose
+    wheels install but do not import together (a pin the release's metadata leaves out) stops
+    the steps that run its code, naming the import's last words."""
+    import subprocess
+    import tempfile
+
+    from pytest_verl_compat.upstream.oracle.runner import (
+        release_interpreter,
+        sandbox_environment,
+        say_progress,
+    )
+
+    interpreter = release_interpreter(context.version, say_progress)
+    assert interpreter.python is not None
+    for module in ENTRY_MODULES:
+        with tempfile.TemporaryDirectory(prefix="verl-compat-import-") as empty:
+            done = subprocess.run(
+                [interpreter.python, "-I", "-c", f"import {module}"],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=sandbox_environment(),
+                cwd=empty,
+                check=False,
+            )
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise ReleaseError(
+                f"verl {context.version}'s environment cannot import {module}: {last} (pin what "
+                f"it needs under the release's `environment` in releases.yaml, then `verl-compat "
+                f"release derive {context.version} --only lock`)"
+            )
 
 
 # The config-group selections whose defaults ``string_admitting`` reads (both engines' sections).

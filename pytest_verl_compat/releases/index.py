@@ -64,6 +64,9 @@ class Release:
     # The profile the compiler classifies its leaves by (``profiles/<name>.yaml``).
     profile: str = ""
     sft_profile: str = ""
+    # Requirements of this release's environment beyond the index's (a pin its own metadata
+    # leaves out: verl 0.8.0 needs numpy<2, and pyarrow 26 imports only with numpy 2).
+    environment: tuple[str, ...] = ()
 
     def calls(self, function: str) -> EntryPointCall | None:
         return next((call for call in self.entry_point_calls if call.function == function), None)
@@ -158,6 +161,7 @@ def _release(entry: dict[str, Any]) -> Release:
         commit=str(entry.get("commit") or ""),
         profile=str(entry.get("profile") or ""),
         sft_profile=str(entry.get("sft_profile") or ""),
+        environment=tuple(str(requirement) for requirement in entry.get("environment") or ()),
     )
 
 

@@ -45,6 +45,7 @@ def resolve_command(release: Release, index: ReleaseIndex, report: Path) -> list
         str(report),
         f"verl=={release.version}",
         *index.environment,
+        *release.environment,
     ]
 
 
