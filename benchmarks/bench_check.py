@@ -37,8 +37,20 @@ SFT_SCRIPT = "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh"
 SFT_ARGS = ["--arg", "8", "--arg", "/home/verl/ckpt/sft_gsm8k"]
 
 
+def _releases_home() -> str:
+    """Where the releases' environments are kept: installed once, like verl itself, so "cold"
+    is an empty answer cache, not an environment built again (``files.cache.releases_home``)."""
+    from pytest_verl_compat.files.cache import releases_home
+
+    return os.environ.get("VERL_COMPAT_HOME") or str(releases_home())
+
+
 def _run(python: str, tree: Path, args: list[str], cache: Path) -> float:
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache / "xdg")}
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(cache / "xdg"),
+        "VERL_COMPAT_HOME": _releases_home(),
+    }
     start = time.perf_counter()
     done = subprocess.run(
         [python, *args], cwd=tree, env=env, capture_output=True, text=True, check=False
@@ -94,7 +106,12 @@ def measure(python: str, tree: Path, upstream: Path, repeat: int) -> dict[str, t
 
 
 def phases(upstream: Path) -> list[tuple[str, float]]:
-    """The probes' phases on the GRPO script's mapping, timed in one process (verl imported)."""
+    """The probes' phases on the GRPO script's mapping, timed in one process of the release's own
+    environment (verl imported there)."""
+    from pytest_verl_compat.conformance.plan import pinned_version
+    from pytest_verl_compat.upstream.oracle.runner import release_interpreter
+
+    interpreter = release_interpreter(pinned_version())  # the embedded corpus's release
     code = f"""
 import json, time, warnings
 warnings.simplefilter("ignore")
@@ -110,8 +127,16 @@ import_s = time.perf_counter() - t
 from pytest_verl_compat.upstream.probes.validate import timed_phases
 print(json.dumps([["import verl", import_s], *timed_phases(mapping, explicit)]))
 """
+    assert interpreter.python is not None and interpreter.checker is not None
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tempfile.gettempdir(), capture_output=True, text=True
+        [
+            interpreter.python,
+            "-c",
+            f"import sys; sys.path.insert(0, {interpreter.checker!r})\n{code}",
+        ],
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, say
+from pytest_verl_compat.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, say
 from pytest_verl_compat.cli.output import note
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.releases.index import TRYING, Release, ReleaseError, load_release_index
@@ -98,6 +98,7 @@ def cmd_derive(args: argparse.Namespace) -> int:
     release = index.release(args.version)
     os.environ[TRYING] = release.version
     derivation = Derivation(release.version, write=not args.check)
+    failed: list[str] = []
     context = DeriveContext(release, args.upstream, args.only, args.run_command)
     for name, step in STEPS.items():
         if args.only and name not in args.only:
@@ -105,9 +106,12 @@ def cmd_derive(args: argparse.Namespace) -> int:
         say("release", f"derive {release.version}: {name}")
         try:
             step(derivation, context)
-        except RuntimeError as exc:  # upstream's process gave no answer: its last words
+        except (ReleaseError, RuntimeError) as exc:
+            # One line (a process that gave no answer: its last words); the other steps still
+            # run, each saying what it cannot do without this one.
             last = (str(exc).strip().splitlines() or [repr(exc)])[-1]
-            raise ReleaseError(f"derive {release.version}: {name}: {last}") from exc
+            failed.append(f"{name}: {last}")
+            say("release", f"derive {release.version}: {name} failed: {last}")
     for path in derivation.written:
         note("release", f"wrote {path}")
     for path in derivation.stale:
@@ -116,8 +120,13 @@ def cmd_derive(args: argparse.Namespace) -> int:
         print(f"verl {release.version}: {len(derivation.person)} things need a person:")
         for item in derivation.person:
             print(f"  - {item}")
-    elif not release.supported:
+    elif not release.supported and not failed:
         print(f"verl {release.version}: nothing left to review; mark it supported in releases.yaml")
+    if failed:
+        print(f"verl {release.version}: {len(failed)} steps failed:")
+        for item in failed:
+            print(f"  - {item}")
+        return EXIT_USAGE
     return EXIT_FINDINGS if derivation.stale else EXIT_OK
 
 

@@ -292,6 +292,7 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
         release=context.version,
     )
     met: set[str] = set()
+    unsupported: dict[str, list[str]] = {}  # what the release lacks -> the configurations
     try:
         questions = {
             cid: {"kind": patch_points_probe.KIND, "mapping": dict(m)} for cid, m in configs.items()
@@ -301,11 +302,13 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
         for cid, question in questions.items():
             answer = oracle.answer(cid, question)
             if KEY_UNSUPPORTED in answer:
-                derivation.person.append(f"{cid}: {answer[KEY_UNSUPPORTED]}")
+                unsupported.setdefault(str(answer[KEY_UNSUPPORTED]), []).append(cid)
                 continue
             met.update(answer.get(patch_points_probe.KEY_POINTS, []))
     finally:
         oracle.close()
+    for said, where in sorted(unsupported.items()):
+        derivation.person.append(f"{said} (on {len(where)} configurations, e.g. {where[0]})")
     derivation.keep(points_path(context.version), dumps_points(met))
     for found in check(context.files().root, tuple(sorted(met))):
         if found.where is None:

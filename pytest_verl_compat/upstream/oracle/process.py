@@ -31,7 +31,7 @@ from pytest_verl_compat.upstream.oracle.client import (
 )
 from pytest_verl_compat.upstream.oracle.runner import safe_variables
 from pytest_verl_compat.upstream.probes import validate
-from pytest_verl_compat.upstream.probes.patching import PatchPointMissing
+from pytest_verl_compat.upstream.probes.patching import PatchPointMissing, release_module_missing
 
 
 def _entry_module(entry: Any, request: Mapping[str, Any]) -> tuple[Any, list[str]]:
@@ -102,10 +102,17 @@ def _answer(entry: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     except EntryArgvRefused as exc:
         answer = {"ok": False, "error": f"refused: {exc}"}
     except PatchPointMissing as exc:  # the release lacks what the probes need: said as such
-        answer = {"ok": False, KEY_UNSUPPORTED: str(exc), "error": str(exc)}
+        answer = _unsupported(exc)
+    except ModuleNotFoundError as exc:
+        missing = release_module_missing(exc)
+        answer = _unsupported(missing) if missing else {"ok": False, "error": f"{exc!r}"}
     except Exception as exc:  # one bad question must not end the audit's other answers
         answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"id": request["id"], **answer}
+
+
+def _unsupported(exc: PatchPointMissing) -> dict[str, Any]:
+    return {"ok": False, KEY_UNSUPPORTED: str(exc), "error": str(exc)}
 
 
 _ENTRY: Any = None  # the imported entry point, set before the workers fork
@@ -165,8 +172,21 @@ def serve(workers: int = 1, served: list[str] | None = None) -> None:
     global _ENTRY
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything upstream prints outside a request goes to stderr, not the protocol
-    _ENTRY = prepare()
-    _load_served(served or [])
+    try:
+        _ENTRY = prepare()
+        _load_served(served or [])
+        if workers > 1:
+            prepare_children()
+    except ModuleNotFoundError as exc:
+        missing = release_module_missing(exc)
+        if missing is None:
+            raise
+        # The release lacks a module the probes import: every question gets that answer.
+        for line in sys.stdin:
+            answers.write(json.dumps({"id": json.loads(line)["id"], **_unsupported(missing)}))
+            answers.write("\n")
+            answers.flush()
+        return
     # verl's import leaves millions of long-lived objects (torch, transformers, ray); without
     # this every full collection during a compose walks them all, and after a fork it would
     # also copy the pages it touches (the pre-fork-server advice of the gc module's docs).
@@ -176,8 +196,6 @@ def serve(workers: int = 1, served: list[str] | None = None) -> None:
             answers.write(json.dumps(_answer(_ENTRY, json.loads(line))) + "\n")
             answers.flush()
         return
-    prepare_children()
-    gc.freeze()
     lock = threading.Lock()
 
     def send(request_id: str, future: Future[dict[str, Any]]) -> None:

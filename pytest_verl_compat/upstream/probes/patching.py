@@ -39,6 +39,20 @@ def patch_point(owner: Any, name: str) -> str:
     return f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
+def missing_message(point: str) -> str:
+    """What a release lacking ``point`` (a name, or a module the probes import) is said to be."""
+    return f"release {_release()} not supported: {point} not found"
+
+
+def release_module_missing(exc: ModuleNotFoundError) -> PatchPointMissing | None:
+    """A module of verl's that the probes import and the release does not have (0.8.0 has no
+    ``verl.trainer.ppo.v1``): the release lacks what the probes need, as a moved patch point."""
+    name = exc.name or ""
+    if name == "verl" or name.startswith("verl."):
+        return PatchPointMissing(missing_message(name))
+    return None
+
+
 def _release() -> str:
     from importlib import metadata
 
@@ -69,7 +83,7 @@ def patched(owner: Any, name: str, value: Any, *, provided: bool = False) -> Ite
     for it instead, ``releases.patch_points``)."""
     point = patch_point(owner, name)
     if not provided and not hasattr(owner, name):
-        raise PatchPointMissing(f"release {_release()} not supported: {point} not found")
+        raise PatchPointMissing(missing_message(point))
     for met in _RECORDING:
         met.add(point)
     with _set(owner, name, value):
