@@ -344,3 +344,29 @@ def test_a_lock_that_does_not_pin_every_wheel_is_one_line(
     environment.lock_path(release).write_text(line + "\n")
     with pytest.raises(ReleaseError, match=expected.replace("(", r"\(")):
         environment.load_lock(release)
+
+
+def test_a_claim_citing_only_code_a_release_lacks_says_nothing_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check stands on the upstream lines it cites: where every cited file is gone in the
+    release checked (0.8.0 has no V1 trainer), it does not apply (``checks.registry``)."""
+    import json
+
+    from pytest_verl_compat.releases import lines
+
+    gone, kept = "verl/trainer/ppo/v1/trainer_base.py", "verl/utils/config.py"
+    (tmp_path / "9.9.9").mkdir()
+    (tmp_path / "9.9.9" / lines.LINES_FILE).write_text(
+        json.dumps({"base_files": [gone, kept], "changed": {gone: []}})
+    )
+    monkeypatch.setattr(lines, "RELEASE_DATA", tmp_path)
+    lines.line_map.cache_clear()
+    try:
+        assert lines.cites_only_gone(f"{gone}:199 (_resolve_filter_groups_metric)", "9.9.9")
+        assert not lines.cites_only_gone(f"{kept}:186", "9.9.9")
+        assert not lines.cites_only_gone(f"{gone}:199, {kept}:186", "9.9.9")
+        assert not lines.cites_only_gone("no citation at all", "9.9.9")
+        assert not lines.cites_only_gone(f"{gone}:199", INDEX.citations)
+    finally:
+        lines.line_map.cache_clear()

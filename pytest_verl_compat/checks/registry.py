@@ -82,6 +82,9 @@ class CheckInput:
     # The functions the entry point's module calls by name (``pipeline.entry_points``): a check
     # whose claim depends on the entry point (a migration only one of them runs) reads them.
     entry_calls: frozenset[str] = frozenset()
+    # Whether the checked release has the code a check's evidence cites (``releases.lines``,
+    # given by the pipeline): a check standing on code the release lacks says nothing of it.
+    has_cited_code: Callable[[str], bool] = field(default=lambda _evidence: True)
 
     @property
     def version(self) -> str:
@@ -241,6 +244,8 @@ def semantic_findings(inp: CheckInput) -> list[Finding]:
     findings = list(typed)
     for entry in CHECKS.values():
         if entry.id == WRONG_TYPE or entry.family not in (None, inp.family):
+            continue
+        if not inp.has_cited_code(entry.evidence):
             continue
         try:
             findings.extend(entry.findings(inp))

@@ -19,7 +19,7 @@ from pytest_verl_compat.model import (
 )
 from pytest_verl_compat.pipeline.compose import iter_leaves
 from pytest_verl_compat.pipeline.profile import Profile, load_profile
-from pytest_verl_compat.releases.lines import cite
+from pytest_verl_compat.releases.lines import cite, cites_only_gone
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -138,6 +138,7 @@ def compile_resolved(
             world_source,
             forced,
             entry_calls,
+            lambda evidence: not cites_only_gone(evidence, profile.version),
         )
     )
     # The checks cite the lines of the release the project's texts are written for; the

@@ -237,6 +237,18 @@ def cite(text: str, version: str) -> str:
     return "".join(out)
 
 
+def cites_only_gone(text: str, version: str) -> bool:
+    """Whether ``text`` cites the base release's code and ``version`` has none of it: every file
+    it cites is gone there (0.8.0 has no ``verl/trainer/ppo/v1/``). A claim standing on that code
+    says nothing of such a release."""
+    base = base_release()
+    mapping = line_map(version)
+    if version == base or mapping is None or not text:
+        return False
+    cited = [f for f in citations(text, mapping.base_files, base) if f.release == base]
+    return bool(cited) and all(mapping.changed.get(found.file) == () for found in cited)
+
+
 @functools.cache
 def reviewed(version: str) -> dict[str, str]:
     """A person's reviewed citations of ``version``: the base release's citation (as the texts
