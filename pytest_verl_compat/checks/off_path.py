@@ -18,8 +18,10 @@ from pytest_verl_compat.model import line_spans
 # from the read census and a scan of the installed package by ``upstream/off_path.py``
 # (``verl-compat census --reads --write``); tests/test_off_path.py fails when it is stale.
 OFF_PATH_READS = "data/off_path_reads.json"
-# The names a guard in normal form uses (``upstream/off_path.py`` writes them).
+# The names a guard in normal form uses (``upstream/census/off_path.py`` writes them): a leaf,
+# and a registry's selecting leaf (``upstream/census/dispatch.py``).
 _LEAF = "L"
+_SELECTOR = "D"
 UNKNOWN_NAME = "UNKNOWN"
 # A guard's value the evaluation cannot decide (shared with ``upstream/explain.py``).
 UNKNOWN: Any = object()
@@ -34,19 +36,75 @@ class Place:
     where: str  # verl/…py:line
     guard: tuple[str, ...]  # conjuncts in normal form
     traced: bool = False  # the probes ran it on one of the census's configurations
+    open: int = 0  # conjuncts no leaf decides (the place may run or not, whatever the values)
+    cls: str = ""  # the class whose method holds it (``verl.a.b.Cls``), "" for a function
+    raw: bool = False  # read on the tree itself, not on a config dataclass built from it
+
+
+@dataclass(frozen=True)
+class Forced:
+    """A value a config class's ``__post_init__`` writes over the field (``upstream/census/
+    forced.py``), under a guard in normal form."""
+
+    where: str
+    guard: tuple[str, ...]
+    value: str
+    open: int = 0
+
+
+@dataclass(frozen=True)
+class LeafReads:
+    """Every place a release reads one leaf; ``complete`` when the census is sure it saw every
+    one (no use of the name it cannot attribute, no section handed on whole, no copy)."""
+
+    places: tuple[Place, ...]
+    complete: bool = False
+    forced: tuple[Forced, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReadIndex:
+    leaves: dict[str, LeafReads]
+    # Class → the condition (normal form, selectors ``D[...]``) under which a registry builds it.
+    classes: dict[str, str]
 
 
 @functools.cache
-def off_path_reads(version: str) -> dict[str, tuple[Place, ...]]:
-    """Leaf → every place ``version`` reads it, for the leaves whose reads a configuration can
-    rule out (none for a release the data does not hold)."""
+def read_index(version: str) -> ReadIndex:
+    """The release's index (empty for a release the data does not hold)."""
     text = resources.files("pytest_verl_compat").joinpath(OFF_PATH_READS).read_text()
     raw = json.loads(text).get(version) or {}
-    return {
-        leaf: tuple(
-            Place(str(p["where"]), tuple(p["guard"]), bool(p.get("traced"))) for p in places
+    leaves = {
+        leaf: LeafReads(
+            tuple(
+                Place(
+                    str(p["where"]),
+                    tuple(p["guard"]),
+                    bool(p.get("traced")),
+                    int(p.get("open", 0)),
+                    str(p.get("class", "")),
+                    bool(p.get("raw")),
+                )
+                for p in item["places"]
+            ),
+            bool(item.get("complete")),
+            tuple(
+                Forced(str(f["where"]), tuple(f["guard"]), str(f["value"]), int(f.get("open", 0)))
+                for f in item.get("forced", ())
+            ),
         )
-        for leaf, places in raw.items()
+        for leaf, item in (raw.get("leaves") or {}).items()
+    }
+    return ReadIndex(leaves, dict(raw.get("classes") or {}))
+
+
+def off_path_reads(version: str) -> dict[str, tuple[Place, ...]]:
+    """Leaf → every place ``version`` reads it, for the leaves whose every read the census saw
+    and whose places a configuration can rule out (none for a release the data does not hold)."""
+    return {
+        leaf: item.places
+        for leaf, item in read_index(version).leaves.items()
+        if item.complete and item.places
     }
 
 
@@ -103,8 +161,31 @@ class GuardValue:
         return UNKNOWN if len(known) < len(values) else False
 
 
+class _Section:
+    """A section named in a guard: it is a mapping (true when not empty), never None, and holds
+    its keys; compared with anything else it is not decided."""
+
+    def __init__(self, keys: frozenset[str], filled: bool) -> None:
+        self.keys, self.filled = keys, filled
+
+    def __bool__(self) -> bool:
+        return self.filled
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys
+
+    def __eq__(self, other: object) -> bool:
+        if other is None:
+            return False
+        raise TypeError("a section compared with a value")
+
+    __hash__ = object.__hash__
+
+
 class _Guard(GuardValue):
-    """One conjunct of the recorded normal form: a leaf is ``L['leaf']``."""
+    """One conjunct of the recorded normal form: a leaf is ``L['leaf']`` (not decided when the
+    configuration lacks it), a registry's selector ``D['leaf']`` (None when it lacks it: no
+    such section, nothing built for it)."""
 
     def read(self, node: ast.Subscript | ast.Attribute | ast.Name) -> Any:
         return self._leaf(node) if isinstance(node, ast.Subscript) else UNKNOWN
@@ -112,17 +193,22 @@ class _Guard(GuardValue):
     def _leaf(self, node: ast.Subscript) -> Any:
         if not (
             isinstance(node.value, ast.Name)
-            and node.value.id == _LEAF
+            and node.value.id in (_LEAF, _SELECTOR)
             and isinstance(node.slice, ast.Constant)
             and isinstance(node.slice.value, str)
         ):
             return UNKNOWN
         leaf = node.slice.value
         if leaf not in self.leaves:
+            if node.value.id == _SELECTOR:
+                self.read_leaves[leaf] = None
+                return None
             return UNKNOWN
         value = self.leaves[leaf]
-        if isinstance(value, Mapping) or value == _MISSING:
-            return UNKNOWN  # a section, or a value the script still has to give (``???``)
+        if value == _MISSING:
+            return UNKNOWN  # a value the script still has to give (``???``)
+        if isinstance(value, Mapping):
+            return _Section(frozenset(str(k) for k in value), bool(value))
         self.read_leaves[leaf] = value
         return value
 
@@ -151,10 +237,19 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> Any:
         return UNKNOWN
 
 
-def ruled_out(place: Place, leaves: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The leaves (and their values) whose values make one of the place's conjuncts false, or
-    None when none is decidedly false here (the place may run)."""
-    for conjunct in place.guard:
+def _conjuncts(place: Place, classes: Mapping[str, str]) -> tuple[str, ...]:
+    """The place's conjuncts, with the condition under which a registry builds its class."""
+    built = classes.get(place.cls, "") if place.cls else ""
+    return (*place.guard, built) if built else place.guard
+
+
+def ruled_out(
+    place: Place, leaves: Mapping[str, Any], classes: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
+    """The leaves (and their values) whose values make one of the place's conjuncts false (its
+    guard, or the registry that would build its class: ``classes``), or None when none is
+    decidedly false here (the place may run)."""
+    for conjunct in _conjuncts(place, classes or {}):
         node = _parsed(conjunct)
         if node is None:
             continue
@@ -165,54 +260,127 @@ def ruled_out(place: Place, leaves: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def holds(place: Place, leaves: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The leaves that make every conjunct of the place's guard true, or None when one is false
+    or not decided (an ``open`` conjunct is never decided). Its class is not judged here: a
+    registry that would build it does not say the run builds it (``verdict/keys.py`` asks the
+    probes)."""
+    if place.open:
+        return None
+    read: dict[str, Any] = {}
+    for conjunct in place.guard:
+        node = _parsed(conjunct)
+        if node is None:
+            return None
+        guard = _Guard(leaves)
+        value = guard.value(node)
+        if value is UNKNOWN or not value:
+            return None
+        read.update(guard.read_leaves)
+    return read
+
+
+def flat(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Every node of the resolved mapping by dotted path (sections too)."""
     out: dict[str, Any] = {}
     for key, value in mapping.items():
         path = f"{prefix}{key}"
         out[path] = value
         if isinstance(value, Mapping):
-            out.update(_flat(value, path + "."))
+            out.update(flat(value, path + "."))
     return out
+
+
+# What the static reading says of a key here (``StaticEffect.kind``).
+OFF_PATH = "off path"  # every place's guard is false here
+NOT_BUILT = "not built"  # and the class of some places is one no registry builds here
+NEVER_USED = "never used"  # no code of the release uses its name at all
+FORCED = "forced"  # a config class's ``__post_init__`` overwrites it here
+
+
+@dataclass(frozen=True)
+class StaticEffect:
+    """Why an explicit key has no effect on this configuration, from the read index alone."""
+
+    kind: str
+    places: tuple[Place, ...]
+    deciding: dict[str, Any]  # the leaves (and values) that decide it
+    forced: Forced | None = None
+    not_built: tuple[str, ...] = ()  # the classes no registry builds here
+
+
+def static_effect(key: str, leaves: Mapping[str, Any], version: str) -> StaticEffect | None:
+    """Why ``key`` has no effect on the configuration whose nodes (``_flat``) are ``leaves``, or
+    None when the index cannot say so: the census is not sure it saw every read, or a place may
+    run (its guard and the registry that builds its class are not decidedly false)."""
+    index = read_index(version)
+    item = index.leaves.get(key)
+    if item is None or not item.complete or key not in leaves:
+        return None
+    for forced in item.forced:
+        # Every read is on the dataclass the ``__post_init__`` rewrote (none on the tree).
+        read = holds(Place(forced.where, forced.guard, open=forced.open), leaves)
+        if read is not None and not any(place.raw for place in item.places):
+            return StaticEffect(FORCED, item.places, read, forced)
+    if not item.places:
+        return StaticEffect(NEVER_USED, (), {})
+    deciding: dict[str, Any] = {}
+    not_built: set[str] = set()
+    for place in item.places:
+        read = ruled_out(place, leaves)
+        if read is None:
+            read = ruled_out(place, leaves, index.classes)
+            if read is None:
+                return None
+            not_built.add(place.cls)
+        deciding.update(read)
+    kind = NOT_BUILT if not_built else OFF_PATH
+    return StaticEffect(kind, item.places, deciding, not_built=tuple(sorted(not_built)))
 
 
 def judged(
     key: str, resolved: Mapping[str, Any], version: str
 ) -> list[tuple[Place, dict[str, Any] | None]] | None:
-    """Each place ``version`` reads ``key`` with what rules it out on ``resolved`` (None: it may
-    run); None when the index does not hold the key."""
-    places = off_path_reads(version).get(key)
-    if places is None:
+    """Each place ``version`` reads ``key`` with what rules it out on ``resolved`` (its guard
+    or its class's registry; None: it may run); None when the index does not hold the key."""
+    item = read_index(version).leaves.get(key)
+    if item is None:
         return None
-    leaves = _flat(resolved)
-    return [(place, ruled_out(place, leaves)) for place in places]
+    leaves = flat(resolved)
+    classes = read_index(version).classes
+    return [(place, ruled_out(place, leaves, classes)) for place in item.places]
+
+
+def static_effects(
+    resolved: Mapping[str, Any], explicit: Sequence[str], version: str
+) -> Iterator[tuple[str, str, StaticEffect]]:
+    """(field, key, why) for each explicit key the read index says has no effect here."""
+    if not read_index(version).leaves:
+        return
+    leaves: dict[str, Any] | None = None
+    seen: set[str] = set()
+    for field in explicit:
+        key = field_key(field)
+        if field.startswith("~") or key in seen:
+            continue
+        seen.add(key)
+        leaves = flat(resolved) if leaves is None else leaves
+        found = static_effect(key, leaves, version)
+        if found is not None:
+            yield field, key, found
 
 
 def off_path_keys(
     resolved: Mapping[str, Any], explicit: Sequence[str], version: str
 ) -> Iterator[tuple[str, str, tuple[Place, ...], dict[str, Any]]]:
     """(field, key, places, deciding leaves) for each explicit key no place reads here."""
-    index = off_path_reads(version)
-    if not index:
-        return
-    leaves: dict[str, Any] | None = None
-    seen: set[str] = set()
-    for field in explicit:
-        key = field_key(field)
-        if field.startswith("~") or key in seen or key not in index:
-            continue
-        seen.add(key)
-        leaves = _flat(resolved) if leaves is None else leaves
-        if key not in leaves:
-            continue
-        deciding: dict[str, Any] = {}
-        for place in index[key]:
-            read = ruled_out(place, leaves)
-            if read is None:
-                break
-            deciding.update(read)
-        else:
-            yield field, key, index[key], deciding
+    for field, key, found in static_effects(resolved, explicit, version):
+        if found.kind in (OFF_PATH, NOT_BUILT):
+            yield field, key, found.places, found.deciding
+
+
+def _short_class(cls: str) -> str:
+    return cls.rpartition(".")[2]
 
 
 def _shown(places: tuple[Place, ...]) -> str:
@@ -260,13 +428,74 @@ def _shown(places: tuple[Place, ...]) -> str:
     ),
 )
 def off_path(inp: CheckInput) -> Iterator[Hit]:
-    for field, key, places, deciding in off_path_keys(
-        inp.resolved, inp.explicit_fields, inp.version
-    ):
-        because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted(deciding.items()))
+    for field, key, found in static_effects(inp.resolved, inp.explicit_fields, inp.version):
+        yield from _off_path_hit(field, key, found, inp.version)
+
+
+def _off_path_hit(field: str, key: str, found: StaticEffect, version: str) -> Iterator[Hit]:
+    because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted(found.deciding.items()))
+    if found.kind == OFF_PATH:
         yield Hit(
             key,
-            f"`{field}` has no effect here: verl {inp.version} reads {key} only at "
-            f"{_shown(places)}, and {because or 'this configuration'} rules out every one",
+            f"`{field}` has no effect here: verl {version} reads {key} only at "
+            f"{_shown(found.places)}, and {because or 'this configuration'} rules out every one",
             "remove it, or select the path that reads it",
+        )
+    elif found.kind == NOT_BUILT:
+        classes = ", ".join(_short_class(c) for c in found.not_built)
+        yield Hit(
+            key,
+            f"`{field}` has no effect here: verl {version} reads {key} only at "
+            f"{_shown(found.places)}, and with {because or 'this configuration'} no registry "
+            f"builds {classes} (the class those reads belong to) and the other places are ruled "
+            "out",
+            "remove it, or select the class that reads it",
+        )
+    elif found.kind == NEVER_USED:
+        yield Hit(
+            key,
+            f"`{field}` has no effect: no code of verl {version} uses the name of {key} (the "
+            "read census saw every use of it)",
+            "remove it",
+        )
+
+
+@check(
+    "effect.forced",
+    level="warning",
+    evidence="a config class's __post_init__ that overwrites the field under a condition the "
+    "configuration decides, e.g. McoreEngineConfig sets sequence_parallel = False when "
+    "tensor_model_parallel_size == 1 (verl/workers/config/engine.py:237-239), with every read of "
+    "the key made on that dataclass (docs/census/{version}/reads.md); the finding names the line",
+    summary="An explicit key whose value upstream overwrites before any code reads it: a config "
+    "class's `__post_init__` (or, seen by the probes, the trainer's own setup) sets the field "
+    "under a condition the script's values make true, so the value the script wrote never "
+    "reaches the code that reads it.",
+    fix="remove the key, or change the setting that makes upstream overwrite it",
+    example=Example(
+        fires=(
+            "actor_rollout_ref.actor.optim.warmup_style=cosine",
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+        ),
+        twin=("actor_rollout_ref.actor.optim.lr_scheduler_type=constant",),
+    ),
+    yields_to=(
+        "fields.no-effect",
+        "fields.legacy-reward-key",
+        "entry.forced-value",
+        "effect.never-read",
+        "effect.overridden",
+    ),
+)
+def forced(inp: CheckInput) -> Iterator[Hit]:
+    for field, key, found in static_effects(inp.resolved, inp.explicit_fields, inp.version):
+        if found.kind != FORCED or found.forced is None:
+            continue
+        because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted(found.deciding.items()))
+        when = f" (with {because})" if because else ""
+        yield Hit(
+            key,
+            f"`{field}` has no effect here: verl {inp.version} sets {key} = "
+            f"{found.forced.value} at {found.forced.where}{when} before any code reads it",
+            "remove it, or change the setting that makes upstream overwrite it",
         )

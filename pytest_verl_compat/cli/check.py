@@ -347,6 +347,7 @@ def finish(
         problems=verdict.problems,
         model_facts=bool(session.model_facts(prepared.case)) if verdict.composed else None,
         case=prepared.target.case_id or "",
+        keys=[answer.to_json() for answer in verdict.keys],
     )
 
 

@@ -63,6 +63,8 @@ class FileResult:
     problems: tuple[str, ...] = ()  # why the reference trainer cannot run it (--profile)
     model_facts: bool | None = None  # whether a model's config.json was read
     case: str = ""  # the case id, when a case was named rather than a script
+    # Each explicit key's answer (``verdict/keys.py``: acts, no effect, undecided), as JSON.
+    keys: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         named = {"case": self.case} if self.case else {}
@@ -77,6 +79,7 @@ class FileResult:
             "error": self.error,
             "silenced": self.silenced,
             "findings": [finding_json(f) for f in self.findings],
+            "keys": list(self.keys),
         }
 
 

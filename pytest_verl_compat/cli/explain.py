@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks import off_path
 from pytest_verl_compat.cli.census import read_trees
@@ -21,18 +21,24 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.pipeline.answers import load_recorded, recorded_path
 
+if TYPE_CHECKING:
+    from pytest_verl_compat.upstream.verdict.keys import KeyAnswer
+
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print where the installed verl reads KEY; with SCRIPT, whether it acts there."""
     from pytest_verl_compat.upstream.census import checks_run as census_run
-    from pytest_verl_compat.upstream.census import explain
     from pytest_verl_compat.upstream.census import reads as read_census
+    from pytest_verl_compat.upstream.verdict import keys as key_answers
 
     session = open_session(args)
     root = release_root(session)
     trees = read_trees(session, root)
     leaves = {leaf for tree in trees.values() for leaf in read_census.leaves(tree)}
-    if args.key not in leaves:
+    configured = _configuration(session, args) if args.script else None
+    if args.key not in leaves and not (
+        configured is not None and args.key in read_census.leaves(configured[1])
+    ):
         near = difflib.get_close_matches(args.key, sorted(leaves), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         raise UsageError(f"{args.key}: not a leaf of main_ppo's trees{hint}")
@@ -44,42 +50,64 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not traced:
         say("explain", "no recorded traced reads: the places below are static only")
     entries = read_census.census(root, trees, traced, session.composer().interpolation_sources())
-    entry = next(e for e in entries if e.leaf == args.key)
-    print(f"{args.key}: where verl {session.pin.version} reads it ({entry.status})")
-    for place in entry.places:
-        print(f"  {_place(place)}")
-    for place in entry.unmatched:
-        print(f"  {_place(place)}  [its name, on an object of unknown section]")
-    if not args.script:
+    entry = next((e for e in entries if e.leaf == args.key), None)
+    if entry is not None:
+        print(f"{args.key}: where verl {session.pin.version} reads it ({entry.status})")
+        for place in entry.places:
+            print(f"  {_place(place)}")
+        for place in entry.unmatched:
+            print(f"  {_place(place)}  [its name, on an object of unknown section]")
+    else:
+        print(f"{args.key}: a key of the launch's own tree (the read census is main_ppo's)")
+    if configured is None:
         return EXIT_OK
-    mapping = _configuration(session, args)
-    here = census_run.traced_reads_of(mapping, args.key, session.version)
+    case, mapping = configured
     values = read_census.leaves(mapping)
-    result = explain.explain(entry, here, values)
-    verdict = result.verdict
-    # Where ``check``'s index (effect.off-path) holds the key, its judgement of the places: it
-    # models the engine dispatch and the values a config class copies (verl/workers/config/
-    # actor.py:329 gives fsdp_config the actor's strategy), which the guards alone do not.
-    by_index = off_path.judged(args.key, mapping, session.pin.version)
-    if by_index is not None and not result.traced:
-        ruled = all(read is not None for _, read in by_index)
-        verdict = explain.NO_EFFECT if ruled else explain.UNDECIDED
-    print(f"\n{args.script}: {args.key} = {values.get(args.key)!r}: {verdict}")
-    for where in result.traced:
-        print(f"  read here: {where} (traced: the probes ran this line on this configuration)")
-    if by_index is not None:
-        for spot, read in by_index:
-            because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted((read or {}).items()))
-            state = "off this path" if read is not None else "may run here"
-            print(f"  {state}: {spot.where}" + (f"  [{because}]" if because else ""))
-        return EXIT_FINDINGS if verdict == explain.NO_EFFECT else EXIT_OK
-    for judged in result.judged:
-        state = {True: "guard holds", False: "off this path", None: "guard not evaluated"}[
-            judged.holds
-        ]
-        because = ", ".join(f"{leaf}={value!r}" for leaf, value in judged.because)
-        print(f"  {state}: {_place(judged.place)}" + (f"  [{because}]" if because else ""))
-    return EXIT_FINDINGS if verdict == explain.NO_EFFECT else EXIT_OK
+    answer = _answer(session, case, args.key, values, not args.no_upstream_checks)
+    print(f"\n{args.script}: {args.key} = {values.get(args.key)!r}: {answer.answer}")
+    print(f"  {answer.why}")
+    if answer.answer == key_answers.ACTS:
+        for where in answer.where:
+            print(f"  read here: {where}")
+    for spot, read in off_path.judged(args.key, mapping, session.pin.version) or []:
+        because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted((read or {}).items()))
+        state = "off this path" if read is not None else "may run here"
+        print(f"  {state}: {spot.where}" + (f"  [{because}]" if because else ""))
+    return EXIT_FINDINGS if answer.answer == key_answers.NO_EFFECT else EXIT_OK
+
+
+def _answer(session: Any, case: Any, key: str, values: dict[str, Any], upstream: bool) -> KeyAnswer:
+    """``check``'s answer for ``key`` on the case: the case's own when the script sets the key,
+    else the case's with the key set to the value it resolves to (the same configuration, the
+    key examined as ``check`` examines the keys a script sets)."""
+    from pytest_verl_compat.upstream.verdict import keys as key_answers
+    from pytest_verl_compat.upstream.verdict.case import check_case, explicit_keys, live_asker
+
+    if key not in explicit_keys(session, case):
+        written = _override(key, values.get(key))
+        if written is not None:
+            case = session.with_overrides(case, (written,), case_id=f"{case.id}+explain")
+    ask = live_asker(session) if upstream else None
+    verdict = check_case(session, case, ask)
+    found = next((a for a in verdict.keys if a.key == key), None)
+    if found is None:  # a value no override can write back: judged on the case as it is
+        found = key_answers.answer_keys(
+            [key], session.outcome(case).composition.mapping, verdict.findings, session.pin.version
+        )[0]
+    return found
+
+
+def _override(key: str, value: Any) -> str | None:
+    """``key=value`` as Hydra reads back the same scalar, or None for anything else."""
+    if value is None:
+        return f"{key}=null"
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"{key}={value!r}"
+    if isinstance(value, str) and value and all(c.isalnum() or c in "_-./" for c in value):
+        return f"{key}={value}"
+    return None
 
 
 def _place(place: Any) -> str:
@@ -92,8 +120,9 @@ def _place(place: Any) -> str:
     return text + (f", {place.via}" if place.via else "")
 
 
-def _configuration(session: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The resolved mapping of SCRIPT (a launch script or a corpus case id) with ``--set``."""
+def _configuration(session: Any, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The case of SCRIPT (a launch script or a corpus case id) with ``--set``, and its resolved
+    mapping."""
     script = args.script
     if Path(script).is_file():
         case = session.case_for_script(Path(script), flag_bindings(args))
@@ -106,7 +135,7 @@ def _configuration(session: Any, args: argparse.Namespace) -> dict[str, Any]:
     composition = session.outcome(case).composition
     if not composition.composed:
         raise UsageError(f"{script}: does not compose: {composition.reason}")
-    return dict(composition.mapping)
+    return case, dict(composition.mapping)
 
 
 def add_explain_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -124,6 +153,11 @@ def add_explain_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="a Hydra override added to SCRIPT's (repeatable)",
+    )
+    parser.add_argument(
+        "--no-upstream-checks",
+        action="store_true",
+        help="answer from the static reading only (no run of the release's code)",
     )
     add_bindings_flags(parser)
     parser.set_defaults(func=cmd_explain)

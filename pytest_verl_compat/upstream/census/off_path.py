@@ -42,9 +42,12 @@ from typing import Any
 import yaml
 
 from pytest_verl_compat.releases.index import DATA
+from pytest_verl_compat.upstream.census import dispatch as registry_dispatch
+from pytest_verl_compat.upstream.census import forced as forced_values
+from pytest_verl_compat.upstream.census import normal_form, static_reads
 from pytest_verl_compat.upstream.census import reads as read_census
-from pytest_verl_compat.upstream.census import static_reads
 from pytest_verl_compat.upstream.census.call_binding import attribute_chain
+from pytest_verl_compat.upstream.census.static_reads import WHOLE
 from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.effects import reflected_classes
 
@@ -65,6 +68,9 @@ OTHER: Store = ("other", "", "")
 # main_ppo's config tree: another entry point's tree is "foreign" unless built on it.
 MAIN_TREE = "ppo_trainer"
 UNKNOWN = "UNKNOWN"
+# The index's two parts (``build``).
+LEAVES = "leaves"
+CLASSES = "classes"
 
 
 @dataclass
@@ -385,80 +391,15 @@ def scan_package(verl_parent: Path) -> PackageScan:
 # --- guards in normal form ---------------------------------------------------------------------
 
 
-class _Normaliser(ast.NodeTransformer):
-    """A guard's test with each name the configuration decides as ``L['leaf']``, the rest
-    ``UNKNOWN``; only constants, containers, ``not``, ``and``/``or`` and one comparison stay."""
-
-    def __init__(self, resolve: Any) -> None:
-        self.resolve = resolve
-        self.leaves: set[str] = set()
-
-    def _unknown(self) -> ast.expr:
-        return ast.Name(UNKNOWN, ast.Load())
-
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        if isinstance(node, ast.Constant):
-            return node
-        if isinstance(node, ast.List | ast.Tuple | ast.Set):
-            return type(node)(elts=[self.visit(e) for e in node.elts], ctx=ast.Load())  # type: ignore[call-arg]
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return ast.UnaryOp(ast.Not(), self.visit(node.operand))
-        if isinstance(node, ast.BoolOp):
-            return ast.BoolOp(node.op, [self.visit(v) for v in node.values])
-        if isinstance(node, ast.Compare) and len(node.ops) == 1:
-            return ast.Compare(self.visit(node.left), node.ops, [self.visit(node.comparators[0])])
-        if isinstance(node, ast.Attribute | ast.Name):
-            chain = attribute_chain(node)
-            leaf = self.resolve(chain) if chain else None
-            if leaf is None:
-                return self._unknown()
-            self.leaves.add(leaf)
-            return ast.Subscript(ast.Name(LEAF, ast.Load()), ast.Constant(leaf), ast.Load())
-        return self._unknown()
-
-
-def _resolver(
-    place: static_reads.Place,
-    section: str,
-    known: Mapping[str, Any],
-    scan: PackageScan,
-    classes_of: Mapping[str, set[str]],
-) -> Any:
-    """The leaf a name of the place's guard reads (as ``explain`` resolves it), or None when the
-    configuration does not decide it: not a leaf, or a leaf verl assigns to. A leaf that a config
-    class copies from its own field (``FSDPActorConfig.__post_init__`` sets ``fsdp_config.strategy``
-    to the actor's ``strategy``, verl/workers/config/actor.py:329) reads that field instead."""
-
-    holder = place.holder.split(".") if place.holder else []
-    parts = section.split(".") if section else []
-    # ``self.config.trainer`` holds ``trainer``: ``self.config`` is the section above it (here the
-    # root), so ``self.config.algorithm.x`` in the same guard is ``algorithm.x``.
-    shared = 0
-    while shared < min(len(holder) - 1, len(parts)) and holder[-1 - shared] == parts[-1 - shared]:
-        shared += 1
-    above, above_path = holder[: len(holder) - shared], parts[: len(parts) - shared]
-
-    def resolve(chain: list[str]) -> str | None:
-        path = None
-        if holder and chain[: len(holder)] == holder and len(chain) > len(holder):
-            rest = chain[len(holder) :]
-            path = ".".join([section, *rest]) if section else ".".join(rest)
-        elif shared and chain[: len(above)] == above and len(chain) > len(above):
-            path = ".".join([*above_path, *chain[len(above) :]])
-        elif chain[0] in ("config", "cfg") and len(chain) > 1:
-            path = ".".join(chain[1:])
-        if path is None or path not in known:
-            return None
-        return _copied(path, known, scan, classes_of)
-
-    return resolve
-
-
-def _copied(
+def copied_leaf(
     path: str, known: Mapping[str, Any], scan: PackageScan, classes_of: Mapping[str, set[str]]
 ) -> str | None:
     """The leaf whose value ``path`` holds when verl reads it: itself, the field a config class
-    copies into it, or None when verl assigns it otherwise."""
+    copies into it (``FSDPActorConfig.__post_init__`` sets ``fsdp_config.strategy`` to the actor's
+    ``strategy``, verl/workers/config/actor.py:329), or None when verl assigns it otherwise. A
+    section (a guard may test one for ``None``) is itself."""
+    if path not in known:
+        return path
     below, _, name = path.rpartition(".")
     stores = scan.stored.get(name)
     if not stores:
@@ -478,30 +419,32 @@ def _copied(
 def normal_guard(
     place: static_reads.Place,
     section: str,
-    known: Mapping[str, Any],
+    named: Mapping[str, Any],
+    copied: normal_form.Copied,
     scan: PackageScan,
-    classes_of: Mapping[str, set[str]],
-) -> list[str]:
-    """The place's guard conjuncts that name a leaf, in normal form (``[]``: none does)."""
-    resolve = _resolver(place, section, known, scan, classes_of)
-    out = []
-    for part in filter(None, place.guard.split(" ∧ ")):
-        try:
-            tree = ast.parse(part, mode="eval")
-        except SyntaxError:
-            continue
-        normaliser = _Normaliser(resolve)
-        body = normaliser.visit(tree.body)
-        if normaliser.leaves:
-            out.append(ast.unparse(body))
-    dispatch = _dispatch(place, resolve, scan)
-    return out + ([dispatch] if dispatch else [])
+    verl_parent: Path | None = None,
+) -> tuple[list[str], int]:
+    """The place's guard conjuncts that name a leaf (or a section: ``named``), in normal form,
+    with the engine's and the registries' dispatch for a method of a class (``dispatch``), and
+    how many conjuncts name no leaf (``open``: the place may or may not run whatever the
+    configuration). ``copied``: the leaf whose value a leaf holds when verl reads it."""
+    expander = normal_form.Expander(verl_parent, place.where) if verl_parent else None
+    resolve = normal_form.resolver(place, section, named, copied, expander)
+    out, opened = normal_form.normalise(place.guard, resolve)
+    engine = _dispatch(place, resolve, scan)
+    return out + ([engine] if engine else []), opened
+
+
+def place_class(place: static_reads.Place) -> str:
+    """The class whose method holds the place (the qualified name's first part), or ""."""
+    head, dot, _ = place.function.partition(".")
+    return head if dot and head[:1].isupper() else ""
 
 
 def _dispatch(place: static_reads.Place, resolve: Any, scan: PackageScan) -> str:
     """``L['<section>.strategy'] in [...]`` for a place in a method of an engine class whose
     object is the engine's own config section (``self.engine_config``), else ""."""
-    cls = place.function.split(".")[0] if "." in place.function else ""
+    cls = place_class(place)
     if not cls or place.holder.split(".")[-1] != "engine_config":
         return ""
     strategy = resolve([*place.holder.split("."), STRATEGY])
@@ -537,15 +480,55 @@ def _spread_sections(section: str, scan: PackageScan, classes_of: Mapping[str, s
     return False
 
 
+def _module_class(where: str, cls: str) -> str:
+    """``verl.a.b.Cls`` for a class of the file ``verl/a/b.py``."""
+    file = where.rpartition(":")[0]
+    module = file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return f"{module}.{cls}" if cls else ""
+
+
+def _raw(place: static_reads.Place) -> bool:
+    """Whether the place reads the tree itself (an OmegaConf node: ``config.a.b``,
+    ``self.config.a``), not a config dataclass built from it (``engine_config``, ``self`` in a
+    config class): a value a dataclass's ``__post_init__`` rewrites is still the user's there."""
+    holder = [p for p in place.holder.split(".") if p and p != "self"]
+    if place.how == WHOLE:
+        return True
+    if not holder:
+        return False  # ``self`` in a config class
+    return holder[0] in ("config", "cfg") or not holder[-1].endswith(("_config", "_cfg"))
+
+
+def complete_reads(
+    entry: read_census.LeafReads,
+    scan: PackageScan,
+    classes_of: Mapping[str, set[str]],
+) -> bool:
+    """Whether the reading is sure to have seen every read of the entry's leaf (the module's
+    docstring): decided, no use of its name elsewhere, no section above it handed on whole, no
+    interpolation copying it."""
+    if entry.status not in ("traced", "static", "never read") or entry.unmatched or entry.outside:
+        return False
+    section, _, name = entry.leaf.rpartition(".")
+    if _spread_sections(section, scan, classes_of) or scan.copied(entry.leaf):
+        return False
+    places_at = {p.where for p in entry.places}
+    # A use of the name the census did not attribute to this leaf keeps it out.
+    return not any(w not in places_at and not scan.off_tree(w) for w in scan.uses.get(name, ()))
+
+
 def build(
     verl_parent: Path,
     trees: Mapping[str, Mapping[str, Any]],
     traced: Mapping[str, list[str]],
     entries: list[read_census.LeafReads] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Leaf → its places (``where``, ``guard`` conjuncts in normal form, ``traced``), for the leaves whose
-    every read the configuration can rule out (see the module's docstring); sorted. ``entries``:
-    the read census of the same trees and reads, when the caller has it."""
+) -> dict[str, dict[str, Any]]:
+    """``leaves``: leaf → whether every read of it was seen (``complete``) and its places (``where``,
+    ``guard`` conjuncts in normal form, ``open``: conjuncts no leaf decides, ``traced``,
+    ``class``: the method's class, ``raw``: read on the tree itself), with the values a config
+    class's ``__post_init__`` forces on it (``forced``); ``classes``: for a method's class, the
+    condition under which a registry builds it (``dispatch.conjunct``); sorted. ``entries``: the
+    read census of the same trees and reads, when the caller has it."""
     if entries is None:
         entries = read_census.census(verl_parent, trees, traced)
     scan = scan_package(verl_parent)
@@ -556,30 +539,77 @@ def build(
         for name, sections in read_census.targets(tree).items():
             for section in sections:
                 classes_of.setdefault(section, set()).add(name)
-    out: dict[str, list[dict[str, Any]]] = {}
+    # The sections too: a guard may test one (``filter_groups is not None``).
+    section_paths: set[str] = set()
+    for leaf in known:
+        above = leaf.rpartition(".")[0]
+        while above and above not in section_paths:
+            section_paths.add(above)
+            above = above.rpartition(".")[0]
+    named = {**known, **dict.fromkeys(section_paths - set(known))}
+    sources = registry_dispatch.verl_sources(verl_parent)
+
+    def copied(path: str) -> str | None:
+        return path if path in section_paths else copied_leaf(path, known, scan, classes_of)
+
+    def normalise_text(text: str, resolve: normal_form.Resolve) -> str:
+        conjuncts, opened = normal_form.normalise(text, resolve)
+        return " and ".join(f"({c})" for c in conjuncts) if conjuncts and not opened else UNKNOWN
+
+    dispatch = registry_dispatch.scan(sources, named, classes_of, copied, normalise_text)
+    forced_by_leaf = forced_values.scan(
+        verl_parent, sources, named, classes_of, copied, scan.lineage
+    )
+    out: dict[str, dict[str, Any]] = {}
+    classes: dict[str, str] = {}
     for entry in entries:
-        if entry.status not in ("traced", "static") or entry.unmatched or entry.outside:
-            continue
-        section, _, name = entry.leaf.rpartition(".")
-        if _spread_sections(section, scan, classes_of) or scan.copied(entry.leaf):
-            continue
-        places_at = {p.where for p in entry.places}
-        if any(w not in places_at and not scan.off_tree(w) for w in scan.uses.get(name, ())):
-            continue  # a use of the name the census did not attribute to this leaf
+        section = entry.leaf.rpartition(".")[0]
         places = []
         for place in entry.places:
-            guard = normal_guard(place, section, known, scan, classes_of)
-            if not guard:
-                break
-            # ``traced``: the probes ran the line on a configuration (main_ppo's own path).
-            places.append({"where": place.where, "guard": guard, "traced": place.how == "traced"})
-        else:
-            out[entry.leaf] = places
-    return dict(sorted(out.items()))
+            guard, opened = normal_guard(
+                place, place.section or section, named, copied, scan, verl_parent
+            )
+            found: dict[str, Any] = {"where": place.where, "guard": guard}
+            if opened:
+                found["open"] = opened
+            if place.how == "traced":
+                found["traced"] = True
+            cls = place_class(place)
+            if cls:
+                found["class"] = _module_class(place.where, cls)
+                builds = registry_dispatch.conjunct(found["class"], dispatch)
+                if builds:
+                    classes[found["class"]] = builds
+            if _raw(place):
+                found["raw"] = True
+            places.append(found)
+        item: dict[str, Any] = {"places": places}
+        if complete_reads(entry, scan, classes_of):
+            item["complete"] = True
+        if forced_by_leaf.get(entry.leaf):
+            item["forced"] = forced_by_leaf[entry.leaf]
+        out[entry.leaf] = item
+    return {LEAVES: dict(sorted(out.items())), CLASSES: dict(sorted(classes.items()))}
 
 
 def dumps(version: str, index: Mapping[str, Any], previous: str = "") -> str:
-    """The data file with ``version``'s entry set to ``index`` (other versions kept)."""
+    """The data file with ``version``'s entry set to ``index`` (other versions kept): one line
+    per leaf and per class, so that a change reads as the leaves it changes."""
     data: dict[str, Any] = json.loads(previous) if previous else {}
     data[version] = index
-    return json.dumps(dict(sorted(data.items())), indent=1, sort_keys=True) + "\n"
+    lines = ["{"]
+    versions = sorted(data)
+    for v_index, name in enumerate(versions):
+        parts = data[name] if isinstance(data[name], dict) else {}
+        lines.append(f" {json.dumps(name)}: {{")
+        kinds = [k for k in (LEAVES, CLASSES) if k in parts]
+        for k_index, kind in enumerate(kinds):
+            lines.append(f"  {json.dumps(kind)}: {{")
+            items = sorted(parts[kind].items())
+            for i_index, (key, value) in enumerate(items):
+                comma = "," if i_index < len(items) - 1 else ""
+                lines.append(f"   {json.dumps(key)}: {json.dumps(value, sort_keys=True)}{comma}")
+            lines.append("  }" + ("," if k_index < len(kinds) - 1 else ""))
+        lines.append(" }" + ("," if v_index < len(versions) - 1 else ""))
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -43,7 +43,6 @@ PATH_FILES = (
 # A key of a section verl hands on whole as keywords (``{**engine_config.override_transformer_
 # config}``, verl/workers/engine/megatron/transformer_impl.py:296): every key of it is read there.
 WHOLE = "passed whole"
-GUARDS_SHOWN = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -99,8 +98,9 @@ def _subclasses(sources: Iterable[statements.Source]) -> dict[str, set[str]]:
     return down
 
 
-def guard(source: statements.Source, node: ast.AST) -> str:
-    """The ``if`` tests around ``node`` in its function, innermost first."""
+def guard(source: statements.Source, node: ast.AST, shown: int | None = None) -> str:
+    """The ``if`` tests around ``node`` in its function, innermost first (every one: a place
+    runs only when all of them hold; ``shown`` keeps the innermost few)."""
     tests: list[str] = []
     child: ast.AST = node
     for ancestor in source.ancestors(node):
@@ -115,7 +115,7 @@ def guard(source: statements.Source, node: ast.AST) -> str:
             else:
                 tests.append(f"not ({text})")
         child = ancestor
-    return " ∧ ".join(tests[:GUARDS_SHOWN])
+    return " ∧ ".join(tests[:shown])
 
 
 @dataclass(frozen=True)

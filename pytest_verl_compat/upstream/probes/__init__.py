@@ -24,8 +24,17 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_EFFECTS,
     KEY_NOT_EVALUATED,
     KEY_NOTES,
+    KEY_PATH,
     KEY_RAN,
     KEY_TYPES,
 )
 
-__all__ = ["KEY_ADMITTED", "KEY_EFFECTS", "KEY_NOTES", "KEY_NOT_EVALUATED", "KEY_RAN", "KEY_TYPES"]
+__all__ = [
+    "KEY_ADMITTED",
+    "KEY_EFFECTS",
+    "KEY_NOTES",
+    "KEY_NOT_EVALUATED",
+    "KEY_PATH",
+    "KEY_RAN",
+    "KEY_TYPES",
+]

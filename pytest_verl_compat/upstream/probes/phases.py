@@ -22,6 +22,7 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_EFFECTS,
     KEY_NOT_EVALUATED,
     KEY_NOTES,
+    KEY_PATH,
     KEY_RAN,
     KEY_TYPES,
     Collector,
@@ -91,6 +92,7 @@ def run_all(
         KEY_ADMITTED: admitted,
         KEY_EFFECTS: without_effect,
         KEY_NOTES: _distinct(out.reads.notes),
+        KEY_PATH: records.path_of_run(out.reads, leaves, explicit),
     }
     if tracer is not None:
         answer[KEY_RAN] = tracer.ran()

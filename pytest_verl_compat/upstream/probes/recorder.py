@@ -96,6 +96,15 @@ class ConfigReads:
         # (key → [(verl/…py:line, the value written, the keys read on that line)]).
         self.notes: list[dict[str, Any]] = []
         self.writes: dict[str, list[tuple[str, Any, frozenset[str]]]] = {}
+        # Section → the verl classes (``module.Qualname``, with their verl bases) of the objects
+        # whose methods read a key of it: what the probes built for that section (``path_of_run``).
+        self.readers: dict[str, set[str]] = defaultdict(set)
+        self._classes: dict[type, tuple[str, ...]] = {}
+        # The verl lines that read each key, in the order they first did, and for a key upstream
+        # overwrote, those that read it before its first write: the user's value reached only
+        # them (``records.path_of_run``).
+        self.read_lines: dict[str, dict[str, None]] = defaultdict(dict)
+        self.read_before_write: dict[str, list[str]] = {}
 
     # --- where a read comes from ------------------------------------------------------------
 
@@ -107,6 +116,9 @@ class ConfigReads:
         return self._relative[filename]
 
     def _callers(self) -> list[tuple[str, int]]:
+        return self._stack()[0]
+
+    def _stack(self) -> tuple[list[tuple[str, int]], Any]:
         """The verl (or probe) line that asked, then every verl or probe line above it on the
         stack: a line's reads include what the functions it calls read.
 
@@ -121,22 +133,41 @@ class ConfigReads:
             if relative is not None and relative not in _HELPERS:
                 break
             if relative is None and not code.co_filename.startswith(self._skip):
-                return []
+                return [], None
             if relative is None and code.co_name not in _ACCESSORS:
-                return []
+                return [], None
             frame = frame.f_back
+        reader = frame
         lines = []
         while frame is not None:
             relative = self.relative(frame.f_code.co_filename)
             if relative is not None and relative not in _HELPERS:
                 lines.append((relative, frame.f_lineno))
             frame = frame.f_back
-        return lines
+        return lines, reader
+
+    def _reader_classes(self, frame: Any) -> tuple[str, ...]:
+        """The verl classes of the object whose method ``frame`` runs (its own and its verl
+        bases, qualified), or none for a function."""
+        code = frame.f_code
+        if not (code.co_argcount and code.co_varnames[0] == "self"):
+            return ()
+        cls = type(frame.f_locals.get("self"))
+        if cls not in self._classes:
+            self._classes[cls] = tuple(
+                f"{c.__module__}.{c.__qualname__}"
+                for c in cls.__mro__
+                if c.__module__.split(".")[0] == "verl"
+            )
+        return self._classes[cls]
 
     def note(self, key: str) -> None:
-        lines = self._callers()
+        lines, reader = self._stack()
         if not lines:
             return
+        if lines[0][0].startswith("verl/"):
+            self.readers[key.rpartition(".")[0]].update(self._reader_classes(reader))
+            self.read_lines[key].setdefault(f"{lines[0][0]}:{lines[0][1]}")
         self.by_line[lines[0]].add(key)
         for where in lines:
             self.by_line_deep[where].add(key)
@@ -153,6 +184,8 @@ class ConfigReads:
                 self.provenance[key] = sources
             if value is not _UNSET and lines[0][0].startswith("verl/") and key in self.leaves:
                 where = f"{lines[0][0]}:{lines[0][1]}"
+                if key not in self.writes:
+                    self.read_before_write[key] = list(self.read_lines.get(key, {}))
                 self.writes.setdefault(key, []).append((where, value, sources))
 
     def copied(self, key: str, value: Any) -> None:

@@ -20,7 +20,7 @@ import itertools
 import re
 import traceback
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,18 @@ KEY_ADMITTED = "admitted_types"  # explicit keys whose annotation admits their v
 KEY_RAN = "ran"  # the census's watched lines that ran (a census question only)
 KEY_EFFECTS = "without_effect"  # explicit keys never read, or read and overridden (``effects``)
 KEY_NOTES = "notes"  # what this machine decided, not the configuration (``optional``)
+# Where the run went (``path_of_run``): the verl lines that read each explicit key (or a copy of
+# it), and the classes whose methods read each of their sections.
+KEY_PATH = "path"
+KEY_READ_AT = "read_at"
+KEY_BUILT = "built"
+# An explicit key upstream overwrote: the first write's line, its value, and the lines that read
+# the key before it.
+KEY_OVERWRITTEN = "overwritten"
+KEY_VALUE = "value"
+KEY_READ_BEFORE = "read_before"
+# Lines kept per key read (the first ones, in file order).
+_LINES_KEPT = 3
 
 
 # JSON keys of one failure record (they travel from the oracle process to the caller's cache).
@@ -293,3 +305,48 @@ class Collector:
         record[KEY_WHERE] = where
         record[KEY_SOURCE] = source_line(where) if where else ""
         self.add(record)
+
+
+def path_of_run(
+    reads: ConfigReads, leaves: Mapping[str, Any], explicit: Iterable[str]
+) -> dict[str, Any]:
+    """Where the run went, for the ``explicit`` keys: the verl lines that read each of them or a
+    key holding the same value (an interpolated copy: the caller knows which copies are), and
+    for their sections the verl classes whose methods read them (``ConfigReads.readers``)."""
+    wanted = {key for key in explicit if key in leaves}
+    # A copy's value is its source's; values as common as a flag or a small count would bring
+    # half the tree, so such a copy is left to the static reading.
+    values = {
+        repr(v)
+        for v in (leaves[key] for key in wanted)
+        if isinstance(v, str)
+        or (isinstance(v, int | float) and not isinstance(v, bool) and abs(v) > 1)
+    }
+    lines: dict[str, set[tuple[str, int]]] = {}
+    for (relative, line), keys in reads.by_line.items():
+        if not relative.startswith("verl/"):
+            continue
+        for key in keys:
+            if key in wanted or (key in leaves and repr(leaves[key]) in values):
+                lines.setdefault(key, set()).add((relative, line))
+    sections = {key.rpartition(".")[0] for key in [*wanted, *lines]}
+    return {
+        KEY_READ_AT: {
+            key: [f"{file}:{line}" for file, line in sorted(found)[:_LINES_KEPT]]
+            for key, found in sorted(lines.items())
+        },
+        KEY_BUILT: {
+            section: sorted(reads.readers[section])
+            for section in sorted(sections)
+            if reads.readers.get(section)
+        },
+        KEY_OVERWRITTEN: {
+            key: {
+                KEY_WHERE: reads.writes[key][0][0],
+                KEY_VALUE: repr(reads.writes[key][0][1]),
+                KEY_READ_BEFORE: reads.read_before_write.get(key, [])[:_LINES_KEPT],
+            }
+            for key in sorted(wanted)
+            if reads.writes.get(key) and key not in reads.writes[key][0][2]
+        },
+    }

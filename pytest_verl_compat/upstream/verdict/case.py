@@ -24,6 +24,7 @@ from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
+from pytest_verl_compat.upstream.verdict import keys as key_answers
 from pytest_verl_compat.upstream.verdict.early import (
     AnswerStore,
     ChecksQuestion,
@@ -36,6 +37,7 @@ from pytest_verl_compat.upstream.verdict.early import (
     prefetch_answer,
     upstream_gate,
 )
+from pytest_verl_compat.upstream.verdict.keys import KeyAnswer
 from pytest_verl_compat.upstream.verdict.rules import COMPOSE, LAUNCH_RUNTIME
 
 if TYPE_CHECKING:
@@ -64,6 +66,8 @@ class CaseCheck:
     problems: tuple[str, ...] = ()
     # Static findings left out because upstream's failure says the same cause (``covered``).
     said_by_upstream: tuple[Finding, ...] = ()
+    # Each explicit key's answer: acts, no effect or undecided (``verdict/keys.py``).
+    keys: tuple[KeyAnswer, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +76,7 @@ class CaseCheck:
             "composed": self.composed,
             "findings": [finding.to_json() for finding in self.findings],
             "upstream_skipped": self.upstream_skipped,
+            "keys": [answer.to_json() for answer in self.keys],
         }
 
     def memo_json(self) -> dict[str, Any]:
@@ -80,6 +85,7 @@ class CaseCheck:
             **dataclasses.asdict(self),
             "findings": [finding_json(f) for f in self.findings],
             "said_by_upstream": [finding_json(f) for f in self.said_by_upstream],
+            "keys": [dataclasses.asdict(answer) for answer in self.keys],
         }
 
     @classmethod
@@ -93,6 +99,10 @@ class CaseCheck:
             raw["composed"],
             tuple(raw["problems"]),
             tuple(finding_from_json(f) for f in raw["said_by_upstream"]),
+            tuple(
+                KeyAnswer(**{**answer, "where": tuple(answer["where"])})
+                for answer in raw.get("keys", [])
+            ),
         )
 
 
@@ -283,8 +293,15 @@ def _verdict(
             upstream += answer.effect_findings(session.pin.version, module)
             upstream += answer.note_findings(user_keys)
     explicit_set = set(explicit_keys(session, case))
+    path = answer.path if answer is not None and not isinstance(answer, str) else None
+    module = session.outcome(case).fields.module
+    upstream += key_answers.path_findings(
+        path, session.outcome(case).fields.fields, session.pin.version, session.release_files().root
+    )
     # A static finding that yields to upstream's own on the same key (effect.off-path to
-    # effect.overridden) is left out.
+    # effect.overridden) is left out, and so is a static no-effect claim on a key the probes saw
+    # read on this very configuration.
+    findings = key_answers.without_contradicted(findings, path, _user_keys(session, case))
     findings = yield_to_others([_explicit_first(f, explicit_set) for f in findings] + upstream)
     findings += [
         Finding(
@@ -307,9 +324,34 @@ def _verdict(
     else:
         not_runnable = "; ".join(f"{f.path}: {f.message}" for f in upstream if f.level == "error")
     problems = tuple(reference_problems(report.leaves, report.findings))
-    return CaseCheck(
-        tuple(findings), valid, runnable, not_runnable, skipped, True, problems, tuple(covered)
+    composer = session.composer()
+    fields = session.outcome(case).fields.fields
+    answers = key_answers.answer_keys(
+        fields,
+        report_mapping(session, case),
+        findings,
+        session.pin.version,
+        path=path,
+        interpolations=composer.interpolation_sources(),
+        groups=[field_key(f) for f in fields if composer.is_group(field_key(f))],
+        entry_module=module,
     )
+    return CaseCheck(
+        tuple(findings),
+        valid,
+        runnable,
+        not_runnable,
+        skipped,
+        True,
+        problems,
+        tuple(covered),
+        tuple(answers),
+    )
+
+
+def report_mapping(session: AuditSession, case: Case) -> Mapping[str, Any]:
+    """The case's resolved mapping (what upstream's code is given)."""
+    return session.outcome(case).composition.mapping
 
 
 def many_asker(

@@ -37,6 +37,7 @@ from pytest_verl_compat.upstream.probes import (
     KEY_EFFECTS,
     KEY_NOT_EVALUATED,
     KEY_NOTES,
+    KEY_PATH,
     KEY_TYPES,
     statements,
 )
@@ -266,6 +267,9 @@ class EarlyAnswer:
     admitted_types: tuple[Mapping[str, str], ...] = ()
     # What this machine decided rather than the configuration (``probes.optional``).
     notes: tuple[Mapping[str, Any], ...] = ()
+    # Where the run went: the lines that read each explicit key, the classes that read each
+    # section (``records.path_of_run``; ``verdict/keys.py`` answers each key with it).
+    path: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], cached: bool = False) -> EarlyAnswer:
@@ -279,6 +283,7 @@ class EarlyAnswer:
             without_effect=tuple(dict(e) for e in raw.get(KEY_EFFECTS, [])),
             admitted_types=tuple(dict(t) for t in raw.get(KEY_ADMITTED, [])),
             notes=tuple(dict(n) for n in raw.get(KEY_NOTES, [])),
+            path=dict(raw.get(KEY_PATH) or {}),
         )
 
     def effect_findings(self, version: str, entry: str | None = None) -> list[Finding]:
@@ -403,6 +408,7 @@ class EarlyAnswer:
             KEY_EFFECTS: [dict(e) for e in self.without_effect],
             KEY_ADMITTED: [dict(t) for t in self.admitted_types],
             KEY_NOTES: [dict(n) for n in self.notes],
+            KEY_PATH: dict(self.path),
         }
 
     def validate_message(self, version: str = "") -> str:
@@ -577,6 +583,7 @@ def early_answer(
         KEY_EFFECTS: answer.get(KEY_EFFECTS, []),
         KEY_ADMITTED: answer.get(KEY_ADMITTED, []),
         KEY_NOTES: answer.get(KEY_NOTES, []),
+        KEY_PATH: answer.get(KEY_PATH, {}),
     }
     if cache is not None:
         cache.put(key, stored)

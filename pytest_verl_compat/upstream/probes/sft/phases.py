@@ -32,11 +32,13 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_KEYS,
     KEY_MESSAGE,
     KEY_NOT_EVALUATED,
+    KEY_PATH,
     KEY_PHASE,
     KEY_REASON,
     KEY_STEP,
     KEY_TYPES,
     Collector,
+    path_of_run,
 )
 
 CONFIG_LOAD = "config load: SFTTrainer._build_config"
@@ -162,4 +164,5 @@ def run_entry(
         KEY_TYPES: types,
         KEY_ADMITTED: admitted,
         KEY_EFFECTS: effects,
+        KEY_PATH: path_of_run(out.reads, leaves, [str(key) for key in explicit]),
     }
