@@ -137,7 +137,13 @@ def _profile(derivation: Derivation, context: DeriveContext) -> None:
         ("rl", base.profile, context.release.profile, "ppo_trainer"),
         ("sft", base.sft_profile, context.release.sft_profile, "sft_trainer_engine"),
     ):
-        name = name or f"verl-{context.version}-{'single-device' if family == 'rl' else 'sft'}"
+        if not name:
+            name = f"verl-{context.version}-{'single-device' if family == 'rl' else 'sft'}"
+            key = "profile" if family == "rl" else "sft_profile"
+            derivation.person.append(
+                f"name {name} as the release's `{key}` in releases.yaml (until then no command "
+                f"compiles its {family} tree)"
+            )
         path = PROFILES / f"{name}.yaml"
         if not path.is_file():
             if not derivation.write:

@@ -548,12 +548,18 @@ class AuditSession:
         return name
 
     def release_profile(self, family: str) -> str:
-        """The checked release's own profile of a family's tree (the release index names it)."""
+        """The checked release's own profile of a family's tree (the release index names it):
+        never another release's in its place."""
         release = self.release.release if self.release is not None else None
         if release is not None:
             name = release.profile if family == RL else release.sft_profile
-            if name:
-                return name
+            if not name:
+                key = "profile" if family == RL else "sft_profile"
+                raise StageUnavailable(
+                    f"verl {release.version} names no {key} in releases.yaml (`verl-compat "
+                    f"release derive {release.version}` writes one to review)"
+                )
+            return name
         return default_profile() if family == RL else default_sft_profile()
 
     def model_facts(self, case: Case) -> dict[str, ModelFacts]:
