@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.releases.index import Release, ReleaseError, load_release_index
+from pytest_verl_compat.releases.index import (
+    Release,
+    ReleaseError,
+    ReleaseUnsupported,
+    load_release_index,
+)
 from pytest_verl_compat.releases.wheels import ReleaseTree, release_tree
 
 if TYPE_CHECKING:
@@ -287,7 +292,7 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
     """Every patch point the probes meet on the census's configurations, found in the files."""
     from pytest_verl_compat.releases.patch_points import check, dumps_points, points_path
     from pytest_verl_compat.upstream.census import checks_run
-    from pytest_verl_compat.upstream.oracle.client import KEY_UNSUPPORTED, UpstreamOracle
+    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
     from pytest_verl_compat.upstream.probes import patch_points_probe
 
     session = context.session()
@@ -306,9 +311,10 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
         for cid, question in questions.items():
             oracle.submit(cid, question)
         for cid, question in questions.items():
-            answer = oracle.answer(cid, question)
-            if KEY_UNSUPPORTED in answer:
-                unsupported.setdefault(str(answer[KEY_UNSUPPORTED]), []).append(cid)
+            try:
+                answer = oracle.answer(cid, question)
+            except ReleaseUnsupported as exc:
+                unsupported.setdefault(str(exc), []).append(cid)
                 continue
             met.update(answer.get(patch_points_probe.KEY_POINTS, []))
     finally:
