@@ -171,7 +171,9 @@ class Architecture:
 
     def tensors(self) -> Iterator[Tensor]:
         """Every parameter tensor of the causal-LM model (a tied lm_head is the embedding)."""
-        yield Tensor("model.embed_tokens.weight", (self.vocab_size, self.hidden_size), "root", "embed")
+        yield Tensor(
+            "model.embed_tokens.weight", (self.vocab_size, self.hidden_size), "root", "embed"
+        )
         for index in range(self.num_hidden_layers):
             yield from self.layer_tensors(index)
         yield Tensor("model.norm.weight", (self.hidden_size,), "root", "norm")

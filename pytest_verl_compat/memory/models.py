@@ -134,7 +134,9 @@ def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoi
         return ModelChoice(_architecture(_config_file(local), path, where), LOCAL, where)
     cached = _hub_cache_config(path)
     if cached is not None:
-        return ModelChoice(_architecture(_config_file(cached), path, str(cached)), HF_CACHE, str(cached))
+        return ModelChoice(
+            _architecture(_config_file(cached), path, str(cached)), HF_CACHE, str(cached)
+        )
     shipped = from_table(path)
     if shipped is not None:
         return shipped

@@ -176,7 +176,10 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     accumulate_dtype = spec.reduce_dtype if spec.strategy == "fsdp2" else spec.param_dtype
     accumulated = trainable_numel * accumulate_dtype
     layer = max(
-        (sum(t.numel for t in every if t.unit == f"layers.{i}") for i in range(arch.num_hidden_layers)),
+        (
+            sum(t.numel for t in every if t.unit == f"layers.{i}")
+            for i in range(arch.num_hidden_layers)
+        ),
         default=0,
     )
     root = sum(t.numel for t in every if t.unit == "root")
@@ -189,7 +192,9 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         layer_unit=layer * spec.param_dtype,
         # FSDP1's root unit (embedding, final norm, lm_head) is not resharded after forward; FSDP2
         # wraps embed_tokens and lm_head on their own unless tied (fsdp_utils.py:537-558).
-        root_unit=root * spec.param_dtype if spec.strategy == "fsdp" or arch.tie_word_embeddings else 0,
+        root_unit=root * spec.param_dtype
+        if spec.strategy == "fsdp" or arch.tie_word_embeddings
+        else 0,
         largest_tensor=largest * spec.model_dtype,
         trainable=trainable_numel,
         total=sum(t.numel for t in every),
@@ -231,7 +236,9 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     return ModelStates(
         params=held * spec.param_dtype,
         grads=0 if spec.forward_only else train * 4,
-        optimizer=0 if spec.forward_only else (master // dp if spec.distributed_optimizer else master),
+        optimizer=0
+        if spec.forward_only
+        else (master // dp if spec.distributed_optimizer else master),
         accumulated=0,
         layer_unit=layer * spec.param_dtype,
         root_unit=0,
