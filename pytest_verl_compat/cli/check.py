@@ -77,7 +77,7 @@ from pytest_verl_compat.upstream.rules import (
 MAX_SCRIPT_BYTES = 1 << 20  # the launch reader's own bound
 STDIN = "-"
 SETTINGS_TABLE = "verl-compat"
-SETTINGS_KEYS = ("select", "ignore", "fail-on")
+SETTINGS_KEYS = ("select", "ignore", "fail-on", "gpu")
 
 
 # --- settings: the command line over [tool.verl-compat] ----------------------------------------
@@ -116,11 +116,19 @@ def _settings_from(path: Path) -> dict[str, Any]:
             isinstance(value, list) and all(isinstance(v, str) for v in value)
         ):
             raise UsageError(f"{path}: [tool.{SETTINGS_TABLE}] {key} must be a list of rule ids")
+        if key == "gpu" and not isinstance(value, str):
+            raise UsageError(f"{path}: [tool.{SETTINGS_TABLE}] gpu must be a GPU type name")
         if key == "fail-on" and value not in LEVELS[:2]:
             raise UsageError(
                 f"{path}: [tool.{SETTINGS_TABLE}] fail-on must be 'error' or 'warning'"
             )
     return dict(table)
+
+
+def project_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The nearest ``[tool.verl-compat]`` table (empty with --isolated or without one)."""
+    found = None if getattr(args, "isolated", False) else find_pyproject(Path.cwd())
+    return _settings_from(found) if found is not None else {}
 
 
 def _split(values: Sequence[str] | None) -> list[str] | None:
@@ -150,6 +158,7 @@ def selection(args: argparse.Namespace) -> Selection:
     except SelectorError as exc:
         raise UsageError(str(exc)) from exc
     fail_on: Level = args.fail_on or settings.get("fail-on", "error")
+    args.settings_gpu = settings.get("gpu")
     return Selection(select, ignore, fail_on)
 
 
@@ -352,6 +361,7 @@ def finish(
     prepared: Prepared,
     ask: Any,
     chosen: Selection,
+    gpu: Any = None,
 ) -> FileResult:
     from pytest_verl_compat.upstream.verdict import check_case
 
@@ -365,7 +375,12 @@ def finish(
         verdict = check_case(session, prepared.case, ask)
     except StageFailed as exc:
         return FileResult(locator.label, "unreadable", error=str(exc))
-    located = [f for f in locator.located(verdict.findings) if chosen.reports(f.rule)]
+    found = verdict.findings
+    if gpu is not None and verdict.composed:  # check --gpu: the memory forecast's findings too
+        from pytest_verl_compat.cli.fit import memory_check
+
+        found = [*found, *memory_check(session, prepared.case, gpu)]
+    located = [f for f in locator.located(found) if chosen.reports(f.rule)]
     launcher = locator.launcher()
     silenced = 0
     if locator.text is not None:
@@ -420,6 +435,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not hasattr(args, "argv"):
         args.argv = []
     chosen = selection(args)
+    gpu = None
+    if getattr(args, "gpu", None) or getattr(args, "gpu_memory", None) or args.settings_gpu:
+        from pytest_verl_compat.cli.fit import choose_gpu
+
+        gpu = choose_gpu(args.gpu, args.gpu_memory, args.settings_gpu)
     session = open_session(args)
     if args.model_config:
         from pytest_verl_compat.pipeline.model_facts import read_model_facts
@@ -441,7 +461,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         ):
             ask, close = _asker(session, prepared, args)
             try:
-                results = [finish(session, p, ask, chosen) for p in prepared]
+                results = [finish(session, p, ask, chosen, gpu) for p in prepared]
             finally:
                 close()
     rules = all_rules(session.pin.version, Path(session.profile_name).stem)
@@ -569,6 +589,17 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the actor model's config.json (or its folder): checks heads, experts, context length "
         "and tokenizer against the layout; read as JSON only, never run",
+    )
+    check.add_argument(
+        "--gpu",
+        metavar="TYPE",
+        help="also forecast each phase's GPU memory on this GPU type (memory.* findings; see fit)",
+    )
+    check.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="as --gpu, for a GPU of this many usable GiB",
     )
     check.add_argument(
         "--no-upstream-checks",

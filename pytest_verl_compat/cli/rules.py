@@ -21,7 +21,8 @@ def example_command(example: Example, overrides: tuple[str, ...], version: str) 
     sets = " ".join(f"--set {override}" for override in overrides)
     script = example.base.endswith(".sh")
     base = f"verl-v{version}/{example.base}" if script else example.base
-    return f"verl-compat check {base} {sets}".rstrip()
+    options = "".join(f" {option}" for option in example.options)
+    return f"verl-compat check {base}{options} {sets}".rstrip()
 
 
 def _model_note(example: Example, twin: bool = False) -> str:

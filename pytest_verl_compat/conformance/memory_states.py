@@ -162,7 +162,9 @@ def _accumulated(module: Any) -> dict[int, int]:
             group = sub._get_fsdp_state()._fsdp_param_group
             for param in group.fsdp_params if group is not None else ():
                 tensors.append(param.unsharded_accumulated_grad)
-                tensors.append(param._unsharded_param.grad if param._unsharded_param is not None else None)
+                tensors.append(
+                    param._unsharded_param.grad if param._unsharded_param is not None else None
+                )
         elif isinstance(sub, FSDP) and sub._handle is not None:
             flat = sub._handle.flat_param
             tensors.append(flat.grad)
@@ -192,7 +194,9 @@ class _Recorder:
         original_to = FSDPEngine.to
         context = FSDPEngine._gradient_sync_context
 
-        def to(engine: Any, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> Any:
+        def to(
+            engine: Any, device: str, model: bool = True, optimizer: bool = True, grad: bool = True
+        ) -> Any:
             recorder.moves.append(
                 {
                     "phase": recorder.phase,
