@@ -6,6 +6,7 @@ Layers, lowest first; a module imports only its own layer folder and the layers 
     bash, checks                the launch reader; the finding checks
     pipeline                    manifest, pins, read, compose, resolved, profile, compile, lower,
                                 snapshot, audit session, audit report
+    memory                      the memory forecast (issue 47); only the front ends import it
     upstream, conformance       everything that runs upstream code; ours against upstream's math
     plugin, cli                 the two front ends
 """
@@ -28,11 +29,14 @@ LAYERS = {
     "bash": 1,
     "checks": 1,
     "pipeline": 2,
-    "upstream": 3,
-    "conformance": 3,
-    "plugin": 4,
-    "cli": 4,
+    "memory": 3,
+    "upstream": 4,
+    "conformance": 4,
+    "plugin": 5,
+    "cli": 5,
 }
+# Layers that may import the memory forecast (besides itself); the tests do too.
+MEMORY_USERS = {"cli", "plugin"}
 MAX_LINES = 800
 
 
@@ -98,6 +102,19 @@ def test_layers_import_only_downward() -> None:
                 continue
             if LAYERS[other] >= LAYERS[own]:
                 wrong.append(f"{module} imports {target} ({own} may not import {other})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_front_ends_import_the_memory_forecast() -> None:
+    modules = _modules(PACKAGE)
+    wrong = [
+        f"{module} imports {target}"
+        for module, path in modules.items()
+        for imported in _imports(path, runtime_only=False)
+        if (target := _known(imported, modules)) is not None
+        and _layer(target) == "memory"
+        and _layer(module) not in MEMORY_USERS | {"memory"}
+    ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -375,9 +375,9 @@ def finish(
         verdict = check_case(session, prepared.case, ask)
     except StageFailed as exc:
         return FileResult(locator.label, "unreadable", error=str(exc))
-    found = verdict.findings
+    found = list(verdict.findings)
     if gpu is not None and verdict.composed:  # check --gpu: the memory forecast's findings too
-        from pytest_verl_compat.cli.fit import memory_check
+        from pytest_verl_compat.cli.fit_common import memory_check
 
         found = [*found, *memory_check(session, prepared.case, gpu)]
     located = [f for f in locator.located(found) if chosen.reports(f.rule)]
@@ -437,7 +437,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     chosen = selection(args)
     gpu = None
     if getattr(args, "gpu", None) or getattr(args, "gpu_memory", None) or args.settings_gpu:
-        from pytest_verl_compat.cli.fit import choose_gpu
+        from pytest_verl_compat.cli.fit_common import choose_gpu
 
         gpu = choose_gpu(args.gpu, args.gpu_memory, args.settings_gpu)
     session = open_session(args)

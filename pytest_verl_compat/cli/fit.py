@@ -10,7 +10,6 @@ server cannot start), 2 unreadable input or a usage error (one line).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -24,9 +23,9 @@ from pytest_verl_compat.cli.common import (
     open_session,
     override_value,
 )
+from pytest_verl_compat.cli.fit_common import choose_gpu, forecast_case
 from pytest_verl_compat.cli.output import note
 from pytest_verl_compat.memory import findings as memory_findings  # registers memory.* pages
-from pytest_verl_compat.pipeline.safe_input import InputError
 
 SETTING = "gpu"
 
@@ -52,42 +51,12 @@ def _gib(text: str) -> float:
     return value
 
 
-def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
-    """The GPU: --gpu-memory, else --gpu, else the [tool.verl-compat] gpu setting, else none."""
-    from pytest_verl_compat.memory.gpus import UnknownGpu, custom_gpu, find_gpu
-
-    try:
-        if gib is not None:
-            return custom_gpu(gib)
-        if name or setting:
-            return find_gpu(str(name or setting))
-    except UnknownGpu as exc:
-        raise UsageError(str(exc)) from exc
-    return None
-
-
 def gpu_setting(args: argparse.Namespace) -> str | None:
     """The ``gpu`` key of the nearest ``[tool.verl-compat]`` (unless --isolated)."""
     from pytest_verl_compat.cli.check import project_settings
 
     value = project_settings(args).get(SETTING)
     return str(value) if value else None
-
-
-def forecast_case(session: Any, case: Any, request: Any) -> Any:
-    """The forecast of a composed case; input it cannot read is a one-line UsageError."""
-    from pytest_verl_compat.memory.architecture import UnsupportedModel
-    from pytest_verl_compat.memory.forecast import NotForecastable, forecast
-    from pytest_verl_compat.memory.models import UnknownModel
-
-    outcome = session.outcome(case)
-    if not outcome.composition.composed:
-        raise UsageError(f"composition rejected: {outcome.composition.reason}")
-    request = dataclasses.replace(request, world=outcome.fields.world_size)
-    try:
-        return forecast(outcome.composition.mapping, request)
-    except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
-        raise UsageError(f"{case.id}: {exc}") from exc
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -133,13 +102,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.plot}: cannot write: {exc.strerror}") from exc
         note("fit", f"wrote {args.plot}")
     return EXIT_FINDINGS if any(v.level == "error" for v in result.verdicts) else EXIT_OK
-
-
-def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
-    """``check --gpu``: the forecast's findings for a case check has composed."""
-    from pytest_verl_compat.memory.forecast import Request
-
-    return memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))
 
 
 def _located(result: Any, locator: Any) -> list[str]:

@@ -177,6 +177,9 @@ class _Recorder:
     before any worker is built, so the moves of the engine's own initialisation are seen too."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.phase = "init"
         self.direction = "offload"
         self.moves: list[dict[str, Any]] = []
@@ -294,7 +297,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     config = _compose(request)
     role = request["role"]
     recorder = _RECORDER
-    recorder.__init__()  # a fresh record per case; the class hooks stay installed
+    recorder.reset()  # a fresh record per case; the class hooks stay installed
     if role == "critic":
         critic_cfg = omega_conf_to_dataclass(config.critic)
         assert isinstance(critic_cfg, CriticConfig)
@@ -352,13 +355,13 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    import torch
+    import torch.distributed as dist
+
     from pytest_verl_compat.conformance.step import upstream_patches
 
     request = json.loads(sys.stdin.read())
-    import torch
-
     torch.set_num_threads(1)
-    _fake_group(int(request["world"]))
     upstream_patches.install_cpu_platform()
     upstream_patches.stub_server_modules()
     upstream_patches.eager_value_model()
@@ -368,7 +371,14 @@ def main() -> int:
     _unpinned_host_copies()
     _fsdp1_loads_to_cpu_zero()
     _RECORDER.install()
-    results = [measure(dict(request, **case)) for case in request["cases"]]
+    results = []
+    # one fake process group per world size, in the order the cases ask for them
+    for world in dict.fromkeys(int(case["world"]) for case in request["cases"]):
+        _fake_group(world)
+        for case in request["cases"]:
+            if int(case["world"]) == world:
+                results.append(dict(measure({**request, **case}), case=case))
+        dist.destroy_process_group()
     # verl prints to stdout as it builds; the answer is the last line, marked.
     print(ANSWER_MARK + json.dumps(results))
     return 0

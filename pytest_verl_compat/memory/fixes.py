@@ -23,6 +23,7 @@ from pytest_verl_compat.memory.parts import (
     WEIGHT_SYNC,
     Fix,
 )
+from pytest_verl_compat.memory.runs import NotForecastable, build_layout, phase_total
 
 MAX_FIXES = 3
 Change = tuple[tuple[str, Any], ...]
@@ -168,8 +169,6 @@ def fixes_for(
 ) -> tuple[Fix, ...]:
     """Up to three changes that bring the phase under the margin (or lower it most), each with
     the phase's forecast after it: a ladder's first rung that fits, else its last."""
-    from pytest_verl_compat.memory.forecast import NotForecastable, build_layout, phase_total
-
     layout = build_layout(resolved, request)
     judged = replace(request, margin=margin)
     before = phase_total(resolved, judged, rank, phase)[0]

@@ -75,6 +75,23 @@ def _resident(role: RoleLayout) -> tuple[bool, bool]:
     return (not (role.param_offload or offloaded), not (role.optimizer_offload or offloaded))
 
 
+def offload_moves(
+    param_offload: bool, optimizer_offload: bool
+) -> dict[tuple[str, str], tuple[bool, bool]]:
+    """The rule the phases follow, as (when, direction) -> (weights moved, optimizer moved): after
+    init the offloaded states leave the GPU; a forward loads the weights only, an update the
+    weights and the optimizer (base.py:312-336). tests/test_fit_states.py checks that verl's
+    engine moves exactly these."""
+    p, o = param_offload, optimizer_offload
+    return {
+        ("init", "offload"): (p, o),
+        ("infer", "load"): (p, False),
+        ("infer", "offload"): (p, False),
+        ("train", "load"): (p, o),
+        ("train", "offload"): (p, o),
+    }
+
+
 def residents(layout: RunLayout, but: str | None = None) -> list[Part]:
     """What every other role keeps on the GPU while ``but`` (or the rollout) runs."""
     parts = []
