@@ -60,7 +60,11 @@ def _case_id(case: tuple[int, str, str, dict[str, Any]]) -> str:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """One sandboxed run of verl's engine for every case (verl imported once)."""
-    from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer, build_tiny_value_model
+    from reference_trainer.tiny import (
+        build_tiny_policy,
+        build_tiny_tokenizer,
+        build_tiny_value_model,
+    )
 
     folder = tmp_path_factory.mktemp("tiny")
     tokenizer = build_tiny_tokenizer()
@@ -85,11 +89,16 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
         "pytest_verl_compat.conformance.memory_states", stdin=json.dumps(request), timeout=900
     )
     assert run.returncode == 0, run.stderr_tail(30)
-    answer = next(line for line in reversed(run.stdout.splitlines()) if line.startswith(ANSWER_MARK))
+    answer = next(
+        line for line in reversed(run.stdout.splitlines()) if line.startswith(ANSWER_MARK)
+    )
     results = json.loads(answer[len(ANSWER_MARK) :])
     out = {}
     for case, result in zip(CASES, results, strict=True):
-        out[_case_id(case)] = {**result, "config": json.loads((folder / "policy" / "config.json").read_text())}
+        out[_case_id(case)] = {
+            **result,
+            "config": json.loads((folder / "policy" / "config.json").read_text()),
+        }
     return out
 
 
@@ -119,9 +128,7 @@ def test_model_states_equal_verl_byte_for_byte(
     assert observed == expected, f"bytes={observed}, but should be {expected} [{_case_id(case)}]"
 
 
-@pytest.mark.parametrize(
-    "case", [c for c in CASES if c[2] != "ref"], ids=lambda c: _case_id(c)
-)
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] != "ref"], ids=lambda c: _case_id(c))
 def test_offload_moves_are_what_the_forecast_keeps_off_the_gpu(
     case: tuple[int, str, str, dict[str, Any]], measured: dict[str, dict[str, Any]]
 ) -> None:
@@ -130,7 +137,9 @@ def test_offload_moves_are_what_the_forecast_keeps_off_the_gpu(
     _, _, _, settings = case
     moves = measured[_case_id(case)]["moves"]
     seen = {(m["phase"], m["direction"]): (m["model"], m["optimizer"]) for m in moves}
-    expected = offload_moves(bool(settings.get("param_offload")), bool(settings.get("optimizer_offload")))
+    expected = offload_moves(
+        bool(settings.get("param_offload")), bool(settings.get("optimizer_offload"))
+    )
     assert {k: seen[k] for k in expected} == expected, f"moves={moves} [{_case_id(case)}]"
 
 
