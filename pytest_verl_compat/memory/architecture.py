@@ -25,6 +25,8 @@ QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
 SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
 # Families whose q/k/v projections carry a bias whatever the config says.
 QKV_BIAS = frozenset({"qwen2"})
+# Families whose config class ties the embeddings when config.json does not say.
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
 # Multimodal configs keep the language model's numbers under text_config.
 TEXT_KEYS = ("text_config", "llm_config")
 # model_type aliases: configs transformers builds with another family's classes.
@@ -206,8 +208,9 @@ class Architecture:
     # --- the KV cache -----------------------------------------------------------------------
 
     def kv_heads_per_rank(self, tensor_parallel: int) -> int:
-        """KV heads one tensor-parallel rank keeps (replicated when TP exceeds them)."""
-        return max(1, -(-self.num_key_value_heads // tensor_parallel))
+        """KV heads one tensor-parallel rank keeps, replicated when TP exceeds them (vLLM's
+        ModelConfig.get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size))."""
+        return max(1, self.num_key_value_heads // max(tensor_parallel, 1))
 
     def kv_bytes_per_token_layer(self, tensor_parallel: int, dtype_bytes: int) -> int:
         """KV-cache bytes one token needs in one layer on one TP rank (vLLM's page per token).
@@ -266,7 +269,8 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         head_dim=int(head_dim),
         intermediate_size=_int(config, "intermediate_size", source),
         vocab_size=_int(config, "vocab_size", source),
-        tie_word_embeddings=bool(_value(config, "tie_word_embeddings", False)),
+        # transformers' config classes default to tied embeddings for Gemma, untied for the rest
+        tie_word_embeddings=bool(_value(config, "tie_word_embeddings", family in TIED_BY_DEFAULT)),
         max_position_embeddings=_value(config, "max_position_embeddings"),
         attention_bias=bool(_value(config, "attention_bias", False)),
         num_experts=int(experts),

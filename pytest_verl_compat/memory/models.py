@@ -72,14 +72,33 @@ def _table() -> dict[str, tuple[str, Mapping[str, Any], str]]:
     return found
 
 
-def table_entries() -> list[tuple[str, Architecture, str]]:
-    """Every entry of the shipped table: (repository id, architecture, how it was verified)."""
+@dataclass(frozen=True)
+class TableEntry:
+    """One model of the shipped table: its config.json numbers and how they were checked."""
+
+    repo: str
+    architecture: Architecture
+    verified: str
+    config: Mapping[str, Any]
+    published_params: int | None
+
+
+def table_entries() -> list[TableEntry]:
+    """Every entry of the shipped table, in the table's order."""
     data: Any = load_yaml_file(TABLE_FILE, "architecture table")
     out = []
     for entry in data["models"]:
         url = f"https://huggingface.co/{entry['repo']}/blob/main/config.json"
         arch = architecture_from_config(entry["config"], str(entry["repo"]), url)
-        out.append((str(entry["repo"]), arch, str(entry.get("verified", False))))
+        out.append(
+            TableEntry(
+                str(entry["repo"]),
+                arch,
+                str(entry.get("verified", False)),
+                dict(entry["config"]),
+                entry.get("published_params"),
+            )
+        )
     return out
 
 
