@@ -134,25 +134,32 @@ class LogitsCost:
 
 
 def logits_cost(
-    training: bool, entropy: bool, chunked: bool, fused: bool, flash_ce: bool = True
+    training: bool, entropy: bool, chunked: bool, fused: bool, compiled: bool = True
 ) -> LogitsCost:
     """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
 
-    verl 0.9.0 (transformer_impl.py:1332-1371): the model's logits, divided by the temperature
-    (a second tensor); entropy_from_logits (torch_functional.py:231-245) keeps softmax(logits)
-    and the product pd * logits; log-probs through flash-attn's cross entropy (in place in
-    backward) or, without it, a row-wise log_softmax kept for backward. In training the
-    backward adds the logits' gradient. Chunked entropy works in fp32 chunks of 2048 rows;
-    fused kernels never materialise the logits.
+    verl 0.9.0 (transformer_impl.py:1332-1371): the model's logits, then divided by the
+    temperature (a second tensor, while the model output still holds the first). Entropy
+    (torch_functional.py:231-245) keeps softmax(logits) and the product pd * logits unless the
+    engine compiles it (use_torch_compile, the default: transformer_impl.py:160-164), when only a
+    fused reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows.
+    Log-probs go through flash-attn's cross entropy, which does not materialise a copy. In
+    training the backward holds the saved logits, the cross entropy's gradient, the entropy's,
+    and the gradient of the unscaled logits. Fused kernels never materialise the logits.
     """
     if fused:
         return LogitsCost(0.0, "fused kernels: logits never materialised")
-    copies = 2.0  # logits and logits / temperature
-    if entropy:
-        copies += 0.25 if chunked else 2.0
-    if not flash_ce:
-        copies += 1.0
-    if training:
-        copies += 1.0  # the logits' gradient
-    how = "chunked entropy" if chunked and entropy else ("entropy" if entropy else "no entropy")
+    if not entropy:
+        extra = 0.0
+    elif chunked:
+        extra = 0.25
+    else:
+        extra = 0.5 if compiled else 2.0
+    forward = 2.0 + extra
+    copies = max(forward, 3.0 + (1.0 if entropy else 0.0)) if training else forward
+    how = (
+        ("chunked " if chunked else ("compiled " if compiled else "")) + "entropy"
+        if entropy
+        else "no entropy"
+    )
     return LogitsCost(copies, f"{copies:g} copies ({how})")

@@ -70,6 +70,7 @@ class RoleLayout:
     entropy_train: bool
     chunked_entropy: bool
     fused_kernels: bool
+    compiled: bool  # the engine's use_torch_compile (entropy compiled)
     train_budget_key: str  # the key that sets train_tokens (for fixes)
     infer_budget_key: str
     dynamic: bool
@@ -279,6 +280,7 @@ def _role(
         or float(section.get("entropy_coeff") or 0) != 0.0,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
         fused_kernels=bool(model_section.get("use_fused_kernels")),
+        compiled=bool(engine.get("use_torch_compile", True)),
         train_budget_key=train_key,
         infer_budget_key=infer_key,
         dynamic=dynamic,
@@ -416,6 +418,7 @@ def sft_layout(
         entropy_train=False,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
         fused_kernels=bool(model_section.get("use_fused_kernels")),
+        compiled=bool(engine.get("use_torch_compile", True)),
         train_budget_key="data.max_token_len_per_gpu"
         if dynamic
         else "data.micro_batch_size_per_gpu",

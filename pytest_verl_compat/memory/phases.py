@@ -231,7 +231,9 @@ def _compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part
             )
         )
     if not role.spec.value_head:
-        cost = act.logits_cost(training, entropy, role.chunked_entropy, role.fused_kernels)
+        cost = act.logits_cost(
+            training, entropy, role.chunked_entropy, role.fused_kernels, role.compiled
+        )
         tokens = role.train_tokens if training else role.infer_tokens
         vocab = arch.vocab_size // (
             role.spec.tp if role.spec.strategy in ("megatron", "mindspeed") else 1
