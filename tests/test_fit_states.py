@@ -19,7 +19,7 @@ import pytest
 
 from pytest_verl_compat.conformance.memory_states import ANSWER_MARK
 from pytest_verl_compat.memory.architecture import architecture_from_config
-from pytest_verl_compat.memory.phases import offload_moves
+from pytest_verl_compat.memory.residency import offload_moves
 from pytest_verl_compat.memory.states import EngineSpec, fsdp_states
 from pytest_verl_compat.pipeline.pins import installed_verl_root
 from pytest_verl_compat.upstream.runner import run_module

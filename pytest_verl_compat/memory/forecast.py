@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_verl_compat.memory import layout as lay
-from pytest_verl_compat.memory import phases as ph
+from pytest_verl_compat.memory import passes
 from pytest_verl_compat.memory.fixes import fixes_for, phase_keys
 from pytest_verl_compat.memory.gpus import smallest_and_largest
 from pytest_verl_compat.memory.parts import (
@@ -94,7 +94,7 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
     else:
         found = list(verdicts_only(layout, ranks, capacity, request.margin))
     server: dict[str, int | float] = {}
-    memories = ph.server_memories(layout, capacity)
+    memories = passes.server_memories(layout, capacity)
     if "rollout" in memories:
         mem = memories["rollout"]
         server = {

@@ -9,6 +9,7 @@ from typing import Any
 
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.memory import layout as lay
+from pytest_verl_compat.memory import passes, reading
 from pytest_verl_compat.memory import phases as ph
 from pytest_verl_compat.memory.gpus import Gpu
 from pytest_verl_compat.memory.models import choose_model
@@ -55,7 +56,9 @@ def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout
     if family == SFT:
         model = choose_model(_model_path(resolved, "model"), request.model_config)
         world = request.world or 1
-        return lay.sft_layout(resolved, model, lay.sft_lengths(resolved, request.lengths), world)
+        return reading.sft_layout(
+            resolved, model, lay.sft_lengths(resolved, request.lengths), world
+        )
     if family != RL:
         raise NotForecastable(
             "not a verl trainer configuration (no actor_rollout_ref, no SFT engine)"
@@ -68,7 +71,9 @@ def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout
     if _get(resolved, "reward.reward_model.enable"):
         reward_path = _get(resolved, "reward.reward_model.model_path")
         reward = choose_model(str(reward_path)) if reward_path else None
-    return lay.rl_layout(resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths))
+    return reading.rl_layout(
+        resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths)
+    )
 
 
 def ranks_for(layout: lay.RunLayout, capacity: int) -> tuple[RankKind, ...]:
@@ -80,7 +85,7 @@ def ranks_for(layout: lay.RunLayout, capacity: int) -> tuple[RankKind, ...]:
 def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> list[Verdict]:
     """vLLM's own refusals at start, whatever else shares the GPU."""
     out = []
-    memories = ph.server_memories(layout, capacity)
+    memories = passes.server_memories(layout, capacity)
     for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
         if server is None:
             continue
