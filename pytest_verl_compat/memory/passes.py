@@ -9,7 +9,16 @@ from pytest_verl_compat.memory import rollout as srv
 from pytest_verl_compat.memory import states as st
 from pytest_verl_compat.memory.layout import RoleLayout, RunLayout, ServerLayout
 from pytest_verl_compat.memory.parts import Part
-from pytest_verl_compat.memory.residency import forced_offload, gib_text, states_of, where
+from pytest_verl_compat.memory.residency import (
+    forced_offload,
+    gib_text,
+    grad_buffer,
+    megatron,
+    params_evidence,
+    states_of,
+    stored_bytes,
+    where,
+)
 
 
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
@@ -25,20 +34,22 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name}.params",
                 f"{name} weights",
                 s.params,
-                f"{s.total:,} params x {role.spec.model_dtype} B, {where(role)}",
-                st.EV_FSDP2,
+                f"{s.total:,} params x {stored_bytes(role)} B, {where(role)}",
+                params_evidence(role),
             )
         )
-    gathered = 2 * s.layer_unit + s.root_unit
-    parts.append(
-        Part(
-            f"{name}.gathered",
-            f"{name} all-gathered units",
-            gathered,
-            f"2 decoder layers{' + root unit' if s.root_unit else ''} in {c}-byte compute dtype",
-            st.EV_FSDP1 if role.spec.strategy == "fsdp" else st.EV_FSDP2,
+        if not training:
+            parts.extend(grad_buffer(role, "(allocated)"))
+    if not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
+        parts.append(
+            Part(
+                f"{name}.gathered",
+                f"{name} all-gathered units",
+                2 * s.layer_unit + s.root_unit,
+                f"2 decoder layers{' + root unit' if s.root_unit else ''} in {c}-byte compute dtype",
+                st.EV_FSDP1 if role.spec.strategy == "fsdp" else st.EV_FSDP2,
+            )
         )
-    )
     tp_cp = (
         max(role.spec.tp, 1) * max(role.spec.cp, 1)
         if role.spec.strategy in ("megatron", "mindspeed")
@@ -59,7 +70,11 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name}.optimizer",
                 f"{name} optimizer states",
                 s.optimizer,
-                f"{st.optimizer_states(role.spec.optimizer)} states x fp32 per trainable param, sharded",
+                (
+                    f"fp32 master + {st.optimizer_states(role.spec.optimizer)} states per trainable param, distributed optimizer"
+                    if megatron(role)
+                    else f"{st.optimizer_states(role.spec.optimizer)} states x fp32 per trainable param, sharded"
+                ),
                 st.EV_OPTIMIZER,
             )
         )
@@ -88,15 +103,16 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 act.EV_CHECKPOINTING,
             )
         )
-        parts.append(
-            Part(
-                f"{name}.reduce",
-                f"{name} gradient reduce buffers",
-                3 * s.layer_unit,
-                "one unit's gradient in bf16 and its fp32 reduce-scatter copy",
-                st.EV_MIXED_PRECISION,
+        if not megatron(role):  # Megatron reduces inside its grad buffer
+            parts.append(
+                Part(
+                    f"{name}.reduce",
+                    f"{name} gradient reduce buffers",
+                    3 * s.layer_unit,
+                    "one unit's gradient in bf16 and its fp32 reduce-scatter copy",
+                    st.EV_MIXED_PRECISION,
+                )
             )
-        )
     else:
         tokens = role.infer_tokens // tp_cp
         parts.append(

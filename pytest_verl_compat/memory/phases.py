@@ -34,6 +34,7 @@ from pytest_verl_compat.memory.passes import compute_parts, server_parts
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
+    grad_buffer,
     optimizer_kept,
     resident,
     residents,
@@ -91,10 +92,11 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                     "actor.optimizer.resident",
                     "actor optimizer (resident)",
                     s.optimizer,
-                    "",
+                    "kept between calls (optimizer_offload=False)",
                     st.EV_OPTIMIZER,
                 )
             )
+        sync.extend(grad_buffer(actor, "(resident)"))
         mem = memory["rollout"]
         sync.append(
             Part(

@@ -17,6 +17,7 @@ PROCESS_OVERHEAD = int(0.75 * GIB)
 EV_CONTEXT = "one CUDA context + NCCL buffers per GPU process (stated constant, 0.75 GiB)"
 EV_OFFLOAD_CTX = "verl/workers/engine/base.py:312-336"
 EV_ZERO_GRAD = "verl/workers/engine/fsdp/transformer_impl.py:1107-1112"
+EV_MEGATRON_GRADS = "verl/utils/megatron_utils.py:663-722"
 
 
 def gib_text(x: int) -> str:
@@ -32,6 +33,38 @@ def where(role: RoleLayout) -> str:
     if spec.strategy in ("megatron", "mindspeed"):
         return f"Megatron tp {spec.tp} pp {spec.pp} ep {spec.ep}"
     return f"{spec.strategy.upper()} shards over {spec.shard}"
+
+
+def megatron(role: RoleLayout) -> bool:
+    return role.spec.strategy in ("megatron", "mindspeed")
+
+
+def stored_bytes(role: RoleLayout) -> int:
+    """Bytes per stored weight: Megatron keeps bf16 weights (fp32 masters live in the optimizer);
+    FSDP its model dtype."""
+    return role.spec.param_dtype if megatron(role) else role.spec.model_dtype
+
+
+def params_evidence(role: RoleLayout) -> str:
+    return st.EV_MEGATRON if megatron(role) else st.EV_FSDP2
+
+
+def grad_buffer(role: RoleLayout, label: str) -> list[Part]:
+    """Megatron's DistributedDataParallel keeps its fp32 gradient buffer allocated with the
+    weights: it leaves the GPU only with them (offload_megatron_model_to_cpu,
+    verl/utils/megatron_utils.py:663-722)."""
+    s = states_of(role)
+    if not megatron(role) or role.spec.forward_only or not s.grads:
+        return []
+    return [
+        Part(
+            f"{role.role}.grads.buffer",
+            f"{role.role} gradient buffer {label}",
+            s.grads,
+            f"{s.trainable:,} trainable params x fp32 (Megatron's grad buffer), {where(role)}",
+            EV_MEGATRON_GRADS,
+        )
+    ]
 
 
 def forced_offload(role: RoleLayout) -> bool:
@@ -79,10 +112,11 @@ def residents(layout: RunLayout, but: str | None = None) -> list[Part]:
                     f"{name}.params.resident",
                     f"{name} weights (resident)",
                     s.params,
-                    f"{s.total:,} params x {role.spec.model_dtype} B, {where(role)}",
-                    st.EV_FSDP2,
+                    f"{s.total:,} params x {stored_bytes(role)} B, {where(role)}",
+                    params_evidence(role),
                 )
             )
+            parts.extend(grad_buffer(role, "(resident)"))
         if optimizer and s.optimizer:
             parts.append(
                 Part(

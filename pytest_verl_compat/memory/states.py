@@ -209,9 +209,11 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     frozen, trainable = model_tensors(arch, spec)
     layers_per_stage = _ceil(arch.num_hidden_layers, spec.pp)
 
-    def per_rank(tensors: list[Tensor]) -> int:
+    def per_rank(tensors: list[Tensor], experts: bool | None = None) -> int:
         total = 0
         for t in tensors:
+            if experts is not None and (t.kind == "experts") != experts:
+                continue
             if t.unit == "root":
                 # embedding on the first stage, lm_head on the last; rank 0 holds the embedding
                 if t.kind in ("embed", "lm_head") and not (t.kind == "embed" or spec.pp == 1):
@@ -230,15 +232,23 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
 
     held = per_rank(frozen + trainable)
     train = per_rank(trainable)
-    dp = max(spec.world // (spec.tp * spec.pp * spec.cp), 1)
-    master = train * (4 + 4 * optimizer_states(spec.optimizer))  # fp32 master + moments
+    # the distributed optimizer shards dense states over data x context parallel and expert
+    # states over the expert data-parallel group (megatron.core parallel_state: world / (tp pp)
+    # and world / (ep etp pp))
+    dense_dp = max(spec.world // (spec.tp * spec.pp), 1)
+    expert_dp = max(spec.world // (spec.ep * spec.etp * spec.pp), 1)
+    per_param = 4 + 4 * optimizer_states(spec.optimizer)  # fp32 master + moments
+    dense, expert = per_rank(trainable, False), per_rank(trainable, True)
+    master = (
+        dense * per_param // dense_dp + expert * per_param // expert_dp
+        if spec.distributed_optimizer
+        else train * per_param
+    )
     layer = sum(t.numel for t in arch.layer_tensors(0)) // max(spec.tp, 1)
     return ModelStates(
         params=held * spec.param_dtype,
         grads=0 if spec.forward_only else train * 4,
-        optimizer=0
-        if spec.forward_only
-        else (master // dp if spec.distributed_optimizer else master),
+        optimizer=0 if spec.forward_only else master,
         accumulated=0,
         layer_unit=layer * spec.param_dtype,
         root_unit=0,
