@@ -465,6 +465,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             finally:
                 close()
     rules = all_rules(session.pin.version, Path(session.profile_name).stem)
+    if gpu is None:  # the memory.* pages belong to check --gpu's output only
+        rules = {rule: doc for rule, doc in rules.items() if not rule.startswith("memory.")}
     run = CheckRun(results, session.pin.version, _tool_version(), rules, Path.cwd())
     write_output(run, args, session)
     return exit_status(run, chosen, args)

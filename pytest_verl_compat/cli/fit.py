@@ -25,7 +25,6 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.cli.fit_common import choose_gpu, forecast_case
 from pytest_verl_compat.cli.output import note
-from pytest_verl_compat.memory import findings as memory_findings  # registers memory.* pages
 
 SETTING = "gpu"
 
@@ -67,6 +66,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if not hasattr(args, "argv"):
         args.argv = []
     gpu = choose_gpu(args.gpu, args.gpu_memory, gpu_setting(args))
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"{args.plot}: the picture must be .png or .svg")
     session = open_session(args)
     if args.model_config and not Path(args.model_config).expanduser().exists():
         raise UsageError(f"{args.model_config}: model config not found")
@@ -106,6 +107,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def _located(result: Any, locator: Any) -> list[str]:
     """The findings, each at the script line where its first key was set (as check prints)."""
+    from pytest_verl_compat.memory import findings as memory_findings
+
     findings = memory_findings.as_findings(result)
     if locator is not None:
         findings = locator.located(findings)

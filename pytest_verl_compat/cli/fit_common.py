@@ -1,5 +1,8 @@
 """What ``fit`` and ``check --gpu`` share: the GPU a command names, and the forecast of a case
-check's pipeline has composed (input it cannot read is a one-line usage error)."""
+check's pipeline has composed (input it cannot read is a one-line usage error).
+
+The memory layer is imported only when a command asks for a forecast: ``check`` without a GPU
+never loads it (nor registers its memory.* rule pages), so its output and time are unchanged."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import dataclasses
 from typing import Any
 
 from pytest_verl_compat.cli.common import UsageError
-from pytest_verl_compat.memory import findings as memory_findings  # registers memory.* pages
 from pytest_verl_compat.pipeline.safe_input import InputError
 
 
@@ -17,6 +19,8 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
 
     try:
         if gib is not None:
+            if not gib > 0:
+                raise UsageError(f"--gpu-memory must be a positive number of GiB, got {gib}")
             return custom_gpu(gib)
         if name or setting:
             return find_gpu(str(name or setting))
@@ -43,6 +47,7 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
 
 def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
     """``check --gpu``: the forecast's findings for a case check has composed."""
+    from pytest_verl_compat.memory import findings as memory_findings
     from pytest_verl_compat.memory.forecast import Request
 
     return memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))

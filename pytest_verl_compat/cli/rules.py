@@ -102,6 +102,7 @@ def pinned_version() -> str:
 def pinned_rules() -> dict[str, RuleDoc]:
     """Every rule's page, its evidence filled with the embedded manifest's verl version and the
     default profile."""
+    from pytest_verl_compat.memory import findings  # noqa: F401  (registers the memory.* pages)
     from pytest_verl_compat.pipeline.profile import default_profile
 
     return all_rules(pinned_version(), default_profile())
