@@ -42,14 +42,22 @@ _FIX = {
 _EXAMPLE_FIRES = {
     "actor-update": (
         ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=98304",),
-        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576",),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12288",),
+    ),
+    "ref-log-prob": (
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072",),
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576",),
+    ),
+    "rollout-start": (
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=0.1",),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=0.5",),
     ),
     "rollout": (
         ("actor_rollout_ref.rollout.gpu_memory_utilization=0.95",),
         ("actor_rollout_ref.rollout.gpu_memory_utilization=0.6",),
     ),
     "old-log-prob": (
-        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536",),
+        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072",),
         ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576",),
     ),
 }
@@ -92,7 +100,7 @@ def as_findings(forecast: Forecast) -> list[Finding]:
     out = []
     for v in forecast.verdicts:
         fixes = "; ".join(
-            f"{f.text()} -> {gib(f.after):.2f} GiB" + ("" if f.fits else ", still over")
+            f"{f.text()} -> {gib(f.after):.2f} GiB" + (f", {f.outcome()}" if f.outcome() else "")
             for f in v.fixes
         )
         fix = f"e.g. {fixes}" if fixes else f"change {', '.join(v.keys)}"

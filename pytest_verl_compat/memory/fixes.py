@@ -184,7 +184,7 @@ def fixes_for(
             except (NotForecastable, ValueError, KeyError):
                 continue
             rendered = tuple(_render(resolved, k, v) for k, v in change)
-            best = Fix(rendered, total, total <= capacity and fits)
+            best = Fix(rendered, total, total <= capacity and fits, total <= capacity)
             if total <= margin * capacity:
                 break
         if best is not None and best.after < before:

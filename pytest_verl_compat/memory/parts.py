@@ -95,7 +95,14 @@ class Fix:
 
     keys: tuple[tuple[str, str], ...]  # (dotted key, new value)
     after: int
-    fits: bool
+    fits: bool  # the whole run fits after the change
+    phase_fits: bool = True  # this phase is then within the GPU
+
+    def outcome(self) -> str:
+        """What is still wrong after the change ("" when nothing is)."""
+        if not self.phase_fits:
+            return "still over"
+        return "" if self.fits else "other phases still over"
 
     def text(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.keys)

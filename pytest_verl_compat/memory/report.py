@@ -59,7 +59,7 @@ def verdict_lines(forecast: Forecast) -> list[str]:
     out = []
     for v in forecast.verdicts:
         fixes = "; ".join(
-            f"{f.text()} -> {_gib(f.after)} GiB" + ("" if f.fits else " (still over)")
+            f"{f.text()} -> {_gib(f.after)} GiB" + (f" ({f.outcome()})" if f.outcome() else "")
             for f in v.fixes
         )
         tail = f" (change {', '.join(v.keys)}" + (f"; e.g. {fixes}" if fixes else "") + ")"
@@ -123,6 +123,7 @@ def json_payload(forecast: Forecast) -> dict[str, Any]:
                     {
                         "set": [f"{k}={val}" for k, val in f.keys],
                         "after_bytes": f.after,
+                        "phase_fits": f.phase_fits,
                         "fits": f.fits,
                     }
                     for f in v.fixes
