@@ -113,6 +113,66 @@ def value_at(mapping: Mapping[str, Any], dotted: str, default: Any = None) -> An
     return default if node is None else node
 
 
+# Keys the forecast reads as counts, wherever they sit in the mapping (by their last name).
+COUNT_KEYS = frozenset(
+    {
+        "n",
+        "nnodes",
+        "n_gpus_per_node",
+        "train_batch_size",
+        "ppo_mini_batch_size",
+        "ppo_micro_batch_size_per_gpu",
+        "ppo_max_token_len_per_gpu",
+        "ppo_infer_max_token_len_per_gpu",
+        "log_prob_micro_batch_size_per_gpu",
+        "log_prob_max_token_len_per_gpu",
+        "micro_batch_size_per_gpu",
+        "max_token_len_per_gpu",
+        "max_prompt_length",
+        "max_response_length",
+        "max_length",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "data_parallel_size",
+        "expert_parallel_size",
+        "ulysses_sequence_parallel_size",
+        "fsdp_size",
+        "lora_rank",
+        "save_freq",
+    }
+)
+
+
+def first_bad_count(mapping: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | None:
+    """The first count key (dotted path, value) that holds something not an integer: the one
+    line a forecast of that mapping reports instead of reading a default in its place."""
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            found = first_bad_count(value, dotted + ".")
+            if found is not None:
+                return found
+        elif key in COUNT_KEYS and value is not None and not _integral(value):
+            return dotted, value
+    return None
+
+
+def _integral(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+
+
 def as_int(value: Any, default: int = 0) -> int:
     try:
         return int(value)

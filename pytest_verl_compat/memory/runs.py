@@ -52,6 +52,9 @@ def _model_path(resolved: Mapping[str, Any], section: str) -> str | None:
 
 
 def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout:
+    bad = lay.first_bad_count(resolved)
+    if bad is not None:
+        raise NotForecastable(f"{bad[0]}: expected an integer, got {bad[1]!r}")
     family = family_of(resolved)
     if family == SFT:
         model = choose_model(_model_path(resolved, "model"), request.model_config)
