@@ -22,7 +22,7 @@ COLOURS = {
     "reduce": "#937860",
     "logits": "#DA8BC3",
     "server": "#8C8C8C",
-    "weights": "#8C8C8C",
+    "weights": "#5F8C8C",
     "asleep": "#BCBCBC",
     "staging": "#CCB974",
     "context": "#2F2F2F",
@@ -76,7 +76,7 @@ def write_plot(forecast: Forecast, path: Path) -> None:
         {"svg.hashsalt": "verl-compat-fit", "font.size": 9, "path.simplify": False}
     ):
         fig, axes = plt.subplots(
-            1, len(ranks), figsize=(4.2 + 3.6 * len(ranks), 4.8), squeeze=False, dpi=100
+            1, len(ranks), figsize=(6.2 + 3.6 * len(ranks), 5.0), squeeze=False, dpi=100
         )
         legend: dict[str, Any] = {}
         for ax, rank in zip(axes[0], ranks, strict=True):
@@ -104,12 +104,21 @@ def write_plot(forecast: Forecast, path: Path) -> None:
                 ax.axhline(cap, color="#B00000", linewidth=1.2)
                 ax.axhline(cap * forecast.margin, color="#B00000", linewidth=0.8, linestyle="--")
                 ax.text(
-                    len(names) - 0.5,
+                    -0.45,
                     cap,
                     f"{forecast.gpu}",
-                    ha="right",
+                    ha="left",
                     va="bottom",
                     fontsize=7,
+                    color="#B00000",
+                )
+                ax.text(
+                    len(names) - 0.55,
+                    cap * forecast.margin,
+                    f"{forecast.margin:.0%} margin",
+                    ha="right",
+                    va="bottom",
+                    fontsize=6,
                     color="#B00000",
                 )
             ax.set_xticks(range(len(names)))
@@ -119,8 +128,15 @@ def write_plot(forecast: Forecast, path: Path) -> None:
             ax.margins(y=0.12)
         fig.suptitle(f"{forecast.model}: memory per GPU by phase", fontsize=10)
         labels = [LEGEND.get(family, family) for family in legend]
-        fig.legend(list(legend.values()), labels, loc="upper right", fontsize=7, frameon=False)
-        fig.tight_layout(rect=(0, 0, 0.88, 0.95))
+        fig.tight_layout(rect=(0, 0, 0.76, 0.97))
+        fig.legend(
+            list(legend.values()),
+            labels,
+            loc="center left",
+            bbox_to_anchor=(0.77, 0.55),
+            fontsize=7,
+            frameon=False,
+        )
         # no creation date (SVG) and no software version (PNG): the bytes depend on the forecast only
         metadata: dict[str, Any] = {"Date": None} if suffix == ".svg" else {"Software": None}
         path.parent.mkdir(parents=True, exist_ok=True)
