@@ -10,6 +10,7 @@ measured on a CPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -258,7 +259,10 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def model_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
+    """One rank's states for one role (cached: a forecast and its fixes ask the same ones
+    hundreds of times)."""
     if spec.strategy in ("megatron", "mindspeed"):
         return megatron_states(arch, spec)
     return fsdp_states(arch, spec)
