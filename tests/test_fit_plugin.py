@@ -23,11 +23,12 @@ def test_an_unknown_gpu_type_is_a_usage_error(pytester: pytest.Pytester) -> None
 
 @pytest.mark.slow
 @pytest.mark.skipif(installed_verl_root() is None, reason="the verdict stage asks verl")
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["serial", "xdist"])
 def test_the_verdict_fails_a_case_that_does_not_fit_only_when_asked(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: tuple[str, ...]
 ) -> None:
     monkeypatch.delenv("VERL_UPSTREAM", raising=False)  # the installed verl's tree
-    selection = ("--verl-corpus", "verl-corpus::test_verdict[grpo]")
+    selection = ("--verl-corpus", "verl-corpus::test_verdict[grpo]", *workers)
     plain = run(pytester, *selection)
     plain.assert_outcomes(passed=1)
     small = run(pytester, *selection, "--verl-corpus-gpu", "RTX4090")
