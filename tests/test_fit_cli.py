@@ -234,3 +234,17 @@ def test_the_gpu_setting_of_pyproject_applies_to_check(
     (here / "pyproject.toml").write_text("[tool.verl-compat]\ngpu = 80\n")
     status, _, err = run(capsys, "check", _script(GRPO), "--no-upstream-checks")
     assert status == 2 and "gpu must be a GPU type name" in err
+
+
+def test_json_is_the_same_bytes_across_hash_seeds(here: Path) -> None:
+    outputs = set()
+    for seed in ("0", "4242"):
+        done = run_cli(
+            ["fit", _script(PPO), "--gpu", "A100-40GB", "--format", "json"],
+            here,
+            timeout=300,
+            environment={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert done.returncode in (0, 1), done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
