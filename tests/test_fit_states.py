@@ -2,7 +2,7 @@
 own FSDP engine (strategy fsdp and fsdp2) holds on rank 0, at several world sizes, equal the
 forecast byte for byte, with LoRA, with offload, and in hybrid sharding (fsdp_size < world).
 
-The engine runs in the sandboxed upstream process (`conformance/memory_states.py`, a fake
+The engine runs in the sandboxed upstream process (`conformance/step/memory_states.py`, a fake
 process group of each world size); this process never imports verl. Megatron is not measured:
 megatron.core allocates its gradient buffers and the distributed optimizer's on
 ``torch.cuda.current_device()`` (distributed/param_and_grad_buffer.py, optimizer/
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_verl_compat.conformance.memory_states import ANSWER_MARK
+from pytest_verl_compat.conformance.step.memory_states import ANSWER_MARK
 from pytest_verl_compat.memory.architecture import architecture_from_config
 from pytest_verl_compat.memory.residency import offload_moves
 from pytest_verl_compat.memory.states import EngineSpec, fsdp_states
@@ -86,7 +86,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
         ],
     }
     run = run_module(
-        "pytest_verl_compat.conformance.memory_states", stdin=json.dumps(request), timeout=900
+        "pytest_verl_compat.conformance.step.memory_states", stdin=json.dumps(request), timeout=900
     )
     assert run.returncode == 0, run.stderr_tail(30)
     answer = next(

@@ -1,6 +1,6 @@
 """Upstream's side of the model-state oracle: the bytes verl 0.9.0's FSDP engine holds per rank.
 
-Run only as ``python -I -m pytest_verl_compat.conformance.memory_states`` through
+Run only as ``python -I -m pytest_verl_compat.conformance.step.memory_states`` through
 `pytest_verl_compat.upstream.runner.run_module`, with a JSON request on stdin (the tiny model's
 folder, the world size, the role, the engine settings). It joins a *fake* process group of that
 world size as rank 0 (``torch.testing._internal.distributed.fake_pg``: collectives return at
