@@ -1,0 +1,327 @@
+"""Reading a resolved configuration into the forecast's layout: each role's engine, the token
+budgets of its micro-batches (every key cites the verl 0.9.0 line that wires it), the rollout
+and reward-model servers, for the RL trainers and for the SFT trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_verl_compat.checks.roles import (
+    engine_path,
+    gpu_count,
+    megatron_sizes,
+    need_critic,
+    reference_worker,
+    role_engine,
+    role_section,
+    role_strategy,
+    sequence_parallel,
+)
+from pytest_verl_compat.memory.layout import (
+    CRITIC_DEFAULT_BUDGET,
+    RL,
+    SFT,
+    Lengths,
+    RoleLayout,
+    RunLayout,
+    ServerLayout,
+    as_int,
+    micro_batch_count,
+    micro_batch_tokens,
+    value_at,
+)
+from pytest_verl_compat.memory.models import ModelChoice
+from pytest_verl_compat.memory.states import EngineSpec, dtype_bytes
+
+
+def engine_spec(
+    resolved: Mapping[str, Any], role: str, world: int, *, forward_only: bool, value_head: bool
+) -> tuple[EngineSpec, Mapping[str, Any]]:
+    strategy = role_strategy(resolved, role)
+    engine = role_engine(resolved, role)
+    model = value_at(
+        resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
+    )
+    lora = model.get("lora") if isinstance(model, Mapping) else None
+    rank = as_int(model.get("lora_rank")) if isinstance(model, Mapping) else 0
+    if isinstance(lora, Mapping) and as_int(lora.get("rank")) > 0:
+        rank = as_int(lora.get("rank"))
+    targets = (
+        model.get("target_modules", "all-linear") if isinstance(model, Mapping) else "all-linear"
+    )
+    targets_t = (targets,) if isinstance(targets, str) else tuple(str(t) for t in targets or ())
+    exclude = model.get("exclude_modules") if isinstance(model, Mapping) else None
+    exclude_t = (exclude,) if isinstance(exclude, str) else tuple(str(t) for t in exclude or ())
+    mixed = engine.get("mixed_precision") or {}
+    optim = role_section(resolved, role).get("optim") or {}
+    sizes = megatron_sizes(engine) if strategy in ("megatron", "mindspeed") else {}
+    spec = EngineSpec(
+        strategy=strategy,
+        world=world,
+        fsdp_size=as_int(engine.get("fsdp_size"), -1),
+        # training engines default to fp32 weights, forward-only to bf16 (transformer_impl.py:237-242)
+        model_dtype=dtype_bytes(engine.get("model_dtype"), 2 if forward_only else 4),
+        param_dtype=dtype_bytes(
+            mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
+        ),
+        reduce_dtype=dtype_bytes(
+            mixed.get("reduce_dtype") if isinstance(mixed, Mapping) else None, 4
+        ),
+        forward_only=forward_only,
+        value_head=value_head,
+        lora_rank=0 if role == "critic" else rank,
+        lora_targets=targets_t,
+        lora_exclude=exclude_t,
+        optimizer=str(optim.get("optimizer") or "AdamW"),
+        tp=sizes.get("tp", 1),
+        pp=sizes.get("pp", 1),
+        ep=sizes.get("ep", 1),
+        etp=sizes.get("etp", 1),
+        cp=sizes.get("cp", 1),
+        distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
+    )
+    return spec, engine
+
+
+def role_layout(
+    resolved: Mapping[str, Any],
+    role: str,
+    world: int,
+    model: ModelChoice,
+    lengths: Lengths,
+    n: int,
+) -> RoleLayout:
+    section = role_section(resolved, role)
+    forward_only = role == "ref"
+    spec, engine = engine_spec(
+        resolved, role, world, forward_only=forward_only, value_head=role == "critic"
+    )
+    sp = sequence_parallel(resolved, role)
+    dp = max(world // max(sp * spec.tp * spec.pp, 1), 1)
+    seq = lengths.sequence
+    prefix = "critic" if role == "critic" else f"actor_rollout_ref.{role}"
+    rollout = "actor_rollout_ref.rollout"
+    if role == "actor":
+        dynamic = bool(section.get("use_dynamic_bsz"))
+        train_key = (
+            f"{prefix}.ppo_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.ppo_micro_batch_size_per_gpu"
+        )
+        infer_key = (
+            f"{rollout}.log_prob_max_token_len_per_gpu"
+            if dynamic
+            else f"{rollout}.log_prob_micro_batch_size_per_gpu"
+        )
+        train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), 16384)
+        infer_budget = as_int(
+            value_at(resolved, f"{rollout}.log_prob_max_token_len_per_gpu"), train_budget
+        )
+        mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
+        infer_mbs = as_int(value_at(resolved, f"{rollout}.log_prob_micro_batch_size_per_gpu"), mbs)
+        mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
+    elif role == "ref":
+        dynamic = bool(section.get("log_prob_use_dynamic_bsz"))
+        train_key = infer_key = (
+            f"{prefix}.log_prob_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.log_prob_micro_batch_size_per_gpu"
+        )
+        train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
+        mbs = infer_mbs = as_int(section.get("log_prob_micro_batch_size_per_gpu"), 1)
+        mini = 0
+    else:  # the V1 critic runs both passes on ppo_infer_max_token_len_per_gpu (trainer_base.py:251-252)
+        engine_dynamic = engine.get("use_dynamic_bsz")
+        dynamic = True if engine_dynamic is None else bool(engine_dynamic)
+        train_key = infer_key = "critic.ppo_infer_max_token_len_per_gpu"
+        train_budget = infer_budget = as_int(
+            section.get("ppo_infer_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET
+        )
+        mbs = infer_mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
+        mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
+    model_section = value_at(
+        resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
+    )
+    per_rank = mini // dp if mini else 0
+    return RoleLayout(
+        role=role,
+        section=prefix,
+        engine_section=engine_path(resolved, role),
+        spec=spec,
+        model=model,
+        param_offload=bool(engine.get("param_offload")),
+        optimizer_offload=bool(engine.get("optimizer_offload")),
+        offload_policy=bool(engine.get("offload_policy")),
+        checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
+        remove_padding=bool(model_section.get("use_remove_padding")),
+        sp=sp,
+        train_tokens=micro_batch_tokens(dynamic, train_budget, mbs, seq, sp),
+        infer_tokens=micro_batch_tokens(dynamic, infer_budget, infer_mbs, seq, sp),
+        micro_batches=micro_batch_count(dynamic, train_budget, mbs, per_rank, seq, sp),
+        entropy_train=bool(section.get("calculate_entropy"))
+        or float(section.get("entropy_coeff") or 0) != 0.0,
+        chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
+        fused_kernels=bool(model_section.get("use_fused_kernels")),
+        compiled=bool(engine.get("use_torch_compile", True)),
+        train_budget_key=train_key,
+        infer_budget_key=infer_key,
+        dynamic=dynamic,
+    )
+
+
+def server_layout(
+    resolved: Mapping[str, Any], section: str, model: ModelChoice, lengths: Lengths, world: int
+) -> ServerLayout | None:
+    rollout = value_at(resolved, section, {})
+    if not isinstance(rollout, Mapping) or not rollout.get("name"):
+        return None
+    name = str(rollout.get("name"))
+    arch = model.architecture
+    max_len = as_int(rollout.get("max_model_len")) or (
+        arch.max_position_embeddings or lengths.sequence
+    )  # vllm_async_server.py:954-955: max_position_embeddings when unset
+    kwargs = value_at(rollout, f"engine_kwargs.{name}", {}) or {}
+    kv = kwargs.get("kv_cache_dtype") if isinstance(kwargs, Mapping) else None
+    standalone_gpus = as_int(rollout.get("nnodes")) * as_int(rollout.get("n_gpus_per_node"))
+    standalone = (
+        standalone_gpus > 0 and value_at(resolved, "trainer.v1.trainer_mode") == "separate_async"
+    )
+    return ServerLayout(
+        name=name,
+        section=section,
+        model=model,
+        tp=max(as_int(rollout.get("tensor_model_parallel_size"), 1), 1),
+        dp=max(as_int(rollout.get("data_parallel_size"), 1), 1),
+        ep=max(as_int(rollout.get("expert_parallel_size"), 1), 1),
+        gpu_memory_utilization=float(rollout.get("gpu_memory_utilization") or 0.5),
+        max_model_len=max_len,
+        max_num_seqs=as_int(rollout.get("max_num_seqs"), 256),
+        max_num_batched_tokens=as_int(rollout.get("max_num_batched_tokens"), 8192),
+        enforce_eager=bool(rollout.get("enforce_eager")),
+        free_cache_engine=bool(rollout.get("free_cache_engine", True)),
+        dtype=dtype_bytes(rollout.get("dtype"), 2),
+        kv_dtype=1
+        if isinstance(kv, str) and kv.startswith("fp8")
+        else dtype_bytes(rollout.get("dtype"), 2),
+        standalone=standalone,
+        gpus=standalone_gpus if standalone else world,
+    )
+
+
+def rl_layout(
+    resolved: Mapping[str, Any],
+    actor: ModelChoice,
+    critic: ModelChoice | None,
+    reward: ModelChoice | None,
+    lengths: Lengths,
+) -> RunLayout:
+    world = gpu_count(resolved)
+    n = max(as_int(value_at(resolved, "actor_rollout_ref.rollout.n"), 1), 1)
+    roles = [role_layout(resolved, "actor", world, actor, lengths, n)]
+    if reference_worker(resolved):
+        roles.append(role_layout(resolved, "ref", world, actor, lengths, n))
+    if need_critic(resolved):
+        roles.append(role_layout(resolved, "critic", world, critic or actor, lengths, n))
+    rollout = server_layout(resolved, "actor_rollout_ref.rollout", actor, lengths, world)
+    reward_server = None
+    if reward is not None and value_at(resolved, "reward.reward_model.enable"):
+        reward_server = server_layout(
+            resolved, "reward.reward_model.rollout", reward, lengths, world
+        )
+    contents = value_at(resolved, "actor_rollout_ref.actor.checkpoint.save_contents", []) or []
+    return RunLayout(
+        kind=RL,
+        world=world,
+        roles=tuple(roles),
+        rollout=rollout,
+        reward=reward_server,
+        lengths=lengths,
+        n=n,
+        saves_checkpoints=as_int(value_at(resolved, "trainer.save_freq"), -1) > 0,
+        hf_model_in_checkpoint="hf_model" in contents,
+    )
+
+
+def sft_layout(
+    resolved: Mapping[str, Any], model: ModelChoice, lengths: Lengths, world: int
+) -> RunLayout:
+    """The SFT trainer (verl/trainer/sft_trainer.py): one engine of torchrun's world."""
+    engine = value_at(resolved, "engine", {})
+    data = value_at(resolved, "data", {})
+    model_section = value_at(resolved, "model", {})
+    strategy = str(engine.get("strategy") or "fsdp")
+    sp = max(
+        as_int(engine.get("ulysses_sequence_parallel_size"), 1),
+        as_int(engine.get("context_parallel_size"), 1),
+        1,
+    )
+    lora = model_section.get("lora") if isinstance(model_section, Mapping) else None
+    rank = as_int(model_section.get("lora_rank"))
+    if isinstance(lora, Mapping) and as_int(lora.get("rank")) > 0:
+        rank = as_int(lora.get("rank"))
+    targets = model_section.get("target_modules", "all-linear")
+    mixed = engine.get("mixed_precision") or {}
+    sizes = megatron_sizes(engine) if strategy in ("megatron", "mindspeed") else {}
+    spec = EngineSpec(
+        strategy=strategy,
+        world=world,
+        fsdp_size=as_int(engine.get("fsdp_size"), -1),
+        model_dtype=dtype_bytes(engine.get("model_dtype"), 4),
+        param_dtype=dtype_bytes(
+            mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
+        ),
+        lora_rank=rank,
+        lora_targets=(targets,) if isinstance(targets, str) else tuple(targets or ()),
+        optimizer=str(value_at(resolved, "optim.optimizer", "AdamW")),
+        tp=sizes.get("tp", 1),
+        pp=sizes.get("pp", 1),
+        ep=sizes.get("ep", 1),
+        cp=sizes.get("cp", 1),
+    )
+    dynamic = bool(data.get("use_dynamic_bsz"))
+    budget = as_int(data.get("max_token_len_per_gpu"), 8192)
+    mbs = as_int(data.get("micro_batch_size_per_gpu"), 1)
+    dp = max(world // max(sp * spec.tp * spec.pp, 1), 1)
+    per_rank = as_int(data.get("train_batch_size"), 1) // dp
+    seq = lengths.sequence
+    role = RoleLayout(
+        role="actor",
+        section="engine",
+        engine_section="engine",
+        spec=spec,
+        model=model,
+        param_offload=bool(engine.get("param_offload")),
+        optimizer_offload=bool(engine.get("optimizer_offload")),
+        offload_policy=bool(engine.get("offload_policy")),
+        checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
+        remove_padding=bool(model_section.get("use_remove_padding")),
+        sp=sp,
+        train_tokens=micro_batch_tokens(dynamic, budget, mbs, seq, sp),
+        infer_tokens=micro_batch_tokens(dynamic, budget, mbs, seq, sp),
+        micro_batches=micro_batch_count(dynamic, budget, mbs, per_rank, seq, sp),
+        entropy_train=False,
+        chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
+        fused_kernels=bool(model_section.get("use_fused_kernels")),
+        compiled=bool(engine.get("use_torch_compile", True)),
+        train_budget_key="data.max_token_len_per_gpu"
+        if dynamic
+        else "data.micro_batch_size_per_gpu",
+        infer_budget_key="data.max_token_len_per_gpu"
+        if dynamic
+        else "data.micro_batch_size_per_gpu",
+        dynamic=dynamic,
+    )
+    save_freq = as_int(value_at(resolved, "trainer.save_freq"), -1)
+    return RunLayout(
+        kind=SFT,
+        world=world,
+        roles=(role,),
+        rollout=None,
+        reward=None,
+        lengths=lengths,
+        n=1,
+        saves_checkpoints=save_freq > 0 or save_freq == -1,
+        hf_model_in_checkpoint="hf_model"
+        in (value_at(resolved, "checkpoint.save_contents", []) or []),
+    )
