@@ -169,6 +169,7 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
     """Each rule's upstream lines, found in this release; one it changed needs a person."""
     if context.is_base:
         return
+    from pytest_verl_compat.memory import findings  # noqa: F401  (registers the memory.* pages)
     from pytest_verl_compat.releases.lines import cite
     from pytest_verl_compat.upstream.verdict.rules import all_rules
 

@@ -14,16 +14,16 @@ from pytest_verl_compat.model import Finding
 SOURCE = "the memory forecast (verl-compat fit, or check --gpu TYPE)"
 # Each phase's page: what decides it, the upstream lines that make it true, the usual fixes.
 _WHY = {
-    "rollout-start": "vLLM claims gpu_memory_utilization x the GPU and refuses to start when less is free or when the KV cache left cannot hold one max_model_len sequence (vllm/v1/worker/gpu_worker.py Worker.init_device; kv_cache_utils.py check_enough_kv_cache_memory); verl starts it next to the trainer's resident weights (verl/trainer/ppo/v1/trainer_base.py:305-345)",
-    "weight-sync": "the actor's weights are loaded, gathered tensor by tensor and sent while the server's weights are resumed (verl/workers/engine_workers.py:762-801)",
+    "rollout-start": "vLLM claims gpu_memory_utilization x the GPU and refuses to start when less is free or when the KV cache left cannot hold one max_model_len sequence (vllm/v1/worker/gpu_worker.py Worker.init_device; kv_cache_utils.py check_enough_kv_cache_memory); verl starts it on the actor's GPUs after building the trainer's engines, whose weights stay resident (verl/trainer/ppo/v1/trainer_base.py:311-313, :351-353)",
+    "weight-sync": "the server's weights are resumed (unless SGLang's LoRA adapters kept them through sleep), the actor's weights are loaded, gathered tensor by tensor and sent, and the KV cache wakes once the actor's weights are back on the host (verl/workers/engine_workers.py:762-801)",
     "rollout": "the awake server's gpu_memory_utilization share next to what the trainer keeps resident (verl/workers/engine/base.py:312-336)",
     "reward-model": "the reward model's server wakes with its own gpu_memory_utilization (verl/trainer/ppo/v1/trainer_base.py:1408)",
     "old-log-prob": "the actor's forward on log_prob micro-batches, with entropy (verl/trainer/ppo/v1/trainer_base.py:1495-1500; transformer_impl.py:1332-1371)",
     "ref-log-prob": "the reference's forward, its weights streamed from the host (verl/workers/engine/fsdp/transformer_impl.py:389-394)",
     "critic-values": "the critic's forward on ppo_infer_max_token_len_per_gpu tokens (verl/trainer/ppo/v1/trainer_base.py:249-252)",
-    "critic-update": "the critic's update: states, activations, unsharded gradients between micro-batches (verl/workers/engine/fsdp/transformer_impl.py:673-730)",
-    "actor-update": "the actor's update: weights, gradients, optimizer states, activations and logits of one micro-batch, unsharded gradients between micro-batches (verl/workers/engine/fsdp/transformer_impl.py:673-730, 1332-1371)",
-    "sft-update": "the SFT engine's update on data.micro_batch_size_per_gpu or data.max_token_len_per_gpu (verl/trainer/sft_trainer.py; transformer_impl.py:673-730)",
+    "critic-update": "the critic's update: states, activations, and every gradient unsharded between micro-batches while gradient sync waits for a mini-batch's last (verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730)",
+    "actor-update": "the actor's update: weights, gradients, optimizer states, activations and logits of one micro-batch, and every gradient unsharded between micro-batches while gradient sync waits for a mini-batch's last (verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730, :1332-1371)",
+    "sft-update": "the SFT engine's update on data.micro_batch_size_per_gpu or data.max_token_len_per_gpu (verl/trainer/sft_trainer.py; transformer_impl.py:686-698, :727-730)",
     "checkpoint-save": "the engine loads its weights to save them (verl/workers/engine/fsdp/transformer_impl.py:839-865)",
 }
 _FIX = {
