@@ -16,6 +16,7 @@ from typing import Any
 from pytest_verl_compat.memory.forecast import forecast
 from pytest_verl_compat.memory.gpus import find_gpu
 from pytest_verl_compat.memory.parts import gib
+from pytest_verl_compat.memory.release_facts import ReleaseFacts, release_facts
 from pytest_verl_compat.memory.runs import NotForecastable, Request
 from pytest_verl_compat.pipeline.audit import AuditSession
 
@@ -84,9 +85,10 @@ def forecast_entry(
     overrides: Sequence[str],
     lengths: tuple[int, int] | None = None,
     script: Path | None = None,
+    facts: ReleaseFacts | None = None,
 ) -> Outcome:
     """Compose ``entry``'s launch with ``overrides`` (or the upstream ``script`` as written) and
-    forecast it on the entry's GPU."""
+    forecast it on the entry's GPU, with ``facts`` (default: the session's release's)."""
     if script is None:
         digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
         script = folder / f"{entry['id']}-{digest}.sh"
@@ -99,7 +101,10 @@ def forecast_entry(
         result = forecast(
             composition.mapping,
             Request(
-                gpu=find_gpu(str(entry["gpu"])), lengths=lengths, world=outcome.fields.world_size
+                gpu=find_gpu(str(entry["gpu"])),
+                lengths=lengths,
+                world=outcome.fields.world_size,
+                facts=facts or release_facts(session.version),
             ),
             with_fixes=False,
         )

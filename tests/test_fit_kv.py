@@ -63,7 +63,7 @@ def _server(repo: str, tp: int, util: float, max_model_len: int, **extra: object
         name="vllm", section="actor_rollout_ref.rollout", model=choice, tp=tp, dp=1, ep=1,
         gpu_memory_utilization=util, max_model_len=max_model_len, max_num_seqs=256,
         max_num_batched_tokens=8192, enforce_eager=False, free_cache_engine=True, dtype=2,
-        kv_dtype=2, standalone=False, gpus=8, **extra,  # type: ignore[arg-type]
+        kv_dtype=2, colocated=True, standalone_gpus=0, keeps_weights_asleep=False, **extra,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

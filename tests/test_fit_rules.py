@@ -8,12 +8,12 @@ import dataclasses
 import itertools
 
 import pytest
-from pytest_verl_compat.upstream.verdict.rules import all_rules
 
 from pytest_verl_compat.cli.fit_common import choose_gpu, memory_check
 from pytest_verl_compat.memory import findings as memory_findings
 from pytest_verl_compat.memory.parts import PHASES
 from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.upstream.verdict.rules import all_rules
 
 RULES = {rule: doc for rule, doc in all_rules().items() if doc.source == memory_findings.SOURCE}
 WITH_EXAMPLES = sorted(rule for rule, doc in RULES.items() if doc.example is not None)

@@ -34,11 +34,18 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     from pytest_verl_compat.memory.architecture import UnsupportedModel
     from pytest_verl_compat.memory.forecast import NotForecastable, forecast
     from pytest_verl_compat.memory.models import UnknownModel
+    from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
     outcome = session.outcome(case)
     if not outcome.composition.composed:
         raise UsageError(f"composition rejected: {outcome.composition.reason}")
-    request = dataclasses.replace(request, world=outcome.fields.world_size)
+    try:
+        facts = release_facts(session.version)
+    except ReleaseFactsError as exc:
+        raise UsageError(str(exc)) from exc
+    # the release checked is the release forecast for: its tree composed the mapping, its facts
+    # say what its code does where no key decides
+    request = dataclasses.replace(request, world=outcome.fields.world_size, facts=facts)
     try:
         return forecast(outcome.composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
@@ -49,7 +56,6 @@ def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
     """``check --gpu``: the forecast's findings for a case check has composed."""
     from pytest_verl_compat.memory import findings as memory_findings
     from pytest_verl_compat.memory.forecast import Request
-
     from pytest_verl_compat.pipeline.compile import in_release
 
     found = memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))

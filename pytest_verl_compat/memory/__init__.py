@@ -9,6 +9,7 @@ without a GPU never loads the layer). The modules hold one concern each:
   come from (a config.json, the Hugging Face cache, the shipped table);
 - ``states``, ``activations``, ``rollout``: model states per engine, what a pass keeps, the
   rollout server's share and KV cache;
+- ``release_facts``: what a release's code decides where no key does (data per release);
 - ``layout``, ``reading``, ``residency``, ``passes``, ``phases``: a run as roles and ranks, and
   each phase's parts;
 - ``runs``, ``fixes``, ``forecast``: verdicts against the GPU and changes forecast again;
@@ -23,6 +24,9 @@ from typing import Any
 _FACE = {
     "forecast": "forecast",
     "Request": "runs",
+    "ReleaseFacts": "release_facts",
+    "ReleaseFactsError": "release_facts",
+    "release_facts": "release_facts",
     "NotForecastable": "runs",
     "Forecast": "parts",
     "PHASES": "parts",

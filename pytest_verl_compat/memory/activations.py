@@ -134,18 +134,25 @@ class LogitsCost:
 
 
 def logits_cost(
-    training: bool, entropy: bool, chunked: bool, fused: bool, compiled: bool = True
+    training: bool,
+    entropy: bool,
+    chunked: bool,
+    fused: bool,
+    compiled: bool = True,
+    temperature_copy: bool = True,
 ) -> LogitsCost:
     """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
 
     verl 0.9.0 (transformer_impl.py:1332-1371): the model's logits, then divided by the
-    temperature (a second tensor, while the model output still holds the first). Entropy
-    (torch_functional.py:231-245) keeps softmax(logits) and the product pd * logits unless the
-    engine compiles it (use_torch_compile, the default: transformer_impl.py:160-164), when only a
-    fused reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows.
-    Log-probs go through flash-attn's cross entropy, which does not materialise a copy. In
-    training the backward holds the saved logits, the cross entropy's gradient, the entropy's,
-    and the gradient of the unscaled logits. Fused kernels never materialise the logits.
+    temperature (a second tensor, while the model output still holds the first); a release that
+    skips the division at a temperature of 1.0, or divides in place, keeps the first only
+    (``temperature_copy``, the release's facts). Entropy (torch_functional.py:231-245) keeps
+    softmax(logits) and the product pd * logits unless the engine compiles it
+    (use_torch_compile, the default: transformer_impl.py:160-164), when only a fused
+    reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows. Log-probs
+    go through flash-attn's cross entropy, which does not materialise a copy. In training the
+    backward holds the saved logits, the cross entropy's gradient, the entropy's, and (after a
+    division) the gradient of the unscaled logits. Fused kernels never materialise the logits.
     """
     if fused:
         return LogitsCost(0.0, "fused kernels: logits never materialised")
@@ -155,11 +162,14 @@ def logits_cost(
         extra = 0.25
     else:
         extra = 0.5 if compiled else 2.0
-    forward = 2.0 + extra
-    copies = max(forward, 3.0 + (1.0 if entropy else 0.0)) if training else forward
+    scaled = 1.0 if temperature_copy else 0.0
+    forward = 1.0 + scaled + extra
+    copies = max(forward, 2.0 + scaled + (1.0 if entropy else 0.0)) if training else forward
     how = (
         ("chunked " if chunked else ("compiled " if compiled else "")) + "entropy"
         if entropy
         else "no entropy"
     )
-    return LogitsCost(copies, f"{copies:g} copies ({how})")
+    if not temperature_copy:
+        how += ", no temperature copy"
+    return LogitsCost(copies, f"{copies:g} {'copy' if copies == 1 else 'copies'} ({how})")

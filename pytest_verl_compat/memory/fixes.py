@@ -85,6 +85,9 @@ def _role_candidates(
         model = "critic.model"
     else:
         model = "model" if role.section == "engine" else "actor_rollout_ref.model"
+    if training and role.sync_key and role.spec.defer_sync and role.micro_batches > 1:
+        # where the release's tree has the key: sync every micro-batch, no unsharded gradients
+        yield [((role.sync_key, False),)]
     if training and not role.checkpointing:
         yield [((f"{model}.enable_gradient_checkpointing", True),)]
     if not role.remove_padding and not role.dynamic:

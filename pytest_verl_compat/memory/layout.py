@@ -1,8 +1,9 @@
 """What a resolved verl configuration asks of each GPU: the roles, their engines, the token
 budgets of their micro-batches, and the rollout servers. Read from the mapping only.
 
-Each number cites the verl 0.9.0 line that decides it; ``checks/roles.py`` answers which roles
-run, the sizes of their parallelism, and the world.
+Each number cites the verl 0.9.0 line that decides it (``releases.lines`` finds it in another
+release); where a release's code decides differently the release's facts say so
+(``release_facts``); ``checks/roles.py`` answers which roles run, their parallel sizes, the world.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ EV_ACTOR_BUDGETS = "verl/workers/engine_workers.py:606-624"
 EV_REF_BUDGETS = "verl/workers/engine_workers.py:537-578"
 EV_CRITIC_BUDGETS = "verl/trainer/ppo/v1/trainer_base.py:249-252"
 EV_MICRO_BATCHES = "verl/workers/engine/utils.py:92-130"
-EV_ENTROPY_PASSES = "verl/trainer/ppo/v1/trainer_base.py:1495-1500,1676-1693"
+EV_ENTROPY_PASSES = "verl/trainer/ppo/v1/trainer_base.py:1495-1500, :1676-1693"
 CRITIC_DEFAULT_BUDGET = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu, critic.py:91
 
 
@@ -60,9 +61,15 @@ class RoleLayout:
     chunked_entropy: bool
     fused_kernels: bool
     compiled: bool  # the engine's use_torch_compile (entropy compiled)
+    temperature_copy: bool  # the log-prob pass divides the logits into a second tensor
     train_budget_key: str  # the key that sets train_tokens (for fixes)
     infer_budget_key: str
     dynamic: bool
+    # the release's lines behind the logits' copies and the micro-batches' tokens
+    logits_evidence: str = ""
+    tokens_evidence: str = ""
+    # the key that turns deferred gradient sync off, where the release's tree has it
+    sync_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,9 @@ class ServerLayout:
     free_cache_engine: bool
     dtype: int
     kv_dtype: int
-    standalone: bool  # on GPUs of its own (not colocated with the trainer)
-    gpus: int  # GPUs the servers span
+    colocated: bool  # replicas on the trainer's GPUs (the hybrid engine)
+    standalone_gpus: int  # GPUs of standalone replicas besides (0: none)
+    keeps_weights_asleep: bool  # asleep, the server keeps its weights (SGLang's LoRA adapters)
 
 
 @dataclass(frozen=True)
@@ -184,23 +192,36 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // max(b, 1))
 
 
-def micro_batch_tokens(dynamic: bool, budget: int, mbs: int, sequence: int, sp: int) -> int:
-    """Tokens of one micro-batch on one GPU (engine/utils.py:92-130): the token budget (one
-    sequence longer than it goes alone), or micro-batch size x sequence length; Ulysses or
-    context parallelism splits each micro-batch's tokens over its ranks."""
-    if dynamic:
-        return max(budget, ceil_div(sequence, sp))
-    return ceil_div(max(mbs, 1) * sequence, sp)
+def micro_batches(
+    dynamic: bool,
+    budget: int,
+    mbs: int,
+    count: int,
+    sequence: int,
+    sp: int,
+    within_budget: bool,
+) -> tuple[int, int]:
+    """(micro-batches of one pass on one GPU, tokens of the largest of them on one GPU) for
+    ``count`` sequences of ``sequence`` tokens on one data-parallel rank (engine/utils.py:92-130).
 
-
-def micro_batch_count(
-    dynamic: bool, budget: int, mbs: int, per_rank: int, sequence: int, sp: int
-) -> int:
-    if per_rank <= 0:
-        return 1
-    if dynamic:
-        return max(1, ceil_div(per_rank * sequence, max(budget, 1) * sp))
-    return max(1, ceil_div(per_rank, max(mbs, 1)))
+    Static: micro-batches of ``mbs`` sequences. Dynamic (verl/utils/seqlen_balancing.py,
+    rearrange_micro_batches): ``ceil(tokens / (budget x Ulysses size))`` micro-batches balanced by
+    workload, which for sequences of one length splits them as evenly as counts allow; a release
+    whose partition keeps every micro-batch within the budget (the release's facts) raises the
+    count until it does. Ulysses or context parallelism splits each micro-batch's tokens over its
+    ranks. Without a count (a role with no batch of its own) the budget is the micro-batch.
+    """
+    sp = max(sp, 1)
+    if not dynamic:
+        size = max(mbs, 1)
+        return (max(1, ceil_div(count, size)) if count > 0 else 1), ceil_div(size * sequence, sp)
+    limit = max(budget, 1) * sp
+    if count <= 0 or sequence <= 0:
+        return 1, max(budget, ceil_div(sequence, sp))
+    k = max(1, min(count, ceil_div(count * sequence, limit)))
+    while within_budget and k < count and ceil_div(count, k) * sequence > limit:
+        k += 1
+    return k, ceil_div(ceil_div(count, k) * sequence, sp)
 
 
 def rl_lengths(resolved: Mapping[str, Any], given: tuple[int, int] | None) -> Lengths:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.safe_input import InputError, load_json_file, load_yaml_file
 from pytest_verl_compat.memory.architecture import (
     Architecture,
     UnsupportedModel,
     architecture_from_config,
 )
-from pytest_verl_compat.files.safe_input import InputError, load_json_file, load_yaml_file
 
 TABLE_FILE = Path(__file__).resolve().parents[1] / "data" / "architectures.yaml"
 CONFIG_LIMIT = 1024 * 1024  # config.json files are a few KB

@@ -84,7 +84,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                     f"{name}.accumulated",
                     f"{name} unsharded grads (no-sync)",
                     s.accumulated,
-                    f"{role.micro_batches} micro-batches per mini-batch: every trainable param's gradient kept whole between them",
+                    f"{role.micro_batches} micro-batches per mini-batch, gradient sync deferred to the last (use_no_sync_for_gradient_accumulation): every trainable param's gradient kept whole between them",
                     st.EV_NO_SYNC,
                 )
             )
@@ -100,7 +100,9 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name} activations",
                 activ,
                 f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}, +10% kernel workspaces",
-                act.EV_CHECKPOINTING,
+                f"{act.EV_CHECKPOINTING}; {role.tokens_evidence}"
+                if role.tokens_evidence
+                else act.EV_CHECKPOINTING,
             )
         )
         if not megatron(role):  # Megatron reduces inside its grad buffer
@@ -121,12 +123,17 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name} forward transients",
                 int(act.inference_bytes(arch, tokens, c) * (1 + act.WORKSPACE_ALLOWANCE)),
                 f"{role.infer_tokens:,} tokens/micro-batch, no_grad: one layer's transients",
-                act.EV_LOGITS,
+                role.tokens_evidence or act.EV_LOGITS,
             )
         )
     if not role.spec.value_head:
         cost = act.logits_cost(
-            training, entropy, role.chunked_entropy, role.fused_kernels, role.compiled
+            training,
+            entropy,
+            role.chunked_entropy,
+            role.fused_kernels,
+            role.compiled,
+            role.temperature_copy,
         )
         tokens = role.train_tokens if training else role.infer_tokens
         vocab = arch.vocab_size // (
@@ -138,7 +145,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name} logits",
                 int(cost.copies * tokens * vocab * c),
                 f"{tokens:,} tokens x {vocab:,} vocab x {c} B x {cost.note}",
-                act.EV_LOGITS,
+                role.logits_evidence or act.EV_LOGITS,
             )
         )
     return parts
@@ -150,7 +157,7 @@ def server_parts(
     """The colocated servers: the awake one claims its share, the others what sleep leaves."""
     parts = []
     for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
-        if server is None or server.standalone:
+        if server is None or not server.colocated:
             continue
         mem = memory[name]
         if name == awake:
@@ -169,7 +176,11 @@ def server_parts(
                     f"{name}.asleep",
                     f"{name} server (asleep)",
                     mem.asleep,
-                    "CUDA graphs stay"
+                    (
+                        "CUDA graphs and the base weights stay (LoRA adapters)"
+                        if server.keeps_weights_asleep
+                        else "CUDA graphs stay"
+                    )
                     if mem.sleeps
                     else "free_cache_engine=False: weights and KV cache stay",
                     srv.EV_SLEEP,

@@ -5,7 +5,7 @@ offloaded (verl/workers/engine/base.py:312-336: train mode loads model and optim
 the model only; gradients are freed on leaving train mode, transformer_impl.py:1107-1112); the
 reference policy's FSDP engine always offloads its parameters (transformer_impl.py:389-394,
 415-420). The hybrid engine's rollout server sleeps while the trainer runs (free_cache_engine,
-vllm_async_server.py:791-800, 1075-1098) and wakes its weights, then its KV cache, around the
+vllm_async_server.py:791-800, :1075-1098) and wakes its weights, then its KV cache, around the
 weight sync (engine_workers.py:762-801).
 """
 
@@ -52,7 +52,7 @@ WEIGHT_BUCKET = 2048 << 20
 
 
 def _processes(layout: RunLayout) -> int:
-    servers = [s for s in (layout.rollout, layout.reward) if s is not None and not s.standalone]
+    servers = [s for s in (layout.rollout, layout.reward) if s is not None and s.colocated]
     return 1 + len(servers)
 
 
@@ -66,7 +66,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
     phases: list[PhasePeak] = []
     actor = layout.role("actor")
     assert actor is not None
-    if layout.rollout is not None and not layout.rollout.standalone:
+    if layout.rollout is not None and layout.rollout.colocated:
         start = [
             p for p in residents(layout) if "optimizer" not in p.key
         ]  # optimizer states are lazy
@@ -124,7 +124,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                 (*residents(layout), *server_parts(layout, memory, "rollout"), ctx),
             )
         )
-    if layout.reward is not None and not layout.reward.standalone:
+    if layout.reward is not None and layout.reward.colocated:
         phases.append(
             PhasePeak(
                 REWARD,
@@ -216,7 +216,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
     if layout.saves_checkpoints:
         phases.append(_checkpoint(layout, actor, asleep, ctx))
     kinds = [RankKind("trainer", layout.world, _describe(layout), tuple(phases))]
-    if layout.rollout is not None and layout.rollout.standalone:
+    if layout.rollout is not None and layout.rollout.standalone_gpus > 0:
         mem = memory["rollout"]
         parts = (
             Part(
@@ -231,7 +231,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
         kinds.append(
             RankKind(
                 "rollout",
-                layout.rollout.gpus,
+                layout.rollout.standalone_gpus,
                 "standalone rollout replica GPUs",
                 (PhasePeak(ROLLOUT, "rollout", parts),),
             )
@@ -272,7 +272,7 @@ def _describe(layout: RunLayout) -> str:
     server = layout.rollout
     colocated = (
         f" + {server.name} rollout (tp {server.tp})"
-        if server is not None and not server.standalone
+        if server is not None and server.colocated
         else ""
     )
     return f"{layout.world} GPUs: {roles}{colocated}"

@@ -1,6 +1,10 @@
 """Reading a resolved configuration into the forecast's layout: each role's engine, the token
 budgets of its micro-batches (every key cites the verl 0.9.0 line that wires it), the rollout
-and reward-model servers, for the RL trainers and for the SFT trainer."""
+and reward-model servers, for the RL trainers and for the SFT trainer.
+
+A key is read as upstream's code reads it: a key the release's tree lacks takes upstream's own
+default (``use_no_sync_for_gradient_accumulation``: ``getattr(..., True)``). Where the release's
+code decides what no key does, its facts (``release_facts``) say how."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ from pytest_verl_compat.checks.roles import (
     role_strategy,
     sequence_parallel,
 )
+from pytest_verl_compat.memory.activations import EV_LOGITS
 from pytest_verl_compat.memory.layout import (
     CRITIC_DEFAULT_BUDGET,
+    EV_MICRO_BATCHES,
     RL,
     SFT,
     Lengths,
@@ -27,18 +33,76 @@ from pytest_verl_compat.memory.layout import (
     RunLayout,
     ServerLayout,
     as_int,
-    micro_batch_count,
-    micro_batch_tokens,
+    micro_batches,
     value_at,
 )
 from pytest_verl_compat.memory.models import ModelChoice
-from pytest_verl_compat.memory.states import EngineSpec, dtype_bytes
+from pytest_verl_compat.memory.release_facts import (
+    DYNAMIC_MICRO_BATCHES,
+    TEMPERATURE_COPY,
+    ReleaseFacts,
+)
+from pytest_verl_compat.memory.states import FORECAST_STRATEGIES, EngineSpec, dtype_bytes
+
+# The SFT trainer's log-prob temperature (verl/trainer/sft_trainer.py:348).
+SFT_TEMPERATURE = 1.0
+
+
+class UnreadableRun(ValueError):
+    """A configuration the forecast cannot model (one line naming the key and value)."""
+
+
+NO_SYNC_KEY = "use_no_sync_for_gradient_accumulation"
+
+
+def defer_sync(engine: Mapping[str, Any]) -> bool:
+    """Whether the engine skips gradient sync on all but a mini-batch's last micro-batch:
+    ``getattr(self.engine_config, "use_no_sync_for_gradient_accumulation", True)``
+    (verl/workers/engine/fsdp/transformer_impl.py:702-707@0.9.1); a release whose tree and
+    config class lack the key defers always (0.9.0: transformer_impl.py:683-698)."""
+    value = engine.get(NO_SYNC_KEY, True)
+    return True if value is None else bool(value)
+
+
+def _sync_key(engine: Mapping[str, Any], path: str) -> str:
+    return f"{path}.{NO_SYNC_KEY}" if NO_SYNC_KEY in engine else ""
+
+
+def copies_logits(facts: ReleaseFacts, temperature: Any) -> bool:
+    """Whether the log-prob pass divides the logits by the temperature into a second tensor."""
+    how = facts.temperature_copy
+    if how == "never":
+        return False
+    if how == "always":
+        return True
+    try:
+        return float(temperature) != 1.0
+    except (TypeError, ValueError):
+        return True  # not a host scalar: the out-of-place division
+
+
+def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
+    if not dynamic:
+        return EV_MICRO_BATCHES
+    return f"{EV_MICRO_BATCHES}; {facts.evidence(DYNAMIC_MICRO_BATCHES)}"
+
+
+def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
+    """model.use_fused_kernels takes effect for the backends the release patches."""
+    options = model.get("fused_kernel_options") if isinstance(model, Mapping) else None
+    backend = options.get("impl_backend", "torch") if isinstance(options, Mapping) else "torch"
+    return bool(model.get("use_fused_kernels")) and str(backend) in facts.fused_backends
 
 
 def engine_spec(
     resolved: Mapping[str, Any], role: str, world: int, *, forward_only: bool, value_head: bool
 ) -> tuple[EngineSpec, Mapping[str, Any]]:
     strategy = role_strategy(resolved, role)
+    if strategy not in FORECAST_STRATEGIES:
+        raise UnreadableRun(
+            f"{engine_path(resolved, role)}.strategy={strategy}: the forecast models "
+            f"{', '.join(FORECAST_STRATEGIES)} engines only"
+        )
     engine = role_engine(resolved, role)
     model = value_at(
         resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
@@ -80,6 +144,7 @@ def engine_spec(
         etp=sizes.get("etp", 1),
         cp=sizes.get("cp", 1),
         distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
+        defer_sync=defer_sync(engine),
     )
     return spec, engine
 
@@ -91,6 +156,7 @@ def role_layout(
     model: ModelChoice,
     lengths: Lengths,
     n: int,
+    facts: ReleaseFacts,
 ) -> RoleLayout:
     section = role_section(resolved, role)
     forward_only = role == "ref"
@@ -143,7 +209,14 @@ def role_layout(
     model_section = value_at(
         resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
     )
+    # sequences of one data-parallel rank: a mini-batch in an update, the step's batch in a
+    # log-prob pass (verl/trainer/ppo/v1/trainer_base.py:1503, :1674-1675)
     per_rank = mini // dp if mini else 0
+    batch = as_int(value_at(resolved, "data.train_batch_size"), 0) * n // dp
+    within = facts.partitions_within_budget
+    count, train_tokens = micro_batches(dynamic, train_budget, mbs, per_rank, seq, sp, within)
+    _, infer_tokens = micro_batches(dynamic, infer_budget, infer_mbs, batch, seq, sp, within)
+    temperature = value_at(resolved, "actor_rollout_ref.rollout.temperature", 1.0)
     return RoleLayout(
         role=role,
         section=prefix,
@@ -156,22 +229,58 @@ def role_layout(
         checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
         remove_padding=bool(model_section.get("use_remove_padding")),
         sp=sp,
-        train_tokens=micro_batch_tokens(dynamic, train_budget, mbs, seq, sp),
-        infer_tokens=micro_batch_tokens(dynamic, infer_budget, infer_mbs, seq, sp),
-        micro_batches=micro_batch_count(dynamic, train_budget, mbs, per_rank, seq, sp),
+        train_tokens=train_tokens,
+        infer_tokens=infer_tokens,
+        micro_batches=count,
         entropy_train=bool(section.get("calculate_entropy"))
         or float(section.get("entropy_coeff") or 0) != 0.0,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
-        fused_kernels=bool(model_section.get("use_fused_kernels")),
+        fused_kernels=_fused(model_section, facts),
         compiled=bool(engine.get("use_torch_compile", True)),
+        temperature_copy=copies_logits(facts, temperature),
+        logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        tokens_evidence=_tokens_evidence(dynamic, facts),
+        sync_key=_sync_key(engine, engine_path(resolved, role)),
         train_budget_key=train_key,
         infer_budget_key=infer_key,
         dynamic=dynamic,
     )
 
 
+def _colocated(
+    resolved: Mapping[str, Any], section: str, standalone: int, facts: ReleaseFacts
+) -> bool:
+    """Whether the server has replicas on the trainer's GPUs: always, but for the separate_async
+    trainer's standalone pool, whose hybrid replicas a release may let hybrid_engine turn off."""
+    separate = value_at(resolved, "trainer.v1.trainer_mode") == "separate_async"
+    if not separate or standalone <= 0:
+        return True
+    if section != "actor_rollout_ref.rollout":
+        return False  # the reward model's own resource pool
+    hybrid = value_at(resolved, "actor_rollout_ref.hybrid_engine", True)
+    return not (facts.hybrid_engine_decides_replicas and hybrid is False)
+
+
+def _adapter_served(resolved: Mapping[str, Any], name: str) -> bool:
+    """SGLang serving LoRA as an adapter sleeps at level 1: its base weights stay on the GPU
+    (verl/workers/rollout/sglang_rollout/sglang_rollout.py:285-289; the worker sets level 1 at
+    the first weight sync, engine_workers.py:775-776)."""
+    model = value_at(resolved, "actor_rollout_ref.model", {})
+    if name != "sglang" or not isinstance(model, Mapping):
+        return False
+    lora = model.get("lora")
+    lora = lora if isinstance(lora, Mapping) else {}
+    rank = max(as_int(model.get("lora_rank")), as_int(lora.get("rank")))
+    return rank > 0 and not bool(lora.get("merge", False))
+
+
 def server_layout(
-    resolved: Mapping[str, Any], section: str, model: ModelChoice, lengths: Lengths, world: int
+    resolved: Mapping[str, Any],
+    section: str,
+    model: ModelChoice,
+    lengths: Lengths,
+    world: int,
+    facts: ReleaseFacts,
 ) -> ServerLayout | None:
     rollout = value_at(resolved, section, {})
     if not isinstance(rollout, Mapping) or not rollout.get("name"):
@@ -184,9 +293,12 @@ def server_layout(
     kwargs = value_at(rollout, f"engine_kwargs.{name}", {}) or {}
     kv = kwargs.get("kv_cache_dtype") if isinstance(kwargs, Mapping) else None
     standalone_gpus = as_int(rollout.get("nnodes")) * as_int(rollout.get("n_gpus_per_node"))
-    standalone = (
-        standalone_gpus > 0 and value_at(resolved, "trainer.v1.trainer_mode") == "separate_async"
-    )
+    if value_at(resolved, "trainer.v1.trainer_mode") != "separate_async":
+        standalone_gpus = 0
+    batched = as_int(rollout.get("max_num_batched_tokens"), 8192)
+    chunked = rollout.get("enable_chunked_prefill", True)
+    if name == "vllm" and chunked is False and facts.raises_batched_tokens:
+        batched = max(batched, max_len)
     return ServerLayout(
         name=name,
         section=section,
@@ -197,15 +309,16 @@ def server_layout(
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization") or 0.5),
         max_model_len=max_len,
         max_num_seqs=as_int(rollout.get("max_num_seqs"), 256),
-        max_num_batched_tokens=as_int(rollout.get("max_num_batched_tokens"), 8192),
+        max_num_batched_tokens=batched,
         enforce_eager=bool(rollout.get("enforce_eager")),
         free_cache_engine=bool(rollout.get("free_cache_engine", True)),
         dtype=dtype_bytes(rollout.get("dtype"), 2),
         kv_dtype=1
         if isinstance(kv, str) and kv.startswith("fp8")
         else dtype_bytes(rollout.get("dtype"), 2),
-        standalone=standalone,
-        gpus=standalone_gpus if standalone else world,
+        colocated=_colocated(resolved, section, standalone_gpus, facts),
+        standalone_gpus=standalone_gpus,
+        keeps_weights_asleep=_adapter_served(resolved, name),
     )
 
 
@@ -215,19 +328,20 @@ def rl_layout(
     critic: ModelChoice | None,
     reward: ModelChoice | None,
     lengths: Lengths,
+    facts: ReleaseFacts,
 ) -> RunLayout:
     world = gpu_count(resolved)
     n = max(as_int(value_at(resolved, "actor_rollout_ref.rollout.n"), 1), 1)
-    roles = [role_layout(resolved, "actor", world, actor, lengths, n)]
+    roles = [role_layout(resolved, "actor", world, actor, lengths, n, facts)]
     if reference_worker(resolved):
-        roles.append(role_layout(resolved, "ref", world, actor, lengths, n))
+        roles.append(role_layout(resolved, "ref", world, actor, lengths, n, facts))
     if need_critic(resolved):
-        roles.append(role_layout(resolved, "critic", world, critic or actor, lengths, n))
-    rollout = server_layout(resolved, "actor_rollout_ref.rollout", actor, lengths, world)
+        roles.append(role_layout(resolved, "critic", world, critic or actor, lengths, n, facts))
+    rollout = server_layout(resolved, "actor_rollout_ref.rollout", actor, lengths, world, facts)
     reward_server = None
     if reward is not None and value_at(resolved, "reward.reward_model.enable"):
         reward_server = server_layout(
-            resolved, "reward.reward_model.rollout", reward, lengths, world
+            resolved, "reward.reward_model.rollout", reward, lengths, world, facts
         )
     contents = value_at(resolved, "actor_rollout_ref.actor.checkpoint.save_contents", []) or []
     return RunLayout(
@@ -244,13 +358,22 @@ def rl_layout(
 
 
 def sft_layout(
-    resolved: Mapping[str, Any], model: ModelChoice, lengths: Lengths, world: int
+    resolved: Mapping[str, Any],
+    model: ModelChoice,
+    lengths: Lengths,
+    world: int,
+    facts: ReleaseFacts,
 ) -> RunLayout:
     """The SFT trainer (verl/trainer/sft_trainer.py): one engine of torchrun's world."""
     engine = value_at(resolved, "engine", {})
     data = value_at(resolved, "data", {})
     model_section = value_at(resolved, "model", {})
     strategy = str(engine.get("strategy") or "fsdp")
+    if strategy not in FORECAST_STRATEGIES:
+        raise UnreadableRun(
+            f"engine.strategy={strategy}: the forecast models "
+            f"{', '.join(FORECAST_STRATEGIES)} engines only"
+        )
     sp = max(
         as_int(engine.get("ulysses_sequence_parallel_size"), 1),
         as_int(engine.get("context_parallel_size"), 1),
@@ -278,6 +401,7 @@ def sft_layout(
         pp=sizes.get("pp", 1),
         ep=sizes.get("ep", 1),
         cp=sizes.get("cp", 1),
+        defer_sync=defer_sync(engine),
     )
     dynamic = bool(data.get("use_dynamic_bsz"))
     budget = as_int(data.get("max_token_len_per_gpu"), 8192)
@@ -285,6 +409,8 @@ def sft_layout(
     dp = max(world // max(sp * spec.tp * spec.pp, 1), 1)
     per_rank = as_int(data.get("train_batch_size"), 1) // dp
     seq = lengths.sequence
+    within = facts.partitions_within_budget
+    count, tokens = micro_batches(dynamic, budget, mbs, per_rank, seq, sp, within)
     role = RoleLayout(
         role="actor",
         section="engine",
@@ -297,13 +423,17 @@ def sft_layout(
         checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
         remove_padding=bool(model_section.get("use_remove_padding")),
         sp=sp,
-        train_tokens=micro_batch_tokens(dynamic, budget, mbs, seq, sp),
-        infer_tokens=micro_batch_tokens(dynamic, budget, mbs, seq, sp),
-        micro_batches=micro_batch_count(dynamic, budget, mbs, per_rank, seq, sp),
+        train_tokens=tokens,
+        infer_tokens=tokens,
+        micro_batches=count,
         entropy_train=False,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
-        fused_kernels=bool(model_section.get("use_fused_kernels")),
+        fused_kernels=_fused(model_section, facts),
         compiled=bool(engine.get("use_torch_compile", True)),
+        temperature_copy=copies_logits(facts, SFT_TEMPERATURE),
+        logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        tokens_evidence=_tokens_evidence(dynamic, facts),
+        sync_key=_sync_key(engine, "engine"),
         train_budget_key="data.max_token_len_per_gpu"
         if dynamic
         else "data.micro_batch_size_per_gpu",

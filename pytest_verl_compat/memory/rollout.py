@@ -30,7 +30,7 @@ CUDA_GRAPHS = int(1.0 * GIB)
 NON_TORCH = int(0.5 * GIB)
 EV_VLLM_ARGS = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:286-311"
 EV_MAX_MODEL_LEN = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:954-955"
-EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800,1075-1098"
+EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800, :1075-1098"
 EV_WAKE = "verl/workers/engine_workers.py:762-801"
 EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298"
 VLLM_REQUESTED = "vllm/v1/worker/gpu_worker.py Worker.init_device (requested_memory = total_memory * gpu_memory_utilization; ValueError when less is free)"
@@ -120,7 +120,8 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
     blocks = max(kv, 0) // page // layers if page else 0
     one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
     sleeps = server.free_cache_engine
-    asleep = graphs if sleeps else claimed + footprint_extra
+    kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
+    asleep = graphs + kept if sleeps else claimed + footprint_extra
     return ServerMemory(
         claimed=claimed + footprint_extra,
         weights=weights,

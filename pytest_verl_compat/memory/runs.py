@@ -14,6 +14,8 @@ from pytest_verl_compat.memory import phases as ph
 from pytest_verl_compat.memory.gpus import Gpu
 from pytest_verl_compat.memory.models import choose_model
 from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
+from pytest_verl_compat.memory.reading import UnreadableRun
+from pytest_verl_compat.memory.release_facts import ReleaseFacts, ReleaseFactsError
 
 MARGIN = 0.90  # a phase above this share of the capacity is a warning (allocator fragmentation)
 
@@ -32,6 +34,8 @@ class Request:
     world: int | None = None  # torchrun's world for SFT
     script: str = ""
     margin: float = MARGIN
+    # what the release forecast for does where no key decides (``release_facts``)
+    facts: ReleaseFacts | None = None
 
 
 def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
@@ -52,6 +56,16 @@ def _model_path(resolved: Mapping[str, Any], section: str) -> str | None:
 
 
 def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout:
+    try:
+        return _build_layout(resolved, request)
+    except (UnreadableRun, ReleaseFactsError) as exc:
+        raise NotForecastable(str(exc)) from exc
+
+
+def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout:
+    if request.facts is None:
+        raise ReleaseFactsError("a forecast is for one release: the request names no facts")
+    facts = request.facts
     bad = lay.first_bad_count(resolved)
     if bad is not None:
         raise NotForecastable(f"{bad[0]}: expected an integer, got {bad[1]!r}")
@@ -60,7 +74,7 @@ def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout
         model = choose_model(_model_path(resolved, "model"), request.model_config)
         world = request.world or 1
         return reading.sft_layout(
-            resolved, model, lay.sft_lengths(resolved, request.lengths), world
+            resolved, model, lay.sft_lengths(resolved, request.lengths), world, facts
         )
     if family != RL:
         raise NotForecastable(
@@ -75,7 +89,7 @@ def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout
         reward_path = _get(resolved, "reward.reward_model.model_path")
         reward = choose_model(str(reward_path)) if reward_path else None
     return reading.rl_layout(
-        resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths)
+        resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths), facts
     )
 
 
@@ -99,7 +113,7 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
             out.append(
                 Verdict(
                     "error",
-                    "trainer" if not server.standalone else "rollout",
+                    "trainer" if server.colocated else "rollout",
                     SERVER_START,
                     mem.weights,
                     mem.claimed,
@@ -114,7 +128,7 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
             out.append(
                 Verdict(
                     "error",
-                    "trainer" if not server.standalone else "rollout",
+                    "trainer" if server.colocated else "rollout",
                     SERVER_START,
                     mem.kv_bytes,
                     mem.one_sequence_bytes,

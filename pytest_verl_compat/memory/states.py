@@ -21,13 +21,19 @@ EV_MODEL_DTYPE = "verl/workers/engine/fsdp/transformer_impl.py:237-242"  # fp32 
 EV_MIXED_PRECISION = "verl/workers/engine/fsdp/transformer_impl.py:358-368"
 EV_FSDP1 = "verl/workers/engine/fsdp/transformer_impl.py:380-404"
 EV_FSDP2 = "verl/workers/engine/fsdp/transformer_impl.py:405-424"
-EV_REF_OFFLOAD = "verl/workers/engine/fsdp/transformer_impl.py:389-394,415-420"
+EV_REF_OFFLOAD = "verl/workers/engine/fsdp/transformer_impl.py:389-394, :415-420"
 EV_MESH = "verl/workers/engine/fsdp/utils.py:47-52"
 EV_OPTIMIZER = "verl/workers/config/optimizer.py:326-351"
-EV_NO_SYNC = "verl/workers/engine/fsdp/transformer_impl.py:673-698,727-730"
+EV_NO_SYNC = "verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730"
 EV_LORA = "verl/workers/engine/fsdp/transformer_impl.py:303-346"
-EV_WRAP = "verl/utils/fsdp_utils.py:80-165,537-588"
+EV_WRAP = "verl/utils/fsdp_utils.py:80-165, :537-588"
 EV_MEGATRON = "verl/workers/engine/megatron/transformer_impl.py:272-345"
+
+# The engines the forecast models: FSDP (1 and 2) counted as torch shards, Megatron (and
+# MindSpeed, Megatron on Ascend) as megatron.core does; any other strategy is not forecast.
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+MEGATRON_STRATEGIES = ("megatron", "mindspeed")
+FORECAST_STRATEGIES = (*FSDP_STRATEGIES, *MEGATRON_STRATEGIES)
 
 DTYPE_BYTES = {
     "fp32": 4, "float32": 4, "float": 4,
@@ -65,6 +71,9 @@ class EngineSpec:
     etp: int = 1
     cp: int = 1
     distributed_optimizer: bool = True
+    # FSDP skips gradient sync on all but a mini-batch's last micro-batch (no_sync), keeping
+    # unsharded gradients between them (use_no_sync_for_gradient_accumulation, read as upstream)
+    defer_sync: bool = True
 
     @property
     def shard(self) -> int:
@@ -81,7 +90,7 @@ class ModelStates:
     params: int
     grads: int
     optimizer: int
-    accumulated: int  # unsharded gradients kept between micro-batches (FSDP no-sync)
+    accumulated: int  # unsharded gradients kept between micro-batches (FSDP no-sync), else 0
     layer_unit: int  # one all-gathered decoder layer in the compute dtype
     root_unit: int  # the unit that stays gathered through forward and backward (FSDP1 root)
     largest_tensor: int  # the largest parameter, gathered whole, in the stored dtype
@@ -189,7 +198,7 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         params=params,
         grads=0 if spec.forward_only else grads,
         optimizer=0 if spec.forward_only else optimizer,
-        accumulated=0 if spec.forward_only else accumulated,
+        accumulated=0 if spec.forward_only or not spec.defer_sync else accumulated,
         layer_unit=layer * spec.param_dtype,
         # FSDP1's root unit (embedding, final norm, lm_head) is not resharded after forward; FSDP2
         # wraps embed_tokens and lm_head on their own unless tied (fsdp_utils.py:537-558).
@@ -263,6 +272,6 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
 def model_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     """One rank's states for one role (cached: a forecast and its fixes ask the same ones
     hundreds of times)."""
-    if spec.strategy in ("megatron", "mindspeed"):
+    if spec.strategy in MEGATRON_STRATEGIES:
         return megatron_states(arch, spec)
     return fsdp_states(arch, spec)
