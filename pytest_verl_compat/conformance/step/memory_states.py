@@ -1,8 +1,10 @@
-"""Upstream's side of the model-state oracle: the bytes verl 0.9.0's FSDP engine holds per rank.
+"""Upstream's side of the model-state oracle: the bytes a release's FSDP engine holds per rank.
 
 Run only as ``python -I -m pytest_verl_compat.conformance.step.memory_states`` through
-`pytest_verl_compat.upstream.oracle.runner.release_runner`, with a JSON request on stdin (the tiny model's
-folder, the world size, the role, the engine settings). It joins a *fake* process group of that
+`pytest_verl_compat.upstream.oracle.runner.release_runner(version)`, in the release's own
+environment, with a JSON request on stdin (the tiny model's folder, the world size, the role, the
+engine settings: any key of the release's FSDP engine section, set on the actor's and the
+critic's as a Hydra override of the release's own tree). It joins a *fake* process group of that
 world size as rank 0 (``torch.testing._internal.distributed.fake_pg``: collectives return at
 once, shapes are real), builds the role's worker as verl's V1 trainer does
 (`engine_workers.ActorRolloutRefWorker(role="actor"|"ref")`, or the critic's `TrainingWorker`),
@@ -14,11 +16,15 @@ runs one forward-only pass and one update of two micro-batches through the worke
 - ``grads``: the sharded gradients the optimizer steps on (measured as ``optimizer.step`` starts);
 - ``optimizer``: the optimizer's state tensors after the step (the 0-dim ``step`` counters left
   out: torch keeps them on the host unless the optimizer is fused or capturable);
-- ``accumulated``: the unsharded gradients FSDP keeps after a micro-batch that skips gradient
-  synchronisation (`FSDPEngine._gradient_sync_context`, transformer_impl.py:673-698);
+- ``accumulated``: the unsharded gradients FSDP holds after a micro-batch that is not the last:
+  those of a micro-batch that skipped gradient synchronisation
+  (`FSDPEngine._gradient_sync_context`), none when the engine synchronises every micro-batch
+  (0.9.1's use_no_sync_for_gradient_accumulation=False; the shards it then holds are ``grads``);
 
-and ``moves``: every ``engine.to(device, model, optimizer, grad)`` call with the phase it came
-from (``init``, ``infer``, ``train``), which is what offloading does on this engine.
+``moves``: every ``engine.to(device, model, optimizer, grad)`` call with the phase it came from
+(``init``, ``infer``, ``train``), which is what offloading does on this engine; and ``config``:
+the actor's and the critic's sections as the release's tree composed them, resolved (what the
+forecast reads, so that the test reads them as the forecast does).
 
 The CPU workarounds are those of the step oracle (`conformance/step/upstream_patches.py`) plus
 FSDP1's GPU-only module-state check, skipped as the step sketch skips it.
@@ -133,6 +139,7 @@ def _compose(request: dict[str, Any]) -> Any:
             f"{section}.optimizer_offload={request.get('optimizer_offload', False)}",
             f"{section}.offload_policy={request.get('offload_policy', False)}",
         ]
+        overrides += [f"{section}.{k}={v}" for k, v in sorted(request.get("engine", {}).items())]
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -152,7 +159,9 @@ def _storages(tensors: Any) -> dict[int, int]:
 
 
 def _accumulated(module: Any) -> dict[int, int]:
-    """The unsharded gradients FSDP keeps while gradient synchronisation is skipped."""
+    """The unsharded gradients FSDP holds between micro-batches: FSDP2's (accumulated) ones,
+    FSDP1's flat gradient while it is unsharded (once a micro-batch synchronised, it is the
+    shard the optimizer steps on, as large as the flat parameter's shard: not counted here)."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -167,8 +176,8 @@ def _accumulated(module: Any) -> dict[int, int]:
                 )
         elif isinstance(sub, FSDP) and sub._handle is not None:
             flat = sub._handle.flat_param
-            tensors.append(flat.grad)
-            tensors.append(getattr(flat, "_saved_grad_shard", None))
+            if flat.grad is not None and flat.grad.numel() != flat.numel():
+                tensors.append(flat.grad)
     return _storages(tensors)
 
 
@@ -285,6 +294,16 @@ def _value_loss(model_output: Any, data: Any, dp_group: Any = None) -> Any:
     return model_output["values"].values().sum(), {}
 
 
+def _sections(config: Any) -> dict[str, Any]:
+    """The actor's and the critic's sections as the tree composed them, resolved."""
+    from omegaconf import OmegaConf
+
+    return {
+        key: OmegaConf.to_container(config[key], resolve=True)
+        for key in ("actor_rollout_ref", "critic")
+    }
+
+
 def measure(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from verl.utils import tensordict_utils as tu
@@ -351,6 +370,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
         "optimizer": sum(recorder.optimizer.values()),
         "accumulated": sum(recorder.accumulated.values()),
         "moves": recorder.moves,
+        "config": _sections(config),
     }
 
 
