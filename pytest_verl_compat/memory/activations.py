@@ -140,6 +140,7 @@ def logits_cost(
     fused: bool,
     compiled: bool = True,
     temperature_copy: bool = True,
+    clone: bool = False,
 ) -> LogitsCost:
     """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
 
@@ -149,7 +150,8 @@ def logits_cost(
     (``temperature_copy``, the release's facts). Entropy (torch_functional.py:231-245) keeps
     softmax(logits) and the product pd * logits unless the engine compiles it
     (use_torch_compile, the default: transformer_impl.py:160-164), when only a fused
-    reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows. Log-probs
+    reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows; Megatron's
+    entropy works on a clone of the logits (``clone``, transformer_impl.py:1197). Log-probs
     go through flash-attn's cross entropy, which does not materialise a copy. In training the
     backward holds the saved logits, the cross entropy's gradient, the entropy's, and (after a
     division) the gradient of the unscaled logits. Fused kernels never materialise the logits.
@@ -162,6 +164,8 @@ def logits_cost(
         extra = 0.25
     else:
         extra = 0.5 if compiled else 2.0
+    if entropy and clone:
+        extra += 1.0
     scaled = 1.0 if temperature_copy else 0.0
     forward = 1.0 + scaled + extra
     copies = max(forward, 2.0 + scaled + (1.0 if entropy else 0.0)) if training else forward

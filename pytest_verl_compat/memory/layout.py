@@ -62,6 +62,7 @@ class RoleLayout:
     fused_kernels: bool
     compiled: bool  # the engine's use_torch_compile (entropy compiled)
     temperature_copy: bool  # the log-prob pass divides the logits into a second tensor
+    entropy_every_pass: bool  # the entropy is computed in every pass, asked for or not
     train_budget_key: str  # the key that sets train_tokens (for fixes)
     infer_budget_key: str
     dynamic: bool
@@ -70,6 +71,7 @@ class RoleLayout:
     tokens_evidence: str = ""
     # the key that turns deferred gradient sync off, where the release's tree has it
     sync_key: str = ""
+    entropy_clone: bool = False  # the entropy works on a clone of the logits (Megatron)
 
 
 @dataclass(frozen=True)

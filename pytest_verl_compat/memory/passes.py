@@ -129,11 +129,12 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
     if not role.spec.value_head:
         cost = act.logits_cost(
             training,
-            entropy,
+            entropy or role.entropy_every_pass,
             role.chunked_entropy,
             role.fused_kernels,
             role.compiled,
             role.temperature_copy,
+            role.entropy_clone,
         )
         tokens = role.train_tokens if training else role.infer_tokens
         vocab = arch.vocab_size // (

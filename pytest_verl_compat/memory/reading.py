@@ -42,10 +42,18 @@ from pytest_verl_compat.memory.release_facts import (
     TEMPERATURE_COPY,
     ReleaseFacts,
 )
-from pytest_verl_compat.memory.states import FORECAST_STRATEGIES, EngineSpec, dtype_bytes
+from pytest_verl_compat.memory.states import (
+    FORECAST_STRATEGIES,
+    MEGATRON_STRATEGIES,
+    EngineSpec,
+    dtype_bytes,
+)
 
 # The SFT trainer's log-prob temperature (verl/trainer/sft_trainer.py:348).
 SFT_TEMPERATURE = 1.0
+# Megatron's logits processor divides by the temperature in place and clones the logits for an
+# entropy it computes eagerly (vocab_parallel_entropy), in both releases.
+EV_MEGATRON_LOGITS = "verl/workers/engine/megatron/transformer_impl.py:1191, :1197"
 
 
 class UnreadableRun(ValueError):
@@ -68,8 +76,11 @@ def _sync_key(engine: Mapping[str, Any], path: str) -> str:
     return f"{path}.{NO_SYNC_KEY}" if NO_SYNC_KEY in engine else ""
 
 
-def copies_logits(facts: ReleaseFacts, temperature: Any) -> bool:
-    """Whether the log-prob pass divides the logits by the temperature into a second tensor."""
+def copies_logits(facts: ReleaseFacts, temperature: Any, strategy: str = "fsdp") -> bool:
+    """Whether the log-prob pass divides the logits by the temperature into a second tensor (the
+    FSDP engine, as the release's facts say; Megatron's divides in place)."""
+    if strategy in MEGATRON_STRATEGIES:
+        return False
     how = facts.temperature_copy
     if how == "never":
         return False
@@ -217,6 +228,7 @@ def role_layout(
     count, train_tokens = micro_batches(dynamic, train_budget, mbs, per_rank, seq, sp, within)
     _, infer_tokens = micro_batches(dynamic, infer_budget, infer_mbs, batch, seq, sp, within)
     temperature = value_at(resolved, "actor_rollout_ref.rollout.temperature", 1.0)
+    megatron = spec.strategy in MEGATRON_STRATEGIES
     return RoleLayout(
         role=role,
         section=prefix,
@@ -236,9 +248,13 @@ def role_layout(
         or float(section.get("entropy_coeff") or 0) != 0.0,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
         fused_kernels=_fused(model_section, facts),
-        compiled=bool(engine.get("use_torch_compile", True)),
-        temperature_copy=copies_logits(facts, temperature),
-        logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        compiled=bool(engine.get("use_torch_compile", True)) and not megatron,
+        temperature_copy=copies_logits(facts, temperature, spec.strategy),
+        entropy_every_pass=facts.entropy_every_pass,
+        logits_evidence=EV_MEGATRON_LOGITS
+        if megatron
+        else f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        entropy_clone=megatron,
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, engine_path(resolved, role)),
         train_budget_key=train_key,
@@ -430,7 +446,8 @@ def sft_layout(
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
         fused_kernels=_fused(model_section, facts),
         compiled=bool(engine.get("use_torch_compile", True)),
-        temperature_copy=copies_logits(facts, SFT_TEMPERATURE),
+        temperature_copy=copies_logits(facts, SFT_TEMPERATURE, strategy),
+        entropy_every_pass=False,  # the SFT engine computes no entropy
         logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, "engine"),

@@ -27,6 +27,7 @@ DYNAMIC_MICRO_BATCHES = "dynamic_micro_batches"
 HYBRID_REPLICAS = "separate_async_hybrid_replicas"
 BATCHED_TOKENS = "chunked_prefill_off_batched_tokens"
 FUSED_BACKENDS = "fused_kernel_backends"
+ENTROPY_PASSES = "entropy_passes"
 VALUES: dict[str, tuple[str, ...]] = {
     # the log-prob pass divides the logits by the temperature: out of place always, out of
     # place unless the temperature is a scalar 1.0, or in place (no second tensor)
@@ -40,6 +41,9 @@ VALUES: dict[str, tuple[str, ...]] = {
     # vLLM with chunked prefill off and max_num_batched_tokens below max_model_len: started as
     # configured, or with max_num_batched_tokens raised to max_model_len
     BATCHED_TOKENS: ("as-configured", "raised-to-max-model-len"),
+    # the entropy of the logits: in the passes that ask for it (the old log-probs, an update
+    # with an entropy term), or in every log-prob pass and update
+    ENTROPY_PASSES: ("requested", "every-pass"),
 }
 
 
@@ -94,6 +98,10 @@ class ReleaseFacts:
     @property
     def raises_batched_tokens(self) -> bool:
         return bool(self.value(BATCHED_TOKENS) == "raised-to-max-model-len")
+
+    @property
+    def entropy_every_pass(self) -> bool:
+        return bool(self.value(ENTROPY_PASSES) == "every-pass")
 
     @property
     def fused_backends(self) -> tuple[str, ...]:
