@@ -2,10 +2,13 @@
 report's launch forecast on its GPU must say OOM, in the phase the report shows where it shows
 one; a configuration the thread found to run must forecast "fits".
 
-One formula set for every entry: the data holds the reports' launches, never a constant. Where
-the forecast misses, the entry says why in ``miss`` and must keep missing (a change that fixes
-it is seen and the note removed). The score is printed; the issue's bar (90%) is asserted in
-``test_the_corpus_meets_the_bar``, expected to fail while the score is below it.
+One formula set for every entry: the data holds the reports' launches, never a constant. Each
+report is forecast with the behaviour of the verl its reporter ran (its defaults class: the
+release facts of that code, and the keys that now decide what it did), by the same mechanism as a
+supported release's facts. Where the forecast misses, the entry says why in ``miss`` and must keep
+missing (a change that fixes it is seen and the note removed). The score is printed; the issue's
+bar (90%) is asserted in ``test_the_corpus_meets_the_bar``, expected to fail while the score is
+below it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 from fit_points import Outcome, forecast_entry, merged
+
+from pytest_verl_compat.memory.release_facts import ReleaseFacts, facts_from_mapping
 
 DATA = Path(__file__).parent / "data" / "fit" / "oom_reports.yaml"
 BAR = 0.90
@@ -73,11 +78,25 @@ def _cases() -> list[Case]:
 CASES = {case.id: case for case in _cases()}
 
 
+def _behaviour(name: str) -> ReleaseFacts:
+    """The release facts of a defaults class: what the reporters' verl did."""
+    found = _data()["defaults"][name]
+    return facts_from_mapping(
+        {"release": found["release"], "facts": found["behaviour"]}, f"{DATA.name}: {name}"
+    )
+
+
 @pytest.fixture(scope="module")
 def outcomes(upstream_session: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     folder = tmp_path_factory.mktemp("oom-reports")
     return {
-        cid: forecast_entry(upstream_session, folder, case.entry, case.overrides)
+        cid: forecast_entry(
+            upstream_session,
+            folder,
+            case.entry,
+            case.overrides,
+            facts=_behaviour(case.entry["defaults"]),
+        )
         for cid, case in CASES.items()
     }
 
@@ -95,6 +114,8 @@ def test_every_report_cites_its_thread_and_gpu() -> None:
     from pytest_verl_compat.memory.gpus import find_gpu
 
     data = _data()
+    for name in data["defaults"]:
+        assert _behaviour(name).facts, name  # every class says how its verl behaved
     for entry in data["reports"]:
         assert entry["url"].startswith("https://github.com/"), entry["id"]
         assert entry["defaults"] in data["defaults"], entry["id"]

@@ -2,7 +2,10 @@
 scripts it links, verl 0.9.0's tuning scripts named after their hardware, measured runs published
 with their scripts) forecast as recorded: ``fits`` with no error, ``oom`` with one.
 
-Where the forecast disagrees, the point says why in ``differs`` (tests/data/fit/published.yaml);
+Each point is forecast with the behaviour of the verl it ran (``behaves_as``: a class of release
+facts and the keys that now decide what that code did; verl 0.9.0's own scripts with the checked
+release's facts). Where the forecast disagrees, the point says why in ``differs``
+(tests/data/fit/published.yaml);
 such a point must keep disagreeing, so a change to the formulas that flips it is seen and the
 data updated. The score is printed (-s, or the captured output of a failure).
 """
@@ -16,6 +19,8 @@ import pytest
 import yaml
 from fit_points import Outcome, forecast_entry, merged
 
+from pytest_verl_compat.memory.release_facts import ReleaseFacts, facts_from_mapping
+
 DATA = Path(__file__).parent / "data" / "fit" / "published.yaml"
 
 
@@ -25,6 +30,18 @@ def _data() -> dict[str, Any]:
 
 
 POINTS = {point["id"]: point for point in _data()["points"]}
+CHECKED_RELEASE = "checked-release"
+
+
+def _behaviour(name: str) -> tuple[ReleaseFacts | None, list[str]]:
+    """A class's release facts and overrides (None: the checked release's own facts)."""
+    if name == CHECKED_RELEASE:
+        return None, []
+    found = _data()["behaviours"][name]
+    facts = facts_from_mapping(
+        {"release": found["release"], "facts": found["behaviour"]}, f"{DATA.name}: {name}"
+    )
+    return facts, list(found.get("overrides", []))
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +55,10 @@ def outcomes(
     for point in data["points"]:
         lengths = (gsm8k["prompt"], gsm8k["response"]) if point["lengths"] == "gsm8k" else None
         script = upstream_checkout / point["script"] if point.get("script") else None
-        overrides = merged(point.get("overrides", []), point.get("set", []))
+        facts, behaviour = _behaviour(point["behaves_as"])
+        overrides = merged(behaviour, point.get("overrides", []), point.get("set", []))
         out[point["id"]] = forecast_entry(
-            upstream_session, folder, point, overrides, lengths, script
+            upstream_session, folder, point, overrides, lengths, script, facts
         )
     return out
 
