@@ -11,7 +11,6 @@ where its code makes one.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,6 @@ RELEASES = load_release_index().supported_versions
 NO_SYNC = "use_no_sync_for_gradient_accumulation"
 
 
-def _where(where: str) -> tuple[str, int, int]:
-    found = re.fullmatch(r"(?P<file>[\w/]+\.py):(?P<start>\d+)(?:-(?P<end>\d+))?", where)
-    assert found, f"where={where!r}, but should be verl/path/file.py:START[-END]"
-    start = int(found["start"])
-    return found["file"], start, int(found["end"] or start)
-
-
 @pytest.mark.parametrize("version", RELEASES)
 def test_every_supported_release_has_its_memory_facts(version: str) -> None:
     facts = release_facts(version)
@@ -56,14 +48,10 @@ def test_every_supported_release_has_its_memory_facts(version: str) -> None:
     [(v, n) for v in RELEASES for n in sorted(release_facts(v).facts)],
 )
 def test_each_fact_is_the_statement_at_its_lines_of_its_release(version: str, name: str) -> None:
-    """The cited lines of the release's own files hold the statement that makes the fact true."""
+    """The cited lines of the release's own files hold the statement that makes the fact true
+    (what ``release derive VERSION --only memory-facts`` checks too)."""
     fact = release_facts(version).facts[name]
-    file, start, end = _where(fact.where)
-    path = release_root(version) / file
-    lines = path.read_text(encoding="utf-8").splitlines()[start - 1 : end]
-    text = " ".join(" ".join(lines).split())
-    statement = " ".join(fact.statement.split())
-    assert statement in text, (
+    assert fact.found_in(release_root(version)), (
         f"statement={fact.statement!r}, but should be at {fact.where} of verl {version} [{name}]"
     )
 
@@ -190,3 +178,17 @@ def test_fit_gives_each_release_its_own_parts(
     assert ("no temperature copy" not in logits["formula"]) == copied, logits["formula"]
     assert facts.evidence(TEMPERATURE_COPY) in logits["evidence"]
     assert "changed in" not in json.dumps(payload), "a part cites lines its release changed"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_fact_whose_statement_moved_is_not_found(version: str) -> None:
+    """A fact cited at lines that do not hold its statement is not found there: ``release derive
+    VERSION`` then lists it as needing a person, never forecasts with it silently."""
+    import dataclasses
+
+    fact = release_facts(version).facts[TEMPERATURE_COPY]
+    file, lines = fact.where.rsplit(":", 1)
+    start = int(lines.split("-")[0])
+    moved = dataclasses.replace(fact, where=f"{file}:{start + 400}")
+    assert fact.found_in(release_root(version))
+    assert not moved.found_in(release_root(version))

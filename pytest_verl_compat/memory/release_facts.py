@@ -12,11 +12,13 @@ its lines). No version is compared in code: a forecast is asked for with its rel
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.files.safe_input import load_yaml_file
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_text
 from pytest_verl_compat.releases.index import RELEASE_DATA
 
 FACTS_FILE = "memory.yaml"
@@ -63,6 +65,23 @@ class Fact:
     def evidence(self, release: str) -> str:
         """The citation as fit prints it: the release's own line, marked as that release's."""
         return f"{self.where}@{release}" if _is_version(release) else self.where
+
+    def found_in(self, root: Path) -> bool:
+        """Whether the statement is at the cited lines of the release's files under ``root``."""
+        cited = _WHERE.fullmatch(self.where)
+        if cited is None or not self.statement:
+            return False
+        start = int(cited["start"])
+        end = int(cited["end"] or start)
+        try:
+            text = read_text(root / cited["file"], what="upstream source")
+        except (InputError, OSError):
+            return False
+        lines = " ".join(" ".join(text.splitlines()[start - 1 : end]).split())
+        return " ".join(self.statement.split()) in lines
+
+
+_WHERE = re.compile(r"(?P<file>[\w/]+\.py):(?P<start>\d+)(?:-(?P<end>\d+))?")
 
 
 def _is_version(text: str) -> bool:
