@@ -105,6 +105,7 @@ def selection(args: argparse.Namespace) -> Selection:
     except SelectorError as exc:
         raise UsageError(str(exc)) from exc
     fail_on: Level = args.fail_on or settings.get("fail-on", "error")
+    args.settings_gpu = settings.get("gpu")
     return Selection(select, ignore, fail_on)
 
 
@@ -307,6 +308,7 @@ def finish(
     prepared: Prepared,
     ask: Any,
     chosen: Selection,
+    gpu: Any = None,
 ) -> FileResult:
     from pytest_verl_compat.upstream.verdict.case import check_case
 
@@ -320,7 +322,12 @@ def finish(
         verdict = check_case(session, prepared.case, ask)
     except StageFailed as exc:
         return FileResult(locator.label, "unreadable", error=str(exc))
-    located = [f for f in locator.located(verdict.findings) if chosen.reports(f.rule)]
+    found = list(verdict.findings)
+    if gpu is not None and verdict.composed:  # check --gpu: the memory forecast's findings too
+        from pytest_verl_compat.cli.fit_common import memory_check
+
+        found = [*found, *memory_check(session, prepared.case, gpu)]
+    located = [f for f in locator.located(found) if chosen.reports(f.rule)]
     launcher = locator.launcher()
     silenced = 0
     if locator.text is not None:
@@ -375,6 +382,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not hasattr(args, "argv"):
         args.argv = []
     chosen = selection(args)
+    gpu = None
+    if getattr(args, "gpu", None) or getattr(args, "gpu_memory", None) or args.settings_gpu:
+        from pytest_verl_compat.cli.fit_common import choose_gpu
+
+        gpu = choose_gpu(args.gpu, args.gpu_memory, args.settings_gpu)
     session = open_session(args)
     if args.model_config:
         from pytest_verl_compat.pipeline.model_facts import read_model_facts
@@ -396,10 +408,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         ):
             ask, close = _asker(session, prepared, args)
             try:
-                results = [finish(session, p, ask, chosen) for p in prepared]
+                results = [finish(session, p, ask, chosen, gpu) for p in prepared]
             finally:
                 close()
     rules = all_rules(session.pin.version, Path(session.profile_name).stem)
+    if gpu is None:  # the memory.* pages belong to check --gpu's output only
+        rules = {rule: doc for rule, doc in rules.items() if not rule.startswith("memory.")}
     run = CheckRun(
         results,
         session.version,
@@ -535,6 +549,17 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the actor model's config.json (or its folder): checks heads, experts, context length "
         "and tokenizer against the layout; read as JSON only, never run",
+    )
+    check.add_argument(
+        "--gpu",
+        metavar="TYPE",
+        help="also forecast each phase's GPU memory on this GPU type (memory.* findings; see fit)",
+    )
+    check.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="as --gpu, for a GPU of this many usable GiB",
     )
     check.add_argument(
         "--no-upstream-checks",

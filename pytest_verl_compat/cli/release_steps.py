@@ -180,6 +180,7 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
     """Each rule's upstream lines, found in this release; one it changed needs a person."""
     if context.is_base:
         return
+    from pytest_verl_compat.memory import findings  # noqa: F401  (registers the memory.* pages)
     from pytest_verl_compat.releases.lines import cite
     from pytest_verl_compat.upstream.verdict.rules import all_rules
 
@@ -192,6 +193,25 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
                     f"{context.version} (check the rule still holds there): {cited[:200]}"
                 )
                 break
+
+
+def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
+    """The memory forecast's facts of this release (``data/releases/VERSION/memory.yaml``,
+    written by a person): each statement at its cited lines of the release's files."""
+    from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
+
+    try:
+        facts = release_facts(context.version)
+    except ReleaseFactsError as exc:
+        derivation.person.append(f"memory facts: {exc}")
+        return
+    root = context.files().root
+    for name, fact in sorted(facts.facts.items()):
+        if not fact.found_in(root):
+            derivation.person.append(
+                f"memory fact {name}: `{fact.statement}` is not at {fact.where} in "
+                f"{context.version} (data/releases/{context.version}/memory.yaml)"
+            )
 
 
 def _statements(derivation: Derivation, context: DeriveContext) -> None:
@@ -414,6 +434,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "line-map": _line_map,
     "profile": _profile,
     "rule-citations": _rule_citations,
+    "memory-facts": _memory_facts,
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,
