@@ -220,6 +220,12 @@ class ResolvedCheck:
     def from_pinned_tree(self) -> bool:
         return self.pinned.mismatches == 0
 
+    @property
+    def same_leaves(self) -> bool:
+        """The pinned tree's leaves, no more, no fewer: a value of another type than the tree's
+        default is then the type check's finding (``types.wrong-type``), as a launch's is."""
+        return not self.pinned.extra and not self.pinned.missing
+
     def lines(self, limit: int = 12) -> list[str]:
         out = []
         for title, items in (
@@ -290,13 +296,45 @@ def resolved_composition(
     except ResolvedFileError as exc:
         fields = dataclasses.replace(launch, fields=overrides)
         return fields, Composition(COMPOSITION_REJECTION, reason=str(exc))
+    # Leaves the run added (``+KEY=``) or deleted (``~KEY``) are its own, as in a composition.
+    check.pinned.extra = _not_under(check.pinned.extra, overrides, "+")
+    check.pinned.missing = _not_under(check.pinned.missing, overrides, "~")
     if run.overrides is not None:
         explicit = run.overrides
     else:
-        base = composer.compose(groups, {}).mapping
-        explicit = changed_fields(run.mapping, base, composer.interpolation_sources())
+        explicit = _derived_fields(run.mapping, composer, groups)
     fields = dataclasses.replace(launch, fields=explicit)
-    if not check.from_pinned_tree or check.unresolved:
+    if not check.same_leaves or check.unresolved:
         reason = "; ".join(check.lines(limit=5))
         return fields, Composition(COMPOSITION_REJECTION, reason=reason)
     return fields, Composition(COMPOSED, resolved=run.mapping)
+
+
+def _not_under(paths: list[str], overrides: Sequence[str], prefix: str) -> list[str]:
+    keys = [line.split("=", 1)[0].lstrip("+~") for line in overrides if line.startswith(prefix)]
+    return [p for p in paths if not any(p == k or p.startswith(k + ".") for k in keys)]
+
+
+def _derived_fields(
+    mapping: Mapping[str, Any], composer: Composer, groups: Sequence[str]
+) -> tuple[str, ...]:
+    """The keys a run without ``overrides.yaml`` set: the leaves it changed, less those the tree
+    derives by an interpolation from the others (``trainer.default_local_dir`` from the
+    experiment's name), found by composing the others and seeing the same value there."""
+    base = composer.compose(groups, {}).mapping
+    changed = changed_fields(mapping, base, composer.interpolation_sources())
+    derived = composer.interpolated_leaves()
+    if not any(field.split("=", 1)[0] in derived for field in changed):
+        return changed
+    plain = [f for f in changed if f.split("=", 1)[0] not in derived]
+    composed = composer.compose([*groups, *plain], {})
+    if not composed.composed:
+        return changed  # values Hydra's grammar does not take back: every changed leaf is kept
+    theirs, ours = _shape(composed.mapping), _shape(mapping)
+    return tuple(
+        f
+        for f in changed
+        if (key := f.split("=", 1)[0]) not in derived
+        or key not in theirs
+        or not _same_value(ours.get(key), theirs[key])
+    )
