@@ -244,7 +244,7 @@ class LeafVerdict:
 # Where a finding's location points: the script text that sets the key, the launcher line (the
 # key is set, but not by text the locator can find), a ``--set`` argument, the config tree's YAML
 # line of a key left at its default, or the manifest entry of a case with no script text.
-LocationOrigin = Literal["script", "launcher", "set", "tree", "manifest"]
+LocationOrigin = Literal["script", "launcher", "set", "tree", "manifest", "resolved"]
 
 
 @dataclass(frozen=True)

@@ -360,7 +360,7 @@ def finish(
 # --- the command --------------------------------------------------------------------------------
 
 
-def _tool_version() -> str:
+def tool_version() -> str:
     try:
         return metadata.version("pytest-verl-compat")
     except metadata.PackageNotFoundError:
@@ -417,7 +417,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     run = CheckRun(
         results,
         session.version,
-        _tool_version(),
+        tool_version(),
         rules,
         Path.cwd(),
         session.release.why if session.release else "",
@@ -439,18 +439,20 @@ def exit_status(run: CheckRun, chosen: Selection, args: argparse.Namespace) -> i
     return EXIT_FINDINGS if failing else EXIT_OK
 
 
-def write_output(run: CheckRun, args: argparse.Namespace, session: AuditSession) -> None:
+def write_output(
+    run: CheckRun, args: argparse.Namespace, session: AuditSession, command: str = "check"
+) -> None:
     many = len(run.results) > 1
     for result in run.results:
         if result.status == "unreadable":
-            say("check", result.error)
+            say(command, result.error)
     # The release is a choice, said as one: which one, and what chose it (an input not read was
     # checked against none).
     if any(result.status != "unreadable" for result in run.results):
-        note("check", f"checked against verl {run.version} ({run.release_why})")
+        note(command, f"checked against verl {run.version} ({run.release_why})")
     skipped = sorted({r.upstream_skipped for r in run.results if r.upstream_skipped})
     for reason in skipped:
-        say("check", f"upstream's own checks skipped: {reason}")
+        say(command, f"upstream's own checks skipped: {reason}")
     if args.format == "text":
         lines = [line for r in run.results for line in text_lines(r)]
     elif args.format == "github":
@@ -503,53 +505,7 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--set", action="append", type=override_value, metavar="KEY=VALUE", help="an extra override"
     )
-    check.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="text",
-        help="text (default), json (schema: pytest_verl_compat/data/check.schema.json), "
-        "sarif (2.1.0, for GitHub code scanning) or github (workflow annotations)",
-    )
-    check.add_argument(
-        "--output-file", metavar="PATH", help="write the findings there instead of stdout"
-    )
-    check.add_argument(
-        "--select",
-        action="append",
-        metavar="RULES",
-        help="report only these rule ids or families (comma-separated; e.g. batch,upstream)",
-    )
-    check.add_argument(
-        "--ignore",
-        action="append",
-        metavar="RULES",
-        help="do not report these rule ids or families",
-    )
-    check.add_argument(
-        "--fail-on",
-        choices=LEVELS[:2],
-        default=None,
-        help="exit 1 on findings at or above this level (default: error)",
-    )
-    check.add_argument(
-        "--isolated",
-        action="store_true",
-        help="ignore [tool.verl-compat] in pyproject.toml",
-    )
-    check.add_argument(
-        "--stdin-filename", metavar="NAME", help="the name of the script read from standard input"
-    )
-    check.add_argument(
-        "--profile",
-        action="store_true",
-        help="also fail (exit 1) when the reference trainer cannot run the case, listing why",
-    )
-    check.add_argument(
-        "--model-config",
-        metavar="PATH",
-        help="the actor model's config.json (or its folder): checks heads, experts, context length "
-        "and tokenizer against the layout; read as JSON only, never run",
-    )
+    add_report_flags(check)
     check.add_argument(
         "--gpu",
         metavar="TYPE",
@@ -562,9 +518,60 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="as --gpu, for a GPU of this many usable GiB",
     )
     check.add_argument(
+        "--stdin-filename", metavar="NAME", help="the name of the script read from standard input"
+    )
+    check.add_argument(
+        "--profile",
+        action="store_true",
+        help="also fail (exit 1) when the reference trainer cannot run the case, listing why",
+    )
+    add_bindings_flags(check)
+    check.set_defaults(func=cmd_check)
+
+
+def add_report_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose and print findings: ``check``'s, and ``compile``'s (one rule set)."""
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default), json (schema: pytest_verl_compat/data/check.schema.json), "
+        "sarif (2.1.0, for GitHub code scanning) or github (workflow annotations)",
+    )
+    parser.add_argument(
+        "--output-file", metavar="PATH", help="write the findings there instead of stdout"
+    )
+    parser.add_argument(
+        "--select",
+        action="append",
+        metavar="RULES",
+        help="report only these rule ids or families (comma-separated; e.g. batch,upstream)",
+    )
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        metavar="RULES",
+        help="do not report these rule ids or families",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=LEVELS[:2],
+        default=None,
+        help="exit 1 on findings at or above this level (default: error)",
+    )
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="ignore [tool.verl-compat] in pyproject.toml",
+    )
+    parser.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="the actor model's config.json (or its folder): checks heads, experts, context length "
+        "and tokenizer against the layout; read as JSON only, never run",
+    )
+    parser.add_argument(
         "--no-upstream-checks",
         action="store_true",
         help="skip upstream's own config-only checks (run in a sandboxed verl process, cached)",
     )
-    add_bindings_flags(check)
-    check.set_defaults(func=cmd_check)

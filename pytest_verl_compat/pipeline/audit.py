@@ -17,8 +17,6 @@ from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.files.digests import sha256_file
 from pytest_verl_compat.files.safe_input import InputError, confined
 from pytest_verl_compat.model import (
-    COMPOSED,
-    COMPOSITION_REJECTION,
     SCRIPT,
     SEMANTIC_REJECTION,
     Bindings,
@@ -38,6 +36,7 @@ from pytest_verl_compat.pipeline.compose import Composer, count_leaves
 from pytest_verl_compat.pipeline.entry_points import (
     PINNED_ENTRY_MODULE,
     SFT_CONFIG_NAME,
+    SFT_ENTRY_MODULE,
     EntryPoint,
     UnknownEntryPoint,
     by_module,
@@ -78,7 +77,12 @@ from pytest_verl_compat.pipeline.profile import (
     load_profile,
     profile_sha256,
 )
-from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
+from pytest_verl_compat.pipeline.resolved import (
+    ResolvedFileError,
+    load_run,
+    resolved_composition,
+    resolved_path,
+)
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from pytest_verl_compat.releases.choice import ReleaseChoice, choose_release
 from pytest_verl_compat.releases.index import ReleaseError
@@ -152,6 +156,8 @@ class AuditSession:
     memo: StageMemo = field(default_factory=StageMemo, repr=False)
     _memo_keys: dict[str, str] = field(default_factory=dict, repr=False)
     _profile_digests: dict[str, str] = field(default_factory=dict, repr=False)
+    # A resolved file's case: the world its launch started (``compile --world-size``), by case id.
+    _resolved_worlds: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -528,6 +534,30 @@ class AuditSession:
             bindings=self.manifest.bindings.overlay(extra or Bindings()),
         )
 
+    def case_for_resolved(self, given: str | Path, world_size: int | None = None) -> Case:
+        """A one-off case for a run's resolved file (or its run folder), and Hydra's
+        ``overrides.yaml`` beside it: composed, compiled and checked as a manifest case is, so
+        ``compile RESOLVED`` and ``check`` keep one rule set. ``world_size``: the processes its
+        launcher started (torchrun's), which no resolved file records."""
+        assert self.manifest is not None
+        try:
+            path = resolved_path(Path(given)).resolve()
+            run = load_run(path)
+        except ResolvedFileError as exc:
+            raise StageFailed(str(exc)) from exc
+        pinned = [path] + ([run.overrides_file.resolve()] if run.overrides_file else [])
+        case = Case(
+            id=f"{path.stem}@{path}",
+            kind="resolved",
+            line=0,
+            resolved=str(path),
+            inputs=tuple(InputPin(str(file), sha256_file(file)) for file in pinned),
+            bindings=self.manifest.bindings,
+        )
+        if world_size is not None:
+            self._resolved_worlds[case.id] = world_size
+        return case
+
     def _read_from(self, case: Case, root: Path, label: str = "") -> ExplicitFields:
         """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate.
         The launch reader is imported here: a run from golden fields never needs it."""
@@ -703,24 +733,27 @@ class AuditSession:
             raise StageFailed(str(exc)) from exc
 
     def _resolved_outcome(self, case: Case) -> CaseOutcome:
-        """A ``resolved`` case: a run's resolved configuration file, checked against the pinned tree."""
+        """A ``resolved`` case: a run's resolved configuration file, checked against the tree of
+        its family (main_ppo's, or the SFT trainer's for an SFT run's file) as a composition is."""
         assert self.manifest is not None and case.resolved is not None
         folder = self.manifest.path.parent
         bad = [check for check in check_pins(folder, case.inputs) if not check.ok]
         if bad:
             raise StageFailed("; ".join(check.message() for check in bad))
         try:
-            mapping = load_resolved(folder / case.resolved)
+            run = load_run(folder / case.resolved)
         except ResolvedFileError as exc:
             raise StageFailed(f"[{case.id}] {exc}") from exc
-        check = check_resolved(mapping, self.composer(), f"verl {self.manifest.upstream.version}")
-        fields = ExplicitFields((), None)
-        if not check.from_pinned_tree or check.unresolved:
-            reason = "; ".join(check.lines(limit=5))
-            return CaseOutcome(
-                fields, "resolved", Composition(COMPOSITION_REJECTION, reason=reason)
-            )
-        return CaseOutcome(fields, "resolved", Composition(COMPOSED, resolved=mapping))
+        launch = ExplicitFields(
+            (),
+            None,
+            module=SFT_ENTRY_MODULE if family_of(run.mapping) == SFT else None,
+            world_size=self._resolved_worlds.get(case.id),
+        )
+        fields, composition = resolved_composition(
+            run, self.composer(launch), f"verl {self.version}", launch
+        )
+        return CaseOutcome(fields, "resolved", composition)
 
     def golden_payload(self, case: Case) -> dict[str, Any]:
         """What the compose golden file holds for a case."""

@@ -507,6 +507,15 @@ class Composer:
                 sources[path] = _absolute(path, match.group(1))
         return sources
 
+    def interpolated_leaves(self) -> frozenset[str]:
+        """The leaves of the override-free tree whose value holds an interpolation (``${…}``):
+        their resolved value follows other keys."""
+        return frozenset(
+            path
+            for path, value in iter_leaves(self._base().plain)
+            if isinstance(value, str) and "${" in value
+        )
+
     def _split_groups(self, fields: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
         """(plain group selections, the other overrides), or the fast path is unavailable."""
         if not any("=" in line and "." not in line.split("=", 1)[0] for line in fields):
