@@ -370,7 +370,10 @@ class EarlyAnswer:
                     "info",
                     ", ".join(keys) or "<environment>",
                     str(note[probe_optional.KEY_MESSAGE]),
-                    "nothing: the name is valid where the package is installed",
+                    str(
+                        note.get("fix")
+                        or "nothing: the name is valid where the package is installed"
+                    ),
                     evidence=str(note[probe_optional.KEY_WHERE]),
                     check=str(note[probe_optional.KEY_RULE]),
                 )
