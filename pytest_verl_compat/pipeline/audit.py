@@ -493,6 +493,11 @@ class AuditSession:
             self.memo.put(COMPOSITION_KIND, key, plain)
         return composition
 
+    def compose_variant(self, fields: ExplicitFields, bindings: Bindings) -> Composition:
+        """``fields`` composed as a case's are, not kept: a variant of a case's launch asked about
+        once (``upstream.verdict.blame`` leaves some of its keys out)."""
+        return self.composer(fields).compose(fields.fields, dict(fields.environment(bindings)))
+
     def memo_key(self, case: Case) -> str | None:
         """The key of the case's composition in the memo (None for a resolved file's case)."""
         self.outcome(case)

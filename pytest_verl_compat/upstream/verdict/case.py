@@ -128,7 +128,8 @@ def _user_keys(session: AuditSession, case: Case) -> Callable[[Iterable[str]], l
     itself; the keys the script set come first (a statement that reads several keys is decided,
     for the user, by the ones they wrote, not by a default read before them)."""
     explicit = set(explicit_keys(session, case))
-    sources = session.composer().interpolation_sources()
+    fields = session.outcome(case).fields
+    sources = session.composer(fields).interpolation_sources(fields.fields)
 
     def keys_of(keys: Iterable[str]) -> list[str]:
         out: list[str] = []
@@ -198,9 +199,15 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
             "upstream's training checks do not apply; its tree is composed only"
         )
     if family == RL and module in (None, ENTRY_MODULE):
-        return ChecksQuestion(mapping, explicit)
+        return ChecksQuestion(mapping, explicit, launch=(outcome.fields, case.bindings))
     if family == SFT and module in (None, SFT_ENTRY_MODULE):
-        return ChecksQuestion(mapping, explicit, SFT_ENTRY_MODULE, outcome.fields.world_size)
+        return ChecksQuestion(
+            mapping,
+            explicit,
+            SFT_ENTRY_MODULE,
+            outcome.fields.world_size,
+            launch=(outcome.fields, case.bindings),
+        )
     launched = f"{module}'s" if module else "this"
     # The probes run main_ppo's trainer and the SFT trainer; another entry point's trainer
     # (fully_async_main's FullyAsyncTrainer sets data.train_batch_size=0 on purpose, which
@@ -267,7 +274,9 @@ def _verdict(
             upstream = [
                 _with_static_fix(
                     failure.finding(
-                        session.pin.version, _deciding_path(keys_of(failure), explicit)
+                        session.pin.version,
+                        _deciding_path(keys_of(failure), explicit),
+                        ", ".join(sorted(keys_of(failure))),
                     ),
                     covered,
                 )
