@@ -31,7 +31,10 @@ skipped commands (``mkdir -p "$PWD/logs"``) or transformed (``${PWD##*/}`` is a 
 of its own).  Only where its text decides something is it refused, with the line it came from,
 the line that needs it and the binding that fixes it: the launcher's argv, a condition (an
 emptiness test passes when the value is certainly non-empty), a ``case`` subject or pattern,
-arithmetic, the word count of an unquoted expansion (loops, arrays, builtins, redirections),
+arithmetic, the word count of an unquoted expansion (loops, arrays, builtins, redirections;
+a value of known characters, such as an arithmetic result, ``$RANDOM`` or ``$(date +%Y%m%d)``,
+is one word whatever it is, and the launcher's log file is taken as one word, as an override's
+value is),
 the name of the command run, or the arguments of Python, of a modelled builtin or of a program
 that runs its arguments as a command.  Exported run-time values are listed in
 ``LaunchRead.runtime`` instead of ``exported``.
@@ -70,7 +73,8 @@ The modules, each importing only those before it (no import cycle, and no module
 name starting with ``_`` from another): ``errors`` (what is raised, the budgets and the
 exceptions that unwind the interpreter), ``parse`` (shfmt and the tree), ``words`` (quoting,
 fields and the ASCII value helpers), ``arrays`` (associative arrays in bash's order), ``scope``
-(which files ``source`` may read), ``state`` (the shell and its variables), ``arithmetic``,
+(which files ``source`` may read), ``shapes`` (the characters some run-time values are made of),
+``state`` (the shell and its variables), ``arithmetic``,
 ``braces``, ``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the
 pure ``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
 ``paths`` and ``printing``), ``stdin`` (input and what reads it, over the pure ``filters``),

@@ -730,46 +730,6 @@ class Interpreter(Branches):
             # Only `printf -v NAME` changes the shell; the format and arguments just print.
             self.need(argv[1] if uncertain is None else uncertain, line, purpose)
 
-    def redirections(self, redirs: list[Node], launcher: bool) -> StandardInput | None:
-        """Expand redirection targets (for their side effects and errors); open nothing.
-
-        Returns the command's standard input when a redirection gives it one.
-        """
-        stdin: StandardInput | None = None
-        for redir in redirs:
-            line = line_of(redir)
-            op = redir.get("Op")
-            number = (redir.get("N") or {}).get("Value", "")
-            if number.startswith("{"):
-                self.fail(line, "redirection", f"{number} assigns a file descriptor to a variable")
-            standard_input = number in ("", "0")
-            if op in ("<<", "<<-", "<<<"):
-                what = "here-string" if op == "<<<" else "here-document"
-                if launcher:
-                    self.fail(line, what, "feeds the launcher's standard input")
-                if op == "<<<":
-                    text = self.string(redir.get("Word"), tilde="start") + "\n"
-                else:
-                    text = self.heredoc_text(redir)
-                if standard_input:
-                    stdin = StandardInput(text, f"the {what} of line {line}", heredoc=True)
-                continue
-            use = "files it names: bash refuses more than one"
-            targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
-            if len(targets) != 1:
-                self.fail(line, "redirection", "ambiguous redirect")
-            if op in ("<", "<>") and standard_input:
-                target = targets[0]
-                if target in self.process_outputs:
-                    stdin = StandardInput(
-                        self.process_outputs[target], f"the <(...) of line {line}"
-                    )
-                else:
-                    stdin = StandardInput(None, f"the file {self.shown(target)!r}")
-            elif op == "<&" and standard_input:
-                stdin = StandardInput(None, "another file descriptor")
-        return stdin
-
 
 def _statement_text(text: str) -> str:
     """A statement's source as a substitution binding writes it: without the `;` that ends it."""

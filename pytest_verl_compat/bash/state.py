@@ -20,6 +20,7 @@ from pytest_verl_compat.bash.errors import (
     BudgetExceeded,
     LaunchReadError,
 )
+from pytest_verl_compat.bash.shapes import DIGITS, INTEGER_VARIABLES, one_word
 from pytest_verl_compat.model import Bindings
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class _Lazy:
     binding: str
     nonempty: bool
     cause: int | None = None
+    # The characters it can hold, when only those are possible (``shapes``); None: any.
+    chars: frozenset[str] | None = None
 
 
 SET_FLAGS = {
@@ -452,14 +455,20 @@ class State:
     # ---------------------------------------------------------------- run-time values
 
     def lazy(
-        self, line: int, what: str, binding: str, nonempty: bool, cause: int | None = None
+        self,
+        line: int,
+        what: str,
+        binding: str,
+        nonempty: bool,
+        cause: int | None = None,
+        chars: frozenset[str] | None = None,
     ) -> str:
         """A new run-time value: text that may be copied around but never decided on."""
         if len(self.lazies) >= MAX_RUNTIME_VALUES:
             raise BudgetExceeded(
                 f"the script expands more than {MAX_RUNTIME_VALUES} run-time values"
             )
-        self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
+        self.lazies.append(_Lazy(line, what, binding, nonempty, cause, chars))
         return f"\0{len(self.lazies) - 1}\0"
 
     def replace_runtime(self, text: str, replace: Callable[[int], str]) -> str:
@@ -538,7 +547,17 @@ class State:
             f"${name}",
             f"bind it: --env {name}=VALUE (environment.variables in the manifest)",
             name in _NEVER_EMPTY,
+            chars=DIGITS if name in INTEGER_VARIABLES else None,
         )
+
+    def splits_as_one(self, text: str) -> bool:
+        """Whether an unquoted ``text`` splits as if its run-time values were one word each:
+        each is non-empty and made of characters IFS does not split on (``shapes``)."""
+        split_on = self.split_characters()
+        if frozenset(split_on) & (DIGITS | {"\0"}):
+            return False  # the marker itself would be split
+        lazies = [self.lazies[i] for i in self.lazy_ids(text)]
+        return all(lazy.nonempty and one_word(lazy.chars, split_on) for lazy in lazies)
 
     if TYPE_CHECKING:
         # Implemented by Expansion; arithmetic and patterns expand words through them.
