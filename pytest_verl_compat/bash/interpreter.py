@@ -45,9 +45,11 @@ _MAX_ITERATIONS = 10_000
 _RESOURCE_ERRORS = frozenset({"limit", "nesting", "launcher"})
 
 
-# Whether an override may keep a run-time value in its value: (its key, its value with the
-# placeholders) -> yes. The reader's caller knows which keys only name files.
-Carry = Callable[[str, str], bool]
+# Whether a run-time value may stay unknown where it is: (the override's key or `torchrun
+# --NAME`, its value with the placeholders, the argv with them) -> None when it may, else why
+# it decides something there (may be empty). The reader's caller knows which keys and options
+# only name something.
+Carry = Callable[[str, str, tuple[str, ...]], str | None]
 
 
 def read_launch(
@@ -73,15 +75,23 @@ def read_launch(
     script's final launch of any accepted module.
 
     ``carry``: the overrides whose value may hold a run-time value, as a placeholder
-    (``LaunchRead.carried``); without it every run-time value in the argv is refused.
+    (``LaunchRead.carried``), and torchrun's options that may (``carried_options``); without
+    it every run-time value in the argv is refused, and torchrun's are left to the caller.
     """
     label, data = load_script(path, text)
     script = label if text is not None else os.path.abspath(label)
     read = _read(label, data, bindings, script, scope or SourceScope.around(label), entry_modules)
     for value in read.carried:
         word = read.argv[value.index].partition("=")[2]
-        if carry is None or not carry(value.key, word):
-            raise LaunchReadError(read.path or label, value.line, "run-time value", value.refusal())
+        why = "" if carry is None else carry(value.key, word, read.argv)
+        if why is not None:
+            detail = value.refusal(why)
+            raise LaunchReadError(read.path or label, value.line, "run-time value", detail)
+    for value in read.carried_options:
+        why = None if carry is None else carry(value.key, "", read.argv)
+        if why is not None:
+            detail = value.refusal(why)
+            raise LaunchReadError(read.path or label, value.line, "run-time value", detail)
     return read
 
 

@@ -168,18 +168,23 @@ SET_NAMED = {
 class CarriedValue:
     """A run-time value in an override's value, carried into the argv as a placeholder."""
 
-    index: int  # the word's place in the argv
-    key: str  # the override's key
+    index: int  # the word's place in the argv (-1 for an option of the launcher)
+    key: str  # the override's key (``torchrun --NAME`` for an option of torchrun)
     what: str  # the run-time values it holds, where each comes from (``$PWD (line 2)``)
     placeholders: tuple[str, ...]  # the text each stands as in the argv (``RUNTIME_PWD``)
     binding: str  # how to bind the first
     line: int  # the launcher's line
 
-    def refusal(self) -> str:
-        """The reader's words for a run-time value that must be known here."""
+    def refusal(self, why: str = "") -> str:
+        """The reader's words for a run-time value that must be known here (``why``: what it
+        decides there, when the caller knows)."""
+        where = "the launcher's argv"
+        if why or self.index < 0:
+            where = f"`{self.key}`" if self.index < 0 else self.key
+            where += ", which decides the run" + (f" ({why})" if why else "") + ","
         return (
-            f"{self.what} reaches the launcher's argv on line {self.line}, but is only known "
-            f"when the script runs; {self.binding}"
+            f"{self.what} reaches {where} on line {self.line}, but is only known when the "
+            f"script runs; {self.binding}"
         )
 
 
@@ -220,6 +225,9 @@ class LaunchRead:
     world_size_reason: str = ""
     # Run-time values carried in overrides' values as placeholders (``CarriedValue``).
     carried: tuple[CarriedValue, ...] = ()
+    # torchrun's options whose value is only known at run time, keyed ``torchrun --NAME``
+    # (index -1: not a word of the module's argv).
+    carried_options: tuple[CarriedValue, ...] = ()
 
 
 Value = str | dict[int, str] | Assoc

@@ -240,15 +240,21 @@ LOCAL_RULES = (
     RuleDoc(
         LAUNCH_RUNTIME,
         "info",
-        "An override whose value holds a run-time value (`data.train_files=$PWD/data/train.parquet`, "
-        "`$(pwd)`, a variable bash sets) in a leaf that only names a file or a folder: the value "
-        "is carried as a placeholder (`RUNTIME_PWD`) and the verdict is given. A run-time value "
-        "in any other leaf (a size, a name, a flag), in a key or in a flag decides what the run "
-        "does and stays `launch.unreadable`, as does the step number of `trainer.resume_from_path`, "
-        "which upstream reads (verl/trainer/ppo/v1/trainer_base.py:812-823).",
+        "A run-time value (`$(date +%Y%m%d_%H%M)`, `$RANDOM`, `$(hostname)`, `$PWD`) where a "
+        "value only names something: a run or a project (`trainer.experiment_name`, read only by "
+        "the loggers, verl/trainer/ppo/v1/trainer_base.py:400), a file or a folder "
+        "(`data.train_files=$PWD/data/train.parquet`), torchrun's rendezvous port "
+        "(`--master_port=$((RANDOM % 1000 + 20000))`). The value is carried as a placeholder "
+        "(`RUNTIME_PWD`) and the verdict is given for any value there "
+        "(pytest_verl_compat/data/naming.yaml lists each place, what it names and where verl "
+        "reads it). A run-time value anywhere else (a size, a count, a flag, a model whose "
+        "config.json the model checks read, torchrun's `--nproc_per_node`, the step number of "
+        "`trainer.resume_from_path`, verl/trainer/ppo/v1/trainer_base.py:812-823, the run's name "
+        "under the GDPO reward manager, which hands it to the reward function) decides what the "
+        "run does and stays `launch.unreadable`.",
         "not upstream's: the launch reader (pytest_verl_compat/bash) carries the value, the read "
-        "stage (pytest_verl_compat/pipeline/read.py) decides where it may stay unknown",
-        "bind the value (--env NAME=VALUE) to check the path itself",
+        "stage decides where it may stay unknown (pytest_verl_compat/pipeline/naming.py)",
+        "nothing to do; bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) to see it",
         None,
         "the launch reader",
     ),
