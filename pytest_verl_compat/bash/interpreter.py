@@ -23,6 +23,7 @@ from pytest_verl_compat.bash.errors import (
     MAX_STEPS,
     BudgetExceeded,
     LaunchExited,
+    LaunchForked,
     LaunchReadError,
     LoopControl,
     ShellExit,
@@ -30,8 +31,9 @@ from pytest_verl_compat.bash.errors import (
 )
 from pytest_verl_compat.bash.launcher import EntryLaunch
 from pytest_verl_compat.bash.parse import Node, line_of, load_script, parse_script
+from pytest_verl_compat.bash.results import LaunchRead
 from pytest_verl_compat.bash.scope import SourceScope
-from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, LaunchRead, StandardInput
+from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, StandardInput
 from pytest_verl_compat.bash.wrappers import Wrapped, find_wrapper
 from pytest_verl_compat.model import Bindings
 
@@ -175,7 +177,11 @@ class Interpreter(Branches):
                 f"no {wanted} is reached with these bindings"
                 + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
-        return replace(self.launch, sources=tuple(sorted(self.sourced.items())))
+        return replace(
+            self.launch,
+            sources=tuple(sorted(self.sourced.items())),
+            conditions=tuple(self.taken),
+        )
 
     def stmts(self, stmts: list[Node], exempt: bool) -> int:
         """Run a statement list; its status is the last statement's."""
@@ -296,7 +302,7 @@ class Interpreter(Branches):
                     status = 0
                 status = self.exit_trap(status)
         except LaunchReadError as exc:
-            if exc.construct in _RESOURCE_ERRORS:
+            if exc.construct in _RESOURCE_ERRORS or isinstance(exc, LaunchForked):
                 raise
             return None
         finally:
@@ -400,8 +406,8 @@ class Interpreter(Branches):
                 run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
                 skip = lambda: 0 if op == "||" else 1  # noqa: E731
                 if op == "&&":
-                    return self.either(run_other, skip, status, reader)
-                return self.either(skip, run_other, status, reader)
+                    return self.either(run_other, skip, status, reader, [cmd["X"]])
+                return self.either(skip, run_other, status, reader, [cmd["X"]])
             if (status == 0) == (op == "&&"):
                 return self.stmt(cmd["Y"], exempt)
             return status
@@ -478,6 +484,7 @@ class Interpreter(Branches):
                     lambda rest=rest: self.if_clause(rest, exempt) if rest else 0,  # type: ignore[misc]
                     status,
                     reader,
+                    cond,
                 )
             if status == 0:
                 return self.stmts(clause.get("Then") or [], exempt)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import pytest_verl_compat.bash.paths as paths
 from pytest_verl_compat.bash.builtins import SHELLS
 from pytest_verl_compat.bash.entry_points import WorldSize, module_of_file, torchrun_world_size
+from pytest_verl_compat.bash.results import CarriedValue, LaunchRead
 from pytest_verl_compat.bash.sources import Sources
-from pytest_verl_compat.bash.state import CarriedValue, LaunchRead, is_python
+from pytest_verl_compat.bash.state import is_python
 from pytest_verl_compat.bash.wrappers import (
     TORCHRUN,
     Wrapped,
