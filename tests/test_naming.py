@@ -105,7 +105,7 @@ CLASSES: dict[str, tuple[str, dict[str, str], dict[str, str]]] = {
     "free-port-from-python": (
         SFT,
         {
-            "setup": "PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"\", 0)); "
+            "setup": 'PORT=$(python3 -c \'import socket; s=socket.socket(); s.bind(("", 0)); '
             "print(s.getsockname()[1])')",
             "world": '--nproc_per_node=8 --master_port="$PORT"',
         },
@@ -219,9 +219,7 @@ def test_every_read_of_a_run_or_project_name_is_cited() -> None:
     it) must be looked at before the registry keeps calling it a name."""
     root = release_root(load_release_index().citations)
     cited = {
-        place
-        for entry in naming().keys.values()
-        for place in (*entry.reads, *entry.deciding_reads)
+        place for entry in naming().keys.values() for place in (*entry.reads, *entry.deciding_reads)
     }
     found = set()
     for path in sorted((root / "verl").rglob("*.py")):

@@ -11,14 +11,18 @@ value reaches a deciding key is refused in that way only.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
+import jsonschema
 import pytest
 from bash_oracle import run_bash_stubbed, stub_folder
 from reader_checks import HOME, LAUNCH, layout, needs_bash
 
+from pytest_verl_compat import cli
 from pytest_verl_compat.bash import (
     MAX_WAYS,
     LaunchForked,
@@ -210,3 +214,103 @@ def test_past_the_cap_the_script_is_refused_in_one_line(tmp_path: Path) -> None:
     error = caught.value
     assert error.construct == "run-time conditions" and f"more than {MAX_WAYS}" in error.detail
     assert "\n" not in str(error) and "lines 1, 2, 3, 4" in error.detail
+
+
+# --- check: one result, in every format ------------------------------------------------------
+
+GRPO = """#!/usr/bin/env bash
+{setup}
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files=$HOME/data/gsm8k/train.parquet \\
+    data.val_files=$HOME/data/gsm8k/test.parquet \\
+    data.train_batch_size=$BS \\
+    actor_rollout_ref.model.path=$MODEL \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \\
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=5 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \\
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \\
+    trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=15
+"""
+MODEL = (
+    'if [ -d "$HOME/models/Qwen2.5-7B" ]; then MODEL=$HOME/models/Qwen2.5-7B; '
+    "else MODEL=Qwen/Qwen2.5-7B; fi"
+)
+SAME = f"{MODEL}\nBS=1024"
+# 1000 prompts x 5 = 5000 responses do not fill mini-batches of 256 x 5 on 8 GPUs: padded.
+DIFFER = f'{MODEL}\n[ -f "$HOME/.small" ] && BS=512 || BS=1000'
+# The way without nvidia-smi reads; the other takes the GPU count from it at run time.
+DECIDES = (
+    f"{MODEL}\nBS=1024\nif command -v nvidia-smi >/dev/null 2>&1; then "
+    "N=$(nvidia-smi -L | wc -l); else N=8; fi"
+)
+
+
+def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    status = cli.main(["check", "--no-upstream-checks", *args])
+    out, _ = capsys.readouterr()
+    return status, out
+
+
+def _grpo(tmp_path: Path, setup: str) -> Path:
+    path = tmp_path / "run.sh"
+    text = GRPO.format(setup=setup)
+    if "nvidia-smi" in setup:
+        text = text.replace("trainer.n_gpus_per_node=8", "trainer.n_gpus_per_node=$N")
+    path.write_text(text)
+    return path
+
+
+def _schema() -> dict[str, object]:
+    text = resources.files("pytest_verl_compat").joinpath("data/check.schema.json").read_text()
+    return dict(json.loads(text))
+
+
+def test_ways_that_agree_give_one_verdict_and_a_note(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out = check(capsys, str(_grpo(tmp_path, SAME)), "--format", "json")
+    report = json.loads(out)
+    jsonschema.validate(report, _schema(), cls=jsonschema.Draft202012Validator)
+    (file,) = report["files"]
+    assert status == 0 and file["valid"] is True and "ways" not in file
+    (note,) = file["findings"]
+    assert note["rule"] == "launch.run-time-condition" and "each way gives" in note["message"]
+    assert note["location"]["line"] == 2 and "when" not in note
+
+
+def test_ways_that_differ_give_each_finding_with_its_way(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    script = str(_grpo(tmp_path, DIFFER))
+    status, out = check(capsys, script, "--format", "json")
+    report = json.loads(out)
+    jsonschema.validate(report, _schema(), cls=jsonschema.Draft202012Validator)
+    (file,) = report["files"]
+    assert status == 0 and file["valid"] is True and len(file["ways"]) == 4
+    (padded,) = [f for f in file["findings"] if f["rule"] == "batch.padded-step"]
+    # The one test that singles its ways out, not the model test they share.
+    assert padded["when"] == 'when [ -f "$HOME/.small" ] (line 3) is false'
+    _, text = check(capsys, script)
+    assert any(
+        line.endswith('[when [ -f "$HOME/.small" ] (line 3) is false]')
+        for line in text.splitlines()
+    ), text
+    _, sarif = check(capsys, script, "--format", "sarif")
+    (result,) = [r for r in json.loads(sarif)["runs"][0]["results"] if "padded" in r["ruleId"]]
+    assert result["message"]["text"].endswith("(line 3) is false]")
+    assert result["properties"]["when"] == padded["when"]
+    _, github = check(capsys, script, "--format", "github")
+    assert any("padded-step" in line and "is false]" in line for line in github.splitlines())
+
+
+def test_a_way_whose_run_time_value_decides_is_refused_in_that_way(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out = check(capsys, str(_grpo(tmp_path, DECIDES)), "--format", "json")
+    (file,) = json.loads(out)["files"]
+    assert status == 1 and file["valid"] is False
+    (refused,) = [f for f in file["findings"] if f["rule"] == "launch.unreadable"]
+    assert refused["when"] == "when command -v nvidia-smi >/dev/null 2>&1 (line 4) is true"
+    assert {way["valid"] for way in file["ways"]} == {True, False}

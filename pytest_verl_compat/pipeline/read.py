@@ -7,13 +7,13 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
+from pytest_verl_compat.bash import LaunchReadError, SourceScope, Way, read_launch, read_launch_ways
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
 from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.pipeline.naming import may_carry
 from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
 
-__all__ = ["PinMismatch", "read_case_fields"]
+__all__ = ["PinMismatch", "read_case_fields", "read_case_ways"]
 from pytest_verl_compat.files.safe_input import read_text
 
 
@@ -93,4 +93,21 @@ def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -
         reason,
         launcher=launcher,
         carried=carried,
+    )
+
+
+def read_case_ways(case: Case, root: Path, release_root: Path | None = None) -> tuple[Way, ...]:
+    """Each way the case's script goes at the conditions only the running system decides
+    (``bash.read_launch_ways``, read as :func:`read_case_fields` reads): one way, with no
+    condition, for a script that has none whose ways part. Each way's ``bindings`` read it."""
+    bad = [check for check in check_pins(root, case.inputs) if not check.ok]
+    if bad:
+        raise PinMismatch("; ".join(check.message() for check in bad))
+    assert case.launch is not None
+    return read_launch_ways(
+        root / case.launch,
+        case.bindings,
+        scope=source_scope(case, root),
+        entry_modules=launch_acceptor(release_root),
+        carry=may_carry,
     )

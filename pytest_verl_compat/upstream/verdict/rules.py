@@ -24,6 +24,7 @@ LAUNCH_UNREADABLE = "launch.unreadable"
 LAUNCH_NO_LAUNCHER = "launch.no-launcher"
 LAUNCH_UNKNOWN_ENTRY = "launch.unknown-entry-point"
 LAUNCH_RUNTIME = "launch.run-time-value"
+LAUNCH_RUNTIME_CONDITION = "launch.run-time-condition"
 
 _UPSTREAM = "upstream's own check, run in the sandboxed oracle process (verl-compat check)"
 
@@ -255,6 +256,24 @@ LOCAL_RULES = (
         "not upstream's: the launch reader (pytest_verl_compat/bash) carries the value, the read "
         "stage decides where it may stay unknown (pytest_verl_compat/pipeline/naming.py)",
         "nothing to do; bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) to see it",
+        None,
+        "the launch reader",
+    ),
+    RuleDoc(
+        LAUNCH_RUNTIME_CONDITION,
+        "info",
+        'A test only decided where the script runs parts its ways (`if [ -d "$HOME/models/Qwen" '
+        "]; then MODEL=$HOME/models/Qwen; else MODEL=Qwen/Qwen2.5-7B; fi`, `[ -f .env ] && A=1 "
+        "|| A=2`, `if command -v nvidia-smi >/dev/null`, a test of `$(hostname)`): the reader "
+        "follows each way, never guessing which the run takes, and each way's launch is composed "
+        "and checked. When every way gives the same findings they are the script's and this note "
+        "names the tests; otherwise each finding that not every way shares is given with its way "
+        "(`[when [ -d … ] (line 2) is false]`) and the script is valid only if every way is. "
+        "Past 8 ways the script is `launch.unreadable`, naming the tests' lines.",
+        "not upstream's: the launch reader follows each way (pytest_verl_compat/bash/branches.py, "
+        "ways.py) and check gives one result (pytest_verl_compat/cli/check_ways.py)",
+        "nothing to do; bind what the tests read (--env NAME=VALUE, --subst COMMAND OUTPUT) to "
+        "check one way only",
         None,
         "the launch reader",
     ),
