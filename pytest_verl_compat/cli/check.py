@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.bash import LaunchExited, LaunchReadError
+from pytest_verl_compat.bash import LaunchExited, LaunchForked, LaunchReadError, Way
 from pytest_verl_compat.bash.entry_points import ENTRY_PACKAGES
 from pytest_verl_compat.cli.check_report import (
     FORMATS,
@@ -40,6 +40,7 @@ from pytest_verl_compat.cli.check_report import (
     text_lines,
     verdict_lines,
 )
+from pytest_verl_compat.cli.check_ways import merge_ways
 from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -175,12 +176,21 @@ def targets(args: argparse.Namespace, session: AuditSession) -> list[Target]:
 
 @dataclass
 class Prepared:
-    """A target read and composed: what check_case needs, and how to locate its findings."""
+    """A target read and composed: what check_case needs, and how to locate its findings; or
+    its ways, each prepared, where the script parts at conditions only its run decides."""
 
     target: Target
     case: Case | None = None
     locator: Locator | None = None
     result: FileResult | None = None  # set when the target ends before check_case
+    ways: list[tuple[Way, Prepared]] = dataclasses.field(default_factory=list)
+    # Where the first condition the ways part at is (the note about the ways points there).
+    parted: Location | None = None
+
+    def cases(self) -> list[Case]:
+        """The cases to ask upstream about: this one's, or each way's."""
+        own = [self.case] if self.case is not None else []
+        return own + [case for _, way in self.ways for case in way.cases()]
 
 
 def _launch_finding(exc: LaunchReadError, label: str) -> Finding:
@@ -210,6 +220,16 @@ def _launch_line(session: AuditSession, case: Case, label: str) -> Location:
     return Location(label, line or 1, 0, "launcher")
 
 
+def _condition_place(way: Way, label: str, launch: str | None) -> Location:
+    """Where the first condition a script's ways part at is written: its line in the script,
+    or the script's first line when it is in a file the script sources."""
+    first = way.conditions[0] if way.conditions else None
+    script = os.path.normpath(launch or "")
+    if first is None or not launch or not os.path.normpath(first.path).endswith(script):
+        return Location(label, 1, 0, "script")
+    return Location(label, first.line, 0, "script")
+
+
 def _script_text(target: Target, scratch: Path) -> tuple[Path, str]:
     """The script's file and text (standard input is written to a private file first)."""
     if target.text is not None:
@@ -228,7 +248,6 @@ def prepare(
         return Prepared(
             target, result=FileResult(target.label, "unreadable", error=target.error, case=named)
         )
-    overrides = tuple(args.set or ())
     text: str | None = None
     fallback: Location | None = None
     label = target.label
@@ -255,11 +274,48 @@ def prepare(
             # The session keeps each case's results by id, and a script's id is its stem: two
             # scripts of one call (grpo_trainer/run_x.sh, ppo_trainer/run_x.sh) must not share.
             case = dataclasses.replace(case, id=f"{case.id}@{path.resolve()}")
+    except InputError as exc:
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
+    except StageFailed as exc:
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
+    return prepare_case(session, target, case, args, text, fallback)
+
+
+def prepare_case(
+    session: AuditSession,
+    target: Target,
+    case: Case,
+    args: argparse.Namespace,
+    text: str | None,
+    fallback: Location | None,
+    split: bool = True,
+) -> Prepared:
+    """Read and compose one case (a script's, or one way of it) and make its locator; a script
+    whose ways part at a condition only its run decides is prepared way by way (``split``)."""
+    named = target.case_id or ""
+    label = target.label
+    overrides = tuple(args.set or ())
+    base = case
+    try:
         case = session.with_overrides(case, overrides)
         outcome = session.outcome(case)
     except InputError as exc:
         return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
     except StageFailed as exc:
+        if split and isinstance(exc.__cause__, LaunchForked):
+            try:
+                ways = session.case_ways(base)
+            except StageFailed as refused:
+                exc = refused
+            else:
+                return Prepared(
+                    target,
+                    ways=[
+                        (way, prepare_case(session, target, case, args, text, fallback, False))
+                        for way, case in ways
+                    ],
+                    parted=_condition_place(ways[0][0], label, base.launch),
+                )
         cause = exc.__cause__
         if isinstance(cause, UnknownEntryPoint):
             fix = f"launch {cause.near}" if cause.near else ""
@@ -312,6 +368,10 @@ def finish(
 ) -> FileResult:
     from pytest_verl_compat.upstream.verdict.case import check_case
 
+    if prepared.ways:
+        results = [(way, finish(session, part, ask, chosen)) for way, part in prepared.ways]
+        assert prepared.parted is not None
+        return merge_ways(prepared.target.label, results, chosen, prepared.parted)
     if prepared.result is not None:
         result = prepared.result
         result.findings = [f for f in result.findings if chosen.reports(f.rule)]
@@ -373,7 +433,7 @@ def _asker(
     """Upstream's early checks for every composed case: one oracle process for the whole run."""
     from pytest_verl_compat.upstream.verdict.case import many_asker
 
-    cases = [p.case for p in prepared if p.case is not None]
+    cases = [case for p in prepared for case in p.cases()]
     return many_asker(session, cases, enabled=not args.no_upstream_checks)
 
 

@@ -21,7 +21,7 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.model import StageFailed, StageUnavailable
 from pytest_verl_compat.pipeline.manifest import ManifestError, default_manifest_path, load_manifest
-from pytest_verl_compat.pipeline.read import carry_in_path_leaves
+from pytest_verl_compat.pipeline.naming import may_carry
 
 
 def cmd_read(args: argparse.Namespace) -> int:
@@ -35,7 +35,7 @@ def cmd_read(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     bindings = manifest.bindings.overlay(flag_bindings(args))
     try:
-        read = read_launch(script, bindings, carry=carry_in_path_leaves)
+        read = read_launch(script, bindings, carry=may_carry)
     except LaunchReadError as exc:
         say("read", str(exc))
         return EXIT_USAGE

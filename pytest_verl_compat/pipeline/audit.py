@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
@@ -95,6 +95,9 @@ RELEASES_GOLDEN = "releases"
 LAUNCH_KEY = "launch"
 # A user's own script is read from its absolute path, so its pins are checked from the root.
 _FILESYSTEM_ROOT = Path("/")
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.bash import Way
 
 
 @dataclass(frozen=True)
@@ -562,6 +565,30 @@ class AuditSession:
         if world_size is not None:
             self._resolved_worlds[case.id] = world_size
         return case
+
+    def case_ways(self, case: Case) -> list[tuple[Way, Case]]:
+        """A script case split at the conditions only the running system decides whose ways
+        part (``read_case_ways``): per way, the way (its conditions, ``Way.said()``: ``when [ -d
+        "$HOME/models/Q" ] (line 2) is true``) and a case that reads it (its own id, the way
+        bound)."""
+        from pytest_verl_compat.bash import LaunchReadError
+        from pytest_verl_compat.pipeline.read import read_case_ways
+
+        root = _FILESYSTEM_ROOT if case.kind == SCRIPT else self.upstream_root()
+        try:
+            ways = read_case_ways(case, root, self._release_root())
+        except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
+            raise StageFailed(str(exc)) from exc
+        return [
+            (way, dataclasses.replace(case, id=f"{case.id}~{index}", bindings=way.bindings))
+            for index, way in enumerate(ways, 1)
+        ]
+
+    def upstream_root(self) -> Path:
+        """The folder a manifest case's launch script is relative to."""
+        if self.upstream is None:
+            raise StageUnavailable("no upstream checkout with the launch scripts")
+        return self.upstream.root
 
     def _read_from(self, case: Case, root: Path, label: str = "") -> ExplicitFields:
         """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate.

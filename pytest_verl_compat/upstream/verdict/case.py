@@ -22,6 +22,7 @@ from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
+from pytest_verl_compat.pipeline.naming import NAMING_FILE, what_it_names
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.verdict.early import (
@@ -300,9 +301,9 @@ def _verdict(
             "info",
             key,
             f"its value holds {what}, a value only known when the script runs; the verdict "
-            "stands for any value there, since the key only names a file or a folder",
-            "bind the value (--env NAME=VALUE) to check the path itself",
-            evidence="a path leaf: verl opens, copies or writes what it names",
+            f"stands for any value there, since it only names {what_it_names(key)}",
+            "nothing to do; bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) to see it",
+            evidence=f"{NAMING_FILE}: where a value only names something, and where verl reads it",
             check=LAUNCH_RUNTIME,
         )
         for key, what in session.outcome(case).fields.carried
