@@ -13,8 +13,8 @@ pytest cache folder: verl is imported and every probe runs) and then warm (the a
 - ``pytest --verl-corpus``: the README's first command on the embedded default.
 
 With ``--baseline``, the same commands run on another checkout of this project (an earlier
-commit, e.g. ``git worktree add /tmp/before 96209b5``) with its own interpreter, one after the
-other with this tree's, so both see the same machine load; the table gives each time and the ratio
+commit, e.g. ``git worktree add /tmp/before 96209b5``) with its own interpreter, taking turns
+with this tree's on each command, so both see the same machine load; the table gives each time and the ratio
 now / baseline. Then the probes' phases are timed one by one inside one process
 (``--phases``): config load, trainer construction, the first step, the effects.
 """
@@ -88,20 +88,26 @@ def commands(upstream: Path, cache: Path) -> dict[str, list[str]]:
     }
 
 
-def measure(python: str, tree: Path, upstream: Path, repeat: int) -> dict[str, tuple[float, float]]:
-    """(cold, warm) seconds per command, medians over ``repeat`` fresh caches."""
-    out: dict[str, tuple[float, float]] = {}
+def measure(
+    sides: list[tuple[str, Path]], upstream: Path, repeat: int
+) -> list[dict[str, tuple[float, float]]]:
+    """(cold, warm) seconds per command for each (python, tree) side, medians over ``repeat``
+    fresh caches; the sides take turns on each command, so that both see the same machine load
+    (a shared machine's load moves by minutes)."""
+    out: list[dict[str, tuple[float, float]]] = [{} for _ in sides]
     for name in commands(upstream, Path("/")):
-        colds, warms = [], []
+        runs: list[tuple[list[float], list[float]]] = [([], []) for _ in sides]
         for _ in range(repeat):
-            cache = Path(tempfile.mkdtemp(prefix="bench-check-"))
-            try:
-                args = commands(upstream, cache)[name]
-                colds.append(_run(python, tree, args, cache))
-                warms.append(_run(python, tree, args, cache))
-            finally:
-                shutil.rmtree(cache, ignore_errors=True)
-        out[name] = (statistics.median(colds), statistics.median(warms))
+            for (python, tree), (colds, warms) in zip(sides, runs, strict=True):
+                cache = Path(tempfile.mkdtemp(prefix="bench-check-"))
+                try:
+                    args = commands(upstream, cache)[name]
+                    colds.append(_run(python, tree, args, cache))
+                    warms.append(_run(python, tree, args, cache))
+                finally:
+                    shutil.rmtree(cache, ignore_errors=True)
+        for side, (colds, warms) in zip(out, runs, strict=True):
+            side[name] = (statistics.median(colds), statistics.median(warms))
     return out
 
 
@@ -157,12 +163,12 @@ def main() -> int:
     if not (upstream / SCRIPT).is_file():
         raise SystemExit("--upstream (or $VERL_UPSTREAM): a verl v0.9.0 checkout")
     print(f"machine load before: {os.getloadavg()[0]:.1f}")
-    now = measure(sys.executable, REPO, upstream, args.repeat)
-    before = None
+    sides = [(sys.executable, REPO)]
     if args.baseline is not None:
-        before = measure(
-            args.baseline_python or sys.executable, args.baseline, upstream, args.repeat
-        )
+        sides.append((args.baseline_python or sys.executable, args.baseline))
+    measured = measure(sides, upstream, args.repeat)
+    now = measured[0]
+    before = measured[1] if len(measured) > 1 else None
     print()
     print(
         "| command | now cold | now warm | baseline cold | baseline warm | cold ratio | warm ratio |"

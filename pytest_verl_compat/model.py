@@ -71,6 +71,10 @@ class Bindings:
     variables: Mapping[str, str] = field(default_factory=dict)
     substitutions: Mapping[str, str] = field(default_factory=dict)
     args: tuple[str, ...] = ()
+    # Which way the script goes at a condition only the running system decides (a file test, a
+    # run-time value) whose ways differ: its place (FILE:LINE:COLUMN, #N when met again) -> the
+    # way (true: the test succeeds). Set per way when ``check`` follows each.
+    conditions: Mapping[str, bool] = field(default_factory=dict)
 
     def overlay(self, other: Bindings) -> Bindings:
         """Return these bindings with ``other``'s entries taking precedence."""
@@ -78,6 +82,7 @@ class Bindings:
             variables={**self.variables, **other.variables},
             substitutions={**self.substitutions, **other.substitutions},
             args=other.args or self.args,
+            conditions={**self.conditions, **other.conditions},
         )
 
     @classmethod
@@ -244,7 +249,7 @@ class LeafVerdict:
 # Where a finding's location points: the script text that sets the key, the launcher line (the
 # key is set, but not by text the locator can find), a ``--set`` argument, the config tree's YAML
 # line of a key left at its default, or the manifest entry of a case with no script text.
-LocationOrigin = Literal["script", "launcher", "set", "tree", "manifest"]
+LocationOrigin = Literal["script", "launcher", "set", "tree", "manifest", "resolved"]
 
 
 @dataclass(frozen=True)
@@ -280,6 +285,9 @@ class Finding:
     check: str = field(default="", compare=False)
     # Where the key of ``path`` was set (``pipeline/locate.py``); None until located.
     location: Location | None = field(default=None, compare=False)
+    # The way of the script it is about, when its ways at a condition only the running system
+    # decides give different verdicts (``when [ -d "$HOME/models/Q" ] (line 2) is true``).
+    when: str = field(default="", compare=False)
 
     @property
     def rule(self) -> str:

@@ -453,6 +453,13 @@ MUTATIONS: list[Mutation] = [
         _with_kwargs(("vanilla_policy_loss", "actor_loss"), clip_ratio_c=1e30),
     ),
     Mutation(
+        "dual-clip-at-its-default",
+        "clip_ratio_c read from nowhere: the dual clip stays at verl's default 3.0 whatever the "
+        "setting (killed only by the dual-clip families, whose bound is 1.45)",
+        ("vanilla_policy_loss", "actor_loss"),
+        _with_kwargs(("vanilla_policy_loss", "actor_loss"), clip_ratio_c=3.0),
+    ),
+    Mutation(
         "ppo-kl-sign",
         "actor/ppo_kl reported as log_prob - old_log_prob (sign flipped)",
         ("vanilla_policy_loss", "actor_loss"),

@@ -9,7 +9,8 @@ Layers, lowest first; a module imports only its own layer folder and the layers 
                                 environments and line maps
     pipeline                    manifest, pins, read, compose, resolved, profile, compile, lower,
                                 snapshot, audit session, audit report
-    upstream, conformance       everything that runs upstream code; ours against upstream's math
+    upstream, conformance,      everything that runs upstream code; ours against upstream's math;
+    memory                      the memory forecast (only the front ends import it)
     plugin, cli                 the two front ends
 """
 
@@ -33,11 +34,14 @@ LAYERS = {
     "checks": 1,
     "releases": 2,
     "pipeline": 3,
+    "memory": 4,
     "upstream": 4,
     "conformance": 4,
     "plugin": 5,
     "cli": 5,
 }
+# Layers that may import the memory forecast (besides itself); the tests do too.
+MEMORY_USERS = {"cli", "plugin"}
 MAX_LINES = 800
 
 
@@ -103,6 +107,19 @@ def test_layers_import_only_downward() -> None:
                 continue
             if LAYERS[other] >= LAYERS[own]:
                 wrong.append(f"{module} imports {target} ({own} may not import {other})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_front_ends_import_the_memory_forecast() -> None:
+    modules = _modules(PACKAGE)
+    wrong = [
+        f"{module} imports {target}"
+        for module, path in modules.items()
+        for imported in _imports(path, runtime_only=False)
+        if (target := _known(imported, modules)) is not None
+        and _layer(target) == "memory"
+        and _layer(module) not in MEMORY_USERS | {"memory"}
+    ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -320,7 +320,8 @@ def test_pyproject_settings_apply_from_the_nearest_file_upward(
     status, _, err = run(capsys, "check", "nested/bad.sh", NO_UPSTREAM)
     assert status == 2
     assert err.strip().endswith(
-        "[tool.verl-compat] has no setting 'selct' (settings: select, ignore, fail-on, release)"
+        "[tool.verl-compat] has no setting 'selct' (settings: select, ignore, fail-on, release, "
+        "gpu)"
     )
 
 

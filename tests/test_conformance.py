@@ -18,6 +18,7 @@ from corpus_facts import PINNED_VERSION, REPO, release_ready
 from pytest_verl_compat.conformance.compare import ConformanceResult
 from pytest_verl_compat.conformance.plan import (
     COMPONENTS,
+    DUAL_CLIP_FAMILY,
     ConformanceCase,
     conformance_cases,
     load_tolerances,
@@ -122,3 +123,19 @@ def test_every_mutant_is_killed(
     assert len(outcome) == len(MUTATIONS) >= 12
     survivors = [name for name, dead, _ in outcome if not dead]
     assert not survivors, f"mutants survived: {survivors}, but every mutant should be killed"
+
+
+DUAL_CLIP_CASES = [c for c in CASES if c.family.endswith(DUAL_CLIP_FAMILY)]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in DUAL_CLIP_CASES])
+def test_the_dual_clip_cases_reach_their_bound(
+    case: ConformanceCase, references: OracleReferences
+) -> None:
+    """Upstream's own loss clips some tokens at clip_ratio_c (its pg_clipfrac_lower, the share
+    of negative-advantage tokens whose ratio passes the bound), in every sample and dtype; a case
+    whose bound nothing reached could not tell a loss that ignores the setting."""
+    assert {c.dtype for c in DUAL_CLIP_CASES} == {"float32", "float64"}
+    for sample in range(case.samples):
+        upstream = references(case, sample)
+        assert float(upstream["actor/pg_clipfrac_lower"]) > 0, (case.id, sample)

@@ -58,6 +58,10 @@ EXPECTED_STATUS = {
     # The README shows upstream's own check failing.
     "verl-compat check grpo --set actor_rollout_ref.rollout.val_kwargs.do_sample=True "
     "--set actor_rollout_ref.rollout.temperature=0": 1,
+    # docs/fit.md shows a run that does not fit 24 GB cards.
+    "verl-compat fit verl-v0.9.0/examples/grpo_trainer/run_qwen3_8b_fsdp.sh --gpu RTX4090": 1,
+    # docs/compiler.md shows a resolved file whose actor _target_ is refused.
+    "verl-compat compile runs/pwn": 1,
     # drift exits 1 when the trees differ, and 0.9.1 differs from 0.9.0.
     "verl-compat --upstream ~/src/verl-v0.9.0 drift --against ~/src/verl-main": 1,
 }

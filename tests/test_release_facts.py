@@ -87,7 +87,7 @@ def test_check_says_the_release_it_checked_and_why(
 
 # The steps that read the release's files (and, for the annotated strings, run its code); the
 # census, reads, golden answers and examples are kept current by their own tests.
-CHEAP_STEPS = ("line-map", "rule-citations", "statements", "annotated-strings")
+CHEAP_STEPS = ("line-map", "rule-citations", "memory-facts", "statements", "annotated-strings")
 
 
 @pytest.mark.parametrize("version", SUPPORTED)

@@ -25,7 +25,7 @@ from corpus_facts import needs_release
 
 from pytest_verl_compat import cli
 from pytest_verl_compat.pipeline.audit import AuditSession
-from pytest_verl_compat.pipeline.read import carry_in_path_leaves
+from pytest_verl_compat.pipeline.naming import may_carry
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
 from pytest_verl_compat.upstream.verdict.case import CaseCheck, check_case, live_asker
 
@@ -175,13 +175,14 @@ def test_a_run_time_value_that_decides_something_is_refused_at_its_line(
 
 def test_the_resume_folders_step_must_be_known_but_its_folder_need_not() -> None:
     key = "trainer.resume_from_path"
-    assert carry_in_path_leaves(key, "RUNTIME_PWD/ckpt/global_step_40")
-    assert not carry_in_path_leaves(key, "/ckpt/global_step_RUNTIME_1")
-    assert not carry_in_path_leaves(key, "RUNTIME_PWD/ckpt")
-    assert carry_in_path_leaves(
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path", "RUNTIME_PWD/t.yaml"
+    assert may_carry(key, "RUNTIME_PWD/ckpt/global_step_40", ()) is None
+    assert may_carry(key, "/ckpt/global_step_RUNTIME_1", ()) is not None
+    assert may_carry(key, "RUNTIME_PWD/ckpt", ()) is not None
+    assert (
+        may_carry("actor_rollout_ref.rollout.multi_turn.tool_config_path", "RUNTIME_PWD/t.yaml", ())
+        is None
     )
-    assert not carry_in_path_leaves("data.train_batch_size", "RUNTIME_1")
+    assert may_carry("data.train_batch_size", "RUNTIME_1", ()) is not None
 
 
 # --- 6. the key the user wrote -----------------------------------------------------------------

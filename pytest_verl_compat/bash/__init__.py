@@ -31,10 +31,18 @@ skipped commands (``mkdir -p "$PWD/logs"``) or transformed (``${PWD##*/}`` is a 
 of its own).  Only where its text decides something is it refused, with the line it came from,
 the line that needs it and the binding that fixes it: the launcher's argv, a condition (an
 emptiness test passes when the value is certainly non-empty), a ``case`` subject or pattern,
-arithmetic, the word count of an unquoted expansion (loops, arrays, builtins, redirections),
-the name of the command run, or the arguments of Python, of a modelled builtin or of a program
-that runs its arguments as a command.  Exported run-time values are listed in
-``LaunchRead.runtime`` instead of ``exported``.
+arithmetic, the word count of an unquoted expansion (loops, arrays, builtins, redirections; a
+value of known characters, such as an arithmetic result, ``$RANDOM`` or ``$(date +%Y%m%d)``,
+is one word whatever it is, and the launcher's log file is taken as one word, as an override's
+value is), the name of the command run, or the arguments of Python, of a modelled builtin or of
+a program that runs its arguments as a command.  Exported run-time values are listed in
+``LaunchRead.runtime`` instead of ``exported``.  In the argv, the caller's ``carry`` decides
+which overrides and torchrun options may keep one as a placeholder (those that only name).
+
+Conditions only the running system decides (a file test, ``command -v NAME``, a test of a
+run-time value) are followed both ways; where the ways part, the read takes the way
+``Bindings.conditions`` names, else stops with ``LaunchForked`` (``branches``);
+:func:`read_launch_ways` reads every way (``ways``).
 
 Deliberate differences from bash, each documented where it is implemented:
 
@@ -68,33 +76,43 @@ Deliberate differences from bash, each documented where it is implemented:
 
 The modules, each importing only those before it (no import cycle, and no module takes a
 name starting with ``_`` from another): ``errors`` (what is raised, the budgets and the
-exceptions that unwind the interpreter), ``parse`` (shfmt and the tree), ``words`` (quoting,
-fields and the ASCII value helpers), ``arrays`` (associative arrays in bash's order), ``scope``
-(which files ``source`` may read), ``state`` (the shell and its variables), ``arithmetic``,
-``braces``, ``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the
-pure ``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
+exceptions that unwind the interpreter), ``results`` (what a read gives: the launch, its
+carried values and the conditions it took), ``parse`` (shfmt and the tree), ``words``
+(quoting, fields and the ASCII value helpers), ``arrays`` (associative arrays in bash's
+order), ``scope`` (which files ``source`` may read), ``shapes`` (the characters some run-time
+values are made of), ``state`` (the shell and its variables), ``arithmetic``, ``braces``,
+``patterns``, ``expansion``, ``conditions`` (``[[ ]]``, ``test`` and ``=~`` over the pure
+``regex``), ``programs`` (output, ``cd`` and the coreutils path programs, over the pure
 ``paths`` and ``printing``), ``stdin`` (input and what reads it, over the pure ``filters``),
 ``declarations``, ``builtins``, ``functions``, ``traps``, ``sources``, ``launcher`` (Python,
 torchrun and the wrappers, over the pure ``entry_points`` and ``wrappers``, whose tables come
-from ``wrapper_tables``), ``branches`` and ``interpreter`` (statements).  The interpreter is one class stacked from a mixin per layer, ``state`` at the
-bottom; the few calls that go up the stack are declared on ``State`` for the type checker.
+from ``wrapper_tables``), ``branches`` and ``interpreter`` (statements), and ``ways`` (every
+way through the conditions only the running system decides).  The interpreter is one class
+stacked from a mixin per layer, ``state`` at the bottom; the few calls that go up the stack are
+declared on ``State`` for the type checker.
 """
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash.errors import LaunchExited, LaunchReadError
+from pytest_verl_compat.bash.errors import LaunchExited, LaunchForked, LaunchReadError
 from pytest_verl_compat.bash.interpreter import read_launch, read_launch_text
 from pytest_verl_compat.bash.parse import command_substitutions
+from pytest_verl_compat.bash.results import CarriedValue, LaunchRead, TakenCondition
 from pytest_verl_compat.bash.scope import SourceScope
-from pytest_verl_compat.bash.state import CarriedValue, LaunchRead
+from pytest_verl_compat.bash.ways import MAX_WAYS, Way, read_launch_ways
 
 __all__ = [
+    "MAX_WAYS",
     "CarriedValue",
     "LaunchExited",
+    "LaunchForked",
     "LaunchRead",
     "LaunchReadError",
     "SourceScope",
+    "TakenCondition",
+    "Way",
     "command_substitutions",
     "read_launch",
     "read_launch_text",
+    "read_launch_ways",
 ]

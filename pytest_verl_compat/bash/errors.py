@@ -63,6 +63,21 @@ class LaunchExited(LaunchReadError):
         self.status = status
 
 
+class LaunchForked(LaunchReadError):
+    """A condition only the running system decides, whose two ways lead to different reads:
+    the read follows one way when ``Bindings.conditions`` names it (``key``), else it stops
+    here with the condition's own refusal (``construct``, ``detail``)."""
+
+    def __init__(
+        self, path: str, line: int | None, construct: str, detail: str, key: str, text: str
+    ) -> None:
+        super().__init__(path, line, construct, detail)
+        # Keep args matching this signature so the exception survives pickling (xdist).
+        self.args = (path, line, construct, detail, key, text)
+        self.key = key  # the condition's place: FILE:LINE:COLUMN, and #N when met again
+        self.text = text  # the condition as written (`[ -d "$HOME/models/Qwen" ]`)
+
+
 class BudgetExceeded(Exception):
     """A resource budget was exceeded (converted to LaunchReadError with a line)."""
 

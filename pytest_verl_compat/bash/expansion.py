@@ -9,6 +9,7 @@ from pytest_verl_compat.bash.braces import brace_expand, merge_names
 from pytest_verl_compat.bash.errors import BudgetExceeded, LaunchReadError
 from pytest_verl_compat.bash.parse import Node, line_of, substitution_text
 from pytest_verl_compat.bash.patterns import Patterns
+from pytest_verl_compat.bash.shapes import INTEGER, output_characters
 from pytest_verl_compat.bash.words import (
     ANSI_ESCAPES,
     Fields,
@@ -64,7 +65,7 @@ class Expansion(Patterns):
         """
         # bash gives NAME=... arguments assignment-style tilde expansion, but not the elements
         # of A=( ... ) (``assignment_words=False``).
-        fb = Fields(split=True, ifs=self.split_characters())
+        fb = Fields(split=True, ifs=self.split_characters(), certain=self.splits_as_one)
         try:
             for word in words:
                 line = line_of(word)
@@ -279,7 +280,8 @@ class Expansion(Patterns):
             index = getattr(exc, "runtime_index", None)
             if index is None or not assigns_nothing(part["X"]):
                 raise
-            return self.lazy(line, "$((...))", self.lazies[index].binding, False, index)
+            binding = self.lazies[index].binding
+            return self.lazy(line, "$((...))", binding, True, index, chars=INTEGER)
 
     def substitution(self, part: Node) -> str:
         """A command substitution's output: bound, or its body's as this reader evaluates it.
@@ -293,12 +295,15 @@ class Expansion(Patterns):
             evaluated = self.evaluate_substitution(part)
             if evaluated is not None:
                 return evaluated
-            # Its output is only known at run time; never run, it stays a run-time value.
+            # Its output is only known at run time; never run, it stays a run-time value (of
+            # known characters when its program prints a known shape, never empty then).
+            chars = _output_shape(part.get("Stmts") or [])
             return self.lazy(
                 line_of(part),
                 shown,
                 f"bind it: --subst {single_quoted(text)} OUTPUT (environment.substitutions in the manifest)",
-                nonempty=False,
+                nonempty=chars is not None,
+                chars=chars,
             )
         # bash drops NUL bytes and strips every trailing newline from the output.
         return str(self.substitutions[text]).replace("\0", "").rstrip("\n")
@@ -713,3 +718,40 @@ def _display_name(name: str, index: Node | None) -> str:
     if index is not None:
         return f"{name}[{_index_word(index) or '...'}]"
     return name
+
+
+def _literal(word: Node) -> str | None:
+    """A word's text when it is written out (plain, single- or double-quoted text only)."""
+    pieces = []
+    for part in word.get("Parts") or []:
+        kind = part.get("Type")
+        if kind in ("Lit", "SglQuoted") and not part.get("Dollar"):
+            pieces.append(part.get("Value", ""))
+        elif kind == "DblQuoted" and not part.get("Dollar"):
+            inner = [_literal({"Parts": [p]}) for p in part.get("Parts") or []]
+            if any(piece is None or "\\" in piece for piece in inner):
+                return None
+            pieces.extend(piece for piece in inner if piece is not None)
+        else:
+            return None
+    text = "".join(pieces)
+    return None if "\\" in text else text
+
+
+def _output_shape(stmts: list[Node]) -> frozenset[str] | None:
+    """The characters a substitution whose body is one program of known output shape prints
+    (``date +%Y%m%d``, ``shuf -i 20000-30000 -n 1``; its errors may go anywhere); else None."""
+    if len(stmts) != 1:
+        return None
+    stmt = stmts[0]
+    cmd = stmt.get("Cmd") or {}
+    if cmd.get("Type") != "CallExpr" or cmd.get("Assigns"):
+        return None
+    if stmt.get("Negated") or stmt.get("Background") or stmt.get("Coprocess"):
+        return None
+    if any((r.get("N") or {}).get("Value") != "2" for r in stmt.get("Redirs") or []):
+        return None
+    words = [_literal(arg) for arg in cmd.get("Args") or []]
+    if any(word is None for word in words):
+        return None
+    return output_characters([word for word in words if word is not None])

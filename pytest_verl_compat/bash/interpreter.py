@@ -23,6 +23,7 @@ from pytest_verl_compat.bash.errors import (
     MAX_STEPS,
     BudgetExceeded,
     LaunchExited,
+    LaunchForked,
     LaunchReadError,
     LoopControl,
     ShellExit,
@@ -30,8 +31,9 @@ from pytest_verl_compat.bash.errors import (
 )
 from pytest_verl_compat.bash.launcher import EntryLaunch
 from pytest_verl_compat.bash.parse import Node, line_of, load_script, parse_script
+from pytest_verl_compat.bash.results import LaunchRead
 from pytest_verl_compat.bash.scope import SourceScope
-from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, LaunchRead, StandardInput
+from pytest_verl_compat.bash.state import LAUNCHER_MODULE, Capture, StandardInput
 from pytest_verl_compat.bash.wrappers import Wrapped, find_wrapper
 from pytest_verl_compat.model import Bindings
 
@@ -45,9 +47,11 @@ _MAX_ITERATIONS = 10_000
 _RESOURCE_ERRORS = frozenset({"limit", "nesting", "launcher"})
 
 
-# Whether an override may keep a run-time value in its value: (its key, its value with the
-# placeholders) -> yes. The reader's caller knows which keys only name files.
-Carry = Callable[[str, str], bool]
+# Whether a run-time value may stay unknown where it is: (the override's key or `torchrun
+# --NAME`, its value with the placeholders, the argv with them) -> None when it may, else why
+# it decides something there (may be empty). The reader's caller knows which keys and options
+# only name something.
+Carry = Callable[[str, str, tuple[str, ...]], str | None]
 
 
 def read_launch(
@@ -73,15 +77,23 @@ def read_launch(
     script's final launch of any accepted module.
 
     ``carry``: the overrides whose value may hold a run-time value, as a placeholder
-    (``LaunchRead.carried``); without it every run-time value in the argv is refused.
+    (``LaunchRead.carried``), and torchrun's options that may (``carried_options``); without
+    it every run-time value in the argv is refused, and torchrun's are left to the caller.
     """
     label, data = load_script(path, text)
     script = label if text is not None else os.path.abspath(label)
     read = _read(label, data, bindings, script, scope or SourceScope.around(label), entry_modules)
     for value in read.carried:
         word = read.argv[value.index].partition("=")[2]
-        if carry is None or not carry(value.key, word):
-            raise LaunchReadError(read.path or label, value.line, "run-time value", value.refusal())
+        why = "" if carry is None else carry(value.key, word, read.argv)
+        if why is not None:
+            detail = value.refusal(why)
+            raise LaunchReadError(read.path or label, value.line, "run-time value", detail)
+    for value in read.carried_options:
+        why = None if carry is None else carry(value.key, "", read.argv)
+        if why is not None:
+            detail = value.refusal(why)
+            raise LaunchReadError(read.path or label, value.line, "run-time value", detail)
     return read
 
 
@@ -165,7 +177,11 @@ class Interpreter(Branches):
                 f"no {wanted} is reached with these bindings"
                 + (f"; line {where} runs `{other}`, another entry point" if other else ""),
             )
-        return replace(self.launch, sources=tuple(sorted(self.sourced.items())))
+        return replace(
+            self.launch,
+            sources=tuple(sorted(self.sourced.items())),
+            conditions=tuple(self.taken),
+        )
 
     def stmts(self, stmts: list[Node], exempt: bool) -> int:
         """Run a statement list; its status is the last statement's."""
@@ -286,7 +302,7 @@ class Interpreter(Branches):
                     status = 0
                 status = self.exit_trap(status)
         except LaunchReadError as exc:
-            if exc.construct in _RESOURCE_ERRORS:
+            if exc.construct in _RESOURCE_ERRORS or isinstance(exc, LaunchForked):
                 raise
             return None
         finally:
@@ -390,8 +406,8 @@ class Interpreter(Branches):
                 run_other = lambda: self.stmt(cmd["Y"], exempt)  # noqa: E731
                 skip = lambda: 0 if op == "||" else 1  # noqa: E731
                 if op == "&&":
-                    return self.either(run_other, skip, status, reader)
-                return self.either(skip, run_other, status, reader)
+                    return self.either(run_other, skip, status, reader, [cmd["X"]])
+                return self.either(skip, run_other, status, reader, [cmd["X"]])
             if (status == 0) == (op == "&&"):
                 return self.stmt(cmd["Y"], exempt)
             return status
@@ -468,6 +484,7 @@ class Interpreter(Branches):
                     lambda rest=rest: self.if_clause(rest, exempt) if rest else 0,  # type: ignore[misc]
                     status,
                     reader,
+                    cond,
                 )
             if status == 0:
                 return self.stmts(clause.get("Then") or [], exempt)
@@ -729,46 +746,6 @@ class Interpreter(Branches):
         elif program == "printf" and len(argv) > 1:
             # Only `printf -v NAME` changes the shell; the format and arguments just print.
             self.need(argv[1] if uncertain is None else uncertain, line, purpose)
-
-    def redirections(self, redirs: list[Node], launcher: bool) -> StandardInput | None:
-        """Expand redirection targets (for their side effects and errors); open nothing.
-
-        Returns the command's standard input when a redirection gives it one.
-        """
-        stdin: StandardInput | None = None
-        for redir in redirs:
-            line = line_of(redir)
-            op = redir.get("Op")
-            number = (redir.get("N") or {}).get("Value", "")
-            if number.startswith("{"):
-                self.fail(line, "redirection", f"{number} assigns a file descriptor to a variable")
-            standard_input = number in ("", "0")
-            if op in ("<<", "<<-", "<<<"):
-                what = "here-string" if op == "<<<" else "here-document"
-                if launcher:
-                    self.fail(line, what, "feeds the launcher's standard input")
-                if op == "<<<":
-                    text = self.string(redir.get("Word"), tilde="start") + "\n"
-                else:
-                    text = self.heredoc_text(redir)
-                if standard_input:
-                    stdin = StandardInput(text, f"the {what} of line {line}", heredoc=True)
-                continue
-            use = "files it names: bash refuses more than one"
-            targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
-            if len(targets) != 1:
-                self.fail(line, "redirection", "ambiguous redirect")
-            if op in ("<", "<>") and standard_input:
-                target = targets[0]
-                if target in self.process_outputs:
-                    stdin = StandardInput(
-                        self.process_outputs[target], f"the <(...) of line {line}"
-                    )
-                else:
-                    stdin = StandardInput(None, f"the file {self.shown(target)!r}")
-            elif op == "<&" and standard_input:
-                stdin = StandardInput(None, "another file descriptor")
-        return stdin
 
 
 def _statement_text(text: str) -> str:

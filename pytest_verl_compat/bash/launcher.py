@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import pytest_verl_compat.bash.paths as paths
 from pytest_verl_compat.bash.builtins import SHELLS
 from pytest_verl_compat.bash.entry_points import WorldSize, module_of_file, torchrun_world_size
+from pytest_verl_compat.bash.results import CarriedValue, LaunchRead
 from pytest_verl_compat.bash.sources import Sources
-from pytest_verl_compat.bash.state import CarriedValue, LaunchRead, is_python
+from pytest_verl_compat.bash.state import is_python
 from pytest_verl_compat.bash.wrappers import (
     TORCHRUN,
     Wrapped,
@@ -249,11 +250,13 @@ class Launcher(Sources):
         argv, carried = self.carry_runtime(list(entry.argv), line)
         options: dict[str, str | bool] = {}
         runtime_options: dict[str, str] = {}
+        options_given: dict[str, str | bool] = {}
         size = WorldSize(
             None, "launched by Python, not torchrun: the module starts its own workers"
         )
         if entry.torchrun is not None:
-            options, runtime_options = self.torchrun_options(entry.torchrun, env, line)
+            options_given = self.torchrun_given(entry.torchrun, env, line)
+            options, runtime_options = self.split_options(options_given)
             size = torchrun_world_size(options, runtime_options)
             unseen.extend(f"{what} (torchrun, line {line})" for what in entry.torchrun.unseen)
         known, runtime = self.split_runtime(env)
@@ -270,6 +273,7 @@ class Launcher(Sources):
             launcher=entry.launcher,
             torchrun=options,
             torchrun_runtime=runtime_options,
+            carried_options=tuple(self.carried_options(options_given, line)),
             world_size=size.size,
             world_size_reason=size.reason,
             carried=tuple(carried),
@@ -318,11 +322,10 @@ class Launcher(Sources):
         name = what[1:] if what.startswith("$") and what[1:].isidentifier() else str(index)
         return f"RUNTIME_{name}"
 
-    def torchrun_options(
+    def torchrun_given(
         self, used: Wrapped, env: dict[str, str], line: int
-    ) -> tuple[dict[str, str | bool], dict[str, str]]:
-        """torchrun's options as it reads them: its words, else its PET_* environment; those
-        only known at run time apart, described."""
+    ) -> dict[str, str | bool]:
+        """torchrun's options as it reads them: its words, else its PET_* environment."""
         wrapper = used.wrapper
         interpreter = wrapper.interpreter_variable
         if interpreter is not None and interpreter in env:
@@ -353,6 +356,12 @@ class Launcher(Sources):
                     self.fail(line, wrapper.name, f"it stops on {variable}={given!r}")
             else:
                 options[option.canonical] = given
+        return options
+
+    def split_options(
+        self, options: dict[str, str | bool]
+    ) -> tuple[dict[str, str | bool], dict[str, str]]:
+        """Options known, and those only known at run time, described."""
         known: dict[str, str | bool] = {}
         runtime: dict[str, str] = {}
         for name, setting in sorted(options.items()):
@@ -362,6 +371,25 @@ class Launcher(Sources):
             else:
                 known[name] = setting
         return known, runtime
+
+    def carried_options(self, options: dict[str, str | bool], line: int) -> list[CarriedValue]:
+        """torchrun's options holding a run-time value, as carried values keyed ``torchrun
+        --NAME`` (the reader's caller decides which only name something)."""
+        carried = []
+        for name, setting in sorted(options.items()):
+            ids = self.lazy_ids(setting) if isinstance(setting, str) else []
+            if ids:
+                carried.append(
+                    CarriedValue(
+                        -1,
+                        f"torchrun --{name}",
+                        ", ".join(self.describe(i) for i in ids),
+                        tuple(self.placeholder(i) for i in ids),
+                        self.lazies[ids[0]].binding,
+                        line,
+                    )
+                )
+        return carried
 
     def environment(self) -> dict[str, str]:
         """The exported scalar variables (bash does not export arrays)."""

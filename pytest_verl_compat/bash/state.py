@@ -7,8 +7,8 @@ mutable :class:`Shell` and the variable table operations every layer needs.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 from pytest_verl_compat.bash.arrays import MAX_KEYS, Assoc
@@ -20,6 +20,8 @@ from pytest_verl_compat.bash.errors import (
     BudgetExceeded,
     LaunchReadError,
 )
+from pytest_verl_compat.bash.results import LaunchRead, TakenCondition
+from pytest_verl_compat.bash.shapes import DIGITS, INTEGER_VARIABLES, one_word
 from pytest_verl_compat.model import Bindings
 
 if TYPE_CHECKING:
@@ -119,6 +121,8 @@ class _Lazy:
     binding: str
     nonempty: bool
     cause: int | None = None
+    # The characters it can hold, when only those are possible (``shapes``); None: any.
+    chars: frozenset[str] | None = None
 
 
 SET_FLAGS = {
@@ -159,64 +163,6 @@ SET_NAMED = {
     "braceexpand": "braceexpand",
     "errtrace": "errtrace",
 }
-
-
-@dataclass(frozen=True)
-class CarriedValue:
-    """A run-time value in an override's value, carried into the argv as a placeholder."""
-
-    index: int  # the word's place in the argv
-    key: str  # the override's key
-    what: str  # the run-time values it holds, where each comes from (``$PWD (line 2)``)
-    placeholders: tuple[str, ...]  # the text each stands as in the argv (``RUNTIME_PWD``)
-    binding: str  # how to bind the first
-    line: int  # the launcher's line
-
-    def refusal(self) -> str:
-        """The reader's words for a run-time value that must be known here."""
-        return (
-            f"{self.what} reaches the launcher's argv on line {self.line}, but is only known "
-            f"when the script runs; {self.binding}"
-        )
-
-
-@dataclass(frozen=True)
-class LaunchRead:
-    """The launcher command as bash would run it."""
-
-    argv: tuple[str, ...]
-    line: int
-    exported: Mapping[str, str]
-    # Exported variables whose value is only known at run time (never needed by the argv): the
-    # name and where the value comes from.
-    runtime: Mapping[str, str] = field(default_factory=dict)
-    # The launcher's working directory, None when only the running script knows it.
-    cwd: str | None = None
-    # The wrappers the launcher runs under, outermost first (`ray job submit`, `env`, ...).
-    wrappers: tuple[str, ...] = ()
-    # Environments the launcher also receives that no script text shows (the Ray cluster's, the
-    # variables srun sets), each with the wrapper and line it comes from.
-    unseen: tuple[str, ...] = ()
-    # The files the script sourced: (path relative to the source scope's root, sha256).
-    sources: tuple[tuple[str, str], ...] = ()
-    # The file the launcher line is in (the script, or a file it sourced).
-    path: str = ""
-    # The entry module the launch runs (dotted: `verl.trainer.main_ppo`), and what runs it:
-    # "python" or "torchrun" (also `python -m torch.distributed.run`).
-    module: str = ""
-    launcher: str = "python"
-    # torchrun's options as it reads them (from its words, or its PET_* environment): the
-    # canonical long name (`nproc_per_node`, `nnodes`, `standalone`, `master_port`, ...) and the
-    # value, True for a flag; options whose value only the running script knows, described.
-    torchrun: Mapping[str, str | bool] = field(default_factory=dict)
-    torchrun_runtime: Mapping[str, str] = field(default_factory=dict)
-    # The processes torchrun starts in all (nproc_per_node x nnodes), None when only the run
-    # decides (`--nproc_per_node=gpu`, an elastic `--nnodes=1:4`, a run-time value, a plain
-    # Python launch), with the reason.
-    world_size: int | None = None
-    world_size_reason: str = ""
-    # Run-time values carried in overrides' values as placeholders (``CarriedValue``).
-    carried: tuple[CarriedValue, ...] = ()
 
 
 Value = str | dict[int, str] | Assoc
@@ -375,6 +321,11 @@ class State:
         self.data = data
         self.lazies: list[_Lazy] = []
         self.substitutions = dict(bindings.substitutions)
+        # The way to take at each condition only the running system decides (see branches),
+        # how often each condition was met so far, and the conditions this read followed.
+        self.choices = dict(bindings.conditions)
+        self.met: dict[str, int] = {}
+        self.taken: list[TakenCondition] = []
         env = {str(k): str(v) for k, v in bindings.variables.items()}
         for name, value in [*env.items(), *(("$@", str(a)) for a in bindings.args)]:
             if "\0" in name or "\0" in value or "\0" in path:
@@ -452,14 +403,20 @@ class State:
     # ---------------------------------------------------------------- run-time values
 
     def lazy(
-        self, line: int, what: str, binding: str, nonempty: bool, cause: int | None = None
+        self,
+        line: int,
+        what: str,
+        binding: str,
+        nonempty: bool,
+        cause: int | None = None,
+        chars: frozenset[str] | None = None,
     ) -> str:
         """A new run-time value: text that may be copied around but never decided on."""
         if len(self.lazies) >= MAX_RUNTIME_VALUES:
             raise BudgetExceeded(
                 f"the script expands more than {MAX_RUNTIME_VALUES} run-time values"
             )
-        self.lazies.append(_Lazy(line, what, binding, nonempty, cause))
+        self.lazies.append(_Lazy(line, what, binding, nonempty, cause, chars))
         return f"\0{len(self.lazies) - 1}\0"
 
     def replace_runtime(self, text: str, replace: Callable[[int], str]) -> str:
@@ -538,7 +495,17 @@ class State:
             f"${name}",
             f"bind it: --env {name}=VALUE (environment.variables in the manifest)",
             name in _NEVER_EMPTY,
+            chars=DIGITS if name in INTEGER_VARIABLES else None,
         )
+
+    def splits_as_one(self, text: str) -> bool:
+        """Whether an unquoted ``text`` splits as if its run-time values were one word each:
+        each is non-empty and made of characters IFS does not split on (``shapes``)."""
+        split_on = self.split_characters()
+        if frozenset(split_on) & (DIGITS | {"\0"}):
+            return False  # the marker itself would be split
+        lazies = [self.lazies[i] for i in self.lazy_ids(text)]
+        return all(lazy.nonempty and one_word(lazy.chars, split_on) for lazy in lazies)
 
     if TYPE_CHECKING:
         # Implemented by Expansion; arithmetic and patterns expand words through them.

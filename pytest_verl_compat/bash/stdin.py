@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pytest_verl_compat.bash.filters import FILTERS, Filter
-from pytest_verl_compat.bash.parse import Node
+from pytest_verl_compat.bash.parse import Node, line_of
 from pytest_verl_compat.bash.programs import Programs
 from pytest_verl_compat.bash.state import StandardInput
 from pytest_verl_compat.bash.words import Fields, is_name, legal_integer
@@ -57,6 +57,10 @@ def getopt(words: list[str], spec: str) -> tuple[list[tuple[str, str]], list[str
             found.append((letter, ""))
         index += 1
     return found, words[index:]
+
+
+# Redirections that only send output to a file.
+_OUTPUT_REDIRECTIONS = frozenset({">", ">>", ">|", "&>", "&>>"})
 
 
 class Stdin(Programs):
@@ -361,6 +365,52 @@ class Stdin(Programs):
         """A builtin's message on standard error (only a capture of stderr sees it)."""
         if self.stderr_captured:
             self.write_unknown("a message of bash on standard error")
+
+    def redirections(self, redirs: list[Node], launcher: bool) -> StandardInput | None:
+        """Expand redirection targets (for their side effects and errors); open nothing.
+
+        Returns the command's standard input when a redirection gives it one.
+        """
+        stdin: StandardInput | None = None
+        for redir in redirs:
+            line = line_of(redir)
+            op = redir.get("Op")
+            number = (redir.get("N") or {}).get("Value", "")
+            if number.startswith("{"):
+                self.fail(line, "redirection", f"{number} assigns a file descriptor to a variable")
+            standard_input = number in ("", "0")
+            if op in ("<<", "<<-", "<<<"):
+                what = "here-string" if op == "<<<" else "here-document"
+                if launcher:
+                    self.fail(line, what, "feeds the launcher's standard input")
+                if op == "<<<":
+                    text = self.string(redir.get("Word"), tilde="start") + "\n"
+                else:
+                    text = self.heredoc_text(redir)
+                if standard_input:
+                    stdin = StandardInput(text, f"the {what} of line {line}", heredoc=True)
+                continue
+            use = "files it names: bash refuses more than one"
+            if launcher and op in _OUTPUT_REDIRECTIONS and redir.get("Word"):
+                # The launcher's log file only names where its output goes: a run-time value in
+                # its name is taken as one word, as in an override's value (a file's name holds
+                # no blank), and never decides anything the reader reports.
+                targets, _ = self.fields_split([redir["Word"]])
+            else:
+                targets = self.fields([redir["Word"]], use=use) if redir.get("Word") else []
+            if len(targets) != 1:
+                self.fail(line, "redirection", "ambiguous redirect")
+            if op in ("<", "<>") and standard_input:
+                target = targets[0]
+                if target in self.process_outputs:
+                    stdin = StandardInput(
+                        self.process_outputs[target], f"the <(...) of line {line}"
+                    )
+                else:
+                    stdin = StandardInput(None, f"the file {self.shown(target)!r}")
+            elif op == "<&" and standard_input:
+                stdin = StandardInput(None, "another file descriptor")
+        return stdin
 
 
 def _heredoc_unescape(text: str) -> str:

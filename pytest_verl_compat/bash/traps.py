@@ -10,7 +10,13 @@ command and stays refused, and so does code only known at run time.
 
 from __future__ import annotations
 
-from pytest_verl_compat.bash.errors import LaunchReadError, LoopControl, ShellExit, ShellReturn
+from pytest_verl_compat.bash.errors import (
+    LaunchForked,
+    LaunchReadError,
+    LoopControl,
+    ShellExit,
+    ShellReturn,
+)
 from pytest_verl_compat.bash.functions import Functions
 from pytest_verl_compat.bash.parse import load_script, parse_script
 from pytest_verl_compat.bash.state import Trap
@@ -74,7 +80,7 @@ class Traps(Functions):
         except LoopControl:
             pass
         except LaunchReadError as exc:
-            if exc.construct in ("limit", "nesting"):
+            if exc.construct in ("limit", "nesting") or isinstance(exc, LaunchForked):
                 raise
             where = f"line {exc.line} of its code: " if exc.line else ""
             raise LaunchReadError(

@@ -7,7 +7,7 @@ expanded text into fields, splitting only unquoted expansion results on IFS whit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pytest_verl_compat.bash.errors import MAX_FIELDS, BudgetExceeded
 from pytest_verl_compat.bash.parse import Node
@@ -155,8 +155,15 @@ class Fields:
     whitespace around it; a delimiter at the very end makes no empty field.
     """
 
-    def __init__(self, split: bool, ifs: str = _IFS_WHITESPACE) -> None:
+    def __init__(
+        self,
+        split: bool,
+        ifs: str = _IFS_WHITESPACE,
+        certain: Callable[[str], bool] | None = None,
+    ) -> None:
         self.split = split
+        # Whether a split text's run-time values are certainly one word each (``shapes``).
+        self.certain = certain
         self.whitespace = frozenset(c for c in ifs if c in _IFS_WHITESPACE)
         self.delimiters = frozenset(ifs) - self.whitespace
         self.fields: list[str] = []
@@ -182,7 +189,8 @@ class Fields:
             self.buf.append(value)
             return
         if "\0" in value and self.uncertain is None:
-            self.uncertain = value
+            if self.certain is None or not self.certain(value):
+                self.uncertain = value
         start = 0
         for i, c in enumerate(value):
             if c in self.whitespace:

@@ -109,6 +109,8 @@ class Example:
     # The twin's model facts when the twin differs in the model rather than in the overrides.
     twin_model: Mapping[str, Any] | None = None
     upstream: bool = False
+    # Command-line options the example needs besides the overrides (``--gpu H100-80GB``).
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,13 @@ from pytest_verl_compat.cli.common import (
 )
 from pytest_verl_compat.cli.drift import add_drift_parsers
 from pytest_verl_compat.cli.explain import add_explain_parser
+from pytest_verl_compat.cli.fit import add_fit_parser
 from pytest_verl_compat.cli.inspect import add_inspect_parsers
 from pytest_verl_compat.cli.output import configure_output
 from pytest_verl_compat.cli.pin import add_pin_parser
 from pytest_verl_compat.cli.release import add_release_command
 from pytest_verl_compat.cli.releases import add_release_parsers
+from pytest_verl_compat.cli.resolved import add_compile_parser
 from pytest_verl_compat.cli.rules import add_rule_parser
 from pytest_verl_compat.cli.train import add_train_parser
 
@@ -99,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = case_source_options()
     add_inspect_parsers(sub, common)
     add_check_parser(sub, common)
+    add_fit_parser(sub, common)
+    add_compile_parser(sub, common)
     add_audit_parser(sub, common)
     add_census_parser(sub, common)
     add_explain_parser(sub, common)

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.bash import LaunchExited, LaunchReadError
+from pytest_verl_compat.bash import LaunchExited, LaunchForked, LaunchReadError, Way
 from pytest_verl_compat.bash.entry_points import ENTRY_PACKAGES
 from pytest_verl_compat.cli.check_report import (
     FORMATS,
@@ -40,6 +40,7 @@ from pytest_verl_compat.cli.check_report import (
     text_lines,
     verdict_lines,
 )
+from pytest_verl_compat.cli.check_ways import merge_ways
 from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -105,6 +106,7 @@ def selection(args: argparse.Namespace) -> Selection:
     except SelectorError as exc:
         raise UsageError(str(exc)) from exc
     fail_on: Level = args.fail_on or settings.get("fail-on", "error")
+    args.settings_gpu = settings.get("gpu")
     return Selection(select, ignore, fail_on)
 
 
@@ -174,12 +176,21 @@ def targets(args: argparse.Namespace, session: AuditSession) -> list[Target]:
 
 @dataclass
 class Prepared:
-    """A target read and composed: what check_case needs, and how to locate its findings."""
+    """A target read and composed: what check_case needs, and how to locate its findings; or
+    its ways, each prepared, where the script parts at conditions only its run decides."""
 
     target: Target
     case: Case | None = None
     locator: Locator | None = None
     result: FileResult | None = None  # set when the target ends before check_case
+    ways: list[tuple[Way, Prepared]] = dataclasses.field(default_factory=list)
+    # Where the first condition the ways part at is (the note about the ways points there).
+    parted: Location | None = None
+
+    def cases(self) -> list[Case]:
+        """The cases to ask upstream about: this one's, or each way's."""
+        own = [self.case] if self.case is not None else []
+        return own + [case for _, way in self.ways for case in way.cases()]
 
 
 def _launch_finding(exc: LaunchReadError, label: str) -> Finding:
@@ -209,6 +220,16 @@ def _launch_line(session: AuditSession, case: Case, label: str) -> Location:
     return Location(label, line or 1, 0, "launcher")
 
 
+def _condition_place(way: Way, label: str, launch: str | None) -> Location:
+    """Where the first condition a script's ways part at is written: its line in the script,
+    or the script's first line when it is in a file the script sources."""
+    first = way.conditions[0] if way.conditions else None
+    script = os.path.normpath(launch or "")
+    if first is None or not launch or not os.path.normpath(first.path).endswith(script):
+        return Location(label, 1, 0, "script")
+    return Location(label, first.line, 0, "script")
+
+
 def _script_text(target: Target, scratch: Path) -> tuple[Path, str]:
     """The script's file and text (standard input is written to a private file first)."""
     if target.text is not None:
@@ -227,7 +248,6 @@ def prepare(
         return Prepared(
             target, result=FileResult(target.label, "unreadable", error=target.error, case=named)
         )
-    overrides = tuple(args.set or ())
     text: str | None = None
     fallback: Location | None = None
     label = target.label
@@ -254,11 +274,48 @@ def prepare(
             # The session keeps each case's results by id, and a script's id is its stem: two
             # scripts of one call (grpo_trainer/run_x.sh, ppo_trainer/run_x.sh) must not share.
             case = dataclasses.replace(case, id=f"{case.id}@{path.resolve()}")
+    except InputError as exc:
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
+    except StageFailed as exc:
+        return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
+    return prepare_case(session, target, case, args, text, fallback)
+
+
+def prepare_case(
+    session: AuditSession,
+    target: Target,
+    case: Case,
+    args: argparse.Namespace,
+    text: str | None,
+    fallback: Location | None,
+    split: bool = True,
+) -> Prepared:
+    """Read and compose one case (a script's, or one way of it) and make its locator; a script
+    whose ways part at a condition only its run decides is prepared way by way (``split``)."""
+    named = target.case_id or ""
+    label = target.label
+    overrides = tuple(args.set or ())
+    base = case
+    try:
         case = session.with_overrides(case, overrides)
         outcome = session.outcome(case)
     except InputError as exc:
         return Prepared(target, result=FileResult(label, "unreadable", error=str(exc), case=named))
     except StageFailed as exc:
+        if split and isinstance(exc.__cause__, LaunchForked):
+            try:
+                ways = session.case_ways(base)
+            except StageFailed as refused:
+                exc = refused
+            else:
+                return Prepared(
+                    target,
+                    ways=[
+                        (way, prepare_case(session, target, case, args, text, fallback, False))
+                        for way, case in ways
+                    ],
+                    parted=_condition_place(ways[0][0], label, base.launch),
+                )
         cause = exc.__cause__
         if isinstance(cause, UnknownEntryPoint):
             fix = f"launch {cause.near}" if cause.near else ""
@@ -307,9 +364,14 @@ def finish(
     prepared: Prepared,
     ask: Any,
     chosen: Selection,
+    gpu: Any = None,
 ) -> FileResult:
     from pytest_verl_compat.upstream.verdict.case import check_case
 
+    if prepared.ways:
+        results = [(way, finish(session, part, ask, chosen)) for way, part in prepared.ways]
+        assert prepared.parted is not None
+        return merge_ways(prepared.target.label, results, chosen, prepared.parted)
     if prepared.result is not None:
         result = prepared.result
         result.findings = [f for f in result.findings if chosen.reports(f.rule)]
@@ -320,7 +382,12 @@ def finish(
         verdict = check_case(session, prepared.case, ask)
     except StageFailed as exc:
         return FileResult(locator.label, "unreadable", error=str(exc))
-    located = [f for f in locator.located(verdict.findings) if chosen.reports(f.rule)]
+    found = list(verdict.findings)
+    if gpu is not None and verdict.composed:  # check --gpu: the memory forecast's findings too
+        from pytest_verl_compat.cli.fit_common import memory_check
+
+        found = [*found, *memory_check(session, prepared.case, gpu)]
+    located = [f for f in locator.located(found) if chosen.reports(f.rule)]
     launcher = locator.launcher()
     silenced = 0
     if locator.text is not None:
@@ -354,7 +421,7 @@ def finish(
 # --- the command --------------------------------------------------------------------------------
 
 
-def _tool_version() -> str:
+def tool_version() -> str:
     try:
         return metadata.version("pytest-verl-compat")
     except metadata.PackageNotFoundError:
@@ -367,7 +434,7 @@ def _asker(
     """Upstream's early checks for every composed case: one oracle process for the whole run."""
     from pytest_verl_compat.upstream.verdict.case import many_asker
 
-    cases = [p.case for p in prepared if p.case is not None]
+    cases = [case for p in prepared for case in p.cases()]
     return many_asker(session, cases, enabled=not args.no_upstream_checks)
 
 
@@ -376,6 +443,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not hasattr(args, "argv"):
         args.argv = []
     chosen = selection(args)
+    gpu = None
+    if getattr(args, "gpu", None) or getattr(args, "gpu_memory", None) or args.settings_gpu:
+        from pytest_verl_compat.cli.fit_common import choose_gpu
+
+        gpu = choose_gpu(args.gpu, args.gpu_memory, args.settings_gpu)
     session = open_session(args)
     if args.model_config:
         from pytest_verl_compat.pipeline.model_facts import read_model_facts
@@ -397,14 +469,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         ):
             ask, close = _asker(session, prepared, args)
             try:
-                results = [finish(session, p, ask, chosen) for p in prepared]
+                results = [finish(session, p, ask, chosen, gpu) for p in prepared]
             finally:
                 close()
     rules = all_rules(session.pin.version, Path(session.profile_name).stem)
+    if gpu is None:  # the memory.* pages belong to check --gpu's output only
+        rules = {rule: doc for rule, doc in rules.items() if not rule.startswith("memory.")}
     run = CheckRun(
         results,
         session.version,
-        _tool_version(),
+        tool_version(),
         rules,
         Path.cwd(),
         session.release.why if session.release else "",
@@ -426,18 +500,20 @@ def exit_status(run: CheckRun, chosen: Selection, args: argparse.Namespace) -> i
     return EXIT_FINDINGS if failing else EXIT_OK
 
 
-def write_output(run: CheckRun, args: argparse.Namespace, session: AuditSession) -> None:
+def write_output(
+    run: CheckRun, args: argparse.Namespace, session: AuditSession, command: str = "check"
+) -> None:
     many = len(run.results) > 1
     for result in run.results:
         if result.status == "unreadable":
-            say("check", result.error)
+            say(command, result.error)
     # The release is a choice, said as one: which one, and what chose it (an input not read was
     # checked against none).
     if any(result.status != "unreadable" for result in run.results):
-        note("check", f"checked against verl {run.version} ({run.release_why})")
+        note(command, f"checked against verl {run.version} ({run.release_why})")
     skipped = sorted({r.upstream_skipped for r in run.results if r.upstream_skipped})
     for reason in skipped:
-        say("check", f"upstream's own checks skipped: {reason}")
+        say(command, f"upstream's own checks skipped: {reason}")
     if args.format == "text":
         lines = [line for r in run.results for line in text_lines(r)]
     elif args.format == "github":
@@ -490,38 +566,17 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--set", action="append", type=override_value, metavar="KEY=VALUE", help="an extra override"
     )
+    add_report_flags(check)
     check.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="text",
-        help="text (default), json (schema: pytest_verl_compat/data/check.schema.json), "
-        "sarif (2.1.0, for GitHub code scanning) or github (workflow annotations)",
+        "--gpu",
+        metavar="TYPE",
+        help="also forecast each phase's GPU memory on this GPU type (memory.* findings; see fit)",
     )
     check.add_argument(
-        "--output-file", metavar="PATH", help="write the findings there instead of stdout"
-    )
-    check.add_argument(
-        "--select",
-        action="append",
-        metavar="RULES",
-        help="report only these rule ids or families (comma-separated; e.g. batch,upstream)",
-    )
-    check.add_argument(
-        "--ignore",
-        action="append",
-        metavar="RULES",
-        help="do not report these rule ids or families",
-    )
-    check.add_argument(
-        "--fail-on",
-        choices=LEVELS[:2],
-        default=None,
-        help="exit 1 on findings at or above this level (default: error)",
-    )
-    check.add_argument(
-        "--isolated",
-        action="store_true",
-        help="ignore [tool.verl-compat] in pyproject.toml",
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="as --gpu, for a GPU of this many usable GiB",
     )
     check.add_argument(
         "--stdin-filename", metavar="NAME", help="the name of the script read from standard input"
@@ -531,16 +586,53 @@ def add_check_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also fail (exit 1) when the reference trainer cannot run the case, listing why",
     )
-    check.add_argument(
+    add_bindings_flags(check)
+    check.set_defaults(func=cmd_check)
+
+
+def add_report_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose and print findings: ``check``'s, and ``compile``'s (one rule set)."""
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default), json (schema: pytest_verl_compat/data/check.schema.json), "
+        "sarif (2.1.0, for GitHub code scanning) or github (workflow annotations)",
+    )
+    parser.add_argument(
+        "--output-file", metavar="PATH", help="write the findings there instead of stdout"
+    )
+    parser.add_argument(
+        "--select",
+        action="append",
+        metavar="RULES",
+        help="report only these rule ids or families (comma-separated; e.g. batch,upstream)",
+    )
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        metavar="RULES",
+        help="do not report these rule ids or families",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=LEVELS[:2],
+        default=None,
+        help="exit 1 on findings at or above this level (default: error)",
+    )
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="ignore [tool.verl-compat] in pyproject.toml",
+    )
+    parser.add_argument(
         "--model-config",
         metavar="PATH",
         help="the actor model's config.json (or its folder): checks heads, experts, context length "
         "and tokenizer against the layout; read as JSON only, never run",
     )
-    check.add_argument(
+    parser.add_argument(
         "--no-upstream-checks",
         action="store_true",
         help="skip upstream's own config-only checks (run in a sandboxed verl process, cached)",
     )
-    add_bindings_flags(check)
-    check.set_defaults(func=cmd_check)

@@ -46,6 +46,27 @@ GITHUB_COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 FileStatus = Literal["checked", "not-a-launcher", "unreadable"]
 
 
+@dataclass(frozen=True)
+class WayResult:
+    """One way of a script whose ways (at conditions only its run decides) give different
+    verdicts: the conditions it takes and its verdicts."""
+
+    when: str  # ``when [ -d "$HOME/models/Qwen" ] (line 2) is true``
+    status: FileStatus
+    valid: bool | None
+    runnable: bool | None
+    not_runnable: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "when": self.when,
+            "status": self.status,
+            "valid": self.valid,
+            "runnable": self.runnable,
+            "not_runnable": self.not_runnable,
+        }
+
+
 @dataclass
 class FileResult:
     """One checked script or case: its findings (located, selected, not silenced) and verdicts."""
@@ -65,11 +86,17 @@ class FileResult:
     case: str = ""  # the case id, when a case was named rather than a script
     # Each explicit key's answer (``verdict/keys.py``: acts, no effect, undecided), as JSON.
     keys: list[dict[str, Any]] = field(default_factory=list)
+    # Each way's verdicts, when the script's ways at conditions only its run decides differ,
+    # and the two verdicts said by way (``no when [ -f .env ] (line 3) is false; yes when …``).
+    ways: list[WayResult] = field(default_factory=list)
+    verdicts_by_way: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         named = {"case": self.case} if self.case else {}
+        ways = {"ways": [way.to_json() for way in self.ways]} if self.ways else {}
         return {
             **named,
+            **ways,
             "file": self.label,
             "status": self.status,
             "valid": self.valid,
@@ -113,6 +140,7 @@ class CheckRun:
 
 def finding_json(finding: Finding) -> dict[str, Any]:
     location = finding.location
+    when = {"when": finding.when} if finding.when else {}
     return {
         "rule": finding.rule,
         "level": finding.level,
@@ -121,6 +149,7 @@ def finding_json(finding: Finding) -> dict[str, Any]:
         "fix": finding.fix,
         "evidence": finding.evidence,
         "location": location.to_json() if location is not None else None,
+        **when,
     }
 
 
@@ -129,12 +158,14 @@ def _is_launch_path(path: str) -> bool:
 
 
 def finding_message(finding: Finding) -> str:
-    """``key: message (fix)`` on one line; a finding not about a key omits the key."""
+    """``key: message (fix)`` on one line; a finding not about a key omits the key; one about a
+    way of the script ends with it (``[when … is true]``)."""
     fix = f" ({finding.fix})" if finding.fix else ""
     about = f"{finding.path}: " if _is_launch_path(finding.path) else ""
     # One line per finding, whatever the message holds (Hydra's messages span lines).
     message = " ".join(finding.message.split())
-    return f"{about}{message}{fix}"
+    when = f" [{' '.join(finding.when.split())}]" if finding.when else ""
+    return f"{about}{message}{fix}{when}"
 
 
 def finding_text(finding: Finding) -> str:
@@ -161,6 +192,8 @@ def text_lines(result: FileResult) -> list[str]:
 def verdict_lines(result: FileResult, version: str, many: bool = False) -> list[str]:
     """The two verdicts: two lines with the reasons for one file, one short line per file of many
     (the reasons are the findings above)."""
+    if result.verdicts_by_way:
+        return _way_verdicts(result, version, many)
     if result.status != "checked" or result.valid is None:
         return []
     valid = f"valid for verl {version}: {'yes' if result.valid else 'no'}"
@@ -171,6 +204,17 @@ def verdict_lines(result: FileResult, version: str, many: bool = False) -> list[
         return [f"{result.label}: {valid}; runnable by the reference trainer: {runnable}"]
     runnable = "yes" if result.runnable else f"no ({result.not_runnable})"
     return [valid, f"runnable by the reference trainer: {runnable}"]
+
+
+def _way_verdicts(result: FileResult, version: str, many: bool) -> list[str]:
+    """A script whose ways give different verdicts: each verdict, said by way."""
+    valid, runnable = result.verdicts_by_way
+    if many:
+        return [f"{result.label}: valid for verl {version}: {valid}"]
+    lines = [f"valid for verl {version}: {valid}"]
+    if result.runnable is not None:
+        lines.append(f"runnable by the reference trainer: {runnable}")
+    return lines
 
 
 def summary_line(run: CheckRun) -> str:
@@ -343,6 +387,7 @@ def sarif_report(run: CheckRun) -> dict[str, Any]:
                 "keys": finding.path,
                 "evidence": finding.evidence,
                 "file": result.label,
+                **({"when": finding.when} if finding.when else {}),
             }
             results.append(entry)
     notifications = [

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.snapshot import write_atomic
-from pytest_verl_compat.releases.index import Release, ReleaseError, load_release_index
+from pytest_verl_compat.releases.index import (
+    Release,
+    ReleaseError,
+    ReleaseUnsupported,
+    load_release_index,
+)
 from pytest_verl_compat.releases.wheels import ReleaseTree, release_tree
 
 if TYPE_CHECKING:
@@ -137,7 +142,13 @@ def _profile(derivation: Derivation, context: DeriveContext) -> None:
         ("rl", base.profile, context.release.profile, "ppo_trainer"),
         ("sft", base.sft_profile, context.release.sft_profile, "sft_trainer_engine"),
     ):
-        name = name or f"verl-{context.version}-{'single-device' if family == 'rl' else 'sft'}"
+        if not name:
+            name = f"verl-{context.version}-{'single-device' if family == 'rl' else 'sft'}"
+            key = "profile" if family == "rl" else "sft_profile"
+            derivation.person.append(
+                f"name {name} as the release's `{key}` in releases.yaml (until then no command "
+                f"compiles its {family} tree)"
+            )
         path = PROFILES / f"{name}.yaml"
         if not path.is_file():
             if not derivation.write:
@@ -169,6 +180,7 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
     """Each rule's upstream lines, found in this release; one it changed needs a person."""
     if context.is_base:
         return
+    from pytest_verl_compat.memory import findings  # noqa: F401  (registers the memory.* pages)
     from pytest_verl_compat.releases.lines import cite
     from pytest_verl_compat.upstream.verdict.rules import all_rules
 
@@ -181,6 +193,25 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
                     f"{context.version} (check the rule still holds there): {cited[:200]}"
                 )
                 break
+
+
+def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
+    """The memory forecast's facts of this release (``data/releases/VERSION/memory.yaml``,
+    written by a person): each statement at its cited lines of the release's files."""
+    from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
+
+    try:
+        facts = release_facts(context.version)
+    except ReleaseFactsError as exc:
+        derivation.person.append(f"memory facts: {exc}")
+        return
+    root = context.files().root
+    for name, fact in sorted(facts.facts.items()):
+        if not fact.found_in(root):
+            derivation.person.append(
+                f"memory fact {name}: `{fact.statement}` is not at {fact.where} in "
+                f"{context.version} (data/releases/{context.version}/memory.yaml)"
+            )
 
 
 def _statements(derivation: Derivation, context: DeriveContext) -> None:
@@ -281,7 +312,7 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
     """Every patch point the probes meet on the census's configurations, found in the files."""
     from pytest_verl_compat.releases.patch_points import check, dumps_points, points_path
     from pytest_verl_compat.upstream.census import checks_run
-    from pytest_verl_compat.upstream.oracle.client import KEY_UNSUPPORTED, UpstreamOracle
+    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
     from pytest_verl_compat.upstream.probes import patch_points_probe
 
     session = context.session()
@@ -300,9 +331,10 @@ def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
         for cid, question in questions.items():
             oracle.submit(cid, question)
         for cid, question in questions.items():
-            answer = oracle.answer(cid, question)
-            if KEY_UNSUPPORTED in answer:
-                unsupported.setdefault(str(answer[KEY_UNSUPPORTED]), []).append(cid)
+            try:
+                answer = oracle.answer(cid, question)
+            except ReleaseUnsupported as exc:
+                unsupported.setdefault(str(exc), []).append(cid)
                 continue
             met.update(answer.get(patch_points_probe.KEY_POINTS, []))
     finally:
@@ -402,6 +434,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "line-map": _line_map,
     "profile": _profile,
     "rule-citations": _rule_citations,
+    "memory-facts": _memory_facts,
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,

@@ -21,7 +21,8 @@ def example_command(example: Example, overrides: tuple[str, ...], version: str) 
     sets = " ".join(f"--set {override}" for override in overrides)
     script = example.base.endswith(".sh")
     base = f"verl-v{version}/{example.base}" if script else example.base
-    return f"verl-compat check {base} {sets}".rstrip()
+    options = "".join(f" {option}" for option in example.options)
+    return f"verl-compat check {base}{options} {sets}".rstrip()
 
 
 def _model_note(example: Example, twin: bool = False) -> str:
@@ -101,6 +102,7 @@ def pinned_version() -> str:
 def pinned_rules() -> dict[str, RuleDoc]:
     """Every rule's page, its evidence filled with the embedded manifest's verl version and the
     default profile."""
+    from pytest_verl_compat.memory import findings  # noqa: F401  (registers the memory.* pages)
     from pytest_verl_compat.pipeline.profile import default_profile
 
     return all_rules(pinned_version(), default_profile())

@@ -19,7 +19,7 @@ class SettingsError(Exception):
 
 
 SETTINGS_TABLE = "verl-compat"
-SETTINGS_KEYS = ("select", "ignore", "fail-on", "release")
+SETTINGS_KEYS = ("select", "ignore", "fail-on", "release", "gpu")
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -57,11 +57,20 @@ def settings_from(path: Path) -> dict[str, Any]:
             raise SettingsError(f"{path}: [tool.{SETTINGS_TABLE}] {key} must be a list of rule ids")
         if key == "release" and not isinstance(value, str):
             raise SettingsError(f"{path}: [tool.{SETTINGS_TABLE}] release must be a version string")
+        if key == "gpu" and not isinstance(value, str):
+            raise SettingsError(f"{path}: [tool.{SETTINGS_TABLE}] gpu must be a GPU type name")
         if key == "fail-on" and value not in LEVELS[:2]:
             raise SettingsError(
                 f"{path}: [tool.{SETTINGS_TABLE}] fail-on must be 'error' or 'warning'"
             )
     return dict(table)
+
+
+def project_settings(args: Any) -> dict[str, Any]:
+    """The nearest ``[tool.verl-compat]`` table from the working folder (empty with --isolated
+    or without one)."""
+    found = None if getattr(args, "isolated", False) else find_pyproject(Path.cwd())
+    return settings_from(found) if found is not None else {}
 
 
 def release_setting(start: Path) -> tuple[str | None, str]:

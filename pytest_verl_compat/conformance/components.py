@@ -25,7 +25,6 @@ from pytest_verl_compat.conformance.plan import (
 )
 from pytest_verl_compat.conformance.sft import sft_ours, sft_upstream, sft_uses
 from pytest_verl_compat.conformance.sides import (
-    CLIP,
     actor_config,
     advantage_key,
     ours_actor,
@@ -148,7 +147,7 @@ def _vanilla_upstream(
 ) -> dict[str, Any]:
     up = upstream_modules()
     norms = x["normalisers"]
-    config = actor_config(x["mode"], norms["loss_scale_factor"])
+    config = actor_config(x["mode"], norms["loss_scale_factor"], x["clip"])
     # What ppo_loss puts there before calling the policy loss.
     config.global_batch_info.update(norms)
     log_prob = x["log_prob"].detach().requires_grad_(True)
@@ -174,7 +173,7 @@ def _vanilla_ours(
         x["advantages"],
         x["masks"].response_mask,
         loss_agg_mode=x["mode"],
-        **CLIP,
+        **x["clip"],
         **x["normalisers"],
     )
     (grad,) = torch.autograd.grad(loss, (log_prob,))

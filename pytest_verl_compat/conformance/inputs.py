@@ -19,8 +19,10 @@ from pytest_verl_compat.conformance.plan import (
     AGG_MODE_NAMES,
     COMPONENTS,
     DTYPE_NAMES,
+    DUAL_CLIP_FAMILY,
     ESTIMATORS,
     ConformanceCase,
+    clip_settings,
 )
 from pytest_verl_compat.conformance.sft_inputs import sft_inputs
 
@@ -309,10 +311,11 @@ def _agg_inputs(case: ConformanceCase, g: torch.Generator) -> dict[str, Any]:
 
 def _policy_inputs(case: ConformanceCase, g: torch.Generator) -> dict[str, Any]:
     dtype = DTYPES[case.dtype]
-    mode, rest = _split_family(case.family)
+    mode, rest = _split_family(case.family.removesuffix(DUAL_CLIP_FAMILY))
     masks = _loss_masks(g, rest)
     x: dict[str, Any] = _actor_inputs(g, masks, dtype)
     x.update(masks=masks, mode=mode, normalisers=_loss_normalisers(g, masks, rest))
+    x["clip"] = clip_settings(case.family)
     x["flat"] = Flat.layout(g, masks, prompt_width=3)
     return x
 

@@ -51,6 +51,25 @@ KL_PENALTY_NAMES = (
 )
 
 
+# The clip bounds of the policy-loss cases (sides.py passes them to both sides).
+CLIP = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+# The policy-loss families that end in DUAL_CLIP_FAMILY train every bound off verl's defaults
+# and a dual-clip bound that the inputs' ratios (log-ratio ~ N(0, 0.7)) pass on about a sixth of
+# the negative-advantage tokens: a loss that left clip_ratio_c at 3.0 computes another value.
+DUAL_CLIP_FAMILY = "-dual-clip"
+DUAL_CLIP = {
+    "clip_ratio": 0.13,
+    "clip_ratio_low": 0.11,
+    "clip_ratio_high": 0.17,
+    "clip_ratio_c": 1.45,
+}
+
+
+def clip_settings(family: str) -> dict[str, float]:
+    """The clip bounds of a policy-loss case, by its family."""
+    return dict(DUAL_CLIP if family.endswith(DUAL_CLIP_FAMILY) else CLIP)
+
+
 # verl's V1 losses on unpadded batches (`verl/workers/utils/losses.py` `ppo_loss`, `value_loss`):
 # jagged nested inputs, each micro-batch padded only inside the loss to its own longest
 # response. `nested-global` leaves `loss_scale_factor` unset (Dr. GRPO's divisor is then that
@@ -219,6 +238,10 @@ def _case_plan() -> dict[str, list[tuple[str, str]]]:
     plan["policy_loss"] = [
         *(("vanilla", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in scenarios),
         ("vanilla", "token-mean-long-global"),
+        # Every clip bound off its default, the dual clip reached (sides.DUAL_CLIP).
+        ("vanilla", "token-mean-ragged-global-dual-clip"),
+        ("actor", "seq-mean-token-sum-ragged-global-dual-clip"),
+        ("actor", "token-mean-nested-global-dual-clip"),
         *(("actor", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in scenarios),
         *(("actor", f"{mode}-{s}") for mode in AGG_MODE_NAMES for s in NESTED_SCENARIOS),
     ]

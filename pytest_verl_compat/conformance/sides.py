@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from pytest_verl_compat.conformance.inputs import Flat, Masks
+from pytest_verl_compat.conformance.plan import CLIP
 
-# Settings shared by every case (the data, not the tolerances, vary between cases).
-CLIP = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+# Settings shared by every case (the data, not the tolerances, vary between cases); the clip
+# bounds are the case's family's (``plan.clip_settings``).
 ACTOR_TERMS = {
     "entropy_coeff": 0.05,
     "use_kl_loss": True,
@@ -194,14 +195,16 @@ def _nested_output(flat: Flat, padded: torch.Tensor) -> tuple[torch.Tensor, torc
     return values, torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
 
 
-def actor_config(loss_agg_mode: str, loss_scale_factor: int | None) -> Any:
+def actor_config(
+    loss_agg_mode: str, loss_scale_factor: int | None, clip: Mapping[str, float] = CLIP
+) -> Any:
     return upstream_modules().ActorConfig(
         strategy="fsdp",
         rollout_n=1,
         ppo_micro_batch_size_per_gpu=1,
         loss_agg_mode=loss_agg_mode,
         loss_scale_factor=loss_scale_factor,
-        **CLIP,
+        **clip,
         **ACTOR_TERMS,
     )
 
@@ -226,7 +229,7 @@ def upstream_actor(
     """verl's `ppo_loss` (policy loss + entropy bonus + KL loss) on one micro-batch (padded, or
     V1's with `nested`: nested model outputs and nested batch fields)."""
     up = upstream_modules()
-    config = actor_config(mode, normalisers["loss_scale_factor"])
+    config = actor_config(mode, normalisers["loss_scale_factor"], x.get("clip", CLIP))
     if nested:
         log_probs, log_probs_output = _nested_output(flat, x["log_prob"])
         entropy, entropy_output = _nested_output(flat, x["entropy"])
@@ -262,7 +265,7 @@ def ours_actor(
         entropy=entropy,
         ref_log_prob=x["ref_log_prob"],
         loss_agg_mode=mode,
-        **CLIP,
+        **x.get("clip", CLIP),
         **ACTOR_TERMS,
         **normalisers,
     )

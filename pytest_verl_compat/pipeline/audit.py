@@ -10,15 +10,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.files.digests import sha256_file
 from pytest_verl_compat.files.safe_input import InputError, confined
 from pytest_verl_compat.model import (
-    COMPOSED,
-    COMPOSITION_REJECTION,
     SCRIPT,
     SEMANTIC_REJECTION,
     Bindings,
@@ -38,6 +36,7 @@ from pytest_verl_compat.pipeline.compose import Composer, count_leaves
 from pytest_verl_compat.pipeline.entry_points import (
     PINNED_ENTRY_MODULE,
     SFT_CONFIG_NAME,
+    SFT_ENTRY_MODULE,
     EntryPoint,
     UnknownEntryPoint,
     by_module,
@@ -78,7 +77,12 @@ from pytest_verl_compat.pipeline.profile import (
     load_profile,
     profile_sha256,
 )
-from pytest_verl_compat.pipeline.resolved import ResolvedFileError, check_resolved, load_resolved
+from pytest_verl_compat.pipeline.resolved import (
+    ResolvedFileError,
+    load_run,
+    resolved_composition,
+    resolved_path,
+)
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from pytest_verl_compat.releases.choice import ReleaseChoice, choose_release
 from pytest_verl_compat.releases.index import ReleaseError
@@ -91,6 +95,9 @@ RELEASES_GOLDEN = "releases"
 LAUNCH_KEY = "launch"
 # A user's own script is read from its absolute path, so its pins are checked from the root.
 _FILESYSTEM_ROOT = Path("/")
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.bash import Way
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,8 @@ class AuditSession:
     memo: StageMemo = field(default_factory=StageMemo, repr=False)
     _memo_keys: dict[str, str] = field(default_factory=dict, repr=False)
     _profile_digests: dict[str, str] = field(default_factory=dict, repr=False)
+    # A resolved file's case: the world its launch started (``compile --world-size``), by case id.
+    _resolved_worlds: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def start(cls, options: AuditOptions) -> AuditSession:
@@ -487,6 +496,11 @@ class AuditSession:
             self.memo.put(COMPOSITION_KIND, key, plain)
         return composition
 
+    def compose_variant(self, fields: ExplicitFields, bindings: Bindings) -> Composition:
+        """``fields`` composed as a case's are, not kept: a variant of a case's launch asked about
+        once (``upstream.verdict.blame`` leaves some of its keys out)."""
+        return self.composer(fields).compose(fields.fields, dict(fields.environment(bindings)))
+
     def memo_key(self, case: Case) -> str | None:
         """The key of the case's composition in the memo (None for a resolved file's case)."""
         self.outcome(case)
@@ -528,6 +542,54 @@ class AuditSession:
             bindings=self.manifest.bindings.overlay(extra or Bindings()),
         )
 
+    def case_for_resolved(self, given: str | Path, world_size: int | None = None) -> Case:
+        """A one-off case for a run's resolved file (or its run folder), and Hydra's
+        ``overrides.yaml`` beside it: composed, compiled and checked as a manifest case is, so
+        ``compile RESOLVED`` and ``check`` keep one rule set. ``world_size``: the processes its
+        launcher started (torchrun's), which no resolved file records."""
+        assert self.manifest is not None
+        try:
+            path = resolved_path(Path(given)).resolve()
+            run = load_run(path)
+        except ResolvedFileError as exc:
+            raise StageFailed(str(exc)) from exc
+        pinned = [path] + ([run.overrides_file.resolve()] if run.overrides_file else [])
+        case = Case(
+            id=f"{path.stem}@{path}",
+            kind="resolved",
+            line=0,
+            resolved=str(path),
+            inputs=tuple(InputPin(str(file), sha256_file(file)) for file in pinned),
+            bindings=self.manifest.bindings,
+        )
+        if world_size is not None:
+            self._resolved_worlds[case.id] = world_size
+        return case
+
+    def case_ways(self, case: Case) -> list[tuple[Way, Case]]:
+        """A script case split at the conditions only the running system decides whose ways
+        part (``read_case_ways``): per way, the way (its conditions, ``Way.said()``: ``when [ -d
+        "$HOME/models/Q" ] (line 2) is true``) and a case that reads it (its own id, the way
+        bound)."""
+        from pytest_verl_compat.bash import LaunchReadError
+        from pytest_verl_compat.pipeline.read import read_case_ways
+
+        root = _FILESYSTEM_ROOT if case.kind == SCRIPT else self.upstream_root()
+        try:
+            ways = read_case_ways(case, root, self._release_root())
+        except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
+            raise StageFailed(str(exc)) from exc
+        return [
+            (way, dataclasses.replace(case, id=f"{case.id}~{index}", bindings=way.bindings))
+            for index, way in enumerate(ways, 1)
+        ]
+
+    def upstream_root(self) -> Path:
+        """The folder a manifest case's launch script is relative to."""
+        if self.upstream is None:
+            raise StageUnavailable("no upstream checkout with the launch scripts")
+        return self.upstream.root
+
     def _read_from(self, case: Case, root: Path, label: str = "") -> ExplicitFields:
         """The input's errors (unreadable script, pin mismatch) fail the stage; bugs propagate.
         The launch reader is imported here: a run from golden fields never needs it."""
@@ -548,12 +610,18 @@ class AuditSession:
         return name
 
     def release_profile(self, family: str) -> str:
-        """The checked release's own profile of a family's tree (the release index names it)."""
+        """The checked release's own profile of a family's tree (the release index names it):
+        never another release's in its place."""
         release = self.release.release if self.release is not None else None
         if release is not None:
             name = release.profile if family == RL else release.sft_profile
-            if name:
-                return name
+            if not name:
+                key = "profile" if family == RL else "sft_profile"
+                raise StageUnavailable(
+                    f"verl {release.version} names no {key} in releases.yaml (`verl-compat "
+                    f"release derive {release.version}` writes one to review)"
+                )
+            return name
         return default_profile() if family == RL else default_sft_profile()
 
     def model_facts(self, case: Case) -> dict[str, ModelFacts]:
@@ -697,24 +765,27 @@ class AuditSession:
             raise StageFailed(str(exc)) from exc
 
     def _resolved_outcome(self, case: Case) -> CaseOutcome:
-        """A ``resolved`` case: a run's resolved configuration file, checked against the pinned tree."""
+        """A ``resolved`` case: a run's resolved configuration file, checked against the tree of
+        its family (main_ppo's, or the SFT trainer's for an SFT run's file) as a composition is."""
         assert self.manifest is not None and case.resolved is not None
         folder = self.manifest.path.parent
         bad = [check for check in check_pins(folder, case.inputs) if not check.ok]
         if bad:
             raise StageFailed("; ".join(check.message() for check in bad))
         try:
-            mapping = load_resolved(folder / case.resolved)
+            run = load_run(folder / case.resolved)
         except ResolvedFileError as exc:
             raise StageFailed(f"[{case.id}] {exc}") from exc
-        check = check_resolved(mapping, self.composer(), f"verl {self.manifest.upstream.version}")
-        fields = ExplicitFields((), None)
-        if not check.from_pinned_tree or check.unresolved:
-            reason = "; ".join(check.lines(limit=5))
-            return CaseOutcome(
-                fields, "resolved", Composition(COMPOSITION_REJECTION, reason=reason)
-            )
-        return CaseOutcome(fields, "resolved", Composition(COMPOSED, resolved=mapping))
+        launch = ExplicitFields(
+            (),
+            None,
+            module=SFT_ENTRY_MODULE if family_of(run.mapping) == SFT else None,
+            world_size=self._resolved_worlds.get(case.id),
+        )
+        fields, composition = resolved_composition(
+            run, self.composer(launch), f"verl {self.version}", launch
+        )
+        return CaseOutcome(fields, "resolved", composition)
 
     def golden_payload(self, case: Case) -> dict[str, Any]:
         """What the compose golden file holds for a case."""

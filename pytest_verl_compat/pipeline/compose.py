@@ -496,16 +496,32 @@ class Composer:
         selects the group's file, which Hydra's composition reads, not verl's code."""
         return "." not in key and self._base().group_exists(key)
 
-    def interpolation_sources(self) -> dict[str, str]:
+    def interpolation_sources(self, fields: Sequence[str] = ()) -> dict[str, str]:
         """Each leaf of the override-free tree that is one interpolation (``${..strategy}``), and
         the absolute key it copies (``actor_rollout_ref.actor.strategy``); a key the tree derives
-        from another is the other key's setting."""
+        from another is the other key's setting. With ``fields``, the tree their config name and
+        group selections compose (``model_engine=megatron``'s reference copies the actor's
+        Megatron flags, ref/megatron_ref.yaml:29-39; the plain tree has no such section)."""
+        composer, overrides = self._for_argv(fields)
+        try:
+            groups, _ = composer._split_groups(overrides)
+        except _FastPathUnavailable:
+            groups = ()
         sources: dict[str, str] = {}
-        for path, value in iter_leaves(self._base().plain):  # group selections copy the same way
+        for path, value in iter_leaves(composer._base(groups).plain):
             match = _SINGLE_INTERPOLATION.match(value) if isinstance(value, str) else None
             if match:
                 sources[path] = _absolute(path, match.group(1))
         return sources
+
+    def interpolated_leaves(self) -> frozenset[str]:
+        """The leaves of the override-free tree whose value holds an interpolation (``${…}``):
+        their resolved value follows other keys."""
+        return frozenset(
+            path
+            for path, value in iter_leaves(self._base().plain)
+            if isinstance(value, str) and "${" in value
+        )
 
     def _split_groups(self, fields: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
         """(plain group selections, the other overrides), or the fast path is unavailable."""

@@ -10,6 +10,7 @@ A finding names dotted config keys (its ``path``); the first one is located, in 
    override Hydra received wins, then one on or after the launcher line, then the first;
 3. the launcher line, when the key is set (the explicit fields name it) but not by text the
    search finds (built from variables: ``${ROLE}.n=1``);
+0. in a run's resolved file (``defined_here``), which writes every key, the key's own line there;
 4. for a key left at its default, the config tree's YAML file and line that defines it: Hydra's
    own defaults list for these fields (``Composer.config_files``) says which files are merged in
    which order and under which package, and the last file that defines the key wins;
@@ -36,6 +37,7 @@ from pytest_verl_compat.model import ExplicitFields, Finding, Location
 COMMAND_LINE = "<command line>"
 _INDEX = re.compile(r"\[\d+\]")
 _QUOTED_KEY = re.compile(r"'([A-Za-z_][\w-]*(?:\.[\w-]+)+)'")
+_REFUSED_KEY = re.compile(r"([A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])+)=")
 
 
 def override_key(field_text: str) -> str:
@@ -184,6 +186,9 @@ class Locator:
     set_args: Sequence[tuple[str, int]] = ()  # (override, its position after `verl-compat`)
     tree: TreeIndex | None = None
     fallback: Location | None = None  # a case with no script text: its manifest entry
+    # Every key is written in ``tree``'s one file, the input itself (a run's resolved file): a key
+    # is located at its own line there, the run's settings included.
+    defined_here: bool = False
     _lines: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -201,6 +206,9 @@ class Locator:
         """The config key a finding is about: its first key, or for a composition rejection the
         key Hydra's message quotes that the fields set."""
         if finding.path.startswith("<"):
+            head = _REFUSED_KEY.match(finding.message)
+            if self.defined_here and head is not None:
+                return _INDEX.sub("", head.group(1))  # a refused value: ``KEY='value': ...``
             explicit = {override_key(f) for f in self.fields.fields}
             for candidate in _QUOTED_KEY.findall(finding.message):
                 candidate = str(candidate)
@@ -214,6 +222,11 @@ class Locator:
         key = self.key_of(finding)
         if key is None:
             return self.launcher()
+        if self.defined_here and self.tree is not None:
+            where = self.tree.where(key)
+            if where is not None:
+                file, line, column = where
+                return Location(display_path(file), line, column, "resolved")
         for override, position in reversed(self.set_args):
             if _covers(override_key(override), key):
                 return Location(COMMAND_LINE, 1, position, "set")

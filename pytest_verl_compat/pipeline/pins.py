@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from pytest_verl_compat.files.digests import sha256_file, tree_sha256
@@ -43,16 +42,6 @@ class UpstreamTree:
         if self.source == "release":
             return f"{version}'s own files (its pinned wheel, at {self.root}); tree sha256 {self.tree_sha256}"
         return f"{self.kind} {self.root} (from {self.source}); {version}; tree sha256 {self.tree_sha256}"
-
-
-def installed_verl_root() -> tuple[Path, str] | None:
-    """The site-packages folder holding an installed verl, and its version, without importing it."""
-    try:
-        dist = metadata.distribution("verl")
-    except metadata.PackageNotFoundError:
-        return None
-    root = Path(str(dist.locate_file("")))
-    return root, dist.version
 
 
 def checkout_tree(root: Path, pin: UpstreamPin, source: str) -> UpstreamTree:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from pytest_verl_compat.bash import LaunchReadError, SourceScope, read_launch
+from pytest_verl_compat.bash import LaunchReadError, SourceScope, Way, read_launch, read_launch_ways
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
 from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
+from pytest_verl_compat.pipeline.naming import may_carry
 from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
 
-__all__ = ["PinMismatch", "read_case_fields"]
+__all__ = ["PinMismatch", "read_case_fields", "read_case_ways"]
 from pytest_verl_compat.files.safe_input import read_text
 
 
@@ -50,26 +50,6 @@ def source_scope(case: Case, root: Path) -> SourceScope:
     return SourceScope(str(root), {pin.path: pin.sha256 for pin in case.inputs})
 
 
-# A leaf whose value only names a file or a folder (verl opens, copies, writes or passes it on):
-# a run-time value there (``data.train_files=$PWD/data/train.parquet``) changes no verdict, so the
-# reader's placeholder is kept. Elsewhere (a size, a name, a flag) the value decides something.
-_PATH_LEAF = re.compile(r"(^|_)(path|paths|dir|dirs|file|files|folder)$")
-# Path leaves whose text upstream itself reads, and the text that must stay known after the last
-# run-time value: the resume folder's step (``int(path.split("global_step_")[-1])``,
-# verl/trainer/ppo/v1/trainer_base.py:812-823).
-_CONTENT_READ = {"trainer.resume_from_path": "global_step_"}
-RUNTIME_PREFIX = "RUNTIME_"
-
-
-def carry_in_path_leaves(key: str, value: str) -> bool:
-    """Whether an override may keep a run-time value (``read_launch``'s ``carry``): in a leaf
-    that only names a file or a folder, outside any part of it upstream reads."""
-    if not _PATH_LEAF.search(key.rpartition(".")[2]):
-        return False
-    marker = _CONTENT_READ.get(key)
-    return marker is None or (marker in value and RUNTIME_PREFIX not in value.rpartition(marker)[2])
-
-
 def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -> ExplicitFields:
     """Verify the pinned inputs, read the launch script and append the case's extra overrides;
     a launch's entry module is judged by the checked release's files at ``release_root``."""
@@ -90,12 +70,12 @@ def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -
             case.bindings,
             scope=source_scope(case, root),
             entry_modules=launch_acceptor(release_root),
-            carry=carry_in_path_leaves,
+            carry=may_carry,
         )
         carried = tuple(
             (value.key, f"{value.what} as {', '.join(value.placeholders)}")
             for value in read.carried
-        )
+        ) + tuple((value.key, value.what) for value in read.carried_options)
         fields.extend(read.argv)
         line = read.line
         variables = dict(read.exported)
@@ -113,4 +93,21 @@ def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -
         reason,
         launcher=launcher,
         carried=carried,
+    )
+
+
+def read_case_ways(case: Case, root: Path, release_root: Path | None = None) -> tuple[Way, ...]:
+    """Each way the case's script goes at the conditions only the running system decides
+    (``bash.read_launch_ways``, read as :func:`read_case_fields` reads): one way, with no
+    condition, for a script that has none whose ways part. Each way's ``bindings`` read it."""
+    bad = [check for check in check_pins(root, case.inputs) if not check.ok]
+    if bad:
+        raise PinMismatch("; ".join(check.message() for check in bad))
+    assert case.launch is not None
+    return read_launch_ways(
+        root / case.launch,
+        case.bindings,
+        scope=source_scope(case, root),
+        entry_modules=launch_acceptor(release_root),
+        carry=may_carry,
     )

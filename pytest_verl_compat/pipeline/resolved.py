@@ -1,23 +1,127 @@
-"""Resolved configuration files as input: check one against the pinned tree before compiling it.
+"""Resolved configuration files as input: check one against the checked tree before compiling it.
 
-verl writes a run's resolved configuration to ``.hydra/config.yaml``; teams often have that and no
-launch script. A file is first compared leaf by leaf with the override-free composition of a tree,
-so a file from another verl version is reported as such instead of being compiled as 0.9.0.
+verl writes a run's resolved configuration to ``.hydra/config.yaml``, and the overrides the run
+was given to ``.hydra/overrides.yaml`` beside it; teams often have those and no launch script. A
+file is first compared leaf by leaf with the composition of a tree with only the run's config-group
+selections, so a file from another verl version is reported as such instead of being compiled as
+the checked one. The keys a run set are its ``overrides.yaml``'s (read as data, never composed),
+or, without that file, the leaves whose value differs from the tree's (``changed_fields``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.files.safe_input import InputError, load_yaml_file
+from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition, ExplicitFields
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
+from pytest_verl_compat.pipeline.targets import target_rejection
+
+# What Hydra writes into a run's output folder (``hydra.output_subdir``).
+HYDRA_FOLDER = ".hydra"
+CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.yaml"
+# More overrides than any launch passes; a longer list is not a run's.
+MAX_OVERRIDES = 10_000
 
 
 class ResolvedFileError(Exception):
     """The file is not a readable YAML mapping."""
+
+
+def resolved_path(given: Path) -> Path:
+    """The resolved file of ``given``: itself, or a run folder's ``.hydra/config.yaml``."""
+    if given.is_dir():
+        inner = given / HYDRA_FOLDER / CONFIG_FILE
+        if not inner.is_file():
+            raise ResolvedFileError(f"{given}: a folder without {HYDRA_FOLDER}/{CONFIG_FILE}")
+        return inner
+    return given
+
+
+def overrides_path(resolved: Path) -> Path | None:
+    """Hydra's ``overrides.yaml`` beside a run's resolved ``config.yaml``, if there is one."""
+    if resolved.name != CONFIG_FILE:
+        return None
+    beside = resolved.parent / OVERRIDES_FILE
+    return beside if beside.is_file() else None
+
+
+def load_overrides(path: Path) -> tuple[str, ...]:
+    """The overrides a run was given, as Hydra recorded them: a list of ``KEY=VALUE`` strings,
+    read bounded as data (nothing here composes them)."""
+    try:
+        data = load_yaml_file(path, what="overrides file")
+    except InputError as exc:
+        raise ResolvedFileError(str(exc)) from exc
+    if data is None:
+        return ()
+    if not isinstance(data, list) or not all(isinstance(item, str) for item in data):
+        raise ResolvedFileError(f"{path}: expected a list of override strings (KEY=VALUE)")
+    if len(data) > MAX_OVERRIDES:
+        raise ResolvedFileError(f"{path}: {len(data)} overrides, more than {MAX_OVERRIDES}")
+    return tuple(data)
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run's resolved configuration, and the overrides it was given when Hydra wrote them."""
+
+    path: Path
+    mapping: dict[str, Any]
+    overrides: tuple[str, ...] | None = None
+    overrides_file: Path | None = None
+
+
+def load_run(path: Path) -> ResolvedRun:
+    """The resolved file (or a run folder's) and its ``overrides.yaml`` when it has one."""
+    path = resolved_path(path)
+    mapping = load_resolved(path)
+    beside = overrides_path(path)
+    overrides = load_overrides(beside) if beside is not None else None
+    return ResolvedRun(path, mapping, overrides, beside)
+
+
+def _render(value: Any) -> str:
+    """A value as an override writes it (``null``, ``true``, ``[a,b]``): message text only."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_render(item) for item in value) + "]"
+    return str(value)
+
+
+def changed_fields(
+    resolved: Mapping[str, Any], base: Mapping[str, Any], sources: Mapping[str, str]
+) -> tuple[str, ...]:
+    """``KEY=VALUE`` for each leaf whose value differs from the tree's (lists as values), in the
+    file's order: the keys a run without ``overrides.yaml`` set. A leaf the tree copies from
+    another by interpolation (``${..strategy}``) is that other key's setting when it holds the
+    same value, so it is not listed again; a leaf the tree does not have is listed."""
+    ours, theirs = _shape(resolved), _shape(base)
+    changed = {
+        path: value
+        for path, value in ours.items()
+        if path not in theirs or not _same_value(value, theirs[path])
+    }
+    out = []
+    for path, value in changed.items():
+        source = sources.get(path)
+        if source is not None and source in changed and _same_value(changed[source], value):
+            continue
+        prefix = "" if path in theirs else "+"
+        out.append(f"{prefix}{path}={_render(value)}")
+    return tuple(out)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
 
 
 def load_resolved(path: Path) -> dict[str, Any]:
@@ -116,6 +220,12 @@ class ResolvedCheck:
     def from_pinned_tree(self) -> bool:
         return self.pinned.mismatches == 0
 
+    @property
+    def same_leaves(self) -> bool:
+        """The pinned tree's leaves, no more, no fewer: a value of another type than the tree's
+        default is then the type check's finding (``types.wrong-type``), as a launch's is."""
+        return not self.pinned.extra and not self.pinned.missing
+
     def lines(self, limit: int = 12) -> list[str]:
         out = []
         for title, items in (
@@ -143,12 +253,17 @@ def check_resolved(
     pinned: Composer,
     pinned_label: str,
     others: Sequence[tuple[str, Composer]] = (),
+    groups: Sequence[str] = (),
 ) -> ResolvedCheck:
-    """Compare with the override-free composition of the pinned tree and of each other tree."""
+    """Compare with the composition of the pinned tree and of each other tree with only the
+    run's config-group selections (``groups``: ``model_engine=megatron``; none: the defaults)."""
 
     def base(composer: Composer) -> dict[str, Any]:
-        composition = composer.compose([], {})
-        assert composition.resolved is not None
+        composition = composer.compose(groups, {})
+        if composition.resolved is None:
+            raise ResolvedFileError(
+                f"the run's group selections do not compose: {composition.reason}"
+            )
         return composition.resolved
 
     return ResolvedCheck(
@@ -156,4 +271,70 @@ def check_resolved(
         others=[match_tree(resolved, base(composer), label) for label, composer in others],
         missing=unresolved_values(resolved)[0],
         unresolved=unresolved_values(resolved)[1],
+    )
+
+
+def resolved_composition(
+    run: ResolvedRun, composer: Composer, label: str, launch: ExplicitFields
+) -> tuple[ExplicitFields, Composition]:
+    """A resolved file as a composition, by the rules a launch's composition keeps: a
+    ``_target_`` the tree does not name is refused as composing it would be (``targets.py``);
+    then the file must match the tree (``check_resolved``) and hold no ``${…}``. The fields are
+    the run's overrides, or the leaves it changed; the launch's entry module and world kept."""
+    foreign = target_rejection(run.mapping, composer.config_dir, *composer.search_path)
+    if foreign is not None:
+        fields = dataclasses.replace(launch, fields=run.overrides or ())
+        return fields, Composition(COMPOSITION_REJECTION, reason=foreign)
+    overrides = run.overrides or ()
+    groups = [
+        line
+        for line in overrides
+        if "=" in line and composer.is_group(line.split("=", 1)[0].lstrip("+~"))
+    ]
+    try:
+        check = check_resolved(run.mapping, composer, label, groups=groups)
+    except ResolvedFileError as exc:
+        fields = dataclasses.replace(launch, fields=overrides)
+        return fields, Composition(COMPOSITION_REJECTION, reason=str(exc))
+    # Leaves the run added (``+KEY=``) or deleted (``~KEY``) are its own, as in a composition.
+    check.pinned.extra = _not_under(check.pinned.extra, overrides, "+")
+    check.pinned.missing = _not_under(check.pinned.missing, overrides, "~")
+    if run.overrides is not None:
+        explicit = run.overrides
+    else:
+        explicit = _derived_fields(run.mapping, composer, groups)
+    fields = dataclasses.replace(launch, fields=explicit)
+    if not check.same_leaves or check.unresolved:
+        reason = "; ".join(check.lines(limit=5))
+        return fields, Composition(COMPOSITION_REJECTION, reason=reason)
+    return fields, Composition(COMPOSED, resolved=run.mapping)
+
+
+def _not_under(paths: list[str], overrides: Sequence[str], prefix: str) -> list[str]:
+    keys = [line.split("=", 1)[0].lstrip("+~") for line in overrides if line.startswith(prefix)]
+    return [p for p in paths if not any(p == k or p.startswith(k + ".") for k in keys)]
+
+
+def _derived_fields(
+    mapping: Mapping[str, Any], composer: Composer, groups: Sequence[str]
+) -> tuple[str, ...]:
+    """The keys a run without ``overrides.yaml`` set: the leaves it changed, less those the tree
+    derives by an interpolation from the others (``trainer.default_local_dir`` from the
+    experiment's name), found by composing the others and seeing the same value there."""
+    base = composer.compose(groups, {}).mapping
+    changed = changed_fields(mapping, base, composer.interpolation_sources())
+    derived = composer.interpolated_leaves()
+    if not any(field.split("=", 1)[0] in derived for field in changed):
+        return changed
+    plain = [f for f in changed if f.split("=", 1)[0] not in derived]
+    composed = composer.compose([*groups, *plain], {})
+    if not composed.composed:
+        return changed  # values Hydra's grammar does not take back: every changed leaf is kept
+    theirs, ours = _shape(composed.mapping), _shape(mapping)
+    return tuple(
+        f
+        for f in changed
+        if (key := f.split("=", 1)[0]) not in derived
+        or key not in theirs
+        or not _same_value(ours.get(key), theirs[key])
     )

@@ -51,6 +51,17 @@ def _existing_file(value: str) -> str:
     return value
 
 
+def _gpu_type(value: str) -> str:
+    """A GPU type of the shipped table (``verl-compat fit --gpu``'s names), checked at parse time."""
+    from pytest_verl_compat.memory.gpus import UnknownGpu, find_gpu
+
+    try:
+        find_gpu(value)
+    except UnknownGpu as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return value
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the verl-corpus option group."""
     group = parser.getgroup("verl-corpus", "verl launch-script conformance audit")
@@ -130,6 +141,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "verl's own engine for the official, accepted derived and step-only cases (several "
         "steps, two data-parallel ranks; ~4 min on 2 cores; CI checks every step case; the "
         "default audit skips it to stay within seconds)",
+    )
+    group.addoption(
+        "--verl-corpus-gpu",
+        dest="verl_corpus_gpu",
+        type=_gpu_type,
+        default=None,
+        metavar="TYPE",
+        help="also forecast each case's GPU memory on this GPU type (as check --gpu): the "
+        "verdict stage fails a case expected valid when a phase exceeds the GPU",
     )
     parser.addini(
         "verl_corpus_upstream", "upstream checkout folder, relative to rootdir", default=None

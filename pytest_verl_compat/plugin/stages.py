@@ -31,6 +31,7 @@ from pytest_verl_compat.pipeline.snapshot import first_difference
 from pytest_verl_compat.plugin.commands import accept_command, pin_command, shown_path
 from pytest_verl_compat.plugin.golden import golden_extension, golden_orphans
 from pytest_verl_compat.plugin.keys import KEY_GOLDEN_ORPHANS, audit_state_key, payload_key
+from pytest_verl_compat.plugin.memory_stage import memory_findings
 from pytest_verl_compat.plugin.nodes import NODE_PREFIX
 from pytest_verl_compat.plugin.sft_stage import TestSFTStepConformance  # noqa: F401  # collected here
 from pytest_verl_compat.plugin.shared import once_per_session, result_name
@@ -268,13 +269,16 @@ def test_verdict(
         request,
         verl_case,
     )
+    gpu = request.config.getoption("verl_corpus_gpu", None)
+    memory, not_forecast = memory_findings(outcome, gpu, verl_audit.version) if gpu else ([], "")
     _record(
         request,
         verl_case,
         "verdict",
         valid=result.valid,
         runnable=result.runnable,
-        check_findings=[finding.line() for finding in result.findings],
+        check_findings=[finding.line() for finding in (*result.findings, *memory)],
+        **({"memory": not_forecast or f"forecast on {gpu}"} if gpu else {}),
     )
     assert not result.upstream_skipped, f"upstream's checks did not run: {result.upstream_skipped}"
     expected = verl_case.expected or {}
@@ -291,6 +295,8 @@ def test_verdict(
     found = {f"{f.level}:{f.path}" for f in (*result.findings, *result.said_by_upstream)}
     missing = [w for w in expected.get("findings", []) if w not in found]
     assert not missing, f"findings={sorted(found)}, but should include {missing} [{verl_case.id}]"
+    over = [f.line() for f in memory if f.level == "error"]
+    assert want is False or not over, f"does not fit the {gpu}: {'; '.join(over)} [{verl_case.id}]"
 
 
 def test_trusted(

@@ -9,6 +9,8 @@ the plan and its coverage table (`plan`). Modules, each importing only the ones 
 - `cases`: the step cases of a session (official, accepted derived, step-only).
 - `coverage`: which case moves which leaf, checked against the profile; its README table.
 - `upstream_patches`, `upstream`: verl's V1 step on its FSDP engine, in a sandboxed subprocess.
+- `memory_states`: the same engine on fake process groups, its per-rank model-state bytes (the
+  memory forecast's oracle, tests/test_fit_states.py); the step oracle never imports it.
 - `reference`: the reference trainer's steps.
 - `compare`, `run`: comparing both, and the report.
 - `sft_upstream`, `sft`: the SFT step oracle (verl's SFT trainer steps against ours,

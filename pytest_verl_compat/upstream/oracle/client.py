@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE, SFT_ENTRY_MODULE
-from pytest_verl_compat.releases.index import ReleaseError
+from pytest_verl_compat.releases.index import ReleaseError, ReleaseUnsupported
 from pytest_verl_compat.upstream.oracle import warm
 from pytest_verl_compat.upstream.oracle.runner import (
     UpstreamProcess,
@@ -245,7 +245,8 @@ class UpstreamOracle:
     def answer(
         self, request_id: str, request: Mapping[str, Any], timeout: float = 600
     ) -> dict[str, Any]:
-        """The answer to a question, submitting it first if needed."""
+        """The answer to a question, submitting it first if needed (raises ``ReleaseUnsupported``
+        when the release lacks a patch point or module the probes need)."""
         self.submit(request_id, request)
         if self._failure:
             raise RuntimeError(self._failure)
@@ -254,7 +255,12 @@ class UpstreamOracle:
                 lambda: request_id in self._answers or self._done, timeout=timeout
             )
             if request_id in self._answers:
-                return self._answers[request_id]
+                answer = self._answers[request_id]
+                if KEY_UNSUPPORTED in answer:
+                    # The release lacks what the probes need: a fact of the release, said once
+                    # in one line wherever a question meets it (never a question's failure).
+                    raise ReleaseUnsupported(str(answer[KEY_UNSUPPORTED]))
+                return answer
             done = self._done
         if done and len(self._readers) > 1:
             # The process ended: its last words (why it stopped) may still be in the stderr pipe,

@@ -51,8 +51,17 @@ NOT_READ_HERE = "not read with these settings"
 OVERRIDDEN = "overridden"
 
 ARR = "actor_rollout_ref"
-# Steps of a learning-rate schedule compared (the schedule's shape shows within them).
-_SCHEDULE_STEPS = 40
+# The horizons a schedule is compared over when the run's length is its data set's (the rows of
+# data.train_files over the batch size, times total_epochs: not known here). A claim holds at every
+# step of each, from one step to thousands: warm-up from a ratio rounds ``ratio × horizon`` down
+# (fsdp/transformer_impl.py:490-492), and a cosine's floor shows only in its last steps
+# (utils/torch_functional.py:748-750).
+UNKNOWN_HORIZONS = (1, 2, 3, 5, 8, 13, 21, 40, 100, 250, 1000, 4000)
+# A known horizon longer than this is not compared step by step: no claim on the schedule then.
+MAX_HORIZON = 20_000
+# Optimizer steps taken, on gradients of different directions and sizes: Adam's first step is
+# the same for any betas and any gradient scale, its later ones are not.
+OPTIMIZER_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,30 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _optimizer(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
+def _learning_rates(scheduler: Any, steps: int) -> list[float]:
+    """The learning rate of each of ``steps`` steps: a ``LambdaLR``'s own functions at each step
+    (what ``step()`` sets, without stepping), else the scheduler stepped."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is not None:
+        bases = list(scheduler.base_lrs)
+        return [
+            base * float(function(step))
+            for step in range(steps)
+            for base, function in zip(bases, lambdas, strict=True)
+        ]
+    lrs: list[float] = []
+    for _ in range(steps):
+        lrs.extend(float(lr) for lr in scheduler.get_last_lr())
+        scheduler.step()
+    return lrs
+
+
+def _optimizer(
+    section: str, horizon: Callable[[Mapping[str, Any]], int | None]
+) -> Callable[[Any, Mapping[str, Any]], Any]:
     def compute(cfg: Any, plain: Mapping[str, Any]) -> Any:
-        """build_optimizer, the engine's scheduler and one clipped optimizer step
+        """build_optimizer, the engine's scheduler over every step of the run's horizon (or of
+        each of ``UNKNOWN_HORIZONS``), and a few clipped optimizer steps
         (verl/workers/config/optimizer.py:298, fsdp/transformer_impl.py:484 and :760)."""
         import torch
         from verl.utils.config import omega_conf_to_dataclass
@@ -112,36 +142,59 @@ def _optimizer(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
         for part in filter(None, section.split(".")):  # "" is the root (the SFT trainer's)
             node = node[part]
         optim = omega_conf_to_dataclass(node.optim)
-        if optim.total_training_steps is None or optim.total_training_steps <= 0:
-            optim.total_training_steps = _SCHEDULE_STEPS  # what _init_dataloader sets, a length
         if str(optim.optimizer_impl) != "torch.optim":
             raise ImportError("optimizer_impl is not imported by the probes")
+        known = horizon(plain)
+        if known is not None and known > MAX_HORIZON:
+            raise ImportError(f"a schedule of {known} steps is not compared step by step")
+        schedules = {}
+        for steps in (known,) if known is not None else UNKNOWN_HORIZONS:
+            # The trainer's write of its horizon (trainer_base.py:722-729, sft_trainer.py:185).
+            optim.total_training_steps = steps
+            optimizer = build_optimizer(torch.nn.Linear(1, 1).parameters(), optim)
+            engine = types.SimpleNamespace(optimizer_config=optim, rank=1)
+            scheduler = engine_cls._build_lr_scheduler(engine, optimizer)
+            schedules[str(steps)] = _learning_rates(scheduler, steps)
         torch.manual_seed(0)
         module = torch.nn.Linear(3, 2)
         optimizer = build_optimizer(module.parameters(), optim)
-        engine = types.SimpleNamespace(optimizer_config=optim, rank=1)
-        scheduler = engine_cls._build_lr_scheduler(engine, optimizer)
-        lrs = []
-        for _ in range(min(int(optim.total_training_steps), _SCHEDULE_STEPS)):
-            lrs.append(scheduler.get_last_lr()[0])
-            scheduler.step()
-        (module(torch.ones(4, 3)).sum() * 100.0).backward()
         stepper = types.SimpleNamespace(
             module=module, optimizer=optimizer, optimizer_config=optim, _qat_enabled=False
         )
-        engine_cls.optimizer_step(stepper)
-        # The clipped gradients themselves: Adam's first step is invariant to their scale, so
-        # the parameters alone would not show the clip's effect.
-        clipped = [p.grad.detach().clone() for p in module.parameters() if p.grad is not None]
+        steps_seen = []
+        for step in range(OPTIMIZER_STEPS):
+            optimizer.zero_grad()
+            inputs = torch.full((4, 3), float(step + 1)) * torch.tensor([1.0, -0.5, 0.25])
+            (module(inputs).sum() * 100.0 / (step + 1) ** 2).backward()
+            engine_cls.optimizer_step(stepper)
+            # The clipped gradients themselves: Adam's step is invariant to their scale, so the
+            # parameters alone would not show the clip's effect.
+            steps_seen.append(
+                {
+                    "clipped_grads": [
+                        p.grad.detach().clone() for p in module.parameters() if p.grad is not None
+                    ],
+                    "params": [p.detach().clone() for p in module.parameters()],
+                }
+            )
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        return {
-            "lr": lrs,
-            "groups": groups,
-            "params": [p.detach().clone() for p in module.parameters()],
-            "clipped_grads": clipped,
-        }
+        return {"lr": schedules, "groups": groups, "steps": steps_seen}
 
     return compute
+
+
+def rl_horizon(plain: Mapping[str, Any]) -> int | None:
+    """The optimizer's horizon main_ppo's trainer sets: ``trainer.total_training_steps`` (else
+    the data set's length, not known here: None) times the mode's ``parameter_sync_step``
+    (trainer_base.py:713-729, :131)."""
+    trainer = plain["trainer"]
+    steps = trainer.get("total_training_steps")
+    if steps is None:
+        return None
+    v1 = trainer.get("v1") or {}
+    mode = v1.get("trainer_mode", "sync")
+    sync = (v1.get(mode) or {}).get("parameter_sync_step", 1) if isinstance(mode, str) else 1
+    return int(steps) * int(sync or 1)
 
 
 # Response tokens per row of the effects' batch: enough for every threshold a loss compares a
@@ -187,9 +240,19 @@ def _critic_loss(cfg: Any, plain: Mapping[str, Any]) -> Any:
     return {"loss": loss, "grad": grad, "metrics": metrics}
 
 
+# Consecutive steps of ``_compute_advantage`` on one trainer: an adaptive KL controller updates its
+# coefficient after each (``apply_kl_penalty``, ray_trainer.py:112), so its target and horizon
+# change the rewards only from the second step on.
+ADVANTAGE_STEPS = 3
+
+
+def _advantage_step(compute: Any, trainer: Any, metrics: dict[str, Any], meta: Any) -> Any:
+    return compute(trainer, meta, metrics)
+
+
 def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
-    """The trainer's own _compute_advantage (trainer_base.py:1588) on a tiny batch: what it
-    hands back to TransferQueue."""
+    """The trainer's own _compute_advantage (trainer_base.py:1588) on a tiny batch, at each of
+    ``ADVANTAGE_STEPS`` consecutive steps: what it hands back to TransferQueue and its metrics."""
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
@@ -198,19 +261,28 @@ def _advantage(cfg: Any, plain: Mapping[str, Any]) -> Any:
         get_kl_controller: Any = core_algos.get_kl_controller
         trainer.kl_ctrl_in_reward = get_kl_controller(cfg.algorithm.kl_ctrl)
     rollout = plain[ARR]["rollout"]
-    put = tiny_batch.through_transfer_queue(
-        lambda meta: PPOTrainer._compute_advantage(trainer, meta, {}),
-        rollout["n"],
-        bool(rollout.get("calculate_log_probs")),
-        tokens=EFFECT_TOKENS,
-    )
-    return {name: value.values() if value.is_nested else value for name, value in put.items()}
+    steps = []
+    compute: Any = PPOTrainer._compute_advantage  # called on a stand-in self
+    for _ in range(ADVANTAGE_STEPS):
+        metrics: dict[str, Any] = {}
+        put = tiny_batch.through_transfer_queue(
+            functools.partial(_advantage_step, compute, trainer, metrics),
+            rollout["n"],
+            bool(rollout.get("calculate_log_probs")),
+            tokens=EFFECT_TOKENS,
+        )
+        fields = {name: value.values() if value.is_nested else value for name, value in put.items()}
+        steps.append({"fields": fields, "metrics": metrics})
+    return steps
 
 
-def optimizer_effect(section: str) -> Callable[[Any, Mapping[str, Any]], Any]:
-    """The optimizer of the config section at ``section`` (its ``optim``; "" for the root), as
-    ``_optimizer`` computes it: for another entry point's effects."""
-    return _optimizer(section)
+def optimizer_effect(
+    section: str, horizon: Callable[[Mapping[str, Any]], int | None]
+) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """The optimizer of the config section at ``section`` (its ``optim``; "" for the root) over
+    the horizon ``horizon`` gives (None: the run's length is its data set's), as ``_optimizer``
+    computes it: for another entry point's effects."""
+    return _optimizer(section, horizon)
 
 
 def _needs_critic(plain: Mapping[str, Any]) -> bool:
@@ -231,14 +303,14 @@ EFFECTS = (
     Effect(
         "the actor's optimizer and schedule",
         lambda plain: True,
-        _optimizer(_ACTOR),
+        _optimizer(_ACTOR, rl_horizon),
         (f"{_ACTOR}.optim.*",),
         sections=(f"{_ACTOR}.optim",),
     ),
     Effect(
         "the critic's optimizer and schedule",
         _needs_critic,
-        _optimizer("critic"),
+        _optimizer("critic", rl_horizon),
         ("critic.optim.*",),
         sections=("critic.optim",),
     ),
@@ -409,6 +481,7 @@ def overridden(
         has_default, default = field_default(plain, key)
         if has_default and _same_kind(default, leaves.get(key)) and default != leaves.get(key):
             tries.append(default)
+        tries = [t for i, t in enumerate(tries) if t not in tries[:i]]
         readers = [(e, seen, r) for e, seen, r in owners if e.perturbable(key)]
         if not tries or not readers:
             continue

@@ -21,9 +21,34 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 _MISSING = object()
+MISSING = _MISSING  # what ``in_force`` gives for a name upstream's object did not have
 # The patch points met while ``recording`` (one list per oracle process; the process answers one
 # question at a time).
 _RECORDING: list[set[str]] = []
+# The patches in force, outermost first: (owner, name, what upstream had there, the stand-in), for
+# ``stand_ins``, which checks each stand-in against what it replaces and judges a failure that a
+# stand-in caused as the sandbox's.
+_IN_FORCE: list[tuple[Any, str, Any, Any]] = []
+
+
+# Every patch entered while ``watching`` (the stand-ins' contract test collects them over a run).
+_WATCHING: list[list[tuple[Any, str, Any, Any]]] = []
+
+
+def in_force() -> tuple[tuple[Any, str, Any, Any], ...]:
+    """The patches in force now: (owner, name, upstream's value, the stand-in)."""
+    return tuple(_IN_FORCE)
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[list[tuple[Any, str, Any, Any]]]:
+    """Every patch entered in the block: (owner, name, upstream's value, the stand-in)."""
+    met: list[tuple[Any, str, Any, Any]] = []
+    _WATCHING.append(met)
+    try:
+        yield met
+    finally:
+        _WATCHING.remove(met)
 
 
 class PatchPointMissing(Exception):
@@ -86,8 +111,15 @@ def patched(owner: Any, name: str, value: Any, *, provided: bool = False) -> Ite
         raise PatchPointMissing(missing_message(point))
     for met in _RECORDING:
         met.add(point)
+    entry = (owner, name, getattr(owner, name, _MISSING), value)
+    for seen in _WATCHING:
+        seen.append(entry)
     with _set(owner, name, value):
-        yield
+        _IN_FORCE.append(entry)
+        try:
+            yield
+        finally:
+            del _IN_FORCE[next(i for i, e in enumerate(_IN_FORCE) if e is entry)]
 
 
 @contextlib.contextmanager

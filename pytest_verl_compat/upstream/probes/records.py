@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream.probes import statements, tiny_batch
+from pytest_verl_compat.upstream.probes import stand_ins, statements, tiny_batch
 from pytest_verl_compat.upstream.probes.boundary import LibraryCheck
 from pytest_verl_compat.upstream.probes.patching import PatchPointMissing
 from pytest_verl_compat.upstream.probes.recorder import ConfigReads, recording
@@ -292,6 +292,12 @@ class Collector:
             if not environment:
                 raise exc  # not raised by upstream's code: a bug here, never a finding
             self.not_run.append({KEY_STEP: f"{phase}: {name}", KEY_REASON: message(cause)})
+            return
+        sandbox = stand_ins.sandbox_failure(cause)
+        if sandbox:  # the sandbox's, not the configuration's: a note (an info), never an error
+            self.not_run.append({KEY_STEP: f"{phase}: {name}", KEY_REASON: sandbox})
+            keys = self._keys(exc, knobs)
+            self.reads.notes.append(stand_ins.note(f"{phase}: {name}", where, sandbox, keys))
             return
         self.add(failure(phase, exc, name, self._keys(exc, knobs)))
 

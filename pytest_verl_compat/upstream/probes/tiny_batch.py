@@ -115,10 +115,14 @@ def through_transfer_queue(
     meta = BatchMeta(batch.keys)
     put: dict[str, Any] = {}
 
-    def kv_batch_get(keys: Any = None, partition_id: Any = None, select_fields: Any = ()) -> Any:
+    def kv_batch_get(
+        keys: Any = None, partition_id: Any = None, select_fields: Any = (), *_: Any, **__: Any
+    ) -> Any:
         return stored.select(*[name for name in select_fields if name in stored.keys()])
 
-    def kv_batch_put(keys: Any = None, partition_id: Any = None, fields: Any = None) -> Any:
+    def kv_batch_put(
+        keys: Any = None, partition_id: Any = None, fields: Any = None, *_: Any, **__: Any
+    ) -> Any:
         put.update({name: fields[name] for name in fields.keys()})
         return meta
 

@@ -54,7 +54,9 @@ class LocalWorker:
 class LocalWorkerGroup:
     """``RayWorkerGroup`` without Ray: ``spawn`` gives one local worker per colocated role."""
 
-    def __init__(self, resource_pool: Any = None, ray_cls_with_init: Any = None, **_: Any) -> None:
+    def __init__(
+        self, resource_pool: Any = None, ray_cls_with_init: Any = None, *_: Any, **__: Any
+    ) -> None:
         self.class_dict = ray_cls_with_init
 
     def spawn(self, prefix_set: Any) -> dict[str, LocalWorker]:
@@ -105,6 +107,34 @@ def everywhere(function: Any, stand_in: Any) -> list[tuple[Any, str, Any]]:
     return found
 
 
+def _local_remote(*args: Any, **_: Any) -> Any:
+    """``ray.remote`` for this process: ``@ray.remote`` gives the class itself, and
+    ``@ray.remote(num_cpus=…)`` a decorator that does."""
+    if len(args) == 1 and callable(args[0]):
+        return args[0]
+    return lambda cls: cls
+
+
+def _local_get(object_refs: Any, *_: Any, **__: Any) -> Any:
+    """``ray.get`` for this process: what the stand-in actors' calls returned, as is."""
+    return object_refs
+
+
+def _local_put(value: Any, *_: Any, **__: Any) -> Any:
+    return value
+
+
+def _local_wait(object_refs: Any, *_: Any, num_returns: int = 1, **__: Any) -> Any:
+    refs = list(object_refs)
+    return refs[:num_returns], refs[num_returns:]
+
+
+def _no_cluster(*_: Any, **__: Any) -> Any:
+    # ray.get on anything but an object reference of a started cluster starts one (Ray's
+    # auto_init_hook): every Ray call the trainer makes is stood in, and a missed one fails here.
+    raise ImportError("not evaluated here: it would start a Ray cluster")
+
+
 def _create_resource_pool(self: Any) -> None:
     self.resource_pool_dict = {name: StandIn(name=name) for name in self.resource_pool_spec}
 
@@ -125,17 +155,19 @@ def _replica_class() -> type:
     start the servers start none.
 
     The replicas differ only in their rank (llm_server.py:556-562), so the first one constructed
-    runs upstream's constructor and the rest keep only what the manager reads back from them
-    (each conversion of the rollout config costs ~12 ms)."""
-    from verl.workers.rollout.replica import RolloutReplica
+    runs upstream's constructor and the rest copy what it set, with their own rank (each
+    conversion of the rollout config costs ~12 ms). The ``init_*`` set what upstream's set
+    (replica.py:60-147: the mode, the workers, the resource pool) with no worker group built."""
+    from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
     class StandInReplica(RolloutReplica):  # type: ignore[misc]  # verl is not followed (pyproject.toml)
-        constructed = False
+        first: dict[str, Any] | None = None
 
         def __init__(self, replica_rank: int, *args: Any, **kwargs: Any) -> None:
-            if not StandInReplica.constructed:
-                StandInReplica.constructed = True
+            if StandInReplica.first is None:
                 super().__init__(replica_rank, *args, **kwargs)
+                StandInReplica.first = dict(self.__dict__)
+            self.__dict__.update(StandInReplica.first)
             # What the manager reads back from each replica (llm_server.py:579-580, 597).
             self.__dict__.update(
                 replica_rank=replica_rank, _server_handle=None, _server_address=None
@@ -144,12 +176,23 @@ def _replica_class() -> type:
         async def launch_servers(self) -> None:
             return None
 
-        async def init_hybrid(self, *_: Any, **__: Any) -> None:
-            return None
+        workers: list[Any]
+        bundle_indices: list[int]
 
-        init_hybrid_colocated = init_hybrid
-        init_colocated = init_hybrid
-        init_standalone = init_hybrid
+        async def init_hybrid(self, worker_group: Any) -> None:
+            self.rollout_mode, self.workers = RolloutMode.HYBRID, []
+
+        async def init_hybrid_colocated(self, worker_group: Any, resource_pool: Any) -> None:
+            self.rollout_mode, self.workers = RolloutMode.HYBRID, []
+            self.resource_pool, self.bundle_indices = resource_pool, []
+
+        async def init_colocated(self, resource_pool: Any) -> None:
+            self.rollout_mode, self.workers = RolloutMode.COLOCATED, []
+            self.resource_pool = resource_pool
+
+        async def init_standalone(self) -> None:
+            self.rollout_mode, self.workers = RolloutMode.STANDALONE, []
+            self.resource_pool = StandIn(name="rollout resource pool")
 
     return StandInReplica
 
@@ -192,7 +235,14 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
     length = int(mapping["data"]["train_batch_size"]) * _STAND_IN_STEPS
     replica = _replica_class()
     patches = [
-        (ray, "remote", lambda cls=None, **_: cls if cls is not None else (lambda c: c)),
+        (ray, "remote", _local_remote),
+        # The separate-async trainer hands its standalone replicas to the load balancer actor
+        # (trainer_separate_async.py:199): a stand-in here, whose calls ray.get takes as they are.
+        (ray, "get", _local_get),
+        (ray, "put", _local_put),
+        (ray, "wait", _local_wait),
+        (ray, "kill", lambda *a, **k: None),
+        (ray, "init", _no_cluster),
         (trainer_base, "create_rl_dataset", lambda *a, **k: StandInDataset(length)),
         (trainer_base, "create_rl_sampler", lambda *a, **k: None),
         (trainer_base, "StatefulDataLoader", StandIn),

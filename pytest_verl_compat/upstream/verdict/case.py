@@ -22,6 +22,7 @@ from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
 from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
+from pytest_verl_compat.pipeline.naming import NAMING_FILE, what_it_names
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.verdict import keys as key_answers
@@ -138,7 +139,8 @@ def _user_keys(session: AuditSession, case: Case) -> Callable[[Iterable[str]], l
     itself; the keys the script set come first (a statement that reads several keys is decided,
     for the user, by the ones they wrote, not by a default read before them)."""
     explicit = set(explicit_keys(session, case))
-    sources = session.composer().interpolation_sources()
+    fields = session.outcome(case).fields
+    sources = session.composer(fields).interpolation_sources(fields.fields)
 
     def keys_of(keys: Iterable[str]) -> list[str]:
         out: list[str] = []
@@ -208,9 +210,15 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
             "upstream's training checks do not apply; its tree is composed only"
         )
     if family == RL and module in (None, ENTRY_MODULE):
-        return ChecksQuestion(mapping, explicit)
+        return ChecksQuestion(mapping, explicit, launch=(outcome.fields, case.bindings))
     if family == SFT and module in (None, SFT_ENTRY_MODULE):
-        return ChecksQuestion(mapping, explicit, SFT_ENTRY_MODULE, outcome.fields.world_size)
+        return ChecksQuestion(
+            mapping,
+            explicit,
+            SFT_ENTRY_MODULE,
+            outcome.fields.world_size,
+            launch=(outcome.fields, case.bindings),
+        )
     launched = f"{module}'s" if module else "this"
     # The probes run main_ppo's trainer and the SFT trainer; another entry point's trainer
     # (fully_async_main's FullyAsyncTrainer sets data.train_batch_size=0 on purpose, which
@@ -277,7 +285,9 @@ def _verdict(
             upstream = [
                 _with_static_fix(
                     failure.finding(
-                        session.pin.version, _deciding_path(keys_of(failure), explicit)
+                        session.pin.version,
+                        _deciding_path(keys_of(failure), explicit),
+                        ", ".join(sorted(keys_of(failure))),
                     ),
                     covered,
                 )
@@ -308,9 +318,9 @@ def _verdict(
             "info",
             key,
             f"its value holds {what}, a value only known when the script runs; the verdict "
-            "stands for any value there, since the key only names a file or a folder",
-            "bind the value (--env NAME=VALUE) to check the path itself",
-            evidence="a path leaf: verl opens, copies or writes what it names",
+            f"stands for any value there, since it only names {what_it_names(key)}",
+            "nothing to do; bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) to see it",
+            evidence=f"{NAMING_FILE}: where a value only names something, and where verl reads it",
             check=LAUNCH_RUNTIME,
         )
         for key, what in session.outcome(case).fields.carried

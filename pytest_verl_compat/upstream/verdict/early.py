@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pytest_verl_compat.model import Finding
+from pytest_verl_compat.checks.fields import field_key
+from pytest_verl_compat.model import Bindings, ExplicitFields, Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
 from pytest_verl_compat.releases.index import ReleaseUnsupported
 from pytest_verl_compat.upstream.oracle.client import (
@@ -46,6 +47,7 @@ from pytest_verl_compat.upstream.probes import optional as probe_optional
 from pytest_verl_compat.upstream.probes import records as ec
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
+from pytest_verl_compat.upstream.verdict import blame
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.audit import AuditSession
@@ -192,6 +194,7 @@ class UpstreamFailure:
     check: str = ""  # the upstream function that raised, or "stand-in"
     keys: tuple[str, ...] = ()  # the configuration leaves that decided it
     condition: str = ""  # what upstream requires there
+    blame: str = ""  # how its keys were found when its statement read none (``blame``)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> UpstreamFailure:
@@ -204,6 +207,7 @@ class UpstreamFailure:
             check=str(raw.get(ec.KEY_CHECK) or ""),
             keys=tuple(str(key) for key in raw.get(ec.KEY_KEYS) or ()),
             condition=str(raw.get(ec.KEY_CONDITION) or ""),
+            blame=str(raw.get(blame.KEY_BLAME) or ""),
         )
 
     @property
@@ -221,7 +225,13 @@ class UpstreamFailure:
         where = self.where or "its upstream line is gone (stale stand-in)"
         raises = f"verl {version} raises it" if version else "raised"
         label = "; stand-in, the statement needs a GPU" if self.stand_in else ""
-        return f"{message} ({raises} at {self.phase}, {where}{label})"
+        said = f"{message} ({raises} at {self.phase}, {where}{label})"
+        if self.blame == blame.UPSTREAM_DEFAULT:
+            said += (
+                "; a default of upstream's: it fails with every key the script sets reset to "
+                "the tree's default"
+            )
+        return said
 
     def fix(self, keys: str = "") -> str:
         """What to change: the keys, and what upstream requires of them where it says so."""
@@ -232,18 +242,24 @@ class UpstreamFailure:
             return f"change {keys}: verl requires `{self.condition}`"
         return f"change {keys}"
 
-    def finding(self, version: str, path: str | None = None) -> Finding:
+    def finding(self, version: str, path: str | None = None, keys: str = "") -> Finding:
         """An error at the keys that decided it (``path`` overrides them, e.g. mapped back from an
-        interpolation to the key the script set); the phase is the rule id and the evidence."""
+        interpolation to the key the script set; ``keys``, those the fix names); the phase is the
+        rule id and the evidence."""
         evidence = f"{self.where}: {self.source}" if self.where else self.source
         if self.stand_in:
             evidence += f" ({self.stand_in})"
+        if self.blame == blame.BY_EXPERIMENT:
+            evidence += (
+                " (the failing statement reads no key: these are the fewest of the script's keys "
+                "whose reset to the tree's default removes the failure, found by delta debugging)"
+            )
         where = path or ", ".join(self.keys) or f"<{self.check_id}>"
         return Finding(
             "error",
             where,
             self.describe(version),
-            self.fix(),
+            self.fix(keys),
             evidence=evidence,
             check=self.check_id,
         )
@@ -359,7 +375,10 @@ class EarlyAnswer:
                     "info",
                     ", ".join(keys) or "<environment>",
                     str(note[probe_optional.KEY_MESSAGE]),
-                    "nothing: the name is valid where the package is installed",
+                    str(
+                        note.get("fix")
+                        or "nothing: the name is valid where the package is installed"
+                    ),
                     evidence=str(note[probe_optional.KEY_WHERE]),
                     check=str(note[probe_optional.KEY_RULE]),
                 )
@@ -457,6 +476,9 @@ class ChecksQuestion:
     explicit: tuple[str, ...] = ()
     entry: str | None = None
     world_size: int | None = None
+    # The launch it was composed from (its fields and bindings): not part of the question, but
+    # what a failure that names no key is blamed on by experiment (``blame``).
+    launch: tuple[ExplicitFields, Bindings] | None = dataclasses.field(default=None, compare=False)
 
     def key(self, version: str, tree: str) -> str:
         return cache_key(version, tree, self.mapping, self.explicit, self.entry, self.world_size)
@@ -566,15 +588,28 @@ def early_answer(
     own = oracle is None
     asker = UpstreamOracle(release=session.version) if oracle is None else oracle
     try:
-        answer = asker.answer(key, question.request())
+        stored = _stored(asker.answer(key, question.request()))
+        if question.launch is not None and blame.pending(stored["failures"]):
+            stored = blame.complete(
+                stored,
+                [k for k in question.explicit if not k.startswith("-")],
+                _experiments(session, question, tree, cache, asker),
+            )
     finally:
         if own:
             asker.close()
+    if cache is not None:
+        cache.put(key, stored)
+    return EarlyAnswer.from_json(stored)
+
+
+def _stored(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """An oracle's answer as the caches keep it (raises as ``early_answer`` says)."""
     if KEY_UNSUPPORTED in answer:
         raise ReleaseUnsupported(str(answer[KEY_UNSUPPORTED]))
     if "verdict" not in answer:
         raise RuntimeError(f"upstream's checks gave no verdict: {answer.get('error', answer)}")
-    stored = {
+    return {
         "verdict": answer["verdict"],
         "message": answer["message"],
         "failures": answer.get("failures", []),
@@ -585,9 +620,51 @@ def early_answer(
         KEY_NOTES: answer.get(KEY_NOTES, []),
         KEY_PATH: answer.get(KEY_PATH, {}),
     }
-    if cache is not None:
-        cache.put(key, stored)
-    return EarlyAnswer.from_json(stored)
+
+
+def _experiments(
+    session: AuditSession,
+    question: ChecksQuestion,
+    tree: str,
+    cache: AnswerStore | None,
+    oracle: UpstreamOracle,
+) -> blame.Experiments:
+    """Upstream's failures on the question's launch with some of its keys reset to the tree's
+    defaults (their fields left out), for ``blame``: each variant composed, all sent to the
+    oracle before the first answer is read; None for a variant that does not compose."""
+    assert question.launch is not None
+    fields, bindings = question.launch
+
+    def run(resets: Sequence[frozenset[str]]) -> list[list[Mapping[str, Any]] | None]:
+        variants: list[ChecksQuestion | None] = []
+        for reset in resets:
+            kept = tuple(f for f in fields.fields if field_key(f) not in reset)
+            composition = session.compose_variant(
+                dataclasses.replace(fields, fields=kept), bindings
+            )
+            if not composition.composed or composition.mapping is None:
+                variants.append(None)
+                continue
+            # Types and effects are not asked: only the failures matter here.
+            variant = ChecksQuestion(composition.mapping, (), question.entry, question.world_size)
+            variants.append(variant)
+            prefetch = variant.key(session.pin.version, tree)
+            if cache is None or cache.get(prefetch) is None:
+                oracle.submit(prefetch, variant.request())
+        out: list[list[Mapping[str, Any]] | None] = []
+        for asked in variants:
+            if asked is None:
+                out.append(None)
+                continue
+            try:
+                answer = early_answer(session, asked, tree, cache, oracle)
+            except RuntimeError:
+                out.append(None)
+                continue
+            out.append([dataclasses.asdict(f) for f in answer.failures])
+        return out
+
+    return run
 
 
 # --- the same cause said twice ---------------------------------------------------------------

@@ -24,6 +24,7 @@ LAUNCH_UNREADABLE = "launch.unreadable"
 LAUNCH_NO_LAUNCHER = "launch.no-launcher"
 LAUNCH_UNKNOWN_ENTRY = "launch.unknown-entry-point"
 LAUNCH_RUNTIME = "launch.run-time-value"
+LAUNCH_RUNTIME_CONDITION = "launch.run-time-condition"
 
 _UPSTREAM = "upstream's own check, run in the sandboxed oracle process (verl-compat check)"
 
@@ -240,15 +241,39 @@ LOCAL_RULES = (
     RuleDoc(
         LAUNCH_RUNTIME,
         "info",
-        "An override whose value holds a run-time value (`data.train_files=$PWD/data/train.parquet`, "
-        "`$(pwd)`, a variable bash sets) in a leaf that only names a file or a folder: the value "
-        "is carried as a placeholder (`RUNTIME_PWD`) and the verdict is given. A run-time value "
-        "in any other leaf (a size, a name, a flag), in a key or in a flag decides what the run "
-        "does and stays `launch.unreadable`, as does the step number of `trainer.resume_from_path`, "
-        "which upstream reads (verl/trainer/ppo/v1/trainer_base.py:812-823).",
+        "A run-time value (`$(date +%Y%m%d_%H%M)`, `$RANDOM`, `$(hostname)`, `$PWD`) where a "
+        "value only names something: a run or a project (`trainer.experiment_name`, read only by "
+        "the loggers, verl/trainer/ppo/v1/trainer_base.py:400), a file or a folder "
+        "(`data.train_files=$PWD/data/train.parquet`), torchrun's rendezvous port "
+        "(`--master_port=$((RANDOM % 1000 + 20000))`). The value is carried as a placeholder "
+        "(`RUNTIME_PWD`) and the verdict is given for any value there "
+        "(pytest_verl_compat/data/naming.yaml lists each place, what it names and where verl "
+        "reads it). A run-time value anywhere else (a size, a count, a flag, a model whose "
+        "config.json the model checks read, torchrun's `--nproc_per_node`, the step number of "
+        "`trainer.resume_from_path`, verl/trainer/ppo/v1/trainer_base.py:812-823, the run's name "
+        "under the GDPO reward manager, which hands it to the reward function) decides what the "
+        "run does and stays `launch.unreadable`.",
         "not upstream's: the launch reader (pytest_verl_compat/bash) carries the value, the read "
-        "stage (pytest_verl_compat/pipeline/read.py) decides where it may stay unknown",
-        "bind the value (--env NAME=VALUE) to check the path itself",
+        "stage decides where it may stay unknown (pytest_verl_compat/pipeline/naming.py)",
+        "nothing to do; bind the value (--env NAME=VALUE, --subst COMMAND OUTPUT) to see it",
+        None,
+        "the launch reader",
+    ),
+    RuleDoc(
+        LAUNCH_RUNTIME_CONDITION,
+        "info",
+        'A test only decided where the script runs parts its ways (`if [ -d "$HOME/models/Qwen" '
+        "]; then MODEL=$HOME/models/Qwen; else MODEL=Qwen/Qwen2.5-7B; fi`, `[ -f .env ] && A=1 "
+        "|| A=2`, `if command -v nvidia-smi >/dev/null`, a test of `$(hostname)`): the reader "
+        "follows each way, never guessing which the run takes, and each way's launch is composed "
+        "and checked. When every way gives the same findings they are the script's and this note "
+        "names the tests; otherwise each finding that not every way shares is given with its way "
+        "(`[when [ -d … ] (line 2) is false]`) and the script is valid only if every way is. "
+        "Past 8 ways the script is `launch.unreadable`, naming the tests' lines.",
+        "not upstream's: the launch reader follows each way (pytest_verl_compat/bash/branches.py, "
+        "ways.py) and check gives one result (pytest_verl_compat/cli/check_ways.py)",
+        "nothing to do; bind what the tests read (--env NAME=VALUE, --subst COMMAND OUTPUT) to "
+        "check one way only",
         None,
         "the launch reader",
     ),

@@ -5,10 +5,11 @@
   imports, directly or not, read from their syntax trees outside the config dataclasses): a field
   only the RL trainer's modules read is never read here.
 - **overridden**: an ``optim.*`` number or flag that, perturbed, changes nothing the engine's own
-  optimizer builder, schedule and clipped step compute over the horizon ``_init_engine`` sets
-  (sft_trainer.py:181-185: ``trainer.total_training_steps``, else the loader's length × epochs,
-  a data set's length this probe does not know: a long horizon stands for it). That horizon is
-  the trainer's: ``optim.total_training_steps`` itself is overwritten there.
+  optimizer builder, schedule and clipped steps compute over the run's horizon, which
+  ``_init_engine`` sets (sft_trainer.py:181-185): ``trainer.total_training_steps``, else the
+  loader's length × epochs, a data set's length this probe does not know, so the schedule is
+  compared at every step of each of ``effects.UNKNOWN_HORIZONS``. That horizon is the trainer's:
+  ``optim.total_training_steps`` itself is overwritten there.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from pytest_verl_compat.upstream.probes import effects
 from pytest_verl_compat.upstream.probes.records import Collector, verl_root
 
 SFT_ENTRY = "verl.trainer.sft_trainer"
-# The horizon of a run whose length is its data set's (the schedule compares its first steps).
-HORIZON = 1000
 
 
 def _module_file(root: Path, name: str) -> Path | None:
@@ -100,18 +99,11 @@ def referenced_on_path(root: Path, entry: str) -> frozenset[str]:
     return _entry_path(root, entry)[1]
 
 
-def _sft_optimizer(cfg: Any, plain: Mapping[str, Any]) -> Any:
-    """``_init_engine``'s horizon (sft_trainer.py:181-185), then the engine's optimizer, schedule
-    and one clipped step (``effects.optimizer_effect``). The horizon replaces the section's own
-    value as the trainer's write does, before anything reads it: perturbing
-    ``optim.total_training_steps`` then changes nothing, as on the cluster."""
-    from omegaconf import OmegaConf
-
+def sft_horizon(plain: Mapping[str, Any]) -> int | None:
+    """``_init_engine``'s horizon (sft_trainer.py:181-185): ``trainer.total_training_steps``, else
+    the loader's length × epochs (None: not known here)."""
     steps = plain["trainer"].get("total_training_steps")
-    optim = OmegaConf.to_container(cfg.optim)
-    assert isinstance(optim, dict)
-    optim["total_training_steps"] = steps if steps is not None else HORIZON
-    return effects.optimizer_effect("")(OmegaConf.create({"optim": optim}), plain)
+    return None if steps is None else int(steps)
 
 
 # optim.* is read by build_optimizer, the engine's scheduler and optimizer_step only
@@ -120,7 +112,7 @@ SFT_EFFECTS = (
     effects.Effect(
         "the optimizer and its schedule",
         lambda plain: True,
-        _sft_optimizer,
+        effects.optimizer_effect("", sft_horizon),
         ("optim.*",),
         sections=("optim",),
     ),

@@ -1,0 +1,182 @@
+"""``verl-compat fit SCRIPT --gpu TYPE``: will it fit? The memory forecast of one launch.
+
+For each kind of rank, each phase of a step (rollout, log-prob passes, critic and actor
+updates, checkpoint save; SFT's update), the forecast peak and its parts against the GPU's
+capacity; ``--format json`` follows ``pytest_verl_compat/data/fit.schema.json``, ``--plot``
+draws stacked bars per rank. Exit status: 0 fits, 1 a phase exceeds the GPU (or a rollout
+server cannot start), 2 unreadable input or a usage error (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    UsageError,
+    add_bindings_flags,
+    open_session,
+    override_value,
+)
+from pytest_verl_compat.cli.fit_common import choose_gpu, forecast_case
+from pytest_verl_compat.cli.output import note
+from pytest_verl_compat.releases.lines import cite
+
+SETTING = "gpu"
+
+
+def _lengths(text: str) -> tuple[int, int]:
+    prompt, sep, response = text.partition(",")
+    try:
+        values = (int(prompt), int(response))
+    except ValueError:
+        values = (-1, -1)
+    if not sep or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected PROMPT,RESPONSE token counts, got {text!r}")
+    return values
+
+
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, got {text!r}")
+    return value
+
+
+def gpu_setting(args: argparse.Namespace) -> str | None:
+    """The ``gpu`` key of the nearest ``[tool.verl-compat]`` (unless --isolated)."""
+    from pytest_verl_compat.cli.settings import project_settings
+
+    value = project_settings(args).get(SETTING)
+    return str(value) if value else None
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pytest_verl_compat.cli.check import Target, prepare, targets
+    from pytest_verl_compat.memory.forecast import Request
+    from pytest_verl_compat.memory.report import dumps, json_payload, text_lines
+
+    if not hasattr(args, "argv"):
+        args.argv = []
+    gpu = choose_gpu(args.gpu, args.gpu_memory, gpu_setting(args))
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"{args.plot}: the picture must be .png or .svg")
+    session = open_session(args)
+    if args.model_config and not Path(args.model_config).expanduser().exists():
+        raise UsageError(f"{args.model_config}: model config not found")
+    listed: list[Target] = targets(args, session)
+    if len(listed) != 1:
+        raise UsageError("fit takes one launch script (or case)")
+    with tempfile.TemporaryDirectory(prefix="verl-compat-fit-") as scratch:
+        prepared = prepare(session, listed[0], args, Path(scratch))
+    if prepared.result is not None:
+        found = prepared.result
+        reason = found.error or "; ".join(f"{f.location}: {f.message}" for f in found.findings)
+        raise UsageError(reason or f"{listed[0].label}: nothing to forecast")
+    assert prepared.case is not None
+    request = Request(
+        gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=listed[0].label
+    )
+    result = forecast_case(session, prepared.case, request)
+    why = session.release.why if session.release else ""
+    # The release is a choice, said as one; the parts cite its own lines (``releases.lines``).
+    note("fit", f"forecast for verl {session.version} ({why})")
+    if args.format == "json":
+        payload = json_payload(result)
+        payload["release"] = {"version": session.version, "chosen_by": why}
+        text = dumps(payload)
+    else:
+        text = "".join(line + "\n" for line in text_lines(result, parts=not args.brief))
+        lines = [f"{line}" for line in _located(result, prepared.locator)]
+        text += "".join(line + "\n" for line in lines)
+    sys.stdout.write(cite(text, session.version))
+    if args.plot:
+        from pytest_verl_compat.memory.plot import write_plot
+
+        try:
+            write_plot(result, Path(args.plot))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        except OSError as exc:
+            raise UsageError(f"{args.plot}: cannot write: {exc.strerror}") from exc
+        note("fit", f"wrote {args.plot}")
+    return EXIT_FINDINGS if any(v.level == "error" for v in result.verdicts) else EXIT_OK
+
+
+def _located(result: Any, locator: Any) -> list[str]:
+    """The findings, each at the script line where its first key was set (as check prints)."""
+    from pytest_verl_compat.memory import findings as memory_findings
+
+    findings = memory_findings.as_findings(result)
+    if locator is not None:
+        findings = locator.located(findings)
+    out = [""] if findings else []
+    for f in findings:
+        where = f"{f.location}: " if f.location is not None else ""
+        out.append(f"{where}{f.level}[{f.rule}] {f.path}: {f.message} ({f.fix})")
+    return out
+
+
+def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    fit = sub.add_parser(
+        "fit",
+        parents=[common],
+        help="forecast the GPU memory of each rank, role and phase of a launch; exit 1 if a phase does not fit",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    fit.add_argument(
+        "targets", nargs=1, metavar="SCRIPT|CASE", help="a launch script or a manifest case id"
+    )
+    fit.add_argument(
+        "--gpu",
+        metavar="TYPE",
+        help="the GPU type (H100-80GB, H200, H20, A100-80GB, A100-40GB, L40S, A6000, RTX4090, RTX3090, MI300X, Ascend-910B, ...)",
+    )
+    fit.add_argument(
+        "--gpu-memory",
+        type=_gib,
+        metavar="GIB",
+        help="any other GPU: its usable memory in GiB (as torch reports it)",
+    )
+    fit.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="the actor model's config.json (or its folder), read as JSON only",
+    )
+    fit.add_argument(
+        "--set", action="append", type=override_value, metavar="KEY=VALUE", help="an extra override"
+    )
+    fit.add_argument(
+        "--lengths",
+        type=_lengths,
+        metavar="PROMPT,RESPONSE",
+        help="tokens per prompt and response (default: the configured maxima, every response at its limit)",
+    )
+    fit.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default) or json (schema: pytest_verl_compat/data/fit.schema.json)",
+    )
+    fit.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="draw the forecast (PNG or SVG by the suffix; needs the [trainer] extra's matplotlib)",
+    )
+    fit.add_argument(
+        "--brief", action="store_true", help="text: the phases' totals without their parts"
+    )
+    fit.add_argument(
+        "--isolated", action="store_true", help="ignore [tool.verl-compat] in pyproject.toml"
+    )
+    fit.add_argument("--stdin-filename", metavar="NAME", help=argparse.SUPPRESS)
+    add_bindings_flags(fit)
+    fit.set_defaults(func=cmd_fit)

@@ -1,0 +1,62 @@
+"""What ``fit`` and ``check --gpu`` share: the GPU a command names, and the forecast of a case
+check's pipeline has composed (input it cannot read is a one-line usage error).
+
+The memory layer is imported only when a command asks for a forecast: ``check`` without a GPU
+never loads it (nor registers its memory.* rule pages), so its output and time are unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pytest_verl_compat.cli.common import UsageError
+from pytest_verl_compat.files.safe_input import InputError
+
+
+def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
+    """The GPU: --gpu-memory, else --gpu, else the [tool.verl-compat] gpu setting, else none."""
+    from pytest_verl_compat.memory.gpus import UnknownGpu, custom_gpu, find_gpu
+
+    try:
+        if gib is not None:
+            if not gib > 0:
+                raise UsageError(f"--gpu-memory must be a positive number of GiB, got {gib}")
+            return custom_gpu(gib)
+        if name or setting:
+            return find_gpu(str(name or setting))
+    except UnknownGpu as exc:
+        raise UsageError(str(exc)) from exc
+    return None
+
+
+def forecast_case(session: Any, case: Any, request: Any) -> Any:
+    """The forecast of a composed case; input it cannot read is a one-line UsageError."""
+    from pytest_verl_compat.memory.architecture import UnsupportedModel
+    from pytest_verl_compat.memory.forecast import NotForecastable, forecast
+    from pytest_verl_compat.memory.models import UnknownModel
+    from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
+
+    outcome = session.outcome(case)
+    if not outcome.composition.composed:
+        raise UsageError(f"composition rejected: {outcome.composition.reason}")
+    try:
+        facts = release_facts(session.version)
+    except ReleaseFactsError as exc:
+        raise UsageError(str(exc)) from exc
+    # the release checked is the release forecast for: its tree composed the mapping, its facts
+    # say what its code does where no key decides
+    request = dataclasses.replace(request, world=outcome.fields.world_size, facts=facts)
+    try:
+        return forecast(outcome.composition.mapping, request)
+    except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
+        raise UsageError(f"{case.id}: {exc}") from exc
+
+
+def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
+    """``check --gpu``: the forecast's findings for a case check has composed."""
+    from pytest_verl_compat.memory import findings as memory_findings
+    from pytest_verl_compat.memory.forecast import Request
+    from pytest_verl_compat.pipeline.compile import in_release
+
+    found = memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))
+    return [in_release(finding, session.version) for finding in found]

@@ -1,0 +1,179 @@
+"""Activations of one micro-batch: the bytes a forward keeps for backward, per token.
+
+The count follows what each op of transformers' decoder layer saves for its backward (norms
+upcast to fp32 and keep the fp32 input and the rsqrt; a linear keeps its input; SiLU/GELU their
+input; flash attention q, k, v, the output and the fp32 log-sum-exp), in the compute dtype ``c``
+(2 bytes: the FSDP mixed-precision param_dtype, transformer_impl.py:358-368).
+tests/test_fit_activations.py measures the same bytes with
+``torch.autograd.graph.saved_tensors_hooks`` (deduplicated by storage) on tiny models of each
+family and several sequence lengths, with and without gradient checkpointing.
+
+Flash attention on a GPU keeps the same tensors as torch's CPU flash kernel (q, k, v, out,
+logsumexp; grouped KV heads are not repeated); the GPU kernels' own workspaces (cuBLAS, flash
+attention's scratch) are not activations and are covered by ``WORKSPACE_ALLOWANCE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_verl_compat.memory.architecture import QK_NORM, SANDWICH_NORM, Architecture
+
+EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
+EV_REMOVE_PADDING = "verl/workers/engine/fsdp/transformer_impl.py:1198-1262"
+EV_LOGITS = "verl/workers/engine/fsdp/transformer_impl.py:1332-1371"
+EV_ENTROPY = "verl/utils/torch_functional.py:231-265"
+EV_LOGPROBS = "verl/utils/torch_functional.py:73-107"
+# Families whose RMSNorm scales by (1 + weight) in fp32 and keeps the fp32 product.
+GEMMA_NORM = frozenset({"gemma", "gemma2", "gemma3_text"})
+# Families with a tanh soft cap on the final logits (transformers Gemma2ForCausalLM).
+LOGIT_SOFTCAP = frozenset({"gemma2"})
+# GPU kernels' scratch (cuBLAS workspaces, flash attention's, the caching allocator's rounding),
+# a share of the activations: stated, not measured on a CPU.
+WORKSPACE_ALLOWANCE = 0.10
+
+
+def _norm(arch: Architecture, width: int, consumer: bool, c: int) -> int:
+    """One RMSNorm over ``width`` per token: fp32 input and rsqrt, then the bf16 (Llama) or fp32
+    (Gemma) normalised value; a following linear keeps its own bf16 input too."""
+    kept = 4 * width + 4 + (4 * width if arch.family in GEMMA_NORM else c * width)
+    return kept + (c * width if consumer else 0)
+
+
+def _attention(arch: Architecture, c: int) -> int:
+    heads, kv = arch.num_attention_heads, arch.num_key_value_heads
+    if arch.uses_mla:
+        qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+        rank = arch.q_lora_rank or 0
+        q_path = (_norm(arch, rank, True, c) + c * rank) if rank else 0
+        latent = arch.kv_lora_rank
+        kept = q_path + _norm(arch, latent, True, c) + c * (latent + arch.qk_rope_head_dim)
+        # q, k (nope + rope), v padded to the qk width for flash attention, out, lse, o_proj input
+        kept += c * heads * qk * 4 + 4 * heads + c * heads * arch.v_head_dim
+        return kept
+    hd = arch.head_dim
+    kept = c * heads * hd + 2 * c * kv * hd + c * heads * hd + 4 * heads
+    if arch.family in QK_NORM:
+        per_head = 8 * hd if arch.family in GEMMA_NORM else (4 + c) * hd
+        kept += (per_head + 4) * (heads + kv)
+    return kept
+
+
+def _mlp(arch: Architecture, index: int, c: int) -> int:
+    if not arch.is_moe_layer(index):
+        return 4 * c * arch.intermediate_size  # gate out, act out, up out, down's input
+    k, width, h = arch.num_experts_per_tok, arch.moe_intermediate_size, arch.hidden_size
+    # transformers 5's grouped experts: fp32 router probabilities, int64 routing indices, the
+    # gathered tokens, gate_up, act, product and the experts' output per routed token
+    routed = 4 * arch.num_experts + k * (33 + c + 2 * c * h + 4 * c * width)
+    shared = 4 * c * width * arch.n_shared_experts
+    return routed + shared
+
+
+def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
+    """Bytes per token decoder layer ``index`` keeps for backward (no checkpointing)."""
+    h = arch.hidden_size
+    if arch.family in SANDWICH_NORM:
+        norms = 2 * _norm(arch, h, True, c) + 2 * _norm(arch, h, False, c)
+    else:
+        norms = 2 * _norm(arch, h, True, c)
+    return norms + _attention(arch, c) + _mlp(arch, index, c)
+
+
+def head_bytes(arch: Architecture, c: int = 2, checkpointing: bool = False) -> int:
+    """Per token outside the layers: token ids (int64), the rotary cos and sin shared by every
+    layer, the final norm and lm_head's input, Gemma 2's logit soft cap; under checkpointing the
+    position ids (int64) too."""
+    rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
+    kept = 8 + 2 * c * rotary + _norm(arch, arch.hidden_size, True, c)
+    if arch.family in LOGIT_SOFTCAP:
+        kept += c * arch.vocab_size
+    return kept + (8 if checkpointing else 0)
+
+
+def kept_bytes(arch: Architecture, tokens: int, checkpointing: bool, c: int = 2) -> int:
+    """Bytes a training forward of ``tokens`` keeps until its backward (logits aside).
+
+    Under gradient checkpointing (HF's non-reentrant checkpoint per decoder layer, enabled by
+    verl at transformer_impl.py:299-300) each layer keeps only its input hidden state.
+    """
+    if checkpointing:
+        layers = arch.num_hidden_layers * c * arch.hidden_size
+    else:
+        layers = sum(layer_bytes(arch, i, c) for i in range(arch.num_hidden_layers))
+    return tokens * (layers + head_bytes(arch, c, checkpointing))
+
+
+def recompute_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
+    """One layer recomputed in backward under checkpointing (its full activations)."""
+    return tokens * max(layer_bytes(arch, i, c) for i in range(arch.num_hidden_layers))
+
+
+def backward_transient(arch: Architecture, tokens: int, c: int = 2) -> int:
+    """The hidden state's gradient flowing back through the layers."""
+    return tokens * c * arch.hidden_size
+
+
+def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
+    """Peak of a forward under no_grad (nothing kept): one layer's transients, dominated by the
+    MLP (gate, up and their product alive at once) and the residual and norm copies."""
+    h = arch.hidden_size
+    width = arch.intermediate_size
+    if arch.is_moe:
+        k = arch.num_experts_per_tok
+        width = max(width if arch.first_k_dense_replace else 0, 2 * k * arch.moe_intermediate_size)
+    return tokens * (3 * c * width + 9 * h)
+
+
+@dataclass(frozen=True)
+class LogitsCost:
+    """The logits of one micro-batch: tokens x vocabulary in the compute dtype, held as copies."""
+
+    copies: float
+    note: str
+
+
+def logits_cost(
+    training: bool,
+    entropy: bool,
+    chunked: bool,
+    fused: bool,
+    compiled: bool = True,
+    temperature_copy: bool = True,
+    clone: bool = False,
+) -> LogitsCost:
+    """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
+
+    verl 0.9.0 (transformer_impl.py:1332-1371): the model's logits, then divided by the
+    temperature (a second tensor, while the model output still holds the first); a release that
+    skips the division at a temperature of 1.0, or divides in place, keeps the first only
+    (``temperature_copy``, the release's facts). Entropy (torch_functional.py:231-245) keeps
+    softmax(logits) and the product pd * logits unless the engine compiles it
+    (use_torch_compile, the default: transformer_impl.py:160-164), when only a fused
+    reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows; Megatron's
+    entropy works on a clone of the logits (``clone``, transformer_impl.py:1197). Log-probs
+    go through flash-attn's cross entropy, which does not materialise a copy. In training the
+    backward holds the saved logits, the cross entropy's gradient, the entropy's, and (after a
+    division) the gradient of the unscaled logits. Fused kernels never materialise the logits.
+    """
+    if fused:
+        return LogitsCost(0.0, "fused kernels: logits never materialised")
+    if not entropy:
+        extra = 0.0
+    elif chunked:
+        extra = 0.25
+    else:
+        extra = 0.5 if compiled else 2.0
+    if entropy and clone:
+        extra += 1.0
+    scaled = 1.0 if temperature_copy else 0.0
+    forward = 1.0 + scaled + extra
+    copies = max(forward, 2.0 + scaled + (1.0 if entropy else 0.0)) if training else forward
+    how = (
+        ("chunked " if chunked else ("compiled " if compiled else "")) + "entropy"
+        if entropy
+        else "no entropy"
+    )
+    if not temperature_copy:
+        how += ", no temperature copy"
+    return LogitsCost(copies, f"{copies:g} {'copy' if copies == 1 else 'copies'} ({how})")

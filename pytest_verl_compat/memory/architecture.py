@@ -1,0 +1,288 @@
+"""A model's shape as the forecast needs it: every parameter tensor, read from config.json numbers.
+
+``Architecture.tensors()`` lists the parameter tensors that transformers builds for the model
+(the 5.x layout verl 0.9.0 requires: fused MoE experts, tied embeddings left out), each with the
+FSDP unit it belongs to. Parameter counts, FSDP shards, LoRA adapters and the KV cache are all
+computed from that one list; tests/test_fit_architecture.py checks it tensor by tensor against
+models transformers builds on the meta device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+# Families whose decoder layer is the Llama layout (q/k/v/o, gated MLP, RMSNorm).
+DENSE_FAMILIES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "mimo", "seed_oss"}
+)
+MOE_FAMILIES = frozenset({"qwen3_moe", "deepseek_v3", "kimi_k2"})
+FAMILIES = DENSE_FAMILIES | MOE_FAMILIES
+# Families with an RMSNorm on each head's queries and keys.
+QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+# Families with four norms per decoder layer (around attention and around the MLP).
+SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
+# Families whose q/k/v projections carry a bias whatever the config says.
+QKV_BIAS = frozenset({"qwen2"})
+# Families whose config class ties the embeddings when config.json does not say.
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
+# Multimodal configs keep the language model's numbers under text_config.
+TEXT_KEYS = ("text_config", "llm_config")
+# model_type aliases: configs transformers builds with another family's classes.
+ALIASES = {"gemma3": "gemma3_text", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+
+
+class UnsupportedModel(ValueError):
+    """A config.json the forecast cannot read (the message says which key or family)."""
+
+
+class Tensor(NamedTuple):
+    """One parameter tensor: its name, shape, the FSDP unit it belongs to, and what it is."""
+
+    name: str
+    shape: tuple[int, ...]
+    unit: str  # "root" or "layers.<i>"
+    kind: str  # embed, lm_head, norm, linear, bias, experts, router
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The numbers of a decoder-only model that decide its memory (config.json names)."""
+
+    name: str
+    family: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    attention_bias: bool = False
+    # MoE: routed experts, experts per token, their width, shared experts, leading dense layers.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    # Multi-head latent attention (DeepSeek V3): the ranks and head widths of its projections.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Sliding-window attention on some layers (Gemma 2/3, Mistral v0.1): window and its pattern.
+    sliding_window: int | None = None
+    source: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.is_moe and index >= self.first_k_dense_replace
+
+    # --- the parameter tensors --------------------------------------------------------------
+
+    def _attention(self, prefix: str, unit: str) -> Iterator[Tensor]:
+        h = self.hidden_size
+        heads = self.num_attention_heads
+        if self.uses_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                yield Tensor(f"{prefix}.q_a_proj.weight", (self.q_lora_rank, h), unit, "linear")
+                yield Tensor(f"{prefix}.q_a_layernorm.weight", (self.q_lora_rank,), unit, "norm")
+                yield Tensor(
+                    f"{prefix}.q_b_proj.weight", (heads * qk, self.q_lora_rank), unit, "linear"
+                )
+            else:
+                yield Tensor(f"{prefix}.q_proj.weight", (heads * qk, h), unit, "linear")
+            yield Tensor(
+                f"{prefix}.kv_a_proj_with_mqa.weight",
+                (self.kv_lora_rank + self.qk_rope_head_dim, h),
+                unit,
+                "linear",
+            )
+            yield Tensor(f"{prefix}.kv_a_layernorm.weight", (self.kv_lora_rank,), unit, "norm")
+            yield Tensor(
+                f"{prefix}.kv_b_proj.weight",
+                (heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank),
+                unit,
+                "linear",
+            )
+            yield Tensor(f"{prefix}.o_proj.weight", (h, heads * self.v_head_dim), unit, "linear")
+            return
+        q = heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        bias = self.attention_bias or self.family in QKV_BIAS
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield Tensor(f"{prefix}.{proj}.weight", (rows, h), unit, "linear")
+            if bias:
+                yield Tensor(f"{prefix}.{proj}.bias", (rows,), unit, "bias")
+        yield Tensor(f"{prefix}.o_proj.weight", (h, q), unit, "linear")
+        if self.attention_bias and self.family not in QKV_BIAS:
+            yield Tensor(f"{prefix}.o_proj.bias", (h,), unit, "bias")
+        if self.family in QK_NORM:
+            yield Tensor(f"{prefix}.q_norm.weight", (self.head_dim,), unit, "norm")
+            yield Tensor(f"{prefix}.k_norm.weight", (self.head_dim,), unit, "norm")
+
+    def _mlp(self, prefix: str, unit: str, index: int) -> Iterator[Tensor]:
+        h = self.hidden_size
+        if not self.is_moe_layer(index):
+            width = self.intermediate_size
+            yield Tensor(f"{prefix}.gate_proj.weight", (width, h), unit, "linear")
+            yield Tensor(f"{prefix}.up_proj.weight", (width, h), unit, "linear")
+            yield Tensor(f"{prefix}.down_proj.weight", (h, width), unit, "linear")
+            return
+        experts, width = self.num_experts, self.moe_intermediate_size
+        yield Tensor(f"{prefix}.experts.gate_up_proj", (experts, 2 * width, h), unit, "experts")
+        yield Tensor(f"{prefix}.experts.down_proj", (experts, h, width), unit, "experts")
+        yield Tensor(f"{prefix}.gate.weight", (experts, h), unit, "router")
+        if self.n_shared_experts:
+            shared = width * self.n_shared_experts
+            yield Tensor(f"{prefix}.shared_experts.gate_proj.weight", (shared, h), unit, "linear")
+            yield Tensor(f"{prefix}.shared_experts.up_proj.weight", (shared, h), unit, "linear")
+            yield Tensor(f"{prefix}.shared_experts.down_proj.weight", (h, shared), unit, "linear")
+
+    def layer_tensors(self, index: int) -> Iterator[Tensor]:
+        """The parameter tensors of decoder layer ``index``, in transformers' order."""
+        h = self.hidden_size
+        unit = f"layers.{index}"
+        prefix = f"model.layers.{index}"
+        yield from self._attention(f"{prefix}.self_attn", unit)
+        yield from self._mlp(f"{prefix}.mlp", unit, index)
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if self.family in SANDWICH_NORM:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for norm in norms:
+            yield Tensor(f"{prefix}.{norm}.weight", (h,), unit, "norm")
+
+    def tensors(self) -> Iterator[Tensor]:
+        """Every parameter tensor of the causal-LM model (a tied lm_head is the embedding)."""
+        yield Tensor(
+            "model.embed_tokens.weight", (self.vocab_size, self.hidden_size), "root", "embed"
+        )
+        for index in range(self.num_hidden_layers):
+            yield from self.layer_tensors(index)
+        yield Tensor("model.norm.weight", (self.hidden_size,), "root", "norm")
+        if not self.tie_word_embeddings:
+            yield Tensor("lm_head.weight", (self.vocab_size, self.hidden_size), "root", "lm_head")
+
+    def value_head_tensors(self) -> Iterator[Tensor]:
+        """The critic's model: the same body with a one-output score head instead of lm_head
+        (AutoModelForTokenClassification, num_labels=1: verl/utils/model.py load_valuehead_model)."""
+        for tensor in self.tensors():
+            if tensor.kind != "lm_head":
+                yield tensor
+        yield Tensor("score.weight", (1, self.hidden_size), "root", "lm_head")
+        yield Tensor("score.bias", (1,), "root", "bias")
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(t.numel for t in self.tensors())
+
+    def active_parameters(self) -> int:
+        """Parameters one token passes through (MoE: only its experts)."""
+        total = 0
+        for tensor in self.tensors():
+            if tensor.kind == "experts":
+                total += tensor.numel * self.num_experts_per_tok // self.num_experts
+            else:
+                total += tensor.numel
+        return total
+
+    # --- the KV cache -----------------------------------------------------------------------
+
+    def kv_heads_per_rank(self, tensor_parallel: int) -> int:
+        """KV heads one tensor-parallel rank keeps, replicated when TP exceeds them (vLLM's
+        ModelConfig.get_num_kv_heads: max(1, total_num_kv_heads // tensor_parallel_size))."""
+        return max(1, self.num_key_value_heads // max(tensor_parallel, 1))
+
+    def kv_bytes_per_token_layer(self, tensor_parallel: int, dtype_bytes: int) -> int:
+        """KV-cache bytes one token needs in one layer on one TP rank (vLLM's page per token).
+
+        Full attention: 2 (K and V) x kv heads x head_dim x dtype (vllm/v1/kv_cache_interface.py,
+        AttentionSpec.real_page_size_bytes); MLA: one latent of kv_lora_rank + qk_rope_head_dim,
+        not split by TP (MLAAttentionSpec.real_page_size_bytes, num_kv_heads = 1).
+        """
+        if self.uses_mla:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
+        return 2 * self.kv_heads_per_rank(tensor_parallel) * self.head_dim * dtype_bytes
+
+
+def _value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    if key in config:
+        return config[key]
+    for nested in TEXT_KEYS:
+        inner = config.get(nested)
+        if isinstance(inner, Mapping) and key in inner:
+            return inner[key]
+    return default
+
+
+def _int(config: Mapping[str, Any], key: str, source: str, default: int | None = None) -> int:
+    value = _value(config, key, default)
+    if value is None:
+        raise UnsupportedModel(f"{source}: config.json has no {key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnsupportedModel(f"{source}: {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def architecture_from_config(config: Mapping[str, Any], name: str, source: str) -> Architecture:
+    """The architecture of a parsed config.json; raises ``UnsupportedModel`` naming the key."""
+    family = str(_value(config, "model_type", "") or "")
+    family = ALIASES.get(family, family)
+    if family not in FAMILIES:
+        known = ", ".join(sorted(FAMILIES))
+        raise UnsupportedModel(
+            f"{source}: model_type {family or '(none)'!r} is not a family the forecast knows "
+            f"({known})"
+        )
+    heads = _int(config, "num_attention_heads", source)
+    hidden = _int(config, "hidden_size", source)
+    kv_heads = _int(config, "num_key_value_heads", source, heads)
+    head_dim = _value(config, "head_dim") or (hidden // heads if heads else 0)
+    experts = _value(config, "num_experts") or _value(config, "n_routed_experts") or 0
+    window = _value(config, "sliding_window")
+    return Architecture(
+        name=name,
+        family=family,
+        hidden_size=hidden,
+        num_hidden_layers=_int(config, "num_hidden_layers", source),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=int(head_dim),
+        intermediate_size=_int(config, "intermediate_size", source),
+        vocab_size=_int(config, "vocab_size", source),
+        # transformers' config classes default to tied embeddings for Gemma, untied for the rest
+        tie_word_embeddings=bool(_value(config, "tie_word_embeddings", family in TIED_BY_DEFAULT)),
+        max_position_embeddings=_value(config, "max_position_embeddings"),
+        attention_bias=bool(_value(config, "attention_bias", False)),
+        num_experts=int(experts),
+        num_experts_per_tok=int(_value(config, "num_experts_per_tok", 0) or 0),
+        moe_intermediate_size=int(_value(config, "moe_intermediate_size", 0) or 0),
+        n_shared_experts=int(_value(config, "n_shared_experts", 0) or 0),
+        first_k_dense_replace=int(_value(config, "first_k_dense_replace", 0) or 0),
+        q_lora_rank=_value(config, "q_lora_rank"),
+        kv_lora_rank=int(_value(config, "kv_lora_rank", 0) or 0),
+        qk_nope_head_dim=int(_value(config, "qk_nope_head_dim", 0) or 0),
+        qk_rope_head_dim=int(_value(config, "qk_rope_head_dim", 0) or 0),
+        v_head_dim=int(_value(config, "v_head_dim", 0) or 0),
+        sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        source=source,
+    )

@@ -1,0 +1,196 @@
+"""Fixes for a phase that does not fit: each a change of keys, judged by forecasting again with
+the changed values (nothing here estimates a saving by itself)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from pytest_verl_compat.memory import layout as lay
+from pytest_verl_compat.memory.parts import (
+    ACTOR_UPDATE,
+    CHECKPOINT,
+    CRITIC_UPDATE,
+    OLD_LOG_PROB,
+    REF_LOG_PROB,
+    REWARD,
+    ROLLOUT,
+    SERVER_START,
+    SFT_UPDATE,
+    VALUES,
+    WEIGHT_SYNC,
+    Fix,
+)
+from pytest_verl_compat.memory.runs import NotForecastable, build_layout, phase_total
+
+MAX_FIXES = 3
+Change = tuple[tuple[str, Any], ...]
+
+
+def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:
+    node: Any = mapping
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _render(resolved: Mapping[str, Any], key: str, value: Any) -> tuple[str, str]:
+    """A change as the user writes it: ``+key=value`` for a key the tree does not have."""
+    parent, _, leaf = key.rpartition(".")
+    node = _get(resolved, parent) if parent else resolved
+    present = isinstance(node, Mapping) and leaf in node
+    text = str(value) if not isinstance(value, bool) else ("True" if value else "False")
+    return (key if present else f"+{key}", text)
+
+
+def _halvings(key: str, value: Any, floor: int) -> Iterator[list[Change]]:
+    try:
+        current = int(value)
+    except (TypeError, ValueError):
+        return
+    ladder: list[Change] = []
+    for _ in range(5):
+        current //= 2
+        if current < floor:
+            break
+        ladder.append(((key, current),))
+    if ladder:
+        yield ladder
+
+
+def _both_offloads(engine: str) -> list[Change]:
+    return [((f"{engine}.param_offload", True), (f"{engine}.optimizer_offload", True))]
+
+
+def _role_candidates(
+    resolved: Mapping[str, Any], role: lay.RoleLayout, training: bool
+) -> Iterator[list[Change]]:
+    key = role.train_budget_key if training else role.infer_budget_key
+    floor = 1 if key.endswith("micro_batch_size_per_gpu") else 1024
+    current = _get(resolved, key) or (role.train_tokens if training else role.infer_tokens)
+    yield from _halvings(key, current, floor)
+    if role.role == "critic":
+        model = "critic.model"
+    else:
+        model = "model" if role.section == "engine" else "actor_rollout_ref.model"
+    if training and role.sync_key and role.spec.defer_sync and role.micro_batches > 1:
+        # where the release's tree has the key: sync every micro-batch, no unsharded gradients
+        yield [((role.sync_key, False),)]
+    if training and not role.checkpointing:
+        yield [((f"{model}.enable_gradient_checkpointing", True),)]
+    if not role.remove_padding and not role.dynamic:
+        yield [((f"{model}.use_remove_padding", True),)]
+    engine = role.engine_section
+    if role.spec.strategy in ("fsdp", "fsdp2") and role.role != "ref":
+        if not (role.param_offload and role.optimizer_offload):
+            yield _both_offloads(engine)
+        in_engine = role.role == "critic" or role.section == "engine"
+        sp_key = f"{engine if in_engine else role.section}.ulysses_sequence_parallel_size"
+        heads = role.model.architecture.num_attention_heads
+        sp = role.sp * 2
+        if sp <= 8 and heads % sp == 0 and role.spec.world % sp == 0:
+            yield [((sp_key, sp),)]
+    if (
+        role.role != "critic"
+        and not role.chunked_entropy
+        and role.spec.strategy in ("fsdp", "fsdp2")
+    ):
+        yield [((f"{engine}.entropy_from_logits_with_chunking", True),)]
+
+
+UTILIZATIONS = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
+
+
+def _server_candidates(layout: lay.RunLayout, which: str) -> Iterator[list[Change]]:
+    server = layout.rollout if which == "rollout" else layout.reward
+    if server is None:
+        return
+    key = f"{server.section}.gpu_memory_utilization"
+    ladder: list[Change] = [((key, u),) for u in UTILIZATIONS if u < server.gpu_memory_utilization]
+    if ladder:
+        yield ladder
+    actor = layout.role("actor")
+    if (
+        actor is not None
+        and actor.spec.strategy in ("fsdp", "fsdp2")
+        and not (actor.param_offload and actor.optimizer_offload)
+    ):
+        yield _both_offloads(actor.engine_section)
+    tp = server.tp * 2
+    if tp <= layout.world and server.model.architecture.num_attention_heads % tp == 0:
+        yield [((f"{server.section}.tensor_model_parallel_size", tp),)]
+
+
+def candidates(
+    resolved: Mapping[str, Any], layout: lay.RunLayout, phase: str
+) -> Iterator[list[Change]]:
+    """Ladders of changes for a phase: the rungs of one key's values (halved budgets, lower
+    gpu_memory_utilization) or a single change; the first rung that fits is the fix."""
+    actor, critic, ref = layout.role("actor"), layout.role("critic"), layout.role("ref")
+    if phase in (ACTOR_UPDATE, SFT_UPDATE) and actor is not None:
+        yield from _role_candidates(resolved, actor, training=True)
+    elif phase == OLD_LOG_PROB and actor is not None:
+        yield from _role_candidates(resolved, actor, training=False)
+    elif phase == REF_LOG_PROB and (ref or actor) is not None:
+        target = ref or actor
+        assert target is not None
+        yield from _role_candidates(resolved, target, training=False)
+    elif phase in (VALUES, CRITIC_UPDATE) and critic is not None:
+        yield from _role_candidates(resolved, critic, training=phase == CRITIC_UPDATE)
+    elif phase in (ROLLOUT, SERVER_START, WEIGHT_SYNC):
+        yield from _server_candidates(layout, "rollout")
+    elif phase == REWARD:
+        yield from _server_candidates(layout, "reward")
+    elif phase == CHECKPOINT and actor is not None and not actor.param_offload:
+        yield _both_offloads(actor.engine_section)
+
+
+def phase_keys(phase: str, layout: lay.RunLayout) -> tuple[str, ...]:
+    """The keys a user can change for a phase (the finding's path)."""
+    keys: list[str] = []
+    for ladder in candidates({}, layout, phase):
+        for key, _ in ladder[0]:
+            if key not in keys:
+                keys.append(key)
+    return tuple(keys) or ("trainer.n_gpus_per_node",)
+
+
+def fixes_for(
+    resolved: Mapping[str, Any], request: Any, rank: str, phase: str, capacity: int, margin: float
+) -> tuple[Fix, ...]:
+    """Up to three changes that bring the phase under the margin (or lower it most), each with
+    the phase's forecast after it: a ladder's first rung that fits, else its last."""
+    layout = build_layout(resolved, request)
+    judged = replace(request, margin=margin)
+    before = phase_total(resolved, judged, rank, phase)[0]
+    found: list[Fix] = []
+    for ladder in candidates(resolved, layout, phase):
+        best: Fix | None = None
+        for change in ladder:
+            changed = copy.deepcopy(dict(resolved))
+            for key, value in change:
+                _set(changed, key, value)
+            try:
+                total, fits = phase_total(changed, judged, rank, phase)
+            except (NotForecastable, ValueError, KeyError):
+                continue
+            rendered = tuple(_render(resolved, k, v) for k, v in change)
+            best = Fix(rendered, total, total <= capacity and fits, total <= capacity)
+            if total <= margin * capacity:
+                break
+        if best is not None and best.after < before:
+            found.append(best)
+    found.sort(key=lambda f: (not f.fits, f.after))
+    return tuple(found[:MAX_FIXES])

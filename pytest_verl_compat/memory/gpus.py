@@ -1,0 +1,87 @@
+"""GPU types as data (``data/gpus.yaml``): what one device holds, as the framework sees it."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.files.safe_input import load_yaml_file
+
+GPUS_FILE = Path(__file__).resolve().parents[1] / "data" / "gpus.yaml"
+GIB = 1 << 30
+
+
+class UnknownGpu(ValueError):
+    """A GPU type the table does not name (the message lists the known ones)."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One device type: its name, the usable bytes torch reports, and where that number is quoted."""
+
+    name: str
+    usable_bytes: int
+    nominal_gb: int | None = None
+    source: str = ""
+
+    @property
+    def usable_gib(self) -> float:
+        return self.usable_bytes / GIB
+
+    def label(self) -> str:
+        return f"{self.name} ({self.usable_gib:.2f} GiB usable)"
+
+
+def _normal(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+@functools.cache
+def gpu_table() -> dict[str, Gpu]:
+    """Every GPU type of the table by its name, in the table's order."""
+    data: Any = load_yaml_file(GPUS_FILE, "GPU table")
+    table: dict[str, Gpu] = {}
+    for name, entry in data["gpus"].items():
+        table[name] = Gpu(
+            name,
+            round(float(entry["usable_gib"]) * GIB),
+            entry.get("nominal_gb"),
+            str(entry.get("source", "")),
+        )
+    return table
+
+
+@functools.cache
+def _aliases() -> dict[str, str]:
+    data: Any = load_yaml_file(GPUS_FILE, "GPU table")
+    found: dict[str, str] = {}
+    for name, entry in data["gpus"].items():
+        for alias in (name, *entry.get("aliases", ())):
+            found[_normal(str(alias))] = name
+    return found
+
+
+def find_gpu(name: str) -> Gpu:
+    """The GPU type named (case, dashes and spaces ignored; aliases such as H800 for H100-80GB)."""
+    key = _aliases().get(_normal(name))
+    if key is None:
+        known = ", ".join(gpu_table())
+        raise UnknownGpu(
+            f"unknown GPU type {name!r} (known: {known}; or give --gpu-memory GIB, the usable GiB)"
+        )
+    return gpu_table()[key]
+
+
+def custom_gpu(gib: float) -> Gpu:
+    """A device of ``gib`` usable GiB (``--gpu-memory``)."""
+    if not gib > 0:
+        raise UnknownGpu(f"--gpu-memory must be a positive number of GiB, got {gib}")
+    return Gpu(f"{gib:g} GiB", round(gib * GIB), None, "given with --gpu-memory")
+
+
+def smallest_and_largest() -> tuple[Gpu, Gpu]:
+    """The table's smallest and largest devices (the assumptions of a forecast without a GPU)."""
+    gpus = sorted(gpu_table().values(), key=lambda g: (g.usable_bytes, g.name))
+    return gpus[0], gpus[-1]

@@ -1,0 +1,248 @@
+"""What a resolved verl configuration asks of each GPU: the roles, their engines, the token
+budgets of their micro-batches, and the rollout servers. Read from the mapping only.
+
+Each number cites the verl 0.9.0 line that decides it (``releases.lines`` finds it in another
+release); where a release's code decides differently the release's facts say so
+(``release_facts``); ``checks/roles.py`` answers which roles run, their parallel sizes, the world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_verl_compat.memory.models import ModelChoice
+from pytest_verl_compat.memory.states import EngineSpec
+
+RL = "rl"
+SFT = "sft"
+# Where the micro-batch budgets are wired (verl/workers/engine_workers.py)
+EV_ACTOR_BUDGETS = "verl/workers/engine_workers.py:606-624"
+EV_REF_BUDGETS = "verl/workers/engine_workers.py:537-578"
+EV_CRITIC_BUDGETS = "verl/trainer/ppo/v1/trainer_base.py:249-252"
+EV_MICRO_BATCHES = "verl/workers/engine/utils.py:92-130"
+EV_ENTROPY_PASSES = "verl/trainer/ppo/v1/trainer_base.py:1495-1500, :1676-1693"
+CRITIC_DEFAULT_BUDGET = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu, critic.py:91
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Tokens per sequence: the prompt and the response, and where the numbers come from."""
+
+    prompt: int
+    response: int
+    source: str
+
+    @property
+    def sequence(self) -> int:
+        return self.prompt + self.response
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    """One role's engine on one rank and the micro-batches it runs."""
+
+    role: str  # actor, ref, critic (SFT: actor)
+    section: str  # dotted path of the role's section
+    engine_section: str  # dotted path of its engine section
+    spec: EngineSpec
+    model: ModelChoice
+    param_offload: bool
+    optimizer_offload: bool
+    offload_policy: bool  # FSDP2 CPUOffloadPolicy: the engine never holds its shards
+    checkpointing: bool
+    remove_padding: bool
+    sp: int  # Ulysses (FSDP) or context parallel (Megatron)
+    train_tokens: int  # tokens of one training micro-batch on one GPU
+    infer_tokens: int  # tokens of one forward-only micro-batch on one GPU
+    micro_batches: int  # micro-batches of one mini-batch on one GPU
+    entropy_train: bool
+    chunked_entropy: bool
+    fused_kernels: bool
+    compiled: bool  # the engine's use_torch_compile (entropy compiled)
+    temperature_copy: bool  # the log-prob pass divides the logits into a second tensor
+    entropy_every_pass: bool  # the entropy is computed in every pass, asked for or not
+    train_budget_key: str  # the key that sets train_tokens (for fixes)
+    infer_budget_key: str
+    dynamic: bool
+    # the release's lines behind the logits' copies and the micro-batches' tokens
+    logits_evidence: str = ""
+    tokens_evidence: str = ""
+    # the key that turns deferred gradient sync off, where the release's tree has it
+    sync_key: str = ""
+    entropy_clone: bool = False  # the entropy works on a clone of the logits (Megatron)
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """A rollout (or reward-model) server: its engine, parallel sizes and memory share."""
+
+    name: str  # vllm, sglang, trtllm, hf
+    section: str
+    model: ModelChoice
+    tp: int
+    dp: int
+    ep: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+    free_cache_engine: bool
+    dtype: int
+    kv_dtype: int
+    colocated: bool  # replicas on the trainer's GPUs (the hybrid engine)
+    standalone_gpus: int  # GPUs of standalone replicas besides (0: none)
+    keeps_weights_asleep: bool  # asleep, the server keeps its weights (SGLang's LoRA adapters)
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    kind: str  # rl or sft
+    world: int  # trainer GPUs
+    roles: tuple[RoleLayout, ...]
+    rollout: ServerLayout | None
+    reward: ServerLayout | None
+    lengths: Lengths
+    n: int  # responses per prompt
+    saves_checkpoints: bool
+    hf_model_in_checkpoint: bool
+    notes: tuple[str, ...] = ()
+
+    def role(self, name: str) -> RoleLayout | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+
+def value_at(mapping: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+# Keys the forecast reads as counts, wherever they sit in the mapping (by their last name).
+COUNT_KEYS = frozenset(
+    {
+        "n",
+        "nnodes",
+        "n_gpus_per_node",
+        "train_batch_size",
+        "ppo_mini_batch_size",
+        "ppo_micro_batch_size_per_gpu",
+        "ppo_max_token_len_per_gpu",
+        "ppo_infer_max_token_len_per_gpu",
+        "log_prob_micro_batch_size_per_gpu",
+        "log_prob_max_token_len_per_gpu",
+        "micro_batch_size_per_gpu",
+        "max_token_len_per_gpu",
+        "max_prompt_length",
+        "max_response_length",
+        "max_length",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "data_parallel_size",
+        "expert_parallel_size",
+        "ulysses_sequence_parallel_size",
+        "fsdp_size",
+        "lora_rank",
+        "save_freq",
+    }
+)
+
+
+def first_bad_count(mapping: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | None:
+    """The first count key (dotted path, value) that holds something not an integer: the one
+    line a forecast of that mapping reports instead of reading a default in its place."""
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            found = first_bad_count(value, dotted + ".")
+            if found is not None:
+                return found
+        elif key in COUNT_KEYS and value is not None and not _integral(value):
+            return dotted, value
+    return None
+
+
+def _integral(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+
+
+def as_int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
+
+
+def micro_batches(
+    dynamic: bool,
+    budget: int,
+    mbs: int,
+    count: int,
+    sequence: int,
+    sp: int,
+    within_budget: bool,
+) -> tuple[int, int]:
+    """(micro-batches of one pass on one GPU, tokens of the largest of them on one GPU) for
+    ``count`` sequences of ``sequence`` tokens on one data-parallel rank (engine/utils.py:92-130).
+
+    Static: micro-batches of ``mbs`` sequences. Dynamic (verl/utils/seqlen_balancing.py,
+    rearrange_micro_batches): ``ceil(tokens / (budget x Ulysses size))`` micro-batches balanced by
+    workload, which for sequences of one length splits them as evenly as counts allow; a release
+    whose partition keeps every micro-batch within the budget (the release's facts) raises the
+    count until it does. Ulysses or context parallelism splits each micro-batch's tokens over its
+    ranks. Without a count (a role with no batch of its own) the budget is the micro-batch.
+    """
+    sp = max(sp, 1)
+    if not dynamic:
+        size = max(mbs, 1)
+        return (max(1, ceil_div(count, size)) if count > 0 else 1), ceil_div(size * sequence, sp)
+    limit = max(budget, 1) * sp
+    if count <= 0 or sequence <= 0:
+        return 1, max(budget, ceil_div(sequence, sp))
+    k = max(1, min(count, ceil_div(count * sequence, limit)))
+    while within_budget and k < count and ceil_div(count, k) * sequence > limit:
+        k += 1
+    return k, ceil_div(ceil_div(count, k) * sequence, sp)
+
+
+def rl_lengths(resolved: Mapping[str, Any], given: tuple[int, int] | None) -> Lengths:
+    if given is not None:
+        return Lengths(given[0], given[1], "given with --lengths")
+    prompt = as_int(value_at(resolved, "data.max_prompt_length"), 512)
+    response = as_int(value_at(resolved, "data.max_response_length"), 512)
+    return Lengths(
+        prompt,
+        response,
+        "data.max_prompt_length + data.max_response_length (every response at its limit)",
+    )
+
+
+def sft_lengths(resolved: Mapping[str, Any], given: tuple[int, int] | None) -> Lengths:
+    if given is not None:
+        return Lengths(given[0], given[1], "given with --lengths")
+    return Lengths(
+        as_int(value_at(resolved, "data.max_length"), 1024),
+        0,
+        "data.max_length (every sample at its limit)",
+    )

@@ -1,0 +1,165 @@
+"""Which model a run trains, without the hub: a config.json given or beside the weights, the
+Hugging Face cache (read offline through huggingface_hub's own lookup), or the shipped table.
+
+The files are data from wherever the user points: read bounded as JSON (``safe_input``), never
+handed to transformers, never fetched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.files.safe_input import InputError, load_json_file, load_yaml_file
+from pytest_verl_compat.memory.architecture import (
+    Architecture,
+    UnsupportedModel,
+    architecture_from_config,
+)
+
+TABLE_FILE = Path(__file__).resolve().parents[1] / "data" / "architectures.yaml"
+CONFIG_LIMIT = 1024 * 1024  # config.json files are a few KB
+
+# Where a model's numbers came from (the report names it).
+GIVEN = "given"
+LOCAL = "local config.json"
+HF_CACHE = "Hugging Face cache"
+TABLE = "shipped table"
+
+
+class UnknownModel(ValueError):
+    """A model the forecast cannot find the numbers of (one line asking for --model-config)."""
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model's architecture and where its numbers came from."""
+
+    architecture: Architecture
+    origin: str
+    where: str
+    verified: str = ""
+
+
+def _config_file(path: Path) -> Mapping[str, Any]:
+    config_path = path / "config.json" if path.is_dir() else path
+    config = load_json_file(config_path, CONFIG_LIMIT, "model config")
+    if not isinstance(config, Mapping):
+        raise InputError(f"{config_path}: the model config is not a JSON object")
+    return config
+
+
+def _architecture(config: Mapping[str, Any], name: str, where: str) -> Architecture:
+    try:
+        return architecture_from_config(config, name, where)
+    except UnsupportedModel as exc:
+        raise InputError(str(exc)) from exc
+
+
+@functools.cache
+def _table() -> dict[str, tuple[str, Mapping[str, Any], str]]:
+    """The shipped table by lower-case repository id and by its last component."""
+    data: Any = load_yaml_file(TABLE_FILE, "architecture table")
+    found: dict[str, tuple[str, Mapping[str, Any], str]] = {}
+    for entry in data["models"]:
+        value = (str(entry["repo"]), entry["config"], str(entry.get("verified", False)))
+        for repo in (entry["repo"], *entry.get("also", ())):
+            found.setdefault(str(repo).lower(), value)
+            found.setdefault(str(repo).rsplit("/", 1)[-1].lower(), value)
+    return found
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One model of the shipped table: its config.json numbers and how they were checked."""
+
+    repo: str
+    architecture: Architecture
+    verified: str
+    config: Mapping[str, Any]
+    published_params: int | None
+
+
+def table_entries() -> list[TableEntry]:
+    """Every entry of the shipped table, in the table's order."""
+    data: Any = load_yaml_file(TABLE_FILE, "architecture table")
+    out = []
+    for entry in data["models"]:
+        url = f"https://huggingface.co/{entry['repo']}/blob/main/config.json"
+        arch = architecture_from_config(entry["config"], str(entry["repo"]), url)
+        out.append(
+            TableEntry(
+                str(entry["repo"]),
+                arch,
+                str(entry.get("verified", False)),
+                dict(entry["config"]),
+                entry.get("published_params"),
+            )
+        )
+    return out
+
+
+def from_table(name: str) -> ModelChoice | None:
+    """The shipped entry for a model path or repository id (its last one or two components)."""
+    parts = [p for p in str(name).replace("\\", "/").split("/") if p]
+    keys = ["/".join(parts[-2:]).lower(), parts[-1].lower()] if parts else []
+    for key in keys:
+        hit = _table().get(key)
+        if hit is not None:
+            repo, config, verified = hit
+            url = f"https://huggingface.co/{repo}/blob/main/config.json"
+            return ModelChoice(architecture_from_config(config, repo, url), TABLE, url, verified)
+    return None
+
+
+def _hub_cache_config(repo_id: str) -> Path | None:
+    """config.json of ``repo_id`` if the Hugging Face cache holds it; never a network call.
+
+    huggingface_hub.try_to_load_from_cache looks the file up in the local cache only (it returns
+    a path, a "known missing" marker, or None); huggingface_hub comes with the [trainer] extra,
+    and without it the cache is simply not consulted.
+    """
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repository id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoice:
+    """The model of a run: ``given`` (--model-config), a local folder, the cache, the table.
+
+    Raises ``InputError`` for an unreadable config.json and ``UnknownModel`` (one line) when no
+    source knows the model.
+    """
+    if given is not None:
+        where = str(given)
+        config = _config_file(Path(given).expanduser())
+        return ModelChoice(_architecture(config, where, where), GIVEN, where)
+    if not path:
+        raise UnknownModel("the run names no model path; give --model-config PATH (a config.json)")
+    local = Path(path).expanduser()
+    if (local / "config.json").is_file():
+        where = str(local / "config.json")
+        return ModelChoice(_architecture(_config_file(local), path, where), LOCAL, where)
+    cached = _hub_cache_config(path)
+    if cached is not None:
+        return ModelChoice(
+            _architecture(_config_file(cached), path, str(cached)), HF_CACHE, str(cached)
+        )
+    shipped = from_table(path)
+    if shipped is not None:
+        return shipped
+    raise UnknownModel(
+        f"model {path!r}: no local config.json, not in the Hugging Face cache and not in the "
+        "shipped table; give --model-config PATH (its config.json)"
+    )

@@ -1,0 +1,198 @@
+"""What a role holds while it runs a pass (a forward-only log-prob pass or an update), and what the
+colocated rollout servers hold, awake or asleep (free_cache_engine: vllm_async_server.py:791-800,
+1075-1098)."""
+
+from __future__ import annotations
+
+from pytest_verl_compat.memory import activations as act
+from pytest_verl_compat.memory import rollout as srv
+from pytest_verl_compat.memory import states as st
+from pytest_verl_compat.memory.layout import RoleLayout, RunLayout, ServerLayout
+from pytest_verl_compat.memory.parts import Part
+from pytest_verl_compat.memory.residency import (
+    forced_offload,
+    gib_text,
+    grad_buffer,
+    megatron,
+    params_evidence,
+    states_of,
+    stored_bytes,
+    where,
+)
+
+
+def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
+    """The role's own parts while it runs a pass (training: an update)."""
+    arch = role.model.architecture
+    s = states_of(role)
+    c = role.spec.param_dtype
+    name = role.role
+    parts = []
+    if not forced_offload(role):
+        parts.append(
+            Part(
+                f"{name}.params",
+                f"{name} weights",
+                s.params,
+                f"{s.total:,} params x {stored_bytes(role)} B, {where(role)}",
+                params_evidence(role),
+            )
+        )
+        if not training:
+            parts.extend(grad_buffer(role, "(allocated)"))
+    if not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
+        parts.append(
+            Part(
+                f"{name}.gathered",
+                f"{name} all-gathered units",
+                2 * s.layer_unit + s.root_unit,
+                f"2 decoder layers{' + root unit' if s.root_unit else ''} in {c}-byte compute dtype",
+                st.EV_FSDP1 if role.spec.strategy == "fsdp" else st.EV_FSDP2,
+            )
+        )
+    tp_cp = (
+        max(role.spec.tp, 1) * max(role.spec.cp, 1)
+        if role.spec.strategy in ("megatron", "mindspeed")
+        else 1
+    )
+    if training:
+        parts.append(
+            Part(
+                f"{name}.grads",
+                f"{name} gradients",
+                s.grads,
+                f"{s.trainable:,} trainable params x fp32, sharded",
+                st.EV_FSDP2,
+            )
+        )
+        parts.append(
+            Part(
+                f"{name}.optimizer",
+                f"{name} optimizer states",
+                s.optimizer,
+                (
+                    f"fp32 master + {st.optimizer_states(role.spec.optimizer)} states per trainable param, distributed optimizer"
+                    if megatron(role)
+                    else f"{st.optimizer_states(role.spec.optimizer)} states x fp32 per trainable param, sharded"
+                ),
+                st.EV_OPTIMIZER,
+            )
+        )
+        if role.micro_batches > 1 and s.accumulated:
+            parts.append(
+                Part(
+                    f"{name}.accumulated",
+                    f"{name} unsharded grads (no-sync)",
+                    s.accumulated,
+                    f"{role.micro_batches} micro-batches per mini-batch, gradient sync deferred to the last (use_no_sync_for_gradient_accumulation): every trainable param's gradient kept whole between them",
+                    st.EV_NO_SYNC,
+                )
+            )
+        tokens = role.train_tokens // tp_cp
+        kept = act.kept_bytes(arch, tokens, role.checkpointing, c)
+        extra = (
+            act.recompute_bytes(arch, tokens, c) if role.checkpointing else 0
+        ) + act.backward_transient(arch, tokens, c)
+        activ = int((kept + extra) * (1 + act.WORKSPACE_ALLOWANCE))
+        parts.append(
+            Part(
+                f"{name}.activations",
+                f"{name} activations",
+                activ,
+                f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}, +10% kernel workspaces",
+                f"{act.EV_CHECKPOINTING}; {role.tokens_evidence}"
+                if role.tokens_evidence
+                else act.EV_CHECKPOINTING,
+            )
+        )
+        if not megatron(role):  # Megatron reduces inside its grad buffer
+            parts.append(
+                Part(
+                    f"{name}.reduce",
+                    f"{name} gradient reduce buffers",
+                    3 * s.layer_unit,
+                    "one unit's gradient in bf16 and its fp32 reduce-scatter copy",
+                    st.EV_MIXED_PRECISION,
+                )
+            )
+    else:
+        tokens = role.infer_tokens // tp_cp
+        parts.append(
+            Part(
+                f"{name}.activations",
+                f"{name} forward transients",
+                int(act.inference_bytes(arch, tokens, c) * (1 + act.WORKSPACE_ALLOWANCE)),
+                f"{role.infer_tokens:,} tokens/micro-batch, no_grad: one layer's transients",
+                role.tokens_evidence or act.EV_LOGITS,
+            )
+        )
+    if not role.spec.value_head:
+        cost = act.logits_cost(
+            training,
+            entropy or role.entropy_every_pass,
+            role.chunked_entropy,
+            role.fused_kernels,
+            role.compiled,
+            role.temperature_copy,
+            role.entropy_clone,
+        )
+        tokens = role.train_tokens if training else role.infer_tokens
+        vocab = arch.vocab_size // (
+            role.spec.tp if role.spec.strategy in ("megatron", "mindspeed") else 1
+        )
+        parts.append(
+            Part(
+                f"{name}.logits",
+                f"{name} logits",
+                int(cost.copies * tokens * vocab * c),
+                f"{tokens:,} tokens x {vocab:,} vocab x {c} B x {cost.note}",
+                role.logits_evidence or act.EV_LOGITS,
+            )
+        )
+    return parts
+
+
+def server_parts(
+    layout: RunLayout, memory: dict[str, srv.ServerMemory], awake: str | None
+) -> list[Part]:
+    """The colocated servers: the awake one claims its share, the others what sleep leaves."""
+    parts = []
+    for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
+        if server is None or not server.colocated:
+            continue
+        mem = memory[name]
+        if name == awake:
+            parts.append(
+                Part(
+                    f"{name}.server",
+                    f"{name} server ({server.name}, awake)",
+                    mem.claimed,
+                    f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, graphs/profile {gib_text(mem.overhead)}",
+                    srv.VLLM_REQUESTED,
+                )
+            )
+        elif mem.asleep:
+            parts.append(
+                Part(
+                    f"{name}.asleep",
+                    f"{name} server (asleep)",
+                    mem.asleep,
+                    (
+                        "CUDA graphs and the base weights stay (LoRA adapters)"
+                        if server.keeps_weights_asleep
+                        else "CUDA graphs stay"
+                    )
+                    if mem.sleeps
+                    else "free_cache_engine=False: weights and KV cache stay",
+                    srv.EV_SLEEP,
+                )
+            )
+    return parts
+
+
+def server_memories(layout: RunLayout, capacity: int) -> dict[str, srv.ServerMemory]:
+    out = {}
+    for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
+        if isinstance(server, ServerLayout):
+            out[name] = srv.server_memory(server, capacity)
+    return out

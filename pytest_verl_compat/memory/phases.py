@@ -1,0 +1,294 @@
+"""Each phase of a step on each kind of rank: what is on the GPU while it runs, part by part.
+
+A training engine keeps its sharded parameters and optimizer states between calls unless
+offloaded (verl/workers/engine/base.py:312-336: train mode loads model and optimizer, eval mode
+the model only; gradients are freed on leaving train mode, transformer_impl.py:1107-1112); the
+reference policy's FSDP engine always offloads its parameters (transformer_impl.py:389-394,
+415-420). The hybrid engine's rollout server sleeps while the trainer runs (free_cache_engine,
+vllm_async_server.py:791-800, :1075-1098) and wakes its weights, then its KV cache, around the
+weight sync (engine_workers.py:762-801).
+"""
+
+from __future__ import annotations
+
+from pytest_verl_compat.memory import rollout as srv
+from pytest_verl_compat.memory import states as st
+from pytest_verl_compat.memory.layout import RoleLayout, RunLayout
+from pytest_verl_compat.memory.parts import (
+    ACTOR_UPDATE,
+    CHECKPOINT,
+    CRITIC_UPDATE,
+    OLD_LOG_PROB,
+    REF_LOG_PROB,
+    REWARD,
+    ROLLOUT,
+    SERVER_START,
+    SFT_UPDATE,
+    VALUES,
+    WEIGHT_SYNC,
+    Part,
+    PhasePeak,
+    RankKind,
+)
+from pytest_verl_compat.memory.passes import compute_parts, server_parts
+from pytest_verl_compat.memory.residency import (
+    EV_OFFLOAD_CTX,
+    contexts,
+    grad_buffer,
+    optimizer_kept,
+    resident,
+    residents,
+    states_of,
+    where,
+)
+
+# One GPU process's CUDA context and communication buffers (NCCL's per-peer buffers, cuBLAS
+# workspace): stated, not measured; a colocated rank runs the trainer and the rollout server.
+EV_BUCKET = (
+    "verl/workers/config/rollout.py CheckpointEngineConfig.update_weights_bucket_megabytes (2048)"
+)
+EV_SAVE = "verl/workers/engine/fsdp/transformer_impl.py:839-865"
+WEIGHT_BUCKET = 2048 << 20
+
+
+def _processes(layout: RunLayout) -> int:
+    servers = [s for s in (layout.rollout, layout.reward) if s is not None and s.colocated]
+    return 1 + len(servers)
+
+
+def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
+    memory = {}
+    if layout.rollout is not None:
+        memory["rollout"] = srv.server_memory(layout.rollout, capacity)
+    if layout.reward is not None:
+        memory["reward"] = srv.server_memory(layout.reward, capacity)
+    ctx = contexts(_processes(layout))
+    phases: list[PhasePeak] = []
+    actor = layout.role("actor")
+    assert actor is not None
+    if layout.rollout is not None and layout.rollout.colocated:
+        start = [
+            p for p in residents(layout) if "optimizer" not in p.key
+        ]  # optimizer states are lazy
+        phases.append(
+            PhasePeak(
+                SERVER_START, "rollout", (*start, *server_parts(layout, memory, "rollout"), ctx)
+            )
+        )
+        s = states_of(actor)
+        sync = residents(layout, but="actor")
+        sync.append(
+            Part(
+                "actor.params",
+                "actor weights (loaded for the sync)",
+                s.params,
+                where(actor),
+                EV_OFFLOAD_CTX,
+            )
+        )
+        if resident(actor)[1] and s.optimizer:
+            sync.append(
+                Part(
+                    "actor.optimizer.resident",
+                    "actor optimizer (resident)",
+                    s.optimizer,
+                    "kept between calls (optimizer_offload=False)",
+                    st.EV_OPTIMIZER,
+                )
+            )
+        sync.extend(grad_buffer(actor, "(resident)"))
+        mem = memory["rollout"]
+        sync.append(
+            Part(
+                "rollout.weights",
+                "rollout weights (resumed)",
+                mem.weights,
+                f"tp {layout.rollout.tp}",
+                srv.EV_WAKE,
+            )
+        )
+        sync.append(
+            Part(
+                "sync.staging",
+                "full tensor + transfer bucket",
+                s.largest_tensor * 3 // 2 + WEIGHT_BUCKET,
+                "largest parameter gathered whole (fp32 then bf16) + 2 GiB bucket",
+                EV_BUCKET,
+            )
+        )
+        phases.append(PhasePeak(WEIGHT_SYNC, "actor", (*sync, ctx)))
+        phases.append(
+            PhasePeak(
+                ROLLOUT,
+                "rollout",
+                (*residents(layout), *server_parts(layout, memory, "rollout"), ctx),
+            )
+        )
+    if layout.reward is not None and layout.reward.colocated:
+        phases.append(
+            PhasePeak(
+                REWARD,
+                "reward",
+                (*residents(layout), *server_parts(layout, memory, "reward"), ctx),
+            )
+        )
+    asleep = server_parts(layout, memory, None)
+    phases.append(
+        PhasePeak(
+            OLD_LOG_PROB,
+            "actor",
+            (
+                *residents(layout, but="actor"),
+                *optimizer_kept(actor),
+                *compute_parts(actor, training=False, entropy=True),
+                *asleep,
+                ctx,
+            ),
+        )
+    )
+    ref = layout.role("ref")
+    if ref is not None:
+        phases.append(
+            PhasePeak(
+                REF_LOG_PROB,
+                "ref",
+                (
+                    *residents(layout, but="ref"),
+                    *compute_parts(ref, training=False, entropy=False),
+                    *asleep,
+                    ctx,
+                ),
+            )
+        )
+    elif _kl_from_actor(layout):
+        phases.append(
+            PhasePeak(
+                REF_LOG_PROB,
+                "actor",
+                (
+                    *residents(layout, but="actor"),
+                    *optimizer_kept(actor),
+                    *compute_parts(actor, training=False, entropy=False),
+                    *asleep,
+                    ctx,
+                ),
+            )
+        )
+    critic = layout.role("critic")
+    if critic is not None:
+        phases.append(
+            PhasePeak(
+                VALUES,
+                "critic",
+                (
+                    *residents(layout, but="critic"),
+                    *optimizer_kept(critic),
+                    *compute_parts(critic, training=False, entropy=False),
+                    *asleep,
+                    ctx,
+                ),
+            )
+        )
+        phases.append(
+            PhasePeak(
+                CRITIC_UPDATE,
+                "critic",
+                (
+                    *residents(layout, but="critic"),
+                    *compute_parts(critic, training=True, entropy=False),
+                    *asleep,
+                    ctx,
+                ),
+            )
+        )
+    phases.append(
+        PhasePeak(
+            ACTOR_UPDATE,
+            "actor",
+            (
+                *residents(layout, but="actor"),
+                *compute_parts(actor, training=True, entropy=actor.entropy_train),
+                *asleep,
+                ctx,
+            ),
+        )
+    )
+    if layout.saves_checkpoints:
+        phases.append(_checkpoint(layout, actor, asleep, ctx))
+    kinds = [RankKind("trainer", layout.world, _describe(layout), tuple(phases))]
+    if layout.rollout is not None and layout.rollout.standalone_gpus > 0:
+        mem = memory["rollout"]
+        parts = (
+            Part(
+                "rollout.server",
+                f"rollout server ({layout.rollout.name})",
+                mem.claimed,
+                f"gpu_memory_utilization {layout.rollout.gpu_memory_utilization} x capacity",
+                srv.VLLM_REQUESTED,
+            ),
+            contexts(1),
+        )
+        kinds.append(
+            RankKind(
+                "rollout",
+                layout.rollout.standalone_gpus,
+                "standalone rollout replica GPUs",
+                (PhasePeak(ROLLOUT, "rollout", parts),),
+            )
+        )
+    return tuple(kinds)
+
+
+def _kl_from_actor(layout: RunLayout) -> bool:
+    """LoRA: the actor with its adapter switched off is the reference (trainer_base.py:317-322)."""
+    actor = layout.role("actor")
+    return actor is not None and actor.spec.lora_rank > 0 and layout.kind == "rl"
+
+
+def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: Part) -> PhasePeak:
+    s = states_of(actor)
+    parts = residents(layout, but="actor")
+    parts.append(
+        Part("actor.params", "actor weights (loaded to save)", s.params, where(actor), EV_SAVE)
+    )
+    parts.extend(optimizer_kept(actor))
+    staging = s.largest_tensor if layout.hf_model_in_checkpoint else 2 * s.layer_unit
+    parts.append(
+        Part(
+            "checkpoint.staging",
+            "state-dict staging",
+            staging,
+            "largest parameter gathered whole (hf_model)"
+            if layout.hf_model_in_checkpoint
+            else "per-unit copies of the sharded state dict",
+            EV_SAVE,
+        )
+    )
+    return PhasePeak(CHECKPOINT, "actor", (*parts, *asleep, ctx))
+
+
+def _describe(layout: RunLayout) -> str:
+    roles = ", ".join(r.role for r in layout.roles)
+    server = layout.rollout
+    colocated = (
+        f" + {server.name} rollout (tp {server.tp})"
+        if server is not None and server.colocated
+        else ""
+    )
+    return f"{layout.world} GPUs: {roles}{colocated}"
+
+
+def sft_ranks(layout: RunLayout) -> tuple[RankKind, ...]:
+    role = layout.roles[0]
+    ctx = contexts(1)
+    update = PhasePeak(
+        SFT_UPDATE, "actor", (*compute_parts(role, training=True, entropy=False), ctx)
+    )
+    phases = [update]
+    if layout.saves_checkpoints:
+        phases.append(_checkpoint(layout, role, [], ctx))
+    return (
+        RankKind(
+            "trainer", layout.world, f"{layout.world} GPUs (torchrun): SFT engine", tuple(phases)
+        ),
+    )

@@ -1,0 +1,474 @@
+"""Reading a resolved configuration into the forecast's layout: each role's engine, the token
+budgets of its micro-batches (every key cites the verl 0.9.0 line that wires it), the rollout
+and reward-model servers, for the RL trainers and for the SFT trainer.
+
+A key is read as upstream's code reads it: a key the release's tree lacks takes upstream's own
+default (``use_no_sync_for_gradient_accumulation``: ``getattr(..., True)``). Where the release's
+code decides what no key does, its facts (``release_facts``) say how."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_verl_compat.checks.roles import (
+    engine_path,
+    gpu_count,
+    megatron_sizes,
+    need_critic,
+    reference_worker,
+    role_engine,
+    role_section,
+    role_strategy,
+    sequence_parallel,
+)
+from pytest_verl_compat.memory.activations import EV_LOGITS
+from pytest_verl_compat.memory.layout import (
+    CRITIC_DEFAULT_BUDGET,
+    EV_MICRO_BATCHES,
+    RL,
+    SFT,
+    Lengths,
+    RoleLayout,
+    RunLayout,
+    ServerLayout,
+    as_int,
+    micro_batches,
+    value_at,
+)
+from pytest_verl_compat.memory.models import ModelChoice
+from pytest_verl_compat.memory.release_facts import (
+    DYNAMIC_MICRO_BATCHES,
+    TEMPERATURE_COPY,
+    ReleaseFacts,
+)
+from pytest_verl_compat.memory.states import (
+    FORECAST_STRATEGIES,
+    MEGATRON_STRATEGIES,
+    EngineSpec,
+    dtype_bytes,
+)
+
+# The SFT trainer's log-prob temperature (verl/trainer/sft_trainer.py:348).
+SFT_TEMPERATURE = 1.0
+# Megatron's logits processor divides by the temperature in place and clones the logits for an
+# entropy it computes eagerly (vocab_parallel_entropy), in both releases.
+EV_MEGATRON_LOGITS = "verl/workers/engine/megatron/transformer_impl.py:1191, :1197"
+
+
+class UnreadableRun(ValueError):
+    """A configuration the forecast cannot model (one line naming the key and value)."""
+
+
+NO_SYNC_KEY = "use_no_sync_for_gradient_accumulation"
+
+
+def defer_sync(engine: Mapping[str, Any]) -> bool:
+    """Whether the engine skips gradient sync on all but a mini-batch's last micro-batch:
+    ``getattr(self.engine_config, "use_no_sync_for_gradient_accumulation", True)``
+    (verl/workers/engine/fsdp/transformer_impl.py:702-707@0.9.1); a release whose tree and
+    config class lack the key defers always (0.9.0: transformer_impl.py:683-698)."""
+    value = engine.get(NO_SYNC_KEY, True)
+    return True if value is None else bool(value)
+
+
+def _sync_key(engine: Mapping[str, Any], path: str) -> str:
+    return f"{path}.{NO_SYNC_KEY}" if NO_SYNC_KEY in engine else ""
+
+
+def copies_logits(facts: ReleaseFacts, temperature: Any, strategy: str = "fsdp") -> bool:
+    """Whether the log-prob pass divides the logits by the temperature into a second tensor (the
+    FSDP engine, as the release's facts say; Megatron's divides in place)."""
+    if strategy in MEGATRON_STRATEGIES:
+        return False
+    how = facts.temperature_copy
+    if how == "never":
+        return False
+    if how == "always":
+        return True
+    try:
+        return float(temperature) != 1.0
+    except (TypeError, ValueError):
+        return True  # not a host scalar: the out-of-place division
+
+
+def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
+    if not dynamic:
+        return EV_MICRO_BATCHES
+    return f"{EV_MICRO_BATCHES}; {facts.evidence(DYNAMIC_MICRO_BATCHES)}"
+
+
+def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
+    """model.use_fused_kernels takes effect for the backends the release patches."""
+    options = model.get("fused_kernel_options") if isinstance(model, Mapping) else None
+    backend = options.get("impl_backend", "torch") if isinstance(options, Mapping) else "torch"
+    return bool(model.get("use_fused_kernels")) and str(backend) in facts.fused_backends
+
+
+def engine_spec(
+    resolved: Mapping[str, Any], role: str, world: int, *, forward_only: bool, value_head: bool
+) -> tuple[EngineSpec, Mapping[str, Any]]:
+    strategy = role_strategy(resolved, role)
+    if strategy not in FORECAST_STRATEGIES:
+        raise UnreadableRun(
+            f"{engine_path(resolved, role)}.strategy={strategy}: the forecast models "
+            f"{', '.join(FORECAST_STRATEGIES)} engines only"
+        )
+    engine = role_engine(resolved, role)
+    model = value_at(
+        resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
+    )
+    lora = model.get("lora") if isinstance(model, Mapping) else None
+    rank = as_int(model.get("lora_rank")) if isinstance(model, Mapping) else 0
+    if isinstance(lora, Mapping) and as_int(lora.get("rank")) > 0:
+        rank = as_int(lora.get("rank"))
+    targets = (
+        model.get("target_modules", "all-linear") if isinstance(model, Mapping) else "all-linear"
+    )
+    targets_t = (targets,) if isinstance(targets, str) else tuple(str(t) for t in targets or ())
+    exclude = model.get("exclude_modules") if isinstance(model, Mapping) else None
+    exclude_t = (exclude,) if isinstance(exclude, str) else tuple(str(t) for t in exclude or ())
+    mixed = engine.get("mixed_precision") or {}
+    optim = role_section(resolved, role).get("optim") or {}
+    sizes = megatron_sizes(engine) if strategy in ("megatron", "mindspeed") else {}
+    spec = EngineSpec(
+        strategy=strategy,
+        world=world,
+        fsdp_size=as_int(engine.get("fsdp_size"), -1),
+        # training engines default to fp32 weights, forward-only to bf16 (transformer_impl.py:237-242)
+        model_dtype=dtype_bytes(engine.get("model_dtype"), 2 if forward_only else 4),
+        param_dtype=dtype_bytes(
+            mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
+        ),
+        reduce_dtype=dtype_bytes(
+            mixed.get("reduce_dtype") if isinstance(mixed, Mapping) else None, 4
+        ),
+        forward_only=forward_only,
+        value_head=value_head,
+        lora_rank=0 if role == "critic" else rank,
+        lora_targets=targets_t,
+        lora_exclude=exclude_t,
+        optimizer=str(optim.get("optimizer") or "AdamW"),
+        tp=sizes.get("tp", 1),
+        pp=sizes.get("pp", 1),
+        ep=sizes.get("ep", 1),
+        etp=sizes.get("etp", 1),
+        cp=sizes.get("cp", 1),
+        distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
+        defer_sync=defer_sync(engine),
+    )
+    return spec, engine
+
+
+def role_layout(
+    resolved: Mapping[str, Any],
+    role: str,
+    world: int,
+    model: ModelChoice,
+    lengths: Lengths,
+    n: int,
+    facts: ReleaseFacts,
+) -> RoleLayout:
+    section = role_section(resolved, role)
+    forward_only = role == "ref"
+    spec, engine = engine_spec(
+        resolved, role, world, forward_only=forward_only, value_head=role == "critic"
+    )
+    sp = sequence_parallel(resolved, role)
+    dp = max(world // max(sp * spec.tp * spec.pp, 1), 1)
+    seq = lengths.sequence
+    prefix = "critic" if role == "critic" else f"actor_rollout_ref.{role}"
+    rollout = "actor_rollout_ref.rollout"
+    if role == "actor":
+        dynamic = bool(section.get("use_dynamic_bsz"))
+        train_key = (
+            f"{prefix}.ppo_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.ppo_micro_batch_size_per_gpu"
+        )
+        infer_key = (
+            f"{rollout}.log_prob_max_token_len_per_gpu"
+            if dynamic
+            else f"{rollout}.log_prob_micro_batch_size_per_gpu"
+        )
+        train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), 16384)
+        infer_budget = as_int(
+            value_at(resolved, f"{rollout}.log_prob_max_token_len_per_gpu"), train_budget
+        )
+        mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
+        infer_mbs = as_int(value_at(resolved, f"{rollout}.log_prob_micro_batch_size_per_gpu"), mbs)
+        mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
+    elif role == "ref":
+        dynamic = bool(section.get("log_prob_use_dynamic_bsz"))
+        train_key = infer_key = (
+            f"{prefix}.log_prob_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.log_prob_micro_batch_size_per_gpu"
+        )
+        train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
+        mbs = infer_mbs = as_int(section.get("log_prob_micro_batch_size_per_gpu"), 1)
+        mini = 0
+    else:  # the V1 critic runs both passes on ppo_infer_max_token_len_per_gpu (trainer_base.py:251-252)
+        engine_dynamic = engine.get("use_dynamic_bsz")
+        dynamic = True if engine_dynamic is None else bool(engine_dynamic)
+        train_key = infer_key = "critic.ppo_infer_max_token_len_per_gpu"
+        train_budget = infer_budget = as_int(
+            section.get("ppo_infer_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET
+        )
+        mbs = infer_mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
+        mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
+    model_section = value_at(
+        resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
+    )
+    # sequences of one data-parallel rank: a mini-batch in an update, the step's batch in a
+    # log-prob pass (verl/trainer/ppo/v1/trainer_base.py:1503, :1674-1675)
+    per_rank = mini // dp if mini else 0
+    batch = as_int(value_at(resolved, "data.train_batch_size"), 0) * n // dp
+    within = facts.partitions_within_budget
+    count, train_tokens = micro_batches(dynamic, train_budget, mbs, per_rank, seq, sp, within)
+    _, infer_tokens = micro_batches(dynamic, infer_budget, infer_mbs, batch, seq, sp, within)
+    temperature = value_at(resolved, "actor_rollout_ref.rollout.temperature", 1.0)
+    megatron = spec.strategy in MEGATRON_STRATEGIES
+    return RoleLayout(
+        role=role,
+        section=prefix,
+        engine_section=engine_path(resolved, role),
+        spec=spec,
+        model=model,
+        param_offload=bool(engine.get("param_offload")),
+        optimizer_offload=bool(engine.get("optimizer_offload")),
+        offload_policy=bool(engine.get("offload_policy")),
+        checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
+        remove_padding=bool(model_section.get("use_remove_padding")),
+        sp=sp,
+        train_tokens=train_tokens,
+        infer_tokens=infer_tokens,
+        micro_batches=count,
+        entropy_train=bool(section.get("calculate_entropy"))
+        or float(section.get("entropy_coeff") or 0) != 0.0,
+        chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
+        fused_kernels=_fused(model_section, facts),
+        compiled=bool(engine.get("use_torch_compile", True)) and not megatron,
+        temperature_copy=copies_logits(facts, temperature, spec.strategy),
+        entropy_every_pass=facts.entropy_every_pass,
+        logits_evidence=EV_MEGATRON_LOGITS
+        if megatron
+        else f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        entropy_clone=megatron,
+        tokens_evidence=_tokens_evidence(dynamic, facts),
+        sync_key=_sync_key(engine, engine_path(resolved, role)),
+        train_budget_key=train_key,
+        infer_budget_key=infer_key,
+        dynamic=dynamic,
+    )
+
+
+def _colocated(
+    resolved: Mapping[str, Any], section: str, standalone: int, facts: ReleaseFacts
+) -> bool:
+    """Whether the server has replicas on the trainer's GPUs: always, but for the separate_async
+    trainer's standalone pool, whose hybrid replicas a release may let hybrid_engine turn off."""
+    separate = value_at(resolved, "trainer.v1.trainer_mode") == "separate_async"
+    if not separate or standalone <= 0:
+        return True
+    if section != "actor_rollout_ref.rollout":
+        return False  # the reward model's own resource pool
+    hybrid = value_at(resolved, "actor_rollout_ref.hybrid_engine", True)
+    return not (facts.hybrid_engine_decides_replicas and hybrid is False)
+
+
+def _adapter_served(resolved: Mapping[str, Any], name: str) -> bool:
+    """SGLang serving LoRA as an adapter sleeps at level 1: its base weights stay on the GPU
+    (verl/workers/rollout/sglang_rollout/sglang_rollout.py:285-289; the worker sets level 1 at
+    the first weight sync, engine_workers.py:775-776)."""
+    model = value_at(resolved, "actor_rollout_ref.model", {})
+    if name != "sglang" or not isinstance(model, Mapping):
+        return False
+    lora = model.get("lora")
+    lora = lora if isinstance(lora, Mapping) else {}
+    rank = max(as_int(model.get("lora_rank")), as_int(lora.get("rank")))
+    return rank > 0 and not bool(lora.get("merge", False))
+
+
+def server_layout(
+    resolved: Mapping[str, Any],
+    section: str,
+    model: ModelChoice,
+    lengths: Lengths,
+    world: int,
+    facts: ReleaseFacts,
+) -> ServerLayout | None:
+    rollout = value_at(resolved, section, {})
+    if not isinstance(rollout, Mapping) or not rollout.get("name"):
+        return None
+    name = str(rollout.get("name"))
+    arch = model.architecture
+    max_len = as_int(rollout.get("max_model_len")) or (
+        arch.max_position_embeddings or lengths.sequence
+    )  # vllm_async_server.py:954-955: max_position_embeddings when unset
+    kwargs = value_at(rollout, f"engine_kwargs.{name}", {}) or {}
+    kv = kwargs.get("kv_cache_dtype") if isinstance(kwargs, Mapping) else None
+    standalone_gpus = as_int(rollout.get("nnodes")) * as_int(rollout.get("n_gpus_per_node"))
+    if value_at(resolved, "trainer.v1.trainer_mode") != "separate_async":
+        standalone_gpus = 0
+    batched = as_int(rollout.get("max_num_batched_tokens"), 8192)
+    chunked = rollout.get("enable_chunked_prefill", True)
+    if name == "vllm" and chunked is False and facts.raises_batched_tokens:
+        batched = max(batched, max_len)
+    return ServerLayout(
+        name=name,
+        section=section,
+        model=model,
+        tp=max(as_int(rollout.get("tensor_model_parallel_size"), 1), 1),
+        dp=max(as_int(rollout.get("data_parallel_size"), 1), 1),
+        ep=max(as_int(rollout.get("expert_parallel_size"), 1), 1),
+        gpu_memory_utilization=float(rollout.get("gpu_memory_utilization") or 0.5),
+        max_model_len=max_len,
+        max_num_seqs=as_int(rollout.get("max_num_seqs"), 256),
+        max_num_batched_tokens=batched,
+        enforce_eager=bool(rollout.get("enforce_eager")),
+        free_cache_engine=bool(rollout.get("free_cache_engine", True)),
+        dtype=dtype_bytes(rollout.get("dtype"), 2),
+        kv_dtype=1
+        if isinstance(kv, str) and kv.startswith("fp8")
+        else dtype_bytes(rollout.get("dtype"), 2),
+        colocated=_colocated(resolved, section, standalone_gpus, facts),
+        standalone_gpus=standalone_gpus,
+        keeps_weights_asleep=_adapter_served(resolved, name),
+    )
+
+
+def rl_layout(
+    resolved: Mapping[str, Any],
+    actor: ModelChoice,
+    critic: ModelChoice | None,
+    reward: ModelChoice | None,
+    lengths: Lengths,
+    facts: ReleaseFacts,
+) -> RunLayout:
+    world = gpu_count(resolved)
+    n = max(as_int(value_at(resolved, "actor_rollout_ref.rollout.n"), 1), 1)
+    roles = [role_layout(resolved, "actor", world, actor, lengths, n, facts)]
+    if reference_worker(resolved):
+        roles.append(role_layout(resolved, "ref", world, actor, lengths, n, facts))
+    if need_critic(resolved):
+        roles.append(role_layout(resolved, "critic", world, critic or actor, lengths, n, facts))
+    rollout = server_layout(resolved, "actor_rollout_ref.rollout", actor, lengths, world, facts)
+    reward_server = None
+    if reward is not None and value_at(resolved, "reward.reward_model.enable"):
+        reward_server = server_layout(
+            resolved, "reward.reward_model.rollout", reward, lengths, world, facts
+        )
+    contents = value_at(resolved, "actor_rollout_ref.actor.checkpoint.save_contents", []) or []
+    return RunLayout(
+        kind=RL,
+        world=world,
+        roles=tuple(roles),
+        rollout=rollout,
+        reward=reward_server,
+        lengths=lengths,
+        n=n,
+        saves_checkpoints=as_int(value_at(resolved, "trainer.save_freq"), -1) > 0,
+        hf_model_in_checkpoint="hf_model" in contents,
+    )
+
+
+def sft_layout(
+    resolved: Mapping[str, Any],
+    model: ModelChoice,
+    lengths: Lengths,
+    world: int,
+    facts: ReleaseFacts,
+) -> RunLayout:
+    """The SFT trainer (verl/trainer/sft_trainer.py): one engine of torchrun's world."""
+    engine = value_at(resolved, "engine", {})
+    data = value_at(resolved, "data", {})
+    model_section = value_at(resolved, "model", {})
+    strategy = str(engine.get("strategy") or "fsdp")
+    if strategy not in FORECAST_STRATEGIES:
+        raise UnreadableRun(
+            f"engine.strategy={strategy}: the forecast models "
+            f"{', '.join(FORECAST_STRATEGIES)} engines only"
+        )
+    sp = max(
+        as_int(engine.get("ulysses_sequence_parallel_size"), 1),
+        as_int(engine.get("context_parallel_size"), 1),
+        1,
+    )
+    lora = model_section.get("lora") if isinstance(model_section, Mapping) else None
+    rank = as_int(model_section.get("lora_rank"))
+    if isinstance(lora, Mapping) and as_int(lora.get("rank")) > 0:
+        rank = as_int(lora.get("rank"))
+    targets = model_section.get("target_modules", "all-linear")
+    mixed = engine.get("mixed_precision") or {}
+    sizes = megatron_sizes(engine) if strategy in ("megatron", "mindspeed") else {}
+    spec = EngineSpec(
+        strategy=strategy,
+        world=world,
+        fsdp_size=as_int(engine.get("fsdp_size"), -1),
+        model_dtype=dtype_bytes(engine.get("model_dtype"), 4),
+        param_dtype=dtype_bytes(
+            mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
+        ),
+        lora_rank=rank,
+        lora_targets=(targets,) if isinstance(targets, str) else tuple(targets or ()),
+        optimizer=str(value_at(resolved, "optim.optimizer", "AdamW")),
+        tp=sizes.get("tp", 1),
+        pp=sizes.get("pp", 1),
+        ep=sizes.get("ep", 1),
+        cp=sizes.get("cp", 1),
+        defer_sync=defer_sync(engine),
+    )
+    dynamic = bool(data.get("use_dynamic_bsz"))
+    budget = as_int(data.get("max_token_len_per_gpu"), 8192)
+    mbs = as_int(data.get("micro_batch_size_per_gpu"), 1)
+    dp = max(world // max(sp * spec.tp * spec.pp, 1), 1)
+    per_rank = as_int(data.get("train_batch_size"), 1) // dp
+    seq = lengths.sequence
+    within = facts.partitions_within_budget
+    count, tokens = micro_batches(dynamic, budget, mbs, per_rank, seq, sp, within)
+    role = RoleLayout(
+        role="actor",
+        section="engine",
+        engine_section="engine",
+        spec=spec,
+        model=model,
+        param_offload=bool(engine.get("param_offload")),
+        optimizer_offload=bool(engine.get("optimizer_offload")),
+        offload_policy=bool(engine.get("offload_policy")),
+        checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
+        remove_padding=bool(model_section.get("use_remove_padding")),
+        sp=sp,
+        train_tokens=tokens,
+        infer_tokens=tokens,
+        micro_batches=count,
+        entropy_train=False,
+        chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
+        fused_kernels=_fused(model_section, facts),
+        compiled=bool(engine.get("use_torch_compile", True)),
+        temperature_copy=copies_logits(facts, SFT_TEMPERATURE, strategy),
+        entropy_every_pass=False,  # the SFT engine computes no entropy
+        logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        tokens_evidence=_tokens_evidence(dynamic, facts),
+        sync_key=_sync_key(engine, "engine"),
+        train_budget_key="data.max_token_len_per_gpu"
+        if dynamic
+        else "data.micro_batch_size_per_gpu",
+        infer_budget_key="data.max_token_len_per_gpu"
+        if dynamic
+        else "data.micro_batch_size_per_gpu",
+        dynamic=dynamic,
+    )
+    save_freq = as_int(value_at(resolved, "trainer.save_freq"), -1)
+    return RunLayout(
+        kind=SFT,
+        world=world,
+        roles=(role,),
+        rollout=None,
+        reward=None,
+        lengths=lengths,
+        n=1,
+        saves_checkpoints=save_freq > 0 or save_freq == -1,
+        hf_model_in_checkpoint="hf_model"
+        in (value_at(resolved, "checkpoint.save_contents", []) or []),
+    )

@@ -1,0 +1,176 @@
+"""What a release's own code decides about memory where its configuration does not, as data.
+
+Where upstream decides by a configuration key (``use_no_sync_for_gradient_accumulation``,
+``hybrid_engine``, ``gpu_memory_utilization``, ...) the forecast reads the resolved mapping as
+upstream's code reads it, a key the release's tree lacks behaving as upstream's own default.
+Where the *code* differs between releases (a copy one release makes and another skips), the
+release's ``data/releases/<version>/memory.yaml`` says which, each fact with the statement of
+that release's files that makes it true (tests/test_fit_release_facts.py finds each statement at
+its lines). No version is compared in code: a forecast is asked for with its release's facts.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_text
+from pytest_verl_compat.releases.index import RELEASE_DATA
+
+FACTS_FILE = "memory.yaml"
+
+# Each fact and the values it may take (what the forecast does with each is in its docstring).
+TEMPERATURE_COPY = "temperature_copy"
+DYNAMIC_MICRO_BATCHES = "dynamic_micro_batches"
+HYBRID_REPLICAS = "separate_async_hybrid_replicas"
+BATCHED_TOKENS = "chunked_prefill_off_batched_tokens"
+FUSED_BACKENDS = "fused_kernel_backends"
+ENTROPY_PASSES = "entropy_passes"
+VALUES: dict[str, tuple[str, ...]] = {
+    # the log-prob pass divides the logits by the temperature: out of place always, out of
+    # place unless the temperature is a scalar 1.0, or in place (no second tensor)
+    TEMPERATURE_COPY: ("always", "unless-unit", "never"),
+    # dynamic micro-batches: ceil(tokens / budget) of them, balanced (one may exceed the budget
+    # by less than a sequence), or as many more as keep every one within the budget
+    DYNAMIC_MICRO_BATCHES: ("ceil", "within-budget"),
+    # the separate_async trainer's colocated rollout replicas on the trainer GPUs: always, or
+    # unless actor_rollout_ref.hybrid_engine is false
+    HYBRID_REPLICAS: ("always", "unless-hybrid-engine-off"),
+    # vLLM with chunked prefill off and max_num_batched_tokens below max_model_len: started as
+    # configured, or with max_num_batched_tokens raised to max_model_len
+    BATCHED_TOKENS: ("as-configured", "raised-to-max-model-len"),
+    # the entropy of the logits: in the passes that ask for it (the old log-probs, an update
+    # with an entropy term), or in every log-prob pass and update
+    ENTROPY_PASSES: ("requested", "every-pass"),
+}
+
+
+class ReleaseFactsError(ValueError):
+    """A release without memory facts, or facts the forecast cannot read (one line)."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact: its value, what it means, and the statement of the release that makes it true."""
+
+    value: Any
+    means: str
+    where: str  # verl/path/file.py:LINE or :START-END, in the release's own files
+    statement: str  # a piece of the code at those lines
+
+    def evidence(self, release: str) -> str:
+        """The citation as fit prints it: the release's own line, marked as that release's."""
+        return f"{self.where}@{release}" if _is_version(release) else self.where
+
+    def found_in(self, root: Path) -> bool:
+        """Whether the statement is at the cited lines of the release's files under ``root``."""
+        cited = _WHERE.fullmatch(self.where)
+        if cited is None or not self.statement:
+            return False
+        start = int(cited["start"])
+        end = int(cited["end"] or start)
+        try:
+            text = read_text(root / cited["file"], what="upstream source")
+        except (InputError, OSError):
+            return False
+        lines = " ".join(" ".join(text.splitlines()[start - 1 : end]).split())
+        return " ".join(self.statement.split()) in lines
+
+
+_WHERE = re.compile(r"(?P<file>[\w/]+\.py):(?P<start>\d+)(?:-(?P<end>\d+))?")
+
+
+def _is_version(text: str) -> bool:
+    parts = text.split(".")
+    return len(parts) == 3 and all(p.isdigit() for p in parts)
+
+
+@dataclass(frozen=True)
+class ReleaseFacts:
+    """The facts of one release (or of a class of older releases a recorded run used)."""
+
+    release: str
+    facts: Mapping[str, Fact] = field(default_factory=dict)
+
+    def value(self, name: str) -> Any:
+        return self.facts[name].value
+
+    def evidence(self, name: str) -> str:
+        return self.facts[name].evidence(self.release)
+
+    @property
+    def temperature_copy(self) -> str:
+        return str(self.value(TEMPERATURE_COPY))
+
+    @property
+    def partitions_within_budget(self) -> bool:
+        return bool(self.value(DYNAMIC_MICRO_BATCHES) == "within-budget")
+
+    @property
+    def hybrid_engine_decides_replicas(self) -> bool:
+        return bool(self.value(HYBRID_REPLICAS) == "unless-hybrid-engine-off")
+
+    @property
+    def raises_batched_tokens(self) -> bool:
+        return bool(self.value(BATCHED_TOKENS) == "raised-to-max-model-len")
+
+    @property
+    def entropy_every_pass(self) -> bool:
+        return bool(self.value(ENTROPY_PASSES) == "every-pass")
+
+    @property
+    def fused_backends(self) -> tuple[str, ...]:
+        return tuple(str(v) for v in self.value(FUSED_BACKENDS))
+
+
+def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
+    """Facts from their data (a release's memory.yaml, or a recorded run's class of releases)."""
+    release = str(raw.get("release") or "")
+    entries = raw.get("facts")
+    if not release or not isinstance(entries, Mapping):
+        raise ReleaseFactsError(f"{origin}: expected `release` and a `facts` mapping")
+    facts: dict[str, Fact] = {}
+    for name in (*VALUES, FUSED_BACKENDS):
+        entry = entries.get(name)
+        if not isinstance(entry, Mapping) or "value" not in entry:
+            raise ReleaseFactsError(f"{origin}: facts.{name} is missing (value, means, where)")
+        value = entry["value"]
+        allowed = VALUES.get(name)
+        if allowed is not None and value not in allowed:
+            raise ReleaseFactsError(
+                f"{origin}: facts.{name} is {value!r}; expected one of {', '.join(allowed)}"
+            )
+        if name == FUSED_BACKENDS and not isinstance(value, list):
+            raise ReleaseFactsError(f"{origin}: facts.{name} must be a list of backend names")
+        facts[name] = Fact(
+            value=tuple(value) if isinstance(value, list) else value,
+            means=str(entry.get("means") or ""),
+            where=str(entry.get("where") or ""),
+            statement=str(entry.get("statement") or ""),
+        )
+    unknown = sorted(set(entries) - set(facts))
+    if unknown:
+        raise ReleaseFactsError(f"{origin}: unknown facts {', '.join(unknown)}")
+    return ReleaseFacts(release, facts)
+
+
+@functools.cache
+def release_facts(version: str) -> ReleaseFacts:
+    """The memory facts of a supported release (``data/releases/<version>/memory.yaml``)."""
+    path = RELEASE_DATA / version / FACTS_FILE
+    if not path.is_file():
+        raise ReleaseFactsError(
+            f"verl {version} has no memory facts ({path.relative_to(RELEASE_DATA.parent)}): "
+            "the forecast cannot say what its code keeps on the GPU"
+        )
+    raw = load_yaml_file(path, what="memory facts")
+    if not isinstance(raw, Mapping):
+        raise ReleaseFactsError(f"{path}: expected a mapping")
+    facts = facts_from_mapping(raw, str(path))
+    if facts.release != version:
+        raise ReleaseFactsError(f"{path}: names release {facts.release}, not {version}")
+    return facts

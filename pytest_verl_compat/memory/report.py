@@ -1,0 +1,139 @@
+"""The forecast for a terminal (a table per kind of rank) and as JSON (data/fit.schema.json)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pytest_verl_compat.memory.parts import PHASE_TITLES, Forecast, gib
+
+SCHEMA_VERSION = 1
+BAR = 24
+
+
+def _gib(value: int) -> str:
+    return f"{gib(value):.2f}"
+
+
+def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
+    """The forecast as a terminal reads it: one table per kind of rank, largest parts first."""
+    lines = [
+        f"{forecast.script or 'configuration'}: {forecast.model} ({forecast.model_origin})",
+        f"GPU: {forecast.gpu}; {forecast.world} GPUs in the trainer",
+    ]
+    lines += [f"assumes: {a}" for a in forecast.assumptions]
+    capacity = forecast.capacity
+    for rank in forecast.ranks:
+        lines += ["", f"{rank.name} GPUs ({rank.count}): {rank.description}"]
+        header = f"  {'phase':<26} {'peak GiB':>9}"
+        if capacity:
+            header += f"  {'of GPU':>6}  {'':<{BAR}}"
+        lines.append(header)
+        for phase in rank.phases:
+            row = f"  {PHASE_TITLES[phase.phase]:<26} {_gib(phase.total):>9}"
+            if capacity:
+                share = phase.total / capacity
+                filled = min(BAR, round(share * BAR))
+                mark = "!" if share > 1 else ("~" if share > forecast.margin else " ")
+                row += f"  {share:>5.0%}{mark} {'#' * filled}{'.' * (BAR - filled)}"
+            lines.append(row)
+            if parts:
+                for part in sorted(phase.parts, key=lambda p: (-p.bytes, p.key)):
+                    if part.bytes:
+                        lines.append(f"      {_gib(part.bytes):>8}  {part.label}: {part.formula}")
+    if forecast.server:
+        s = forecast.server
+        lines += [
+            "",
+            f"rollout KV cache per GPU: {int(s['blocks']):,} blocks of {int(s['block_size'])} tokens "
+            f"({int(s['kv_tokens']):,} tokens, {_gib(int(s['kv_bytes']))} GiB) after "
+            f"{_gib(int(s['weights']))} GiB of weights and {_gib(int(s['overhead']))} GiB of graphs "
+            f"and profiled activations; one max_model_len sequence needs "
+            f"{_gib(int(s['one_sequence_bytes']))} GiB",
+        ]
+    return lines
+
+
+def verdict_lines(forecast: Forecast) -> list[str]:
+    """One line per finding, as check prints them: level[rule] keys: message (fix)."""
+    out = []
+    for v in forecast.verdicts:
+        fixes = "; ".join(
+            f"{f.text()} -> {_gib(f.after)} GiB" + (f" ({f.outcome()})" if f.outcome() else "")
+            for f in v.fixes
+        )
+        tail = f" (change {', '.join(v.keys)}" + (f"; e.g. {fixes}" if fixes else "") + ")"
+        out.append(f"{v.level}[memory.{v.phase}] {v.keys[0] if v.keys else ''}: {v.message}{tail}")
+    return out
+
+
+def json_payload(forecast: Forecast) -> dict[str, Any]:
+    """The forecast as data/fit.schema.json describes it (bytes as integers, keys sorted)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "script": forecast.script,
+        "kind": forecast.kind,
+        "model": {"name": forecast.model, "origin": forecast.model_origin},
+        "gpu": {
+            "name": forecast.gpu,
+            "capacity_bytes": forecast.capacity,
+            "assumed": forecast.capacity_assumed,
+        },
+        "margin": forecast.margin,
+        "world": forecast.world,
+        "assumptions": list(forecast.assumptions),
+        "ranks": [
+            {
+                "name": rank.name,
+                "count": rank.count,
+                "description": rank.description,
+                "phases": [
+                    {
+                        "phase": phase.phase,
+                        "title": PHASE_TITLES[phase.phase],
+                        "role": phase.role,
+                        "total_bytes": phase.total,
+                        "parts": [
+                            {
+                                "key": p.key,
+                                "label": p.label,
+                                "bytes": p.bytes,
+                                "formula": p.formula,
+                                "evidence": p.evidence,
+                            }
+                            for p in phase.parts
+                        ],
+                    }
+                    for phase in rank.phases
+                ],
+            }
+            for rank in forecast.ranks
+        ],
+        "findings": [
+            {
+                "level": v.level,
+                "rule": f"memory.{v.phase}",
+                "rank": v.rank,
+                "phase": v.phase,
+                "total_bytes": v.total,
+                "capacity_bytes": v.capacity,
+                "message": v.message,
+                "keys": list(v.keys),
+                "fixes": [
+                    {
+                        "set": [f"{k}={val}" for k, val in f.keys],
+                        "after_bytes": f.after,
+                        "phase_fits": f.phase_fits,
+                        "fits": f.fits,
+                    }
+                    for f in v.fixes
+                ],
+            }
+            for v in forecast.verdicts
+        ],
+        "rollout_kv_cache": dict(sorted(forecast.server.items())),
+    }
+
+
+def dumps(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

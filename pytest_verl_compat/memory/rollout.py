@@ -1,0 +1,137 @@
+"""The rollout server on one GPU: its weights per tensor-parallel rank, the memory it claims, and
+the KV-cache blocks that leaves, as vLLM (and SGLang) size them at start.
+
+vLLM claims ``gpu_memory_utilization`` x the device's total memory (vllm/v1/worker/gpu_worker.py,
+Worker.init_device: ``requested_memory = total_memory * gpu_memory_utilization``, and it refuses to
+start when less than that is free); what its weights, the profiled forward and the non-torch
+allocations leave of it becomes KV cache (Worker.determine_available_memory), cut into blocks of
+``block_size`` tokens (vllm/v1/core/kv_cache_utils.py, get_num_blocks:
+``available_memory // page_size // num_layers``; the page of one layer is
+vllm/v1/kv_cache_interface.py, AttentionSpec.real_page_size_bytes, ``2 * block_size *
+num_kv_heads * head_size * dtype_size``, MLA one latent). At start vLLM checks that one sequence
+of ``max_model_len`` tokens fits (kv_cache_utils.py, check_enough_kv_cache_memory). SGLang's
+``mem_fraction_static`` (set from gpu_memory_utilization, verl/workers/rollout/sglang_rollout/
+async_sglang_server.py:298) is the same share for weights plus KV pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_verl_compat.memory.architecture import Architecture
+from pytest_verl_compat.memory.layout import ServerLayout
+
+GIB = 1 << 30
+BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full attention
+# What vLLM holds besides weights and KV cache (stated, not measured here): the CUDA graphs it
+# captures unless enforce_eager (its log: "Graph capturing finished ... took 0.5-1.5 GiB"), and
+# non-torch allocations of its worker (NCCL, cuBLAS workspaces).
+CUDA_GRAPHS = int(1.0 * GIB)
+NON_TORCH = int(0.5 * GIB)
+EV_VLLM_ARGS = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:286-311"
+EV_MAX_MODEL_LEN = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:954-955"
+EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800, :1075-1098"
+EV_WAKE = "verl/workers/engine_workers.py:762-801"
+EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298"
+VLLM_REQUESTED = "vllm/v1/worker/gpu_worker.py Worker.init_device (requested_memory = total_memory * gpu_memory_utilization; ValueError when less is free)"
+VLLM_PAGE = "vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes (2 * block_size * num_kv_heads * head_size * dtype_size); MLAAttentionSpec.real_page_size_bytes"
+VLLM_BLOCKS = (
+    "vllm/v1/core/kv_cache_utils.py get_num_blocks (available_memory // page_size // num_layers)"
+)
+VLLM_ONE_SEQUENCE = "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory (one max_model_len sequence must fit)"
+
+
+def weights_per_rank(arch: Architecture, tp: int, ep_ranks: int, dtype: int) -> int:
+    """Bytes of the model one server rank loads: linear and embedding weights split over tensor
+    parallel (vocabulary-parallel embedding and lm_head), norms replicated, experts split over
+    the expert-parallel ranks."""
+    total = 0
+    for t in arch.tensors():
+        if t.kind == "experts":
+            total += t.numel // max(ep_ranks, 1)
+        elif t.kind in ("norm", "router"):
+            total += t.numel
+        else:
+            total += t.numel // max(tp, 1)
+    return total * dtype
+
+
+def page_bytes(arch: Architecture, tp: int, kv_dtype: int, block_size: int = BLOCK_SIZE) -> int:
+    """One block of one layer on one TP rank (vLLM's page_size_bytes)."""
+    return block_size * arch.kv_bytes_per_token_layer(tp, kv_dtype)
+
+
+def profile_bytes(arch: Architecture, server: ServerLayout) -> int:
+    """vLLM's profiled peak besides weights: the dummy forward of max_num_batched_tokens (the
+    MLP's gate and up outputs and the residual stream, per TP rank) and the sampler's fp32 logits
+    for max_num_seqs (their softmax and sort workspaces)."""
+    tokens = server.max_num_batched_tokens
+    width = (
+        arch.intermediate_size
+        if not arch.is_moe
+        else arch.moe_intermediate_size * arch.num_experts_per_tok
+    )
+    forward = tokens * (3 * server.dtype * width // server.tp + 6 * server.dtype * arch.hidden_size)
+    sampler = server.max_num_seqs * arch.vocab_size * 4 * 3
+    return forward + sampler
+
+
+@dataclass(frozen=True)
+class ServerMemory:
+    """What one server rank claims and what its KV cache holds."""
+
+    claimed: int  # gpu_memory_utilization x capacity (vLLM) or the static fraction (SGLang)
+    weights: int
+    overhead: int  # profiled activations, CUDA graphs, non-torch allocations
+    kv_bytes: int
+    blocks: int
+    block_size: int
+    page: int  # bytes of one block in one layer
+    kv_tokens: int
+    one_sequence_bytes: int  # KV of one max_model_len sequence
+    asleep: int  # what stays on the GPU while the server sleeps
+    sleeps: bool
+
+    @property
+    def concurrent_sequences(self) -> float:
+        return self.kv_tokens / max(self.one_sequence_tokens, 1)
+
+    @property
+    def one_sequence_tokens(self) -> int:
+        return self.one_sequence_bytes // max(self.page // self.block_size, 1) if self.page else 0
+
+
+def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
+    arch = server.model.architecture
+    ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
+    weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype)
+    claimed = int(server.gpu_memory_utilization * capacity)
+    graphs = 0 if server.enforce_eager else CUDA_GRAPHS
+    overhead = profile_bytes(arch, server) + graphs + NON_TORCH
+    if server.name == "sglang":
+        # SGLang's static share holds weights and the KV pool; activations and graphs sit outside
+        kv = claimed - weights
+        footprint_extra = overhead
+    else:
+        kv = claimed - weights - overhead
+        footprint_extra = 0
+    page = page_bytes(arch, server.tp, server.kv_dtype)
+    layers = arch.num_hidden_layers
+    blocks = max(kv, 0) // page // layers if page else 0
+    one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
+    sleeps = server.free_cache_engine
+    kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
+    asleep = graphs + kept if sleeps else claimed + footprint_extra
+    return ServerMemory(
+        claimed=claimed + footprint_extra,
+        weights=weights,
+        overhead=overhead,
+        kv_bytes=max(kv, 0),
+        blocks=blocks,
+        block_size=BLOCK_SIZE,
+        page=page,
+        kv_tokens=blocks * BLOCK_SIZE,
+        one_sequence_bytes=one,
+        asleep=asleep,
+        sleeps=sleeps,
+    )

@@ -1,0 +1,173 @@
+"""One forecast run without verdicts' fixes: the layout of a configuration, its ranks, and the
+checks a re-forecast needs (``fixes`` forecasts again through here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_verl_compat.checks.registry import RL, SFT, family_of
+from pytest_verl_compat.memory import layout as lay
+from pytest_verl_compat.memory import passes, reading
+from pytest_verl_compat.memory import phases as ph
+from pytest_verl_compat.memory.gpus import Gpu
+from pytest_verl_compat.memory.models import choose_model
+from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
+from pytest_verl_compat.memory.reading import UnreadableRun
+from pytest_verl_compat.memory.release_facts import ReleaseFacts, ReleaseFactsError
+
+MARGIN = 0.90  # a phase above this share of the capacity is a warning (allocator fragmentation)
+
+
+class NotForecastable(ValueError):
+    """A configuration the forecast cannot read (one line: which key, which value)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a forecast is asked for, besides the configuration."""
+
+    gpu: Gpu | None = None
+    model_config: str | None = None
+    lengths: tuple[int, int] | None = None
+    world: int | None = None  # torchrun's world for SFT
+    script: str = ""
+    margin: float = MARGIN
+    # what the release forecast for does where no key decides (``release_facts``)
+    facts: ReleaseFacts | None = None
+
+
+def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _model_path(resolved: Mapping[str, Any], section: str) -> str | None:
+    node = _get(resolved, section)
+    if not isinstance(node, Mapping):
+        return None
+    value = node.get("hf_config_path") or node.get("path")
+    return str(value) if value else None
+
+
+def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout:
+    try:
+        return _build_layout(resolved, request)
+    except (UnreadableRun, ReleaseFactsError) as exc:
+        raise NotForecastable(str(exc)) from exc
+
+
+def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout:
+    if request.facts is None:
+        raise ReleaseFactsError("a forecast is for one release: the request names no facts")
+    facts = request.facts
+    bad = lay.first_bad_count(resolved)
+    if bad is not None:
+        raise NotForecastable(f"{bad[0]}: expected an integer, got {bad[1]!r}")
+    family = family_of(resolved)
+    if family == SFT:
+        model = choose_model(_model_path(resolved, "model"), request.model_config)
+        world = request.world or 1
+        return reading.sft_layout(
+            resolved, model, lay.sft_lengths(resolved, request.lengths), world, facts
+        )
+    if family != RL:
+        raise NotForecastable(
+            "not a verl trainer configuration (no actor_rollout_ref, no SFT engine)"
+        )
+    actor_path = _model_path(resolved, "actor_rollout_ref.model")
+    actor = choose_model(actor_path, request.model_config)
+    critic_path = _model_path(resolved, "critic.model")
+    critic = actor if critic_path in (None, actor_path) else choose_model(critic_path)
+    reward = None
+    if _get(resolved, "reward.reward_model.enable"):
+        reward_path = _get(resolved, "reward.reward_model.model_path")
+        reward = choose_model(str(reward_path)) if reward_path else None
+    return reading.rl_layout(
+        resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths), facts
+    )
+
+
+def ranks_for(layout: lay.RunLayout, capacity: int) -> tuple[RankKind, ...]:
+    if layout.kind == lay.SFT:
+        return ph.sft_ranks(layout)
+    return ph.rl_ranks(layout, capacity)
+
+
+def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> list[Verdict]:
+    """vLLM's own refusals at start, whatever else shares the GPU."""
+    out = []
+    memories = passes.server_memories(layout, capacity)
+    for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
+        if server is None:
+            continue
+        mem = memories[name]
+        key = f"{server.section}.gpu_memory_utilization"
+        tp_key = f"{server.section}.tensor_model_parallel_size"
+        if mem.weights + mem.overhead >= mem.claimed:
+            out.append(
+                Verdict(
+                    "error",
+                    "trainer" if server.colocated else "rollout",
+                    SERVER_START,
+                    mem.weights,
+                    mem.claimed,
+                    f"the {name} server cannot start{where}: its weights per tensor-parallel rank "
+                    f"({gib(mem.weights):.2f} GiB at tp {server.tp}) and its profiled overhead "
+                    f"({gib(mem.overhead):.2f} GiB) exceed gpu_memory_utilization {server.gpu_memory_utilization} "
+                    f"of the GPU ({gib(mem.claimed):.2f} GiB)",
+                    (key, tp_key),
+                )
+            )
+        elif mem.kv_bytes < mem.one_sequence_bytes:
+            out.append(
+                Verdict(
+                    "error",
+                    "trainer" if server.colocated else "rollout",
+                    SERVER_START,
+                    mem.kv_bytes,
+                    mem.one_sequence_bytes,
+                    f"the {name} server cannot start{where}: the KV cache gpu_memory_utilization "
+                    f"{server.gpu_memory_utilization} leaves ({gib(mem.kv_bytes):.2f} GiB) cannot hold one "
+                    f"max_model_len sequence of {server.max_model_len:,} tokens ({gib(mem.one_sequence_bytes):.2f} GiB); "
+                    "vLLM raises at start (check_enough_kv_cache_memory)",
+                    (key, f"{server.section}.max_model_len", tp_key),
+                )
+            )
+    return out
+
+
+def verdicts_only(
+    layout: lay.RunLayout, ranks: tuple[RankKind, ...], capacity: int, margin: float
+) -> list[Verdict]:
+    """The verdicts without fixes (what a fix's own re-forecast needs)."""
+    out = server_cannot_start(layout, capacity, "")
+    for rank in ranks:
+        for phase in rank.phases:
+            if phase.total > margin * capacity:
+                level = "error" if phase.total > capacity else "warning"
+                out.append(Verdict(level, rank.name, phase.phase, phase.total, capacity, "", ()))
+    return out
+
+
+def phase_total(
+    resolved: Mapping[str, Any], request: Request, rank: str, phase: str
+) -> tuple[int, bool]:
+    """One phase's peak after a change, and whether the whole run then fits."""
+    layout = build_layout(resolved, request)
+    assert request.gpu is not None
+    capacity = request.gpu.usable_bytes
+    ranks = ranks_for(layout, capacity)
+    total = 0
+    for kind in ranks:
+        if kind.name == rank:
+            total = next((p.total for p in kind.phases if p.phase == phase), 0)
+    fits = not any(
+        v.level == "error" for v in verdicts_only(layout, ranks, capacity, request.margin)
+    )
+    return total, fits

@@ -1,0 +1,277 @@
+"""Model states per rank: the parameters, gradients and optimizer states a training engine holds.
+
+FSDP (1 and 2) is counted tensor by tensor from ``Architecture.tensors()``, as torch shards them,
+so that the bytes equal what verl's own engine holds (tests/test_fit_states.py builds it on a
+fake process group and compares byte for byte). Megatron follows megatron.core's accounting
+(bf16 weights, fp32 main gradients, a distributed optimizer's fp32 master weights and Adam
+moments); its engine allocates its buffers on CUDA (param_and_grad_buffer.py), so it is not
+measured on a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pytest_verl_compat.memory.architecture import Architecture, Tensor
+
+# verl/workers/engine/fsdp/transformer_impl.py
+EV_MODEL_DTYPE = "verl/workers/engine/fsdp/transformer_impl.py:237-242"  # fp32 unless set
+EV_MIXED_PRECISION = "verl/workers/engine/fsdp/transformer_impl.py:358-368"
+EV_FSDP1 = "verl/workers/engine/fsdp/transformer_impl.py:380-404"
+EV_FSDP2 = "verl/workers/engine/fsdp/transformer_impl.py:405-424"
+EV_REF_OFFLOAD = "verl/workers/engine/fsdp/transformer_impl.py:389-394, :415-420"
+EV_MESH = "verl/workers/engine/fsdp/utils.py:47-52"
+EV_OPTIMIZER = "verl/workers/config/optimizer.py:326-351"
+EV_NO_SYNC = "verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730"
+EV_LORA = "verl/workers/engine/fsdp/transformer_impl.py:303-346"
+EV_WRAP = "verl/utils/fsdp_utils.py:80-165, :537-588"
+EV_MEGATRON = "verl/workers/engine/megatron/transformer_impl.py:272-345"
+
+# The engines the forecast models: FSDP (1 and 2) counted as torch shards, Megatron (and
+# MindSpeed, Megatron on Ascend) as megatron.core does; any other strategy is not forecast.
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+MEGATRON_STRATEGIES = ("megatron", "mindspeed")
+FORECAST_STRATEGIES = (*FSDP_STRATEGIES, *MEGATRON_STRATEGIES)
+
+DTYPE_BYTES = {
+    "fp32": 4, "float32": 4, "float": 4,
+    "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
+}  # fmt: skip
+
+
+def dtype_bytes(name: object, default: int) -> int:
+    """Bytes per element of a dtype named in the config (None: the default)."""
+    if name is None:
+        return default
+    return DTYPE_BYTES.get(str(name).lower(), default)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What decides one role's model states on one rank."""
+
+    strategy: str  # fsdp, fsdp2, megatron
+    world: int  # ranks the role's engine spans
+    fsdp_size: int = -1  # -1: shard over the whole world (HSDP when smaller)
+    model_dtype: int = 4  # bytes of the stored (master) weights
+    param_dtype: int = 2  # bytes of the compute copy (mixed precision)
+    reduce_dtype: int = 4
+    forward_only: bool = False
+    value_head: bool = False  # the critic's token-classification head instead of lm_head
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    lora_exclude: tuple[str, ...] = ()
+    optimizer: str = "AdamW"
+    # Megatron sizes and its distributed optimizer
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int = 1
+    cp: int = 1
+    distributed_optimizer: bool = True
+    # FSDP skips gradient sync on all but a mini-batch's last micro-batch (no_sync), keeping
+    # unsharded gradients between them (use_no_sync_for_gradient_accumulation, read as upstream)
+    defer_sync: bool = True
+
+    @property
+    def shard(self) -> int:
+        """The FSDP shard group (verl/workers/engine/fsdp/utils.py:47-52)."""
+        if self.fsdp_size < 0 or self.fsdp_size >= self.world:
+            return max(self.world, 1)
+        return max(self.fsdp_size, 1)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes one rank holds for one role (rank 0, whose shards are the largest)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    accumulated: int  # unsharded gradients kept between micro-batches (FSDP no-sync), else 0
+    layer_unit: int  # one all-gathered decoder layer in the compute dtype
+    root_unit: int  # the unit that stays gathered through forward and backward (FSDP1 root)
+    largest_tensor: int  # the largest parameter, gathered whole, in the stored dtype
+    trainable: int  # trainable parameters (whole model)
+    total: int  # parameters (whole model)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _lora_targets(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
+    """The linear weights LoRA adapts: peft's "all-linear" is every nn.Linear but the output
+    layer; a list names module suffixes (q_proj, ...)."""
+    found = []
+    for tensor in arch.tensors():
+        if tensor.kind != "linear" or not tensor.name.endswith(".weight"):
+            continue
+        module = tensor.name.rsplit(".", 2)[-2]
+        if any(module == ex or tensor.name.find(ex) >= 0 for ex in spec.lora_exclude if ex):
+            continue
+        if "all-linear" in spec.lora_targets or module in spec.lora_targets:
+            found.append(tensor)
+    return found
+
+
+def _adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
+    """LoRA's A (rank x in) and B (out x rank) per adapted weight, each its own FSDP1 unit
+    (verl's lambda wrap policy for modules with trainable weights, fsdp_utils.py:113-125)."""
+    out = []
+    r = spec.lora_rank
+    for tensor in _lora_targets(arch, spec):
+        rows, cols = tensor.shape
+        base = tensor.name[: -len(".weight")]
+        out.append(Tensor(f"{base}.lora_A.default.weight", (r, cols), f"{base}.lora_A", "lora"))
+        out.append(Tensor(f"{base}.lora_B.default.weight", (rows, r), f"{base}.lora_B", "lora"))
+    return out
+
+
+def model_tensors(arch: Architecture, spec: EngineSpec) -> tuple[list[Tensor], list[Tensor]]:
+    """(frozen, trainable) parameter tensors of the role's model."""
+    body = list(arch.value_head_tensors() if spec.value_head else arch.tensors())
+    if spec.lora_rank > 0 and not spec.value_head:
+        return body, _adapters(arch, spec)
+    if spec.forward_only:
+        return body, []
+    return [], body
+
+
+def _fsdp2_shard(tensor: Tensor, shard: int) -> int:
+    """Elements of one parameter's rank-0 shard: FSDP2 pads dim 0 to a multiple of the group
+    (torch _fsdp_param.py, _init_sharded_param: padded_sharded_param)."""
+    rows = _ceil(tensor.shape[0], shard)
+    rest = tensor.numel // tensor.shape[0] if tensor.shape[0] else 0
+    return rows * rest
+
+
+def _fsdp1_units(tensors: Iterable[Tensor]) -> dict[str, int]:
+    """Elements per FSDP1 unit (one FlatParameter each)."""
+    units: dict[str, int] = {}
+    for tensor in tensors:
+        units[tensor.unit] = units.get(tensor.unit, 0) + tensor.numel
+    return units
+
+
+def sharded_elements(tensors: list[Tensor], spec: EngineSpec) -> int:
+    """Elements of rank 0's shards of ``tensors`` under the role's FSDP strategy."""
+    shard = spec.shard
+    if spec.strategy == "fsdp2":
+        return sum(_fsdp2_shard(t, shard) for t in tensors)
+    # FSDP1 flattens each unit and pads it to a multiple of the group (torch _flat_param.py)
+    return sum(_ceil(numel, shard) for numel in _fsdp1_units(tensors).values())
+
+
+def optimizer_states(name: str) -> int:
+    """State tensors per parameter of the optimizer (torch.optim's AdamW/Adam: exp_avg and
+    exp_avg_sq, zeros_like the parameter; SGD without momentum: none)."""
+    lowered = name.lower()
+    if "sgd" in lowered:
+        return 0
+    return 2
+
+
+def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
+    frozen, trainable = model_tensors(arch, spec)
+    every = frozen + trainable
+    params = sharded_elements(every, spec) * spec.model_dtype
+    grads = sharded_elements(trainable, spec) * spec.model_dtype
+    optimizer = grads * optimizer_states(spec.optimizer)
+    trainable_numel = sum(t.numel for t in trainable)
+    # no-sync micro-batches keep each unit's gradient unsharded: FSDP2 upcasts it to the reduce
+    # dtype (torch _fsdp_param.py, to_accumulated_grad_if_needed); FSDP1 keeps the compute dtype
+    accumulate_dtype = spec.reduce_dtype if spec.strategy == "fsdp2" else spec.param_dtype
+    accumulated = trainable_numel * accumulate_dtype
+    layer = max(
+        (
+            sum(t.numel for t in every if t.unit == f"layers.{i}")
+            for i in range(arch.num_hidden_layers)
+        ),
+        default=0,
+    )
+    root = sum(t.numel for t in every if t.unit == "root")
+    largest = max((t.numel for t in every), default=0)
+    return ModelStates(
+        params=params,
+        grads=0 if spec.forward_only else grads,
+        optimizer=0 if spec.forward_only else optimizer,
+        accumulated=0 if spec.forward_only or not spec.defer_sync else accumulated,
+        layer_unit=layer * spec.param_dtype,
+        # FSDP1's root unit (embedding, final norm, lm_head) is not resharded after forward; FSDP2
+        # wraps embed_tokens and lm_head on their own unless tied (fsdp_utils.py:537-558).
+        root_unit=root * spec.param_dtype
+        if spec.strategy == "fsdp" or arch.tie_word_embeddings
+        else 0,
+        largest_tensor=largest * spec.model_dtype,
+        trainable=trainable_numel,
+        total=sum(t.numel for t in every),
+    )
+
+
+def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
+    """megatron.core's per-rank states: layers split over pipeline stages, each layer's weights
+    over tensor parallel (experts over expert x expert-tensor parallel); bf16 weights, fp32 main
+    gradients (DistributedDataParallel's grad buffer), and with the distributed optimizer the fp32
+    master weights and Adam moments sharded over the data-parallel group."""
+    frozen, trainable = model_tensors(arch, spec)
+    layers_per_stage = _ceil(arch.num_hidden_layers, spec.pp)
+
+    def per_rank(tensors: list[Tensor], experts: bool | None = None) -> int:
+        total = 0
+        for t in tensors:
+            if experts is not None and (t.kind == "experts") != experts:
+                continue
+            if t.unit == "root":
+                # embedding on the first stage, lm_head on the last; rank 0 holds the embedding
+                if t.kind in ("embed", "lm_head") and not (t.kind == "embed" or spec.pp == 1):
+                    continue
+                total += t.numel // (spec.tp if t.kind in ("embed", "lm_head") else 1)
+                continue
+            if int(t.unit.split(".")[1]) >= layers_per_stage:
+                continue
+            if t.kind == "experts":
+                total += t.numel // (spec.ep * spec.etp)
+            elif t.kind in ("norm", "router"):
+                total += t.numel
+            else:
+                total += t.numel // spec.tp
+        return total
+
+    held = per_rank(frozen + trainable)
+    train = per_rank(trainable)
+    # the distributed optimizer shards dense states over data x context parallel and expert
+    # states over the expert data-parallel group (megatron.core parallel_state: world / (tp pp)
+    # and world / (ep etp pp))
+    dense_dp = max(spec.world // (spec.tp * spec.pp), 1)
+    expert_dp = max(spec.world // (spec.ep * spec.etp * spec.pp), 1)
+    per_param = 4 + 4 * optimizer_states(spec.optimizer)  # fp32 master + moments
+    dense, expert = per_rank(trainable, False), per_rank(trainable, True)
+    master = (
+        dense * per_param // dense_dp + expert * per_param // expert_dp
+        if spec.distributed_optimizer
+        else train * per_param
+    )
+    layer = sum(t.numel for t in arch.layer_tensors(0)) // max(spec.tp, 1)
+    return ModelStates(
+        params=held * spec.param_dtype,
+        grads=0 if spec.forward_only else train * 4,
+        optimizer=0 if spec.forward_only else master,
+        accumulated=0,
+        layer_unit=layer * spec.param_dtype,
+        root_unit=0,
+        largest_tensor=0,
+        trainable=sum(t.numel for t in trainable),
+        total=sum(t.numel for t in frozen + trainable),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def model_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
+    """One rank's states for one role (cached: a forecast and its fixes ask the same ones
+    hundreds of times)."""
+    if spec.strategy in MEGATRON_STRATEGIES:
+        return megatron_states(arch, spec)
+    return fsdp_states(arch, spec)

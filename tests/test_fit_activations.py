@@ -1,0 +1,180 @@
+"""Activations: the bytes a training forward keeps for backward, measured on CPU on tiny models of
+each family built locally from a config (transformers, no hub), against the forecast's formula
+(``memory/activations.py``) within 10%.
+
+Without checkpointing the measure is ``torch.autograd.graph.saved_tensors_hooks``, every saved
+tensor's storage counted once (parameters left out). Under gradient checkpointing what stays is
+held by the checkpoint's closures, not only saved for autograd, so the measure is every storage
+still alive when the forward returns (a TorchDispatchMode that follows each op's outputs).
+Remove-padding changes the token count the formula is given: a packed sequence of the real
+tokens against a padded batch. torch's CPU flash kernel keeps what flash attention keeps on a
+GPU (q, k, v, the output and the log-sum-exp, grouped KV heads not repeated); the GPU kernels'
+own workspaces are the forecast's stated allowance (``WORKSPACE_ALLOWANCE``), not measured here.
+
+DeepSeek V3's multi-head latent attention is not measured: its value head width differs from the
+query's, so torch's CPU attention falls back to the math kernel and keeps the tokens x tokens
+probabilities that flash attention on a GPU does not.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import pytest
+
+from pytest_verl_compat.memory.activations import kept_bytes
+from pytest_verl_compat.memory.architecture import architecture_from_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TOLERANCE = 0.10
+BASE = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+}
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "qwen3_moe": {
+        "head_dim": 16,
+        "moe_intermediate_size": 48,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 16},
+    "gemma3_text": {"head_dim": 16},
+}
+LENGTHS = (64, 192)
+ERRORS: dict[str, float] = {}
+
+
+def _model(family: str, checkpointing: bool) -> tuple[Any, dict[str, Any]]:
+    config = dict(BASE, **FAMILIES[family])
+    hf = transformers.AutoConfig.for_model(family, **config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
+    model = model.to(torch.bfloat16).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model, {"model_type": family, **config}
+
+
+def _saved_bytes(model: Any, ids: Any) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: Any) -> Any:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=ids)
+    return sum(seen.values())
+
+
+class _Alive(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[misc]
+    """Every storage an op creates, alive while any tensor on it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[int, tuple[int, list[Any]]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in torch.utils._pytree.tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr():
+                storage = tensor.untyped_storage()
+                group = self.groups.get(storage.data_ptr())
+                if group is None or not any(ref() is not None for ref in group[1]):
+                    self.groups[storage.data_ptr()] = (storage.nbytes(), [weakref.ref(tensor)])
+                else:
+                    group[1].append(weakref.ref(tensor))
+        return out
+
+    def alive(self, leave_out: set[int]) -> int:
+        return sum(
+            size
+            for ptr, (size, refs) in self.groups.items()
+            if ptr not in leave_out and any(ref() is not None for ref in refs)
+        )
+
+
+def _alive_after_forward(model: Any, ids: Any) -> int:
+    """Storages alive when the forward returns, the logits and parameters left out, the token
+    ids (made before the forward) added."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    meter = _Alive()
+    with meter:
+        out = model(input_ids=ids)
+        logits = out.logits.untyped_storage().data_ptr()
+        kept = meter.alive(params | {logits})
+    return kept + ids.numel() * ids.element_size()
+
+
+def _check(observed: int, expected: int, case: str) -> None:
+    __tracebackhide__ = True
+    error = expected / observed - 1
+    ERRORS[case] = error
+    assert abs(error) <= TOLERANCE, (
+        f"bytes={expected}, but should be {observed} within {TOLERANCE:.0%} "
+        f"(forecast error {error:+.2%}) [{case}]"
+    )
+
+
+@pytest.mark.parametrize("tokens", LENGTHS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_saved_for_backward_matches_the_formula(family: str, tokens: int) -> None:
+    model, config = _model(family, checkpointing=False)
+    arch = architecture_from_config(config, family, "tiny config")
+    observed = _saved_bytes(model, torch.randint(0, BASE["vocab_size"], (1, tokens)))
+    _check(observed, kept_bytes(arch, tokens, checkpointing=False), f"{family}-{tokens}")
+
+
+@pytest.mark.parametrize("tokens", LENGTHS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_checkpointed_forward_keeps_the_layer_inputs(family: str, tokens: int) -> None:
+    model, config = _model(family, checkpointing=True)
+    arch = architecture_from_config(config, family, "tiny config")
+    observed = _alive_after_forward(model, torch.randint(0, BASE["vocab_size"], (1, tokens)))
+    _check(
+        observed, kept_bytes(arch, tokens, checkpointing=True), f"{family}-{tokens}-checkpointed"
+    )
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_remove_padding_counts_real_tokens(family: str) -> None:
+    """Three sequences of 40, 100 and 64 tokens: packed (remove-padding, one row of 204 tokens)
+    the layers keep what 204 tokens keep; padded to the longest (3 x 100) what 300 keep."""
+    model, config = _model(family, checkpointing=False)
+    arch = architecture_from_config(config, family, "tiny config")
+    lengths = (40, 100, 64)
+    packed = torch.randint(0, BASE["vocab_size"], (1, sum(lengths)))
+    padded = torch.randint(0, BASE["vocab_size"], (len(lengths), max(lengths)))
+    _check(_saved_bytes(model, packed), kept_bytes(arch, sum(lengths), False), f"{family}-packed")
+    _check(_saved_bytes(model, padded), kept_bytes(arch, padded.numel(), False), f"{family}-padded")
+
+
+def test_report_the_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """The largest forecast error per family (printed with -s or in the summary of -rA)."""
+    by_family: dict[str, float] = {}
+    for case, error in ERRORS.items():
+        family = case.split("-")[0]
+        by_family[family] = max(by_family.get(family, 0.0), abs(error))
+    with capsys.disabled():
+        print(
+            "\nactivation forecast, largest error per family: "
+            + ", ".join(f"{family} {error:.2%}" for family, error in sorted(by_family.items()))
+        )

@@ -1,0 +1,139 @@
+"""The forecast's parameter tensors are the ones transformers builds: names, order and shapes of
+tiny models of every family, the parameter counts of every model in the shipped table (built on
+the meta device, no weights), LoRA's adapters as peft adds them, and the critic's value head.
+The table's published sizes (model cards) agree within 2%."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_verl_compat.memory.architecture import architecture_from_config
+from pytest_verl_compat.memory.models import table_entries
+from pytest_verl_compat.memory.states import EngineSpec, model_tensors
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+BASE = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+TINY: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "llama-tied-bias": {"model_type": "llama", "tie_word_embeddings": True, "attention_bias": True},
+    "mistral": {"head_dim": 16},
+    "qwen2": {},
+    "qwen2-tied": {"model_type": "qwen2", "tie_word_embeddings": True},
+    "qwen3": {"head_dim": 16},
+    "qwen3_moe": {
+        "head_dim": 16,
+        "moe_intermediate_size": 24,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 16},
+    "gemma3_text": {"head_dim": 16},
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 8,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+    },
+    "deepseek_v3-no-q-lora": {
+        "model_type": "deepseek_v3",
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": None,
+        "kv_lora_rank": 8,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+    },
+}
+
+
+def _config(case: str) -> dict[str, Any]:
+    extra = dict(TINY[case])
+    family = extra.pop("model_type", case)
+    return {"model_type": family, **BASE, **extra}
+
+
+def _build(config: dict[str, Any], auto: Any = None) -> Any:
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    hf = transformers.AutoConfig.for_model(config["model_type"], **settings)
+    with torch.device("meta"):
+        return (auto or transformers.AutoModelForCausalLM).from_config(hf)
+
+
+@pytest.mark.parametrize("case", sorted(TINY))
+def test_tensors_are_the_ones_transformers_builds(case: str) -> None:
+    config = _config(case)
+    arch = architecture_from_config(config, case, "tiny")
+    built = [(name, tuple(p.shape)) for name, p in _build(config).named_parameters()]
+    assert [(t.name, t.shape) for t in arch.tensors()] == built
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2"])
+def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
+    config = _config(case)
+    arch = architecture_from_config(config, case, "tiny")
+    model = _build({**config, "num_labels": 1}, transformers.AutoModelForTokenClassification)
+    built = sorted((name, tuple(p.shape)) for name, p in model.named_parameters())
+    assert sorted((t.name, t.shape) for t in arch.value_head_tensors()) == built
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2", "mistral"])
+def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
+    peft = pytest.importorskip("peft")
+    config = _config(case)
+    arch = architecture_from_config(config, case, "tiny")
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(config["model_type"], **settings)
+    )
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    frozen, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4))
+    assert sum(t.numel for t in adapters) == trainable
+    assert sum(t.numel for t in frozen) == arch.num_parameters
+
+
+ENTRIES = {entry.repo: entry for entry in table_entries()}
+
+
+@pytest.mark.parametrize("repo", list(ENTRIES))
+def test_every_shipped_model_builds_to_its_parameter_count(repo: str) -> None:
+    entry = ENTRIES[repo]
+    model = _build(dict(entry.config))
+    assert sum(p.numel() for p in model.parameters()) == entry.architecture.num_parameters, repo
+    if entry.published_params:
+        assert entry.architecture.num_parameters == pytest.approx(entry.published_params, rel=0.02)
+
+
+def test_every_entry_says_how_it_was_verified() -> None:
+    assert len(ENTRIES) >= 30
+    for repo, entry in ENTRIES.items():
+        assert entry.verified == "False" or entry.verified.startswith("search:"), repo
+        assert entry.architecture.source.startswith("https://huggingface.co/"), repo

@@ -1,0 +1,250 @@
+"""``verl-compat fit`` and ``check --gpu`` as a user runs them: exit statuses, the JSON against
+data/fit.schema.json, one-line errors for input it cannot use (never a traceback), the same
+bytes across runs and hash seeds (text, JSON, PNG, SVG), SFT launches, and ``check`` without a
+GPU exactly as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import pytest
+from cli_child import run_cli
+
+from pytest_verl_compat import cli
+
+GRPO = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
+SFT = "examples/sft/gsm8k/run_qwen3_8b_fsdp.sh"
+PPO = "examples/ppo_trainer/run_qwen3_8b_fsdp.sh"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        status = cli.main(list(args))
+    except SystemExit as exc:  # argparse's own usage errors
+        status = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.fixture
+def here(tmp_path: Path, upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with the pinned tree linked as verl-v0.9.0 (as the README's clone has it)."""
+    (tmp_path / "verl-v0.9.0").symlink_to(upstream_checkout)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERL_UPSTREAM", str(upstream_checkout))
+    return tmp_path
+
+
+def _script(name: str) -> str:
+    return f"verl-v0.9.0/{name}"
+
+
+def _one_line_error(status: int, err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert status == 2, err
+    assert len(lines) == 1 and lines[0].startswith("verl-compat fit"), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_a_run_that_fits_exits_0_and_shows_every_phase(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(capsys, "fit", _script(GRPO), "--gpu", "H100")
+    assert status == 0, out
+    for title in ("rollout server start", "rollout generation", "actor update", "checkpoint save"):
+        assert title in out
+    assert "GPU: H100-80GB (79.11 GiB usable)" in out
+    # the actor update sits above the 90% margin: a warning, located at the key's script line
+    assert "warning[memory.actor-update]" in out
+    assert f"{_script(GRPO)}:" in out.split("warning[memory.actor-update]")[0].splitlines()[-1]
+
+
+def test_a_run_that_does_not_fit_exits_1_with_fixes_forecast_again(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(capsys, "fit", _script(GRPO), "--gpu", "RTX4090", "--brief")
+    assert status == 1
+    errors = [line for line in out.splitlines() if "error[memory." in line]
+    assert errors, out
+    assert any("(e.g. " in line and " GiB" in line.split("(e.g. ")[1] for line in errors)
+
+
+def test_the_gpu_memory_option_is_any_gpu(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "fit", _script(GRPO), "--gpu-memory", "200", "--brief")
+    assert status == 0 and "200" in out
+
+
+def test_json_follows_its_schema_and_is_the_same_bytes_each_run(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = json.loads(
+        resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
+    )
+    jsonschema.Draft202012Validator.check_schema(schema)
+    outputs = []
+    for gpu in ("H100", "RTX4090", "H100"):
+        status, out, _ = run(capsys, "fit", _script(GRPO), "--gpu", gpu, "--format", "json")
+        jsonschema.validate(json.loads(out), schema)
+        outputs.append(out)
+        assert status == (1 if gpu == "RTX4090" else 0)
+    assert outputs[0] == outputs[2]
+    status, out, _ = run(capsys, "fit", _script(PPO), "--gpu", "A100-40GB", "--format", "json")
+    payload = json.loads(out)
+    jsonschema.validate(payload, schema)
+    roles = {
+        part["key"].split(".")[0]
+        for rank in payload["ranks"]
+        for phase in rank["phases"]
+        for part in phase["parts"]
+    }
+    assert "critic" in roles
+
+
+def test_an_sft_launch_takes_torchruns_world(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run(
+        capsys, "fit", _script(SFT), "--gpu", "A100-80GB", "--arg", "8", "--arg", "/tmp/save"
+    )
+    assert status == 0, out
+    assert "8 GPUs (torchrun): SFT engine" in out and "SFT update" in out
+    status, out4, _ = run(
+        capsys, "fit", _script(SFT), "--gpu", "A100-80GB", "--arg", "2", "--arg", "/tmp/save"
+    )
+    assert "2 GPUs (torchrun)" in out4
+    peak = {
+        n: float(next(line for line in text.splitlines() if "SFT update" in line).split()[2])
+        for n, text in ((8, out), (2, out4))
+    }
+    assert peak[2] > peak[8]  # fewer ranks, larger shards
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--gpu", "B300"), ("unknown GPU type 'B300'", "--gpu-memory")),
+        (("--gpu-memory", "lots"), ("expected a positive number of GiB",)),
+        (("--gpu-memory", "-3"), ("expected a positive number of GiB",)),
+        (("--gpu", "H100", "--lengths", "512"), ("PROMPT,RESPONSE",)),
+        (("--gpu", "H100", "--plot", "out.gif"), ("out.gif", ".png or .svg")),
+        (("--gpu", "H100", "--model-config", "missing.json"), ("missing.json", "not found")),
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.model.path=/nowhere/TinyThing-3B"),
+            ("TinyThing-3B", "--model-config"),
+        ),
+        (("--gpu", "H100", "--set", "actor_rollout_ref.rollout.n=two"), ("rollout.n",)),
+    ],
+)
+def test_input_it_cannot_use_is_one_line(
+    here: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    status, out, err = run(capsys, "fit", _script(GRPO), *args)
+    _one_line_error(status, err, *words)
+    assert out == ""
+
+
+def test_a_config_json_that_is_not_json_is_named(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = here / "config.json"
+    bad.write_text('{"hidden_size": 4096,\n "num_hidden_layers": }\n')
+    status, _, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--model-config", str(bad))
+    _one_line_error(status, err, "config.json:2", "not valid JSON")
+
+
+def test_a_missing_script_is_one_line(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, "fit", "nowhere.sh", "--gpu", "H100")
+    _one_line_error(status, err, "nowhere.sh")
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_pictures_and_reports_are_the_same_bytes_across_hash_seeds(here: Path, suffix: str) -> None:
+    outputs = []
+    for seed in ("0", "12345"):
+        picture = here / f"fit-{seed}{suffix}"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = run_cli(
+            ["fit", _script(GRPO), "--gpu", "H100", "--plot", str(picture)],
+            here,
+            timeout=300,
+            environment=env,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append((done.stdout, picture.read_bytes()))
+    assert outputs[0][0] == outputs[1][0]
+    assert outputs[0][1] == outputs[1][1]
+    if suffix == ".png":
+        assert outputs[0][1].startswith(b"\x89PNG")
+    else:
+        assert b"<svg" in outputs[0][1] and b"<dc:date>" not in outputs[0][1]
+
+
+def test_check_with_a_gpu_adds_the_memory_findings_and_without_one_is_unchanged(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = run(capsys, "check", _script(GRPO), "--no-upstream-checks", "--format", "sarif")
+    assert plain[0] == 0 and "memory." not in plain[1]
+    status, out, _ = run(capsys, "check", _script(GRPO), "--no-upstream-checks", "--gpu", "RTX4090")
+    assert status == 1 and "error[memory." in out
+    status, out, _ = run(
+        capsys,
+        "check",
+        _script(GRPO),
+        "--no-upstream-checks",
+        "--gpu",
+        "RTX4090",
+        "--format",
+        "sarif",
+    )
+    assert '"memory.actor-update"' in out
+    # again without a GPU: the same bytes as the first time
+    assert run(capsys, "check", _script(GRPO), "--no-upstream-checks", "--format", "sarif") == plain
+
+
+def test_check_without_a_gpu_does_not_load_the_memory_layer(here: Path) -> None:
+    probe = (
+        "import sys; from pytest_verl_compat import cli; "
+        f"status = cli.main(['check', {_script(GRPO)!r}, '--no-upstream-checks', '-q']); "
+        "print(sorted(m for m in sys.modules if m.startswith('pytest_verl_compat.memory')))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", probe], cwd=here, capture_output=True, text=True, check=False
+    )
+    assert child.stdout.strip().splitlines()[-1] == "[]", child.stdout + child.stderr
+
+
+def test_the_gpu_setting_of_pyproject_applies_to_check(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (here / "pyproject.toml").write_text('[tool.verl-compat]\ngpu = "RTX4090"\n')
+    status, out, _ = run(capsys, "check", _script(GRPO), "--no-upstream-checks")
+    assert status == 1 and "error[memory." in out
+    status, out, _ = run(capsys, "check", _script(GRPO), "--no-upstream-checks", "--isolated")
+    assert status == 0 and "memory." not in out
+    status, _, err = run(capsys, "fit", _script(GRPO), "--brief")  # fit reads it too
+    assert status == 1, err
+    (here / "pyproject.toml").write_text("[tool.verl-compat]\ngpu = 80\n")
+    status, _, err = run(capsys, "check", _script(GRPO), "--no-upstream-checks")
+    assert status == 2 and "gpu must be a GPU type name" in err
+
+
+def test_json_is_the_same_bytes_across_hash_seeds(here: Path) -> None:
+    outputs = set()
+    for seed in ("0", "4242"):
+        done = run_cli(
+            ["fit", _script(PPO), "--gpu", "A100-40GB", "--format", "json"],
+            here,
+            timeout=300,
+            environment={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert done.returncode in (0, 1), done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1

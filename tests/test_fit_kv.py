@@ -1,0 +1,120 @@
+"""The rollout server's KV cache: the block arithmetic equals vLLM's own for the same model facts
+and settings, and the servers that vLLM refuses to start are the ones the forecast calls so.
+
+vLLM's formulas, transcribed here as the independent side of the test (vllm-project/vllm, the
+v1 engine verl 0.9.0 runs, vllm>=0.18): a layer's page is
+``2 * block_size * num_kv_heads * head_size * get_dtype_size(dtype)`` (vllm/v1/
+kv_cache_interface.py, AttentionSpec.real_page_size_bytes), multi-head latent attention one
+latent of ``kv_lora_rank + qk_rope_head_dim`` (MLAAttentionSpec.real_page_size_bytes, one KV
+head); a rank keeps ``max(1, total_num_kv_heads // tensor_parallel_size)`` KV heads
+(ModelConfig.get_num_kv_heads); the blocks are ``int(available_memory // page_size //
+num_layers)`` (vllm/v1/core/kv_cache_utils.py, get_num_blocks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pytest_verl_compat.memory.architecture import Architecture
+from pytest_verl_compat.memory.gpus import GIB, find_gpu
+from pytest_verl_compat.memory.layout import ServerLayout
+from pytest_verl_compat.memory.models import ModelChoice, from_table
+from pytest_verl_compat.memory.rollout import BLOCK_SIZE, page_bytes, server_memory
+
+
+def _arch(repo: str) -> Architecture:
+    choice = from_table(repo)
+    assert choice is not None, repo
+    return choice.architecture
+
+
+def _vllm_page(arch: Architecture, tp: int, dtype_size: int, block_size: int = 16) -> int:
+    if arch.kv_lora_rank:
+        return block_size * 1 * (arch.kv_lora_rank + arch.qk_rope_head_dim) * dtype_size
+    num_kv_heads = max(1, arch.num_key_value_heads // tp)
+    return 2 * block_size * num_kv_heads * arch.head_dim * dtype_size
+
+
+MODELS = [
+    "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3-30B-A3B",
+    "Qwen/Qwen3-235B-A22B",
+    "meta-llama/Llama-3.1-70B-Instruct",
+    "google/gemma-2-9b-it",
+    "deepseek-ai/DeepSeek-V3",
+]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("repo", MODELS)
+@pytest.mark.parametrize("dtype_size", [2, 1])
+def test_page_size_is_vllms(repo: str, tp: int, dtype_size: int) -> None:
+    arch = _arch(repo)
+    assert page_bytes(arch, tp, dtype_size) == _vllm_page(arch, tp, dtype_size), repo
+
+
+def _server(repo: str, tp: int, util: float, max_model_len: int, **extra: object) -> ServerLayout:
+    choice = from_table(repo)
+    assert choice is not None
+    return ServerLayout(
+        name="vllm", section="actor_rollout_ref.rollout", model=choice, tp=tp, dp=1, ep=1,
+        gpu_memory_utilization=util, max_model_len=max_model_len, max_num_seqs=256,
+        max_num_batched_tokens=8192, enforce_eager=False, free_cache_engine=True, dtype=2,
+        kv_dtype=2, colocated=True, standalone_gpus=0, keeps_weights_asleep=False, **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("repo", MODELS)
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_blocks_are_get_num_blocks(repo: str, tp: int) -> None:
+    memory = server_memory(_server(repo, tp, 0.9, 4096), find_gpu("H200").usable_bytes)
+    arch = _arch(repo)
+    expected = int(memory.kv_bytes // _vllm_page(arch, tp, 2) // arch.num_hidden_layers)
+    assert memory.blocks == expected
+    assert memory.kv_tokens == expected * BLOCK_SIZE
+
+
+def test_a_logged_kv_cache_size() -> None:
+    """vllm-project/vllm#21348: Qwen3-235B-A22B-FP8, tensor parallel 4 on H100s, logged
+    "Available KV cache memory: 8.11 GiB" and "GPU KV cache size: 178,880 tokens". The same
+    arithmetic on the logged memory (rounded to 0.01 GiB) gives the tokens within 2%."""
+    arch = _arch("Qwen/Qwen3-235B-A22B")
+    available = int(8.11 * GIB)
+    blocks = available // _vllm_page(arch, 4, 2) // arch.num_hidden_layers
+    assert blocks * BLOCK_SIZE == pytest.approx(178_880, rel=0.02)
+    assert page_bytes(arch, 4, 2) == _vllm_page(arch, 4, 2)
+
+
+def test_a_server_whose_weights_do_not_fit_cannot_start() -> None:
+    """Qwen2.5-7B (15.2 GB of bf16 weights) at tp 1 with half of a 24 GB GPU."""
+    memory = server_memory(
+        _server("Qwen/Qwen2.5-7B-Instruct", 1, 0.5, 4096), find_gpu("RTX4090").usable_bytes
+    )
+    assert memory.weights + memory.overhead > memory.claimed
+    assert memory.kv_bytes == 0 and memory.blocks == 0
+
+
+def test_one_max_model_len_sequence_must_fit() -> None:
+    """Llama 3.1 8B's 131,072-token context needs 16 GiB of KV cache per sequence at tp 1: half of
+    an A100-40GB leaves less (vLLM's check_enough_kv_cache_memory refuses to start)."""
+    server = _server("meta-llama/Llama-3.1-8B-Instruct", 1, 0.6, 131072)
+    memory = server_memory(server, find_gpu("A100-40GB").usable_bytes)
+    assert memory.one_sequence_bytes == 131072 // 16 * 32 * _vllm_page(
+        _arch("meta-llama/Llama-3.1-8B-Instruct"), 1, 2
+    )
+    assert 0 < memory.kv_bytes < memory.one_sequence_bytes
+    shorter = server_memory(
+        dataclasses.replace(server, max_model_len=8192), find_gpu("A100-40GB").usable_bytes
+    )
+    assert shorter.kv_bytes >= shorter.one_sequence_bytes
+
+
+def test_sglang_claims_its_static_fraction_for_weights_and_kv() -> None:
+    server = dataclasses.replace(_server("Qwen/Qwen3-8B", 2, 0.5, 4096), name="sglang")
+    capacity = find_gpu("H100").usable_bytes
+    memory = server_memory(server, capacity)
+    assert memory.weights + memory.kv_bytes == int(0.5 * capacity)
+    assert isinstance(server.model, ModelChoice)

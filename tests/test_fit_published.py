@@ -1,0 +1,97 @@
+"""Published points: configurations verl documents as run (device_tuning.rst and the tuning
+scripts it links, verl 0.9.0's tuning scripts named after their hardware, measured runs published
+with their scripts) forecast as recorded: ``fits`` with no error, ``oom`` with one.
+
+Each point is forecast with the behaviour of the verl it ran (``behaves_as``: a class of release
+facts and the keys that now decide what that code did; verl 0.9.0's own scripts with the checked
+release's facts). Where the forecast disagrees, the point says why in ``differs``
+(tests/data/fit/published.yaml);
+such a point must keep disagreeing, so a change to the formulas that flips it is seen and the
+data updated. The score is printed (-s, or the captured output of a failure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fit_points import Outcome, forecast_entry, merged
+
+from pytest_verl_compat.memory.release_facts import ReleaseFacts, facts_from_mapping
+
+DATA = Path(__file__).parent / "data" / "fit" / "published.yaml"
+
+
+def _data() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    return loaded
+
+
+POINTS = {point["id"]: point for point in _data()["points"]}
+CHECKED_RELEASE = "checked-release"
+
+
+def _behaviour(name: str) -> tuple[ReleaseFacts | None, list[str]]:
+    """A class's release facts and overrides (None: the checked release's own facts)."""
+    if name == CHECKED_RELEASE:
+        return None, []
+    found = _data()["behaviours"][name]
+    facts = facts_from_mapping(
+        {"release": found["release"], "facts": found["behaviour"]}, f"{DATA.name}: {name}"
+    )
+    return facts, list(found.get("overrides", []))
+
+
+@pytest.fixture(scope="module")
+def outcomes(
+    upstream_session: Any, upstream_checkout: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Outcome]:
+    data = _data()
+    gsm8k = data["gsm8k_lengths"]
+    folder = tmp_path_factory.mktemp("published")
+    out = {}
+    for point in data["points"]:
+        lengths = (gsm8k["prompt"], gsm8k["response"]) if point["lengths"] == "gsm8k" else None
+        script = upstream_checkout / point["script"] if point.get("script") else None
+        facts, behaviour = _behaviour(point["behaves_as"])
+        overrides = merged(behaviour, point.get("overrides", []), point.get("set", []))
+        out[point["id"]] = forecast_entry(
+            upstream_session, folder, point, overrides, lengths, script, facts
+        )
+    return out
+
+
+def _agrees(point: dict[str, Any], outcome: Outcome) -> bool:
+    return not outcome.not_forecast and outcome.oom == (point["expect"] == "oom")
+
+
+@pytest.mark.parametrize("point_id", sorted(POINTS))
+def test_point_forecasts_as_recorded(point_id: str, outcomes: dict[str, Outcome]) -> None:
+    point, outcome = POINTS[point_id], outcomes[point_id]
+    if point.get("differs"):
+        assert not _agrees(point, outcome), (
+            f"{point_id} now forecasts as recorded ({outcome.describe()}): "
+            "remove its `differs` note from tests/data/fit/published.yaml"
+        )
+    else:
+        assert _agrees(point, outcome), (
+            f"{point_id}: recorded {point['expect']}, forecast {outcome.describe()}"
+        )
+
+
+def test_report_the_published_score(
+    outcomes: dict[str, Outcome],
+    capsys: pytest.CaptureFixture[str],
+    record_property: Any,
+) -> None:
+    agreed = [pid for pid, point in POINTS.items() if _agrees(point, outcomes[pid])]
+    score = f"{len(agreed)}/{len(POINTS)}"
+    record_property("published_points_agreeing", score)
+    with capsys.disabled():
+        print(f"\npublished points forecast as recorded: {score}")
+        for pid in sorted(POINTS):
+            mark = "ok  " if pid in agreed else "DIFF"
+            print(f"  {mark} {pid}: recorded {POINTS[pid]['expect']}, {outcomes[pid].describe()}")
+    assert agreed, "no published point forecasts as recorded"

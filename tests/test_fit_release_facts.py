@@ -1,0 +1,194 @@
+"""The forecast follows the release it is asked for.
+
+Each supported release's memory facts (``data/releases/<version>/memory.yaml``: what its code
+decides where no configuration key does) are found in that release's own files at the lines
+they cite; the ones the forecast computes with are checked against the release's own functions
+in its own environment; and ``fit`` on one script gives each release's parts: the unsharded
+gradients where the release's tree defers gradient sync, the temperature's copy of the logits
+where its code makes one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from corpus_facts import needs_release, release_ready, release_root
+from release_python import run_in_release
+
+from pytest_verl_compat import cli
+from pytest_verl_compat.memory.layout import micro_batches
+from pytest_verl_compat.memory.release_facts import (
+    TEMPERATURE_COPY,
+    VALUES,
+    ReleaseFactsError,
+    facts_from_mapping,
+    release_facts,
+)
+from pytest_verl_compat.releases.index import RELEASE_DATA, load_release_index
+
+RELEASES = load_release_index().supported_versions
+NO_SYNC = "use_no_sync_for_gradient_accumulation"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_supported_release_has_its_memory_facts(version: str) -> None:
+    facts = release_facts(version)
+    assert facts.release == version
+    assert set(VALUES) <= set(facts.facts)
+    for name, fact in facts.facts.items():
+        assert fact.means and fact.where and fact.statement, f"{name} [{version}]"
+
+
+@pytest.mark.parametrize(
+    ("version", "name"),
+    [(v, n) for v in RELEASES for n in sorted(release_facts(v).facts)],
+)
+def test_each_fact_is_the_statement_at_its_lines_of_its_release(version: str, name: str) -> None:
+    """The cited lines of the release's own files hold the statement that makes the fact true
+    (what ``release derive VERSION --only memory-facts`` checks too)."""
+    fact = release_facts(version).facts[name]
+    assert fact.found_in(release_root(version)), (
+        f"statement={fact.statement!r}, but should be at {fact.where} of verl {version} [{name}]"
+    )
+
+
+def test_facts_that_are_not_what_the_forecast_reads_are_one_line(tmp_path: Path) -> None:
+    raw = yaml.safe_load((RELEASE_DATA / RELEASES[0] / "memory.yaml").read_text())
+    raw["facts"][TEMPERATURE_COPY]["value"] = "sometimes"
+    with pytest.raises(ReleaseFactsError, match="temperature_copy is 'sometimes'; expected one"):
+        facts_from_mapping(raw, "memory.yaml")
+    with pytest.raises(ReleaseFactsError, match="has no memory facts"):
+        release_facts("0.0.1")
+
+
+# (sequences on one rank, tokens each, token budget x Ulysses size): equal lengths, as the
+# forecast assumes; some where a balanced split of ceil(tokens / budget) overshoots the budget
+PARTITIONS = [
+    (31, 1000, 1500),
+    (640, 3072, 24000),
+    (100, 1536, 24000),
+    (16, 1536, 24576),
+    (9, 700, 2000),
+]
+_UPSTREAM_PARTITION = """
+import torch
+from tensordict import TensorDict
+from verl.utils.seqlen_balancing import rearrange_micro_batches
+
+result = []
+for count, seq, budget in {cases}:
+    ids = torch.nested.as_nested_tensor(
+        [torch.ones(seq, dtype=torch.long) for _ in range(count)], layout=torch.jagged
+    )
+    parts, _ = rearrange_micro_batches(TensorDict({{"input_ids": ids}}, batch_size=[count]), budget)
+    result.append([len(parts), max(len(p) for p in parts) * seq])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", RELEASES)
+def test_dynamic_micro_batches_are_the_releases_own(version: str) -> None:
+    """The number of micro-batches and the tokens of the largest, for sequences of one length,
+    as the release's own rearrange_micro_batches splits them (its dynamic_micro_batches fact)."""
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    upstream = run_in_release(_UPSTREAM_PARTITION.format(cases=PARTITIONS), version)
+    within = release_facts(version).partitions_within_budget
+    forecast = [
+        list(micro_batches(True, budget, 1, count, seq, 1, within))
+        for count, seq, budget in PARTITIONS
+    ]
+    assert forecast == upstream, f"partitions={forecast}, but should be {upstream} [{version}]"
+
+
+_UPSTREAM_SCALE = """
+import torch
+from verl.workers.engine.fsdp import transformer_impl as impl
+
+logits = torch.ones(3, 5)
+scale = getattr(impl, "_scale_logits_by_temperature", None)
+unit = getattr(impl, "_is_scalar_unit_temperature", None)
+result = None if scale is None else [
+    scale(logits, torch.tensor([t]), is_unit_temperature=unit(t)) is logits for t in (1.0, 0.7)
+]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_temperature_copy_is_the_releases_own(version: str) -> None:
+    """A release that skips the copy at a scalar 1.0 hands the model's logits on as they are, and
+    divides into a new tensor at another temperature; a release that always copies has no such
+    skip in its engine."""
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    kept = run_in_release(_UPSTREAM_SCALE, version)
+    how = release_facts(version).temperature_copy
+    if how == "unless-unit":
+        assert kept == [True, False], kept
+    else:
+        assert kept is None, f"verl {version} has the unit-temperature skip, but its fact is {how}"
+
+
+def _tree_default(version: str) -> Any:
+    tree = release_root(version) / "verl" / "trainer" / "config" / "engine" / "fsdp.yaml"
+    return (yaml.safe_load(tree.read_text(encoding="utf-8")) or {}).get(NO_SYNC, True)
+
+
+def _fit_json(script: Path, version: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    status = cli.main(
+        ["fit", str(script), "--gpu", "H100", "--release", version, "--format", "json"]
+    )
+    out, err = capsys.readouterr()
+    assert status in (0, 1), err
+    assert f"forecast for verl {version}" in err
+    payload: dict[str, Any] = json.loads(out)
+    return payload
+
+
+def _actor_update(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    for rank in payload["ranks"]:
+        for phase in rank["phases"]:
+            if phase["phase"] == "actor-update":
+                return {part["key"]: part for part in phase["parts"]}
+    raise AssertionError("no actor update")
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@needs_release()
+def test_fit_gives_each_release_its_own_parts(
+    version: str, upstream_checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same script, forecast for each release: unsharded gradients between micro-batches
+    where its tree defers gradient sync (0.9.0's code always does: a missing key reads as
+    upstream's default), the logits' temperature copy where its code makes one, each part
+    citing the release's own lines."""
+    script = upstream_checkout / "examples" / "grpo_trainer" / "run_qwen3_8b_fsdp.sh"
+    payload = _fit_json(script, version, capsys)
+    assert payload["release"]["version"] == version
+    parts = _actor_update(payload)
+    assert ("actor.accumulated" in parts) == bool(_tree_default(version)), sorted(parts)
+    facts = release_facts(version)
+    logits = parts["actor.logits"]
+    copied = facts.temperature_copy == "always"  # the example samples at temperature 1.0
+    assert ("no temperature copy" not in logits["formula"]) == copied, logits["formula"]
+    assert facts.evidence(TEMPERATURE_COPY) in logits["evidence"]
+    assert "changed in" not in json.dumps(payload), "a part cites lines its release changed"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_fact_whose_statement_moved_is_not_found(version: str) -> None:
+    """A fact cited at lines that do not hold its statement is not found there: ``release derive
+    VERSION`` then lists it as needing a person, never forecasts with it silently."""
+    import dataclasses
+
+    fact = release_facts(version).facts[TEMPERATURE_COPY]
+    file, lines = fact.where.rsplit(":", 1)
+    start = int(lines.split("-")[0])
+    moved = dataclasses.replace(fact, where=f"{file}:{start + 400}")
+    assert fact.found_in(release_root(version))
+    assert not moved.found_in(release_root(version))

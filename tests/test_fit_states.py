@@ -1,0 +1,227 @@
+"""Model states exactly, on every supported release: the bytes of parameters, gradients and
+optimizer states that the release's own FSDP engine (strategy fsdp and fsdp2) holds on rank 0, at
+several world sizes, equal the forecast byte for byte, with LoRA, with offload, in hybrid
+sharding (fsdp_size < world), and the unsharded gradients held between micro-batches with
+gradient sync deferred or not.
+
+The engine runs in the release's own environment (`conformance/step/memory_states.py`, a fake
+process group of each world size), configured as Hydra composes the release's own tree (0.9.1's
+tree turns use_no_sync_for_gradient_accumulation off, while its config class defaults it on);
+this process never imports verl. The forecast's side reads the sections that composition gave
+(returned by the oracle) with the forecast's own reader, so the test checks what the forecast
+reads as well as what it counts. Megatron is not measured: megatron.core allocates its gradient
+buffers and the distributed optimizer's on ``torch.cuda.current_device()``
+(distributed/param_and_grad_buffer.py, optimizer/distrib_optimizer.py), which a CPU does not have.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from corpus_facts import release_ready, release_root
+
+from pytest_verl_compat.conformance.step.memory_states import ANSWER_MARK
+from pytest_verl_compat.memory.architecture import architecture_from_config
+from pytest_verl_compat.memory.reading import engine_spec
+from pytest_verl_compat.memory.residency import offload_moves
+from pytest_verl_compat.memory.states import fsdp_states
+from pytest_verl_compat.releases.index import load_release_index
+from pytest_verl_compat.upstream.oracle.runner import release_runner
+
+pytestmark = pytest.mark.slow
+
+RELEASES = load_release_index().supported_versions
+NO_SYNC = "use_no_sync_for_gradient_accumulation"
+
+# (world, strategy, role, settings): every world size in one sandboxed process, one fake group
+# each; the engine keys as the release's tree gives them
+CASES: list[tuple[int, str, str, dict[str, Any]]] = [
+    (1, "fsdp2", "actor", {}),
+    (2, "fsdp2", "actor", {}),
+    (2, "fsdp2", "critic", {}),
+    (2, "fsdp2", "ref", {}),
+    (2, "fsdp2", "actor", {"lora_rank": 4}),
+    (2, "fsdp2", "actor", {"param_offload": True, "optimizer_offload": True}),
+    (2, "fsdp", "actor", {}),
+    (2, "fsdp", "critic", {}),
+    (2, "fsdp", "ref", {}),
+    (2, "fsdp", "actor", {"lora_rank": 8}),
+    (2, "fsdp", "actor", {"param_offload": True, "optimizer_offload": True}),
+    (3, "fsdp2", "actor", {}),
+    (3, "fsdp", "critic", {}),
+    (8, "fsdp2", "actor", {"lora_rank": 4}),
+    (8, "fsdp2", "actor", {"fsdp_size": 4}),
+    (8, "fsdp", "actor", {"fsdp_size": 2}),
+    (8, "fsdp", "actor", {}),
+]
+# With a tree that has the no-sync key: each value set explicitly, both FSDP versions, a trained
+# role each, LoRA and hybrid sharding once.
+NO_SYNC_CASES: list[tuple[int, str, str, dict[str, Any]]] = [
+    (world, strategy, role, {**extra, "engine": {NO_SYNC: value}})
+    for value in (True, False)
+    for world, strategy, role, extra in (
+        (2, "fsdp2", "actor", {}),
+        (2, "fsdp", "actor", {}),
+        (2, "fsdp2", "critic", {}),
+        (3, "fsdp", "critic", {}),
+        (2, "fsdp2", "actor", {"lora_rank": 4}),
+        (8, "fsdp", "actor", {"fsdp_size": 2}),
+    )
+]
+
+
+def _tree_has(version: str, key: str) -> bool:
+    """Whether the release's FSDP engine section (trainer/config/engine/fsdp.yaml) has ``key``."""
+    tree = release_root(version) / "verl" / "trainer" / "config" / "engine" / "fsdp.yaml"
+    return key in (yaml.safe_load(tree.read_text(encoding="utf-8")) or {})
+
+
+def _cases(version: str) -> list[tuple[int, str, str, dict[str, Any]]]:
+    return CASES + (NO_SYNC_CASES if release_ready(version) and _tree_has(version, NO_SYNC) else [])
+
+
+def _case_id(case: tuple[int, str, str, dict[str, Any]]) -> str:
+    world, strategy, role, settings = case
+    flat = {**{k: v for k, v in settings.items() if k != "engine"}, **settings.get("engine", {})}
+    extra = ",".join(f"{k}={v}" for k, v in sorted(flat.items()))
+    return f"{strategy}-{role}-world{world}" + (f"[{extra}]" if extra else "")
+
+
+PARAMS = [
+    pytest.param(version, case, id=f"{version}-{_case_id(case)}")
+    for version in RELEASES
+    for case in _cases(version)
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from reference_trainer.tiny import (
+        build_tiny_policy,
+        build_tiny_tokenizer,
+        build_tiny_value_model,
+    )
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_tiny_tokenizer()
+    policy = build_tiny_policy(tokenizer, 0)
+    policy.config.architectures = ["Qwen2ForCausalLM"]
+    policy.save_pretrained(folder / "policy")
+    tokenizer.save_pretrained(folder / "policy")
+    critic = build_tiny_value_model(policy.config, 2)
+    critic.config.architectures = ["Qwen2ForTokenClassification"]
+    critic.save_pretrained(folder / "critic")
+    tokenizer.save_pretrained(folder / "critic")
+    return {
+        "model_dir": str(folder / "policy"),
+        "critic_dir": str(folder / "critic"),
+        "vocab": len(tokenizer),
+        "config": json.loads((folder / "policy" / "config.json").read_text()),
+    }
+
+
+_MEASURED: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+def _measured(version: str, tiny: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One sandboxed run of the release's engine for every case of the release (verl imported
+    once per release)."""
+    if version in _MEASURED:
+        return _MEASURED[version]
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    cases = _cases(version)
+    request = {
+        "model_dir": tiny["model_dir"],
+        "critic_dir": tiny["critic_dir"],
+        "vocab": tiny["vocab"],
+        "cases": [
+            {"world": world, "strategy": strategy, "role": role, **settings}
+            for world, strategy, role, settings in cases
+        ],
+    }
+    run = release_runner(version)(
+        "pytest_verl_compat.conformance.step.memory_states", stdin=json.dumps(request), timeout=900
+    )
+    assert run.returncode == 0, run.stderr_tail(30)
+    answer = next(
+        line for line in reversed(run.stdout.splitlines()) if line.startswith(ANSWER_MARK)
+    )
+    # the oracle answers world by world (one fake group each), each result naming its case
+    results = {
+        json.dumps(result["case"], sort_keys=True): result
+        for result in json.loads(answer[len(ANSWER_MARK) :])
+    }
+    assert len(results) == len(cases), "the oracle answered another set of cases"
+    _MEASURED[version] = {
+        _case_id(case): results[json.dumps(asked, sort_keys=True)]
+        for case, asked in zip(cases, request["cases"], strict=True)
+    }
+    return _MEASURED[version]
+
+
+@pytest.mark.parametrize(("version", "case"), PARAMS)
+def test_model_states_equal_verl_byte_for_byte(
+    version: str, case: tuple[int, str, str, dict[str, Any]], tiny_models: dict[str, Any]
+) -> None:
+    world, _, role, _ = case
+    got = _measured(version, tiny_models)[_case_id(case)]
+    arch = architecture_from_config(tiny_models["config"], "tiny", "config.json")
+    # the forecast's reader on the sections the release's tree composed
+    spec, _ = engine_spec(
+        got["config"], role, world, forward_only=role == "ref", value_head=role == "critic"
+    )
+    forecast = fsdp_states(arch, spec)
+    expected = {
+        "params": forecast.params,
+        "grads": forecast.grads,
+        "optimizer": forecast.optimizer,
+        "accumulated": forecast.accumulated,
+    }
+    observed = {key: got[key] for key in expected}
+    assert observed == expected, (
+        f"bytes={observed}, but should be {expected} [{version} {_case_id(case)}]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "case"),
+    [p for p in PARAMS if p.values[1][2] != "ref"],  # type: ignore[index]
+)
+def test_offload_moves_are_what_the_forecast_keeps_off_the_gpu(
+    version: str, case: tuple[int, str, str, dict[str, Any]], tiny_models: dict[str, Any]
+) -> None:
+    """The release's engine moves exactly the states the forecast counts as off the GPU between
+    calls (after init), loaded for a forward (weights only) and for an update (weights and
+    optimizer)."""
+    _, _, _, settings = case
+    moves = _measured(version, tiny_models)[_case_id(case)]["moves"]
+    seen = {(m["phase"], m["direction"]): (m["model"], m["optimizer"]) for m in moves}
+    expected = offload_moves(
+        bool(settings.get("param_offload")), bool(settings.get("optimizer_offload"))
+    )
+    assert {k: seen[k] for k in expected} == expected, f"moves={moves} [{version}]"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_no_sync_setting_is_measured_both_ways_where_a_tree_has_it(
+    version: str, tiny_models: dict[str, Any]
+) -> None:
+    """Where the release's tree has the key, deferring sync holds unsharded gradients between
+    micro-batches and syncing every micro-batch holds none; a tree without it defers (its
+    engine has no other way), as the forecast reads a missing key."""
+    measured = _measured(version, tiny_models)
+    base = measured[_case_id((2, "fsdp2", "actor", {}))]["accumulated"]
+    if not _tree_has(version, NO_SYNC):
+        assert base > 0
+        return
+    on = measured[_case_id((2, "fsdp2", "actor", {"engine": {NO_SYNC: True}}))]["accumulated"]
+    off = measured[_case_id((2, "fsdp2", "actor", {"engine": {NO_SYNC: False}}))]["accumulated"]
+    assert on > 0 and off == 0, (on, off)
+    tree_default = yaml.safe_load(
+        (release_root(version) / "verl/trainer/config/engine/fsdp.yaml").read_text()
+    )[NO_SYNC]
+    assert base == (on if tree_default else off), "the tree's own default was not what ran"
