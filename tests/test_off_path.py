@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -219,17 +220,24 @@ def test_a_release_without_data_has_no_finding() -> None:
 
 
 def test_the_shipped_index_reads_each_leaf_only_under_guards() -> None:
-    """``data/off_path_reads.json`` (what the check reads without verl): each leaf of the index
-    is read only at places whose guards name a leaf of the tree. That the file is what the
-    installed verl gives is checked once, by docs/upstream-reads.md's documented command
-    (``census --reads --check``, which rebuilds it: ~17 s), in tests/test_docs_commands.py."""
+    """``data/off_path_reads.json`` (what the check reads without verl), per release: every leaf
+    the census saw read, each place at a line of a verl module with its guard in normal form
+    (conjuncts on ``L[...]`` leaves), ``complete`` only where the census saw every read; each
+    class a registry builds with the condition on its selecting leaves (``D[...]``). That the
+    file is what each release gives is checked by ``release derive --only reads --check``."""
     from pytest_verl_compat.upstream.census import off_path
 
     data = off_path.DATA_FILE
     index = json.loads(data.read_text(encoding="utf-8"))
     assert index and all(index.values())
-    for places_by_leaf in index.values():
-        assert all(place["guard"] for places in places_by_leaf.values() for place in places)
+    for release in index.values():
+        assert sorted(release) == ["classes", "leaves"]
+        assert any(item.get("complete") for item in release["leaves"].values())
+        for item in release["leaves"].values():
+            for place in item["places"]:
+                assert re.fullmatch(r"verl/\S+\.py:\d+", place["where"]), place
+                assert all(c.count("L[") or c.count("UNKNOWN") for c in place["guard"]), place
+        assert release["classes"] and all("D[" in c for c in release["classes"].values())
 
 
 @needs_release()
@@ -363,11 +371,18 @@ def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: 
     value verl reassigns (behind_reassigned). In: a guarded read (path_a; its use in a helper
     only another tree's entry point calls does not count), an engine's read (alpha_only) with the
     dispatch on the strategy the config class copies from the section above."""
-    built = _index(tmp_path)
-    assert sorted(built) == ["actor.fsdp.alpha_only", "trainer.path_a"]
-    assert built["trainer.path_a"][0]["guard"] == ["L['trainer.mode'] == 'a'"]
+    built = _index(tmp_path)["leaves"]
+    complete = sorted(leaf for leaf, item in built.items() if item.get("complete"))
+    for out in ("other.spread_key", "trainer.used_elsewhere", "trainer.copied_key"):
+        assert out in built and out not in complete, out
+    assert {"actor.fsdp.alpha_only", "trainer.path_a"} <= set(complete)
+    assert built["trainer.path_a"]["places"][0]["guard"] == ["L['trainer.mode'] == 'a'"]
     # The engine config's strategy is the actor's (copied in ActorConfig.__post_init__).
-    assert built["actor.fsdp.alpha_only"][0]["guard"] == ["L['actor.strategy'] in ['alpha']"]
+    assert built["actor.fsdp.alpha_only"]["places"][0]["guard"] == [
+        "L['actor.strategy'] in ['alpha']"
+    ]
+    # A guard on a value verl reassigns decides nothing: the place stays open (never ruled out).
+    assert built["trainer.behind_reassigned"]["places"][0]["open"] == 1
 
 
 @pytest.mark.parametrize(
@@ -376,7 +391,7 @@ def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: 
         ("verl/workers/spread.py", "other.spread_key", True),
         ("verl/utils/helpers.py", "trainer.used_elsewhere", True),
         ("verl/trainer/config/ppo_trainer.yaml", "trainer.copied_key", True),
-        ("verl/workers/reassign.py", "trainer.behind_reassigned", True),
+        ("verl/workers/reassign.py", "trainer.reassigned", True),
         # With no caller left, the helper may be anyone's: its use counts again.
         ("verl/trainer/sft.py", "trainer.path_a", False),
     ],
@@ -384,5 +399,8 @@ def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: 
 def test_each_cause_alone_keeps_its_leaf_out(
     tmp_path: Path, leave_out: str, leaf: str, enters: bool
 ) -> None:
-    assert leaf not in _index(tmp_path / "all") or not enters
-    assert (leaf in _index(tmp_path / "without", leave_out)) is enters
+    def complete(index: dict[str, Any]) -> bool:
+        return bool(index["leaves"].get(leaf, {}).get("complete"))
+
+    assert not complete(_index(tmp_path / "all")) or not enters
+    assert complete(_index(tmp_path / "without", leave_out)) is enters
