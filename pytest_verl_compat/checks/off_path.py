@@ -463,7 +463,9 @@ def _off_path_hit(field: str, key: str, found: StaticEffect, version: str) -> It
 @check(
     "effect.forced",
     level="warning",
-    evidence="a config class's __post_init__ that overwrites the field under a condition the "
+    evidence="the trainer's setup that writes the key on the tree, e.g. data.gen_batch_size = 1 "
+    "when the run needs exact refills (verl/trainer/ppo/v1/trainer_base.py:677-684), or "
+    "a config class's __post_init__ that overwrites the field under a condition the "
     "configuration decides, e.g. McoreEngineConfig sets sequence_parallel = False when "
     "tensor_model_parallel_size == 1 (verl/workers/config/engine.py:237-239), with every read of "
     "the key made on that dataclass (docs/census/{version}/reads.md); the finding names the line",
@@ -472,12 +474,16 @@ def _off_path_hit(field: str, key: str, found: StaticEffect, version: str) -> It
     "under a condition the script's values make true, so the value the script wrote never "
     "reaches the code that reads it.",
     fix="remove the key, or change the setting that makes upstream overwrite it",
+    # The probes' example: the static index holds no forced leaf it saw every read of yet
+    # (``complete``), so today the warning comes from the run (``verdict/keys.path_findings``).
     example=Example(
         fires=(
-            "actor_rollout_ref.actor.optim.warmup_style=cosine",
-            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+            "data.gen_batch_size=4",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=acc",
         ),
-        twin=("actor_rollout_ref.actor.optim.lr_scheduler_type=constant",),
+        twin=("data.gen_batch_size=4", "algorithm.filter_groups.metric=acc"),
+        upstream=True,
     ),
     yields_to=(
         "fields.no-effect",
