@@ -213,11 +213,13 @@ WRONG_TYPE = "types.wrong-type"
 
 def family_of(resolved: Mapping[str, Any]) -> str | None:
     """Which checks read a resolved mapping, by the sections it has: an RL trainer's tree has
-    ``actor_rollout_ref``; the SFT trainer's has ``engine``, ``model`` and ``optim`` at the top."""
-    if "actor_rollout_ref" in resolved:
-        return RL
+    ``actor_rollout_ref``; the SFT trainer's has ``engine``, ``model`` and ``optim`` at the top,
+    which no RL tree has: an SFT tree stays one when a run adds PPO keys to it with ``+``
+    (``+algorithm.adv_estimator=grpo``), and the RL checks never read it."""
     if {"engine", "model", "optim", "data", "trainer"} <= set(resolved):
         return SFT
+    if "actor_rollout_ref" in resolved:
+        return RL
     return None
 
 

@@ -310,3 +310,40 @@ def micro_batch_with_dynamic_batch(inp: CheckInput) -> Iterator[Hit]:
             "data.use_dynamic_bsz is true: micro-batches hold up to data.max_token_len_per_gpu="
             f"{data['max_token_len_per_gpu']} tokens instead",
         )
+
+
+@check(
+    "sft.other-entry-key",
+    level="warning",
+    evidence="verl/trainer/sft_trainer.py:460 (the SFT trainer composes its own tree, "
+    "sft_trainer_engine, whose sections are data, model, engine, optim, checkpoint, profiler and "
+    "trainer; its code reads self.config only in those sections)",
+    summary="A key added with `+` to an SFT run in a section the SFT trainer's tree does not "
+    "have, such as main_ppo's `algorithm` or `actor_rollout_ref`: Hydra accepts the new key, and "
+    "no code of the SFT trainer reads it.",
+    fix="remove it: it belongs to another entry point (verl.trainer.main_ppo)",
+    example=Example(
+        ("+algorithm.adv_estimator=grpo",),
+        ("+model.override_config.attn_implementation=eager",),
+        base=SFT_BASE,
+    ),
+    family=SFT,
+)
+def other_entry_key(inp: CheckInput) -> Iterator[Hit]:
+    """A key the run adds with ``+`` in a top-level section the SFT tree lacks: the SFT
+    trainer's code reads only its own sections, so the key is another entry point's."""
+    seen: set[str] = set()
+    for field in inp.explicit_fields:
+        if not field.startswith("+"):
+            continue
+        key = field_key(field)
+        section = key.split(".", 1)[0]
+        if key in seen or not inp.defaults or section in inp.defaults:
+            continue
+        seen.add(key)
+        yield Hit(
+            key,
+            f"`{field}` has no effect here: verl {inp.version}'s SFT trainer never reads {key}: "
+            f"its tree (sft_trainer_engine) has no section {section} and its code reads only its "
+            "own sections; it is a key of another entry point",
+        )

@@ -60,6 +60,7 @@ NO_EFFECT_RULES = frozenset(
         "critic.sequence-parallel-ignored",
         "filter-groups.max-num-gen-batches-ignored",
         "rollout.vllm-false-flag-dropped",
+        "sft.other-entry-key",
     }
 )
 # Places named in an answer (the rest counted).
