@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.fields import field_key
+from pytest_verl_compat.checks.off_path import flat
 from pytest_verl_compat.checks.registry import RL, SFT, WRONG_TYPE, family_of, yield_to_others
 from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
@@ -25,7 +26,9 @@ from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding
 from pytest_verl_compat.pipeline.naming import NAMING_FILE, what_it_names
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
+from pytest_verl_compat.upstream.probes.records import KEY_READ_AT
 from pytest_verl_compat.upstream.verdict import keys as key_answers
+from pytest_verl_compat.upstream.verdict import sentinels
 from pytest_verl_compat.upstream.verdict.early import (
     AnswerStore,
     ChecksQuestion,
@@ -280,6 +283,19 @@ def _verdict(
                 f
                 for f in findings
                 if f not in covered and not (f.check == WRONG_TYPE and f.path in admitted)
+            ]
+            # A string the code that reads the key replaces before any use is its type too
+            # (``sentinels``: the SFT trainer's "after_each_epoch", sft_trainer.py:190-196).
+            read_at = dict(answer.path.get(KEY_READ_AT) or {})
+            values = flat(report_mapping(session, case))
+            root = session.release_files().root
+            findings = [
+                f
+                for f in findings
+                if not (
+                    f.check == WRONG_TYPE
+                    and sentinels.accepted(f.path, values.get(f.path), read_at, root)
+                )
             ]
             explicit = set(explicit_keys(session, case))
             upstream = [

@@ -1,0 +1,90 @@
+"""Types from the reading code: a string the code that reads a key replaces before using it.
+
+The static type check (``checks/types.py``) takes a key's type from the tree's default, but the
+code that reads the key may accept more. verl's SFT trainer reads ``trainer.save_freq`` into
+``self.save_freq`` and replaces the string ``"after_each_epoch"`` by the steps of an epoch
+before any arithmetic (verl/trainer/sft_trainer.py:190-196), although the tree's default is an
+int. ``accepted`` finds that shape at the lines the probes saw read the key on this very
+configuration: the read assigns a name, and an ``if`` of the same function compares that name to
+the script's string (``==``, or ``in`` a literal collection) and assigns the name again in its
+body. Any other string (``trainer.save_freq=sometimes``) stays a wrong type.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from pytest_verl_compat.upstream.probes import statements
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _strings(node: ast.expr) -> set[str]:
+    """The string constants of ``"a"`` or a literal tuple, list or set of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return {
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        }
+    return set()
+
+
+def _compared_strings(test: ast.expr, name: str) -> set[str]:
+    """The strings ``test`` (an ``if``'s) matches ``name`` against with ``==`` or ``in``."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return set()
+    if _dotted(test.left) != name or not isinstance(test.ops[0], ast.Eq | ast.In):
+        return set()
+    return _strings(test.comparators[0])
+
+
+def _assigns(body: Sequence[ast.stmt], name: str) -> bool:
+    return any(
+        isinstance(node, ast.Assign) and any(_dotted(t) == name for t in node.targets)
+        for statement in body
+        for node in ast.walk(statement)
+    )
+
+
+def replaced_strings(source: statements.Source, line: int) -> set[str]:
+    """The strings the function holding the read at ``line`` replaces in the name it assigns."""
+    read = source.statement_at(line)
+    if not (isinstance(read, ast.Assign) and len(read.targets) == 1):
+        return set()
+    name = _dotted(read.targets[0])
+    function = source.function(read)
+    if name is None or function is None:
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and node.lineno > read.lineno and _assigns(node.body, name):
+            found |= _compared_strings(node.test, name)
+    return found
+
+
+def accepted(
+    key: str, value: object, read_at: Mapping[str, Iterable[str]], root: Path
+) -> str | None:
+    """The upstream line (``verl/…py:line``) whose code replaces the string ``value`` of ``key``
+    before using it, at a line the probes read ``key`` at here; None when there is none."""
+    if not isinstance(value, str):
+        return None
+    for where in read_at.get(key, ()):
+        relative, _, line = str(where).rpartition(":")
+        if not line.isdigit():
+            continue
+        source = statements.parse(str(root / relative), relative)
+        if source is not None and value in replaced_strings(source, int(line)):
+            return str(where)
+    return None
