@@ -1,0 +1,276 @@
+"""Every explicit key answered (issue 46): it acts here, it has no effect here, or it is undecided.
+
+One new example per class of miss, each beside a near-identical valid twin that must stay clean:
+
+1. dispatch decides the path: a key read in a method of a class the probes built acts there
+   (``FSDPEngine._build_fsdp_module``, transformer_impl.py:401); a class no registry builds on
+   the configuration (``EngineRegistry`` for the critic's strategy) puts its reads off the path;
+2. values forced in code: the trainer's setup overwrites ``data.gen_batch_size`` with 1 when the
+   sampler refills failed groups (verl/trainer/ppo/v1/trainer_base.py:677-684);
+3. keys of another entry point: a PPO key added with ``+`` to an SFT run;
+8. types from the reading code: the SFT trainer replaces the string ``"after_each_epoch"`` of its
+   frequencies before any arithmetic (verl/trainer/sft_trainer.py:190-196), whatever the tree's
+   int default says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpus_facts import PINNED_VERSION, needs_release, release_root
+
+from pytest_verl_compat import cli
+from pytest_verl_compat.checks import off_path
+from pytest_verl_compat.releases.index import load_release_index
+from pytest_verl_compat.upstream.probes import statements
+from pytest_verl_compat.upstream.probes.records import KEY_BUILT, KEY_READ_AT
+from pytest_verl_compat.upstream.verdict import keys, sentinels
+
+GRPO = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
+SFT = "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh"
+# The SFT script's documented arguments: <nproc_per_node> <save_path>.
+SFT_ARGS = ("--arg", "8", "--arg", "/tmp/sft-ckpt")
+
+# Every supported release (the tests read each one's files, never its environment).
+SUPPORTED = load_release_index().supported_versions
+RESHARD = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
+FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl.FSDPEngine"
+MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl.MegatronEngine"
+RESHARD_READ = "verl/workers/engine/fsdp/transformer_impl.py:401"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _script(tmp_path: Path, upstream: Path, example: str, after: str, lines: list[str]) -> Path:
+    """The example script with ``lines`` (overrides) added on their own lines after ``after``."""
+    text = (upstream / example).read_text(encoding="utf-8")
+    assert after in text, f"{after!r} not in {example}"
+    # A line of a command goes on with a backslash; a line of an array (``DATA=(``) does not.
+    tail = " \\" if after.endswith("\\") else ""
+    added = "".join(f"    {line}{tail}\n" for line in lines)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / Path(example).name
+    path.write_text(text.replace(after, after + "\n" + added, 1), encoding="utf-8")
+    return path
+
+
+def _line_of(path: Path, text: str) -> int:
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def _check_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    status, out, err = run(capsys, "-q", "check", "--format", "json", *args)
+    assert status in (0, 1), err[-3000:]
+    report = json.loads(out)
+    result: dict[str, Any] = report["files"][0] if "files" in report else report
+    return result
+
+
+def _answer(result: dict[str, Any], key: str) -> dict[str, Any]:
+    found = [a for a in result["keys"] if a["key"] == key]
+    assert len(found) == 1, f"answers for {key}={found}, but should be one [{result['file']}]"
+    return found[0]
+
+
+def _rules(result: dict[str, Any], key: str) -> list[str]:
+    return [f["rule"] for f in result["findings"] if key in f["path"].split(", ")]
+
+
+# --- 1. dispatch decides the path ---------------------------------------------------------------
+
+
+def _actor(strategy: str) -> dict[str, Any]:
+    return {"actor_rollout_ref": {"actor": {"strategy": strategy, "fsdp_config": {}}}}
+
+
+def test_a_read_in_a_method_of_a_built_class_acts_and_in_an_unbuilt_one_does_not() -> None:
+    """The probes built ``FSDPEngine`` for the actor's engine section: its read at
+    transformer_impl.py:401 is on this path. With the Megatron engine built instead, the same
+    read is no evidence that the key acts."""
+    field = f"{RESHARD}=False"
+
+    def answer(built: str) -> keys.KeyAnswer:
+        path = {KEY_READ_AT: {}, KEY_BUILT: {RESHARD.rpartition(".")[0]: [built]}}
+        return keys.answer_keys([field], _actor("fsdp"), [], PINNED_VERSION, path=path)[0]
+
+    acts = answer(FSDP_ENGINE)
+    assert (acts.answer, acts.where) == (keys.ACTS, (RESHARD_READ,)), acts
+    assert "read by FSDPEngine" in acts.why
+    twin = answer(MEGATRON_ENGINE)
+    assert twin.answer != keys.ACTS and not twin.where, twin
+
+
+def test_a_class_no_registry_builds_puts_its_reads_off_the_path() -> None:
+    """``critic.megatron.grad_offload`` is read only in ``MegatronEngine``
+    (megatron/transformer_impl.py:198), which ``EngineRegistry.new(backend=strategy)`` builds only
+    for a Megatron strategy (verl/workers/engine_workers.py:135-137): with every strategy FSDP it
+    is not built; with the critic's strategy Megatron it may be."""
+    key = "critic.megatron.grad_offload"
+    leaves = {
+        "actor_rollout_ref.actor.strategy": "fsdp",
+        "actor_rollout_ref.ref.strategy": "fsdp",
+        "critic.strategy": "fsdp",
+        key: True,
+    }
+    found = off_path.static_effect(key, leaves, PINNED_VERSION)
+    assert found is not None and found.kind == off_path.NOT_BUILT, found
+    assert found.not_built == (MEGATRON_ENGINE,)
+    assert [p.where for p in found.places] == [
+        "verl/workers/engine/megatron/transformer_impl.py:198"
+    ]
+    assert found.deciding["critic.strategy"] == "fsdp"
+    twin = off_path.static_effect(key, {**leaves, "critic.strategy": "megatron"}, PINNED_VERSION)
+    assert twin is None, twin
+
+
+@needs_release()
+def test_explain_says_reshard_after_forward_acts_on_the_grpo_example(
+    upstream_checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl's GRPO example builds the FSDP engine: the key acts at FSDPEngine._build_fsdp_module
+    (was: undecided, "guard not evaluated"). Its twin, the critic's copy of the same key, is read
+    by the same class, but GRPO builds no critic: never "acts"."""
+    upstream = ("--upstream", str(upstream_checkout))
+    status, out, err = run(capsys, "-q", *upstream, "explain", RESHARD, "grpo")
+    assert status == 0, err[-3000:]
+    assert f"grpo: {RESHARD} = True: acts" in out
+    assert f"read by FSDPEngine, which the probes built for {RESHARD.rpartition('.')[0]}" in out
+    assert f"read here: {RESHARD_READ}" in out
+    critic = "critic.fsdp.reshard_after_forward"
+    status, out, err = run(capsys, "-q", *upstream, "explain", critic, "grpo")
+    assert status == 0, err[-3000:]
+    assert f"grpo: {critic} = True: undecided" in out
+    assert "read here:" not in out
+
+
+# --- 2. values forced in code -------------------------------------------------------------------
+
+
+@needs_release()
+def test_a_value_the_trainer_overwrites_has_no_effect_and_its_twin_acts(
+    upstream_checkout: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    after = "    data.train_batch_size=${train_batch_size}"
+    forced = _script(
+        tmp_path / "forced",
+        upstream_checkout,
+        GRPO,
+        after,
+        ["data.gen_batch_size=4", "trainer.v1.sampler.sync_refill_failed_groups=True"],
+    )
+    twin = _script(tmp_path / "twin", upstream_checkout, GRPO, after, ["data.gen_batch_size=4"])
+    upstream = ("--upstream", str(upstream_checkout))
+    status, out, err = run(capsys, "-q", *upstream, "check", str(forced))
+    assert status == 0, err[-3000:]
+    line = _line_of(forced, "data.gen_batch_size=4")
+    warned = [x for x in out.splitlines() if "warning[effect.forced]" in x]
+    assert len(warned) == 1, out
+    assert warned[0].startswith(f"{forced}:{line}:5: warning[effect.forced] data.gen_batch_size:")
+    assert "`data.gen_batch_size=4` has no effect here" in warned[0]
+    assert "sets data.gen_batch_size = 1 at verl/trainer/ppo/v1/trainer_base.py:684" in warned[0]
+    result = _check_json(capsys, *upstream, str(forced))
+    answer = _answer(result, "data.gen_batch_size")
+    assert (answer["answer"], answer["rule"]) == (keys.NO_EFFECT, "effect.forced"), answer
+    assert _answer(result, "trainer.v1.sampler.sync_refill_failed_groups")["answer"] == keys.ACTS
+    clean = _check_json(capsys, *upstream, str(twin))
+    assert "effect.forced" not in _rules(clean, "data.gen_batch_size"), clean["findings"]
+    assert _answer(clean, "data.gen_batch_size")["answer"] == keys.ACTS
+
+
+# --- 3. keys of another entry point -------------------------------------------------------------
+
+
+@needs_release()
+def test_a_ppo_key_added_to_an_sft_run_has_no_effect_and_its_twin_is_clean(
+    upstream_checkout: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the RL checks read the SFT tree that ``+algorithm…`` made look like one, and check
+    stopped on an internal error (KeyError: 'algorithm')."""
+    after = "    -m verl.trainer.sft_trainer \\"
+    other = _script(
+        tmp_path / "other", upstream_checkout, SFT, after, ["+algorithm.adv_estimator=grpo"]
+    )
+    twin = _script(
+        tmp_path / "twin",
+        upstream_checkout,
+        SFT,
+        after,
+        ["+model.override_config.attn_implementation=eager"],
+    )
+    upstream = ("--upstream", str(upstream_checkout))
+    status, out, err = run(capsys, "-q", *upstream, "check", str(other), *SFT_ARGS)
+    assert status == 0, err[-3000:]
+    line = _line_of(other, "+algorithm.adv_estimator=grpo")
+    warned = [x for x in out.splitlines() if "warning[sft.other-entry-key]" in x]
+    assert len(warned) == 1, out
+    assert warned[0].startswith(
+        f"{other}:{line}:6: warning[sft.other-entry-key] algorithm.adv_estimator: "
+        "`+algorithm.adv_estimator=grpo` has no effect here"
+    )
+    result = _check_json(capsys, *upstream, str(other), *SFT_ARGS)
+    answer = _answer(result, "algorithm.adv_estimator")
+    assert (answer["answer"], answer["rule"]) == (keys.NO_EFFECT, "sft.other-entry-key"), answer
+    clean = _check_json(capsys, *upstream, str(twin), *SFT_ARGS)
+    assert not [f for f in clean["findings"] if f["rule"] == "sft.other-entry-key"]
+    assert _answer(clean, "model.override_config.attn_implementation")["answer"] != keys.NO_EFFECT
+
+
+# --- 8. types from the reading code -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_sft_trainer_replaces_its_frequency_sentinel(version: str) -> None:
+    """The read ``self.save_freq = self.config.trainer.save_freq`` is followed by an ``if`` that
+    compares it to "after_each_epoch" and assigns it again (sft_trainer.py:190-192 in 0.9.0),
+    in every supported release's own files."""
+    root = release_root(version)
+    relative = "verl/trainer/sft_trainer.py"
+    source = statements.parse(str(root / relative), relative)
+    assert source is not None
+    text = (root / relative).read_text(encoding="utf-8").splitlines()
+    reads = {
+        name: next(i for i, x in enumerate(text, 1) if f"self.config.trainer.{name}" in x)
+        for name in ("save_freq", "test_freq", "total_epochs")
+    }
+    assert sentinels.replaced_strings(source, reads["save_freq"]) == {"after_each_epoch"}
+    assert sentinels.replaced_strings(source, reads["test_freq"]) == {"after_each_epoch"}
+    assert sentinels.replaced_strings(source, reads["total_epochs"]) == set()
+    read_at = {"trainer.save_freq": [f"{relative}:{reads['save_freq']}"]}
+    where = sentinels.accepted("trainer.save_freq", "after_each_epoch", read_at, root)
+    assert where == f"{relative}:{reads['save_freq']}"
+    assert sentinels.accepted("trainer.save_freq", "sometimes", read_at, root) is None
+    assert sentinels.accepted("trainer.save_freq", 5, read_at, root) is None
+
+
+@needs_release()
+def test_a_string_sentinel_the_reader_accepts_is_no_wrong_type_and_its_twin_is(
+    upstream_checkout: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    after = "    -m verl.trainer.sft_trainer \\"
+    upstream = ("--upstream", str(upstream_checkout))
+    results = {}
+    for value in ("after_each_epoch", "sometimes"):
+        script = _script(
+            tmp_path / value, upstream_checkout, SFT, after, [f"trainer.save_freq={value}"]
+        )
+        results[value] = _check_json(capsys, *upstream, str(script), *SFT_ARGS)
+    accepted = results["after_each_epoch"]
+    assert "types.wrong-type" not in _rules(accepted, "trainer.save_freq"), accepted["findings"]
+    assert accepted["valid"] is True
+    answer = _answer(accepted, "trainer.save_freq")
+    assert answer["answer"] == keys.ACTS
+    assert any(re.fullmatch(r"verl/trainer/sft_trainer\.py:\d+", w) for w in answer["where"])
+    wrong = results["sometimes"]
+    assert _rules(wrong, "trainer.save_freq") == ["types.wrong-type"], wrong["findings"]
+    assert wrong["valid"] is False
