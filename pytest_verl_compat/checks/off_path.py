@@ -443,10 +443,17 @@ def _off_path_hit(field: str, key: str, found: StaticEffect, version: str) -> It
         )
     elif found.kind == NOT_BUILT:
         classes = ", ".join(_short_class(c) for c in found.not_built)
+        # A selecting leaf the configuration lacks (None: its section is absent) builds nothing
+        # and says nothing to the reader; the values that do select are named.
+        because = ", ".join(
+            f"{leaf}={value!r}"
+            for leaf, value in sorted(found.deciding.items())
+            if value is not None
+        )
         yield Hit(
             key,
             f"`{field}` has no effect here: verl {version} reads {key} only at "
-            f"{_shown(found.places)}, and with {because or 'this configuration'} no registry "
+            f"{_shown(found.places)}, and with {because or 'this configuration'}, no registry "
             f"builds {classes} (the class those reads belong to) and the other places are ruled "
             "out",
             "remove it, or select the class that reads it",
