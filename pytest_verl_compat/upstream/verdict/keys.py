@@ -186,7 +186,9 @@ def answer_keys(
     a field may choose; ``entry_module``: the launch's (the read index is main_ppo's)."""
     no_effect: dict[str, Finding] = {}
     for finding in findings:
-        if finding.check in NO_EFFECT_RULES and finding.level == "warning":
+        # An error too: a legacy reward key main_ppo silently ignores is one
+        # (fields.legacy-reward-key); a note (info) claims nothing.
+        if finding.check in NO_EFFECT_RULES and finding.level in ("warning", "error"):
             for key in finding.keys:
                 no_effect.setdefault(key, finding)
     facts = PathFacts.of(path)
