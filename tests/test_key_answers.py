@@ -25,12 +25,14 @@ from corpus_facts import PINNED_VERSION, needs_release, release_root
 
 from pytest_verl_compat import cli
 from pytest_verl_compat.checks import off_path
+from pytest_verl_compat.model import Finding, Level
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.upstream.probes import statements
 from pytest_verl_compat.upstream.probes.records import KEY_BUILT, KEY_READ_AT
 from pytest_verl_compat.upstream.verdict import keys, sentinels
 
 GRPO = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
+MEGATRON_GRPO = "examples/grpo_trainer/run_qwen3_30b_a3b_megatron.sh"
 SFT = "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh"
 # The SFT script's documented arguments: <nproc_per_node> <save_path>.
 SFT_ARGS = ("--arg", "8", "--arg", "/tmp/sft-ckpt")
@@ -152,6 +154,51 @@ def test_explain_says_reshard_after_forward_acts_on_the_grpo_example(
     assert status == 0, err[-3000:]
     assert f"grpo: {critic} = True: undecided" in out
     assert "read here:" not in out
+
+
+@needs_release()
+def test_a_model_flag_only_the_engines_not_built_read_has_no_effect_and_its_twin_acts(
+    upstream_checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl's Megatron GRPO example sets ``model.enable_gradient_checkpointing``, which only the
+    FSDP and VeOmni engines read (fsdp/transformer_impl.py:316,459); with every strategy
+    Megatron no registry builds them. The FSDP example sets the same key, and there it acts."""
+    key = "actor_rollout_ref.model.enable_gradient_checkpointing"
+    upstream = ("--upstream", str(upstream_checkout))
+    megatron = upstream_checkout / MEGATRON_GRPO
+    off = _check_json(capsys, *upstream, str(megatron))
+    found = [f for f in off["findings"] if f["rule"] == "effect.off-path" and f["path"] == key]
+    assert len(found) == 1, off["findings"]
+    assert found[0]["location"]["line"] == _line_of(megatron, f"{key}=True")
+    message = found[0]["message"]
+    assert "only at verl/workers/engine/fsdp/transformer_impl.py:316,459" in message
+    assert "actor_rollout_ref.actor.strategy='megatron'" in message
+    assert "no registry builds FSDPEngine, VeOmniEngine" in message
+    assert "=None" not in message
+    answer = _answer(off, key)
+    assert (answer["answer"], answer["rule"]) == (keys.NO_EFFECT, "effect.off-path"), answer
+    on = _check_json(capsys, *upstream, str(upstream_checkout / GRPO))
+    assert "effect.off-path" not in _rules(on, key), on["findings"]
+    answer = _answer(on, key)
+    assert answer["answer"] == keys.ACTS, answer
+    assert "read by FSDPEngine" in answer["why"]
+
+
+def test_a_finding_that_says_no_effect_answers_the_key_whatever_its_level() -> None:
+    """A legacy reward key main_ppo silently ignores is an error (fields.legacy-reward-key) and
+    its key has no effect (was: undecided, the answer contradicting the finding); a note (info)
+    of the same rule claims nothing."""
+    key = "reward_model.reward_manager"
+    field = f"{key}=dapo"
+    resolved = {"reward_model": {"reward_manager": "dapo"}}
+
+    def answer(level: Level) -> keys.KeyAnswer:
+        said = Finding(level, key, f"`{field}` ...", "", check="fields.legacy-reward-key")
+        return keys.answer_keys([field], resolved, [said], PINNED_VERSION)[0]
+
+    error = answer("error")
+    assert (error.answer, error.rule) == (keys.NO_EFFECT, "fields.legacy-reward-key"), error
+    assert answer("info").answer != keys.NO_EFFECT
 
 
 # --- 2. values forced in code -------------------------------------------------------------------
