@@ -443,6 +443,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     # The reads first: the census page shows where each check's key was traced (their index).
     "reads": _reads,
     "census": _census,
-    "golden": _golden,
+    # The examples before the golden files: the audit's golden file carries their totals.
     "examples": _examples,
+    "golden": _golden,
 }

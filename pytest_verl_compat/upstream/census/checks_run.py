@@ -14,7 +14,6 @@ probe, verl or configuration is a key that misses, asked anew.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,10 +86,13 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
     """Every composed configuration of the coverage run, by a stable id."""
     cases = _cases(session)
     out: dict[str, Mapping[str, Any]] = {}
+    read: set[str] = set()
     for case, outcome in _main_ppo_outcomes(session, cases):
+        read.add(case.id)
         composition = outcome.composition
         if composition.composed:
             out[case.id] = composition.mapping
+    citations = load_release_index().citations
     by_id = {case.id: case for case in cases}
     raw = yaml.safe_load(VARIANTS_FILE.read_text(encoding="utf-8")) or []
     for index, variant in enumerate(raw):
@@ -104,12 +106,16 @@ def configurations(session: AuditSession) -> dict[str, Mapping[str, Any]]:
             base = by_id.get(variant["base"])
             if base is None:
                 raise ValueError(f"{VARIANTS_FILE.name} entry {index}: no case {variant['base']!r}")
-            extended = dataclasses.replace(
-                session.with_overrides(base, overrides), id=f"census/{index}"
-            )
+            if base.id not in read:
+                if session.version != citations:
+                    continue  # an example script this release's checkout does not launch so
+                raise ValueError(f"{VARIANTS_FILE.name} entry {index}: {base.id} is not read")
+            # Composed under its own id: a case whose scripts this release's checkout lacks is
+            # read from golden under the base's id, never under the variant's.
+            extended = session.with_overrides(base, overrides, case_id=f"census/{index}")
             composition = session.outcome(extended).composition
         if not composition.composed:
-            if session.version != load_release_index().citations:
+            if session.version != citations:
                 continue  # a variant of a setting this release's tree does not have
             raise ValueError(f"{VARIANTS_FILE.name} entry {index}: {composition.reason}")
         out[f"census/{index}"] = composition.mapping
