@@ -26,6 +26,7 @@ from hostile_canary import make_canary
 
 from pytest_verl_compat.checks import Example
 from pytest_verl_compat.checks.model_facts import ModelFacts
+from pytest_verl_compat.memory import findings as memory_findings  # registers the memory.* pages
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.profile import load_profile
@@ -41,7 +42,14 @@ from pytest_verl_compat.upstream.verdict.rules import all_rules
 
 CLI = (sys.executable, "-m", "pytest_verl_compat.cli")
 RULES = all_rules()
-WITH_EXAMPLES = sorted(rule for rule, doc in RULES.items() if doc.example is not None)
+# The memory forecast's rules need a GPU (check --gpu, fit): tests/test_fit_rules.py runs their
+# examples. Their pages are registered above whatever the tests collected before, so that every
+# worker collects the same parameters.
+WITH_EXAMPLES = sorted(
+    rule
+    for rule, doc in RULES.items()
+    if doc.example is not None and doc.source != memory_findings.SOURCE
+)
 _counter = itertools.count()
 
 # The rules whose example a resolved file cannot reproduce, and why: what decides them is the

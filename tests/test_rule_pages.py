@@ -36,11 +36,13 @@ WITH_EXAMPLES = sorted(
     rule for rule, doc in RULES.items() if doc.example is not None and rule not in MEMORY
 )
 # Rules whose findings cannot be produced by a case plus overrides: the launch reader's (a script's
-# text decides them; tests/test_check_command.py and tests/test_sandbox_and_user_keys.py fire them)
+# text decides them; tests/test_check_command.py, tests/test_sandbox_and_user_keys.py and, for the
+# ways of a run-time test with their agreeing twin, tests/test_run_time_conditions.py fire them)
 # and the directives'.
 WITHOUT_EXAMPLES = {
     "launch.unreadable",
     "launch.run-time-value",
+    "launch.run-time-condition",
     "launch.no-launcher",
     "launch.unknown-entry-point",
     "sft.needs-torchrun",

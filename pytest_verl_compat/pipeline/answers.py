@@ -83,6 +83,7 @@ _RL_PROBES = tuple(
         "phases",
         "recorder",
         "records",
+        "stand_ins",
         "statements",
         "tiny_batch",
         "trainer",

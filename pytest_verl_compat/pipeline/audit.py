@@ -80,8 +80,8 @@ from pytest_verl_compat.pipeline.profile import (
 from pytest_verl_compat.pipeline.resolved import (
     ResolvedFileError,
     load_run,
+    resolved_case,
     resolved_composition,
-    resolved_path,
 )
 from pytest_verl_compat.pipeline.snapshot import read_golden
 from pytest_verl_compat.releases.choice import ReleaseChoice, choose_release
@@ -549,40 +549,20 @@ class AuditSession:
         launcher started (torchrun's), which no resolved file records."""
         assert self.manifest is not None
         try:
-            path = resolved_path(Path(given)).resolve()
-            run = load_run(path)
+            case = resolved_case(Path(given), self.manifest.bindings)
         except ResolvedFileError as exc:
             raise StageFailed(str(exc)) from exc
-        pinned = [path] + ([run.overrides_file.resolve()] if run.overrides_file else [])
-        case = Case(
-            id=f"{path.stem}@{path}",
-            kind="resolved",
-            line=0,
-            resolved=str(path),
-            inputs=tuple(InputPin(str(file), sha256_file(file)) for file in pinned),
-            bindings=self.manifest.bindings,
-        )
         if world_size is not None:
             self._resolved_worlds[case.id] = world_size
         return case
 
     def case_ways(self, case: Case) -> list[tuple[Way, Case]]:
         """A script case split at the conditions only the running system decides whose ways
-        part (``read_case_ways``): per way, the way (its conditions, ``Way.said()``: ``when [ -d
-        "$HOME/models/Q" ] (line 2) is true``) and a case that reads it (its own id, the way
-        bound)."""
-        from pytest_verl_compat.bash import LaunchReadError
-        from pytest_verl_compat.pipeline.read import read_case_ways
+        part (``pipeline.read.case_ways``)."""
+        from pytest_verl_compat.pipeline.read import case_ways
 
         root = _FILESYSTEM_ROOT if case.kind == SCRIPT else self.upstream_root()
-        try:
-            ways = read_case_ways(case, root, self._release_root())
-        except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
-            raise StageFailed(str(exc)) from exc
-        return [
-            (way, dataclasses.replace(case, id=f"{case.id}~{index}", bindings=way.bindings))
-            for index, way in enumerate(ways, 1)
-        ]
+        return case_ways(case, root, self._release_root())
 
     def upstream_root(self) -> Path:
         """The folder a manifest case's launch script is relative to."""

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 
 from markdown_it import MarkdownIt
 
 from pytest_verl_compat.bash import LaunchReadError, SourceScope, Way, read_launch, read_launch_ways
-from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock
+from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock, StageFailed
 from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.pipeline.naming import may_carry
 from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
 
 __all__ = ["PinMismatch", "read_case_fields", "read_case_ways"]
-from pytest_verl_compat.files.safe_input import read_text
+from pytest_verl_compat.files.safe_input import InputError, read_text
 
 
 def override_block(root: Path, block: OverrideBlock) -> list[str]:
@@ -111,3 +112,17 @@ def read_case_ways(case: Case, root: Path, release_root: Path | None = None) -> 
         entry_modules=launch_acceptor(release_root),
         carry=may_carry,
     )
+
+
+def case_ways(case: Case, root: Path, release_root: Path | None = None) -> list[tuple[Way, Case]]:
+    """:func:`read_case_ways` as the session's stages take it: per way, the way (its
+    conditions, ``Way.said()``: ``when [ -d "$HOME/models/Q" ] (line 2) is true``) and a case
+    that reads it (its own id, the way bound); a script that cannot be read fails the stage."""
+    try:
+        ways = read_case_ways(case, root, release_root)
+    except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
+        raise StageFailed(str(exc)) from exc
+    return [
+        (way, dataclasses.replace(case, id=f"{case.id}~{index}", bindings=way.bindings))
+        for index, way in enumerate(ways, 1)
+    ]

@@ -16,8 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.files.digests import sha256_file
 from pytest_verl_compat.files.safe_input import InputError, load_yaml_file
-from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition, ExplicitFields
+from pytest_verl_compat.model import (
+    COMPOSED,
+    COMPOSITION_REJECTION,
+    Bindings,
+    Case,
+    Composition,
+    ExplicitFields,
+    InputPin,
+)
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
 from pytest_verl_compat.pipeline.targets import target_rejection
 
@@ -337,4 +346,20 @@ def _derived_fields(
         if (key := f.split("=", 1)[0]) not in derived
         or key not in theirs
         or not _same_value(ours.get(key), theirs[key])
+    )
+
+
+def resolved_case(given: Path, bindings: Bindings) -> Case:
+    """A one-off case for a run's resolved file (or its run folder), pinning it and Hydra's
+    ``overrides.yaml`` beside it by sha256. Raises ResolvedFileError."""
+    path = resolved_path(given).resolve()
+    run = load_run(path)
+    pinned = [path] + ([run.overrides_file.resolve()] if run.overrides_file else [])
+    return Case(
+        id=f"{path.stem}@{path}",
+        kind="resolved",
+        line=0,
+        resolved=str(path),
+        inputs=tuple(InputPin(str(file), sha256_file(file)) for file in pinned),
+        bindings=bindings,
     )
