@@ -240,6 +240,27 @@ def test_the_shipped_index_reads_each_leaf_only_under_guards() -> None:
         assert release["classes"] and all("D[" in c for c in release["classes"].values())
 
 
+def test_a_block_a_library_reads_is_never_claimed_without_effect() -> None:
+    """verl hands the LoRA block to Megatron-Bridge (``create_peft(lora_cfg)``,
+    verl/workers/config/megatron_peft.py:30) and the transfer queue's to TransferQueue
+    (``tq.init(config.transfer_queue)``, verl/trainer/main_ppo.py:150): keys no verl line names,
+    read by the library (verl's own example run_qwen3_30b_a3b_megatron.sh sets
+    lora_A_init_method), stay out of the index on every release; a key no code names at all
+    (``actor_rollout_ref.nccl_timeout``, read by no class of 0.9.0) stays in."""
+    from pytest_verl_compat.upstream.census import off_path
+
+    index = json.loads(off_path.DATA_FILE.read_text(encoding="utf-8"))
+    for version, release in index.items():
+        leaves = release["leaves"]
+        for leaf in (
+            "actor_rollout_ref.model.lora.lora_A_init_method",
+            "critic.model.lora.freeze_vision_model",
+            "transfer_queue.backend.storage_backend",
+        ):
+            assert leaf in leaves and not leaves[leaf].get("complete"), (version, leaf)
+    assert index["0.9.0"]["leaves"]["actor_rollout_ref.nccl_timeout"].get("complete")
+
+
 @needs_release()
 def test_explain_says_what_check_says(upstream_checkout: Path) -> None:
     """``explain`` judges a key of the index as ``check`` does: the engine's strategy is the
@@ -312,6 +333,24 @@ def log(self):
 def setup(config):
     config.trainer.reassigned = 2
 """,
+    # A section handed to a library (verl/workers/config/megatron_peft.py:22-30 hands the LoRA
+    # block to Megatron-Bridge's create_peft): whatever names it reads there, its leaves may act.
+    "verl/workers/peft.py": """
+def get_peft(model_config):
+    from bridge.peft import create_peft
+
+    lora_cfg = model_config.lora
+    return create_peft(lora_cfg)
+""",
+    # OmegaConf's helpers are modelled (open_dict reads nothing): the twin that keeps it in.
+    "verl/workers/writable.py": """
+from omegaconf import open_dict
+
+
+def widen(config):
+    with open_dict(config.plain):
+        pass
+""",
     "verl/workers/engine/base.py": "class EngineRegistry:\n    pass\n",
     "verl/workers/engine/alpha.py": """
 class AlphaEngine:
@@ -342,6 +381,9 @@ _TREE = {
         "behind_reassigned": 1,
     },
     "other": {"spread_key": 1},
+    # Named nowhere: never read, but for the library the block is handed to.
+    "model": {"lora": {"init_method": "xavier"}},
+    "plain": {"never_named": 1},
     "actor": {
         "_target_": "verl.workers.config.actor.ActorConfig",
         "strategy": "beta",
@@ -366,7 +408,8 @@ def _index(root: Path, leave_out: str = "") -> dict[str, Any]:
 
 
 def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: Path) -> None:
-    """Out: a section iterated (spread_key), a use of the name elsewhere (used_elsewhere), an
+    """Out: a section iterated (spread_key) or handed to a library (lora), a use of the name
+    elsewhere (used_elsewhere), an
     interpolation copying the key (copied_key), a read with no guard (unguarded), a guard on a
     value verl reassigns (behind_reassigned). In: a guarded read (path_a; its use in a helper
     only another tree's entry point calls does not count), an engine's read (alpha_only) with the
@@ -375,7 +418,8 @@ def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: 
     complete = sorted(leaf for leaf, item in built.items() if item.get("complete"))
     for out in ("other.spread_key", "trainer.used_elsewhere", "trainer.copied_key"):
         assert out in built and out not in complete, out
-    assert {"actor.fsdp.alpha_only", "trainer.path_a"} <= set(complete)
+    assert {"actor.fsdp.alpha_only", "trainer.path_a", "plain.never_named"} <= set(complete)
+    assert "model.lora.init_method" in built and "model.lora.init_method" not in complete
     assert built["trainer.path_a"]["places"][0]["guard"] == ["L['trainer.mode'] == 'a'"]
     # The engine config's strategy is the actor's (copied in ActorConfig.__post_init__).
     assert built["actor.fsdp.alpha_only"]["places"][0]["guard"] == [
@@ -392,6 +436,7 @@ def test_the_index_keeps_only_the_leaves_whose_every_read_it_has_seen(tmp_path: 
         ("verl/utils/helpers.py", "trainer.used_elsewhere", True),
         ("verl/trainer/config/ppo_trainer.yaml", "trainer.copied_key", True),
         ("verl/workers/reassign.py", "trainer.reassigned", True),
+        ("verl/workers/peft.py", "model.lora.init_method", True),
         # With no caller left, the helper may be anyone's: its use counts again.
         ("verl/trainer/sft.py", "trainer.path_a", False),
     ],

@@ -168,14 +168,83 @@ def _section_chain(node: ast.AST) -> tuple[str, ...] | None:
     return None
 
 
+def _call_root(node: ast.Call) -> str:
+    """The first name of a call's callee: ``create_peft`` of ``create_peft(…)``, ``peft`` of
+    ``peft.get_peft_model(…)``."""
+    chain = attribute_chain(node.func)
+    return chain[0] if chain else ""
+
+
 def _callee(node: ast.Call) -> str:
     func = node.func
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
+# Packages whose calls the scan models itself: verl's own, and OmegaConf's.
+_OWN_PACKAGES = frozenset({"verl", "omegaconf"})
+
+
+def _foreign_names(source: statements.Source) -> frozenset[str]:
+    """The names the file binds by importing them from outside verl (``from megatron.bridge.peft.
+    utils import create_peft``, ``import peft``), in any scope. OmegaConf's are not: the scan
+    models what they read (``OmegaConf.select`` names its key, ``to_container`` spreads), and
+    ``open_dict`` reads nothing."""
+    names: set[str] = set()
+    for node in source.nodes:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] not in _OWN_PACKAGES:
+                names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(
+                alias.asname or alias.name.split(".")[0]
+                for alias in node.names
+                if alias.name.split(".")[0] not in _OWN_PACKAGES
+            )
+    return frozenset(names)
+
+
+def _named_section(source: statements.Source, node: ast.AST) -> str | None:
+    """The last name of the section an argument holds: ``model_config.lora`` or
+    ``cfg.get("lora")``, directly or through a local of the same function assigned from one
+    (``lora_cfg = model_config.lora``, verl/workers/config/megatron_peft.py:22)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        holder = attribute_chain(node.func.value) or []
+        if (
+            node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and any(_config_holder(part) for part in holder)
+        ):
+            return str(node.args[0].value)
+        return None
+    if isinstance(node, ast.Name):
+        function = source.function(node)
+        if function is None:
+            return None
+        for statement in source.own_nodes(function):
+            if (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+                and statement.targets[0].id == node.id
+                and not isinstance(statement.value, ast.Name)
+            ):
+                return _named_section(source, statement.value)
+        return None
+    chain = attribute_chain(node)
+    if not chain or len(chain) < 2 or not any(_config_holder(part) for part in chain[:-1]):
+        return None  # not below a config object: a model, a tensor, a library's own object
+    return chain[-1]
+
+
+def _config_holder(name: str) -> bool:
+    return name in _ROOTS or name.endswith(("_config", "_cfg"))
+
+
 def _scan_file(scan: PackageScan, source: statements.Source) -> None:
     relative = source.relative
     in_config = relative.startswith(_CONFIG_FOLDERS)
+    foreign = _foreign_names(source)
     for node in source.nodes:
         line = getattr(node, "lineno", 0)
         where = f"{relative}:{line}"
@@ -208,6 +277,13 @@ def _scan_file(scan: PackageScan, source: statements.Source) -> None:
             _spread(scan, node.iter)
         elif isinstance(node, ast.Call):
             _scan_call(scan, source, node, in_config)
+            if _call_root(node) in foreign:
+                # A section handed to a library (``create_peft(lora_cfg)``, megatron_peft.py:
+                # 29) is read there by whatever names it knows: every leaf below it may act.
+                for argument in [*node.args, *(k.value for k in node.keywords)]:
+                    named = _named_section(source, argument)
+                    if named:
+                        scan.spread.add((named,))
         elif isinstance(node, ast.ClassDef):
             _scan_class(scan, node, in_config, relative)
 
