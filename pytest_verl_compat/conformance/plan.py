@@ -6,6 +6,7 @@ comparisons themselves live in the package's other modules (`inputs`, `component
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -336,4 +337,19 @@ def upstream_missing_reason(release: str | None = None) -> str | None:
         load_lock(load_release_index().supported_release(release or pinned_version()))
     except ReleaseError as exc:
         return str(exc)
+    return None
+
+
+def comparison_missing_reason(release: str | None = None) -> str | None:
+    """Why a comparison of our side with ``release``'s cannot run here, or None: upstream's side
+    runs in the release's environment (``upstream_missing_reason``), ours in this process, on
+    the reference trainer's torch (the [trainer] extra; the plugin alone installs without it)."""
+    missing = upstream_missing_reason(release)
+    if missing is not None:
+        return missing
+    if importlib.util.find_spec("torch") is None:
+        return (
+            "our side runs the reference trainer's math, which needs the [trainer] extra "
+            "(torch is not installed): pip install 'pytest-verl-compat[trainer]'"
+        )
     return None

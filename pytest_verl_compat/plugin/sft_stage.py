@@ -55,12 +55,12 @@ class TestSFTStepConformance:
         tmp_path_factory: pytest.TempPathFactory,
     ) -> None:
         """The reference trainer's SFT steps equal verl's SFT trainer's."""
-        from pytest_verl_compat.conformance.plan import upstream_missing_reason
+        from pytest_verl_compat.conformance.plan import comparison_missing_reason
         from pytest_verl_compat.conformance.step.run import case_failures
 
         if not request.config.getoption("verl_corpus_step"):
             pytest.skip("the step stage runs with --verl-corpus-step")
-        missing = upstream_missing_reason(request.config.stash[audit_state_key].session.version)
+        missing = comparison_missing_reason(request.config.stash[audit_state_key].session.version)
         if missing:
             pytest.skip(missing)
         cases = sorted(sft_case_overrides())

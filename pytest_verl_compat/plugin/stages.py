@@ -412,9 +412,9 @@ def test_conformance(
     conformance_case: Any, verl_state: AuditState, request: pytest.FixtureRequest
 ) -> None:
     """Our reference math equals upstream verl's, values and gradients, within the case's tolerance."""
-    from pytest_verl_compat.conformance.plan import upstream_missing_reason
+    from pytest_verl_compat.conformance.plan import comparison_missing_reason
 
-    missing = upstream_missing_reason(verl_state.session.version)
+    missing = comparison_missing_reason(verl_state.session.version)
     if missing:
         pytest.skip(missing)
     result = verl_state.conformance_results.get(conformance_case)
@@ -480,12 +480,12 @@ class TestStepConformance:
         tmp_path_factory: pytest.TempPathFactory,
     ) -> None:
         """The reference trainer's training steps equal verl's V1 engine steps."""
-        from pytest_verl_compat.conformance.plan import upstream_missing_reason
+        from pytest_verl_compat.conformance.plan import comparison_missing_reason
         from pytest_verl_compat.conformance.step.run import case_failures
 
         if not request.config.getoption("verl_corpus_step"):
             pytest.skip("the step stage runs with --verl-corpus-step (about 4 minutes)")
-        missing = upstream_missing_reason(verl_audit.version)
+        missing = comparison_missing_reason(verl_audit.version)
         if missing:
             pytest.skip(missing)
         # Every selected step case in one upstream subprocess (verl is imported once).

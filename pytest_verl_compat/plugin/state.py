@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_verl_compat.conformance.plan import (
+    comparison_missing_reason,
     conformance_cases,
     load_tolerances,
-    upstream_missing_reason,
 )
 from pytest_verl_compat.conformance.results import ConformanceResults
 from pytest_verl_compat.model import Case
@@ -65,8 +65,8 @@ class AuditState:
         return cls(session, oracle, results)
 
     def conformance_references(self) -> OracleReferences | None:
-        """Upstream's side of the conformance cases from the oracle, when verl is installed."""
-        if self._references is None and upstream_missing_reason(self.session.version) is None:
+        """Upstream's side of the conformance cases from the oracle, when both sides can run."""
+        if self._references is None and comparison_missing_reason(self.session.version) is None:
             from pytest_verl_compat.conformance.reference_answers import (
                 OracleReferences,
                 reference_answers,
