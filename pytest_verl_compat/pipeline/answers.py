@@ -52,12 +52,13 @@ _COMPRESSED: frozenset[str] = frozenset()
 MAX_ENTRY_BYTES = 1 << 22
 MAX_RECORDED_BYTES = 1 << 26
 # The installed distributions whose code answers (or shapes what upstream's code does).
+# The distributions of this process that a kept result depends on: our side's (the reference
+# trainer's math on torch, its models' transformers and peft) and the composition's. verl and its
+# own packages run only in each release's environment, whose lock keys upstream's side
+# (``release_platform``): whatever this process has of them decides nothing.
 PLATFORM = (
-    "verl",
     "torch",
     "transformers",
-    "tensordict",
-    "megatron-core",
     "hydra-core",
     "omegaconf",
     "numpy",
