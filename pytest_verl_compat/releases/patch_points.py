@@ -70,16 +70,22 @@ def _module(root: Path, dotted: str) -> tuple[str, ast.Module] | None:
     return None
 
 
+def _defines(node: ast.AST, name: str) -> bool:
+    """Whether a statement of a body defines ``name``: a function or class of that name, or an
+    assignment to it."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return node.name == name
+    if isinstance(node, ast.Assign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(isinstance(t, ast.Name) and t.id == name for t in targets)
+    return False
+
+
 def _top_level(tree: ast.Module, name: str) -> ast.AST | None:
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == name:
-                return node
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                return node
-        elif isinstance(node, ast.Import | ast.ImportFrom):
+        if _defines(node, name):
+            return node
+        if isinstance(node, ast.Import | ast.ImportFrom):
             if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
                 return node
         elif isinstance(node, ast.Try | ast.If):
@@ -92,13 +98,8 @@ def _top_level(tree: ast.Module, name: str) -> ast.AST | None:
 
 def _member(tree: ast.ClassDef, name: str) -> ast.AST | None:
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == name:
-                return node
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                return node
+        if _defines(node, name):
+            return node
     for inner in ast.walk(tree):  # an attribute its methods set: self.name = ...
         if isinstance(inner, ast.Assign | ast.AnnAssign):
             assigned = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
