@@ -399,6 +399,17 @@ def _shown(places: tuple[Place, ...]) -> str:
     return text + (f" and {more} more" if more > 0 else "")
 
 
+# What the index's rules yield to on the same key: the rules that say it from the key's own field
+# or from upstream's run.
+_SAID_FIRST = (
+    "fields.no-effect",
+    "fields.legacy-reward-key",
+    "entry.forced-value",
+    "effect.never-read",
+    "effect.overridden",
+)
+
+
 @check(
     "effect.off-path",
     level="warning",
@@ -419,13 +430,7 @@ def _shown(places: tuple[Place, ...]) -> str:
         fires=("trainer.resume_mode=auto", "trainer.resume_from_path=ckpt/global_step_10"),
         twin=("trainer.resume_mode=resume_path", "trainer.resume_from_path=ckpt/global_step_10"),
     ),
-    yields_to=(
-        "fields.no-effect",
-        "fields.legacy-reward-key",
-        "entry.forced-value",
-        "effect.never-read",
-        "effect.overridden",
-    ),
+    yields_to=_SAID_FIRST,
 )
 def off_path(inp: CheckInput) -> Iterator[Hit]:
     for field, key, found in static_effects(inp.resolved, inp.explicit_fields, inp.version):
@@ -492,13 +497,7 @@ def _off_path_hit(field: str, key: str, found: StaticEffect, version: str) -> It
         twin=("data.gen_batch_size=4", "algorithm.filter_groups.metric=acc"),
         upstream=True,
     ),
-    yields_to=(
-        "fields.no-effect",
-        "fields.legacy-reward-key",
-        "entry.forced-value",
-        "effect.never-read",
-        "effect.overridden",
-    ),
+    yields_to=_SAID_FIRST,
 )
 def forced(inp: CheckInput) -> Iterator[Hit]:
     for field, key, found in static_effects(inp.resolved, inp.explicit_fields, inp.version):

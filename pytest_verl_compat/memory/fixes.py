@@ -23,19 +23,15 @@ from pytest_verl_compat.memory.parts import (
     WEIGHT_SYNC,
     Fix,
 )
-from pytest_verl_compat.memory.runs import NotForecastable, build_layout, phase_total
+from pytest_verl_compat.memory.runs import (
+    NotForecastable,
+    build_layout,
+    dotted_value,
+    phase_total,
+)
 
 MAX_FIXES = 3
 Change = tuple[tuple[str, Any], ...]
-
-
-def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = mapping
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
 
 
 def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:
@@ -49,7 +45,7 @@ def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:
 def _render(resolved: Mapping[str, Any], key: str, value: Any) -> tuple[str, str]:
     """A change as the user writes it: ``+key=value`` for a key the tree does not have."""
     parent, _, leaf = key.rpartition(".")
-    node = _get(resolved, parent) if parent else resolved
+    node = dotted_value(resolved, parent) if parent else resolved
     present = isinstance(node, Mapping) and leaf in node
     text = str(value) if not isinstance(value, bool) else ("True" if value else "False")
     return (key if present else f"+{key}", text)
@@ -79,7 +75,7 @@ def _role_candidates(
 ) -> Iterator[list[Change]]:
     key = role.train_budget_key if training else role.infer_budget_key
     floor = 1 if key.endswith("micro_batch_size_per_gpu") else 1024
-    current = _get(resolved, key) or (role.train_tokens if training else role.infer_tokens)
+    current = dotted_value(resolved, key) or (role.train_tokens if training else role.infer_tokens)
     yield from _halvings(key, current, floor)
     if role.role == "critic":
         model = "critic.model"

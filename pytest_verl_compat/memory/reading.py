@@ -98,6 +98,17 @@ def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
     return f"{EV_MICRO_BATCHES}; {facts.evidence(DYNAMIC_MICRO_BATCHES)}"
 
 
+def _engine_flags(engine: Mapping[str, Any], model_section: Mapping[str, Any]) -> dict[str, bool]:
+    """The offload and model flags an RL role and the SFT engine read alike."""
+    return {
+        "param_offload": bool(engine.get("param_offload")),
+        "optimizer_offload": bool(engine.get("optimizer_offload")),
+        "offload_policy": bool(engine.get("offload_policy")),
+        "checkpointing": bool(model_section.get("enable_gradient_checkpointing")),
+        "remove_padding": bool(model_section.get("use_remove_padding")),
+    }
+
+
 def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
     """model.use_fused_kernels takes effect for the backends the release patches."""
     options = model.get("fused_kernel_options") if isinstance(model, Mapping) else None
@@ -235,11 +246,7 @@ def role_layout(
         engine_section=engine_path(resolved, role),
         spec=spec,
         model=model,
-        param_offload=bool(engine.get("param_offload")),
-        optimizer_offload=bool(engine.get("optimizer_offload")),
-        offload_policy=bool(engine.get("offload_policy")),
-        checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
-        remove_padding=bool(model_section.get("use_remove_padding")),
+        **_engine_flags(engine, model_section),
         sp=sp,
         train_tokens=train_tokens,
         infer_tokens=infer_tokens,
@@ -433,11 +440,7 @@ def sft_layout(
         engine_section="engine",
         spec=spec,
         model=model,
-        param_offload=bool(engine.get("param_offload")),
-        optimizer_offload=bool(engine.get("optimizer_offload")),
-        offload_policy=bool(engine.get("offload_policy")),
-        checkpointing=bool(model_section.get("enable_gradient_checkpointing")),
-        remove_padding=bool(model_section.get("use_remove_padding")),
+        **_engine_flags(engine, model_section),
         sp=sp,
         train_tokens=tokens,
         infer_tokens=tokens,

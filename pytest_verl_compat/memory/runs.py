@@ -38,7 +38,8 @@ class Request:
     facts: ReleaseFacts | None = None
 
 
-def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
+def dotted_value(mapping: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted path of a nested mapping, None where any part is missing."""
     node: Any = mapping
     for part in dotted.split("."):
         if not isinstance(node, Mapping):
@@ -48,7 +49,7 @@ def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
 
 
 def _model_path(resolved: Mapping[str, Any], section: str) -> str | None:
-    node = _get(resolved, section)
+    node = dotted_value(resolved, section)
     if not isinstance(node, Mapping):
         return None
     value = node.get("hf_config_path") or node.get("path")
@@ -85,8 +86,8 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
     critic_path = _model_path(resolved, "critic.model")
     critic = actor if critic_path in (None, actor_path) else choose_model(critic_path)
     reward = None
-    if _get(resolved, "reward.reward_model.enable"):
-        reward_path = _get(resolved, "reward.reward_model.model_path")
+    if dotted_value(resolved, "reward.reward_model.enable"):
+        reward_path = dotted_value(resolved, "reward.reward_model.model_path")
         reward = choose_model(str(reward_path)) if reward_path else None
     return reading.rl_layout(
         resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths), facts
