@@ -83,3 +83,28 @@ def test_an_unknown_key_names_the_nearest(upstream_checkout: Path) -> None:
     run = _explain(upstream_checkout, "actor_rollout_ref.actor.kl_los_coef")
     assert run.returncode == 2, run.stderr[-2000:]
     assert KEY in run.stderr
+
+
+@needs_release()
+def test_a_line_read_here_is_not_also_one_that_may_run(upstream_checkout: Path) -> None:
+    run = _explain(upstream_checkout, KEY, "grpo")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"read here: {READ_AT}" in run.stdout
+    assert f"may run here: {READ_AT}" not in run.stdout
+
+
+def test_a_leaf_of_another_tree_is_answered_in_one_line(upstream_checkout: Path) -> None:
+    """An FSDP leaf asked of a Megatron script: the script's configuration has no such key (Hydra
+    would refuse it without `+`); explain says so and how to check it, never a traceback. Its
+    twin, the same leaf on an FSDP script, is answered."""
+    script = upstream_checkout / "examples" / "grpo_trainer" / "run_qwen3_30b_a3b_megatron.sh"
+    leaf = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
+    run = _explain(upstream_checkout, "--no-upstream-checks", leaf, str(script))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert f"{leaf} is not a key of this script's configuration" in run.stdout
+    assert f"--set +{leaf}=VALUE" in run.stdout
+    twin = _explain(upstream_checkout, "--no-upstream-checks", leaf, "grpo")
+    assert twin.returncode == 0, twin.stderr[-3000:]
+    assert "is not a key of this script's configuration" not in twin.stdout
+    assert f"{leaf} = " in twin.stdout

@@ -63,13 +63,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_OK
     case, mapping = configured
     values = read_census.leaves(mapping)
+    if args.key not in values:
+        # Another tree's leaf (an FSDP key in a Megatron run): Hydra refuses it without `+`, and
+        # with `+` check answers it (upstream's config classes refuse the unknown field).
+        print(
+            f"\n{args.script}: {args.key} is not a key of this script's configuration; "
+            f"setting it needs +{args.key}=VALUE (check it with: verl-compat check "
+            f"{args.script} --set +{args.key}=VALUE)"
+        )
+        return EXIT_OK
     answer = _answer(session, case, args.key, values, not args.no_upstream_checks)
     print(f"\n{args.script}: {args.key} = {values.get(args.key)!r}: {answer.answer}")
     print(f"  {answer.why}")
-    if answer.answer == key_answers.ACTS:
-        for where in answer.where:
-            print(f"  read here: {where}")
+    said = answer.where if answer.answer == key_answers.ACTS else ()
+    for where in said:
+        print(f"  read here: {where}")
     for spot, read in off_path.judged(args.key, mapping, session.pin.version) or []:
+        if read is None and spot.where in said:
+            continue  # a read seen run here is not also a place that "may run"
         because = ", ".join(f"{leaf}={value!r}" for leaf, value in sorted((read or {}).items()))
         state = "off this path" if read is not None else "may run here"
         print(f"  {state}: {spot.where}" + (f"  [{because}]" if because else ""))
