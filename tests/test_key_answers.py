@@ -235,6 +235,43 @@ def test_a_value_the_trainer_overwrites_has_no_effect_and_its_twin_acts(
     assert _answer(clean, "data.gen_batch_size")["answer"] == keys.ACTS
 
 
+MEGATRON_8B = "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
+SEQUENCE_PARALLEL = "actor_rollout_ref.actor.megatron.sequence_parallel"
+
+
+@needs_release()
+@pytest.mark.parametrize(
+    ("tp", "sp", "forced"), [("1", "True", True), ("2", "True", False), ("1", "False", False)]
+)
+def test_a_value_a_config_class_forces_has_no_effect_and_its_twins_are_clean(
+    upstream_checkout: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tp: str,
+    sp: str,
+    forced: bool,
+) -> None:
+    """``McoreEngineConfig.__post_init__`` sets ``sequence_parallel = False`` when the tensor
+    parallel size is 1 (verl/workers/config/engine.py:237-239 in 0.9.0), a line the probes do not
+    see run as a write. Every read of the field is on that dataclass (the engine, Megatron's
+    TransformerConfig built from it), so the script's True never acts. Twins: with TP 2 nothing
+    is forced; writing the value upstream forces says nothing wrong."""
+    after = "    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=${actor_tp}"
+    script = _script(tmp_path, upstream_checkout, MEGATRON_8B, after, [f"{SEQUENCE_PARALLEL}={sp}"])
+    # The script's own knob for the tensor parallel size (``actor_tp=${ACTOR_TP:-2}``).
+    upstream = ("--upstream", str(upstream_checkout))
+    result = _check_json(capsys, *upstream, "--env", f"ACTOR_TP={tp}", str(script))
+    assert ("effect.forced" in _rules(result, SEQUENCE_PARALLEL)) is forced, result["findings"]
+    answer = _answer(result, SEQUENCE_PARALLEL)
+    if forced:
+        assert (answer["answer"], answer["rule"]) == (keys.NO_EFFECT, "effect.forced"), answer
+        found = next(f for f in result["findings"] if f["rule"] == "effect.forced")
+        assert found["location"]["line"] == _line_of(script, f"{SEQUENCE_PARALLEL}={sp}")
+        assert "verl/workers/config/engine.py:239" in found["message"]
+    else:
+        assert answer["answer"] != keys.NO_EFFECT, answer
+
+
 # --- 3. keys of another entry point -------------------------------------------------------------
 
 

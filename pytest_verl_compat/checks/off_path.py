@@ -60,6 +60,9 @@ class LeafReads:
     places: tuple[Place, ...]
     complete: bool = False
     forced: tuple[Forced, ...] = ()
+    # No read can take the tree's own value of a forced leaf (``census/off_path.py``
+    # ``forced_reads_complete``): enough for ``effect.forced``, not for the other claims.
+    forced_complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def read_index(version: str) -> ReadIndex:
                 Forced(str(f["where"]), tuple(f["guard"]), str(f["value"]), int(f.get("open", 0)))
                 for f in item.get("forced", ())
             ),
+            bool(item.get("forced_complete")),
         )
         for leaf, item in (raw.get("leaves") or {}).items()
     }
@@ -309,19 +313,32 @@ class StaticEffect:
     not_built: tuple[str, ...] = ()  # the classes no registry builds here
 
 
+def _same_constant(forced: str, value: Any) -> bool:
+    """Whether the forced value is a literal equal to the script's (``False`` and False)."""
+    try:
+        literal = ast.literal_eval(forced)
+    except (ValueError, SyntaxError):
+        return False
+    return type(literal) is type(value) and literal == value
+
+
 def static_effect(key: str, leaves: Mapping[str, Any], version: str) -> StaticEffect | None:
     """Why ``key`` has no effect on the configuration whose nodes (``_flat``) are ``leaves``, or
     None when the index cannot say so: the census is not sure it saw every read, or a place may
     run (its guard and the registry that builds its class are not decidedly false)."""
     index = read_index(version)
     item = index.leaves.get(key)
-    if item is None or not item.complete or key not in leaves:
+    if item is None or key not in leaves:
         return None
-    for forced in item.forced:
+    for forced in item.forced if item.complete or item.forced_complete else ():
         # Every read is on the dataclass the ``__post_init__`` rewrote (none on the tree).
         read = holds(Place(forced.where, forced.guard, open=forced.open), leaves)
         if read is not None and not any(place.raw for place in item.places):
+            if _same_constant(forced.value, leaves[key]):
+                return None  # the script wrote what upstream would have set: nothing to say
             return StaticEffect(FORCED, item.places, read, forced)
+    if not item.complete:
+        return None
     if not item.places:
         return StaticEffect(NEVER_USED, (), {})
     deciding: dict[str, Any] = {}
@@ -486,8 +503,8 @@ def _off_path_hit(field: str, key: str, found: StaticEffect, version: str) -> It
     "under a condition the script's values make true, so the value the script wrote never "
     "reaches the code that reads it.",
     fix="remove the key, or change the setting that makes upstream overwrite it",
-    # The probes' example: the static index holds no forced leaf it saw every read of yet
-    # (``complete``), so today the warning comes from the run (``verdict/keys.path_findings``).
+    # The probes' example (the trainer's setup, seen by the run: ``verdict/keys.path_findings``);
+    # the static side's is tests/test_key_answers.py's Megatron sequence_parallel with TP 1.
     example=Example(
         fires=(
             "data.gen_batch_size=4",

@@ -593,6 +593,26 @@ def complete_reads(
     return not any(w not in places_at and not scan.off_tree(w) for w in scan.uses.get(name, ()))
 
 
+def forced_reads_complete(
+    entry: read_census.LeafReads,
+    scan: PackageScan,
+    classes_of: Mapping[str, set[str]],
+) -> bool:
+    """Whether no read can take the tree's own value of a leaf a config class's ``__post_init__``
+    rewrites. Weaker than ``complete_reads`` on purpose: uses of the name on objects that are no
+    config section (Megatron's ``tfconfig.sequence_parallel``, verl/utils/model.py:602) and the
+    dataclass handed on whole (``self.engine_config``) carry the rewritten value; what could carry
+    the user's is a read on the tree (``raw``), a read the census could not attribute, the tree's
+    section handed on whole, or an interpolation copying the leaf."""
+    if entry.status not in ("traced", "static", "never read") or entry.unmatched or entry.outside:
+        return False
+    if any(_raw(place) for place in entry.places) or scan.copied(entry.leaf):
+        return False
+    section = entry.leaf.rpartition(".")[0]
+    tree_spreads = PackageScan(spread={c for c in scan.spread if c[0] in _ROOTS})
+    return not _spread_sections(section, tree_spreads, classes_of)
+
+
 def build(
     verl_parent: Path,
     trees: Mapping[str, Mapping[str, Any]],
@@ -664,6 +684,8 @@ def build(
             item["complete"] = True
         if forced_by_leaf.get(entry.leaf):
             item["forced"] = forced_by_leaf[entry.leaf]
+            if not item.get("complete") and forced_reads_complete(entry, scan, classes_of):
+                item["forced_complete"] = True
         out[entry.leaf] = item
     return {LEAVES: dict(sorted(out.items())), CLASSES: dict(sorted(classes.items()))}
 
