@@ -310,6 +310,43 @@ def test_a_ppo_key_added_to_an_sft_run_has_no_effect_and_its_twin_is_clean(
     assert _answer(clean, "model.override_config.attn_implementation")["answer"] != keys.NO_EFFECT
 
 
+@needs_release()
+@pytest.mark.parametrize(
+    ("example", "written", "fires"),
+    [
+        (GRPO, "actor_rollout_ref.model.lora.rank=16", True),
+        (GRPO, "actor_rollout_ref.model.lora_rank=16", False),
+        (MEGATRON_8B, "actor_rollout_ref.model.lora_rank=16", True),
+        (MEGATRON_8B, "actor_rollout_ref.model.lora.rank=16", False),
+    ],
+)
+def test_a_lora_rank_in_the_other_engines_spelling_is_named_and_its_twin_is_clean(
+    upstream_checkout: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    example: str,
+    written: str,
+    fires: bool,
+) -> None:
+    """FSDP trains LoRA from model.lora_rank, Megatron from model.lora (transformer_impl.py:143,
+    :340-349; megatron/transformer_impl.py:422-424): the other spelling's rank only makes the
+    trainer drop the reference worker (trainer_base.py:317-320)."""
+    text = (upstream_checkout / example).read_text(encoding="utf-8")
+    after = next(
+        line
+        for line in text.splitlines()
+        if line.strip().startswith("actor_rollout_ref.model.path=")
+    )
+    script = _script(tmp_path, upstream_checkout, example, after, [written])
+    result = _check_json(capsys, "--upstream", str(upstream_checkout), str(script))
+    key = written.partition("=")[0]
+    found = [f for f in result["findings"] if f["rule"] == "fields.lora-other-engine-spelling"]
+    assert bool(found) is fires, result["findings"]
+    if fires:
+        assert found[0]["path"] == key
+        assert found[0]["location"]["line"] == _line_of(script, written)
+
+
 # --- 8. types from the reading code -------------------------------------------------------------
 
 

@@ -199,3 +199,63 @@ def forced_value(inp: CheckInput) -> Iterator[Hit]:
                 f"{source}'s value before anything reads it",
                 f"set {source} instead",
             )
+
+
+# The two spellings of an actor's LoRA block and the engines whose training reads each: the FSDP
+# engine builds its adapter from model.lora_rank (verl/workers/engine/fsdp/transformer_impl.py:143,
+# :340-349) and never reads model.lora; the Megatron engine builds its PEFT from model.lora
+# (verl/workers/engine/megatron/transformer_impl.py:422-424 → verl/workers/config/megatron_peft.py:
+# 22-24) and never reads model.lora_rank. The trainer reads either (trainer_base.py:317-320), and so
+# does vLLM (vllm_async_server.py:207-210).
+_LORA_RANK_KEY = {
+    "fsdp": "actor_rollout_ref.model.lora_rank",
+    "fsdp2": "actor_rollout_ref.model.lora_rank",
+    "megatron": "actor_rollout_ref.model.lora.rank",
+}
+
+
+def _rank(resolved: Mapping[str, Any], dotted: str) -> int:
+    node: Any = resolved
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return int(node) if isinstance(node, int) and not isinstance(node, bool) else 0
+
+
+@check(
+    "fields.lora-other-engine-spelling",
+    level="warning",
+    evidence=(
+        "the FSDP engine builds LoRA from model.lora_rank only "
+        "(verl/workers/engine/fsdp/transformer_impl.py:143, :340-349), the Megatron engine from "
+        "model.lora only (verl/workers/engine/megatron/transformer_impl.py:422-424, "
+        "verl/workers/config/megatron_peft.py:22-24); the trainer takes either rank and then "
+        "computes the reference policy with the actor's adapter off "
+        "(verl/trainer/ppo/v1/trainer_base.py:317-320)"
+    ),
+    summary="The actor's LoRA rank written in the other engine's spelling (model.lora.rank on "
+    "FSDP, model.lora_rank on Megatron): the engine that trains never reads it and trains the "
+    "whole model, while the trainer, seeing a rank, drops the reference worker and takes the "
+    "reference log-probs from the actor with its (absent) adapter off.",
+    fix="write the rank in the spelling of the actor's engine",
+    example=Example(
+        fires=("actor_rollout_ref.model.lora.rank=16",),
+        twin=("actor_rollout_ref.model.lora_rank=16",),
+    ),
+)
+def lora_other_engine_spelling(inp: CheckInput) -> Iterator[Hit]:
+    strategy = str(inp.resolved["actor_rollout_ref"]["actor"].get("strategy") or "fsdp")
+    read = _LORA_RANK_KEY.get(strategy)
+    if read is None or _rank(inp.resolved, read) > 0:
+        return  # another engine (no claim), or the engine's own spelling holds a rank
+    written = {field_key(f): f for f in inp.explicit_fields}
+    for other in sorted(set(_LORA_RANK_KEY.values()) - {read}):
+        if other in written and _rank(inp.resolved, other) > 0:
+            yield Hit(
+                other,
+                f"`{written[other]}` is the LoRA rank of another engine: the "
+                f"actor_rollout_ref.actor.strategy={strategy!r} engine reads {read} "
+                f"(0 here), so it trains the whole model without an adapter, while the trainer "
+                "takes the rank, runs no reference worker and computes the reference log-probs "
+                "with the actor's adapter off, that is, from the actor being trained",
+                fix=f"set {read}={_rank(inp.resolved, other)} instead",
+            )
