@@ -34,10 +34,13 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGENERATE = (
     "verl-compat census --release VERSION --upstream PATH --write docs/census/VERSION/checks.md"
 )
-# The share of configuration checks the probes evaluate may not fall below this (90.9% when
-# classified by what conditions read; the rest, explained on the page, run in the rollout
-# servers, on a built model's weights, or need Megatron-Core's unreleased dynamic CP).
-MINIMUM_SHARE = 0.90
+# The share of configuration checks the probes evaluate may not fall below this (89.2% on 0.9.0,
+# 88.4% on 0.9.1, classified by what conditions read; the rest, explained on the page, run in
+# the rollout servers, on a built model's weights or inside its forward pass, or need
+# Megatron-Core's unreleased dynamic CP). It was 0.90 before the census counted conditions on
+# batch metadata the trainer sets from the configuration and on batch sizes a trainer component
+# keeps (issue 46): 10 more configuration checks, 5 of them evaluated, the rest explained.
+MINIMUM_SHARE = 0.88
 
 pytestmark = needs_release()
 
@@ -170,6 +173,103 @@ def helper(n, batch):
     assert n > 0
     assert batch.shape[0] % 2 == 0
 """
+
+
+ISSUE_46 = """
+from verl.utils import tensordict_utils as tu
+
+
+class ActorConfig:
+    @staticmethod
+    def _check(mbs, name):
+        assert mbs is not None
+
+
+class CriticConfig:
+    def __post_init__(self):
+        self._check(self.ppo_micro_batch_size, "critic")
+
+    @staticmethod
+    def _check(mbs, name):
+        assert mbs is not None
+
+
+class Buffer:
+    def __init__(self, gen_batch_size: int | None = None, refill_fn: Callable | None = None):
+        self.gen_batch_size = gen_batch_size
+        self.refill_fn = refill_fn
+
+    def sample(self):
+        assert self.gen_batch_size is not None
+        assert self.refill_fn is not None
+
+
+class Trainer:
+    def update(self, batch):
+        size = self.config.actor.ppo_mini_batch_size * 2
+        extra_info = {"mini_batch_size": size, "step": self.global_steps}
+        batch.extra_info.update(extra_info)
+        tu.assign_non_tensor(batch, use_fused=self.config.model.use_fused_kernels, tag="x")
+
+
+def train_mini_batch(data):
+    mini_batch_size = tu.pop(data, key="mini_batch_size", default=None)
+    step = tu.get(data, key="step")
+    assert mini_batch_size is not None
+    assert step > 0
+    assert tu.get_non_tensor_data(data, key="use_fused", default=False)
+    assert tu.get_non_tensor_data(data, key="tag", default="")
+"""
+
+
+def test_own_methods_batch_metadata_and_kwargs_arguments_are_configuration(tmp_path: Path) -> None:
+    """Issue 46's census classes, each with its twin: ``self.m(...)`` reaches the calling class's
+    method (CriticConfig's, not ActorConfig's of the same name, critic.py:110); a batch metadata
+    key the trainer sets from the configuration is configuration where it is read back (the
+    mini-batch size, trainer_base.py:1674-1697 → engine_workers.py:254-266), one it sets from a
+    counter or a literal is not; a function whose arguments a reason calls configuration (a
+    ``**kwargs`` dict) hands its scalar parameters on to the attributes it keeps, not a
+    callback."""
+    from pytest_verl_compat.upstream.census import call_binding as census_reads
+    from pytest_verl_compat.upstream.probes import statements
+
+    path = tmp_path / "issue46.py"
+    path.write_text(ISSUE_46, encoding="utf-8")
+    source = statements.parse(str(path), "verl/issue46.py")
+    assert source is not None
+
+    def configured(file: str, function: str) -> str:
+        return "a reason" if function == "Buffer.__init__" else ""
+
+    index = census_reads.build_index(
+        [source], frozenset({"ActorConfig", "CriticConfig"}), configured
+    )
+    found = {}
+    for node in (n for n in ast.walk(source.tree) if isinstance(n, ast.Assert)):
+        context = census_reads.context_of(
+            source, source.function(node), index, frozenset({"ActorConfig", "CriticConfig"})
+        )
+        found[(source.qualname(node), ast.unparse(node.test))] = census_reads.reads(
+            node.test, context
+        )
+    assert found[("CriticConfig._check", "mbs is not None")]
+    assert not found[("ActorConfig._check", "mbs is not None")]
+    assert found[("train_mini_batch", "mini_batch_size is not None")]
+    assert not found[("train_mini_batch", "step > 0")]
+    fused = "tu.get_non_tensor_data(data, key='use_fused', default=False)"
+    assert found[("train_mini_batch", fused)]
+    assert not found[("train_mini_batch", "tu.get_non_tensor_data(data, key='tag', default='')")]
+    assert found[("Buffer.sample", "self.gen_batch_size is not None")]
+    assert not found[("Buffer.sample", "self.refill_fn is not None")]
+    # Without the reason, the buffer's arguments are nobody's configuration.
+    bare = census_reads.build_index([source], frozenset())
+    node = next(
+        n
+        for n in ast.walk(source.tree)
+        if isinstance(n, ast.Assert) and "gen_batch_size" in ast.unparse(n.test)
+    )
+    context = census_reads.context_of(source, source.function(node), bare, frozenset())
+    assert census_reads.reads(node.test, context) == []
 
 
 def test_reads_follow_locals_attributes_and_call_sites(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ def cmd_census(args: argparse.Namespace) -> int:
         return _reads(args, session, root)
     reasons = census.load_reasons(session.version)
     traced = census_run.recorded_traced(session.golden_dir)
-    entries = census.settled(census.scan(root, traced), reasons)
+    entries = census.settled(census.scan(root, traced, reasons), reasons)
     configs = census_run.configurations(session)
     recorded_file = census_run.recorded_file(session)
     recorded = {} if args.fresh else load_recorded(recorded_file)

@@ -21,7 +21,7 @@ Nothing here imports verl; the source is read with ``ast`` only.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pytest_verl_compat.upstream.probes import statements
@@ -58,6 +58,8 @@ class Context:
     config_self: bool = False  # ``self`` is a config object (a config class's method)
     roots: set[str] = field(default_factory=set)  # names that hold a config section
     derived: dict[str, str] = field(default_factory=dict)  # name or self.attr → why
+    # Batch metadata keys some census file sets from configuration (``Index.carried``).
+    carried: dict[str, str] = field(default_factory=dict)
 
 
 def _annotation_names(node: ast.expr | None) -> set[str]:
@@ -125,6 +127,10 @@ def reads(node: ast.AST, context: Context, flow: bool = False) -> list[str]:
         if isinstance(n, ast.Call) and _getattr_of_config(n, context):
             found[ast.unparse(n)] = None
             continue
+        carried = _metadata_key(n)
+        if carried is not None and carried in context.carried:
+            found[f"{ast.unparse(n)} ← {context.carried[carried]}"] = None
+            continue
         if isinstance(n, ast.Attribute | ast.Name):
             chain = attribute_chain(n)
             if chain is None:
@@ -191,6 +197,11 @@ class Index:
     passed: dict[int, dict[str, str]] = field(default_factory=dict)
     # A class's id → ``self.attr`` assigned from configuration in any of its methods.
     attributes: dict[int, dict[str, str]] = field(default_factory=dict)
+    # A batch metadata key → where a census file sets it from configuration: the trainer hands
+    # the engine its mini-batch size in the batch (``"mini_batch_size": ppo_mini_batch_size``,
+    # verl/trainer/ppo/v1/trainer_base.py:1674-1697), which ``TrainingWorker.train_mini_batch``
+    # pops and asserts on (verl/workers/engine_workers.py:254-266).
+    carried: dict[str, str] = field(default_factory=dict)
 
 
 def _is_config_class(source: statements.Source, node: ast.ClassDef) -> bool:
@@ -229,6 +240,7 @@ def context_of(
         if _annotation_names(arg.annotation) & config_classes or _rooted(arg.arg):
             context.roots.add(arg.arg)
     context.derived.update(index.passed.get(id(function), {}))
+    context.carried = index.carried
     _derive_locals(function, context)
     return context
 
@@ -282,16 +294,129 @@ def config_classes(sources: Iterable[statements.Source]) -> frozenset[str]:
     )
 
 
+# How verl hands configuration to a worker inside the batch: ``tu.assign_non_tensor(data, k=v)``,
+# ``tu.assign_non_tensor_data(data, "k", v)`` (verl/utils/tensordict_utils.py:26, :76), a
+# ``meta_info``/``extra_info`` entry, or a dict of them (``batch.extra_info.update({...})``);
+# and how it is read back: ``tu.get``/``tu.pop``/``tu.get_non_tensor_data(data, key="k")``
+# (tensordict_utils.py:135, :662, :737) or ``…meta_info["k"]``/``.get("k")``.
+_METADATA_SETTERS = frozenset({"assign_non_tensor", "assign_non_tensor_data"})
+_METADATA_GETTERS = frozenset({"get", "pop", "get_non_tensor_data"})
+_METADATA_HOLDERS = ("meta_info", "extra_info")
+# How the census files name verl.utils.tensordict_utils (``from verl.utils import tensordict_utils
+# as tu``).
+_TENSORDICT_UTILS = ("tu", "tensordict_utils")
+
+
+def _constant_key(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _holder(node: ast.AST) -> bool:
+    chain = attribute_chain(node)
+    return chain is not None and chain[-1].endswith(_METADATA_HOLDERS)
+
+
+def _metadata_key(node: ast.AST) -> str | None:
+    """The metadata key ``node`` reads back from a batch, or None."""
+    if isinstance(node, ast.Subscript) and _holder(node.value):
+        return _constant_key(node.slice)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    name = node.func.attr
+    if name == "get" and _holder(node.func.value) and node.args:
+        return _constant_key(node.args[0])  # ``data.meta_info.get("k")``
+    receiver = attribute_chain(node.func.value)
+    if name in _METADATA_GETTERS and receiver is not None and receiver[-1] in _TENSORDICT_UTILS:
+        key = next((k.value for k in node.keywords if k.arg == "key"), None)
+        if key is None and len(node.args) >= 2:
+            key = node.args[1]
+        return _constant_key(key)
+    return None
+
+
+def _metadata_writes(node: ast.AST) -> list[tuple[str, ast.expr]]:
+    """(key, value) of the batch metadata ``node`` writes."""
+    out: list[tuple[str, ast.expr]] = []
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        name = node.func.attr
+        if name == "assign_non_tensor":
+            out += [(k.arg, k.value) for k in node.keywords if k.arg is not None]
+        elif name == "assign_non_tensor_data" and len(node.args) >= 3:
+            key = _constant_key(node.args[1])
+            if key is not None:
+                out.append((key, node.args[2]))
+        elif name == "update" and _holder(node.func.value) and node.args:
+            out += _dict_items(node.args[0])
+        out += [
+            item
+            for k in node.keywords
+            if k.arg in _METADATA_HOLDERS
+            for item in _dict_items(k.value)
+        ]
+    elif isinstance(node, ast.Assign):
+        for target in node.targets:
+            if isinstance(target, ast.Subscript) and _holder(target.value):
+                key = _constant_key(target.slice)
+                if key is not None:
+                    out.append((key, node.value))
+            elif _holder(target):
+                out += _dict_items(node.value)
+    return out
+
+
+def _dict_items(node: ast.AST) -> list[tuple[str, ast.expr]]:
+    if not isinstance(node, ast.Dict):
+        return []
+    return [
+        (key, value)
+        for k, value in zip(node.keys, node.values, strict=True)
+        if (key := _constant_key(k)) is not None
+    ]
+
+
+def _carried(
+    sources: list[statements.Source],
+    index: Index,
+    classes: frozenset[str],
+    contexts: dict[int, Context],
+) -> dict[str, str]:
+    """Batch metadata keys set from configuration anywhere in ``sources`` (a dict assigned to a
+    local named like a holder, ``extra_info = {...}``, counts as the holder's)."""
+    found: dict[str, str] = {}
+    for source in sources:
+        for node in source.nodes:
+            writes = _metadata_writes(node)
+            if not writes:
+                continue
+            function = source.function(node)
+            context = contexts.get(id(function))
+            if context is None:
+                context = contexts[id(function)] = context_of(source, function, index, classes)
+            for key, value in writes:
+                hit = reads(value, context, flow=True)
+                if hit and key not in found:
+                    line = getattr(node, "lineno", 0)
+                    found[key] = f"batch metadata {key!r} set at {source.relative}:{line}"
+    return found
+
+
 # Rounds of the call-site analysis: a value passed on through this many calls is still found
 # (``apply_kl_penalty(kl_penalty=…)`` → ``kl_penalty(…)`` → ``kl_penalty_forward(…)``).
 MAX_ROUNDS = 4
 
 
-def build_index(sources: list[statements.Source], classes: frozenset[str]) -> Index:
+def build_index(
+    sources: list[statements.Source],
+    classes: frozenset[str],
+    configured: Callable[[str, str], str] | None = None,
+) -> Index:
     """``self`` attributes assigned from configuration, and the parameters callers pass it, to a
-    fixed point (at most ``MAX_ROUNDS``), each round reading call sites with the last round's."""
+    fixed point (at most ``MAX_ROUNDS``), each round reading call sites with the last round's.
+    ``configured(file, function)``: why a function's arguments are configuration where no call
+    site shows it (a ``**kwargs`` dict: ``census_reasons.yaml``), else ""; its parameters count
+    as passed configuration, and so do the ``self`` attributes it assigns from them."""
     callees = callees_by_name(sources)
-    index = Index()
+    index = Index(passed=_configured_parameters(sources, configured) if configured else {})
     for _ in range(MAX_ROUNDS):
         fresh = Index(
             attributes={k: dict(v) for k, v in index.attributes.items()},
@@ -313,6 +438,7 @@ def build_index(sources: list[statements.Source], classes: frozenset[str]) -> In
         if fresh == index:
             break
         index = fresh
+    index.carried = _carried(sources, index, classes, {})
     return index
 
 
@@ -341,6 +467,32 @@ def _attributes(
     return found
 
 
+# A configuration value's types (a leaf of the tree): a parameter annotated otherwise (a callback,
+# an engine) is no configuration, whatever its function's arguments are.
+_SCALARS = frozenset({"int", "float", "str", "bool", "None", "Optional", "Union"})
+
+
+def _configured_parameters(
+    sources: list[statements.Source], configured: Callable[[str, str], str]
+) -> dict[int, dict[str, str]]:
+    out: dict[int, dict[str, str]] = {}
+    for source in sources:
+        for node in source.nodes:
+            if not isinstance(node, Function):
+                continue
+            # ``qualname`` names the function holding a node: its own body's first statement's.
+            why = configured(source.relative, source.qualname(node.body[0]))
+            if not why:
+                continue
+            arguments = node.args
+            out[id(node)] = {
+                a.arg: f"{source.relative}:{node.lineno}: {why}"
+                for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+                if _annotation_names(a.annotation) and _annotation_names(a.annotation) <= _SCALARS
+            }
+    return out
+
+
 Callees = dict[str, list[tuple[Function, bool]]]
 
 
@@ -360,14 +512,25 @@ def callees_by_name(sources: list[statements.Source]) -> Callees:
     return by_name
 
 
-def callee_of(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
-    """The one function a call reaches by name (``cls.new`` and ``self.m`` only when the name is
-    unique among the census's functions); None when the name is ambiguous or unknown."""
+def callee_of(
+    call: ast.Call, callees: Callees, own_classes: tuple[str, ...] = ()
+) -> tuple[Function, bool] | None:
+    """The one function a call reaches by name; None when the name is ambiguous or unknown.
+    ``self.m``/``cls.m`` in a method of ``own_classes[0]`` (its bases after it) is that class's
+    ``m`` first: ``CriticConfig.__post_init__`` calling ``self._check_mutually_exclusive`` reaches
+    CriticConfig's, not ActorConfig's method of the same name (verl/workers/config/critic.py:110,
+    :134; actor.py:249); otherwise ``cls.new`` and ``self.m`` only when the name is unique among
+    the census's functions."""
     func = call.func
     if isinstance(func, ast.Name):
         found = callees.get(func.id, [])
     elif isinstance(func, ast.Attribute):
         owner = attribute_chain(func.value)
+        if owner in (["self"], ["cls"]):
+            for name in own_classes:
+                own = callees.get(f"{name}.{func.attr}", [])
+                if len(own) == 1:
+                    return own[0]
         qualified = callees.get(f"{owner[-1]}.{func.attr}", []) if owner else []
         # A dunder by its bare name is any class's (``object.__setattr__(obj, …)`` is not
         # BaseConfig's, and passes the instance itself): only ``Class.__x__`` resolves.
@@ -376,6 +539,14 @@ def callee_of(call: ast.Call, callees: Callees) -> tuple[Function, bool] | None:
     else:
         return None
     return found[0] if len(found) == 1 else None
+
+
+def own_classes(source: statements.Source, function: Function | None) -> tuple[str, ...]:
+    """The class whose method ``function`` is, then the names of its bases (no class: none)."""
+    owner = _enclosing_class(source, function) if function is not None else None
+    if owner is None:
+        return ()
+    return (owner.name, *sorted({b for base in owner.bases for b in _annotation_names(base)}))
 
 
 def arguments_bound(
@@ -399,11 +570,11 @@ def _passed(
     classes: frozenset[str],
     contexts: dict[int, Context],
 ) -> None:
-    target = callee_of(call, callees)
+    function = source.function(call)
+    target = callee_of(call, callees, own_classes(source, function))
     if target is None:
         return
     callee, is_method = target
-    function = source.function(call)
     context = contexts.get(id(function))
     if context is None:
         context = contexts[id(function)] = context_of(source, function, index, classes)

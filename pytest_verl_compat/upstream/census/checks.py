@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -253,13 +253,25 @@ def _traced_reads(source: statements.Source, node: ast.stmt, traced: Traced) -> 
     return [f"traced: {key}" for key in keys]
 
 
-def scan(verl_parent: Path, traced: Traced | None = None) -> list[Entry]:
+def scan(
+    verl_parent: Path, traced: Traced | None = None, reasons: Sequence[Reason] = ()
+) -> list[Entry]:
     """Every raise and assert of the scope, in file and line order; ``traced``: the lines the
     probes saw read the configuration (``traced_by_line``), which make a condition ``config``
-    besides what the reading of its source finds."""
+    besides what the reading of its source finds; ``reasons``: a function a reason labels
+    ``config`` (its arguments come in a ``**kwargs`` dict) hands its parameters on as
+    configuration (``ReplayBuffer.__init__``'s gen_batch_size, kept as ``self.gen_batch_size`` and
+    checked in ``ReplayBuffer.sample``, verl/trainer/ppo/v1/replay_buffer.py:463)."""
     scoped = _sources(verl_parent)
     classes = census_reads.config_classes(_config_class_sources(verl_parent))
-    index = census_reads.build_index([source for source, _ in scoped], classes)
+
+    def configured(file: str, function: str) -> str:
+        rule = next(
+            (r for r in reasons if r.depends == "config" and r.matches(file, function)), None
+        )
+        return "its arguments are configuration (census_reasons.yaml)" if rule else ""
+
+    index = census_reads.build_index([source for source, _ in scoped], classes, configured)
     entries: list[Entry] = []
     for source, names in scoped:
         for node in source.nodes:
@@ -302,9 +314,10 @@ class Reason:
     depends: Depends | None = None
 
     def covers(self, entry: Entry) -> bool:
-        return fnmatch.fnmatchcase(entry.file, self.file) and fnmatch.fnmatchcase(
-            entry.function, self.function
-        )
+        return self.matches(entry.file, entry.function)
+
+    def matches(self, file: str, function: str) -> bool:
+        return fnmatch.fnmatchcase(file, self.file) and fnmatch.fnmatchcase(function, self.function)
 
 
 REASONS_NAME = "census_reasons.yaml"
