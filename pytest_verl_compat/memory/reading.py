@@ -98,15 +98,31 @@ def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
     return f"{EV_MICRO_BATCHES}; {facts.evidence(DYNAMIC_MICRO_BATCHES)}"
 
 
-def _engine_flags(engine: Mapping[str, Any], model_section: Mapping[str, Any]) -> dict[str, bool]:
+def _engine_flags(
+    engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
+) -> dict[str, bool]:
     """The offload and model flags an RL role and the SFT engine read alike."""
     return {
         "param_offload": bool(engine.get("param_offload")),
         "optimizer_offload": bool(engine.get("optimizer_offload")),
         "offload_policy": bool(engine.get("offload_policy")),
-        "checkpointing": bool(model_section.get("enable_gradient_checkpointing")),
+        "checkpointing": _checkpointing(engine, model_section, strategy),
         "remove_padding": bool(model_section.get("use_remove_padding")),
     }
+
+
+def _checkpointing(
+    engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
+) -> bool:
+    """Whether a training pass keeps only layer boundaries: the model's flag for the FSDP engine;
+    for Megatron, full recompute in override_transformer_config (the engine hands it to the
+    Megatron config and never reads enable_gradient_checkpointing; selective recompute of the
+    attention core keeps the layers' other activations, null recomputes nothing)."""
+    if strategy not in MEGATRON_STRATEGIES:
+        return bool(model_section.get("enable_gradient_checkpointing"))
+    override = engine.get("override_transformer_config")
+    override = override if isinstance(override, Mapping) else {}
+    return override.get("recompute_granularity") == "full"
 
 
 def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
@@ -246,7 +262,7 @@ def role_layout(
         engine_section=engine_path(resolved, role),
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section),
+        **_engine_flags(engine, model_section, spec.strategy),
         sp=sp,
         train_tokens=train_tokens,
         infer_tokens=infer_tokens,
@@ -440,7 +456,7 @@ def sft_layout(
         engine_section="engine",
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section),
+        **_engine_flags(engine, model_section, spec.strategy),
         sp=sp,
         train_tokens=tokens,
         infer_tokens=tokens,
