@@ -1,13 +1,18 @@
 """How the forecast reads an engine's keys where the engines differ.
 
-Megatron recomputes what ``override_transformer_config`` asks (its engine hands the mapping
-to the Megatron config, verl/workers/engine/megatron/transformer_impl.py:296, :364-365, and
-never reads ``model.enable_gradient_checkpointing``): full recompute keeps layer boundaries, the
-tree's null keeps every layer, whatever the model's flag; the FSDP engine follows the flag.
+- Megatron recomputes what ``override_transformer_config`` asks (its engine hands the mapping
+  to the Megatron config, verl/workers/engine/megatron/transformer_impl.py:296, :364-365, and
+  never reads ``model.enable_gradient_checkpointing``): full recompute keeps layer boundaries,
+  the tree's null keeps every layer, whatever the model's flag; the FSDP engine follows the flag.
+- The critic's micro-batches follow the release's ``critic_micro_batches`` fact: 0.9.0's V1
+  critic runs both passes on ``ppo_infer_max_token_len_per_gpu``; a release whose critic splits
+  each pass by its own keys (the legacy dp_critic) takes ``ppo_micro_batch_size_per_gpu`` for
+  the update and ``forward_micro_batch_size_per_gpu`` for the values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +25,7 @@ from pytest_verl_compat.memory.forecast import forecast
 from pytest_verl_compat.memory.gpus import custom_gpu, find_gpu
 from pytest_verl_compat.memory.layout import RoleLayout
 from pytest_verl_compat.memory.release_facts import (
+    CRITIC_MICRO_BATCHES,
     ReleaseFacts,
     release_facts,
 )
@@ -131,3 +137,46 @@ def test_an_oom_megatron_update_proposes_the_recompute_megatron_reads(
     }
     assert f"{RECOMPUTE}.recompute_granularity" in keys, sorted(keys)
     assert "actor_rollout_ref.model.enable_gradient_checkpointing" not in keys, sorted(keys)
+
+
+PPO_RUN = [
+    "data.train_batch_size=64",
+    "data.max_prompt_length=512",
+    "data.max_response_length=512",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    f"critic.model.path={MODEL}",
+    "critic.ppo_micro_batch_size_per_gpu=1",
+    "critic.forward_micro_batch_size_per_gpu=4",
+]
+
+
+def _with_critic_fact(facts: ReleaseFacts, value: str) -> ReleaseFacts:
+    fact = dataclasses.replace(facts.facts[CRITIC_MICRO_BATCHES], value=value)
+    return dataclasses.replace(facts, facts={**facts.facts, CRITIC_MICRO_BATCHES: fact})
+
+
+def test_a_critic_splitting_per_pass_takes_each_passs_micro_batch(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    facts = release_facts(upstream_session.version)
+    sequence = 1024
+    per_pass = _role(
+        upstream_session, folder, PPO_RUN, "critic", facts=_with_critic_fact(facts, "per-pass")
+    )
+    assert (per_pass.train_tokens, per_pass.infer_tokens) == (sequence, 4 * sequence)
+    assert per_pass.train_budget_key == "critic.ppo_micro_batch_size_per_gpu"
+
+
+def test_the_v1_critic_takes_its_token_budget_for_both_passes(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """The same run with the checked release's own fact: the per-pass keys are not read, both
+    passes fill critic.ppo_infer_max_token_len_per_gpu."""
+    facts = release_facts(upstream_session.version)
+    assert facts.value(CRITIC_MICRO_BATCHES) == "infer-budget"
+    critic = _role(upstream_session, folder, PPO_RUN, "critic", facts=facts)
+    assert critic.train_budget_key == "critic.ppo_infer_max_token_len_per_gpu"
+    assert critic.train_tokens > 1024 and critic.infer_tokens > 4 * 1024

@@ -235,6 +235,24 @@ def role_layout(
         train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
         mbs = infer_mbs = as_int(section.get("log_prob_micro_batch_size_per_gpu"), 1)
         mini = 0
+    elif facts.critic_splits_per_pass:
+        # each pass on its own keys, as a release's fact says its critic splits them
+        dynamic = bool(section.get("use_dynamic_bsz"))
+        train_key = (
+            f"{prefix}.ppo_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.ppo_micro_batch_size_per_gpu"
+        )
+        infer_key = (
+            f"{prefix}.forward_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.forward_micro_batch_size_per_gpu"
+        )
+        train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET)
+        infer_budget = as_int(section.get("forward_max_token_len_per_gpu"), train_budget)
+        mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
+        infer_mbs = as_int(section.get("forward_micro_batch_size_per_gpu"), mbs)
+        mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     else:  # the V1 critic runs both passes on ppo_infer_max_token_len_per_gpu (trainer_base.py:251-252)
         engine_dynamic = engine.get("use_dynamic_bsz")
         dynamic = True if engine_dynamic is None else bool(engine_dynamic)
