@@ -138,7 +138,7 @@ def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--gpu",
         metavar="TYPE",
-        help="the GPU type (H100-80GB, H200, H20, A100-80GB, A100-40GB, L40S, A6000, RTX4090, RTX3090, MI300X, Ascend-910B, ...)",
+        help="the GPU type (H100-80GB, H200, H20, A100-80GB, A100-40GB, L40S, A6000, A10, RTX4090, RTX3090, MI300X, Ascend-910B, ...)",
     )
     fit.add_argument(
         "--gpu-memory",

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pytest_verl_compat.memory.architecture import QK_NORM, SANDWICH_NORM, Architecture
 
 EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
+# Megatron recomputes what override_transformer_config asks (recompute_granularity, null by
+# default); its engine never reads model.enable_gradient_checkpointing.
+EV_MEGATRON_RECOMPUTE = "verl/trainer/config/engine/megatron.yaml:76-90; verl/workers/engine/megatron/transformer_impl.py:296, :329, :364-365"
 EV_REMOVE_PADDING = "verl/workers/engine/fsdp/transformer_impl.py:1198-1262"
 EV_LOGITS = "verl/workers/engine/fsdp/transformer_impl.py:1332-1371"
 EV_ENTROPY = "verl/utils/torch_functional.py:231-265"

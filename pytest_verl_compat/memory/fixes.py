@@ -29,6 +29,7 @@ from pytest_verl_compat.memory.runs import (
     dotted_value,
     phase_total,
 )
+from pytest_verl_compat.memory.states import MEGATRON_STRATEGIES
 
 MAX_FIXES = 3
 Change = tuple[tuple[str, Any], ...]
@@ -84,11 +85,22 @@ def _role_candidates(
     if training and role.sync_key and role.spec.defer_sync and role.micro_batches > 1:
         # where the release's tree has the key: sync every micro-batch, no unsharded gradients
         yield [((role.sync_key, False),)]
+    engine = role.engine_section
     if training and not role.checkpointing:
-        yield [((f"{model}.enable_gradient_checkpointing", True),)]
+        if role.spec.strategy in MEGATRON_STRATEGIES:
+            # what Megatron's engine reads instead of the model's flag (reading._checkpointing)
+            recompute = f"{engine}.override_transformer_config"
+            yield [
+                (
+                    (f"{recompute}.recompute_granularity", "full"),
+                    (f"{recompute}.recompute_method", "uniform"),
+                    (f"{recompute}.recompute_num_layers", 1),
+                )
+            ]
+        else:
+            yield [((f"{model}.enable_gradient_checkpointing", True),)]
     if not role.remove_padding and not role.dynamic:
         yield [((f"{model}.use_remove_padding", True),)]
-    engine = role.engine_section
     if role.spec.strategy in ("fsdp", "fsdp2") and role.role != "ref":
         if not (role.param_offload and role.optimizer_offload):
             yield _both_offloads(engine)

@@ -21,6 +21,10 @@ from pytest_verl_compat.memory.residency import (
 )
 
 
+def _checkpointing_evidence(role: RoleLayout) -> str:
+    return act.EV_MEGATRON_RECOMPUTE if megatron(role) else act.EV_CHECKPOINTING
+
+
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
     """The role's own parts while it runs a pass (training: an update)."""
     arch = role.model.architecture
@@ -100,9 +104,9 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name} activations",
                 activ,
                 f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}, +10% kernel workspaces",
-                f"{act.EV_CHECKPOINTING}; {role.tokens_evidence}"
+                f"{_checkpointing_evidence(role)}; {role.tokens_evidence}"
                 if role.tokens_evidence
-                else act.EV_CHECKPOINTING,
+                else _checkpointing_evidence(role),
             )
         )
         if not megatron(role):  # Megatron reduces inside its grad buffer

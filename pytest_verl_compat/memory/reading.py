@@ -98,15 +98,31 @@ def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
     return f"{EV_MICRO_BATCHES}; {facts.evidence(DYNAMIC_MICRO_BATCHES)}"
 
 
-def _engine_flags(engine: Mapping[str, Any], model_section: Mapping[str, Any]) -> dict[str, bool]:
+def _engine_flags(
+    engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
+) -> dict[str, bool]:
     """The offload and model flags an RL role and the SFT engine read alike."""
     return {
         "param_offload": bool(engine.get("param_offload")),
         "optimizer_offload": bool(engine.get("optimizer_offload")),
         "offload_policy": bool(engine.get("offload_policy")),
-        "checkpointing": bool(model_section.get("enable_gradient_checkpointing")),
+        "checkpointing": _checkpointing(engine, model_section, strategy),
         "remove_padding": bool(model_section.get("use_remove_padding")),
     }
+
+
+def _checkpointing(
+    engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
+) -> bool:
+    """Whether a training pass keeps only layer boundaries: the model's flag for the FSDP engine;
+    for Megatron, full recompute in override_transformer_config (the engine hands it to the
+    Megatron config and never reads enable_gradient_checkpointing; selective recompute of the
+    attention core keeps the layers' other activations, null recomputes nothing)."""
+    if strategy not in MEGATRON_STRATEGIES:
+        return bool(model_section.get("enable_gradient_checkpointing"))
+    override = engine.get("override_transformer_config")
+    override = override if isinstance(override, Mapping) else {}
+    return override.get("recompute_granularity") == "full"
 
 
 def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
@@ -219,6 +235,24 @@ def role_layout(
         train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
         mbs = infer_mbs = as_int(section.get("log_prob_micro_batch_size_per_gpu"), 1)
         mini = 0
+    elif facts.critic_splits_per_pass:
+        # each pass on its own keys, as a release's fact says its critic splits them
+        dynamic = bool(section.get("use_dynamic_bsz"))
+        train_key = (
+            f"{prefix}.ppo_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.ppo_micro_batch_size_per_gpu"
+        )
+        infer_key = (
+            f"{prefix}.forward_max_token_len_per_gpu"
+            if dynamic
+            else f"{prefix}.forward_micro_batch_size_per_gpu"
+        )
+        train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET)
+        infer_budget = as_int(section.get("forward_max_token_len_per_gpu"), train_budget)
+        mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
+        infer_mbs = as_int(section.get("forward_micro_batch_size_per_gpu"), mbs)
+        mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     else:  # the V1 critic runs both passes on ppo_infer_max_token_len_per_gpu (trainer_base.py:251-252)
         engine_dynamic = engine.get("use_dynamic_bsz")
         dynamic = True if engine_dynamic is None else bool(engine_dynamic)
@@ -246,7 +280,7 @@ def role_layout(
         engine_section=engine_path(resolved, role),
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section),
+        **_engine_flags(engine, model_section, spec.strategy),
         sp=sp,
         train_tokens=train_tokens,
         infer_tokens=infer_tokens,
@@ -440,7 +474,7 @@ def sft_layout(
         engine_section="engine",
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section),
+        **_engine_flags(engine, model_section, spec.strategy),
         sp=sp,
         train_tokens=tokens,
         infer_tokens=tokens,

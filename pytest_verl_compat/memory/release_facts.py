@@ -30,6 +30,7 @@ HYBRID_REPLICAS = "separate_async_hybrid_replicas"
 BATCHED_TOKENS = "chunked_prefill_off_batched_tokens"
 FUSED_BACKENDS = "fused_kernel_backends"
 ENTROPY_PASSES = "entropy_passes"
+CRITIC_MICRO_BATCHES = "critic_micro_batches"
 VALUES: dict[str, tuple[str, ...]] = {
     # the log-prob pass divides the logits by the temperature: out of place always, out of
     # place unless the temperature is a scalar 1.0, or in place (no second tensor)
@@ -46,6 +47,11 @@ VALUES: dict[str, tuple[str, ...]] = {
     # the entropy of the logits: in the passes that ask for it (the old log-probs, an update
     # with an entropy term), or in every log-prob pass and update
     ENTROPY_PASSES: ("requested", "every-pass"),
+    # the critic's micro-batches: both passes on critic.ppo_infer_max_token_len_per_gpu (the
+    # engine's dynamic batching), or each pass on its own keys (the update on
+    # ppo_micro_batch_size_per_gpu or ppo_max_token_len_per_gpu, the values on
+    # forward_micro_batch_size_per_gpu or forward_max_token_len_per_gpu, by use_dynamic_bsz)
+    CRITIC_MICRO_BATCHES: ("infer-budget", "per-pass"),
 }
 
 
@@ -121,6 +127,10 @@ class ReleaseFacts:
     @property
     def entropy_every_pass(self) -> bool:
         return bool(self.value(ENTROPY_PASSES) == "every-pass")
+
+    @property
+    def critic_splits_per_pass(self) -> bool:
+        return bool(self.value(CRITIC_MICRO_BATCHES) == "per-pass")
 
     @property
     def fused_backends(self) -> tuple[str, ...]:
