@@ -347,6 +347,102 @@ def test_a_lora_rank_in_the_other_engines_spelling_is_named_and_its_twin_is_clea
         assert found[0]["location"]["line"] == _line_of(script, written)
 
 
+# --- a role the run never starts ------------------------------------------------------------------
+
+# The trainers' files that read the critic's section on main_ppo's path.
+CRITIC_READERS = (
+    "verl/trainer/main_ppo.py",
+    "verl/trainer/ppo/v1/trainer_base.py",
+    "verl/trainer/ppo/ray_trainer.py",
+    "verl/utils/config.py",
+)
+
+
+def _critic_reads_outside_use_critic(root: Path) -> list[str]:
+    """Reads of ``config.critic`` (or ``self.config.critic``) not under an ``if`` that tests
+    use_critic/need_critic, not a write, and not in a function only called under one."""
+    import ast
+
+    found = []
+    for relative in CRITIC_READERS:
+        source = statements.parse(str(root / relative), relative)
+        assert source is not None, relative
+        guarded_functions = set()
+        for node in source.nodes:
+            if isinstance(node, ast.If) and re.search(
+                r"use_critic|need_critic", ast.unparse(node.test)
+            ):
+                guarded_functions |= {
+                    n.func.attr
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                }
+        for node in source.nodes:
+            if not (isinstance(node, ast.Attribute) and node.attr == "critic"):
+                continue
+            if not ast.unparse(node).endswith("config.critic"):
+                continue
+            ancestors = list(source.ancestors(node))
+            if any(
+                isinstance(a, ast.If) and re.search(r"use_critic|need_critic", ast.unparse(a.test))
+                for a in ancestors
+            ):
+                continue
+            function = source.function(node)
+            if function is not None and function.name in (guarded_functions | {"need_critic"}):
+                continue
+            if any(isinstance(a, ast.Assign) and node in ast.walk(a.targets[0]) for a in ancestors):
+                continue  # a write (total_training_steps copied in), read by no critic
+            found.append(f"{relative}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_read_of_the_critic_section_waits_for_a_critic(version: str) -> None:
+    """The evidence of critic.no-critic-worker, checked on each release's own files: every read
+    of the critic's section sits under use_critic/need_critic, in a function only called there,
+    or writes into it; and no leaf outside critic.* copies a critic.* leaf by interpolation."""
+    assert _critic_reads_outside_use_critic(release_root(version)) == []
+    tree = (release_root(version) / "verl/trainer/config").rglob("*.yaml")
+    copies = [
+        p for p in tree if re.search(r"\$\{(oc\.select:)?critic\.", p.read_text(encoding="utf-8"))
+    ]
+    assert copies == [], copies
+
+
+@needs_release()
+@pytest.mark.parametrize(
+    ("overrides", "fires"),
+    [
+        (["critic.optim.lr=2e-5", "critic.ppo_micro_batch_size_per_gpu=4"], True),
+        (
+            ["critic.enable=True", "critic.optim.lr=2e-5", "critic.ppo_micro_batch_size_per_gpu=4"],
+            False,
+        ),
+        (["algorithm.adv_estimator=gae", "critic.optim.lr=2e-5"], False),
+        (["critic.enable=False"], False),
+    ],
+)
+def test_a_critic_key_without_a_critic_has_no_effect_and_its_twins_are_clean(
+    upstream_checkout: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    overrides: list[str],
+    fires: bool,
+) -> None:
+    after = '    actor_rollout_ref.model.path="$MODEL_PATH"'
+    script = _script(tmp_path, upstream_checkout, GRPO, after, overrides)
+    result = _check_json(capsys, "--upstream", str(upstream_checkout), str(script))
+    named = sorted(f["path"] for f in result["findings"] if f["rule"] == "critic.no-critic-worker")
+    written = sorted(
+        o.partition("=")[0] for o in overrides if o.startswith("critic.") and "enable" not in o
+    )
+    assert named == (written if fires else []), result["findings"]
+    for key in written if fires else []:
+        answer = _answer(result, key)
+        assert (answer["answer"], answer["rule"]) == (keys.NO_EFFECT, "critic.no-critic-worker")
+
+
 # --- 8. types from the reading code -------------------------------------------------------------
 
 

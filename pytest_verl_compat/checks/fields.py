@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
+from pytest_verl_compat.checks.roles import need_critic
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
 from pytest_verl_compat.model import LeafVerdict
 
@@ -258,4 +259,48 @@ def lora_other_engine_spelling(inp: CheckInput) -> Iterator[Hit]:
                 "takes the rank, runs no reference worker and computes the reference log-probs "
                 "with the actor's adapter off, that is, from the actor being trained",
                 fix=f"set {read}={_rank(inp.resolved, other)} instead",
+            )
+
+
+# What the trainers read of the critic's section when no critic trains: its switch alone
+# (need_critic, verl/trainer/ppo/utils.py:97-100); every other read sits under ``use_critic``.
+_CRITIC_SWITCH = "critic.enable"
+# The entry point decides the critic with upstream's need_critic (main_ppo.py:181): another entry
+# point's trainer may decide otherwise, and is not claimed for.
+_MAIN_PPO_DECIDES_CRITIC = "need_critic"
+
+
+@check(
+    "critic.no-critic-worker",
+    level="warning",
+    evidence=(
+        "need_critic decides the critic once, from critic.enable, else adv_estimator == 'gae' "
+        "(verl/trainer/ppo/utils.py:97-100, called by verl/trainer/main_ppo.py:181 and "
+        "verl/trainer/ppo/v1/trainer_base.py:127); with it false no critic worker is built "
+        "(trainer_base.py:249, :751-753) and every other read of critic.* sits under "
+        "`if self.use_critic` (trainer_base.py:568-579, :1439-1442; ray_trainer.py:798-803, "
+        ":1652-1654) or `if use_critic` (verl/utils/config.py:173-175)"
+    ),
+    summary="An explicit critic.* key in a run that trains no critic (critic.enable unset or "
+    "false and an estimator other than gae): no critic worker is built and no code reads the key.",
+    fix="remove the critic keys, or train a critic (critic.enable=True, or "
+    "algorithm.adv_estimator=gae)",
+    example=Example(
+        fires=("critic.optim.lr=2e-5",), twin=("critic.enable=True", "critic.optim.lr=2e-5")
+    ),
+)
+def no_critic_worker(inp: CheckInput) -> Iterator[Hit]:
+    if need_critic(inp.resolved):
+        return
+    if inp.entry_calls and _MAIN_PPO_DECIDES_CRITIC not in inp.entry_calls:
+        return  # another entry point (main_ppo's own calls are the pinned path's: empty here)
+    estimator = inp.resolved["algorithm"]["adv_estimator"]
+    for field in inp.explicit_fields:
+        key = field_key(field)
+        if key.startswith("critic.") and key != _CRITIC_SWITCH:
+            yield Hit(
+                key,
+                f"`{field}` has no effect here: no critic trains (critic.enable="
+                f"{inp.resolved['critic'].get('enable')!r}, algorithm.adv_estimator={estimator!r}), "
+                f"so verl {inp.version} builds no critic worker and reads no critic.* key",
             )

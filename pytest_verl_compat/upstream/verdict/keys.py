@@ -58,6 +58,7 @@ NO_EFFECT_RULES = frozenset(
         "entry.forced-value",
         "critic.batch-settings-ignored",
         "critic.sequence-parallel-ignored",
+        "critic.no-critic-worker",
         "filter-groups.max-num-gen-batches-ignored",
         "rollout.vllm-false-flag-dropped",
         "sft.other-entry-key",
