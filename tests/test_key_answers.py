@@ -349,65 +349,99 @@ def test_a_lora_rank_in_the_other_engines_spelling_is_named_and_its_twin_is_clea
 
 # --- a role the run never starts ------------------------------------------------------------------
 
-# The trainers' files that read the critic's section on main_ppo's path.
-CRITIC_READERS = (
-    "verl/trainer/main_ppo.py",
-    "verl/trainer/ppo/v1/trainer_base.py",
-    "verl/trainer/ppo/ray_trainer.py",
-    "verl/utils/config.py",
-)
+# Per role: what reads its section (an attribute chain's tail), and the guards that wait for the
+# role (an ``if`` whose test matches; ``_is_rollout``: the standalone reference role's ``else``,
+# verl/workers/engine_workers.py:472-479).
+ROLE_READS = {
+    "critic": (r"config\.critic$", r"use_critic|need_critic"),
+    "ref": (
+        r"(config|actor_rollout_ref)\.ref$",
+        r"use_reference_policy|need_reference_policy|'ref' in self\.role|_is_ref|_is_rollout",
+    ),
+}
 
 
-def _critic_reads_outside_use_critic(root: Path) -> list[str]:
-    """Reads of ``config.critic`` (or ``self.config.critic``) not under an ``if`` that tests
-    use_critic/need_critic, not a write, and not in a function only called under one."""
+def _reads_outside_the_role(root: Path, role: str) -> tuple[int, list[str]]:
+    """(reads seen, reads not waiting for the role): a read of the role's section not under an
+    ``if`` that tests the role, not a write into it, not in a function only called under one."""
     import ast
 
-    found = []
-    for relative in CRITIC_READERS:
-        source = statements.parse(str(root / relative), relative)
+    chain, guard = ROLE_READS[role]
+    seen, found = 0, []
+    for path in sorted((root / "verl").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if "/experimental/" in relative or relative.endswith("main_ppo_v0.py"):
+            continue  # other entry points' trainers (not main_ppo's path)
+        text = path.read_text(encoding="utf-8")
+        if not re.search(chain.rstrip("$"), text):
+            continue
+        source = statements.parse(str(path), relative)
         assert source is not None, relative
-        guarded_functions = set()
+
+        def guarded(test: ast.expr) -> bool:
+            return bool(re.search(guard, ast.unparse(test)))
+
+        called_when_guarded = {
+            n.func.attr
+            for node in source.nodes
+            if isinstance(node, ast.If) and guarded(node.test)
+            for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        }
         for node in source.nodes:
-            if isinstance(node, ast.If) and re.search(
-                r"use_critic|need_critic", ast.unparse(node.test)
-            ):
-                guarded_functions |= {
-                    n.func.attr
-                    for n in ast.walk(node)
-                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                }
-        for node in source.nodes:
-            if not (isinstance(node, ast.Attribute) and node.attr == "critic"):
+            if not (isinstance(node, ast.Attribute) and re.search(chain, ast.unparse(node))):
                 continue
-            if not ast.unparse(node).endswith("config.critic"):
-                continue
+            seen += 1
             ancestors = list(source.ancestors(node))
-            if any(
-                isinstance(a, ast.If) and re.search(r"use_critic|need_critic", ast.unparse(a.test))
-                for a in ancestors
-            ):
+            if any(isinstance(a, ast.If) and guarded(a.test) for a in ancestors):
                 continue
             function = source.function(node)
-            if function is not None and function.name in (guarded_functions | {"need_critic"}):
+            if function is not None and (
+                function.name in called_when_guarded or re.fullmatch(r"need_\w+", function.name)
+            ):
                 continue
             if any(isinstance(a, ast.Assign) and node in ast.walk(a.targets[0]) for a in ancestors):
-                continue  # a write (total_training_steps copied in), read by no critic
+                continue  # a write into the section (total_training_steps), read by no one else
             found.append(f"{relative}:{node.lineno}")
-    return found
+    return seen, found
 
 
+@pytest.mark.parametrize("role", sorted(ROLE_READS))
 @pytest.mark.parametrize("version", SUPPORTED)
-def test_every_read_of_the_critic_section_waits_for_a_critic(version: str) -> None:
-    """The evidence of critic.no-critic-worker, checked on each release's own files: every read
-    of the critic's section sits under use_critic/need_critic, in a function only called there,
-    or writes into it; and no leaf outside critic.* copies a critic.* leaf by interpolation."""
-    assert _critic_reads_outside_use_critic(release_root(version)) == []
-    tree = (release_root(version) / "verl/trainer/config").rglob("*.yaml")
-    copies = [
-        p for p in tree if re.search(r"\$\{(oc\.select:)?critic\.", p.read_text(encoding="utf-8"))
-    ]
-    assert copies == [], copies
+def test_every_read_of_a_role_section_waits_for_the_role(version: str, role: str) -> None:
+    """The evidence of effect.no-critic-worker and effect.no-reference-worker, checked on each
+    release's own files: every read of the role's section waits for the role, and no leaf
+    outside the section copies one of its leaves by interpolation."""
+    seen, outside = _reads_outside_the_role(release_root(version), role)
+    assert seen > 5, f"the scan saw {seen} reads of the {role} section: it reads nothing"
+    assert outside == [], outside
+    assert _copies_out_of(release_root(version), role) == []
+
+
+# Where each role's section lives in the config tree: its group folder, and its dotted path.
+ROLE_SECTIONS = {"critic": ("critic", "critic"), "ref": ("ref", "actor_rollout_ref.ref")}
+
+
+def _copies_out_of(root: Path, role: str) -> list[str]:
+    """Leaves outside the role's section whose value interpolates one of its leaves (a copy
+    would carry the key into a role that runs)."""
+    import yaml
+
+    folder, section = ROLE_SECTIONS[role]
+    pattern = re.compile(r"\$\{(oc\.select:)?" + re.escape(section) + r"\.")
+    found = []
+    for path in sorted((root / "verl/trainer/config").rglob("*.yaml")):
+        relative = path.relative_to(root / "verl/trainer/config").as_posix()
+        stack: list[tuple[str, Any]] = [("", yaml.safe_load(path.read_text(encoding="utf-8")))]
+        while stack:
+            where, node = stack.pop()
+            if isinstance(node, dict):
+                stack += [(f"{where}.{k}" if where else str(k), v) for k, v in node.items()]
+            elif isinstance(node, str) and pattern.search(node):
+                inside = relative.startswith(folder + "/") or where.startswith(section + ".")
+                if not inside:
+                    found.append(f"{relative}: {where}")
+    return found
 
 
 @needs_release()
@@ -421,26 +455,49 @@ def test_every_read_of_the_critic_section_waits_for_a_critic(version: str) -> No
         ),
         (["algorithm.adv_estimator=gae", "critic.optim.lr=2e-5"], False),
         (["critic.enable=False"], False),
+        (
+            [
+                "actor_rollout_ref.actor.use_kl_loss=False",
+                "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+            ],
+            True,
+        ),
+        (["actor_rollout_ref.ref.fsdp_config.param_offload=True"], False),
+        (
+            [
+                "actor_rollout_ref.actor.use_kl_loss=False",
+                "algorithm.use_kl_in_reward=True",
+                "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+            ],
+            False,
+        ),
     ],
 )
-def test_a_critic_key_without_a_critic_has_no_effect_and_its_twins_are_clean(
+def test_a_key_of_a_role_the_run_never_starts_has_no_effect_and_its_twins_are_clean(
     upstream_checkout: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     overrides: list[str],
     fires: bool,
 ) -> None:
-    after = '    actor_rollout_ref.model.path="$MODEL_PATH"'
-    script = _script(tmp_path, upstream_checkout, GRPO, after, overrides)
-    result = _check_json(capsys, "--upstream", str(upstream_checkout), str(script))
-    named = sorted(f["path"] for f in result["findings"] if f["rule"] == "critic.no-critic-worker")
-    written = sorted(
-        o.partition("=")[0] for o in overrides if o.startswith("critic.") and "enable" not in o
+    # ``--set`` wins over the script's own keys (its actor sets use_kl_loss=True).
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    script = upstream_checkout / GRPO
+    result = _check_json(capsys, "--upstream", str(upstream_checkout), str(script), *sets)
+    rules = ("effect.no-critic-worker", "effect.no-reference-worker")
+    named = sorted(f["path"] for f in result["findings"] if f["rule"] in rules)
+    role_keys = sorted(
+        o.partition("=")[0]
+        for o in overrides
+        if o.startswith(("critic.", "actor_rollout_ref.ref."))
+        and o != "critic.enable=False"
+        and not o.startswith("critic.enable")
     )
-    assert named == (written if fires else []), result["findings"]
-    for key in written if fires else []:
+    # The script's own reference keys are named too when no reference runs.
+    assert set(role_keys) <= set(named) if fires else named == [], result["findings"]
+    for key in role_keys if fires else []:
         answer = _answer(result, key)
-        assert (answer["answer"], answer["rule"]) == (keys.NO_EFFECT, "critic.no-critic-worker")
+        assert answer["answer"] == keys.NO_EFFECT and answer["rule"] in rules, answer
 
 
 # --- 8. types from the reading code -------------------------------------------------------------

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
-from pytest_verl_compat.checks.roles import need_critic
+from pytest_verl_compat.checks.roles import need_critic, need_reference_policy
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
 from pytest_verl_compat.model import LeafVerdict
 
@@ -262,20 +262,35 @@ def lora_other_engine_spelling(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
-# What the trainers read of the critic's section when no critic trains: its switch alone
-# (need_critic, verl/trainer/ppo/utils.py:97-100); every other read sits under ``use_critic``.
-_CRITIC_SWITCH = "critic.enable"
-# The entry point decides the critic with upstream's need_critic (main_ppo.py:181): another entry
-# point's trainer may decide otherwise, and is not claimed for.
-_MAIN_PPO_DECIDES_CRITIC = "need_critic"
+# A role the run never starts: its worker is built only when upstream's decider says so, and
+# every other read of its section waits for the same decider (the evidence of each rule). The
+# entry point decides with these functions (main_ppo.py:180-181); another entry point's trainer
+# may decide otherwise, and is not claimed for.
+_DECIDERS = frozenset({"need_critic", "need_reference_policy"})
+
+
+def _unstarted_role(
+    inp: CheckInput, prefix: str, started: bool, switches: tuple[str, ...], why: str, fix: str
+) -> Iterator[Hit]:
+    """``prefix`` keys the script sets (its role's switches aside) when the role never starts."""
+    if started or (inp.entry_calls and not inp.entry_calls & _DECIDERS):
+        return  # started, or another entry point (main_ppo, the pinned one, has no calls here)
+    for field in inp.explicit_fields:
+        key = field_key(field)
+        if key.startswith(prefix) and key not in switches:
+            yield Hit(
+                key,
+                f"`{field}` has no effect here: {why.format(version=inp.version)}",
+                fix=fix.format(key=key),
+            )
 
 
 @check(
-    "critic.no-critic-worker",
+    "effect.no-critic-worker",
     level="warning",
     evidence=(
         "need_critic decides the critic once, from critic.enable, else adv_estimator == 'gae' "
-        "(verl/trainer/ppo/utils.py:97-100, called by verl/trainer/main_ppo.py:181 and "
+        "(verl/trainer/ppo/utils.py:96-106, called by verl/trainer/main_ppo.py:181 and "
         "verl/trainer/ppo/v1/trainer_base.py:127); with it false no critic worker is built "
         "(trainer_base.py:249, :751-753) and every other read of critic.* sits under "
         "`if self.use_critic` (trainer_base.py:568-579, :1439-1442; ray_trainer.py:798-803, "
@@ -290,17 +305,52 @@ _MAIN_PPO_DECIDES_CRITIC = "need_critic"
     ),
 )
 def no_critic_worker(inp: CheckInput) -> Iterator[Hit]:
-    if need_critic(inp.resolved):
-        return
-    if inp.entry_calls and _MAIN_PPO_DECIDES_CRITIC not in inp.entry_calls:
-        return  # another entry point (main_ppo's own calls are the pinned path's: empty here)
     estimator = inp.resolved["algorithm"]["adv_estimator"]
-    for field in inp.explicit_fields:
-        key = field_key(field)
-        if key.startswith("critic.") and key != _CRITIC_SWITCH:
-            yield Hit(
-                key,
-                f"`{field}` has no effect here: no critic trains (critic.enable="
-                f"{inp.resolved['critic'].get('enable')!r}, algorithm.adv_estimator={estimator!r}), "
-                f"so verl {inp.version} builds no critic worker and reads no critic.* key",
-            )
+    enable = inp.resolved["critic"].get("enable")
+    yield from _unstarted_role(
+        inp,
+        "critic.",
+        need_critic(inp.resolved),
+        ("critic.enable",),
+        f"no critic trains (critic.enable={enable!r}, algorithm.adv_estimator={estimator!r}), so "
+        "verl {version} builds no critic worker and reads no critic.* key",
+        "remove {key}, or train a critic (critic.enable=True)",
+    )
+
+
+@check(
+    "effect.no-reference-worker",
+    level="warning",
+    evidence=(
+        "need_reference_policy is use_kl_in_reward or actor.use_kl_loss "
+        "(verl/trainer/ppo/utils.py:75-79, called by verl/trainer/main_ppo.py:180 and "
+        "verl/trainer/ppo/v1/trainer_base.py:128); with it false the actor's worker is built "
+        "without the reference role (trainer_base.py:746) and the reference section is read only "
+        "by that role (verl/workers/engine_workers.py:470, :534-583) and under "
+        "`if use_reference_policy` (verl/utils/config.py:154-160)"
+    ),
+    summary="An explicit actor_rollout_ref.ref.* key in a run without a reference policy (no KL "
+    "loss, no KL in the reward): no reference worker is built and no code reads the key.",
+    fix="remove the reference keys, or use a KL term (actor_rollout_ref.actor.use_kl_loss=True "
+    "or algorithm.use_kl_in_reward=True)",
+    example=Example(
+        fires=(
+            "actor_rollout_ref.actor.use_kl_loss=False",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        ),
+        twin=("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",),
+    ),
+)
+def no_reference_worker(inp: CheckInput) -> Iterator[Hit]:
+    actor = inp.resolved["actor_rollout_ref"]["actor"]
+    in_reward = inp.resolved["algorithm"].get("use_kl_in_reward")
+    yield from _unstarted_role(
+        inp,
+        "actor_rollout_ref.ref.",
+        need_reference_policy(inp.resolved),
+        (),
+        f"no reference policy runs (actor_rollout_ref.actor.use_kl_loss={actor.get('use_kl_loss')!r}, "
+        f"algorithm.use_kl_in_reward={in_reward!r}), so verl {{version}} builds no reference worker "
+        "and reads no actor_rollout_ref.ref.* key",
+        "remove {key}, or use a KL term (actor_rollout_ref.actor.use_kl_loss=True)",
+    )
