@@ -347,6 +347,63 @@ def test_a_lora_rank_in_the_other_engines_spelling_is_named_and_its_twin_is_clea
         assert found[0]["location"]["line"] == _line_of(script, written)
 
 
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_sft_trainer_and_what_it_imports_never_read_the_ray_world_keys(version: str) -> None:
+    """The evidence of sft.world-from-torchrun on each release's files: no code the SFT trainer
+    reaches by import reads n_gpus_per_node or nnodes (a read in a module it imports counts
+    unless it sits in a function or class the trainer does not import, like main_ppo's
+    validate_config beside omega_conf_to_dataclass in verl/utils/config.py); the Ray SFT entry
+    point does read them (sft_trainer_ray.py), so the scan sees reads at all."""
+    import ast
+
+    root = release_root(version)
+
+    def reads(relative: str, names: set[str] | None) -> list[str]:
+        """Reads in ``relative``: in every top-level definition named in ``names`` and at module
+        level (``names`` None: the whole file)."""
+        tree = ast.parse((root / relative).read_text(encoding="utf-8"))
+        found = []
+        for top in tree.body:
+            named = getattr(top, "name", None)
+            if names is not None and named is not None and named not in names:
+                continue
+            found += [
+                f"{relative}:{n.lineno}"
+                for n in ast.walk(top)
+                if isinstance(n, ast.Attribute) and n.attr in ("n_gpus_per_node", "nnodes")
+            ]
+        return found
+
+    trainer = "verl/trainer/sft_trainer.py"
+    imported: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse((root / trainer).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("verl."):
+            base = root / node.module.replace(".", "/")
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    names = imported.setdefault(candidate.relative_to(root).as_posix(), set())
+                    names |= {alias.name for alias in node.names}
+    assert len(imported) > 5, imported
+    found = reads(trainer, None) + [r for f, n in sorted(imported.items()) for r in reads(f, n)]
+    assert found == []
+    assert reads("verl/trainer/sft_trainer_ray.py", None)
+
+
+@needs_release()
+@pytest.mark.parametrize(
+    ("key", "fires"), [("trainer.nnodes=1", True), ("trainer.total_epochs=2", False)]
+)
+def test_a_ray_world_key_under_torchrun_has_no_effect_and_its_twin_is_clean(
+    upstream_checkout: Path, capsys: pytest.CaptureFixture[str], key: str, fires: bool
+) -> None:
+    script = upstream_checkout / SFT
+    result = _check_json(
+        capsys, "--upstream", str(upstream_checkout), str(script), *SFT_ARGS, "--set", key
+    )
+    named = [f["path"] for f in result["findings"] if f["rule"] == "sft.world-from-torchrun"]
+    assert named == ([key.partition("=")[0]] if fires else []), result["findings"]
+
+
 # --- a role the run never starts ------------------------------------------------------------------
 
 # Per role: what reads its section (an attribute chain's tail), and the guards that wait for the

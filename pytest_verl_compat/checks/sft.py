@@ -347,3 +347,35 @@ def other_entry_key(inp: CheckInput) -> Iterator[Hit]:
             f"its tree (sft_trainer_engine) has no section {section} and its code reads only its "
             "own sections; it is a key of another entry point",
         )
+
+
+# The trainer keys of the SFT tree that size a Ray resource pool: only the Ray SFT entry point
+# reads them (verl/trainer/sft_trainer_ray.py:135-137); under torchrun the world is the launcher's.
+_RAY_WORLD_KEYS = ("trainer.n_gpus_per_node", "trainer.nnodes")
+
+
+@check(
+    "sft.world-from-torchrun",
+    level="warning",
+    evidence="verl/trainer/sft_trainer.py:451-454 (run_sft starts its process group from "
+    "torchrun's RANK, WORLD_SIZE and LOCAL_RANK, verl/utils/distributed.py:62-70); only the Ray "
+    "SFT entry point reads trainer.n_gpus_per_node and trainer.nnodes "
+    "(verl/trainer/sft_trainer_ray.py:135-137)",
+    summary="trainer.n_gpus_per_node or trainer.nnodes set for the SFT trainer launched by "
+    "torchrun: the world is torchrun's --nproc_per_node and --nnodes, and no code of "
+    "verl.trainer.sft_trainer reads these keys.",
+    fix="size the world with torchrun's --nproc_per_node and --nnodes, and remove the key",
+    example=Example(("trainer.n_gpus_per_node=8",), ("trainer.total_epochs=2",), base=SFT_BASE),
+    family=SFT,
+)
+def world_from_torchrun(inp: CheckInput) -> Iterator[Hit]:
+    if inp.world_source != "torchrun":
+        return
+    for field in inp.explicit_fields:
+        key = field_key(field)
+        if key in _RAY_WORLD_KEYS:
+            yield Hit(
+                key,
+                f"`{field}` has no effect here: verl {inp.version}'s SFT trainer takes its world "
+                f"from torchrun (nproc_per_node x nnodes = {inp.world_size}) and never reads {key}",
+            )

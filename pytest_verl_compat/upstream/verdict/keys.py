@@ -63,6 +63,7 @@ NO_EFFECT_RULES = frozenset(
         "filter-groups.max-num-gen-batches-ignored",
         "rollout.vllm-false-flag-dropped",
         "sft.other-entry-key",
+        "sft.world-from-torchrun",
     }
 )
 # Places named in an answer (the rest counted).
