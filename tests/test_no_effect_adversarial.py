@@ -72,9 +72,8 @@ def test_every_no_effect_claim_holds_over_the_whole_run(
     claims = collect(session, targets)
     counts = Counter(claim.rule for claim in claims)
     print(f"{len(claims)} no-effect claims: {dict(sorted(counts.items()))}")
-    # Each kind the checks make today is exercised (a rule that stopped firing would leave its
-    # verifier untested here; the fabricated claims below test each verifier either way).
-    assert {OVERRIDDEN, NEVER_READ, OFF_PATH} <= set(counts)
+    # Not empty (the fabricated claims below test each verifier whatever the checks give today).
+    assert claims
     verdicts = verify(session, claims, release, runs)
     assert len(verdicts) == len(claims)
     print(f"verified in {time.monotonic() - started:.0f} s, {len(runs.asked)} distinct whole runs")
