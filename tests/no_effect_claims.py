@@ -24,6 +24,10 @@ OVERRIDDEN = "effect.overridden"
 NEVER_READ = "effect.never-read"
 OFF_PATH = "effect.off-path"
 FORCED = "effect.forced"
+# A role the run never starts, by rule: proven by the role-read scan (no_effect_reads).
+NO_CRITIC = "effect.no-critic-worker"
+NO_REFERENCE = "effect.no-reference-worker"
+ROLE_RULES = {NO_CRITIC: "critic", NO_REFERENCE: "ref"}
 # A run's entry holding the names its executed code mentions: never compared.
 NAMES = "<names>"
 
@@ -207,6 +211,7 @@ class WholeRuns:
 
         self.oracle = UpstreamOracle(workers=2, served=SERVED, release=release)
         self.asked: dict[str, dict[str, Any]] = {}
+        self._answers: dict[str, dict[str, Any]] = {}  # the converted questions', by id
 
     def question(
         self, mapping: Mapping[str, Any], setup: str | None, *, names: bool = False
@@ -236,9 +241,26 @@ class WholeRuns:
             raise RuntimeError(f"the whole run gave no answer: {answer.get('error', answer)}")
         return {**answer[run.KEY_RUNS][0], NAMES: frozenset(answer[run.KEY_NAMES])}
 
+    def roles(self, session: Any, case: Case) -> dict[str, Any]:
+        """Upstream's need_critic and need_reference_policy on the case (the converted
+        question's ``roles``)."""
+        from pytest_verl_compat.upstream.probes import converted_probe as probe
+
+        return dict(self._converted_answer(session, case).get(probe.KEY_ROLES) or {})
+
     def converted(self, session: Any, case: Case) -> dict[str, Any]:
         """The case's resolved leaves, where a role's config class converts with the values the
         class holds after upstream's conversion (``probes/converted_probe.py``)."""
+
+        from pytest_verl_compat.upstream.probes import converted_probe as probe
+
+        leaves = claimed_leaves(session, case)
+        answer = self._converted_answer(session, case)
+        if probe.KEY_LEAVES not in answer:
+            raise RuntimeError(f"no converted values: {answer.get('error', answer)}")
+        return {**leaves, **answer[probe.KEY_LEAVES]}
+
+    def _converted_answer(self, session: Any, case: Case) -> dict[str, Any]:
         from no_effect_reads import role_sections
 
         from pytest_verl_compat.upstream.probes import converted_probe as probe
@@ -254,10 +276,9 @@ class WholeRuns:
             "converted-"
             + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:20]
         )
-        answer = self.oracle.answer(request_id, request, timeout=600)
-        if probe.KEY_LEAVES not in answer:
-            raise RuntimeError(f"no converted values: {answer.get('error', answer)}")
-        return {**leaves, **answer[probe.KEY_LEAVES]}
+        if request_id not in self._answers:
+            self._answers[request_id] = self.oracle.answer(request_id, request, timeout=600)
+        return self._answers[request_id]
 
     def close(self) -> None:
         self.oracle.close()
@@ -430,6 +451,27 @@ def prove(session: Any, claim: Claim, release: Any, runs: WholeRuns) -> Verdict:
     return Verdict(claim, True, how=f"{len(proof.ruled_out)} uses ruled out")
 
 
+def prove_role(session: Any, claim: Claim, release: Any, runs: WholeRuns) -> Verdict:
+    """A role-not-started claim holds when upstream's own decider, run in the oracle on the
+    case's configuration (``probes/converted_probe.py``), is False, every read of the role's
+    section in the release waits for the role, and no leaf outside it copies one of its
+    leaves."""
+    from no_effect_reads import role_copies_out, role_reads_outside
+
+    role = ROLE_RULES[claim.rule]
+    decider = {"critic": "need_critic", "ref": "need_reference_policy"}[role]
+    decided = runs.roles(session, claim.case).get(decider)
+    if decided is not False:
+        return Verdict(claim, False, f"upstream's {decider} is {decided!r} here, not False")
+    seen, outside = role_reads_outside(release.root, role)
+    if outside or not seen:
+        return Verdict(claim, False, f"reads of the {role} section not waiting for it: {outside}")
+    copies = role_copies_out(release.root, role)
+    if copies:
+        return Verdict(claim, False, f"copied out of the {role} section: {copies}")
+    return Verdict(claim, True, how=f"{seen} reads of the {role} section, each waiting for it")
+
+
 def copies_of(session: Any, claim: Claim) -> tuple[str, ...]:
     """The keys whose tree value copies the claim's key by interpolation (``${..name}``)."""
     fields = session.outcome(claim.case).fields
@@ -454,6 +496,8 @@ def verify(session: Any, claims: list[Claim], release: Any, runs: WholeRuns) -> 
     for claim in claims:
         if claim.rule in (NEVER_READ, OFF_PATH):
             verdicts.append(prove(session, claim, release, runs))
+        elif claim.rule in ROLE_RULES:
+            verdicts.append(prove_role(session, claim, release, runs))
         elif claim.rule not in (OVERRIDDEN, FORCED):
             verdicts.append(Verdict(claim, False, "a no-effect rule this test cannot verify"))
     planned = []

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.upstream.probes import statements
+
 # A value the reading cannot decide.
 UNKNOWN: Any = object()
 _VERL_MODULE = re.compile(r"^verl(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -614,3 +616,86 @@ def reads_on_line(release: Release, file: str, line: int, name: str) -> bool:
     if module not in release.files:
         return False
     return any(use.line == line for use in release.uses(name, {module}))
+
+
+# --- a role the run never starts (effect.no-critic-worker, effect.no-reference-worker) ---------
+
+# Per role: what reads its section (an attribute chain's tail), and the guards that wait for the
+# role (an ``if`` whose test matches; ``_is_rollout``: the standalone reference role's ``else``,
+# verl/workers/engine_workers.py:472-479).
+ROLE_READS = {
+    "critic": (r"config\.critic$", r"use_critic|need_critic"),
+    "ref": (
+        r"(config|actor_rollout_ref)\.ref$",
+        r"use_reference_policy|need_reference_policy|'ref' in self\.role|_is_ref|_is_rollout",
+    ),
+}
+
+
+def role_reads_outside(root: Path, role: str) -> tuple[int, list[str]]:
+    """(reads seen, reads not waiting for the role): a read of the role's section not under an
+    ``if`` that tests the role, not a write into it, not in a function only called under one."""
+    chain, guard = ROLE_READS[role]
+    seen, found = 0, []
+    for path in sorted((root / "verl").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if "/experimental/" in relative or relative.endswith("main_ppo_v0.py"):
+            continue  # other entry points' trainers (not main_ppo's path)
+        text = path.read_text(encoding="utf-8")
+        if not re.search(chain.rstrip("$"), text):
+            continue
+        source = statements.parse(str(path), relative)
+        assert source is not None, relative
+
+        def guarded(test: ast.expr) -> bool:
+            return bool(re.search(guard, ast.unparse(test)))
+
+        called_when_guarded = {
+            n.func.attr
+            for node in source.nodes
+            if isinstance(node, ast.If) and guarded(node.test)
+            for n in ast.walk(node)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        }
+        for node in source.nodes:
+            if not (isinstance(node, ast.Attribute) and re.search(chain, ast.unparse(node))):
+                continue
+            seen += 1
+            ancestors = list(source.ancestors(node))
+            if any(isinstance(a, ast.If) and guarded(a.test) for a in ancestors):
+                continue
+            function = source.function(node)
+            if function is not None and (
+                function.name in called_when_guarded or re.fullmatch(r"need_\w+", function.name)
+            ):
+                continue
+            if any(isinstance(a, ast.Assign) and node in ast.walk(a.targets[0]) for a in ancestors):
+                continue  # a write into the section (total_training_steps), read by no one else
+            found.append(f"{relative}:{node.lineno}")
+    return seen, found
+
+
+# Where each role's section lives in the config tree: its group folder, and its dotted path.
+ROLE_SECTIONS = {"critic": ("critic", "critic"), "ref": ("ref", "actor_rollout_ref.ref")}
+
+
+def role_copies_out(root: Path, role: str) -> list[str]:
+    """Leaves outside the role's section whose value interpolates one of its leaves (a copy
+    would carry the key into a role that runs)."""
+    import yaml
+
+    folder, section = ROLE_SECTIONS[role]
+    pattern = re.compile(r"\$\{(oc\.select:)?" + re.escape(section) + r"\.")
+    found = []
+    for path in sorted((root / "verl/trainer/config").rglob("*.yaml")):
+        relative = path.relative_to(root / "verl/trainer/config").as_posix()
+        stack: list[tuple[str, Any]] = [("", yaml.safe_load(path.read_text(encoding="utf-8")))]
+        while stack:
+            where, node = stack.pop()
+            if isinstance(node, dict):
+                stack += [(f"{where}.{k}" if where else str(k), v) for k, v in node.items()]
+            elif isinstance(node, str) and pattern.search(node):
+                inside = relative.startswith(folder + "/") or where.startswith(section + ".")
+                if not inside:
+                    found.append(f"{relative}: {where}")
+    return found

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from corpus_facts import PINNED_VERSION, needs_release, release_root
+from no_effect_reads import ROLE_READS, role_copies_out, role_reads_outside
 
 from pytest_verl_compat import cli
 from pytest_verl_compat.checks import off_path
@@ -142,7 +143,7 @@ def test_explain_says_reshard_after_forward_acts_on_the_grpo_example(
 ) -> None:
     """verl's GRPO example builds the FSDP engine: the key acts at FSDPEngine._build_fsdp_module
     (was: undecided, "guard not evaluated"). Its twin, the critic's copy of the same key, is read
-    by the same class, but GRPO builds no critic: never "acts"."""
+    by the same class, but GRPO builds no critic: no effect (effect.no-critic-worker)."""
     upstream = ("--upstream", str(upstream_checkout))
     status, out, err = run(capsys, "-q", *upstream, "explain", RESHARD, "grpo")
     assert status == 0, err[-3000:]
@@ -151,8 +152,9 @@ def test_explain_says_reshard_after_forward_acts_on_the_grpo_example(
     assert f"read here: {RESHARD_READ}" in out
     critic = "critic.fsdp.reshard_after_forward"
     status, out, err = run(capsys, "-q", *upstream, "explain", critic, "grpo")
-    assert status == 0, err[-3000:]
-    assert f"grpo: {critic} = True: undecided" in out
+    assert status == 1, err[-3000:]
+    assert f"grpo: {critic} = True: no effect" in out
+    assert "builds no critic worker" in out
     assert "read here:" not in out
 
 
@@ -406,62 +408,6 @@ def test_a_ray_world_key_under_torchrun_has_no_effect_and_its_twin_is_clean(
 
 # --- a role the run never starts ------------------------------------------------------------------
 
-# Per role: what reads its section (an attribute chain's tail), and the guards that wait for the
-# role (an ``if`` whose test matches; ``_is_rollout``: the standalone reference role's ``else``,
-# verl/workers/engine_workers.py:472-479).
-ROLE_READS = {
-    "critic": (r"config\.critic$", r"use_critic|need_critic"),
-    "ref": (
-        r"(config|actor_rollout_ref)\.ref$",
-        r"use_reference_policy|need_reference_policy|'ref' in self\.role|_is_ref|_is_rollout",
-    ),
-}
-
-
-def _reads_outside_the_role(root: Path, role: str) -> tuple[int, list[str]]:
-    """(reads seen, reads not waiting for the role): a read of the role's section not under an
-    ``if`` that tests the role, not a write into it, not in a function only called under one."""
-    import ast
-
-    chain, guard = ROLE_READS[role]
-    seen, found = 0, []
-    for path in sorted((root / "verl").rglob("*.py")):
-        relative = path.relative_to(root).as_posix()
-        if "/experimental/" in relative or relative.endswith("main_ppo_v0.py"):
-            continue  # other entry points' trainers (not main_ppo's path)
-        text = path.read_text(encoding="utf-8")
-        if not re.search(chain.rstrip("$"), text):
-            continue
-        source = statements.parse(str(path), relative)
-        assert source is not None, relative
-
-        def guarded(test: ast.expr) -> bool:
-            return bool(re.search(guard, ast.unparse(test)))
-
-        called_when_guarded = {
-            n.func.attr
-            for node in source.nodes
-            if isinstance(node, ast.If) and guarded(node.test)
-            for n in ast.walk(node)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-        }
-        for node in source.nodes:
-            if not (isinstance(node, ast.Attribute) and re.search(chain, ast.unparse(node))):
-                continue
-            seen += 1
-            ancestors = list(source.ancestors(node))
-            if any(isinstance(a, ast.If) and guarded(a.test) for a in ancestors):
-                continue
-            function = source.function(node)
-            if function is not None and (
-                function.name in called_when_guarded or re.fullmatch(r"need_\w+", function.name)
-            ):
-                continue
-            if any(isinstance(a, ast.Assign) and node in ast.walk(a.targets[0]) for a in ancestors):
-                continue  # a write into the section (total_training_steps), read by no one else
-            found.append(f"{relative}:{node.lineno}")
-    return seen, found
-
 
 @pytest.mark.parametrize("role", sorted(ROLE_READS))
 @pytest.mark.parametrize("version", SUPPORTED)
@@ -469,36 +415,10 @@ def test_every_read_of_a_role_section_waits_for_the_role(version: str, role: str
     """The evidence of effect.no-critic-worker and effect.no-reference-worker, checked on each
     release's own files: every read of the role's section waits for the role, and no leaf
     outside the section copies one of its leaves by interpolation."""
-    seen, outside = _reads_outside_the_role(release_root(version), role)
+    seen, outside = role_reads_outside(release_root(version), role)
     assert seen > 5, f"the scan saw {seen} reads of the {role} section: it reads nothing"
     assert outside == [], outside
-    assert _copies_out_of(release_root(version), role) == []
-
-
-# Where each role's section lives in the config tree: its group folder, and its dotted path.
-ROLE_SECTIONS = {"critic": ("critic", "critic"), "ref": ("ref", "actor_rollout_ref.ref")}
-
-
-def _copies_out_of(root: Path, role: str) -> list[str]:
-    """Leaves outside the role's section whose value interpolates one of its leaves (a copy
-    would carry the key into a role that runs)."""
-    import yaml
-
-    folder, section = ROLE_SECTIONS[role]
-    pattern = re.compile(r"\$\{(oc\.select:)?" + re.escape(section) + r"\.")
-    found = []
-    for path in sorted((root / "verl/trainer/config").rglob("*.yaml")):
-        relative = path.relative_to(root / "verl/trainer/config").as_posix()
-        stack: list[tuple[str, Any]] = [("", yaml.safe_load(path.read_text(encoding="utf-8")))]
-        while stack:
-            where, node = stack.pop()
-            if isinstance(node, dict):
-                stack += [(f"{where}.{k}" if where else str(k), v) for k, v in node.items()]
-            elif isinstance(node, str) and pattern.search(node):
-                inside = relative.startswith(folder + "/") or where.startswith(section + ".")
-                if not inside:
-                    found.append(f"{relative}: {where}")
-    return found
+    assert role_copies_out(release_root(version), role) == []
 
 
 @needs_release()

@@ -29,6 +29,8 @@ import pytest
 from corpus_facts import needs_release, release_root
 from no_effect_claims import (
     NEVER_READ,
+    NO_CRITIC,
+    NO_REFERENCE,
     OFF_PATH,
     OVERRIDDEN,
     Claim,
@@ -138,6 +140,16 @@ WRONG = {
         "trainer.resume_from_path",
         "trainer_base.py",
     ),
+    # A role that starts: upstream's own decider says so (GAE trains a critic; the KL loss runs
+    # the reference).
+    "critic-under-gae": ("ppo", ("critic.optim.lr=2e-5",), NO_CRITIC, "critic.optim.lr", "True"),
+    "reference-with-kl-loss": (
+        "grpo",
+        (f"{ACTOR}.use_kl_loss=true", "actor_rollout_ref.ref.fsdp_config.param_offload=true"),
+        NO_REFERENCE,
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "True",
+    ),
 }
 # The near-identical claims that hold.
 TWINS = {
@@ -175,6 +187,13 @@ TWINS = {
         f"{ACTOR}.optim.min_lr_ratio",
     ),
     "never-read-clip-low": ("grpo", (f"{ACTOR}.grad_clip=1.0",), NEVER_READ, f"{ACTOR}.grad_clip"),
+    "critic-under-gae": ("grpo", ("critic.optim.lr=2e-5",), NO_CRITIC, "critic.optim.lr"),
+    "reference-with-kl-loss": (
+        "grpo",
+        (f"{ACTOR}.use_kl_loss=false", "actor_rollout_ref.ref.fsdp_config.param_offload=true"),
+        NO_REFERENCE,
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+    ),
     "off-path-resume-under-resume-path": (
         "grpo",
         ("trainer.resume_mode=auto", "trainer.resume_from_path=ckpt/global_step_10"),

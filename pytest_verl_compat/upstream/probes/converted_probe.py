@@ -19,6 +19,8 @@ from typing import Any
 KIND = "converted"
 KEY_LEAVES = "leaves"
 KEY_REFUSED = "refused"
+# Upstream's own deciders of the roles a run starts (verl/trainer/ppo/utils.py), by name.
+KEY_ROLES = "roles"
 
 
 def converted(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,7 +66,23 @@ def converted(request: Mapping[str, Any]) -> dict[str, Any]:
             refused[section] = (
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
-    return {KEY_LEAVES: leaves, KEY_REFUSED: refused}
+    return {KEY_LEAVES: leaves, KEY_REFUSED: refused, KEY_ROLES: _roles(cfg)}
+
+
+def _roles(cfg: Any) -> dict[str, bool | str]:
+    """need_critic and need_reference_policy on the configuration, as the trainers call them
+    (verl/trainer/main_ppo.py:180-181); an error is named instead of a verdict."""
+    from verl.trainer.ppo import utils
+
+    out: dict[str, bool | str] = {}
+    for name in ("need_critic", "need_reference_policy"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out[name] = bool(getattr(utils, name)(cfg))
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 ORACLE_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {KIND: converted}
