@@ -50,11 +50,21 @@ def test_resolved_file_compiles_to_the_composed_cases_report(tmp_path: Path, cas
     about_explicit = [f for f in composed["findings"] if f not in from_file["findings"]]
     assert all(f["path"] in explicit for f in about_explicit), about_explicit
     composed["findings"] = [f for f in composed["findings"] if f not in about_explicit]
+    # A key the file sets off its tree's default counts as set there: the same finding, its
+    # value spelled as the file spells it (``param_offload=true``), only for keys the launch set.
+    file_only = [f for f in from_file["findings"] if f not in composed["findings"]]
+    assert all(f["path"] in explicit for f in file_only), file_only
+    assert {f["path"] for f in file_only} <= {f["path"] for f in about_explicit}, file_only
+    from_file["findings"] = [f for f in from_file["findings"] if f not in file_only]
     assert from_file == composed
     if case_id == "dr_grpo":
         assert [f["path"] for f in about_explicit] == [
             "actor_rollout_ref.actor.kl_loss_coef",
             "actor_rollout_ref.actor.kl_loss_type",
+            # no KL term: no reference runs (effect.no-reference-worker)
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
         ]
         assert all("has no effect here" in f["message"] for f in about_explicit)
 

@@ -230,7 +230,6 @@ python3 -m verl.trainer.main_ppo \\
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \\
     actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=5 \\
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \\
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \\
     trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=15
 """
 MODEL = (

@@ -187,6 +187,13 @@ def engine_spec(
     return spec, engine
 
 
+def _budget_key(section: str, pass_name: str, dynamic: bool) -> str:
+    """The key that bounds a pass's micro-batches: its token budget when dynamic, else its
+    per-GPU micro-batch size (``ppo``, ``log_prob`` or ``forward`` keys of ``section``)."""
+    kind = "max_token_len_per_gpu" if dynamic else "micro_batch_size_per_gpu"
+    return f"{section}.{pass_name}_{kind}"
+
+
 def role_layout(
     resolved: Mapping[str, Any],
     role: str,
@@ -208,16 +215,8 @@ def role_layout(
     rollout = "actor_rollout_ref.rollout"
     if role == "actor":
         dynamic = bool(section.get("use_dynamic_bsz"))
-        train_key = (
-            f"{prefix}.ppo_max_token_len_per_gpu"
-            if dynamic
-            else f"{prefix}.ppo_micro_batch_size_per_gpu"
-        )
-        infer_key = (
-            f"{rollout}.log_prob_max_token_len_per_gpu"
-            if dynamic
-            else f"{rollout}.log_prob_micro_batch_size_per_gpu"
-        )
+        train_key = _budget_key(prefix, "ppo", dynamic)
+        infer_key = _budget_key(rollout, "log_prob", dynamic)
         train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), 16384)
         infer_budget = as_int(
             value_at(resolved, f"{rollout}.log_prob_max_token_len_per_gpu"), train_budget
@@ -227,27 +226,15 @@ def role_layout(
         mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     elif role == "ref":
         dynamic = bool(section.get("log_prob_use_dynamic_bsz"))
-        train_key = infer_key = (
-            f"{prefix}.log_prob_max_token_len_per_gpu"
-            if dynamic
-            else f"{prefix}.log_prob_micro_batch_size_per_gpu"
-        )
+        train_key = infer_key = _budget_key(prefix, "log_prob", dynamic)
         train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
         mbs = infer_mbs = as_int(section.get("log_prob_micro_batch_size_per_gpu"), 1)
         mini = 0
     elif facts.critic_splits_per_pass:
         # each pass on its own keys, as a release's fact says its critic splits them
         dynamic = bool(section.get("use_dynamic_bsz"))
-        train_key = (
-            f"{prefix}.ppo_max_token_len_per_gpu"
-            if dynamic
-            else f"{prefix}.ppo_micro_batch_size_per_gpu"
-        )
-        infer_key = (
-            f"{prefix}.forward_max_token_len_per_gpu"
-            if dynamic
-            else f"{prefix}.forward_micro_batch_size_per_gpu"
-        )
+        train_key = _budget_key(prefix, "ppo", dynamic)
+        infer_key = _budget_key(prefix, "forward", dynamic)
         train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET)
         infer_budget = as_int(section.get("forward_max_token_len_per_gpu"), train_budget)
         mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)

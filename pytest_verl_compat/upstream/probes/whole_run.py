@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.upstream.probes.tiny_batch import BatchMeta
+
 KIND = "whole_run"
 KEY_RUNS = "runs"
 # Asked for, every name the code the runs executed mentions (``_names``): what the run in
@@ -238,17 +240,6 @@ def _transfer_queue(stored: Any, put: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         transfer_queue.kv_batch_get, transfer_queue.kv_batch_put = saved
-
-
-class BatchMeta:
-    """TransferQueue's handle of a batch: its keys and partition."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self.keys, self.partition_id = keys, "train"
-        self.extra_info: dict[str, Any] = {}
-
-    def __len__(self) -> int:
-        return len(self.keys)
 
 
 def _trainer(cfg: Any) -> Any:
