@@ -28,6 +28,7 @@ from pytest_verl_compat.upstream.verdict.case import CaseCheck, check_case, live
 pytestmark = needs_release()
 
 FULLY_ASYNC = "examples/mtp_trainer/run_mimo_7b_mtp_fully_async_megatron_multinode.sh"
+FULLY_ASYNC_FSDP = Path(__file__).resolve().parent / "data" / "fully_async_grpo.sh"
 ONE_STEP_OFF = Path(__file__).resolve().parent / "data" / "one_step_off_grpo.sh"
 _ids = itertools.count()
 _ROLLOUTER = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
@@ -83,7 +84,11 @@ def errors(result: CaseCheck) -> list[str]:
     return [f.line() for f in result.findings if f.level == "error"]
 
 
-@pytest.mark.parametrize("base", [FULLY_ASYNC, ONE_STEP_OFF], ids=["fully_async", "one_step_off"])
+@pytest.mark.parametrize(
+    "base",
+    [FULLY_ASYNC, FULLY_ASYNC_FSDP, ONE_STEP_OFF],
+    ids=["fully_async", "fully_async_fsdp", "one_step_off"],
+)
 def test_an_async_launch_is_checked_by_its_own_trainer_and_a_valid_one_stays_clean(
     session: AuditSession, oracle: UpstreamOracle, kept: _Answers, base: str | Path
 ) -> None:
@@ -235,3 +240,25 @@ def test_each_condition_of_the_async_runners_fails_and_its_twin_stays_clean(
     assert (named[0].evidence or "").startswith(f"{where}:"), named[0].evidence
     clean = verdict(session, oracle, kept, base, twin)
     assert clean.valid, errors(clean)
+
+
+# A mini-batch larger than the batch fails in ActorConfig.validate, which only validate_config
+# calls (verl/utils/config.py:151): one_step_off's runner calls it (one_step_off_policy/main_ppo.py:
+# 52), fully_async_main never does, and its rollouter requires train_batch_size=0 (rollouter:351)
+# with any mini-batch. The static check follows the entry point, with no oracle asked.
+@pytest.mark.parametrize(
+    ("base", "overrides", "fires"),
+    [
+        (FULLY_ASYNC_FSDP, ("actor_rollout_ref.actor.use_dynamic_bsz=False",), False),
+        (ONE_STEP_OFF, ("data.train_batch_size=8",), True),
+        (ONE_STEP_OFF, ("data.train_batch_size=16",), False),
+    ],
+    ids=["fully_async", "one_step_off", "one_step_off-twin"],
+)
+def test_a_validate_config_check_follows_the_entry_point_that_calls_it(
+    session: AuditSession, base: Path, overrides: tuple[str, ...], fires: bool
+) -> None:
+    result = check_case(session, _case(session, base, overrides), None)
+    found = [f for f in result.findings if f.check == "batch.mini-batch-larger-than-batch"]
+    assert bool(found) is fires, found
+    assert result.valid is not fires, errors(result)
