@@ -218,3 +218,28 @@ def test_no_claim_where_another_loop_or_the_data_decides(
     session: AuditSession, overrides: tuple[str, ...], base: Path | None
 ) -> None:
     assert [f.line() for f in loop_findings(session, overrides, base)] == []
+
+
+# FullyAsyncTrainer.fit ends with `current_param_version % trainer.test_freq` unguarded
+# (fully_async_trainer.py:529): 0 divides by zero once training is done. main_ppo's loop and the
+# one-step-off trainer's test `test_freq > 0` first (trainer_base.py:467, separation/ray_trainer.py:670).
+@pytest.mark.parametrize(
+    ("base", "test_freq", "fires"),
+    [
+        (FULLY_ASYNC, 0, True),
+        (FULLY_ASYNC, -1, False),
+        (None, 0, False),
+        (Path(__file__).resolve().parent / "data" / "one_step_off_grpo.sh", 0, False),
+    ],
+    ids=["fully-async", "fully-async-twin", "main_ppo", "one-step-off"],
+)
+def test_a_zero_test_frequency_fails_only_where_fit_divides_by_it(
+    session: AuditSession, base: Path | None, test_freq: int, fires: bool
+) -> None:
+    found = loop_findings(session, (f"trainer.test_freq={test_freq}",), base)
+    assert [f.check for f in found] == (["run.async-test-freq-zero"] if fires else []), found
+    if fires:
+        assert "ZeroDivisionError" in found[0].message
+        assert (found[0].evidence or "").startswith(
+            "verl/experimental/fully_async_policy/fully_async_trainer.py:529"
+        )

@@ -88,6 +88,9 @@ class CheckInput:
     # Whether the checked release has the code a check's evidence cites (``releases.lines``,
     # given by the pipeline): a check standing on code the release lacks says nothing of it.
     has_cited_code: Callable[[str], bool] = field(default=lambda _evidence: True)
+    # The module the launch runs (``python -m MODULE``); None where no launch was read (a resolved
+    # file), taken as main_ppo's.
+    entry_module: str | None = None
 
     @property
     def version(self) -> str:

@@ -13,7 +13,8 @@ What a launch script decides alone: the steps' bounds when ``trainer.total_train
 set, an upper bound on the data set's rows when ``data.train_max_samples`` caps verl's own
 ``RLHFDataset`` (verl/utils/dataset/rl_dataset.py:185-192, its ``__len__`` :296; a custom data set
 class may ignore it), and a resume path's step. Each rule below claims only what follows from
-those and the lines it cites; where the data decides, it says nothing.
+those and the lines it cites; where the data decides, it says nothing. The asynchronous trainers
+loop otherwise (by parameter versions); fully_async_main's end of run is checked on its own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import uses_v1
+from pytest_verl_compat.pipeline.entry_points import FULLY_ASYNC_MODULE
 
 _TRAINER_BASE = "verl/trainer/ppo/v1/trainer_base.py"
 # The name main_ppo's runner calls to choose the V1 trainer (verl/trainer/main_ppo.py:141): a
@@ -326,4 +328,38 @@ def actor_never_updates(inp: CheckInput) -> Iterator[Hit]:
         f"{inp.version} updates the actor only from step {warmup} on, so the policy is never "
         "trained",
         fix=f"set trainer.critic_warmup to at most {steps.at_most}",
+    )
+
+
+_FULLY_ASYNC_TRAINER = "verl/experimental/fully_async_policy/fully_async_trainer.py"
+
+
+@check(
+    "run.async-test-freq-zero",
+    level="error",
+    evidence=(
+        f"{_FULLY_ASYNC_TRAINER}:529 (FullyAsyncTrainer.fit, after its last step: "
+        "current_param_version % trainer.test_freq, unguarded), :534 (the final checkpoint, "
+        "after it); the steps' own validation (:818) and saving (:890) test > 0 first"
+    ),
+    summary="trainer.test_freq=0 under fully_async_main: the trainer's fit divides by it once "
+    "training ends (ZeroDivisionError), before it saves the final checkpoint.",
+    fix="set trainer.test_freq=-1 to never validate (or a positive frequency)",
+    example=Example(
+        base="examples/mtp_trainer/run_mimo_7b_mtp_fully_async_megatron_multinode.sh",
+        fires=("trainer.test_freq=0",),
+        twin=("trainer.test_freq=-1",),
+    ),
+)
+def async_test_freq_zero(inp: CheckInput) -> Iterator[Hit]:
+    if inp.entry_module != FULLY_ASYNC_MODULE:
+        return
+    if _int(inp.resolved["trainer"].get("test_freq")) != 0:
+        return
+    yield Hit(
+        "trainer.test_freq",
+        f"trainer.test_freq=0: verl {inp.version}'s FullyAsyncTrainer.fit ends with "
+        "`current_param_version % trainer.test_freq` once training is done, a "
+        "ZeroDivisionError before the final checkpoint is saved",
+        fix="set trainer.test_freq=-1 to never validate",
     )
