@@ -41,6 +41,7 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_EFFECTS,
     KEY_MESSAGE,
     KEY_NOT_EVALUATED,
+    KEY_NOTES,
     KEY_PATH,
     KEY_PHASE,
     KEY_REASON,
@@ -335,5 +336,7 @@ def run_entry(
         KEY_TYPES: types,
         KEY_ADMITTED: admitted,
         KEY_EFFECTS: [],
+        # What the sandbox decided rather than the configuration (a stand-in's limit): info notes.
+        KEY_NOTES: [n for i, n in enumerate(out.reads.notes) if n not in out.reads.notes[:i]],
         KEY_PATH: path_of_run(out.reads, leaves, [str(key) for key in explicit]),
     }
