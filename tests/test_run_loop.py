@@ -243,3 +243,31 @@ def test_a_zero_test_frequency_fails_only_where_fit_divides_by_it(
         assert (found[0].evidence or "").startswith(
             "verl/experimental/fully_async_policy/fully_async_trainer.py:529"
         )
+
+
+# Read only on a branch the run never takes: the checkpoint-keeping keys in _save_checkpoint
+# (trainer_base.py:895-905), called only under save_freq > 0 (:457-461); continuous profiling
+# chooses between two tests of a listed step (:1280-1284, :1300-1304), both false with none.
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("trainer.save_freq=-1", "trainer.max_actor_ckpt_to_keep=2"),
+        ("trainer.save_freq=0", "trainer.max_critic_ckpt_to_keep=2"),
+        ("global_profiler.profile_continuous_steps=True",),
+    ],
+    ids=["actor-ckpts", "critic-ckpts", "continuous-profiling"],
+)
+def test_a_key_read_only_on_a_branch_never_taken_has_no_effect(
+    session: AuditSession, overrides: tuple[str, ...]
+) -> None:
+    named = overrides[-1].split("=", 1)[0]
+    found = [f for f in loop_findings(session, overrides) if f.check == "run.no-effect"]
+    assert [f.keys[0] for f in found] == [named], found
+    assert "has no effect" in found[0].message
+    # the near-identical twin takes the branch: a positive save_freq, a listed step
+    twin = (
+        ("trainer.save_freq=10", overrides[-1])
+        if named.startswith("trainer.")
+        else (overrides[-1], "global_profiler.steps=[1]")
+    )
+    assert [f.line() for f in loop_findings(session, twin) if f.check == "run.no-effect"] == []

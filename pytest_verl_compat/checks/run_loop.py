@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import uses_v1
 from pytest_verl_compat.pipeline.entry_points import FULLY_ASYNC_MODULE
@@ -363,3 +364,54 @@ def async_test_freq_zero(inp: CheckInput) -> Iterator[Hit]:
         "ZeroDivisionError before the final checkpoint is saved",
         fix="set trainer.test_freq=-1 to never validate",
     )
+
+
+# Keys fit reads only when it saves: in _save_checkpoint (trainer_base.py:885-913), whose one call
+# is under save_freq > 0 (:457-461). The read census finds no other reader on main_ppo's path.
+_SAVING_KEYS = (
+    "trainer.max_actor_ckpt_to_keep",
+    "trainer.max_critic_ckpt_to_keep",
+    "trainer.remove_previous_ckpt_in_save",
+)
+
+
+@check(
+    "run.no-effect",
+    level="warning",
+    evidence=(
+        f"{_TRAINER_BASE}:457-461 (_save_checkpoint's one call, under save_freq > 0), :895-905 "
+        "(the keys it reads); :1280-1284 and :1300-1304 (profile_continuous_steps chooses between "
+        "two tests of the step being listed, :434-437 and :1295-1298, both false with no step)"
+    ),
+    summary="A key the V1 loop reads only on a branch the run never takes: the checkpoint-keeping "
+    "keys without saving (trainer.save_freq <= 0), profile_continuous_steps without profiled "
+    "steps (global_profiler.steps unset or empty).",
+    fix="remove the key, or set what takes its branch",
+    example=Example(
+        fires=("trainer.save_freq=-1", "trainer.max_actor_ckpt_to_keep=2"),
+        twin=("trainer.save_freq=10", "trainer.max_actor_ckpt_to_keep=2"),
+    ),
+)
+def loop_no_effect(inp: CheckInput) -> Iterator[Hit]:
+    if _v1_loop(inp) is None:
+        return
+    explicit = {field_key(field) for field in inp.explicit_fields}
+    trainer = inp.resolved["trainer"]
+    save_freq = _int(trainer.get("save_freq"))
+    if save_freq is not None and save_freq <= 0:
+        for key in _SAVING_KEYS:
+            if key in explicit:
+                yield Hit(
+                    f"{key}, trainer.save_freq",
+                    f"{key} has no effect: verl {inp.version} reads it only when saving a "
+                    f"checkpoint, and trainer.save_freq={save_freq} never saves one",
+                    fix=f"remove {key}, or set a positive trainer.save_freq",
+                )
+    key = "global_profiler.profile_continuous_steps"
+    if key in explicit and not inp.resolved.get("global_profiler", {}).get("steps"):
+        yield Hit(
+            f"{key}, global_profiler.steps",
+            f"{key} has no effect: it chooses how verl {inp.version} profiles the listed steps, "
+            "and global_profiler.steps lists none",
+            fix=f"remove {key}, or list steps in global_profiler.steps",
+        )

@@ -61,6 +61,7 @@ NO_EFFECT_RULES = frozenset(
         "filter-groups.max-num-gen-batches-ignored",
         "rollout.vllm-false-flag-dropped",
         "sft.other-entry-key",
+        "run.no-effect",
     }
 )
 # Places named in an answer (the rest counted).
