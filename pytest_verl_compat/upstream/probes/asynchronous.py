@@ -2,15 +2,15 @@
 
 Their launches never meet main_ppo's trainer: each entry point's ``main`` copies the rollout's
 world into ``actor_rollout_ref.rollout`` (and fully_async_main migrates the legacy reward keys,
-verl/experimental/fully_async_policy/fully_async_main.py:225-240), then hands the config to a task
+verl/experimental/fully_async_policy/fully_async_main.py:222-240), then hands the config to a task
 runner of its own through main_ppo's ``run_ppo``:
 
-- ``FullyAsyncTaskRunner._initialize_components`` (fully_async_main.py:50-112) builds the
+- ``FullyAsyncTaskRunner._initialize_components`` (fully_async_main.py:51-112) builds the
   ``FullyAsyncTrainer`` (fully_async_trainer.py:60-215: ``assert not hybrid_engine``) and its
   workers, the ``FullyAsyncRollouter`` (fully_async_rollouter.py:337-476: the train and generation
   batch sizes, the staleness and sync-step bounds, the reward model's pool, the rollout's log
   probabilities), its servers and agent loop, the message queue, and both sides' resume;
-- ``OneStepTaskRunner.run`` (one_step_off_policy/main_ppo.py:35-102) runs ``validate_config``, the
+- ``OneStepTaskRunner.run`` (one_step_off_policy/main_ppo.py:35-106) runs ``validate_config``, the
   resource pools' asserts (separation/utils.py:22-59), the ``OneStepOffRayTrainer`` constructor
   (one_step_off_policy/ray_trainer.py:50-139, with the data loaders' batch arithmetic of
   ``RayPPOTrainer._create_dataloader``, verl/trainer/ppo/ray_trainer.py:374-451) and its workers.
@@ -52,13 +52,8 @@ from pytest_verl_compat.upstream.probes.records import (
     path_of_run,
 )
 
-# Each entry point's task runner, by the name its module binds it to.
-TASK_RUNNERS = {
-    FULLY_ASYNC_MODULE: "FullyAsyncTaskRunner",
-    ONE_STEP_OFF_MODULE: "OneStepTaskRunner",
-}
 # The runner's method the probe calls: fully_async's ``run`` is this, then the training loop
-# (fully_async_main.py:46-48); one_step_off's ``run`` ends in ``fit``, which is stood in.
+# (fully_async_main.py:46-49); one_step_off's ``run`` ends in ``fit`` (:106), which is stood in.
 RUNNER_METHODS = {FULLY_ASYNC_MODULE: "_initialize_components", ONE_STEP_OFF_MODULE: "run"}
 # The phases, as main_ppo's probes name them: ``main`` starts the trainer (main_ppo's calls
 # validate_config there), the runner constructs it and its workers.
