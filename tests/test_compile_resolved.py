@@ -59,6 +59,10 @@ NEEDS_LAUNCH = {
         "the entry module is the launch's: a file of main_ppo's tree is checked as main_ppo's, "
         "so a value another entry point (fully_async_main) overwrites is not known to be one"
     ),
+    "run.async-test-freq-zero": (
+        "the entry module is the launch's: a resolved file is checked as main_ppo's, whose loop "
+        "tests test_freq > 0 before dividing (fully_async_main's trainer does not)"
+    ),
 }
 
 

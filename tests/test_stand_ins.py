@@ -43,6 +43,12 @@ SEPARATE_ASYNC = (
 )
 MEGATRON = "examples/ppo_trainer/run_qwen3_8b_megatron"
 SFT = "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp"
+# The asynchronous trainers' own runners (probes/asynchronous.py), on launches of ours that
+# compose on every supported release (verl 0.9.0's fully-async example does not on 0.9.1).
+ASYNC_LAUNCHES = tuple(
+    Path(__file__).resolve().parent / "data" / name
+    for name in ("fully_async_grpo.sh", "one_step_off_grpo.sh")
+)
 
 
 def _questions(checkout: Path, version: str) -> list[dict[str, Any]]:
@@ -61,6 +67,7 @@ def _questions(checkout: Path, version: str) -> list[dict[str, Any]]:
         session.with_overrides(session.manifest.case("grpo"), SEPARATE_ASYNC),
         examples[MEGATRON],
         examples[SFT],
+        *(session.case_for_script(script) for script in ASYNC_LAUNCHES),
     ]
     out = []
     with warnings.catch_warnings():
@@ -82,8 +89,8 @@ def _questions(checkout: Path, version: str) -> list[dict[str, Any]]:
 # In the release's environment: every probe on each configuration, every patch entered watched.
 _CONTRACT = """
 import json
-from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
-from pytest_verl_compat.upstream.probes import stand_ins
+from pytest_verl_compat.pipeline.entry_points import ASYNC_ENTRY_MODULES, SFT_ENTRY_MODULE
+from pytest_verl_compat.upstream.probes import asynchronous, stand_ins
 from pytest_verl_compat.upstream.probes.patching import patch_point, watching
 from pytest_verl_compat.upstream.probes.phases import run_all
 from pytest_verl_compat.upstream.probes.sft.phases import run_entry
@@ -98,6 +105,8 @@ for question in json.loads(QUESTIONS):
     with watching() as met:
         if question["module"] == SFT_ENTRY_MODULE:
             answer = run_entry(question["mapping"], question["world"])
+        elif question["module"] in ASYNC_ENTRY_MODULES:
+            answer = asynchronous.run_entry(question["mapping"], entry=question["module"])
         else:
             answer = run_all(question["mapping"], validate_config_with_stand_ins)
     seen += met

@@ -73,6 +73,9 @@ def mini_batch_larger_than_batch(inp: CheckInput) -> Iterator[Hit]:
         # sees a remainder; only the static-mode validate still raises.
         if role.get("use_dynamic_bsz") and uses_v1(inp.resolved):
             continue
+        # Static mode fails in ActorConfig.validate, which only validate_config calls.
+        if not role.get("use_dynamic_bsz") and not inp.runs_validate_config:
+            continue
         if 0 < mini and mini > train:
             yield Hit(
                 f"data.train_batch_size, {prefix}.ppo_mini_batch_size",

@@ -28,6 +28,9 @@ EXAMPLE_BASE = "grpo"
 RL = "rl"
 SFT = "sft"
 FAMILIES = (RL, SFT)
+# The upstream function most static checks stand on (verl/utils/config.py): an entry point that
+# never calls it never meets them.
+VALIDATE_CONFIG = "validate_config"
 
 
 class Hit(NamedTuple):
@@ -85,11 +88,21 @@ class CheckInput:
     # Whether the checked release has the code a check's evidence cites (``releases.lines``,
     # given by the pipeline): a check standing on code the release lacks says nothing of it.
     has_cited_code: Callable[[str], bool] = field(default=lambda _evidence: True)
+    # The module the launch runs (``python -m MODULE``); None where no launch was read (a resolved
+    # file), taken as main_ppo's.
+    entry_module: str | None = None
 
     @property
     def version(self) -> str:
         """The upstream version the findings speak of, from the profile (never a literal)."""
         return str(self.profile.version)
+
+    @property
+    def runs_validate_config(self) -> bool:
+        """Whether the launch meets ``validate_config`` (verl/utils/config.py): main_ppo's ``main``
+        and one_step_off's runner call it, fully_async_main's never does; where the entry point
+        is not known (a resolved file) it is taken to be main_ppo's."""
+        return not self.entry_calls or VALIDATE_CONFIG in self.entry_calls
 
 
 CheckFunction = Callable[[CheckInput], Iterable[Hit]]

@@ -81,6 +81,16 @@ REGISTRIES: dict[str, tuple[tuple[str, ...], str]] = {
         ("async",),
         "verl/workers/rollout/base.py:88 (_ROLLOUT_REGISTRY: async only)",
     ),
+    # Looked up at the first generation for every row whose data names no agent loop of its own
+    # (the row's agent_name): V1's AgentLoopWorkerTQ fills in the default
+    # (verl/trainer/ppo/v1/agent_loop_tq.py:79-81), the worker asserts it is registered.
+    "actor_rollout_ref.rollout.agent.default_agent_loop": (
+        ("single_turn_agent", "tool_agent"),
+        "verl/experimental/agent_loop/agent_loop.py:483-491 (_agent_loop_registry; @register in "
+        "single_turn_agent_loop.py:28 and tool_agent_loop.py:99), asserted at the first "
+        "generation for each row without an agent_name of its own (agent_loop.py:692; "
+        "verl/trainer/ppo/v1/agent_loop_tq.py:79-81)",
+    ),
     "actor_rollout_ref.actor.loss_agg_mode": (
         (
             "token-mean",
@@ -96,12 +106,20 @@ REGISTRIES: dict[str, tuple[tuple[str, ...], str]] = {
 # Registries that upstream looks a name up in only when another key selects them, by the
 # registry's key: (the selecting key, the value that selects the registry, upstream's line). With
 # any other value the name bypasses the registry (``source: importlib`` loads a class of the
-# user's by that name instead), so it is no registry name to check.
-LOOKED_UP_WHEN: dict[str, tuple[str, str, str]] = {
+# user's by that name instead) or the registry holds names of the user's too, so it is no
+# registry name to check.
+LOOKED_UP_WHEN: dict[str, tuple[str, str | None, str]] = {
     "reward.reward_manager.name": (
         "reward.reward_manager.source",
         "register",
         "verl/trainer/ppo/reward.py:92-96 (resolve_reward_manager_cls)",
+    ),
+    # A file of agent loop configs registers its names too (agent_loop.py:548-553): with one,
+    # any name may be registered by the user's file, which is never read here.
+    "actor_rollout_ref.rollout.agent.default_agent_loop": (
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+        None,
+        "verl/experimental/agent_loop/agent_loop.py:548-553",
     ),
 }
 

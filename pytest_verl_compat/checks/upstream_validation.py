@@ -1,4 +1,9 @@
-"""The checks of upstream's ``validate_config`` (verl/utils/config.py) and worker configs, statically."""
+"""The checks of upstream's ``validate_config`` (verl/utils/config.py) and worker configs, statically.
+
+A check of ``validate_config``'s (or of an actor config's ``validate``, which only it calls,
+verl/utils/config.py:151) says nothing of a launch that never calls it (fully_async_main's,
+``CheckInput.runs_validate_config``).
+"""
 
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from pytest_verl_compat.checks.roles import data_parallel, gpu_count, need_refer
     ),
 )
 def responses_over_gpus(inp: CheckInput) -> Iterator[Hit]:
+    if not inp.runs_validate_config:
+        return
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
     actor = inp.resolved["actor_rollout_ref"]["actor"]
     if actor["use_dynamic_bsz"]:
@@ -90,6 +97,8 @@ def no_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
     ),
 )
 def no_log_prob_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
+    if not inp.runs_validate_config:
+        return
     arr = inp.resolved["actor_rollout_ref"]
     if arr["actor"]["use_dynamic_bsz"]:
         return
@@ -126,6 +135,8 @@ def no_log_prob_micro_batch_size(inp: CheckInput) -> Iterator[Hit]:
     ),
 )
 def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
+    if not inp.runs_validate_config:
+        return
     rollout = inp.resolved["actor_rollout_ref"]["rollout"]
     if rollout["val_kwargs"]["do_sample"] and rollout["temperature"] <= 0:
         yield Hit(
@@ -152,6 +163,8 @@ def sampled_validation_temperature(inp: CheckInput) -> Iterator[Hit]:
     ),
 )
 def sequence_parallel_needs_remove_padding(inp: CheckInput) -> Iterator[Hit]:
+    if not inp.runs_validate_config:
+        return
     arr = inp.resolved["actor_rollout_ref"]
     if (
         int(arr["actor"].get("ulysses_sequence_parallel_size") or 1) > 1

@@ -131,8 +131,16 @@ ORACLE_CODE: dict[str, tuple[str, ...]] = {
 }
 
 # Our modules the oracle process runs for the checks of an entry point other than main_ppo.
+_ASYNC_PROBES = (f"{_PROBES}asynchronous.py",)
 ENTRY_CODE: dict[str, tuple[str, ...]] = {
     "verl.trainer.sft_trainer": (*_ORACLE_PROCESS, *_SFT_PROBES, *_COMPLETION),
+    **dict.fromkeys(
+        (
+            "verl.experimental.fully_async_policy.fully_async_main",
+            "verl.experimental.one_step_off_policy.main_ppo",
+        ),
+        (*_ORACLE_PROCESS, *_ASYNC_PROBES, *_COMPLETION),
+    ),
 }
 
 

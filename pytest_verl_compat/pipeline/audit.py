@@ -671,6 +671,7 @@ class AuditSession:
             world_source=entry.world if entry is not None else None,
             forced=entry.forced if entry is not None else (),
             entry_calls=entry.calls if entry is not None else frozenset(),
+            entry_module=entry.module if entry is not None else None,
         )
         plain = report_json(report) if key is not None else None
         if key is not None and plain is not None:

@@ -119,6 +119,7 @@ def compile_resolved(
     world_source: str | None = None,
     forced: tuple[tuple[str, str, str], ...] = (),
     entry_calls: frozenset[str] = frozenset(),
+    entry_module: str | None = None,
 ) -> CompileReport:
     """Classify every leaf and run the semantic checks of the tree's ``family`` (the launch's
     ``world_size`` for the checks that need it); any problem or error rejects the case."""
@@ -139,6 +140,7 @@ def compile_resolved(
             forced,
             entry_calls,
             lambda evidence: not cites_only_gone(evidence, profile.version),
+            entry_module,
         )
     )
     # The checks cite the lines of the release the project's texts are written for; the

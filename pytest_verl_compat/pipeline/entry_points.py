@@ -35,9 +35,12 @@ _RAY_CALLS = frozenset({"init"})
 # The SFT trainer's entry point and its config, which every SFT launch composes (the RL
 # trainers' is the pinned ``main_ppo``'s ``ppo_trainer``).
 PINNED_ENTRY_MODULE = "verl.trainer.main_ppo"
-PINNED_ENTRY_MODULE = "verl.trainer.main_ppo"
 SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
 SFT_CONFIG_NAME = "sft_trainer_engine"
+# The asynchronous trainers' entry points: their own configs, their own task runners.
+FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"
+ONE_STEP_OFF_MODULE = "verl.experimental.one_step_off_policy.main_ppo"
+ASYNC_ENTRY_MODULES = (FULLY_ASYNC_MODULE, ONE_STEP_OFF_MODULE)
 _PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_process_group"})
 # The method every verl trainer trains in (RayPPOTrainer, SFTTrainer, the asynchronous trainers).
 _FIT = "fit"

@@ -30,7 +30,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE, SFT_ENTRY_MODULE
+from pytest_verl_compat.pipeline.entry_points import (
+    ASYNC_ENTRY_MODULES,
+    PINNED_ENTRY_MODULE,
+    SFT_ENTRY_MODULE,
+)
 from pytest_verl_compat.releases.index import ReleaseError, ReleaseUnsupported
 from pytest_verl_compat.upstream.oracle import warm
 from pytest_verl_compat.upstream.oracle.runner import (
@@ -41,8 +45,8 @@ from pytest_verl_compat.upstream.oracle.runner import (
 
 ENTRY_MODULE = PINNED_ENTRY_MODULE
 # The SFT trainer's entry point (``torchrun … -m verl.trainer.sft_trainer``): its checks run the
-# SFT probes on rank 0 of the launch's world.
-CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE)
+# SFT probes on rank 0 of the launch's world; the asynchronous trainers' run their own runners.
+CHECKED_ENTRIES = (ENTRY_MODULE, SFT_ENTRY_MODULE, *ASYNC_ENTRY_MODULES)
 PROCESS_MODULE = "pytest_verl_compat.upstream.oracle.process"
 # An answer's key when the release lacks a patch point the probes need (``probes.patching``).
 KEY_UNSUPPORTED = "unsupported"

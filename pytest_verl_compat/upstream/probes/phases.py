@@ -26,6 +26,7 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_RAN,
     KEY_TYPES,
     Collector,
+    leaves_of,
 )
 
 # main_ppo runs the legacy trainer (main_ppo_v0.py) when trainer.use_v1 is false: not probed.
@@ -34,17 +35,6 @@ LEGACY_TRAINER = {
     "reason": "the legacy trainer (verl/trainer/main_ppo_v0.py, deprecated) is not probed; only "
     "validate_config and the config sections' conversions ran",
 }
-
-
-def _leaves(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(_leaves(value, path + "."))
-        else:
-            out[path] = value
-    return out
 
 
 def run_all(
@@ -64,7 +54,7 @@ def run_all(
     from pytest_verl_compat.upstream.probes.types import explicit_types, wrong_types
 
     plain = dict(mapping)
-    leaves = _leaves(plain)
+    leaves = leaves_of(plain)
     out = Collector(leaves)
     tracer = LineTracer(records.verl_root().parent, watch) if watch else None
     clock = _Clock(timings)

@@ -68,6 +68,18 @@ KEY_REASON = "reason"
 _ENVIRONMENT = (ImportError,)
 
 
+def leaves_of(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a resolved mapping by its dotted key (an empty section is a leaf)."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(leaves_of(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
 @functools.cache
 def verl_root() -> Path:
     import verl

@@ -219,7 +219,7 @@ def _stand_in_class(obj: Any) -> bool:
     """An object of a class the probes define (``StandIn``, ``LocalWorker``, ``FakeMesh``…)."""
     return any(
         _ours(inspect.getsourcefile(cls) or "")
-        for cls in type(obj).mro()
+        for cls in type(obj).__mro__  # ``type.mro()`` unbound when ``obj`` is a class
         if cls.__module__.startswith("pytest_verl_compat.")
     )
 
@@ -285,8 +285,13 @@ def note(step: str, where: str, reason: str, keys: list[str]) -> dict[str, Any]:
 # What a stand-in does not set or accept of what it replaces, by patch point, each with why that is
 # safe; an entry that matches no patch of a run is stale (``unmatched_known_gaps``).
 _NEVER_SPAWNED = (
-    "the trainer only spawns the group (trainer_base.py:307-311); what it reads afterwards is "
-    "each spawned worker's, which LocalWorker takes from the real worker"
+    "the trainer only spawns the group (trainer_base.py:307-311, the asynchronous trainers' "
+    "separation/ray_trainer.py:227-234); what it reads afterwards is each spawned worker's, which "
+    "LocalWorker takes from the real worker"
+)
+_NOT_TRAINED = (
+    "the training loop, not run: the probes end where it starts, after its resume "
+    "(separation/ray_trainer.py:293-295), so nothing reads what the loop sets"
 )
 _USER_ROWS = "rows of the user's data files: the probes read no row (no __getitem__)"
 _MEGATRON_STEP = (
@@ -302,7 +307,8 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
     "verl.workers.engine.megatron.transformer_impl.MegatronEngineWith*Head.*_batch": dict.fromkeys(
         ("_distillation_use_topk_active", "mini_layer_topk_idx_list"), _MEGATRON_STEP
     ),
-    "verl.trainer.ppo.v1.trainer_base.RayWorkerGroup": dict.fromkeys(
+    # main_ppo's trainer's (trainer_base) and the asynchronous runners' (separation/utils.py:74)
+    "verl.*.RayWorkerGroup": dict.fromkeys(
         (
             "_checker_thread",
             "_collect_info",
@@ -330,6 +336,26 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
             "worker_nsight_options",
         ),
         _NEVER_SPAWNED,
+    ),
+    "verl.experimental.one_step_off_policy.ray_trainer.OneStepOffRayTrainer.fit": dict.fromkeys(
+        (
+            "_dump_futures",
+            "curr_step_profile",
+            "future_reward",
+            "global_steps",
+            "is_last_step",
+            "last_val_metrics",
+            "logger",
+            "max_steps_duration",
+            "metrics",
+            "next_step_profile",
+            "prev_step_profile",
+            "progress_bar",
+            "reward_extra_infos_dict",
+            "reward_tensor",
+            "timing_raw",
+        ),
+        _NOT_TRAINED,
     ),
 }
 

@@ -63,7 +63,7 @@ class LocalWorkerGroup:
         return {prefix: LocalWorker(self.class_dict[prefix]) for prefix in prefix_set}
 
 
-def _reward_loop_manager(config: Any, rm_resource_pool: Any = None) -> StandIn:
+def reward_loop_manager(config: Any, rm_resource_pool: Any = None) -> StandIn:
     """The reward manager's class lookup (``RewardLoopManager.__init__``,
     verl/experimental/reward_loop/reward_loop.py:309) and the custom reward function's, as each
     reward loop worker makes it (``get_custom_reward_fn``, verl/trainer/ppo/reward.py:70-79), up to
@@ -248,7 +248,7 @@ def ray_free(mapping: Mapping[str, Any]) -> Iterator[None]:
         (trainer_base, "StatefulDataLoader", StandIn),
         (trainer_base, "create_colocated_worker_cls", lambda class_dict: class_dict),
         (trainer_base, "RayWorkerGroup", LocalWorkerGroup),
-        (trainer_base, "RewardLoopManager", _reward_loop_manager),
+        (trainer_base, "RewardLoopManager", reward_loop_manager),
         (trainer_base, "MultiTeacherModelManager", StandIn),
         # Every registered backend's replica is the stand-in (the real ones import vLLM, SGLang
         # or TensorRT-LLM); upstream's own lookup runs first (replica.py:312-317).

@@ -20,7 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
+from pytest_verl_compat.pipeline.entry_points import (
+    FULLY_ASYNC_MODULE,
+    ONE_STEP_OFF_MODULE,
+    SFT_ENTRY_MODULE,
+)
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
@@ -36,9 +40,14 @@ STAND_INS = (
 )
 ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The probes of each entry point besides main_ppo, by module: each module's ``run_entry(mapping,
-# world_size, explicit)`` answers its questions. Named, not imported here, so that main_ppo's
-# answers are keyed by main_ppo's code alone (``pipeline.answers.ENTRY_CODE`` keys these).
-ENTRY_PROBES = {SFT_ENTRY_MODULE: "pytest_verl_compat.upstream.probes.sft.phases"}
+# world_size, explicit, entry=…)`` answers its questions. Named, not imported here, so that
+# main_ppo's answers are keyed by main_ppo's code alone (``pipeline.answers.ENTRY_CODE`` keys these).
+_ASYNCHRONOUS = "pytest_verl_compat.upstream.probes.asynchronous"
+ENTRY_PROBES = {
+    SFT_ENTRY_MODULE: "pytest_verl_compat.upstream.probes.sft.phases",
+    FULLY_ASYNC_MODULE: _ASYNCHRONOUS,
+    ONE_STEP_OFF_MODULE: _ASYNCHRONOUS,
+}
 
 
 def _stand_in_lora_rank(lora_rank: int) -> int:
@@ -119,7 +128,7 @@ def checks_one(
     if entry in ENTRY_PROBES:
         probes = importlib.import_module(ENTRY_PROBES[entry])
         answer: dict[str, Any] = probes.run_entry(
-            mapping, world_size, [str(k) for k in explicit or []]
+            mapping, world_size, [str(k) for k in explicit or []], entry=entry
         )
         return answer
     if entry not in (None, ENTRY_MODULE):

@@ -21,10 +21,10 @@ from pytest_verl_compat.checks.off_path import flat
 from pytest_verl_compat.checks.registry import RL, SFT, WRONG_TYPE, family_of, yield_to_others
 from pytest_verl_compat.model import Case, CompileReport, Finding
 from pytest_verl_compat.pipeline.compile import reference_problems
-from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
+from pytest_verl_compat.pipeline.entry_points import ASYNC_ENTRY_MODULES, SFT_ENTRY_MODULE
 from pytest_verl_compat.pipeline.memo import VERDICT, finding_from_json, finding_json
 from pytest_verl_compat.pipeline.naming import NAMING_FILE, what_it_names
-from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE, UpstreamOracle
+from pytest_verl_compat.upstream.oracle.client import CHECKED_ENTRIES, ENTRY_MODULE, UpstreamOracle
 from pytest_verl_compat.upstream.probes import types as probe_types
 from pytest_verl_compat.upstream.probes.records import KEY_READ_AT
 from pytest_verl_compat.upstream.verdict import keys as key_answers
@@ -199,8 +199,9 @@ def recorded_asker(answer: Mapping[str, Any] | None) -> Asker:
 
 def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str:
     """What upstream's own checks are asked of a composed case, or why they are not asked: an RL
-    trainer's tree goes to main_ppo's probes, the SFT trainer's to its own (with torchrun's world
-    size); any other tree has no probes."""
+    trainer's tree goes to main_ppo's probes, or to the asynchronous trainers' when their entry
+    point launches it; the SFT trainer's to its own (with torchrun's world size); any other tree
+    has no probes."""
     outcome = session.outcome(case)
     mapping = outcome.composition.mapping
     explicit = explicit_keys(session, case)
@@ -214,6 +215,8 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
         )
     if family == RL and module in (None, ENTRY_MODULE):
         return ChecksQuestion(mapping, explicit, launch=(outcome.fields, case.bindings))
+    if family == RL and module in ASYNC_ENTRY_MODULES:
+        return ChecksQuestion(mapping, explicit, module, launch=(outcome.fields, case.bindings))
     if family == SFT and module in (None, SFT_ENTRY_MODULE):
         return ChecksQuestion(
             mapping,
@@ -223,12 +226,11 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
             launch=(outcome.fields, case.bindings),
         )
     launched = f"{module}'s" if module else "this"
-    # The probes run main_ppo's trainer and the SFT trainer; another entry point's trainer
-    # (fully_async_main's FullyAsyncTrainer sets data.train_batch_size=0 on purpose, which
-    # main_ppo's dataloader divides by) would be judged by code its launch never runs.
+    # Each entry point's own trainer is probed, never another's (fully_async_main's rollouter
+    # requires data.train_batch_size=0, which main_ppo's dataloader divides by).
     return (
-        f"upstream's own checks are probed on {ENTRY_MODULE}'s and {SFT_ENTRY_MODULE}'s "
-        f"launches; {launched} trainer is checked statically only"
+        f"upstream's own checks are probed on the launches of {', '.join(CHECKED_ENTRIES)}; "
+        f"{launched} trainer is checked statically only"
     )
 
 

@@ -64,6 +64,7 @@ NO_EFFECT_RULES = frozenset(
         "rollout.vllm-false-flag-dropped",
         "sft.other-entry-key",
         "sft.world-from-torchrun",
+        "run.no-effect",
     }
 )
 # Places named in an answer (the rest counted).

@@ -78,9 +78,12 @@ UPSTREAM_RULES = (
         "error",
         "The trainer's own construction and `_setup`, run (`get_trainer_cls`, `PPOTrainer.__init__`, "
         "the data loaders' batch arithmetic, the resource pools, the reward manager's lookup, the "
-        "checkpoint resume): with the cluster, the data and the user's files stood in, never "
-        "imported or read.",
-        "verl/trainer/main_ppo.py:130-156 (TaskRunnerV1.run); verl/trainer/ppo/v1/trainer_base.py:229 (_setup)",
+        "checkpoint resume), or an asynchronous trainer's task runner (`fully_async_main`, "
+        "`one_step_off_policy`: the trainer, rollouter and workers it builds, their resume): with "
+        "the cluster, the data and the user's files stood in, never imported or read.",
+        "verl/trainer/main_ppo.py:130-156 (TaskRunnerV1.run); verl/trainer/ppo/v1/trainer_base.py:229 "
+        "(_setup); verl/experimental/fully_async_policy/fully_async_main.py:50-112 "
+        "(FullyAsyncTaskRunner._initialize_components)",
         "change the keys the finding names, so that the statement it quotes holds",
         Example(
             fires=("trainer.resume_mode=resume_path",),

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from pytest_verl_compat.pipeline.entry_points import SFT_ENTRY_MODULE
 from pytest_verl_compat.upstream.probes.records import (
     KEY_ADMITTED,
     KEY_EFFECTS,
@@ -38,6 +39,7 @@ from pytest_verl_compat.upstream.probes.records import (
     KEY_STEP,
     KEY_TYPES,
     Collector,
+    leaves_of,
     path_of_run,
 )
 
@@ -53,17 +55,6 @@ UNKNOWN_WORLD = {
     KEY_REASON: "the launch's world size is not known: one process (torchrun's RANK/WORLD_SIZE, "
     "verl/utils/distributed.py:62-74) was assumed",
 }
-
-
-def _leaves(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(_leaves(value, path + "."))
-        else:
-            out[path] = value
-    return out
 
 
 @contextlib.contextmanager
@@ -119,10 +110,14 @@ def run_entry(
     world_size: int | None = None,
     explicit: Sequence[str] = (),
     timings: list[tuple[str, float]] | None = None,
+    entry: str = SFT_ENTRY_MODULE,
 ) -> dict[str, Any]:
-    """``run_sft``'s probes (``validate.ENTRY_PROBES``): every SFT probe on one resolved mapping, for rank 0 of a world of ``world_size``
-    processes: the answer ``phases.run_all`` gives for main_ppo, with the config-load phase's
-    ``verdict`` and ``message``."""
+    """``run_sft``'s probes (``validate.ENTRY_PROBES``; ``entry`` is its one entry point): every
+    SFT probe on one resolved mapping, for rank 0 of a world of ``world_size`` processes: the
+    answer ``phases.run_all`` gives for main_ppo, with the config-load phase's ``verdict`` and
+    ``message``."""
+    if entry != SFT_ENTRY_MODULE:
+        raise ValueError(f"the SFT trainer's probes answer {SFT_ENTRY_MODULE}, not {entry!r}")
     from pytest_verl_compat.upstream.probes.sft.effects import without_effect
     from pytest_verl_compat.upstream.probes.sft.keys import narrowed
     from pytest_verl_compat.upstream.probes.sft.step import first_step
@@ -130,7 +125,7 @@ def run_entry(
     from pytest_verl_compat.upstream.probes.types import explicit_types, wrong_types
 
     plain = dict(mapping)
-    leaves = _leaves(plain)
+    leaves = leaves_of(plain)
     out = Collector(leaves)
     timed = functools.partial(_timed, timings)
     if world_size is None or world_size < 1:
