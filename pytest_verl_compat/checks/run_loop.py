@@ -26,7 +26,7 @@ from typing import Any
 from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import uses_v1
-from pytest_verl_compat.pipeline.entry_points import FULLY_ASYNC_MODULE
+from pytest_verl_compat.checks.upstream_names import FULLY_ASYNC_MODULE
 
 _TRAINER_BASE = "verl/trainer/ppo/v1/trainer_base.py"
 # The name main_ppo's runner calls to choose the V1 trainer (verl/trainer/main_ppo.py:141): a

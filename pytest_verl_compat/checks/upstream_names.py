@@ -7,6 +7,11 @@ from __future__ import annotations
 
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
+# The asynchronous trainers' entry points: their own configs, their own task runners
+# (verl/experimental/fully_async_policy/fully_async_main.py, one_step_off_policy/main_ppo.py).
+FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"
+ONE_STEP_OFF_MODULE = "verl.experimental.one_step_off_policy.main_ppo"
+
 # The pinned release's registries, read from its source (file:line in each entry's evidence).
 REGISTRIES: dict[str, tuple[tuple[str, ...], str]] = {
     "algorithm.adv_estimator": (

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+# Defined with the checks (a lower layer, which reads them too); named here for the pipeline's users.
+from pytest_verl_compat.checks.upstream_names import FULLY_ASYNC_MODULE as FULLY_ASYNC_MODULE
+from pytest_verl_compat.checks.upstream_names import ONE_STEP_OFF_MODULE as ONE_STEP_OFF_MODULE
 from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_text
 
 WorldSource = Literal["ray", "torchrun", "none"]
@@ -37,9 +40,6 @@ _RAY_CALLS = frozenset({"init"})
 PINNED_ENTRY_MODULE = "verl.trainer.main_ppo"
 SFT_ENTRY_MODULE = "verl.trainer.sft_trainer"
 SFT_CONFIG_NAME = "sft_trainer_engine"
-# The asynchronous trainers' entry points: their own configs, their own task runners.
-FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"
-ONE_STEP_OFF_MODULE = "verl.experimental.one_step_off_policy.main_ppo"
 ASYNC_ENTRY_MODULES = (FULLY_ASYNC_MODULE, ONE_STEP_OFF_MODULE)
 _PROCESS_GROUP_CALLS = frozenset({"initialize_global_process_group", "init_process_group"})
 # The method every verl trainer trains in (RayPPOTrainer, SFTTrainer, the asynchronous trainers).
