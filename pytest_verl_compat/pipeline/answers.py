@@ -109,6 +109,7 @@ _ORACLE_PROCESS = (
     "pytest_verl_compat/releases/index.py",
     "pytest_verl_compat/releases/wheels.py",
     "pytest_verl_compat/checks/roles.py",
+    "pytest_verl_compat/checks/upstream_names.py",
     "pytest_verl_compat/pipeline/entry_points.py",
 )
 # Our code that completes a checks answer before it is kept: the keys of a failure whose statement
