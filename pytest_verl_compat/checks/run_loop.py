@@ -100,6 +100,15 @@ def _v1_loop(inp: CheckInput) -> Steps | None:
     return _steps(inp.resolved)
 
 
+def _training_loop(inp: CheckInput) -> tuple[Steps, int] | None:
+    """The V1 loop's steps and its last step when it trains at least one step up to a known
+    last step; None otherwise (a run that trains nothing is run.trains-nothing's to say)."""
+    steps = _v1_loop(inp)
+    if steps is None or steps.at_most is None or steps.epochs <= 0:
+        return None
+    return None if steps.at_most < steps.resumed + 1 else (steps, steps.at_most)
+
+
 def _validation_only(trainer: Mapping[str, Any]) -> bool:
     """fit returns after the first validation (trainer_base.py:414-423)."""
     return bool(trainer.get("val_before_train", True) and trainer.get("val_only", False))
@@ -264,11 +273,10 @@ def profile_step_unreached(inp: CheckInput) -> Iterator[Hit]:
     ),
 )
 def frequency_beyond_run(inp: CheckInput) -> Iterator[Hit]:
-    steps = _v1_loop(inp)
-    if steps is None or steps.at_most is None or steps.epochs <= 0:
+    found = _training_loop(inp)
+    if found is None:
         return
-    if steps.at_most < steps.resumed + 1:
-        return  # run.trains-nothing says it
+    steps, last = found
     trainer = inp.resolved["trainer"]
     # is_last_step holds at total_training_steps (:444); when that is past what the data set
     # can give, the epochs end the loop first and no step is the last.
@@ -282,11 +290,11 @@ def frequency_beyond_run(inp: CheckInput) -> Iterator[Hit]:
         ("test_freq", "validates", "never validates"),
     ):
         freq = _int(trainer.get(key))
-        if freq is None or freq <= 0 or freq <= steps.at_most:
+        if freq is None or freq <= 0 or freq <= last:
             continue
         when = (
             f"{never}: no step is the last one (trainer.total_training_steps={steps.total} is "
-            f"past the {steps.at_most} steps the epochs give at most)"
+            f"past the {last} steps the epochs give at most)"
             if beyond_data
             else f"{does} only at its last step"
         )
@@ -295,7 +303,7 @@ def frequency_beyond_run(inp: CheckInput) -> Iterator[Hit]:
             f"trainer.{key}={freq} is past the run's last step ({_reach(steps)}): no multiple of "
             f"it is reached, so verl {inp.version} {when}; any value from the last step on does "
             "the same",
-            fix=f"set trainer.{key} to at most {steps.at_most}",
+            fix=f"set trainer.{key} to at most {last}",
         )
 
 
@@ -315,20 +323,19 @@ def frequency_beyond_run(inp: CheckInput) -> Iterator[Hit]:
     ),
 )
 def actor_never_updates(inp: CheckInput) -> Iterator[Hit]:
-    steps = _v1_loop(inp)
-    if steps is None or steps.at_most is None or steps.epochs <= 0:
+    found = _training_loop(inp)
+    if found is None:
         return
-    if steps.at_most < steps.resumed + 1:
-        return  # run.trains-nothing says it
+    steps, last = found
     warmup = _int(inp.resolved["trainer"].get("critic_warmup"))
-    if warmup is None or warmup <= steps.at_most:
+    if warmup is None or warmup <= last:
         return
     yield Hit(
         f"trainer.critic_warmup, {_bound_keys(steps)}",
         f"trainer.critic_warmup={warmup} is past the run's last step ({_reach(steps)}): verl "
         f"{inp.version} updates the actor only from step {warmup} on, so the policy is never "
         "trained",
-        fix=f"set trainer.critic_warmup to at most {steps.at_most}",
+        fix=f"set trainer.critic_warmup to at most {last}",
     )
 
 
