@@ -504,6 +504,75 @@ def test_the_sft_trainer_replaces_its_frequency_sentinel(version: str) -> None:
     assert sentinels.accepted("trainer.save_freq", 5, read_at, root) is None
 
 
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_derived_string_sentinels_are_each_releases_own(version: str) -> None:
+    """data/string_sentinels.yaml equals what each entry module's own code replaces, read again
+    from the release's files; main_ppo's own module replaces none, so it lists none."""
+    from pytest_verl_compat.checks.types import _string_sentinels
+    from pytest_verl_compat.cli.release_steps import _string_sentinel_modules
+
+    root = release_root(version)
+    derived = {}
+    for module in _string_sentinel_modules():
+        relative = module.replace(".", "/") + ".py"
+        source = statements.parse(str(root / relative), relative)
+        found = sentinels.module_sentinels(source) if source is not None else {}
+        if found:
+            derived[module] = found
+    assert _string_sentinels()[version] == derived, "stale: release derive --only string-sentinels"
+    assert set(derived["verl.trainer.sft_trainer"]) == {"trainer.save_freq", "trainer.test_freq"}
+    assert "verl.trainer.main_ppo" not in derived
+
+
+def test_a_key_read_as_it_is_anywhere_in_the_module_has_no_sentinel() -> None:
+    """One read that uses the value as it is, beside one that replaces the string, and the
+    string reaches the arithmetic: the key is not listed."""
+    import ast
+
+    text = (
+        "class T:\n"
+        "    def a(self):\n"
+        "        self.f = self.config.trainer.save_freq\n"
+        "        if self.f == 'after_each_epoch':\n"
+        "            self.f = 3\n"
+        "    def b(self):\n"
+        "        return 10 % self.config.trainer.save_freq\n"
+    )
+    replaced_only = text.split("    def b")[0]
+    for body, listed in ((text, False), (replaced_only, True)):
+        source = statements.Source("verl/t.py", ast.parse(body), body.splitlines())
+        found = sentinels.module_sentinels(source)
+        assert ("trainer.save_freq" in found) is listed, found
+        if listed:
+            assert found["trainer.save_freq"] == {"after_each_epoch": "verl/t.py:3"}
+
+
+@needs_release()
+def test_without_upstream_checks_the_sentinel_is_accepted_and_its_twin_is_not(
+    upstream_checkout: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The static answer (no probes): the release's derived sentinels accept the SFT trainer's
+    "after_each_epoch"; any other string, and the same string for main_ppo, stay wrong types."""
+    after = "    -m verl.trainer.sft_trainer \\"
+    static = ("--upstream", str(upstream_checkout), "--no-upstream-checks")
+    results = {}
+    for value in ("after_each_epoch", "sometimes"):
+        script = _script(
+            tmp_path / value, upstream_checkout, SFT, after, [f"trainer.save_freq={value}"]
+        )
+        results[value] = _check_json(capsys, *static, str(script), *SFT_ARGS)
+    assert "types.wrong-type" not in _rules(results["after_each_epoch"], "trainer.save_freq")
+    assert _rules(results["sometimes"], "trainer.save_freq") == ["types.wrong-type"]
+    ppo = _check_json(
+        capsys,
+        *static,
+        str(upstream_checkout / GRPO),
+        "--set",
+        "trainer.save_freq=after_each_epoch",
+    )
+    assert _rules(ppo, "trainer.save_freq") == ["types.wrong-type"], ppo["findings"]
+
+
 @needs_release()
 def test_a_string_sentinel_the_reader_accepts_is_no_wrong_type_and_its_twin_is(
     upstream_checkout: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -30,6 +30,12 @@ from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 # 0 as floats (``entropy_coeff: float = 0.0``, verl/workers/config/actor.py, default ``0`` in
 # actor.yaml), so ``entropy_coeff=0.01`` is right; the annotation check settles int against float.
 ANNOTATED_STRINGS = "data/annotated_strings.yaml"
+# Strings an entry point's own code replaces in a key before any use, per release and entry
+# module (``data/string_sentinels.yaml``): the SFT trainer turns ``trainer.save_freq=
+# after_each_epoch`` into the steps of an epoch (verl/trainer/sft_trainer.py:190-192).
+STRING_SENTINELS = "data/string_sentinels.yaml"
+# The module a launch runs when none was read (a resolved file): main_ppo's.
+_DEFAULT_ENTRY = "verl.trainer.main_ppo"
 _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (bool, "a boolean (true or false)"),
     ((int, float), "a number"),
@@ -78,8 +84,24 @@ def annotated_strings(version: str) -> frozenset[str]:
     return frozenset(str(key) for key in listed.get(version) or ())
 
 
+@functools.cache
+def _string_sentinels() -> dict[str, Any]:
+    text = resources.files("pytest_verl_compat").joinpath(STRING_SENTINELS).read_text()
+    return yaml.safe_load(text) or {}
+
+
+def replaced_string(version: str, entry_module: str | None, key: str, value: Any) -> str | None:
+    """Where the entry point's own code replaces the string ``value`` of ``key`` before any use
+    (``verl/…py:line``), or None (``data/string_sentinels.yaml``, derived from each release)."""
+    modules = _string_sentinels().get(version) or {}
+    strings = (modules.get(entry_module or _DEFAULT_ENTRY) or {}).get(key) or {}
+    where = strings.get(value) if isinstance(value, str) else None
+    return str(where) if where else None
+
+
 def wrong_types(inp: CheckInput) -> Iterator[tuple[str, Any, str]]:
-    """(key, value, expected) for each explicit key whose value does not fit its default."""
+    """(key, value, expected) for each explicit key whose value does not fit its default (a
+    string the entry point's code replaces before use fits: it is the reading code's type)."""
     seen = set(annotated_strings(inp.version))
     for field in inp.explicit_fields:
         key = field_key(field)
@@ -91,7 +113,9 @@ def wrong_types(inp: CheckInput) -> Iterator[tuple[str, Any, str]]:
         if not (found and present) or value is None:
             continue
         kind = expected_kind(default)
-        if kind is not None and not fits(value, default):
+        if kind is None or fits(value, default):
+            continue
+        if replaced_string(inp.version, inp.entry_module, key, value) is None:
             yield key, value, kind
 
 

@@ -308,6 +308,46 @@ def _annotated_strings(derivation: Derivation, context: DeriveContext) -> None:
     derivation.keep(path, header + body)
 
 
+def _string_sentinel_modules() -> tuple[str, ...]:
+    """The entry modules whose own code the static type check asks for replaced strings; SFT's
+    Ray trainer reads the same keys as the torchrun one."""
+    from pytest_verl_compat.pipeline import entry_points as ep
+
+    return (
+        ep.PINNED_ENTRY_MODULE,
+        ep.SFT_ENTRY_MODULE,
+        "verl.trainer.sft_trainer_ray",
+        *ep.ASYNC_ENTRY_MODULES,
+    )
+
+
+def _string_sentinels(derivation: Derivation, context: DeriveContext) -> None:
+    """The strings each entry point's own module replaces in a key before any use (the SFT
+    trainer's ``"after_each_epoch"``), read from this release's files: the static type check's
+    answer where upstream's code is not run (``--no-upstream-checks``)."""
+    import yaml
+
+    from pytest_verl_compat.checks.types import STRING_SENTINELS
+    from pytest_verl_compat.upstream.probes import statements
+    from pytest_verl_compat.upstream.verdict.sentinels import module_sentinels
+
+    root = context.files().root
+    found: dict[str, dict[str, dict[str, str]]] = {}
+    for module in sorted(_string_sentinel_modules()):
+        relative = module.replace(".", "/") + ".py"
+        source = statements.parse(str(root / relative), relative)
+        keys = module_sentinels(source) if source is not None else {}
+        if keys:
+            found[module] = keys
+    path = REPO / "pytest_verl_compat" / STRING_SENTINELS
+    text = path.read_text(encoding="utf-8")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    listed = yaml.safe_load(text) or {}
+    listed[context.version] = found
+    body = yaml.safe_dump(dict(sorted(listed.items())), sort_keys=True, default_flow_style=False)
+    derivation.keep(path, header + body)
+
+
 def _patch_points(derivation: Derivation, context: DeriveContext) -> None:
     """Every patch point the probes meet on the census's configurations, found in the files."""
     from pytest_verl_compat.releases.patch_points import check, dumps_points, points_path
@@ -439,6 +479,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "environment": _environment,
     "patch-points": _patch_points,
     "annotated-strings": _annotated_strings,
+    "string-sentinels": _string_sentinels,
     "census-reasons": _census_reasons,
     # The reads first: the census page shows where each check's key was traced (their index).
     "reads": _reads,

@@ -16,6 +16,7 @@ import ast
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_verl_compat.upstream.census import static_reads
 from pytest_verl_compat.upstream.probes import statements
 
 
@@ -88,3 +89,46 @@ def accepted(
         if source is not None and value in replaced_strings(source, int(line)):
             return str(where)
     return None
+
+
+def _config_key(node: ast.AST) -> str | None:
+    """The dotted key a read of ``….config.a.b`` names (after its last ``config``), or None."""
+    chain = static_reads.key_chain(node)
+    if not chain or "config" not in chain[:-1]:
+        return None
+    last = len(chain) - 1 - chain[::-1].index("config")
+    return ".".join(chain[last + 1 :]) or None
+
+
+def module_sentinels(source: statements.Source) -> dict[str, dict[str, str]]:
+    """For each configuration key the module reads, the strings its code replaces before any
+    use, with the read's ``file:line``; only keys every read of which (in this module) assigns a
+    name that an ``if`` then replaces: one read that uses the value as it is (``config.trainer.
+    save_freq > 0``) and the string reaches arithmetic, so the key is left out."""
+    reads: dict[str, list[ast.expr]] = {}
+    for node in source.nodes:
+        if not isinstance(node, ast.Attribute | ast.Call | ast.Subscript):
+            continue
+        parent = source.parents.get(id(node))
+        # Only a whole read: ``config.trainer`` inside ``config.trainer.save_freq`` is not one.
+        if isinstance(parent, ast.Attribute | ast.Subscript) and parent.value is node:
+            continue
+        if isinstance(parent, ast.Call) and parent.func is node:
+            continue
+        key = _config_key(node)
+        if key is not None:
+            reads.setdefault(key, []).append(node)
+    found: dict[str, dict[str, str]] = {}
+    for key, nodes in sorted(reads.items()):
+        common: set[str] | None = None
+        for node in nodes:
+            strings = replaced_strings(source, node.lineno)
+            parent = source.parents.get(id(node))
+            if not (isinstance(parent, ast.Assign) and parent.value is node) or not strings:
+                common = set()
+                break
+            common = strings if common is None else common & strings
+        if common:
+            where = f"{source.relative}:{min(n.lineno for n in nodes)}"
+            found[key] = {string: where for string in sorted(common)}
+    return found
