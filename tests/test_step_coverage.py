@@ -14,8 +14,9 @@ import pytest
 from corpus_facts import needs_release
 from step_mutants import with_wrong_value
 
-from pytest_verl_compat.conformance.step.cases import step_case, step_cases
+from pytest_verl_compat.conformance.step.cases import step_case, step_cases, step_report
 from pytest_verl_compat.conformance.step.coverage import (
+    classified_leaves,
     coverage_report,
     defaults,
     markdown,
@@ -28,8 +29,10 @@ from pytest_verl_compat.conformance.step.plan import (
     QUANTITIES,
     CoverageRow,
     CoverageTable,
+    RunConformanceCase,
     StepCase,
     load_coverage,
+    load_run_conformance,
     load_step_plan,
 )
 from pytest_verl_compat.conformance.step.reference import step_config
@@ -60,6 +63,28 @@ def test_every_exact_or_lowered_training_setting_is_trained_off_its_default(cove
     # Every row describes some leaf of the corpus: a row nothing matches is stale.
     stale = [", ".join(r.row.patterns) for r in rows if not r.leaves]
     assert not stale, f"rows that match no exact or lowered leaf: {stale}"
+
+
+def test_an_exact_leaf_outside_one_step_needs_a_run_conformance_case(session: AuditSession) -> None:
+    """An `exact` leaf of an `outside` row (the loop, the data, sampling) is named until a
+    run-conformance case sets it off verl's default; a case at the default does not count."""
+    cases = step_cases(session)
+    leaves = classified_leaves(step_report(session, case.id) for case in cases)
+    verl = defaults(session)
+    key = "trainer.save_freq"
+    assert leaves.get(key) == "exact"
+
+    def named(run_cases: list[RunConformanceCase]) -> list[str]:
+        found = problems(*coverage_report(leaves, cases, verl, run_cases=run_cases))
+        return [line for line in found if line.startswith(f"{key}: exact")]
+
+    assert named([]), "an exact outside leaf with no run-conformance case is named"
+    at_default = RunConformanceCase("loop/x", "loop", {key: verl[key]}, "")
+    assert named([at_default]), "a case at verl's default moves nothing"
+    moved = RunConformanceCase("loop/x", "loop", {key: int(verl[key]) + 3}, "")
+    assert not named([moved])
+    ours = load_run_conformance()
+    assert len({c.id for c in ours}) == len(ours), "run-conformance case ids are unique"
 
 
 def test_a_setting_no_case_moves_and_a_leaf_no_row_describes_are_named(

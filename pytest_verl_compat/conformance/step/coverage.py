@@ -24,8 +24,10 @@ from typing import Any
 from pytest_verl_compat.conformance.step.plan import (
     CoverageRow,
     CoverageTable,
+    RunConformanceCase,
     StepCase,
     load_coverage,
+    load_run_conformance,
     load_step_plan,
     step_settings,
 )
@@ -41,6 +43,11 @@ class RowCoverage:
     leaves: set[str] = field(default_factory=set)
     moved_by: dict[str, set[str]] = field(default_factory=dict)
     """leaf → the step cases that train it off verl's default."""
+    exact_outside: set[str] = field(default_factory=set)
+    """The `exact` leaves of an `outside` row: the profile says ours runs them as verl does,
+    so a run-conformance case (``corpus/run_conformance/``) must set each off verl's default."""
+    conformed_by: dict[str, set[str]] = field(default_factory=dict)
+    """exact outside leaf → the run-conformance cases that set it off verl's default."""
 
 
 def defaults(session: Any) -> dict[str, Any]:
@@ -102,9 +109,11 @@ def coverage_report(
     cases: Sequence[StepCase],
     verl_defaults: Mapping[str, Any],
     table: CoverageTable | None = None,
+    run_cases: Sequence[RunConformanceCase] | None = None,
 ) -> tuple[list[RowCoverage], list[str]]:
     """Rows with their leaves and the cases moving them, and the leaves no row describes."""
     table = table or CoverageTable(load_coverage())
+    run_cases = load_run_conformance() if run_cases is None else run_cases
     variants = load_step_plan().variants
     rows = [RowCoverage(row) for row in table.rows]
     by_row = {id(r.row): r for r in rows}
@@ -115,6 +124,14 @@ def coverage_report(
             unlisted.append(path)
             continue
         by_row[id(row)].leaves.add(path)
+        if row.how == "outside" and leaves[path] == "exact":
+            by_row[id(row)].exact_outside.add(path)
+    for run_case in run_cases:
+        for path, value in run_case.sets.items():
+            row = table.row_for(path)
+            if row is None or (path in verl_defaults and not _differs(value, verl_defaults[path])):
+                continue
+            by_row[id(row)].conformed_by.setdefault(path, set()).add(run_case.id)
     for case in cases:
         for path in moved_leaves(case, table, verl_defaults, variants):
             row = table.row_for(path)
@@ -137,8 +154,15 @@ def problems(rows: Sequence[RowCoverage], unlisted: Sequence[str]) -> list[str]:
                     f"{name}: a {r.row.how} row names its field and its detecting variant, "
                     "or says why it has none"
                 )
-        elif r.row.how == "outside" and not r.row.why:
-            out.append(f"{name}: an outside row says why")
+        elif r.row.how == "outside":
+            if not r.row.why:
+                out.append(f"{name}: an outside row says why")
+            for path in sorted(r.exact_outside):
+                if not r.conformed_by.get(path):
+                    out.append(
+                        f"{path}: exact, but no run-conformance case (corpus/run_conformance/) "
+                        f"sets it off verl's default ({name})"
+                    )
         elif r.row.how == "engine" and not r.row.oracle:
             out.append(f"{name}: an engine row says what the oracle runs")
     return out

@@ -290,6 +290,41 @@ def load_coverage(path: Path | None = None) -> tuple[CoverageRow, ...]:
     return tuple(rows)
 
 
+@dataclass(frozen=True)
+class RunConformanceCase:
+    """A case of a run-conformance module (``corpus/run_conformance/AREA.yaml``): settings that
+    act outside one training step (the loop, the data, sampling), set off verl's default, where
+    ours and upstream's code must give the same result and the result must change with each."""
+
+    id: str
+    area: str
+    sets: Mapping[str, Any]
+    why: str
+
+
+def default_run_conformance_path() -> Path:
+    return embedded_root() / "corpus" / "run_conformance"
+
+
+def load_run_conformance(folder: Path | None = None) -> tuple[RunConformanceCase, ...]:
+    """Every run-conformance case, area by area (one file each), in the files' order."""
+    source = folder or default_run_conformance_path()
+    cases = []
+    for path in sorted(source.glob("*.yaml")) if source.is_dir() else ():
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        if not isinstance(raw, list):
+            raise ValueError(f"{path}: expected a list of cases")
+        for index, entry in enumerate(raw):
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("sets"), Mapping):
+                raise ValueError(f"{path}: [{index}]: expected a case with an id and `sets`")
+            cases.append(
+                RunConformanceCase(
+                    str(entry["id"]), path.stem, dict(entry["sets"]), str(entry.get("why", ""))
+                )
+            )
+    return tuple(cases)
+
+
 class CoverageTable:
     """Rows in order; the first whose pattern matches a dotted leaf path describes it."""
 
