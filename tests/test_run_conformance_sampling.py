@@ -227,17 +227,24 @@ def test_case_matches_upstream_and_each_leaf_changes_it(
     theirs = upstream.result(mapping)
     mine = ours(mapping)
     if case.get("ours_refuses"):
-        assert REFUSED in mine, f"{case['id']}: the reference trainer accepted {case['sets']}"
-        assert all(leaf in mine[REFUSED] for leaf in case["sets"]), mine[REFUSED]
+        assert REFUSED in mine, f"ours={mine}, but should be refused [{case['id']}]"
+        unnamed = [leaf for leaf in case["sets"] if leaf not in mine[REFUSED]]
+        assert not unnamed, f"refusal={mine[REFUSED]!r}, but should name {unnamed} [{case['id']}]"
     else:
-        assert mine == theirs, f"{case['id']}: ours {mine} != upstream {theirs}"
+        assert mine == theirs, f"ours={mine}, but should be upstream's {theirs} [{case['id']}]"
     defaults = _defaults()
     for leaf in case["sets"]:
         at_default = upstream.result(_with(mapping, {leaf: _get(defaults, leaf)}))
         if case.get("no_effect"):
-            assert at_default == theirs, f"{case['id']}: {leaf} changes upstream's result"
+            assert at_default == theirs, (
+                f"upstream at {leaf}'s default={at_default}, but should be {theirs} "
+                f"(no effect: {case['no_effect']}) [{case['id']}]"
+            )
         else:
-            assert at_default != theirs, f"{case['id']}: {leaf} at its default changes nothing"
+            assert at_default != theirs, (
+                f"upstream at {leaf}'s default={at_default}, but should differ from the "
+                f"case's [{case['id']}]"
+            )
 
 
 def test_every_leaf_of_the_area_is_set_off_its_default() -> None:
@@ -258,8 +265,12 @@ def test_every_leaf_of_the_area_is_set_off_its_default() -> None:
         for leaf, value in case["sets"].items()
         if value != _get(defaults, leaf)
     }
-    assert area <= set_off, sorted(area - set_off)
-    assert len({case["id"] for case in CASES}) == len(CASES)
+    assert CASES, "corpus/run_conformance/sampling.yaml lists no case"
+    assert area <= set_off, (
+        f"leaves set off their default={sorted(set_off)}, but should hold {sorted(area - set_off)}"
+    )
+    ids = [case["id"] for case in CASES]
+    assert len(set(ids)) == len(ids), f"case ids={ids}, but should be unique"
 
 
 def test_a_metric_the_trajectories_lack_is_refused_on_both_sides(upstream: Upstream) -> None:

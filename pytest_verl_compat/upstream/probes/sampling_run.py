@@ -31,8 +31,10 @@ import inspect
 import io
 import types
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from pytest_verl_compat.upstream.probes.patching import patched
 
 KIND = "sampling_run"
 # The question's keys.
@@ -107,20 +109,14 @@ def _calling_agent_loop(base: type) -> Any:
     return None
 
 
-@contextlib.contextmanager
-def _transfer_queue() -> Iterator[None]:
+def _transfer_queue_writes() -> Any:
     """TransferQueue's status writes, which the worker's ``_run_prompt`` makes: dropped."""
     import transfer_queue
 
     async def async_kv_put(*_: Any, **__: Any) -> None:
         return None
 
-    saved = transfer_queue.async_kv_put
-    transfer_queue.async_kv_put = async_kv_put
-    try:
-        yield
-    finally:
-        transfer_queue.async_kv_put = saved
+    return patched(transfer_queue, "async_kv_put", async_kv_put)
 
 
 def _worker(cfg: Any, seen: list[dict[str, Any]]) -> Any:
@@ -180,7 +176,7 @@ def _generate(cfg: Any, prompts: int, validate: bool) -> dict[str, Any]:
         while worker.background_tasks:
             await asyncio.gather(*list(worker.background_tasks))
 
-    with _transfer_queue():
+    with _transfer_queue_writes():
         asyncio.run(run())
     by_prompt: dict[str, list[dict[str, Any]]] = {}
     for record in sorted(seen, key=lambda r: (r["uid"], r["session"])):
@@ -216,12 +212,8 @@ def _kept(cfg: Any, groups: Mapping[str, list[float]]) -> list[str]:
     def kv_batch_get(*, keys: list[str], **_: Any) -> dict[str, Any]:
         return {"extra_fields": [extra[key] for key in keys]}
 
-    saved = transfer_queue.kv_batch_get
-    transfer_queue.kv_batch_get = kv_batch_get
-    try:
+    with patched(transfer_queue, "kv_batch_get", kv_batch_get):
         filtered, _ = ReplayBuffer._dapo_filtered_keys(buffer, partition)
-    finally:
-        transfer_queue.kv_batch_get = saved
     return sorted(uid for uid in groups if uid not in filtered)
 
 
