@@ -37,6 +37,7 @@ import yaml
 from corpus_facts import needs_release, release_root
 
 from pytest_verl_compat.upstream.probes import sampling_run as probe
+from reference_trainer.reward import SCORE_DTYPE
 
 pytestmark = [needs_release()]
 
@@ -46,14 +47,16 @@ BASE_CASE = "grpo"
 # vLLM's greedy threshold (``_SAMPLING_EPS``): below it the server ignores top_k and top_p.
 VLLM_GREEDY_BELOW = 1e-5
 # The finished groups every configuration filters (uid → each response's score): all alike at
-# 1, at 0 and at 0.5 (dropped when filtering), mixed (kept), and a single response (kept: a group
-# of one is never filtered, replay_buffer.py:295).
+# 1, at 0 and at 0.5 (dropped when filtering), mixed (kept), a single response (kept: a group of
+# one is never filtered, replay_buffer.py:295), and three at 0.1 (kept: their float64 std is
+# about 1e-17, not 0).
 GROUPS: dict[str, list[float]] = {
     "all-one": [1.0, 1.0, 1.0, 1.0],
     "all-zero": [0.0, 0.0, 0.0, 0.0],
     "all-half": [0.5, 0.5, 0.5, 0.5],
     "mixed": [0.0, 1.0, 0.25, 1.0],
     "single": [1.0],
+    "all-tenth": [0.1, 0.1, 0.1],
 }
 REFUSED = "refused"
 
@@ -211,7 +214,7 @@ def _kept(cfg: Any) -> Any:
         return sorted(GROUPS)
     uids = np.array([uid for uid, scores in GROUPS.items() for _ in scores])
     # The score tensor as the trainer's score phase stores it (reward.score_batch).
-    scores = torch.tensor([s for values in GROUPS.values() for s in values], dtype=torch.float32)
+    scores = torch.tensor([s for values in GROUPS.values() for s in values], dtype=SCORE_DTYPE)
     rows, _ = batching.informative_groups(uids, scores)
     return sorted({str(uids[row]) for row in rows})
 
