@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from reference_trainer.config import AlgorithmConfig
 from reference_trainer.data import Prompt
 from reference_trainer.math.masked import masked_mean
 
@@ -83,17 +84,45 @@ def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
     )
 
 
+# The per-trajectory metric verl's reward loop records for a scorer that returns one float (every
+# scorer here does): the score itself, as ``acc`` (verl/experimental/reward_loop/reward_manager/
+# naive.py:94-95).
+SCORER_METRIC = "acc"
+
+
+def group_filter_metric(algorithm: AlgorithmConfig) -> str | None:
+    """The metric `algorithm.filter_groups` filters groups by, None when it is off; a ValueError
+    (one line) for a metric verl would refuse: none named (v1/trainer_base.py:197-199), or one
+    the trajectories do not carry (v1/replay_buffer.py:282-291, at its first sampling)."""
+    if not algorithm.filter_groups_enable:
+        return None
+    metric = algorithm.filter_groups_metric
+    if not metric:
+        raise ValueError(
+            "algorithm.filter_groups.metric must be set when group filtering is enabled"
+        )
+    if metric != SCORER_METRIC:
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r}: the trajectories carry only "
+            f"{SCORER_METRIC!r} (a scorer's one float), so verl's replay buffer refuses the groups "
+            "(verl/trainer/ppo/v1/replay_buffer.py:288-291)"
+        )
+    return metric
+
+
 def informative_groups(uids: np.ndarray, metric: torch.Tensor) -> tuple[list[int], int]:
     """The rows of the groups DAPO's dynamic sampling keeps, and how many such groups.
 
     `algorithm.filter_groups` drops a group whose responses all score alike (its group-relative
-    advantages are zero); as verl's V1 replay buffer, a group of one response is kept
-    (verl/trainer/ppo/v1/replay_buffer.py:295 filters only `len(values) > 1` with zero std).
+    advantages are zero); as verl's V1 replay buffer, a group of one response is kept, and the
+    spread is numpy's float64 population std, compared with 0 exactly
+    (verl/trainer/ppo/v1/replay_buffer.py:294-295).
     """
+    values = metric.double().numpy()
     informative = [
         uid
         for uid in dict.fromkeys(uids.tolist())
-        if int((uids == uid).sum()) == 1 or float(metric[uids == uid].std(unbiased=False)) > 0
+        if int((uids == uid).sum()) == 1 or float(np.std(values[uids == uid])) != 0.0
     ]
     rows = [i for i, uid in enumerate(uids.tolist()) if uid in set(informative)]
     return rows, len(informative)

@@ -97,11 +97,15 @@ class RolloutConfig:
     top_k: int = -1
     top_p: float = 1.0
     do_sample: bool = True
+    """Only the exported model's generation config reads it (`run_files`): verl's V1 agent loop
+    never sends it to the server (`generation.sampling_settings`)."""
     val_n: int = 1
     val_temperature: float = 0.0
     val_top_k: int = -1
     val_top_p: float = 1.0
     val_do_sample: bool = False
+    """Never read in sampling, as verl's V1 agent loop never reads it; verl's validate_config
+    reads it (verl/utils/config.py:185-188)."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,8 @@ class AlgorithmConfig:
     kl_target: float = 0.1
     filter_groups_enable: bool = False
     filter_groups_metric: str | None = None
-    """Per-trajectory metric whose variance within a group must be non-zero (``acc``, ``score``,
-    ``seq_reward``, ``seq_final_reward``)."""
+    """Per-trajectory metric whose variance within a group must be non-zero; the trajectories
+    here carry only ``acc`` (`batching.group_filter_metric`)."""
     max_num_gen_batches: int = 0
     """Generation batches allowed to refill filtered groups; 0 means unlimited."""
 

@@ -9,12 +9,14 @@ cache, always with an explicit seeded generator (`sampling_generator`). `respons
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from reference_trainer.batching import Batch
+from reference_trainer.config import RolloutConfig
 from reference_trainer.data import Prompt, prompt_text
 from reference_trainer.packing import pack, packing_supported, unpack
 from reference_trainer.rollout import DecoderSnapshot, KVCacheDecoder
@@ -28,16 +30,56 @@ def sampling_generator(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+# The registered agent loop `generate` is: one completion per session of a prompt, no tool calls
+# (verl/experimental/agent_loop/single_turn_agent_loop.py:28-110); the profile accepts no other
+# rollout.agent.default_agent_loop.
+AGENT_LOOP = "single_turn_agent"
+# vLLM decodes greedily below this temperature (its ``_SAMPLING_EPS``), ignoring top_k and top_p.
+GREEDY_BELOW = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What the rollout server is asked for: responses per prompt and how each token is drawn."""
+
+    n: int
+    temperature: float
+    top_k: int
+    top_p: float
+
+    @property
+    def greedy(self) -> bool:
+        """A zero temperature decodes greedily (vLLM's documented semantics)."""
+        return self.temperature < GREEDY_BELOW
+
+
+def sampling_settings(rollout: RolloutConfig, *, validate: bool) -> SamplingSettings:
+    """The sampling of a training or a validation batch, as verl's V1 agent loop asks for it.
+
+    verl/trainer/ppo/v1/agent_loop_tq.py:61-76 sends temperature, top_p and top_k (val_kwargs'
+    for validation) and starts ``n`` sessions per prompt (val_kwargs.n for validation, :115);
+    neither ``do_sample`` reaches the server (only REMAX's per-prompt ``__do_sample__`` does,
+    :116-120), so a greedy rollout is a zero temperature.
+    """
+    if validate:
+        return SamplingSettings(
+            rollout.val_n, rollout.val_temperature, rollout.val_top_k, rollout.val_top_p
+        )
+    return SamplingSettings(rollout.n, rollout.temperature, rollout.top_k, rollout.top_p)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """vLLM's conventions: top_k <= 0 and top_p >= 1 disable the filter."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token once the mass before it already reaches top_p (the first always stays).
-        drop = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        # As vLLM's and transformers' top-p (ascending, so ties break as theirs do): a token goes
+        # when the mass up to it from the least likely is at most 1 - top_p; the most likely
+        # always stays.
+        sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
+        drop = sorted_logits.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1] = False
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
@@ -88,20 +130,18 @@ def generate(
     tokenizer: Any,
     prompts: list[Prompt],
     *,
-    n: int,
+    sampling: SamplingSettings,
     max_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    do_sample: bool,
     generator: torch.Generator,
     uid_prefix: str = "",
     fast: bool = True,
 ) -> Batch:
-    """Sample `n` responses per prompt; masks come from positions, never from token values.
+    """Sample `sampling.n` responses per prompt; masks come from positions, never from token
+    values.
 
     `fast=False` forces the HF model's own forward (the engine's reference in tests).
     """
+    n = sampling.n
     expanded = [p for p in prompts for _ in range(n)]
     encoded = tokenizer(
         [prompt_text(tokenizer, p) for p in prompts],
@@ -118,7 +158,6 @@ def generate(
     responses = torch.full((rows, max_new_tokens), pad, dtype=torch.long)
     response_mask = torch.zeros(rows, max_new_tokens)
     finished = torch.zeros(rows, dtype=torch.bool)
-    greedy = not do_sample or temperature <= 0
     # The rollout engine (`rollout.py`) when it covers the model, else the HF model with its
     # own cache; both encode the prompt once, then one token per row per step.
     snapshot = DecoderSnapshot.from_model(policy) if fast else None
@@ -134,10 +173,11 @@ def generate(
     )
     logits = next_logits.first
     for t in range(max_new_tokens):
-        if greedy:
+        if sampling.greedy:
             token = logits.argmax(-1)
         else:
-            probs = _filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+            scaled = logits / sampling.temperature
+            probs = filter_logits(scaled, sampling.top_k, sampling.top_p).softmax(-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         live = ~finished
         responses[:, t] = torch.where(live, token, torch.full_like(token, pad))

@@ -28,6 +28,11 @@ from reference_trainer.tiny import (
     refuse_pickled_weights,
 )
 
+# The scorers' floats as they are: verl's replay buffer filters groups on them in float64
+# (replay_buffer.py:285, :295), where three responses all scoring 0.1 have a std of about 1e-17,
+# not 0 (in float32 it is 0: the group would be dropped).
+SCORE_DTYPE = torch.float64
+
 _INTEGER = re.compile(r"-?\d+")
 
 
@@ -141,7 +146,7 @@ def score_batch(
     scores[torch.arange(len(batch)), (lengths - 1).clamp_min(0)] = torch.tensor(rewards)
     batch.tensors["token_level_scores"] = scores
     batch.tensors["acc"] = torch.tensor(acc)
-    batch.tensors["score"] = torch.tensor(rewards, dtype=torch.float32)
+    batch.tensors["score"] = torch.tensor(rewards, dtype=SCORE_DTYPE)
     batch.texts = texts
 
 

@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from reference_trainer.batching import Batch, batch_metrics, concat_batches, informative_groups
+from reference_trainer.batching import (
+    Batch,
+    batch_metrics,
+    concat_batches,
+    group_filter_metric,
+    informative_groups,
+)
 from reference_trainer.budget import LocalBudget, adapt, check_bindings
 from reference_trainer.checkpoint import (
     MANIFEST,
@@ -56,6 +62,7 @@ from reference_trainer.generation import (
     inference_logits,
     response_values,
     sampling_generator,
+    sampling_settings,
 )
 from reference_trainer.math.advantages import ADVANTAGE_ESTIMATORS
 from reference_trainer.math.aggregation import agg_loss, unpadded_scale
@@ -113,6 +120,8 @@ class ReferenceTrainer:
         self.progress = progress
         self.seed = budget.seed
         check_bindings(self.cfg, budget)
+        # Refused before any work, as upstream refuses it at its first sampling.
+        self.group_metric = group_filter_metric(self.cfg.algorithm)
         if not progress:
             silence_library_bars()
         loaded = load_policy(self.cfg.model.path, self.seed)
@@ -296,7 +305,6 @@ class ReferenceTrainer:
 
     def rollout(self) -> tuple[Batch, dict[str, float]]:
         """One step's batch; with group filtering, generate until enough informative groups."""
-        alg = self.cfg.algorithm
         rollout = self.cfg.rollout
         kept: list[Batch] = []
         groups = 0
@@ -308,25 +316,17 @@ class ReferenceTrainer:
                 self.policy,
                 self.tokenizer,
                 prompts,
-                n=rollout.n,
+                sampling=sampling_settings(rollout, validate=False),
                 max_new_tokens=self.cfg.data.max_response_length,
-                temperature=rollout.temperature,
-                top_k=rollout.top_k,
-                top_p=rollout.top_p,
-                do_sample=rollout.do_sample,
                 generator=sampling_generator(self.seed, self.step, generated),
                 uid_prefix=f"{generated}:",
             )
             generated += 1
             self.score(batch)
-            if not alg.filter_groups_enable:
+            if self.group_metric is None:
                 return batch, {}
-            # acc is the rule check; score, seq_reward and seq_final_reward are all the
-            # sequence score here, since the KL penalty is applied after filtering.
-            name = alg.filter_groups_metric or "acc"
-            rows, informative = informative_groups(
-                batch.uids, batch.tensors["acc" if name == "acc" else "score"]
-            )
+            # verl records a scorer's one float as the trajectory's `acc` (group_filter_metric).
+            rows, informative = informative_groups(batch.uids, batch.tensors["score"])
             kept.append(batch.select(rows))
             groups += informative
             if groups >= self.cfg.data.train_batch_size:
@@ -446,12 +446,8 @@ class ReferenceTrainer:
             self.policy,
             self.tokenizer,
             self.val_prompts,
-            n=rollout.val_n,
+            sampling=sampling_settings(rollout, validate=True),
             max_new_tokens=self.cfg.data.max_response_length,
-            temperature=rollout.val_temperature,
-            top_k=rollout.val_top_k,
-            top_p=rollout.val_top_p,
-            do_sample=rollout.val_do_sample,
             generator=sampling_generator(self.seed, self.step, 10_000),
         )
         self.score(batch)

@@ -134,19 +134,17 @@ def sample_rollout():
     tests that need rows finishing at different steps can choose one that gives them.
     """
     from reference_trainer.data import PROMPTS_PATH, load_prompts
-    from reference_trainer.generation import generate, sampling_generator
+    from reference_trainer.generation import SamplingSettings, generate, sampling_generator
 
-    def sample(policy, tokenizer, *, prompts, n, max_new_tokens, stream, do_sample=True, fast=True):
+    def sample(
+        policy, tokenizer, *, prompts, n, max_new_tokens, stream, temperature=1.0, fast=True
+    ):
         return generate(
             policy,
             tokenizer,
             load_prompts(PROMPTS_PATH, "train")[:prompts],
-            n=n,
+            sampling=SamplingSettings(n=n, temperature=temperature, top_k=-1, top_p=1.0),
             max_new_tokens=max_new_tokens,
-            temperature=1.0,
-            top_k=-1,
-            top_p=1.0,
-            do_sample=do_sample,
             generator=sampling_generator(0, stream),
             fast=fast,
         )

@@ -238,7 +238,7 @@ def test_group_filtering_refills_to_full_groups(
         algorithm=dataclasses.replace(
             cfg.algorithm,
             filter_groups_enable=True,
-            filter_groups_metric="score",
+            filter_groups_metric="acc",
             max_num_gen_batches=10,
         ),
     )
@@ -419,7 +419,7 @@ def test_micro_batches_do_not_change_the_update(
 
 def test_rollout_masks_come_from_positions() -> None:
     from reference_trainer.data import load_prompts
-    from reference_trainer.generation import generate, response_logits
+    from reference_trainer.generation import SamplingSettings, generate, response_logits
     from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
@@ -429,12 +429,8 @@ def test_rollout_masks_come_from_positions() -> None:
         policy,
         tokenizer,
         prompts,
-        n=4,
+        sampling=SamplingSettings(n=4, temperature=1.0, top_k=-1, top_p=1.0),
         max_new_tokens=24,
-        temperature=1.0,
-        top_k=-1,
-        top_p=1.0,
-        do_sample=True,
         generator=torch.Generator().manual_seed(0),
     )
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -455,12 +451,8 @@ def test_rollout_masks_come_from_positions() -> None:
         policy,
         tokenizer,
         prompts,
-        n=1,
+        sampling=SamplingSettings(n=1, temperature=0.0, top_k=-1, top_p=1.0),
         max_new_tokens=12,
-        temperature=0.0,
-        top_k=-1,
-        top_p=1.0,
-        do_sample=False,
         generator=torch.Generator(),
     )
     with torch.no_grad():
