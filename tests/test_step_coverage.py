@@ -83,6 +83,9 @@ def test_an_exact_leaf_outside_one_step_needs_a_run_conformance_case(session: Au
     assert named([at_default]), "a case at verl's default moves nothing"
     moved = RunConformanceCase("loop/x", "loop", {key: int(verl[key]) + 3}, "")
     assert not named([moved])
+    unmoved = dataclasses.replace(moved, no_effect="verl/x.py:1")
+    assert named([unmoved]), "a case showing no effect conforms no leaf"
+    assert named([dataclasses.replace(moved, ours_refuses=True)]), "nor one ours refuses"
     ours = load_run_conformance()
     assert len({c.id for c in ours}) == len(ours), "run-conformance case ids are unique"
 

@@ -126,7 +126,7 @@ def coverage_report(
         by_row[id(row)].leaves.add(path)
         if row.how == "outside" and leaves[path] == "exact":
             by_row[id(row)].exact_outside.add(path)
-    for run_case in run_cases:
+    for run_case in (c for c in run_cases if c.shows_an_effect):
         for path, value in run_case.sets.items():
             row = table.row_for(path)
             if row is None or (path in verl_defaults and not _differs(value, verl_defaults[path])):

@@ -300,6 +300,15 @@ class RunConformanceCase:
     area: str
     sets: Mapping[str, Any]
     why: str
+    # The upstream lines showing the leaves never reach the result (the case checks that they
+    # do not, and that ours ignores them too), or that ours refuses the value: either way the
+    # case shows no value that changes the result, so it conforms no leaf.
+    no_effect: str = ""
+    ours_refuses: bool = False
+
+    @property
+    def shows_an_effect(self) -> bool:
+        return not self.no_effect and not self.ours_refuses
 
 
 def default_run_conformance_path() -> Path:
@@ -319,7 +328,12 @@ def load_run_conformance(folder: Path | None = None) -> tuple[RunConformanceCase
                 raise ValueError(f"{path}: [{index}]: expected a case with an id and `sets`")
             cases.append(
                 RunConformanceCase(
-                    str(entry["id"]), path.stem, dict(entry["sets"]), str(entry.get("why", ""))
+                    str(entry["id"]),
+                    path.stem,
+                    dict(entry["sets"]),
+                    str(entry.get("why", "")),
+                    str(entry.get("no_effect", "")),
+                    bool(entry.get("ours_refuses", False)),
                 )
             )
     return tuple(cases)
