@@ -34,8 +34,9 @@ TINY_LR = 2e-3
 class LocalBudget:
     """What a CPU run changes from the upstream 8-GPU configuration."""
 
-    steps: int = 20
-    """Training steps (upstream: total_epochs over the full data set)."""
+    steps: int | None = 20
+    """Training steps; None keeps upstream's: ``trainer.total_training_steps``, else
+    ``total_epochs`` over the local prompts (verl/trainer/ppo/v1/trainer_base.py:710-716)."""
     train_batch_size: int = 8
     """Prompts per step; mini-batches keep upstream's train_batch_size / ppo_mini_batch_size."""
     max_response_length: int = 16
@@ -59,7 +60,7 @@ class LocalBudget:
     prompts_path: str = str(PROMPTS_PATH)
     val_prompts: int = 16
     save_freq: int | None = None
-    """None keeps upstream's trainer.save_freq (a final checkpoint is always written)."""
+    """None keeps upstream's trainer.save_freq (as verl, no checkpoint when it is not positive)."""
     test_freq: int | None = None
     val_before_train: bool | None = None
     lora_rank: int | None = None
@@ -214,14 +215,26 @@ def _data(
 def _trainer(cfg: ReferenceTrainerConfig, budget: LocalBudget, ledger: _Ledger) -> TrainerConfig:
     """The step budget, and the checkpoint and validation schedule requested locally."""
     upstream = cfg.trainer
-    return dataclasses.replace(
-        upstream,
-        total_training_steps=ledger.note(
+    total_training_steps, total_epochs = upstream.total_training_steps, upstream.total_epochs
+    if budget.steps is not None:
+        total_training_steps = ledger.note(
             "trainer.total_training_steps",
             upstream.total_training_steps,
             budget.steps,
             f"CPU budget (upstream: {upstream.total_epochs} epochs over the full data set)",
-        ),
+        )
+        # verl's loop also ends with the last epoch (v1/trainer_base.py:443); an epoch has at
+        # least one step, so as many epochs as steps never end the budgeted run first.
+        total_epochs = ledger.note(
+            "trainer.total_epochs",
+            upstream.total_epochs,
+            max(upstream.total_epochs, budget.steps),
+            "the CPU budget's steps decide the run's length",
+        )
+    return dataclasses.replace(
+        upstream,
+        total_training_steps=total_training_steps,
+        total_epochs=total_epochs,
         save_freq=ledger.note(
             "trainer.save_freq",
             upstream.save_freq,

@@ -4,7 +4,8 @@ A checkpoint is a folder `global_step_<k>` written under a temporary name and re
 only when complete: every file first, then `manifest.json` (sha256 of each file), then the
 `COMPLETE` marker, then the rename. Loading checks the marker and every digest, so a truncated
 or corrupted file fails with its name instead of resuming from garbage. Older checkpoints are
-deleted only after a newer one is complete.
+retired only after a newer one is complete: the RL trainer removes each role's part on its own
+count, as verl does (`retire_role`); the SFT trainer keeps the newest folders whole.
 
 A run folder may come from someone else, so loading trusts nothing but the manifest: only the
 files it lists load (a stray `trainer_state.pt` next to the verified `trainer_state.json` is
@@ -54,9 +55,10 @@ def save_checkpoint(
     tensors: dict[str, dict[str, torch.Tensor]],
     torch_objects: dict[str, Any],
     json_objects: dict[str, Any],
-    keep: int = 2,
+    keep: int | None = 2,
 ) -> Path:
-    """Write `root/global_step_<step>` atomically; returns its path.
+    """Write `root/global_step_<step>` atomically; returns its path. With `keep`, only the
+    newest `keep` complete checkpoints of `root` remain (None: the caller retires them).
 
     `tensors` become safetensors files, `torch_objects` (optimizer and scheduler state: tensors,
     numbers, lists, dicts only) `torch.save` files, `json_objects` JSON files.
@@ -84,9 +86,63 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.replace(temporary, final)
-    for old in complete_checkpoints(root)[:-keep]:
-        shutil.rmtree(old)
+    if keep is not None:
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old)
     return final
+
+
+def role_files(role: str) -> tuple[str, ...]:
+    """The files of one role's part of a checkpoint: its weights, optimizer and scheduler."""
+    return (f"{role}.safetensors", f"{role}_optimizer.pt", f"{role}_scheduler.pt")
+
+
+def retire_role(saved: list[Path], role: str, keep: int | None) -> list[Path]:
+    """verl's retention of one role's checkpoints: of the folders this process saved (oldest
+    first), the role's part of all but the newest `keep` is removed, the rest of each folder
+    stays (the engine's checkpoint manager removes ``global_step_<k>/<role>`` only,
+    verl/utils/checkpoint/checkpoint_manager.py:181-194). `keep` None or below 1 keeps all;
+    folders an earlier process saved are never counted (its list starts empty, :59). Returns
+    the folders still counted."""
+    if not (isinstance(keep, int) and keep > 0) or len(saved) <= keep:
+        return saved
+    for folder in saved[: len(saved) - keep]:
+        _remove_files(folder, role_files(role))
+    return saved[len(saved) - keep :]
+
+
+def _remove_files(folder: Path, names: tuple[str, ...]) -> None:
+    """Remove `names` from a checkpoint and from its manifest (what remains still verifies)."""
+    if not folder.is_dir():
+        return
+    manifest = folder / MANIFEST
+    entries = _manifest(folder) if manifest.is_file() else {}
+    remaining = {name: digest for name, digest in entries.items() if name not in names}
+    temporary = folder / f".{MANIFEST}.tmp-{os.getpid()}"
+    temporary.write_text(json.dumps(remaining, indent=1, sort_keys=True))
+    os.replace(temporary, manifest)
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+
+
+def resume_folder(root: Path, mode: str, path: str | None) -> Path | None:
+    """The checkpoint a run resumes from, as verl's ``_load_checkpoint`` picks it
+    (verl/trainer/ppo/v1/trainer_base.py:789-815): none under ``disable``; the latest complete
+    checkpoint of `root` under ``auto`` (none: from scratch); ``resume_from_path`` under
+    ``resume_path``, relative to the working folder, naming a ``global_step_<k>`` folder."""
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        found = complete_checkpoints(root)
+        return found[-1] if found else None
+    if mode == "resume_path":
+        if not isinstance(path, str) or PREFIX not in path:
+            raise CheckpointError(
+                f"trainer.resume_from_path={path!r}: resume_mode=resume_path needs the path "
+                f"of a {PREFIX}<k> folder"
+            )
+        return Path.cwd() / path
+    raise CheckpointError(f"trainer.resume_mode={mode!r}: expected auto, disable or resume_path")
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -191,8 +247,19 @@ def load_checkpoint(folder: Path) -> dict[str, Any]:
     return loaded
 
 
-RESUMABLE = frozenset({"trainer.total_training_steps", "trainer.logger"})
-"""Config fields a resumed run may change: a finished run is extended by asking for more steps."""
+RESUMABLE = frozenset(
+    {
+        "trainer.total_training_steps",
+        "trainer.total_epochs",
+        "trainer.logger",
+        "trainer.resume_mode",
+        "trainer.resume_from_path",
+        "trainer.max_actor_ckpt_to_keep",
+        "trainer.max_critic_ckpt_to_keep",
+    }
+)
+"""Config fields a resumed run may change: a finished run is extended by asking for more steps
+(or epochs); how it resumes and how many checkpoints it keeps change no training."""
 
 
 def config_differences(

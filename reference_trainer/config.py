@@ -177,6 +177,13 @@ class TrainerConfig:
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
+    resume_mode: str = "auto"
+    """``auto``, ``disable`` or ``resume_path`` (verl/trainer/ppo/v1/trainer_base.py:789-815)."""
+    resume_from_path: str | None = None
+    max_actor_ckpt_to_keep: int | None = None
+    """Checkpoints of this run whose actor part is kept; None or < 1 keeps all
+    (verl/utils/checkpoint/checkpoint_manager.py:181-194)."""
+    max_critic_ckpt_to_keep: int | None = None
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     balance_batch: bool = True

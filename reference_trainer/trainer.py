@@ -50,9 +50,10 @@ from reference_trainer.checkpoint import (
     RESUMABLE,
     CheckpointError,
     checkpoint_step,
-    complete_checkpoints,
     config_differences,
     load_checkpoint,
+    resume_folder,
+    retire_role,
     save_checkpoint,
 )
 from reference_trainer.config import ReferenceTrainerConfig
@@ -153,7 +154,12 @@ class ReferenceTrainer:
             if self.cfg.reward.reward_model_enable
             else None
         )
-        total = self.cfg.trainer.total_training_steps or budget.steps
+        # verl's budget: total_training_steps when set, else total_epochs over the data set's
+        # full batches (drop_last; verl/trainer/ppo/v1/trainer_base.py:710-716).
+        self.steps_per_epoch = len(self.train_prompts) // self.cfg.data.train_batch_size
+        total = self.cfg.trainer.total_training_steps
+        if total is None:
+            total = self.steps_per_epoch * self.cfg.trainer.total_epochs
         self.actor_optimizer, self.actor_scheduler = build_optimizer(
             self.policy, self.cfg.actor.optim, total
         )
@@ -173,6 +179,9 @@ class ReferenceTrainer:
         self.actor_updates = 0
         self.critic_updates = 0
         self.total_steps = total
+        # The checkpoints this process saved, per role, oldest first: what retention counts
+        # (the engine's checkpoint manager keeps this list in memory, checkpoint_manager.py:59).
+        self.saved: dict[str, list[Path]] = {"actor": [], "critic": []}
 
     def _fitting(self, prompts: list[Prompt]) -> list[Prompt]:
         data = self.cfg.data
@@ -220,34 +229,42 @@ class ReferenceTrainer:
 
     def _run(self, *, resume: bool, stop_after: int | None) -> RunResult:
         metrics_path = self.out / "metrics.jsonl"
-        if resume:
-            found = complete_checkpoints(self.out / "checkpoints")
-            if not found:
-                raise CheckpointError(f"{self.out / 'checkpoints'}: no complete checkpoint")
-            self.load(found[-1])
+        trainer_cfg = self.cfg.trainer
+        # Where verl resumes from (trainer_base.py:789-815); a fresh run folder holds no
+        # checkpoint, so only resume_path resumes it.
+        found = resume_folder(
+            self.out / "checkpoints", trainer_cfg.resume_mode, trainer_cfg.resume_from_path
+        )
+        if found is not None:
+            self.load(found)
+        self.resumed_from = found
         history = reset_logs(self.out, self.step, resume=resume)
         ledger = self.ledger + self.tracking.ledger
         write_ledger(self.out / "adaptations.json", self.cfg, self.upstream, ledger)
-        trainer_cfg = self.cfg.trainer
-        if not resume and trainer_cfg.val_before_train:
-            history.append(append_row(metrics_path, {"step": 0, **self.validate()}))
-            self.tracking.log({k: v for k, v in history[-1].items() if k != "step"}, 0)
+        # verl validates before training on a resumed run too, at the resumed step (:414-420).
+        if trainer_cfg.val_before_train:
+            history.append(append_row(metrics_path, {"step": self.step, **self.validate()}))
+            self.tracking.log({k: v for k, v in history[-1].items() if k != "step"}, self.step)
         last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
         bar = _progress(self.progress, self.step, self.total_steps, self.cfg.case_id)
-        while self.step < last:
+        # verl's loop also ends after the last epoch (:443, :498), whatever the step budget.
+        while self.step < last and not self._epochs_done():
             metrics = self.train_step()
+            is_last_step = self.step >= self.total_steps
+            # verl saves, then validates, each at its cadence and at the last step (:457-473);
+            # a simulated interruption (`stop_after`) saves too, so that it can be resumed.
+            if (
+                trainer_cfg.save_freq > 0
+                and (is_last_step or self.step % trainer_cfg.save_freq == 0)
+            ) or (self.step == last and not is_last_step):
+                self.save()
             if trainer_cfg.test_freq > 0 and (
-                self.step % trainer_cfg.test_freq == 0 or self.step == self.total_steps
+                is_last_step or self.step % trainer_cfg.test_freq == 0
             ):
                 metrics.update(self.validate())
             history.append(append_row(metrics_path, {"step": self.step, **metrics}))
             self.tracking.log(metrics, self.step)
             append_samples(self.out / "samples.jsonl", self.step, self.last_batch)
-            # Checkpoints only at rollout boundaries, and always at the last step of this run.
-            if (trainer_cfg.save_freq > 0 and self.step % trainer_cfg.save_freq == 0) or (
-                self.step == last
-            ):
-                self.save()
             if bar is not None:
                 bar.update(1)
                 live = {
@@ -260,11 +277,14 @@ class ReferenceTrainer:
         if bar is not None:
             bar.close()
         export = None
-        if self.step >= self.total_steps:
+        if self.step >= self.total_steps or self._epochs_done():
             export = self.export(self.out / "final")
             write_csv(self.out / "metrics.csv", history)
             plot_metrics(self.out / "metrics.png", history)
         return RunResult(self.out, history, self.step, export)
+
+    def _epochs_done(self) -> bool:
+        return self.step // self.steps_per_epoch >= self.cfg.trainer.total_epochs
 
     def train_step(self) -> dict[str, float]:
         timing: dict[str, float] = {}
@@ -488,7 +508,7 @@ class ReferenceTrainer:
             "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
             "seed": self.seed,
         }
-        return save_checkpoint(
+        folder = save_checkpoint(
             self.out / "checkpoints",
             self.step,
             tensors=tensors,
@@ -498,7 +518,16 @@ class ReferenceTrainer:
                 "config": self.cfg.to_dict(),
                 "budget": dataclasses.asdict(self.budget),
             },
+            keep=None,
         )
+        # Each role's part is retired on its own count (v1/trainer_base.py:895-931).
+        keep = {
+            "actor": self.cfg.trainer.max_actor_ckpt_to_keep,
+            "critic": self.cfg.trainer.max_critic_ckpt_to_keep,
+        }
+        for role in ("actor", "critic") if self.critic is not None else ("actor",):
+            self.saved[role] = retire_role([*self.saved[role], folder], role, keep[role])
+        return folder
 
     def load(self, folder: Path) -> None:
         loaded = load_checkpoint(folder)

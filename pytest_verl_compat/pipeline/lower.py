@@ -68,6 +68,16 @@ def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _ckpt_to_keep(trainer: Mapping[str, Any], key: str) -> int | None:
+    """How many checkpoints keep a role's part: 1 under the deprecated
+    remove_previous_ckpt_in_save (verl/trainer/ppo/v1/trainer_base.py:893-905); a value that is
+    not a positive int keeps all (verl/utils/checkpoint/checkpoint_manager.py:189)."""
+    if trainer.get("remove_previous_ckpt_in_save", False):
+        return 1
+    value = trainer.get(key)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 class NotAccepted(ValueError):
     """Lowering was asked for a case the compiler did not accept."""
 
@@ -160,6 +170,10 @@ def reference_config(resolved: Mapping[str, Any], report: CompileReport) -> Refe
             save_freq=int(trainer["save_freq"]),
             test_freq=int(trainer["test_freq"]),
             val_before_train=bool(trainer["val_before_train"]),
+            resume_mode=str(trainer["resume_mode"]),
+            resume_from_path=trainer["resume_from_path"],
+            max_actor_ckpt_to_keep=_ckpt_to_keep(trainer, "max_actor_ckpt_to_keep"),
+            max_critic_ckpt_to_keep=_ckpt_to_keep(trainer, "max_critic_ckpt_to_keep"),
             project_name=str(trainer["project_name"]),
             experiment_name=str(trainer["experiment_name"]),
             balance_batch=bool(trainer["balance_batch"]),
