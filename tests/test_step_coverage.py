@@ -95,10 +95,9 @@ def test_a_setting_no_case_moves_and_a_leaf_no_row_describes_are_named(
 ) -> None:
     """The check fires on the near-identical plan without the cases that move a setting, and on
     a table without the row of a leaf."""
-    rows, _ = coverage
-    leaves = {path: "exact" for r in rows for path in r.leaves}
     temperature = "actor_rollout_ref.rollout.temperature"
     cases = step_cases(session)
+    leaves = classified_leaves(step_report(session, case.id) for case in cases)
 
     def at_default(case: StepCase) -> StepCase:
         resolved = copy.deepcopy(dict(case.resolved))
