@@ -208,7 +208,6 @@ def _data(
             budget.max_prompt_length,
             "the shipped prompts are short",
         ),
-        seed=cfg.data.seed if cfg.data.seed is not None else budget.seed,
     )
 
 

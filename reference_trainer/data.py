@@ -49,22 +49,29 @@ def prompt_text(tokenizer: Any, prompt: Prompt) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def prompt_token_ids(tokenizer: Any, prompt: Prompt, max_prompt_length: int) -> list[int]:
+    """The prompt's tokens as the rollout reads them: the chat-templated text, its last
+    ``max_prompt_length`` tokens when longer. verl 0.9.0 never refuses an over-long text prompt:
+    its agent loop left-truncates it to rollout.prompt_length (= data.max_prompt_length,
+    verl/experimental/agent_loop/agent_loop.py:370-378, :449-460) whatever data.truncation says
+    (verl/utils/dataset/rl_dataset.py:118 stores it and nothing reads it)."""
+    ids = tokenizer(prompt_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    return list(ids[-max_prompt_length:]) if len(ids) > max_prompt_length else list(ids)
+
+
 def fitting_prompts(
     prompts: list[Prompt], tokenizer: Any, limit: int, *, drop_overlong: bool
 ) -> list[Prompt]:
-    """Prompts within max_prompt_length: dropped with filter_overlong_prompts, else an error."""
-    lengths = [
-        len(tokenizer(prompt_text(tokenizer, p), add_special_tokens=False)["input_ids"])
+    """The prompts the run samples from: with filter_overlong_prompts, those of at most
+    max_prompt_length tokens (verl/utils/dataset/rl_dataset.py:197-273); without it, all of them
+    (an over-long one is left-truncated when it is read, `prompt_token_ids`)."""
+    if not drop_overlong:
+        return prompts
+    return [
+        p
         for p in prompts
+        if len(tokenizer(prompt_text(tokenizer, p), add_special_tokens=False)["input_ids"]) <= limit
     ]
-    if drop_overlong:
-        return [p for p, n in zip(prompts, lengths, strict=True) if n <= limit]
-    if max(lengths) > limit:
-        raise ValueError(
-            f"data.max_prompt_length={limit}: a prompt has {max(lengths)} "
-            "tokens (set data.filter_overlong_prompts to drop such prompts)"
-        )
-    return prompts
 
 
 def generate_prompts(seed: int = 0, train: int = 320, val: int = 40) -> list[dict[str, str]]:
@@ -153,24 +160,37 @@ def _prompt_row(line: str, where: str) -> Prompt:
 
 
 class PromptSampler:
-    """Yields batches of prompt indices, epoch after epoch, from an explicit generator.
+    """Yields batches of prompt indices, epoch after epoch, as verl's train loader does.
 
-    Each epoch's order is a permutation drawn from a generator seeded with (seed, epoch), so
-    the state is just (epoch, position): a resumed sampler continues exactly where it stopped,
-    with no dependence on global RNG (verl's RandomSampler note: it "could not recover").
+    verl samples with one generator for the whole run, seeded with data.seed (left at torch's
+    default seed when it is null), each epoch the generator's next permutation
+    (verl/trainer/ppo/utils.py:140-167, torchdata's RandomSampler), in batches of
+    train_batch_size with the short tail dropped (drop_last, verl/trainer/ppo/v1/
+    trainer_base.py:688-695); without data.shuffle, in order. The state is (epoch, position): a
+    resumed sampler replays the generator's permutations up to its epoch.
     """
 
-    def __init__(self, size: int, batch_size: int, *, seed: int, shuffle: bool) -> None:
+    def __init__(self, size: int, batch_size: int, *, seed: int | None, shuffle: bool) -> None:
         if batch_size > size:
             raise ValueError(f"data.train_batch_size={batch_size} exceeds the {size} prompts")
         self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
         self.epoch, self.position = 0, 0
+        self._generator: torch.Generator | None = None
+        self._drawn: list[int] = []  # the latest permutation drawn, of epoch _drawn_epoch
+        self._drawn_epoch = -1
 
     def _order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.size))
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.size, generator=generator).tolist()
+        if self._generator is None or epoch < self._drawn_epoch:
+            self._generator = torch.Generator()
+            if self.seed is not None:
+                self._generator.manual_seed(self.seed)
+            self._drawn_epoch = -1
+        while self._drawn_epoch < epoch:
+            self._drawn = torch.randperm(self.size, generator=self._generator).tolist()
+            self._drawn_epoch += 1
+        return self._drawn
 
     def next_batch(self) -> list[int]:
         """The next `batch_size` indices; a short tail is dropped, as verl's drop_last does."""

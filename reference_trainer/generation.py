@@ -17,7 +17,7 @@ import torch
 
 from reference_trainer.batching import Batch
 from reference_trainer.config import RolloutConfig
-from reference_trainer.data import Prompt, prompt_text
+from reference_trainer.data import Prompt, prompt_token_ids
 from reference_trainer.packing import pack, packing_supported, unpack
 from reference_trainer.rollout import DecoderSnapshot, KVCacheDecoder
 
@@ -135,19 +135,23 @@ def generate(
     generator: torch.Generator,
     uid_prefix: str = "",
     fast: bool = True,
+    max_prompt_length: int | None = None,
 ) -> Batch:
     """Sample `sampling.n` responses per prompt; masks come from positions, never from token
     values.
 
+    A prompt keeps its last `max_prompt_length` tokens (`data.prompt_token_ids`; None keeps them
+    all). A response has at most `max_new_tokens` tokens, as verl's agent loop keeps
+    ``response_ids[:response_length]`` (single_turn_agent_loop.py:97).
     `fast=False` forces the HF model's own forward (the engine's reference in tests).
     """
     n = sampling.n
     expanded = [p for p in prompts for _ in range(n)]
-    encoded = tokenizer(
-        [prompt_text(tokenizer, p) for p in prompts],
-        return_tensors="pt",
+    limit = max_prompt_length if max_prompt_length is not None else 1 << 62
+    encoded = tokenizer.pad(
+        {"input_ids": [prompt_token_ids(tokenizer, p, limit) for p in prompts]},
         padding=True,
-        add_special_tokens=False,
+        return_tensors="pt",
     )
     # Row i of the rollout is response i % n of prompt i // n.
     prompt_rows = torch.arange(len(prompts)).repeat_interleave(n)

@@ -171,7 +171,7 @@ class ReferenceTrainer:
         self.sampler = PromptSampler(
             len(self.train_prompts),
             self.cfg.data.train_batch_size,
-            seed=self.cfg.data.seed or 0,
+            seed=self.cfg.data.seed,
             shuffle=self.cfg.data.shuffle,
         )
         self.kl_controller = kl_controller(self.cfg.algorithm)
@@ -330,13 +330,13 @@ class ReferenceTrainer:
         groups = 0
         generated = 0
         while True:
-            indices = self.sampler.next_batch()
-            prompts = [self.train_prompts[i] for i in indices]
+            prompts = self.next_prompts()
             batch = generate(
                 self.policy,
                 self.tokenizer,
                 prompts,
                 sampling=sampling_settings(rollout, validate=False),
+                max_prompt_length=self.cfg.data.max_prompt_length,
                 max_new_tokens=self.cfg.data.max_response_length,
                 generator=sampling_generator(self.seed, self.step, generated),
                 uid_prefix=f"{generated}:",
@@ -355,6 +355,10 @@ class ReferenceTrainer:
                 return merged, {"train/num_gen_batches": float(generated)}
             # max_num_gen_batches is not a bound here: verl's V1 trainer warns that its replay
             # buffer ignores it and refills until the batch is full (v1/trainer_base.py:208-214).
+
+    def next_prompts(self) -> list[Prompt]:
+        """The prompts of the next generation batch, in the sampler's order."""
+        return [self.train_prompts[i] for i in self.sampler.next_batch()]
 
     def score(self, batch: Batch) -> None:
         """Token-level scores, accuracy and decoded texts into `batch` (`reward.score_batch`)."""
@@ -467,6 +471,7 @@ class ReferenceTrainer:
             self.tokenizer,
             self.val_prompts,
             sampling=sampling_settings(rollout, validate=True),
+            max_prompt_length=self.cfg.data.max_prompt_length,
             max_new_tokens=self.cfg.data.max_response_length,
             generator=sampling_generator(self.seed, self.step, 10_000),
         )
