@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox_questions import SandboxQuestions
+
 from pytest_verl_compat.model import Case, Finding
 
 EFFECT = "effect."
@@ -203,14 +205,11 @@ def _sent(mapping: Mapping[str, Any], whole: bool) -> dict[str, Any]:
     )
 
 
-class WholeRuns:
+class WholeRuns(SandboxQuestions):
     """The oracle that runs ``probes/whole_run.py`` (two workers), each distinct question once."""
 
     def __init__(self, release: str) -> None:
-        from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
-
-        self.oracle = UpstreamOracle(workers=2, served=SERVED, release=release)
-        self.asked: dict[str, dict[str, Any]] = {}
+        super().__init__(SERVED, release, workers=2)
         self._answers: dict[str, dict[str, Any]] = {}  # the converted questions', by id
 
     def question(
@@ -225,18 +224,13 @@ class WholeRuns:
             request[run.SETUP] = setup
         if names:
             request[run.KEY_NAMES] = True
-        text = json.dumps(request, sort_keys=True, default=str)
-        request_id = hashlib.sha256(text.encode()).hexdigest()[:20]
-        if request_id not in self.asked:
-            self.asked[request_id] = json.loads(text)
-            self.oracle.submit(request_id, self.asked[request_id])
-        return request_id
+        return self.submit(request)
 
-    def answer(self, request_id: str) -> dict[str, Any]:
+    def answer(self, request_id: str, timeout: float = 1800) -> dict[str, Any]:
         """The run's stages (and, under ``NAMES``, the names its executed code mentions)."""
         from pytest_verl_compat.upstream.probes import whole_run as run
 
-        answer = self.oracle.answer(request_id, self.asked[request_id], timeout=1800)
+        answer = super().answer(request_id, timeout)
         if run.KEY_RUNS not in answer:
             raise RuntimeError(f"the whole run gave no answer: {answer.get('error', answer)}")
         return {**answer[run.KEY_RUNS][0], NAMES: frozenset(answer[run.KEY_NAMES])}
@@ -279,9 +273,6 @@ class WholeRuns:
         if request_id not in self._answers:
             self._answers[request_id] = self.oracle.answer(request_id, request, timeout=600)
         return self._answers[request_id]
-
-    def close(self) -> None:
-        self.oracle.close()
 
 
 @dataclass

@@ -16,7 +16,6 @@ verl's default (else the case shows nothing). A wrong variant of ours fails some
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import torch
 import yaml
 from corpus_facts import needs_release
+from sandbox_questions import SandboxQuestions
 
 from pytest_verl_compat.upstream.probes import prompt_stream
 from reference_trainer import data as our_data
@@ -143,39 +143,24 @@ def upstream_rows() -> list[dict[str, Any]]:
     return out
 
 
-class Upstream:
+class Upstream(SandboxQuestions):
     """The oracle that answers ``prompt_stream`` questions, each distinct question once."""
 
     def __init__(self, release: str, tokenizer_files: dict[str, str]) -> None:
-        from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
-
-        self.oracle = UpstreamOracle(
-            served=("pytest_verl_compat.upstream.probes.prompt_stream",), release=release
-        )
+        super().__init__(("pytest_verl_compat.upstream.probes.prompt_stream",), release)
         self.tokenizer_files = tokenizer_files
-        self.asked: dict[str, dict[str, Any]] = {}
 
-    def submit(self, mapping: dict[str, Any]) -> str:
-        request = {
+    def request(self, mapping: dict[str, Any]) -> dict[str, Any]:
+        return {
             "kind": prompt_stream.KIND,
             "mapping": mapping,
             "rows": upstream_rows(),
             "tokenizer": self.tokenizer_files,
             prompt_stream.KEY_STEPS: STEPS,
         }
-        text = json.dumps(request, sort_keys=True, default=str)
-        request_id = hashlib.sha256(text.encode()).hexdigest()[:20]
-        if request_id not in self.asked:
-            self.asked[request_id] = json.loads(text)
-            self.oracle.submit(request_id, self.asked[request_id])
-        return request_id
 
     def result(self, mapping: dict[str, Any]) -> dict[str, Any]:
-        request_id = self.submit(mapping)
-        return self.oracle.answer(request_id, self.asked[request_id], timeout=600)
-
-    def close(self) -> None:
-        self.oracle.close()
+        return self.ask(self.request(mapping))
 
 
 @pytest.fixture(scope="module")
@@ -252,11 +237,11 @@ def submitted(upstream_session: Any, upstream: Upstream) -> None:
     """Every case's questions (the case and each leaf back at verl's default) asked at once, so
     the oracle answers them while ours computes."""
     for case in CASES:
-        upstream.submit(_mapping(upstream_session, case["id"], case["sets"]))
+        upstream.submit(upstream.request(_mapping(upstream_session, case["id"], case["sets"])))
         for key in case["sets"]:
-            default = _verl_default(key)
+            sets = {**case["sets"], key: _verl_default(key)}
             upstream.submit(
-                _mapping(upstream_session, f"{case['id']}@default", {**case["sets"], key: default})
+                upstream.request(_mapping(upstream_session, f"{case['id']}@default", sets))
             )
 
 

@@ -19,8 +19,6 @@ Upstream: ``probes/run_schedule.py`` runs verl 0.9.0's own ``_init_dataloader``,
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from corpus_facts import needs_release
+from sandbox_questions import SandboxQuestions, with_sets
+from sandbox_questions import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import run_schedule as schedule
 from reference_trainer.budget import LocalBudget
@@ -62,27 +62,10 @@ PREVIOUS = {
 SERVED = ("pytest_verl_compat.upstream.probes.run_schedule",)
 
 
-def _dotted(mapping: Mapping[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        mapping = mapping[part]
-    return mapping
-
-
-def _with(mapping: Mapping[str, Any], sets: Mapping[str, Any]) -> dict[str, Any]:
-    changed = copy.deepcopy(dict(mapping))
-    for key, value in sets.items():
-        *parents, leaf = key.split(".")
-        node = changed
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    return changed
-
-
 @pytest.fixture(scope="module")
 def verl_defaults(upstream_session: Any) -> dict[str, Any]:
     tree = upstream_session.composer().compose((), {}).mapping
-    return {key: _dotted(tree, key) for key in LOOP_LEAVES}
+    return {key: value_at(tree, key) for key in LOOP_LEAVES}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +73,7 @@ def base(upstream_session: Any, verl_defaults: dict[str, Any]) -> dict[str, Any]
     """The ppo case with the loop's leaves at verl's defaults, logging to the console, saving
     under ``checkpoints`` of the working folder (as the reference trainer's run folder)."""
     mapping = upstream_session.outcome(upstream_session.manifest.case("ppo")).composition.mapping
-    return _with(
+    return with_sets(
         mapping,
         {
             **verl_defaults,
@@ -180,7 +163,7 @@ def ours(base: Mapping[str, Any], sets: Mapping[str, Any], folder: Path) -> list
     out.mkdir()
     phases = []
     for index, overrides in enumerate((PREVIOUS, {})):
-        mapping = _with(base, {**sets, **overrides})
+        mapping = with_sets(base, {**sets, **overrides})
         report = compile_resolved(mapping, case_id="loop")
         trainer = RecordingTrainer(reference_config(mapping, report), budget, out, progress=False)
         trainer.events = []
@@ -218,8 +201,6 @@ def upstream(
     upstream_session: Any, base: dict[str, Any], verl_defaults: dict[str, Any]
 ) -> Iterator[dict[str, list[Any]]]:
     """Upstream's schedules of every case and its variants, asked in one question."""
-    from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
-
     runs = {case["id"]: _runs(case["sets"], verl_defaults) for case in CASES}
     batch = int(base["data"]["train_batch_size"])
     asked = [
@@ -227,17 +208,10 @@ def upstream(
         for case_runs in runs.values()
         for run in case_runs
     ]
-    request = json.loads(
-        json.dumps(
-            {"kind": schedule.KIND, schedule.KEY_BASE: base, schedule.KEY_RUNS: asked},
-            sort_keys=True,
-            default=str,
-        )
-    )
-    request_id = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:20]
-    oracle = UpstreamOracle(served=SERVED, release=upstream_session.version)
+    request = {"kind": schedule.KIND, schedule.KEY_BASE: base, schedule.KEY_RUNS: asked}
+    oracle = SandboxQuestions(SERVED, upstream_session.version)
     try:
-        answered = iter(oracle.answer(request_id, request, timeout=600)[schedule.KEY_RUNS])
+        answered = iter(oracle.ask(request)[schedule.KEY_RUNS])
     finally:
         oracle.close()
     yield {case_id: [next(answered) for _ in case_runs] for case_id, case_runs in runs.items()}

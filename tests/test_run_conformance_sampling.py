@@ -23,8 +23,6 @@ here).
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,6 +33,8 @@ import pytest
 import torch
 import yaml
 from corpus_facts import needs_release, release_root
+from sandbox_questions import SandboxQuestions, with_sets
+from sandbox_questions import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import sampling_run as probe
 from reference_trainer.reward import SCORE_DTYPE
@@ -77,49 +77,21 @@ def _defaults() -> dict[str, Any]:
     return dict(yaml.safe_load(path.read_text()))
 
 
-def _get(mapping: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = mapping
-    for part in dotted.split("."):
-        value = value[part]
-    return value
-
-
-def _with(mapping: Mapping[str, Any], sets: Mapping[str, Any]) -> dict[str, Any]:
-    changed = copy.deepcopy(dict(mapping))
-    for dotted, value in sets.items():
-        *parents, leaf = dotted.split(".")
-        _get(changed, ".".join(parents))[leaf] = value
-    return changed
-
-
 # --- upstream's side ----------------------------------------------------------------------
 
 
-class Upstream:
+class Upstream(SandboxQuestions):
     """The oracle answering ``sampling_run`` questions, each distinct mapping once."""
 
     def __init__(self, release: str) -> None:
-        from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
+        super().__init__((probe.__name__,), release, prefix="sampling-")
 
-        self.oracle = UpstreamOracle(workers=1, served=(probe.__name__,), release=release)
-        self.asked: dict[str, dict[str, Any]] = {}
-
-    def submit(self, mapping: Mapping[str, Any]) -> str:
-        request = {
-            "kind": probe.KIND,
-            probe.KEY_MAPPING: dict(mapping),
-            probe.KEY_GROUPS: GROUPS,
-        }
-        text = json.dumps(request, sort_keys=True, default=str)
-        request_id = "sampling-" + hashlib.sha256(text.encode()).hexdigest()[:20]
-        if request_id not in self.asked:
-            self.asked[request_id] = json.loads(text)
-            self.oracle.submit(request_id, self.asked[request_id])
-        return request_id
+    @staticmethod
+    def request(mapping: Mapping[str, Any]) -> dict[str, Any]:
+        return {"kind": probe.KIND, probe.KEY_MAPPING: dict(mapping), probe.KEY_GROUPS: GROUPS}
 
     def result(self, mapping: Mapping[str, Any]) -> dict[str, Any]:
-        request_id = self.submit(mapping)
-        answer = self.oracle.answer(request_id, self.asked[request_id], timeout=600)
+        answer = self.ask(self.request(mapping))
         if probe.TRAIN not in answer:
             raise RuntimeError(f"no sampling answer: {answer.get('error', answer)}")
         return {
@@ -127,9 +99,6 @@ class Upstream:
             probe.VALIDATE: _upstream_batch(answer[probe.VALIDATE]),
             probe.KEPT: REFUSED if probe.KEY_ERROR in answer[probe.KEPT] else answer[probe.KEPT],
         }
-
-    def close(self) -> None:
-        self.oracle.close()
 
 
 def _drawn(greedy: bool, temperature: float, top_k: int, top_p: float) -> Any:
@@ -170,10 +139,10 @@ def upstream(upstream_session: Any) -> Iterator[Upstream]:
     defaults = _defaults()
     try:
         for case in CASES:
-            mapping = _with(base, case["sets"])
-            served.submit(mapping)
+            mapping = with_sets(base, case["sets"])
+            served.submit(served.request(mapping))
             for leaf in case["sets"]:
-                served.submit(_with(mapping, {leaf: _get(defaults, leaf)}))
+                served.submit(served.request(with_sets(mapping, {leaf: value_at(defaults, leaf)})))
         yield served
     finally:
         served.close()
@@ -226,7 +195,7 @@ def _kept(cfg: Any) -> Any:
 def test_case_matches_upstream_and_each_leaf_changes_it(
     case: dict[str, Any], upstream: Upstream
 ) -> None:
-    mapping = _with(_base(), case["sets"])
+    mapping = with_sets(_base(), case["sets"])
     theirs = upstream.result(mapping)
     mine = ours(mapping)
     if case.get("ours_refuses"):
@@ -237,7 +206,7 @@ def test_case_matches_upstream_and_each_leaf_changes_it(
         assert mine == theirs, f"ours={mine}, but should be upstream's {theirs} [{case['id']}]"
     defaults = _defaults()
     for leaf in case["sets"]:
-        at_default = upstream.result(_with(mapping, {leaf: _get(defaults, leaf)}))
+        at_default = upstream.result(with_sets(mapping, {leaf: value_at(defaults, leaf)}))
         if case.get("no_effect"):
             assert at_default == theirs, (
                 f"upstream at {leaf}'s default={at_default}, but should be {theirs} "
@@ -266,7 +235,7 @@ def test_every_leaf_of_the_area_is_set_off_its_default() -> None:
         leaf
         for case in CASES
         for leaf, value in case["sets"].items()
-        if value != _get(defaults, leaf)
+        if value != value_at(defaults, leaf)
     }
     assert CASES, "corpus/run_conformance/sampling.yaml lists no case"
     assert area <= set_off, (
@@ -281,7 +250,7 @@ def test_a_metric_the_trajectories_lack_is_refused_on_both_sides(upstream: Upstr
     groups for any other metric (replay_buffer.py:288-291), and so does ours; its twin ``acc``
     is kept by both."""
     for metric, refused in (("score", True), ("seq_reward", True), ("acc", False)):
-        mapping = _with(
+        mapping = with_sets(
             _base(),
             {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": metric},
         )
@@ -321,7 +290,7 @@ def test_a_reference_trainer_ignoring_a_leaf_fails_its_case(
     from reference_trainer import generation
 
     case = next(case for case in CASES if case["id"] == case_id)
-    mapping = _with(_base(), case["sets"])
+    mapping = with_sets(_base(), case["sets"])
     monkeypatch.setattr(generation, "sampling_settings", mutant(generation.sampling_settings))
     assert ours(mapping) != upstream.result(mapping)
 
@@ -332,7 +301,7 @@ def test_a_reference_trainer_ignoring_filter_groups_fails_its_case(
     from reference_trainer import batching
 
     case = next(case for case in CASES if case["id"] == "filter/acc")
-    mapping = _with(_base(), case["sets"])
+    mapping = with_sets(_base(), case["sets"])
     monkeypatch.setattr(batching, "group_filter_metric", lambda algorithm: None)
     assert ours(mapping) != upstream.result(mapping)
 
