@@ -386,3 +386,22 @@ def test_the_profile_refuses_a_resolved_file_as_it_refuses_the_launch(
         assert by_check is not None and by_compile is not None
         assert by_compile.accepted is by_check.accepted is accepted, by_compile.reason
         assert by_compile.reason == by_check.reason
+
+
+def test_an_sft_run_folder_takes_the_sft_trainers_frequency_sentinel(
+    session: AuditSession, tmp_path: Path
+) -> None:
+    """The SFT trainer's ``after_each_epoch`` (sft_trainer.py:190-196) is its type in a resolved
+    file as in a launch; any other string is a wrong type in both."""
+    assert session.manifest is not None
+    base = session.manifest.case("sft_gsm8k")
+    for value, wrong in (("after_each_epoch", False), ("sometimes", True)):
+        case = session.with_overrides(
+            dataclasses.replace(base, id=f"sft_gsm8k+sentinel{next(_counter)}"),
+            (f"trainer.save_freq={value}",),
+        )
+        resolved = resolved_twin(session, case, tmp_path / value)
+        for report in (session.compile(case), session.compile(resolved)):
+            assert report is not None
+            rules = [f.check for f in report.findings if f.path == "trainer.save_freq"]
+            assert (rules == ["types.wrong-type"]) is wrong, (value, report.findings)
