@@ -86,12 +86,8 @@ def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
 
 # The per-trajectory metric verl's reward loop records for a scorer that returns one float (every
 # scorer here does): the score itself, as ``acc`` (verl/experimental/reward_loop/reward_manager/
-# naive.py:94-95); and verl 0.9.1's canonical ``reward``, a response's summed rm_scores, which
-# for one float a response is the same score (verl/trainer/ppo/v1/replay_buffer.py:32, :295 in
-# 0.9.1; 0.9.0's replay buffer has no such name, and its profile admits only ``acc``).
+# naive.py:94-95).
 SCORER_METRIC = "acc"
-CANONICAL_REWARD_METRIC = "reward"
-SCORE_METRICS = (SCORER_METRIC, CANONICAL_REWARD_METRIC)
 
 
 def group_filter_metric(algorithm: AlgorithmConfig) -> str | None:
@@ -105,7 +101,7 @@ def group_filter_metric(algorithm: AlgorithmConfig) -> str | None:
         raise ValueError(
             "algorithm.filter_groups.metric must be set when group filtering is enabled"
         )
-    if metric not in SCORE_METRICS:
+    if metric != SCORER_METRIC:
         raise ValueError(
             f"algorithm.filter_groups.metric={metric!r}: the trajectories carry only "
             f"{SCORER_METRIC!r} (a scorer's one float), so verl's replay buffer refuses the groups "

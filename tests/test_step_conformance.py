@@ -601,6 +601,7 @@ def test_every_trainer_config_field_is_read_by_the_trainer() -> None:
         "RewardConfig.custom_reward_function_name": "reward.custom_reward_function.name",
         "TrainerConfig.balance_batch": "trainer.balance_batch",
         "DataConfig.truncation": "data.truncation",
+        "RolloutConfig.val_do_sample": "actor_rollout_ref.rollout.val_kwargs.do_sample",
     }
     profile = load_profile()
     for field_name, leaf in not_exact.items():

@@ -204,6 +204,12 @@ def _run(base: Mapping[str, Any], run: Mapping[str, Any]) -> list[dict[str, Any]
     previous = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="run-schedule-") as folder:
         os.chdir(folder)
+        # Upstream's checkpoint folders are made under a lock file in the temp folder
+        # (``local_mkdir_safe``, verl/utils/fs.py:293-294): kept in the run's own folder, which
+        # goes with it, not left in the machine's /tmp (tempfile's documented ``tempdir``).
+        saved_tempdir = tempfile.tempdir
+        tempfile.tempdir = str(Path(folder) / "tmp")
+        Path(tempfile.tempdir).mkdir()
         try:
             for overrides in run[KEY_PHASES]:
                 cfg = OmegaConf.create(dict(base))
@@ -216,6 +222,7 @@ def _run(base: Mapping[str, Any], run: Mapping[str, Any]) -> list[dict[str, Any]
             first = (str(exc).strip().splitlines() or [""])[0]
             return {KEY_ERROR: f"{type(exc).__name__}: {first[:300]}"}
         finally:
+            tempfile.tempdir = saved_tempdir
             os.chdir(previous)
     return phases
 
