@@ -14,8 +14,10 @@ from pytest_verl_compat.pipeline import entry_registry
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import by_module, closest, scan
 from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
+from pytest_verl_compat.releases.index import load_release_index
 
 INSTALLED = (release_root(), PINNED_VERSION)
+SUPPORTED = load_release_index().supported_versions
 TORCHRUN = "torchrun --standalone --nnodes=1 --nproc_per_node=4"
 
 
@@ -120,6 +122,39 @@ def test_the_launch_is_an_entry_point_or_a_module_the_release_lacks(site: Path) 
     assert accepts("recipe.dapo.main_dapo")
     # A module the release has that is no entry point is another command of the script.
     assert not accepts("verl.model_merger") and not accepts("verl.trainer.ppo.core_algos")
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_the_shipped_entry_points_and_modules_are_the_releases_own(version: str) -> None:
+    """data/releases/VERSION/entry_points.json equals what the release's files say (else:
+    ``verl-compat release derive VERSION --only entry-points``)."""
+    shipped = entry_registry.shipped(version)
+    assert shipped is not None, f"verl {version} ships no entry points"
+    read = entry_registry.ReleaseModules.from_site(release_root(version))
+    assert shipped.to_json() == read.to_json(), "stale: release derive --only entry-points"
+    assert shipped.accepts("verl.trainer.sft_trainer") and not shipped.accepts("verl.model_merger")
+
+
+def test_a_launch_is_read_with_the_shipped_modules_without_the_releases_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the release's files unreachable, the reader still knows the SFT trainer's launch and
+    refuses a module the release lacks, from the shipped data alone."""
+    from pytest_verl_compat.model import StageFailed, StageUnavailable
+
+    fresh = AuditSession.start(AuditOptions())
+
+    def unreachable() -> None:
+        raise StageUnavailable("the release's files are not here")
+
+    monkeypatch.setattr(fresh, "release_files", unreachable)
+    sft = tmp_path / "sft.sh"
+    sft.write_text(f"{TORCHRUN} -m verl.trainer.sft_trainer model.path=/m\n")
+    assert fresh.read_fields(fresh.case_for_script(sft)).module == "verl.trainer.sft_trainer"
+    missing = tmp_path / "sync.sh"
+    missing.write_text("python3 -m verl.trainer.main_ppo_sync algorithm.adv_estimator=remax\n")
+    with pytest.raises(StageFailed, match=r"no entry point verl\.trainer\.main_ppo_sync"):
+        fresh.outcome(fresh.case_for_script(missing))
 
 
 def _check(session: AuditSession, text: str, tmp_path: Path, name: str = "run.sh") -> list[str]:

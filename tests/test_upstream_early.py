@@ -40,9 +40,12 @@ from pytest_verl_compat.upstream.verdict.early import (
     checked_entry,
     covered_static_findings,
     early_answer,
+    lines_in,
+    shipped_statement_lines,
 )
 
 needs_verl = needs_release()
+REPO = Path(__file__).resolve().parents[1]
 
 ARR = "actor_rollout_ref"
 # Static micro-batches that divide everything of the grpo case (8 GPUs, 1024 prompts × n=5).
@@ -380,11 +383,32 @@ def test_a_static_finding_is_left_out_only_for_upstreams_statement_at_the_same_s
     def covered(*failures: UpstreamFailure) -> list[Finding]:
         answer = EarlyAnswer("passes", "", failures)
         return covered_static_findings(
-            answer, [static, unrelated], lambda f: f.keys, release_root()
+            answer, [static, unrelated], lambda f: f.keys, lines_in(release_root())
         )
 
     assert covered(same) == [static]
     assert covered(other_line) == [] and covered(elsewhere) == []
+    # The shipped lines answer as the files do.
+    shipped = shipped_statement_lines(PINNED_VERSION)
+    assert shipped is not None
+    answer = EarlyAnswer("passes", "", (same,))
+    assert covered_static_findings(answer, [static, unrelated], lambda f: f.keys, shipped) == [
+        static
+    ]
+
+
+@pytest.mark.parametrize("version", load_release_index().supported_versions)
+def test_the_shipped_statement_lines_are_the_releases_own(version: str) -> None:
+    """data/releases/VERSION/statement_lines.json equals the statements' lines in the release's
+    files (else: ``verl-compat release derive VERSION --only statements``)."""
+    import json
+
+    from pytest_verl_compat.upstream.verdict.early import SHIPPED_STATEMENTS, statement_table
+
+    root = release_root(version)
+    shipped = (REPO / "pytest_verl_compat" / SHIPPED_STATEMENTS.format(version=version)).read_text()
+    assert json.loads(shipped) == statement_table(root), "stale: release derive --only statements"
+    assert all(row["lines"] for row in statement_table(root)), "a statement the release lacks"
 
 
 # --- the cache -----------------------------------------------------------------------------

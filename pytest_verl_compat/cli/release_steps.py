@@ -217,9 +217,19 @@ def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
 def _statements(derivation: Derivation, context: DeriveContext) -> None:
     """The statements a static finding is the same as (``early.STATIC_EQUIVALENTS``), found by
     their shape in this release."""
-    from pytest_verl_compat.upstream.verdict.early import STATIC_EQUIVALENTS, statement_lines
+    import json
+
+    from pytest_verl_compat.upstream.verdict.early import (
+        SHIPPED_STATEMENTS,
+        STATIC_EQUIVALENTS,
+        statement_lines,
+        statement_table,
+    )
 
     root = context.files().root
+    # Shipped, so that a verdict needs none of the release's files to find them.
+    path = REPO / "pytest_verl_compat" / SHIPPED_STATEMENTS.format(version=context.version)
+    derivation.keep(path, json.dumps(statement_table(root), indent=1, sort_keys=True) + "\n")
     for check_id, statements in sorted(STATIC_EQUIVALENTS.items()):
         for relative, statement, *function in statements:
             if not statement_lines(root, relative, statement, *function):
@@ -306,6 +316,18 @@ def _annotated_strings(derivation: Derivation, context: DeriveContext) -> None:
     listed[context.version] = sorted(found)
     body = yaml.safe_dump(dict(sorted(listed.items())), sort_keys=False, default_flow_style=False)
     derivation.keep(path, header + body)
+
+
+def _entry_points(derivation: Derivation, context: DeriveContext) -> None:
+    """The release's entry points and module names, shipped so that reading a launch needs
+    none of its files (``pipeline.entry_registry.shipped``)."""
+    import json
+
+    from pytest_verl_compat.pipeline.entry_registry import SHIPPED, ReleaseModules
+
+    found = ReleaseModules.from_site(context.files().root)
+    path = REPO / "pytest_verl_compat" / SHIPPED.format(version=context.version)
+    derivation.keep(path, json.dumps(found.to_json(), indent=1, sort_keys=True) + "\n")
 
 
 def _string_sentinel_modules() -> tuple[str, ...]:
@@ -480,6 +502,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "patch-points": _patch_points,
     "annotated-strings": _annotated_strings,
     "string-sentinels": _string_sentinels,
+    "entry-points": _entry_points,
     "census-reasons": _census_reasons,
     # The reads first: the census page shows where each check's key was traced (their index).
     "reads": _reads,

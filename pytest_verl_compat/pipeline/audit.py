@@ -42,7 +42,7 @@ from pytest_verl_compat.pipeline.entry_points import (
     by_module,
     closest,
 )
-from pytest_verl_compat.pipeline.entry_registry import installed as installed_entry_points
+from pytest_verl_compat.pipeline.entry_registry import ReleaseModules, release_modules
 from pytest_verl_compat.pipeline.lower import NotAccepted, reference_config
 from pytest_verl_compat.pipeline.manifest import (
     ManifestError,
@@ -144,6 +144,7 @@ class AuditSession:
     release: ReleaseChoice | None = None
     release_error: str = ""
     _release_files: ReleaseTree | None = field(default=None, repr=False)
+    _release_modules: ReleaseModules | None = field(default=None, repr=False)
     golden_dir: Path = Path("golden")
     # The golden folder's top: the manifest's own release's files, whose snapshots also hold
     # each case's explicit fields (a script reads the same for every release).
@@ -263,8 +264,13 @@ class AuditSession:
         """The version of the release checked, as every output names it."""
         return self.pin.version
 
+    def release_modules(self) -> ReleaseModules | None:
+        """The checked release's entry points and module names (``entry_registry``)."""
+        if self.release is not None and self._release_modules is None:
+            self._release_modules = release_modules(self.release.version, self._release_root)
+        return self._release_modules
+
     def _release_root(self) -> Path | None:
-        """The checked release's files when they can be had (None: the reader's default)."""
         try:
             return self.release_files().root
         except StageUnavailable:
@@ -300,12 +306,8 @@ class AuditSession:
 
     def entry_points(self) -> tuple[EntryPoint, ...]:
         """The checked release's entry points, from its own source (none known without it)."""
-        if self.release is None:
-            return ()
-        try:
-            return installed_entry_points(self.release_files().root)
-        except StageUnavailable:
-            return ()
+        modules = self.release_modules()
+        return modules.entries if modules is not None else ()
 
     def entry_point(self, fields: ExplicitFields | None) -> EntryPoint | None:
         """The entry point the fields' launch runs; None for the pinned one, or a launch that
@@ -346,11 +348,12 @@ class AuditSession:
         assert self.upstream is not None
         key = (entry.config_dir, entry.config_name)
         if key not in self._entry_composers:
-            # entry_point() found it in the release's own files
-            site, pinned = self.release_files().root, self.upstream.config_dir
+            pinned = self.upstream.config_dir
 
-            def folder(relative: str) -> Path:
-                return pinned if relative == self.pin.config_dir else site / relative
+            def folder(relative: str) -> Path:  # the release's files only for another tree
+                if relative == self.pin.config_dir:
+                    return pinned
+                return self.release_files().root / relative
 
             self._entry_composers[key] = Composer(
                 folder(entry.config_dir),
@@ -562,7 +565,7 @@ class AuditSession:
         from pytest_verl_compat.pipeline.read import case_ways
 
         root = _FILESYSTEM_ROOT if case.kind == SCRIPT else self.upstream_root()
-        return case_ways(case, root, self._release_root())
+        return case_ways(case, root, self.release_modules())
 
     def upstream_root(self) -> Path:
         """The folder a manifest case's launch script is relative to."""
@@ -577,7 +580,7 @@ class AuditSession:
         from pytest_verl_compat.pipeline.read import read_case_fields
 
         try:
-            return read_case_fields(case, root, self._release_root())
+            return read_case_fields(case, root, self.release_modules())
         except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
             raise StageFailed(f"{label}{exc}") from exc
 

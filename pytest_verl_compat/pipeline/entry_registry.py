@@ -1,6 +1,10 @@
 """The installed release's entry points as our own process knows them: ``entry_points.scan``,
 kept in the user cache between runs, and which modules a launch may run.
 
+A supported release ships both as data (``data/releases/VERSION/entry_points.json``, derived from
+its pinned files by ``verl-compat release derive VERSION --only entry-points``): reading a launch
+then needs neither the release's files nor their ~0.6 s fetch on a machine's first run.
+
 Apart from ``entry_points`` because the oracle's process runs that module (its answers' keys
 digest it) and reads nothing of the user's cache: it scans anew.
 """
@@ -9,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -64,21 +71,70 @@ def _from_json(raw: dict[str, Any]) -> EntryPoint:
     )
 
 
+# A release's shipped entry points and module names (``ReleaseModules.to_json``).
+SHIPPED = "data/releases/{version}/entry_points.json"
+
+
+@dataclass(frozen=True)
+class ReleaseModules:
+    """A release's entry points and the dotted names of every module of its ``verl`` package."""
+
+    entries: tuple[EntryPoint, ...]
+    modules: frozenset[str]
+
+    @classmethod
+    def from_site(cls, site: Path) -> ReleaseModules:
+        """Read from the release's files (``site``: the parent of its ``verl`` package)."""
+        names = set()
+        for path in (site / "verl").rglob("*.py"):
+            parts = path.relative_to(site).with_suffix("").parts
+            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        return cls(installed(site), frozenset(names))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entry_points": [_as_json(entry) for entry in self.entries],
+            "modules": sorted(self.modules),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ReleaseModules:
+        entries = tuple(_from_json(entry) for entry in raw["entry_points"])
+        return cls(entries, frozenset(str(name) for name in raw["modules"]))
+
+    def accepts(self, module: str) -> bool:
+        """Whether a script's launch may run ``module`` (``read_launch``'s ``entry_modules``):
+        an entry point of the release, or a module the release does not have at all (a renamed
+        or removed entry point, an older release's recipe), which the session then names as
+        missing. A module the release has that is no entry point (a model merger run after
+        training) is another command, not the launch."""
+        return module in by_module(self.entries) or module not in self.modules
+
+
+@functools.cache
+def shipped(version: str) -> ReleaseModules | None:
+    """The release's shipped entry points and modules; None when it ships none (a release being
+    added: its files are read instead)."""
+    path = resources.files("pytest_verl_compat").joinpath(SHIPPED.format(version=version))
+    if not path.is_file():
+        return None
+    return ReleaseModules.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def release_modules(version: str, files: Callable[[], Path | None]) -> ReleaseModules | None:
+    """A release's entry points and module names: shipped with a supported release, else read
+    from its files (``files()``, fetched only then) when they can be had; None otherwise (the
+    reader's default)."""
+    found = shipped(version)
+    if found is not None:
+        return found
+    site = files()
+    return ReleaseModules.from_site(site) if site is not None else None
+
+
 def launch_acceptor(site: Path | None) -> Callable[[str], bool] | None:
-    """Which modules a script's launch may run, for the reader (``read_launch``'s
-    ``entry_modules``): an entry point of the installed release, or a module the release does
-    not have at all (a renamed or removed entry point, an older release's recipe), which the
-    session then names as missing. A module the release has that is no entry point (a model
-    merger run after training) is another command, not the launch. Without an installed verl,
+    """``ReleaseModules.accepts`` of the release whose files are at ``site``; without them,
     None: the reader's default (the pinned entry point alone)."""
     if site is None:
         return None
-    entries = by_module(installed(site))
-
-    def accepts(module: str) -> bool:
-        if module in entries:
-            return True
-        path = site / module.replace(".", "/")
-        return not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file())
-
-    return accepts
+    return ReleaseModules.from_site(site).accepts

@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 
 from pytest_verl_compat.bash import LaunchReadError, SourceScope, Way, read_launch, read_launch_ways
 from pytest_verl_compat.model import SCRIPT, Case, ExplicitFields, OverrideBlock, StageFailed
-from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
+from pytest_verl_compat.pipeline.entry_registry import ReleaseModules
 from pytest_verl_compat.pipeline.naming import may_carry
 from pytest_verl_compat.pipeline.pins import PinMismatch, check_pins
 
@@ -51,9 +51,12 @@ def source_scope(case: Case, root: Path) -> SourceScope:
     return SourceScope(str(root), {pin.path: pin.sha256 for pin in case.inputs})
 
 
-def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -> ExplicitFields:
+def read_case_fields(
+    case: Case, root: Path, release: ReleaseModules | None = None
+) -> ExplicitFields:
     """Verify the pinned inputs, read the launch script and append the case's extra overrides;
-    a launch's entry module is judged by the checked release's files at ``release_root``."""
+    a launch's entry module is judged by the checked release's modules (``release``; None:
+    the pinned entry point alone)."""
     bad = [check for check in check_pins(root, case.inputs) if not check.ok]
     if bad:
         raise PinMismatch("; ".join(check.message() for check in bad))
@@ -70,7 +73,7 @@ def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -
             root / case.launch,
             case.bindings,
             scope=source_scope(case, root),
-            entry_modules=launch_acceptor(release_root),
+            entry_modules=release.accepts if release is not None else None,
             carry=may_carry,
         )
         carried = tuple(
@@ -97,7 +100,9 @@ def read_case_fields(case: Case, root: Path, release_root: Path | None = None) -
     )
 
 
-def read_case_ways(case: Case, root: Path, release_root: Path | None = None) -> tuple[Way, ...]:
+def read_case_ways(
+    case: Case, root: Path, release: ReleaseModules | None = None
+) -> tuple[Way, ...]:
     """Each way the case's script goes at the conditions only the running system decides
     (``bash.read_launch_ways``, read as :func:`read_case_fields` reads): one way, with no
     condition, for a script that has none whose ways part. Each way's ``bindings`` read it."""
@@ -109,17 +114,19 @@ def read_case_ways(case: Case, root: Path, release_root: Path | None = None) -> 
         root / case.launch,
         case.bindings,
         scope=source_scope(case, root),
-        entry_modules=launch_acceptor(release_root),
+        entry_modules=release.accepts if release is not None else None,
         carry=may_carry,
     )
 
 
-def case_ways(case: Case, root: Path, release_root: Path | None = None) -> list[tuple[Way, Case]]:
+def case_ways(
+    case: Case, root: Path, release: ReleaseModules | None = None
+) -> list[tuple[Way, Case]]:
     """:func:`read_case_ways` as the session's stages take it: per way, the way (its
     conditions, ``Way.said()``: ``when [ -d "$HOME/models/Q" ] (line 2) is true``) and a case
     that reads it (its own id, the way bound); a script that cannot be read fails the stage."""
     try:
-        ways = read_case_ways(case, root, release_root)
+        ways = read_case_ways(case, root, release)
     except (LaunchReadError, PinMismatch, InputError, OSError) as exc:
         raise StageFailed(str(exc)) from exc
     return [

@@ -33,12 +33,15 @@ from pytest_verl_compat.upstream.verdict.early import (
     AnswerStore,
     ChecksQuestion,
     EarlyAnswer,
+    StatementLines,
     UpstreamFailure,
     UpstreamGate,
     check_answers,
     covered_static_findings,
     early_answer,
+    lines_in,
     prefetch_answer,
+    shipped_statement_lines,
     upstream_gate,
 )
 from pytest_verl_compat.upstream.verdict.keys import KeyAnswer
@@ -259,6 +262,14 @@ def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseChec
     return verdict
 
 
+def _statement_lines(session: AuditSession) -> StatementLines:
+    """Where the checked release has the statements a static finding may repeat: shipped with a
+    supported release, else found in its files (fetched then)."""
+    assert session.release is not None
+    shipped = shipped_statement_lines(session.release.version)
+    return shipped if shipped is not None else lines_in(session.release_files().root)
+
+
 def _verdict(
     session: AuditSession, case: Case, report: CompileReport, answer: EarlyAnswer | str | None
 ) -> CaseCheck:
@@ -275,9 +286,10 @@ def _verdict(
             def keys_of(failure: UpstreamFailure) -> list[str]:
                 return user_keys(failure.keys)
 
-            covered = covered_static_findings(
-                answer, findings, keys_of, session.release_files().root
-            )
+            if answer.failures and findings:
+                covered = covered_static_findings(
+                    answer, findings, keys_of, _statement_lines(session)
+                )
             # A dataclass annotation is upstream's own typing and outranks the tree default's
             # type (``rollout_is_threshold: str | float`` defaults to 2.0).
             admitted = {str(t[probe_types.KEY_KEY]) for t in answer.admitted_types}
@@ -288,17 +300,18 @@ def _verdict(
             ]
             # A string the code that reads the key replaces before any use is its type too
             # (``sentinels``: the SFT trainer's "after_each_epoch", sft_trainer.py:190-196).
-            read_at = dict(answer.path.get(KEY_READ_AT) or {})
-            values = flat(report_mapping(session, case))
-            root = session.release_files().root
-            findings = [
-                f
-                for f in findings
-                if not (
-                    f.check == WRONG_TYPE
-                    and sentinels.accepted(f.path, values.get(f.path), read_at, root)
-                )
-            ]
+            if any(f.check == WRONG_TYPE for f in findings):
+                read_at = dict(answer.path.get(KEY_READ_AT) or {})
+                values = flat(report_mapping(session, case))
+                root = session.release_files().root
+                findings = [
+                    f
+                    for f in findings
+                    if not (
+                        f.check == WRONG_TYPE
+                        and sentinels.accepted(f.path, values.get(f.path), read_at, root)
+                    )
+                ]
             explicit = set(explicit_keys(session, case))
             upstream = [
                 _with_static_fix(
@@ -324,7 +337,10 @@ def _verdict(
     path = answer.path if answer is not None and not isinstance(answer, str) else None
     module = session.outcome(case).fields.module
     upstream += key_answers.path_findings(
-        path, session.outcome(case).fields.fields, session.pin.version, session.release_files().root
+        path,
+        session.outcome(case).fields.fields,
+        session.pin.version,
+        lambda: session.release_files().root,
     )
     # A static finding that yields to upstream's own on the same key (effect.off-path to
     # effect.overridden) is left out, and so is a static no-effect claim on a key the probes saw

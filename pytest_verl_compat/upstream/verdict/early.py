@@ -692,6 +692,65 @@ def statement_lines(
     return tuple(found)
 
 
+# A statement's lines in a release (``statement_lines``'s arguments but ``root``).
+StatementLines = Callable[[str, str, str], tuple[int, ...]]
+# Where a supported release ships its ``STATIC_EQUIVALENTS`` statements' lines
+# (``verl-compat release derive VERSION --only statements``).
+SHIPPED_STATEMENTS = "data/releases/{version}/statement_lines.json"
+
+
+def equivalent_statements() -> list[tuple[str, str, str]]:
+    """Every (file, statement, function) ``STATIC_EQUIVALENTS`` names, once each, in order."""
+    found: dict[tuple[str, str, str], None] = {}
+    for _check, entries in sorted(STATIC_EQUIVALENTS.items()):
+        for relative, statement, *function in entries:
+            found[(relative, statement, "".join(function))] = None
+    return list(found)
+
+
+def statement_table(root: Path) -> list[dict[str, Any]]:
+    """The release's lines of every ``equivalent_statements`` entry (what it ships)."""
+    return [
+        {
+            "file": relative,
+            "statement": statement,
+            "function": function,
+            "lines": list(statement_lines(root, relative, statement, function)),
+        }
+        for relative, statement, function in equivalent_statements()
+    ]
+
+
+def shipped_statement_lines(version: str) -> StatementLines | None:
+    """The shipped lines of a release's statements as ``StatementLines``; None when the release
+    ships none (its files are read instead)."""
+    from importlib import resources
+
+    path = resources.files("pytest_verl_compat").joinpath(
+        SHIPPED_STATEMENTS.format(version=version)
+    )
+    if not path.is_file():
+        return None
+    table = {
+        (row["file"], row["statement"], row["function"]): tuple(row["lines"])
+        for row in json.loads(path.read_text(encoding="utf-8"))
+    }
+
+    def lines(relative: str, statement: str, function: str) -> tuple[int, ...]:
+        return table[(relative, statement, function)]
+
+    return lines
+
+
+def lines_in(root: Path) -> StatementLines:
+    """``statement_lines`` of the release whose files are at ``root``."""
+
+    def lines(relative: str, statement: str, function: str) -> tuple[int, ...]:
+        return statement_lines(root, relative, statement, function)
+
+    return lines
+
+
 def _sections(keys: Iterable[str]) -> set[str]:
     return {key.rpartition(".")[0] for key in keys}
 
@@ -700,18 +759,18 @@ def covered_static_findings(
     answer: EarlyAnswer,
     findings: Iterable[Finding],
     keys_of: Callable[[UpstreamFailure], Iterable[str]],
-    root: Path,
+    lines: StatementLines,
 ) -> list[Finding]:
     """The static findings that repeat a failure upstream reported: the check says what the
     failing statement says (``STATIC_EQUIVALENTS``, or upstream's words), and the finding is
     about the same section of the configuration as the failure's keys (``keys_of`` maps them to
     the keys the user set). A section the failure does not name keeps its static finding: the
-    first failing assertion hides the ones after it. ``root``: the answering release's files,
-    where the statements are found by their shape."""
+    first failing assertion hides the ones after it. ``lines``: where the answering release has
+    the statements (shipped with it, or found by their shape in its files)."""
     covered = []
     for finding in findings:
         for failure in answer.failures:
-            if _equivalent(finding.check, failure, root) and _sections(
+            if _equivalent(finding.check, failure, lines) and _sections(
                 finding.path.split(", ")
             ) & _sections(keys_of(failure)):
                 covered.append(finding)
@@ -719,14 +778,14 @@ def covered_static_findings(
     return covered
 
 
-def _equivalent(check_id: str, failure: UpstreamFailure, root: Path) -> bool:
+def _equivalent(check_id: str, failure: UpstreamFailure, lines: StatementLines) -> bool:
     words = STATIC_EQUIVALENT_MESSAGES.get(check_id)
     if words is not None and words in failure.message:
         return True
     for relative, statement, *function in STATIC_EQUIVALENTS.get(check_id, ()):
         if any(
             failure.where == f"{relative}:{n}"
-            for n in statement_lines(root, relative, statement, *function)
+            for n in lines(relative, statement, "".join(function))
         ):
             return True
     return False

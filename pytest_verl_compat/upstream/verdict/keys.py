@@ -21,7 +21,7 @@ what the case's own verdict holds:
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -336,12 +336,16 @@ def _writes_the_tree(statement: ast.stmt) -> bool:
 
 
 def path_findings(
-    path: Mapping[str, Any] | None, fields: Sequence[str], version: str, root: Path
+    path: Mapping[str, Any] | None,
+    fields: Sequence[str],
+    version: str,
+    root: Callable[[], Path],
 ) -> list[Finding]:
     """An ``effect.forced`` warning for each explicit key upstream's code overwrote, as the
     probes saw it, before any read of the script's value but those that only decide what it
     logs: the write is to the tree itself (so every later reader sees upstream's value), its
-    value is not the key's own, and each earlier read is harmless (``_harmless_before``)."""
+    value is not the key's own, and each earlier read is harmless (``_harmless_before``).
+    ``root()``: the release's files, asked for only when a key was overwritten."""
     overwritten = dict((path or {}).get(KEY_OVERWRITTEN) or {})
     out: list[Finding] = []
     for field in fields:
@@ -351,7 +355,7 @@ def path_findings(
             continue
         where = str(record[KEY_WHERE])
         relative, _, line = where.rpartition(":")
-        source = statements.parse(str(root / relative), relative)
+        source = statements.parse(str(root() / relative), relative)
         write = source.statement_at(int(line)) if source and line.isdigit() else None
         if source is None or write is None or not _writes_the_tree(write):
             continue
