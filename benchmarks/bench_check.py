@@ -81,6 +81,12 @@ def commands(upstream: Path, cache: Path) -> dict[str, list[str]]:
             f"--verl-corpus-upstream={upstream}",
             "-p",
             "no:randomly",
+            # The README's first command runs where only the `upstream` extra is installed: the
+            # test extra's pytest plugins (hypothesis alone imports in ~0.6 s) are not there.
+            "-p",
+            "no:hypothesispytest",
+            "-p",
+            "no:xdist",
             "-q",
             "-o",
             f"cache_dir={cache / 'pytest'}",
