@@ -308,6 +308,9 @@ class SFTLoopConfig:
     """Steps between checkpoints; ``after_each_epoch`` is the batches of an epoch (:190-192)."""
     test_freq: int | str = -1
     """Steps between validations; ``after_each_epoch`` as ``save_freq`` (:194-196)."""
+    resume_mode: str = "auto"
+    """``auto``, ``disable`` or ``resume_path`` (verl/utils/checkpoint/checkpoint_handler.py:196-219)."""
+    resume_from_path: str | None = None
     project_name: str = "gsm8k-sft"
     experiment_name: str = "test"
     logger: tuple[str, ...] = ("console",)

@@ -12,7 +12,9 @@ Where this departs from verl, each also written to the run's `adaptations.json`:
 - one device in float32 (verl's mixed precision and sharding are lowered by the profile);
 - `trainer.seed` is unused, as in verl; `--seed` seeds the tiny model and LoRA's start only.
 A checkpoint holds the whole state (weights or adapter, optimizer, scheduler, sampler, RNG,
-step, config), so a resume in a new process continues bit-identically.
+step, config), so a resume in a new process continues bit-identically, except as verl's own:
+resumed from a checkpoint of an epoch's last batch, verl's loader yields nothing for the next
+epoch (`SFTSampler.resumed`), so the run goes on with the epoch after it.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from reference_trainer.checkpoint import (
     RESUMABLE,
     CheckpointError,
     checkpoint_step,
-    complete_checkpoints,
     config_differences,
     load_checkpoint,
+    resume_folder,
     save_checkpoint,
 )
 from reference_trainer.config import SFTConfig
@@ -59,8 +61,9 @@ from reference_trainer.tracking import Tracking, silence_library_bars
 class SFTBudget:
     """What a local run changes against the case: sizes a CPU can train, and its inputs."""
 
-    steps: int = 20
-    """Optimizer steps (replaces the case's step budget)."""
+    steps: int | None = 20
+    """Optimizer steps (replaces the case's step budget); None keeps the case's:
+    ``trainer.total_training_steps``, else batches per epoch × ``trainer.total_epochs``."""
     train_batch_size: int = 8
     """Conversations per step (replaces ``data.train_batch_size``)."""
     max_length: int = 96
@@ -79,9 +82,10 @@ def adapt_sft(cfg: SFTConfig, budget: SFTBudget) -> tuple[SFTConfig, list[dict[s
     changes: dict[str, tuple[Any, Any]] = {
         "data.train_batch_size": (cfg.data.train_batch_size, budget.train_batch_size),
         "data.max_length": (cfg.data.max_length, min(cfg.data.max_length, budget.max_length)),
-        "trainer.total_training_steps": (cfg.trainer.total_training_steps, budget.steps),
         "model.path": (cfg.model.path, budget.model),
     }
+    if budget.steps is not None:
+        changes["trainer.total_training_steps"] = (cfg.trainer.total_training_steps, budget.steps)
     if cfg.data.max_length > budget.max_length:
         changes["data.truncation"] = (cfg.data.truncation, "right")
     if budget.save_freq is not None:
@@ -99,7 +103,9 @@ def adapt_sft(cfg: SFTConfig, budget: SFTBudget) -> tuple[SFTConfig, list[dict[s
         model=dataclasses.replace(cfg.model, path=budget.model),
         trainer=dataclasses.replace(
             cfg.trainer,
-            total_training_steps=budget.steps,
+            total_training_steps=changes.get(
+                "trainer.total_training_steps", (None, cfg.trainer.total_training_steps)
+            )[1],
             save_freq=changes.get("trainer.save_freq", (None, cfg.trainer.save_freq))[1],
             test_freq=changes.get("trainer.test_freq", (None, cfg.trainer.test_freq))[1],
         ),
@@ -114,6 +120,15 @@ def adapt_sft(cfg: SFTConfig, budget: SFTBudget) -> tuple[SFTConfig, list[dict[s
         for name, how in sorted(cfg.lowered.items())
     ]
     return local, ledger
+
+
+def sft_resume_folder(root: Path, mode: str, path: str | None) -> Path | None:
+    """The checkpoint an SFT run resumes from, as verl's ``CheckpointHandler`` picks it
+    (verl/utils/checkpoint/checkpoint_handler.py:196-219): unlike the RL trainer's, ``auto``
+    takes ``resume_from_path`` when it is set (:203-208), else the latest checkpoint."""
+    if mode == "auto" and path is not None:
+        return resume_folder(root, "resume_path", path)
+    return resume_folder(root, mode, path)
 
 
 class SFTTrainer:
@@ -162,6 +177,15 @@ class SFTTrainer:
         loop = self.cfg.trainer
         self.save_freq = per_epoch if loop.save_freq == "after_each_epoch" else int(loop.save_freq)
         self.test_freq = per_epoch if loop.test_freq == "after_each_epoch" else int(loop.test_freq)
+        # verl takes each step's remainder by these before it asks whether they are positive
+        # (sft_trainer.py:412-413): zero divides by zero at the first step.
+        for name, value in (("save_freq", self.save_freq), ("test_freq", self.test_freq)):
+            if value == 0:
+                raise ValueError(
+                    f"trainer.{name}=0: verl 0.9.0's SFT loop divides by it at the first step "
+                    "(verl/trainer/sft_trainer.py:412-413); -1 turns it off"
+                )
+        self.resumed_from: Path | None = None
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -183,19 +207,27 @@ class SFTTrainer:
     def _run(
         self, tracking: Tracking, *, resume: bool, stop_after: int | None
     ) -> list[dict[str, float]]:
-        if resume:
-            found = complete_checkpoints(self.out / "checkpoints")
-            if not found:
-                raise CheckpointError(f"{self.out / 'checkpoints'}: no complete checkpoint")
-            self.load(found[-1])
+        loop = self.cfg.trainer
+        # Where verl resumes from (checkpoint_handler.py:143-168, :196-219): none under
+        # disable, the latest checkpoint under auto, resume_from_path under resume_path.
+        found = sft_resume_folder(self.out / "checkpoints", loop.resume_mode, loop.resume_from_path)
+        if resume and found is None and loop.resume_mode == "auto":
+            raise CheckpointError(f"{self.out / 'checkpoints'}: no complete checkpoint")
+        if found is not None:
+            self.load(found)
+        self.resumed_from = found
         history = reset_logs(self.out, self.step, resume=resume)
         ledger = self.ledger + [dataclasses.asdict(a) for a in tracking.ledger]
         write_atomic(
             self.out / "adaptations.json",
             json.dumps({"case": self.cfg.case_id, "adaptations": ledger}, indent=1, default=str),
         )
-        last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
-        while self.step < last:
+        # verl's loop runs over the epochs from the resumed one (sft_trainer.py:341, :356) and
+        # ends at the first step at or past the step budget (:411, :444-448), or with the
+        # last epoch, then without a last save or validation.
+        while self.sampler.next_epoch < loop.total_epochs:
+            if stop_after is not None and self.step >= stop_after:
+                break
             started = time.perf_counter()
             batch = [self.train_set[i] for i in self.sampler.next_batch()]
             metrics = sft_update(
@@ -211,19 +243,27 @@ class SFTTrainer:
             )
             self.step += 1
             metrics["timing_s/step"] = time.perf_counter() - started
+            is_last_step = self.step >= self.total_steps
             # verl validates at every test_freq-th step and at the last (sft_trainer.py:411-416).
             if self.val_set and (
-                self.step == self.total_steps
-                or (self.test_freq > 0 and self.step % self.test_freq == 0)
+                is_last_step or (self.test_freq > 0 and self.step % self.test_freq == 0)
             ):
                 metrics["val/loss"] = self.validate()
             history.append(append_row(self.out / "metrics.jsonl", {"step": self.step, **metrics}))
             tracking.log(metrics, self.step)
-            if (self.save_freq > 0 and self.step % self.save_freq == 0) or self.step == last:
+            # verl saves at every save_freq-th step and at the last (:440-442); a simulated
+            # interruption saves too, so that it can be resumed.
+            if (
+                is_last_step
+                or (self.save_freq > 0 and self.step % self.save_freq == 0)
+                or self.step == stop_after
+            ):
                 self.save()
             if self.progress:
                 print(f"{self.cfg.case_id} step {self.step}: loss {metrics['train/loss']:.4f}")
-        if self.step >= self.total_steps:
+            if is_last_step:
+                break
+        if self.step >= self.total_steps or self.sampler.next_epoch >= loop.total_epochs:
             self.export(self.out / "final")
             write_csv(self.out / "metrics.csv", history)
             plot_metrics(self.out / "metrics.png", history)
@@ -294,6 +334,7 @@ class SFTTrainer:
             self.optimizer.load_state_dict(loaded["optimizer"])
             self.scheduler.load_state_dict(loaded["scheduler"])
             self.sampler.load_state_dict(state["sampler"])
+            self.sampler.resumed()
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CheckpointError(f"{folder}: does not fit this run ({first[:300]})") from None

@@ -171,6 +171,19 @@ class SFTSampler:
         self.position += self.batch_size
         return batch
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next batch comes from (the current one's tail is dropped)."""
+        return self.epoch + (self.position + self.batch_size > self.size)
+
+    def resumed(self) -> None:
+        """As verl's loader resumes: a state saved after an epoch's last batch makes the next
+        epoch's iteration empty (torchdata's StatefulDataLoader has yielded every batch of its
+        state's epoch; verl/trainer/sft_trainer.py:341, :356-370 iterate it as epoch
+        ``step // batches_per_epoch``), so the run goes on with the epoch after it."""
+        if self.position + self.batch_size > self.size:
+            self.epoch += 1
+
     def state_dict(self) -> dict[str, int]:
         return {
             "epoch": self.epoch,

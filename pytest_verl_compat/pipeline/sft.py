@@ -231,6 +231,10 @@ def sft_config(resolved: Mapping[str, Any], report: CompileReport) -> SFTConfig:
             total_training_steps=trainer["total_training_steps"],
             save_freq=_frequency(trainer["save_freq"]),
             test_freq=_frequency(trainer["test_freq"]),
+            resume_mode=str(trainer["resume_mode"]),
+            resume_from_path=(
+                None if trainer["resume_from_path"] is None else str(trainer["resume_from_path"])
+            ),
             project_name=str(trainer["project_name"]),
             experiment_name=str(trainer["experiment_name"]),
             logger=(str(logger),) if isinstance(logger, str) else tuple(map(str, logger or ())),
