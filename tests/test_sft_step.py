@@ -67,7 +67,13 @@ def _results(plan: SFTStepPlan, root: Path) -> list[tuple[str, Path]]:
 
 
 def test_every_case_is_lowered_through_the_compile_gate(plan: SFTStepPlan) -> None:
-    assert {c.id for c in plan.cases} == {"sft/gsm8k", "sft/full", "sft/token-budget", "sft/lora"}
+    assert {c.id for c in plan.cases} == {
+        "sft/gsm8k",
+        "sft/full",
+        "sft/token-budget",
+        "sft/lora",
+        "sft/warmup-steps",
+    }
     full = next(c for c in plan.cases if c.id == "sft/full")
     assert (full.config.data.micro_batch_size, full.config.optim.zero_indexed_step) == (2, False)
     batches = step_batches(plan, full.config)
