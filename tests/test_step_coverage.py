@@ -88,6 +88,10 @@ def test_an_exact_leaf_outside_one_step_needs_a_run_conformance_case(session: Au
     assert named([dataclasses.replace(moved, ours_refuses=True)]), "nor one ours refuses"
     ours = load_run_conformance()
     assert len({c.id for c in ours}) == len(ours), "run-conformance case ids are unique"
+    # The SFT tree's loop cases set keys of the same names, but conform none of the RL tree's.
+    sft = load_run_conformance(sft=True)
+    assert sft and all(c.area.startswith("sft_") for c in sft)
+    assert not {c.id for c in sft} & {c.id for c in ours}
 
 
 def test_a_setting_no_case_moves_and_a_leaf_no_row_describes_are_named(

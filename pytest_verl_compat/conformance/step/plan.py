@@ -315,11 +315,20 @@ def default_run_conformance_path() -> Path:
     return embedded_root() / "corpus" / "run_conformance"
 
 
-def load_run_conformance(folder: Path | None = None) -> tuple[RunConformanceCase, ...]:
-    """Every run-conformance case, area by area (one file each), in the files' order."""
+# The areas of the SFT trainer's tree (``sft_loop.yaml``): their keys are that tree's, so they
+# conform none of the RL tree's leaves of the same name (``trainer.save_freq``).
+SFT_AREA_PREFIX = "sft_"
+
+
+def load_run_conformance(
+    folder: Path | None = None, *, sft: bool = False
+) -> tuple[RunConformanceCase, ...]:
+    """Every run-conformance case of the RL tree's areas (``sft``: of the SFT tree's), area by
+    area (one file each), in the files' order."""
     source = folder or default_run_conformance_path()
     cases = []
-    for path in sorted(source.glob("*.yaml")) if source.is_dir() else ():
+    paths = sorted(source.glob("*.yaml")) if source.is_dir() else []
+    for path in (p for p in paths if p.stem.startswith(SFT_AREA_PREFIX) is sft):
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or []
         if not isinstance(raw, list):
             raise ValueError(f"{path}: expected a list of cases")
