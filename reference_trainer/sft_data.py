@@ -88,18 +88,24 @@ def _plain_turns(tokenizer: Any, messages: Messages) -> list[tuple[list[int], bo
     return turns
 
 
+def _template_ids(tokenizer: Any, messages: Messages, **kwargs: Any) -> list[int]:
+    """The template's token ids of `messages`. Asked as a dict, as verl asks (return_dict=True,
+    verl/utils/dataset/multiturn_sft_dataset.py:214-226): transformers 5 returns an encoding,
+    not a list of ids, for a bare `tokenize=True`."""
+    encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+    return [int(i) for i in encoded["input_ids"]]
+
+
 def _template_turns(tokenizer: Any, messages: Messages) -> list[tuple[list[int], bool]]:
     """Each turn as the template's tokens of the conversation up to it minus those before it;
     an assistant turn's generation prompt is not trained (multiturn_sft_dataset.py:235-239)."""
     turns: list[tuple[list[int], bool]] = []
     before: list[int] = []
     for k, message in enumerate(messages):
-        upto = tokenizer.apply_chat_template(messages[: k + 1], tokenize=True)
-        ids = list(upto[len(before) :])
+        upto = _template_ids(tokenizer, messages[: k + 1])
+        ids = upto[len(before) :]
         if message["role"] == "assistant":
-            prompt = tokenizer.apply_chat_template(
-                messages[:k], tokenize=True, add_generation_prompt=True
-            )
+            prompt = _template_ids(tokenizer, messages[:k], add_generation_prompt=True)
             header = len(prompt) - len(before)
             turns.append((ids[:header], False))
             turns.append((ids[header:], True))
