@@ -1,0 +1,103 @@
+"""The rows an SFT run trains on, computed by upstream's own data set: answered in the oracle
+process (``--serve``) for the run conformance of the SFT tree's data leaves
+(tests/test_run_conformance_sft_data.py).
+
+An ``sft_rows`` question holds conversations (``{"messages": [...]}`` rows), a tokenizer's files
+and a list of ``data`` nodes of the SFT tree. The probe writes the conversations as a parquet
+file and the tokenizer to a folder of its own, loads the tokenizer as the trainer's model config
+does (``hf_tokenizer``, verl/workers/config/model.py:161), and for each ``data`` node builds the
+trainer's data set (``create_sft_dataset``, verl/trainer/sft_trainer.py:467-484, as
+``_build_dataset`` does at :200-210: ``MultiTurnSFTDataset``) and reads every row with its
+``__getitem__`` (verl/utils/dataset/multiturn_sft_dataset.py:291-423): per conversation its token
+ids, loss mask and position ids, or the error the row raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+KIND = "sft_rows"
+KEY_CONVERSATIONS = "conversations"
+KEY_DATA = "data"
+KEY_RESULTS = "results"
+KEY_ERROR = "error"
+# What one row records.
+INPUT_IDS = "input_ids"
+LOSS_MASK = "loss_mask"
+POSITION_IDS = "position_ids"
+ATTENTION_MASK = "attention_mask"
+# The tensors a row may hold (no_padding rows have no attention mask, :413-418).
+ROW_KEYS = (INPUT_IDS, LOSS_MASK, POSITION_IDS, ATTENTION_MASK)
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _rows(data: Mapping[str, Any], parquet: Path, tokenizer: Any) -> Any:
+    from omegaconf import OmegaConf, open_dict
+    from verl.trainer.sft_trainer import create_sft_dataset
+
+    cfg = OmegaConf.create(dict(data))
+    with open_dict(cfg):
+        cfg.train_files = cfg.val_files = str(parquet)
+    try:
+        dataset = create_sft_dataset(cfg.train_files, cfg, tokenizer, None)
+    except Exception as exc:
+        return {KEY_ERROR: _error(exc)}
+    rows = []
+    for index in range(len(dataset)):
+        try:
+            row = dataset[index]
+        except Exception as exc:
+            rows.append({KEY_ERROR: _error(exc)})
+            continue
+        rows.append({key: row[key].tolist() for key in ROW_KEYS if key in row})
+    return rows
+
+
+def rows(request: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    import datasets
+    from verl.utils import hf_tokenizer
+
+    tokenizer_dir = folder / "tokenizer"
+    tokenizer_dir.mkdir()
+    for name, text in dict(request["tokenizer"]).items():
+        (tokenizer_dir / Path(str(name)).name).write_text(str(text))
+    tokenizer = hf_tokenizer(str(tokenizer_dir))
+    parquet = folder / "conversations.parquet"
+    conversations = [{"messages": list(messages)} for messages in request[KEY_CONVERSATIONS]]
+    datasets.Dataset.from_list(conversations).to_parquet(str(parquet))
+    return {KEY_RESULTS: [_rows(data, parquet, tokenizer) for data in request[KEY_DATA]]}
+
+
+def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Each ``data`` node's rows (or upstream's refusal), computed in a folder of the probe's
+    own, printing nothing."""
+    with (
+        tempfile.TemporaryDirectory(prefix="sft-rows-") as folder,
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        import datasets
+
+        cache = datasets.config.HF_DATASETS_CACHE
+        datasets.config.HF_DATASETS_CACHE = Path(folder) / "hf-datasets"
+        try:
+            out = rows(request, Path(folder))
+        finally:
+            datasets.config.HF_DATASETS_CACHE = cache
+    plain: dict[str, Any] = json.loads(json.dumps(out))
+    return plain
+
+
+ORACLE_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {KIND: answer}
