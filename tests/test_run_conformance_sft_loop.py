@@ -269,16 +269,21 @@ def test_a_wrong_sft_loop_disagrees_with_upstream(
 #
 # Each leaf the SFT profile classes `exact` in the SFT step cases' compile reports must be set
 # off verl's SFT default by a step case (corpus/sft_step.yaml, compared with upstream's engine
-# steps) or by a case above (upstream's loop); a leaf with one supported value cannot be moved.
+# steps) or by a run conformance case of the SFT tree that shows an effect (every
+# corpus/run_conformance/sft_*.yaml: the loop cases above, the data set's cases of
+# tests/test_run_conformance_sft_data.py); a leaf with one supported value cannot be moved.
 
-# Exact leaves upstream reads only off both comparisons' path: its data set cuts each
-# conversation (verl/utils/dataset/multiturn_sft_dataset.py:404-412), while the step oracle hands
-# both sides rows tokenized by ours (conformance/step/sft.py `step_batches`) and the loop probe
-# rows that are indexes. Reported to the lead; each xfails strictly until a case shows it.
-NOT_YET_COMPARED = {
-    "data.max_length": "upstream's data set truncation is compared by no case",
-    "data.truncation": "upstream's data set truncation is compared by no case",
-}
+
+def sft_run_cases() -> list[dict[str, Any]]:
+    """The SFT tree's run conformance cases that compare a value with upstream (a case ours
+    refuses shows no value that changes the result)."""
+    from pytest_verl_compat.conformance.step.plan import load_run_conformance
+
+    return [
+        {"id": case.id, "sets": dict(case.sets)}
+        for case in load_run_conformance(sft=True)
+        if case.shows_an_effect
+    ]
 
 
 def _parent(path: str) -> str:
@@ -314,17 +319,17 @@ def step_plan_moves() -> tuple[set[str], dict[str, set[str]]]:
 
 
 def uncovered(
-    exact: set[str], step_moved: Mapping[str, set[str]], loop_cases: list[dict[str, Any]]
+    exact: set[str], step_moved: Mapping[str, set[str]], run_cases: list[dict[str, Any]]
 ) -> set[str]:
-    """The exact leaves neither a step case nor a loop case sets off verl's default."""
+    """The exact leaves neither a step case nor a run case sets off verl's default."""
     defaults = sft_defaults()
-    loop_moved = {
+    run_moved = {
         _parent(leaf)
-        for case in loop_cases
+        for case in run_cases
         for leaf, value in case["sets"].items()
         if value != value_at(defaults, leaf)
     }
-    return exact - set(step_moved) - loop_moved
+    return exact - set(step_moved) - run_moved
 
 
 @pytest.fixture(scope="module")
@@ -338,23 +343,34 @@ def test_every_exact_sft_leaf_is_moved_by_a_case(
     exact, step_moved = sft_coverage
     # The loop's leaves are exact in every case, so an empty list would pass nothing.
     assert set(LOOP_LEAVES) <= exact
-    missing = uncovered(exact, step_moved, CASES)
-    assert missing == set(NOT_YET_COMPARED), (
-        f"exact SFT leaves no step or loop case sets off verl's default: "
-        f"{sorted(missing - set(NOT_YET_COMPARED))}; covered now, drop from NOT_YET_COMPARED: "
-        f"{sorted(set(NOT_YET_COMPARED) - missing)}"
+    missing = uncovered(exact, step_moved, sft_run_cases())
+    assert not missing, (
+        f"exact SFT leaves no step or run case sets off verl's default: {sorted(missing)}"
     )
+
+
+def test_the_run_cases_are_every_sft_areas_but_refused_ones() -> None:
+    """The coverage reads every SFT area's cases (not only this file's), a case ours refuses
+    aside."""
+    from pytest_verl_compat.conformance.step.plan import load_run_conformance
+
+    every = load_run_conformance(sft=True)
+    read = {case["id"] for case in sft_run_cases()}
+    assert {case["id"] for case in CASES} < read, "only the loop's cases are read"
+    assert read == {case.id for case in every if case.shows_an_effect}
+    assert len({case.area for case in every}) > 1
 
 
 def test_a_table_missing_a_case_leaves_a_leaf_uncovered(
     sft_coverage: tuple[set[str], dict[str, set[str]]],
 ) -> None:
-    """The check fails on the loop table less any case that alone moves a leaf."""
+    """The check fails on the run cases less any case that alone moves a leaf."""
     exact, step_moved = sft_coverage
-    full = uncovered(exact, step_moved, CASES)
+    cases = sft_run_cases()
+    full = uncovered(exact, step_moved, cases)
     sole_movers = 0
-    for index, case in enumerate(CASES):
-        fewer = CASES[:index] + CASES[index + 1 :]
+    for index, case in enumerate(cases):
+        fewer = cases[:index] + cases[index + 1 :]
         alone = {
             leaf
             for leaf, value in case["sets"].items()
@@ -364,4 +380,4 @@ def test_a_table_missing_a_case_leaves_a_leaf_uncovered(
         }
         assert uncovered(exact, step_moved, fewer) == full | alone, case["id"]
         sole_movers += bool(alone)
-    assert sole_movers, "no loop case alone moves a leaf: the check was not shown to fail"
+    assert sole_movers, "no run case alone moves a leaf: the check was not shown to fail"
