@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -62,3 +63,52 @@ def with_sets(mapping: Mapping[str, Any], sets: Mapping[str, Any]) -> dict[str, 
         node = leaf(changed, ".".join(parents)) if parents else changed
         node[name] = value
     return changed
+
+
+def set_off(cases: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> set[str]:
+    """The leaves some case (``sets``) sets to a value other than ``defaults``' (verl's)."""
+    return {
+        leaf for case in cases for leaf, value in case["sets"].items() if value != defaults[leaf]
+    }
+
+
+def assert_conforms(
+    case: Mapping[str, Any],
+    ours: Any,
+    expected: Any,
+    reset: Sequence[Any],
+    defaults: Mapping[str, Any],
+    error_key: str,
+) -> None:
+    """A run-conformance case holds: upstream ran it (no ``error_key``), ours gives upstream's
+    result, and each leaf the case sets, back at verl's default (``reset``, in ``sets``' order),
+    gives upstream another result (else the case does not show the leaf)."""
+    assert error_key not in expected, f"upstream refused the case: {expected}"
+    assert ours == expected, case["why"]
+    for leaf, changed in zip(case["sets"], reset, strict=True):
+        assert changed != expected, (
+            f"{leaf} back at verl's default {defaults[leaf]!r} gives upstream the same "
+            f"result: the case does not show the leaf [{case['id']}]"
+        )
+
+
+def tiny_chat_model(folder: Path, chat_template: str) -> Path:
+    """The tiny policy and its tokenizer with ``chat_template``, saved as a local model folder:
+    what both sides of a data conformance load (the sandbox reads its files)."""
+    from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(folder)
+    build_tiny_policy(tokenizer, seed=0).save_pretrained(folder)
+    return folder
+
+
+def model_files(folder: Path) -> dict[str, str]:
+    """A model folder's tokenizer files and config.json by name, to send to the sandbox
+    (transformers picks the tokenizer's class by the model's type)."""
+    return {
+        path.name: path.read_text()
+        for path in sorted(folder.iterdir())
+        if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "config.json"))
+    }

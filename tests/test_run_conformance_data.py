@@ -25,14 +25,13 @@ import pytest
 import torch
 import yaml
 from corpus_facts import needs_release
-from sandbox_questions import SandboxQuestions
+from sandbox_questions import SandboxQuestions, model_files, tiny_chat_model
 
 from pytest_verl_compat.upstream.probes import prompt_stream
 from reference_trainer import data as our_data
 from reference_trainer import trainer as our_trainer
 from reference_trainer.budget import LocalBudget
 from reference_trainer.generation import SamplingSettings, generate, sampling_generator
-from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer
 
 pytestmark = [needs_release()]
 
@@ -103,12 +102,7 @@ def _default_tree() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny policy and its tokenizer, with a chat template, as a local model folder."""
-    folder = tmp_path_factory.mktemp("data-model") / "tiny-chat"
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    build_tiny_policy(tokenizer, seed=0).save_pretrained(folder)
-    return folder
+    return tiny_chat_model(tmp_path_factory.mktemp("data-model") / "tiny-chat", CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +159,7 @@ class Upstream(SandboxQuestions):
 
 @pytest.fixture(scope="module")
 def upstream(upstream_session: Any, model_folder: Path) -> Iterator[Upstream]:
-    files = {
-        path.name: path.read_text()
-        for path in sorted(model_folder.iterdir())
-        # The model's config.json too: transformers picks the tokenizer's class by model type.
-        if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "config.json"))
-    }
+    files = model_files(model_folder)
     served = Upstream(upstream_session.version, files)
     try:
         yield served

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from corpus_facts import needs_release
-from sandbox_questions import SandboxQuestions, with_sets
+from loop_schedules import case_variants, phase_record
+from sandbox_questions import SandboxQuestions, assert_conforms, set_off, with_sets
 from sandbox_questions import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import run_schedule as schedule
@@ -170,14 +171,7 @@ def ours(base: Mapping[str, Any], sets: Mapping[str, Any], folder: Path) -> list
         with pytest.MonkeyPatch.context() as patch:
             patch.chdir(out)  # resume_from_path is relative to the working folder, as verl's
             trainer.run(resume=index > 0)
-        resumed = trainer.resumed_from
-        phases.append(
-            {
-                schedule.RESUMED: resumed.name if resumed is not None else None,
-                schedule.START: trainer.start,
-                schedule.EVENTS: trainer.events,
-            }
-        )
+        phases.append(phase_record(trainer))
     return phases
 
 
@@ -186,7 +180,7 @@ def ours(base: Mapping[str, Any], sets: Mapping[str, Any], folder: Path) -> list
 
 def _runs(sets: Mapping[str, Any], verl_defaults: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The case's run, then one per leaf it sets with that leaf back at verl's default."""
-    variants = [dict(sets)] + [{**sets, leaf: verl_defaults[leaf]} for leaf in sets]
+    variants = case_variants(sets, verl_defaults)
     return [
         {
             schedule.KEY_DATASET: STEPS_PER_EPOCH,  # scaled by the base's train_batch_size below
@@ -232,22 +226,12 @@ def test_the_loop_schedules_as_upstream_and_each_leaf_moves_it(
     tmp_path: Path,
 ) -> None:
     expected, *reset = upstream[case["id"]]
-    assert schedule.KEY_ERROR not in expected, f"upstream refused the case: {expected}"
-    assert ours(base, case["sets"], tmp_path) == expected, case["why"]
-    for leaf, changed in zip(case["sets"], reset, strict=True):
-        assert changed != expected, (
-            f"{leaf} back at verl's default {verl_defaults[leaf]!r} gives upstream the same "
-            f"schedule: the case does not show the leaf [{case['id']}]"
-        )
+    mine = ours(base, case["sets"], tmp_path)
+    assert_conforms(case, mine, expected, reset, verl_defaults, schedule.KEY_ERROR)
 
 
 def test_every_loop_leaf_is_set_off_its_default(verl_defaults: dict[str, Any]) -> None:
-    moved = {
-        leaf
-        for case in CASES
-        for leaf, value in case["sets"].items()
-        if value != verl_defaults[leaf]
-    }
+    moved = set_off(CASES, verl_defaults)
     area = set(LOOP_LEAVES) - {"trainer.total_training_steps"}
     assert area <= moved, f"leaves no case sets off verl's default: {sorted(area - moved)}"
 

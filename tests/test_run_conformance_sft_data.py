@@ -27,13 +27,12 @@ from typing import Any
 import pytest
 import yaml
 from corpus_facts import PINNED_VERSION, needs_release
-from sandbox_questions import SandboxQuestions, with_sets
+from sandbox_questions import SandboxQuestions, model_files, tiny_chat_model, with_sets
 from sandbox_questions import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import sft_rows
 from reference_trainer import sft_data
 from reference_trainer.sft import SFTBudget, SFTTrainer
-from reference_trainer.tiny import build_tiny_policy, build_tiny_tokenizer
 
 pytestmark = [needs_release()]
 
@@ -97,12 +96,7 @@ def outcome(rows: list[dict[str, Any]] | dict[str, Any]) -> Any:
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny policy and its tokenizer, with the chat template, as a local model folder."""
-    folder = tmp_path_factory.mktemp("sft-data-model") / "tiny-chat"
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    build_tiny_policy(tokenizer, seed=0).save_pretrained(folder)
-    return folder
+    return tiny_chat_model(tmp_path_factory.mktemp("sft-data-model") / "tiny-chat", CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -126,12 +120,7 @@ def variants(case: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def upstream(model_folder: Path) -> Iterator[dict[str, list[Any]]]:
     """Upstream's outcome of every case's variants, asked in one question."""
-    files = {
-        path.name: path.read_text()
-        for path in sorted(model_folder.iterdir())
-        # The model's config.json too: transformers picks the tokenizer's class by model type.
-        if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "config.json"))
-    }
+    files = model_files(model_folder)
     asked = {case["id"]: variants(case) for case in CASES}
     request = {
         "kind": sft_rows.KIND,

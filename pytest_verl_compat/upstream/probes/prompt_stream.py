@@ -144,11 +144,15 @@ def stream(request: Mapping[str, Any], folder: Path) -> dict[str, Any]:
         return {KEY_ERROR: f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
 
 
-def answer(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The question's steps, each prompt's token ids and response length (or upstream's
-    refusal), computed in a folder of the probe's own, printing nothing."""
+def answer_in_own_folder(
+    request: Mapping[str, Any],
+    compute: Callable[[Mapping[str, Any], Path], dict[str, Any]],
+    prefix: str,
+) -> dict[str, Any]:
+    """``compute(request, folder)`` in a temp folder of the probe's own, with the datasets
+    library's cache in it too, printing nothing; its answer as plain JSON."""
     with (
-        tempfile.TemporaryDirectory(prefix="prompt-stream-") as folder,
+        tempfile.TemporaryDirectory(prefix=prefix) as folder,
         contextlib.redirect_stdout(io.StringIO()),
         contextlib.redirect_stderr(io.StringIO()),
         warnings.catch_warnings(),
@@ -159,11 +163,17 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
         cache = datasets.config.HF_DATASETS_CACHE
         datasets.config.HF_DATASETS_CACHE = Path(folder) / "hf-datasets"
         try:
-            out = stream(request, Path(folder))
+            out = compute(request, Path(folder))
         finally:
             datasets.config.HF_DATASETS_CACHE = cache
     plain: dict[str, Any] = json.loads(json.dumps(out))
     return plain
+
+
+def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The question's steps, each prompt's token ids and response length (or upstream's
+    refusal)."""
+    return answer_in_own_folder(request, stream, "prompt-stream-")
 
 
 ORACLE_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {KIND: answer}

@@ -196,13 +196,21 @@ def phase(mapping: Mapping[str, Any], dataset: int) -> dict[str, Any]:
     }
 
 
-def _run(base: Mapping[str, Any], run: Mapping[str, Any]) -> list[dict[str, Any]] | dict[str, str]:
-    """A run's phases in one fresh folder; a phase upstream refuses ends it with its error."""
+# One phase of a run: upstream's trainer built on the phase's configuration and its loop run,
+# given the run's request (its data set's size); what it recorded.
+Phase = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+def run_phases(
+    base: Mapping[str, Any], run: Mapping[str, Any], phase: Phase, prefix: str
+) -> list[dict[str, Any]] | dict[str, str]:
+    """A run's phases (``KEY_PHASES``: overrides of ``base``) one after another in one fresh
+    folder; a phase upstream refuses ends the run with its error."""
     from omegaconf import OmegaConf
 
     phases: list[dict[str, Any]] = []
     previous = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="run-schedule-") as folder:
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         os.chdir(folder)
         # Upstream's checkpoint folders are made under a lock file in the temp folder
         # (``local_mkdir_safe``, verl/utils/fs.py:293-294): kept in the run's own folder, which
@@ -217,7 +225,7 @@ def _run(base: Mapping[str, Any], run: Mapping[str, Any]) -> list[dict[str, Any]
                     OmegaConf.update(cfg, key, value, force_add=True)
                 mapping = OmegaConf.to_container(cfg)
                 assert isinstance(mapping, dict)
-                phases.append(phase({str(k): v for k, v in mapping.items()}, int(run[KEY_DATASET])))
+                phases.append(phase({str(k): v for k, v in mapping.items()}, run))
         except Exception as exc:  # upstream's refusal is the answer
             first = (str(exc).strip().splitlines() or [""])[0]
             return {KEY_ERROR: f"{type(exc).__name__}: {first[:300]}"}
@@ -227,13 +235,20 @@ def _run(base: Mapping[str, Any], run: Mapping[str, Any]) -> list[dict[str, Any]
     return phases
 
 
-def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+def answer_runs(request: Mapping[str, Any], phase: Phase, prefix: str) -> dict[str, Any]:
+    """Every run of the request (``KEY_RUNS``), quietly: upstream prints and warns as it goes."""
     runs = []
     for run in request[KEY_RUNS]:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            runs.append(_run(request[KEY_BASE], run))
+            runs.append(run_phases(request[KEY_BASE], run, phase, prefix))
     return {KEY_RUNS: runs}
+
+
+def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    return answer_runs(
+        request, lambda mapping, run: phase(mapping, int(run[KEY_DATASET])), "run-schedule-"
+    )
 
 
 ORACLE_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {KIND: answer}

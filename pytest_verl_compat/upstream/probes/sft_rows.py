@@ -14,14 +14,11 @@ ids, loss mask and position ids, or the error the row raises.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import tempfile
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pytest_verl_compat.upstream.probes.prompt_stream import answer_in_own_folder
 
 KIND = "sft_rows"
 KEY_CONVERSATIONS = "conversations"
@@ -79,25 +76,9 @@ def rows(request: Mapping[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Each ``data`` node's rows (or upstream's refusal), computed in a folder of the probe's
-    own, printing nothing."""
-    with (
-        tempfile.TemporaryDirectory(prefix="sft-rows-") as folder,
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
-        import datasets
-
-        cache = datasets.config.HF_DATASETS_CACHE
-        datasets.config.HF_DATASETS_CACHE = Path(folder) / "hf-datasets"
-        try:
-            out = rows(request, Path(folder))
-        finally:
-            datasets.config.HF_DATASETS_CACHE = cache
-    plain: dict[str, Any] = json.loads(json.dumps(out))
-    return plain
+    """Each ``data`` node's rows (or upstream's refusal), as ``prompt_stream`` answers: in a
+    folder of the probe's own, printing nothing."""
+    return answer_in_own_folder(request, rows, "sft-rows-")
 
 
 ORACLE_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {KIND: answer}

@@ -27,32 +27,49 @@ each at its step.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import tempfile
 import types
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+# The request's and the answer's keys are the RL loop's probe's (``run_schedule``), and so is
+# the way a run's phases run one after another in one folder (``answer_runs``).
+from pytest_verl_compat.upstream.probes.run_schedule import (
+    CHECKPOINTS,
+    EVENTS,
+    KEY_BASE,
+    KEY_DATASET,
+    KEY_ERROR,
+    KEY_PHASES,
+    KEY_RUNS,
+    RESUMED,
+    SAVE,
+    START,
+    TRAIN,
+    VALIDATE,
+    answer_runs,
+)
+
 KIND = "sft_schedule"
-KEY_BASE = "base"
-KEY_RUNS = "runs"
-KEY_DATASET = "dataset"
 KEY_VAL_DATASET = "val dataset"
-KEY_PHASES = "phases"
-KEY_ERROR = "error"
-# What a phase's answer holds.
-RESUMED = "resumed from"
-START = "start"
-EVENTS = "events"
-VALIDATE = "validate"
-TRAIN = "train"
-SAVE = "save"
-# The run folder's checkpoint root, relative to the working folder as verl's default is.
-CHECKPOINTS = "checkpoints"
+
+__all__ = [
+    "CHECKPOINTS",
+    "EVENTS",
+    "KEY_BASE",
+    "KEY_DATASET",
+    "KEY_ERROR",
+    "KEY_PHASES",
+    "KEY_RUNS",
+    "KEY_VAL_DATASET",
+    "KIND",
+    "RESUMED",
+    "SAVE",
+    "START",
+    "TRAIN",
+    "VALIDATE",
+]
 
 
 class Engine:
@@ -186,49 +203,11 @@ def phase(mapping: Mapping[str, Any], dataset: int, val_dataset: int) -> dict[st
     }
 
 
-def _run(base: Mapping[str, Any], run: Mapping[str, Any]) -> list[dict[str, Any]] | dict[str, str]:
-    """A run's phases in one fresh folder; a phase upstream refuses ends it with its error."""
-    from omegaconf import OmegaConf
-
-    phases: list[dict[str, Any]] = []
-    previous = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="sft-schedule-") as folder:
-        os.chdir(folder)
-        # Upstream's checkpoint folders are made under a lock file in the temp folder
-        # (``local_mkdir_safe``, verl/utils/fs.py:293-294): kept in the run's own folder.
-        saved_tempdir = tempfile.tempdir
-        tempfile.tempdir = str(Path(folder) / "tmp")
-        Path(tempfile.tempdir).mkdir()
-        try:
-            for overrides in run[KEY_PHASES]:
-                cfg = OmegaConf.create(dict(base))
-                for key, value in overrides.items():
-                    OmegaConf.update(cfg, key, value, force_add=True)
-                mapping = OmegaConf.to_container(cfg)
-                assert isinstance(mapping, dict)
-                phases.append(
-                    phase(
-                        {str(k): v for k, v in mapping.items()},
-                        int(run[KEY_DATASET]),
-                        int(run[KEY_VAL_DATASET]),
-                    )
-                )
-        except Exception as exc:  # upstream's refusal is the answer
-            first = (str(exc).strip().splitlines() or [""])[0]
-            return {KEY_ERROR: f"{type(exc).__name__}: {first[:300]}"}
-        finally:
-            tempfile.tempdir = saved_tempdir
-            os.chdir(previous)
-    return phases
-
-
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
-    runs = []
-    for run in request[KEY_RUNS]:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            runs.append(_run(request[KEY_BASE], run))
-    return {KEY_RUNS: runs}
+    def one(mapping: dict[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+        return phase(mapping, int(run[KEY_DATASET]), int(run[KEY_VAL_DATASET]))
+
+    return answer_runs(request, one, "sft-schedule-")
 
 
 ORACLE_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {KIND: answer}
