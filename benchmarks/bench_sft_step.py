@@ -41,9 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         step_batches,
         step_config,
     )
-    from pytest_verl_compat.upstream.oracle.runner import run_module
+    from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
 
     plan = load_sft_step_plan()
+    # verl runs in the checked release's own environment (built on first use), as the stage's.
+    run_module = release_runner(AuditSession.start(AuditOptions()).version)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-sft-step-") as tmp:
         started = time.perf_counter()
