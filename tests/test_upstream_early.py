@@ -45,7 +45,6 @@ from pytest_verl_compat.upstream.verdict.early import (
 )
 
 needs_verl = needs_release()
-REPO = Path(__file__).resolve().parents[1]
 
 ARR = "actor_rollout_ref"
 # Static micro-batches that divide everything of the grpo case (8 GPUs, 1024 prompts × n=5).
@@ -403,10 +402,10 @@ def test_the_shipped_statement_lines_are_the_releases_own(version: str) -> None:
     files (else: ``verl-compat release derive VERSION --only statements``)."""
     import json
 
-    from pytest_verl_compat.upstream.verdict.early import SHIPPED_STATEMENTS, statement_table
+    from pytest_verl_compat.upstream.verdict.early import shipped_statements_path, statement_table
 
     root = release_root(version)
-    shipped = (REPO / "pytest_verl_compat" / SHIPPED_STATEMENTS.format(version=version)).read_text()
+    shipped = shipped_statements_path(version).read_text()
     assert json.loads(shipped) == statement_table(root), "stale: release derive --only statements"
     assert all(row["lines"] for row in statement_table(root)), "a statement the release lacks"
 

@@ -220,15 +220,15 @@ def _statements(derivation: Derivation, context: DeriveContext) -> None:
     import json
 
     from pytest_verl_compat.upstream.verdict.early import (
-        SHIPPED_STATEMENTS,
         STATIC_EQUIVALENTS,
+        shipped_statements_path,
         statement_lines,
         statement_table,
     )
 
     root = context.files().root
     # Shipped, so that a verdict needs none of the release's files to find them.
-    path = REPO / "pytest_verl_compat" / SHIPPED_STATEMENTS.format(version=context.version)
+    path = shipped_statements_path(context.version)
     derivation.keep(path, json.dumps(statement_table(root), indent=1, sort_keys=True) + "\n")
     for check_id, statements in sorted(STATIC_EQUIVALENTS.items()):
         for relative, statement, *function in statements:
@@ -278,6 +278,19 @@ def _environment(derivation: Derivation, context: DeriveContext) -> None:
             )
 
 
+def _keep_version_entry(derivation: Derivation, path: Path, version: str, value: Any) -> None:
+    """``path`` (a YAML file keyed by release, its comment lines first) with ``version``'s entry
+    set to ``value``: the other releases' entries and the comments kept."""
+    import yaml
+
+    text = path.read_text(encoding="utf-8")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    listed = yaml.safe_load(text) or {}
+    listed[version] = value
+    body = yaml.safe_dump(dict(sorted(listed.items())), sort_keys=True, default_flow_style=False)
+    derivation.keep(path, header + body)
+
+
 # The config-group selections whose defaults ``string_admitting`` reads (both engines' sections).
 ANNOTATED_SELECTIONS: tuple[tuple[str, ...], ...] = ((), ("model_engine=megatron",))
 
@@ -285,7 +298,6 @@ ANNOTATED_SELECTIONS: tuple[tuple[str, ...], ...] = ((), ("model_engine=megatron
 def _annotated_strings(derivation: Derivation, context: DeriveContext) -> None:
     """The keys whose tree default is a number or a flag but whose config dataclass admits a
     string, by this release's own annotations (its code, in its environment)."""
-    import yaml
 
     from pytest_verl_compat.checks.types import ANNOTATED_STRINGS
     from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
@@ -309,13 +321,9 @@ def _annotated_strings(derivation: Derivation, context: DeriveContext) -> None:
             found.update(answer[probe.KEY_KEYS])
     finally:
         oracle.close()
-    path = REPO / "pytest_verl_compat" / ANNOTATED_STRINGS
-    text = path.read_text(encoding="utf-8")
-    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-    listed = yaml.safe_load(text) or {}
-    listed[context.version] = sorted(found)
-    body = yaml.safe_dump(dict(sorted(listed.items())), sort_keys=False, default_flow_style=False)
-    derivation.keep(path, header + body)
+    _keep_version_entry(
+        derivation, REPO / "pytest_verl_compat" / ANNOTATED_STRINGS, context.version, sorted(found)
+    )
 
 
 def _entry_points(derivation: Derivation, context: DeriveContext) -> None:
@@ -323,10 +331,10 @@ def _entry_points(derivation: Derivation, context: DeriveContext) -> None:
     none of its files (``pipeline.entry_registry.shipped``)."""
     import json
 
-    from pytest_verl_compat.pipeline.entry_registry import SHIPPED, ReleaseModules
+    from pytest_verl_compat.pipeline.entry_registry import ReleaseModules, shipped_path
 
     found = ReleaseModules.from_site(context.files().root)
-    path = REPO / "pytest_verl_compat" / SHIPPED.format(version=context.version)
+    path = shipped_path(context.version)
     derivation.keep(path, json.dumps(found.to_json(), indent=1, sort_keys=True) + "\n")
 
 
@@ -347,7 +355,6 @@ def _string_sentinels(derivation: Derivation, context: DeriveContext) -> None:
     """The strings each entry point's own module replaces in a key before any use (the SFT
     trainer's ``"after_each_epoch"``), read from this release's files: the static type check's
     answer where upstream's code is not run (``--no-upstream-checks``)."""
-    import yaml
 
     from pytest_verl_compat.checks.types import STRING_SENTINELS
     from pytest_verl_compat.upstream.probes import statements
@@ -361,13 +368,9 @@ def _string_sentinels(derivation: Derivation, context: DeriveContext) -> None:
         keys = module_sentinels(source) if source is not None else {}
         if keys:
             found[module] = keys
-    path = REPO / "pytest_verl_compat" / STRING_SENTINELS
-    text = path.read_text(encoding="utf-8")
-    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-    listed = yaml.safe_load(text) or {}
-    listed[context.version] = found
-    body = yaml.safe_dump(dict(sorted(listed.items())), sort_keys=True, default_flow_style=False)
-    derivation.keep(path, header + body)
+    _keep_version_entry(
+        derivation, REPO / "pytest_verl_compat" / STRING_SENTINELS, context.version, found
+    )
 
 
 def _patch_points(derivation: Derivation, context: DeriveContext) -> None:

@@ -16,13 +16,13 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.files.digests import files_sha256
 from pytest_verl_compat.pipeline.entry_points import EntryPoint, by_module, scan
 from pytest_verl_compat.pipeline.memo import StageMemo
+from pytest_verl_compat.releases.index import RELEASE_DATA
 
 # The user cache's kind for ``installed``.
 _KEPT_KIND = "entry-points"
@@ -71,8 +71,12 @@ def _from_json(raw: dict[str, Any]) -> EntryPoint:
     )
 
 
-# A release's shipped entry points and module names (``ReleaseModules.to_json``).
-SHIPPED = "data/releases/{version}/entry_points.json"
+# A release's shipped entry points and module names (``ReleaseModules.to_json``), in its folder.
+SHIPPED_FILE = "entry_points.json"
+
+
+def shipped_path(version: str) -> Path:
+    return RELEASE_DATA / version / SHIPPED_FILE
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ class ReleaseModules:
 def shipped(version: str) -> ReleaseModules | None:
     """The release's shipped entry points and modules; None when it ships none (a release being
     added: its files are read instead)."""
-    path = resources.files("pytest_verl_compat").joinpath(SHIPPED.format(version=version))
+    path = shipped_path(version)
     if not path.is_file():
         return None
     return ReleaseModules.from_json(json.loads(path.read_text(encoding="utf-8")))

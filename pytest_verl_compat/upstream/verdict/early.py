@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.model import Bindings, ExplicitFields, Finding
 from pytest_verl_compat.pipeline.answers import CHECKS, Answers, answer_key, answers
-from pytest_verl_compat.releases.index import ReleaseUnsupported
+from pytest_verl_compat.releases.index import RELEASE_DATA, ReleaseUnsupported
 from pytest_verl_compat.upstream.oracle.client import (
     ENTRY_MODULE,
     KEY_UNSUPPORTED,
@@ -694,9 +694,13 @@ def statement_lines(
 
 # A statement's lines in a release (``statement_lines``'s arguments but ``root``).
 StatementLines = Callable[[str, str, str], tuple[int, ...]]
-# Where a supported release ships its ``STATIC_EQUIVALENTS`` statements' lines
+# Where a supported release ships its ``STATIC_EQUIVALENTS`` statements' lines, in its folder
 # (``verl-compat release derive VERSION --only statements``).
-SHIPPED_STATEMENTS = "data/releases/{version}/statement_lines.json"
+SHIPPED_STATEMENTS_FILE = "statement_lines.json"
+
+
+def shipped_statements_path(version: str) -> Path:
+    return RELEASE_DATA / version / SHIPPED_STATEMENTS_FILE
 
 
 def equivalent_statements() -> list[tuple[str, str, str]]:
@@ -724,11 +728,7 @@ def statement_table(root: Path) -> list[dict[str, Any]]:
 def shipped_statement_lines(version: str) -> StatementLines | None:
     """The shipped lines of a release's statements as ``StatementLines``; None when the release
     ships none (its files are read instead)."""
-    from importlib import resources
-
-    path = resources.files("pytest_verl_compat").joinpath(
-        SHIPPED_STATEMENTS.format(version=version)
-    )
+    path = shipped_statements_path(version)
     if not path.is_file():
         return None
     table = {
