@@ -33,7 +33,7 @@ LAUNCHER_WORDS = (("python3", "python"), ("-m",))
 
 
 def _launched(module: str | None) -> bool:
-    """A module the reader takes as the launch: main_ppo, or any module ``launch_acceptor``
+    """A module the reader takes as the launch: main_ppo, or any module ``ReleaseModules``
     accepts where verl is installed (another entry point, or one the release lacks)."""
     if module == "verl.trainer.main_ppo":
         return True
@@ -41,10 +41,10 @@ def _launched(module: str | None) -> bool:
         return False
     from corpus_facts import PINNED_VERSION
 
-    from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
+    from pytest_verl_compat.pipeline.entry_registry import ReleaseModules
     from pytest_verl_compat.releases.wheels import release_tree
 
-    accepts = launch_acceptor(release_tree(PINNED_VERSION).root)
+    accepts = ReleaseModules.from_site(release_tree(PINNED_VERSION).root).accepts
     return accepts is not None and accepts(module)
 
 

@@ -13,7 +13,6 @@ from pytest_verl_compat.model import Bindings
 from pytest_verl_compat.pipeline import entry_registry
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import by_module, closest, scan
-from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
 from pytest_verl_compat.releases.index import load_release_index
 
 INSTALLED = (release_root(), PINNED_VERSION)
@@ -115,7 +114,7 @@ def test_an_entry_point_that_never_trains_gets_no_training_check(
 
 
 def test_the_launch_is_an_entry_point_or_a_module_the_release_lacks(site: Path) -> None:
-    accepts = launch_acceptor(site)
+    accepts = entry_registry.ReleaseModules.from_site(site).accepts
     assert accepts is not None
     assert accepts("verl.trainer.sft_trainer") and accepts("verl.trainer.main_ppo")
     assert accepts("verl.trainer.main_ppo_sync")  # a module the release lacks: named as missing

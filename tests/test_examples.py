@@ -19,7 +19,7 @@ from corpus_facts import release_ready, release_root
 from pytest_verl_compat.model import Case, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
-from pytest_verl_compat.pipeline.entry_registry import launch_acceptor
+from pytest_verl_compat.pipeline.entry_registry import ReleaseModules
 from pytest_verl_compat.pipeline.manifest import (
     default_examples_path,
     default_manifest_path,
@@ -157,6 +157,6 @@ def test_example_read_equals_bash(case: Case, upstream_checkout: Path, tmp_path:
     read = read_launch(
         upstream_checkout / str(case.launch),
         bindings,
-        entry_modules=launch_acceptor(release_root()),
+        entry_modules=ReleaseModules.from_site(release_root()).accepts,
     )
     assert read.argv == argv

@@ -134,11 +134,3 @@ def release_modules(version: str, files: Callable[[], Path | None]) -> ReleaseMo
         return found
     site = files()
     return ReleaseModules.from_site(site) if site is not None else None
-
-
-def launch_acceptor(site: Path | None) -> Callable[[str], bool] | None:
-    """``ReleaseModules.accepts`` of the release whose files are at ``site``; without them,
-    None: the reader's default (the pinned entry point alone)."""
-    if site is None:
-        return None
-    return ReleaseModules.from_site(site).accepts
