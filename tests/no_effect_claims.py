@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox_questions import SandboxQuestions
+from run_conformance import SandboxQuestions
 
 from pytest_verl_compat.model import Case, Finding
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 from corpus_facts import needs_release
-from sandbox_questions import SandboxQuestions, model_files, tiny_chat_model
+from run_conformance import SandboxQuestions, model_files, tiny_chat_model
 
 from pytest_verl_compat.upstream.probes import prompt_stream
 from reference_trainer import data as our_data

@@ -33,8 +33,8 @@ import pytest
 import torch
 import yaml
 from corpus_facts import needs_release, release_root
-from sandbox_questions import SandboxQuestions, with_sets
-from sandbox_questions import leaf as value_at
+from run_conformance import SandboxQuestions, with_sets
+from run_conformance import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import sampling_run as probe
 from reference_trainer.reward import SCORE_DTYPE

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from corpus_facts import PINNED_VERSION, needs_release
-from sandbox_questions import SandboxQuestions, model_files, tiny_chat_model, with_sets
-from sandbox_questions import leaf as value_at
+from run_conformance import SandboxQuestions, model_files, tiny_chat_model, with_sets
+from run_conformance import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import sft_rows
 from reference_trainer import sft_data

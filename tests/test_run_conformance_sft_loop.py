@@ -28,8 +28,8 @@ import pytest
 import yaml
 from corpus_facts import PINNED_VERSION, needs_release
 from loop_schedules import case_variants, phase_record
-from sandbox_questions import SandboxQuestions, assert_conforms, set_off, with_sets
-from sandbox_questions import leaf as value_at
+from run_conformance import SandboxQuestions, assert_conforms, set_off, with_sets
+from run_conformance import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import sft_schedule as schedule
 from reference_trainer import sft as sft_module

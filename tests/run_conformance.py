@@ -1,4 +1,6 @@
-"""The tests' questions to a served probe in the oracle's sandbox, and dotted keys of a mapping.
+"""What the run-conformance tests (and the whole-run claims) share: questions to a served probe
+in the oracle's sandbox, dotted keys of a mapping, a case's checks, and the tiny model folder
+both sides of a data conformance load.
 
 A question is its JSON (keys sorted): its id is a hash of that text, so a question asked twice is
 submitted once and answered from the same id; the stored request is the JSON's round trip, as
