@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.files.digests import files_sha256
-from pytest_verl_compat.pipeline.entry_points import EntryPoint, by_module, scan
+from pytest_verl_compat.pipeline.entry_points import EntryPoint, scan
 from pytest_verl_compat.pipeline.memo import StageMemo
 from pytest_verl_compat.releases.index import RELEASE_DATA
 
@@ -112,7 +112,7 @@ class ReleaseModules:
         or removed entry point, an older release's recipe), which the session then names as
         missing. A module the release has that is no entry point (a model merger run after
         training) is another command, not the launch."""
-        return module in by_module(self.entries) or module not in self.modules
+        return any(entry.module == module for entry in self.entries) or module not in self.modules
 
 
 @functools.cache

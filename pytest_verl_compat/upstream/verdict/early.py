@@ -725,9 +725,10 @@ def statement_table(root: Path) -> list[dict[str, Any]]:
     ]
 
 
+@functools.cache
 def shipped_statement_lines(version: str) -> StatementLines | None:
-    """The shipped lines of a release's statements as ``StatementLines``; None when the release
-    ships none (its files are read instead)."""
+    """The shipped lines of a release's statements as ``StatementLines``, read once; None when
+    the release ships none (its files are read instead)."""
     path = shipped_statements_path(version)
     if not path.is_file():
         return None
@@ -744,11 +745,7 @@ def shipped_statement_lines(version: str) -> StatementLines | None:
 
 def lines_in(root: Path) -> StatementLines:
     """``statement_lines`` of the release whose files are at ``root``."""
-
-    def lines(relative: str, statement: str, function: str) -> tuple[int, ...]:
-        return statement_lines(root, relative, statement, function)
-
-    return lines
+    return functools.partial(statement_lines, root)
 
 
 def _sections(keys: Iterable[str]) -> set[str]:
