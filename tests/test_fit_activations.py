@@ -11,6 +11,13 @@ tokens against a padded batch. torch's CPU flash kernel keeps what flash attenti
 GPU (q, k, v, the output and the log-sum-exp, grouped KV heads not repeated); the GPU kernels'
 own workspaces are the forecast's stated allowance (``WORKSPACE_ALLOWANCE``), not measured here.
 
+Peaks of a pass are measured by the same dispatch mode, summing after every op the storages some
+tensor still uses (``_Live``): a training pass's backward through the decoder layers (from the
+moment the final norm's output gets its gradient, with a head of a large vocabulary whose tensors
+must be gone by then), and a forward under no_grad through the layers. The weights' gradients are
+states, not activations: the backward asks only for the input embeddings' gradient, so the
+weights' gradients are never made while the forward saves what full training saves.
+
 DeepSeek V3's multi-head latent attention is not measured: its value head width differs from the
 query's, so torch's CPU attention falls back to the math kernel and keeps the tokens x tokens
 probabilities that flash attention on a GPU does not.
@@ -23,7 +30,11 @@ from typing import Any
 
 import pytest
 
-from pytest_verl_compat.memory.activations import kept_bytes
+from pytest_verl_compat.memory.activations import (
+    inference_bytes,
+    kept_bytes,
+    layers_backward_bytes,
+)
 from pytest_verl_compat.memory.architecture import architecture_from_config
 
 torch = pytest.importorskip("torch")
@@ -58,8 +69,12 @@ LENGTHS = (64, 192)
 ERRORS: dict[str, float] = {}
 
 
-def _model(family: str, checkpointing: bool) -> tuple[Any, dict[str, Any]]:
+def _model(
+    family: str, checkpointing: bool, vocab: int | None = None
+) -> tuple[Any, dict[str, Any]]:
     config = dict(BASE, **FAMILIES[family])
+    if vocab is not None:
+        config["vocab_size"] = vocab
     hf = transformers.AutoConfig.for_model(family, **config)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
@@ -124,6 +139,77 @@ def _alive_after_forward(model: Any, ids: Any) -> int:
     return kept + ids.numel() * ids.element_size()
 
 
+class _Live(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[misc]
+    """After every op, the bytes of every storage an op made that a tensor still uses (the
+    storages' use counts; the meter's own reference is the one use it leaves out)."""
+
+    def __init__(self, leave_out: set[int]) -> None:
+        super().__init__()
+        self.storages: dict[int, Any] = {}
+        self.leave_out = leave_out
+        self.timeline: list[int] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for tensor in torch.utils._pytree.tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                if storage.data_ptr() and storage.data_ptr() not in self.leave_out:
+                    self.storages.setdefault(storage._cdata, storage)
+        self.timeline.append(
+            sum(
+                s.nbytes()
+                for s in self.storages.values()
+                if torch._C._storage_Use_Count(s._cdata) > 1
+            )
+        )
+        return out
+
+
+def _layers_backward_peak(model: Any, ids: Any, vocab: int) -> int:
+    """The most bytes alive while backward runs through the decoder layers: from the moment the
+    final norm's output receives its gradient (the head's backward done) to the end."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    meter = _Live(params)
+    layers_start: list[int] = []
+
+    def mark(grad: Any) -> None:
+        layers_start.append(len(meter.timeline))
+
+    def on_norm(module: Any, inputs: Any, output: Any) -> None:
+        output.register_hook(mark)
+
+    hook = model.model.norm.register_forward_hook(on_norm)
+    labels = torch.randint(0, vocab, (ids.shape[1],))
+    try:
+        with meter:
+            embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+            logits = model(inputs_embeds=embeds).logits.squeeze(0)
+            log_probs = torch.log_softmax(logits.float(), -1).gather(-1, labels[:, None])
+            del logits
+            torch.autograd.grad(log_probs.sum(), [embeds])
+    finally:
+        hook.remove()
+    return max(meter.timeline[layers_start[0] :]) + ids.numel() * ids.element_size()
+
+
+def _no_grad_layers_peak(model: Any, ids: Any) -> int:
+    """The most bytes alive in a forward under no_grad, up to the final norm (the logits are
+    the forecast's own part), without a KV cache (verl's log-prob passes pass use_cache=False)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    meter = _Live(params)
+    head_start: list[int] = []
+    hook = model.model.norm.register_forward_pre_hook(
+        lambda module, inputs: head_start.append(len(meter.timeline))
+    )
+    try:
+        with torch.no_grad(), meter:
+            model(input_ids=ids, use_cache=False)
+    finally:
+        hook.remove()
+    return max(meter.timeline[: head_start[0]]) + ids.numel() * ids.element_size()
+
+
 def _check(observed: int, expected: int, case: str) -> None:
     __tracebackhide__ = True
     error = expected / observed - 1
@@ -167,14 +253,64 @@ def test_remove_padding_counts_real_tokens(family: str) -> None:
     _check(_saved_bytes(model, padded), kept_bytes(arch, padded.numel(), False), f"{family}-padded")
 
 
+HEAD_VOCAB = 4096  # logits far larger than a layer: were they alive in the layers, it would show
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+@pytest.mark.parametrize("tokens", LENGTHS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_backward_through_the_layers_matches_the_formula(
+    family: str, tokens: int, checkpointing: bool
+) -> None:
+    """The layers' backward peaks at what the forward kept but the head's, plus one layer
+    (recomputed when checkpointed) and its gradients in flight; the head's tensors and the
+    logits are freed before it, so a pass's peak is the larger of the two, never their sum."""
+    model, config = _model(family, checkpointing, vocab=HEAD_VOCAB)
+    arch = architecture_from_config(config, family, "tiny config")
+    ids = torch.randint(0, HEAD_VOCAB, (1, tokens))
+    observed = _layers_backward_peak(model, ids, HEAD_VOCAB)
+    one_logits_copy = tokens * HEAD_VOCAB * 2
+    assert one_logits_copy > 2 * TOLERANCE * observed, "logits alive here would not show"
+    _check(
+        observed,
+        layers_backward_bytes(arch, tokens, checkpointing),
+        f"{family}-{tokens}-backward-{'checkpointed' if checkpointing else 'kept'}",
+    )
+
+
+@pytest.mark.parametrize("tokens", LENGTHS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_no_grad_forward_peak_matches_the_formula(family: str, tokens: int) -> None:
+    model, config = _model(family, checkpointing=False)
+    arch = architecture_from_config(config, family, "tiny config")
+    ids = torch.randint(0, BASE["vocab_size"], (1, tokens))
+    _check(
+        _no_grad_layers_peak(model, ids),
+        inference_bytes(arch, tokens),
+        f"{family}-{tokens}-no-grad",
+    )
+
+
+def _measure(case: str) -> str:
+    for measure in ("backward", "no-grad"):
+        if f"-{measure}" in case:
+            return measure
+    return "saved"
+
+
 def test_report_the_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    """The largest forecast error per family (printed with -s or in the summary of -rA)."""
+    """The largest forecast error per family and per measure (printed with -s or in the
+    summary of -rA)."""
     by_family: dict[str, float] = {}
+    by_measure: dict[str, float] = {}
     for case, error in ERRORS.items():
         family = case.split("-")[0]
         by_family[family] = max(by_family.get(family, 0.0), abs(error))
+        by_measure[_measure(case)] = max(by_measure.get(_measure(case), 0.0), abs(error))
     with capsys.disabled():
         print(
             "\nactivation forecast, largest error per family: "
             + ", ".join(f"{family} {error:.2%}" for family, error in sorted(by_family.items()))
+            + "; per measure: "
+            + ", ".join(f"{measure} {error:.2%}" for measure, error in sorted(by_measure.items()))
         )

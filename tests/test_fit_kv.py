@@ -118,3 +118,34 @@ def test_sglang_claims_its_static_fraction_for_weights_and_kv() -> None:
     memory = server_memory(server, capacity)
     assert memory.weights + memory.kv_bytes == int(0.5 * capacity)
     assert isinstance(server.model, ModelChoice)
+
+
+def test_cuda_graphs_sit_outside_the_share() -> None:
+    """vLLM captures its CUDA graphs after it has sized and allocated the KV cache
+    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is off by default): the graphs do not shrink the KV
+    cache, and the awake server holds its share plus them; eager vLLM holds its share."""
+    server = _server("Qwen/Qwen2.5-7B-Instruct", 1, 0.5, 4096)
+    capacity = find_gpu("H100").usable_bytes
+    graphs = server_memory(server, capacity)
+    eager = server_memory(dataclasses.replace(server, enforce_eager=True), capacity)
+    assert graphs.kv_bytes == eager.kv_bytes
+    assert eager.claimed == eager.share == int(0.5 * capacity)
+    assert graphs.claimed - graphs.share == graphs.outside > 0
+
+
+def test_a_share_that_leaves_room_after_weights_and_profile_starts() -> None:
+    """Qwen2.5-3B at gpu_memory_utilization 0.1 of an H100 (7.9 GiB) with max_model_len 1536:
+    its weights (5.8 GiB) and profiled forward leave KV for one sequence, so vLLM starts, CUDA
+    graphs or not (verl's LoRA tuning script for that model ran so); at 0.08 it cannot."""
+    server = _server(
+        "Qwen/Qwen2.5-3B-Instruct",
+        1,
+        0.1,
+        1536,
+    )
+    capacity = find_gpu("H100").usable_bytes
+    memory = server_memory(server, capacity)
+    assert memory.weights + memory.overhead < memory.share
+    assert memory.kv_bytes >= memory.one_sequence_bytes
+    smaller = server_memory(dataclasses.replace(server, gpu_memory_utilization=0.08), capacity)
+    assert smaller.kv_bytes < smaller.one_sequence_bytes

@@ -225,3 +225,27 @@ def test_the_no_sync_setting_is_measured_both_ways_where_a_tree_has_it(
         (release_root(version) / "verl/trainer/config/engine/fsdp.yaml").read_text()
     )[NO_SYNC]
     assert base == (on if tree_default else off), "the tree's own default was not what ran"
+
+
+def test_a_lora_base_reduces_no_gradient() -> None:
+    """The gradient a unit reduce-scatters after its backward is its trainable weights': a
+    frozen LoRA base has none (verl wraps each adapter as its own unit, fsdp_utils.py:113-125),
+    so one layer's is its adapters' A and B; full fine-tuning reduces the whole layer."""
+    from pytest_verl_compat.memory.models import from_table
+    from pytest_verl_compat.memory.states import EngineSpec, model_states
+
+    choice = from_table("Qwen/Qwen2.5-7B")
+    assert choice is not None
+    arch = choice.architecture
+    full = model_states(arch, EngineSpec("fsdp", 8))
+    assert full.layer_grad_unit == full.layer_unit
+    lora = model_states(arch, EngineSpec("fsdp", 8, lora_rank=32))
+    h, kv, inter = (
+        arch.hidden_size,
+        arch.num_key_value_heads * arch.head_dim,
+        arch.intermediate_size,
+    )
+    # (in + out) x rank per adapted linear: q, k, v, o, gate, up, down
+    adapters = 32 * ((h + h) * 2 + (h + kv) * 2 + (h + inter) * 3)
+    assert lora.layer_grad_unit == adapters * 2
+    assert lora.layer_unit == full.layer_unit

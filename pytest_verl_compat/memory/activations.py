@@ -83,15 +83,20 @@ def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     return norms + _attention(arch, c) + _mlp(arch, index, c)
 
 
+def head_only_bytes(arch: Architecture, c: int = 2) -> int:
+    """Per token, what the forward keeps for the model's head alone: the final norm and
+    lm_head's input, Gemma 2's logit soft cap. The head's backward frees them, with the logits,
+    before backward reaches the last decoder layer."""
+    softcap = c * arch.vocab_size if arch.family in LOGIT_SOFTCAP else 0
+    return _norm(arch, arch.hidden_size, True, c) + softcap
+
+
 def head_bytes(arch: Architecture, c: int = 2, checkpointing: bool = False) -> int:
     """Per token outside the layers: token ids (int64), the rotary cos and sin shared by every
-    layer, the final norm and lm_head's input, Gemma 2's logit soft cap; under checkpointing the
-    position ids (int64) too."""
+    layer, the head's own (``head_only_bytes``); under checkpointing the position ids (int64)
+    too."""
     rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
-    kept = 8 + 2 * c * rotary + _norm(arch, arch.hidden_size, True, c)
-    if arch.family in LOGIT_SOFTCAP:
-        kept += c * arch.vocab_size
-    return kept + (8 if checkpointing else 0)
+    return 8 + 2 * c * rotary + head_only_bytes(arch, c) + (8 if checkpointing else 0)
 
 
 def kept_bytes(arch: Architecture, tokens: int, checkpointing: bool, c: int = 2) -> int:
@@ -107,14 +112,41 @@ def kept_bytes(arch: Architecture, tokens: int, checkpointing: bool, c: int = 2)
     return tokens * (layers + head_bytes(arch, c, checkpointing))
 
 
-def recompute_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
-    """One layer recomputed in backward under checkpointing (its full activations)."""
-    return tokens * max(layer_bytes(arch, i, c) for i in range(arch.num_hidden_layers))
+def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
+    """Per token, the gradients in flight at the peak of an MLP's backward beyond what its
+    forward saved: the product's gradient and its two factors' while the down projection's
+    saved input is already freed, net two intermediate-width tensors (per routed expert and
+    shared expert in a MoE layer)."""
+    if not arch.is_moe_layer(index):
+        return 2 * c * arch.intermediate_size
+    experts = arch.num_experts_per_tok + arch.n_shared_experts
+    return 2 * c * arch.moe_intermediate_size * experts
 
 
-def backward_transient(arch: Architecture, tokens: int, c: int = 2) -> int:
-    """The hidden state's gradient flowing back through the layers."""
-    return tokens * c * arch.hidden_size
+def layers_backward_bytes(arch: Architecture, tokens: int, checkpointing: bool, c: int = 2) -> int:
+    """The peak while backward runs through the decoder layers: what the forward kept but the
+    head's own, plus, in the layer being back-propagated, the layer recomputed under
+    checkpointing (its full activations), the hidden state's gradient and the MLP's gradients
+    in flight (``_mlp_gradients``); or, if larger, everything kept while the final norm's
+    backward runs.
+
+    The head's backward has finished and freed the logits and the head's tensors before the
+    last layer's starts, so the two never coexist: a training pass peaks at the larger of this
+    and what the forward kept plus the logits' copies (measured in
+    tests/test_fit_activations.py)."""
+    in_layer = max(
+        (layer_bytes(arch, i, c) if checkpointing else 0)
+        + c * arch.hidden_size
+        + _mlp_gradients(arch, i, c)
+        for i in range(arch.num_hidden_layers)
+    )
+    # the final norm's backward, before the head's tensors are freed: its gradient in the
+    # compute dtype and four fp32 copies of the width (the cast's, the normalisation's two
+    # operands', the input's)
+    softcap = c * arch.vocab_size if arch.family in LOGIT_SOFTCAP else 0
+    final_norm = (16 + c) * arch.hidden_size - softcap
+    extra = max(final_norm, in_layer - head_only_bytes(arch, c))
+    return kept_bytes(arch, tokens, checkpointing, c) + tokens * extra
 
 
 def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:

@@ -98,7 +98,8 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
     if "rollout" in memories:
         mem = memories["rollout"]
         server = {
-            "weights": mem.weights, "claimed": mem.claimed, "overhead": mem.overhead, "kv_bytes": mem.kv_bytes,
+            "weights": mem.weights, "claimed": mem.claimed, "share": mem.share, "overhead": mem.overhead,
+            "outside_share": mem.outside, "kv_bytes": mem.kv_bytes,
             "blocks": mem.blocks, "block_size": mem.block_size, "page_bytes": mem.page, "kv_tokens": mem.kv_tokens,
             "one_sequence_bytes": mem.one_sequence_bytes,
         }  # fmt: skip

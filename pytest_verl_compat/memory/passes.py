@@ -25,6 +25,32 @@ def _checkpointing_evidence(role: RoleLayout) -> str:
     return act.EV_MEGATRON_RECOMPUTE if megatron(role) else act.EV_CHECKPOINTING
 
 
+def _logits_part(role: RoleLayout, training: bool, entropy: bool) -> Part:
+    """The logits of one micro-batch, as copies alive at the peak of the log-prob computation."""
+    arch = role.model.architecture
+    c = role.spec.param_dtype
+    cost = act.logits_cost(
+        training,
+        entropy or role.entropy_every_pass,
+        role.chunked_entropy,
+        role.fused_kernels,
+        role.compiled,
+        role.temperature_copy,
+        role.entropy_clone,
+    )
+    tokens = role.train_tokens if training else role.infer_tokens
+    vocab = arch.vocab_size // (
+        role.spec.tp if role.spec.strategy in ("megatron", "mindspeed") else 1
+    )
+    return Part(
+        f"{role.role}.logits",
+        f"{role.role} logits",
+        int(cost.copies * tokens * vocab * c),
+        f"{tokens:,} tokens x {vocab:,} vocab x {c} B x {cost.note}",
+        role.logits_evidence or act.EV_LOGITS,
+    )
+
+
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
     """The role's own parts while it runs a pass (training: an update)."""
     arch = role.model.architecture
@@ -54,6 +80,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 st.EV_FSDP1 if role.spec.strategy == "fsdp" else st.EV_FSDP2,
             )
         )
+    logits = None if role.spec.value_head else _logits_part(role, training, entropy)
+    logits_bytes = logits.bytes if logits is not None else 0
     tp_cp = (
         max(role.spec.tp, 1) * max(role.spec.cp, 1)
         if role.spec.strategy in ("megatron", "mindspeed")
@@ -93,17 +121,20 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 )
             )
         tokens = role.train_tokens // tp_cp
-        kept = act.kept_bytes(arch, tokens, role.checkpointing, c)
-        extra = (
-            act.recompute_bytes(arch, tokens, c) if role.checkpointing else 0
-        ) + act.backward_transient(arch, tokens, c)
-        activ = int((kept + extra) * (1 + act.WORKSPACE_ALLOWANCE))
+        allowance = 1 + act.WORKSPACE_ALLOWANCE
+        kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c) * allowance)
+        layers = int(act.layers_backward_bytes(arch, tokens, role.checkpointing, c) * allowance)
+        # the pass peaks at max(kept + logits, layers): the logits are their own part
+        beyond = max(0, layers - kept - logits_bytes)
         parts.append(
             Part(
                 f"{name}.activations",
                 f"{name} activations",
-                activ,
-                f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}, +10% kernel workspaces",
+                kept + beyond,
+                f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}: "
+                f"{gib_text(kept)} kept; backward through the layers peaks at {gib_text(layers)}, "
+                "after the logits are freed (what it holds beyond kept + logits counts), "
+                "+10% kernel workspaces",
                 f"{_checkpointing_evidence(role)}; {role.tokens_evidence}"
                 if role.tokens_evidence
                 else _checkpointing_evidence(role),
@@ -114,8 +145,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 Part(
                     f"{name}.reduce",
                     f"{name} gradient reduce buffers",
-                    3 * s.layer_unit,
-                    "one unit's gradient in bf16 and its fp32 reduce-scatter copy",
+                    3 * s.layer_grad_unit,
+                    "one unit's gradient in bf16 and its fp32 reduce-scatter copy (its trainable weights': a LoRA base has none)",
                     st.EV_MIXED_PRECISION,
                 )
             )
@@ -130,29 +161,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 role.tokens_evidence or act.EV_LOGITS,
             )
         )
-    if not role.spec.value_head:
-        cost = act.logits_cost(
-            training,
-            entropy or role.entropy_every_pass,
-            role.chunked_entropy,
-            role.fused_kernels,
-            role.compiled,
-            role.temperature_copy,
-            role.entropy_clone,
-        )
-        tokens = role.train_tokens if training else role.infer_tokens
-        vocab = arch.vocab_size // (
-            role.spec.tp if role.spec.strategy in ("megatron", "mindspeed") else 1
-        )
-        parts.append(
-            Part(
-                f"{name}.logits",
-                f"{name} logits",
-                int(cost.copies * tokens * vocab * c),
-                f"{tokens:,} tokens x {vocab:,} vocab x {c} B x {cost.note}",
-                role.logits_evidence or act.EV_LOGITS,
-            )
-        )
+    if logits is not None:
+        parts.append(logits)
     return parts
 
 
@@ -171,8 +181,8 @@ def server_parts(
                     f"{name}.server",
                     f"{name} server ({server.name}, awake)",
                     mem.claimed,
-                    f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, graphs/profile {gib_text(mem.overhead)}",
-                    srv.VLLM_REQUESTED,
+                    f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile {gib_text(mem.overhead)}; outside it, graphs{'/profile' if server.name == 'sglang' else ''} {gib_text(mem.outside)}",
+                    f"{srv.VLLM_REQUESTED}; {srv.VLLM_GRAPHS_OUTSIDE}",
                 )
             )
         elif mem.asleep:

@@ -47,8 +47,9 @@ def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
             "",
             f"rollout KV cache per GPU: {int(s['blocks']):,} blocks of {int(s['block_size'])} tokens "
             f"({int(s['kv_tokens']):,} tokens, {_gib(int(s['kv_bytes']))} GiB) after "
-            f"{_gib(int(s['weights']))} GiB of weights and {_gib(int(s['overhead']))} GiB of graphs "
-            f"and profiled activations; one max_model_len sequence needs "
+            f"{_gib(int(s['weights']))} GiB of weights and {_gib(int(s['overhead']))} GiB of profiled "
+            f"activations and non-torch allocations in its share; {_gib(int(s['outside_share']))} GiB "
+            "(CUDA graphs) outside it; one max_model_len sequence needs "
             f"{_gib(int(s['one_sequence_bytes']))} GiB",
         ]
     return lines

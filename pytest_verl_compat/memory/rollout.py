@@ -28,6 +28,10 @@ BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full a
 # non-torch allocations of its worker (NCCL, cuBLAS workspaces).
 CUDA_GRAPHS = int(1.0 * GIB)
 NON_TORCH = int(0.5 * GIB)
+# vLLM captures its CUDA graphs after it has sized and allocated the KV cache, so the graphs sit
+# outside the gpu_memory_utilization share unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set,
+# which is off by default ("Disabled by default to preserve existing behavior").
+VLLM_GRAPHS_OUTSIDE = "vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 0); vllm/v1/worker/gpu_worker.py compile_or_warm_up_model (graphs captured after initialize_from_config allocates the KV cache)"
 EV_VLLM_ARGS = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:286-311"
 EV_MAX_MODEL_LEN = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:954-955"
 EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800, :1075-1098"
@@ -80,9 +84,11 @@ def profile_bytes(arch: Architecture, server: ServerLayout) -> int:
 class ServerMemory:
     """What one server rank claims and what its KV cache holds."""
 
-    claimed: int  # gpu_memory_utilization x capacity (vLLM) or the static fraction (SGLang)
+    claimed: int  # what the awake server holds: its share and what sits outside it
+    share: int  # gpu_memory_utilization x capacity (vLLM) or the static fraction (SGLang)
     weights: int
-    overhead: int  # profiled activations, CUDA graphs, non-torch allocations
+    overhead: int  # what the share holds besides weights and KV (vLLM: profile, non-torch)
+    outside: int  # what the server holds outside its share (vLLM: CUDA graphs)
     kv_bytes: int
     blocks: int
     block_size: int
@@ -105,27 +111,28 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
     arch = server.model.architecture
     ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
     weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype)
-    claimed = int(server.gpu_memory_utilization * capacity)
+    share = int(server.gpu_memory_utilization * capacity)
     graphs = 0 if server.enforce_eager else CUDA_GRAPHS
-    overhead = profile_bytes(arch, server) + graphs + NON_TORCH
+    profiled = profile_bytes(arch, server) + NON_TORCH
     if server.name == "sglang":
         # SGLang's static share holds weights and the KV pool; activations and graphs sit outside
-        kv = claimed - weights
-        footprint_extra = overhead
+        overhead, outside = 0, profiled + graphs
     else:
-        kv = claimed - weights - overhead
-        footprint_extra = 0
+        overhead, outside = profiled, graphs
+    kv = share - weights - overhead
     page = page_bytes(arch, server.tp, server.kv_dtype)
     layers = arch.num_hidden_layers
     blocks = max(kv, 0) // page // layers if page else 0
     one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
     sleeps = server.free_cache_engine
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
-    asleep = graphs + kept if sleeps else claimed + footprint_extra
+    asleep = graphs + kept if sleeps else share + outside
     return ServerMemory(
-        claimed=claimed + footprint_extra,
+        claimed=share + outside,
+        share=share,
         weights=weights,
         overhead=overhead,
+        outside=outside,
         kv_bytes=max(kv, 0),
         blocks=blocks,
         block_size=BLOCK_SIZE,

@@ -110,18 +110,18 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
         mem = memories[name]
         key = f"{server.section}.gpu_memory_utilization"
         tp_key = f"{server.section}.tensor_model_parallel_size"
-        if mem.weights + mem.overhead >= mem.claimed:
+        if mem.weights + mem.overhead >= mem.share:
             out.append(
                 Verdict(
                     "error",
                     "trainer" if server.colocated else "rollout",
                     SERVER_START,
                     mem.weights,
-                    mem.claimed,
+                    mem.share,
                     f"the {name} server cannot start{where}: its weights per tensor-parallel rank "
                     f"({gib(mem.weights):.2f} GiB at tp {server.tp}) and its profiled overhead "
                     f"({gib(mem.overhead):.2f} GiB) exceed gpu_memory_utilization {server.gpu_memory_utilization} "
-                    f"of the GPU ({gib(mem.claimed):.2f} GiB)",
+                    f"of the GPU ({gib(mem.share):.2f} GiB)",
                     (key, tp_key),
                 )
             )

@@ -92,6 +92,7 @@ class ModelStates:
     optimizer: int
     accumulated: int  # unsharded gradients kept between micro-batches (FSDP no-sync), else 0
     layer_unit: int  # one all-gathered decoder layer in the compute dtype
+    layer_grad_unit: int  # one decoder layer's trainable weights' gradient, whole, compute dtype
     root_unit: int  # the unit that stays gathered through forward and backward (FSDP1 root)
     largest_tensor: int  # the largest parameter, gathered whole, in the stored dtype
     trainable: int  # trainable parameters (whole model)
@@ -192,6 +193,18 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         ),
         default=0,
     )
+    # a LoRA adapter is its own unit, named under its layer's module (model.layers.i....lora_A)
+    layer_grad = max(
+        (
+            sum(
+                t.numel
+                for t in trainable
+                if t.unit == f"layers.{i}" or f".layers.{i}." in f".{t.name}"
+            )
+            for i in range(arch.num_hidden_layers)
+        ),
+        default=0,
+    )
     root = sum(t.numel for t in every if t.unit == "root")
     largest = max((t.numel for t in every), default=0)
     return ModelStates(
@@ -200,6 +213,7 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         optimizer=0 if spec.forward_only else optimizer,
         accumulated=0 if spec.forward_only or not spec.defer_sync else accumulated,
         layer_unit=layer * spec.param_dtype,
+        layer_grad_unit=0 if spec.forward_only else layer_grad * spec.param_dtype,
         # FSDP1's root unit (embedding, final norm, lm_head) is not resharded after forward; FSDP2
         # wraps embed_tokens and lm_head on their own unless tied (fsdp_utils.py:537-558).
         root_unit=root * spec.param_dtype
@@ -261,6 +275,7 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         optimizer=0 if spec.forward_only else master,
         accumulated=0,
         layer_unit=layer * spec.param_dtype,
+        layer_grad_unit=0,
         root_unit=0,
         largest_tensor=0,
         trainable=sum(t.numel for t in trainable),
