@@ -192,3 +192,31 @@ def test_a_fact_whose_statement_moved_is_not_found(version: str) -> None:
     moved = dataclasses.replace(fact, where=f"{file}:{start + 400}")
     assert fact.found_in(release_root(version))
     assert not moved.found_in(release_root(version))
+
+
+def test_the_log_prob_gradient_goes_into_the_saved_logits_only_without_entropy() -> None:
+    """A release whose engine asks flash-attn's cross entropy for its gradient in place (unless
+    the pass takes the entropy) holds one tensor fewer in an update without entropy; with the
+    entropy, or in a class of releases whose gradient is always a new tensor, it is held."""
+    import dataclasses
+
+    from pytest_verl_compat.memory.activations import logits_cost
+    from pytest_verl_compat.memory.release_facts import LOGPROB_BACKWARD, Fact, ReleaseFacts
+
+    facts = release_facts("0.9.0")
+    assert facts.logprob_grad_in_place
+    new = dict(facts.facts)
+    new[LOGPROB_BACKWARD] = dataclasses.replace(facts.facts[LOGPROB_BACKWARD], value="new-tensor")
+    other = ReleaseFacts("a class", new)
+    assert not other.logprob_grad_in_place
+    assert isinstance(new[LOGPROB_BACKWARD], Fact)
+
+    def copies(entropy: bool, in_place: bool, scaled: bool) -> float:
+        return logits_cost(True, entropy, False, False, True, scaled, False, in_place).copies
+
+    # no entropy: the saved logits hold the gradient; after the division's backward, two
+    assert copies(False, True, False) == 1 and copies(False, False, False) == 2
+    assert copies(False, True, True) == 2 and copies(False, False, True) == 2
+    # the entropy needs the saved logits intact: its gradient and the cross entropy's are new
+    assert copies(True, True, False) == copies(True, False, False) == 3
+    assert copies(True, True, True) == 3

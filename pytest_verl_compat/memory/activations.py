@@ -176,10 +176,11 @@ def logits_cost(
     compiled: bool = True,
     temperature_copy: bool = True,
     clone: bool = False,
+    grad_in_place: bool = False,
 ) -> LogitsCost:
     """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
 
-    verl 0.9.0 (transformer_impl.py:1332-1371): the model's logits, then divided by the
+    Forward, verl 0.9.0 (transformer_impl.py:1332-1371): the model's logits, then divided by the
     temperature (a second tensor, while the model output still holds the first); a release that
     skips the division at a temperature of 1.0, or divides in place, keeps the first only
     (``temperature_copy``, the release's facts). Entropy (torch_functional.py:231-245) keeps
@@ -187,9 +188,16 @@ def logits_cost(
     (use_torch_compile, the default: transformer_impl.py:160-164), when only a fused
     reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows; Megatron's
     entropy works on a clone of the logits (``clone``, transformer_impl.py:1197). Log-probs
-    go through flash-attn's cross entropy, which does not materialise a copy. In training the
-    backward holds the saved logits, the cross entropy's gradient, the entropy's, and (after a
-    division) the gradient of the unscaled logits. Fused kernels never materialise the logits.
+    go through flash-attn's cross entropy, which does not materialise a copy.
+
+    Backward (training): the saved (scaled) logits; the cross entropy's gradient, which
+    flash-attn writes into the saved logits when asked to (``dlogits = logits if
+    ctx.inplace_backward else torch.empty_like(logits)``; verl asks unless the pass takes the
+    entropy, transformer_impl.py:1387-1394, ``grad_in_place`` from the release's facts) and
+    otherwise allocates; the entropy's gradient (and Megatron's clone). The unscaled logits
+    are gone by then (only the returned model output held them), and the division's backward
+    runs after the saved logits are freed: the summed gradient and its divided copy. Fused
+    kernels never materialise the logits.
     """
     if fused:
         return LogitsCost(0.0, "fused kernels: logits never materialised")
@@ -203,7 +211,11 @@ def logits_cost(
         extra += 1.0
     scaled = 1.0 if temperature_copy else 0.0
     forward = 1.0 + scaled + extra
-    copies = max(forward, 2.0 + scaled + (1.0 if entropy else 0.0)) if training else forward
+    in_place = grad_in_place and not entropy
+    at_the_head = 1.0 + (0.0 if in_place else 1.0) + (1.0 if entropy else 0.0)
+    at_the_head += 1.0 if entropy and clone else 0.0
+    divided = 1.0 + scaled
+    copies = max(forward, at_the_head, divided) if training else forward
     how = (
         ("chunked " if chunked else ("compiled " if compiled else "")) + "entropy"
         if entropy
@@ -211,4 +223,6 @@ def logits_cost(
     )
     if not temperature_copy:
         how += ", no temperature copy"
+    if training and in_place:
+        how += ", log-prob gradient in place"
     return LogitsCost(copies, f"{copies:g} {'copy' if copies == 1 else 'copies'} ({how})")

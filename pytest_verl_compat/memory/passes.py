@@ -37,6 +37,7 @@ def _logits_part(role: RoleLayout, training: bool, entropy: bool) -> Part:
         role.compiled,
         role.temperature_copy,
         role.entropy_clone,
+        role.logprob_grad_in_place,
     )
     tokens = role.train_tokens if training else role.infer_tokens
     vocab = arch.vocab_size // (

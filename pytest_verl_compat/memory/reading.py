@@ -283,6 +283,7 @@ def role_layout(
         if megatron
         else f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
         entropy_clone=megatron,
+        logprob_grad_in_place=facts.logprob_grad_in_place and not megatron,
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, engine_path(resolved, role)),
         train_budget_key=train_key,
@@ -472,6 +473,7 @@ def sft_layout(
         compiled=bool(engine.get("use_torch_compile", True)),
         temperature_copy=copies_logits(facts, SFT_TEMPERATURE, strategy),
         entropy_every_pass=False,  # the SFT engine computes no entropy
+        logprob_grad_in_place=facts.logprob_grad_in_place and strategy not in MEGATRON_STRATEGIES,
         logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, "engine"),

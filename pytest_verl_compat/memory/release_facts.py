@@ -31,6 +31,7 @@ BATCHED_TOKENS = "chunked_prefill_off_batched_tokens"
 FUSED_BACKENDS = "fused_kernel_backends"
 ENTROPY_PASSES = "entropy_passes"
 CRITIC_MICRO_BATCHES = "critic_micro_batches"
+LOGPROB_BACKWARD = "logprob_backward"
 VALUES: dict[str, tuple[str, ...]] = {
     # the log-prob pass divides the logits by the temperature: out of place always, out of
     # place unless the temperature is a scalar 1.0, or in place (no second tensor)
@@ -52,6 +53,9 @@ VALUES: dict[str, tuple[str, ...]] = {
     # ppo_micro_batch_size_per_gpu or ppo_max_token_len_per_gpu, the values on
     # forward_micro_batch_size_per_gpu or forward_max_token_len_per_gpu, by use_dynamic_bsz)
     CRITIC_MICRO_BATCHES: ("infer-budget", "per-pass"),
+    # the log-probs' cross entropy (flash-attn's) writes the logits' gradient into the saved
+    # logits unless the pass also takes the entropy of them, or always into a new tensor
+    LOGPROB_BACKWARD: ("in-place-unless-entropy", "new-tensor"),
 }
 
 
@@ -131,6 +135,11 @@ class ReleaseFacts:
     @property
     def critic_splits_per_pass(self) -> bool:
         return bool(self.value(CRITIC_MICRO_BATCHES) == "per-pass")
+
+    @property
+    def logprob_grad_in_place(self) -> bool:
+        """Whether the log-probs' backward reuses the saved logits when no entropy is taken."""
+        return bool(self.value(LOGPROB_BACKWARD) == "in-place-unless-entropy")
 
     @property
     def fused_backends(self) -> tuple[str, ...]:
