@@ -314,3 +314,25 @@ def test_report_the_errors(capsys: pytest.CaptureFixture[str]) -> None:
             + "; per measure: "
             + ", ".join(f"{measure} {error:.2%}" for measure, error in sorted(by_measure.items()))
         )
+
+
+def test_megatron_layers_keep_what_the_published_count_says() -> None:
+    """Megatron's layers cannot run here (Transformer Engine needs a GPU), so their formula is
+    checked against the published count instead: Korthikanti et al. 2022 ("Reducing Activation
+    Recomputation in Large Transformer Models", section 4.1) give 34 s*b*h bytes per layer in
+    16-bit, of which 2 s*b*h are dropout masks (verl trains without dropout) and 16 s*b*h the
+    GELU MLP's two 4h-wide tensors; the rest, 16 s*b*h, is the norms' and attention's, which a
+    multi-head model without q/k norms must equal here. The SwiGLU MLP keeps fc1's gate and up
+    and fc2's input (3 x intermediate), where GELU kept 2 x 4h."""
+    from pytest_verl_compat.memory.activations import megatron_layer_bytes
+
+    h, heads = 512, 8
+    config = dict(
+        BASE, hidden_size=h, num_attention_heads=heads, num_key_value_heads=heads,
+        intermediate_size=1376, model_type="llama",
+    )  # fmt: skip
+    arch = architecture_from_config(config, "llama", "tiny config")
+    rsigmas, lse = 2 * 4, 4 * heads
+    mlp = 3 * 2 * arch.intermediate_size
+    assert megatron_layer_bytes(arch, 0) - mlp - rsigmas - lse == 16 * h
+    assert megatron_layer_bytes(arch, 0) < kept_bytes(arch, 1, False) // arch.num_hidden_layers

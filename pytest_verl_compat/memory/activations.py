@@ -23,6 +23,8 @@ EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
 # Megatron recomputes what override_transformer_config asks (recompute_granularity, null by
 # default); its engine never reads model.enable_gradient_checkpointing.
 EV_MEGATRON_RECOMPUTE = "verl/trainer/config/engine/megatron.yaml:76-90; verl/workers/engine/megatron/transformer_impl.py:296, :329, :364-365"
+# verl builds its Megatron models with Transformer Engine's layer spec
+EV_MEGATRON_LAYER = "verl/models/mcore/model_initializer.py:105 (use_transformer_engine=True); megatron/core/models/gpt/gpt_layer_specs.py:270-291 (megatron-core 0.16.1: linear_qkv=column_parallel_layer_norm_linear, core_attention, pre_mlp_layernorm fused unless MoE)"
 EV_REMOVE_PADDING = "verl/workers/engine/fsdp/transformer_impl.py:1198-1262"
 EV_LOGITS = "verl/workers/engine/fsdp/transformer_impl.py:1332-1371"
 EV_ENTROPY = "verl/utils/torch_functional.py:231-265"
@@ -83,6 +85,32 @@ def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     return norms + _attention(arch, c) + _mlp(arch, index, c)
 
 
+def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
+    """Bytes per token decoder layer ``index`` keeps for backward in verl's Megatron engine, which
+    builds megatron-core's Transformer Engine layer (``EV_MEGATRON_LAYER``): the input norm fused
+    into the QKV linear (its input, its normalised output, rsigma), Qwen3's q/k norms (their
+    input), flash attention's q, k, v, output and fp32 log-sum-exp (the output is the
+    projection's input), the pre-MLP norm fused into fc1 (input, normalised output, rsigma), the
+    fused SwiGLU's input (fc1's gate and up) and fc2's input. Nothing is upcast and kept in fp32
+    as transformers' RMSNorm does, which is why the forecast does not use ``layer_bytes`` here.
+    Stated from the modules, not measured: Transformer Engine does not run on a CPU."""
+    h, heads = arch.hidden_size, arch.num_attention_heads
+    q = heads * arch.head_dim
+    kv = arch.num_key_value_heads * arch.head_dim
+    norms = 2 * (2 * c * h + 4)
+    attention = c * (q + 2 * kv) + c * q + 4 * heads
+    if arch.family in QK_NORM:
+        attention += c * (q + kv) + 4 * (heads + arch.num_key_value_heads)
+    if not arch.is_moe_layer(index):
+        mlp = 3 * c * arch.intermediate_size
+    else:
+        k, width = arch.num_experts_per_tok, arch.moe_intermediate_size
+        # fp32 router probabilities; per routed token its dispatched input, gate and up, SwiGLU
+        mlp = 4 * arch.num_experts + k * c * (h + 3 * width)
+        mlp += 3 * c * width * arch.n_shared_experts
+    return norms + attention + mlp
+
+
 def head_only_bytes(arch: Architecture, c: int = 2) -> int:
     """Per token, what the forward keeps for the model's head alone: the final norm and
     lm_head's input, Gemma 2's logit soft cap. The head's backward frees them, with the logits,
@@ -99,16 +127,23 @@ def head_bytes(arch: Architecture, c: int = 2, checkpointing: bool = False) -> i
     return 8 + 2 * c * rotary + head_only_bytes(arch, c) + (8 if checkpointing else 0)
 
 
-def kept_bytes(arch: Architecture, tokens: int, checkpointing: bool, c: int = 2) -> int:
+def _layer(arch: Architecture, index: int, c: int, megatron: bool) -> int:
+    return megatron_layer_bytes(arch, index, c) if megatron else layer_bytes(arch, index, c)
+
+
+def kept_bytes(
+    arch: Architecture, tokens: int, checkpointing: bool, c: int = 2, megatron: bool = False
+) -> int:
     """Bytes a training forward of ``tokens`` keeps until its backward (logits aside).
 
     Under gradient checkpointing (HF's non-reentrant checkpoint per decoder layer, enabled by
-    verl at transformer_impl.py:299-300) each layer keeps only its input hidden state.
+    verl at transformer_impl.py:299-300; Megatron's full recompute) each layer keeps only its
+    input hidden state.
     """
     if checkpointing:
         layers = arch.num_hidden_layers * c * arch.hidden_size
     else:
-        layers = sum(layer_bytes(arch, i, c) for i in range(arch.num_hidden_layers))
+        layers = sum(_layer(arch, i, c, megatron) for i in range(arch.num_hidden_layers))
     return tokens * (layers + head_bytes(arch, c, checkpointing))
 
 
@@ -123,7 +158,9 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
     return 2 * c * arch.moe_intermediate_size * experts
 
 
-def layers_backward_bytes(arch: Architecture, tokens: int, checkpointing: bool, c: int = 2) -> int:
+def layers_backward_bytes(
+    arch: Architecture, tokens: int, checkpointing: bool, c: int = 2, megatron: bool = False
+) -> int:
     """The peak while backward runs through the decoder layers: what the forward kept but the
     head's own, plus, in the layer being back-propagated, the layer recomputed under
     checkpointing (its full activations), the hidden state's gradient and the MLP's gradients
@@ -135,7 +172,7 @@ def layers_backward_bytes(arch: Architecture, tokens: int, checkpointing: bool, 
     and what the forward kept plus the logits' copies (measured in
     tests/test_fit_activations.py)."""
     in_layer = max(
-        (layer_bytes(arch, i, c) if checkpointing else 0)
+        (_layer(arch, i, c, megatron) if checkpointing else 0)
         + c * arch.hidden_size
         + _mlp_gradients(arch, i, c)
         for i in range(arch.num_hidden_layers)
@@ -146,7 +183,7 @@ def layers_backward_bytes(arch: Architecture, tokens: int, checkpointing: bool, 
     softcap = c * arch.vocab_size if arch.family in LOGIT_SOFTCAP else 0
     final_norm = (16 + c) * arch.hidden_size - softcap
     extra = max(final_norm, in_layer - head_only_bytes(arch, c))
-    return kept_bytes(arch, tokens, checkpointing, c) + tokens * extra
+    return kept_bytes(arch, tokens, checkpointing, c, megatron) + tokens * extra
 
 
 def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:

@@ -22,7 +22,9 @@ from pytest_verl_compat.memory.residency import (
 
 
 def _checkpointing_evidence(role: RoleLayout) -> str:
-    return act.EV_MEGATRON_RECOMPUTE if megatron(role) else act.EV_CHECKPOINTING
+    if megatron(role):
+        return f"{act.EV_MEGATRON_RECOMPUTE}; {act.EV_MEGATRON_LAYER}"
+    return act.EV_CHECKPOINTING
 
 
 def _logits_part(role: RoleLayout, training: bool, entropy: bool) -> Part:
@@ -123,8 +125,11 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
             )
         tokens = role.train_tokens // tp_cp
         allowance = 1 + act.WORKSPACE_ALLOWANCE
-        kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c) * allowance)
-        layers = int(act.layers_backward_bytes(arch, tokens, role.checkpointing, c) * allowance)
+        mcore = megatron(role)
+        kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c, mcore) * allowance)
+        layers = int(
+            act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore) * allowance
+        )
         # the pass peaks at max(kept + logits, layers): the logits are their own part
         beyond = max(0, layers - kept - logits_bytes)
         parts.append(
