@@ -252,3 +252,25 @@ def test_json_is_the_same_bytes_across_hash_seeds(here: Path) -> None:
         assert done.returncode in (0, 1), done.stderr
         outputs.add(done.stdout)
     assert len(outputs) == 1
+
+
+def test_an_entry_point_that_never_trains_is_its_rollout_servers_alone(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main_generation_server composes the PPO tree but starts standalone rollout servers only
+    (its entry point reaches no trainer's fit): no actor, critic or update is forecast, and the
+    JSON says the run serves."""
+    schema = json.loads(
+        resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
+    )
+    script = _script("examples/generation/run_deepseek_llm_7b.sh")
+    status, out, _ = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
+    payload = json.loads(out)
+    jsonschema.validate(payload, schema)
+    assert status == 0 and payload["kind"] == "serve"
+    assert [rank["name"] for rank in payload["ranks"]] == ["rollout"]
+    keys = {part["key"] for rank in payload["ranks"] for p in rank["phases"] for part in p["parts"]}
+    assert not any(key.startswith(("actor.", "critic.", "ref.")) for key in keys), keys
+    # the same tree under a trainer's entry point trains: the PPO tree's critic is forecast
+    status, out, _ = run(capsys, "fit", _script(PPO), "--gpu", "H100", "--format", "json")
+    assert json.loads(out)["kind"] == "rl"

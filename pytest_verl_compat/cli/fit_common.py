@@ -32,7 +32,7 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
 def forecast_case(session: Any, case: Any, request: Any) -> Any:
     """The forecast of a composed case; input it cannot read is a one-line UsageError."""
     from pytest_verl_compat.memory.architecture import UnsupportedModel
-    from pytest_verl_compat.memory.forecast import NotForecastable, forecast
+    from pytest_verl_compat.memory.forecast import NotForecastable, forecast, trains
     from pytest_verl_compat.memory.models import UnknownModel
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
@@ -45,7 +45,12 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         raise UsageError(str(exc)) from exc
     # the release checked is the release forecast for: its tree composed the mapping, its facts
     # say what its code does where no key decides
-    request = dataclasses.replace(request, world=outcome.fields.world_size, facts=facts)
+    request = dataclasses.replace(
+        request,
+        world=outcome.fields.world_size,
+        facts=facts,
+        trains=trains(session.entry_point(outcome.fields)),
+    )
     try:
         return forecast(outcome.composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:

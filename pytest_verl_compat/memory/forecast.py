@@ -26,10 +26,11 @@ from pytest_verl_compat.memory.runs import (
     phase_total,
     ranks_for,
     server_cannot_start,
+    trains,
     verdicts_only,
 )
 
-__all__ = ["MARGIN", "NotForecastable", "Request", "forecast", "phase_total"]
+__all__ = ["MARGIN", "NotForecastable", "Request", "forecast", "phase_total", "trains"]
 
 
 def _keys_of(phase: PhasePeak, layout: lay.RunLayout) -> tuple[str, ...]:
@@ -103,11 +104,12 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
             "blocks": mem.blocks, "block_size": mem.block_size, "page_bytes": mem.page, "kv_tokens": mem.kv_tokens,
             "one_sequence_bytes": mem.one_sequence_bytes,
         }  # fmt: skip
+    model = layout.roles[0].model if layout.roles else layout.rollout_model()
     return Forecast(
         script=request.script,
         kind=layout.kind,
-        model=layout.roles[0].model.architecture.name,
-        model_origin=f"{layout.roles[0].model.origin}: {layout.roles[0].model.where}",
+        model=model.architecture.name,
+        model_origin=f"{model.origin}: {model.where}",
         gpu=gpu,
         capacity=None if assumed else capacity,
         capacity_assumed=assumed,

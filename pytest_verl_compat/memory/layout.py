@@ -17,6 +17,8 @@ from pytest_verl_compat.memory.states import EngineSpec
 
 RL = "rl"
 SFT = "sft"
+# an entry point that never trains (it generates or serves): its rollout servers alone
+SERVE = "serve"
 # Where the micro-batch budgets are wired (verl/workers/engine_workers.py)
 EV_ACTOR_BUDGETS = "verl/workers/engine_workers.py:606-624"
 EV_REF_BUDGETS = "verl/workers/engine_workers.py:537-578"
@@ -101,7 +103,7 @@ class ServerLayout:
 
 @dataclass(frozen=True)
 class RunLayout:
-    kind: str  # rl or sft
+    kind: str  # rl, sft or serve
     world: int  # trainer GPUs
     roles: tuple[RoleLayout, ...]
     rollout: ServerLayout | None
@@ -114,6 +116,11 @@ class RunLayout:
 
     def role(self, name: str) -> RoleLayout | None:
         return next((r for r in self.roles if r.role == name), None)
+
+    def rollout_model(self) -> ModelChoice:
+        """The model a run without training roles serves."""
+        assert self.rollout is not None, "a run without roles serves a model"
+        return self.rollout.model
 
 
 def value_at(mapping: Mapping[str, Any], dotted: str, default: Any = None) -> Any:

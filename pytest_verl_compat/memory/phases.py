@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pytest_verl_compat.memory import rollout as srv
 from pytest_verl_compat.memory import states as st
-from pytest_verl_compat.memory.layout import RoleLayout, RunLayout
+from pytest_verl_compat.memory.layout import RoleLayout, RunLayout, ServerLayout
 from pytest_verl_compat.memory.parts import (
     ACTOR_UPDATE,
     CHECKPOINT,
@@ -34,6 +34,7 @@ from pytest_verl_compat.memory.passes import compute_parts, server_parts
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
+    gib_text,
     grad_buffer,
     optimizer_kept,
     resident,
@@ -217,26 +218,36 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
         phases.append(_checkpoint(layout, actor, asleep, ctx))
     kinds = [RankKind("trainer", layout.world, _describe(layout), tuple(phases))]
     if layout.rollout is not None and layout.rollout.standalone_gpus > 0:
-        mem = memory["rollout"]
-        parts = (
-            Part(
-                "rollout.server",
-                f"rollout server ({layout.rollout.name})",
-                mem.claimed,
-                f"gpu_memory_utilization {layout.rollout.gpu_memory_utilization} x capacity",
-                srv.VLLM_REQUESTED,
-            ),
-            contexts(1),
-        )
         kinds.append(
-            RankKind(
-                "rollout",
-                layout.rollout.standalone_gpus,
-                "standalone rollout replica GPUs",
-                (PhasePeak(ROLLOUT, "rollout", parts),),
-            )
+            _standalone(layout.rollout, memory["rollout"], "standalone rollout replica GPUs")
         )
     return tuple(kinds)
+
+
+def _standalone(server: ServerLayout, mem: srv.ServerMemory, description: str) -> RankKind:
+    """GPUs that hold a rollout server and nothing else: its share, what sits outside it, one
+    process's context."""
+    parts = (
+        Part(
+            "rollout.server",
+            f"rollout server ({server.name})",
+            mem.claimed,
+            f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity, and outside it {gib_text(mem.outside)}",
+            srv.VLLM_REQUESTED,
+        ),
+        contexts(1),
+    )
+    return RankKind(
+        "rollout", server.standalone_gpus, description, (PhasePeak(ROLLOUT, "rollout", parts),)
+    )
+
+
+def serve_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
+    """A launch that never trains: its rollout servers on every GPU (reading.serve_layout)."""
+    server = layout.rollout
+    assert server is not None
+    description = f"{layout.world} GPUs: {server.name} servers (tp {server.tp}), no trainer"
+    return (_standalone(server, srv.server_memory(server, capacity), description),)
 
 
 def _kl_from_actor(layout: RunLayout) -> bool:

@@ -8,6 +8,7 @@ code decides what no key does, its facts (``release_facts``) say how."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from pytest_verl_compat.memory.layout import (
     CRITIC_DEFAULT_BUDGET,
     EV_MICRO_BATCHES,
     RL,
+    SERVE,
     SFT,
     Lengths,
     RoleLayout,
@@ -399,6 +401,30 @@ def rl_layout(
         n=n,
         saves_checkpoints=as_int(value_at(resolved, "trainer.save_freq"), -1) > 0,
         hf_model_in_checkpoint="hf_model" in contents,
+    )
+
+
+def serve_layout(
+    resolved: Mapping[str, Any], model: ModelChoice, lengths: Lengths, facts: ReleaseFacts
+) -> RunLayout:
+    """A launch whose entry point never trains: its rollout servers on every GPU of the run
+    (main_generation_server.py:45-56, init_standalone), none of them beside a trainer."""
+    world = gpu_count(resolved)
+    server = server_layout(resolved, "actor_rollout_ref.rollout", model, lengths, world, facts)
+    if server is None:
+        raise UnreadableRun(
+            "actor_rollout_ref.rollout.name: a run that never trains serves nothing"
+        )
+    return RunLayout(
+        kind=SERVE,
+        world=world,
+        roles=(),
+        rollout=dataclasses.replace(server, colocated=False, standalone_gpus=world),
+        reward=None,
+        lengths=lengths,
+        n=max(as_int(value_at(resolved, "actor_rollout_ref.rollout.n"), 1), 1),
+        saves_checkpoints=False,
+        hf_model_in_checkpoint=False,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pytest_verl_compat.memory.layout import SERVE
 from pytest_verl_compat.memory.parts import PHASE_TITLES, Forecast, gib
 
 SCHEMA_VERSION = 1
@@ -19,7 +20,8 @@ def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
     """The forecast as a terminal reads it: one table per kind of rank, largest parts first."""
     lines = [
         f"{forecast.script or 'configuration'}: {forecast.model} ({forecast.model_origin})",
-        f"GPU: {forecast.gpu}; {forecast.world} GPUs in the trainer",
+        f"GPU: {forecast.gpu}; {forecast.world} GPUs in the "
+        + ("run" if forecast.kind == SERVE else "trainer"),
     ]
     lines += [f"assumes: {a}" for a in forecast.assumptions]
     capacity = forecast.capacity

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.memory import layout as lay
@@ -16,6 +16,9 @@ from pytest_verl_compat.memory.models import choose_model
 from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
 from pytest_verl_compat.memory.reading import UnreadableRun
 from pytest_verl_compat.memory.release_facts import ReleaseFacts, ReleaseFactsError
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.pipeline.entry_points import EntryPoint
 
 MARGIN = 0.90  # a phase above this share of the capacity is a warning (allocator fragmentation)
 
@@ -36,6 +39,9 @@ class Request:
     margin: float = MARGIN
     # what the release forecast for does where no key decides (``release_facts``)
     facts: ReleaseFacts | None = None
+    # False: the launch's entry point never trains (verl.trainer.main_generation_server): its
+    # rollout servers alone, on every GPU
+    trains: bool = True
 
 
 def dotted_value(mapping: Mapping[str, Any], dotted: str) -> Any:
@@ -83,6 +89,10 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
         )
     actor_path = _model_path(resolved, "actor_rollout_ref.model")
     actor = choose_model(actor_path, request.model_config)
+    if not request.trains:
+        return reading.serve_layout(
+            resolved, actor, lay.rl_lengths(resolved, request.lengths), facts
+        )
     critic_path = _model_path(resolved, "critic.model")
     critic = actor if critic_path in (None, actor_path) else choose_model(critic_path)
     reward = None
@@ -97,6 +107,8 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
 def ranks_for(layout: lay.RunLayout, capacity: int) -> tuple[RankKind, ...]:
     if layout.kind == lay.SFT:
         return ph.sft_ranks(layout)
+    if layout.kind == lay.SERVE:
+        return ph.serve_ranks(layout, capacity)
     return ph.rl_ranks(layout, capacity)
 
 
@@ -172,3 +184,9 @@ def phase_total(
         v.level == "error" for v in verdicts_only(layout, ranks, capacity, request.margin)
     )
     return total, fits
+
+
+def trains(entry: EntryPoint | None) -> bool:
+    """Whether the launch's entry point trains: the pinned one does; one from which no
+    trainer's fit is reached (``trains_at`` empty: main_generation_server) only serves."""
+    return entry is None or bool(entry.trains_at)

@@ -8,21 +8,26 @@ from typing import Any
 from pytest_verl_compat.model import Finding
 
 
-def memory_findings(outcome: Any, gpu_name: str, version: str) -> tuple[list[Finding], str]:
+def memory_findings(
+    outcome: Any, gpu_name: str, version: str, entry: Any = None
+) -> tuple[list[Finding], str]:
     """The forecast's findings for a composed case on ``gpu_name`` with verl ``version``'s
     facts, or ([], why not) when the case cannot be forecast (an unknown model: a note, not a
     failure of the verdict)."""
     from pytest_verl_compat.files.safe_input import InputError
     from pytest_verl_compat.memory.architecture import UnsupportedModel
     from pytest_verl_compat.memory.findings import as_findings
-    from pytest_verl_compat.memory.forecast import NotForecastable, Request, forecast
+    from pytest_verl_compat.memory.forecast import NotForecastable, Request, forecast, trains
     from pytest_verl_compat.memory.gpus import find_gpu
     from pytest_verl_compat.memory.models import UnknownModel
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
     try:
         request = Request(
-            gpu=find_gpu(gpu_name), world=outcome.fields.world_size, facts=release_facts(version)
+            gpu=find_gpu(gpu_name),
+            world=outcome.fields.world_size,
+            facts=release_facts(version),
+            trains=trains(entry),
         )
         result = forecast(outcome.composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError, ReleaseFactsError) as exc:

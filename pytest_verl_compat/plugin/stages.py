@@ -270,7 +270,11 @@ def test_verdict(
         verl_case,
     )
     gpu = request.config.getoption("verl_corpus_gpu", None)
-    memory, not_forecast = memory_findings(outcome, gpu, verl_audit.version) if gpu else ([], "")
+    memory, not_forecast = (
+        memory_findings(outcome, gpu, verl_audit.version, verl_audit.entry_point(outcome.fields))
+        if gpu
+        else ([], "")
+    )
     _record(
         request,
         verl_case,
