@@ -336,3 +336,41 @@ def test_megatron_layers_keep_what_the_published_count_says() -> None:
     mlp = 3 * 2 * arch.intermediate_size
     assert megatron_layer_bytes(arch, 0) - mlp - rsigmas - lse == 16 * h
     assert megatron_layer_bytes(arch, 0) < kept_bytes(arch, 1, False) // arch.num_hidden_layers
+
+
+def _head_gradient_alive_in_the_layers(one_flat_root: bool) -> int:
+    """Bytes alive while backward runs through a layer between the head and the embedding, when
+    the embedding and the head are views of one flat parameter split as FSDP1 splits its units
+    (torch/distributed/fsdp/_flat_param.py, _get_unflat_views_aligned: torch.split of the flat
+    parameter), or two parameters of their own (FSDP2's units, each gradient reduce-scattered
+    and freed once accumulated)."""
+    vocab, hidden = 4096, 32
+    if one_flat_root:
+        flat = torch.zeros(2 * vocab * hidden, requires_grad=True)
+        embed, head = (t.view(vocab, hidden) for t in torch.split(flat, [vocab * hidden] * 2))
+    else:
+        embed = torch.zeros(vocab, hidden, requires_grad=True)
+        head = torch.zeros(vocab, hidden, requires_grad=True)
+        # FSDP2 reduce-scatters a unit's gradient as soon as it is accumulated, and frees it
+        head.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    layer = torch.zeros(hidden, hidden, requires_grad=True)
+    params = {t.untyped_storage().data_ptr() for t in (embed, head, layer)}
+    meter = _Live(params)
+    window: list[int] = []
+    ids = torch.randint(0, vocab, (8,))
+    with meter:
+        x = torch.nn.functional.embedding(ids, embed)
+        x.register_hook(lambda grad: window.append(len(meter.timeline)))
+        z = x @ layer  # the layer's backward: from z's gradient to x's
+        z.register_hook(lambda grad: window.append(len(meter.timeline)))
+        (torch.tanh(z) @ head.t()).logsumexp(-1).sum().backward()
+    start, end = sorted(window)
+    return max(meter.timeline[start:end])
+
+
+def test_fsdp1_holds_the_head_gradient_through_the_layers() -> None:
+    """FSDP1's root unit: the head's gradient waits in the split's backward for the embedding's,
+    so it is alive through every layer's backward; FSDP2's own units let it go."""
+    head_bytes_ = 4096 * 32 * 4
+    assert _head_gradient_alive_in_the_layers(True) >= head_bytes_
+    assert _head_gradient_alive_in_the_layers(False) < head_bytes_

@@ -132,6 +132,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         )
         # the pass peaks at max(kept + logits, layers): the logits are their own part
         beyond = max(0, layers - kept - logits_bytes)
+        held = max(0, layers + s.held_head_grad - kept - logits_bytes) - beyond
         parts.append(
             Part(
                 f"{name}.activations",
@@ -146,6 +147,16 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 else _checkpointing_evidence(role),
             )
         )
+        if held:
+            parts.append(
+                Part(
+                    f"{name}.head_grad",
+                    f"{name} head gradient (held)",
+                    held,
+                    f"the root unit's head gradient, {gib_text(s.held_head_grad)}, held through the layers' backward until the embedding's (FSDP1's split views): what it adds to that peak",
+                    st.EV_FSDP1,
+                )
+            )
         if not megatron(role):  # Megatron reduces inside its grad buffer
             parts.append(
                 Part(

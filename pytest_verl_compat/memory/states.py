@@ -97,6 +97,8 @@ class ModelStates:
     largest_tensor: int  # the largest parameter, gathered whole, in the stored dtype
     trainable: int  # trainable parameters (whole model)
     total: int  # parameters (whole model)
+    # FSDP1: the root unit's head gradient, held from the head's backward to the embedding's
+    held_head_grad: int = 0
 
 
 def _ceil(a: int, b: int) -> int:
@@ -207,6 +209,13 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     )
     root = sum(t.numel for t in every if t.unit == "root")
     largest = max((t.numel for t in every), default=0)
+    # FSDP1 (use_orig_params false, the engine's default) views a unit's parameters out of one
+    # torch.split of its flat parameter; the split's backward waits for every view's gradient, so
+    # the head's (lm_head, or the tied embedding used as one) stays until the embedding's, after
+    # every layer's backward (tests/test_fit_activations.py measures it)
+    head = sum(t.numel for t in trainable if t.unit == "root" and t.kind == "lm_head")
+    if arch.tie_word_embeddings:
+        head = sum(t.numel for t in trainable if t.unit == "root" and t.kind == "embed")
     return ModelStates(
         params=params,
         grads=0 if spec.forward_only else grads,
@@ -214,6 +223,9 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         accumulated=0 if spec.forward_only or not spec.defer_sync else accumulated,
         layer_unit=layer * spec.param_dtype,
         layer_grad_unit=0 if spec.forward_only else layer_grad * spec.param_dtype,
+        held_head_grad=head * spec.param_dtype
+        if spec.strategy == "fsdp" and not spec.forward_only
+        else 0,
         # FSDP1's root unit (embedding, final norm, lm_head) is not resharded after forward; FSDP2
         # wraps embed_tokens and lm_head on their own unless tied (fsdp_utils.py:537-558).
         root_unit=root * spec.param_dtype
