@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,23 @@ def set_off(cases: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
     return {
         leaf for case in cases for leaf, value in case["sets"].items() if value != defaults[leaf]
     }
+
+
+def disagreeing(
+    cases: Sequence[Mapping[str, Any]],
+    upstream: Mapping[str, Sequence[Any]],
+    run: Callable[[Mapping[str, Any], Path], Any],
+    folder: Path,
+) -> list[str]:
+    """The ids of the cases whose result by ours (``run(sets, folder)``, each case in a folder of
+    its own) differs from upstream's (the first of each case's answers)."""
+    out = []
+    for index, case in enumerate(cases):
+        own = folder / str(index)
+        own.mkdir()
+        if run(case["sets"], own) != upstream[case["id"]][0]:
+            out.append(case["id"])
+    return out
 
 
 def assert_conforms(

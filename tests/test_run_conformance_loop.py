@@ -28,7 +28,7 @@ import pytest
 import yaml
 from corpus_facts import needs_release
 from loop_schedules import case_variants, phase_record
-from run_conformance import SandboxQuestions, assert_conforms, set_off, with_sets
+from run_conformance import SandboxQuestions, assert_conforms, disagreeing, set_off, with_sets
 from run_conformance import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import run_schedule as schedule
@@ -259,10 +259,7 @@ def test_a_wrong_loop_disagrees_with_upstream(
 ) -> None:
     target, wrong = MUTANTS[mutant]
     monkeypatch.setattr(target, wrong)
-    differing = []
-    for index, case in enumerate(CASES):
-        folder = tmp_path / str(index)
-        folder.mkdir()
-        if ours(base, case["sets"], folder) != upstream[case["id"]][0]:
-            differing.append(case["id"])
+    differing = disagreeing(
+        CASES, upstream, lambda sets, folder: ours(base, sets, folder), tmp_path
+    )
     assert differing, f"the mutant '{mutant}' agrees with upstream on every case"

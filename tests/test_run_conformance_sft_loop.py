@@ -28,7 +28,7 @@ import pytest
 import yaml
 from corpus_facts import PINNED_VERSION, needs_release
 from loop_schedules import case_variants, phase_record
-from run_conformance import SandboxQuestions, assert_conforms, set_off, with_sets
+from run_conformance import SandboxQuestions, assert_conforms, disagreeing, set_off, with_sets
 from run_conformance import leaf as value_at
 
 from pytest_verl_compat.upstream.probes import sft_schedule as schedule
@@ -240,12 +240,9 @@ def test_a_wrong_sft_loop_disagrees_with_upstream(
     target, wrong = MUTANTS[mutant]
     owner, _, name = target.rpartition(".")
     monkeypatch.setattr(getattr(sft_module, owner) if owner else sft_module, name, wrong)
-    differing = []
-    for index, case in enumerate(CASES):
-        folder = tmp_path / str(index)
-        folder.mkdir()
-        if ours(base, case["sets"], folder) != upstream[case["id"]][0]:
-            differing.append(case["id"])
+    differing = disagreeing(
+        CASES, upstream, lambda sets, folder: ours(base, sets, folder), tmp_path
+    )
     assert differing, f"the mutant '{mutant}' agrees with upstream on every case"
 
 

@@ -111,12 +111,16 @@ def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     return norms + attention + mlp
 
 
+def _softcap(arch: Architecture, c: int) -> int:
+    """Gemma 2's logit soft cap keeps a vocabulary-wide tensor per token until the head's backward."""
+    return c * arch.vocab_size if arch.family in LOGIT_SOFTCAP else 0
+
+
 def head_only_bytes(arch: Architecture, c: int = 2) -> int:
     """Per token, what the forward keeps for the model's head alone: the final norm and
     lm_head's input, Gemma 2's logit soft cap. The head's backward frees them, with the logits,
     before backward reaches the last decoder layer."""
-    softcap = c * arch.vocab_size if arch.family in LOGIT_SOFTCAP else 0
-    return _norm(arch, arch.hidden_size, True, c) + softcap
+    return _norm(arch, arch.hidden_size, True, c) + _softcap(arch, c)
 
 
 def head_bytes(arch: Architecture, c: int = 2, checkpointing: bool = False) -> int:
@@ -180,8 +184,7 @@ def layers_backward_bytes(
     # the final norm's backward, before the head's tensors are freed: its gradient in the
     # compute dtype and four fp32 copies of the width (the cast's, the normalisation's two
     # operands', the input's)
-    softcap = c * arch.vocab_size if arch.family in LOGIT_SOFTCAP else 0
-    final_norm = (16 + c) * arch.hidden_size - softcap
+    final_norm = (16 + c) * arch.hidden_size - _softcap(arch, c)
     extra = max(final_norm, in_layer - head_only_bytes(arch, c))
     return kept_bytes(arch, tokens, checkpointing, c, megatron) + tokens * extra
 

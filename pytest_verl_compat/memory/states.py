@@ -213,9 +213,8 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     # torch.split of its flat parameter; the split's backward waits for every view's gradient, so
     # the head's (lm_head, or the tied embedding used as one) stays until the embedding's, after
     # every layer's backward (tests/test_fit_activations.py measures it)
-    head = sum(t.numel for t in trainable if t.unit == "root" and t.kind == "lm_head")
-    if arch.tie_word_embeddings:
-        head = sum(t.numel for t in trainable if t.unit == "root" and t.kind == "embed")
+    head_kind = "embed" if arch.tie_word_embeddings else "lm_head"
+    head = sum(t.numel for t in trainable if t.unit == "root" and t.kind == head_kind)
     return ModelStates(
         params=params,
         grads=0 if spec.forward_only else grads,

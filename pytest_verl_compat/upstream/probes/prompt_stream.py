@@ -110,16 +110,23 @@ async def _agent_loop(cfg: Any, tokenizer: Any, raw_prompt: Any) -> dict[str, An
     }
 
 
-def stream(request: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-    import datasets
-    from omegaconf import OmegaConf, open_dict
+def request_tokenizer(request: Mapping[str, Any], folder: Path) -> Any:
+    """verl's tokenizer of the request's tokenizer files, written under ``folder`` (each by its
+    base name only)."""
     from verl.utils import hf_tokenizer
 
     tokenizer_dir = folder / "tokenizer"
     tokenizer_dir.mkdir()
     for name, text in dict(request["tokenizer"]).items():
         (tokenizer_dir / Path(str(name)).name).write_text(str(text))
-    tokenizer = hf_tokenizer(str(tokenizer_dir))
+    return hf_tokenizer(str(tokenizer_dir))
+
+
+def stream(request: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    import datasets
+    from omegaconf import OmegaConf, open_dict
+
+    tokenizer = request_tokenizer(request, folder)
     parquet = folder / "prompts.parquet"
     datasets.Dataset.from_list([dict(row) for row in request["rows"]]).to_parquet(str(parquet))
     cfg = OmegaConf.create(dict(request["mapping"]))

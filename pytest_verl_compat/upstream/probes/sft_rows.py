@@ -18,7 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.upstream.probes.prompt_stream import answer_in_own_folder
+from pytest_verl_compat.upstream.probes.prompt_stream import (
+    answer_in_own_folder,
+    request_tokenizer,
+)
 
 KIND = "sft_rows"
 KEY_CONVERSATIONS = "conversations"
@@ -62,13 +65,8 @@ def _rows(data: Mapping[str, Any], parquet: Path, tokenizer: Any) -> Any:
 
 def rows(request: Mapping[str, Any], folder: Path) -> dict[str, Any]:
     import datasets
-    from verl.utils import hf_tokenizer
 
-    tokenizer_dir = folder / "tokenizer"
-    tokenizer_dir.mkdir()
-    for name, text in dict(request["tokenizer"]).items():
-        (tokenizer_dir / Path(str(name)).name).write_text(str(text))
-    tokenizer = hf_tokenizer(str(tokenizer_dir))
+    tokenizer = request_tokenizer(request, folder)
     parquet = folder / "conversations.parquet"
     conversations = [{"messages": list(messages)} for messages in request[KEY_CONVERSATIONS]]
     datasets.Dataset.from_list(conversations).to_parquet(str(parquet))
