@@ -120,17 +120,35 @@ def test_sglang_claims_its_static_fraction_for_weights_and_kv() -> None:
     assert isinstance(server.model, ModelChoice)
 
 
-def test_cuda_graphs_sit_outside_the_share() -> None:
-    """vLLM captures its CUDA graphs after it has sized and allocated the KV cache
-    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is off by default): the graphs do not shrink the KV
-    cache, and the awake server holds its share plus them; eager vLLM holds its share."""
+def test_cuda_graphs_sit_outside_the_share_before_vllm_0_21() -> None:
+    """vLLM 0.18 (verl 0.9.0's) captures its CUDA graphs after it has sized and allocated the KV
+    cache (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is off by default): the graphs do not shrink
+    the KV cache, and the awake server holds its share plus them; eager vLLM holds its share."""
     server = _server("Qwen/Qwen2.5-7B-Instruct", 1, 0.5, 4096)
     capacity = find_gpu("H100").usable_bytes
     graphs = server_memory(server, capacity)
     eager = server_memory(dataclasses.replace(server, enforce_eager=True), capacity)
     assert graphs.kv_bytes == eager.kv_bytes
     assert eager.claimed == eager.share == int(0.5 * capacity)
-    assert graphs.claimed - graphs.share == graphs.outside > 0
+    assert graphs.claimed - graphs.share == graphs.outside == graphs.graphs > 0
+
+
+def test_cuda_graphs_come_out_of_the_kv_cache_from_vllm_0_21() -> None:
+    """vLLM 0.24 (verl 0.9.1 pins it) subtracts the graphs' profiled estimate from the share
+    before it sizes the KV cache (gpu_worker.py:467-492, the estimate applied by default from
+    0.21.0): the KV cache is smaller by the graphs, the awake server holds its share alone, and
+    asleep it keeps the graphs as before; eager vLLM is the same either way."""
+    before = _server("Qwen/Qwen2.5-7B-Instruct", 1, 0.5, 4096)
+    server = dataclasses.replace(before, graphs_in_share=True)
+    capacity = find_gpu("H100").usable_bytes
+    inside, outside = server_memory(server, capacity), server_memory(before, capacity)
+    assert inside.claimed == inside.share == int(0.5 * capacity) and inside.outside == 0
+    assert outside.kv_bytes - inside.kv_bytes == inside.graphs > 0
+    assert inside.asleep == outside.asleep == inside.graphs
+    eager = dataclasses.replace(server, enforce_eager=True)
+    assert server_memory(eager, capacity) == server_memory(
+        dataclasses.replace(eager, graphs_in_share=False), capacity
+    )
 
 
 def test_a_share_that_leaves_room_after_weights_and_profile_starts() -> None:

@@ -11,6 +11,7 @@ where its code makes one.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pytest_verl_compat.memory.release_facts import (
     VALUES,
     ReleaseFactsError,
     facts_from_mapping,
+    installed_root,
     release_facts,
 )
 from pytest_verl_compat.releases.index import RELEASE_DATA, load_release_index
@@ -51,7 +53,10 @@ def test_each_fact_is_the_statement_at_its_lines_of_its_release(version: str, na
     """The cited lines of the release's own files hold the statement that makes the fact true
     (what ``release derive VERSION --only memory-facts`` checks too)."""
     fact = release_facts(version).facts[name]
-    assert fact.found_in(release_root(version)), (
+    installed = installed_root(version)
+    if fact.cites_metadata and installed is None:
+        pytest.skip(f"the environment of verl {version} is not built (its METADATA is there)")
+    assert fact.found_in(release_root(version), installed), (
         f"statement={fact.statement!r}, but should be at {fact.where} of verl {version} [{name}]"
     )
 
@@ -178,6 +183,47 @@ def test_fit_gives_each_release_its_own_parts(
     assert ("no temperature copy" not in logits["formula"]) == copied, logits["formula"]
     assert facts.evidence(TEMPERATURE_COPY) in logits["evidence"]
     assert "changed in" not in json.dumps(payload), "a part cites lines its release changed"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@needs_release()
+def test_the_vllm_a_release_pins_is_the_one_its_environment_requires(version: str) -> None:
+    """The ``vllm_cuda_graphs`` fact cites the release's METADATA (its vllm extra's pin); the
+    release's own installed distribution requires the same (importlib.metadata, in its
+    environment)."""
+    from pytest_verl_compat.memory.release_facts import VLLM_CUDA_GRAPHS
+
+    fact = release_facts(version).facts[VLLM_CUDA_GRAPHS]
+    assert fact.where.startswith(f"verl-{version}.dist-info/METADATA:")
+    assert fact.found_in(release_root(version), installed_root(version))
+    assert not fact.found_in(release_root(version)), "METADATA is its environment's, not its tree's"
+    requires = run_in_release(
+        "import importlib.metadata as m\nresult = m.requires('verl')", version
+    )
+    assert fact.statement.removeprefix("Requires-Dist: ") in requires, requires
+    # vLLM's envs.py defaults VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS to "1" from 0.21.0 (read in
+    # the wheels of 0.18.0, 0.21.0 and 0.24.0): the version the release pins, or the least it
+    # accepts, decides the fact's value
+    pinned = re.search(r"vllm(?:==|>=)(\d+)\.(\d+)\.(\d+)", fact.statement)
+    assert pinned is not None, fact.statement
+    at_least_0_21 = tuple(int(g) for g in pinned.groups()) >= (0, 21, 0)
+    assert fact.value == ("inside-share" if at_least_0_21 else "outside-share")
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@needs_release()
+def test_fit_puts_vllms_cuda_graphs_where_the_releases_vllm_does(
+    version: str, upstream_checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outside the gpu_memory_utilization share with 0.9.0's vLLM 0.18 (the awake server holds
+    share + graphs), inside it with 0.9.1's vLLM 0.24 (the KV cache is smaller by them)."""
+    script = upstream_checkout / "examples" / "grpo_trainer" / "run_qwen3_8b_fsdp.sh"
+    payload = _fit_json(script, version, capsys)
+    server = payload["rollout_kv_cache"]
+    inside = release_facts(version).vllm_graphs_in_share
+    assert server["cuda_graphs"] > 0
+    assert server["outside_share"] == (0 if inside else server["cuda_graphs"])
+    assert server["claimed"] == server["share"] + server["outside_share"]
 
 
 @pytest.mark.parametrize("version", RELEASES)

@@ -198,7 +198,11 @@ def _rule_citations(derivation: Derivation, context: DeriveContext) -> None:
 def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
     """The memory forecast's facts of this release (``data/releases/VERSION/memory.yaml``,
     written by a person): each statement at its cited lines of the release's files."""
-    from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
+    from pytest_verl_compat.memory.release_facts import (
+        ReleaseFactsError,
+        installed_root,
+        release_facts,
+    )
 
     try:
         facts = release_facts(context.version)
@@ -206,8 +210,14 @@ def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
         derivation.person.append(f"memory facts: {exc}")
         return
     root = context.files().root
+    installed = installed_root(context.version)
     for name, fact in sorted(facts.facts.items()):
-        if not fact.found_in(root):
+        if fact.cites_metadata and installed is None:
+            derivation.person.append(
+                f"memory fact {name}: cites the METADATA of verl {context.version}, whose "
+                "environment is not built (`verl-compat release env VERSION` builds it)"
+            )
+        elif not fact.found_in(root, installed):
             derivation.person.append(
                 f"memory fact {name}: `{fact.statement}` is not at {fact.where} in "
                 f"{context.version} (data/releases/{context.version}/memory.yaml)"

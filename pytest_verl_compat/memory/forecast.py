@@ -100,7 +100,7 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
         mem = memories["rollout"]
         server = {
             "weights": mem.weights, "claimed": mem.claimed, "share": mem.share, "overhead": mem.overhead,
-            "outside_share": mem.outside, "kv_bytes": mem.kv_bytes,
+            "outside_share": mem.outside, "cuda_graphs": mem.graphs, "kv_bytes": mem.kv_bytes,
             "blocks": mem.blocks, "block_size": mem.block_size, "page_bytes": mem.page, "kv_tokens": mem.kv_tokens,
             "one_sequence_bytes": mem.one_sequence_bytes,
         }  # fmt: skip

@@ -99,6 +99,7 @@ class ServerLayout:
     colocated: bool  # replicas on the trainer's GPUs (the hybrid engine)
     standalone_gpus: int  # GPUs of standalone replicas besides (0: none)
     keeps_weights_asleep: bool  # asleep, the server keeps its weights (SGLang's LoRA adapters)
+    graphs_in_share: bool = False  # vLLM's CUDA graphs come out of its share (release's facts)
 
 
 @dataclass(frozen=True)

@@ -198,8 +198,8 @@ def server_parts(
                     f"{name}.server",
                     f"{name} server ({server.name}, awake)",
                     mem.claimed,
-                    f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile {gib_text(mem.overhead)}; outside it, graphs{'/profile' if server.name == 'sglang' else ''} {gib_text(mem.outside)}",
-                    f"{srv.VLLM_REQUESTED}; {srv.VLLM_GRAPHS_OUTSIDE}",
+                    srv.share_text(server, mem),
+                    f"{srv.VLLM_REQUESTED}; {srv.graphs_evidence(server)}",
                 )
             )
         elif mem.asleep:

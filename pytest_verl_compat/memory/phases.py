@@ -34,7 +34,6 @@ from pytest_verl_compat.memory.passes import compute_parts, server_parts
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
-    gib_text,
     grad_buffer,
     optimizer_kept,
     resident,
@@ -232,8 +231,8 @@ def _standalone(server: ServerLayout, mem: srv.ServerMemory, description: str) -
             "rollout.server",
             f"rollout server ({server.name})",
             mem.claimed,
-            f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity, and outside it {gib_text(mem.outside)}",
-            srv.VLLM_REQUESTED,
+            srv.share_text(server, mem),
+            f"{srv.VLLM_REQUESTED}; {srv.graphs_evidence(server)}",
         ),
         contexts(1),
     )

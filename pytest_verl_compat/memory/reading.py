@@ -366,6 +366,7 @@ def server_layout(
         colocated=_colocated(resolved, section, standalone_gpus, facts),
         standalone_gpus=standalone_gpus,
         keeps_weights_asleep=_adapter_served(resolved, name),
+        graphs_in_share=name == "vllm" and facts.vllm_graphs_in_share,
     )
 
 

@@ -32,6 +32,7 @@ FUSED_BACKENDS = "fused_kernel_backends"
 ENTROPY_PASSES = "entropy_passes"
 CRITIC_MICRO_BATCHES = "critic_micro_batches"
 LOGPROB_BACKWARD = "logprob_backward"
+VLLM_CUDA_GRAPHS = "vllm_cuda_graphs"
 VALUES: dict[str, tuple[str, ...]] = {
     # the log-prob pass divides the logits by the temperature: out of place always, out of
     # place unless the temperature is a scalar 1.0, or in place (no second tensor)
@@ -56,6 +57,10 @@ VALUES: dict[str, tuple[str, ...]] = {
     # the log-probs' cross entropy (flash-attn's) writes the logits' gradient into the saved
     # logits unless the pass also takes the entropy of them, or always into a new tensor
     LOGPROB_BACKWARD: ("in-place-unless-entropy", "new-tensor"),
+    # the vLLM the release pins sizes its KV cache before it captures its CUDA graphs (they sit
+    # outside gpu_memory_utilization's share), or after subtracting their profiled estimate
+    # (inside the share: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS's default from vLLM 0.21.0)
+    VLLM_CUDA_GRAPHS: ("outside-share", "inside-share"),
 }
 
 
@@ -76,11 +81,23 @@ class Fact:
         """The citation as fit prints it: the release's own line, marked as that release's."""
         return f"{self.where}@{release}" if _is_version(release) else self.where
 
-    def found_in(self, root: Path) -> bool:
-        """Whether the statement is at the cited lines of the release's files under ``root``."""
+    @property
+    def cites_metadata(self) -> bool:
+        """Whether it cites the release's distribution METADATA (the pins of its extras), which
+        its installed environment holds, not its source tree."""
+        return self.where.split(":", 1)[0].endswith(METADATA_FILE)
+
+    def found_in(self, root: Path, installed: Path | None = None) -> bool:
+        """Whether the statement is at the cited lines of the release's files under ``root``
+        (its source), or, for its METADATA, under ``installed`` (its environment's
+        site-packages; not found without one)."""
         cited = _WHERE.fullmatch(self.where)
         if cited is None or not self.statement:
             return False
+        if self.cites_metadata:
+            if installed is None:
+                return False
+            root = installed
         start = int(cited["start"])
         end = int(cited["end"] or start)
         try:
@@ -91,7 +108,11 @@ class Fact:
         return " ".join(self.statement.split()) in lines
 
 
-_WHERE = re.compile(r"(?P<file>[\w/]+\.py):(?P<start>\d+)(?:-(?P<end>\d+))?")
+METADATA_FILE = "METADATA"
+# A line of the release's source, or of its distribution's METADATA (the pins of its extras).
+_WHERE = re.compile(
+    r"(?P<file>[\w/]+\.py|verl-[\w.]+\.dist-info/METADATA):(?P<start>\d+)(?:-(?P<end>\d+))?"
+)
 
 
 def _is_version(text: str) -> bool:
@@ -140,6 +161,11 @@ class ReleaseFacts:
     def logprob_grad_in_place(self) -> bool:
         """Whether the log-probs' backward reuses the saved logits when no entropy is taken."""
         return bool(self.value(LOGPROB_BACKWARD) == "in-place-unless-entropy")
+
+    @property
+    def vllm_graphs_in_share(self) -> bool:
+        """Whether vLLM's CUDA graphs come out of the gpu_memory_utilization share."""
+        return bool(self.value(VLLM_CUDA_GRAPHS) == "inside-share")
 
     @property
     def fused_backends(self) -> tuple[str, ...]:
@@ -193,3 +219,19 @@ def release_facts(version: str) -> ReleaseFacts:
     if facts.release != version:
         raise ReleaseFactsError(f"{path}: names release {facts.release}, not {version}")
     return facts
+
+
+def installed_root(version: str) -> Path | None:
+    """The site-packages of the release's built environment (where its distribution's METADATA
+    is), or None when it is not built."""
+    from pytest_verl_compat.releases.environment import built, load_lock
+    from pytest_verl_compat.releases.index import ReleaseError, load_release_index
+
+    try:
+        environment = built(load_lock(load_release_index().supported_release(version)))
+    except ReleaseError:
+        return None
+    if environment is None:
+        return None
+    found = sorted((environment.folder / "lib").glob("python3*/site-packages"))
+    return found[0] if found else None

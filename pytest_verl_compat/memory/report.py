@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_verl_compat.memory.layout import SERVE
@@ -50,11 +51,20 @@ def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
             f"rollout KV cache per GPU: {int(s['blocks']):,} blocks of {int(s['block_size'])} tokens "
             f"({int(s['kv_tokens']):,} tokens, {_gib(int(s['kv_bytes']))} GiB) after "
             f"{_gib(int(s['weights']))} GiB of weights and {_gib(int(s['overhead']))} GiB of profiled "
-            f"activations and non-torch allocations in its share; {_gib(int(s['outside_share']))} GiB "
-            "(CUDA graphs) outside it; one max_model_len sequence needs "
-            f"{_gib(int(s['one_sequence_bytes']))} GiB",
+            f"activations and non-torch allocations{_graphs_where(s)}; one max_model_len sequence "
+            f"needs {_gib(int(s['one_sequence_bytes']))} GiB",
         ]
     return lines
+
+
+def _graphs_where(server: Mapping[str, int | float]) -> str:
+    """Where the server's CUDA graphs sit: in its share (counted in the overhead), or outside."""
+    outside = int(server["outside_share"])
+    if not outside and not int(server["cuda_graphs"]):
+        return " in its share; no CUDA graphs (enforce_eager)"
+    if outside:
+        return f" in its share; {_gib(outside)} GiB (CUDA graphs) outside it"
+    return f", CUDA graphs ({_gib(int(server['cuda_graphs']))} GiB) included, in its share"
 
 
 def verdict_lines(forecast: Forecast) -> list[str]:

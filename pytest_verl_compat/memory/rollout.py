@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.layout import ServerLayout
+from pytest_verl_compat.memory.residency import gib_text
 
 GIB = 1 << 30
 BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full attention
@@ -28,10 +29,12 @@ BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full a
 # non-torch allocations of its worker (NCCL, cuBLAS workspaces).
 CUDA_GRAPHS = int(1.0 * GIB)
 NON_TORCH = int(0.5 * GIB)
-# vLLM captures its CUDA graphs after it has sized and allocated the KV cache, so the graphs sit
-# outside the gpu_memory_utilization share unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set,
-# which is off by default ("Disabled by default to preserve existing behavior").
-VLLM_GRAPHS_OUTSIDE = "vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 0); vllm/v1/worker/gpu_worker.py compile_or_warm_up_model (graphs captured after initialize_from_config allocates the KV cache)"
+# vLLM captures its CUDA graphs after it has sized and allocated the KV cache. Before 0.21.0 the
+# graphs sit outside the gpu_memory_utilization share (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
+# off by default); from 0.21.0 their profiled estimate comes out of the KV cache, inside the share.
+# Which vLLM a release runs with is its fact ``vllm_cuda_graphs`` (release_facts).
+VLLM_GRAPHS_OUTSIDE = "vllm/envs.py:1636@vllm-0.18.0 VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 0); vllm/v1/worker/gpu_worker.py compile_or_warm_up_model (graphs captured after initialize_from_config allocates the KV cache)"
+VLLM_GRAPHS_INSIDE = "vllm/envs.py:1894-1896@vllm-0.24.0 VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 1 from 0.21.0); vllm/v1/worker/gpu_worker.py:467-492@vllm-0.24.0 (requested_memory - non_kv_cache_memory - cudagraph_memory_estimate_applied)"
 EV_VLLM_ARGS = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:286-311"
 EV_MAX_MODEL_LEN = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:954-955"
 EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800, :1075-1098"
@@ -87,7 +90,8 @@ class ServerMemory:
     claimed: int  # what the awake server holds: its share and what sits outside it
     share: int  # gpu_memory_utilization x capacity (vLLM) or the static fraction (SGLang)
     weights: int
-    overhead: int  # what the share holds besides weights and KV (vLLM: profile, non-torch)
+    overhead: int  # what the share holds besides weights and KV (vLLM: profile, non-torch, graphs
+    # where its release's vLLM counts them in the share)
     outside: int  # what the server holds outside its share (vLLM: CUDA graphs)
     kv_bytes: int
     blocks: int
@@ -97,6 +101,7 @@ class ServerMemory:
     one_sequence_bytes: int  # KV of one max_model_len sequence
     asleep: int  # what stays on the GPU while the server sleeps
     sleeps: bool
+    graphs: int  # its CUDA graphs (in the share or outside it), kept while it sleeps
 
     @property
     def concurrent_sequences(self) -> float:
@@ -117,6 +122,8 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
     if server.name == "sglang":
         # SGLang's static share holds weights and the KV pool; activations and graphs sit outside
         overhead, outside = 0, profiled + graphs
+    elif server.graphs_in_share:
+        overhead, outside = profiled + graphs, 0
     else:
         overhead, outside = profiled, graphs
     kv = share - weights - overhead
@@ -128,6 +135,7 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
     asleep = graphs + kept if sleeps else share + outside
     return ServerMemory(
+        graphs=graphs,
         claimed=share + outside,
         share=share,
         weights=weights,
@@ -142,3 +150,21 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
         asleep=asleep,
         sleeps=sleeps,
     )
+
+
+def graphs_evidence(server: ServerLayout) -> str:
+    """Where vLLM's CUDA graphs sit, as the vLLM of the server's release decides."""
+    return VLLM_GRAPHS_INSIDE if server.graphs_in_share else VLLM_GRAPHS_OUTSIDE
+
+
+def share_text(server: ServerLayout, mem: ServerMemory) -> str:
+    """The awake server's share and what sits outside it, as fit prints it."""
+    inside = f"weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile "
+    if server.graphs_in_share:
+        inside += f"{gib_text(mem.overhead - mem.graphs)}, graphs {gib_text(mem.graphs)}"
+        return f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: {inside}"
+    head = f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: "
+    if not mem.outside:
+        return f"{head}{inside}{gib_text(mem.overhead)}; no CUDA graphs (enforce_eager)"
+    outside = "graphs/profile" if server.name == "sglang" else "graphs"
+    return f"{head}{inside}{gib_text(mem.overhead)}; outside it, {outside} {gib_text(mem.outside)}"
