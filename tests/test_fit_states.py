@@ -249,3 +249,23 @@ def test_a_lora_base_reduces_no_gradient() -> None:
     adapters = 32 * ((h + h) * 2 + (h + kv) * 2 + (h + inter) * 3)
     assert lora.layer_grad_unit == adapters * 2
     assert lora.layer_unit == full.layer_unit
+
+
+def test_megatron_lora_adapters_stay_on_their_layers_pipeline_stage() -> None:
+    """A LoRA adapter is its own unit inside its layer (``model.layers.3...lora_A``): with
+    pipeline parallel, rank 0 holds the adapters of its stage's layers alone (the first stage
+    of two holds half the layers' adapters), never a crash on the adapter's unit name (verl
+    0.9.0's examples/tuning/lora/run_qwen3_30b_a3b_megatron.sh, pp 2)."""
+    from pytest_verl_compat.memory.models import from_table
+    from pytest_verl_compat.memory.states import EngineSpec, layer_index, model_states
+
+    choice = from_table("Qwen/Qwen2.5-7B")
+    assert choice is not None
+    arch = choice.architecture
+    one = model_states(arch, EngineSpec("megatron", 8, lora_rank=32, tp=2, pp=1))
+    two = model_states(arch, EngineSpec("megatron", 8, lora_rank=32, tp=2, pp=2))
+    assert two.grads * 2 == one.grads > 0 and two.trainable == one.trainable
+    assert layer_index("model.layers.13.mlp.gate_proj.lora_A") == 13
+    assert layer_index("layers.0") == 0
+    with pytest.raises(ValueError, match="names no decoder layer"):
+        layer_index("root")

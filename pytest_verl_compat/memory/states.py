@@ -11,6 +11,7 @@ measured on a CPU.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -236,6 +237,18 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     )
 
 
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+def layer_index(unit: str) -> int:
+    """The decoder layer a unit belongs to: ``layers.3`` or a LoRA adapter's own unit inside
+    it (``model.layers.3.mlp.gate_proj.lora_A``)."""
+    found = _LAYER.search(unit)
+    if found is None:
+        raise ValueError(f"unit {unit!r} names no decoder layer")
+    return int(found[1])
+
+
 def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     """megatron.core's per-rank states: layers split over pipeline stages, each layer's weights
     over tensor parallel (experts over expert x expert-tensor parallel); bf16 weights, fp32 main
@@ -255,7 +268,7 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
                     continue
                 total += t.numel // (spec.tp if t.kind in ("embed", "lm_head") else 1)
                 continue
-            if int(t.unit.split(".")[1]) >= layers_per_stage:
+            if layer_index(t.unit) >= layers_per_stage:
                 continue
             if t.kind == "experts":
                 total += t.numel // (spec.ep * spec.etp)
