@@ -7,6 +7,7 @@ import copy
 import functools
 import hashlib
 import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -414,7 +415,16 @@ class Composer:
         with (
             _hydra().initialize_config_dir(config_dir=str(self.config_dir), version_base=None),
             libyaml_config_loading(),
+            warnings.catch_warnings(),
         ):
+            # A search path the script names (hydra.searchpath=[pkg://a_plugin.config]) lives in
+            # the user's environment, not here: Hydra's warning that it is not available is not
+            # the user's news; a group it would have held is rejected by name all the same.
+            warnings.filterwarnings(
+                "ignore",
+                message=r"provider=hydra\.searchpath .* is not available",
+                category=UserWarning,
+            )
             yield
 
     def _hydra_compose(self, fields: Sequence[str]) -> DictConfig:
