@@ -71,6 +71,20 @@ TINY: dict[str, dict[str, Any]] = {
         "qk_rope_head_dim": 4,
         "v_head_dim": 8,
     },
+    "qwen2_5_vl": {
+        "vision_config": {
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 24,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            "spatial_merge_size": 2,
+            "fullatt_block_indexes": [1],
+        },
+    },
 }
 
 
@@ -83,15 +97,23 @@ def _config(case: str) -> dict[str, Any]:
 def _build(config: dict[str, Any], auto: Any = None) -> Any:
     settings = {k: v for k, v in config.items() if k != "model_type"}
     hf = transformers.AutoConfig.for_model(config["model_type"], **settings)
+    if auto is None:
+        vl = "vision_config" in config
+        auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
     with torch.device("meta"):
-        return (auto or transformers.AutoModelForCausalLM).from_config(hf)
+        return auto.from_config(hf)
+
+
+def _text_name(name: str) -> str:
+    """A VL model's language-model tensors, named as the text model's (model.layers...)."""
+    return name.replace("model.language_model.", "model.", 1)
 
 
 @pytest.mark.parametrize("case", sorted(TINY))
 def test_tensors_are_the_ones_transformers_builds(case: str) -> None:
     config = _config(case)
     arch = architecture_from_config(config, case, "tiny")
-    built = [(name, tuple(p.shape)) for name, p in _build(config).named_parameters()]
+    built = [(_text_name(name), tuple(p.shape)) for name, p in _build(config).named_parameters()]
     assert [(t.name, t.shape) for t in arch.tensors()] == built
 
 
@@ -104,15 +126,17 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
     assert sorted((t.name, t.shape) for t in arch.value_head_tensors()) == built
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2", "mistral"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2", "mistral", "qwen2_5_vl"])
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
+    """peft's all-linear adapts every nn.Linear but the output layer: a VL model's vision
+    tower's too."""
     peft = pytest.importorskip("peft")
     config = _config(case)
     arch = architecture_from_config(config, case, "tiny")
     settings = {k: v for k, v in config.items() if k != "model_type"}
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(config["model_type"], **settings)
-    )
+    vl = "vision_config" in config
+    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
+    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     frozen, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4))

@@ -276,6 +276,52 @@ def test_an_entry_point_that_never_trains_is_its_rollout_servers_alone(
     assert json.loads(out)["kind"] == "rl"
 
 
+def test_a_vision_language_model_counts_its_vision_tower(
+    here: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """verl's Qwen2.5-VL GRPO example: the shipped table's Qwen2.5-VL-7B-Instruct is the language
+    model and its vision tower (8,292,166,656 parameters, the model card's count), and the
+    forecast says the tower's activations are not forecast. The same numbers without the tower
+    (a text model's config) hold fewer weights; a VL family whose tower is not modelled says
+    its tower is not counted."""
+    script = _script("examples/grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh")
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
+    assert status in (0, 1), err
+    payload = json.loads(out)
+    weights = _part(payload, "old-log-prob", "actor.params")
+    assert "8,292,166,656 params" in weights["formula"]
+    assert any("vision tower's weights" in a for a in payload["assumptions"])
+    config = {
+        "model_type": "qwen3_vl",
+        "text_config": {
+            "hidden_size": 4096,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 12288,
+            "vocab_size": 151936,
+        },
+        "vision_config": {"depth": 27, "hidden_size": 1152, "out_hidden_size": 4096},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("fit", script, "--gpu", "H100", "--format", "json", "--model-config", str(tmp_path))
+    status, out, err = run(capsys, *args)
+    assert status in (0, 1), err
+    assumptions = json.loads(out)["assumptions"]
+    assert any("qwen3_vl: the language model alone" in a for a in assumptions), assumptions
+
+
+def _part(payload: dict[str, object], phase: str, key: str) -> dict[str, str]:
+    for rank in payload["ranks"]:  # type: ignore[attr-defined]
+        for entry in rank["phases"]:
+            if entry["phase"] == phase:
+                for part in entry["parts"]:
+                    if part["key"] == key:
+                        return dict(part)
+    raise AssertionError(f"no {key} in {phase}")
+
+
 @pytest.mark.parametrize("release", ["0.9.0", "0.9.1"])
 def test_every_example_script_is_forecast_or_refused_in_one_line(
     release: str, upstream_checkout: Path, capsys: pytest.CaptureFixture[str]

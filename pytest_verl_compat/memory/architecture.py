@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from pytest_verl_compat.memory.vision import VisionConfigError, VisionTower, vision_from_config
+
 # Families whose decoder layer is the Llama layout (q/k/v/o, gated MLP, RMSNorm).
 DENSE_FAMILIES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "mimo", "seed_oss"}
@@ -42,7 +44,7 @@ class Tensor(NamedTuple):
 
     name: str
     shape: tuple[int, ...]
-    unit: str  # "root" or "layers.<i>"
+    unit: str  # "root", "layers.<i>" or a vision block's "visual.blocks.<i>"
     kind: str  # embed, lm_head, norm, linear, bias, experts, router
 
     @property
@@ -83,6 +85,10 @@ class Architecture:
     v_head_dim: int = 0
     # Sliding-window attention on some layers (Gemma 2/3, Mistral v0.1): window and its pattern.
     sliding_window: int | None = None
+    # A vision-language model's vision tower (its parameters; vision.py), None for a text model.
+    vision: VisionTower | None = None
+    # A VL family whose tower the forecast does not model: its model_type (language model only).
+    vision_uncounted: str = ""
     source: str = ""
 
     @property
@@ -172,7 +178,10 @@ class Architecture:
             yield Tensor(f"{prefix}.{norm}.weight", (h,), unit, "norm")
 
     def tensors(self) -> Iterator[Tensor]:
-        """Every parameter tensor of the causal-LM model (a tied lm_head is the embedding)."""
+        """Every parameter tensor of the causal-LM model (a tied lm_head is the embedding), a VL
+        model's vision tower first, as transformers builds it."""
+        if self.vision is not None:
+            yield from (Tensor(*t) for t in self.vision.tensors())
         yield Tensor(
             "model.embed_tokens.weight", (self.vocab_size, self.hidden_size), "root", "embed"
         )
@@ -245,8 +254,12 @@ def _int(config: Mapping[str, Any], key: str, source: str, default: int | None =
 
 def architecture_from_config(config: Mapping[str, Any], name: str, source: str) -> Architecture:
     """The architecture of a parsed config.json; raises ``UnsupportedModel`` naming the key."""
-    family = str(_value(config, "model_type", "") or "")
-    family = ALIASES.get(family, family)
+    declared = str(_value(config, "model_type", "") or "")
+    family = ALIASES.get(declared, declared)
+    try:
+        vision = vision_from_config(config, declared, source)
+    except VisionConfigError as exc:
+        raise UnsupportedModel(str(exc)) from exc
     if family not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModel(
@@ -284,5 +297,7 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         qk_rope_head_dim=int(_value(config, "qk_rope_head_dim", 0) or 0),
         v_head_dim=int(_value(config, "v_head_dim", 0) or 0),
         sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        vision=vision,
+        vision_uncounted=declared if vision is None and "vision_config" in config else "",
         source=source,
     )

@@ -29,6 +29,7 @@ from pytest_verl_compat.memory.runs import (
     trains,
     verdicts_only,
 )
+from pytest_verl_compat.memory.vision import vision_assumptions
 
 __all__ = ["MARGIN", "NotForecastable", "Request", "forecast", "phase_total", "trains"]
 
@@ -77,6 +78,9 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
     NotForecastable for input it cannot read)."""
     layout = build_layout(resolved, request)
     assumptions = [f"sequence lengths: {layout.lengths.source}"]
+    model = layout.roles[0].model if layout.roles else layout.rollout_model()
+    arch = model.architecture
+    assumptions += vision_assumptions(arch.vision, arch.vision_uncounted)
     if request.gpu is not None:
         capacity, assumed, gpu = request.gpu.usable_bytes, False, request.gpu.label()
     else:
@@ -104,7 +108,6 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
             "blocks": mem.blocks, "block_size": mem.block_size, "page_bytes": mem.page, "kv_tokens": mem.kv_tokens,
             "one_sequence_bytes": mem.one_sequence_bytes,
         }  # fmt: skip
-    model = layout.roles[0].model if layout.roles else layout.rollout_model()
     return Forecast(
         script=request.script,
         kind=layout.kind,

@@ -56,7 +56,7 @@ def weights_per_rank(arch: Architecture, tp: int, ep_ranks: int, dtype: int) -> 
     for t in arch.tensors():
         if t.kind == "experts":
             total += t.numel // max(ep_ranks, 1)
-        elif t.kind in ("norm", "router"):
+        elif t.kind in ("norm", "router", "conv"):  # a VL tower's patch embedding is replicated
             total += t.numel
         else:
             total += t.numel // max(tp, 1)

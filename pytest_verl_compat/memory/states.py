@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_verl_compat.memory.architecture import Architecture, Tensor
+from pytest_verl_compat.memory.vision import UNIT as VISION_UNIT
 
 # verl/workers/engine/fsdp/transformer_impl.py
 EV_MODEL_DTYPE = "verl/workers/engine/fsdp/transformer_impl.py:237-242"  # fp32 unless set
@@ -267,6 +268,9 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
                 if t.kind in ("embed", "lm_head") and not (t.kind == "embed" or spec.pp == 1):
                     continue
                 total += t.numel // (spec.tp if t.kind in ("embed", "lm_head") else 1)
+                continue
+            if t.unit.startswith(VISION_UNIT):  # a VL model's tower is on the first stage
+                total += t.numel // (spec.tp if t.kind == "linear" else 1)
                 continue
             if layer_index(t.unit) >= layers_per_stage:
                 continue
