@@ -85,13 +85,30 @@ TINY: dict[str, dict[str, Any]] = {
             "fullatt_block_indexes": [1],
         },
     },
+    # the language model's numbers under text_config, as Qwen3-VL's config.json keeps them
+    "qwen3_vl": {
+        "text_config": {**BASE, "head_dim": 16},
+        "vision_config": {
+            "depth": 3,
+            "hidden_size": 16,
+            "intermediate_size": 24,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "patch_size": 16,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            "spatial_merge_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0, 2],
+        },
+    },
 }
 
 
 def _config(case: str) -> dict[str, Any]:
     extra = dict(TINY[case])
     family = extra.pop("model_type", case)
-    return {"model_type": family, **BASE, **extra}
+    return {"model_type": family, **({} if "text_config" in extra else BASE), **extra}
 
 
 def _build(config: dict[str, Any], auto: Any = None) -> Any:
@@ -126,7 +143,9 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
     assert sorted((t.name, t.shape) for t in arch.value_head_tensors()) == built
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2", "mistral", "qwen2_5_vl"])
+@pytest.mark.parametrize(
+    "case", ["llama", "qwen2", "qwen3", "gemma2", "mistral", "qwen2_5_vl", "qwen3_vl"]
+)
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
     """peft's all-linear adapts every nn.Linear but the output layer: a VL model's vision
     tower's too."""

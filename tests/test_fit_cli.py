@@ -281,9 +281,8 @@ def test_a_vision_language_model_counts_its_vision_tower(
 ) -> None:
     """verl's Qwen2.5-VL GRPO example: the shipped table's Qwen2.5-VL-7B-Instruct is the language
     model and its vision tower (8,292,166,656 parameters, the model card's count), and the
-    forecast says the tower's activations are not forecast. The same numbers without the tower
-    (a text model's config) hold fewer weights; a VL family whose tower is not modelled says
-    its tower is not counted."""
+    forecast says the tower's activations are not forecast; a VL family whose tower is not
+    modelled (Gemma 3's SigLIP) says its tower is not counted."""
     script = _script("examples/grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh")
     status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
     assert status in (0, 1), err
@@ -292,24 +291,24 @@ def test_a_vision_language_model_counts_its_vision_tower(
     assert "8,292,166,656 params" in weights["formula"]
     assert any("vision tower's weights" in a for a in payload["assumptions"])
     config = {
-        "model_type": "qwen3_vl",
+        "model_type": "gemma3",
         "text_config": {
-            "hidden_size": 4096,
-            "num_hidden_layers": 36,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "intermediate_size": 12288,
-            "vocab_size": 151936,
+            "hidden_size": 2560,
+            "num_hidden_layers": 34,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "intermediate_size": 10240,
+            "vocab_size": 262208,
         },
-        "vision_config": {"depth": 27, "hidden_size": 1152, "out_hidden_size": 4096},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     args = ("fit", script, "--gpu", "H100", "--format", "json", "--model-config", str(tmp_path))
     status, out, err = run(capsys, *args)
     assert status in (0, 1), err
     assumptions = json.loads(out)["assumptions"]
-    assert any("qwen3_vl: the language model alone" in a for a in assumptions), assumptions
+    assert any("gemma3: the language model alone" in a for a in assumptions), assumptions
 
 
 def _part(payload: dict[str, object], phase: str, key: str) -> dict[str, str]:

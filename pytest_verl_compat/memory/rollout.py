@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.layout import ServerLayout
 from pytest_verl_compat.memory.residency import gib_text
+from pytest_verl_compat.memory.vision import EMBED as VISION_EMBED
 
 GIB = 1 << 30
 BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full attention
@@ -56,7 +57,7 @@ def weights_per_rank(arch: Architecture, tp: int, ep_ranks: int, dtype: int) -> 
     for t in arch.tensors():
         if t.kind == "experts":
             total += t.numel // max(ep_ranks, 1)
-        elif t.kind in ("norm", "router", "conv"):  # a VL tower's patch embedding is replicated
+        elif t.kind in ("norm", "router", VISION_EMBED):  # a VL tower's embeddings: replicated
             total += t.numel
         else:
             total += t.numel // max(tp, 1)

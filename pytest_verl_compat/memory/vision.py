@@ -1,14 +1,22 @@
 """A vision-language model's vision tower, as its parameter tensors (the weights, gradients and
 optimizer states every role of a VL run holds, the vLLM server's weights per rank).
 
-Qwen2.5-VL's tower (transformers' ``Qwen2_5_VisionTransformerPretrainedModel``, built from
-``vision_config``): a Conv3d patch embedding without bias (``hidden_size`` x ``in_channels`` x
-``temporal_patch_size`` x ``patch_size``²), ``depth`` blocks of two RMSNorms, a fused ``qkv`` and
-a ``proj`` with biases and a gated MLP of ``intermediate_size`` with biases, and a merger (an
-RMSNorm over ``hidden_size``, then ``hidden_size`` x ``spatial_merge_size``² to itself and to
-``out_hidden_size``, with biases). Each block is an FSDP unit (the model's ``_no_split_modules``
-names ``Qwen2_5_VLVisionBlock``); the embedding and the merger sit in the root unit.
-tests/test_fit_architecture.py checks every tensor against the model transformers builds.
+Two layouts, as transformers 5 builds them from ``vision_config``:
+
+- Qwen2.5-VL (``Qwen2_5_VisionTransformerPretrainedModel``): a Conv3d patch embedding without
+  bias (``hidden_size`` x ``in_channels`` x ``temporal_patch_size`` x ``patch_size``²),
+  ``depth`` blocks of two RMSNorms, a fused ``qkv`` and a ``proj`` with biases and a gated MLP
+  of ``intermediate_size`` with biases, and a merger (an RMSNorm over ``hidden_size``, then
+  ``hidden_size`` x ``spatial_merge_size``² to itself and to ``out_hidden_size``, with biases);
+- Qwen3-VL (``Qwen3VLVisionModel``): the patch embedding with a bias, a learned position
+  embedding of ``num_position_embeddings``, blocks of two LayerNorms, ``qkv``, ``proj`` and a
+  two-layer MLP (``linear_fc1``, ``linear_fc2``) with biases, a merger (a LayerNorm over
+  ``hidden_size``, ``linear_fc1``, ``linear_fc2``) and one more merger per
+  ``deepstack_visual_indexes`` entry, its LayerNorm after the 2x2 shuffle.
+
+Each block is an FSDP unit (the models' ``_no_split_modules`` name their vision blocks); the
+embeddings and the mergers sit in the root unit. tests/test_fit_architecture.py checks every
+tensor against the model transformers builds.
 
 What the tower keeps for backward depends on the images (their patches), which a launch script
 does not say: its activations are not forecast, and the forecast says so.
@@ -21,9 +29,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 # Families with a vision tower the forecast counts, by model_type.
-VISION_FAMILIES = frozenset({"qwen2_5_vl"})
+VISION_FAMILIES = frozenset({"qwen2_5_vl", "qwen3_vl"})
 PREFIX = "model.visual"
 UNIT = "visual.blocks."  # a block's FSDP unit: visual.blocks.<i>
+# The patch and position embeddings: no nn.Linear (peft's all-linear leaves them), replicated
+# on every tensor-parallel rank of the rollout server.
+EMBED = "vision_embed"
 
 
 class VisionTensor(NamedTuple):
@@ -37,6 +48,7 @@ class VisionTensor(NamedTuple):
 class VisionTower:
     """The numbers of ``vision_config`` that decide the tower's parameters."""
 
+    layout: str  # the model_type whose tower this is (qwen2_5_vl, qwen3_vl)
     depth: int
     hidden_size: int
     intermediate_size: int
@@ -45,33 +57,67 @@ class VisionTower:
     temporal_patch_size: int
     in_channels: int
     spatial_merge_size: int
+    num_position_embeddings: int = 0  # Qwen3-VL's learned position embedding
+    deepstack_mergers: int = 0  # Qwen3-VL: one merger per deepstack_visual_indexes entry
 
     def tensors(self) -> Iterator[VisionTensor]:
-        h, width = self.hidden_size, self.intermediate_size
+        h = self.hidden_size
+        qwen3 = self.layout == "qwen3_vl"
         kernel = (self.in_channels, self.temporal_patch_size, self.patch_size, self.patch_size)
-        yield VisionTensor(f"{PREFIX}.patch_embed.proj.weight", (h, *kernel), "root", "conv")
+        yield VisionTensor(f"{PREFIX}.patch_embed.proj.weight", (h, *kernel), "root", EMBED)
+        if qwen3:
+            yield VisionTensor(f"{PREFIX}.patch_embed.proj.bias", (h,), "root", "bias")
+            shape = (self.num_position_embeddings, h)
+            yield VisionTensor(f"{PREFIX}.pos_embed.weight", shape, "root", EMBED)
         for index in range(self.depth):
-            unit = f"{UNIT}{index}"
-            block = f"{PREFIX}.blocks.{index}"
-            yield VisionTensor(f"{block}.norm1.weight", (h,), unit, "norm")
-            yield VisionTensor(f"{block}.norm2.weight", (h,), unit, "norm")
-            for name, rows, cols in (
-                ("attn.qkv", 3 * h, h),
-                ("attn.proj", h, h),
+            yield from self._block(index, qwen3)
+        merged = h * self.spatial_merge_size**2
+        if not qwen3:
+            yield VisionTensor(f"{PREFIX}.merger.ln_q.weight", (h,), "root", "norm")
+            yield from self._linears(f"{PREFIX}.merger", "root", (("mlp.0", merged, merged),))
+            yield from self._linears(
+                f"{PREFIX}.merger", "root", (("mlp.2", self.out_hidden_size, merged),)
+            )
+            return
+        mergers = [(f"{PREFIX}.merger", h)] + [
+            (f"{PREFIX}.deepstack_merger_list.{i}", merged) for i in range(self.deepstack_mergers)
+        ]
+        for prefix, normed in mergers:
+            yield VisionTensor(f"{prefix}.norm.weight", (normed,), "root", "norm")
+            yield VisionTensor(f"{prefix}.norm.bias", (normed,), "root", "norm")
+            yield from self._linears(
+                prefix,
+                "root",
+                (("linear_fc1", merged, merged), ("linear_fc2", self.out_hidden_size, merged)),
+            )
+
+    def _block(self, index: int, qwen3: bool) -> Iterator[VisionTensor]:
+        h, width = self.hidden_size, self.intermediate_size
+        unit = f"{UNIT}{index}"
+        block = f"{PREFIX}.blocks.{index}"
+        for norm in ("norm1", "norm2"):
+            yield VisionTensor(f"{block}.{norm}.weight", (h,), unit, "norm")
+            if qwen3:  # LayerNorm: a bias too
+                yield VisionTensor(f"{block}.{norm}.bias", (h,), unit, "norm")
+        mlp = (
+            (("mlp.linear_fc1", width, h), ("mlp.linear_fc2", h, width))
+            if qwen3
+            else (
                 ("mlp.gate_proj", width, h),
                 ("mlp.up_proj", width, h),
                 ("mlp.down_proj", h, width),
-            ):
-                yield VisionTensor(f"{block}.{name}.weight", (rows, cols), unit, "linear")
-                yield VisionTensor(f"{block}.{name}.bias", (rows,), unit, "bias")
-        merged = h * self.spatial_merge_size**2
-        yield VisionTensor(f"{PREFIX}.merger.ln_q.weight", (h,), "root", "norm")
-        for name, rows, cols in (
-            ("mlp.0", merged, merged),
-            ("mlp.2", self.out_hidden_size, merged),
-        ):
-            yield VisionTensor(f"{PREFIX}.merger.{name}.weight", (rows, cols), "root", "linear")
-            yield VisionTensor(f"{PREFIX}.merger.{name}.bias", (rows,), "root", "bias")
+            )
+        )
+        yield from self._linears(block, unit, (("attn.qkv", 3 * h, h), ("attn.proj", h, h), *mlp))
+
+    @staticmethod
+    def _linears(
+        prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...]
+    ) -> Iterator[VisionTensor]:
+        """nn.Linear layers with biases, each its weight then its bias."""
+        for name, rows, cols in shapes:
+            yield VisionTensor(f"{prefix}.{name}.weight", (rows, cols), unit, "linear")
+            yield VisionTensor(f"{prefix}.{name}.bias", (rows,), unit, "bias")
 
 
 class VisionConfigError(ValueError):
@@ -95,7 +141,14 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
             return default
         raise VisionConfigError(f"{source}: vision_config.{key} must be a positive integer")
 
+    qwen3 = family == "qwen3_vl"
+    deepstack = vision.get("deepstack_visual_indexes") or []
+    if not isinstance(deepstack, list):
+        raise VisionConfigError(f"{source}: vision_config.deepstack_visual_indexes must be a list")
     return VisionTower(
+        layout=family,
+        num_position_embeddings=number("num_position_embeddings") if qwen3 else 0,
+        deepstack_mergers=len(deepstack) if qwen3 else 0,
         depth=number("depth"),
         hidden_size=number("hidden_size", "embed_dim"),
         intermediate_size=number("intermediate_size"),
