@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fit_points import launch
+from fit_points import launch, merged
 
 from pytest_verl_compat.memory.forecast import forecast
 from pytest_verl_compat.memory.gpus import custom_gpu, find_gpu
@@ -29,6 +29,7 @@ from pytest_verl_compat.memory.release_facts import (
     ReleaseFacts,
     release_facts,
 )
+from pytest_verl_compat.memory.residency import states_of
 from pytest_verl_compat.memory.runs import Request, build_layout
 from pytest_verl_compat.pipeline.audit import AuditSession
 
@@ -37,10 +38,16 @@ RECOMPUTE = "actor_rollout_ref.actor.megatron.override_transformer_config"
 
 
 def _resolved(
-    session: AuditSession, folder: Path, overrides: list[str], config_name: str = ""
+    session: AuditSession,
+    folder: Path,
+    overrides: list[str],
+    config_name: str = "",
+    model_entry: Mapping[str, Any] | None = None,
 ) -> Mapping[str, Any]:
     entry = {"id": "reading", "model": MODEL, "gpus": 8, "config_name": config_name}
-    digest = hashlib.sha1("\n".join([config_name, *overrides]).encode()).hexdigest()[:10]
+    entry.update(model_entry or {})
+    named = [config_name, str(entry["model"]), *overrides]
+    digest = hashlib.sha1("\n".join(named).encode()).hexdigest()[:10]
     script = folder / f"reading-{digest}.sh"
     script.write_text(launch(entry, overrides))
     composition = session.outcome(session.case_for_script(script)).composition
@@ -55,8 +62,9 @@ def _role(
     role: str,
     config_name: str = "",
     facts: ReleaseFacts | None = None,
+    model_entry: Mapping[str, Any] | None = None,
 ) -> RoleLayout:
-    resolved = _resolved(session, folder, overrides, config_name)
+    resolved = _resolved(session, folder, overrides, config_name, model_entry)
     request = Request(gpu=find_gpu("H100"), facts=facts or release_facts(session.version))
     found = build_layout(resolved, request).role(role)
     assert found is not None, role
@@ -180,3 +188,76 @@ def test_the_v1_critic_takes_its_token_budget_for_both_passes(
     critic = _role(upstream_session, folder, PPO_RUN, "critic", facts=facts)
     assert critic.train_budget_key == "critic.ppo_infer_max_token_len_per_gpu"
     assert critic.train_tokens > 1024 and critic.infer_tokens > 4 * 1024
+
+
+# A LoRA run on FSDP1 whose weight sync collects the adapters (lora.merge false): without
+# layered_summon, verl/utils/fsdp_utils.py:740 opens summon_full_params on the whole model.
+LORA_MODEL = "Qwen/Qwen2.5-14B-Instruct"
+ROLLOUT = "actor_rollout_ref.rollout"
+LORA_RUN = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=64",
+    "data.max_prompt_length=512",
+    "data.max_response_length=1024",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.model.lora_rank=32",
+    "actor_rollout_ref.model.lora_alpha=32",
+    "actor_rollout_ref.actor.strategy=fsdp",
+    "actor_rollout_ref.rollout.layered_summon=False",
+]
+
+
+def _sync_parts(session: AuditSession, folder: Path, overrides: list[str]) -> dict[str, int]:
+    """The actor's weight-sync parts (name -> bytes) of a LoRA run on 8 H100s."""
+    resolved = _resolved(session, folder, overrides, model_entry={"model": LORA_MODEL})
+    request = Request(gpu=find_gpu("H100"), facts=release_facts(session.version))
+    result = forecast(resolved, request, with_fixes=False)
+    sync = [phase for rank in result.ranks for phase in rank.phases if phase.phase == "weight-sync"]
+    assert sync, "a hybrid-engine run syncs its weights"
+    return {part.key: part.bytes for part in sync[0].parts}
+
+
+def test_a_lora_sync_without_layered_summon_gathers_the_whole_fsdp1_model(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    entry = {"model": LORA_MODEL, "gpus": 8}
+    parts = _sync_parts(upstream_session, folder, LORA_RUN)
+    actor = _role(upstream_session, folder, LORA_RUN, "actor", model_entry=entry)
+    assert actor.spec.strategy == "fsdp" and actor.spec.lora_rank == 32
+    # summon_full_params unshards every FSDP1 unit in fp32 (FlatParamHandle._force_full_precision),
+    # each padded to a multiple of the 8 ranks (tests/test_fit_states.py measures it on verl's engine)
+    states = states_of(actor)
+    assert parts.get("sync.summoned") == states.summoned, parts
+    assert 0 <= states.summoned - states.total * 4 < 2**20, states  # a few bytes a unit
+    assert "sync.staging" not in parts
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "actor_rollout_ref.rollout.layered_summon=True",  # one unit at a time
+        "actor_rollout_ref.actor.strategy=fsdp2",  # DTensors gather one adapter at a time
+        "actor_rollout_ref.model.lora.merge=True",  # merged weights sync per tensor
+        "actor_rollout_ref.model.lora_rank=0",  # full fine-tuning syncs per tensor
+    ],
+)
+def test_a_sync_that_gathers_per_unit_or_per_tensor_stages_one_tensor(
+    upstream_session: AuditSession, folder: Path, change: str
+) -> None:
+    parts = _sync_parts(upstream_session, folder, merged(LORA_RUN, [change]))
+    assert "sync.summoned" not in parts, parts
+    assert "sync.staging" in parts
+
+
+def test_an_oom_lora_sync_proposes_layered_summon_first(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    resolved = _resolved(upstream_session, folder, LORA_RUN, model_entry={"model": LORA_MODEL})
+    request = Request(gpu=custom_gpu(60.0), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request)
+    sync = [verdict for verdict in result.verdicts if verdict.phase == "weight-sync"]
+    assert sync and sync[0].fixes, [v.phase for v in result.verdicts]
+    layered = [f for f in sync[0].fixes if f.keys == ((f"{ROLLOUT}.layered_summon", "True"),)]
+    assert layered and layered[0].phase_fits, sync[0].fixes

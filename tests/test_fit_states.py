@@ -56,6 +56,7 @@ CASES: list[tuple[int, str, str, dict[str, Any]]] = [
     (8, "fsdp2", "actor", {"fsdp_size": 4}),
     (8, "fsdp", "actor", {"fsdp_size": 2}),
     (8, "fsdp", "actor", {}),
+    (8, "fsdp", "actor", {"lora_rank": 8, "fsdp_size": 4}),
 ]
 # With a tree that has the no-sync key: each value set explicitly, both FSDP versions, a trained
 # role each, LoRA and hybrid sharding once.
@@ -185,6 +186,31 @@ def test_model_states_equal_verl_byte_for_byte(
     assert observed == expected, (
         f"bytes={observed}, but should be {expected} [{version} {_case_id(case)}]"
     )
+
+
+@pytest.mark.parametrize(
+    ("version", "case"),
+    [p for p in PARAMS if p.values[1][3].get("lora_rank")],  # type: ignore[index]
+)
+def test_a_lora_weight_sync_gathers_what_the_forecast_says(
+    version: str, case: tuple[int, str, str, dict[str, Any]], tiny_models: dict[str, Any]
+) -> None:
+    """The adapters' weight sync without layered_summon, run on the release's engine: FSDP1's
+    summon_full_params holds every unit unsharded at full precision at once, byte for byte the
+    forecast's ``summoned``; FSDP2 gathers tensor by tensor and never unshards the model."""
+    world, strategy, role, _ = case
+    got = _measured(version, tiny_models)[_case_id(case)]
+    arch = architecture_from_config(tiny_models["config"], "tiny", "config.json")
+    spec, _ = engine_spec(got["config"], role, world, forward_only=False, value_head=False)
+    forecast = fsdp_states(arch, spec)
+    if strategy == "fsdp":
+        assert got["summoned"] == forecast.summoned, (version, _case_id(case))
+        # every unit whole over its shard group (HSDP: fsdp_size), padding included
+        assert forecast.summoned == forecast.params * spec.shard > forecast.params
+    else:
+        # summon_full_params finds no FSDP1 unit in an FSDP2 model: its parameters stay shards
+        assert forecast.summoned == 0
+        assert got["summoned"] == forecast.params, (version, _case_id(case))
 
 
 @pytest.mark.parametrize(

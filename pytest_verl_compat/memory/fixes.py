@@ -158,6 +158,13 @@ def candidates(
     elif phase in (VALUES, CRITIC_UPDATE) and critic is not None:
         yield from _role_candidates(resolved, critic, training=phase == CRITIC_UPDATE)
     elif phase in (ROLLOUT, SERVER_START, WEIGHT_SYNC):
+        if (
+            phase == WEIGHT_SYNC
+            and layout.rollout is not None
+            and layout.rollout.sync_summons_whole
+        ):
+            # gather the adapters one FSDP unit at a time (fsdp_utils.py:633-700)
+            yield [((f"{layout.rollout.section}.layered_summon", True),)]
         yield from _server_candidates(layout, "rollout")
     elif phase == REWARD:
         yield from _server_candidates(layout, "reward")

@@ -100,6 +100,8 @@ class ServerLayout:
     standalone_gpus: int  # GPUs of standalone replicas besides (0: none)
     keeps_weights_asleep: bool  # asleep, the server keeps its weights (SGLang's LoRA adapters)
     graphs_in_share: bool = False  # vLLM's CUDA graphs come out of its share (release's facts)
+    # the actor's LoRA weight sync gathers its whole FSDP1 model (layered_summon off)
+    sync_summons_whole: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pytest_verl_compat.memory.parts import (
     RankKind,
 )
 from pytest_verl_compat.memory.passes import compute_parts, server_parts
+from pytest_verl_compat.memory.reading import EV_SUMMON_WHOLE
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
@@ -107,15 +108,29 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                 srv.EV_WAKE,
             )
         )
-        sync.append(
-            Part(
-                "sync.staging",
-                "full tensor + transfer bucket",
-                s.largest_tensor * 3 // 2 + WEIGHT_BUCKET,
-                "largest parameter gathered whole (fp32 then bf16) + 2 GiB bucket",
-                EV_BUCKET,
+        staging = s.largest_tensor * 3 // 2 + WEIGHT_BUCKET
+        if layout.rollout.sync_summons_whole and s.summoned > staging:
+            sync.append(
+                Part(
+                    "sync.summoned",
+                    "actor model gathered whole (LoRA sync without layered_summon)",
+                    s.summoned,
+                    f"{s.total:,} params x {actor.spec.model_dtype} B, padded per FSDP unit: "
+                    "summon_full_params unshards every FSDP1 unit at full precision to collect "
+                    "the adapters (rollout.layered_summon=True gathers one unit at a time)",
+                    EV_SUMMON_WHOLE,
+                )
             )
-        )
+        else:
+            sync.append(
+                Part(
+                    "sync.staging",
+                    "full tensor + transfer bucket",
+                    staging,
+                    "largest parameter gathered whole (fp32 then bf16) + 2 GiB bucket",
+                    EV_BUCKET,
+                )
+            )
         phases.append(PhasePeak(WEIGHT_SYNC, "actor", (*sync, ctx)))
         phases.append(
             PhasePeak(

@@ -308,17 +308,39 @@ def _colocated(
     return not (facts.hybrid_engine_decides_replicas and hybrid is False)
 
 
-def _adapter_served(resolved: Mapping[str, Any], name: str) -> bool:
-    """SGLang serving LoRA as an adapter sleeps at level 1: its base weights stay on the GPU
-    (verl/workers/rollout/sglang_rollout/sglang_rollout.py:285-289; the worker sets level 1 at
-    the first weight sync, engine_workers.py:775-776)."""
+def _adapters_unmerged(resolved: Mapping[str, Any]) -> bool:
+    """The actor trains LoRA adapters the weight sync sends as adapters (lora.merge false)."""
     model = value_at(resolved, "actor_rollout_ref.model", {})
-    if name != "sglang" or not isinstance(model, Mapping):
+    if not isinstance(model, Mapping):
         return False
     lora = model.get("lora")
     lora = lora if isinstance(lora, Mapping) else {}
     rank = max(as_int(model.get("lora_rank")), as_int(lora.get("rank")))
     return rank > 0 and not bool(lora.get("merge", False))
+
+
+def _adapter_served(resolved: Mapping[str, Any], name: str) -> bool:
+    """SGLang serving LoRA as an adapter sleeps at level 1: its base weights stay on the GPU
+    (verl/workers/rollout/sglang_rollout/sglang_rollout.py:285-289; the worker sets level 1 at
+    the first weight sync, engine_workers.py:775-776)."""
+    return name == "sglang" and _adapters_unmerged(resolved)
+
+
+# verl/utils/fsdp_utils.py:740 (:752@0.9.1): without layered_summon, collecting the
+# adapters opens FSDP.summon_full_params(module) on the whole FSDP1 model, which unshards every
+# unit at once and, with mixed precision, at full precision (torch's FlatParamHandle.
+# _force_full_precision in SUMMON_FULL_PARAMS); FSDP2's DTensors gather one adapter at a time.
+EV_SUMMON_WHOLE = "verl/utils/fsdp_utils.py:740; torch/distributed/fsdp/_flat_param.py FlatParamHandle._force_full_precision"
+
+
+def _sync_summons_whole(resolved: Mapping[str, Any], section: str) -> bool:
+    """The actor's LoRA weight sync gathers the whole FSDP1 model (layered_summon off)."""
+    return (
+        section == "actor_rollout_ref.rollout"
+        and _adapters_unmerged(resolved)
+        and not bool(value_at(resolved, f"{section}.layered_summon", False))
+        and value_at(resolved, "actor_rollout_ref.actor.strategy") == "fsdp"
+    )
 
 
 def server_layout(
@@ -367,6 +389,7 @@ def server_layout(
         standalone_gpus=standalone_gpus,
         keeps_weights_asleep=_adapter_served(resolved, name),
         graphs_in_share=name == "vllm" and facts.vllm_graphs_in_share,
+        sync_summons_whole=_sync_summons_whole(resolved, section),
     )
 
 

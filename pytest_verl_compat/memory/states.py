@@ -101,6 +101,8 @@ class ModelStates:
     total: int  # parameters (whole model)
     # FSDP1: the root unit's head gradient, held from the head's backward to the embedding's
     held_head_grad: int = 0
+    # FSDP1: every unit unsharded at once, at full precision (summon_full_params on the model)
+    summoned: int = 0
 
 
 def _ceil(a: int, b: int) -> int:
@@ -235,6 +237,9 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         largest_tensor=largest * spec.model_dtype,
         trainable=trainable_numel,
         total=sum(t.numel for t in every),
+        # summon_full_params unshards each flat parameter whole, padding included, in its stored
+        # dtype (torch _flat_param.py, _force_full_precision): rank 0's shards times the group
+        summoned=params * spec.shard if spec.strategy == "fsdp" else 0,
     )
 
 

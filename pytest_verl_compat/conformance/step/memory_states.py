@@ -195,14 +195,27 @@ class _Recorder:
         self.grads: dict[int, int] = {}
         self.optimizer: dict[int, int] = {}
         self.accumulated: dict[int, int] = {}
+        self.summoned = 0
 
     def install(self) -> None:
         import contextlib
 
+        from torch.distributed.fsdp import FullyShardedDataParallel
         from verl.workers.engine.base import BaseEngineCtx
         from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
         recorder = self
+        summon = FullyShardedDataParallel.summon_full_params
+
+        @contextlib.contextmanager
+        def summoning(module: Any, *args: Any, **kwargs: Any) -> Any:
+            # what the model's parameters hold while every unit is unsharded (the largest call)
+            with summon(module, *args, **kwargs):
+                held = sum(_storages(module.parameters()).values())
+                recorder.summoned = max(recorder.summoned, held)
+                yield
+
+        FullyShardedDataParallel.summon_full_params = staticmethod(summoning)  # type: ignore[method-assign]
         original_to = FSDPEngine.to
         context = FSDPEngine._gradient_sync_context
 
@@ -364,12 +377,19 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
             **_ONE_PER_MICRO_BATCH,
         )
         trainer.train_mini_batch(data)
+    moves = list(recorder.moves)
+    if role == "actor" and request.get("lora_rank"):
+        # the hybrid engine's weight sync of the adapters, as engine_workers.py:770-771 calls it
+        # with rollout.layered_summon at its default (false)
+        recorder.phase = "sync"
+        engine.get_per_tensor_param(layered_summon=False, base_sync_done=True)
     return {
         "params": sum(params.values()),
         "grads": sum(recorder.grads.values()),
         "optimizer": sum(recorder.optimizer.values()),
         "accumulated": sum(recorder.accumulated.values()),
-        "moves": recorder.moves,
+        "summoned": recorder.summoned,
+        "moves": moves,
         "config": _sections(config),
     }
 
