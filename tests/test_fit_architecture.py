@@ -105,6 +105,13 @@ TINY: dict[str, dict[str, Any]] = {
 }
 
 
+# Qwen3-VL's MoE models: Qwen3-MoE's language model under text_config, Qwen3-VL's tower
+TINY["qwen3_vl_moe"] = {
+    "text_config": {**TINY["qwen3_vl"]["text_config"], **TINY["qwen3_moe"]},
+    "vision_config": TINY["qwen3_vl"]["vision_config"],
+}
+
+
 def _config(case: str) -> dict[str, Any]:
     extra = dict(TINY[case])
     family = extra.pop("model_type", case)
@@ -144,7 +151,8 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["llama", "qwen2", "qwen3", "gemma2", "mistral", "qwen2_5_vl", "qwen3_vl"]
+    "case",
+    ["llama", "qwen2", "qwen3", "gemma2", "mistral", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"],
 )
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
     """peft's all-linear adapts every nn.Linear but the output layer: a VL model's vision

@@ -311,6 +311,19 @@ def test_a_vision_language_model_counts_its_vision_tower(
     assert any("gemma3: the language model alone" in a for a in assumptions), assumptions
 
 
+def test_a_qwen3_vl_moe_example_counts_its_tower_on_megatron(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl's Qwen3-VL-30B-A3B Megatron example: the table's entry is Qwen3-MoE's language model
+    and Qwen3-VL's tower, 31,070,754,032 parameters (the count of the model's own safetensors)."""
+    script = _script("examples/grpo_trainer/run_qwen3_vl_30b_a3b_megatron.sh")
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
+    assert status in (0, 1), err
+    payload = json.loads(out)
+    assert "31,070,754,032 params" in _part(payload, "old-log-prob", "actor.params")["formula"]
+    assert any("vision tower's weights" in a for a in payload["assumptions"])
+
+
 def _part(payload: dict[str, object], phase: str, key: str) -> dict[str, str]:
     for rank in payload["ranks"]:  # type: ignore[attr-defined]
         for entry in rank["phases"]:

@@ -32,7 +32,12 @@ TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
 # Multimodal configs keep the language model's numbers under text_config.
 TEXT_KEYS = ("text_config", "llm_config")
 # model_type aliases: configs transformers builds with another family's classes.
-ALIASES = {"gemma3": "gemma3_text", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+ALIASES = {
+    "gemma3": "gemma3_text",
+    "qwen2_5_vl": "qwen2",
+    "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3_moe",
+}
 
 
 class UnsupportedModel(ValueError):

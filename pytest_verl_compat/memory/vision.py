@@ -28,8 +28,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-# Families with a vision tower the forecast counts, by model_type.
-VISION_FAMILIES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+# Families with a vision tower the forecast counts, by model_type, and the tower each builds:
+# Qwen3-VL's MoE models (qwen3_vl_moe) build Qwen3-VL's tower (transformers'
+# Qwen3VLMoeVisionModel is Qwen3VLVisionModel's code).
+TOWER_LAYOUTS = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
+VISION_FAMILIES = frozenset(TOWER_LAYOUTS)
 PREFIX = "model.visual"
 UNIT = "visual.blocks."  # a block's FSDP unit: visual.blocks.<i>
 # The patch and position embeddings: no nn.Linear (peft's all-linear leaves them), replicated
@@ -48,7 +51,7 @@ class VisionTensor(NamedTuple):
 class VisionTower:
     """The numbers of ``vision_config`` that decide the tower's parameters."""
 
-    layout: str  # the model_type whose tower this is (qwen2_5_vl, qwen3_vl)
+    layout: str  # the tower's design, by the model_type that introduced it (TOWER_LAYOUTS)
     depth: int
     hidden_size: int
     intermediate_size: int
@@ -141,12 +144,13 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
             return default
         raise VisionConfigError(f"{source}: vision_config.{key} must be a positive integer")
 
-    qwen3 = family == "qwen3_vl"
+    layout = TOWER_LAYOUTS[family]
+    qwen3 = layout == "qwen3_vl"
     deepstack = vision.get("deepstack_visual_indexes") or []
     if not isinstance(deepstack, list):
         raise VisionConfigError(f"{source}: vision_config.deepstack_visual_indexes must be a list")
     return VisionTower(
-        layout=family,
+        layout=layout,
         num_position_embeddings=number("num_position_embeddings") if qwen3 else 0,
         deepstack_mergers=len(deepstack) if qwen3 else 0,
         depth=number("depth"),
