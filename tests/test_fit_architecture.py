@@ -27,6 +27,18 @@ BASE = {
 TINY: dict[str, dict[str, Any]] = {
     "llama": {},
     "llama-tied-bias": {"model_type": "llama", "tie_word_embeddings": True, "attention_bias": True},
+    "llama-mlp-bias": {"model_type": "llama", "mlp_bias": True},
+    # Seed-OSS: attention_bias is q/k/v's; o_proj's is attention_out_bias
+    "seed_oss": {"head_dim": 16, "attention_bias": True, "attention_out_bias": False},
+    # no head_dim in config.json: each config class's own default (Qwen3's and Seed-OSS's 128)
+    "qwen3-default-head-dim": {"model_type": "qwen3"},
+    "gemma-default-head-dim": {"model_type": "gemma"},
+    "seed_oss-out-bias": {
+        "model_type": "seed_oss",
+        "attention_bias": True,
+        "attention_out_bias": True,
+        "mlp_bias": True,
+    },
     "mistral": {"head_dim": 16},
     "qwen2": {},
     "qwen2-tied": {"model_type": "qwen2", "tie_word_embeddings": True},

@@ -27,8 +27,23 @@ QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
 SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
 # Families whose q/k/v projections carry a bias whatever the config says.
 QKV_BIAS = frozenset({"qwen2"})
+# Families whose o_proj bias has a key of its own (Seed-OSS: attention_bias is q/k/v's only,
+# transformers' SeedOssAttention builds o_proj with attention_out_bias); elsewhere o_proj
+# follows attention_bias (Llama) or has none (QKV_BIAS).
+OUT_BIAS_KEY = {"seed_oss": "attention_out_bias"}
+# Families whose gated MLP reads config.mlp_bias (transformers' LlamaMLP, SeedOssMLP).
+MLP_BIAS = frozenset({"llama", "seed_oss"})
 # Families whose config class ties the embeddings when config.json does not say.
 TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
+# Families whose config class has a head_dim of its own when config.json does not say (elsewhere
+# hidden_size // num_attention_heads): transformers' Qwen3Config and SeedOssConfig 128, Gemma's 256.
+HEAD_DIM_BY_DEFAULT = {
+    "qwen3": 128,
+    "seed_oss": 128,
+    "gemma": 256,
+    "gemma2": 256,
+    "gemma3_text": 256,
+}
 # Multimodal configs keep the language model's numbers under text_config.
 TEXT_KEYS = ("text_config", "llm_config")
 # model_type aliases: configs transformers builds with another family's classes.
@@ -76,6 +91,8 @@ class Architecture:
     tie_word_embeddings: bool = False
     max_position_embeddings: int | None = None
     attention_bias: bool = False
+    out_bias: bool = False  # o_proj's bias
+    mlp_bias: bool = False  # gate/up/down projections' biases
     # MoE: routed experts, experts per token, their width, shared experts, leading dense layers.
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -145,7 +162,7 @@ class Architecture:
             if bias:
                 yield Tensor(f"{prefix}.{proj}.bias", (rows,), unit, "bias")
         yield Tensor(f"{prefix}.o_proj.weight", (h, q), unit, "linear")
-        if self.attention_bias and self.family not in QKV_BIAS:
+        if self.out_bias:
             yield Tensor(f"{prefix}.o_proj.bias", (h,), unit, "bias")
         if self.family in QK_NORM:
             yield Tensor(f"{prefix}.q_norm.weight", (self.head_dim,), unit, "norm")
@@ -155,9 +172,13 @@ class Architecture:
         h = self.hidden_size
         if not self.is_moe_layer(index):
             width = self.intermediate_size
-            yield Tensor(f"{prefix}.gate_proj.weight", (width, h), unit, "linear")
-            yield Tensor(f"{prefix}.up_proj.weight", (width, h), unit, "linear")
+            for proj, shape in (("gate_proj", (width, h)), ("up_proj", (width, h))):
+                yield Tensor(f"{prefix}.{proj}.weight", shape, unit, "linear")
+                if self.mlp_bias:
+                    yield Tensor(f"{prefix}.{proj}.bias", (width,), unit, "bias")
             yield Tensor(f"{prefix}.down_proj.weight", (h, width), unit, "linear")
+            if self.mlp_bias:
+                yield Tensor(f"{prefix}.down_proj.bias", (h,), unit, "bias")
             return
         experts, width = self.num_experts, self.moe_intermediate_size
         yield Tensor(f"{prefix}.experts.gate_up_proj", (experts, 2 * width, h), unit, "experts")
@@ -274,9 +295,12 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
     heads = _int(config, "num_attention_heads", source)
     hidden = _int(config, "hidden_size", source)
     kv_heads = _int(config, "num_key_value_heads", source, heads)
-    head_dim = _value(config, "head_dim") or (hidden // heads if heads else 0)
+    head_dim = _value(config, "head_dim") or HEAD_DIM_BY_DEFAULT.get(
+        family, hidden // heads if heads else 0
+    )
     experts = _value(config, "num_experts") or _value(config, "n_routed_experts") or 0
     window = _value(config, "sliding_window")
+    attention_bias = bool(_value(config, "attention_bias", False))
     return Architecture(
         name=name,
         family=family,
@@ -290,7 +314,11 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         # transformers' config classes default to tied embeddings for Gemma, untied for the rest
         tie_word_embeddings=bool(_value(config, "tie_word_embeddings", family in TIED_BY_DEFAULT)),
         max_position_embeddings=_value(config, "max_position_embeddings"),
-        attention_bias=bool(_value(config, "attention_bias", False)),
+        attention_bias=attention_bias,
+        out_bias=bool(_value(config, OUT_BIAS_KEY[family], False))
+        if family in OUT_BIAS_KEY
+        else attention_bias and family not in QKV_BIAS,
+        mlp_bias=family in MLP_BIAS and bool(_value(config, "mlp_bias", False)),
         num_experts=int(experts),
         num_experts_per_tok=int(_value(config, "num_experts_per_tok", 0) or 0),
         moe_intermediate_size=int(_value(config, "moe_intermediate_size", 0) or 0),
