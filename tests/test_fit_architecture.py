@@ -5,6 +5,7 @@ The table's published sizes (model cards) agree within 2%."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -124,6 +125,56 @@ TINY["qwen3_vl_moe"] = {
 }
 
 
+# Hybrid linear attention: three Gated DeltaNet layers to one gated full-attention layer
+GATED_DELTANET = {
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "num_hidden_layers": 4,
+}
+QWEN3_NEXT_MOE = {
+    "moe_intermediate_size": 24,
+    "shared_expert_intermediate_size": 40,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
+QWEN3_5_TOWER = {
+    "depth": 2,
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_heads": 2,
+    "out_hidden_size": 32,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "in_channels": 3,
+    "spatial_merge_size": 2,
+    "num_position_embeddings": 64,
+}
+# Qwen3-Next: layer_types from full_attention_interval (every 4th layer full)
+TINY["qwen3_next"] = {**GATED_DELTANET, **QWEN3_NEXT_MOE}
+TINY["qwen3_next-interval-2"] = {
+    "model_type": "qwen3_next",
+    **GATED_DELTANET,
+    **QWEN3_NEXT_MOE,
+    "full_attention_interval": 2,
+}
+TINY["qwen3_5"] = {
+    "text_config": {
+        **BASE,
+        **GATED_DELTANET,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    },
+    "vision_config": QWEN3_5_TOWER,
+}
+TINY["qwen3_5_moe"] = {
+    "text_config": {**BASE, **GATED_DELTANET, **QWEN3_NEXT_MOE},
+    "vision_config": QWEN3_5_TOWER,
+}
+
+
 def _config(case: str) -> dict[str, Any]:
     extra = dict(TINY[case])
     family = extra.pop("model_type", case)
@@ -164,7 +215,19 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["llama", "qwen2", "qwen3", "gemma2", "mistral", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"],
+    [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+        "mistral",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "qwen3_next",
+        "qwen3_5",
+        "qwen3_5_moe",
+    ],
 )
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
     """peft's all-linear adapts every nn.Linear but the output layer: a VL model's vision
@@ -176,11 +239,52 @@ def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
     vl = "vision_config" in config
     auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
     model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
-    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
+    with warnings.catch_warnings():
+        # peft's rank and alpha patterns for Qwen3-Next's fused experts names gate_up_proj, which all-linear
+        # does not target (a parameter, not an nn.Linear): peft says so and ignores it
+        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys", RuntimeWarning)
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     frozen, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4))
     assert sum(t.numel for t in adapters) == trainable
     assert sum(t.numel for t in frozen) == arch.num_parameters
+
+
+MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.mark.parametrize(
+    ("case", "targets"),
+    [
+        ("qwen3_moe", "all-linear"),
+        ("qwen3_moe", MOE_TARGETS),
+        ("qwen3_next", MOE_TARGETS),
+        ("deepseek_v3", "all-linear"),
+        ("deepseek_v3", ["q_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+        ("qwen3_vl_moe", MOE_TARGETS),  # transformers converts no checkpoint for it: modules only
+    ],
+)
+def test_moe_lora_targets_keep_transformers_4s_meaning_as_peft_does(
+    case: str, targets: str | list[str]
+) -> None:
+    """peft (the releases' 0.21.2) adapts the router and each routed expert of the MoE model
+    types transformers 5 converts from Qwen2-MoE's layout, and no longer a dense or shared
+    expert's nn.Linear of the experts' v4 names: the forecast's adapters are peft's, element for
+    element."""
+    peft = pytest.importorskip("peft")
+    config = _config(case)
+    arch = architecture_from_config(config, case, "tiny")
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    vl = "vision_config" in config
+    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
+    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys", RuntimeWarning)
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    listed = (targets,) if isinstance(targets, str) else tuple(targets)
+    _, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4, lora_targets=listed))
+    assert sum(t.numel for t in adapters) == trainable
 
 
 ENTRIES = {entry.repo: entry for entry in table_entries()}

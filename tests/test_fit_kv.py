@@ -21,7 +21,12 @@ from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.gpus import GIB, find_gpu
 from pytest_verl_compat.memory.layout import ServerLayout
 from pytest_verl_compat.memory.models import ModelChoice, from_table
-from pytest_verl_compat.memory.rollout import BLOCK_SIZE, page_bytes, server_memory
+from pytest_verl_compat.memory.rollout import (
+    BLOCK_SIZE,
+    hybrid_cache,
+    page_bytes,
+    server_memory,
+)
 
 
 def _arch(repo: str) -> Architecture:
@@ -167,3 +172,31 @@ def test_a_share_that_leaves_room_after_weights_and_profile_starts() -> None:
     assert memory.kv_bytes >= memory.one_sequence_bytes
     smaller = server_memory(dataclasses.replace(server, gpu_memory_utilization=0.08), capacity)
     assert smaller.kv_bytes < smaller.one_sequence_bytes
+
+
+def test_a_hybrid_models_cache_is_vllms_layout() -> None:
+    """Qwen3.5-35B-A3B on tp 2, by vLLM's own arithmetic (rollout.VLLM_HYBRID): one full-attention
+    token on a rank is 2 x 1 kv head x 256 x 2 B = 1,024 B; a Gated DeltaNet state is the conv
+    state 3 x (2 x 2,048 + 4,096) / 2 x 2 B = 24,576 B plus the recurrent 16 heads x 128 x 128 x
+    fp32 (mamba_ssm_dtype) = 1,048,576 B; the attention block grows to 16 x cdiv(1,073,152,
+    16 x 1,024) = 1,056 tokens, one page 1,081,344 B; 10 full and 30 linear layers make groups of
+    10 layers, one attention group and three state groups; with prefix caching ('align') a
+    sequence of 8,192 tokens takes cdiv(8,192, 1,056) = 8 blocks plus 2 per state group."""
+    arch = _arch("Qwen/Qwen3.5-35B-A3B")
+    cache = hybrid_cache(arch, tp=2, kv_dtype=2, model_dtype=2, prefix_caching=True)
+    assert (cache.block_size, cache.page) == (1056, 1_081_344)
+    assert (cache.group_size, cache.attention_groups, cache.state_groups) == (10, 1, 3)
+    assert cache.blocks_for(8192) == 8 + 3 * 2
+    without = hybrid_cache(arch, tp=2, kv_dtype=2, model_dtype=2, prefix_caching=False)
+    assert without.blocks_for(8192) == 8 + 3 * 1
+
+
+def test_a_hybrid_servers_blocks_share_one_pool() -> None:
+    """The server's blocks are what is left after weights, cut by page x layers per group (not
+    by every layer), and one max_model_len sequence needs its attention and state blocks."""
+    server = _server("Qwen/Qwen3.5-35B-A3B", 2, 0.6, 32768)
+    mem = server_memory(server, find_gpu("H100").usable_bytes)
+    cache = hybrid_cache(server.model.architecture, 2, 2, 2, True)
+    assert mem.block_size == cache.block_size
+    assert mem.blocks == mem.kv_bytes // cache.page // cache.group_size
+    assert mem.one_sequence_bytes == cache.blocks_for(32768) * cache.page * cache.group_size

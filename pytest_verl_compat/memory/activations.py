@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_verl_compat.memory.architecture import QK_NORM, SANDWICH_NORM, Architecture
+from pytest_verl_compat.memory.architecture import HYBRID, QK_NORM, SANDWICH_NORM, Architecture
 
 EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
 # Megatron recomputes what override_transformer_config asks (recompute_granularity, null by
@@ -29,8 +29,17 @@ EV_REMOVE_PADDING = "verl/workers/engine/fsdp/transformer_impl.py:1198-1262"
 EV_LOGITS = "verl/workers/engine/fsdp/transformer_impl.py:1332-1371"
 EV_ENTROPY = "verl/utils/torch_functional.py:231-265"
 EV_LOGPROBS = "verl/utils/torch_functional.py:73-107"
-# Families whose RMSNorm scales by (1 + weight) in fp32 and keeps the fp32 product.
-GEMMA_NORM = frozenset({"gemma", "gemma2", "gemma3_text"})
+# Families whose RMSNorm scales by (1 + weight) in fp32 and keeps the fp32 product (Qwen3-Next's
+# and Qwen3.5's RMSNorm is Gemma's).
+GEMMA_NORM = frozenset({"gemma", "gemma2", "gemma3_text"}) | HYBRID
+# Gated DeltaNet layers run flash-linear-attention's kernels on a GPU (transformers' fast path;
+# its CPU fallback saves other tensors), so what they keep is stated from those kernels, not
+# measured: the input projections' shared input, causal_conv1d's input and output (q, k, v), q
+# and k repeated to the value heads where there are more, fla's chunk_gated_delta_rule's fp32
+# l2-norm scales, decay and beta, its chunk-local matrix (64 per head), the gated RMSNorm's input,
+# gate and fp32 scale, and out_proj's input (fla/ops/gated_delta_rule/chunk.py,
+# ChunkGatedDeltaRuleFunction.forward's save_for_backward).
+FLA_CHUNK = 64
 # Families with a tanh soft cap on the final logits (transformers Gemma2ForCausalLM).
 LOGIT_SOFTCAP = frozenset({"gemma2"})
 # GPU kernels' scratch (cuBLAS workspaces, flash attention's, the caching allocator's rounding),
@@ -64,6 +73,28 @@ def _attention(arch: Architecture, c: int) -> int:
     return kept
 
 
+def _linear_attention(arch: Architecture, c: int) -> int:
+    """A Gated DeltaNet layer's attention half per token (stated from fla's kernels, above)."""
+    heads, keys, values = arch.linear_num_value_heads, arch.linear_key_dim, arch.linear_value_dim
+    conv = 2 * keys + values
+    repeated = 2 * heads * arch.linear_key_head_dim if heads > arch.linear_num_key_heads else 0
+    kept = c * arch.hidden_size + 2 * c * conv + c * repeated
+    kept += 4 * heads * 4 + c * heads + c * heads * FLA_CHUNK  # rstd x2, g, softplus; beta; A
+    return kept + 3 * c * values + c * values + 4 * heads  # o, z, out_proj's input; norm
+
+
+def _gated_query(arch: Architecture, c: int) -> int:
+    """A hybrid family's full attention gates its output: the gate's sigmoid and the product
+    (o_proj's input) besides flash attention's output."""
+    return 2 * c * arch.num_attention_heads * arch.head_dim if arch.family in HYBRID else 0
+
+
+def _shared_expert(arch: Architecture, c: int) -> int:
+    """Qwen3-Next's one shared expert (gate out, act out, up out, down's input) and its gate."""
+    width = arch.shared_expert_intermediate_size
+    return 4 * c * width + 2 * c if width else 0
+
+
 def _mlp(arch: Architecture, index: int, c: int) -> int:
     if not arch.is_moe_layer(index):
         return 4 * c * arch.intermediate_size  # gate out, act out, up out, down's input
@@ -72,7 +103,7 @@ def _mlp(arch: Architecture, index: int, c: int) -> int:
     # gathered tokens, gate_up, act, product and the experts' output per routed token
     routed = 4 * arch.num_experts + k * (33 + c + 2 * c * h + 4 * c * width)
     shared = 4 * c * width * arch.n_shared_experts
-    return routed + shared
+    return routed + shared + _shared_expert(arch, c)
 
 
 def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
@@ -82,7 +113,9 @@ def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
         norms = 2 * _norm(arch, h, True, c) + 2 * _norm(arch, h, False, c)
     else:
         norms = 2 * _norm(arch, h, True, c)
-    return norms + _attention(arch, c) + _mlp(arch, index, c)
+    if arch.is_linear_layer(index):
+        return norms + _linear_attention(arch, c) + _mlp(arch, index, c)
+    return norms + _attention(arch, c) + _gated_query(arch, c) + _mlp(arch, index, c)
 
 
 def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
@@ -98,16 +131,18 @@ def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     q = heads * arch.head_dim
     kv = arch.num_key_value_heads * arch.head_dim
     norms = 2 * (2 * c * h + 4)
-    attention = c * (q + 2 * kv) + c * q + 4 * heads
+    attention = c * (q + 2 * kv) + c * q + 4 * heads + _gated_query(arch, c)
     if arch.family in QK_NORM:
         attention += c * (q + kv) + 4 * (heads + arch.num_key_value_heads)
+    if arch.is_linear_layer(index):
+        attention = _linear_attention(arch, c)
     if not arch.is_moe_layer(index):
         mlp = 3 * c * arch.intermediate_size
     else:
         k, width = arch.num_experts_per_tok, arch.moe_intermediate_size
         # fp32 router probabilities; per routed token its dispatched input, gate and up, SwiGLU
         mlp = 4 * arch.num_experts + k * c * (h + 3 * width)
-        mlp += 3 * c * width * arch.n_shared_experts
+        mlp += 3 * c * width * arch.n_shared_experts + _shared_expert(arch, c)
     return norms + attention + mlp
 
 
@@ -128,6 +163,7 @@ def head_bytes(arch: Architecture, c: int = 2, checkpointing: bool = False) -> i
     layer, the head's own (``head_only_bytes``); under checkpointing the position ids (int64)
     too."""
     rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
+    rotary = rotary // 4 if arch.family in HYBRID else rotary  # partial_rotary_factor 0.25
     return 8 + 2 * c * rotary + head_only_bytes(arch, c) + (8 if checkpointing else 0)
 
 
@@ -159,7 +195,7 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
     if not arch.is_moe_layer(index):
         return 2 * c * arch.intermediate_size
     experts = arch.num_experts_per_tok + arch.n_shared_experts
-    return 2 * c * arch.moe_intermediate_size * experts
+    return 2 * c * (arch.moe_intermediate_size * experts + arch.shared_expert_intermediate_size)
 
 
 def layers_backward_bytes(

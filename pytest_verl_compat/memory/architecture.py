@@ -17,12 +17,33 @@ from pytest_verl_compat.memory.vision import VisionConfigError, VisionTower, vis
 
 # Families whose decoder layer is the Llama layout (q/k/v/o, gated MLP, RMSNorm).
 DENSE_FAMILIES = frozenset(
-    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "mimo", "seed_oss"}
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "mimo",
+        "seed_oss",
+        "qwen3_5_text",
+    }
 )
-MOE_FAMILIES = frozenset({"qwen3_moe", "deepseek_v3", "kimi_k2"})
+MOE_FAMILIES = frozenset({"qwen3_moe", "deepseek_v3", "kimi_k2", "qwen3_next", "qwen3_5_moe_text"})
 FAMILIES = DENSE_FAMILIES | MOE_FAMILIES
+# Hybrid families: most layers are Gated DeltaNet linear attention (layer_types, or every
+# full_attention_interval-th layer full), the rest gated full attention (q_proj twice as wide: the
+# query and its output gate). transformers' Qwen3Next*/Qwen3_5* classes.
+HYBRID = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+# Hybrid families whose linear attention splits its input projection (in_proj_qkv, _z, _b, _a);
+# Qwen3-Next fuses them (in_proj_qkvz, in_proj_ba).
+SPLIT_IN_PROJ = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
+# MoE families whose block builds its router before its experts.
+ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
+LINEAR_ATTENTION = "linear_attention"
 # Families with an RMSNorm on each head's queries and keys.
-QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
 # Families with four norms per decoder layer (around attention and around the MLP).
 SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
 # Families whose q/k/v projections carry a bias whatever the config says.
@@ -52,6 +73,8 @@ ALIASES = {
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
     "qwen3_vl_moe": "qwen3_moe",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
 }
 
 
@@ -99,6 +122,17 @@ class Architecture:
     moe_intermediate_size: int = 0
     n_shared_experts: int = 0
     first_k_dense_replace: int = 0
+    # Qwen3-Next/Qwen3.5: one shared expert of this width, scaled by a sigmoid gate (0: none)
+    shared_expert_intermediate_size: int = 0
+    # Hybrid families: each layer's attention ("linear_attention" or "full_attention"; empty: all
+    # full) and the Gated DeltaNet's heads, head widths and causal convolution's kernel.
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    mamba_ssm_dtype: int = 0  # bytes of the recurrent state vLLM caches (0: the KV cache dtype)
     # Multi-head latent attention (DeepSeek V3): the ranks and head widths of its projections.
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
@@ -112,6 +146,7 @@ class Architecture:
     # A VL family whose tower the forecast does not model: its model_type (language model only).
     vision_uncounted: str = ""
     source: str = ""
+    model_type: str = ""  # as config.json declares it (family is what it is built as)
 
     @property
     def is_moe(self) -> bool:
@@ -123,6 +158,44 @@ class Architecture:
 
     def is_moe_layer(self, index: int) -> bool:
         return self.is_moe and index >= self.first_k_dense_replace
+
+    def is_linear_layer(self, index: int) -> bool:
+        """A Gated DeltaNet layer (no KV cache; a fixed recurrent state per sequence)."""
+        return bool(self.layer_types) and self.layer_types[index] == LINEAR_ATTENTION
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers with a KV cache (softmax attention)."""
+        return sum(not self.is_linear_layer(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    def _linear_attention(self, prefix: str, unit: str) -> Iterator[Tensor]:
+        """Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet)."""
+        h, heads = self.hidden_size, self.linear_num_value_heads
+        keys, values = self.linear_key_dim, self.linear_value_dim
+        conv = (2 * keys + values, 1, self.linear_conv_kernel_dim)
+        yield Tensor(f"{prefix}.dt_bias", (heads,), unit, "norm")
+        yield Tensor(f"{prefix}.A_log", (heads,), unit, "norm")
+        yield Tensor(f"{prefix}.conv1d.weight", conv, unit, "conv")
+        split = self.family in SPLIT_IN_PROJ
+        if not split:
+            qkvz = (2 * keys + 2 * values, h)
+            yield Tensor(f"{prefix}.in_proj_qkvz.weight", qkvz, unit, "linear")
+            yield Tensor(f"{prefix}.in_proj_ba.weight", (2 * heads, h), unit, "linear")
+        yield Tensor(f"{prefix}.norm.weight", (self.linear_value_head_dim,), unit, "norm")
+        yield Tensor(f"{prefix}.out_proj.weight", (h, values), unit, "linear")
+        if split:
+            yield Tensor(f"{prefix}.in_proj_qkv.weight", (2 * keys + values, h), unit, "linear")
+            yield Tensor(f"{prefix}.in_proj_z.weight", (values, h), unit, "linear")
+            yield Tensor(f"{prefix}.in_proj_b.weight", (heads, h), unit, "linear")
+            yield Tensor(f"{prefix}.in_proj_a.weight", (heads, h), unit, "linear")
 
     # --- the parameter tensors --------------------------------------------------------------
 
@@ -157,7 +230,8 @@ class Architecture:
         q = heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         bias = self.attention_bias or self.family in QKV_BIAS
-        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        gated = 2 if self.family in HYBRID else 1  # the query and its output gate
+        for proj, rows in (("q_proj", gated * q), ("k_proj", kv), ("v_proj", kv)):
             yield Tensor(f"{prefix}.{proj}.weight", (rows, h), unit, "linear")
             if bias:
                 yield Tensor(f"{prefix}.{proj}.bias", (rows,), unit, "bias")
@@ -181,9 +255,20 @@ class Architecture:
                 yield Tensor(f"{prefix}.down_proj.bias", (h,), unit, "bias")
             return
         experts, width = self.num_experts, self.moe_intermediate_size
+        router = Tensor(f"{prefix}.gate.weight", (experts, h), unit, "router")
+        if self.family in ROUTER_FIRST:
+            yield router
         yield Tensor(f"{prefix}.experts.gate_up_proj", (experts, 2 * width, h), unit, "experts")
         yield Tensor(f"{prefix}.experts.down_proj", (experts, h, width), unit, "experts")
-        yield Tensor(f"{prefix}.gate.weight", (experts, h), unit, "router")
+        if self.family not in ROUTER_FIRST:
+            yield router
+        if self.shared_expert_intermediate_size:
+            shared = self.shared_expert_intermediate_size
+            yield Tensor(f"{prefix}.shared_expert.gate_proj.weight", (shared, h), unit, "linear")
+            yield Tensor(f"{prefix}.shared_expert.up_proj.weight", (shared, h), unit, "linear")
+            yield Tensor(f"{prefix}.shared_expert.down_proj.weight", (h, shared), unit, "linear")
+            # an nn.Linear (peft's all-linear adapts it), unlike the routed experts' router
+            yield Tensor(f"{prefix}.shared_expert_gate.weight", (1, h), unit, "linear")
         if self.n_shared_experts:
             shared = width * self.n_shared_experts
             yield Tensor(f"{prefix}.shared_experts.gate_proj.weight", (shared, h), unit, "linear")
@@ -195,7 +280,10 @@ class Architecture:
         h = self.hidden_size
         unit = f"layers.{index}"
         prefix = f"model.layers.{index}"
-        yield from self._attention(f"{prefix}.self_attn", unit)
+        if self.is_linear_layer(index):
+            yield from self._linear_attention(f"{prefix}.linear_attn", unit)
+        else:
+            yield from self._attention(f"{prefix}.self_attn", unit)
         yield from self._mlp(f"{prefix}.mlp", unit, index)
         norms = ["input_layernorm", "post_attention_layernorm"]
         if self.family in SANDWICH_NORM:
@@ -278,6 +366,44 @@ def _int(config: Mapping[str, Any], key: str, source: str, default: int | None =
     return value
 
 
+def _layer_types(
+    config: Mapping[str, Any], family: str, layers: int, source: str
+) -> tuple[str, ...]:
+    """A hybrid family's attention per layer: config.json's layer_types, else every
+    full_attention_interval-th layer full (transformers' Qwen3NextConfig default 4)."""
+    if family not in HYBRID:
+        return ()
+    given = _value(config, "layer_types")
+    if given is None:
+        interval = _int(config, "full_attention_interval", source, 4) or 4
+        return tuple(
+            "full_attention" if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)
+        )
+    if not isinstance(given, list) or len(given) != layers:
+        raise UnsupportedModel(f"{source}: layer_types must list the {layers} layers' attention")
+    unknown = sorted({str(kind) for kind in given} - {LINEAR_ATTENTION, "full_attention"})
+    if unknown:
+        raise UnsupportedModel(f"{source}: layer_types has {unknown[0]!r}, not an attention here")
+    return tuple(str(kind) for kind in given)
+
+
+def _linear_dims(config: Mapping[str, Any], family: str, source: str) -> dict[str, int]:
+    """The Gated DeltaNet's heads and widths (a hybrid family's config.json must give them)."""
+    if family not in HYBRID:
+        return {}
+    keys = (
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    )
+    dims = {key: _int(config, key, source) for key in keys}
+    ssm = _value(config, "mamba_ssm_dtype")
+    dims["mamba_ssm_dtype"] = {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(ssm), 0)
+    return dims
+
+
 def architecture_from_config(config: Mapping[str, Any], name: str, source: str) -> Architecture:
     """The architecture of a parsed config.json; raises ``UnsupportedModel`` naming the key."""
     declared = str(_value(config, "model_type", "") or "")
@@ -301,15 +427,18 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
     experts = _value(config, "num_experts") or _value(config, "n_routed_experts") or 0
     window = _value(config, "sliding_window")
     attention_bias = bool(_value(config, "attention_bias", False))
+    layers = _int(config, "num_hidden_layers", source)
+    layer_types = _layer_types(config, family, layers, source)
     return Architecture(
         name=name,
         family=family,
         hidden_size=hidden,
-        num_hidden_layers=_int(config, "num_hidden_layers", source),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=int(head_dim),
-        intermediate_size=_int(config, "intermediate_size", source),
+        # a MoE config without dense layers may give none (transformers' Qwen3_5MoeTextConfig)
+        intermediate_size=_int(config, "intermediate_size", source, 0 if experts else None),
         vocab_size=_int(config, "vocab_size", source),
         # transformers' config classes default to tied embeddings for Gemma, untied for the rest
         tie_word_embeddings=bool(_value(config, "tie_word_embeddings", family in TIED_BY_DEFAULT)),
@@ -330,7 +459,13 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         qk_rope_head_dim=int(_value(config, "qk_rope_head_dim", 0) or 0),
         v_head_dim=int(_value(config, "v_head_dim", 0) or 0),
         sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        shared_expert_intermediate_size=int(
+            _value(config, "shared_expert_intermediate_size", 0) or 0
+        ),
+        layer_types=layer_types,
+        **_linear_dims(config, family, source),
         vision=vision,
         vision_uncounted=declared if vision is None and "vision_config" in config else "",
         source=source,
+        model_type=declared,
     )

@@ -81,6 +81,13 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
     model = layout.roles[0].model if layout.roles else layout.rollout_model()
     arch = model.architecture
     assumptions += vision_assumptions(arch.vision, arch.vision_uncounted)
+    if arch.layer_types:
+        assumptions.append(
+            f"{arch.num_hidden_layers - arch.full_attention_layers} of {arch.num_hidden_layers} "
+            "layers are Gated DeltaNet linear attention: what they keep for backward is stated "
+            "from flash-linear-attention's GPU kernels, not measured; vLLM's cache holds their "
+            "recurrent states in blocks shared with the attention layers' KV"
+        )
     if request.gpu is not None:
         capacity, assumed, gpu = request.gpu.usable_bytes, False, request.gpu.label()
     else:

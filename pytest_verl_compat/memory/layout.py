@@ -102,6 +102,7 @@ class ServerLayout:
     graphs_in_share: bool = False  # vLLM's CUDA graphs come out of its share (release's facts)
     # the actor's LoRA weight sync gathers its whole FSDP1 model (layered_summon off)
     sync_summons_whole: bool = False
+    prefix_caching: bool = True  # enable_prefix_caching (a hybrid model's state blocks)
 
 
 @dataclass(frozen=True)

@@ -390,6 +390,7 @@ def server_layout(
         keeps_weights_asleep=_adapter_served(resolved, name),
         graphs_in_share=name == "vllm" and facts.vllm_graphs_in_share,
         sync_summons_whole=_sync_summons_whole(resolved, section),
+        prefix_caching=bool(rollout.get("enable_prefix_caching", True)),
     )
 
 

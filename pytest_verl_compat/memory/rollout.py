@@ -47,6 +47,75 @@ VLLM_BLOCKS = (
     "vllm/v1/core/kv_cache_utils.py get_num_blocks (available_memory // page_size // num_layers)"
 )
 VLLM_ONE_SEQUENCE = "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory (one max_model_len sequence must fit)"
+# A hybrid model (Gated DeltaNet + full attention) shares one block pool between its attention
+# layers and its linear-attention layers' recurrent states: vLLM raises the attention block size
+# until one attention page holds one layer's state (16-token multiples) and pads the state to it,
+# groups the layers by kind into groups of the smaller kind's count, and cuts the pool into
+# available // page // layers-per-group blocks; a sequence takes cdiv(tokens, block) blocks of
+# each attention group and, with prefix caching (verl's rollout default, enable_prefix_caching:
+# True, vllm_async_server.py:299), two blocks of each state group ('align': Qwen3-Next and Qwen3.5
+# do not support mamba prefix caching 'all'), else one.
+VLLM_HYBRID = (
+    "vllm/model_executor/models/config.py:103-240@vllm-0.18.0 (HybridAttentionMambaModelConfig: "
+    "attention block size, state page padded), :356-414 (mamba_cache_mode align with prefix "
+    "caching); vllm/v1/core/kv_cache_utils.py:956-1075@vllm-0.18.0 (groups of the smaller kind's "
+    "layer count), :1078-1148 (num_blocks = available // page // group size); "
+    "vllm/v1/kv_cache_interface.py:293-300@vllm-0.18.0 (a state group's blocks per sequence); "
+    "vllm/model_executor/layers/mamba/mamba_utils.py:177-200@vllm-0.18.0 (Gated DeltaNet state "
+    "shapes); vllm/model_executor/models/config.py:594-618@vllm-0.18.0 (Qwen3.5's ssm state dtype); "
+    "the same arithmetic in vllm 0.24.0, the block size aligned in "
+    "vllm/platforms/interface.py:633-800@vllm-0.24.0 (16-token kernel blocks assumed: flash "
+    "attention's)"
+)
+
+
+@dataclass(frozen=True)
+class HybridCache:
+    """How vLLM lays out a hybrid model's cache on one TP rank."""
+
+    block_size: int  # attention tokens per block (raised to hold one layer's state)
+    page: int  # bytes of one block of one layer (attention and padded state alike)
+    group_size: int  # layers per KV-cache group
+    attention_groups: int
+    state_groups: int
+    state_blocks: int  # blocks one sequence takes in each state group
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.attention_groups * -(-tokens // self.block_size) + (
+            self.state_groups * self.state_blocks
+        )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def hybrid_cache(
+    arch: Architecture, tp: int, kv_dtype: int, model_dtype: int, prefix_caching: bool
+) -> HybridCache:
+    """vLLM's cache layout of a hybrid model (VLLM_HYBRID), per TP rank: the states in the model's
+    dtype (mamba_cache_dtype auto), the recurrent one in the config's mamba_ssm_dtype if given."""
+    conv_dim = 2 * arch.linear_key_dim + arch.linear_value_dim
+    conv = (arch.linear_conv_kernel_dim - 1) * (conv_dim // tp) * model_dtype
+    ssm_dtype = arch.mamba_ssm_dtype or model_dtype
+    temporal = (arch.linear_num_value_heads // tp) * arch.linear_value_head_dim
+    temporal *= arch.linear_key_head_dim * ssm_dtype
+    state_page = conv + temporal
+    one_token = arch.kv_bytes_per_token_layer(tp, kv_dtype)
+    block = max(BLOCK_SIZE, 16 * _cdiv(state_page, 16 * one_token))
+    full = arch.full_attention_layers
+    linear = arch.num_hidden_layers - full
+    group = min(full, linear)
+    if max(full, linear) < group * 1.5:
+        group = max(full, linear)
+    return HybridCache(
+        block_size=block,
+        page=block * one_token,
+        group_size=group,
+        attention_groups=_cdiv(full, group),
+        state_groups=_cdiv(linear, group),
+        state_blocks=2 if prefix_caching else 1,
+    )
 
 
 def weights_per_rank(arch: Architecture, tp: int, ep_ranks: int, dtype: int) -> int:
@@ -128,10 +197,21 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
     else:
         overhead, outside = profiled, graphs
     kv = share - weights - overhead
+    block_size = BLOCK_SIZE
     page = page_bytes(arch, server.tp, server.kv_dtype)
     layers = arch.num_hidden_layers
     blocks = max(kv, 0) // page // layers if page else 0
     one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
+    if arch.layer_types and server.name == "vllm":
+        cache = hybrid_cache(arch, server.tp, server.kv_dtype, server.dtype, server.prefix_caching)
+        block_size, page = cache.block_size, cache.page
+        blocks = max(kv, 0) // page // cache.group_size
+        one = cache.blocks_for(server.max_model_len) * page * cache.group_size
+    elif arch.layer_types:
+        # SGLang: the attention layers' KV per token (its state pool is not modelled)
+        layers = arch.full_attention_layers
+        blocks = max(kv, 0) // page // layers if page else 0
+        one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
     sleeps = server.free_cache_engine
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
     asleep = graphs + kept if sleeps else share + outside
@@ -144,9 +224,9 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
         outside=outside,
         kv_bytes=max(kv, 0),
         blocks=blocks,
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         page=page,
-        kv_tokens=blocks * BLOCK_SIZE,
+        kv_tokens=blocks * block_size,
         one_sequence_bytes=one,
         asleep=asleep,
         sleeps=sleeps,

@@ -109,19 +109,75 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# peft 0.21.2 in the releases' environments (beside transformers 5.10.4) keeps transformers 4's
+# meaning of a LoRA target for the MoE model types transformers 5 converts from Qwen2-MoE's
+# checkpoint layout (transformers' _MODEL_TO_CONVERSION_PATTERN: qwen3_moe, qwen3_next,
+# deepseek_v3): the v4 names below become parameter targets (peft/utils/
+# transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING and _convert_peft_config_moe),
+# so the router's gate.weight (rank r) and the routed experts' stacked gate_up_proj (rank 2r, the
+# fused gate and up) and down_proj (rank r) are adapted per expert, and an nn.Linear of those
+# names (a shared expert's, a dense layer's) is no longer adapted as a module. "all-linear"
+# counts every one of those names (their v4 modules were nn.Linear).
+PEFT_V4_MOE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen3_next", "deepseek_v3"})
+PEFT_V4_MOE_NAMES = {"gate": "gate.weight", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+PEFT_V4_MOE_NAMES = {**PEFT_V4_MOE_NAMES, "down_proj": "down_proj"}
+ALL_LINEAR = "all-linear"
+
+
+def _peft_moe_targets(arch: Architecture, spec: EngineSpec) -> set[str]:
+    """The v4 names peft turns into parameter targets for this model (empty: none). Megatron's
+    LoRA is Megatron-Bridge's, not peft's: its targets are not these."""
+    if spec.strategy == "megatron":
+        return set()
+    if arch.model_type not in PEFT_V4_MOE_MODEL_TYPES or not arch.is_moe:
+        return set()
+    if ALL_LINEAR in spec.lora_targets:
+        return set(PEFT_V4_MOE_NAMES)
+    return set(PEFT_V4_MOE_NAMES) & set(spec.lora_targets)
+
+
 def _lora_targets(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
-    """The linear weights LoRA adapts: peft's "all-linear" is every nn.Linear but the output
-    layer; a list names module suffixes (q_proj, ...)."""
+    """The linear weights LoRA adapts as modules: peft's "all-linear" is every nn.Linear but the
+    output layer; a list names module suffixes (q_proj, ...)."""
     found = []
+    as_parameters = _peft_moe_targets(arch, spec)
     for tensor in arch.tensors():
         if tensor.kind != "linear" or not tensor.name.endswith(".weight"):
             continue
         module = tensor.name.rsplit(".", 2)[-2]
         if any(module == ex or tensor.name.find(ex) >= 0 for ex in spec.lora_exclude if ex):
             continue
-        if "all-linear" in spec.lora_targets or module in spec.lora_targets:
+        if module in as_parameters:
+            continue
+        if ALL_LINEAR in spec.lora_targets or module in spec.lora_targets:
             found.append(tensor)
     return found
+
+
+def _parameter_adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
+    """peft's ParamWrapper adapters of the router and the stacked experts (PEFT_V4_MOE_NAMES):
+    A (experts x rank, in) and B (out, experts x rank) for a stacked (experts, out, in)
+    parameter, A (rank, in) and B (out, rank) for the router's weight."""
+    targets = {PEFT_V4_MOE_NAMES[name] for name in _peft_moe_targets(arch, spec)}
+    if "gate_up_proj" in targets and not {"gate_proj", "up_proj"} <= _peft_moe_targets(arch, spec):
+        targets.discard("gate_up_proj")  # peft refuses one of the fused pair alone
+    out = []
+    for tensor in arch.tensors():
+        leaf = tensor.name.rsplit(".", 1)[-1]
+        if tensor.kind == "router" and tensor.name.endswith("mlp.gate.weight"):
+            if "gate.weight" not in targets:
+                continue
+            experts, cols = tensor.shape
+            r, rows, base = spec.lora_rank, experts, tensor.name[: -len(".weight")]
+        elif tensor.kind == "experts" and leaf in targets:
+            experts, rows, cols = tensor.shape
+            r = spec.lora_rank * experts * (2 if leaf == "gate_up_proj" else 1)
+            base = f"{tensor.name}"
+        else:
+            continue
+        out.append(Tensor(f"{base}.lora_A.default.weight", (r, cols), f"{base}.lora_A", "lora"))
+        out.append(Tensor(f"{base}.lora_B.default.weight", (rows, r), f"{base}.lora_B", "lora"))
+    return out
 
 
 def _adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
@@ -134,7 +190,7 @@ def _adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
         base = tensor.name[: -len(".weight")]
         out.append(Tensor(f"{base}.lora_A.default.weight", (r, cols), f"{base}.lora_A", "lora"))
         out.append(Tensor(f"{base}.lora_B.default.weight", (rows, r), f"{base}.lora_B", "lora"))
-    return out
+    return out + _parameter_adapters(arch, spec)
 
 
 def model_tensors(arch: Architecture, spec: EngineSpec) -> tuple[list[Tensor], list[Tensor]]:

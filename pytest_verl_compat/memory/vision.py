@@ -31,7 +31,14 @@ from typing import Any, NamedTuple
 # Families with a vision tower the forecast counts, by model_type, and the tower each builds:
 # Qwen3-VL's MoE models (qwen3_vl_moe) build Qwen3-VL's tower (transformers'
 # Qwen3VLMoeVisionModel is Qwen3VLVisionModel's code).
-TOWER_LAYOUTS = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
+# Qwen3.5's tower is Qwen3-VL's without deepstack mergers (transformers' Qwen3_5VisionModel).
+TOWER_LAYOUTS = {
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_vl": "qwen3_vl",
+    "qwen3_vl_moe": "qwen3_vl",
+    "qwen3_5": "qwen3_vl",
+    "qwen3_5_moe": "qwen3_vl",
+}
 VISION_FAMILIES = frozenset(TOWER_LAYOUTS)
 PREFIX = "model.visual"
 UNIT = "visual.blocks."  # a block's FSDP unit: visual.blocks.<i>
