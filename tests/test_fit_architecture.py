@@ -141,17 +141,9 @@ QWEN3_NEXT_MOE = {
     "num_experts": 4,
     "num_experts_per_tok": 2,
 }
+# Qwen3.5's tower: Qwen3-VL's without deepstack mergers
 QWEN3_5_TOWER = {
-    "depth": 2,
-    "hidden_size": 16,
-    "intermediate_size": 24,
-    "num_heads": 2,
-    "out_hidden_size": 32,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "in_channels": 3,
-    "spatial_merge_size": 2,
-    "num_position_embeddings": 64,
+    k: v for k, v in TINY["qwen3_vl"]["vision_config"].items() if k != "deepstack_visual_indexes"
 }
 # Qwen3-Next: layer_types from full_attention_interval (every 4th layer full)
 TINY["qwen3_next"] = {**GATED_DELTANET, **QWEN3_NEXT_MOE}
@@ -213,6 +205,21 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
     assert sorted((t.name, t.shape) for t in arch.value_head_tensors()) == built
 
 
+def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
+    """Trainable elements of the tiny model peft wraps with LoRA rank 4 on ``targets``."""
+    peft = pytest.importorskip("peft")
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    vl = "vision_config" in config
+    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
+    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
+    with warnings.catch_warnings():
+        # peft's rank and alpha patterns for a converted MoE name gate_up_proj, which a module
+        # target list no longer holds once it is a parameter target: peft says so and goes on
+        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys", RuntimeWarning)
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -232,19 +239,9 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
     """peft's all-linear adapts every nn.Linear but the output layer: a VL model's vision
     tower's too."""
-    peft = pytest.importorskip("peft")
     config = _config(case)
     arch = architecture_from_config(config, case, "tiny")
-    settings = {k: v for k, v in config.items() if k != "model_type"}
-    vl = "vision_config" in config
-    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
-    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
-    with warnings.catch_warnings():
-        # peft's rank and alpha patterns for Qwen3-Next's fused experts names gate_up_proj, which all-linear
-        # does not target (a parameter, not an nn.Linear): peft says so and ignores it
-        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys", RuntimeWarning)
-        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
-    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    trainable = _peft_trainable(config, "all-linear")
     frozen, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4))
     assert sum(t.numel for t in adapters) == trainable
     assert sum(t.numel for t in frozen) == arch.num_parameters
@@ -271,17 +268,9 @@ def test_moe_lora_targets_keep_transformers_4s_meaning_as_peft_does(
     types transformers 5 converts from Qwen2-MoE's layout, and no longer a dense or shared
     expert's nn.Linear of the experts' v4 names: the forecast's adapters are peft's, element for
     element."""
-    peft = pytest.importorskip("peft")
     config = _config(case)
     arch = architecture_from_config(config, case, "tiny")
-    settings = {k: v for k, v in config.items() if k != "model_type"}
-    vl = "vision_config" in config
-    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
-    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys", RuntimeWarning)
-        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
-    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    trainable = _peft_trainable(config, targets)
     listed = (targets,) if isinstance(targets, str) else tuple(targets)
     _, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4, lora_targets=listed))
     assert sum(t.numel for t in adapters) == trainable
