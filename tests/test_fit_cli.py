@@ -324,6 +324,21 @@ def test_a_qwen3_vl_moe_example_counts_its_tower_on_megatron(
     assert any("vision tower's weights" in a for a in payload["assumptions"])
 
 
+def test_an_sft_megatron_engine_is_forecast_as_megatron(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """engine=megatron composes megatron.yaml, which has no strategy key: the engine is
+    McoreEngineConfig's default, megatron (verl/workers/config/engine.py:214), with the script's
+    parallel sizes and its CPU optimizer (all states on the host, precision-aware)."""
+    script = _script("examples/sft/gsm8k/run_qwen3_5_397b_a17b_megatron.sh")
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
+    assert status in (0, 1), err
+    payload = json.loads(out)
+    assert "Megatron tp 2 pp 4 ep 32" in _part(payload, "sft-update", "actor.params")["formula"]
+    optimizer = _part(payload, "sft-update", "actor.optimizer")["formula"]
+    assert "the master and states of 100% of the params on the host" in optimizer
+
+
 def _part(payload: dict[str, object], phase: str, key: str) -> dict[str, str]:
     for rank in payload["ranks"]:  # type: ignore[attr-defined]
         for entry in rank["phases"]:

@@ -261,3 +261,57 @@ def test_an_oom_lora_sync_proposes_layered_summon_first(
     assert sync and sync[0].fixes, [v.phase for v in result.verdicts]
     layered = [f for f in sync[0].fixes if f.keys == ((f"{ROLLOUT}.layered_summon", "True"),)]
     assert layered and layered[0].phase_fits, sync[0].fixes
+
+
+OFFLOAD = "+actor_rollout_ref.actor.optim.override_optimizer_config"
+CPU_OPTIMIZER = f"{OFFLOAD}.optimizer_cpu_offload=True"
+PRECISION_AWARE = f"{OFFLOAD}.use_precision_aware_optimizer=True"
+ALL_ON_HOST = f"{OFFLOAD}.optimizer_offload_fraction=1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "on_gpu"),
+    [
+        # AdamW: 4 B of fp32 master and 8 B of moments per parameter of 12 on the GPU
+        ([CPU_OPTIMIZER, ALL_ON_HOST], 4),
+        ([CPU_OPTIMIZER, f"{OFFLOAD}.optimizer_offload_fraction=0.5"], 8),
+        # the precision-aware optimizer's master is the hybrid optimizer's own: it goes along
+        ([CPU_OPTIMIZER, ALL_ON_HOST, PRECISION_AWARE], 0),
+        # Megatron's default fraction is 0.0: the CPU optimizer alone offloads nothing
+        ([CPU_OPTIMIZER], 12),
+        # the fraction without the CPU optimizer is not read
+        ([ALL_ON_HOST], 12),
+    ],
+)
+def test_megatrons_cpu_optimizer_keeps_its_share_of_the_states_on_the_host(
+    upstream_session: AuditSession, folder: Path, overrides: list[str], on_gpu: int
+) -> None:
+    """override_optimizer_config goes to Megatron's OptimizerConfig as written: with
+    optimizer_cpu_offload its HybridDeviceOptimizer keeps the moments of optimizer_offload_
+    fraction of the parameters on the host; the fp32 master shards stay on the GPU unless the
+    precision-aware optimizer makes the hybrid optimizer's copies the master."""
+    base = _role(upstream_session, folder, MEGATRON_RUN, "actor", "ppo_megatron_trainer")
+    role = _role(
+        upstream_session, folder, [*MEGATRON_RUN, *overrides], "actor", "ppo_megatron_trainer"
+    )
+    full, kept = states_of(base).optimizer, states_of(role).optimizer
+    assert kept == pytest.approx(full * on_gpu / 12, rel=1e-3)
+
+
+def test_an_oom_megatron_update_proposes_the_cpu_optimizer(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    resolved = _resolved(
+        upstream_session,
+        folder,
+        [*MEGATRON_RUN, f"{RECOMPUTE}.recompute_granularity=full"],
+        "ppo_megatron_trainer",
+        model_entry={"model": "Qwen/Qwen2.5-7B"},
+    )
+    request = Request(gpu=custom_gpu(20.0), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request)
+    update = [v for v in result.verdicts if v.phase == "actor-update"]
+    assert update and update[0].level == "error", [(v.phase, v.total) for v in result.verdicts]
+    proposed = [dict(fix.keys) for fix in update[0].fixes]
+    key = f"{OFFLOAD}.optimizer_cpu_offload"
+    assert any(fix.get(key) == "True" for fix in proposed), proposed

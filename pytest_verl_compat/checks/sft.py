@@ -38,6 +38,12 @@ _MEGATRON_MODEL_PARALLEL = (
 _STRATEGY_OF_TARGET = {"verl.workers.config.McoreEngineConfig": "megatron"}
 
 
+def engine_strategy(engine: Mapping[str, Any]) -> str:
+    """The SFT engine's strategy: its ``strategy`` key, else its dataclass's default ("" when
+    neither says)."""
+    return str(engine.get("strategy") or _STRATEGY_OF_TARGET.get(str(engine.get("_target_")), ""))
+
+
 def _sizes(inp: CheckInput) -> tuple[int, int] | None:
     """(world, data-parallel ranks), when the launch fixes the world and the engine's data-parallel
     size follows from the configuration alone: FSDP's is world // ulysses_sequence_parallel_size
@@ -49,7 +55,7 @@ def _sizes(inp: CheckInput) -> tuple[int, int] | None:
         return None
     world = inp.world_size
     engine = inp.resolved["engine"]
-    strategy = str(engine.get("strategy") or _STRATEGY_OF_TARGET.get(engine.get("_target_"), ""))
+    strategy = engine_strategy(engine)
     if strategy.startswith("fsdp"):
         sp = int(engine.get("ulysses_sequence_parallel_size") or 1)
         return world, max(world // max(sp, 1), 1)

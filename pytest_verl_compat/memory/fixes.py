@@ -101,6 +101,15 @@ def _role_candidates(
             yield [((f"{model}.enable_gradient_checkpointing", True),)]
     if not role.remove_padding and not role.dynamic:
         yield [((f"{model}.use_remove_padding", True),)]
+    if training and role.spec.strategy == "megatron" and role.spec.optimizer_on_host < 1:
+        # Megatron's CPU optimizer: the moments on the host (reading.optimizer_on_host)
+        override = f"{role.section}.optim.override_optimizer_config"
+        yield [
+            (
+                (f"{override}.optimizer_cpu_offload", True),
+                (f"{override}.optimizer_offload_fraction", 1.0),
+            )
+        ]
     if role.spec.strategy in ("fsdp", "fsdp2") and role.role != "ref":
         if not (role.param_offload and role.optimizer_offload):
             yield _both_offloads(engine)

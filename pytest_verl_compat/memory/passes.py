@@ -54,6 +54,15 @@ def _logits_part(role: RoleLayout, training: bool, entropy: bool) -> Part:
     )
 
 
+def _on_host(role: RoleLayout) -> str:
+    """What Megatron's CPU optimizer keeps off the GPU, as fit says it."""
+    share = role.spec.optimizer_on_host
+    if not share:
+        return ""
+    what = "the master and states" if role.spec.master_on_host else "the states"
+    return f", {what} of {share:.0%} of the params on the host (optimizer_cpu_offload)"
+
+
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
     """The role's own parts while it runs a pass (training: an update)."""
     arch = role.model.architecture
@@ -107,10 +116,12 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 s.optimizer,
                 (
                     f"fp32 master + {st.optimizer_states(role.spec.optimizer)} states per trainable param, distributed optimizer"
+                    + _on_host(role)
                     if megatron(role)
                     else f"{st.optimizer_states(role.spec.optimizer)} states x fp32 per trainable param, sharded"
                 ),
-                st.EV_OPTIMIZER,
+                st.EV_OPTIMIZER
+                + (f"; {st.EV_OPTIMIZER_ON_HOST}" if role.spec.optimizer_on_host else ""),
             )
         )
         if role.micro_batches > 1 and s.accumulated:

@@ -23,6 +23,7 @@ from pytest_verl_compat.checks.roles import (
     role_strategy,
     sequence_parallel,
 )
+from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.memory.activations import EV_LOGITS
 from pytest_verl_compat.memory.layout import (
     CRITIC_DEFAULT_BUDGET,
@@ -184,9 +185,35 @@ def engine_spec(
         etp=sizes.get("etp", 1),
         cp=sizes.get("cp", 1),
         distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
+        **(optimizer_on_host(optim) if sizes else {}),
         defer_sync=defer_sync(engine),
     )
     return spec, engine
+
+
+# verl hands override_optimizer_config to Megatron's OptimizerConfig as it is
+# (verl/utils/megatron/optimizer.py:210-213); with optimizer_cpu_offload megatron-core builds a
+# HybridDeviceOptimizer whose optimizer_offload_fraction (default 0.0) of the parameters keep
+# their moments on the host (megatron/core/optimizer/__init__.py:306-346@megatron-core-0.16.1),
+# and verl loads back only the GPU share for an update (verl/utils/megatron_utils.py:943-945).
+# With use_precision_aware_optimizer too, the distributed optimizer makes no fp32 master shards
+# of its own (distrib_optimizer.py:378, :440): the hybrid optimizer's fp32 copies are the master,
+# on the host for the offloaded share.
+
+
+def optimizer_on_host(optim: Mapping[str, Any]) -> dict[str, Any]:
+    """EngineSpec's optimizer_on_host and master_on_host for a Megatron role's optim section."""
+    override = optim.get("override_optimizer_config") if isinstance(optim, Mapping) else None
+    if not isinstance(override, Mapping) or not override.get("optimizer_cpu_offload"):
+        return {}
+    try:
+        fraction = float(override.get("optimizer_offload_fraction") or 0.0)
+    except (TypeError, ValueError):
+        return {}
+    return {
+        "optimizer_on_host": min(max(fraction, 0.0), 1.0),
+        "master_on_host": bool(override.get("use_precision_aware_optimizer")),
+    }
 
 
 def _budget_key(section: str, pass_name: str, dynamic: bool) -> str:
@@ -464,7 +491,7 @@ def sft_layout(
     engine = value_at(resolved, "engine", {})
     data = value_at(resolved, "data", {})
     model_section = value_at(resolved, "model", {})
-    strategy = str(engine.get("strategy") or "fsdp")
+    strategy = engine_strategy(engine) or "fsdp"
     if strategy not in FORECAST_STRATEGIES:
         raise UnreadableRun(
             f"engine.strategy={strategy}: the forecast models "
@@ -496,7 +523,9 @@ def sft_layout(
         tp=sizes.get("tp", 1),
         pp=sizes.get("pp", 1),
         ep=sizes.get("ep", 1),
+        etp=sizes.get("etp", 1),
         cp=sizes.get("cp", 1),
+        **(optimizer_on_host(value_at(resolved, "optim", {}) or {}) if sizes else {}),
         defer_sync=defer_sync(engine),
     )
     dynamic = bool(data.get("use_dynamic_bsz"))

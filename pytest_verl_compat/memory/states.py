@@ -26,6 +26,11 @@ EV_FSDP2 = "verl/workers/engine/fsdp/transformer_impl.py:405-424"
 EV_REF_OFFLOAD = "verl/workers/engine/fsdp/transformer_impl.py:389-394, :415-420"
 EV_MESH = "verl/workers/engine/fsdp/utils.py:47-52"
 EV_OPTIMIZER = "verl/workers/config/optimizer.py:326-351"
+# Megatron's CPU optimizer (reading.optimizer_on_host)
+EV_OPTIMIZER_ON_HOST = (
+    "verl/utils/megatron/optimizer.py:210-213; verl/utils/megatron_utils.py:943-945, "
+    "verl/utils/megatron_utils.py:991-992@0.9.1"
+)
 EV_NO_SYNC = "verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730"
 EV_LORA = "verl/workers/engine/fsdp/transformer_impl.py:303-346"
 EV_WRAP = "verl/utils/fsdp_utils.py:80-165, :537-588"
@@ -73,6 +78,11 @@ class EngineSpec:
     etp: int = 1
     cp: int = 1
     distributed_optimizer: bool = True
+    # Megatron's HybridDeviceOptimizer (override_optimizer_config.optimizer_cpu_offload): the share
+    # of the trainable parameters whose optimizer moments live on the host (optimizer_offload_
+    # fraction, by numel); the fp32 master shards stay on the GPU
+    optimizer_on_host: float = 0.0
+    master_on_host: bool = False  # with use_precision_aware_optimizer: the master goes along
     # FSDP skips gradient sync on all but a mini-batch's last micro-batch (no_sync), keeping
     # unsharded gradients between them (use_no_sync_for_gradient_accumulation, read as upstream)
     defer_sync: bool = True
@@ -350,7 +360,11 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     # and world / (ep etp pp))
     dense_dp = max(spec.world // (spec.tp * spec.pp), 1)
     expert_dp = max(spec.world // (spec.ep * spec.etp * spec.pp), 1)
-    per_param = 4 + 4 * optimizer_states(spec.optimizer)  # fp32 master + moments
+    # fp32 master + the moments the GPU keeps (megatron/core/optimizer/cpu_offloading/
+    # hybrid_optimizer.py:251-300@megatron-core-0.16.1 clones the offloaded share to the host)
+    moments = 4 * optimizer_states(spec.optimizer)
+    movable = 4 + moments if spec.master_on_host else moments
+    per_param = 4 + moments - int(movable * spec.optimizer_on_host)
     dense, expert = per_rank(trainable, False), per_rank(trainable, True)
     master = (
         dense * per_param // dense_dp + expert * per_param // expert_dp
