@@ -315,3 +315,24 @@ def test_an_oom_megatron_update_proposes_the_cpu_optimizer(
     proposed = [dict(fix.keys) for fix in update[0].fixes]
     key = f"{OFFLOAD}.optimizer_cpu_offload"
     assert any(fix.get(key) == "True" for fix in proposed), proposed
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_megatrons_grad_buffer_comes_back_only_for_the_update(
+    upstream_session: AuditSession, folder: Path, offload: bool
+) -> None:
+    """An offloaded Megatron model is loaded without its grad buffer for a forward
+    (engine/base.py:319) and for the weight sync (megatron/transformer_impl.py:1022); a model
+    that never leaves the GPU keeps the buffer allocated through both."""
+    run = [*MEGATRON_RUN, f"actor_rollout_ref.actor.megatron.param_offload={offload}"]
+    resolved = _resolved(upstream_session, folder, run, "ppo_megatron_trainer")
+    request = Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request, with_fixes=False)
+    keys = {
+        phase.phase: {part.key for part in phase.parts}
+        for rank in result.ranks
+        for phase in rank.phases
+    }
+    for phase in ("old-log-prob", "weight-sync"):
+        assert ("actor.grads.buffer" in keys[phase]) is not offload, (phase, sorted(keys[phase]))
+    assert "actor.grads" in keys["actor-update"]

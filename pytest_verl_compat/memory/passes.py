@@ -15,6 +15,7 @@ from pytest_verl_compat.memory.residency import (
     grad_buffer,
     megatron,
     params_evidence,
+    resident,
     states_of,
     stored_bytes,
     where,
@@ -80,7 +81,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 params_evidence(role),
             )
         )
-        if not training:
+        if not training and resident(role)[0]:
+            # an offloaded model comes back without its grad buffer for a forward
             parts.extend(grad_buffer(role, "(allocated)"))
     if not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
         parts.append(

@@ -97,7 +97,9 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                     st.EV_OPTIMIZER,
                 )
             )
-        sync.extend(grad_buffer(actor, "(resident)"))
+        if resident(actor)[0]:
+            # the sync loads an offloaded model without its grad buffer (load_grad=False)
+            sync.extend(grad_buffer(actor, "(resident)"))
         mem = memory["rollout"]
         sync.append(
             Part(

@@ -52,7 +52,10 @@ def params_evidence(role: RoleLayout) -> str:
 def grad_buffer(role: RoleLayout, label: str) -> list[Part]:
     """Megatron's DistributedDataParallel keeps its fp32 gradient buffer allocated with the
     weights: it leaves the GPU only with them (offload_megatron_model_to_cpu,
-    verl/utils/megatron_utils.py:663-722)."""
+    verl/utils/megatron_utils.py:663-722), and an offloaded model comes back without it for a
+    forward (verl/workers/engine/base.py:319, grad=False) and for the weight sync
+    (verl/workers/engine/megatron/transformer_impl.py:1022, load_grad=False): only the update
+    loads it."""
     s = states_of(role)
     if not megatron(role) or role.spec.forward_only or not s.grads:
         return []
