@@ -5,9 +5,9 @@ Only ``cli``, ``plugin`` and the tests import this layer; it imports ``model``, 
 use, so ``import pytest_verl_compat.memory`` costs nothing and registers no rule page (``check``
 without a GPU never loads the layer). The modules hold one concern each:
 
-- ``gpus``, ``architecture``, ``vision``, ``models``: the GPU table, a model's tensors (a VL
-  model's vision tower among them), where its numbers come from (a config.json, the Hugging
-  Face cache, the shipped table);
+- ``gpus``, ``tensor``, ``architecture``, ``vision``, ``models``: the GPU table, a model's
+  tensors (a VL model's vision tower among them), where its numbers come from (a config.json,
+  the Hugging Face cache, the shipped table);
 - ``states``, ``activations``, ``rollout``: model states per engine, what a pass keeps, the
   rollout server's share and KV cache;
 - ``release_facts``: what a release's code decides where no key does (data per release);

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
+from pytest_verl_compat.memory.tensor import Tensor
 from pytest_verl_compat.memory.vision import VisionConfigError, VisionTower, vision_from_config
 
 # Families whose decoder layer is the Llama layout (q/k/v/o, gated MLP, RMSNorm).
@@ -80,22 +81,6 @@ ALIASES = {
 
 class UnsupportedModel(ValueError):
     """A config.json the forecast cannot read (the message says which key or family)."""
-
-
-class Tensor(NamedTuple):
-    """One parameter tensor: its name, shape, the FSDP unit it belongs to, and what it is."""
-
-    name: str
-    shape: tuple[int, ...]
-    unit: str  # "root", "layers.<i>" or a vision block's "visual.blocks.<i>"
-    kind: str  # embed, lm_head, norm, linear, bias, experts, router
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
 
 
 @dataclass(frozen=True)
@@ -295,7 +280,7 @@ class Architecture:
         """Every parameter tensor of the causal-LM model (a tied lm_head is the embedding), a VL
         model's vision tower first, as transformers builds it."""
         if self.vision is not None:
-            yield from (Tensor(*t) for t in self.vision.tensors())
+            yield from self.vision.tensors()
         yield Tensor(
             "model.embed_tokens.weight", (self.vocab_size, self.hidden_size), "root", "embed"
         )

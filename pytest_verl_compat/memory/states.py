@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pytest_verl_compat.memory.architecture import Architecture, Tensor
+from pytest_verl_compat.memory.architecture import Architecture
+from pytest_verl_compat.memory.tensor import Tensor
 from pytest_verl_compat.memory.vision import UNIT as VISION_UNIT
 
 # verl/workers/engine/fsdp/transformer_impl.py

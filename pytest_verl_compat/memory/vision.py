@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
+
+from pytest_verl_compat.memory.tensor import Tensor
 
 # Families with a vision tower the forecast counts, by model_type, and the tower each builds:
 # Qwen3-VL's MoE models (qwen3_vl_moe) build Qwen3-VL's tower (transformers'
@@ -47,13 +49,6 @@ UNIT = "visual.blocks."  # a block's FSDP unit: visual.blocks.<i>
 EMBED = "vision_embed"
 
 
-class VisionTensor(NamedTuple):
-    name: str
-    shape: tuple[int, ...]
-    unit: str
-    kind: str
-
-
 @dataclass(frozen=True)
 class VisionTower:
     """The numbers of ``vision_config`` that decide the tower's parameters."""
@@ -70,20 +65,20 @@ class VisionTower:
     num_position_embeddings: int = 0  # Qwen3-VL's learned position embedding
     deepstack_mergers: int = 0  # Qwen3-VL: one merger per deepstack_visual_indexes entry
 
-    def tensors(self) -> Iterator[VisionTensor]:
+    def tensors(self) -> Iterator[Tensor]:
         h = self.hidden_size
         qwen3 = self.layout == "qwen3_vl"
         kernel = (self.in_channels, self.temporal_patch_size, self.patch_size, self.patch_size)
-        yield VisionTensor(f"{PREFIX}.patch_embed.proj.weight", (h, *kernel), "root", EMBED)
+        yield Tensor(f"{PREFIX}.patch_embed.proj.weight", (h, *kernel), "root", EMBED)
         if qwen3:
-            yield VisionTensor(f"{PREFIX}.patch_embed.proj.bias", (h,), "root", "bias")
+            yield Tensor(f"{PREFIX}.patch_embed.proj.bias", (h,), "root", "bias")
             shape = (self.num_position_embeddings, h)
-            yield VisionTensor(f"{PREFIX}.pos_embed.weight", shape, "root", EMBED)
+            yield Tensor(f"{PREFIX}.pos_embed.weight", shape, "root", EMBED)
         for index in range(self.depth):
             yield from self._block(index, qwen3)
         merged = h * self.spatial_merge_size**2
         if not qwen3:
-            yield VisionTensor(f"{PREFIX}.merger.ln_q.weight", (h,), "root", "norm")
+            yield Tensor(f"{PREFIX}.merger.ln_q.weight", (h,), "root", "norm")
             yield from self._linears(f"{PREFIX}.merger", "root", (("mlp.0", merged, merged),))
             yield from self._linears(
                 f"{PREFIX}.merger", "root", (("mlp.2", self.out_hidden_size, merged),)
@@ -93,22 +88,22 @@ class VisionTower:
             (f"{PREFIX}.deepstack_merger_list.{i}", merged) for i in range(self.deepstack_mergers)
         ]
         for prefix, normed in mergers:
-            yield VisionTensor(f"{prefix}.norm.weight", (normed,), "root", "norm")
-            yield VisionTensor(f"{prefix}.norm.bias", (normed,), "root", "norm")
+            yield Tensor(f"{prefix}.norm.weight", (normed,), "root", "norm")
+            yield Tensor(f"{prefix}.norm.bias", (normed,), "root", "norm")
             yield from self._linears(
                 prefix,
                 "root",
                 (("linear_fc1", merged, merged), ("linear_fc2", self.out_hidden_size, merged)),
             )
 
-    def _block(self, index: int, qwen3: bool) -> Iterator[VisionTensor]:
+    def _block(self, index: int, qwen3: bool) -> Iterator[Tensor]:
         h, width = self.hidden_size, self.intermediate_size
         unit = f"{UNIT}{index}"
         block = f"{PREFIX}.blocks.{index}"
         for norm in ("norm1", "norm2"):
-            yield VisionTensor(f"{block}.{norm}.weight", (h,), unit, "norm")
+            yield Tensor(f"{block}.{norm}.weight", (h,), unit, "norm")
             if qwen3:  # LayerNorm: a bias too
-                yield VisionTensor(f"{block}.{norm}.bias", (h,), unit, "norm")
+                yield Tensor(f"{block}.{norm}.bias", (h,), unit, "norm")
         mlp = (
             (("mlp.linear_fc1", width, h), ("mlp.linear_fc2", h, width))
             if qwen3
@@ -123,11 +118,11 @@ class VisionTower:
     @staticmethod
     def _linears(
         prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...]
-    ) -> Iterator[VisionTensor]:
+    ) -> Iterator[Tensor]:
         """nn.Linear layers with biases, each its weight then its bias."""
         for name, rows, cols in shapes:
-            yield VisionTensor(f"{prefix}.{name}.weight", (rows, cols), unit, "linear")
-            yield VisionTensor(f"{prefix}.{name}.bias", (rows,), unit, "bias")
+            yield Tensor(f"{prefix}.{name}.weight", (rows, cols), unit, "linear")
+            yield Tensor(f"{prefix}.{name}.bias", (rows,), unit, "bias")
 
 
 class VisionConfigError(ValueError):

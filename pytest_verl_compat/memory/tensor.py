@@ -1,0 +1,22 @@
+"""One parameter tensor of a model, the word the language model (architecture.py) and a VL
+model's vision tower (vision.py) both speak."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Tensor(NamedTuple):
+    """One parameter tensor: its name, shape, the FSDP unit it belongs to, and what it is."""
+
+    name: str
+    shape: tuple[int, ...]
+    unit: str  # "root", "layers.<i>" or a vision block's "visual.blocks.<i>"
+    kind: str  # embed, lm_head, norm, linear, conv, bias, experts, router, vision_embed
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
