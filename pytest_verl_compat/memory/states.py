@@ -130,8 +130,12 @@ def _ceil(a: int, b: int) -> int:
 # names (a shared expert's, a dense layer's) is no longer adapted as a module. "all-linear"
 # counts every one of those names (their v4 modules were nn.Linear).
 PEFT_V4_MOE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen3_next", "deepseek_v3"})
-PEFT_V4_MOE_NAMES = {"gate": "gate.weight", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
-PEFT_V4_MOE_NAMES = {**PEFT_V4_MOE_NAMES, "down_proj": "down_proj"}
+PEFT_V4_MOE_NAMES = {
+    "gate": "gate.weight",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+    "down_proj": "down_proj",
+}
 ALL_LINEAR = "all-linear"
 
 
@@ -169,8 +173,9 @@ def _parameter_adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
     """peft's ParamWrapper adapters of the router and the stacked experts (PEFT_V4_MOE_NAMES):
     A (experts x rank, in) and B (out, experts x rank) for a stacked (experts, out, in)
     parameter, A (rank, in) and B (out, rank) for the router's weight."""
-    targets = {PEFT_V4_MOE_NAMES[name] for name in _peft_moe_targets(arch, spec)}
-    if "gate_up_proj" in targets and not {"gate_proj", "up_proj"} <= _peft_moe_targets(arch, spec):
+    names = _peft_moe_targets(arch, spec)
+    targets = {PEFT_V4_MOE_NAMES[name] for name in names}
+    if not {"gate_proj", "up_proj"} <= names:
         targets.discard("gate_up_proj")  # peft refuses one of the fused pair alone
     out = []
     for tensor in arch.tensors():
@@ -183,24 +188,29 @@ def _parameter_adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
         elif tensor.kind == "experts" and leaf in targets:
             experts, rows, cols = tensor.shape
             r = spec.lora_rank * experts * (2 if leaf == "gate_up_proj" else 1)
-            base = f"{tensor.name}"
+            base = tensor.name
         else:
             continue
-        out.append(Tensor(f"{base}.lora_A.default.weight", (r, cols), f"{base}.lora_A", "lora"))
-        out.append(Tensor(f"{base}.lora_B.default.weight", (rows, r), f"{base}.lora_B", "lora"))
+        out += _lora_pair(base, rows, cols, r)
     return out
+
+
+def _lora_pair(base: str, rows: int, cols: int, rank: int) -> list[Tensor]:
+    """LoRA's A (rank x in) and B (out x rank) of the weight ``base`` (rows x cols), each its own
+    FSDP1 unit."""
+    return [
+        Tensor(f"{base}.lora_A.default.weight", (rank, cols), f"{base}.lora_A", "lora"),
+        Tensor(f"{base}.lora_B.default.weight", (rows, rank), f"{base}.lora_B", "lora"),
+    ]
 
 
 def _adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
     """LoRA's A (rank x in) and B (out x rank) per adapted weight, each its own FSDP1 unit
     (verl's lambda wrap policy for modules with trainable weights, fsdp_utils.py:113-125)."""
     out = []
-    r = spec.lora_rank
     for tensor in _lora_targets(arch, spec):
         rows, cols = tensor.shape
-        base = tensor.name[: -len(".weight")]
-        out.append(Tensor(f"{base}.lora_A.default.weight", (r, cols), f"{base}.lora_A", "lora"))
-        out.append(Tensor(f"{base}.lora_B.default.weight", (rows, r), f"{base}.lora_B", "lora"))
+        out += _lora_pair(tensor.name[: -len(".weight")], rows, cols, spec.lora_rank)
     return out + _parameter_adapters(arch, spec)
 
 
