@@ -15,7 +15,6 @@ from pytest_verl_compat.memory.residency import (
     grad_buffer,
     megatron,
     params_evidence,
-    resident,
     states_of,
     stored_bytes,
     where,
@@ -81,8 +80,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 params_evidence(role),
             )
         )
-        if not training and resident(role)[0]:
-            # an offloaded model comes back without its grad buffer for a forward
+        if not training:
             parts.extend(grad_buffer(role, "(allocated)"))
     if not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
         parts.append(

@@ -31,7 +31,6 @@ from pytest_verl_compat.memory.parts import (
     RankKind,
 )
 from pytest_verl_compat.memory.passes import compute_parts, server_parts
-from pytest_verl_compat.memory.reading import EV_SUMMON_WHOLE
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
@@ -97,9 +96,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                     st.EV_OPTIMIZER,
                 )
             )
-        if resident(actor)[0]:
-            # the sync loads an offloaded model without its grad buffer (load_grad=False)
-            sync.extend(grad_buffer(actor, "(resident)"))
+        sync.extend(grad_buffer(actor, "(resident)"))
         mem = memory["rollout"]
         sync.append(
             Part(
@@ -120,7 +117,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                     f"{s.total:,} params x {actor.spec.model_dtype} B, padded per FSDP unit: "
                     "summon_full_params unshards every FSDP1 unit at full precision to collect "
                     "the adapters (rollout.layered_summon=True gathers one unit at a time)",
-                    EV_SUMMON_WHOLE,
+                    st.EV_SUMMON_WHOLE,
                 )
             )
         else:

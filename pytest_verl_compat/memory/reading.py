@@ -353,20 +353,14 @@ def _adapter_served(resolved: Mapping[str, Any], name: str) -> bool:
     return name == "sglang" and _adapters_unmerged(resolved)
 
 
-# verl/utils/fsdp_utils.py:740 (:752@0.9.1): without layered_summon, collecting the
-# adapters opens FSDP.summon_full_params(module) on the whole FSDP1 model, which unshards every
-# unit at once and, with mixed precision, at full precision (torch's FlatParamHandle.
-# _force_full_precision in SUMMON_FULL_PARAMS); FSDP2's DTensors gather one adapter at a time.
-EV_SUMMON_WHOLE = "verl/utils/fsdp_utils.py:740; torch/distributed/fsdp/_flat_param.py FlatParamHandle._force_full_precision"
-
-
 def _sync_summons_whole(resolved: Mapping[str, Any], section: str) -> bool:
-    """The actor's LoRA weight sync gathers the whole FSDP1 model (layered_summon off)."""
+    """The actor's LoRA weight sync gathers the whole FSDP1 model (layered_summon off;
+    states.EV_SUMMON_WHOLE)."""
     return (
         section == "actor_rollout_ref.rollout"
         and _adapters_unmerged(resolved)
         and not bool(value_at(resolved, f"{section}.layered_summon", False))
-        and value_at(resolved, "actor_rollout_ref.actor.strategy") == "fsdp"
+        and role_strategy(resolved, "actor") == "fsdp"
     )
 
 

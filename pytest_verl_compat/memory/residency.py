@@ -57,7 +57,7 @@ def grad_buffer(role: RoleLayout, label: str) -> list[Part]:
     (verl/workers/engine/megatron/transformer_impl.py:1022, load_grad=False): only the update
     loads it."""
     s = states_of(role)
-    if not megatron(role) or role.spec.forward_only or not s.grads:
+    if not megatron(role) or role.spec.forward_only or not s.grads or not resident(role)[0]:
         return []
     return [
         Part(

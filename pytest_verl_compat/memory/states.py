@@ -32,6 +32,11 @@ EV_OPTIMIZER_ON_HOST = (
     "verl/utils/megatron/optimizer.py:210-213; verl/utils/megatron_utils.py:943-945, "
     "verl/utils/megatron_utils.py:991-992@0.9.1"
 )
+# verl/utils/fsdp_utils.py:740 (:752@0.9.1): without layered_summon, collecting the LoRA
+# adapters opens FSDP.summon_full_params(module) on the whole FSDP1 model, which unshards every
+# unit at once and, with mixed precision, at full precision (torch's FlatParamHandle.
+# _force_full_precision in SUMMON_FULL_PARAMS); FSDP2's DTensors gather one adapter at a time.
+EV_SUMMON_WHOLE = "verl/utils/fsdp_utils.py:740; torch/distributed/fsdp/_flat_param.py FlatParamHandle._force_full_precision"
 EV_NO_SYNC = "verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730"
 EV_LORA = "verl/workers/engine/fsdp/transformer_impl.py:303-346"
 EV_WRAP = "verl/utils/fsdp_utils.py:80-165, :537-588"
