@@ -43,6 +43,7 @@ SPLIT_IN_PROJ = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
 # MoE families whose block builds its router before its experts.
 ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
 LINEAR_ATTENTION = "linear_attention"
+FULL_ATTENTION = "full_attention"
 # Families with an RMSNorm on each head's queries and keys.
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
 # Families with four norms per decoder layer (around attention and around the MLP).
@@ -362,11 +363,11 @@ def _layer_types(
     if given is None:
         interval = _int(config, "full_attention_interval", source, 4) or 4
         return tuple(
-            "full_attention" if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)
+            FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)
         )
     if not isinstance(given, list) or len(given) != layers:
         raise UnsupportedModel(f"{source}: layer_types must list the {layers} layers' attention")
-    unknown = sorted({str(kind) for kind in given} - {LINEAR_ATTENTION, "full_attention"})
+    unknown = sorted({str(kind) for kind in given} - {LINEAR_ATTENTION, FULL_ATTENTION})
     if unknown:
         raise UnsupportedModel(f"{source}: layer_types has {unknown[0]!r}, not an attention here")
     return tuple(str(kind) for kind in given)

@@ -25,6 +25,7 @@ from pytest_verl_compat.memory.vision import EMBED as VISION_EMBED
 
 GIB = 1 << 30
 BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full attention
+KERNEL_BLOCK = 16  # flash attention's block alignment, to which a hybrid's block size is raised
 # What vLLM holds besides weights and KV cache (stated, not measured here): the CUDA graphs it
 # captures unless enforce_eager (its log: "Graph capturing finished ... took 0.5-1.5 GiB"), and
 # non-torch allocations of its worker (NCCL, cuBLAS workspaces).
@@ -81,7 +82,7 @@ class HybridCache:
     state_blocks: int  # blocks one sequence takes in each state group
 
     def blocks_for(self, tokens: int) -> int:
-        return self.attention_groups * -(-tokens // self.block_size) + (
+        return self.attention_groups * _cdiv(tokens, self.block_size) + (
             self.state_groups * self.state_blocks
         )
 
@@ -102,7 +103,7 @@ def hybrid_cache(
     temporal *= arch.linear_key_head_dim * ssm_dtype
     state_page = conv + temporal
     one_token = arch.kv_bytes_per_token_layer(tp, kv_dtype)
-    block = max(BLOCK_SIZE, 16 * _cdiv(state_page, 16 * one_token))
+    block = max(BLOCK_SIZE, KERNEL_BLOCK * _cdiv(state_page, KERNEL_BLOCK * one_token))
     full = arch.full_attention_layers
     linear = arch.num_hidden_layers - full
     group = min(full, linear)
@@ -199,19 +200,16 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
     kv = share - weights - overhead
     block_size = BLOCK_SIZE
     page = page_bytes(arch, server.tp, server.kv_dtype)
-    layers = arch.num_hidden_layers
+    # the layers with a KV cache (a hybrid's attention layers; SGLang's state pool of its linear
+    # layers is not modelled)
+    layers = arch.full_attention_layers
     blocks = max(kv, 0) // page // layers if page else 0
-    one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
+    one = _cdiv(server.max_model_len, BLOCK_SIZE) * page * layers
     if arch.layer_types and server.name == "vllm":
         cache = hybrid_cache(arch, server.tp, server.kv_dtype, server.dtype, server.prefix_caching)
         block_size, page = cache.block_size, cache.page
         blocks = max(kv, 0) // page // cache.group_size
         one = cache.blocks_for(server.max_model_len) * page * cache.group_size
-    elif arch.layer_types:
-        # SGLang: the attention layers' KV per token (its state pool is not modelled)
-        layers = arch.full_attention_layers
-        blocks = max(kv, 0) // page // layers if page else 0
-        one = -(-server.max_model_len // BLOCK_SIZE) * page * layers
     sleeps = server.free_cache_engine
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
     asleep = graphs + kept if sleeps else share + outside
@@ -240,11 +238,10 @@ def graphs_evidence(server: ServerLayout) -> str:
 
 def share_text(server: ServerLayout, mem: ServerMemory) -> str:
     """The awake server's share and what sits outside it, as fit prints it."""
+    head = f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: "
     inside = f"weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile "
     if server.graphs_in_share:
-        inside += f"{gib_text(mem.overhead - mem.graphs)}, graphs {gib_text(mem.graphs)}"
-        return f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: {inside}"
-    head = f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: "
+        return f"{head}{inside}{gib_text(mem.overhead - mem.graphs)}, graphs {gib_text(mem.graphs)}"
     if not mem.outside:
         return f"{head}{inside}{gib_text(mem.overhead)}; no CUDA graphs (enforce_eager)"
     outside = "graphs/profile" if server.name == "sglang" else "graphs"
