@@ -339,14 +339,44 @@ def test_an_sft_megatron_engine_is_forecast_as_megatron(
     assert "the master and states of 100% of the params on the host" in optimizer
 
 
-def _part(payload: dict[str, object], phase: str, key: str) -> dict[str, str]:
+def _phase(payload: dict[str, object], phase: str) -> dict[str, object]:
     for rank in payload["ranks"]:  # type: ignore[attr-defined]
         for entry in rank["phases"]:
             if entry["phase"] == phase:
-                for part in entry["parts"]:
-                    if part["key"] == key:
-                        return dict(part)
+                return dict(entry)
+    raise AssertionError(f"no {phase}")
+
+
+def _part(payload: dict[str, object], phase: str, key: str) -> dict[str, str]:
+    for part in _phase(payload, phase)["parts"]:  # type: ignore[attr-defined]
+        if part["key"] == key:
+            return dict(part)
     raise AssertionError(f"no {key} in {phase}")
+
+
+@pytest.mark.parametrize("offload", ["False", "True"])
+def test_an_sglang_rollout_shares_what_the_trainer_leaves_free_at_its_start(
+    here: Path, capsys: pytest.CaptureFixture[str], offload: str
+) -> None:
+    """verl's Qwen3-8B GRPO example with SGLang: its share is mem_fraction_static (the rollout's
+    gpu_memory_utilization) of the memory free when it starts, after the actor's resident
+    weights and the processes' contexts; offloading the actor frees more of it. The same run
+    on vLLM claims gpu_memory_utilization of the device either way."""
+    base = ("fit", _script(GRPO), "--gpu", "H100", "--format", "json")
+    offloaded = ("--set", f"actor_rollout_ref.actor.fsdp_config.param_offload={offload}")
+    sglang = ("--set", "actor_rollout_ref.rollout.name=sglang")
+    status, out, err = run(capsys, *base, *offloaded, *sglang)
+    assert status in (0, 1), err
+    payload = json.loads(out)
+    capacity = payload["gpu"]["capacity_bytes"]
+    start = _phase(payload, "rollout-start")
+    held = sum(p["bytes"] for p in start["parts"] if p["key"] != "rollout.server")  # type: ignore[attr-defined]
+    assert (held > 2 << 30) == (offload == "False"), held  # the actor's weights or not
+    share = payload["rollout_kv_cache"]["share"]
+    assert share == int(0.6 * (capacity - held)), (share, capacity, held)
+    status, out, err = run(capsys, *base, *offloaded)
+    assert status in (0, 1), err
+    assert json.loads(out)["rollout_kv_cache"]["share"] == int(0.6 * capacity)
 
 
 @pytest.mark.parametrize("release", ["0.9.0", "0.9.1"])

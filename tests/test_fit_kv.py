@@ -117,12 +117,29 @@ def test_one_max_model_len_sequence_must_fit() -> None:
     assert shorter.kv_bytes >= shorter.one_sequence_bytes
 
 
-def test_sglang_claims_its_static_fraction_for_weights_and_kv() -> None:
-    server = dataclasses.replace(_server("Qwen/Qwen3-8B", 2, 0.5, 4096), name="sglang")
-    capacity = find_gpu("H100").usable_bytes
-    memory = server_memory(server, capacity)
-    assert memory.weights + memory.kv_bytes == int(0.5 * capacity)
-    assert isinstance(server.model, ModelChoice)
+def _sglang_pool(free_before_load: int, weights: int, fraction: float) -> int:
+    """SGLang's pool, transcribed (model_runner_kv_cache_mixin.py:138-140@sglang-0.5.8, :70-72
+    @0.5.12): ``post_model_load_memory - pre_model_load_memory * (1 - mem_fraction_static)``, both
+    the free memory torch.cuda.mem_get_info reports, before and after its weights load."""
+    post = free_before_load - weights
+    return int(post - free_before_load * (1 - fraction))
+
+
+@pytest.mark.parametrize("held_gib", [0, 4, 23])
+def test_sglang_claims_its_static_fraction_of_the_memory_free_at_its_start(held_gib: int) -> None:
+    """SGLang's static fraction is of what is free when it starts (whatever the trainer holds
+    shrinks its pool); vLLM's share is of the device whatever is held (it refuses to start when
+    less is free). Same model, GPU and fraction: only the server differs."""
+    vllm = _server("Qwen/Qwen3-8B", 2, 0.5, 4096)
+    sglang = dataclasses.replace(vllm, name="sglang")
+    capacity, held = find_gpu("H100").usable_bytes, held_gib * GIB
+    memory = server_memory(sglang, capacity, held)
+    assert memory.kv_bytes == pytest.approx(
+        _sglang_pool(capacity - held, memory.weights, 0.5), abs=1
+    )
+    assert memory.share == int(0.5 * (capacity - held)) and memory.free_at_start == capacity - held
+    assert server_memory(vllm, capacity, held).share == int(0.5 * capacity)
+    assert isinstance(sglang.model, ModelChoice)
 
 
 def test_cuda_graphs_sit_outside_the_share_before_vllm_0_21() -> None:

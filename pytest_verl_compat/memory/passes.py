@@ -10,11 +10,14 @@ from pytest_verl_compat.memory import states as st
 from pytest_verl_compat.memory.layout import RoleLayout, RunLayout, ServerLayout
 from pytest_verl_compat.memory.parts import Part
 from pytest_verl_compat.memory.residency import (
+    contexts,
     forced_offload,
     gib_text,
     grad_buffer,
     megatron,
     params_evidence,
+    processes,
+    start_residents,
     states_of,
     stored_bytes,
     where,
@@ -210,7 +213,7 @@ def server_parts(
                     f"{name} server ({server.name}, awake)",
                     mem.claimed,
                     srv.share_text(server, mem),
-                    f"{srv.VLLM_REQUESTED}; {srv.graphs_evidence(server)}",
+                    srv.share_evidence(server),
                 )
             )
         elif mem.asleep:
@@ -233,8 +236,18 @@ def server_parts(
 
 
 def server_memories(layout: RunLayout, capacity: int) -> dict[str, srv.ServerMemory]:
-    out = {}
-    for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
-        if isinstance(server, ServerLayout):
-            out[name] = srv.server_memory(server, capacity)
+    """Each server's memory, sized against what its GPU holds when it starts (SGLang measures
+    the free memory then): a colocated server finds the trainer's resident states and every
+    process's context; the rollout server, started after the reward server has gone to sleep
+    (ray_trainer.py init_workers builds the RewardLoopManager first; reward_model.py:49 sleeps
+    its replicas), also what that server keeps asleep; a standalone server its own context."""
+    out: dict[str, srv.ServerMemory] = {}
+    trainer = sum(p.bytes for p in start_residents(layout)) + contexts(processes(layout)).bytes
+    for name, server in (("reward", layout.reward), ("rollout", layout.rollout)):
+        if not isinstance(server, ServerLayout):
+            continue
+        held = trainer if server.colocated else contexts(1).bytes
+        out[name] = srv.server_memory(server, capacity, held)
+        if server.colocated:  # asleep on the trainer's GPUs when the next server starts
+            trainer += out[name].asleep
     return out

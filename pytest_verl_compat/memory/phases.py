@@ -30,14 +30,16 @@ from pytest_verl_compat.memory.parts import (
     PhasePeak,
     RankKind,
 )
-from pytest_verl_compat.memory.passes import compute_parts, server_parts
+from pytest_verl_compat.memory.passes import compute_parts, server_memories, server_parts
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
     grad_buffer,
     optimizer_kept,
+    processes,
     resident,
     residents,
+    start_residents,
     states_of,
     where,
 )
@@ -51,25 +53,14 @@ EV_SAVE = "verl/workers/engine/fsdp/transformer_impl.py:839-865"
 WEIGHT_BUCKET = 2048 << 20
 
 
-def _processes(layout: RunLayout) -> int:
-    servers = [s for s in (layout.rollout, layout.reward) if s is not None and s.colocated]
-    return 1 + len(servers)
-
-
 def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
-    memory = {}
-    if layout.rollout is not None:
-        memory["rollout"] = srv.server_memory(layout.rollout, capacity)
-    if layout.reward is not None:
-        memory["reward"] = srv.server_memory(layout.reward, capacity)
-    ctx = contexts(_processes(layout))
+    memory = server_memories(layout, capacity)
+    ctx = contexts(processes(layout))
     phases: list[PhasePeak] = []
     actor = layout.role("actor")
     assert actor is not None
     if layout.rollout is not None and layout.rollout.colocated:
-        start = [
-            p for p in residents(layout) if "optimizer" not in p.key
-        ]  # optimizer states are lazy
+        start = start_residents(layout)
         phases.append(
             PhasePeak(
                 SERVER_START, "rollout", (*start, *server_parts(layout, memory, "rollout"), ctx)
@@ -231,22 +222,21 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
         phases.append(_checkpoint(layout, actor, asleep, ctx))
     kinds = [RankKind("trainer", layout.world, _describe(layout), tuple(phases))]
     if layout.rollout is not None and layout.rollout.standalone_gpus > 0:
-        kinds.append(
-            _standalone(layout.rollout, memory["rollout"], "standalone rollout replica GPUs")
-        )
+        kinds.append(_standalone(layout.rollout, capacity, "standalone rollout replica GPUs"))
     return tuple(kinds)
 
 
-def _standalone(server: ServerLayout, mem: srv.ServerMemory, description: str) -> RankKind:
+def _standalone(server: ServerLayout, capacity: int, description: str) -> RankKind:
     """GPUs that hold a rollout server and nothing else: its share, what sits outside it, one
     process's context."""
+    mem = srv.server_memory(server, capacity, held=contexts(1).bytes)
     parts = (
         Part(
             "rollout.server",
             f"rollout server ({server.name})",
             mem.claimed,
             srv.share_text(server, mem),
-            f"{srv.VLLM_REQUESTED}; {srv.graphs_evidence(server)}",
+            srv.share_evidence(server),
         ),
         contexts(1),
     )
@@ -260,7 +250,7 @@ def serve_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
     server = layout.rollout
     assert server is not None
     description = f"{layout.world} GPUs: {server.name} servers (tp {server.tp}), no trainer"
-    return (_standalone(server, srv.server_memory(server, capacity), description),)
+    return (_standalone(server, capacity, description),)
 
 
 def _kl_from_actor(layout: RunLayout) -> bool:

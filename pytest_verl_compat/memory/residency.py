@@ -133,6 +133,18 @@ def residents(layout: RunLayout, but: str | None = None) -> list[Part]:
     return parts
 
 
+def processes(layout: RunLayout) -> int:
+    """GPU processes on a trainer GPU: the trainer and each colocated server."""
+    servers = [s for s in (layout.rollout, layout.reward) if s is not None and s.colocated]
+    return 1 + len(servers)
+
+
+def start_residents(layout: RunLayout) -> list[Part]:
+    """What the trainer keeps on its GPUs when the colocated servers start: ``residents`` but
+    the optimizer states, which the optimizer creates at its first step (lazily)."""
+    return [p for p in residents(layout) if "optimizer" not in p.key]
+
+
 def contexts(processes: int) -> Part:
     return Part(
         "overhead.context",

@@ -11,7 +11,12 @@ vllm/v1/kv_cache_interface.py, AttentionSpec.real_page_size_bytes, ``2 * block_s
 num_kv_heads * head_size * dtype_size``, MLA one latent). At start vLLM checks that one sequence
 of ``max_model_len`` tokens fits (kv_cache_utils.py, check_enough_kv_cache_memory). SGLang's
 ``mem_fraction_static`` (set from gpu_memory_utilization, verl/workers/rollout/sglang_rollout/
-async_sglang_server.py:298) is the same share for weights plus KV pool.
+async_sglang_server.py:298, :317 in 0.9.1) is a share for weights plus KV pool, but of the memory
+free when SGLang starts, not of the device: its pool is ``post_model_load_memory -
+pre_model_load_memory * (1 - mem_fraction_static)``, both measured with torch.cuda.mem_get_info
+(sglang/srt/model_executor/model_runner_kv_cache_mixin.py:138-140@sglang-0.5.8, :70-72@0.5.12,
+pre_model_load_memory from ModelRunner.init_torch_distributed), so whatever the trainer holds at
+that moment shrinks the pool, where vLLM would refuse to start.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ EV_VLLM_ARGS = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:286-311"
 EV_MAX_MODEL_LEN = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:954-955"
 EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800, :1075-1098"
 EV_WAKE = "verl/workers/engine_workers.py:762-801"
-EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298"
+EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298 (:317 in 0.9.1; mem_fraction_static = gpu_memory_utilization)"
+SGLANG_SHARE = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:138-140@sglang-0.5.8, :70-72@sglang-0.5.12 (rest = post_model_load_memory - pre_model_load_memory * (1 - mem_fraction_static), free memory by torch.cuda.mem_get_info)"
 VLLM_REQUESTED = "vllm/v1/worker/gpu_worker.py Worker.init_device (requested_memory = total_memory * gpu_memory_utilization; ValueError when less is free)"
 VLLM_PAGE = "vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes (2 * block_size * num_kv_heads * head_size * dtype_size); MLAAttentionSpec.real_page_size_bytes"
 VLLM_BLOCKS = (
@@ -159,7 +165,8 @@ class ServerMemory:
     """What one server rank claims and what its KV cache holds."""
 
     claimed: int  # what the awake server holds: its share and what sits outside it
-    share: int  # gpu_memory_utilization x capacity (vLLM) or the static fraction (SGLang)
+    share: int  # gpu_memory_utilization x capacity (vLLM); x the free memory at start (SGLang)
+    free_at_start: int  # what the GPU had free when the server measured it
     weights: int
     overhead: int  # what the share holds besides weights and KV (vLLM: profile, non-torch, graphs
     # where its release's vLLM counts them in the share)
@@ -183,11 +190,15 @@ class ServerMemory:
         return self.one_sequence_bytes // max(self.page // self.block_size, 1) if self.page else 0
 
 
-def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
+def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerMemory:
+    """One server rank's memory on a GPU of ``capacity`` bytes that holds ``held`` bytes (other
+    processes' and its own context) when the server starts: vLLM's share is of the device,
+    SGLang's of what is free (``SGLANG_SHARE``)."""
     arch = server.model.architecture
     ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
     weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype)
-    share = int(server.gpu_memory_utilization * capacity)
+    free = max(capacity - held, 0)
+    share = int(server.gpu_memory_utilization * (free if server.name == "sglang" else capacity))
     graphs = 0 if server.enforce_eager else CUDA_GRAPHS
     profiled = profile_bytes(arch, server) + NON_TORCH
     if server.name == "sglang":
@@ -217,6 +228,7 @@ def server_memory(server: ServerLayout, capacity: int) -> ServerMemory:
         graphs=graphs,
         claimed=share + outside,
         share=share,
+        free_at_start=free,
         weights=weights,
         overhead=overhead,
         outside=outside,
@@ -236,9 +248,21 @@ def graphs_evidence(server: ServerLayout) -> str:
     return VLLM_GRAPHS_INSIDE if server.graphs_in_share else VLLM_GRAPHS_OUTSIDE
 
 
+def share_evidence(server: ServerLayout) -> str:
+    """Where the server's share and its CUDA graphs come from, as its engine decides."""
+    if server.name == "sglang":
+        return f"{EV_SGLANG}; {SGLANG_SHARE}"
+    return f"{VLLM_REQUESTED}; {graphs_evidence(server)}"
+
+
 def share_text(server: ServerLayout, mem: ServerMemory) -> str:
     """The awake server's share and what sits outside it, as fit prints it."""
-    head = f"gpu_memory_utilization {server.gpu_memory_utilization} x capacity: "
+    of = (
+        "capacity"
+        if server.name != "sglang"
+        else f"the {gib_text(mem.free_at_start)} free at its start"
+    )
+    head = f"gpu_memory_utilization {server.gpu_memory_utilization} x {of}: "
     inside = f"weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile "
     if server.graphs_in_share:
         return f"{head}{inside}{gib_text(mem.overhead - mem.graphs)}, graphs {gib_text(mem.graphs)}"
