@@ -374,3 +374,37 @@ def test_fsdp1_holds_the_head_gradient_through_the_layers() -> None:
     head_bytes_ = 4096 * 32 * 4
     assert _head_gradient_alive_in_the_layers(True) >= head_bytes_
     assert _head_gradient_alive_in_the_layers(False) < head_bytes_
+
+
+@pytest.mark.parametrize("value_heads", [2, 4])
+def test_gated_deltanet_keeps_what_flas_kernels_save(value_heads: int) -> None:
+    """Gated DeltaNet's kernels (flash-linear-attention) do not run on a CPU, so its layer is
+    checked against the tensors their autograd functions save, listed here one by one from
+    fla-core 0.6.0 and transformers' Qwen3-Next layer: with as many value heads as key heads
+    (nothing repeated) and with twice as many (q and k repeated before the kernel normalises
+    them), in bf16."""
+    from pytest_verl_compat.memory.activations import linear_attention_bytes
+
+    key_heads, dk, dv, h, c = 2, 8, 12, 64, 2
+    config = dict(
+        BASE, model_type="qwen3_next", hidden_size=h, linear_num_key_heads=key_heads,
+        linear_num_value_heads=value_heads, linear_key_head_dim=dk, linear_value_head_dim=dv,
+        linear_conv_kernel_dim=4, head_dim=16, num_hidden_layers=4,
+    )  # fmt: skip
+    arch = architecture_from_config(config, "qwen3_next", "tiny config")
+    keys, values = key_heads * dk, value_heads * dv
+    saved = {
+        "in_proj_qkvz/in_proj_ba input": c * h,
+        "conv1d input": c * (2 * keys + values),
+        "silu input (the convolution's output)": c * (2 * keys + values),
+        "v made contiguous (input_guard)": c * values,
+        "q, k l2-normalised at the value heads": c * 2 * value_heads * dk,
+        "q_rstd, k_rstd (fp32)": 2 * 4 * value_heads,
+        "softplus input, its output, the decay g (fp32)": 3 * 4 * value_heads,
+        "beta (sigmoid's output)": c * value_heads,
+        "A, chunk-local (64 per head)": c * value_heads * 64,
+        "gated norm: input (the kernel's output), gate": 2 * c * values,
+        "gated norm: rstd per head (fp32)": 4 * value_heads,
+        "out_proj input": c * values,
+    }
+    assert linear_attention_bytes(arch, c) == sum(saved.values())

@@ -34,11 +34,16 @@ EV_LOGPROBS = "verl/utils/torch_functional.py:73-107"
 GEMMA_NORM = frozenset({"gemma", "gemma2", "gemma3_text"}) | HYBRID
 # Gated DeltaNet layers run flash-linear-attention's kernels on a GPU (transformers' fast path;
 # its CPU fallback saves other tensors), so what they keep is stated from those kernels, not
-# measured: the input projections' shared input, causal_conv1d's input and output (q, k, v), q
-# and k repeated to the value heads where there are more, fla's chunk_gated_delta_rule's fp32
-# l2-norm scales, decay and beta, its chunk-local matrix (64 per head), the gated RMSNorm's input,
-# gate and fp32 scale, and out_proj's input (fla/ops/gated_delta_rule/chunk.py,
-# ChunkGatedDeltaRuleFunction.forward's save_for_backward).
+# measured: the input projections' shared input; the short convolution's input and its output
+# before the SiLU (torch's conv1d and silu, transformers' path without the causal-conv1d kernel,
+# which would keep the input alone); v made contiguous (a view of the convolution's output,
+# copied by fla's input_guard, fla/utils/decorators.py:91-128@fla-core-0.6.0); q and k
+# l2-normalised by the kernel at the value heads' count (transformers repeats them to it
+# first) with their fp32 scales; the decay's softplus input and output and the decay (fp32);
+# beta; the chunk-local matrix, 64 per head (ChunkGatedDeltaRuleFunction.forward's
+# save_for_backward, fla/ops/gated_delta_rule/chunk.py:310-326); then the fused gated
+# RMSNorm's input (the kernel's output), gate and fp32 scale per head (LayerNormGatedFunction,
+# fla/modules/norm/fused_norm_gate.py:667) and out_proj's input (the norm's output).
 FLA_CHUNK = 64
 # Families with a tanh soft cap on the final logits (transformers Gemma2ForCausalLM).
 LOGIT_SOFTCAP = frozenset({"gemma2"})
@@ -73,14 +78,15 @@ def _attention(arch: Architecture, c: int) -> int:
     return kept
 
 
-def _linear_attention(arch: Architecture, c: int) -> int:
+def linear_attention_bytes(arch: Architecture, c: int = 2) -> int:
     """A Gated DeltaNet layer's attention half per token (stated from fla's kernels, above)."""
     heads, keys, values = arch.linear_num_value_heads, arch.linear_key_dim, arch.linear_value_dim
     conv = 2 * keys + values
-    repeated = 2 * heads * arch.linear_key_head_dim if heads > arch.linear_num_key_heads else 0
-    kept = c * arch.hidden_size + 2 * c * conv + c * repeated
-    kept += 4 * heads * 4 + c * heads + c * heads * FLA_CHUNK  # rstd x2, g, softplus; beta; A
-    return kept + 3 * c * values + c * values + 4 * heads  # o, z, out_proj's input; norm
+    normalised = 2 * heads * arch.linear_key_head_dim  # the kernel's l2-normalised q and k
+    kept = c * arch.hidden_size + 2 * c * conv + c * values + c * normalised  # v contiguous
+    # fp32 per head: q's and k's l2 scales, softplus's input and output, the decay; beta; A
+    kept += 4 * heads * 5 + c * heads + c * heads * FLA_CHUNK
+    return kept + 3 * c * values + 4 * heads  # the norm's input, gate, scale; out_proj's input
 
 
 def _gated_query(arch: Architecture, c: int) -> int:
@@ -114,7 +120,7 @@ def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     else:
         norms = 2 * _norm(arch, h, True, c)
     if arch.is_linear_layer(index):
-        return norms + _linear_attention(arch, c) + _mlp(arch, index, c)
+        return norms + linear_attention_bytes(arch, c) + _mlp(arch, index, c)
     return norms + _attention(arch, c) + _gated_query(arch, c) + _mlp(arch, index, c)
 
 
@@ -135,7 +141,7 @@ def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     if arch.family in QK_NORM:
         attention += c * (q + kv) + 4 * (heads + arch.num_key_value_heads)
     if arch.is_linear_layer(index):
-        attention = _linear_attention(arch, c)
+        attention = linear_attention_bytes(arch, c)
     if not arch.is_moe_layer(index):
         mlp = 3 * c * arch.intermediate_size
     else:
