@@ -408,3 +408,25 @@ def test_gated_deltanet_keeps_what_flas_kernels_save(value_heads: int) -> None:
         "out_proj input": c * values,
     }
     assert linear_attention_bytes(arch, c) == sum(saved.values())
+
+
+@pytest.mark.parametrize(("micro_batches", "in_flight"), [(8, 4), (4, 4), (2, 2), (1, 1)])
+def test_the_first_pipeline_stage_keeps_the_micro_batches_1f1b_runs_ahead(
+    micro_batches: int, in_flight: int
+) -> None:
+    """megatron-core's 1F1B schedule (schedules.py:2093-2097@0.16.1): stage r runs
+    min(pp - r - 1, M) warm-up forwards and one more before each backward. Over 4 stages of a
+    16-layer model the first keeps min(4, M) micro-batches of its 4 layers and no head; the last
+    one micro-batch of its 4 layers and the head. Without a pipeline, the whole model, once."""
+    from pytest_verl_compat.memory.activations import Stage, pipeline_stages
+
+    config = dict(BASE, model_type="llama", num_hidden_layers=16)
+    arch = architecture_from_config(config, "llama", "tiny config")
+    first, last = pipeline_stages(arch, 4, micro_batches)
+    assert (first.layers, first.in_flight, first.last) == (range(0, 4), in_flight, False)
+    assert (last.layers, last.in_flight, last.last) == (range(12, 16), 1, True)
+    whole = kept_bytes(arch, 100, False, megatron=True)
+    assert kept_bytes(arch, 100, False, megatron=True, stage=Stage.whole(arch)) == whole
+    quarter = kept_bytes(arch, 100, False, megatron=True, stage=last)
+    assert kept_bytes(arch, 100, False, megatron=True, stage=first) < in_flight * quarter
+    assert quarter < whole // 3

@@ -379,6 +379,28 @@ def test_an_sglang_rollout_shares_what_the_trainer_leaves_free_at_its_start(
     assert json.loads(out)["rollout_kv_cache"]["share"] == int(0.6 * capacity)
 
 
+@pytest.mark.parametrize("pp", ["2", "1"])
+def test_a_megatron_pipeline_update_peaks_on_its_first_stage_without_the_logits(
+    here: Path, capsys: pytest.CaptureFixture[str], pp: str
+) -> None:
+    """verl's GPG Qwen3-8B Megatron example (tp 2, pp 2, no recompute): the first stage keeps two
+    micro-batches of its 18 layers in flight under 1F1B and holds no logits, so its update is the
+    peak and counts no logits part; without a pipeline the one stage holds all 36 layers of one
+    micro-batch and the logits."""
+    script = _script("examples/gpg_trainer/run_qwen3_8b_megatron.sh")
+    args = ("--set", f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}")
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--format", "json", *args)
+    assert status in (0, 1), err
+    payload = json.loads(out)
+    formula = _part(payload, "actor-update", "actor.activations")["formula"]
+    keys = [part["key"] for part in _phase(payload, "actor-update")["parts"]]  # type: ignore[attr-defined]
+    if pp == "2":
+        assert "first of 2 pipeline stages (layers 0-17, 2 micro-batches in flight" in formula
+        assert "actor.logits" not in keys
+    else:
+        assert "pipeline" not in formula and "actor.logits" in keys
+
+
 @pytest.mark.parametrize("release", ["0.9.0", "0.9.1"])
 def test_every_example_script_is_forecast_or_refused_in_one_line(
     release: str, upstream_checkout: Path, capsys: pytest.CaptureFixture[str]

@@ -22,6 +22,7 @@ from pytest_verl_compat.memory.architecture import HYBRID, QK_NORM, SANDWICH_NOR
 EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
 # Megatron recomputes what override_transformer_config asks (recompute_granularity, null by
 # default); its engine never reads model.enable_gradient_checkpointing.
+EV_1F1B = "megatron/core/pipeline_parallel/schedules.py:2093-2097@megatron-core-0.16.1 (forward_backward_pipelining_without_interleaving: num_warmup_microbatches = min(pp_size - pp_rank - 1, num_microbatches))"
 EV_MEGATRON_RECOMPUTE = "verl/trainer/config/engine/megatron.yaml:76-90; verl/workers/engine/megatron/transformer_impl.py:296, :329, :364-365"
 # verl builds its Megatron models with Transformer Engine's layer spec
 EV_MEGATRON_LAYER = "verl/models/mcore/model_initializer.py:105 (use_transformer_engine=True); megatron/core/models/gpt/gpt_layer_specs.py:270-291 (megatron-core 0.16.1: linear_qkv=column_parallel_layer_norm_linear, core_attention, pre_mlp_layernorm fused unless MoE)"
@@ -164,33 +165,69 @@ def head_only_bytes(arch: Architecture, c: int = 2) -> int:
     return _norm(arch, arch.hidden_size, True, c) + _softcap(arch, c)
 
 
-def head_bytes(arch: Architecture, c: int = 2, checkpointing: bool = False) -> int:
+def head_bytes(
+    arch: Architecture, c: int = 2, checkpointing: bool = False, with_head: bool = True
+) -> int:
     """Per token outside the layers: token ids (int64), the rotary cos and sin shared by every
-    layer, the head's own (``head_only_bytes``); under checkpointing the position ids (int64)
-    too."""
+    layer, the head's own (``head_only_bytes``; a pipeline stage without the head has none);
+    under checkpointing the position ids (int64) too."""
     rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
     rotary = rotary // 4 if arch.family in HYBRID else rotary  # partial_rotary_factor 0.25
-    return 8 + 2 * c * rotary + head_only_bytes(arch, c) + (8 if checkpointing else 0)
+    head = head_only_bytes(arch, c) if with_head else 0
+    return 8 + 2 * c * rotary + head + (8 if checkpointing else 0)
 
 
 def _layer(arch: Architecture, index: int, c: int, megatron: bool) -> int:
     return megatron_layer_bytes(arch, index, c) if megatron else layer_bytes(arch, index, c)
 
 
+@dataclass(frozen=True)
+class Stage:
+    """The decoder layers one rank runs, the micro-batches whose activations it keeps at once,
+    and whether it holds the model's head (its final norm, lm_head and logits)."""
+
+    layers: range
+    in_flight: int = 1
+    last: bool = True
+
+    @classmethod
+    def whole(cls, arch: Architecture) -> Stage:
+        return cls(range(arch.num_hidden_layers))
+
+
+def pipeline_stages(arch: Architecture, pp: int, micro_batches: int) -> tuple[Stage, Stage]:
+    """The first and the last of ``pp`` pipeline stages under megatron-core's 1F1B schedule
+    (``EV_1F1B``): stage r runs min(pp - r - 1, M) warm-up forwards, then one more before each
+    backward, so the first stage keeps min(pp, M) micro-batches' activations of its layers and
+    the last stage one micro-batch's, with the head and its logits."""
+    per = -(-arch.num_hidden_layers // pp)
+    first = Stage(range(min(per, arch.num_hidden_layers)), min(pp, max(micro_batches, 1)), False)
+    last = Stage(range(min((pp - 1) * per, arch.num_hidden_layers), arch.num_hidden_layers))
+    return first, last
+
+
 def kept_bytes(
-    arch: Architecture, tokens: int, checkpointing: bool, c: int = 2, megatron: bool = False
+    arch: Architecture,
+    tokens: int,
+    checkpointing: bool,
+    c: int = 2,
+    megatron: bool = False,
+    stage: Stage | None = None,
 ) -> int:
-    """Bytes a training forward of ``tokens`` keeps until its backward (logits aside).
+    """Bytes a training forward of ``tokens`` keeps until its backward (logits aside), on the
+    whole model or one pipeline ``stage`` (its layers, its micro-batches in flight).
 
     Under gradient checkpointing (HF's non-reentrant checkpoint per decoder layer, enabled by
     verl at transformer_impl.py:299-300; Megatron's full recompute) each layer keeps only its
     input hidden state.
     """
+    stage = stage or Stage.whole(arch)
     if checkpointing:
-        layers = arch.num_hidden_layers * c * arch.hidden_size
+        layers = len(stage.layers) * c * arch.hidden_size
     else:
-        layers = sum(_layer(arch, i, c, megatron) for i in range(arch.num_hidden_layers))
-    return tokens * (layers + head_bytes(arch, c, checkpointing))
+        layers = sum(_layer(arch, i, c, megatron) for i in stage.layers)
+    outside = head_bytes(arch, c, checkpointing, stage.last)
+    return tokens * stage.in_flight * (layers + outside)
 
 
 def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
@@ -205,7 +242,12 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
 
 
 def layers_backward_bytes(
-    arch: Architecture, tokens: int, checkpointing: bool, c: int = 2, megatron: bool = False
+    arch: Architecture,
+    tokens: int,
+    checkpointing: bool,
+    c: int = 2,
+    megatron: bool = False,
+    stage: Stage | None = None,
 ) -> int:
     """The peak while backward runs through the decoder layers: what the forward kept but the
     head's own, plus, in the layer being back-propagated, the layer recomputed under
@@ -217,18 +259,25 @@ def layers_backward_bytes(
     last layer's starts, so the two never coexist: a training pass peaks at the larger of this
     and what the forward kept plus the logits' copies (measured in
     tests/test_fit_activations.py)."""
+    stage = stage or Stage.whole(arch)
     in_layer = max(
-        (_layer(arch, i, c, megatron) if checkpointing else 0)
-        + c * arch.hidden_size
-        + _mlp_gradients(arch, i, c)
-        for i in range(arch.num_hidden_layers)
+        (
+            (_layer(arch, i, c, megatron) if checkpointing else 0)
+            + c * arch.hidden_size
+            + _mlp_gradients(arch, i, c)
+            for i in stage.layers
+        ),
+        default=0,
     )
-    # the final norm's backward, before the head's tensors are freed: its gradient in the
-    # compute dtype and four fp32 copies of the width (the cast's, the normalisation's two
-    # operands', the input's)
-    final_norm = (16 + c) * arch.hidden_size - _softcap(arch, c)
-    extra = max(final_norm, in_layer - head_only_bytes(arch, c))
-    return kept_bytes(arch, tokens, checkpointing, c, megatron) + tokens * extra
+    if stage.last:
+        # the final norm's backward, before the head's tensors are freed: its gradient in the
+        # compute dtype and four fp32 copies of the width (the cast's, the normalisation's two
+        # operands', the input's)
+        final_norm = (16 + c) * arch.hidden_size - _softcap(arch, c)
+        extra = max(final_norm, in_layer - head_only_bytes(arch, c))
+    else:
+        extra = in_layer
+    return kept_bytes(arch, tokens, checkpointing, c, megatron, stage) + tokens * extra
 
 
 def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:

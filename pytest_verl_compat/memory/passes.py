@@ -66,6 +66,43 @@ def _on_host(role: RoleLayout) -> str:
     return f", {what} of {share:.0%} of the params on the host (optimizer_cpu_offload)"
 
 
+def _training_stage(role: RoleLayout, tokens: int, logits: int) -> tuple[act.Stage, int, int]:
+    """The stage whose update peaks (the whole model, or under Megatron's pipeline the first
+    stage, which keeps several micro-batches in flight, or the last, which holds the logits),
+    with what its forward keeps and its backward through the layers peaks at (+ workspaces).
+    The model states beside them are the first stage's (``states.megatron_states``)."""
+    arch, c, mcore = role.model.architecture, role.spec.param_dtype, megatron(role)
+    allowance = 1 + act.WORKSPACE_ALLOWANCE
+    stages: tuple[act.Stage, ...] = (act.Stage.whole(arch),)
+    if mcore and role.spec.pp > 1:
+        stages = act.pipeline_stages(arch, role.spec.pp, role.micro_batches)
+    best: tuple[int, act.Stage, int, int] | None = None
+    for stage in stages:
+        kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance)
+        layers = int(
+            act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance
+        )
+        peak = max(kept + (logits if stage.last else 0), layers)
+        if best is None or peak > best[0]:
+            best = (peak, stage, kept, layers)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def _stage_text(role: RoleLayout, stage: act.Stage) -> str:
+    if not (megatron(role) and role.spec.pp > 1):
+        return ""
+    which = "last" if stage.last else "first"
+    layers = f"layers {stage.layers.start}-{stage.layers.stop - 1}"
+    flight = (
+        f"{stage.in_flight} micro-batches in flight (1F1B)"
+        if stage.in_flight > 1
+        else "one micro-batch"
+    )
+    head = ", the head and its logits" if stage.last else ""
+    return f", {which} of {role.spec.pp} pipeline stages ({layers}, {flight}{head})"
+
+
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
     """The role's own parts while it runs a pass (training: an update)."""
     arch = role.model.architecture
@@ -137,28 +174,28 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                     st.EV_NO_SYNC,
                 )
             )
-        tokens = role.train_tokens // tp_cp
-        allowance = 1 + act.WORKSPACE_ALLOWANCE
-        mcore = megatron(role)
-        kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c, mcore) * allowance)
-        layers = int(
-            act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore) * allowance
-        )
+        stage, kept, layers = _training_stage(role, role.train_tokens // tp_cp, logits_bytes)
+        if not stage.last:  # the first pipeline stage peaks; the logits are the last stage's
+            logits, logits_bytes = None, 0
         # the pass peaks at max(kept + logits, layers): the logits are their own part
         beyond = max(0, layers - kept - logits_bytes)
         held = max(0, layers + s.held_head_grad - kept - logits_bytes) - beyond
+        evidence = _checkpointing_evidence(role)
+        if role.tokens_evidence:
+            evidence += f"; {role.tokens_evidence}"
+        if role.spec.pp > 1 and megatron(role):
+            evidence += f"; {act.EV_1F1B}"
         parts.append(
             Part(
                 f"{name}.activations",
                 f"{name} activations",
                 kept + beyond,
-                f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}: "
+                f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}"
+                f"{_stage_text(role, stage)}: "
                 f"{gib_text(kept)} kept; backward through the layers peaks at {gib_text(layers)}, "
                 "after the logits are freed (what it holds beyond kept + logits counts), "
                 "+10% kernel workspaces",
-                f"{_checkpointing_evidence(role)}; {role.tokens_evidence}"
-                if role.tokens_evidence
-                else _checkpointing_evidence(role),
+                evidence,
             )
         )
         if held:
