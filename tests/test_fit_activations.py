@@ -430,3 +430,24 @@ def test_the_first_pipeline_stage_keeps_the_micro_batches_1f1b_runs_ahead(
     quarter = kept_bytes(arch, 100, False, megatron=True, stage=last)
     assert kept_bytes(arch, 100, False, megatron=True, stage=first) < in_flight * quarter
     assert quarter < whole // 3
+
+
+@pytest.mark.parametrize(("micro_batches", "first_units", "last_units"), [(8, 11, 5), (2, 4, 4)])
+def test_an_interleaved_pipeline_keeps_korthikantis_extra_share(
+    micro_batches: int, first_units: int, last_units: int
+) -> None:
+    """With 2 model chunks per rank (virtual_pipeline_model_parallel_size) over 4 stages of 16
+    layers, a unit is one micro-batch through a chunk of 2 layers; megatron-core's interleaved
+    schedule (schedules.py:773-774@0.16.1, microbatch_group_size_per_vp_stage = pp) runs
+    2 x 3 + 1 x 4 warm-up units on the first stage and keeps one more: 22 layers' worth, L x (1 +
+    (pp - 1) / (pp x vpp)) as Korthikanti et al. count; the last stage 4 + 1. Both at most
+    M x vpp units."""
+    from pytest_verl_compat.memory.activations import pipeline_stages
+
+    config = dict(BASE, model_type="llama", num_hidden_layers=16)
+    arch = architecture_from_config(config, "llama", "tiny config")
+    first, last = pipeline_stages(arch, 4, micro_batches, vpp=2)
+    assert (first.layers, first.in_flight, first.last) == (range(0, 2), first_units, False)
+    assert (last.layers, last.in_flight, last.last) == (range(14, 16), last_units, True)
+    if micro_batches == 8:
+        assert len(first.layers) * first.in_flight == 16 * (1 + 3 / 8)

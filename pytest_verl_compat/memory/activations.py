@@ -23,6 +23,7 @@ EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
 # Megatron recomputes what override_transformer_config asks (recompute_granularity, null by
 # default); its engine never reads model.enable_gradient_checkpointing.
 EV_1F1B = "megatron/core/pipeline_parallel/schedules.py:2093-2097@megatron-core-0.16.1 (forward_backward_pipelining_without_interleaving: num_warmup_microbatches = min(pp_size - pp_rank - 1, num_microbatches))"
+EV_1F1B_INTERLEAVED = "megatron/core/pipeline_parallel/schedules.py:773-774@megatron-core-0.16.1 (with interleaving: num_warmup_microbatches = (pp_size - pp_rank - 1) * 2 + (num_model_chunks - 1) * microbatch_group_size_per_vp_stage); megatron/core/model_parallel_config.py:447-448 (the group defaults to pp)"
 EV_MEGATRON_RECOMPUTE = "verl/trainer/config/engine/megatron.yaml:76-90; verl/workers/engine/megatron/transformer_impl.py:296, :329, :364-365"
 # verl builds its Megatron models with Transformer Engine's layer spec
 EV_MEGATRON_LAYER = "verl/models/mcore/model_initializer.py:105 (use_transformer_engine=True); megatron/core/models/gpt/gpt_layer_specs.py:270-291 (megatron-core 0.16.1: linear_qkv=column_parallel_layer_norm_linear, core_attention, pre_mlp_layernorm fused unless MoE)"
@@ -195,15 +196,31 @@ class Stage:
         return cls(range(arch.num_hidden_layers))
 
 
-def pipeline_stages(arch: Architecture, pp: int, micro_batches: int) -> tuple[Stage, Stage]:
+def pipeline_stages(
+    arch: Architecture, pp: int, micro_batches: int, vpp: int = 1
+) -> tuple[Stage, Stage]:
     """The first and the last of ``pp`` pipeline stages under megatron-core's 1F1B schedule
     (``EV_1F1B``): stage r runs min(pp - r - 1, M) warm-up forwards, then one more before each
     backward, so the first stage keeps min(pp, M) micro-batches' activations of its layers and
-    the last stage one micro-batch's, with the head and its logits."""
-    per = -(-arch.num_hidden_layers // pp)
-    first = Stage(range(min(per, arch.num_hidden_layers)), min(pp, max(micro_batches, 1)), False)
-    last = Stage(range(min((pp - 1) * per, arch.num_hidden_layers), arch.num_hidden_layers))
-    return first, last
+    the last stage one micro-batch's, with the head and its logits.
+
+    With ``vpp`` model chunks per rank (the interleaved schedule, ``EV_1F1B_INTERLEAVED``) a
+    unit of work is one micro-batch through one chunk of L / (pp x vpp) layers; the first stage
+    runs 2 (pp - 1) + (vpp - 1) x pp warm-up units (microbatch_group_size_per_vp_stage defaults
+    to pp) and keeps one more, at most M x vpp: L (1 + (pp - 1) / (pp vpp)) layers' worth when M
+    is large, Korthikanti et al.'s count; the last stage (vpp - 1) x pp + 1 units, one of them
+    with the head's logits."""
+    layers = arch.num_hidden_layers
+    M = max(micro_batches, 1)
+    if vpp <= 1:
+        per = -(-layers // pp)
+        first = Stage(range(min(per, layers)), min(pp, M), False)
+        return first, Stage(range(min((pp - 1) * per, layers), layers))
+    chunk = -(-layers // (pp * vpp))
+    units = min(2 * (pp - 1) + (vpp - 1) * pp + 1, M * vpp)
+    first = Stage(range(min(chunk, layers)), units, False)
+    last_units = min((vpp - 1) * pp + 1, M * vpp)
+    return first, Stage(range(min((pp * vpp - 1) * chunk, layers), layers), last_units)
 
 
 def kept_bytes(

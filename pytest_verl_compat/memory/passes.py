@@ -75,7 +75,7 @@ def _training_stage(role: RoleLayout, tokens: int, logits: int) -> tuple[act.Sta
     allowance = 1 + act.WORKSPACE_ALLOWANCE
     stages: tuple[act.Stage, ...] = (act.Stage.whole(arch),)
     if mcore and role.spec.pp > 1:
-        stages = act.pipeline_stages(arch, role.spec.pp, role.micro_batches)
+        stages = act.pipeline_stages(arch, role.spec.pp, role.micro_batches, role.spec.vpp)
     best: tuple[int, act.Stage, int, int] | None = None
     for stage in stages:
         kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance)
@@ -94,10 +94,11 @@ def _stage_text(role: RoleLayout, stage: act.Stage) -> str:
         return ""
     which = "last" if stage.last else "first"
     layers = f"layers {stage.layers.start}-{stage.layers.stop - 1}"
+    unit = (
+        "micro-batches" if role.spec.vpp <= 1 else f"chunk micro-batches of {role.spec.vpp} chunks"
+    )
     flight = (
-        f"{stage.in_flight} micro-batches in flight (1F1B)"
-        if stage.in_flight > 1
-        else "one micro-batch"
+        f"{stage.in_flight} {unit} in flight (1F1B)" if stage.in_flight > 1 else "one micro-batch"
     )
     head = ", the head and its logits" if stage.last else ""
     return f", {which} of {role.spec.pp} pipeline stages ({layers}, {flight}{head})"
@@ -184,7 +185,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         if role.tokens_evidence:
             evidence += f"; {role.tokens_evidence}"
         if role.spec.pp > 1 and megatron(role):
-            evidence += f"; {act.EV_1F1B}"
+            evidence += f"; {act.EV_1F1B_INTERLEAVED if role.spec.vpp > 1 else act.EV_1F1B}"
         parts.append(
             Part(
                 f"{name}.activations",

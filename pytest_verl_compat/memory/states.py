@@ -80,6 +80,7 @@ class EngineSpec:
     # Megatron sizes and its distributed optimizer
     tp: int = 1
     pp: int = 1
+    vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
     ep: int = 1
     etp: int = 1
     cp: int = 1
