@@ -25,6 +25,7 @@ from pytest_verl_compat.memory.rollout import (
     BLOCK_SIZE,
     hybrid_cache,
     page_bytes,
+    profile_bytes,
     server_memory,
 )
 
@@ -217,3 +218,51 @@ def test_a_hybrid_servers_blocks_share_one_pool() -> None:
     assert mem.block_size == cache.block_size
     assert mem.blocks == mem.kv_bytes // cache.page // cache.group_size
     assert mem.one_sequence_bytes == cache.blocks_for(32768) * cache.page * cache.group_size
+
+
+def _vllm_profile_per_token(arch: Architecture, tp: int, ep: bool) -> int:
+    """Elements per token alive at the peak of vLLM's dummy forward, read from its code (vLLM
+    0.18.0, the same in 0.24.0): the decoder layer holds hidden_states and residual
+    (models/qwen2.py:292-312; fused_add_rms_norm works in place, layers/layernorm.py:72-90); a
+    dense MLP adds gate_up (2 x intermediate / tp) and the activation's output (intermediate / tp);
+    a MoE layer its experts' output (hidden) and TritonExperts.workspace_shapes
+    (fused_moe.py:1979-1994): top_k x max(activation width, hidden) and top_k x max(gate_up
+    width, hidden), the widths split over tensor parallel unless expert parallel."""
+    h = arch.hidden_size
+    if not arch.is_moe:
+        return h + h + 2 * arch.intermediate_size // tp + arch.intermediate_size // tp
+    width = arch.moe_intermediate_size // (1 if ep else tp)
+    k = arch.num_experts_per_tok
+    return h + h + h + k * max(width, h) + k * max(2 * width, h)
+
+
+@pytest.mark.parametrize(
+    ("repo", "tp", "ep"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", 1, False),
+        ("Qwen/Qwen3-8B", 2, False),
+        ("Qwen/Qwen3-30B-A3B", 4, False),
+        ("Qwen/Qwen3-30B-A3B", 4, True),
+    ],
+)
+def test_the_profiled_forward_keeps_what_vllms_layers_hold(repo: str, tp: int, ep: bool) -> None:
+    """vLLM's profiled peak: the dummy forward of max_num_batched_tokens, or the sampler's fp32
+    logits for max_num_seqs (three copies) beside the forward's hidden states, whichever is
+    larger (profile_run, gpu_model_runner.py:5456-5528@0.18.0)."""
+    arch = _arch(repo)
+    server = dataclasses.replace(_server(repo, tp, 0.5, 4096), ep=2 if ep else 1)
+    for tokens, seqs in ((8192, 256), (32768, 1024), (2048, 1024)):
+        sized = dataclasses.replace(server, max_num_batched_tokens=tokens, max_num_seqs=seqs)
+        forward = tokens * 2 * _vllm_profile_per_token(arch, tp, ep)
+        sampler = tokens * 2 * arch.hidden_size + seqs * arch.vocab_size * 4 * 3
+        assert profile_bytes(arch, sized) == max(forward, sampler), (repo, tokens, seqs)
+
+
+def test_a_documented_small_share_starts() -> None:
+    """verl's Qwen2.5-7B LoRA tuning script for one H100 (examples/tuning/7b, 2025) ran with
+    gpu_memory_utilization 0.2 and max_num_seqs 512: what the share leaves after the bf16 weights
+    and vLLM's profile holds more than one 1,536-token sequence (vLLM started)."""
+    server = _server("Qwen/Qwen2.5-7B-Instruct", 1, 0.2, 1536)
+    server = dataclasses.replace(server, max_num_seqs=512)
+    memory = server_memory(server, find_gpu("H100").usable_bytes)
+    assert memory.kv_bytes > memory.one_sequence_bytes

@@ -48,6 +48,7 @@ EV_SLEEP = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:791-800, :107
 EV_WAKE = "verl/workers/engine_workers.py:762-801"
 EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298 (:317 in 0.9.1; mem_fraction_static = gpu_memory_utilization)"
 SGLANG_SHARE = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:138-140@sglang-0.5.8, :70-72@sglang-0.5.12 (rest = post_model_load_memory - pre_model_load_memory * (1 - mem_fraction_static), free memory by torch.cuda.mem_get_info)"
+VLLM_PROFILE = "vllm/v1/worker/gpu_model_runner.py:5456-5528@vllm-0.18.0, :6239-6310@0.24.0 (profile_run: the encoder outputs cached, _dummy_run, then _dummy_sampler_run beside its hidden states); vllm/model_executor/models/qwen2.py:292-312 (the decoder layer holds hidden_states and residual), layers/layernorm.py:72-90 (fused_add_rms_norm in place); layers/fused_moe/fused_moe.py:1979-1994@0.18.0 (TritonExperts.workspace_shapes)"
 VLLM_REQUESTED = "vllm/v1/worker/gpu_worker.py Worker.init_device (requested_memory = total_memory * gpu_memory_utilization; ValueError when less is free)"
 VLLM_PAGE = "vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes (2 * block_size * num_kv_heads * head_size * dtype_size); MLAAttentionSpec.real_page_size_bytes"
 VLLM_BLOCKS = (
@@ -146,18 +147,28 @@ def page_bytes(arch: Architecture, tp: int, kv_dtype: int, block_size: int = BLO
 
 
 def profile_bytes(arch: Architecture, server: ServerLayout) -> int:
-    """vLLM's profiled peak besides weights: the dummy forward of max_num_batched_tokens (the
-    MLP's gate and up outputs and the residual stream, per TP rank) and the sampler's fp32 logits
-    for max_num_seqs (their softmax and sort workspaces)."""
-    tokens = server.max_num_batched_tokens
-    width = (
-        arch.intermediate_size
-        if not arch.is_moe
-        else arch.moe_intermediate_size * arch.num_experts_per_tok
-    )
-    forward = tokens * (3 * server.dtype * width // server.tp + 6 * server.dtype * arch.hidden_size)
+    """vLLM's profiled peak besides weights (``VLLM_PROFILE``): its dummy forward of
+    max_num_batched_tokens peaks in a decoder layer's MLP, beside the residual stream and the
+    MLP's input (fused_add_rms_norm works in place; the layer holds both): a dense MLP's gate_up
+    and activation outputs per TP rank, or a MoE layer's fused-experts workspaces (top_k x
+    max(activation width, hidden) and top_k x max(gate_up width, hidden)) and their output, the
+    experts' widths split over TP unless expert parallel keeps them whole. The sampler's fp32
+    logits for max_num_seqs then run beside the forward's hidden states, and a vision model's
+    encoder outputs stay cached through the language model's dummy run."""
+    tokens, c, h = server.max_num_batched_tokens, server.dtype, arch.hidden_size
+    layers = range(arch.num_hidden_layers)
+    per_token = 0
+    if any(not arch.is_moe_layer(i) for i in layers):
+        per_token = 2 * h + 3 * arch.intermediate_size // server.tp
+    if arch.is_moe:
+        width = arch.moe_intermediate_size // (1 if server.ep > 1 else server.tp)
+        k = arch.num_experts_per_tok
+        shared = h if arch.shared_expert_intermediate_size or arch.n_shared_experts else 0
+        moe = 3 * h + k * (max(width, h) + max(2 * width, h)) + shared
+        per_token = max(per_token, moe)
     sampler = server.max_num_seqs * arch.vocab_size * 4 * 3
-    return forward + sampler
+    encoder = tokens * c * h if arch.vision is not None else 0
+    return max(tokens * c * per_token, tokens * c * h + sampler) + encoder
 
 
 @dataclass(frozen=True)
@@ -252,7 +263,7 @@ def share_evidence(server: ServerLayout) -> str:
     """Where the server's share and its CUDA graphs come from, as its engine decides."""
     if server.name == "sglang":
         return f"{EV_SGLANG}; {SGLANG_SHARE}"
-    return f"{VLLM_REQUESTED}; {graphs_evidence(server)}"
+    return f"{VLLM_REQUESTED}; {VLLM_PROFILE}; {graphs_evidence(server)}"
 
 
 def share_text(server: ServerLayout, mem: ServerMemory) -> str:
