@@ -451,3 +451,83 @@ def test_an_interleaved_pipeline_keeps_korthikantis_extra_share(
     assert (last.layers, last.in_flight, last.last) == (range(14, 16), last_units, True)
     if micro_batches == 8:
         assert len(first.layers) * first.in_flight == 16 * (1 + 3 / 8)
+
+
+_MEGATRON_LOGITS = """
+import os, socket, types, torch, torch.distributed as dist
+with socket.socket() as free:
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+from megatron.core import parallel_state
+parallel_state.initialize_model_parallel(1, 1)
+from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead
+
+class Live(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, leave_out):
+        super().__init__()
+        self.leave_out, self.storages, self.timeline = leave_out, {}, []
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                if s.data_ptr() and s.data_ptr() not in self.leave_out:
+                    self.storages.setdefault(s._cdata, s)
+        self.timeline.append(sum(
+            s.nbytes() for s in self.storages.values() if torch._C._storage_Use_Count(s._cdata) > 1
+        ))
+        return out
+
+def peak(entropy, training, chunked):
+    tokens, vocab = 512, 4096
+    hidden = torch.randn(1, tokens, 16, dtype=torch.bfloat16, requires_grad=training)
+    head = torch.randn(vocab, 16, dtype=torch.bfloat16)
+    label = torch.randint(0, vocab, (1, tokens))
+    config = types.SimpleNamespace(
+        entropy_from_logits_with_chunking=chunked, entropy_from_logits_chunk_size=128
+    )
+    meter = Live({hidden.untyped_storage().data_ptr(), head.untyped_storage().data_ptr()})
+    with (torch.enable_grad() if training else torch.no_grad()), meter:
+        logits = hidden @ head.t()
+        out = MegatronEngineWithLMHead._lm_head_logits_processor(
+            types.SimpleNamespace(engine_config=config), logits, label, torch.ones(1, tokens),
+            calculate_sum_pi_squared=False, calculate_entropy=entropy, distillation_use_topk=False,
+            distillation_only=False, logits_processor_func=None, batch=None, data_format="thd",
+        )
+        del logits
+        if training:
+            loss = out["log_probs"].float().sum()
+            if entropy:
+                loss = loss + out["entropy"].float().sum()
+            del out
+            loss.backward()
+    return max(meter.timeline) / (tokens * vocab * 2)
+
+result = [[e, t, c, peak(e, t, c)] for e, t, c in CASES]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.9.0", "0.9.1"])
+def test_megatron_logits_cost_is_what_its_engine_holds(version: str) -> None:
+    """Megatron's log-prob computation, measured: the release's own
+    MegatronEngineWithLMHead._lm_head_logits_processor on CPU (megatron-core's vocab-parallel
+    cross entropy over a one-rank gloo group), the peak of live storages in units of tokens x
+    vocab in bf16, with and without the entropy and a gradient, against megatron_logits_cost;
+    the small tensors beside the logits (log-probs, maxima) within a few percent. Chunked entropy
+    is measured forward-only: in an update its chunks' in-place backward (sub_ then add_ on views
+    of one tensor) fails autograd's version check, in upstream's code as here."""
+    from corpus_facts import release_ready
+    from release_python import run_in_release
+
+    from pytest_verl_compat.memory.activations import megatron_logits_cost
+
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    cases = [(False, False, False), (False, True, False), (True, False, False)]
+    cases += [(True, True, False), (True, False, True)]
+    measured = run_in_release(_MEGATRON_LOGITS.replace("CASES", repr(cases)), version)
+    for entropy, training, chunked, units in measured:
+        expected = megatron_logits_cost(training, entropy, False).copies
+        assert expected <= units <= expected * 1.03, (entropy, training, chunked, units, expected)

@@ -258,7 +258,7 @@ def test_the_log_prob_gradient_goes_into_the_saved_logits_only_without_entropy()
     assert isinstance(new[LOGPROB_BACKWARD], Fact)
 
     def copies(entropy: bool, in_place: bool, scaled: bool) -> float:
-        return logits_cost(True, entropy, False, False, True, scaled, False, in_place).copies
+        return logits_cost(True, entropy, False, False, True, scaled, in_place).copies
 
     # no entropy: the saved logits hold the gradient; after the division's backward, two
     assert copies(False, True, False) == 1 and copies(False, False, False) == 2

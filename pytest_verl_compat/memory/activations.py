@@ -24,6 +24,7 @@ EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
 # default); its engine never reads model.enable_gradient_checkpointing.
 EV_1F1B = "megatron/core/pipeline_parallel/schedules.py:2093-2097@megatron-core-0.16.1 (forward_backward_pipelining_without_interleaving: num_warmup_microbatches = min(pp_size - pp_rank - 1, num_microbatches))"
 EV_1F1B_INTERLEAVED = "megatron/core/pipeline_parallel/schedules.py:773-774@megatron-core-0.16.1 (with interleaving: num_warmup_microbatches = (pp_size - pp_rank - 1) * 2 + (num_model_chunks - 1) * microbatch_group_size_per_vp_stage); megatron/core/model_parallel_config.py:447-448 (the group defaults to pp)"
+EV_MEGATRON_CE = "megatron/core/tensor_parallel/cross_entropy.py:28, :65, :187@megatron-core-0.16.1 (vocab_parallel_logits.float(); torch.exp in place; exp_logits saved); verl/utils/megatron/tensor_parallel.py:109-127 (_VocabParallelEntropy saves its input and its softmax), :154-169 (chunked)"
 EV_MEGATRON_RECOMPUTE = "verl/trainer/config/engine/megatron.yaml:76-90; verl/workers/engine/megatron/transformer_impl.py:296, :329, :364-365"
 # verl builds its Megatron models with Transformer Engine's layer spec
 EV_MEGATRON_LAYER = "verl/models/mcore/model_initializer.py:105 (use_transformer_engine=True); megatron/core/models/gpt/gpt_layer_specs.py:270-291 (megatron-core 0.16.1: linear_qkv=column_parallel_layer_norm_linear, core_attention, pre_mlp_layernorm fused unless MoE)"
@@ -323,7 +324,6 @@ def logits_cost(
     fused: bool,
     compiled: bool = True,
     temperature_copy: bool = True,
-    clone: bool = False,
     grad_in_place: bool = False,
 ) -> LogitsCost:
     """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
@@ -334,15 +334,15 @@ def logits_cost(
     (``temperature_copy``, the release's facts). Entropy (torch_functional.py:231-245) keeps
     softmax(logits) and the product pd * logits unless the engine compiles it
     (use_torch_compile, the default: transformer_impl.py:160-164), when only a fused
-    reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows; Megatron's
-    entropy works on a clone of the logits (``clone``, transformer_impl.py:1197). Log-probs
-    go through flash-attn's cross entropy, which does not materialise a copy.
+    reduction's transient remains; chunked entropy works on fp32 chunks of 2048 rows. Log-probs
+    go through flash-attn's cross entropy, which does not materialise a copy (Megatron's engine
+    computes them otherwise: ``megatron_logits_cost``).
 
     Backward (training): the saved (scaled) logits; the cross entropy's gradient, which
     flash-attn writes into the saved logits when asked to (``dlogits = logits if
     ctx.inplace_backward else torch.empty_like(logits)``; verl asks unless the pass takes the
     entropy, transformer_impl.py:1387-1394, ``grad_in_place`` from the release's facts) and
-    otherwise allocates; the entropy's gradient (and Megatron's clone). The unscaled logits
+    otherwise allocates; the entropy's gradient. The unscaled logits
     are gone by then (only the returned model output held them), and the division's backward
     runs after the saved logits are freed: the summed gradient and its divided copy. Fused
     kernels never materialise the logits.
@@ -355,13 +355,10 @@ def logits_cost(
         extra = 0.25
     else:
         extra = 0.5 if compiled else 2.0
-    if entropy and clone:
-        extra += 1.0
     scaled = 1.0 if temperature_copy else 0.0
     forward = 1.0 + scaled + extra
     in_place = grad_in_place and not entropy
     at_the_head = 1.0 + (0.0 if in_place else 1.0) + (1.0 if entropy else 0.0)
-    at_the_head += 1.0 if entropy and clone else 0.0
     divided = 1.0 + scaled
     copies = max(forward, at_the_head, divided) if training else forward
     how = (
@@ -374,3 +371,26 @@ def logits_cost(
     if training and in_place:
         how += ", log-prob gradient in place"
     return LogitsCost(copies, f"{copies:g} {'copy' if copies == 1 else 'copies'} ({how})")
+
+
+def megatron_logits_cost(training: bool, entropy: bool, fused: bool) -> LogitsCost:
+    """How many tokens x vocab-shard tensors (compute dtype) Megatron's engine holds at the peak
+    of its log-prob computation (``EV_MEGATRON_CE``). The logits are divided by the temperature
+    in place; log-probs go through megatron-core's vocab-parallel cross entropy, which works on
+    an fp32 copy (two compute-dtype units) while the bf16 logits are still held, exponentiates
+    it in place and saves it; its fp32 gradient is cast back to bf16 for the logits (one more):
+    3 units with or without a gradient. The entropy works on a clone of the logits; its
+    normalised exponentials become the softmax it saves with its input (chunked or not, every
+    chunk's softmax is saved in training; under no_grad each chunk's is freed): 5 units in an
+    update (the logits, the clone, the softmax, the fp32 copy), 4 in a forward-only pass.
+    Fused kernels never materialise the logits."""
+    if fused:
+        return LogitsCost(0.0, "fused kernels: logits never materialised")
+    if not entropy:
+        return LogitsCost(3.0, "3 copies (the logits and the cross entropy's fp32 copy)")
+    copies = 5.0 if training else 4.0
+    softmax = " and softmax" if training else ""
+    return LogitsCost(
+        copies,
+        f"{copies:g} copies (the logits, the entropy's clone{softmax}, the cross entropy's fp32 copy)",
+    )

@@ -73,7 +73,6 @@ class RoleLayout:
     tokens_evidence: str = ""
     # the key that turns deferred gradient sync off, where the release's tree has it
     sync_key: str = ""
-    entropy_clone: bool = False  # the entropy works on a clone of the logits (Megatron)
     # the log-probs' backward writes into the saved logits when no entropy is taken
     logprob_grad_in_place: bool = False
 

@@ -34,20 +34,21 @@ def _logits_part(role: RoleLayout, training: bool, entropy: bool) -> Part:
     """The logits of one micro-batch, as copies alive at the peak of the log-prob computation."""
     arch = role.model.architecture
     c = role.spec.param_dtype
-    cost = act.logits_cost(
-        training,
-        entropy or role.entropy_every_pass,
-        role.chunked_entropy,
-        role.fused_kernels,
-        role.compiled,
-        role.temperature_copy,
-        role.entropy_clone,
-        role.logprob_grad_in_place,
-    )
+    entropy = entropy or role.entropy_every_pass
+    if megatron(role):
+        cost = act.megatron_logits_cost(training, entropy, role.fused_kernels)
+    else:
+        cost = act.logits_cost(
+            training,
+            entropy,
+            role.chunked_entropy,
+            role.fused_kernels,
+            role.compiled,
+            role.temperature_copy,
+            role.logprob_grad_in_place,
+        )
     tokens = role.train_tokens if training else role.infer_tokens
-    vocab = arch.vocab_size // (
-        role.spec.tp if role.spec.strategy in ("megatron", "mindspeed") else 1
-    )
+    vocab = arch.vocab_size // (role.spec.tp if megatron(role) else 1)
     return Part(
         f"{role.role}.logits",
         f"{role.role} logits",

@@ -24,7 +24,7 @@ from pytest_verl_compat.checks.roles import (
     sequence_parallel,
 )
 from pytest_verl_compat.checks.sft import engine_strategy
-from pytest_verl_compat.memory.activations import EV_LOGITS
+from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
 from pytest_verl_compat.memory.layout import (
     CRITIC_DEFAULT_BUDGET,
     EV_MICRO_BATCHES,
@@ -54,9 +54,12 @@ from pytest_verl_compat.memory.states import (
 
 # The SFT trainer's log-prob temperature (verl/trainer/sft_trainer.py:348).
 SFT_TEMPERATURE = 1.0
-# Megatron's logits processor divides by the temperature in place and clones the logits for an
-# entropy it computes eagerly (vocab_parallel_entropy), in both releases.
-EV_MEGATRON_LOGITS = "verl/workers/engine/megatron/transformer_impl.py:1191, :1197"
+# Megatron's logits processor divides by the temperature in place, clones the logits for an
+# entropy it computes eagerly (vocab_parallel_entropy) and takes the log-probs from megatron-core's
+# vocab-parallel cross entropy, in both releases.
+EV_MEGATRON_LOGITS = (
+    f"verl/workers/engine/megatron/transformer_impl.py:1191, :1197, :1221; {EV_MEGATRON_CE}"
+)
 
 
 class UnreadableRun(ValueError):
@@ -312,7 +315,6 @@ def role_layout(
         logits_evidence=EV_MEGATRON_LOGITS
         if megatron
         else f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
-        entropy_clone=megatron,
         logprob_grad_in_place=facts.logprob_grad_in_place and not megatron,
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, engine_path(resolved, role)),
