@@ -379,6 +379,26 @@ def test_an_sglang_rollout_shares_what_the_trainer_leaves_free_at_its_start(
     assert json.loads(out)["rollout_kv_cache"]["share"] == int(0.6 * capacity)
 
 
+@pytest.mark.parametrize("server", ["vllm", "sglang"])
+def test_only_vllm_refuses_to_start_short_of_one_max_model_len_sequence(
+    here: Path, capsys: pytest.CaptureFixture[str], server: str
+) -> None:
+    """At gpu_memory_utilization 0.13 the Qwen3-8B GRPO example's KV cache cannot hold one
+    40,960-token sequence: vLLM refuses to start (check_enough_kv_cache_memory); SGLang starts
+    with what its pool holds (it refuses only a pool of no token, and a longer request per
+    request), so the same run on SGLang has no start error."""
+    args = ("--set", "actor_rollout_ref.rollout.gpu_memory_utilization=0.13")
+    args += ("--set", f"actor_rollout_ref.rollout.name={server}")
+    status, out, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--brief", *args)
+    assert status in (0, 1), err
+    kv = json.loads(
+        run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--format", "json", *args)[1]
+    )
+    cache = kv["rollout_kv_cache"]
+    assert 0 < cache["kv_bytes"] < cache["one_sequence_bytes"], cache
+    assert ("error[memory.rollout-start]" in out) == (server == "vllm"), out
+
+
 @pytest.mark.parametrize("pp", ["2", "1"])
 def test_a_megatron_pipeline_update_peaks_on_its_first_stage_without_the_logits(
     here: Path, capsys: pytest.CaptureFixture[str], pp: str

@@ -63,7 +63,11 @@ def _graphs_where(server: Mapping[str, int | float]) -> str:
     if not outside and not int(server["cuda_graphs"]):
         return " in its share; no CUDA graphs (enforce_eager)"
     if outside:
-        return f" in its share; {_gib(outside)} GiB (CUDA graphs) outside it"
+        # SGLang's static share holds weights and pool only: its activations sit outside too
+        what = (
+            "CUDA graphs" if outside == int(server["cuda_graphs"]) else "CUDA graphs, activations"
+        )
+        return f" in its share; {_gib(outside)} GiB ({what}) outside it"
     return f", CUDA graphs ({_gib(int(server['cuda_graphs']))} GiB) included, in its share"
 
 

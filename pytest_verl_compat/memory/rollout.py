@@ -49,6 +49,7 @@ EV_WAKE = "verl/workers/engine_workers.py:762-801"
 EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298 (:317 in 0.9.1; mem_fraction_static = gpu_memory_utilization)"
 SGLANG_SHARE = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:138-140@sglang-0.5.8, :70-72@sglang-0.5.12 (rest = post_model_load_memory - pre_model_load_memory * (1 - mem_fraction_static), free memory by torch.cuda.mem_get_info)"
 VLLM_PROFILE = "vllm/v1/worker/gpu_model_runner.py:5456-5528@vllm-0.18.0, :6239-6310@0.24.0 (profile_run: the encoder outputs cached, _dummy_run, then _dummy_sampler_run beside its hidden states); vllm/model_executor/models/qwen2.py:292-312 (the decoder layer holds hidden_states and residual), layers/layernorm.py:72-90 (fused_add_rms_norm in place); layers/fused_moe/fused_moe.py:1979-1994@0.18.0 (TritonExperts.workspace_shapes)"
+SGLANG_NO_POOL = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:327-329@sglang-0.5.8, pool_configurator.py:52-53@sglang-0.5.12 (max_total_num_tokens <= 0: 'Not enough memory')"
 VLLM_REQUESTED = "vllm/v1/worker/gpu_worker.py Worker.init_device (requested_memory = total_memory * gpu_memory_utilization; ValueError when less is free)"
 VLLM_PAGE = "vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes (2 * block_size * num_kv_heads * head_size * dtype_size); MLAAttentionSpec.real_page_size_bytes"
 VLLM_BLOCKS = (

@@ -11,6 +11,7 @@ from pytest_verl_compat.checks.registry import RL, SFT, family_of
 from pytest_verl_compat.memory import layout as lay
 from pytest_verl_compat.memory import passes, reading
 from pytest_verl_compat.memory import phases as ph
+from pytest_verl_compat.memory import rollout as srv
 from pytest_verl_compat.memory.gpus import Gpu
 from pytest_verl_compat.memory.models import choose_model
 from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
@@ -113,7 +114,11 @@ def ranks_for(layout: lay.RunLayout, capacity: int) -> tuple[RankKind, ...]:
 
 
 def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> list[Verdict]:
-    """vLLM's own refusals at start, whatever else shares the GPU."""
+    """The servers' own refusals at start: vLLM's when its weights and profile exceed its share
+    or what is left cannot hold one max_model_len sequence (check_enough_kv_cache_memory);
+    SGLang's when its share of the free memory leaves its pool no token ("Not enough memory",
+    ``srv.SGLANG_NO_POOL``; a sequence longer than the pool is refused per request, not at
+    start)."""
     out = []
     memories = passes.server_memories(layout, capacity)
     for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
@@ -133,11 +138,11 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
                     f"the {name} server cannot start{where}: its weights per tensor-parallel rank "
                     f"({gib(mem.weights):.2f} GiB at tp {server.tp}) and its profiled overhead "
                     f"({gib(mem.overhead):.2f} GiB) exceed gpu_memory_utilization {server.gpu_memory_utilization} "
-                    f"of the GPU ({gib(mem.share):.2f} GiB)",
+                    f"{_share_of(server, mem)} ({gib(mem.share):.2f} GiB)",
                     (key, tp_key),
                 )
             )
-        elif mem.kv_bytes < mem.one_sequence_bytes:
+        elif server.name == "vllm" and mem.kv_bytes < mem.one_sequence_bytes:
             out.append(
                 Verdict(
                     "error",
@@ -153,6 +158,12 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
                 )
             )
     return out
+
+
+def _share_of(server: lay.ServerLayout, mem: srv.ServerMemory) -> str:
+    if server.name == "sglang":
+        return f"of the {gib(mem.free_at_start):.2f} GiB free at its start; SGLang raises 'Not enough memory'"
+    return "of the GPU"
 
 
 def verdicts_only(
