@@ -25,6 +25,7 @@ probabilities that flash attention on a GPU does not.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any
 
@@ -455,6 +456,7 @@ def test_an_interleaved_pipeline_keeps_korthikantis_extra_share(
 
 _MEGATRON_LOGITS = """
 import os, socket, types, torch, torch.distributed as dist
+from typing import Any
 with socket.socket() as free:
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
@@ -463,21 +465,7 @@ from megatron.core import parallel_state
 parallel_state.initialize_model_parallel(1, 1)
 from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead
 
-class Live(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self, leave_out):
-        super().__init__()
-        self.leave_out, self.storages, self.timeline = leave_out, {}, []
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                s = t.untyped_storage()
-                if s.data_ptr() and s.data_ptr() not in self.leave_out:
-                    self.storages.setdefault(s._cdata, s)
-        self.timeline.append(sum(
-            s.nbytes() for s in self.storages.values() if torch._C._storage_Use_Count(s._cdata) > 1
-        ))
-        return out
+LIVE_CLASS
 
 def peak(entropy, training, chunked):
     tokens, vocab = 512, 4096
@@ -487,7 +475,7 @@ def peak(entropy, training, chunked):
     config = types.SimpleNamespace(
         entropy_from_logits_with_chunking=chunked, entropy_from_logits_chunk_size=128
     )
-    meter = Live({hidden.untyped_storage().data_ptr(), head.untyped_storage().data_ptr()})
+    meter = _Live({hidden.untyped_storage().data_ptr(), head.untyped_storage().data_ptr()})
     with (torch.enable_grad() if training else torch.no_grad()), meter:
         logits = hidden @ head.t()
         out = MegatronEngineWithLMHead._lm_head_logits_processor(
@@ -527,7 +515,9 @@ def test_megatron_logits_cost_is_what_its_engine_holds(version: str) -> None:
         pytest.skip(f"the environment of verl {version} is not built")
     cases = [(False, False, False), (False, True, False), (True, False, False)]
     cases += [(True, True, False), (True, False, True)]
-    measured = run_in_release(_MEGATRON_LOGITS.replace("CASES", repr(cases)), version)
+    # the same meter as the measures above, its source sent to the release's interpreter
+    source = _MEGATRON_LOGITS.replace("LIVE_CLASS", inspect.getsource(_Live))
+    measured = run_in_release(source.replace("CASES", repr(cases)), version)
     for entropy, training, chunked, units in measured:
         expected = megatron_logits_cost(training, entropy, False).copies
         assert expected <= units <= expected * 1.03, (entropy, training, chunked, units, expected)
