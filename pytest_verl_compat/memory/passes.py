@@ -67,6 +67,10 @@ def _on_host(role: RoleLayout) -> str:
     return f", {what} of {share:.0%} of the params on the host (optimizer_cpu_offload)"
 
 
+def _pipelined(role: RoleLayout) -> bool:
+    return megatron(role) and role.spec.pp > 1
+
+
 def _training_stage(role: RoleLayout, tokens: int, logits: int) -> tuple[act.Stage, int, int]:
     """The stage whose update peaks (the whole model, or under Megatron's pipeline the first
     stage, which keeps several micro-batches in flight, or the last, which holds the logits),
@@ -75,23 +79,22 @@ def _training_stage(role: RoleLayout, tokens: int, logits: int) -> tuple[act.Sta
     arch, c, mcore = role.model.architecture, role.spec.param_dtype, megatron(role)
     allowance = 1 + act.WORKSPACE_ALLOWANCE
     stages: tuple[act.Stage, ...] = (act.Stage.whole(arch),)
-    if mcore and role.spec.pp > 1:
+    if _pipelined(role):
         stages = act.pipeline_stages(arch, role.spec.pp, role.micro_batches, role.spec.vpp)
-    best: tuple[int, act.Stage, int, int] | None = None
+    candidates = []
     for stage in stages:
         kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance)
         layers = int(
             act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance
         )
-        peak = max(kept + (logits if stage.last else 0), layers)
-        if best is None or peak > best[0]:
-            best = (peak, stage, kept, layers)
-    assert best is not None
-    return best[1], best[2], best[3]
+        candidates.append((max(kept + (logits if stage.last else 0), layers), stage, kept, layers))
+    _, stage, kept, layers = max(candidates, key=lambda candidate: candidate[0])  # first on ties
+    return stage, kept, layers
 
 
 def _stage_text(role: RoleLayout, stage: act.Stage) -> str:
-    if not (megatron(role) and role.spec.pp > 1):
+    """Which pipeline stage the update's parts are of, as fit prints it ("" without a pipeline)."""
+    if not _pipelined(role):
         return ""
     which = "last" if stage.last else "first"
     layers = f"layers {stage.layers.start}-{stage.layers.stop - 1}"
@@ -185,7 +188,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         evidence = _checkpointing_evidence(role)
         if role.tokens_evidence:
             evidence += f"; {role.tokens_evidence}"
-        if role.spec.pp > 1 and megatron(role):
+        if _pipelined(role):
             evidence += f"; {act.EV_1F1B_INTERLEAVED if role.spec.vpp > 1 else act.EV_1F1B}"
         parts.append(
             Part(
