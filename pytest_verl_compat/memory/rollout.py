@@ -21,6 +21,7 @@ that moment shrinks the pool, where vLLM would refuse to start.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pytest_verl_compat.memory.architecture import Architecture
@@ -93,6 +94,45 @@ class HybridCache:
         return self.attention_groups * _cdiv(tokens, self.block_size) + (
             self.state_groups * self.state_blocks
         )
+
+
+@dataclass(frozen=True)
+class ServerEngine:
+    """How a rollout engine sizes its memory at start: what the forecast asks of a server
+    instead of its engine's name (``engine_of``)."""
+
+    share_of_free: bool  # its share is of the memory free at its start, not of the device
+    profile_in_share: bool  # its profiled forward comes out of its share (else sits outside)
+    refuses_short_of_one_sequence: bool  # at start, when one max_model_len sequence does not fit
+    hybrid_pool: bool  # one block pool for a hybrid model's KV and recurrent states (VLLM_HYBRID)
+    evidence: str  # where its share comes from
+    no_pool_error: str = ""  # what it raises when its weights leave no cache, where not vLLM's
+
+
+VLLM_ENGINE = ServerEngine(
+    share_of_free=False,
+    profile_in_share=True,
+    refuses_short_of_one_sequence=True,
+    hybrid_pool=True,
+    evidence=f"{VLLM_REQUESTED}; {VLLM_PROFILE}",
+)
+SGLANG_ENGINE = ServerEngine(
+    share_of_free=True,
+    profile_in_share=False,
+    refuses_short_of_one_sequence=False,  # a longer request is refused per request
+    hybrid_pool=False,  # SGLang's state pool of a hybrid's linear layers is not modelled
+    evidence=f"{EV_SGLANG}; {SGLANG_SHARE}",
+    no_pool_error="SGLang raises 'Not enough memory'",  # SGLANG_NO_POOL
+)
+# The other engines (TRT-LLM, HF) are forecast with vLLM's share arithmetic, without its checks.
+OTHER_ENGINE = dataclasses.replace(
+    VLLM_ENGINE, refuses_short_of_one_sequence=False, hybrid_pool=False
+)
+ENGINES = {"vllm": VLLM_ENGINE, "sglang": SGLANG_ENGINE}
+
+
+def engine_of(server: ServerLayout) -> ServerEngine:
+    return ENGINES.get(server.name, OTHER_ENGINE)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -205,15 +245,15 @@ class ServerMemory:
 def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerMemory:
     """One server rank's memory on a GPU of ``capacity`` bytes that holds ``held`` bytes (other
     processes' and its own context) when the server starts: vLLM's share is of the device,
-    SGLang's of what is free (``SGLANG_SHARE``)."""
-    arch = server.model.architecture
+    SGLang's of what is free (``ServerEngine``)."""
+    arch, engine = server.model.architecture, engine_of(server)
     ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
     weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype)
     free = max(capacity - held, 0)
-    share = int(server.gpu_memory_utilization * (free if server.name == "sglang" else capacity))
+    share = int(server.gpu_memory_utilization * (free if engine.share_of_free else capacity))
     graphs = 0 if server.enforce_eager else CUDA_GRAPHS
     profiled = profile_bytes(arch, server) + NON_TORCH
-    if server.name == "sglang":
+    if not engine.profile_in_share:
         # SGLang's static share holds weights and the KV pool; activations and graphs sit outside
         overhead, outside = 0, profiled + graphs
     elif server.graphs_in_share:
@@ -228,7 +268,7 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
     layers = arch.full_attention_layers
     blocks = max(kv, 0) // page // layers if page else 0
     one = _cdiv(server.max_model_len, BLOCK_SIZE) * page * layers
-    if arch.layer_types and server.name == "vllm":
+    if arch.layer_types and engine.hybrid_pool:
         cache = hybrid_cache(arch, server.tp, server.kv_dtype, server.dtype, server.prefix_caching)
         block_size, page = cache.block_size, cache.page
         blocks = max(kv, 0) // page // cache.group_size
@@ -262,17 +302,19 @@ def graphs_evidence(server: ServerLayout) -> str:
 
 def share_evidence(server: ServerLayout) -> str:
     """Where the server's share and its CUDA graphs come from, as its engine decides."""
-    if server.name == "sglang":
-        return f"{EV_SGLANG}; {SGLANG_SHARE}"
-    return f"{VLLM_REQUESTED}; {VLLM_PROFILE}; {graphs_evidence(server)}"
+    engine = engine_of(server)
+    if not engine.profile_in_share:
+        return engine.evidence
+    return f"{engine.evidence}; {graphs_evidence(server)}"
 
 
 def share_text(server: ServerLayout, mem: ServerMemory) -> str:
     """The awake server's share and what sits outside it, as fit prints it."""
+    engine = engine_of(server)
     of = (
-        "capacity"
-        if server.name != "sglang"
-        else f"the {gib_text(mem.free_at_start)} free at its start"
+        f"the {gib_text(mem.free_at_start)} free at its start"
+        if engine.share_of_free
+        else "capacity"
     )
     head = f"gpu_memory_utilization {server.gpu_memory_utilization} x {of}: "
     inside = f"weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile "
@@ -280,5 +322,5 @@ def share_text(server: ServerLayout, mem: ServerMemory) -> str:
         return f"{head}{inside}{gib_text(mem.overhead - mem.graphs)}, graphs {gib_text(mem.graphs)}"
     if not mem.outside:
         return f"{head}{inside}{gib_text(mem.overhead)}; no CUDA graphs (enforce_eager)"
-    outside = "graphs/profile" if server.name == "sglang" else "graphs"
+    outside = "graphs" if engine.profile_in_share else "graphs/profile"
     return f"{head}{inside}{gib_text(mem.overhead)}; outside it, {outside} {gib_text(mem.outside)}"

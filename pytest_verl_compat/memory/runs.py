@@ -116,9 +116,8 @@ def ranks_for(layout: lay.RunLayout, capacity: int) -> tuple[RankKind, ...]:
 def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> list[Verdict]:
     """The servers' own refusals at start: vLLM's when its weights and profile exceed its share
     or what is left cannot hold one max_model_len sequence (check_enough_kv_cache_memory);
-    SGLang's when its share of the free memory leaves its pool no token ("Not enough memory",
-    ``srv.SGLANG_NO_POOL``; a sequence longer than the pool is refused per request, not at
-    start)."""
+    SGLang's when its share of the free memory leaves its pool no token (``srv.ServerEngine``;
+    a sequence longer than the pool is refused per request, not at start)."""
     out = []
     memories = passes.server_memories(layout, capacity)
     for name, server in (("rollout", layout.rollout), ("reward", layout.reward)):
@@ -142,7 +141,10 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
                     (key, tp_key),
                 )
             )
-        elif server.name == "vllm" and mem.kv_bytes < mem.one_sequence_bytes:
+        elif (
+            srv.engine_of(server).refuses_short_of_one_sequence
+            and mem.kv_bytes < mem.one_sequence_bytes
+        ):
             out.append(
                 Verdict(
                     "error",
@@ -161,8 +163,9 @@ def server_cannot_start(layout: lay.RunLayout, capacity: int, where: str) -> lis
 
 
 def _share_of(server: lay.ServerLayout, mem: srv.ServerMemory) -> str:
-    if server.name == "sglang":
-        return f"of the {gib(mem.free_at_start):.2f} GiB free at its start; SGLang raises 'Not enough memory'"
+    engine = srv.engine_of(server)
+    if engine.share_of_free:
+        return f"of the {gib(mem.free_at_start):.2f} GiB free at its start; {engine.no_pool_error}"
     return "of the GPU"
 
 
