@@ -288,8 +288,14 @@ def server_memories(layout: RunLayout, capacity: int) -> dict[str, srv.ServerMem
     for name, server in (("reward", layout.reward), ("rollout", layout.rollout)):
         if not isinstance(server, ServerLayout):
             continue
-        held = trainer if server.colocated else contexts(1).bytes
-        out[name] = srv.server_memory(server, capacity, held)
-        if server.colocated:  # asleep on the trainer's GPUs when the next server starts
-            trainer += out[name].asleep
+        if not server.colocated:
+            out[name] = standalone_memory(server, capacity)
+            continue
+        out[name] = srv.server_memory(server, capacity, trainer)
+        trainer += out[name].asleep  # asleep on the trainer's GPUs when the next server starts
     return out
+
+
+def standalone_memory(server: ServerLayout, capacity: int) -> srv.ServerMemory:
+    """A server on GPUs of its own: its process's context is all they hold when it starts."""
+    return srv.server_memory(server, capacity, contexts(1).bytes)

@@ -30,7 +30,12 @@ from pytest_verl_compat.memory.parts import (
     PhasePeak,
     RankKind,
 )
-from pytest_verl_compat.memory.passes import compute_parts, server_memories, server_parts
+from pytest_verl_compat.memory.passes import (
+    compute_parts,
+    server_memories,
+    server_parts,
+    standalone_memory,
+)
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
@@ -229,7 +234,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
 def _standalone(server: ServerLayout, capacity: int, description: str) -> RankKind:
     """GPUs that hold a rollout server and nothing else: its share, what sits outside it, one
     process's context."""
-    mem = srv.server_memory(server, capacity, held=contexts(1).bytes)
+    mem = standalone_memory(server, capacity)
     parts = (
         Part(
             "rollout.server",
