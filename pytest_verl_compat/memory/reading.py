@@ -163,7 +163,6 @@ def engine_spec(
     exclude_t = (exclude,) if isinstance(exclude, str) else tuple(str(t) for t in exclude or ())
     mixed = engine.get("mixed_precision") or {}
     optim = role_section(resolved, role).get("optim") or {}
-    sizes = megatron_sizes(engine) if strategy in ("megatron", "mindspeed") else {}
     spec = EngineSpec(
         strategy=strategy,
         world=world,
@@ -182,17 +181,30 @@ def engine_spec(
         lora_targets=targets_t,
         lora_exclude=exclude_t,
         optimizer=str(optim.get("optimizer") or "AdamW"),
-        tp=sizes.get("tp", 1),
-        pp=sizes.get("pp", 1),
-        vpp=max(sizes.get("vpp", 0), 1),
-        ep=sizes.get("ep", 1),
-        etp=sizes.get("etp", 1),
-        cp=sizes.get("cp", 1),
         distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
-        **(optimizer_on_host(optim) if sizes else {}),
+        **_megatron_fields(strategy, engine, optim),
         defer_sync=defer_sync(engine),
     )
     return spec, engine
+
+
+def _megatron_fields(
+    strategy: str, engine: Mapping[str, Any], optim: Mapping[str, Any]
+) -> dict[str, Any]:
+    """EngineSpec's Megatron parallel sizes (checks/roles.megatron_sizes) and CPU optimizer
+    (``optimizer_on_host``); nothing for another engine, whose spec keeps the defaults."""
+    if strategy not in MEGATRON_STRATEGIES:
+        return {}
+    sizes = megatron_sizes(engine)
+    return {
+        "tp": sizes.get("tp", 1),
+        "pp": sizes.get("pp", 1),
+        "vpp": max(sizes.get("vpp", 0), 1),
+        "ep": sizes.get("ep", 1),
+        "etp": sizes.get("etp", 1),
+        "cp": sizes.get("cp", 1),
+        **optimizer_on_host(optim),
+    }
 
 
 # verl hands override_optimizer_config to Megatron's OptimizerConfig as it is
@@ -505,7 +517,6 @@ def sft_layout(
         rank = as_int(lora.get("rank"))
     targets = model_section.get("target_modules", "all-linear")
     mixed = engine.get("mixed_precision") or {}
-    sizes = megatron_sizes(engine) if strategy in ("megatron", "mindspeed") else {}
     spec = EngineSpec(
         strategy=strategy,
         world=world,
@@ -517,13 +528,7 @@ def sft_layout(
         lora_rank=rank,
         lora_targets=(targets,) if isinstance(targets, str) else tuple(targets or ()),
         optimizer=str(value_at(resolved, "optim.optimizer", "AdamW")),
-        tp=sizes.get("tp", 1),
-        pp=sizes.get("pp", 1),
-        vpp=max(sizes.get("vpp", 0), 1),
-        ep=sizes.get("ep", 1),
-        etp=sizes.get("etp", 1),
-        cp=sizes.get("cp", 1),
-        **(optimizer_on_host(value_at(resolved, "optim", {}) or {}) if sizes else {}),
+        **_megatron_fields(strategy, engine, value_at(resolved, "optim", {}) or {}),
         defer_sync=defer_sync(engine),
     )
     dynamic = bool(data.get("use_dynamic_bsz"))
