@@ -3,6 +3,7 @@ model's vision tower (vision.py) both speak."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 
@@ -16,7 +17,4 @@ class Tensor(NamedTuple):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
+        return math.prod(self.shape)
