@@ -336,3 +336,67 @@ def test_megatrons_grad_buffer_comes_back_only_for_the_update(
     for phase in ("old-log-prob", "weight-sync"):
         assert ("actor.grads.buffer" in keys[phase]) is not offload, (phase, sorted(keys[phase]))
     assert "actor.grads" in keys["actor-update"]
+
+
+LORA_RANK = "actor_rollout_ref.model.lora_rank=16"  # the FSDP engine's spelling
+LORA_BLOCK = "actor_rollout_ref.model.lora.rank=16"  # the Megatron engine's
+WITH_KL = "actor_rollout_ref.actor.use_kl_loss=True"
+FSDP_RUN = [o for o in MEGATRON_RUN if ".megatron." not in o]
+
+
+def _layout(session: AuditSession, folder: Path, overrides: list[str], config_name: str) -> Any:
+    resolved = _resolved(session, folder, overrides, config_name)
+    return build_layout(
+        resolved, Request(gpu=find_gpu("H100"), facts=release_facts(session.version))
+    )
+
+
+@pytest.mark.parametrize(
+    ("config_name", "run", "own", "other"),
+    [
+        ("", FSDP_RUN, LORA_RANK, LORA_BLOCK),
+        ("ppo_megatron_trainer", MEGATRON_RUN, LORA_BLOCK, LORA_RANK),
+    ],
+    ids=["fsdp", "megatron"],
+)
+def test_the_actor_trains_an_adapter_only_in_its_engines_spelling(
+    upstream_session: AuditSession,
+    folder: Path,
+    config_name: str,
+    run: list[str],
+    own: str,
+    other: str,
+) -> None:
+    """The FSDP engine builds LoRA from model.lora_rank, the Megatron engine from model.lora
+    (checks/roles.ENGINE_LORA_RANK): a rank in the other spelling trains the whole model, whose
+    states the forecast must count, while the trainer, which takes either spelling, still computes
+    the reference log-probs on the actor (trainer_base.py:316-323) and starts no reference worker."""
+    adapted = _layout(upstream_session, folder, [*run, WITH_KL, own], config_name)
+    whole = _layout(upstream_session, folder, [*run, WITH_KL, other], config_name)
+    for layout, rank in ((adapted, 16), (whole, 0)):
+        actor = layout.role("actor")
+        assert actor is not None and actor.spec.lora_rank == rank
+        assert layout.reference_from_actor and layout.role("ref") is None
+    adapted_states = states_of(adapted.role("actor"))
+    whole_states = states_of(whole.role("actor"))
+    assert whole_states.trainable == whole_states.total > 50 * adapted_states.trainable > 0
+
+
+def test_the_reference_pass_on_the_actor_runs_only_with_a_reference_policy(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """A LoRA run without a KL term computes no reference log-probs (trainer_base.py:563-565): no
+    reference pass on the actor is forecast; with one, it is."""
+    with_kl = forecast(
+        _resolved(upstream_session, folder, [*FSDP_RUN, WITH_KL, LORA_RANK]),
+        Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version)),
+        with_fixes=False,
+    )
+    without = forecast(
+        _resolved(upstream_session, folder, [*FSDP_RUN, LORA_RANK]),
+        Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version)),
+        with_fixes=False,
+    )
+    phases = {p.phase for p in with_kl.ranks[0].phases}
+    assert "ref-log-prob" in phases
+    assert "ref-log-prob" not in {p.phase for p in without.ranks[0].phases}

@@ -295,3 +295,76 @@ def test_megatron_lora_adapters_stay_on_their_layers_pipeline_stage() -> None:
     assert layer_index("layers.0") == 0
     with pytest.raises(ValueError, match="names no decoder layer"):
         layer_index("root")
+
+
+def _adapter_numel(spec_targets: tuple[str, ...], exclude: tuple[str, ...] = ()) -> int:
+    from pytest_verl_compat.memory.models import from_table
+    from pytest_verl_compat.memory.states import EngineSpec, model_states
+
+    choice = from_table("Qwen/Qwen2.5-7B")
+    assert choice is not None
+    spec = EngineSpec("megatron", 8, lora_rank=16, lora_targets=spec_targets, lora_exclude=exclude)
+    return model_states(choice.architecture, spec).trainable
+
+
+def test_megatron_lora_adapts_megatron_bridges_modules_not_peft_names() -> None:
+    """Megatron's LoRA is Megatron-Bridge's, one adapter per megatron-core module a target names
+    (module_matcher.py, lora.py@megatron-bridge-0.3.1): the fused linear_qkv and linear_fc1 take one
+    A each (rank x hidden), where peft's separate q/k/v and gate/up projections take three and two;
+    canonical LoRA's unfused names take one each; with no target every linear but the excluded is
+    adapted, the output layer included. Transcribed per decoder layer of Qwen2.5-7B."""
+    from pytest_verl_compat.memory.models import from_table
+    from pytest_verl_compat.memory.states import MEGATRON_DEFAULT_TARGETS
+
+    choice = from_table("Qwen/Qwen2.5-7B")
+    assert choice is not None
+    arch = choice.architecture
+    h, q = arch.hidden_size, arch.num_attention_heads * arch.head_dim
+    kv, inter, layers = arch.num_key_value_heads * arch.head_dim, arch.intermediate_size, 28
+    fused = 16 * ((h + q + 2 * kv) + (q + h) + (h + 2 * inter) + (inter + h))
+    assert _adapter_numel(MEGATRON_DEFAULT_TARGETS) == layers * fused
+    assert _adapter_numel(("all-linear",)) == layers * fused, "EngineSpec's default: the same list"
+    canonical = (
+        "linear_q", "linear_k", "linear_v", "linear_proj",
+        "linear_fc1_gate", "linear_fc1_up", "linear_fc2",
+    )  # fmt: skip
+    separate = 16 * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h))
+    assert _adapter_numel(canonical) == layers * separate
+    assert _adapter_numel(("linear_qkv",)) == layers * 16 * (h + q + 2 * kv)
+    head = 16 * (h + arch.vocab_size)
+    without_fc2 = fused - 16 * (inter + h)
+    assert _adapter_numel((), ("linear_fc2",)) == layers * without_fc2 + head
+
+
+def test_megatron_lora_of_a_vl_model_adapts_the_towers_own_modules_on_the_first_stage() -> None:
+    """A VL model's tower stays transformers' module under Megatron-Bridge, matched by its own names:
+    Qwen3-VL's blocks and mergers name their MLP linear_fc1 and linear_fc2 (adapted by the default
+    targets), their attention qkv and proj (not). The tower and its adapters sit on the first
+    pipeline stage; the forecast of such a run had crashed on the adapters' names."""
+    from pytest_verl_compat.memory.models import from_table
+    from pytest_verl_compat.memory.states import (
+        MEGATRON_DEFAULT_TARGETS,
+        EngineSpec,
+        layer_index,
+        model_states,
+        model_tensors,
+    )
+    from pytest_verl_compat.memory.vision import in_tower
+
+    choice = from_table("Qwen/Qwen3-VL-8B-Instruct")
+    assert choice is not None
+    arch = choice.architecture
+    spec = EngineSpec("megatron", 8, lora_rank=16, lora_targets=MEGATRON_DEFAULT_TARGETS, pp=2)
+    _, adapters = model_tensors(arch, spec)
+    tower = [t for t in adapters if in_tower(t.name)]
+    assert tower and all(
+        ".linear_fc1.lora_" in t.name or ".linear_fc2.lora_" in t.name for t in tower
+    )
+    assert not any(".attn." in t.name for t in tower)
+    first_stage = [
+        t
+        for t in adapters
+        if not in_tower(t.name) and layer_index(t.unit) < arch.num_hidden_layers // 2
+    ]
+    states = model_states(arch, spec)
+    assert states.grads == 4 * sum(t.numel for t in [*tower, *first_stage])

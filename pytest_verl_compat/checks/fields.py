@@ -6,7 +6,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
-from pytest_verl_compat.checks.roles import need_critic, need_reference_policy
+from pytest_verl_compat.checks.roles import (
+    ENGINE_LORA_RANK,
+    need_critic,
+    need_reference_policy,
+)
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
 from pytest_verl_compat.model import LeafVerdict
 
@@ -202,16 +206,13 @@ def forced_value(inp: CheckInput) -> Iterator[Hit]:
             )
 
 
-# The two spellings of an actor's LoRA block and the engines whose training reads each: the FSDP
-# engine builds its adapter from model.lora_rank (verl/workers/engine/fsdp/transformer_impl.py:143,
-# :340-349) and never reads model.lora; the Megatron engine builds its PEFT from model.lora
-# (verl/workers/engine/megatron/transformer_impl.py:422-424 → verl/workers/config/megatron_peft.py:
-# 22-24) and never reads model.lora_rank. The trainer reads either (trainer_base.py:317-320), and so
-# does vLLM (vllm_async_server.py:207-210).
+# The two spellings of an actor's LoRA block and the engines whose training reads each
+# (roles.ENGINE_LORA_RANK, with its evidence). The trainer reads either (trainer_base.py:317-320),
+# and so does vLLM (vllm_async_server.py:207-210).
 _LORA_RANK_KEY = {
-    "fsdp": "actor_rollout_ref.model.lora_rank",
-    "fsdp2": "actor_rollout_ref.model.lora_rank",
-    "megatron": "actor_rollout_ref.model.lora.rank",
+    strategy: f"actor_rollout_ref.model.{key}"
+    for strategy, key in ENGINE_LORA_RANK.items()
+    if strategy != "mindspeed"  # no claim made for it here
 }
 
 

@@ -260,8 +260,7 @@ def serve_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
 
 def _kl_from_actor(layout: RunLayout) -> bool:
     """LoRA: the actor with its adapter switched off is the reference (trainer_base.py:317-322)."""
-    actor = layout.role("actor")
-    return actor is not None and actor.spec.lora_rank > 0 and layout.kind == "rl"
+    return layout.reference_from_actor and layout.role("actor") is not None
 
 
 def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: Part) -> PhasePeak:

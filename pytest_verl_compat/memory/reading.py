@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.roles import (
+    engine_lora_rank,
     engine_path,
     gpu_count,
     megatron_sizes,
     need_critic,
+    need_reference_policy,
+    ref_in_actor,
     reference_worker,
     role_engine,
     role_section,
@@ -46,7 +49,9 @@ from pytest_verl_compat.memory.release_facts import (
     ReleaseFacts,
 )
 from pytest_verl_compat.memory.states import (
+    ALL_LINEAR,
     FORECAST_STRATEGIES,
+    MEGATRON_DEFAULT_TARGETS,
     MEGATRON_STRATEGIES,
     EngineSpec,
     dtype_bytes,
@@ -138,6 +143,24 @@ def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
     return bool(model.get("use_fused_kernels")) and str(backend) in facts.fused_backends
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(str(v) for v in value or ())
+
+
+def lora_modules(model: Any, strategy: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(targets, excluded) of the engine's LoRA: peft's model.target_modules and exclude_modules
+    for FSDP (transformer_impl.py:340-349), Megatron-Bridge's model.lora.target_modules and
+    exclude_modules for Megatron (megatron_peft.py:23-29; states.MEGATRON_LORA_MODULES)."""
+    if not isinstance(model, Mapping):
+        return (ALL_LINEAR,), ()
+    if strategy in MEGATRON_STRATEGIES:
+        lora = model.get("lora")
+        lora = lora if isinstance(lora, Mapping) else {}
+        targets = lora.get("target_modules", MEGATRON_DEFAULT_TARGETS)
+        return _names(targets), _names(lora.get("exclude_modules"))
+    return _names(model.get("target_modules", ALL_LINEAR)), _names(model.get("exclude_modules"))
+
+
 def engine_spec(
     resolved: Mapping[str, Any], role: str, world: int, *, forward_only: bool, value_head: bool
 ) -> tuple[EngineSpec, Mapping[str, Any]]:
@@ -151,16 +174,9 @@ def engine_spec(
     model = value_at(
         resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
     )
-    lora = model.get("lora") if isinstance(model, Mapping) else None
-    rank = as_int(model.get("lora_rank")) if isinstance(model, Mapping) else 0
-    if isinstance(lora, Mapping) and as_int(lora.get("rank")) > 0:
-        rank = as_int(lora.get("rank"))
-    targets = (
-        model.get("target_modules", "all-linear") if isinstance(model, Mapping) else "all-linear"
-    )
-    targets_t = (targets,) if isinstance(targets, str) else tuple(str(t) for t in targets or ())
-    exclude = model.get("exclude_modules") if isinstance(model, Mapping) else None
-    exclude_t = (exclude,) if isinstance(exclude, str) else tuple(str(t) for t in exclude or ())
+    # the engine's own spelling of the rank: a rank in the other one trains the whole model
+    rank = engine_lora_rank(model, strategy) if isinstance(model, Mapping) else 0
+    targets_t, exclude_t = lora_modules(model, strategy)
     mixed = engine.get("mixed_precision") or {}
     optim = role_section(resolved, role).get("optim") or {}
     spec = EngineSpec(
@@ -462,6 +478,7 @@ def rl_layout(
         n=n,
         saves_checkpoints=as_int(value_at(resolved, "trainer.save_freq"), -1) > 0,
         hf_model_in_checkpoint="hf_model" in contents,
+        reference_from_actor=need_reference_policy(resolved) and ref_in_actor(resolved),
     )
 
 
@@ -511,11 +528,8 @@ def sft_layout(
         as_int(engine.get("context_parallel_size"), 1),
         1,
     )
-    lora = model_section.get("lora") if isinstance(model_section, Mapping) else None
-    rank = as_int(model_section.get("lora_rank"))
-    if isinstance(lora, Mapping) and as_int(lora.get("rank")) > 0:
-        rank = as_int(lora.get("rank"))
-    targets = model_section.get("target_modules", "all-linear")
+    rank = engine_lora_rank(model_section, strategy) if isinstance(model_section, Mapping) else 0
+    targets, exclude = lora_modules(model_section, strategy)
     mixed = engine.get("mixed_precision") or {}
     spec = EngineSpec(
         strategy=strategy,
@@ -526,7 +540,8 @@ def sft_layout(
             mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
         ),
         lora_rank=rank,
-        lora_targets=(targets,) if isinstance(targets, str) else tuple(targets or ()),
+        lora_targets=targets,
+        lora_exclude=exclude,
         optimizer=str(value_at(resolved, "optim.optimizer", "AdamW")),
         **_megatron_fields(strategy, engine, value_at(resolved, "optim", {}) or {}),
         defer_sync=defer_sync(engine),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.tensor import Tensor
 from pytest_verl_compat.memory.vision import UNIT as VISION_UNIT
+from pytest_verl_compat.memory.vision import in_tower
 
 # verl/workers/engine/fsdp/transformer_impl.py
 EV_MODEL_DTYPE = "verl/workers/engine/fsdp/transformer_impl.py:237-242"  # fp32 unless set
@@ -210,9 +211,109 @@ def _lora_pair(base: str, rows: int, cols: int, rank: int) -> list[Tensor]:
     ]
 
 
+# Megatron's LoRA is Megatron-Bridge's (verl/workers/config/megatron_peft.py:23-29 ->
+# megatron.bridge.peft.utils.create_peft), which adapts a module whose name equals a target
+# (module_matcher.py ModuleMatcher.match@megatron-bridge-0.3.1; lora.py LoRA.transform: one
+# adapter per module, A rank x in and B out x rank). The language model is megatron-core's, whose
+# fused linear_qkv and linear_fc1 hold transformers' q/k/v and gate/up projections; each target
+# names the transformers weights of its module here (model/hf_model.yaml lists the names). A VL
+# model's tower stays transformers' module (qwen_vl/modeling_qwen25_vl.py:103,
+# modelling_qwen3_vl/model.py:100), matched by its own names. With no target every linear is
+# adapted but the excluded (ModuleMatcher.match's last branch), the output layer included.
+EV_MEGATRON_LORA = (
+    "verl/workers/config/megatron_peft.py:23-29; megatron/bridge/peft/module_matcher.py "
+    "(ModuleMatcher.match), lora.py (LoRA.transform)@megatron-bridge-0.3.1"
+)
+MEGATRON_LORA_MODULES = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+    # canonical LoRA's unfused projections
+    "linear_q": ("q_proj",),
+    "linear_k": ("k_proj",),
+    "linear_v": ("v_proj",),
+    "linear_fc1_gate": ("gate_proj",),
+    "linear_fc1_up": ("up_proj",),
+    # multi-latent attention
+    "linear_q_proj": ("q_proj",),
+    "linear_q_down_proj": ("q_a_proj",),
+    "linear_q_up_proj": ("q_b_proj",),
+    "linear_kv_down_proj": ("kv_a_proj_with_mqa",),
+    "linear_kv_up_proj": ("kv_b_proj",),
+    "output_layer": ("lm_head",),
+}
+MEGATRON_DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# the fused modules an untargeted (exclude-only) LoRA adapts, by the transformers weight's name
+_MEGATRON_MODULE_OF = {
+    name: module
+    for module in ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "output_layer")
+    for name in MEGATRON_LORA_MODULES[module]
+} | {
+    name: module
+    for module in (
+        "linear_q_down_proj",
+        "linear_q_up_proj",
+        "linear_kv_down_proj",
+        "linear_kv_up_proj",
+    )
+    for name in MEGATRON_LORA_MODULES[module]
+}
+
+
+def _megatron_module(
+    leaf: str, targets: tuple[str, ...], exclude: tuple[str, ...], mla: bool
+) -> str:
+    """The Megatron module a transformers weight named ``leaf`` is adapted as ("": none); an
+    MLA model's q_proj is its own linear_q_proj, another's is part of linear_qkv."""
+    if not targets:
+        module = "linear_q_proj" if mla and leaf == "q_proj" else _MEGATRON_MODULE_OF.get(leaf, "")
+        return "" if module in exclude else module
+    if mla and leaf == "q_proj":
+        return "linear_q_proj" if "linear_q_proj" in targets else ""
+    return next(
+        (t for t in targets if t != "linear_q_proj" and leaf in MEGATRON_LORA_MODULES.get(t, ())),
+        "",
+    )
+
+
+def _megatron_adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
+    """Megatron-Bridge's adapters (``EV_MEGATRON_LORA``): one pair per adapted module, a fused
+    module's B as tall as the projections it holds; the tower's per transformers nn.Linear."""
+    fused: dict[str, list[Tensor]] = {}
+    out = []
+    # peft's "all-linear" (EngineSpec's default) read as Megatron-Bridge's default list
+    targets = MEGATRON_DEFAULT_TARGETS if spec.lora_targets == (ALL_LINEAR,) else spec.lora_targets
+    for tensor in arch.tensors():
+        if tensor.kind not in ("linear", "lm_head") or not tensor.name.endswith(".weight"):
+            continue
+        base = tensor.name[: -len(".weight")]
+        parent, _, leaf = base.rpartition(".")
+        if in_tower(tensor.name):
+            wanted = leaf in targets if targets else leaf not in spec.lora_exclude
+            if wanted:
+                rows, cols = tensor.shape
+                out += _lora_pair(base, rows, cols, spec.lora_rank)
+            continue
+        module = _megatron_module(leaf, targets, spec.lora_exclude, arch.uses_mla)
+        if module:
+            fused.setdefault(f"{parent}.{module}" if parent else f"{base}.{module}", []).append(
+                tensor
+            )
+    for base, tensors in fused.items():
+        rows = sum(t.shape[0] for t in tensors)
+        pair = _lora_pair(base, rows, tensors[0].shape[1], spec.lora_rank)
+        if tensors[0].unit == "root":  # the output layer's: held where lm_head is, split over TP
+            pair = [Tensor(t.name, t.shape, "root", "lm_head") for t in pair]
+        out += pair
+    return out
+
+
 def _adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
     """LoRA's A (rank x in) and B (out x rank) per adapted weight, each its own FSDP1 unit
     (verl's lambda wrap policy for modules with trainable weights, fsdp_utils.py:113-125)."""
+    if spec.strategy in MEGATRON_STRATEGIES:
+        return _megatron_adapters(arch, spec)
     out = []
     for tensor in _lora_targets(arch, spec):
         rows, cols = tensor.shape
@@ -357,7 +458,8 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
                     continue
                 total += t.numel // (spec.tp if t.kind in ("embed", "lm_head") else 1)
                 continue
-            if t.unit.startswith(VISION_UNIT):  # a VL model's tower is on the first stage
+            if t.unit.startswith(VISION_UNIT) or in_tower(t.name):
+                # a VL model's tower (its adapters too) is on the first stage
                 total += t.numel // (spec.tp if t.kind == "linear" else 1)
                 continue
             if layer_index(t.unit) >= layers_per_stage:

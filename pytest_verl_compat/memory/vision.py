@@ -125,6 +125,11 @@ class VisionTower:
             yield Tensor(f"{prefix}.{name}.bias", (rows,), unit, "bias")
 
 
+def in_tower(name: str) -> bool:
+    """Whether a parameter (or a LoRA adapter, named under its weight) is the vision tower's."""
+    return name.startswith(f"{PREFIX}.")
+
+
 class VisionConfigError(ValueError):
     """A vision_config the forecast cannot read (the message names the key)."""
 
