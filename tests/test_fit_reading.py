@@ -400,3 +400,35 @@ def test_the_reference_pass_on_the_actor_runs_only_with_a_reference_policy(
     phases = {p.phase for p in with_kl.ranks[0].phases}
     assert "ref-log-prob" in phases
     assert "ref-log-prob" not in {p.phase for p in without.ranks[0].phases}
+
+
+SFT_MEGATRON = [
+    "engine=megatron",
+    "data.micro_batch_size_per_gpu=4",
+    "data.max_length=2048",
+    "engine.override_transformer_config.recompute_granularity=full",
+]
+
+
+@pytest.mark.parametrize(("optim", "proposed"), [("optim=megatron", True), ("optim=fsdp", False)])
+def test_an_oom_sft_megatron_update_proposes_the_cpu_optimizer_in_its_top_level_optim(
+    upstream_session: AuditSession, folder: Path, optim: str, proposed: bool
+) -> None:
+    """The SFT trainer's optimizer section is top-level, beside engine (sft_trainer_engine.yaml:12):
+    the CPU optimizer fix names optim.override_optimizer_config, not engine.optim (a key the tree
+    does not have, which the forecast had named). Under the FSDP optimizer section that key is
+    null, which no dotted override can extend: no fix is proposed there, and nothing crashes."""
+    resolved = _resolved(
+        upstream_session,
+        folder,
+        [*SFT_MEGATRON, optim],
+        model_entry={"model": "Qwen/Qwen2.5-7B", "sft": True},
+    )
+    request = Request(gpu=custom_gpu(30.0), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request)
+    update = [v for v in result.verdicts if v.phase == "sft-update"]
+    assert update and update[0].level == "error", [(v.phase, v.total) for v in result.verdicts]
+    keys = {key for fix in update[0].fixes for key, _ in fix.keys}
+    wanted = "+optim.override_optimizer_config.optimizer_cpu_offload"
+    assert (wanted in keys) is proposed, keys
+    assert not any(key.lstrip("+").startswith("engine.optim") for key in keys), keys

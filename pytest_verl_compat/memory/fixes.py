@@ -36,10 +36,14 @@ Change = tuple[tuple[str, Any], ...]
 
 
 def _set(mapping: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``dotted``, adding missing sections; a section the tree holds as a value (null) takes no
+    dotted override under it, so neither does the fix (ValueError)."""
     node: Any = mapping
     parts = dotted.split(".")
     for part in parts[:-1]:
         node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"{dotted}: {part} is {node!r}, not a section")
     node[parts[-1]] = value
 
 
@@ -103,7 +107,7 @@ def _role_candidates(
         yield [((f"{model}.use_remove_padding", True),)]
     if training and role.spec.strategy == "megatron" and role.spec.optimizer_on_host < 1:
         # Megatron's CPU optimizer: the moments on the host (reading.optimizer_on_host)
-        override = f"{role.section}.optim.override_optimizer_config"
+        override = f"{role.optim_section}.override_optimizer_config"
         yield [
             (
                 (f"{override}.optimizer_cpu_offload", True),
@@ -204,9 +208,9 @@ def fixes_for(
         best: Fix | None = None
         for change in ladder:
             changed = copy.deepcopy(dict(resolved))
-            for key, value in change:
-                _set(changed, key, value)
             try:
+                for key, value in change:
+                    _set(changed, key, value)
                 total, fits = phase_total(changed, judged, rank, phase)
             except (NotForecastable, ValueError, KeyError):
                 continue

@@ -48,6 +48,7 @@ class RoleLayout:
     role: str  # actor, ref, critic (SFT: actor)
     section: str  # dotted path of the role's section
     engine_section: str  # dotted path of its engine section
+    optim_section: str  # dotted path of its optimizer section (the SFT trainer's is top-level)
     spec: EngineSpec
     model: ModelChoice
     param_offload: bool

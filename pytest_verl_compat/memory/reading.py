@@ -59,6 +59,8 @@ from pytest_verl_compat.memory.states import (
 
 # The SFT trainer's log-prob temperature (verl/trainer/sft_trainer.py:348).
 SFT_TEMPERATURE = 1.0
+# The SFT trainer's optimizer section: top-level, beside engine (config/sft_trainer_engine.yaml:12)
+SFT_OPTIM = "optim"
 # Megatron's logits processor divides by the temperature in place, clones the logits for an
 # entropy it computes eagerly (vocab_parallel_entropy) and takes the log-probs from megatron-core's
 # vocab-parallel cross entropy, in both releases.
@@ -326,6 +328,7 @@ def role_layout(
         role=role,
         section=prefix,
         engine_section=engine_path(resolved, role),
+        optim_section=f"{prefix}.optim",
         spec=spec,
         model=model,
         **_engine_flags(engine, model_section, spec.strategy),
@@ -542,8 +545,8 @@ def sft_layout(
         lora_rank=rank,
         lora_targets=targets,
         lora_exclude=exclude,
-        optimizer=str(value_at(resolved, "optim.optimizer", "AdamW")),
-        **_megatron_fields(strategy, engine, value_at(resolved, "optim", {}) or {}),
+        optimizer=str(value_at(resolved, f"{SFT_OPTIM}.optimizer", "AdamW")),
+        **_megatron_fields(strategy, engine, value_at(resolved, SFT_OPTIM, {}) or {}),
         defer_sync=defer_sync(engine),
     )
     dynamic = bool(data.get("use_dynamic_bsz"))
@@ -558,6 +561,7 @@ def sft_layout(
         role="actor",
         section="engine",
         engine_section="engine",
+        optim_section=SFT_OPTIM,
         spec=spec,
         model=model,
         **_engine_flags(engine, model_section, spec.strategy),
