@@ -368,7 +368,7 @@ def test_the_actor_trains_an_adapter_only_in_its_engines_spelling(
     other: str,
 ) -> None:
     """The FSDP engine builds LoRA from model.lora_rank, the Megatron engine from model.lora
-    (checks/roles.ENGINE_LORA_RANK): a rank in the other spelling trains the whole model, whose
+    (checks/lora.ENGINE_LORA_RANK): a rank in the other spelling trains the whole model, whose
     states the forecast must count, while the trainer, which takes either spelling, still computes
     the reference log-probs on the actor (trainer_base.py:316-323) and starts no reference worker."""
     adapted = _layout(upstream_session, folder, [*run, WITH_KL, own], config_name)

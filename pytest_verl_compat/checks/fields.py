@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.lora import ENGINE_LORA_RANK
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
-from pytest_verl_compat.checks.roles import (
-    ENGINE_LORA_RANK,
-    need_critic,
-    need_reference_policy,
-)
+from pytest_verl_compat.checks.roles import need_critic, need_reference_policy
 from pytest_verl_compat.checks.upstream_names import LEGACY_REWARD_KEYS
 from pytest_verl_compat.model import LeafVerdict
 
@@ -207,7 +204,7 @@ def forced_value(inp: CheckInput) -> Iterator[Hit]:
 
 
 # The two spellings of an actor's LoRA block and the engines whose training reads each
-# (roles.ENGINE_LORA_RANK, with its evidence). The trainer reads either (trainer_base.py:317-320),
+# (lora.ENGINE_LORA_RANK, with its evidence). The trainer reads either (trainer_base.py:317-320),
 # and so does vLLM (vllm_async_server.py:207-210).
 _LORA_RANK_KEY = {
     strategy: f"actor_rollout_ref.model.{key}"

@@ -50,29 +50,6 @@ def ref_in_actor(resolved: Mapping[str, Any]) -> bool:
     return rank > 0 or model.get("lora_adapter_path") is not None
 
 
-# The key of the model section each engine builds its LoRA adapter from; the trainer takes either
-# (ref_in_actor), so does vLLM (vllm_async_server.py:207-210). The FSDP engine reads lora_rank only
-# (verl/workers/engine/fsdp/transformer_impl.py:143, :340-349; :162@0.9.1), the Megatron engine
-# model.lora only (verl/workers/engine/megatron/transformer_impl.py:422-424 ->
-# verl/workers/config/megatron_peft.py:23, the same line in 0.9.1), and MindSpeed's engine is
-# Megatron's subclass (verl/workers/engine/mindspeed/transformer_impl.py:62; :57@0.9.1).
-ENGINE_LORA_RANK = {
-    "fsdp": "lora_rank",
-    "fsdp2": "lora_rank",
-    "megatron": "lora.rank",
-    "mindspeed": "lora.rank",
-}
-
-
-def engine_lora_rank(model: Mapping[str, Any], strategy: str) -> int:
-    """The LoRA rank the ``strategy`` engine trains a model section with (0: the whole model);
-    a rank written in another engine's spelling is never read by this one."""
-    node: Any = model
-    for part in ENGINE_LORA_RANK.get(strategy, "lora_rank").split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node if isinstance(node, int) and not isinstance(node, bool) and node > 0 else 0
-
-
 def reference_worker(resolved: Mapping[str, Any]) -> bool:
     """Whether a reference policy runs as a worker of its own (not the actor with LoRA off)."""
     return need_reference_policy(resolved) and not ref_in_actor(resolved)

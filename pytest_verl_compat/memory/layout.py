@@ -118,7 +118,7 @@ class RunLayout:
     hf_model_in_checkpoint: bool
     # the trainer takes the reference log-probs from the actor with its adapter off
     # (trainer_base.py:316-323, :563-565, :1548-1552): a reference policy and a LoRA rank in either
-    # spelling, which the actor's engine may not read (checks/roles.ENGINE_LORA_RANK)
+    # spelling, which the actor's engine may not read (checks/lora.ENGINE_LORA_RANK)
     reference_from_actor: bool = False
     notes: tuple[str, ...] = ()
 

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.lora import engine_lora_rank
 from pytest_verl_compat.checks.roles import (
-    engine_lora_rank,
     engine_path,
     gpu_count,
     megatron_sizes,
