@@ -211,6 +211,10 @@ def fixes_for(
             try:
                 for key, value in change:
                     _set(changed, key, value)
+                    # the leaves that copy the key by interpolation move with it, where they are
+                    for follower in request.followers.get(key, ()):
+                        if dotted_value(changed, follower) is not None:
+                            _set(changed, follower, value)
                 total, fits = phase_total(changed, judged, rank, phase)
             except (NotForecastable, ValueError, KeyError):
                 continue

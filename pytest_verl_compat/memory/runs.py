@@ -4,7 +4,7 @@ checks a re-forecast needs (``fixes`` forecasts again through here)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.checks.registry import RL, SFT, family_of
@@ -43,6 +43,9 @@ class Request:
     # False: the launch's entry point never trains (verl.trainer.main_generation_server): its
     # rollout servers alone, on every GPU
     trains: bool = True
+    # each key and the leaves of the composition that copy it by interpolation (the session's
+    # key_followers): a fix that sets the key sets them too, as composing it again would
+    followers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def dotted_value(mapping: Mapping[str, Any], dotted: str) -> Any:

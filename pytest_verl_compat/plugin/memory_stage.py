@@ -9,7 +9,11 @@ from pytest_verl_compat.model import Finding
 
 
 def memory_findings(
-    outcome: Any, gpu_name: str, version: str, entry: Any = None
+    outcome: Any,
+    gpu_name: str,
+    version: str,
+    entry: Any = None,
+    followers: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[list[Finding], str]:
     """The forecast's findings for a composed case on ``gpu_name`` with verl ``version``'s
     facts, or ([], why not) when the case cannot be forecast (an unknown model: a note, not a
@@ -28,6 +32,7 @@ def memory_findings(
             world=outcome.fields.world_size,
             facts=release_facts(version),
             trains=trains(entry),
+            followers=followers or {},
         )
         result = forecast(outcome.composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError, ReleaseFactsError) as exc:

@@ -271,7 +271,13 @@ def test_verdict(
     )
     gpu = request.config.getoption("verl_corpus_gpu", None)
     memory, not_forecast = (
-        memory_findings(outcome, gpu, verl_audit.version, verl_audit.entry_point(outcome.fields))
+        memory_findings(
+            outcome,
+            gpu,
+            verl_audit.version,
+            verl_audit.entry_point(outcome.fields),
+            verl_audit.key_followers(outcome.fields),
+        )
         if gpu
         else ([], "")
     )
