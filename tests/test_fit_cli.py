@@ -145,6 +145,16 @@ def test_an_sft_launch_takes_torchruns_world(
             ("TinyThing-3B", "--model-config"),
         ),
         (("--gpu", "H100", "--set", "actor_rollout_ref.rollout.n=two"), ("rollout.n",)),
+        (("--gpu-memory", "inf"), ("--gpu-memory", "positive")),
+        # a number the tree leaves untyped, given as text or not finite: named, not a traceback
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.rollout.gpu_memory_utilization=abc"),
+            ("rollout.gpu_memory_utilization='abc'", "expected a finite number", GRPO),
+        ),
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.actor.entropy_coeff=inf"),
+            ("actor.entropy_coeff=inf", "expected a finite number"),
+        ),
     ],
 )
 def test_input_it_cannot_use_is_one_line(

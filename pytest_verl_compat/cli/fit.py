@@ -10,6 +10,7 @@ server cannot start), 2 unreadable input or a usage error (one line).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -46,7 +47,7 @@ def _gib(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive number of GiB, got {text!r}")
     return value
 

@@ -7,6 +7,7 @@ never loads it (nor registers its memory.* rule pages), so its output and time a
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from pytest_verl_compat.cli.common import UsageError
@@ -19,7 +20,7 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
 
     try:
         if gib is not None:
-            if not gib > 0:
+            if not (gib > 0 and math.isfinite(gib)):
                 raise UsageError(f"--gpu-memory must be a positive number of GiB, got {gib}")
             return custom_gpu(gib)
         if name or setting:
@@ -55,7 +56,8 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     try:
         return forecast(outcome.composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
-        raise UsageError(f"{case.id}: {exc}") from exc
+        # the script as the user named it (fit's label, else the launch's path), not the case id
+        raise UsageError(f"{request.script or case.launch or case.id}: {exc}") from exc
 
 
 def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:

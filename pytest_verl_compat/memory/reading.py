@@ -9,6 +9,7 @@ code decides what no key does, its facts (``release_facts``) say how."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +72,21 @@ EV_MEGATRON_LOGITS = (
 
 class UnreadableRun(ValueError):
     """A configuration the forecast cannot model (one line naming the key and value)."""
+
+
+def number(section: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """``section[key]`` as a finite number (``default`` when unset); anything else is an
+    UnreadableRun naming ``where.key``, never a traceback (a quoted value, ``abc``, ``inf``)."""
+    value = section.get(key)
+    if value is None:
+        return default
+    try:
+        found = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        found = math.nan
+    if not math.isfinite(found):
+        raise UnreadableRun(f"{where}.{key}={value!r}: expected a finite number")
+    return found
 
 
 NO_SYNC_KEY = "use_no_sync_for_gradient_accumulation"
@@ -337,7 +353,7 @@ def role_layout(
         infer_tokens=infer_tokens,
         micro_batches=count,
         entropy_train=bool(section.get("calculate_entropy"))
-        or float(section.get("entropy_coeff") or 0) != 0.0,
+        or number(section, "entropy_coeff", 0.0, prefix) != 0.0,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
         fused_kernels=_fused(model_section, facts),
         compiled=bool(engine.get("use_torch_compile", True)) and not megatron,
@@ -430,7 +446,7 @@ def server_layout(
         tp=max(as_int(rollout.get("tensor_model_parallel_size"), 1), 1),
         dp=max(as_int(rollout.get("data_parallel_size"), 1), 1),
         ep=max(as_int(rollout.get("expert_parallel_size"), 1), 1),
-        gpu_memory_utilization=float(rollout.get("gpu_memory_utilization") or 0.5),
+        gpu_memory_utilization=number(rollout, "gpu_memory_utilization", 0.5, section),
         max_model_len=max_len,
         max_num_seqs=as_int(rollout.get("max_num_seqs"), 256),
         max_num_batched_tokens=batched,
