@@ -155,6 +155,28 @@ def test_an_sft_launch_takes_torchruns_world(
             ("--gpu", "H100", "--set", "actor_rollout_ref.actor.entropy_coeff=inf"),
             ("actor.entropy_coeff=inf", "expected a finite number"),
         ),
+        # a parallel size below one, no trainer GPUs, a section where a count goes
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.rollout.tensor_model_parallel_size=0"),
+            ("rollout.tensor_model_parallel_size", "expected a positive integer"),
+        ),
+        (
+            ("--gpu", "H100", "--set", "trainer.n_gpus_per_node=0"),
+            ("trainer.n_gpus_per_node", "expected a positive integer"),
+        ),
+        (
+            (
+                "--gpu",
+                "H100",
+                "--set",
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size={a:1}",
+            ),
+            ("actor.ulysses_sequence_parallel_size", "expected an integer"),
+        ),
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.model.target_modules=5"),
+            ("model.target_modules=5", "a module name or a list of them"),
+        ),
     ],
 )
 def test_input_it_cannot_use_is_one_line(
@@ -221,6 +243,25 @@ def test_check_with_a_gpu_adds_the_memory_findings_and_without_one_is_unchanged(
     assert '"memory.actor-update"' in out
     # again without a GPU: the same bytes as the first time
     assert run(capsys, "check", _script(GRPO), "--no-upstream-checks", "--format", "sarif") == plain
+
+
+def test_check_with_a_gpu_notes_a_script_it_cannot_forecast_and_checks_the_others(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder checked with a GPU (the pyproject setting makes that every CI run) holds a script
+    whose model the forecast has no numbers for: that script gets one info naming the key that
+    names the model, the others their memory findings; before, the whole check stopped (exit 2)."""
+    unknown = _script("examples/grpo_trainer/run_glm4_1v_9b_fsdp.sh")
+    status, out, err = run(
+        capsys, "check", unknown, _script(GRPO), "--no-upstream-checks", "--gpu", "RTX4090"
+    )
+    assert status == 1, err  # GRPO's memory errors on an RTX 4090, not a usage error
+    noted = [line for line in out.splitlines() if "info[memory.not-forecast]" in line]
+    assert len(noted) == 1 and noted[0].startswith(unknown), out
+    assert "actor_rollout_ref.model.path: not forecast: model 'zai-org/GLM-4.1V-9B" in noted[0]
+    assert any(
+        line.startswith(_script(GRPO)) and "error[memory." in line for line in out.splitlines()
+    ), out
 
 
 def test_check_without_a_gpu_does_not_load_the_memory_layer(here: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from pytest_verl_compat.cli.common import UsageError
@@ -28,6 +29,27 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
     except UnknownGpu as exc:
         raise UsageError(str(exc)) from exc
     return None
+
+
+class NotForecastCase(UsageError):
+    """A composed case the forecast cannot model (an unknown model, an engine it does not count, a
+    value it cannot read): ``key`` is the key it stopped at where it names one."""
+
+    def __init__(self, message: str, reason: str, key: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.key = key
+
+
+_LEADING_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+)(?==|:)")
+
+
+def _stopped_at(exc: Exception) -> str:
+    """The dotted key a refusal names: its own (an unknown model's path key), or the one its
+    message starts with (``engine.strategy=veomni: ...``)."""
+    key = getattr(exc, "key", "")
+    found = _LEADING_KEY.match(str(exc))
+    return key or (found.group(1) if found else "")
 
 
 def forecast_case(session: Any, case: Any, request: Any) -> Any:
@@ -57,7 +79,8 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         return forecast(outcome.composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
         # the script as the user named it (fit's label, else the launch's path), not the case id
-        raise UsageError(f"{request.script or case.launch or case.id}: {exc}") from exc
+        where = request.script or case.launch or case.id
+        raise NotForecastCase(f"{where}: {exc}", str(exc), _stopped_at(exc)) from exc
 
 
 def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
@@ -66,5 +89,10 @@ def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
     from pytest_verl_compat.memory.forecast import Request
     from pytest_verl_compat.pipeline.compile import in_release
 
-    found = memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))
+    try:
+        found = memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))
+    except NotForecastCase as exc:
+        # one script the forecast cannot model says so and the others are still checked (the
+        # plugin's --verl-corpus-gpu makes it a note the same way)
+        found = [memory_findings.not_forecast(exc.reason, exc.key)]
     return [in_release(finding, session.version) for finding in found]

@@ -91,7 +91,35 @@ def rule_pages() -> tuple[RuleDoc, ...]:
     return tuple(pages)
 
 
-for _page in rule_pages():
+NOT_FORECAST = "memory.not-forecast"
+NOT_FORECAST_PAGE = RuleDoc(
+    NOT_FORECAST,
+    "info",
+    "The memory forecast cannot model this launch (a model it has no numbers for, an engine it does "
+    "not count, a value it cannot read): nothing is said about its memory, and the script's other "
+    "findings stand.",
+    "the forecast counts only what it can cite from upstream's code and the model's own numbers; "
+    "where it cannot, it refuses in one line rather than guess",
+    "for an unknown model give --model-config PATH (its config.json); otherwise the message names "
+    "what it could not read",
+    None,
+    SOURCE,
+)
+
+
+def not_forecast(reason: str, key: str) -> Finding:
+    """``check --gpu``'s note for a launch the forecast refuses (``NOT_FORECAST_PAGE``)."""
+    return Finding(
+        "info",
+        key or "<memory>",
+        f"not forecast: {reason}",
+        NOT_FORECAST_PAGE.fix,
+        NOT_FORECAST_PAGE.why,
+        check=NOT_FORECAST,
+    )
+
+
+for _page in (*rule_pages(), NOT_FORECAST_PAGE):
     register_rule(_page)
 
 

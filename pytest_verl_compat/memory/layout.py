@@ -169,24 +169,52 @@ COUNT_KEYS = frozenset(
         "data_parallel_size",
         "expert_parallel_size",
         "ulysses_sequence_parallel_size",
+        "virtual_pipeline_model_parallel_size",
         "fsdp_size",
         "lora_rank",
+        "rank",  # model.lora.rank, the tree's only key of that name
         "save_freq",
     }
 )
+# Counts that divide a world or a model: a parallel size below one is not a configuration any
+# engine starts (unset, null, is the section's own default).
+POSITIVE_KEYS = frozenset(
+    {
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "data_parallel_size",
+        "expert_parallel_size",
+        "ulysses_sequence_parallel_size",
+    }
+)
+# The trainer's GPUs, which every layout divides; other sections' nnodes are 0 or null by default
+# (a rollout's own pool).
+TRAINER_GPUS = frozenset({"trainer.nnodes", "trainer.n_gpus_per_node"})
 
 
-def first_bad_count(mapping: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | None:
-    """The first count key (dotted path, value) that holds something not an integer: the one
-    line a forecast of that mapping reports instead of reading a default in its place."""
+def first_bad_count(mapping: Mapping[str, Any], prefix: str = "") -> tuple[str, Any, str] | None:
+    """The first count key (dotted path, value, what was expected) that holds something not an
+    integer, a parallel size below one, or no GPU count: the one line a forecast of that mapping
+    reports instead of reading a default in its place (or dividing by it)."""
     for key, value in mapping.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
+        if key in COUNT_KEYS:
+            if value is None:
+                if dotted in TRAINER_GPUS:
+                    return dotted, value, "a positive integer"
+                continue
+            if not _integral(value):
+                return dotted, value, "an integer"
+            if (key in POSITIVE_KEYS or dotted in TRAINER_GPUS) and int(float(value)) < 1:
+                return dotted, value, "a positive integer"
+        elif isinstance(value, Mapping):
             found = first_bad_count(value, dotted + ".")
             if found is not None:
                 return found
-        elif key in COUNT_KEYS and value is not None and not _integral(value):
-            return dotted, value
     return None
 
 

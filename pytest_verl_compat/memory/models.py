@@ -31,7 +31,12 @@ TABLE = "shipped table"
 
 
 class UnknownModel(ValueError):
-    """A model the forecast cannot find the numbers of (one line asking for --model-config)."""
+    """A model the forecast cannot find the numbers of (one line asking for --model-config);
+    ``key``: the configuration key that names it, where the caller knows it."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)

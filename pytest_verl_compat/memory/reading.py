@@ -161,11 +161,22 @@ def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
     return bool(model.get("use_fused_kernels")) and str(backend) in facts.fused_backends
 
 
-def _names(value: Any) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(str(v) for v in value or ())
+def _names(section: Mapping[str, Any], key: str, default: Any, where: str) -> tuple[str, ...]:
+    """A module name or a list of them (peft's and Megatron-Bridge's targets); anything else is
+    an UnreadableRun naming ``where.key``."""
+    value = section.get(key, default)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise UnreadableRun(f"{where}.{key}={value!r}: expected a module name or a list of them")
 
 
-def lora_modules(model: Any, strategy: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def lora_modules(
+    model: Any, strategy: str, where: str = "actor_rollout_ref.model"
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(targets, excluded) of the engine's LoRA: peft's model.target_modules and exclude_modules
     for FSDP (transformer_impl.py:340-349), Megatron-Bridge's model.lora.target_modules and
     exclude_modules for Megatron (megatron_peft.py:23-29; states.MEGATRON_LORA_MODULES)."""
@@ -174,9 +185,15 @@ def lora_modules(model: Any, strategy: str) -> tuple[tuple[str, ...], tuple[str,
     if strategy in MEGATRON_STRATEGIES:
         lora = model.get("lora")
         lora = lora if isinstance(lora, Mapping) else {}
-        targets = lora.get("target_modules", MEGATRON_DEFAULT_TARGETS)
-        return _names(targets), _names(lora.get("exclude_modules"))
-    return _names(model.get("target_modules", ALL_LINEAR)), _names(model.get("exclude_modules"))
+        inner = f"{where}.lora"
+        return (
+            _names(lora, "target_modules", MEGATRON_DEFAULT_TARGETS, inner),
+            _names(lora, "exclude_modules", None, inner),
+        )
+    return (
+        _names(model, "target_modules", ALL_LINEAR, where),
+        _names(model, "exclude_modules", None, where),
+    )
 
 
 def engine_spec(
@@ -189,12 +206,11 @@ def engine_spec(
             f"{', '.join(FORECAST_STRATEGIES)} engines only"
         )
     engine = role_engine(resolved, role)
-    model = value_at(
-        resolved, "critic.model" if role == "critic" else "actor_rollout_ref.model", {}
-    )
+    model_key = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+    model = value_at(resolved, model_key, {})
     # the engine's own spelling of the rank: a rank in the other one trains the whole model
     rank = engine_lora_rank(model, strategy) if isinstance(model, Mapping) else 0
-    targets_t, exclude_t = lora_modules(model, strategy)
+    targets_t, exclude_t = lora_modules(model, strategy, model_key)
     mixed = engine.get("mixed_precision") or {}
     optim = role_section(resolved, role).get("optim") or {}
     spec = EngineSpec(
@@ -548,7 +564,7 @@ def sft_layout(
         1,
     )
     rank = engine_lora_rank(model_section, strategy) if isinstance(model_section, Mapping) else 0
-    targets, exclude = lora_modules(model_section, strategy)
+    targets, exclude = lora_modules(model_section, strategy, "model")
     mixed = engine.get("mixed_precision") or {}
     spec = EngineSpec(
         strategy=strategy,

@@ -13,7 +13,7 @@ from pytest_verl_compat.memory import passes, reading
 from pytest_verl_compat.memory import phases as ph
 from pytest_verl_compat.memory import rollout as srv
 from pytest_verl_compat.memory.gpus import Gpu
-from pytest_verl_compat.memory.models import choose_model
+from pytest_verl_compat.memory.models import ModelChoice, UnknownModel, choose_model
 from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
 from pytest_verl_compat.memory.reading import UnreadableRun
 from pytest_verl_compat.memory.release_facts import ReleaseFacts, ReleaseFactsError
@@ -73,16 +73,24 @@ def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout
         raise NotForecastable(str(exc)) from exc
 
 
+def _model_at(path: str | None, key: str, given: str | None = None) -> ModelChoice:
+    """The model ``key`` names; an unknown one says which key named it."""
+    try:
+        return choose_model(path, given)
+    except UnknownModel as exc:
+        raise UnknownModel(str(exc), key) from exc
+
+
 def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout:
     if request.facts is None:
         raise ReleaseFactsError("a forecast is for one release: the request names no facts")
     facts = request.facts
     bad = lay.first_bad_count(resolved)
     if bad is not None:
-        raise NotForecastable(f"{bad[0]}: expected an integer, got {bad[1]!r}")
+        raise NotForecastable(f"{bad[0]}: expected {bad[2]}, got {bad[1]!r}")
     family = family_of(resolved)
     if family == SFT:
-        model = choose_model(_model_path(resolved, "model"), request.model_config)
+        model = _model_at(_model_path(resolved, "model"), "model.path", request.model_config)
         world = request.world or 1
         return reading.sft_layout(
             resolved, model, lay.sft_lengths(resolved, request.lengths), world, facts
@@ -92,17 +100,20 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
             "not a verl trainer configuration (no actor_rollout_ref, no SFT engine)"
         )
     actor_path = _model_path(resolved, "actor_rollout_ref.model")
-    actor = choose_model(actor_path, request.model_config)
+    actor = _model_at(actor_path, "actor_rollout_ref.model.path", request.model_config)
     if not request.trains:
         return reading.serve_layout(
             resolved, actor, lay.rl_lengths(resolved, request.lengths), facts
         )
     critic_path = _model_path(resolved, "critic.model")
-    critic = actor if critic_path in (None, actor_path) else choose_model(critic_path)
+    critic = (
+        actor if critic_path in (None, actor_path) else _model_at(critic_path, "critic.model.path")
+    )
     reward = None
     if dotted_value(resolved, "reward.reward_model.enable"):
         reward_path = dotted_value(resolved, "reward.reward_model.model_path")
-        reward = choose_model(str(reward_path)) if reward_path else None
+        reward_key = "reward.reward_model.model_path"
+        reward = _model_at(str(reward_path), reward_key) if reward_path else None
     return reading.rl_layout(
         resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths), facts
     )
