@@ -140,8 +140,23 @@ def value_at(mapping: Mapping[str, Any], dotted: str, default: Any = None) -> An
     return default if node is None else node
 
 
+# Counts that divide a world or a model: a parallel size below one is not a configuration any
+# engine starts (unset, null, is the section's own default).
+POSITIVE_KEYS = frozenset(
+    {
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "data_parallel_size",
+        "expert_parallel_size",
+        "ulysses_sequence_parallel_size",
+    }
+)
 # Keys the forecast reads as counts, wherever they sit in the mapping (by their last name).
-COUNT_KEYS = frozenset(
+COUNT_KEYS = POSITIVE_KEYS | frozenset(
     {
         "n",
         "nnodes",
@@ -161,34 +176,10 @@ COUNT_KEYS = frozenset(
         "max_model_len",
         "max_num_seqs",
         "max_num_batched_tokens",
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-        "data_parallel_size",
-        "expert_parallel_size",
-        "ulysses_sequence_parallel_size",
-        "virtual_pipeline_model_parallel_size",
         "fsdp_size",
         "lora_rank",
         "rank",  # model.lora.rank, the tree's only key of that name
         "save_freq",
-    }
-)
-# Counts that divide a world or a model: a parallel size below one is not a configuration any
-# engine starts (unset, null, is the section's own default).
-POSITIVE_KEYS = frozenset(
-    {
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "virtual_pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-        "data_parallel_size",
-        "expert_parallel_size",
-        "ulysses_sequence_parallel_size",
     }
 )
 # The trainer's GPUs, which every layout divides; other sections' nnodes are 0 or null by default
