@@ -3,7 +3,7 @@
 the tree lacks them) and the forecast of that composition gives the phase the peak the fix
 promised. Interpolation is the trap: the reference's Megatron param_offload copies the actor's
 (ref/megatron_ref.yaml:39), so a fix that offloads the actor offloads the reference too, as
-composing again does; the session hands the forecast those copies (``key_followers``).
+composing again does; the composer hands the forecast those copies (``Composer.key_followers``).
 
 The examples are chosen by class (FSDP and Megatron RL, a VL model, LoRA, SFT on Megatron), not
 as the ones that once failed; each must propose at least one fix on the GPU, or the test proves

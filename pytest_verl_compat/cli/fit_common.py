@@ -73,7 +73,7 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         world=outcome.fields.world_size,
         facts=facts,
         trains=trains(session.entry_point(outcome.fields)),
-        followers=session.key_followers(outcome.fields),
+        followers=session.composer(outcome.fields).key_followers(outcome.fields.fields),
     )
     try:
         return forecast(outcome.composition.mapping, request)

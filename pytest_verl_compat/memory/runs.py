@@ -44,7 +44,7 @@ class Request:
     # rollout servers alone, on every GPU
     trains: bool = True
     # each key and the leaves of the composition that copy it by interpolation (the session's
-    # key_followers): a fix that sets the key sets them too, as composing it again would
+    # Composer.key_followers): a fix that sets the key sets them too, as composing it again would
     followers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 

@@ -304,28 +304,6 @@ class AuditSession:
             self._composer = Composer(self.upstream.config_dir, self.manifest.upstream.config_name)
         return self._composer
 
-    def key_followers(self, fields: ExplicitFields) -> dict[str, tuple[str, ...]]:
-        """Each key of this composition and the leaves that copy it by interpolation, directly or
-        through another copy (``ref.megatron.param_offload`` follows the actor's): setting the key
-        moves them too, but for a leaf the fields set themselves, whose own value stands."""
-        sources = self.composer(fields).interpolation_sources(fields.fields)
-        explicit = {line.split("=", 1)[0].lstrip("+~") for line in fields.fields}
-        copies: dict[str, list[str]] = {}
-        for leaf, source in sorted(sources.items()):
-            if leaf not in explicit:
-                copies.setdefault(source, []).append(leaf)
-        followers: dict[str, tuple[str, ...]] = {}
-        for key in sorted(copies):
-            found: list[str] = []
-            pending = list(copies[key])
-            while pending:
-                leaf = pending.pop(0)
-                if leaf not in found and leaf != key:
-                    found.append(leaf)
-                    pending.extend(copies.get(leaf, ()))
-            followers[key] = tuple(found)
-        return followers
-
     def entry_points(self) -> tuple[EntryPoint, ...]:
         """The checked release's entry points, from its own source (none known without it)."""
         modules = self.release_modules()

@@ -524,6 +524,28 @@ class Composer:
                 sources[path] = _absolute(path, match.group(1))
         return sources
 
+    def key_followers(self, fields: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """Each key of the composition of ``fields`` and the leaves that copy it by interpolation,
+        directly or through another copy (``ref.megatron.param_offload`` follows the actor's):
+        setting the key moves them too, but for a leaf the fields set themselves, whose own value
+        stands (the memory forecast's fixes move them, as composing again would)."""
+        explicit = {line.split("=", 1)[0].lstrip("+~") for line in fields}
+        copies: dict[str, list[str]] = {}
+        for leaf, source in sorted(self.interpolation_sources(fields).items()):
+            if leaf not in explicit:
+                copies.setdefault(source, []).append(leaf)
+        followers: dict[str, tuple[str, ...]] = {}
+        for key in sorted(copies):
+            found: list[str] = []
+            pending = list(copies[key])
+            while pending:
+                leaf = pending.pop(0)
+                if leaf not in found and leaf != key:
+                    found.append(leaf)
+                    pending.extend(copies.get(leaf, ()))
+            followers[key] = tuple(found)
+        return followers
+
     def interpolated_leaves(self) -> frozenset[str]:
         """The leaves of the override-free tree whose value holds an interpolation (``${…}``):
         their resolved value follows other keys."""

@@ -276,7 +276,7 @@ def test_verdict(
             gpu,
             verl_audit.version,
             verl_audit.entry_point(outcome.fields),
-            verl_audit.key_followers(outcome.fields),
+            verl_audit.composer(outcome.fields).key_followers(outcome.fields.fields),
         )
         if gpu
         else ([], "")
