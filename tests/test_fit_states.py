@@ -334,6 +334,11 @@ def test_megatron_lora_adapts_megatron_bridges_modules_not_peft_names() -> None:
     head = 16 * (h + arch.vocab_size)
     without_fc2 = fused - 16 * (inter + h)
     assert _adapter_numel((), ("linear_fc2",)) == layers * without_fc2 + head
+    # wildcards match megatron-core's full names (decoder.layers.0.self_attention.linear_qkv), as
+    # Megatron-Bridge's wildcard_match does: model/hf_model.yaml's own example adapts layer 0 alone
+    assert _adapter_numel(("*.layers.0.*.linear_qkv",)) == 16 * (h + q + 2 * kv)
+    assert _adapter_numel(("*.linear_fc2",)) == layers * 16 * (inter + h)
+    assert _adapter_numel((), ("*.layers.0.*",)) == (layers - 1) * fused + head
 
 
 def test_megatron_lora_of_a_vl_model_adapts_the_towers_own_modules_on_the_first_stage() -> None:

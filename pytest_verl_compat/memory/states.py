@@ -261,20 +261,43 @@ _MEGATRON_MODULE_OF = {
 }
 
 
+def _megatron_name(parent: str, module: str) -> str:
+    """megatron-core's name of a module holding a transformers weight of ``parent``
+    (``decoder.layers.3.self_attention.linear_qkv``): what a wildcard target is matched against."""
+    name = parent.replace("model.layers.", "decoder.layers.").replace(
+        ".self_attn", ".self_attention"
+    )
+    name = re.sub(r"\.shared_experts?$", ".shared_experts", name)
+    return f"{name}.{module}" if name else module
+
+
+def _wildcard(pattern: str, name: str) -> bool:
+    """Megatron-Bridge's wildcard_match (peft/utils.py@megatron-bridge-0.3.1): '*' is any run of
+    characters, the rest a regular expression as written, anchored at both ends."""
+    return re.match("^" + pattern.replace("*", "(.*)") + "$", name) is not None
+
+
 def _megatron_module(
-    leaf: str, targets: tuple[str, ...], exclude: tuple[str, ...], mla: bool
+    leaf: str, parent: str, targets: tuple[str, ...], exclude: tuple[str, ...], mla: bool
 ) -> str:
-    """The Megatron module a transformers weight named ``leaf`` is adapted as ("": none); an
+    """The Megatron module a transformers weight named ``leaf`` under ``parent`` is adapted as
+    ("": none), as ModuleMatcher.match decides: a target equal to the module's name, or a wildcard
+    target matching its full name; with no target, every linear but those an exclusion names. An
     MLA model's q_proj is its own linear_q_proj, another's is part of linear_qkv."""
+    own = "linear_q_proj" if mla and leaf == "q_proj" else _MEGATRON_MODULE_OF.get(leaf, "")
+    full = _megatron_name(parent, own) if own else ""
     if not targets:
-        module = "linear_q_proj" if mla and leaf == "q_proj" else _MEGATRON_MODULE_OF.get(leaf, "")
-        return "" if module in exclude else module
+        excluded = own in exclude or any(_wildcard(p, full) for p in exclude if "*" in p)
+        return "" if excluded or not own else own
     if mla and leaf == "q_proj":
         return "linear_q_proj" if "linear_q_proj" in targets else ""
-    return next(
+    named = next(
         (t for t in targets if t != "linear_q_proj" and leaf in MEGATRON_LORA_MODULES.get(t, ())),
         "",
     )
+    if named or not own:
+        return named
+    return own if any(_wildcard(p, full) for p in targets if "*" in p or "." in p) else ""
 
 
 def _megatron_adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
@@ -295,7 +318,7 @@ def _megatron_adapters(arch: Architecture, spec: EngineSpec) -> list[Tensor]:
                 rows, cols = tensor.shape
                 out += _lora_pair(base, rows, cols, spec.lora_rank)
             continue
-        module = _megatron_module(leaf, targets, spec.lora_exclude, arch.uses_mla)
+        module = _megatron_module(leaf, parent, targets, spec.lora_exclude, arch.uses_mla)
         if module:
             fused.setdefault(f"{parent}.{module}" if parent else f"{base}.{module}", []).append(
                 tensor
