@@ -7,8 +7,6 @@ never loads it (nor registers its memory.* rule pages), so its output and time a
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from typing import Any
 
 from pytest_verl_compat.cli.common import UsageError
@@ -21,9 +19,7 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
 
     try:
         if gib is not None:
-            if not (gib > 0 and math.isfinite(gib)):
-                raise UsageError(f"--gpu-memory must be a positive number of GiB, got {gib}")
-            return custom_gpu(gib)
+            return custom_gpu(gib)  # refuses what is not a positive, finite size
         if name or setting:
             return find_gpu(str(name or setting))
     except UnknownGpu as exc:
@@ -39,17 +35,6 @@ class NotForecastCase(UsageError):
         super().__init__(message)
         self.reason = reason
         self.key = key
-
-
-_LEADING_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+)(?==|:)")
-
-
-def _stopped_at(exc: Exception) -> str:
-    """The dotted key a refusal names: its own (an unknown model's path key), or the one its
-    message starts with (``engine.strategy=veomni: ...``)."""
-    key = getattr(exc, "key", "")
-    found = _LEADING_KEY.match(str(exc))
-    return key or (found.group(1) if found else "")
 
 
 def forecast_case(session: Any, case: Any, request: Any) -> Any:
@@ -80,7 +65,8 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
         # the script as the user named it (fit's label, else the launch's path), not the case id
         where = request.script or case.launch or case.id
-        raise NotForecastCase(f"{where}: {exc}", str(exc), _stopped_at(exc)) from exc
+        # the key the refusal names, where one decides it (UnknownModel, NotForecastable)
+        raise NotForecastCase(f"{where}: {exc}", str(exc), getattr(exc, "key", "")) from exc
 
 
 def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def find_gpu(name: str) -> Gpu:
 
 def custom_gpu(gib: float) -> Gpu:
     """A device of ``gib`` usable GiB (``--gpu-memory``)."""
-    if not gib > 0:
+    if not (gib > 0 and math.isfinite(gib)):
         raise UnknownGpu(f"--gpu-memory must be a positive number of GiB, got {gib}")
     return Gpu(f"{gib:g} GiB", round(gib * GIB), None, "given with --gpu-memory")
 

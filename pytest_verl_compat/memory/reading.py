@@ -71,7 +71,12 @@ EV_MEGATRON_LOGITS = (
 
 
 class UnreadableRun(ValueError):
-    """A configuration the forecast cannot model (one line naming the key and value)."""
+    """A configuration the forecast cannot model (one line naming the key and value); ``key``:
+    that key, dotted, where one decides it."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def number(section: Mapping[str, Any], key: str, default: float, where: str) -> float:
@@ -85,7 +90,7 @@ def number(section: Mapping[str, Any], key: str, default: float, where: str) -> 
     except (TypeError, ValueError):
         found = math.nan
     if not math.isfinite(found):
-        raise UnreadableRun(f"{where}.{key}={value!r}: expected a finite number")
+        raise UnreadableRun(f"{where}.{key}={value!r}: expected a finite number", f"{where}.{key}")
     return found
 
 
@@ -171,7 +176,9 @@ def _names(section: Mapping[str, Any], key: str, default: Any, where: str) -> tu
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise UnreadableRun(f"{where}.{key}={value!r}: expected a module name or a list of them")
+    raise UnreadableRun(
+        f"{where}.{key}={value!r}: expected a module name or a list of them", f"{where}.{key}"
+    )
 
 
 def lora_modules(
@@ -201,9 +208,10 @@ def engine_spec(
 ) -> tuple[EngineSpec, Mapping[str, Any]]:
     strategy = role_strategy(resolved, role)
     if strategy not in FORECAST_STRATEGIES:
+        key = f"{engine_path(resolved, role)}.strategy"
         raise UnreadableRun(
-            f"{engine_path(resolved, role)}.strategy={strategy}: the forecast models "
-            f"{', '.join(FORECAST_STRATEGIES)} engines only"
+            f"{key}={strategy}: the forecast models {', '.join(FORECAST_STRATEGIES)} engines only",
+            key,
         )
     engine = role_engine(resolved, role)
     model_key = "critic.model" if role == "critic" else "actor_rollout_ref.model"
@@ -526,7 +534,8 @@ def serve_layout(
     server = server_layout(resolved, "actor_rollout_ref.rollout", model, lengths, world, facts)
     if server is None:
         raise UnreadableRun(
-            "actor_rollout_ref.rollout.name: a run that never trains serves nothing"
+            "actor_rollout_ref.rollout.name: a run that never trains serves nothing",
+            "actor_rollout_ref.rollout.name",
         )
     return RunLayout(
         kind=SERVE,
@@ -556,7 +565,8 @@ def sft_layout(
     if strategy not in FORECAST_STRATEGIES:
         raise UnreadableRun(
             f"engine.strategy={strategy}: the forecast models "
-            f"{', '.join(FORECAST_STRATEGIES)} engines only"
+            f"{', '.join(FORECAST_STRATEGIES)} engines only",
+            "engine.strategy",
         )
     sp = max(
         as_int(engine.get("ulysses_sequence_parallel_size"), 1),

@@ -25,7 +25,12 @@ MARGIN = 0.90  # a phase above this share of the capacity is a warning (allocato
 
 
 class NotForecastable(ValueError):
-    """A configuration the forecast cannot read (one line: which key, which value)."""
+    """A configuration the forecast cannot read (one line: which key, which value); ``key``: that
+    key, dotted, where one decides it (what check --gpu's note is located at)."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ def build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayout
     try:
         return _build_layout(resolved, request)
     except (UnreadableRun, ReleaseFactsError) as exc:
-        raise NotForecastable(str(exc)) from exc
+        raise NotForecastable(str(exc), getattr(exc, "key", "")) from exc
 
 
 def _model_at(path: str | None, key: str, given: str | None = None) -> ModelChoice:
@@ -87,7 +92,7 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
     facts = request.facts
     bad = lay.first_bad_count(resolved)
     if bad is not None:
-        raise NotForecastable(f"{bad[0]}: expected {bad[2]}, got {bad[1]!r}")
+        raise NotForecastable(f"{bad[0]}: expected {bad[2]}, got {bad[1]!r}", bad[0])
     family = family_of(resolved)
     if family == SFT:
         model = _model_at(_model_path(resolved, "model"), "model.path", request.model_config)

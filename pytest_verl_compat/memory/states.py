@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.tensor import Tensor
-from pytest_verl_compat.memory.vision import UNIT as VISION_UNIT
 from pytest_verl_compat.memory.vision import in_tower
 
 # verl/workers/engine/fsdp/transformer_impl.py
@@ -247,11 +246,9 @@ MEGATRON_DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_f
 # the fused modules an untargeted (exclude-only) LoRA adapts, by the transformers weight's name
 _MEGATRON_MODULE_OF = {
     name: module
-    for module in ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "output_layer")
-    for name in MEGATRON_LORA_MODULES[module]
-} | {
-    name: module
     for module in (
+        *MEGATRON_DEFAULT_TARGETS,
+        "output_layer",
         "linear_q_down_proj",
         "linear_q_up_proj",
         "linear_kv_down_proj",
@@ -481,8 +478,7 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
                     continue
                 total += t.numel // (spec.tp if t.kind in ("embed", "lm_head") else 1)
                 continue
-            if t.unit.startswith(VISION_UNIT) or in_tower(t.name):
-                # a VL model's tower (its adapters too) is on the first stage
+            if in_tower(t.name):  # a VL model's tower (its adapters too) is on the first stage
                 total += t.numel // (spec.tp if t.kind == "linear" else 1)
                 continue
             if layer_index(t.unit) >= layers_per_stage:
