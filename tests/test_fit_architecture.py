@@ -98,6 +98,20 @@ TINY: dict[str, dict[str, Any]] = {
             "fullatt_block_indexes": [1],
         },
     },
+    # Qwen2-VL's vision_config: the tower's width is embed_dim, hidden_size the merger's output
+    "qwen2_vl": {
+        "vision_config": {
+            "depth": 2,
+            "embed_dim": 16,
+            "hidden_size": 32,
+            "mlp_ratio": 4,
+            "num_heads": 2,
+            "in_chans": 3,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    },
     # the language model's numbers under text_config, as Qwen3-VL's config.json keeps them
     "qwen3_vl": {
         "text_config": {**BASE, "head_dim": 16},
@@ -228,6 +242,7 @@ def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
         "qwen3",
         "gemma2",
         "mistral",
+        "qwen2_vl",
         "qwen2_5_vl",
         "qwen3_vl",
         "qwen3_vl_moe",
@@ -293,3 +308,23 @@ def test_every_entry_says_how_it_was_verified() -> None:
     for repo, entry in ENTRIES.items():
         assert entry.verified == "False" or entry.verified.startswith("search:"), repo
         assert entry.architecture.source.startswith("https://huggingface.co/"), repo
+
+
+@pytest.mark.parametrize(
+    ("repo", "context"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", 32768),
+        ("Qwen/Qwen2.5-Math-7B", 4096),
+        ("/models/Qwen2.5-Math-1.5B-Instruct", 4096),
+        ("Qwen/Qwen3-30B-A3B", 40960),
+        ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 262144),
+    ],
+)
+def test_a_model_is_listed_with_its_own_context(repo: str, context: int) -> None:
+    """A variant with the numbers of another model but its own max_position_embeddings (vLLM's
+    max_model_len when the rollout sets none) is an entry of its own, not that model's alias."""
+    from pytest_verl_compat.memory.models import from_table
+
+    found = from_table(repo)
+    assert found is not None
+    assert found.architecture.max_position_embeddings == context

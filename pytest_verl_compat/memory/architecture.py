@@ -72,6 +72,7 @@ TEXT_KEYS = ("text_config", "llm_config")
 # model_type aliases: configs transformers builds with another family's classes.
 ALIASES = {
     "gemma3": "gemma3_text",
+    "qwen2_vl": "qwen2",
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
     "qwen3_vl_moe": "qwen3_moe",

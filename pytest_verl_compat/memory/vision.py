@@ -34,7 +34,11 @@ from pytest_verl_compat.memory.tensor import Tensor
 # Qwen3-VL's MoE models (qwen3_vl_moe) build Qwen3-VL's tower (transformers'
 # Qwen3VLMoeVisionModel is Qwen3VLVisionModel's code).
 # Qwen3.5's tower is Qwen3-VL's without deepstack mergers (transformers' Qwen3_5VisionModel).
+# Qwen2-VL's (transformers' Qwen2VisionTransformerPretrainedModel): LayerNorms with biases, an
+# fc1/fc2 MLP embed_dim x mlp_ratio wide, a LayerNorm merger; its vision_config names the tower's
+# width embed_dim and the language model's hidden_size (the merger's output).
 TOWER_LAYOUTS = {
+    "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_5_vl",
     "qwen3_vl": "qwen3_vl",
     "qwen3_vl_moe": "qwen3_vl",
@@ -42,6 +46,10 @@ TOWER_LAYOUTS = {
     "qwen3_5_moe": "qwen3_vl",
 }
 VISION_FAMILIES = frozenset(TOWER_LAYOUTS)
+# Towers whose norms are LayerNorms (a weight and a bias; Qwen2.5-VL's are RMSNorms).
+LAYER_NORM_LAYOUTS = frozenset({"qwen2_vl", "qwen3_vl"})
+# Towers whose block MLP is two linears, by their names (Qwen2.5-VL's is gated: three).
+MLP_NAMES = {"qwen2_vl": ("fc1", "fc2"), "qwen3_vl": ("linear_fc1", "linear_fc2")}
 PREFIX = "model.visual"
 UNIT = "visual.blocks."  # a block's FSDP unit: visual.blocks.<i>
 # The patch and position embeddings: no nn.Linear (peft's all-linear leaves them), replicated
@@ -68,6 +76,7 @@ class VisionTower:
     def tensors(self) -> Iterator[Tensor]:
         h = self.hidden_size
         qwen3 = self.layout == "qwen3_vl"
+        layer_norms = self.layout in LAYER_NORM_LAYOUTS
         kernel = (self.in_channels, self.temporal_patch_size, self.patch_size, self.patch_size)
         yield Tensor(f"{PREFIX}.patch_embed.proj.weight", (h, *kernel), "root", EMBED)
         if qwen3:
@@ -75,10 +84,12 @@ class VisionTower:
             shape = (self.num_position_embeddings, h)
             yield Tensor(f"{PREFIX}.pos_embed.weight", shape, "root", EMBED)
         for index in range(self.depth):
-            yield from self._block(index, qwen3)
+            yield from self._block(index, layer_norms)
         merged = h * self.spatial_merge_size**2
         if not qwen3:
             yield Tensor(f"{PREFIX}.merger.ln_q.weight", (h,), "root", "norm")
+            if layer_norms:
+                yield Tensor(f"{PREFIX}.merger.ln_q.bias", (h,), "root", "norm")
             yield from self._linears(f"{PREFIX}.merger", "root", (("mlp.0", merged, merged),))
             yield from self._linears(
                 f"{PREFIX}.merger", "root", (("mlp.2", self.out_hidden_size, merged),)
@@ -96,17 +107,18 @@ class VisionTower:
                 (("linear_fc1", merged, merged), ("linear_fc2", self.out_hidden_size, merged)),
             )
 
-    def _block(self, index: int, qwen3: bool) -> Iterator[Tensor]:
+    def _block(self, index: int, layer_norms: bool) -> Iterator[Tensor]:
         h, width = self.hidden_size, self.intermediate_size
         unit = f"{UNIT}{index}"
         block = f"{PREFIX}.blocks.{index}"
         for norm in ("norm1", "norm2"):
             yield Tensor(f"{block}.{norm}.weight", (h,), unit, "norm")
-            if qwen3:  # LayerNorm: a bias too
+            if layer_norms:  # LayerNorm: a bias too
                 yield Tensor(f"{block}.{norm}.bias", (h,), unit, "norm")
+        fc1, fc2 = MLP_NAMES.get(self.layout, ("", ""))
         mlp = (
-            (("mlp.linear_fc1", width, h), ("mlp.linear_fc2", h, width))
-            if qwen3
+            ((f"mlp.{fc1}", width, h), (f"mlp.{fc2}", h, width))
+            if fc1
             else (
                 ("mlp.gate_proj", width, h),
                 ("mlp.up_proj", width, h),
@@ -153,6 +165,16 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
 
     layout = TOWER_LAYOUTS[family]
     qwen3 = layout == "qwen3_vl"
+    if layout == "qwen2_vl":
+        # the tower is embed_dim wide, its MLP embed_dim x mlp_ratio; hidden_size is the merger's
+        # output (transformers' Qwen2VLVisionConfig)
+        width, ratio = number("embed_dim"), vision.get("mlp_ratio", 4)
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1e6:
+            raise VisionConfigError(f"{source}: vision_config.mlp_ratio must be a positive number")
+        wide, out = int(width * ratio), number("hidden_size")  # Qwen2VLVisionBlock's int(...)
+    else:
+        width, wide = number("hidden_size", "embed_dim"), number("intermediate_size")
+        out = number("out_hidden_size")
     deepstack = vision.get("deepstack_visual_indexes") or []
     if not isinstance(deepstack, list):
         raise VisionConfigError(f"{source}: vision_config.deepstack_visual_indexes must be a list")
@@ -161,9 +183,9 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
         num_position_embeddings=number("num_position_embeddings") if qwen3 else 0,
         deepstack_mergers=len(deepstack) if qwen3 else 0,
         depth=number("depth"),
-        hidden_size=number("hidden_size", "embed_dim"),
-        intermediate_size=number("intermediate_size"),
-        out_hidden_size=number("out_hidden_size"),
+        hidden_size=width,
+        intermediate_size=wide,
+        out_hidden_size=out,
         patch_size=number("patch_size", "spatial_patch_size"),
         temporal_patch_size=number("temporal_patch_size", default=2),
         in_channels=number("in_channels", "in_chans", default=3),
