@@ -310,6 +310,26 @@ def test_every_entry_says_how_it_was_verified() -> None:
         assert entry.architecture.source.startswith("https://huggingface.co/"), repo
 
 
+def test_a_context_variant_changes_the_context_alone() -> None:
+    """An entry's `contexts` are models with its tensors and another max_position_embeddings, each
+    verified and read from its own config.json's address."""
+    import yaml
+
+    from pytest_verl_compat.memory.models import TABLE_FILE, from_table
+
+    data = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
+    variants = [(e, v) for e in data["models"] for v in e.get("contexts", ())]
+    assert variants
+    for entry, variant in variants:
+        assert set(variant) == {"repo", "max_position_embeddings", "verified"}, variant
+        assert str(variant["verified"]).startswith("search:"), variant["repo"]
+        found = from_table(variant["repo"])
+        assert found is not None and variant["repo"] in found.where
+        primary = ENTRIES[entry["repo"]].architecture
+        assert found.architecture.max_position_embeddings == variant["max_position_embeddings"]
+        assert list(found.architecture.tensors()) == list(primary.tensors())
+
+
 @pytest.mark.parametrize(
     ("repo", "context"),
     [
@@ -318,6 +338,10 @@ def test_every_entry_says_how_it_was_verified() -> None:
         ("/models/Qwen2.5-Math-1.5B-Instruct", 4096),
         ("Qwen/Qwen3-30B-A3B", 40960),
         ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 262144),
+        ("Qwen/Qwen2.5-7B", 131072),
+        ("/data/DeepSeek-R1-Distill-Qwen-14B", 131072),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 262144),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", 8192),
     ],
 )
 def test_a_model_is_listed_with_its_own_context(repo: str, context: int) -> None:

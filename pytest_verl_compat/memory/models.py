@@ -64,16 +64,34 @@ def _architecture(config: Mapping[str, Any], name: str, where: str) -> Architect
         raise InputError(str(exc)) from exc
 
 
+# An entry's `contexts`: models with its numbers but their own max_position_embeddings, which
+# verl gives vLLM as max_model_len when the rollout sets none (the only number they may change:
+# the tensors, checked against transformers per entry, stay the entry's).
+CONTEXT = "max_position_embeddings"
+
+
+def _variants(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
+    """An entry's models: its repository, its aliases, and its other-context variants."""
+    config, verified = entry["config"], str(entry.get("verified", False))
+    out = [(str(repo), config, verified) for repo in (entry["repo"], *entry.get("also", ()))]
+    for variant in entry.get("contexts", ()):
+        context = {**config, CONTEXT: int(variant[CONTEXT])}
+        out.append((str(variant["repo"]), context, str(variant.get("verified", False))))
+    return out
+
+
 @functools.cache
 def _table() -> dict[str, tuple[str, Mapping[str, Any], str]]:
     """The shipped table by lower-case repository id and by its last component."""
     data: Any = load_yaml_file(TABLE_FILE, "architecture table")
     found: dict[str, tuple[str, Mapping[str, Any], str]] = {}
     for entry in data["models"]:
-        value = (str(entry["repo"]), entry["config"], str(entry.get("verified", False)))
-        for repo in (entry["repo"], *entry.get("also", ())):
-            found.setdefault(str(repo).lower(), value)
-            found.setdefault(str(repo).rsplit("/", 1)[-1].lower(), value)
+        primary = str(entry["repo"])
+        for repo, config, verified in _variants(entry):
+            # an alias is read from its entry's config.json; a context variant from its own
+            value = (primary if config is entry["config"] else repo, config, verified)
+            found.setdefault(repo.lower(), value)
+            found.setdefault(repo.rsplit("/", 1)[-1].lower(), value)
     return found
 
 
