@@ -352,3 +352,32 @@ def test_a_model_is_listed_with_its_own_context(repo: str, context: int) -> None
     found = from_table(repo)
     assert found is not None
     assert found.architecture.max_position_embeddings == context
+
+
+@pytest.mark.parametrize(
+    ("path", "repo"),
+    [
+        (
+            "/root/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/"
+            "a09a35458c702b33eeacc393d103063234e8bc28",
+            "Qwen/Qwen2.5-7B-Instruct",
+        ),
+        ("/root/.cache/modelscope/hub/Qwen/Qwen2___5-0___5B-Instruct", "Qwen/Qwen2.5-0.5B"),
+        ("/mnt/models/qwen/Qwen2___5-Math-7B", "Qwen/Qwen2.5-Math-7B"),
+        ("models--meta-llama--Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3-8B-Instruct"),
+    ],
+)
+def test_a_model_in_a_download_cache_is_found_by_its_repository(path: str, repo: str) -> None:
+    """Hugging Face's cache folder (models--org--name/snapshots/rev) and ModelScope's (a name's
+    dots written ___) name the repository the table lists."""
+    from pytest_verl_compat.memory.models import from_table
+
+    found = from_table(path)
+    assert found is not None and repo in found.where
+
+
+@pytest.mark.parametrize("path", ["/data/models--local/checkpoint-100", "/ckpt/Qwen2___5-99B"])
+def test_a_cache_like_path_of_no_listed_model_is_not_found(path: str) -> None:
+    from pytest_verl_compat.memory.models import from_table
+
+    assert from_table(path) is None

@@ -125,9 +125,27 @@ def table_entries() -> list[TableEntry]:
     return out
 
 
+# Hugging Face's cache keeps a repository under models--{org}--{name}/snapshots/{revision}
+# (huggingface_hub's repo_folder_name); ModelScope's writes a name's dots as "___"
+# (~/.cache/modelscope/hub/Qwen/Qwen2___5-7B-Instruct).
+HF_CACHE_FOLDER = "models--"
+HF_CACHE_SEPARATOR = "--"
+MODELSCOPE_DOT = "___"
+
+
+def _repository_parts(name: str) -> list[str]:
+    """The components of a model path that name its repository: a cache folder's read back."""
+    parts = [p for p in str(name).replace("\\", "/").split("/") if p]
+    for part in parts:
+        if part.startswith(HF_CACHE_FOLDER) and HF_CACHE_SEPARATOR in part[len(HF_CACHE_FOLDER) :]:
+            parts = part[len(HF_CACHE_FOLDER) :].split(HF_CACHE_SEPARATOR, 1)
+            break
+    return [p.replace(MODELSCOPE_DOT, ".") for p in parts]
+
+
 def from_table(name: str) -> ModelChoice | None:
     """The shipped entry for a model path or repository id (its last one or two components)."""
-    parts = [p for p in str(name).replace("\\", "/").split("/") if p]
+    parts = _repository_parts(name)
     keys = ["/".join(parts[-2:]).lower(), parts[-1].lower()] if parts else []
     for key in keys:
         hit = _table().get(key)
