@@ -381,3 +381,55 @@ def test_a_cache_like_path_of_no_listed_model_is_not_found(path: str) -> None:
     from pytest_verl_compat.memory.models import from_table
 
     assert from_table(path) is None
+
+
+SLIDING_CASES: dict[str, dict[str, Any]] = {
+    "gemma2": {"model_type": "gemma2", "sliding_window": 64},
+    "gemma3_text": {"model_type": "gemma3_text", "sliding_window": 64},
+    "gemma3_text-pattern-4": {
+        "model_type": "gemma3_text",
+        "sliding_window": 64,
+        "sliding_window_pattern": 4,
+    },
+    "qwen2-off": {"model_type": "qwen2", "sliding_window": 64, "use_sliding_window": False},
+    "qwen2-on": {
+        "model_type": "qwen2",
+        "sliding_window": 64,
+        "use_sliding_window": True,
+        "max_window_layers": 3,
+    },
+    "qwen3-off": {"model_type": "qwen3", "sliding_window": 64},
+    "llama": {"model_type": "llama"},
+    "gemma2-given": {
+        "model_type": "gemma2",
+        "sliding_window": 64,
+        "layer_types": ["full_attention"] * 7 + ["sliding_attention"],
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLIDING_CASES))
+def test_the_sliding_layers_are_the_ones_transformers_lays_out(case: str) -> None:
+    """The layers with a sliding window are those transformers' config class marks
+    sliding_attention (the layer_types vLLM reads)."""
+    config = {**BASE, "num_hidden_layers": 8, "head_dim": 16, **SLIDING_CASES[case]}
+    arch = architecture_from_config(config, case, "tiny")
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    hf = transformers.AutoConfig.for_model(config["model_type"], **settings)
+    kinds = getattr(hf, "layer_types", None) or ["full_attention"] * 8
+    assert arch.sliding_layers == tuple(
+        i for i, kind in enumerate(kinds) if kind == "sliding_attention"
+    )
+
+
+def test_a_mistral_window_slides_every_layer() -> None:
+    """Mistral's config class has no layer_types: vLLM gives every layer the model's window
+    (cache_config.sliding_window); without one, none."""
+    config = {**BASE, "model_type": "mistral", "head_dim": 16}
+    assert architecture_from_config({**config, "sliding_window": 64}, "m", "t").sliding_layers == (
+        0,
+        1,
+    )
+    assert (
+        architecture_from_config({**config, "sliding_window": None}, "m", "t").sliding_layers == ()
+    )

@@ -73,12 +73,23 @@ def _server(repo: str, tp: int, util: float, max_model_len: int, **extra: object
     )  # fmt: skip
 
 
+def _vllm_layers_per_group(arch: Architecture) -> int:
+    """vLLM's layers per KV-cache group (kv_cache_utils.py, _get_kv_cache_groups_uniform_page_size):
+    one group of every layer when they are all alike, else the fewest layers of one kind, or the
+    most where that is under 1.5 times the fewest."""
+    sliding = len(arch.sliding_layers)
+    kinds = [n for n in (arch.num_hidden_layers - sliding, sliding) if n]
+    fewest, most = min(kinds), max(kinds)
+    return most if most < 1.5 * fewest else fewest
+
+
 @pytest.mark.parametrize("repo", MODELS)
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_blocks_are_get_num_blocks(repo: str, tp: int) -> None:
     memory = server_memory(_server(repo, tp, 0.9, 4096), find_gpu("H200").usable_bytes)
     arch = _arch(repo)
-    expected = int(memory.kv_bytes // _vllm_page(arch, tp, 2) // arch.num_hidden_layers)
+    group = _vllm_layers_per_group(arch)
+    expected = int(memory.kv_bytes // _vllm_page(arch, tp, 2) // group)
     assert memory.blocks == expected
     assert memory.kv_tokens == expected * BLOCK_SIZE
 
@@ -116,6 +127,53 @@ def test_one_max_model_len_sequence_must_fit() -> None:
         dataclasses.replace(server, max_model_len=8192), find_gpu("A100-40GB").usable_bytes
     )
     assert shorter.kv_bytes >= shorter.one_sequence_bytes
+
+
+def _vllm_sliding_max_bytes(window: int, batched: int, max_model_len: int, page: int) -> int:
+    """SlidingWindowSpec.max_memory_usage_bytes (vllm/v1/kv_cache_interface.py): the window's
+    last ``sliding_window - 1`` tokens and one step's new ones, capped at max_model_len, in one
+    block more than they fill."""
+    tokens = min(window - 1 + batched, max_model_len)
+    return (-(-tokens // 16) + 1) * page
+
+
+@pytest.mark.parametrize(
+    ("repo", "layers", "sliding", "group"),
+    [
+        ("google/gemma-3-12b-it", 48, 40, 8),  # 5 local layers to 1 global: groups of 8
+        ("google/gemma-2-9b-it", 42, 21, 21),  # alternating: groups of 21
+        ("mistralai/Mistral-7B-Instruct-v0.1", 32, 32, 32),  # every layer slides: one group
+    ],
+)
+def test_one_sequence_of_a_sliding_window_model_is_vllms(
+    repo: str, layers: int, sliding: int, group: int
+) -> None:
+    """vLLM's start check for one max_model_len sequence (_max_memory_usage_bytes_from_groups,
+    vllm 0.24.0): group size x page x the sum over groups of each group's blocks, where a
+    full-attention group needs the whole sequence and a sliding-window group its window."""
+    arch = _arch(repo)
+    assert (arch.num_hidden_layers, len(arch.sliding_layers)) == (layers, sliding)
+    max_len, batched, tp = arch.max_position_embeddings or 0, 8192, 2
+    page = _vllm_page(arch, tp, 2)
+    full_groups, window_groups = -(-(layers - sliding) // group), -(-sliding // group)
+    window = arch.sliding_window or 0
+    blocks = full_groups * -(-max_len // 16) + window_groups * (
+        _vllm_sliding_max_bytes(window, batched, max_len, page) // page
+    )
+    mem = server_memory(_server(repo, tp, 0.9, max_len), find_gpu("H200").usable_bytes)
+    assert mem.one_sequence_bytes == group * page * blocks
+    assert mem.blocks == mem.kv_bytes // page // group
+
+
+def test_a_long_context_sliding_window_model_starts() -> None:
+    """Gemma 3 12B with its 131,072-token context at tp 2 on an A100 40GB, half the GPU: counted
+    as full attention one sequence would need 24 GiB; with vLLM's sliding-window groups its 40
+    local layers keep 1,024 + 8,192 tokens each and the server starts."""
+    server = _server("google/gemma-3-12b-it", 2, 0.5, 131072)
+    mem = server_memory(server, find_gpu("A100-40GB").usable_bytes)
+    full = 131072 // 16 * 48 * _vllm_page(server.model.architecture, 2, 2)
+    assert mem.one_sequence_bytes < full / 4
+    assert mem.kv_bytes > mem.one_sequence_bytes
 
 
 def _sglang_pool(free_before_load: int, weights: int, fraction: float) -> int:

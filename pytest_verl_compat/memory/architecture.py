@@ -44,6 +44,19 @@ SPLIT_IN_PROJ = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
 ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+# Which layers attend in a sliding window, as transformers' config classes lay them out when
+# config.json gives no layer_types (vLLM reads the layer_types they build: models/gemma2.py:159,
+# gemma3.py:158, llama.py:185-204@vllm-0.24.0): Gemma 2 every other layer from the first
+# (Gemma2Config), Gemma 3 all but every sliding_window_pattern-th (Gemma3TextConfig, default 6),
+# Qwen's from max_window_layers on when use_sliding_window (Qwen2Config, Qwen3Config); a
+# Mistral config has no layer_types and vLLM gives every layer the model's window
+# (cache_config.sliding_window, layers/attention/attention.py:229-234@vllm-0.24.0).
+WINDOW_BY_DEFAULT = {"gemma2": 4096, "gemma3_text": 4096}  # the config classes' sliding_window
+EVERY_OTHER_SLIDES = frozenset({"gemma2"})
+PATTERN_SLIDES = frozenset({"gemma3_text"})
+QWEN_SLIDES = frozenset({"qwen2", "qwen3", "mimo"})
+ALL_SLIDE = frozenset({"mistral"})
 # Families with an RMSNorm on each head's queries and keys.
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
 # Families with four norms per decoder layer (around attention and around the MLP).
@@ -126,8 +139,10 @@ class Architecture:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # Sliding-window attention on some layers (Gemma 2/3, Mistral v0.1): window and its pattern.
+    # Sliding-window attention on some layers (Gemma 2/3, Mistral v0.1): the window and the
+    # layers that use it (the rest attend to the whole sequence)
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
     # A vision-language model's vision tower (its parameters; vision.py), None for a text model.
     vision: VisionTower | None = None
     # A VL family whose tower the forecast does not model: its model_type (language model only).
@@ -374,6 +389,33 @@ def _layer_types(
     return tuple(str(kind) for kind in given)
 
 
+def _sliding_layers(
+    config: Mapping[str, Any], family: str, layers: int, window: int | None, source: str
+) -> tuple[int, ...]:
+    """The layers with a sliding window (SLIDING_ATTENTION's rules; config.json's layer_types
+    where it gives them)."""
+    if window is None or family in HYBRID:
+        return ()
+    given = _value(config, "layer_types")
+    if given is not None:
+        if not isinstance(given, list) or len(given) != layers:
+            raise UnsupportedModel(
+                f"{source}: layer_types must list the {layers} layers' attention"
+            )
+        return tuple(i for i, kind in enumerate(given) if kind == SLIDING_ATTENTION)
+    if family in EVERY_OTHER_SLIDES:
+        return tuple(range(0, layers, 2))
+    if family in PATTERN_SLIDES:
+        pattern = _int(config, "sliding_window_pattern", source, 6) or 6
+        return tuple(i for i in range(layers) if (i + 1) % pattern)
+    if family in QWEN_SLIDES:
+        if not _value(config, "use_sliding_window", False):
+            return ()
+        start = _int(config, "max_window_layers", source, layers)
+        return tuple(range(min(start, layers), layers))
+    return tuple(range(layers)) if family in ALL_SLIDE else ()
+
+
 def _linear_dims(config: Mapping[str, Any], family: str, source: str) -> dict[str, int]:
     """The Gated DeltaNet's heads and widths (a hybrid family's config.json must give them)."""
     if family not in HYBRID:
@@ -412,7 +454,9 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         family, hidden // heads if heads else 0
     )
     experts = _value(config, "num_experts") or _value(config, "n_routed_experts") or 0
-    window = _value(config, "sliding_window")
+    window = _value(config, "sliding_window", WINDOW_BY_DEFAULT.get(family))
+    window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
+    window = window if window and window > 0 else None
     attention_bias = bool(_value(config, "attention_bias", False))
     layers = _int(config, "num_hidden_layers", source)
     layer_types = _layer_types(config, family, layers, source)
@@ -445,7 +489,8 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         qk_nope_head_dim=int(_value(config, "qk_nope_head_dim", 0) or 0),
         qk_rope_head_dim=int(_value(config, "qk_rope_head_dim", 0) or 0),
         v_head_dim=int(_value(config, "v_head_dim", 0) or 0),
-        sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        sliding_window=window,
+        sliding_layers=_sliding_layers(config, family, layers, window, source),
         shared_expert_intermediate_size=int(
             _value(config, "shared_expert_intermediate_size", 0) or 0
         ),

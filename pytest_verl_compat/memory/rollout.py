@@ -79,6 +79,55 @@ VLLM_HYBRID = (
 )
 
 
+# A model with sliding-window layers beside full-attention ones (Gemma 2/3) gets vLLM's hybrid KV
+# cache manager: its layers grouped by kind as a hybrid's are (_get_kv_cache_groups_uniform_page_size),
+# and a sliding-window layer keeps at most sliding_window - 1 + max_num_batched_tokens tokens of a
+# sequence, in one block more than they fill (SlidingWindowSpec.max_memory_usage_bytes); a model
+# whose every layer slides (Mistral v0.1) is one group of them all. The start check sums each
+# group's blocks for one max_model_len sequence (_max_memory_usage_bytes_from_groups).
+VLLM_SLIDING = (
+    "vllm/v1/kv_cache_interface.py:248-270@vllm-0.18.0 (SlidingWindowSpec.max_memory_usage_bytes); "
+    "vllm/v1/core/kv_cache_utils.py:956-1075@vllm-0.18.0 (the layers grouped by kind), "
+    "kv_cache_utils.py:1801-1861@vllm-0.24.0 (one sequence: every group's blocks)"
+)
+
+
+def _group_size(counts: list[int]) -> int:
+    """vLLM's layers per KV-cache group for layers of several kinds: the smaller kind's count,
+    the larger's where it is less than half as many again (kv_cache_utils.py:1040-1051@0.18.0)."""
+    group = min(counts)
+    return max(counts) if max(counts) < group * 1.5 else group
+
+
+@dataclass(frozen=True)
+class WindowCache:
+    """How vLLM lays out the cache of a model with sliding-window layers (VLLM_SLIDING)."""
+
+    group_size: int  # layers per KV-cache group
+    full_groups: int
+    window_groups: int
+    window_tokens: int  # the most a sliding layer keeps of a sequence
+
+    def blocks_for(self, tokens: int) -> int:
+        window = min(self.window_tokens, tokens)
+        return self.full_groups * _cdiv(tokens, BLOCK_SIZE) + self.window_groups * (
+            _cdiv(window, BLOCK_SIZE) + 1
+        )
+
+
+def window_cache(arch: Architecture, batched_tokens: int) -> WindowCache:
+    sliding = len(arch.sliding_layers)
+    full = arch.num_hidden_layers - sliding
+    group = _group_size([n for n in (full, sliding) if n])
+    window = arch.sliding_window or 0
+    return WindowCache(
+        group_size=group,
+        full_groups=_cdiv(full, group),
+        window_groups=_cdiv(sliding, group),
+        window_tokens=window - 1 + batched_tokens,
+    )
+
+
 @dataclass(frozen=True)
 class HybridCache:
     """How vLLM lays out a hybrid model's cache on one TP rank."""
@@ -154,9 +203,7 @@ def hybrid_cache(
     block = max(BLOCK_SIZE, KERNEL_BLOCK * _cdiv(state_page, KERNEL_BLOCK * one_token))
     full = arch.full_attention_layers
     linear = arch.num_hidden_layers - full
-    group = min(full, linear)
-    if max(full, linear) < group * 1.5:
-        group = max(full, linear)
+    group = _group_size([full, linear])
     return HybridCache(
         block_size=block,
         page=block * one_token,
@@ -273,6 +320,10 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
         block_size, page = cache.block_size, cache.page
         blocks = max(kv, 0) // page // cache.group_size
         one = cache.blocks_for(server.max_model_len) * page * cache.group_size
+    elif arch.sliding_layers and engine.hybrid_pool:
+        window = window_cache(arch, server.max_num_batched_tokens)
+        blocks = max(kv, 0) // page // window.group_size
+        one = window.blocks_for(server.max_model_len) * page * window.group_size
     sleeps = server.free_cache_engine
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
     asleep = graphs + kept if sleeps else share + outside
