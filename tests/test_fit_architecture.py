@@ -433,3 +433,35 @@ def test_a_mistral_window_slides_every_layer() -> None:
     assert (
         architecture_from_config({**config, "sliding_window": None}, "m", "t").sliding_layers == ()
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num_hidden_layers", 10**12),  # would lay out 10**12 layers
+        ("num_hidden_layers", 0),
+        ("num_attention_heads", 0),  # hidden // heads
+        ("head_dim", "128"),
+        ("num_experts", 2.5),
+        ("max_position_embeddings", "long"),
+        ("sliding_window", [4096]),
+        ("vocab_size", 1 << 40),
+    ],
+)
+def test_an_implausible_config_number_is_one_line(key: str, value: Any) -> None:
+    """config.json may be hostile or mistyped: a number out of any model's range is refused
+    naming its key, before the forecast lays out layers or divides by it."""
+    from pytest_verl_compat.memory.architecture import UnsupportedModel
+
+    config = {**BASE, "model_type": "mistral", key: value}
+    with pytest.raises(UnsupportedModel, match=key):
+        architecture_from_config(config, "m", "config.json")
+
+
+def test_an_implausible_tower_depth_is_one_line() -> None:
+    from pytest_verl_compat.memory.architecture import UnsupportedModel
+
+    config = _config("qwen2_vl")
+    config["vision_config"] = {**config["vision_config"], "depth": 10**9}
+    with pytest.raises(UnsupportedModel, match=r"vision_config\.depth"):
+        architecture_from_config(config, "m", "config.json")

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.memory.tensor import Tensor
+from pytest_verl_compat.memory.tensor import LARGEST_DIMENSION, MOST_LAYERS, Tensor
 from pytest_verl_compat.memory.vision import VisionConfigError, VisionTower, vision_from_config
 
 # Families whose decoder layer is the Llama layout (q/k/v/o, gated MLP, RMSNorm).
@@ -359,13 +359,35 @@ def _value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default
 
 
+# The counts a decoder needs at least one of (tensor.py bounds them all from above).
+LAYER_COUNTS = frozenset({"num_hidden_layers"})
+AT_LEAST_ONE = frozenset(
+    {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size"}
+)
+
+
+def bounded(value: Any, key: str, where: str) -> int:
+    """A config.json count within its bounds; anything else an UnsupportedModel naming it."""
+    most = MOST_LAYERS if key in LAYER_COUNTS else LARGEST_DIMENSION
+    least = 1 if key in AT_LEAST_ONE | LAYER_COUNTS else 0
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise UnsupportedModel(
+            f"{where}: {key} must be an integer from {least} to {most:,}, got {value!r}"
+        )
+    return value
+
+
 def _int(config: Mapping[str, Any], key: str, source: str, default: int | None = None) -> int:
     value = _value(config, key, default)
     if value is None:
         raise UnsupportedModel(f"{source}: config.json has no {key}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UnsupportedModel(f"{source}: {key} must be a non-negative integer, got {value!r}")
-    return value
+    return bounded(value, key, source)
+
+
+def _count(config: Mapping[str, Any], key: str, source: str, default: int = 0) -> int:
+    """An optional count: absent or null is ``default``."""
+    value = _value(config, key)
+    return default if value is None else bounded(value, key, source)
 
 
 def _layer_types(
@@ -450,13 +472,11 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
     heads = _int(config, "num_attention_heads", source)
     hidden = _int(config, "hidden_size", source)
     kv_heads = _int(config, "num_key_value_heads", source, heads)
-    head_dim = _value(config, "head_dim") or HEAD_DIM_BY_DEFAULT.get(
-        family, hidden // heads if heads else 0
+    head_dim = _count(config, "head_dim", source) or HEAD_DIM_BY_DEFAULT.get(
+        family, hidden // heads
     )
-    experts = _value(config, "num_experts") or _value(config, "n_routed_experts") or 0
-    window = _value(config, "sliding_window", WINDOW_BY_DEFAULT.get(family))
-    window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
-    window = window if window and window > 0 else None
+    experts = _count(config, "num_experts", source) or _count(config, "n_routed_experts", source)
+    window = _count(config, "sliding_window", source, WINDOW_BY_DEFAULT.get(family, 0)) or None
     attention_bias = bool(_value(config, "attention_bias", False))
     layers = _int(config, "num_hidden_layers", source)
     layer_types = _layer_types(config, family, layers, source)
@@ -467,33 +487,31 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=int(head_dim),
+        head_dim=head_dim,
         # a MoE config without dense layers may give none (transformers' Qwen3_5MoeTextConfig)
         intermediate_size=_int(config, "intermediate_size", source, 0 if experts else None),
         vocab_size=_int(config, "vocab_size", source),
         # transformers' config classes default to tied embeddings for Gemma, untied for the rest
         tie_word_embeddings=bool(_value(config, "tie_word_embeddings", family in TIED_BY_DEFAULT)),
-        max_position_embeddings=_value(config, "max_position_embeddings"),
+        max_position_embeddings=_count(config, "max_position_embeddings", source) or None,
         attention_bias=attention_bias,
         out_bias=bool(_value(config, OUT_BIAS_KEY[family], False))
         if family in OUT_BIAS_KEY
         else attention_bias and family not in QKV_BIAS,
         mlp_bias=family in MLP_BIAS and bool(_value(config, "mlp_bias", False)),
-        num_experts=int(experts),
-        num_experts_per_tok=int(_value(config, "num_experts_per_tok", 0) or 0),
-        moe_intermediate_size=int(_value(config, "moe_intermediate_size", 0) or 0),
-        n_shared_experts=int(_value(config, "n_shared_experts", 0) or 0),
-        first_k_dense_replace=int(_value(config, "first_k_dense_replace", 0) or 0),
-        q_lora_rank=_value(config, "q_lora_rank"),
-        kv_lora_rank=int(_value(config, "kv_lora_rank", 0) or 0),
-        qk_nope_head_dim=int(_value(config, "qk_nope_head_dim", 0) or 0),
-        qk_rope_head_dim=int(_value(config, "qk_rope_head_dim", 0) or 0),
-        v_head_dim=int(_value(config, "v_head_dim", 0) or 0),
+        num_experts=experts,
+        num_experts_per_tok=_count(config, "num_experts_per_tok", source),
+        moe_intermediate_size=_count(config, "moe_intermediate_size", source),
+        n_shared_experts=_count(config, "n_shared_experts", source),
+        first_k_dense_replace=_count(config, "first_k_dense_replace", source),
+        q_lora_rank=_count(config, "q_lora_rank", source) or None,
+        kv_lora_rank=_count(config, "kv_lora_rank", source),
+        qk_nope_head_dim=_count(config, "qk_nope_head_dim", source),
+        qk_rope_head_dim=_count(config, "qk_rope_head_dim", source),
+        v_head_dim=_count(config, "v_head_dim", source),
         sliding_window=window,
         sliding_layers=_sliding_layers(config, family, layers, window, source),
-        shared_expert_intermediate_size=int(
-            _value(config, "shared_expert_intermediate_size", 0) or 0
-        ),
+        shared_expert_intermediate_size=_count(config, "shared_expert_intermediate_size", source),
         layer_types=layer_types,
         **_linear_dims(config, family, source),
         vision=vision,

@@ -6,6 +6,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+# Bounds on the counts a config.json gives the shapes: a hostile or mistyped file is one line, not
+# a forecast that lays out 10**12 layers (the deepest published decoders have a few hundred).
+LARGEST_DIMENSION = 1 << 26
+MOST_LAYERS = 4096
+
 
 class Tensor(NamedTuple):
     """One parameter tensor: its name, shape, the FSDP unit it belongs to, and what it is."""

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.memory.tensor import Tensor
+from pytest_verl_compat.memory.tensor import LARGEST_DIMENSION, MOST_LAYERS, Tensor
 
 # Families with a vision tower the forecast counts, by model_type, and the tower each builds:
 # Qwen3-VL's MoE models (qwen3_vl_moe) build Qwen3-VL's tower (transformers'
@@ -155,13 +155,16 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
         raise VisionConfigError(f"{source}: a {family} config.json needs its vision_config")
 
     def number(key: str, *aliases: str, default: int | None = None) -> int:
+        most = MOST_LAYERS if key == "depth" else LARGEST_DIMENSION
         for name in (key, *aliases):
             value = vision.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most:
                 return value
         if default is not None:
             return default
-        raise VisionConfigError(f"{source}: vision_config.{key} must be a positive integer")
+        raise VisionConfigError(
+            f"{source}: vision_config.{key} must be an integer from 1 to {most:,}"
+        )
 
     layout = TOWER_LAYOUTS[family]
     qwen3 = layout == "qwen3_vl"
