@@ -70,13 +70,17 @@ def _architecture(config: Mapping[str, Any], name: str, where: str) -> Architect
 CONTEXT = "max_position_embeddings"
 
 
-def _variants(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
-    """An entry's models: its repository, its aliases, and its other-context variants."""
-    config, verified = entry["config"], str(entry.get("verified", False))
-    out = [(str(repo), config, verified) for repo in (entry["repo"], *entry.get("also", ()))]
+def _variants(entry: Mapping[str, Any]) -> list[tuple[str, tuple[str, Mapping[str, Any], str]]]:
+    """An entry's models, each with (the repository whose config.json gives its numbers, the
+    numbers, how they were checked): its repository and aliases the entry's, each other-context
+    variant its own."""
+    primary = str(entry["repo"])
+    value = (primary, entry["config"], str(entry.get("verified", False)))
+    out = [(str(repo), value) for repo in (primary, *entry.get("also", ()))]
     for variant in entry.get("contexts", ()):
-        context = {**config, CONTEXT: int(variant[CONTEXT])}
-        out.append((str(variant["repo"]), context, str(variant.get("verified", False))))
+        repo = str(variant["repo"])
+        context = {**entry["config"], CONTEXT: int(variant[CONTEXT])}
+        out.append((repo, (repo, context, str(variant.get("verified", False)))))
     return out
 
 
@@ -86,10 +90,7 @@ def _table() -> dict[str, tuple[str, Mapping[str, Any], str]]:
     data: Any = load_yaml_file(TABLE_FILE, "architecture table")
     found: dict[str, tuple[str, Mapping[str, Any], str]] = {}
     for entry in data["models"]:
-        primary = str(entry["repo"])
-        for repo, config, verified in _variants(entry):
-            # an alias is read from its entry's config.json; a context variant from its own
-            value = (primary if config is entry["config"] else repo, config, verified)
+        for repo, value in _variants(entry):
             found.setdefault(repo.lower(), value)
             found.setdefault(repo.rsplit("/", 1)[-1].lower(), value)
     return found

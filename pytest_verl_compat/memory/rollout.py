@@ -86,7 +86,8 @@ VLLM_HYBRID = (
 # whose every layer slides (Mistral v0.1) is one group of them all. The start check sums each
 # group's blocks for one max_model_len sequence (_max_memory_usage_bytes_from_groups).
 VLLM_SLIDING = (
-    "vllm/v1/kv_cache_interface.py:248-270@vllm-0.18.0 (SlidingWindowSpec.max_memory_usage_bytes); "
+    "vllm/v1/kv_cache_interface.py:248-270@vllm-0.18.0, :506-537@vllm-0.24.0 "
+    "(SlidingWindowSpec.max_memory_usage_bytes); "
     "vllm/v1/core/kv_cache_utils.py:956-1075@vllm-0.18.0 (the layers grouped by kind), "
     "kv_cache_utils.py:1801-1861@vllm-0.24.0 (one sequence: every group's blocks)"
 )
@@ -153,7 +154,9 @@ class ServerEngine:
     share_of_free: bool  # its share is of the memory free at its start, not of the device
     profile_in_share: bool  # its profiled forward comes out of its share (else sits outside)
     refuses_short_of_one_sequence: bool  # at start, when one max_model_len sequence does not fit
-    hybrid_pool: bool  # one block pool for a hybrid model's KV and recurrent states (VLLM_HYBRID)
+    # vLLM's hybrid KV cache manager: one block pool for layers of several kinds, a hybrid's
+    # KV and recurrent states (VLLM_HYBRID) or full and sliding-window attention (VLLM_SLIDING)
+    hybrid_pool: bool
     evidence: str  # where its share comes from
     no_pool_error: str = ""  # what it raises when its weights leave no cache, where not vLLM's
 
