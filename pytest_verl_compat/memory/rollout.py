@@ -172,7 +172,7 @@ SGLANG_ENGINE = ServerEngine(
     share_of_free=True,
     profile_in_share=False,
     refuses_short_of_one_sequence=False,  # a longer request is refused per request
-    hybrid_pool=False,  # SGLang's state pool of a hybrid's linear layers is not modelled
+    hybrid_pool=False,  # SGLang's pools for a hybrid's states and sliding windows: not modelled
     evidence=f"{EV_SGLANG}; {SGLANG_SHARE}",
     no_pool_error="SGLang raises 'Not enough memory'",  # SGLANG_NO_POOL
 )
