@@ -362,6 +362,34 @@ def test_a_vision_language_model_counts_its_vision_tower(
     assert any("gemma3: the language model alone" in a for a in assumptions), assumptions
 
 
+def test_a_model_whose_mtp_layers_are_not_counted_says_so(
+    here: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """MiMo's model class builds num_nextn_predict_layers MTP layers beside its decoder: the
+    forecast does not count them and says how many parameters it leaves out; a Qwen2 config
+    with the same key builds none and says nothing."""
+    config = {
+        "model_type": "mimo",
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 11008,
+        "vocab_size": 151680,
+        "num_nextn_predict_layers": 1,
+    }
+    script = _script(GRPO)
+    for model_type, said in (("mimo", True), ("qwen2", False)):
+        (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+        args = ("fit", script, "--gpu", "H100", "--format", "json", "--model-config", str(tmp_path))
+        status, out, err = run(capsys, *args)
+        assert status in (0, 1), err
+        notes = [a for a in json.loads(out)["assumptions"] if "multi-token-prediction" in a]
+        assert bool(notes) is said, notes
+        if said:
+            assert "about 211M parameters" in notes[0]
+
+
 def test_a_qwen3_vl_moe_example_counts_its_tower_on_megatron(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -61,6 +61,10 @@ ALL_SLIDE = frozenset({"mistral"})
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
 # Families with four norms per decoder layer (around attention and around the MLP).
 SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
+# Families whose model class builds num_nextn_predict_layers multi-token-prediction layers beside
+# the decoder (XiaomiMiMo's remote MiMoModel: a Qwen2 attention and MLP, four norms and a 2h x h
+# input projection each); the forecast does not count them and says so.
+MTP_UNCOUNTED = frozenset({"mimo"})
 # Families whose q/k/v projections carry a bias whatever the config says.
 QKV_BIAS = frozenset({"qwen2"})
 # Families whose o_proj bias has a key of its own (Seed-OSS: attention_bias is q/k/v's only,
@@ -147,6 +151,9 @@ class Architecture:
     vision: VisionTower | None = None
     # A VL family whose tower the forecast does not model: its model_type (language model only).
     vision_uncounted: str = ""
+    # Multi-token-prediction layers the model class builds beside its decoder (MiMo's
+    # num_nextn_predict_layers): not counted (MTP_UNCOUNTED)
+    mtp_uncounted: int = 0
     source: str = ""
     model_type: str = ""  # as config.json declares it (family is what it is built as)
 
@@ -516,6 +523,9 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         **_linear_dims(config, family, source),
         vision=vision,
         vision_uncounted=declared if vision is None and "vision_config" in config else "",
+        mtp_uncounted=_count(config, "num_nextn_predict_layers", source)
+        if family in MTP_UNCOUNTED
+        else 0,
         source=source,
         model_type=declared,
     )
