@@ -132,6 +132,22 @@ TINY: dict[str, dict[str, Any]] = {
 }
 
 
+# Gemma 3: Gemma 3's language model under text_config, SigLIP's tower without its pooling head
+TINY["gemma3"] = {
+    "text_config": {**BASE, "head_dim": 16},
+    "vision_config": {
+        "hidden_size": 16,
+        "intermediate_size": 24,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 56,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+    "mm_tokens_per_image": 4,
+}
+
+
 # Qwen3-VL's MoE models: Qwen3-MoE's language model under text_config, Qwen3-VL's tower
 TINY["qwen3_vl_moe"] = {
     "text_config": {**TINY["qwen3_vl"]["text_config"], **TINY["qwen3_moe"]},
@@ -244,6 +260,7 @@ def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
         "mistral",
         "qwen2_vl",
         "qwen2_5_vl",
+        "gemma3",
         "qwen3_vl",
         "qwen3_vl_moe",
         "qwen3_next",

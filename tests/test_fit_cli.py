@@ -332,8 +332,9 @@ def test_a_vision_language_model_counts_its_vision_tower(
 ) -> None:
     """verl's Qwen2.5-VL GRPO example: the shipped table's Qwen2.5-VL-7B-Instruct is the language
     model and its vision tower (8,292,166,656 parameters, the model card's count), and the
-    forecast says the tower's activations are not forecast; a VL family whose tower is not
-    modelled (Gemma 3's SigLIP) says its tower is not counted."""
+    forecast says the tower's activations are not forecast; a tower the forecast does not lay
+    out (SigLIP with its pooling head, which vision_use_head unset builds) says it is not
+    counted."""
     script = _script("examples/grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh")
     status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
     assert status in (0, 1), err

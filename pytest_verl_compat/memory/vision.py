@@ -24,7 +24,7 @@ does not say: its activations are not forecast, and the forecast says so.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,10 @@ from pytest_verl_compat.memory.tensor import LARGEST_DIMENSION, MOST_LAYERS, Ten
 # Qwen2-VL's (transformers' Qwen2VisionTransformerPretrainedModel): LayerNorms with biases, an
 # fc1/fc2 MLP embed_dim x mlp_ratio wide, a LayerNorm merger; its vision_config names the tower's
 # width embed_dim and the language model's hidden_size (the merger's output).
+# Gemma 3's is SigLIP (transformers' SiglipVisionModel under model.vision_tower: patch and position
+# embeddings, encoder layers of LayerNorms, k/v/q/out projections and an fc1/fc2 MLP, a post
+# LayerNorm; no pooling head, vision_use_head false in its config.json) and a projector that is
+# a plain weight and a norm (Gemma3MultiModalProjector).
 TOWER_LAYOUTS = {
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_5_vl",
@@ -44,6 +48,7 @@ TOWER_LAYOUTS = {
     "qwen3_vl_moe": "qwen3_vl",
     "qwen3_5": "qwen3_vl",
     "qwen3_5_moe": "qwen3_vl",
+    "gemma3": "siglip",
 }
 VISION_FAMILIES = frozenset(TOWER_LAYOUTS)
 # Towers whose norms are LayerNorms (a weight and a bias; Qwen2.5-VL's are RMSNorms).
@@ -52,6 +57,10 @@ LAYER_NORM_LAYOUTS = frozenset({"qwen2_vl", "qwen3_vl"})
 MLP_NAMES = {"qwen2_vl": ("fc1", "fc2"), "qwen3_vl": ("linear_fc1", "linear_fc2")}
 PREFIX = "model.visual"
 UNIT = "visual.blocks."  # a block's FSDP unit: visual.blocks.<i>
+SIGLIP = "model.vision_tower"
+SIGLIP_UNIT = "vision_tower.layers."  # an encoder layer's FSDP unit
+PROJECTOR = "model.multi_modal_projector"
+TOWER_PREFIXES = (f"{PREFIX}.", f"{SIGLIP}.", f"{PROJECTOR}.")
 # The patch and position embeddings: no nn.Linear (peft's all-linear leaves them), replicated
 # on every tensor-parallel rank of the rollout server.
 EMBED = "vision_embed"
@@ -74,6 +83,9 @@ class VisionTower:
     deepstack_mergers: int = 0  # Qwen3-VL: one merger per deepstack_visual_indexes entry
 
     def tensors(self) -> Iterator[Tensor]:
+        if self.layout == "siglip":
+            yield from self._siglip()
+            return
         h = self.hidden_size
         qwen3 = self.layout == "qwen3_vl"
         layer_norms = self.layout in LAYER_NORM_LAYOUTS
@@ -127,6 +139,34 @@ class VisionTower:
         )
         yield from self._linears(block, unit, (("attn.qkv", 3 * h, h), ("attn.proj", h, h), *mlp))
 
+    def _siglip(self) -> Iterator[Tensor]:
+        """SigLIP's tower and Gemma 3's projector, in transformers' order (SiglipAttention
+        registers k, v, q, then out)."""
+        h, width = self.hidden_size, self.intermediate_size
+        embeddings = f"{SIGLIP}.embeddings"
+        kernel = (self.in_channels, self.patch_size, self.patch_size)
+        yield Tensor(f"{embeddings}.patch_embedding.weight", (h, *kernel), "root", EMBED)
+        yield Tensor(f"{embeddings}.patch_embedding.bias", (h,), "root", "bias")
+        shape = (self.num_position_embeddings, h)
+        yield Tensor(f"{embeddings}.position_embedding.weight", shape, "root", EMBED)
+        for index in range(self.depth):
+            unit, layer = f"{SIGLIP_UNIT}{index}", f"{SIGLIP}.encoder.layers.{index}"
+            yield from self._layer_norm(f"{layer}.layer_norm1", unit, h)
+            attention = tuple((f"self_attn.{p}", h, h) for p in ("k_proj", "v_proj", "q_proj"))
+            yield from self._linears(layer, unit, (*attention, ("self_attn.out_proj", h, h)))
+            yield from self._layer_norm(f"{layer}.layer_norm2", unit, h)
+            yield from self._linears(layer, unit, (("mlp.fc1", width, h), ("mlp.fc2", h, width)))
+        yield from self._layer_norm(f"{SIGLIP}.post_layernorm", "root", h)
+        # a plain weight multiplied in (no nn.Linear: peft's all-linear leaves it)
+        shape = (h, self.out_hidden_size)
+        yield Tensor(f"{PROJECTOR}.mm_input_projection_weight", shape, "root", EMBED)
+        yield Tensor(f"{PROJECTOR}.mm_soft_emb_norm.weight", (h,), "root", "norm")
+
+    @staticmethod
+    def _layer_norm(prefix: str, unit: str, width: int) -> Iterator[Tensor]:
+        yield Tensor(f"{prefix}.weight", (width,), unit, "norm")
+        yield Tensor(f"{prefix}.bias", (width,), unit, "norm")
+
     @staticmethod
     def _linears(
         prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...]
@@ -139,7 +179,7 @@ class VisionTower:
 
 def in_tower(name: str) -> bool:
     """Whether a parameter (or a LoRA adapter, named under its weight) is the vision tower's."""
-    return name.startswith(f"{PREFIX}.")
+    return name.startswith(TOWER_PREFIXES)
 
 
 class VisionConfigError(ValueError):
@@ -155,7 +195,7 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
         raise VisionConfigError(f"{source}: a {family} config.json needs its vision_config")
 
     def number(key: str, *aliases: str, default: int | None = None) -> int:
-        most = MOST_LAYERS if key == "depth" else LARGEST_DIMENSION
+        most = MOST_LAYERS if key in ("depth", "num_hidden_layers") else LARGEST_DIMENSION
         for name in (key, *aliases):
             value = vision.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most:
@@ -168,6 +208,8 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
 
     layout = TOWER_LAYOUTS[family]
     qwen3 = layout == "qwen3_vl"
+    if layout == "siglip":
+        return _siglip_tower(config, vision, number, source)
     if layout == "qwen2_vl":
         # the tower is embed_dim wide, its MLP embed_dim x mlp_ratio; hidden_size is the merger's
         # output (transformers' Qwen2VLVisionConfig)
@@ -193,6 +235,33 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
         temporal_patch_size=number("temporal_patch_size", default=2),
         in_channels=number("in_channels", "in_chans", default=3),
         spatial_merge_size=number("spatial_merge_size", default=2),
+    )
+
+
+def _siglip_tower(
+    config: Mapping[str, Any], vision: Mapping[str, Any], number: Callable[..., int], source: str
+) -> VisionTower | None:
+    """Gemma 3's SigLIP tower (None: a pooling head, vision_use_head true or unset as
+    SiglipVisionConfig defaults it, which the forecast does not lay out: the tower is not counted
+    and the report says so)."""
+    if vision.get("vision_use_head", True) is not False:
+        return None
+    text = config.get("text_config")
+    out = text.get("hidden_size") if isinstance(text, Mapping) else None
+    if isinstance(out, bool) or not isinstance(out, int) or not 0 < out <= LARGEST_DIMENSION:
+        raise VisionConfigError(f"{source}: text_config.hidden_size must be a positive integer")
+    patch, image = number("patch_size"), number("image_size")
+    return VisionTower(
+        layout="siglip",
+        depth=number("num_hidden_layers"),
+        hidden_size=number("hidden_size"),
+        intermediate_size=number("intermediate_size"),
+        out_hidden_size=out,
+        patch_size=patch,
+        temporal_patch_size=1,
+        in_channels=number("num_channels", default=3),
+        spatial_merge_size=1,
+        num_position_embeddings=(image // patch) ** 2,  # SiglipVisionEmbeddings.num_patches
     )
 
 
