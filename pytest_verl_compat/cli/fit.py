@@ -10,7 +10,6 @@ server cannot start), 2 unreadable input or a usage error (one line).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -43,12 +42,16 @@ def _lengths(text: str) -> tuple[int, int]:
 
 
 def _gib(text: str) -> float:
+    """--gpu-memory, refused as the option's own error where custom_gpu would refuse it."""
+    from pytest_verl_compat.memory.gpus import custom_gpu
+
     try:
         value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, got {text!r}")
+        custom_gpu(value)  # the one rule: a positive, finite size
+    except ValueError:  # UnknownGpu is one
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of GiB, got {text!r}"
+        ) from None
     return value
 
 

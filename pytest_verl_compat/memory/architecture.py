@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.memory.tensor import LARGEST_DIMENSION, MOST_LAYERS, Tensor
+from pytest_verl_compat.memory.tensor import Tensor, is_count, most_of
 from pytest_verl_compat.memory.vision import VisionConfigError, VisionTower, vision_from_config
 
 # Families whose decoder layer is the Llama layout (q/k/v/o, gated MLP, RMSNorm).
@@ -164,6 +164,13 @@ class Architecture:
     @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def mtp_parameters(self) -> int:
+        """About what the uncounted MTP layers hold: a decoder layer and the 2h x h input
+        projection each (MTP_UNCOUNTED; their three extra norms are left out)."""
+        layer = sum(t.numel for t in self.layer_tensors(0))
+        return self.mtp_uncounted * (layer + 2 * self.hidden_size**2)
 
     def is_moe_layer(self, index: int) -> bool:
         return self.is_moe and index >= self.first_k_dense_replace
@@ -367,7 +374,6 @@ def _value(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
 
 
 # The counts a decoder needs at least one of (tensor.py bounds them all from above).
-LAYER_COUNTS = frozenset({"num_hidden_layers"})
 AT_LEAST_ONE = frozenset(
     {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size"}
 )
@@ -375,11 +381,10 @@ AT_LEAST_ONE = frozenset(
 
 def bounded(value: Any, key: str, where: str) -> int:
     """A config.json count within its bounds; anything else an UnsupportedModel naming it."""
-    most = MOST_LAYERS if key in LAYER_COUNTS else LARGEST_DIMENSION
-    least = 1 if key in AT_LEAST_ONE | LAYER_COUNTS else 0
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+    least = 1 if key in AT_LEAST_ONE else 0
+    if not is_count(value, key, least):
         raise UnsupportedModel(
-            f"{where}: {key} must be an integer from {least} to {most:,}, got {value!r}"
+            f"{where}: {key} must be an integer from {least} to {most_of(key):,}, got {value!r}"
         )
     return value
 

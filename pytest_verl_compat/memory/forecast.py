@@ -82,13 +82,10 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
     arch = model.architecture
     assumptions += vision_assumptions(arch.vision, arch.vision_uncounted)
     if arch.mtp_uncounted:
-        # a decoder layer and a 2h x h input projection each (MTP_UNCOUNTED)
-        mtp = arch.mtp_uncounted * (
-            sum(t.numel for t in arch.layer_tensors(0)) + 2 * arch.hidden_size**2
-        )
         assumptions.append(
             f"the model's {arch.mtp_uncounted} multi-token-prediction layer(s) "
-            f"(num_nextn_predict_layers, about {mtp / 1e6:,.0f}M parameters) are not counted, "
+            f"(num_nextn_predict_layers, about {arch.mtp_parameters / 1e6:,.0f}M parameters) "
+            "are not counted, "
             "nor what Megatron's MTP loss holds when model.mtp trains them"
         )
     if arch.layer_types:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.memory.tensor import LARGEST_DIMENSION, MOST_LAYERS, Tensor
+from pytest_verl_compat.memory.tensor import Tensor, is_count, most_of
 
 # Families with a vision tower the forecast counts, by model_type, and the tower each builds:
 # Qwen3-VL's MoE models (qwen3_vl_moe) build Qwen3-VL's tower (transformers'
@@ -195,15 +195,14 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
         raise VisionConfigError(f"{source}: a {family} config.json needs its vision_config")
 
     def number(key: str, *aliases: str, default: int | None = None) -> int:
-        most = MOST_LAYERS if key in ("depth", "num_hidden_layers") else LARGEST_DIMENSION
         for name in (key, *aliases):
             value = vision.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most:
+            if is_count(value, key, 1):
                 return value
         if default is not None:
             return default
         raise VisionConfigError(
-            f"{source}: vision_config.{key} must be an integer from 1 to {most:,}"
+            f"{source}: vision_config.{key} must be an integer from 1 to {most_of(key):,}"
         )
 
     layout = TOWER_LAYOUTS[family]
@@ -248,7 +247,7 @@ def _siglip_tower(
         return None
     text = config.get("text_config")
     out = text.get("hidden_size") if isinstance(text, Mapping) else None
-    if isinstance(out, bool) or not isinstance(out, int) or not 0 < out <= LARGEST_DIMENSION:
+    if not is_count(out, "hidden_size", 1):
         raise VisionConfigError(f"{source}: text_config.hidden_size must be a positive integer")
     patch, image = number("patch_size"), number("image_size")
     return VisionTower(
