@@ -8,6 +8,9 @@
   critic runs both passes on ``ppo_infer_max_token_len_per_gpu``; a release whose critic splits
   each pass by its own keys (the legacy dp_critic) takes ``ppo_micro_batch_size_per_gpu`` for
   the update and ``forward_micro_batch_size_per_gpu`` for the values.
+- Deferred gradient sync: where the tree has ``use_no_sync_for_gradient_accumulation`` the fix
+  turns it off; where it has none (0.9.0 defers always) the fix is a mini-batch in one
+  micro-batch, and a run already there gets no larger micro-batch proposed.
 """
 
 from __future__ import annotations
@@ -432,3 +435,90 @@ def test_an_oom_sft_megatron_update_proposes_the_cpu_optimizer_in_its_top_level_
     wanted = "+optim.override_optimizer_config.optimizer_cpu_offload"
     assert (wanted in keys) is proposed, keys
     assert not any(key.lstrip("+").startswith("engine.optim") for key in keys), keys
+
+
+NO_SYNC_RUN = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=16",
+    "data.max_prompt_length=512",
+    "data.max_response_length=512",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+]
+NO_SYNC_MODEL = {"model": "Qwen/Qwen2.5-7B"}
+ACTOR = "actor_rollout_ref.actor"
+KEY_IN_TREE = f"+{ACTOR}.fsdp_config.use_no_sync_for_gradient_accumulation=True"
+DYNAMIC = [f"{ACTOR}.use_dynamic_bsz=True", f"{ACTOR}.ppo_max_token_len_per_gpu=1024"]
+
+
+def _update_fixes(
+    session: AuditSession, folder: Path, overrides: list[str], gib: float
+) -> tuple[Any, list[dict[str, str]]]:
+    resolved = _resolved(session, folder, overrides, model_entry=NO_SYNC_MODEL)
+    request = Request(gpu=custom_gpu(gib), facts=release_facts(session.version))
+    result = forecast(resolved, request)
+    update = [v for v in result.verdicts if v.phase == "actor-update"]
+    return update[0] if update else None, [
+        dict(f.keys) for f in (update[0].fixes if update else ())
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "whole"),
+    [
+        ([], f"{ACTOR}.ppo_micro_batch_size_per_gpu", "2"),  # a rank's 2 sequences
+        (DYNAMIC, f"{ACTOR}.ppo_max_token_len_per_gpu", "2048"),  # their 2 x 1,024 tokens
+    ],
+)
+def test_deferred_sync_without_a_key_proposes_one_micro_batch_per_mini_batch(
+    upstream_session: AuditSession, folder: Path, extra: list[str], key: str, whole: str
+) -> None:
+    """0.9.0's FSDP engine defers gradient sync on every micro-batch but a mini-batch's last and
+    its tree has no key to stop it (transformer_impl.py:683-698): the fix that drops the unsharded
+    gradients is a mini-batch in one micro-batch, which the forecast of the change judges."""
+    update, proposed = _update_fixes(upstream_session, folder, [*NO_SYNC_RUN, *extra], 30.0)
+    assert update is not None and update.level == "error"
+    assert any(fix.get(key) == whole for fix in proposed), proposed
+    fixed = _role(
+        upstream_session,
+        folder,
+        [*NO_SYNC_RUN, *extra, f"{key}={whole}"],
+        "actor",
+        model_entry=NO_SYNC_MODEL,
+    )
+    assert fixed.micro_batches == 1
+    assert fixed.whole_mini_batch == int(whole)
+
+
+def test_deferred_sync_with_the_key_proposes_the_key_not_the_micro_batch(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """Where the tree has use_no_sync_for_gradient_accumulation (0.9.1's), turning it off is the
+    fix; the micro-batch stays as the user set it."""
+    _, proposed = _update_fixes(upstream_session, folder, [*NO_SYNC_RUN, KEY_IN_TREE], 30.0)
+    sync_key = KEY_IN_TREE.split("=", 1)[0].lstrip("+")
+    assert any(fix.get(sync_key) == "False" for fix in proposed), proposed
+    assert not any(fix.get(f"{ACTOR}.ppo_micro_batch_size_per_gpu") == "2" for fix in proposed)
+
+
+def test_one_micro_batch_per_mini_batch_proposes_no_larger_micro_batch(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """Near-identical, already one micro-batch per mini-batch: no gradient is kept unsharded, and
+    no fix raises the micro-batch."""
+    run = [*NO_SYNC_RUN, f"{ACTOR}.ppo_micro_batch_size_per_gpu=2"]
+    resolved = _resolved(upstream_session, folder, run, model_entry=NO_SYNC_MODEL)
+    request = Request(gpu=custom_gpu(12.0), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request)
+    update = [p for r in result.ranks for p in r.phases if p.phase == "actor-update"]
+    assert update and not [part.key for part in update[0].parts if part.key.endswith("accumulated")]
+    verdicts = [v for v in result.verdicts if v.phase == "actor-update"]
+    assert verdicts and verdicts[0].level == "error", "12 GiB cannot hold a 7B update"
+    raised = [
+        dict(fix.keys)
+        for fix in verdicts[0].fixes
+        if int(dict(fix.keys).get(f"{ACTOR}.ppo_micro_batch_size_per_gpu", 0)) > 2
+    ]
+    assert not raised, verdicts[0].fixes

@@ -86,9 +86,14 @@ def _role_candidates(
         model = "critic.model"
     else:
         model = "model" if role.section == "engine" else "actor_rollout_ref.model"
-    if training and role.sync_key and role.spec.defer_sync and role.micro_batches > 1:
-        # where the release's tree has the key: sync every micro-batch, no unsharded gradients
-        yield [((role.sync_key, False),)]
+    if training and role.spec.defer_sync and role.micro_batches > 1:
+        if role.sync_key:
+            # where the release's tree has the key: sync every micro-batch, no unsharded gradients
+            yield [((role.sync_key, False),)]
+        elif role.whole_mini_batch and role.spec.strategy in ("fsdp", "fsdp2"):
+            # a release without the key defers on every micro-batch but the last
+            # (transformer_impl.py:683-698@0.9.0): a mini-batch in one micro-batch keeps none
+            yield [((key, role.whole_mini_batch),)]
     engine = role.engine_section
     if training and not role.checkpointing:
         if role.spec.strategy in MEGATRON_STRATEGIES:

@@ -76,6 +76,9 @@ class RoleLayout:
     sync_key: str = ""
     # the log-probs' backward writes into the saved logits when no entropy is taken
     logprob_grad_in_place: bool = False
+    # the train budget (train_budget_key's value) that makes a rank's mini-batch one micro-batch:
+    # its sequences (static) or their tokens per GPU (dynamic); 0 where not known
+    whole_mini_batch: int = 0
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,15 @@ def micro_batches(
     while within_budget and k < count and ceil_div(count, k) * sequence > limit:
         k += 1
     return k, ceil_div(ceil_div(count, k) * sequence, sp)
+
+
+def whole_mini_batch(dynamic: bool, count: int, sequence: int, sp: int) -> int:
+    """The budget under which ``count`` sequences of ``sequence`` tokens on one data-parallel rank
+    are one micro-batch (``micro_batches`` gives 1): the sequences themselves with a static
+    micro-batch, their tokens over the Ulysses or context-parallel ranks with a dynamic one."""
+    if count <= 0:
+        return 0
+    return ceil_div(count * sequence, max(sp, 1)) if dynamic else count
 
 
 def rl_lengths(resolved: Mapping[str, Any], given: tuple[int, int] | None) -> Lengths:

@@ -67,6 +67,13 @@ def _on_host(role: RoleLayout) -> str:
     return f", {what} of {share:.0%} of the params on the host (optimizer_cpu_offload)"
 
 
+def _deferred_by(role: RoleLayout) -> str:
+    """What defers the gradient sync: the key where the release's tree has it, else its engine."""
+    if role.sync_key:
+        return f"{role.sync_key.rsplit('.', 1)[-1]}=True"
+    return "the release's engine, always: its tree has no key for it"
+
+
 def _pipelined(role: RoleLayout) -> bool:
     return megatron(role) and role.spec.pp > 1
 
@@ -175,7 +182,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                     f"{name}.accumulated",
                     f"{name} unsharded grads (no-sync)",
                     s.accumulated,
-                    f"{role.micro_batches} micro-batches per mini-batch, gradient sync deferred to the last (use_no_sync_for_gradient_accumulation): every trainable param's gradient kept whole between them",
+                    f"{role.micro_batches} micro-batches per mini-batch, gradient sync deferred to the last ({_deferred_by(role)}): every trainable param's gradient kept whole between them",
                     st.EV_NO_SYNC,
                 )
             )

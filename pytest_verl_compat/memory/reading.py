@@ -42,6 +42,7 @@ from pytest_verl_compat.memory.layout import (
     as_int,
     micro_batches,
     value_at,
+    whole_mini_batch,
 )
 from pytest_verl_compat.memory.models import ModelChoice
 from pytest_verl_compat.memory.release_facts import (
@@ -389,6 +390,7 @@ def role_layout(
         logprob_grad_in_place=facts.logprob_grad_in_place and not megatron,
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, engine_path(resolved, role)),
+        whole_mini_batch=whole_mini_batch(dynamic, per_rank, seq, sp),
         train_budget_key=train_key,
         infer_budget_key=infer_key,
         dynamic=dynamic,
@@ -621,6 +623,7 @@ def sft_layout(
         logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, "engine"),
+        whole_mini_batch=whole_mini_batch(dynamic, per_rank, seq, sp),
         train_budget_key="data.max_token_len_per_gpu"
         if dynamic
         else "data.micro_batch_size_per_gpu",
