@@ -522,3 +522,117 @@ def test_every_example_script_is_forecast_or_refused_in_one_line(
             refusals = [line for line in err.splitlines() if "forecast for verl" not in line]
             assert len(refusals) == 1, f"{script.name}: {err}"
     assert statuses.get(0, 0) + statuses.get(1, 0) >= 30, statuses
+
+
+WAYS_LAUNCH = """#!/usr/bin/env bash
+{condition}
+python3 -m verl.trainer.main_ppo \\
+  algorithm.adv_estimator=grpo \\
+  data.train_batch_size=64 \\
+  data.max_prompt_length=1024 \\
+  data.max_response_length=2048 \\
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\
+  actor_rollout_ref.model.enable_gradient_checkpointing=True \\
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$MBS \\
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
+  actor_rollout_ref.rollout.name=vllm \\
+  actor_rollout_ref.rollout.n=4 \\
+  trainer.experiment_name=$NAME \\
+  trainer.n_gpus_per_node=8
+"""
+
+
+def _ways_script(folder: Path, condition: str) -> str:
+    script = folder / "ways.sh"
+    script.write_text(WAYS_LAUNCH.format(condition=condition))
+    return str(script)
+
+
+def _schema() -> dict[str, object]:
+    loaded: dict[str, object] = json.loads(
+        resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
+    )
+    return loaded
+
+
+def test_a_script_whose_ways_forecast_differently_gives_each_way(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A test only the run decides (a command's output) that sets a micro-batch: each way is forecast on
+    its own under the test it takes, the exit is 1 if any way does not fit, the JSON gives each
+    way under `ways`, and a picture (one forecast) is refused in one line, nothing written."""
+    script = _ways_script(
+        here, 'if [ "$(hostname)" = big-node ]; then MBS=32; NAME=big; else MBS=1; NAME=small; fi'
+    )
+    status, out, _ = run(capsys, "fit", script, "--gpu", "H100", "--brief")
+    assert status == 1, out
+    blocks = out.split('\nwhen [ "$(hostname)" = big-node ] (line 2) is false:\n')
+    assert len(blocks) == 2 and blocks[0].startswith(
+        'when [ "$(hostname)" = big-node ] (line 2) is true:'
+    )
+    assert "error[memory.actor-update]" in blocks[0] and "error[memory." not in blocks[1], out
+    status, out, _ = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
+    payload = json.loads(out)
+    jsonschema.validate(payload, _schema())
+    assert [way["when"] for way in payload["ways"]] == [
+        'when [ "$(hostname)" = big-node ] (line 2) is true',
+        'when [ "$(hostname)" = big-node ] (line 2) is false',
+    ]
+    picture = here / "ways.png"
+    status, _, err = run(capsys, "fit", script, "--gpu", "H100", "--plot", str(picture))
+    _one_line_error(status, err, "ways forecast differently", "without --plot")
+    assert not picture.exists()
+    # bound, the test is decided: one forecast
+    status, out, _ = run(
+        capsys, "fit", script, "--gpu", "H100", "--subst", "hostname", "small-node"
+    )
+    assert "when [" not in out and status == 0, out
+
+
+def test_a_script_whose_ways_forecast_alike_gives_one_forecast(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Near-identical, the test sets only the experiment's name: one forecast, a note on stderr
+    that every way gives it, the JSON a plain forecast."""
+    script = _ways_script(
+        here, 'MBS=2; if [ "$(hostname)" = big-node ]; then NAME=big; else NAME=small; fi'
+    )
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--brief")
+    assert status == 0 and "when [" not in out, out
+    assert "goes 2 ways" in err and "each way forecasts this" in err
+    status, out, _ = run(capsys, "fit", script, "--gpu", "H100", "--format", "json")
+    payload = json.loads(out)
+    jsonschema.validate(payload, _schema())
+    assert "ways" not in payload and payload["ranks"]
+
+
+def test_a_way_that_cannot_be_read_is_said_beside_the_one_forecast(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`[ -f .env ] && source .env` with no .env here: that way says why it has no forecast, the
+    other is forecast (it had been an internal error)."""
+    script = _ways_script(here, "MBS=2; NAME=x\n[ -f .env ] && source .env")
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--brief")
+    assert "Traceback" not in err and "internal error" not in err
+    assert status == 0, out
+    assert "when [ -f .env ] (line 3) is true: not forecast: " in out and ".env" in out
+    assert "when [ -f .env ] (line 3) is false:\n" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [("trtllm", "rollout.name is 'trtllm'"), ("'???'", "unset ('???'"), ("vllm", "")],
+)
+def test_a_rollout_engine_the_forecast_does_not_model_is_an_assumption(
+    here: Path, capsys: pytest.CaptureFixture[str], name: str, said: str
+) -> None:
+    script = _ways_script(here, "MBS=2; NAME=x")
+    text = Path(script).read_text().replace("rollout.name=vllm", f"rollout.name={name}")
+    Path(script).write_text(text)
+    _, out, _ = run(capsys, "fit", script, "--gpu", "H100", "--brief")
+    assumed = [line for line in out.splitlines() if "share arithmetic" in line]
+    if said:
+        assert assumed and said in assumed[0] and assumed[0].startswith("assumes: "), out
+    else:
+        assert not assumed, out

@@ -63,10 +63,39 @@ def gpu_setting(args: argparse.Namespace) -> str | None:
     return str(value) if value else None
 
 
+def _refusal(prepared: Any, label: str) -> str:
+    """Why a prepared target has no forecast (one line)."""
+    found = prepared.result
+    reason = found.error or "; ".join(f"{f.location}: {f.message}" for f in found.findings)
+    return str(reason or f"{label}: nothing to forecast")
+
+
+def _forecasts(
+    session: Any, prepared: Any, request: Any, label: str
+) -> list[tuple[str, Any, Any, str]]:
+    """(when, forecast, locator, refusal) per way of the script: one, with no condition, unless
+    it goes several ways at tests only its run decides (``check``'s ways), each forecast alone."""
+    parts = prepared.ways or [(None, prepared)]
+    out = []
+    for way, part in parts:
+        when = way.said() if way is not None else ""
+        if part.result is not None:
+            out.append((when, None, None, _refusal(part, label)))
+            continue
+        assert part.case is not None, "a prepared target has a case, a result or ways"
+        try:
+            out.append((when, forecast_case(session, part.case, request), part.locator, ""))
+        except UsageError as exc:
+            if way is None:
+                raise
+            out.append((when, None, None, str(exc)))  # this way's own refusal, said beside it
+    return out
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     from pytest_verl_compat.cli.check import Target, prepare, targets
     from pytest_verl_compat.memory.forecast import Request
-    from pytest_verl_compat.memory.report import dumps, json_payload, text_lines
+    from pytest_verl_compat.memory.report import SCHEMA_VERSION, dumps, json_payload, text_lines
 
     if not hasattr(args, "argv"):
         args.argv = []
@@ -79,40 +108,80 @@ def cmd_fit(args: argparse.Namespace) -> int:
     listed: list[Target] = targets(args, session)
     if len(listed) != 1:
         raise UsageError("fit takes one launch script (or case)")
+    label = listed[0].label
     with tempfile.TemporaryDirectory(prefix="verl-compat-fit-") as scratch:
         prepared = prepare(session, listed[0], args, Path(scratch))
-    if prepared.result is not None:
-        found = prepared.result
-        reason = found.error or "; ".join(f"{f.location}: {f.message}" for f in found.findings)
-        raise UsageError(reason or f"{listed[0].label}: nothing to forecast")
-    assert prepared.case is not None
-    request = Request(
-        gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=listed[0].label
-    )
-    result = forecast_case(session, prepared.case, request)
+    request = Request(gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=label)
+    runs = _forecasts(session, prepared, request, label)
+    forecast = [(when, result, locator) for when, result, locator, _ in runs if result is not None]
+    if not forecast:
+        raise UsageError("; ".join(f"{r} ({w})" if w else r for w, _, _, r in runs))
     why = session.release.why if session.release else ""
+    release = {"version": session.version, "chosen_by": why}
+    rendered: list[Any] = []  # each way's JSON payload, or its text
+    for _, result, locator in forecast:
+        if args.format == "json":
+            rendered.append(json_payload(result) | {"release": release})
+        else:
+            lines = text_lines(result, parts=not args.brief) + _located(result, locator)
+            rendered.append("".join(line + "\n" for line in lines))
+    alike = len(forecast) == len(runs) and all(r == rendered[0] for r in rendered)
+    if len(runs) > 1 and alike:
+        note(
+            "fit",
+            f"the script goes {len(runs)} ways at tests only its run decides; each way forecasts this",
+        )
+    text: str
+    if alike:
+        text = dumps(rendered[0]) if args.format == "json" else rendered[0]
+    else:
+        if args.plot:
+            raise UsageError(
+                f"{label}: its ways forecast differently ({'; '.join(w for w, *_ in runs)}); "
+                "run without --plot for each way's, or bind what the tests read to draw one"
+            )
+        text = _ways_text(args.format, runs, iter(rendered), release, label, SCHEMA_VERSION, dumps)
     # The release is a choice, said as one; the parts cite its own lines (``releases.lines``).
     note("fit", f"forecast for verl {session.version} ({why})")
-    if args.format == "json":
-        payload = json_payload(result)
-        payload["release"] = {"version": session.version, "chosen_by": why}
-        text = dumps(payload)
-    else:
-        text = "".join(line + "\n" for line in text_lines(result, parts=not args.brief))
-        lines = [f"{line}" for line in _located(result, prepared.locator)]
-        text += "".join(line + "\n" for line in lines)
     sys.stdout.write(cite(text, session.version))
     if args.plot:
         from pytest_verl_compat.memory.plot import write_plot
 
         try:
-            write_plot(result, Path(args.plot))
+            write_plot(forecast[0][1], Path(args.plot))
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         except OSError as exc:
             raise UsageError(f"{args.plot}: cannot write: {exc.strerror}") from exc
         note("fit", f"wrote {args.plot}")
-    return EXIT_FINDINGS if any(v.level == "error" for v in result.verdicts) else EXIT_OK
+    failed = any(v.level == "error" for _, result, _ in forecast for v in result.verdicts)
+    return EXIT_FINDINGS if failed else EXIT_OK
+
+
+def _ways_text(
+    form: str,
+    runs: list[tuple[str, Any, Any, str]],
+    rendered: Any,
+    release: dict[str, str],
+    label: str,
+    schema_version: int,
+    dumps: Any,
+) -> str:
+    """Each way's forecast (or why it has none) under the tests it takes."""
+    if form == "json":
+        ways = [
+            {"when": when, "forecast": next(rendered)}
+            if result is not None
+            else {"when": when, "not_forecast": refusal}
+            for when, result, _, refusal in runs
+        ]
+        payload = {"schema_version": schema_version, "release": release, "script": label}
+        return str(dumps(payload | {"ways": ways}))
+    blocks = [
+        f"{when}:\n{next(rendered)}" if result is not None else f"{when}: not forecast: {refusal}\n"
+        for when, result, _, refusal in runs
+    ]
+    return "\n".join(blocks)
 
 
 def _located(result: Any, locator: Any) -> list[str]:

@@ -18,6 +18,7 @@ from pytest_verl_compat.memory.parts import (
     Verdict,
     gib,
 )
+from pytest_verl_compat.memory.rollout import engine_assumption
 from pytest_verl_compat.memory.runs import (
     MARGIN,
     NotForecastable,
@@ -95,6 +96,10 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
             "from flash-linear-attention's GPU kernels, not measured; vLLM's cache holds their "
             "recurrent states in blocks shared with the attention layers' KV"
         )
+    for serving in (layout.rollout, layout.reward):
+        said = engine_assumption(serving) if serving is not None else ""
+        if said:
+            assumptions.append(said)
     if request.gpu is not None:
         capacity, assumed, gpu = request.gpu.usable_bytes, False, request.gpu.label()
     else:

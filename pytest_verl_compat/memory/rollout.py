@@ -187,6 +187,19 @@ def engine_of(server: ServerLayout) -> ServerEngine:
     return ENGINES.get(server.name, OTHER_ENGINE)
 
 
+def engine_assumption(server: ServerLayout) -> str:
+    """What the forecast assumes of a server whose engine it does not model ("" for vLLM and
+    SGLang); an unset name (OmegaConf's ``???``) is said as the error verl stops at."""
+    if server.name in ENGINES:
+        return ""
+    named = (
+        f"{server.section}.name is unset ('???': verl stops at worker start)"
+        if server.name == "???"
+        else f"{server.section}.name is {server.name!r}"
+    )
+    return f"{named}: that server is forecast with vLLM's share arithmetic, without vLLM's start checks"
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
