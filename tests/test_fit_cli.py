@@ -174,6 +174,11 @@ def test_an_sft_launch_takes_torchruns_world(
             ("actor.ulysses_sequence_parallel_size", "expected an integer"),
         ),
         (
+            # an empty value (a variable the run sets, unset here) says how to bind it
+            ("--gpu", "H100", "--set", "trainer.nnodes="),
+            ("trainer.nnodes", "expected an integer, got ''", "--env NAME=VALUE"),
+        ),
+        (
             ("--gpu", "H100", "--set", "actor_rollout_ref.model.target_modules=5"),
             ("model.target_modules=5", "a module name or a list of them"),
         ),

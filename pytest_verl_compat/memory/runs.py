@@ -92,7 +92,11 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
     facts = request.facts
     bad = lay.first_bad_count(resolved)
     if bad is not None:
-        raise NotForecastable(f"{bad[0]}: expected {bad[2]}, got {bad[1]!r}", bad[0])
+        # an empty value is most often a variable the script reads and the run would set
+        unset = (
+            " (an unset variable in the script? bind it: --env NAME=VALUE)" if bad[1] == "" else ""
+        )
+        raise NotForecastable(f"{bad[0]}: expected {bad[2]}, got {bad[1]!r}{unset}", bad[0])
     family = family_of(resolved)
     if family == SFT:
         model = _model_at(_model_path(resolved, "model"), "model.path", request.model_config)
