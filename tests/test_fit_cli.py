@@ -641,3 +641,17 @@ def test_a_rollout_engine_the_forecast_does_not_model_is_an_assumption(
         assert assumed and said in assumed[0] and assumed[0].startswith("assumes: "), out
     else:
         assert not assumed, out
+
+
+def test_check_with_a_gpu_forecasts_each_way_of_a_script(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check --gpu on a script that goes two ways: the way that does not fit gives its
+    memory.* error, said with the test it takes (its ways had been checked without the GPU)."""
+    script = _ways_script(
+        here, 'if [ "$(hostname)" = big-node ]; then MBS=32; NAME=big; else MBS=1; NAME=small; fi'
+    )
+    status, out, _ = run(capsys, "check", script, "--gpu", "H100", "--no-upstream-checks")
+    errors = [line for line in out.splitlines() if "error[memory.actor-update]" in line]
+    assert status == 1 and len(errors) == 1, out
+    assert errors[0].endswith('[when [ "$(hostname)" = big-node ] (line 2) is true]'), errors[0]

@@ -369,7 +369,7 @@ def finish(
     from pytest_verl_compat.upstream.verdict.case import check_case
 
     if prepared.ways:
-        results = [(way, finish(session, part, ask, chosen)) for way, part in prepared.ways]
+        results = [(way, finish(session, part, ask, chosen, gpu)) for way, part in prepared.ways]
         assert prepared.parted is not None
         return merge_ways(prepared.target.label, results, chosen, prepared.parted)
     if prepared.result is not None:
