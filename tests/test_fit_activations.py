@@ -521,3 +521,31 @@ def test_megatron_logits_cost_is_what_its_engine_holds(version: str) -> None:
     for entropy, training, chunked, units in measured:
         expected = megatron_logits_cost(training, entropy, False).copies
         assert expected <= units <= expected * 1.03, (entropy, training, chunked, units, expected)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_megatron_without_sequence_parallel_keeps_korthikantis_unsplit_share(tp: int) -> None:
+    """Korthikanti et al. 2022, Table 2: per layer and tensor-parallel rank, s*b*h*(10 + 24/t)
+    without sequence parallelism against 34/t with it; the 10 s*b*h held whole on every rank are
+    the two norms' inputs and the two linear layers' inputs after them, and 2 s*b*h the dropout
+    masks verl's models do not keep. Per token on one rank (the caller divides the tokens by tp),
+    what sequence parallelism saves is therefore 8h bytes (and the norms' fp32 rsigmas) times
+    (tp - 1) / tp."""
+    from pytest_verl_compat.memory.activations import megatron_layer_bytes
+
+    h = 512
+    config = dict(
+        BASE, hidden_size=h, num_attention_heads=8, num_key_value_heads=8,
+        intermediate_size=1376, model_type="llama",
+    )  # fmt: skip
+    arch = architecture_from_config(config, "llama", "tiny config")
+    rsigmas = 2 * 4
+    saved = megatron_layer_bytes(arch, 0, 2, tp) - megatron_layer_bytes(arch, 0, 2, 1)
+    assert saved == (8 * h + rsigmas) * (tp - 1)
+    tokens = 1000 * tp
+    whole = kept_bytes(arch, tokens // tp, False, 2, True, None, tp)
+    split = kept_bytes(arch, tokens // tp, False, 2, True, None, 1)
+    assert whole - split == tokens // tp * arch.num_hidden_layers * saved
+    # full recompute keeps each layer's input: whole on every rank without sequence parallelism
+    recomputed = kept_bytes(arch, 1, True, 2, True, None, tp) - kept_bytes(arch, 1, True, 2, True)
+    assert recomputed == (tp - 1) * arch.num_hidden_layers * 2 * h

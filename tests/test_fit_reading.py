@@ -522,3 +522,68 @@ def test_one_micro_batch_per_mini_batch_proposes_no_larger_micro_batch(
         if int(dict(fix.keys).get(f"{ACTOR}.ppo_micro_batch_size_per_gpu", 0)) > 2
     ]
     assert not raised, verdicts[0].fixes
+
+
+MEGATRON = "actor_rollout_ref.actor.megatron"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "split"),
+    [
+        ([], True),  # engine/megatron.yaml:32
+        ([f"{MEGATRON}.sequence_parallel=False"], False),
+        # override_transformer_config is applied last (transformer_impl.py:364-365)
+        ([f"+{MEGATRON}.override_transformer_config.sequence_parallel=False"], False),
+        (
+            [
+                f"{MEGATRON}.sequence_parallel=True",
+                f"+{MEGATRON}.override_transformer_config.sequence_parallel=False",
+            ],
+            False,
+        ),
+        # the legacy mbridge reads no engine key: on whenever tensor parallelism is
+        ([f"{MEGATRON}.sequence_parallel=False", f"{MEGATRON}.vanilla_mbridge=True"], True),
+        (
+            [
+                f"{MEGATRON}.vanilla_mbridge=True",
+                f"+{MEGATRON}.override_transformer_config.sequence_parallel=False",
+            ],
+            False,
+        ),
+    ],
+)
+def test_megatron_sequence_parallel_is_read_as_its_engine_builds_the_model(
+    upstream_session: AuditSession, folder: Path, overrides: list[str], split: bool
+) -> None:
+    actor = _role(
+        upstream_session, folder, [*MEGATRON_RUN, *overrides], "actor", "ppo_megatron_trainer"
+    )
+    assert actor.sequence_parallel is split
+
+
+def test_megatron_without_sequence_parallel_keeps_more_and_proposes_the_deciding_key(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """With sequence parallelism off the update keeps the norms' tensors whole on each tensor-
+    parallel rank (more than with it on, the run otherwise the same), and the fix turns it on
+    with the key that turned it off."""
+    run = [*MEGATRON_RUN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]
+
+    def update(extra: list[str]) -> tuple[int, list[dict[str, str]]]:
+        resolved = _resolved(upstream_session, folder, [*run, *extra], "ppo_megatron_trainer")
+        request = Request(gpu=custom_gpu(12.0), facts=release_facts(upstream_session.version))
+        result = forecast(resolved, request)
+        phase = next(p for r in result.ranks for p in r.phases if p.phase == "actor-update")
+        kept = sum(part.bytes for part in phase.parts if part.key == "actor.activations")
+        verdict = next(v for v in result.verdicts if v.phase == "actor-update")
+        return kept, [dict(fix.keys) for fix in verdict.fixes]
+
+    on, _ = update([])
+    for key in (
+        f"{MEGATRON}.sequence_parallel",
+        f"{MEGATRON}.override_transformer_config.sequence_parallel",
+    ):
+        plus = "+" if "override" in key else ""
+        off, fixes = update([f"{plus}{key}=False"])
+        assert off > on
+        assert any(fix.get(key) == "True" for fix in fixes), (key, fixes)

@@ -28,6 +28,9 @@ EV_MEGATRON_CE = "megatron/core/tensor_parallel/cross_entropy.py:28, :65, :187@m
 EV_MEGATRON_RECOMPUTE = "verl/trainer/config/engine/megatron.yaml:76-90; verl/workers/engine/megatron/transformer_impl.py:296, :329, :364-365"
 # verl builds its Megatron models with Transformer Engine's layer spec
 EV_MEGATRON_LAYER = "verl/models/mcore/model_initializer.py:105 (use_transformer_engine=True); megatron/core/models/gpt/gpt_layer_specs.py:270-291 (megatron-core 0.16.1: linear_qkv=column_parallel_layer_norm_linear, core_attention, pre_mlp_layernorm fused unless MoE)"
+# sequence_parallel: the engine's key, then override_transformer_config (the legacy mbridge sets it
+# whenever tensor parallelism is on)
+EV_MEGATRON_SEQUENCE_PARALLEL = "verl/trainer/config/engine/megatron.yaml:32; verl/workers/engine/megatron/transformer_impl.py:354, :364-365"
 EV_REMOVE_PADDING = "verl/workers/engine/fsdp/transformer_impl.py:1198-1262"
 EV_LOGITS = "verl/workers/engine/fsdp/transformer_impl.py:1332-1371"
 EV_ENTROPY = "verl/utils/torch_functional.py:231-265"
@@ -127,7 +130,7 @@ def layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     return norms + _attention(arch, c) + _gated_query(arch, c) + _mlp(arch, index, c)
 
 
-def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
+def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2, replicated: int = 1) -> int:
     """Bytes per token decoder layer ``index`` keeps for backward in verl's Megatron engine, which
     builds megatron-core's Transformer Engine layer (``EV_MEGATRON_LAYER``): the input norm fused
     into the QKV linear (its input, its normalised output, rsigma), Qwen3's q/k norms (their
@@ -135,11 +138,16 @@ def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2) -> int:
     projection's input), the pre-MLP norm fused into fc1 (input, normalised output, rsigma), the
     fused SwiGLU's input (fc1's gate and up) and fc2's input. Nothing is upcast and kept in fp32
     as transformers' RMSNorm does, which is why the forecast does not use ``layer_bytes`` here.
-    Stated from the modules, not measured: Transformer Engine does not run on a CPU."""
+    Stated from the modules, not measured: Transformer Engine does not run on a CPU.
+
+    The caller divides a micro-batch's tokens over the tensor-parallel ranks. Under megatron-core's
+    sequence parallelism every kept tensor is split over them (along the sequence, or the heads and
+    widths); without it the norms' inputs and outputs (the linear layers' inputs) are held whole on
+    each of the ``replicated`` ranks (Korthikanti et al.'s 10 s*b*h, dropout masks aside)."""
     h, heads = arch.hidden_size, arch.num_attention_heads
     q = heads * arch.head_dim
     kv = arch.num_key_value_heads * arch.head_dim
-    norms = 2 * (2 * c * h + 4)
+    norms = 2 * (2 * c * h + 4) * replicated
     attention = c * (q + 2 * kv) + c * q + 4 * heads + _gated_query(arch, c)
     if arch.family in QK_NORM:
         attention += c * (q + kv) + 4 * (heads + arch.num_key_value_heads)
@@ -179,8 +187,10 @@ def head_bytes(
     return 8 + 2 * c * rotary + head + (8 if checkpointing else 0)
 
 
-def _layer(arch: Architecture, index: int, c: int, megatron: bool) -> int:
-    return megatron_layer_bytes(arch, index, c) if megatron else layer_bytes(arch, index, c)
+def _layer(arch: Architecture, index: int, c: int, megatron: bool, replicated: int = 1) -> int:
+    if megatron:
+        return megatron_layer_bytes(arch, index, c, replicated)
+    return layer_bytes(arch, index, c)
 
 
 @dataclass(frozen=True)
@@ -231,19 +241,22 @@ def kept_bytes(
     c: int = 2,
     megatron: bool = False,
     stage: Stage | None = None,
+    replicated: int = 1,
 ) -> int:
     """Bytes a training forward of ``tokens`` keeps until its backward (logits aside), on the
     whole model or one pipeline ``stage`` (its layers, its micro-batches in flight).
 
     Under gradient checkpointing (HF's non-reentrant checkpoint per decoder layer, enabled by
     verl at transformer_impl.py:299-300; Megatron's full recompute) each layer keeps only its
-    input hidden state.
+    input hidden state. ``replicated``: Megatron's tensor-parallel ranks that each hold the
+    hidden states whole, without sequence parallelism (``megatron_layer_bytes``).
     """
     stage = stage or Stage.whole(arch)
+    whole = replicated if megatron else 1
     if checkpointing:
-        layers = len(stage.layers) * c * arch.hidden_size
+        layers = len(stage.layers) * c * arch.hidden_size * whole
     else:
-        layers = sum(_layer(arch, i, c, megatron) for i in stage.layers)
+        layers = sum(_layer(arch, i, c, megatron, whole) for i in stage.layers)
     outside = head_bytes(arch, c, checkpointing, stage.last)
     return tokens * stage.in_flight * (layers + outside)
 
@@ -266,6 +279,7 @@ def layers_backward_bytes(
     c: int = 2,
     megatron: bool = False,
     stage: Stage | None = None,
+    replicated: int = 1,
 ) -> int:
     """The peak while backward runs through the decoder layers: what the forward kept but the
     head's own, plus, in the layer being back-propagated, the layer recomputed under
@@ -278,10 +292,11 @@ def layers_backward_bytes(
     and what the forward kept plus the logits' copies (measured in
     tests/test_fit_activations.py)."""
     stage = stage or Stage.whole(arch)
+    whole = replicated if megatron else 1
     in_layer = max(
         (
-            (_layer(arch, i, c, megatron) if checkpointing else 0)
-            + c * arch.hidden_size
+            (_layer(arch, i, c, megatron, whole) if checkpointing else 0)
+            + c * arch.hidden_size * whole
             + _mlp_gradients(arch, i, c)
             for i in stage.layers
         ),
@@ -295,7 +310,7 @@ def layers_backward_bytes(
         extra = max(final_norm, in_layer - head_only_bytes(arch, c))
     else:
         extra = in_layer
-    return kept_bytes(arch, tokens, checkpointing, c, megatron, stage) + tokens * extra
+    return kept_bytes(arch, tokens, checkpointing, c, megatron, stage, whole) + tokens * extra
 
 
 def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:

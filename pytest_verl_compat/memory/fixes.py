@@ -108,6 +108,13 @@ def _role_candidates(
             ]
         else:
             yield [((f"{model}.enable_gradient_checkpointing", True),)]
+    megatron = role.spec.strategy in MEGATRON_STRATEGIES
+    if training and megatron and not role.sequence_parallel and role.spec.tp > 1:
+        # split the norms' tensors over tensor parallel again, on the key that decided
+        # (reading._sequence_parallel: override_transformer_config wins over the engine's key)
+        override = f"{engine}.override_transformer_config.sequence_parallel"
+        set_by_override = dotted_value(resolved, override) is not None
+        yield [((override if set_by_override else f"{engine}.sequence_parallel", True),)]
     if not role.remove_padding and not role.dynamic:
         yield [((f"{model}.use_remove_padding", True),)]
     if training and role.spec.strategy == "megatron" and role.spec.optimizer_on_host < 1:

@@ -56,6 +56,8 @@ class RoleLayout:
     offload_policy: bool  # FSDP2 CPUOffloadPolicy: the engine never holds its shards
     checkpointing: bool
     remove_padding: bool
+    # Megatron's sequence parallelism: the norms' tensors split over the tensor-parallel ranks
+    sequence_parallel: bool
     sp: int  # Ulysses (FSDP) or context parallel (Megatron)
     train_tokens: int  # tokens of one training micro-batch on one GPU
     infer_tokens: int  # tokens of one forward-only micro-batch on one GPU

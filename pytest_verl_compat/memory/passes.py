@@ -74,6 +74,18 @@ def _deferred_by(role: RoleLayout) -> str:
     return "the release's engine, always: its tree has no key for it"
 
 
+def _replicated(role: RoleLayout) -> int:
+    """Megatron's tensor-parallel ranks that each hold the norms' tensors whole: all of them
+    without sequence parallelism (``activations.megatron_layer_bytes``), else none."""
+    return role.spec.tp if megatron(role) and not role.sequence_parallel else 1
+
+
+def _whole_text(role: RoleLayout) -> str:
+    if _replicated(role) == 1:
+        return ""
+    return f", sequence_parallel off: the norms' tensors whole on each of tp {role.spec.tp}"
+
+
 def _pipelined(role: RoleLayout) -> bool:
     return megatron(role) and role.spec.pp > 1
 
@@ -88,12 +100,12 @@ def _training_stage(role: RoleLayout, tokens: int, logits: int) -> tuple[act.Sta
     stages: tuple[act.Stage, ...] = (act.Stage.whole(arch),)
     if _pipelined(role):
         stages = act.pipeline_stages(arch, role.spec.pp, role.micro_batches, role.spec.vpp)
+    whole = _replicated(role)
     candidates = []
     for stage in stages:
-        kept = int(act.kept_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance)
-        layers = int(
-            act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore, stage) * allowance
-        )
+        kept = act.kept_bytes(arch, tokens, role.checkpointing, c, mcore, stage, whole)
+        layers = act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore, stage, whole)
+        kept, layers = int(kept * allowance), int(layers * allowance)
         candidates.append((max(kept + (logits if stage.last else 0), layers), stage, kept, layers))
     _, stage, kept, layers = max(candidates, key=lambda candidate: candidate[0])  # first on ties
     return stage, kept, layers
@@ -193,6 +205,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         beyond = max(0, layers - kept - logits_bytes)
         held = max(0, layers + s.held_head_grad - kept - logits_bytes) - beyond
         evidence = _checkpointing_evidence(role)
+        if _replicated(role) > 1:
+            evidence += f"; {act.EV_MEGATRON_SEQUENCE_PARALLEL}"
         if role.tokens_evidence:
             evidence += f"; {role.tokens_evidence}"
         if _pipelined(role):
@@ -203,7 +217,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name} activations",
                 kept + beyond,
                 f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}"
-                f"{_stage_text(role, stage)}: "
+                f"{_stage_text(role, stage)}{_whole_text(role)}: "
                 f"{gib_text(kept)} kept; backward through the layers peaks at {gib_text(layers)}, "
                 "after the logits are freed (what it holds beyond kept + logits counts), "
                 "+10% kernel workspaces",

@@ -143,7 +143,26 @@ def _engine_flags(
         "offload_policy": bool(engine.get("offload_policy")),
         "checkpointing": _checkpointing(engine, model_section, strategy),
         "remove_padding": bool(model_section.get("use_remove_padding")),
+        "sequence_parallel": _sequence_parallel(engine, strategy),
     }
+
+
+def _sequence_parallel(engine: Mapping[str, Any], strategy: str) -> bool:
+    """Megatron's sequence_parallel as its engine builds the model: override_transformer_config
+    last (verl/workers/engine/megatron/transformer_impl.py:364-365), else the engine's key
+    (:354, default True in engine/megatron.yaml:32); the legacy mbridge (vanilla_mbridge) reads
+    no engine key and sets it whenever tensor parallelism is on (mbridge's
+    LLMBridge._build_base_config: ``"sequence_parallel": self.mpu.tp_size > 1``). Not Megatron:
+    True (nothing to split)."""
+    if strategy not in MEGATRON_STRATEGIES:
+        return True
+    override = engine.get("override_transformer_config")
+    if isinstance(override, Mapping) and override.get("sequence_parallel") is not None:
+        return bool(override.get("sequence_parallel"))
+    if engine.get("vanilla_mbridge"):
+        return True
+    value = engine.get("sequence_parallel", True)
+    return True if value is None else bool(value)
 
 
 def _checkpointing(
