@@ -549,3 +549,101 @@ def test_megatron_without_sequence_parallel_keeps_korthikantis_unsplit_share(tp:
     # full recompute keeps each layer's input: whole on every rank without sequence parallelism
     recomputed = kept_bytes(arch, 1, True, 2, True, None, tp) - kept_bytes(arch, 1, True, 2, True)
     assert recomputed == (tp - 1) * arch.num_hidden_layers * 2 * h
+
+
+_OFFLOADED = """
+import weakref
+from typing import Any
+import torch, transformers
+from verl.utils import activation_offload as ao
+
+# This machine's "host": a meta tensor, whose storage the meters do not count; reloaded, a tensor
+# of the same size on the device again. The streams are the CPU's (verl asks its platform, which
+# falls back to CUDA here).
+def offload(src_tensor, pin_memory=True):
+    return (src_tensor.device, torch.empty(src_tensor.size(), dtype=src_tensor.dtype, device="meta"))
+
+def reload(state, non_blocking=None):
+    device, backup = state
+    return torch.empty(backup.size(), dtype=backup.dtype, device=device)
+
+ao.get_torch_device = lambda: torch.cpu
+ao.SynchronizedGroupOffloadHandler.offload = staticmethod(offload)
+ao.SynchronizedGroupOffloadHandler.reload = staticmethod(reload)
+
+BASE = BASE_CONFIG
+FAMILIES = FAMILY_CONFIGS
+HELPERS
+
+def _offloaded_model(family, checkpointing, vocab=None):
+    # the layers verl's enable_activation_offloading finds (the FSDP units, here every decoder
+    # layer), wrapped by its own ActivationHandler; with checkpointing, its own per-layer
+    # checkpoint in place of transformers' (activation_offload.py:543-558)
+    model, config = _model(family, False, vocab)
+    model.config.use_cache = False  # verl's forward passes use_cache=False
+    layers = list(model.model.layers)
+    keep = ao.FSDPParameterFilter()
+    context, sync = ao.get_activation_offload_context(len(layers) - 1, len(layers), keep)
+    handler = ao.ActivationHandler(context, sync, keep, checkpointing)
+    for layer in layers:
+        handler.wrap_module_forward_method(layer)
+    return model, config
+
+result = []
+for family, tokens, checkpointing in CASES:
+    torch.manual_seed(1)
+    model, _ = _offloaded_model(family, checkpointing)
+    kept = _alive_after_forward(model, torch.randint(0, BASE["vocab_size"], (1, tokens)))
+    backward = None
+    if not checkpointing:  # verl's reentrant checkpoint refuses autograd.grad, which the meter asks
+        model, _ = _offloaded_model(family, checkpointing, HEAD_VOCAB)
+        ids = torch.randint(0, HEAD_VOCAB, (1, tokens))
+        backward = _layers_backward_peak(model, ids, HEAD_VOCAB)
+    result.append([family, tokens, checkpointing, kept, backward])
+"""
+OFFLOAD_LAYERS = 5  # verl offloads only with three FSDP units or more
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.9.0", "0.9.1"])
+def test_activation_offload_keeps_what_the_formula_says(version: str) -> None:
+    """model.enable_activation_offload, measured: the release's own ActivationHandler and
+    double-buffered offload handler around each decoder layer of tiny models on CPU (the host
+    copies made on the meta device, so the meters count what stays on the device). When the
+    forward returns, only the last layer's saved tensors are on the device (every other layer's
+    went to the host), and backward through the layers holds two layers' (the one it runs and the
+    one it brings back) beside the recomputed layer and the gradients in flight: within 10%,
+    with and without checkpointing."""
+    from corpus_facts import release_ready
+    from release_python import run_in_release
+
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    families = ("llama", "qwen2", "qwen3", "gemma2")
+    cases = [(f, t, c) for f in families for t in LENGTHS for c in (False, True)]
+    helpers = "\n\n".join(
+        inspect.getsource(helper)
+        for helper in (_Alive, _Live, _model, _alive_after_forward, _layers_backward_peak)
+    )
+    base = dict(BASE, num_hidden_layers=OFFLOAD_LAYERS)
+    source = (
+        _OFFLOADED.replace("BASE_CONFIG", repr(base))
+        .replace("FAMILY_CONFIGS", repr(FAMILIES))
+        .replace("HELPERS", helpers)
+        .replace("HEAD_VOCAB", repr(HEAD_VOCAB))
+        .replace("CASES", repr(cases))
+    )
+    measured = run_in_release(source, version)
+    assert len(measured) == len(cases)
+    for family, tokens, checkpointing, kept, backward in measured:
+        config = dict(base, **FAMILIES[family], model_type=family)
+        arch = architecture_from_config(config, family, "tiny config")
+        every_layer = kept_bytes(arch, tokens, checkpointing)
+        case = f"{family}-{tokens}-{'checkpointed' if checkpointing else 'kept'}-offloaded"
+        _check(kept, kept_bytes(arch, tokens, checkpointing, offloaded=True), case)
+        assert kept < every_layer or checkpointing, "the offload moved nothing"
+        if backward is not None:
+            config_head = dict(config, vocab_size=HEAD_VOCAB)
+            arch_head = architecture_from_config(config_head, family, "tiny config")
+            expected = layers_backward_bytes(arch_head, tokens, checkpointing, offloaded=True)
+            _check(backward, expected, f"{case}-backward")

@@ -587,3 +587,48 @@ def test_megatron_without_sequence_parallel_keeps_more_and_proposes_the_deciding
         off, fixes = update([f"{plus}{key}=False"])
         assert off > on
         assert any(fix.get(key) == "True" for fix in fixes), (key, fixes)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "config_name", "offloaded"),
+    [
+        (["actor_rollout_ref.model.enable_activation_offload=True"], "", True),
+        ([], "", False),
+        # Megatron's engine never reads the model's flag (only the FSDP and VeOmni engines do)
+        (["actor_rollout_ref.model.enable_activation_offload=True"], "ppo_megatron_trainer", False),
+    ],
+)
+def test_activation_offload_is_the_fsdp_engines_model_flag(
+    upstream_session: AuditSession,
+    folder: Path,
+    overrides: list[str],
+    config_name: str,
+    offloaded: bool,
+) -> None:
+    run = MEGATRON_RUN if config_name else [o for o in MEGATRON_RUN if ".megatron." not in o]
+    actor = _role(upstream_session, folder, [*run, *overrides], "actor", config_name)
+    assert actor.activation_offload is offloaded
+
+
+def test_activation_offload_keeps_one_layer_on_the_gpu_in_the_update(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """The update of a run without checkpointing keeps every layer's activations; with the FSDP
+    engine's activation offload, the last layer's (tests/test_fit_activations.py measures it)."""
+    run = [o for o in MEGATRON_RUN if ".megatron." not in o]
+    run.append("actor_rollout_ref.model.enable_gradient_checkpointing=False")
+    parts = {}
+    for flag in (False, True):
+        resolved = _resolved(
+            upstream_session,
+            folder,
+            [*run, f"actor_rollout_ref.model.enable_activation_offload={flag}"],
+        )
+        result = forecast(
+            resolved, Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
+        )
+        update = next(p for r in result.ranks for p in r.phases if p.phase == "actor-update")
+        parts[flag] = next(part for part in update.parts if part.key == "actor.activations")
+    layers = 24  # Qwen2.5-0.5B
+    assert parts[True].bytes < parts[False].bytes / (layers / 3)
+    assert "activation offload" in parts[True].formula

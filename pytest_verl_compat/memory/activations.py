@@ -31,6 +31,12 @@ EV_MEGATRON_LAYER = "verl/models/mcore/model_initializer.py:105 (use_transformer
 # sequence_parallel: the engine's key, then override_transformer_config (the legacy mbridge sets it
 # whenever tensor parallelism is on)
 EV_MEGATRON_SEQUENCE_PARALLEL = "verl/trainer/config/engine/megatron.yaml:32; verl/workers/engine/megatron/transformer_impl.py:354, :364-365"
+# model.enable_activation_offload: each FSDP unit's saved tensors go to the host as one group, all
+# but the last (get_activation_offload_context(len(layers) - 1, ...)); a double buffer keeps at most
+# two groups on the GPU and brings the next back while a layer's backward runs
+EV_ACTIVATION_OFFLOAD = (
+    "verl/workers/engine/fsdp/transformer_impl.py:458-460; verl/utils/activation_offload.py:500-558"
+)
 EV_REMOVE_PADDING = "verl/workers/engine/fsdp/transformer_impl.py:1198-1262"
 EV_LOGITS = "verl/workers/engine/fsdp/transformer_impl.py:1332-1371"
 EV_ENTROPY = "verl/utils/torch_functional.py:231-265"
@@ -242,6 +248,8 @@ def kept_bytes(
     megatron: bool = False,
     stage: Stage | None = None,
     replicated: int = 1,
+    *,
+    offloaded: bool = False,
 ) -> int:
     """Bytes a training forward of ``tokens`` keeps until its backward (logits aside), on the
     whole model or one pipeline ``stage`` (its layers, its micro-batches in flight).
@@ -249,16 +257,25 @@ def kept_bytes(
     Under gradient checkpointing (HF's non-reentrant checkpoint per decoder layer, enabled by
     verl at transformer_impl.py:299-300; Megatron's full recompute) each layer keeps only its
     input hidden state. ``replicated``: Megatron's tensor-parallel ranks that each hold the
-    hidden states whole, without sequence parallelism (``megatron_layer_bytes``).
+    hidden states whole, without sequence parallelism (``megatron_layer_bytes``). ``offloaded``:
+    the FSDP engine's activation offload (``EV_ACTIVATION_OFFLOAD``) moves every layer's saved
+    tensors to the host but the last layer's, which its backward takes first.
     """
     stage = stage or Stage.whole(arch)
-    whole = replicated if megatron else 1
-    if checkpointing:
-        layers = len(stage.layers) * c * arch.hidden_size * whole
-    else:
-        layers = sum(_layer(arch, i, c, megatron, whole) for i in stage.layers)
+    per_layer = _kept_per_layer(arch, stage, checkpointing, c, megatron, replicated)
+    layers = sum(per_layer[-1:] if offloaded else per_layer)
     outside = head_bytes(arch, c, checkpointing, stage.last)
     return tokens * stage.in_flight * (layers + outside)
+
+
+def _kept_per_layer(
+    arch: Architecture, stage: Stage, checkpointing: bool, c: int, megatron: bool, replicated: int
+) -> list[int]:
+    """Per token, what each of the stage's layers keeps for its backward, in layer order."""
+    whole = replicated if megatron else 1
+    if checkpointing:
+        return [c * arch.hidden_size * whole for _ in stage.layers]
+    return [_layer(arch, i, c, megatron, whole) for i in stage.layers]
 
 
 def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
@@ -280,6 +297,8 @@ def layers_backward_bytes(
     megatron: bool = False,
     stage: Stage | None = None,
     replicated: int = 1,
+    *,
+    offloaded: bool = False,
 ) -> int:
     """The peak while backward runs through the decoder layers: what the forward kept but the
     head's own, plus, in the layer being back-propagated, the layer recomputed under
@@ -302,6 +321,11 @@ def layers_backward_bytes(
         ),
         default=0,
     )
+    if offloaded:
+        # the activation offload's double buffer: the layer below's saved tensors come back as
+        # a layer's backward starts (on_group_commit_backward), two layers' at once; the final
+        # norm's backward runs before the first comes back
+        in_layer += max(_kept_per_layer(arch, stage, checkpointing, c, megatron, replicated))
     if stage.last:
         # the final norm's backward, before the head's tensors are freed: its gradient in the
         # compute dtype and four fp32 copies of the width (the cast's, the normalisation's two
@@ -310,7 +334,8 @@ def layers_backward_bytes(
         extra = max(final_norm, in_layer - head_only_bytes(arch, c))
     else:
         extra = in_layer
-    return kept_bytes(arch, tokens, checkpointing, c, megatron, stage, whole) + tokens * extra
+    kept = kept_bytes(arch, tokens, checkpointing, c, megatron, stage, whole, offloaded=offloaded)
+    return kept + tokens * extra
 
 
 def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:

@@ -58,6 +58,7 @@ class RoleLayout:
     remove_padding: bool
     # Megatron's sequence parallelism: the norms' tensors split over the tensor-parallel ranks
     sequence_parallel: bool
+    activation_offload: bool  # the FSDP engine's: each layer's saved tensors to the host
     sp: int  # Ulysses (FSDP) or context parallel (Megatron)
     train_tokens: int  # tokens of one training micro-batch on one GPU
     infer_tokens: int  # tokens of one forward-only micro-batch on one GPU

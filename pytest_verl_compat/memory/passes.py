@@ -80,7 +80,15 @@ def _replicated(role: RoleLayout) -> int:
     return role.spec.tp if megatron(role) and not role.sequence_parallel else 1
 
 
+def _offloads_activations(role: RoleLayout) -> bool:
+    """The FSDP engine's activation offload, which verl leaves off for a model of fewer than three
+    FSDP units (activation_offload.py:538-540)."""
+    return role.activation_offload and role.model.architecture.num_hidden_layers >= 3
+
+
 def _whole_text(role: RoleLayout) -> str:
+    if _offloads_activations(role):
+        return ", activation offload: the last layer's on the GPU, two layers' in its backward"
     if _replicated(role) == 1:
         return ""
     return f", sequence_parallel off: the norms' tensors whole on each of tp {role.spec.tp}"
@@ -100,11 +108,15 @@ def _training_stage(role: RoleLayout, tokens: int, logits: int) -> tuple[act.Sta
     stages: tuple[act.Stage, ...] = (act.Stage.whole(arch),)
     if _pipelined(role):
         stages = act.pipeline_stages(arch, role.spec.pp, role.micro_batches, role.spec.vpp)
-    whole = _replicated(role)
+    whole, offloaded = _replicated(role), _offloads_activations(role)
     candidates = []
     for stage in stages:
-        kept = act.kept_bytes(arch, tokens, role.checkpointing, c, mcore, stage, whole)
-        layers = act.layers_backward_bytes(arch, tokens, role.checkpointing, c, mcore, stage, whole)
+        kept = act.kept_bytes(
+            arch, tokens, role.checkpointing, c, mcore, stage, whole, offloaded=offloaded
+        )
+        layers = act.layers_backward_bytes(
+            arch, tokens, role.checkpointing, c, mcore, stage, whole, offloaded=offloaded
+        )
         kept, layers = int(kept * allowance), int(layers * allowance)
         candidates.append((max(kept + (logits if stage.last else 0), layers), stage, kept, layers))
     _, stage, kept, layers = max(candidates, key=lambda candidate: candidate[0])  # first on ties
@@ -207,6 +219,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         evidence = _checkpointing_evidence(role)
         if _replicated(role) > 1:
             evidence += f"; {act.EV_MEGATRON_SEQUENCE_PARALLEL}"
+        if _offloads_activations(role):
+            evidence += f"; {act.EV_ACTIVATION_OFFLOAD}"
         if role.tokens_evidence:
             evidence += f"; {role.tokens_evidence}"
         if _pipelined(role):

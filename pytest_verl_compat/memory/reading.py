@@ -144,6 +144,9 @@ def _engine_flags(
         "checkpointing": _checkpointing(engine, model_section, strategy),
         "remove_padding": bool(model_section.get("use_remove_padding")),
         "sequence_parallel": _sequence_parallel(engine, strategy),
+        # the FSDP engine reads the model's flag (transformer_impl.py:458-460); Megatron's not
+        "activation_offload": strategy in ("fsdp", "fsdp2")
+        and bool(model_section.get("enable_activation_offload")),
     }
 
 
