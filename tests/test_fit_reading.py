@@ -632,3 +632,20 @@ def test_activation_offload_keeps_one_layer_on_the_gpu_in_the_update(
     layers = 24  # Qwen2.5-0.5B
     assert parts[True].bytes < parts[False].bytes / (layers / 3)
     assert "activation offload" in parts[True].formula
+
+
+def test_an_oom_fsdp_update_proposes_activation_offload_until_it_is_on(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    run = [o for o in MEGATRON_RUN if ".megatron." not in o]
+    run += [
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    ]
+    key = "actor_rollout_ref.model.enable_activation_offload"
+    for flag, proposed in ((False, True), (True, False)):
+        resolved = _resolved(upstream_session, folder, [*run, f"{key}={flag}"])
+        request = Request(gpu=custom_gpu(6.0), facts=release_facts(upstream_session.version))
+        verdict = next(v for v in forecast(resolved, request).verdicts if v.phase == "actor-update")
+        keys = {k for fix in verdict.fixes for k, _ in fix.keys}
+        assert (key in keys) is proposed, (flag, verdict.fixes)

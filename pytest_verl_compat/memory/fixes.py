@@ -129,6 +129,9 @@ def _role_candidates(
     if role.spec.strategy in ("fsdp", "fsdp2") and role.role != "ref":
         if not (role.param_offload and role.optimizer_offload):
             yield _both_offloads(engine)
+        if training and not role.activation_offload:
+            # the FSDP engine's activation offload (passes._offloads_activations)
+            yield [((f"{model}.enable_activation_offload", True),)]
         in_engine = role.role == "critic" or role.section == "engine"
         sp_key = f"{engine if in_engine else role.section}.ulysses_sequence_parallel_size"
         heads = role.model.architecture.num_attention_heads
