@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,25 +71,34 @@ def _refusal(prepared: Any, label: str) -> str:
     return str(reason or f"{label}: nothing to forecast")
 
 
-def _forecasts(
-    session: Any, prepared: Any, request: Any, label: str
-) -> list[tuple[str, Any, Any, str]]:
-    """(when, forecast, locator, refusal) per way of the script: one, with no condition, unless
-    it goes several ways at tests only its run decides (``check``'s ways), each forecast alone."""
+@dataclass(frozen=True)
+class WayForecast:
+    """One way of a script (``when``: the tests it takes, "" for a script with one way) and its
+    forecast with the locator of its findings, or why it has none (``refusal``)."""
+
+    when: str
+    forecast: Any = None
+    locator: Any = None
+    refusal: str = ""
+
+
+def _forecasts(session: Any, prepared: Any, request: Any, label: str) -> list[WayForecast]:
+    """Each way of the script forecast alone: one, with no condition, unless it goes several ways
+    at tests only its run decides (``check``'s ways)."""
     parts = prepared.ways or [(None, prepared)]
     out = []
     for way, part in parts:
         when = way.said() if way is not None else ""
         if part.result is not None:
-            out.append((when, None, None, _refusal(part, label)))
+            out.append(WayForecast(when, refusal=_refusal(part, label)))
             continue
         assert part.case is not None, "a prepared target has a case, a result or ways"
         try:
-            out.append((when, forecast_case(session, part.case, request), part.locator, ""))
+            out.append(WayForecast(when, forecast_case(session, part.case, request), part.locator))
         except UsageError as exc:
             if way is None:
                 raise
-            out.append((when, None, None, str(exc)))  # this way's own refusal, said beside it
+            out.append(WayForecast(when, refusal=str(exc)))  # this way's own, said beside it
     return out
 
 
@@ -113,17 +123,20 @@ def cmd_fit(args: argparse.Namespace) -> int:
         prepared = prepare(session, listed[0], args, Path(scratch))
     request = Request(gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=label)
     runs = _forecasts(session, prepared, request, label)
-    forecast = [(when, result, locator) for when, result, locator, _ in runs if result is not None]
+    forecast = [run for run in runs if run.forecast is not None]
     if not forecast:
-        raise UsageError("; ".join(f"{r} ({w})" if w else r for w, _, _, r in runs))
+        raise UsageError(
+            "; ".join(f"{r.refusal} ({r.when})" if r.when else r.refusal for r in runs)
+        )
     why = session.release.why if session.release else ""
     release = {"version": session.version, "chosen_by": why}
     rendered: list[Any] = []  # each way's JSON payload, or its text
-    for _, result, locator in forecast:
+    for run in forecast:
         if args.format == "json":
-            rendered.append(json_payload(result) | {"release": release})
+            rendered.append(json_payload(run.forecast) | {"release": release})
         else:
-            lines = text_lines(result, parts=not args.brief) + _located(result, locator)
+            lines = text_lines(run.forecast, parts=not args.brief)
+            lines += _located(run.forecast, run.locator)
             rendered.append("".join(line + "\n" for line in lines))
     alike = len(forecast) == len(runs) and all(r == rendered[0] for r in rendered)
     if len(runs) > 1 and alike:
@@ -137,7 +150,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     else:
         if args.plot:
             raise UsageError(
-                f"{label}: its ways forecast differently ({'; '.join(w for w, *_ in runs)}); "
+                f"{label}: its ways forecast differently ({'; '.join(r.when for r in runs)}); "
                 "run without --plot for each way's, or bind what the tests read to draw one"
             )
         text = _ways_text(args.format, runs, iter(rendered), release, label, SCHEMA_VERSION, dumps)
@@ -148,38 +161,41 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from pytest_verl_compat.memory.plot import write_plot
 
         try:
-            write_plot(forecast[0][1], Path(args.plot))
+            write_plot(forecast[0].forecast, Path(args.plot))
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
         except OSError as exc:
             raise UsageError(f"{args.plot}: cannot write: {exc.strerror}") from exc
         note("fit", f"wrote {args.plot}")
-    failed = any(v.level == "error" for _, result, _ in forecast for v in result.verdicts)
+    failed = any(v.level == "error" for run in forecast for v in run.forecast.verdicts)
     return EXIT_FINDINGS if failed else EXIT_OK
 
 
 def _ways_text(
     form: str,
-    runs: list[tuple[str, Any, Any, str]],
+    runs: list[WayForecast],
     rendered: Any,
     release: dict[str, str],
     label: str,
     schema_version: int,
     dumps: Any,
 ) -> str:
-    """Each way's forecast (or why it has none) under the tests it takes."""
+    """Each way's forecast (``rendered``: its text or payload, in order) or why it has none, under
+    the tests it takes."""
     if form == "json":
         ways = [
-            {"when": when, "forecast": next(rendered)}
-            if result is not None
-            else {"when": when, "not_forecast": refusal}
-            for when, result, _, refusal in runs
+            {"when": run.when, "forecast": next(rendered)}
+            if run.forecast is not None
+            else {"when": run.when, "not_forecast": run.refusal}
+            for run in runs
         ]
         payload = {"schema_version": schema_version, "release": release, "script": label}
         return str(dumps(payload | {"ways": ways}))
     blocks = [
-        f"{when}:\n{next(rendered)}" if result is not None else f"{when}: not forecast: {refusal}\n"
-        for when, result, _, refusal in runs
+        f"{run.when}:\n{next(rendered)}"
+        if run.forecast is not None
+        else f"{run.when}: not forecast: {run.refusal}\n"
+        for run in runs
     ]
     return "\n".join(blocks)
 
