@@ -105,7 +105,7 @@ def _forecasts(session: Any, prepared: Any, request: Any, label: str) -> list[Wa
 def cmd_fit(args: argparse.Namespace) -> int:
     from pytest_verl_compat.cli.check import Target, prepare, targets
     from pytest_verl_compat.memory.forecast import Request
-    from pytest_verl_compat.memory.report import SCHEMA_VERSION, dumps, json_payload, text_lines
+    from pytest_verl_compat.memory.report import dumps, json_payload, text_lines
 
     if not hasattr(args, "argv"):
         args.argv = []
@@ -153,7 +153,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                 f"{label}: its ways forecast differently ({'; '.join(r.when for r in runs)}); "
                 "run without --plot for each way's, or bind what the tests read to draw one"
             )
-        text = _ways_text(args.format, runs, iter(rendered), release, label, SCHEMA_VERSION, dumps)
+        text = _ways_text(args.format, runs, iter(rendered), release, label)
     # The release is a choice, said as one; the parts cite its own lines (``releases.lines``).
     note("fit", f"forecast for verl {session.version} ({why})")
     sys.stdout.write(cite(text, session.version))
@@ -177,19 +177,19 @@ def _ways_text(
     rendered: Any,
     release: dict[str, str],
     label: str,
-    schema_version: int,
-    dumps: Any,
 ) -> str:
     """Each way's forecast (``rendered``: its text or payload, in order) or why it has none, under
     the tests it takes."""
     if form == "json":
+        from pytest_verl_compat.memory.report import SCHEMA_VERSION, dumps
+
         ways = [
             {"when": run.when, "forecast": next(rendered)}
             if run.forecast is not None
             else {"when": run.when, "not_forecast": run.refusal}
             for run in runs
         ]
-        payload = {"schema_version": schema_version, "release": release, "script": label}
+        payload = {"schema_version": SCHEMA_VERSION, "release": release, "script": label}
         return str(dumps(payload | {"ways": ways}))
     blocks = [
         f"{run.when}:\n{next(rendered)}"

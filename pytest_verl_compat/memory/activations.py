@@ -334,7 +334,9 @@ def layers_backward_bytes(
         extra = max(final_norm, in_layer - head_only_bytes(arch, c))
     else:
         extra = in_layer
-    kept = kept_bytes(arch, tokens, checkpointing, c, megatron, stage, whole, offloaded=offloaded)
+    kept = kept_bytes(
+        arch, tokens, checkpointing, c, megatron, stage, replicated, offloaded=offloaded
+    )
     return kept + tokens * extra
 
 

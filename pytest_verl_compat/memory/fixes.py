@@ -29,7 +29,7 @@ from pytest_verl_compat.memory.runs import (
     dotted_value,
     phase_total,
 )
-from pytest_verl_compat.memory.states import MEGATRON_STRATEGIES
+from pytest_verl_compat.memory.states import FSDP_STRATEGIES, MEGATRON_STRATEGIES
 
 MAX_FIXES = 3
 Change = tuple[tuple[str, Any], ...]
@@ -86,17 +86,21 @@ def _role_candidates(
         model = "critic.model"
     else:
         model = "model" if role.section == "engine" else "actor_rollout_ref.model"
+    megatron, fsdp = (
+        role.spec.strategy in MEGATRON_STRATEGIES,
+        role.spec.strategy in FSDP_STRATEGIES,
+    )
     if training and role.spec.defer_sync and role.micro_batches > 1:
         if role.sync_key:
             # where the release's tree has the key: sync every micro-batch, no unsharded gradients
             yield [((role.sync_key, False),)]
-        elif role.whole_mini_batch and role.spec.strategy in ("fsdp", "fsdp2"):
+        elif role.whole_mini_batch and fsdp:
             # a release without the key defers on every micro-batch but the last
             # (transformer_impl.py:683-698@0.9.0): a mini-batch in one micro-batch keeps none
             yield [((key, role.whole_mini_batch),)]
     engine = role.engine_section
     if training and not role.checkpointing:
-        if role.spec.strategy in MEGATRON_STRATEGIES:
+        if megatron:
             # what Megatron's engine reads instead of the model's flag (reading._checkpointing)
             recompute = f"{engine}.override_transformer_config"
             yield [
@@ -108,7 +112,6 @@ def _role_candidates(
             ]
         else:
             yield [((f"{model}.enable_gradient_checkpointing", True),)]
-    megatron = role.spec.strategy in MEGATRON_STRATEGIES
     if training and megatron and not role.sequence_parallel and role.spec.tp > 1:
         # split the norms' tensors over tensor parallel again, on the key that decided
         # (reading._sequence_parallel: override_transformer_config wins over the engine's key)
@@ -126,7 +129,7 @@ def _role_candidates(
                 (f"{override}.optimizer_offload_fraction", 1.0),
             )
         ]
-    if role.spec.strategy in ("fsdp", "fsdp2") and role.role != "ref":
+    if fsdp and role.role != "ref":
         if not (role.param_offload and role.optimizer_offload):
             yield _both_offloads(engine)
         if training and not role.activation_offload:
@@ -138,11 +141,7 @@ def _role_candidates(
         sp = role.sp * 2
         if sp <= 8 and heads % sp == 0 and role.spec.world % sp == 0:
             yield [((sp_key, sp),)]
-    if (
-        role.role != "critic"
-        and not role.chunked_entropy
-        and role.spec.strategy in ("fsdp", "fsdp2")
-    ):
+    if role.role != "critic" and not role.chunked_entropy and role.spec.strategy in FSDP_STRATEGIES:
         yield [((f"{engine}.entropy_from_logits_with_chunking", True),)]
 
 
@@ -160,7 +159,7 @@ def _server_candidates(layout: lay.RunLayout, which: str) -> Iterator[list[Chang
     actor = layout.role("actor")
     if (
         actor is not None
-        and actor.spec.strategy in ("fsdp", "fsdp2")
+        and actor.spec.strategy in FSDP_STRATEGIES
         and not (actor.param_offload and actor.optimizer_offload)
     ):
         yield _both_offloads(actor.engine_section)

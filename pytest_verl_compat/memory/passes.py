@@ -86,7 +86,8 @@ def _offloads_activations(role: RoleLayout) -> bool:
     return role.activation_offload and role.model.architecture.num_hidden_layers >= 3
 
 
-def _whole_text(role: RoleLayout) -> str:
+def _kept_layout_text(role: RoleLayout) -> str:
+    """How the kept activations sit on the GPU, where not every layer's is split as usual."""
     if _offloads_activations(role):
         return ", activation offload: the last layer's on the GPU, two layers' in its backward"
     if _replicated(role) == 1:
@@ -231,7 +232,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name} activations",
                 kept + beyond,
                 f"{role.train_tokens:,} tokens/micro-batch, {'checkpointed' if role.checkpointing else 'all layers kept'}"
-                f"{_stage_text(role, stage)}{_whole_text(role)}: "
+                f"{_stage_text(role, stage)}{_kept_layout_text(role)}: "
                 f"{gib_text(kept)} kept; backward through the layers peaks at {gib_text(layers)}, "
                 "after the logits are freed (what it holds beyond kept + logits counts), "
                 "+10% kernel workspaces",

@@ -53,6 +53,7 @@ from pytest_verl_compat.memory.release_facts import (
 from pytest_verl_compat.memory.states import (
     ALL_LINEAR,
     FORECAST_STRATEGIES,
+    FSDP_STRATEGIES,
     MEGATRON_DEFAULT_TARGETS,
     MEGATRON_STRATEGIES,
     EngineSpec,
@@ -145,7 +146,7 @@ def _engine_flags(
         "remove_padding": bool(model_section.get("use_remove_padding")),
         "sequence_parallel": _sequence_parallel(engine, strategy),
         # the FSDP engine reads the model's flag (transformer_impl.py:458-460); Megatron's not
-        "activation_offload": strategy in ("fsdp", "fsdp2")
+        "activation_offload": strategy in FSDP_STRATEGIES
         and bool(model_section.get("enable_activation_offload")),
     }
 

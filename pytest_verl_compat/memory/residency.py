@@ -73,7 +73,7 @@ def grad_buffer(role: RoleLayout, label: str) -> list[Part]:
 def forced_offload(role: RoleLayout) -> bool:
     """FSDP's forward-only engine (the reference) keeps its shards on the host, always."""
     return role.offload_policy or (
-        role.spec.forward_only and role.spec.strategy in ("fsdp", "fsdp2")
+        role.spec.forward_only and role.spec.strategy in st.FSDP_STRATEGIES
     )
 
 

@@ -28,6 +28,7 @@ from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.layout import ServerLayout
 from pytest_verl_compat.memory.residency import gib_text
 from pytest_verl_compat.memory.vision import EMBED as VISION_EMBED
+from pytest_verl_compat.pipeline.compose import MISSING  # OmegaConf's mandatory value, as composed
 
 GIB = 1 << 30
 BLOCK_SIZE = 16  # vLLM's default block size (CacheConfig.block_size) for full attention
@@ -194,7 +195,7 @@ def engine_assumption(server: ServerLayout) -> str:
         return ""
     named = (
         f"{server.section}.name is unset ('???': verl stops at worker start)"
-        if server.name == "???"
+        if server.name == MISSING
         else f"{server.section}.name is {server.name!r}"
     )
     return f"{named}: that server is forecast with vLLM's share arithmetic, without vLLM's start checks"
