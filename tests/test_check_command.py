@@ -383,6 +383,54 @@ def test_a_script_the_reader_cannot_follow_is_an_error_at_its_line(
     assert out.startswith("eval.sh:3: error[launch.unreadable] ")
 
 
+@pytest.mark.parametrize(
+    ("script", "fix", "bound"),
+    [
+        # a usage check: read with no arguments it exits; given them, it launches
+        (
+            'if [ "$#" -lt 1 ]; then echo "usage: $0 N"; exit 1; fi\n'
+            "python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$1\n",
+            '(it was read with no arguments ("$#" is 0); give it the ones it takes: --arg WORD)',
+            ("--arg", "8"),
+        ),
+        (
+            "set -u\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$GPUS\n",
+            "(bind it: --env GPUS=VALUE)",
+            ("--env", "GPUS=8"),
+        ),
+        (
+            'python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node="${GPUS:?set GPUS}"\n',
+            "(bind it: --env GPUS=VALUE)",
+            ("--env", "GPUS=8"),
+        ),
+        (
+            "set -u\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$1\n",
+            "(give the script the arguments it takes: --arg WORD)",
+            ("--arg", "8"),
+        ),
+    ],
+)
+def test_a_read_stopped_by_a_missing_binding_names_the_option_that_binds_it(
+    scripts: Path, capsys: pytest.CaptureFixture[str], script: str, fix: str, bound: tuple[str, str]
+) -> None:
+    (scripts / "needs.sh").write_text("#!/bin/bash\n" + script)
+    _, out, _ = run(capsys, "check", "needs.sh", NO_UPSTREAM)
+    assert out.splitlines()[0].endswith(fix), out
+    # with the binding the fix names, the same script launches and the stop is gone
+    _, out, _ = run(capsys, "check", "needs.sh", *bound, NO_UPSTREAM)
+    assert "[launch." not in out, out
+
+
+def test_a_script_that_exits_with_its_arguments_given_is_not_told_to_give_them(
+    scripts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (scripts / "setup.sh").write_text(
+        "#!/bin/bash\necho preparing\nexit 3\npython3 -m verl.trainer.main_ppo\n"
+    )
+    _, out, _ = run(capsys, "check", "setup.sh", "--arg", "x", NO_UPSTREAM)
+    assert out.rstrip().endswith("exits with status 3 before the launcher"), out
+
+
 @pytest.mark.slow
 def test_every_example_script_in_one_call_validates_as_sarif(
     tmp_path: Path, upstream_checkout: Path

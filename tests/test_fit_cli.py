@@ -206,6 +206,18 @@ def test_a_missing_script_is_one_line(here: Path, capsys: pytest.CaptureFixture[
     _one_line_error(status, err, "nowhere.sh")
 
 
+def test_a_script_that_needs_arguments_says_how_to_give_them(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.9.0's SFT examples stop at their usage check when read with no arguments: the refusal
+    names --arg, and with the arguments the usage asks for the script is forecast."""
+    sft = _script("examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh")
+    status, _, err = run(capsys, "fit", sft, "--gpu", "H100")
+    _one_line_error(status, err, "exits with status 1", "with no arguments", "--arg WORD")
+    status, out, _ = run(capsys, "fit", sft, "--gpu", "H100", "--arg", "8", "--arg", "/tmp/x")
+    assert status == 0 and "SFT update" in out
+
+
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_pictures_and_reports_are_the_same_bytes_across_hash_seeds(here: Path, suffix: str) -> None:
     outputs = []

@@ -56,7 +56,15 @@ from pytest_verl_compat.cli.common import (
 from pytest_verl_compat.cli.output import note, waiting
 from pytest_verl_compat.cli.settings import find_pyproject, settings_from
 from pytest_verl_compat.files.safe_input import InputError, read_text
-from pytest_verl_compat.model import LEVELS, Case, Finding, Level, Location, StageFailed
+from pytest_verl_compat.model import (
+    LEVELS,
+    Bindings,
+    Case,
+    Finding,
+    Level,
+    Location,
+    StageFailed,
+)
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path, set_positions
@@ -193,14 +201,38 @@ class Prepared:
         return own + [case for _, way in self.ways for case in way.cases()]
 
 
-def _launch_finding(exc: LaunchReadError, label: str) -> Finding:
+# What the reader stopped at that a binding decides, and the binding that decides it.
+_UNBOUND = ("unbound variable", "parameter check")
+
+
+def _launch_fix(exc: LaunchReadError, bindings: Bindings) -> str:
+    """The binding that gets a refused read past where it stopped, where one does: a variable
+    the script needs (``set -u``, ``${X:?}``) or, for a script that exits before its launcher
+    when read with no arguments, the arguments its usage asks for."""
+    if isinstance(exc, LaunchExited):
+        if exc.status and not bindings.args:
+            return (
+                'it was read with no arguments ("$#" is 0); give it the ones it takes: --arg WORD'
+            )
+        return ""
+    if exc.construct == "no launcher":
+        return ""
+    if exc.construct not in _UNBOUND:
+        return "bind the value, or write the override literally"
+    name = exc.detail.split(":", 1)[0].lstrip("$")
+    if name.isdigit() or name in ("@", "*"):  # a positional parameter: "$@" is the arguments
+        return "give the script the arguments it takes: --arg WORD"
+    return f"bind it: --env {name}=VALUE"
+
+
+def _launch_finding(exc: LaunchReadError, label: str, bindings: Bindings) -> Finding:
     rule = (
         LAUNCH_NO_LAUNCHER
         if isinstance(exc, LaunchExited) or exc.construct == "no launcher"
         else LAUNCH_UNREADABLE
     )
     level: Level = "info" if rule == LAUNCH_NO_LAUNCHER else "error"
-    fix = "" if rule == LAUNCH_NO_LAUNCHER else "bind the value, or write the override literally"
+    fix = _launch_fix(exc, bindings)
     return Finding(
         level,
         "<launch>",
@@ -327,7 +359,7 @@ def prepare_case(
                 target, result=FileResult(label, "checked", [unknown], valid=False, case=named)
             )
         if isinstance(cause, LaunchReadError):
-            finding = _launch_finding(cause, label)
+            finding = _launch_finding(cause, label, case.bindings)
             status: FileStatus = (
                 "not-a-launcher" if finding.rule == LAUNCH_NO_LAUNCHER else "checked"
             )

@@ -67,7 +67,10 @@ def gpu_setting(args: argparse.Namespace) -> str | None:
 def _refusal(prepared: Any, label: str) -> str:
     """Why a prepared target has no forecast (one line)."""
     found = prepared.result
-    reason = found.error or "; ".join(f"{f.location}: {f.message}" for f in found.findings)
+    # each finding with its fix: the binding that gets the read past where it stopped
+    reason = found.error or "; ".join(
+        f"{f.location}: {f.message}" + (f" ({f.fix})" if f.fix else "") for f in found.findings
+    )
     return str(reason or f"{label}: nothing to forecast")
 
 
