@@ -203,9 +203,15 @@ def _config(case: str) -> dict[str, Any]:
     return {"model_type": family, **({} if "text_config" in extra else BASE), **extra}
 
 
+# Families transformers does not build, and the class whose decoder their remote code builds:
+# XiaomiMiMo's MiMoForCausalLM is Qwen2ForCausalLM's with MTP layers beside (counted apart).
+BUILT_AS = {"mimo": "qwen2"}
+
+
 def _build(config: dict[str, Any], auto: Any = None) -> Any:
     settings = {k: v for k, v in config.items() if k != "model_type"}
-    hf = transformers.AutoConfig.for_model(config["model_type"], **settings)
+    family = BUILT_AS.get(config["model_type"], config["model_type"])
+    hf = transformers.AutoConfig.for_model(family, **settings)
     if auto is None:
         vl = "vision_config" in config
         auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM

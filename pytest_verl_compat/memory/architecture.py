@@ -65,8 +65,9 @@ SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
 # the decoder (XiaomiMiMo's remote MiMoModel: a Qwen2 attention and MLP, four norms and a 2h x h
 # input projection each); the forecast does not count them and says so.
 MTP_UNCOUNTED = frozenset({"mimo"})
-# Families whose q/k/v projections carry a bias whatever the config says.
-QKV_BIAS = frozenset({"qwen2"})
+# Families whose q/k/v projections carry a bias whatever the config says (MiMo's remote model
+# class builds transformers' Qwen2Attention: modeling_mimo.py imports it from modeling_qwen2).
+QKV_BIAS = frozenset({"qwen2", "mimo"})
 # Families whose o_proj bias has a key of its own (Seed-OSS: attention_bias is q/k/v's only,
 # transformers' SeedOssAttention builds o_proj with attention_out_bias); elsewhere o_proj
 # follows attention_bias (Llama) or has none (QKV_BIAS).
