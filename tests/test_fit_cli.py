@@ -218,6 +218,29 @@ def test_a_script_that_needs_arguments_says_how_to_give_them(
     assert status == 0 and "SFT update" in out
 
 
+def _rank_phases(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, list[str]]:
+    status, out, err = run(capsys, "fit", *args, "--gpu", "H200", "--format", "json")
+    assert status in (0, 1), err
+    return {rank["name"]: [p["phase"] for p in rank["phases"]] for rank in json.loads(out)["ranks"]}
+
+
+def test_a_separated_trainers_rollout_runs_on_its_own_pool(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl's fully_async_main builds its pools with separation's create_resource_pool_manager:
+    the rollout on rollout.nnodes x rollout.n_gpus_per_node GPUs of its own, the trainer's GPUs
+    without a server; a key that asks for hybrid replicas puts sleeping ones back on the
+    trainer's GPUs; main_ppo with the same keys keeps its colocated server."""
+    script = _script("examples/mtp_trainer/run_mimo_7b_mtp_fully_async_megatron_multinode.sh")
+    apart = _rank_phases(capsys, script)
+    assert apart == {"trainer": ["old-log-prob", "actor-update"], "rollout": ["rollout"]}
+    hybrid = "async_training.use_dynamic_resource_scheduling=True"
+    together = _rank_phases(capsys, script, "--set", hybrid)
+    assert "rollout-start" in together["trainer"] and "weight-sync" in together["trainer"]
+    pool = ("--set", "+rollout.nnodes=1", "--set", "+rollout.n_gpus_per_node=4")
+    assert "rollout" in _rank_phases(capsys, _script(GRPO), *pool)["trainer"]
+
+
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_pictures_and_reports_are_the_same_bytes_across_hash_seeds(here: Path, suffix: str) -> None:
     outputs = []

@@ -40,7 +40,12 @@ class NotForecastCase(UsageError):
 def forecast_case(session: Any, case: Any, request: Any) -> Any:
     """The forecast of a composed case; input it cannot read is a one-line UsageError."""
     from pytest_verl_compat.memory.architecture import UnsupportedModel
-    from pytest_verl_compat.memory.forecast import NotForecastable, forecast, trains
+    from pytest_verl_compat.memory.forecast import (
+        NotForecastable,
+        forecast,
+        own_rollout_pool,
+        trains,
+    )
     from pytest_verl_compat.memory.models import UnknownModel
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
@@ -58,6 +63,7 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         world=outcome.fields.world_size,
         facts=facts,
         trains=trains(session.entry_point(outcome.fields)),
+        rollout_pool=own_rollout_pool(session.entry_point(outcome.fields)),
         followers=session.composer(outcome.fields).key_followers(outcome.fields.fields),
     )
     try:

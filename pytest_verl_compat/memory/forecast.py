@@ -24,6 +24,7 @@ from pytest_verl_compat.memory.runs import (
     NotForecastable,
     Request,
     build_layout,
+    own_rollout_pool,
     phase_total,
     ranks_for,
     server_cannot_start,
@@ -32,7 +33,15 @@ from pytest_verl_compat.memory.runs import (
 )
 from pytest_verl_compat.memory.vision import vision_assumptions
 
-__all__ = ["MARGIN", "NotForecastable", "Request", "forecast", "phase_total", "trains"]
+__all__ = [
+    "MARGIN",
+    "NotForecastable",
+    "Request",
+    "forecast",
+    "own_rollout_pool",
+    "phase_total",
+    "trains",
+]
 
 
 def _keys_of(phase: PhasePeak, layout: lay.RunLayout) -> tuple[str, ...]:

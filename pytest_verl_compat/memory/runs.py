@@ -48,6 +48,8 @@ class Request:
     # False: the launch's entry point never trains (verl.trainer.main_generation_server): its
     # rollout servers alone, on every GPU
     trains: bool = True
+    # True: the entry point gives the rollout a pool of its own (``own_rollout_pool``)
+    rollout_pool: bool = False
     # each key and the leaves of the composition that copy it by interpolation (the session's
     # Composer.key_followers): a fix that sets the key sets them too, as composing it again would
     followers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -124,7 +126,13 @@ def _build_layout(resolved: Mapping[str, Any], request: Request) -> lay.RunLayou
         reward_key = "reward.reward_model.model_path"
         reward = _model_at(str(reward_path), reward_key) if reward_path else None
     return reading.rl_layout(
-        resolved, actor, critic, reward, lay.rl_lengths(resolved, request.lengths), facts
+        resolved,
+        actor,
+        critic,
+        reward,
+        lay.rl_lengths(resolved, request.lengths),
+        facts,
+        request.rollout_pool,
     )
 
 
@@ -221,6 +229,19 @@ def phase_total(
         v.level == "error" for v in verdicts_only(layout, ranks, capacity, request.margin)
     )
     return total, fits
+
+
+# The function verl's separated trainers (fully_async_policy, one_step_off_policy) build their
+# pools with: the Rollout role gets a pool of its own, rollout.nnodes x rollout.n_gpus_per_node
+# (verl/experimental/separation/utils.py:49-52), which their main copies into
+# actor_rollout_ref.rollout (fully_async_main.py:235-236, one_step_off_policy/main_ppo.py:121-122).
+OWN_ROLLOUT_POOL = "create_resource_pool_manager"
+
+
+def own_rollout_pool(entry: EntryPoint | None) -> bool:
+    """Whether the launch's entry point gives the rollout GPUs of its own (it calls
+    ``OWN_ROLLOUT_POOL``), not the trainer's."""
+    return entry is not None and OWN_ROLLOUT_POOL in entry.calls
 
 
 def trains(entry: EntryPoint | None) -> bool:

@@ -21,7 +21,13 @@ def memory_findings(
     from pytest_verl_compat.files.safe_input import InputError
     from pytest_verl_compat.memory.architecture import UnsupportedModel
     from pytest_verl_compat.memory.findings import as_findings
-    from pytest_verl_compat.memory.forecast import NotForecastable, Request, forecast, trains
+    from pytest_verl_compat.memory.forecast import (
+        NotForecastable,
+        Request,
+        forecast,
+        own_rollout_pool,
+        trains,
+    )
     from pytest_verl_compat.memory.gpus import find_gpu
     from pytest_verl_compat.memory.models import UnknownModel
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
@@ -32,6 +38,7 @@ def memory_findings(
             world=outcome.fields.world_size,
             facts=release_facts(version),
             trains=trains(entry),
+            rollout_pool=own_rollout_pool(entry),
             followers=followers or {},
         )
         result = forecast(outcome.composition.mapping, request)
