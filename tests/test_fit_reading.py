@@ -649,3 +649,37 @@ def test_an_oom_fsdp_update_proposes_activation_offload_until_it_is_on(
         verdict = next(v for v in forecast(resolved, request).verdicts if v.phase == "actor-update")
         keys = {k for fix in verdict.fixes for k, _ in fix.keys}
         assert (key in keys) is proposed, (flag, verdict.fixes)
+
+
+@pytest.mark.parametrize("version", ["0.9.0", "0.9.1"])
+def test_where_each_entry_point_puts_the_rollout_is_read_from_what_it_calls(version: str) -> None:
+    """The separated trainers build their pools with separation's create_resource_pool_manager
+    (a rollout pool of their own); fully_async_main alone can put hybrid replicas back on the
+    trainer's GPUs; main_ppo and the SFT and serving entry points do neither."""
+    from pytest_verl_compat.memory import layout as lay
+    from pytest_verl_compat.memory.runs import own_rollout_pool
+    from pytest_verl_compat.pipeline.entry_registry import shipped
+
+    modules = shipped(version)
+    assert modules is not None
+    pools = {entry.module: own_rollout_pool(entry) for entry in modules.entries}
+    assert pools.pop("verl.experimental.fully_async_policy.fully_async_main") == lay.POOL_OWN_HYBRID
+    assert pools.pop("verl.experimental.one_step_off_policy.main_ppo") == lay.POOL_OWN
+    assert pools and set(pools.values()) == {lay.POOL_SHARED}, pools
+    assert own_rollout_pool(None) == lay.POOL_SHARED
+
+
+def test_a_hybrid_key_puts_replicas_on_the_trainer_only_where_the_entry_starts_them() -> None:
+    """With a rollout pool of its own, async_training.use_dynamic_resource_scheduling brings
+    sleeping replicas to the trainer's GPUs under fully_async_main, and nothing under
+    one_step_off_policy, which never starts them."""
+    from pytest_verl_compat.memory import layout as lay
+    from pytest_verl_compat.memory.reading import _colocated
+
+    facts = release_facts("0.9.0")
+    section = "actor_rollout_ref.rollout"
+    asked = {"async_training": {"use_dynamic_resource_scheduling": True}}
+    assert _colocated(asked, section, 4, facts, lay.POOL_OWN_HYBRID)
+    assert not _colocated(asked, section, 4, facts, lay.POOL_OWN)
+    assert not _colocated({}, section, 4, facts, lay.POOL_OWN_HYBRID)
+    assert _colocated(asked, section, 4, facts, lay.POOL_SHARED)  # main_ppo: one pool

@@ -19,6 +19,11 @@ RL = "rl"
 SFT = "sft"
 # an entry point that never trains (it generates or serves): its rollout servers alone
 SERVE = "serve"
+# Where an entry point puts the rollout (runs.own_rollout_pool): on the trainer's GPUs; on GPUs
+# of its own; on its own, and on the trainer's too when a key asks for hybrid replicas.
+POOL_SHARED = ""
+POOL_OWN = "own"
+POOL_OWN_HYBRID = "own, hybrid by key"
 # Where the micro-batch budgets are wired (verl/workers/engine_workers.py)
 EV_ACTOR_BUDGETS = "verl/workers/engine_workers.py:606-624"
 EV_REF_BUDGETS = "verl/workers/engine_workers.py:537-578"

@@ -32,6 +32,9 @@ from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
 from pytest_verl_compat.memory.layout import (
     CRITIC_DEFAULT_BUDGET,
     EV_MICRO_BATCHES,
+    POOL_OWN,
+    POOL_OWN_HYBRID,
+    POOL_SHARED,
     RL,
     SERVE,
     SFT,
@@ -428,10 +431,10 @@ HYBRID_REPLICA_KEYS = (
 )
 
 
-def _separate(resolved: Mapping[str, Any], own_pool: bool) -> bool:
+def _separate(resolved: Mapping[str, Any], pool: str) -> bool:
     """Whether the rollout has a pool of its own: the entry point's (``runs.own_rollout_pool``)
     or the V1 trainer's separate_async mode."""
-    return own_pool or value_at(resolved, "trainer.v1.trainer_mode") == "separate_async"
+    return pool != POOL_SHARED or value_at(resolved, "trainer.v1.trainer_mode") == "separate_async"
 
 
 def _colocated(
@@ -439,17 +442,19 @@ def _colocated(
     section: str,
     standalone: int,
     facts: ReleaseFacts,
-    own_pool: bool = False,
+    pool: str = POOL_SHARED,
 ) -> bool:
     """Whether the server has replicas on the trainer's GPUs: always, but for a pool of its own
     (the separate_async trainer's standalone pool, whose hybrid replicas a release may let
     hybrid_engine turn off; a separated trainer's rollout pool, unless a key asks for hybrid
     replicas)."""
-    if not _separate(resolved, own_pool) or standalone <= 0:
+    if not _separate(resolved, pool) or standalone <= 0:
         return True
     if section != "actor_rollout_ref.rollout":
         return False  # the reward model's own resource pool
-    if own_pool:
+    if pool == POOL_OWN:
+        return False
+    if pool == POOL_OWN_HYBRID:
         return any(bool(value_at(resolved, key, False)) for key in HYBRID_REPLICA_KEYS)
     hybrid = value_at(resolved, "actor_rollout_ref.hybrid_engine", True)
     return not (facts.hybrid_engine_decides_replicas and hybrid is False)
@@ -491,7 +496,7 @@ def server_layout(
     lengths: Lengths,
     world: int,
     facts: ReleaseFacts,
-    own_pool: bool = False,
+    pool: str = POOL_SHARED,
 ) -> ServerLayout | None:
     rollout = value_at(resolved, section, {})
     if not isinstance(rollout, Mapping) or not rollout.get("name"):
@@ -504,12 +509,12 @@ def server_layout(
     kwargs = value_at(rollout, f"engine_kwargs.{name}", {}) or {}
     kv = kwargs.get("kv_cache_dtype") if isinstance(kwargs, Mapping) else None
     standalone_gpus = as_int(rollout.get("nnodes")) * as_int(rollout.get("n_gpus_per_node"))
-    if own_pool and section == "actor_rollout_ref.rollout":
+    if pool != POOL_SHARED and section == "actor_rollout_ref.rollout":
         # the separated trainers' main copies the top-level rollout pool's sizes here
-        pool = value_at(resolved, "rollout", {})
-        pool = pool if isinstance(pool, Mapping) else {}
-        standalone_gpus = as_int(pool.get("nnodes")) * as_int(pool.get("n_gpus_per_node"))
-    if not _separate(resolved, own_pool):
+        sizes = value_at(resolved, "rollout", {})
+        sizes = sizes if isinstance(sizes, Mapping) else {}
+        standalone_gpus = as_int(sizes.get("nnodes")) * as_int(sizes.get("n_gpus_per_node"))
+    if not _separate(resolved, pool):
         standalone_gpus = 0
     batched = as_int(rollout.get("max_num_batched_tokens"), 8192)
     chunked = rollout.get("enable_chunked_prefill", True)
@@ -532,7 +537,7 @@ def server_layout(
         kv_dtype=1
         if isinstance(kv, str) and kv.startswith("fp8")
         else dtype_bytes(rollout.get("dtype"), 2),
-        colocated=_colocated(resolved, section, standalone_gpus, facts, own_pool),
+        colocated=_colocated(resolved, section, standalone_gpus, facts, pool),
         standalone_gpus=standalone_gpus,
         keeps_weights_asleep=_adapter_served(resolved, name),
         graphs_in_share=name == "vllm" and facts.vllm_graphs_in_share,
@@ -548,7 +553,7 @@ def rl_layout(
     reward: ModelChoice | None,
     lengths: Lengths,
     facts: ReleaseFacts,
-    own_pool: bool = False,
+    pool: str = POOL_SHARED,
 ) -> RunLayout:
     world = gpu_count(resolved)
     n = max(as_int(value_at(resolved, "actor_rollout_ref.rollout.n"), 1), 1)
@@ -558,7 +563,7 @@ def rl_layout(
     if need_critic(resolved):
         roles.append(role_layout(resolved, "critic", world, critic or actor, lengths, n, facts))
     rollout = server_layout(
-        resolved, "actor_rollout_ref.rollout", actor, lengths, world, facts, own_pool
+        resolved, "actor_rollout_ref.rollout", actor, lengths, world, facts, pool
     )
     reward_server = None
     if reward is not None and value_at(resolved, "reward.reward_model.enable"):

@@ -48,8 +48,8 @@ class Request:
     # False: the launch's entry point never trains (verl.trainer.main_generation_server): its
     # rollout servers alone, on every GPU
     trains: bool = True
-    # True: the entry point gives the rollout a pool of its own (``own_rollout_pool``)
-    rollout_pool: bool = False
+    # where the entry point puts the rollout (``own_rollout_pool``)
+    rollout_pool: str = lay.POOL_SHARED
     # each key and the leaves of the composition that copy it by interpolation (the session's
     # Composer.key_followers): a fix that sets the key sets them too, as composing it again would
     followers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -236,12 +236,18 @@ def phase_total(
 # (verl/experimental/separation/utils.py:49-52), which their main copies into
 # actor_rollout_ref.rollout (fully_async_main.py:235-236, one_step_off_policy/main_ppo.py:121-122).
 OWN_ROLLOUT_POOL = "create_resource_pool_manager"
+# The method with which fully_async_main also starts sleeping replicas on the trainer's GPUs when
+# a key asks for them (reading.HYBRID_REPLICA_KEYS; fully_async_main.py:159-172).
+HYBRID_REPLICAS = "_setup_hybrid_worker_group"
 
 
-def own_rollout_pool(entry: EntryPoint | None) -> bool:
-    """Whether the launch's entry point gives the rollout GPUs of its own (it calls
-    ``OWN_ROLLOUT_POOL``), not the trainer's."""
-    return entry is not None and OWN_ROLLOUT_POOL in entry.calls
+def own_rollout_pool(entry: EntryPoint | None) -> str:
+    """Where the launch's entry point puts the rollout: lay.POOL_SHARED (the trainer's GPUs),
+    lay.POOL_OWN (GPUs of its own: it calls ``OWN_ROLLOUT_POOL``) or lay.POOL_OWN_HYBRID (of its
+    own, and on the trainer's too when a key asks: it calls ``HYBRID_REPLICAS`` as well)."""
+    if entry is None or OWN_ROLLOUT_POOL not in entry.calls:
+        return lay.POOL_SHARED
+    return lay.POOL_OWN_HYBRID if HYBRID_REPLICAS in entry.calls else lay.POOL_OWN
 
 
 def trains(entry: EntryPoint | None) -> bool:
