@@ -241,6 +241,33 @@ def test_a_separated_trainers_rollout_runs_on_its_own_pool(
     assert "rollout" in _rank_phases(capsys, _script(GRPO), *pool)["trainer"]
 
 
+def _update_parts(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, int]:
+    status, out, err = run(capsys, "fit", *args, "--gpu", "H100", "--format", "json")
+    assert status in (0, 1), err
+    (trainer,) = [rank for rank in json.loads(out)["ranks"] if rank["name"] == "trainer"]
+    (update,) = [phase for phase in trainer["phases"] if phase["phase"] == "actor-update"]
+    return {part["key"]: part["bytes"] for part in update["parts"]}
+
+
+def test_an_optimizer_step_that_outgrows_the_backward_is_the_updates_peak(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seed-OSS-36B's FSDP example keeps small activations beside 67 GiB of states: AdamW's
+    foreach step (one more copy of the gradient shards) is its update's peak, what it adds beyond
+    the backward's transients; fused, or a run whose backward holds more, shows no step."""
+    seed = _script("examples/grpo_trainer/run_seed_oss_36b_fsdp.sh")
+    parts = _update_parts(capsys, seed)
+    backward = sum(
+        size
+        for key, size in parts.items()
+        if key.rsplit(".", 1)[-1] in ("gathered", "activations", "reduce", "logits", "head_grad")
+    )
+    assert parts["actor.step"] == parts["actor.grads"] - backward > 0
+    fused = "+actor_rollout_ref.actor.optim.override_optimizer_config.fused=True"
+    assert "actor.step" not in _update_parts(capsys, seed, "--set", fused)
+    assert "actor.step" not in _update_parts(capsys, _script(GRPO))
+
+
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_pictures_and_reports_are_the_same_bytes_across_hash_seeds(here: Path, suffix: str) -> None:
     outputs = []

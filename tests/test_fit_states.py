@@ -373,3 +373,68 @@ def test_megatron_lora_of_a_vl_model_adapts_the_towers_own_modules_on_the_first_
     ]
     states = model_states(arch, spec)
     assert states.grads == 4 * sum(t.numel for t in [*tower, *first_stage])
+
+
+# verl's own optimizer (build_optimizer of its FSDPOptimizerConfig, the class optim.optimizer_impl
+# names) stepped once on CPU tensors of several shapes, its states made by a first step, then the
+# bytes every op of a second step leaves alive beyond the parameters, gradients and states (the
+# meter of tests/test_fit_activations.py). On a CPU torch defaults to the single-tensor step, so
+# each switch is set as override_optimizer_config sets it on a GPU run: foreach (the GPU's
+# default) and fused.
+_STEP = """
+from typing import Any
+import torch
+from verl.workers.config.optimizer import FSDPOptimizerConfig, build_optimizer
+
+HELPERS
+
+result = []
+for override in OVERRIDES:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in SHAPES]
+    config = FSDPOptimizerConfig(lr=1e-3, weight_decay=0.01, override_optimizer_config=override)
+    optimizer = build_optimizer(params, config)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    for p in params:
+        p.grad = torch.randn_like(p)
+    kept = {
+        t.untyped_storage().data_ptr()
+        for p in params
+        for t in (p, p.grad, *optimizer.state[p].values())
+    }
+    meter = _Live(kept)
+    with meter:
+        optimizer.step()
+    result.append([type(optimizer).__name__, max(meter.timeline)])
+"""
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_an_optimizer_step_allocates_the_copies_the_forecast_counts(version: str) -> None:
+    """torch's AdamW as verl builds it: on foreach its step holds one more copy of every
+    trainable tensor (the square roots of exp_avg_sq, torch/optim/adam.py:762), fused none; the
+    forecast's step_copies say the same of each switch."""
+    import inspect
+
+    from release_python import run_in_release
+    from test_fit_activations import _Live
+
+    from pytest_verl_compat.memory.states import EngineSpec, step_copies
+
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    shapes = [(1000, 64), (64, 1000), (300,), (2048, 32), (7, 9)]
+    overrides = [{"foreach": True}, {"fused": True}]
+    source = (
+        _STEP.replace("HELPERS", inspect.getsource(_Live))
+        .replace("OVERRIDES", repr(overrides))
+        .replace("SHAPES", repr(shapes))
+    )
+    measured = run_in_release(source, version)
+    trainable = sum(a * b for a, b in (s if len(s) == 2 else (s[0], 1) for s in shapes)) * 4
+    for override, (name, transient) in zip(overrides, measured, strict=True):
+        assert name == "AdamW", name
+        spec = EngineSpec("fsdp2", 1, **override)
+        assert transient == step_copies(spec) * trainable, (override, transient, trainable)

@@ -272,7 +272,41 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         )
     if logits is not None:
         parts.append(logits)
+    if training and s.step_transient:
+        parts.extend(_step_beyond(role, parts, s.step_transient))
     return parts
+
+
+# The parts a training pass holds only until its last backward ends: what is left when the
+# optimizer steps is the weights, the gradient shards and the optimizer's states (FSDP reshards
+# each unit after its backward and reduce-scatters the deferred gradients at the last one).
+BACKWARD_ONLY = (
+    "gathered",
+    "activations",
+    "head_grad",
+    "reduce",
+    "logits",
+    "accumulated",
+)
+
+
+def _step_beyond(role: RoleLayout, parts: list[Part], copy: int) -> list[Part]:
+    """The optimizer step's own copy, where it outgrows what the backward held beside the
+    states (the pass peaks at the larger of the two moments; the states are counted once)."""
+    backward = sum(p.bytes for p in parts if p.key.rsplit(".", 1)[-1] in BACKWARD_ONLY)
+    if copy <= backward:
+        return []
+    return [
+        Part(
+            f"{role.role}.step",
+            f"{role.role} optimizer step",
+            copy - backward,
+            f"the step's square roots of every exp_avg_sq shard at once ({gib_text(copy)}, "
+            f"{role.optim_section}.optimizer {role.spec.optimizer} on foreach), beyond the "
+            f"{gib_text(backward)} the backward held and freed before it",
+            st.EV_STEP_COPY,
+        )
+    ]
 
 
 def server_parts(

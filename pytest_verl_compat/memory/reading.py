@@ -59,6 +59,7 @@ from pytest_verl_compat.memory.states import (
     FSDP_STRATEGIES,
     MEGATRON_DEFAULT_TARGETS,
     MEGATRON_STRATEGIES,
+    TORCH_OPTIM,
     EngineSpec,
     dtype_bytes,
 )
@@ -265,7 +266,7 @@ def engine_spec(
         lora_rank=0 if role == "critic" else rank,
         lora_targets=targets_t,
         lora_exclude=exclude_t,
-        optimizer=str(optim.get("optimizer") or "AdamW"),
+        **optimizer_class(optim),
         distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
         **_megatron_fields(strategy, engine, optim),
         defer_sync=defer_sync(engine),
@@ -300,6 +301,25 @@ def _megatron_fields(
 # With use_precision_aware_optimizer too, the distributed optimizer makes no fp32 master shards
 # of its own (distrib_optimizer.py:378, :440): the hybrid optimizer's fp32 copies are the master,
 # on the host for the offloaded share.
+
+
+def _switch(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def optimizer_class(optim: Any) -> dict[str, Any]:
+    """EngineSpec's optimizer fields: the class verl builds (optim.optimizer from
+    optim.optimizer_impl) and the foreach and fused switches of the arguments
+    override_optimizer_config hands it (verl/workers/config/optimizer.py:326-351)."""
+    optim = optim if isinstance(optim, Mapping) else {}
+    override = optim.get("override_optimizer_config")
+    override = override if isinstance(override, Mapping) else {}
+    return {
+        "optimizer": str(optim.get("optimizer") or "AdamW"),
+        "optimizer_impl": str(optim.get("optimizer_impl") or TORCH_OPTIM),
+        "foreach": _switch(override.get("foreach")),
+        "fused": _switch(override.get("fused")),
+    }
 
 
 def optimizer_on_host(optim: Mapping[str, Any]) -> dict[str, Any]:
@@ -647,7 +667,7 @@ def sft_layout(
         lora_rank=rank,
         lora_targets=targets,
         lora_exclude=exclude,
-        optimizer=str(value_at(resolved, f"{SFT_OPTIM}.optimizer", "AdamW")),
+        **optimizer_class(value_at(resolved, SFT_OPTIM, {})),
         **_megatron_fields(strategy, engine, value_at(resolved, SFT_OPTIM, {}) or {}),
         defer_sync=defer_sync(engine),
     )

@@ -77,6 +77,11 @@ class EngineSpec:
     lora_targets: tuple[str, ...] = ("all-linear",)
     lora_exclude: tuple[str, ...] = ()
     optimizer: str = "AdamW"
+    # How the optimizer's step runs (``step_copies``): optim.optimizer_impl, and the foreach and
+    # fused switches override_optimizer_config hands the class (None: torch's default)
+    optimizer_impl: str = "torch.optim"
+    foreach: bool | None = None
+    fused: bool | None = None
     # Megatron sizes and its distributed optimizer
     tp: int = 1
     pp: int = 1
@@ -120,6 +125,8 @@ class ModelStates:
     held_head_grad: int = 0
     # FSDP1: every unit unsharded at once, at full precision (summon_full_params on the model)
     summoned: int = 0
+    # what the optimizer's step allocates beyond the states it updates (``step_copies``)
+    step_transient: int = 0
 
 
 def _ceil(a: int, b: int) -> int:
@@ -385,6 +392,30 @@ def optimizer_states(name: str) -> int:
     return 2
 
 
+# torch.optim's Adam and AdamW (verl builds the class optim.optimizer_impl names with the
+# override_optimizer_config's arguments: verl/workers/config/optimizer.py:326-351) default to the
+# foreach implementation for parameters on a GPU or NPU (_default_to_fused_or_foreach,
+# torch/optim/optimizer.py:161-185@torch-2.13.0), whose step takes the square root of every
+# exp_avg_sq at once into new tensors (exp_avg_sq_sqrt = torch._foreach_sqrt(...),
+# torch/optim/adam.py:762@torch-2.13.0): one more copy of the rank's trainable shards, in the
+# states' dtype, alive until the parameters are updated; the fused kernel updates in place.
+EV_STEP_COPY = "torch/optim/adam.py:762@torch-2.13.0 (_multi_tensor_adam: exp_avg_sq_sqrt)"
+TORCH_OPTIM = "torch.optim"
+
+
+def step_copies(spec: EngineSpec) -> int:
+    """Copies of the rank's trainable shards an optimizer step allocates beyond its states: one
+    for torch.optim's Adam/AdamW on foreach (the default on a GPU), none when fused; 0 where the
+    forecast does not know the class (another optimizer_impl, a foreach switched off: the
+    single-tensor path holds about three of the largest tensor's)."""
+    adam = spec.optimizer.lower() in ("adam", "adamw")
+    if spec.forward_only or not adam or spec.optimizer_impl != TORCH_OPTIM:
+        return 0
+    if spec.fused or spec.foreach is False:
+        return 0
+    return 1
+
+
 def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     frozen, trainable = model_tensors(arch, spec)
     every = frozen + trainable
@@ -444,6 +475,7 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         # summon_full_params unshards each flat parameter whole, padding included, in its stored
         # dtype (torch _flat_param.py, _force_full_precision): rank 0's shards times the group
         summoned=params * spec.shard if spec.strategy == "fsdp" else 0,
+        step_transient=grads * step_copies(spec),
     )
 
 
