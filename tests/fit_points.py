@@ -30,6 +30,10 @@ class Outcome:
     peak_phase: str
     peak_gib: float
     not_forecast: str = ""
+    # the most torch allocates in the actor's worker process in any phase (its parts and the
+    # reference's, colocated in the same worker, and the weight sync's staging); servers, CUDA
+    # contexts and communication buffers are other processes' or not torch's
+    actor_process_gib: float = 0.0
 
     def describe(self) -> str:
         if self.not_forecast:
@@ -112,4 +116,14 @@ def forecast_entry(
         return Outcome(False, (), "", 0.0, str(exc))
     errors = tuple(sorted({v.phase for v in result.verdicts if v.level == "error"}))
     peak = max((p for rank in result.ranks for p in rank.phases), key=lambda p: p.total)
-    return Outcome(bool(errors), errors, peak.phase, gib(peak.total))
+    actor_process = max(
+        sum(part.bytes for part in phase.parts if part.key.split(".", 1)[0] in ACTOR_PROCESS)
+        for rank in result.ranks
+        for phase in rank.phases
+    )
+    return Outcome(bool(errors), errors, peak.phase, gib(peak.total), "", gib(actor_process))
+
+
+# The parts the actor's worker allocates with torch: the actor's, the reference's (the same
+# ActorRolloutRef worker) and the weight sync's staging copies.
+ACTOR_PROCESS = ("actor", "ref", "sync")
