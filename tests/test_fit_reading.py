@@ -683,3 +683,29 @@ def test_a_hybrid_key_puts_replicas_on_the_trainer_only_where_the_entry_starts_t
     assert not _colocated(asked, section, 4, facts, lay.POOL_OWN)
     assert not _colocated({}, section, 4, facts, lay.POOL_OWN_HYBRID)
     assert _colocated(asked, section, 4, facts, lay.POOL_SHARED)  # main_ppo: one pool
+
+
+BUCKET = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+
+
+def test_the_weight_syncs_bucket_is_the_size_the_rollout_section_gives(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """The trainer fills one GPU buffer of update_weights_bucket_megabytes for the weight sync
+    (bucketed_weight_transfer.py:178): the staging grows by what the key adds; a run whose
+    bucket is larger than its largest tensor needs is offered a halved one, never one smaller
+    than that tensor (the sender refuses it, :136-139)."""
+    from pytest_verl_compat.memory.fixes import candidates
+
+    run = merged(FSDP_RUN, ["actor_rollout_ref.rollout.name=vllm"])
+    default = _sync_parts(upstream_session, folder, run)["sync.staging"]
+    doubled = _sync_parts(upstream_session, folder, merged(run, [f"{BUCKET}=4096"]))
+    assert doubled["sync.staging"] - default == 2048 << 20
+    big = _layout(upstream_session, folder, merged(run, [f"{BUCKET}=4096"]), "")
+    # Qwen2.5-0.5B's largest tensor (its embedding, 0.27 GB in bf16) fits every halving to 512 MB
+    ladders = [ladder for ladder in candidates({}, big, "weight-sync") if ladder[0][0][0] == BUCKET]
+    assert [rung[0][1] for rung in ladders[0]] == [2048, 1024, 512], ladders
+    tight = _layout(upstream_session, folder, merged(run, [f"{BUCKET}=512"]), "")
+    assert not [
+        ladder for ladder in candidates({}, tight, "weight-sync") if ladder[0][0][0] == BUCKET
+    ]

@@ -23,6 +23,7 @@ from pytest_verl_compat.memory.parts import (
     WEIGHT_SYNC,
     Fix,
 )
+from pytest_verl_compat.memory.residency import states_of
 from pytest_verl_compat.memory.runs import (
     NotForecastable,
     build_layout,
@@ -168,6 +169,25 @@ def _server_candidates(layout: lay.RunLayout, which: str) -> Iterator[list[Chang
         yield [((f"{server.section}.tensor_model_parallel_size", tp),)]
 
 
+def _bucket_candidates(
+    server: lay.ServerLayout, actor: lay.RoleLayout | None
+) -> Iterator[list[Change]]:
+    """Smaller transfer buckets, halved while a bucket still holds the largest tensor in the
+    server's dtype (the sender refuses a tensor larger than its bucket:
+    bucketed_weight_transfer.py:136-139)."""
+    if actor is None:
+        return
+    largest = states_of(actor).largest_tensor // max(actor.spec.model_dtype, 1) * server.dtype
+    key = f"{server.section}.{lay.BUCKET_KEY}"
+    megabytes = server.bucket_bytes >> 20
+    ladder: list[Change] = []
+    while megabytes // 2 << 20 >= largest and megabytes > 1:
+        megabytes //= 2
+        ladder.append(((key, megabytes),))
+    if ladder:
+        yield ladder
+
+
 def candidates(
     resolved: Mapping[str, Any], layout: lay.RunLayout, phase: str
 ) -> Iterator[list[Change]]:
@@ -192,6 +212,8 @@ def candidates(
         ):
             # gather the adapters one FSDP unit at a time (fsdp_utils.py:633-700)
             yield [((f"{layout.rollout.section}.layered_summon", True),)]
+        if phase == WEIGHT_SYNC and layout.rollout is not None:
+            yield from _bucket_candidates(layout.rollout, layout.role("actor"))
         yield from _server_candidates(layout, "rollout")
     elif phase == REWARD:
         yield from _server_candidates(layout, "reward")

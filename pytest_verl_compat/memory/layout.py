@@ -30,6 +30,10 @@ EV_REF_BUDGETS = "verl/workers/engine_workers.py:537-578"
 EV_CRITIC_BUDGETS = "verl/trainer/ppo/v1/trainer_base.py:249-252"
 EV_MICRO_BATCHES = "verl/workers/engine/utils.py:92-130"
 EV_ENTROPY_PASSES = "verl/trainer/ppo/v1/trainer_base.py:1495-1500, :1676-1693"
+# The weight sync's transfer bucket, under the rollout section (CheckpointEngineConfig's default,
+# verl/workers/config/rollout.py:135).
+BUCKET_KEY = "checkpoint_engine.update_weights_bucket_megabytes"
+BUCKET_DEFAULT_MB = 2048
 CRITIC_DEFAULT_BUDGET = 32768  # CriticConfig.ppo_infer_max_token_len_per_gpu, critic.py:91
 
 
@@ -114,6 +118,9 @@ class ServerLayout:
     # the actor's LoRA weight sync gathers its whole FSDP1 model (layered_summon off)
     sync_summons_whole: bool = False
     prefix_caching: bool = True  # enable_prefix_caching (a hybrid model's state blocks)
+    # the trainer's GPU buffer the weight sync fills and hands over by IPC, in bytes
+    # (checkpoint_engine.update_weights_bucket_megabytes, phases.EV_BUCKET)
+    bucket_bytes: int = BUCKET_DEFAULT_MB << 20
 
 
 @dataclass(frozen=True)

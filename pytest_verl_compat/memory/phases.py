@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pytest_verl_compat.memory import rollout as srv
 from pytest_verl_compat.memory import states as st
-from pytest_verl_compat.memory.layout import RoleLayout, RunLayout, ServerLayout
+from pytest_verl_compat.memory.layout import BUCKET_KEY, RoleLayout, RunLayout, ServerLayout
 from pytest_verl_compat.memory.parts import (
     ACTOR_UPDATE,
     CHECKPOINT,
@@ -39,6 +39,7 @@ from pytest_verl_compat.memory.passes import (
 from pytest_verl_compat.memory.residency import (
     EV_OFFLOAD_CTX,
     contexts,
+    gib_text,
     grad_buffer,
     optimizer_kept,
     processes,
@@ -51,11 +52,14 @@ from pytest_verl_compat.memory.residency import (
 
 # One GPU process's CUDA context and communication buffers (NCCL's per-peer buffers, cuBLAS
 # workspace): stated, not measured; a colocated rank runs the trainer and the rollout server.
+# The weight sync fills one GPU buffer of update_weights_bucket_megabytes and hands it to the
+# server by CUDA IPC (vllm_rollout.py:228-233, bucketed_weight_transfer.py:178; host shared
+# memory only where IPC is not supported, vllm_rollout.py:143).
 EV_BUCKET = (
-    "verl/workers/config/rollout.py CheckpointEngineConfig.update_weights_bucket_megabytes (2048)"
+    "verl/workers/rollout/vllm_rollout/vllm_rollout.py:228-233, "
+    "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py:178"
 )
 EV_SAVE = "verl/workers/engine/fsdp/transformer_impl.py:839-865"
-WEIGHT_BUCKET = 2048 << 20
 
 
 def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
@@ -103,7 +107,8 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                 srv.EV_WAKE,
             )
         )
-        staging = s.largest_tensor * 3 // 2 + WEIGHT_BUCKET
+        bucket = layout.rollout.bucket_bytes
+        staging = s.largest_tensor * 3 // 2 + bucket
         if layout.rollout.sync_summons_whole and s.summoned > staging:
             sync.append(
                 Part(
@@ -122,7 +127,8 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                     "sync.staging",
                     "full tensor + transfer bucket",
                     staging,
-                    "largest parameter gathered whole (fp32 then bf16) + 2 GiB bucket",
+                    f"largest parameter gathered whole (fp32 then bf16) + {gib_text(bucket)} "
+                    f"bucket ({layout.rollout.section}.{BUCKET_KEY})",
                     EV_BUCKET,
                 )
             )

@@ -30,6 +30,8 @@ from pytest_verl_compat.checks.roles import (
 from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
 from pytest_verl_compat.memory.layout import (
+    BUCKET_DEFAULT_MB,
+    BUCKET_KEY,
     CRITIC_DEFAULT_BUDGET,
     EV_MICRO_BATCHES,
     POOL_OWN,
@@ -563,6 +565,7 @@ def server_layout(
         graphs_in_share=name == "vllm" and facts.vllm_graphs_in_share,
         sync_summons_whole=_sync_summons_whole(resolved, section),
         prefix_caching=bool(rollout.get("enable_prefix_caching", True)),
+        bucket_bytes=as_int(value_at(rollout, BUCKET_KEY), BUCKET_DEFAULT_MB) << 20,
     )
 
 
