@@ -27,6 +27,7 @@ from fit_points import launch, merged
 from pytest_verl_compat.memory.forecast import forecast
 from pytest_verl_compat.memory.gpus import custom_gpu, find_gpu
 from pytest_verl_compat.memory.layout import RoleLayout
+from pytest_verl_compat.memory.passes import compute_parts
 from pytest_verl_compat.memory.release_facts import (
     CRITIC_MICRO_BATCHES,
     ReleaseFacts,
@@ -709,3 +710,37 @@ def test_the_weight_syncs_bucket_is_the_size_the_rollout_section_gives(
     assert not [
         ladder for ladder in candidates({}, tight, "weight-sync") if ladder[0][0][0] == BUCKET
     ]
+
+
+NO_RESHARD = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_without_reshard_after_forward_every_unit_stays_gathered(
+    upstream_session: AuditSession, folder: Path, strategy: str
+) -> None:
+    """reshard_after_forward=False (FSDP1's SHARD_GRAD_OP, FSDP2's post-forward that skips the
+    reshard): every unit gathered by the forward stays, in the compute dtype, in the update and
+    in the no-grad log-prob pass; the default keeps two layers (and FSDP1's root); an update
+    over the GPU is offered the key back."""
+    from pytest_verl_compat.memory.fixes import candidates
+
+    run = merged(FSDP_RUN, [f"actor_rollout_ref.actor.strategy={strategy}"])
+    kept = _role(upstream_session, folder, merged(run, [NO_RESHARD]), "actor")
+    default = _role(upstream_session, folder, run, "actor")
+    assert default.reshard_after_forward and not kept.reshard_after_forward
+    states = states_of(kept)
+    for training in (True, False):
+        gathered = {p.key: p.bytes for p in compute_parts(kept, training, entropy=False)}[
+            "actor.gathered"
+        ]
+        assert gathered == states.total * kept.spec.param_dtype
+        usual = {p.key: p.bytes for p in compute_parts(default, training, entropy=False)}
+        assert usual["actor.gathered"] == 2 * states.layer_unit + states.root_unit
+    layout = _layout(upstream_session, folder, merged(run, [NO_RESHARD]), "")
+    ladders = list(candidates({}, layout, "actor-update"))
+    key = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
+    assert [((key, True),)] in ladders
+    assert [((key, True),)] not in list(
+        candidates({}, _layout(upstream_session, folder, run, ""), "actor-update")
+    )

@@ -100,6 +100,9 @@ def _role_candidates(
             # (transformer_impl.py:683-698@0.9.0): a mini-batch in one micro-batch keeps none
             yield [((key, role.whole_mini_batch),)]
     engine = role.engine_section
+    if fsdp and not role.reshard_after_forward:
+        # free each unit's gathered weights after its forward again (passes.EV_NO_RESHARD)
+        yield [((f"{engine}.reshard_after_forward", True),)]
     if training and not role.checkpointing:
         if megatron:
             # what Megatron's engine reads instead of the model's flag (reading._checkpointing)

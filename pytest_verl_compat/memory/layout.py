@@ -68,6 +68,9 @@ class RoleLayout:
     # Megatron's sequence parallelism: the norms' tensors split over the tensor-parallel ranks
     sequence_parallel: bool
     activation_offload: bool  # the FSDP engine's: each layer's saved tensors to the host
+    # FSDP frees a unit's gathered weights after its forward (fsdp_config.reshard_after_forward);
+    # false keeps every unit gathered until its backward, or to the end of a no-grad pass
+    reshard_after_forward: bool
     sp: int  # Ulysses (FSDP) or context parallel (Megatron)
     train_tokens: int  # tokens of one training micro-batch on one GPU
     infer_tokens: int  # tokens of one forward-only micro-batch on one GPU

@@ -23,6 +23,18 @@ from pytest_verl_compat.memory.residency import (
     where,
 )
 
+# reshard_after_forward=False: verl builds FSDP1 with SHARD_GRAD_OP (transformer_impl.py:401,
+# engine/fsdp/utils.py:72-77), whose post-forward frees nothing
+# (torch/distributed/fsdp/_runtime_utils.py:486-500@torch-2.13.0), and passes it to FSDP2's
+# fully_shard (:450), whose post-forward reshard returns at once in the forward
+# (_fully_shard/_fsdp_param_group.py:499-502), no-grad passes included: each unit stays gathered
+# until its backward, or until the pass ends.
+EV_NO_RESHARD = (
+    "verl/workers/engine/fsdp/transformer_impl.py:401, :450; "
+    "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:499-502@torch-2.13.0; "
+    "torch/distributed/fsdp/_runtime_utils.py:486-500@torch-2.13.0"
+)
+
 
 def _checkpointing_evidence(role: RoleLayout) -> str:
     if megatron(role):
@@ -159,7 +171,19 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         )
         if not training:
             parts.extend(grad_buffer(role, "(allocated)"))
-    if not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
+    if not megatron(role) and not role.reshard_after_forward:
+        parts.append(
+            Part(
+                f"{name}.gathered",
+                f"{name} all-gathered units",
+                s.total * c,
+                f"every unit, gathered by its forward and kept ({role.engine_section}"
+                ".reshard_after_forward=False: FSDP1's SHARD_GRAD_OP, FSDP2's units skip the "
+                f"post-forward reshard) in {c}-byte compute dtype",
+                EV_NO_RESHARD,
+            )
+        )
+    elif not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
         parts.append(
             Part(
                 f"{name}.gathered",

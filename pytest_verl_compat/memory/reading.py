@@ -154,6 +154,10 @@ def _engine_flags(
         # the FSDP engine reads the model's flag (transformer_impl.py:458-460); Megatron's not
         "activation_offload": strategy in FSDP_STRATEGIES
         and bool(model_section.get("enable_activation_offload")),
+        # FSDP1's SHARD_GRAD_OP and FSDP2's reshard_after_forward=False when false
+        # (transformer_impl.py:401, :450); the tree's default is true
+        "reshard_after_forward": strategy not in FSDP_STRATEGIES
+        or engine.get("reshard_after_forward", True) is not False,
     }
 
 
