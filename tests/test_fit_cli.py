@@ -268,6 +268,34 @@ def test_an_optimizer_step_that_outgrows_the_backward_is_the_updates_peak(
     assert "actor.step" not in _update_parts(capsys, _script(GRPO))
 
 
+def _start_messages(capsys: pytest.CaptureFixture[str], *sets: str) -> list[str]:
+    args = [arg for key in sets for arg in ("--set", key)]
+    status, out, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--format", "json", *args)
+    assert status in (0, 1), err
+    return [
+        f["message"] for f in json.loads(out)["findings"] if f["rule"] == "memory.rollout-start"
+    ]
+
+
+def test_an_fp8_rollout_loads_one_byte_linear_weights_and_can_start_where_bf16_cannot(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rollout.quantization=fp8 (verl asks vLLM for block-wise fp8): Qwen2.5-32B on one H100 at
+    0.85 cannot start in bf16 (its KV cache cannot hold one 131,072-token sequence) and can in
+    fp8; a quantization the forecast does not count is said as an assumption."""
+    big = (
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-32B",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.85",
+    )
+    assert any("cannot start" in m for m in _start_messages(capsys, *big))
+    fp8 = "actor_rollout_ref.rollout.quantization=fp8"
+    assert not any("cannot start" in m for m in _start_messages(capsys, *big, fp8))
+    other = "actor_rollout_ref.rollout.quantization=torchao"
+    _, out, _ = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--set", other)
+    assert "quantization 'torchao': the server's weights are counted in the rollout dtype" in out
+
+
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_pictures_and_reports_are_the_same_bytes_across_hash_seeds(here: Path, suffix: str) -> None:
     outputs = []

@@ -324,3 +324,24 @@ def test_a_documented_small_share_starts() -> None:
     server = dataclasses.replace(server, max_num_seqs=512)
     memory = server_memory(server, find_gpu("H100").usable_bytes)
     assert memory.kv_bytes > memory.one_sequence_bytes
+
+
+def test_fp8_weights_are_one_byte_and_a_scale_per_block_on_linear_and_expert_tensors() -> None:
+    """rollout.FP8_WEIGHTS: every linear and expert tensor at one byte and a 4-byte scale per
+    128 x 128 block, every other tensor (embeddings, lm_head, norms, biases, the router) in the
+    model's dtype."""
+    from pytest_verl_compat.memory.architecture import architecture_from_config
+    from pytest_verl_compat.memory.rollout import FP8_WEIGHTS, weights_per_rank
+
+    config = {
+        "model_type": "qwen3_moe", "hidden_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
+        "moe_intermediate_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+        "vocab_size": 1000, "head_dim": 64,
+    }  # fmt: skip
+    arch = architecture_from_config(config, "tiny", "tiny config")
+    bf16 = weights_per_rank(arch, 1, 1, 2)
+    fp8 = weights_per_rank(arch, 1, 1, 2, FP8_WEIGHTS)
+    quantized = [t.numel for t in arch.tensors() if t.kind in ("linear", "experts")]
+    assert bf16 - fp8 == sum(quantized) - sum(-(-n // (128 * 128)) * 4 for n in quantized)
+    assert weights_per_rank(arch, 1, 1, 2, "torchao") == bf16

@@ -18,7 +18,7 @@ from pytest_verl_compat.memory.parts import (
     Verdict,
     gib,
 )
-from pytest_verl_compat.memory.rollout import engine_assumption
+from pytest_verl_compat.memory.rollout import engine_assumption, quantization_assumption
 from pytest_verl_compat.memory.runs import (
     MARGIN,
     NotForecastable,
@@ -106,9 +106,11 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
             "recurrent states in blocks shared with the attention layers' KV"
         )
     for serving in (layout.rollout, layout.reward):
-        said = engine_assumption(serving) if serving is not None else ""
-        if said:
-            assumptions.append(said)
+        if serving is None:
+            continue
+        assumptions.extend(
+            said for said in (engine_assumption(serving), quantization_assumption(serving)) if said
+        )
     if request.gpu is not None:
         capacity, assumed, gpu = request.gpu.usable_bytes, False, request.gpu.label()
     else:

@@ -124,6 +124,9 @@ class ServerLayout:
     # the trainer's GPU buffer the weight sync fills and hands over by IPC, in bytes
     # (checkpoint_engine.update_weights_bucket_megabytes, phases.EV_BUCKET)
     bucket_bytes: int = BUCKET_DEFAULT_MB << 20
+    # rollout.quantization: the engine's online fp8 (rollout.FP8_WEIGHTS) or another method the
+    # forecast counts in the rollout dtype (rollout.quantization_assumption says so); None: none
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)

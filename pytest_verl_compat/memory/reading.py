@@ -570,7 +570,18 @@ def server_layout(
         sync_summons_whole=_sync_summons_whole(resolved, section),
         prefix_caching=bool(rollout.get("enable_prefix_caching", True)),
         bucket_bytes=as_int(value_at(rollout, BUCKET_KEY), BUCKET_DEFAULT_MB) << 20,
+        quantization=_quantization(rollout),
     )
+
+
+def _quantization(rollout: Mapping[str, Any]) -> str | None:
+    """The server's weight quantization: rollout.qat (its own config's method) wins over
+    rollout.quantization (vllm_async_server.py:995-1024)."""
+    qat = rollout.get("qat")
+    if isinstance(qat, Mapping) and qat.get("enable"):
+        return "qat"
+    value = rollout.get("quantization")
+    return None if value is None else str(value)
 
 
 def rl_layout(

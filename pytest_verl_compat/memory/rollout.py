@@ -231,19 +231,47 @@ def hybrid_cache(
     )
 
 
-def weights_per_rank(arch: Architecture, tp: int, ep_ranks: int, dtype: int) -> int:
+# rollout.quantization "fp8": verl asks vLLM for block-wise fp8 (128 x 128 blocks, e4m3, the MoE
+# router left out: vllm_async_server.py:1026-1045) and SGLang for fp8 (async_sglang_server.py:
+# 283-293); both quantize the linear layers' and the experts' weights to one byte with one fp32
+# scale per block, and keep embeddings, the lm_head, norms and biases in the model's dtype
+# (vLLM's Fp8Config quantizes LinearBase and FusedMoE layers only).
+FP8_WEIGHTS = "fp8"
+EV_FP8 = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:1026-1045"
+FP8_BLOCK = 128 * 128
+QUANTIZED_KINDS = ("linear", "experts")
+
+
+def weights_per_rank(
+    arch: Architecture, tp: int, ep_ranks: int, dtype: int, quantization: str | None = None
+) -> int:
     """Bytes of the model one server rank loads: linear and embedding weights split over tensor
     parallel (vocabulary-parallel embedding and lm_head), norms replicated, experts split over
-    the expert-parallel ranks."""
+    the expert-parallel ranks; with fp8 the linear and expert weights at one byte and a 4-byte
+    scale per block."""
     total = 0
     for t in arch.tensors():
         if t.kind == "experts":
-            total += t.numel // max(ep_ranks, 1)
+            numel = t.numel // max(ep_ranks, 1)
         elif t.kind in ("norm", "router", VISION_EMBED):  # a VL tower's embeddings: replicated
-            total += t.numel
+            numel = t.numel
         else:
-            total += t.numel // max(tp, 1)
-    return total * dtype
+            numel = t.numel // max(tp, 1)
+        if quantization == FP8_WEIGHTS and t.kind in QUANTIZED_KINDS:
+            total += numel + _cdiv(numel, FP8_BLOCK) * 4
+        else:
+            total += numel * dtype
+    return total
+
+
+def quantization_assumption(server: ServerLayout) -> str:
+    """What the forecast assumes of a quantization it does not count ("" for none and fp8)."""
+    if server.quantization in (None, FP8_WEIGHTS):
+        return ""
+    return (
+        f"{server.section}.quantization {server.quantization!r}: the server's weights are "
+        "counted in the rollout dtype"
+    )
 
 
 def page_bytes(arch: Architecture, tp: int, kv_dtype: int, block_size: int = BLOCK_SIZE) -> int:
@@ -312,7 +340,7 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
     SGLang's of what is free (``ServerEngine``)."""
     arch, engine = server.model.architecture, engine_of(server)
     ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
-    weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype)
+    weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype, server.quantization)
     free = max(capacity - held, 0)
     share = int(server.gpu_memory_utilization * (free if engine.share_of_free else capacity))
     graphs = 0 if server.enforce_eager else CUDA_GRAPHS
@@ -385,7 +413,8 @@ def share_text(server: ServerLayout, mem: ServerMemory) -> str:
         else "capacity"
     )
     head = f"gpu_memory_utilization {server.gpu_memory_utilization} x {of}: "
-    inside = f"weights {gib_text(mem.weights)}, KV {gib_text(mem.kv_bytes)}, profile "
+    fp8 = " (linear and expert weights in fp8)" if server.quantization == FP8_WEIGHTS else ""
+    inside = f"weights {gib_text(mem.weights)}{fp8}, KV {gib_text(mem.kv_bytes)}, profile "
     if server.graphs_in_share:
         return f"{head}{inside}{gib_text(mem.overhead - mem.graphs)}, graphs {gib_text(mem.graphs)}"
     if not mem.outside:
