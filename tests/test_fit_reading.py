@@ -744,3 +744,24 @@ def test_without_reshard_after_forward_every_unit_stays_gathered(
     assert [((key, True),)] not in list(
         candidates({}, _layout(upstream_session, folder, run, ""), "actor-update")
     )
+
+
+@pytest.mark.parametrize("bucket", [None, 4096])
+def test_pad_to_length_rounds_each_micro_batch_up_to_its_bucket(
+    upstream_session: AuditSession, folder: Path, bucket: int | None
+) -> None:
+    """actor.pad_to_length (the engine's fsdp_config.pad_to_length follows it): the packed
+    micro-batch right-padded to the next multiple of pad_to_length_bucket (1024 unless set),
+    which the layers and the logits carry; off, the tokens are the packed ones."""
+    run = merged(FSDP_RUN, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    plain = _role(upstream_session, folder, run, "actor")
+    padded_run = merged(run, ["actor_rollout_ref.actor.pad_to_length=True"])
+    if bucket is not None:
+        padded_run = merged(
+            padded_run, [f"actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket={bucket}"]
+        )
+    padded = _role(upstream_session, folder, padded_run, "actor")
+    step = bucket or 1024
+    group = plain.train_tokens * plain.sp
+    assert group % step, "the case must need padding"
+    assert padded.train_tokens * padded.sp == -(-group // step) * step

@@ -45,6 +45,7 @@ from pytest_verl_compat.memory.layout import (
     RunLayout,
     ServerLayout,
     as_int,
+    ceil_div,
     micro_batches,
     value_at,
     whole_mini_batch,
@@ -343,6 +344,18 @@ def optimizer_on_host(optim: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def padded_tokens(engine: Mapping[str, Any], strategy: str, tokens: int, sp: int) -> int:
+    """A micro-batch's tokens on one GPU with the FSDP engine's pad_to_length: the packed
+    sequence (all the Ulysses group's tokens) right-padded to the next multiple of
+    pad_to_length_bucket, which every layer and the logits then carry
+    (verl/workers/engine/fsdp/transformer_impl.py:656-659)."""
+    if strategy not in FSDP_STRATEGIES or not engine.get("pad_to_length"):
+        return tokens
+    bucket = max(as_int(engine.get("pad_to_length_bucket"), 1024), 1)
+    sp = max(sp, 1)
+    return ceil_div(ceil_div(tokens * sp, bucket) * bucket, sp)
+
+
 def _budget_key(section: str, pass_name: str, dynamic: bool) -> str:
     """The key that bounds a pass's micro-batches: its token budget when dynamic, else its
     per-GPU micro-batch size (``ppo``, ``log_prob`` or ``forward`` keys of ``section``)."""
@@ -415,6 +428,9 @@ def role_layout(
     within = facts.partitions_within_budget
     count, train_tokens = micro_batches(dynamic, train_budget, mbs, per_rank, seq, sp, within)
     _, infer_tokens = micro_batches(dynamic, infer_budget, infer_mbs, batch, seq, sp, within)
+    train_tokens, infer_tokens = (
+        padded_tokens(engine, spec.strategy, tokens, sp) for tokens in (train_tokens, infer_tokens)
+    )
     temperature = value_at(resolved, "actor_rollout_ref.rollout.temperature", 1.0)
     megatron = spec.strategy in MEGATRON_STRATEGIES
     return RoleLayout(
@@ -697,6 +713,7 @@ def sft_layout(
     seq = lengths.sequence
     within = facts.partitions_within_budget
     count, tokens = micro_batches(dynamic, budget, mbs, per_rank, seq, sp, within)
+    tokens = padded_tokens(engine, spec.strategy, tokens, sp)
     role = RoleLayout(
         role="actor",
         section="engine",
