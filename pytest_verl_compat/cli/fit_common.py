@@ -57,13 +57,15 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     except ReleaseFactsError as exc:
         raise UsageError(str(exc)) from exc
     # the release checked is the release forecast for: its tree composed the mapping, its facts
-    # say what its code does where no key decides
+    # say what its code does where no key decides; its entry point, whether it trains and where
+    # it puts the rollout
+    entry = session.entry_point(outcome.fields)
     request = dataclasses.replace(
         request,
         world=outcome.fields.world_size,
         facts=facts,
-        trains=trains(session.entry_point(outcome.fields)),
-        rollout_pool=own_rollout_pool(session.entry_point(outcome.fields)),
+        trains=trains(entry),
+        rollout_pool=own_rollout_pool(entry),
         followers=session.composer(outcome.fields).key_followers(outcome.fields.fields),
     )
     try:

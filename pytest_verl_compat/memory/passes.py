@@ -36,6 +36,31 @@ EV_NO_RESHARD = (
 )
 
 
+def _gathered(role: RoleLayout, s: st.ModelStates, c: int) -> Part:
+    """The FSDP units a pass holds gathered in the compute dtype: two decoder layers (and
+    FSDP1's root unit), or every unit when the engine does not reshard after forward."""
+    if role.reshard_after_forward:
+        size = 2 * s.layer_unit + s.root_unit
+        what = f"2 decoder layers{' + root unit' if s.root_unit else ''}"
+        evidence = st.EV_FSDP1 if role.spec.strategy == "fsdp" else st.EV_FSDP2
+    else:
+        size = s.total * c
+        what = (
+            f"every unit, gathered by its forward and kept ({role.engine_section}"
+            ".reshard_after_forward=False: FSDP1's SHARD_GRAD_OP, FSDP2's units skip the "
+            "post-forward reshard)"
+        )
+        evidence = EV_NO_RESHARD
+    name = role.role
+    return Part(
+        f"{name}.gathered",
+        f"{name} all-gathered units",
+        size,
+        f"{what} in {c}-byte compute dtype",
+        evidence,
+    )
+
+
 def _checkpointing_evidence(role: RoleLayout) -> str:
     if megatron(role):
         return f"{act.EV_MEGATRON_RECOMPUTE}; {act.EV_MEGATRON_LAYER}"
@@ -171,28 +196,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         )
         if not training:
             parts.extend(grad_buffer(role, "(allocated)"))
-    if not megatron(role) and not role.reshard_after_forward:
-        parts.append(
-            Part(
-                f"{name}.gathered",
-                f"{name} all-gathered units",
-                s.total * c,
-                f"every unit, gathered by its forward and kept ({role.engine_section}"
-                ".reshard_after_forward=False: FSDP1's SHARD_GRAD_OP, FSDP2's units skip the "
-                f"post-forward reshard) in {c}-byte compute dtype",
-                EV_NO_RESHARD,
-            )
-        )
-    elif not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
-        parts.append(
-            Part(
-                f"{name}.gathered",
-                f"{name} all-gathered units",
-                2 * s.layer_unit + s.root_unit,
-                f"2 decoder layers{' + root unit' if s.root_unit else ''} in {c}-byte compute dtype",
-                st.EV_FSDP1 if role.spec.strategy == "fsdp" else st.EV_FSDP2,
-            )
-        )
+    if not megatron(role):  # Megatron holds its layer shards; nothing is gathered per unit
+        parts.append(_gathered(role, s, c))
     logits = None if role.spec.value_head else _logits_part(role, training, entropy)
     logits_bytes = logits.bytes if logits is not None else 0
     tp_cp = (

@@ -50,8 +50,6 @@ from pytest_verl_compat.memory.residency import (
     where,
 )
 
-# One GPU process's CUDA context and communication buffers (NCCL's per-peer buffers, cuBLAS
-# workspace): stated, not measured; a colocated rank runs the trainer and the rollout server.
 # The weight sync fills one GPU buffer of update_weights_bucket_megabytes and hands it to the
 # server by CUDA IPC (vllm_rollout.py:228-233, bucketed_weight_transfer.py:178; host shared
 # memory only where IPC is not supported, vllm_rollout.py:143).

@@ -13,6 +13,8 @@ from pytest_verl_compat.memory import states as st
 from pytest_verl_compat.memory.layout import RoleLayout, RunLayout
 from pytest_verl_compat.memory.parts import GIB, Part, gib
 
+# One GPU process's CUDA context and communication buffers (NCCL's per-peer buffers, cuBLAS
+# workspace): stated, not measured; a colocated rank runs the trainer and the rollout server.
 PROCESS_OVERHEAD = int(0.75 * GIB)
 EV_CONTEXT = "one CUDA context + NCCL buffers per GPU process (stated constant, 0.75 GiB)"
 EV_OFFLOAD_CTX = "verl/workers/engine/base.py:312-336"

@@ -237,7 +237,6 @@ def hybrid_cache(
 # scale per block, and keep embeddings, the lm_head, norms and biases in the model's dtype
 # (vLLM's Fp8Config quantizes LinearBase and FusedMoE layers only).
 FP8_WEIGHTS = "fp8"
-EV_FP8 = "verl/workers/rollout/vllm_rollout/vllm_async_server.py:1026-1045"
 FP8_BLOCK = 128 * 128
 QUANTIZED_KINDS = ("linear", "experts")
 

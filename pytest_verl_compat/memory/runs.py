@@ -238,16 +238,16 @@ def phase_total(
 OWN_ROLLOUT_POOL = "create_resource_pool_manager"
 # The method with which fully_async_main also starts sleeping replicas on the trainer's GPUs when
 # a key asks for them (reading.HYBRID_REPLICA_KEYS; fully_async_main.py:159-172).
-HYBRID_REPLICAS = "_setup_hybrid_worker_group"
+HYBRID_REPLICA_SETUP = "_setup_hybrid_worker_group"
 
 
 def own_rollout_pool(entry: EntryPoint | None) -> str:
     """Where the launch's entry point puts the rollout: lay.POOL_SHARED (the trainer's GPUs),
     lay.POOL_OWN (GPUs of its own: it calls ``OWN_ROLLOUT_POOL``) or lay.POOL_OWN_HYBRID (of its
-    own, and on the trainer's too when a key asks: it calls ``HYBRID_REPLICAS`` as well)."""
+    own, and on the trainer's too when a key asks: it calls ``HYBRID_REPLICA_SETUP`` as well)."""
     if entry is None or OWN_ROLLOUT_POOL not in entry.calls:
         return lay.POOL_SHARED
-    return lay.POOL_OWN_HYBRID if HYBRID_REPLICAS in entry.calls else lay.POOL_OWN
+    return lay.POOL_OWN_HYBRID if HYBRID_REPLICA_SETUP in entry.calls else lay.POOL_OWN
 
 
 def trains(entry: EntryPoint | None) -> bool:

@@ -61,6 +61,10 @@ def dtype_bytes(name: object, default: int) -> int:
     return DTYPE_BYTES.get(str(name).lower(), default)
 
 
+# optim.optimizer_impl's default: the module verl takes the optimizer class from
+TORCH_OPTIM = "torch.optim"
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """What decides one role's model states on one rank."""
@@ -79,7 +83,7 @@ class EngineSpec:
     optimizer: str = "AdamW"
     # How the optimizer's step runs (``step_copies``): optim.optimizer_impl, and the foreach and
     # fused switches override_optimizer_config hands the class (None: torch's default)
-    optimizer_impl: str = "torch.optim"
+    optimizer_impl: str = TORCH_OPTIM
     foreach: bool | None = None
     fused: bool | None = None
     # Megatron sizes and its distributed optimizer
@@ -400,7 +404,6 @@ def optimizer_states(name: str) -> int:
 # torch/optim/adam.py:762@torch-2.13.0): one more copy of the rank's trainable shards, in the
 # states' dtype, alive until the parameters are updated; the fused kernel updates in place.
 EV_STEP_COPY = "torch/optim/adam.py:762@torch-2.13.0 (_multi_tensor_adam: exp_avg_sq_sqrt)"
-TORCH_OPTIM = "torch.optim"
 
 
 def step_copies(spec: EngineSpec) -> int:
