@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_verl_compat.checks.lora import engine_lora_rank
 from pytest_verl_compat.checks.roles import (
+    ROLE_SECTIONS,
     engine_path,
     gpu_count,
     megatron_sizes,
@@ -246,6 +247,15 @@ def engine_spec(
         key = f"{engine_path(resolved, role)}.strategy"
         raise UnreadableRun(
             f"{key}={strategy}: the forecast models {', '.join(FORECAST_STRATEGIES)} engines only",
+            key,
+        )
+    if not isinstance(value_at(resolved, engine_path(resolved, role), None), Mapping):
+        # the strategy's section comes with the engine's config group (ppo_trainer.yaml's
+        # defaults: ``${model_engine}_actor``); read without it, every engine key would default
+        key = f"{ROLE_SECTIONS[role]}.strategy"
+        raise UnreadableRun(
+            f"{key}={strategy}, but the configuration has no {engine_path(resolved, role)} "
+            f"section (a {strategy} engine's keys come with model_engine={strategy})",
             key,
         )
     engine = role_engine(resolved, role)
