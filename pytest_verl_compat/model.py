@@ -18,6 +18,8 @@ from typing import Any, Final, Literal, get_args
 Outcome = Literal["composed", "composition_rejection", "accepted", "semantic_rejection"]
 COMPOSED: Final = "composed"
 COMPOSITION_REJECTION: Final = "composition_rejection"
+# The rule id of a launch Hydra rejects (check's error[compose], fit's set-aside overrides).
+COMPOSE_RULE: Final = "compose"
 ACCEPTED: Final = "accepted"
 SEMANTIC_REJECTION: Final = "semantic_rejection"
 

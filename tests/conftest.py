@@ -63,6 +63,15 @@ def upstream_checkout() -> Path:
     return path
 
 
+@pytest.fixture
+def here(tmp_path: Path, upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with the pinned tree linked as verl-v0.9.0 (as the README's clone has it)."""
+    (tmp_path / "verl-v0.9.0").symlink_to(upstream_checkout)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERL_UPSTREAM", str(upstream_checkout))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def upstream_091() -> Path:
     path = upstream_path("VERL_UPSTREAM_091", "verl-v0.9.1")

@@ -32,15 +32,6 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
-@pytest.fixture
-def here(tmp_path: Path, upstream_checkout: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder with the pinned tree linked as verl-v0.9.0 (as the README's clone has it)."""
-    (tmp_path / "verl-v0.9.0").symlink_to(upstream_checkout)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("VERL_UPSTREAM", str(upstream_checkout))
-    return tmp_path
-
-
 def _script(name: str) -> str:
     return f"verl-v0.9.0/{name}"
 

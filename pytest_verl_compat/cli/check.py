@@ -77,6 +77,7 @@ from pytest_verl_compat.pipeline.suppress import (
     directives,
 )
 from pytest_verl_compat.upstream.verdict.rules import (
+    COMPOSE,
     LAUNCH_NO_LAUNCHER,
     LAUNCH_UNKNOWN_ENTRY,
     LAUNCH_UNREADABLE,
@@ -415,10 +416,15 @@ def finish(
     except StageFailed as exc:
         return FileResult(locator.label, "unreadable", error=str(exc))
     found = list(verdict.findings)
-    if gpu is not None and verdict.composed:  # check --gpu: the memory forecast's findings too
+    if gpu is not None:  # check --gpu: the memory forecast's findings too
         from pytest_verl_compat.cli.fit_common import memory_check
 
-        found = [*found, *memory_check(session, prepared.case, gpu)]
+        memory = memory_check(session, prepared.case, gpu)
+        if not verdict.composed and memory:
+            # composed without the overrides the tree rejects: each is said at its own line
+            # (memory_check's compose errors), Hydra's first rejection no longer alone
+            found = [f for f in found if f.rule != COMPOSE]
+        found = [*found, *memory]
     located = [f for f in locator.located(found) if chosen.reports(f.rule)]
     launcher = locator.launcher()
     silenced = 0

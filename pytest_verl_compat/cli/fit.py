@@ -4,7 +4,8 @@ For each kind of rank, each phase of a step (rollout, log-prob passes, critic an
 updates, checkpoint save; SFT's update), the forecast peak and its parts against the GPU's
 capacity; ``--format json`` follows ``pytest_verl_compat/data/fit.schema.json``, ``--plot``
 draws stacked bars per rank. Exit status: 0 fits, 1 a phase exceeds the GPU (or a rollout
-server cannot start), 2 unreadable input or a usage error (one line).
+server cannot start, or the release's tree rejects an override: the forecast is then of the
+launch without it), 2 unreadable input or a usage error (one line).
 """
 
 from __future__ import annotations
@@ -170,7 +171,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"{args.plot}: cannot write: {exc.strerror}") from exc
         note("fit", f"wrote {args.plot}")
-    failed = any(v.level == "error" for run in forecast for v in run.forecast.verdicts)
+    failed = any(v.level == "error" for run in forecast for v in run.forecast.verdicts) or any(
+        run.forecast.set_aside for run in forecast
+    )
     return EXIT_FINDINGS if failed else EXIT_OK
 
 

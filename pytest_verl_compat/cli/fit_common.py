@@ -27,6 +27,11 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
     return None
 
 
+class NotComposed(UsageError):
+    """A launch its release rejects for what is not a key the tree lacks: nothing to forecast
+    (``check`` says the rejection itself)."""
+
+
 class NotForecastCase(UsageError):
     """A composed case the forecast cannot model (an unknown model, an engine it does not count, a
     value it cannot read): ``key`` is the key it stopped at where it names one."""
@@ -50,8 +55,7 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
     outcome = session.outcome(case)
-    if not outcome.composition.composed:
-        raise UsageError(f"composition rejected: {outcome.composition.reason}")
+    composition, fields, aside = _composed(session, case, outcome)
     try:
         facts = release_facts(session.version)
     except ReleaseFactsError as exc:
@@ -66,15 +70,51 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         facts=facts,
         trains=trains(entry),
         rollout_pool=own_rollout_pool(entry),
-        followers=session.composer(outcome.fields).key_followers(outcome.fields.fields),
+        followers=session.composer(outcome.fields).key_followers(fields),
     )
     try:
-        return forecast(outcome.composition.mapping, request)
+        result = forecast(composition.mapping, request)
     except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
         # the script as the user named it (fit's label, else the launch's path), not the case id
         where = request.script or case.launch or case.id
         # the key the refusal names, where one decides it (UnknownModel, NotForecastable)
         raise NotForecastCase(f"{where}: {exc}", str(exc), getattr(exc, "key", "")) from exc
+    if not aside:
+        return result
+    said = (
+        f"the launch without the {len(aside)} override(s) verl {session.version}'s tree rejects "
+        f"({', '.join(a.key for a in aside)}; each an error below)"
+    )
+    return dataclasses.replace(result, set_aside=aside, assumptions=(said, *result.assumptions))
+
+
+def _composed(
+    session: Any, case: Any, outcome: Any
+) -> tuple[Any, tuple[str, ...], tuple[Any, ...]]:
+    """The case's composition, its overrides and none set aside; or, where the release's tree
+    rejects overrides for their keys (a script written for another verl), the launch composed
+    without them (``pipeline/set_aside.py``): a forecast of what the release would run once they
+    are gone, each still an error. Any other rejection is a one-line UsageError."""
+    from pytest_verl_compat.pipeline.set_aside import compose_setting_aside
+
+    fields = tuple(outcome.fields.fields)
+    if outcome.composition.composed:
+        return outcome.composition, fields, ()
+    composition, kept, aside = compose_setting_aside(
+        lambda tried: session.compose_variant(
+            dataclasses.replace(outcome.fields, fields=tried), case.bindings
+        ),
+        fields,
+        session.version,
+    )
+    if not composition.composed:
+        past = (
+            f" (past {', '.join(a.key for a in aside)}, which the tree does not have)"
+            if aside
+            else ""
+        )
+        raise NotComposed(f"composition rejected{past}: {composition.reason}")
+    return composition, kept, aside
 
 
 def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
@@ -89,4 +129,6 @@ def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
         # one script the forecast cannot model says so and the others are still checked (the
         # plugin's --verl-corpus-gpu makes it a note the same way)
         found = [memory_findings.not_forecast(exc.reason, exc.key)]
+    except NotComposed:
+        return []  # check's own compose error says why
     return [in_release(finding, session.version) for finding in found]

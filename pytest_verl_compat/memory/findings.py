@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pytest_verl_compat.checks.registry import Example, RuleDoc, register_rule
 from pytest_verl_compat.memory.parts import PHASE_TITLES, PHASES, Forecast, gib
-from pytest_verl_compat.model import Finding
+from pytest_verl_compat.model import COMPOSE_RULE, Finding
 
 SOURCE = "the memory forecast (verl-compat fit, or check --gpu TYPE)"
 # Each phase's page: what decides it, the upstream lines that make it true, the usual fixes.
@@ -123,9 +123,20 @@ for _page in (*rule_pages(), NOT_FORECAST_PAGE):
     register_rule(_page)
 
 
+SET_ASIDE_WHY = (
+    "Hydra composes the launch on the release's own config tree before anything starts and "
+    "rejects an override of a key the tree does not have (hydra/_internal/config_loader_impl.py "
+    "ConfigLoaderImpl._apply_overrides_to_config@hydra-core-1.3.2)"
+)
+
+
 def as_findings(forecast: Forecast) -> list[Finding]:
-    """The forecast's verdicts as check's findings, one per phase and kind of rank."""
-    out = []
+    """The overrides the release rejected (``compose`` errors), then the forecast's verdicts as
+    check's findings, one per phase and kind of rank."""
+    out = [
+        Finding("error", a.key, a.said(), a.fix(), SET_ASIDE_WHY, check=COMPOSE_RULE)
+        for a in forecast.set_aside
+    ]
     for v in forecast.verdicts:
         fixes = "; ".join(
             f"{f.text()} -> {gib(f.after):.2f} GiB" + (f", {f.outcome()}" if f.outcome() else "")

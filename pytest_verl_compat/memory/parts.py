@@ -4,6 +4,10 @@ forecast of a run. Plain dataclasses; the report and the picture read only these
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_verl_compat.pipeline.set_aside import SetAside
 
 GIB = 1 << 30
 
@@ -139,3 +143,6 @@ class Forecast:
     verdicts: tuple[Verdict, ...] = ()
     assumptions: tuple[str, ...] = ()
     server: dict[str, int | float] = field(default_factory=dict)
+    # the launch's overrides its release's tree rejected, left out of (or applied to) what was
+    # forecast: each an error of the launch as written (``pipeline/set_aside.py``)
+    set_aside: tuple[SetAside, ...] = ()

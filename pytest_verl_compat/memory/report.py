@@ -149,7 +149,16 @@ def json_payload(forecast: Forecast) -> dict[str, Any]:
             for v in forecast.verdicts
         ],
         "rollout_kv_cache": dict(sorted(forecast.server.items())),
-    }
+    } | (
+        {
+            "set_aside": [
+                {"written": a.written, "key": a.key, "applied": a.applied, "reason": a.reason}
+                for a in forecast.set_aside
+            ]
+        }
+        if forecast.set_aside
+        else {}
+    )
 
 
 def dumps(payload: dict[str, Any]) -> str:

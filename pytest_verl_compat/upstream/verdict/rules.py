@@ -12,6 +12,7 @@ import dataclasses
 
 from pytest_verl_compat.checks import Example, RuleDoc, register_rule, rule_docs
 from pytest_verl_compat.checks.examples import MICRO, STATIC
+from pytest_verl_compat.model import COMPOSE_RULE
 from pytest_verl_compat.pipeline import suppress  # registers directive.unused
 from pytest_verl_compat.upstream.verdict.early import (
     NEVER_READ_RULE,
@@ -19,7 +20,7 @@ from pytest_verl_compat.upstream.verdict.early import (
     TYPE_ANNOTATION,
 )
 
-COMPOSE = "compose"
+COMPOSE = COMPOSE_RULE
 LAUNCH_UNREADABLE = "launch.unreadable"
 LAUNCH_NO_LAUNCHER = "launch.no-launcher"
 LAUNCH_UNKNOWN_ENTRY = "launch.unknown-entry-point"

@@ -1,0 +1,154 @@
+"""A launch the release's tree rejects for its keys, composed without them: what ``fit`` forecasts
+for a script written for another verl.
+
+Hydra stops at the first override the tree cannot take, so a script written for an older verl
+(``actor.fsdp_config.grad_offload``, ``actor.use_token_level_loss``, ``reward_model.micro_batch_size``)
+is one rejection, whatever else it sets. Its memory is still a question a user asks, and the
+answer is the launch as the release would run it once those keys are gone: each rejection Hydra
+names is taken in turn, the override it names is set aside (a key the tree does not have: the
+release reads nothing of it) or applied as Hydra would have taken it (``+key=value`` where the
+tree has the key: the value is what the user asked for), and the rest composed again. Each one
+stays an error of the launch as written; nothing else Hydra refuses (a config group option the
+tree lacks, a value of the wrong type, an interpolation) is set aside: that launch is another run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_verl_compat.model import COMPOSITION_REJECTION, Composition
+
+# Hydra's messages for an override whose key the tree does not have (hydra/_internal/
+# config_loader_impl.py ConfigLoaderImpl._apply_overrides_to_config@hydra-core-1.3.2):
+# "Could not override 'a.b'." (a plain override), "Could not delete from config. 'a.b' does not
+# exist." (``~a.b``); and for ``+a.b=v`` where the tree has a.b: "Could not append to config. An
+# item is already at 'a.b'."
+_ABSENT = (
+    re.compile(r"Could not override '([^']+)'"),
+    re.compile(r"Could not delete from config\. '([^']+)' does not exist"),
+)
+_PRESENT = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
+_PATTERNS = (*((pattern, False) for pattern in _ABSENT), (_PRESENT, True))
+# At most this many rejections taken before the launch is refused as Hydra refused it.
+MAX_SET_ASIDE = 32
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """One override of the launch its release's tree rejected: ``written`` as the script gives it,
+    the dotted ``key``, Hydra's ``reason`` (its first line), and ``applied``: the override composed
+    in its place ("" when the key was left out)."""
+
+    written: str
+    key: str
+    reason: str
+    applied: str = ""
+    release: str = ""  # the release whose tree rejected it
+    closest: str = ""  # the tree's key of the same section with the closest name, if any
+
+    def said(self) -> str:
+        """The finding's message: what the release does with the launch as written."""
+        tree = f"verl {self.release}'s tree" if self.release else "the tree"
+        if self.applied:
+            return (
+                f"`{self.written}`: {tree} already has {self.key}, so Hydra refuses to add it and "
+                f"the launch does not start; the forecast applies `{self.applied}`"
+            )
+        return (
+            f"`{self.written}`: {tree} has no {self.key}, so Hydra rejects the launch before any "
+            "GPU is used; the forecast is of the launch without it"
+        )
+
+    def fix(self) -> str:
+        if self.applied:
+            return f"write `{self.applied}`"
+        near = f" (the closest key it has: {self.closest})" if self.closest else ""
+        return f"delete it, or set the key that replaced it in verl {self.release}{near}"
+
+
+def _key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _one(reason: str, fields: Sequence[str]) -> tuple[int, SetAside] | None:
+    """The override a rejection names and what takes its place, or None (another rejection)."""
+    first = reason.splitlines()[0] if reason else ""
+    for pattern, present in _PATTERNS:
+        match = pattern.search(first)
+        if match is None:
+            continue
+        key = match.group(1)
+        for index, written in enumerate(fields):
+            if _key_of(written) != key:
+                continue
+            if present and written.startswith("+") and not written.startswith("++"):
+                return index, SetAside(written, key, first, applied=written[1:])
+            if not present:
+                return index, SetAside(written, key, first)
+    return None
+
+
+def compose_setting_aside(
+    compose: Callable[[tuple[str, ...]], Composition], fields: Sequence[str], release: str = ""
+) -> tuple[Composition, tuple[str, ...], tuple[SetAside, ...]]:
+    """``fields`` composed by ``compose`` with every override the tree rejects for its key set
+    aside (or applied as Hydra takes it): the composition, the overrides composed, and those set
+    aside in the order Hydra named them. The first rejection of any other kind (or past
+    ``MAX_SET_ASIDE``) is returned as it is, and so is a key whose whole section the tree lacks
+    (none set aside then)."""
+    current = tuple(fields)
+    taken: list[SetAside] = []
+    composition = compose(current)
+    while not composition.composed and len(taken) < MAX_SET_ASIDE:
+        found = _one(composition.reason, current)
+        if found is None:
+            break
+        index, aside = found
+        aside = dataclasses.replace(aside, release=release)
+        replaced = (aside.applied,) if aside.applied else ()
+        current = current[:index] + replaced + current[index + 1 :]
+        taken.append(aside)
+        composition = compose(current)
+    if not composition.composed:
+        return composition, current, tuple(taken)
+    for aside in taken:
+        section = aside.key.rpartition(".")[0]
+        if section and not isinstance(_node(composition.mapping, section), Mapping):
+            # a section the tree does not have: the launch was written for another shape of
+            # config (another engine's section, a moved block), whose values the forecast would
+            # silently lose; refused as Hydra refused it
+            tree = f"verl {release}'s tree" if release else "the tree"
+            reason = f"{aside.reason} ({tree} has no section {section}: a launch for another shape of config)"
+            return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
+    taken = [dataclasses.replace(a, closest=_closest(a.key, composition.mapping)) for a in taken]
+    return composition, current, tuple(taken)
+
+
+def _node(mapping: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = mapping
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _closest(key: str, mapping: Mapping[str, Any]) -> str:
+    """The key of the composed ``mapping`` whose name is closest to ``key``'s own (difflib's ratio,
+    at least 0.75), in ``key``'s section or else the nearest section above it that has one
+    (``actor_rollout_ref.actor.model_engine``: the top-level ``model_engine``); "" when none."""
+    *sections, name = key.split(".")
+    nodes: list[tuple[str, Mapping[str, Any]]] = [("", mapping)]
+    for part in sections:
+        below = nodes[-1][1].get(part)
+        if not isinstance(below, Mapping):
+            break
+        nodes.append((f"{nodes[-1][0]}{part}.", below))
+    for prefix, node in reversed(nodes):
+        close = difflib.get_close_matches(name, [str(k) for k in node], n=1, cutoff=0.75)
+        if close:
+            return f"{prefix}{close[0]}"
+    return ""

@@ -1,0 +1,218 @@
+"""``fit`` (and ``check --gpu``) on a launch written for another verl: the overrides whose keys the
+release's tree does not have are each an error at their line, and the forecast is of the launch
+without them (a ``+key=value`` whose key the tree has: applied as ``key=value``), the same bytes
+as the launch a user would write without them; a key in a section the tree lacks (another
+engine's), or a rejection of another kind, is still refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from test_fit_cli import _one_line_error, _schema, run
+
+from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
+from pytest_verl_compat.pipeline.set_aside import _closest, compose_setting_aside
+
+LAUNCH = """#!/usr/bin/env bash
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_batch_size=64 \\
+    data.max_prompt_length=1024 \\
+    data.max_response_length=2048 \\
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
+{extra}    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.rollout.n=4 \\
+    trainer.n_gpus_per_node=8
+"""
+# Keys verl 0.9.0's tree does not have, each a leaf of a section it has: an FSDP flag removed in
+# early 2025, a loss flag loss_agg_mode replaced, a reward-model micro-batch that became
+# micro_batch_size_per_gpu
+STALE = (
+    "actor_rollout_ref.actor.fsdp_config.grad_offload=False",
+    "actor_rollout_ref.actor.use_token_level_loss=True",
+    "reward_model.micro_batch_size=16",
+)
+
+
+def _launch(folder: Path, name: str, *extra: str) -> str:
+    script = folder / name
+    script.write_text(LAUNCH.format(extra="".join(f"    {line} \\\n" for line in extra)))
+    return str(script)
+
+
+def _tables(out: str) -> str:
+    """The forecast's tables: the text between the header's assumptions and the findings."""
+    body = out.split("\n\n", 1)[1]
+    return body.split("\n\n/")[0].rstrip("\n")
+
+
+def test_stale_keys_are_errors_at_their_lines_and_the_rest_is_forecast(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean = _launch(here, "clean.sh")
+    stale = _launch(here, "stale.sh", *STALE)
+    status, plain, _ = run(capsys, "fit", clean, "--gpu", "H100")
+    assert status == 0 and "error[compose]" not in plain and "rejects" not in plain
+    status, out, err = run(capsys, "fit", stale, "--gpu", "H100")
+    assert status == 1, err  # the launch as written does not start
+    errors = [line for line in out.splitlines() if "error[compose]" in line]
+    assert len(errors) == len(STALE), out
+    for line_no, (error, written) in enumerate(zip(errors, STALE, strict=True), start=10):
+        key = written.split("=", 1)[0]
+        assert error.startswith(f"{stale}:{line_no}:5: error[compose] {key}: `{written}`"), error
+        assert "the forecast is of the launch without it" in error
+    assert "assumes: the launch without the 3 override(s) verl 0.9.0's tree rejects" in out
+    # what is forecast is the launch without them, to the byte
+    assert _tables(out) == _tables(plain)
+
+
+def test_an_added_key_the_tree_has_is_applied_as_hydra_would_take_it(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``+key=value`` where the tree has the key: Hydra refuses the launch, the forecast applies
+    the value the user asked for (a memory key here: the micro-batch moves the update)."""
+    added = _launch(here, "added.sh", "+actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096")
+    Path(added).write_text(
+        Path(added).read_text().replace("ppo_micro_batch_size_per_gpu=4", "use_dynamic_bsz=True")
+    )
+    meant = _launch(here, "meant.sh", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096")
+    Path(meant).write_text(
+        Path(meant).read_text().replace("ppo_micro_batch_size_per_gpu=4", "use_dynamic_bsz=True")
+    )
+    status, out, err = run(capsys, "fit", added, "--gpu", "H100")
+    assert status == 1, err
+    (error,) = [line for line in out.splitlines() if "error[compose]" in line]
+    assert "already has actor_rollout_ref.actor.ppo_max_token_len_per_gpu" in error
+    assert "write `actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096`" in error
+    status, meant_out, _ = run(capsys, "fit", meant, "--gpu", "H100")
+    assert status == 0
+    assert _tables(out) == _tables(meant_out)
+    # and the value acts: left out, the default budget forecasts another update
+    default = _launch(here, "default.sh")
+    Path(default).write_text(
+        Path(default).read_text().replace("ppo_micro_batch_size_per_gpu=4", "use_dynamic_bsz=True")
+    )
+    _, default_out, _ = run(capsys, "fit", default, "--gpu", "H100")
+    assert _tables(out) != _tables(default_out)
+
+
+def test_a_section_the_tree_does_not_have_is_refused_in_one_line(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Megatron's keys on the FSDP tree (a launch that selects its engine with a key 0.9.0 does not
+    have): forecast without them it would be an FSDP run the user never asked for."""
+    other = _launch(
+        here,
+        "other.sh",
+        "actor_rollout_ref.actor.model_engine=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8",
+    )
+    status, out, err = run(capsys, "fit", other, "--gpu", "H100")
+    _one_line_error(
+        status,
+        err,
+        "Could not override 'actor_rollout_ref.actor.megatron.tensor_model_parallel_size'",
+        "has no section actor_rollout_ref.actor.megatron",
+    )
+    assert out == ""
+    # a rejection of another kind is refused as before (a group option the tree lacks)
+    bad = _launch(here, "bad.sh", "actor@actor_rollout_ref.actor=nowhere_actor")
+    status, _, err = run(capsys, "fit", bad, "--gpu", "H100")
+    _one_line_error(status, err, "composition rejected")
+
+
+def test_json_lists_what_was_set_aside_and_follows_the_schema(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stale = _launch(here, "stale.sh", *STALE)
+    status, out, _ = run(capsys, "fit", stale, "--gpu", "H100", "--format", "json")
+    payload = json.loads(out)
+    jsonschema.validate(payload, _schema())
+    assert status == 1
+    assert [(a["written"], a["applied"]) for a in payload["set_aside"]] == [(w, "") for w in STALE]
+    clean = _launch(here, "clean.sh")
+    _, out, _ = run(capsys, "fit", clean, "--gpu", "H100", "--format", "json")
+    assert "set_aside" not in json.loads(out)
+
+
+def test_check_with_a_gpu_says_each_stale_key_at_its_line(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stale = _launch(here, "stale.sh", *STALE)
+    status, out, _ = run(capsys, "check", stale, "--no-upstream-checks")
+    assert status == 1
+    assert out.count("error[compose]") == 1  # without a GPU: Hydra's first rejection, as before
+    status, out, _ = run(capsys, "check", stale, "--no-upstream-checks", "--gpu", "RTX4090")
+    assert status == 1
+    assert out.count("error[compose]") == len(STALE), out
+    assert "error[memory." in out  # the launch without them does not fit a 24 GB card
+
+
+def _fake(tree: set[str]) -> object:
+    """A composer over a flat tree: rejects as Hydra words it, composes the rest."""
+
+    def compose(fields: tuple[str, ...]) -> Composition:
+        mapping: dict[str, object] = {}
+        for field in fields:
+            key = field.split("=", 1)[0]
+            if key.startswith("+") and key[1:] in tree:
+                return Composition(
+                    COMPOSITION_REJECTION,
+                    reason=f"ConfigCompositionException: Could not append to config. An item is already at '{key[1:]}'.",
+                )
+            if key.lstrip("+") not in tree and not key.startswith("+"):
+                return Composition(
+                    COMPOSITION_REJECTION,
+                    reason=f"ConfigCompositionException: Could not override '{key}'.",
+                )
+            section, _, leaf = key.lstrip("+").rpartition(".")
+            mapping.setdefault(section, {})[leaf] = field.split("=", 1)[1]  # type: ignore[index]
+        return Composition(COMPOSED, resolved={"a": mapping.get("a", {})})
+
+    return compose
+
+
+def test_setting_aside_stops_at_its_bound_and_keeps_the_order_hydra_named() -> None:
+    compose = _fake({"a.x", "a.y"})
+    fields = ("a.x=1", "a.old=2", "+a.y=3", "a.gone=4")
+    composition, kept, aside = compose_setting_aside(compose, fields, "0.9.0")  # type: ignore[arg-type]
+    assert composition.composed
+    assert kept == ("a.x=1", "a.y=3")
+    assert [(a.key, a.applied) for a in aside] == [("a.old", ""), ("a.y", "a.y=3"), ("a.gone", "")]
+    many = tuple(f"a.k{i}=1" for i in range(40))
+    composition, _, aside = compose_setting_aside(compose, many, "0.9.0")  # type: ignore[arg-type]
+    assert not composition.composed and len(aside) == 32
+
+
+def test_the_closest_key_is_looked_for_in_the_section_then_above_it() -> None:
+    tree = {"model_engine": "dp", "actor_rollout_ref": {"actor": {"strategy": "fsdp"}}}
+    assert _closest("actor_rollout_ref.actor.model_engine", tree) == "model_engine"
+    assert _closest("actor_rollout_ref.actor.strategie", tree) == "actor_rollout_ref.actor.strategy"
+    assert _closest("actor_rollout_ref.actor.grad_offload", tree) == ""
+
+
+def test_a_strategy_without_its_engines_section_is_refused_not_read_as_defaults(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``strategy=megatron`` on the FSDP tree (no ``actor.megatron`` section): every Megatron size
+    and offload would read as a default; the forecast names the key instead. The same launch
+    composed with the engine's config group is forecast."""
+    clean = _launch(here, "clean.sh")
+    status, _, err = run(
+        capsys, "fit", clean, "--gpu", "H100", "--set", "actor_rollout_ref.actor.strategy=megatron"
+    )
+    _one_line_error(
+        status,
+        err,
+        "actor_rollout_ref.actor.strategy=megatron",
+        "no actor_rollout_ref.actor.megatron",
+    )
+    status, out, err = run(capsys, "fit", clean, "--gpu", "H100", "--set", "model_engine=megatron")
+    assert status in (0, 1) and "Megatron tp" in out, err
