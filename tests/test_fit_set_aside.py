@@ -89,7 +89,8 @@ def test_an_added_key_the_tree_has_is_applied_as_hydra_would_take_it(
     status, out, err = run(capsys, "fit", added, "--gpu", "H100")
     assert status == 1, err
     (error,) = [line for line in out.splitlines() if "error[compose]" in line]
-    assert "already has actor_rollout_ref.actor.ppo_max_token_len_per_gpu" in error
+    assert "error[compose] actor_rollout_ref.actor.ppo_max_token_len_per_gpu:" in error
+    assert "already has the key" in error
     assert "write `actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096`" in error
     status, meant_out, _ = run(capsys, "fit", meant, "--gpu", "H100")
     assert status == 0
@@ -119,9 +120,17 @@ def test_a_section_the_tree_does_not_have_is_refused_in_one_line(
         status,
         err,
         "Could not override 'actor_rollout_ref.actor.megatron.tensor_model_parallel_size'",
-        "has no section actor_rollout_ref.actor.megatron",
+        "has no engine section actor_rollout_ref.actor.megatron",
     )
     assert out == ""
+    # the critic's engine section of older trees (critic.model.fsdp_config, now critic.fsdp)
+    older = _launch(here, "older.sh", "critic.model.fsdp_config.param_offload=True")
+    status, _, err = run(capsys, "fit", older, "--gpu", "H100")
+    _one_line_error(status, err, "has no engine section critic.model.fsdp_config")
+    # a block the tree lacks that is no engine's (DAPO's overlong buffer of early 2025): set aside
+    block = _launch(here, "block.sh", "custom_reward_function.overlong_buffer.enable=True")
+    status, out, _ = run(capsys, "fit", block, "--gpu", "H100")
+    assert status == 1 and out.count("error[compose]") == 1
     # a rejection of another kind is refused as before (a group option the tree lacks)
     bad = _launch(here, "bad.sh", "actor@actor_rollout_ref.actor=nowhere_actor")
     status, _, err = run(capsys, "fit", bad, "--gpu", "H100")

@@ -8,8 +8,11 @@ answer is the launch as the release would run it once those keys are gone: each 
 names is taken in turn, the override it names is set aside (a key the tree does not have: the
 release reads nothing of it) or applied as Hydra would have taken it (``+key=value`` where the
 tree has the key: the value is what the user asked for), and the rest composed again. Each one
-stays an error of the launch as written; nothing else Hydra refuses (a config group option the
-tree lacks, a value of the wrong type, an interpolation) is set aside: that launch is another run.
+stays an error of the launch as written. Not set aside: a key of an engine section the tree does
+not have at that place (``actor.megatron.*`` on the FSDP tree, ``critic.model.fsdp_config.*`` of
+older trees), whose sizes and offloads would be lost, and anything else Hydra refuses (a config
+group option the tree lacks, a value of the wrong type): forecast without them, the launch would
+be another run.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_verl_compat.checks.roles import ENGINE_SECTIONS
 from pytest_verl_compat.model import COMPOSITION_REJECTION, Composition
 
 # Hydra's messages for an override whose key the tree does not have (hydra/_internal/
@@ -56,11 +60,11 @@ class SetAside:
         tree = f"verl {self.release}'s tree" if self.release else "the tree"
         if self.applied:
             return (
-                f"`{self.written}`: {tree} already has {self.key}, so Hydra refuses to add it and "
+                f"`{self.written}`: {tree} already has the key, so Hydra refuses to add it and "
                 f"the launch does not start; the forecast applies `{self.applied}`"
             )
         return (
-            f"`{self.written}`: {tree} has no {self.key}, so Hydra rejects the launch before any "
+            f"`{self.written}`: {tree} has no such key, so Hydra rejects the launch before any "
             "GPU is used; the forecast is of the launch without it"
         )
 
@@ -99,7 +103,7 @@ def compose_setting_aside(
     """``fields`` composed by ``compose`` with every override the tree rejects for its key set
     aside (or applied as Hydra takes it): the composition, the overrides composed, and those set
     aside in the order Hydra named them. The first rejection of any other kind (or past
-    ``MAX_SET_ASIDE``) is returned as it is, and so is a key whose whole section the tree lacks
+    ``MAX_SET_ASIDE``) is returned as it is, and so is a key of an engine section the tree lacks
     (none set aside then)."""
     current = tuple(fields)
     taken: list[SetAside] = []
@@ -118,12 +122,16 @@ def compose_setting_aside(
         return composition, current, tuple(taken)
     for aside in taken:
         section = aside.key.rpartition(".")[0]
-        if section and not isinstance(_node(composition.mapping, section), Mapping):
-            # a section the tree does not have: the launch was written for another shape of
-            # config (another engine's section, a moved block), whose values the forecast would
-            # silently lose; refused as Hydra refused it
+        if (
+            section
+            and not isinstance(_node(composition.mapping, section), Mapping)
+            and ENGINE_SECTIONS.intersection(section.split("."))
+        ):
+            # an engine's section the tree does not have there (Megatron's keys on the FSDP
+            # tree, the critic's fsdp_config of older trees): the sizes and offloads the launch
+            # asks for would be lost and the forecast be of another run; refused as Hydra did
             tree = f"verl {release}'s tree" if release else "the tree"
-            reason = f"{aside.reason} ({tree} has no section {section}: a launch for another shape of config)"
+            reason = f"{aside.reason} ({tree} has no engine section {section}: a launch for another engine or tree)"
             return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
     taken = [dataclasses.replace(a, closest=_closest(a.key, composition.mapping)) for a in taken]
     return composition, current, tuple(taken)
