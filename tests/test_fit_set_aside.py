@@ -11,26 +11,16 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from test_fit_cli import _one_line_error, _schema, run
+from test_fit_cli import WAYS_LAUNCH, _one_line_error, _schema, run
 
 from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
 from pytest_verl_compat.pipeline.set_aside import _closest, compose_setting_aside
 
-LAUNCH = """#!/usr/bin/env bash
-python3 -m verl.trainer.main_ppo \\
-    algorithm.adv_estimator=grpo \\
-    data.train_batch_size=64 \\
-    data.max_prompt_length=1024 \\
-    data.max_response_length=2048 \\
-    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\
-    actor_rollout_ref.model.enable_gradient_checkpointing=True \\
-    actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
-{extra}    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \\
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
-    actor_rollout_ref.rollout.name=vllm \\
-    actor_rollout_ref.rollout.n=4 \\
-    trainer.n_gpus_per_node=8
-"""
+# verl's GRPO launch as test_fit_cli's ways script writes it, its variables bound in the script
+LAUNCH = WAYS_LAUNCH.format(condition="MBS=4\nNAME=stale").replace(
+    "ppo_mini_batch_size=64 \\\n", "ppo_mini_batch_size=64 \\\n{extra}"
+)
+FIRST_EXTRA_LINE = 12
 # Keys verl 0.9.0's tree does not have, each a leaf of a section it has: an FSDP flag removed in
 # early 2025, a loss flag loss_agg_mode replaced, a reward-model micro-batch that became
 # micro_batch_size_per_gpu
@@ -43,7 +33,7 @@ STALE = (
 
 def _launch(folder: Path, name: str, *extra: str) -> str:
     script = folder / name
-    script.write_text(LAUNCH.format(extra="".join(f"    {line} \\\n" for line in extra)))
+    script.write_text(LAUNCH.replace("{extra}", "".join(f"  {line} \\\n" for line in extra)))
     return str(script)
 
 
@@ -64,9 +54,11 @@ def test_stale_keys_are_errors_at_their_lines_and_the_rest_is_forecast(
     assert status == 1, err  # the launch as written does not start
     errors = [line for line in out.splitlines() if "error[compose]" in line]
     assert len(errors) == len(STALE), out
-    for line_no, (error, written) in enumerate(zip(errors, STALE, strict=True), start=10):
+    for line_no, (error, written) in enumerate(
+        zip(errors, STALE, strict=True), start=FIRST_EXTRA_LINE
+    ):
         key = written.split("=", 1)[0]
-        assert error.startswith(f"{stale}:{line_no}:5: error[compose] {key}: `{written}`"), error
+        assert error.startswith(f"{stale}:{line_no}:3: error[compose] {key}: `{written}`"), error
         assert "the forecast is of the launch without it" in error
     assert "assumes: the launch without the 3 override(s) verl 0.9.0's tree rejects" in out
     # what is forecast is the launch without them, to the byte
@@ -80,11 +72,11 @@ def test_an_added_key_the_tree_has_is_applied_as_hydra_would_take_it(
     the value the user asked for (a memory key here: the micro-batch moves the update)."""
     added = _launch(here, "added.sh", "+actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096")
     Path(added).write_text(
-        Path(added).read_text().replace("ppo_micro_batch_size_per_gpu=4", "use_dynamic_bsz=True")
+        Path(added).read_text().replace("ppo_micro_batch_size_per_gpu=$MBS", "use_dynamic_bsz=True")
     )
     meant = _launch(here, "meant.sh", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096")
     Path(meant).write_text(
-        Path(meant).read_text().replace("ppo_micro_batch_size_per_gpu=4", "use_dynamic_bsz=True")
+        Path(meant).read_text().replace("ppo_micro_batch_size_per_gpu=$MBS", "use_dynamic_bsz=True")
     )
     status, out, err = run(capsys, "fit", added, "--gpu", "H100")
     assert status == 1, err
@@ -98,7 +90,9 @@ def test_an_added_key_the_tree_has_is_applied_as_hydra_would_take_it(
     # and the value acts: left out, the default budget forecasts another update
     default = _launch(here, "default.sh")
     Path(default).write_text(
-        Path(default).read_text().replace("ppo_micro_batch_size_per_gpu=4", "use_dynamic_bsz=True")
+        Path(default)
+        .read_text()
+        .replace("ppo_micro_batch_size_per_gpu=$MBS", "use_dynamic_bsz=True")
     )
     _, default_out, _ = run(capsys, "fit", default, "--gpu", "H100")
     assert _tables(out) != _tables(default_out)
