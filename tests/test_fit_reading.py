@@ -92,6 +92,15 @@ MEGATRON_RUN = [
 ]
 
 
+# micro-batches of 16 sequences, with the 16 sequences per data-parallel rank (of 4: tensor
+# parallel 2 on 8 GPUs) a micro-batch can hold no more than
+MEGATRON_MICRO_16 = [
+    "data.train_batch_size=64",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+]
+
+
 @pytest.mark.parametrize("flag", [True, False])
 def test_megatron_keeps_every_layer_unless_full_recompute_whatever_the_models_flag(
     upstream_session: AuditSession, folder: Path, flag: bool
@@ -135,7 +144,7 @@ def test_an_oom_megatron_update_proposes_the_recompute_megatron_reads(
     resolved = _resolved(
         upstream_session,
         folder,
-        [*MEGATRON_RUN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
+        merged(MEGATRON_RUN, MEGATRON_MICRO_16),
         "ppo_megatron_trainer",
     )
     request = Request(gpu=custom_gpu(12.0), facts=release_facts(upstream_session.version))
@@ -568,7 +577,7 @@ def test_megatron_without_sequence_parallel_keeps_more_and_proposes_the_deciding
     """With sequence parallelism off the update keeps the norms' tensors whole on each tensor-
     parallel rank (more than with it on, the run otherwise the same), and the fix turns it on
     with the key that turned it off."""
-    run = [*MEGATRON_RUN, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"]
+    run = merged(MEGATRON_RUN, MEGATRON_MICRO_16)
 
     def update(extra: list[str]) -> tuple[int, list[dict[str, str]]]:
         resolved = _resolved(upstream_session, folder, [*run, *extra], "ppo_megatron_trainer")
@@ -753,7 +762,15 @@ def test_pad_to_length_rounds_each_micro_batch_up_to_its_bucket(
     """actor.pad_to_length (the engine's fsdp_config.pad_to_length follows it): the packed
     micro-batch right-padded to the next multiple of pad_to_length_bucket (1024 unless set),
     which the layers and the logits carry; off, the tokens are the packed ones."""
-    run = merged(FSDP_RUN, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    run = merged(
+        FSDP_RUN,
+        [
+            # 3 sequences per rank of 8, micro-batches of 3
+            "data.train_batch_size=24",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=24",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        ],
+    )
     plain = _role(upstream_session, folder, run, "actor")
     padded_run = merged(run, ["actor_rollout_ref.actor.pad_to_length=True"])
     if bucket is not None:
@@ -765,3 +782,42 @@ def test_pad_to_length_rounds_each_micro_batch_up_to_its_bucket(
     group = plain.train_tokens * plain.sp
     assert group % step, "the case must need padding"
     assert padded.train_tokens * padded.sp == -(-group // step) * step
+
+
+def test_a_micro_batch_holds_no_more_than_the_ranks_share_of_the_batch(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """A small debugging batch (train_batch_size 4, n 8 on 8 GPUs: 4 sequences per rank) with an
+    example's micro-batches of 256: every pass holds the rank's 4 sequences, and a mini-batch
+    larger than the batch is the batch; the same run with micro-batches of 2 holds 2."""
+    small = [
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=512",
+        "data.max_response_length=1024",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1024",
+    ]
+    sequence = 1536
+    big = _role(
+        upstream_session,
+        folder,
+        [
+            *small,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=256",
+        ],
+        "actor",
+    )
+    assert (big.train_tokens, big.infer_tokens) == (4 * sequence, 4 * sequence)
+    two = _role(
+        upstream_session,
+        folder,
+        [
+            *small,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        ],
+        "actor",
+    )
+    assert (two.train_tokens, two.infer_tokens) == (2 * sequence, 2 * sequence)

@@ -110,6 +110,35 @@ def test_dynamic_micro_batches_are_the_releases_own(version: str) -> None:
     assert forecast == upstream, f"partitions={forecast}, but should be {upstream} [{version}]"
 
 
+# (sequences on one rank, micro-batch size): more sequences than the size, fewer, as many
+STATIC_SPLITS = [(31, 4), (8, 256), (4, 8), (64, 64)]
+_UPSTREAM_STATIC = """
+import torch
+from verl import DataProto
+
+result = []
+for count, size in {cases}:
+    parts = DataProto.from_dict(tensors={{"x": torch.zeros(count, 1)}}).split(size)
+    result.append([len(parts), max(len(p) for p in parts)])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", RELEASES)
+def test_static_micro_batches_hold_at_most_the_ranks_sequences(version: str) -> None:
+    """A static micro-batch larger than the sequences a rank has holds those sequences only, as the
+    release's own DataProto.split chunks them (a launch with a small train_batch_size and an
+    example's micro-batch of 256 was forecast at 256 sequences, thousands of GiB)."""
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    upstream = run_in_release(_UPSTREAM_STATIC.format(cases=STATIC_SPLITS), version)
+    within = release_facts(version).partitions_within_budget
+    forecast = [
+        list(micro_batches(False, 0, size, count, 1, 1, within)) for count, size in STATIC_SPLITS
+    ]
+    assert forecast == upstream, f"splits={forecast}, but should be {upstream} [{version}]"
+
+
 _UPSTREAM_SCALE = """
 import torch
 from verl.workers.engine.fsdp import transformer_impl as impl

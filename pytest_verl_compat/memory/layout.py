@@ -266,7 +266,7 @@ def micro_batches(
     """(micro-batches of one pass on one GPU, tokens of the largest of them on one GPU) for
     ``count`` sequences of ``sequence`` tokens on one data-parallel rank (engine/utils.py:92-130).
 
-    Static: micro-batches of ``mbs`` sequences. Dynamic (verl/utils/seqlen_balancing.py,
+    Static: micro-batches of ``mbs`` sequences (all of them when fewer). Dynamic (verl/utils/seqlen_balancing.py,
     rearrange_micro_batches): ``ceil(tokens / (budget x Ulysses size))`` micro-batches balanced by
     workload, which for sequences of one length splits them as evenly as counts allow; a release
     whose partition keeps every micro-batch within the budget (the release's facts) raises the
@@ -276,7 +276,10 @@ def micro_batches(
     sp = max(sp, 1)
     if not dynamic:
         size = max(mbs, 1)
-        return (max(1, ceil_div(count, size)) if count > 0 else 1), ceil_div(size * sequence, sp)
+        # a split never holds more sequences than the rank has (DataProto.split, protocol.py:914;
+        # 0.9.0's engine asserts the count divides by the size, engine/utils.py:123-128)
+        held = min(size, count) if count > 0 else size
+        return (max(1, ceil_div(count, size)) if count > 0 else 1), ceil_div(held * sequence, sp)
     limit = max(budget, 1) * sp
     if count <= 0 or sequence <= 0:
         return 1, max(budget, ceil_div(sequence, sp))
