@@ -156,6 +156,11 @@ def test_check_with_a_gpu_says_each_stale_key_at_its_line(
     assert status == 1
     assert out.count("error[compose]") == len(STALE), out
     assert "error[memory." in out  # the launch without them does not fit a 24 GB card
+    # a rejection that is not a key the tree lacks: check's own error, alone, with or without a GPU
+    bad = _launch(here, "bad.sh", "actor@actor_rollout_ref.actor=nowhere_actor")
+    plain = run(capsys, "check", bad, "--no-upstream-checks")
+    assert plain[0] == 1 and plain[1].count("error[compose]") == 1
+    assert run(capsys, "check", bad, "--no-upstream-checks", "--gpu", "RTX4090") == plain
 
 
 def _fake(tree: set[str]) -> object:
