@@ -14,7 +14,7 @@ import pytest
 from test_fit_cli import WAYS_LAUNCH, _one_line_error, _schema, run
 
 from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
-from pytest_verl_compat.pipeline.set_aside import _closest, compose_setting_aside
+from pytest_verl_compat.pipeline.set_aside import _closest, _first_absent, compose_setting_aside
 
 # verl's GRPO launch as test_fit_cli's ways script writes it, its variables bound in the script
 LAUNCH = WAYS_LAUNCH.format(condition="MBS=4\nNAME=stale").replace(
@@ -164,10 +164,17 @@ def test_check_with_a_gpu_says_each_stale_key_at_its_line(
 
 
 def _fake(tree: set[str]) -> object:
-    """A composer over a flat tree: rejects as Hydra words it, composes the rest."""
+    """A composer over a tree of the dotted ``tree`` keys: rejects as Hydra words it, else
+    composes the tree (the values are not what these tests look at)."""
 
     def compose(fields: tuple[str, ...]) -> Composition:
-        mapping: dict[str, object] = {}
+        resolved: dict[str, object] = {}
+        for dotted in sorted(tree):
+            *sections, leaf = dotted.split(".")
+            node = resolved
+            for part in sections:
+                node = node.setdefault(part, {})  # type: ignore[assignment]
+            node[leaf] = None
         for field in fields:
             key = field.split("=", 1)[0]
             if key.startswith("+") and key[1:] in tree:
@@ -175,14 +182,12 @@ def _fake(tree: set[str]) -> object:
                     COMPOSITION_REJECTION,
                     reason=f"ConfigCompositionException: Could not append to config. An item is already at '{key[1:]}'.",
                 )
-            if key.lstrip("+") not in tree and not key.startswith("+"):
+            if not key.startswith("+") and key not in tree:
                 return Composition(
                     COMPOSITION_REJECTION,
                     reason=f"ConfigCompositionException: Could not override '{key}'.",
                 )
-            section, _, leaf = key.lstrip("+").rpartition(".")
-            mapping.setdefault(section, {})[leaf] = field.split("=", 1)[1]  # type: ignore[index]
-        return Composition(COMPOSED, resolved={"a": mapping.get("a", {})})
+        return Composition(COMPOSED, resolved=resolved)
 
     return compose
 
@@ -197,6 +202,20 @@ def test_setting_aside_stops_at_its_bound_and_keeps_the_order_hydra_named() -> N
     many = tuple(f"a.k{i}=1" for i in range(40))
     composition, _, aside = compose_setting_aside(compose, many, "0.9.0")  # type: ignore[arg-type]
     assert not composition.composed and len(aside) == 32
+
+
+def test_only_an_absent_engine_section_is_refused() -> None:
+    tree = {"a": {"fsdp_config": {"param_offload": False}}}
+    assert _first_absent(tree, "a.fsdp_config") == ""
+    assert _first_absent(tree, "a.megatron") == "a.megatron"
+    assert _first_absent(tree, "a.fsdp_config.new_block") == "a.fsdp_config.new_block"
+    compose = _fake({"a.fsdp_config.param_offload"})
+    fields = ("a.fsdp_config.param_offload=True", "a.fsdp_config.new_block.x=1")
+    composition, _, aside = compose_setting_aside(compose, fields)  # type: ignore[arg-type]
+    assert [a.key for a in aside] == ["a.fsdp_config.new_block.x"]  # a block inside the engine's
+    composition, _, aside = compose_setting_aside(compose, ("a.megatron.tp=2",))  # type: ignore[arg-type]
+    assert not composition.composed and not aside
+    assert "has no engine section a.megatron" in composition.reason
 
 
 def test_the_closest_key_is_looked_for_in_the_section_then_above_it() -> None:

@@ -53,7 +53,7 @@ class SetAside:
     reason: str
     applied: str = ""
     release: str = ""  # the release whose tree rejected it
-    closest: str = ""  # the tree's key of the same section with the closest name, if any
+    closest: str = ""  # the tree's key with the closest name, in its section or above (_closest)
 
     def said(self) -> str:
         """The finding's message: what the release does with the launch as written."""
@@ -121,27 +121,28 @@ def compose_setting_aside(
     if not composition.composed:
         return composition, current, tuple(taken)
     for aside in taken:
-        section = aside.key.rpartition(".")[0]
-        if (
-            section
-            and not isinstance(_node(composition.mapping, section), Mapping)
-            and ENGINE_SECTIONS.intersection(section.split("."))
-        ):
+        missing = _first_absent(composition.mapping, aside.key.rpartition(".")[0])
+        if missing and missing.rpartition(".")[2] in ENGINE_SECTIONS:
             # an engine's section the tree does not have there (Megatron's keys on the FSDP
             # tree, the critic's fsdp_config of older trees): the sizes and offloads the launch
             # asks for would be lost and the forecast be of another run; refused as Hydra did
             tree = f"verl {release}'s tree" if release else "the tree"
-            reason = f"{aside.reason} ({tree} has no engine section {section}: a launch for another engine or tree)"
+            reason = f"{aside.reason} ({tree} has no engine section {missing}: a launch for another engine or tree)"
             return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
     taken = [dataclasses.replace(a, closest=_closest(a.key, composition.mapping)) for a in taken]
     return composition, current, tuple(taken)
 
 
-def _node(mapping: Mapping[str, Any], dotted: str) -> Any:
+def _first_absent(mapping: Mapping[str, Any], section: str) -> str:
+    """The shortest prefix of the dotted ``section`` that is not a section of ``mapping`` ("" when
+    the whole of it is)."""
     node: Any = mapping
-    for part in dotted.split("."):
+    parts = section.split(".") if section else []
+    for depth, part in enumerate(parts, start=1):
         node = node.get(part) if isinstance(node, Mapping) else None
-    return node
+        if not isinstance(node, Mapping):
+            return ".".join(parts[:depth])
+    return ""
 
 
 def _closest(key: str, mapping: Mapping[str, Any]) -> str:
