@@ -92,14 +92,6 @@ def is_megatron(resolved: Mapping[str, Any], role: str = "actor") -> bool:
     return role_strategy(resolved, role) in ("megatron", "mindspeed")
 
 
-# The names of the sections an engine's sizes, offloads and precision sit in: the options of
-# verl's engine config group (verl/trainer/config/engine/*.yaml) and the FSDP engine's packages
-# (``fsdp_config`` for actor and ref, ``fsdp`` for the critic; ``engine_key``).
-ENGINE_SECTIONS = frozenset(
-    {"fsdp_config", "fsdp", "megatron", "mindspeed", "veomni", "torchtitan", "automodel"}
-)
-
-
 def engine_key(resolved: Mapping[str, Any], role: str = "actor") -> str:
     """The key of the role's engine section (``fsdp_config`` for actor and ref, ``fsdp`` for the critic)."""
     strategy = role_strategy(resolved, role)

@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.checks.roles import ENGINE_SECTIONS
 from pytest_verl_compat.model import COMPOSITION_REJECTION, Composition
 
 # Hydra's messages for an override whose key the tree does not have (hydra/_internal/
@@ -38,6 +37,13 @@ _ABSENT = (
 )
 _PRESENT = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
 _PATTERNS = (*((pattern, False) for pattern in _ABSENT), (_PRESENT, True))
+# The names of the sections an engine's sizes, offloads and precision sit in: the options of
+# verl's engine config group (verl/trainer/config/engine/*.yaml) and the FSDP engine's packages
+# (``fsdp_config`` for actor and ref, ``fsdp`` for the critic: checks/roles.py engine_key). Kept
+# here, not beside engine_key, whose module keys the oracle's recorded answers.
+ENGINE_SECTIONS = frozenset(
+    {"fsdp_config", "fsdp", "megatron", "mindspeed", "veomni", "torchtitan", "automodel"}
+)
 # At most this many rejections taken before the launch is refused as Hydra refused it.
 MAX_SET_ASIDE = 32
 
