@@ -1,4 +1,5 @@
-"""``verl-compat fit SCRIPT --gpu TYPE``: will it fit? The memory forecast of one launch.
+"""``verl-compat fit SCRIPT --gpu TYPE``: will it fit? The memory forecast of one launch (or of a
+run's resolved configuration, ``RUN/.hydra/config.yaml``, read as ``compile`` reads it).
 
 For each kind of rank, each phase of a step (rollout, log-prob passes, critic and actor
 updates, checkpoint save; SFT's update), the forecast peak and its parts against the GPU's
@@ -108,6 +109,7 @@ def _forecasts(session: Any, prepared: Any, request: Any, label: str) -> list[Wa
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from pytest_verl_compat.cli.check import Target, prepare, targets
+    from pytest_verl_compat.cli.resolved import is_resolved_target, prepare_resolved
     from pytest_verl_compat.memory.forecast import Request
     from pytest_verl_compat.memory.report import dumps, json_payload, text_lines
 
@@ -119,12 +121,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     session = open_session(args)
     if args.model_config and not Path(args.model_config).expanduser().exists():
         raise UsageError(f"{args.model_config}: model config not found")
-    listed: list[Target] = targets(args, session)
-    if len(listed) != 1:
-        raise UsageError("fit takes one launch script (or case)")
-    label = listed[0].label
-    with tempfile.TemporaryDirectory(prefix="verl-compat-fit-") as scratch:
-        prepared = prepare(session, listed[0], args, Path(scratch))
+    if len(args.targets) == 1 and is_resolved_target(args.targets[0]):
+        # a run's resolved configuration (the run that ran out of memory, say): its case as
+        # compile prepares it, each finding at its key's line of the file
+        prepared = prepare_resolved(session, args.targets[0], args)
+        label = prepared.target.label
+    else:
+        listed: list[Target] = targets(args, session)
+        if len(listed) != 1:
+            raise UsageError("fit takes one launch script (or case)")
+        label = listed[0].label
+        with tempfile.TemporaryDirectory(prefix="verl-compat-fit-") as scratch:
+            prepared = prepare(session, listed[0], args, Path(scratch))
     request = Request(gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=label)
     runs = _forecasts(session, prepared, request, label)
     forecast = [run for run in runs if run.forecast is not None]
@@ -221,6 +229,8 @@ def _located(result: Any, locator: Any) -> list[str]:
 
 
 def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    from pytest_verl_compat.cli.resolved import add_world_size_flag
+
     fit = sub.add_parser(
         "fit",
         parents=[common],
@@ -228,7 +238,11 @@ def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     fit.add_argument(
-        "targets", nargs=1, metavar="SCRIPT|CASE", help="a launch script or a manifest case id"
+        "targets",
+        nargs=1,
+        metavar="SCRIPT|CASE|RESOLVED.yaml|RUN",
+        help="a launch script, a manifest case id, or a run's resolved configuration "
+        "(RUN/.hydra/config.yaml, or the run folder)",
     )
     fit.add_argument(
         "--gpu",
@@ -273,5 +287,6 @@ def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--isolated", action="store_true", help="ignore [tool.verl-compat] in pyproject.toml"
     )
     fit.add_argument("--stdin-filename", metavar="NAME", help=argparse.SUPPRESS)
+    add_world_size_flag(fit)
     add_bindings_flags(fit)
     fit.set_defaults(func=cmd_fit)

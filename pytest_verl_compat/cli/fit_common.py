@@ -100,6 +100,10 @@ def _composed(
     fields = tuple(outcome.fields.fields)
     if outcome.composition.composed:
         return outcome.composition, fields, ()
+    if case.resolved is not None:
+        # a run's resolved file is composed from the file, not from overrides: nothing to set
+        # aside, and composing its overrides alone would forecast the tree's defaults
+        raise NotComposed(f"composition rejected: {outcome.composition.reason}")
     composition, kept, aside = compose_setting_aside(
         lambda tried: session.compose_variant(
             dataclasses.replace(outcome.fields, fields=tried), case.bindings

@@ -47,6 +47,7 @@ from pytest_verl_compat.files.safe_input import InputError
 from pytest_verl_compat.model import Location, StageFailed
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path
+from pytest_verl_compat.pipeline.resolved import CONFIG_FILE, HYDRA_FOLDER
 from pytest_verl_compat.upstream.verdict.rules import all_rules
 
 
@@ -58,6 +59,26 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a number of processes, 1 or more")
     return value
+
+
+def add_world_size_flag(parser: argparse.ArgumentParser) -> None:
+    """``--world-size``, for a resolved file (compile, fit): what no resolved file records."""
+    parser.add_argument(
+        "--world-size",
+        type=_positive,
+        metavar="N",
+        help="the processes the run's launcher started (torchrun's nnodes x nproc_per_node), "
+        "which a resolved file does not record",
+    )
+
+
+def is_resolved_target(given: str) -> bool:
+    """Whether a command's target is a run's resolved configuration (a ``.yaml`` file, or a run
+    folder holding ``.hydra/config.yaml``) rather than a launch script or a case."""
+    path = Path(given)
+    if path.is_dir():
+        return (path / HYDRA_FOLDER / CONFIG_FILE).is_file()
+    return path.suffix.lower() in (".yaml", ".yml") and path.is_file()
 
 
 def prepare_resolved(session: AuditSession, given: str, args: argparse.Namespace) -> Prepared:
@@ -190,12 +211,6 @@ def add_compile_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the compile report (every leaf's class and the static findings) as JSON",
     )
-    comp.add_argument(
-        "--world-size",
-        type=_positive,
-        metavar="N",
-        help="the processes the run's launcher started (torchrun's nnodes x nproc_per_node), "
-        "which a resolved file does not record",
-    )
+    add_world_size_flag(comp)
     add_report_flags(comp)
     comp.set_defaults(func=cmd_compile)
