@@ -156,6 +156,12 @@ def test_check_with_a_gpu_says_each_stale_key_at_its_line(
     assert status == 1
     assert out.count("error[compose]") == len(STALE), out
     assert "error[memory." in out  # the launch without them does not fit a 24 GB card
+    # set aside, but a model the forecast has no numbers for: check's own compose error stays
+    unknown = Path(stale).with_name("unknown.sh")
+    unknown.write_text(Path(stale).read_text().replace("Qwen/Qwen2.5-7B-Instruct", "acme/unknown"))
+    status, out, _ = run(capsys, "check", str(unknown), "--no-upstream-checks", "--gpu", "H100")
+    assert status == 1 and out.count("error[compose]") == 1, out
+    assert "info[memory.not-forecast]" in out
     # a rejection that is not a key the tree lacks: check's own error, alone, with or without a GPU
     bad = _launch(here, "bad.sh", "actor@actor_rollout_ref.actor=nowhere_actor")
     plain = run(capsys, "check", bad, "--no-upstream-checks")

@@ -420,7 +420,7 @@ def finish(
         from pytest_verl_compat.cli.fit_common import memory_check
 
         memory = memory_check(session, prepared.case, gpu)
-        if not verdict.composed and memory:
+        if any(f.rule == COMPOSE for f in memory):
             # composed without the overrides the tree rejects: each is said at its own line
             # (memory_check's compose errors), Hydra's first rejection no longer alone
             found = [f for f in found if f.rule != COMPOSE]
