@@ -110,6 +110,7 @@ def _forecasts(session: Any, prepared: Any, request: Any, label: str) -> list[Wa
 def cmd_fit(args: argparse.Namespace) -> int:
     from pytest_verl_compat.cli.check import Target, prepare, targets
     from pytest_verl_compat.cli.resolved import is_resolved_target, prepare_resolved
+    from pytest_verl_compat.memory import findings as memory_findings
     from pytest_verl_compat.memory.forecast import Request
     from pytest_verl_compat.memory.report import dumps, json_payload, text_lines
 
@@ -121,7 +122,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     session = open_session(args)
     if args.model_config and not Path(args.model_config).expanduser().exists():
         raise UsageError(f"{args.model_config}: model config not found")
-    if len(args.targets) == 1 and is_resolved_target(args.targets[0]):
+    if is_resolved_target(args.targets[0]):  # nargs=1: one target
         # a run's resolved configuration (the run that ran out of memory, say): its case as
         # compile prepares it, each finding at its key's line of the file
         prepared = prepare_resolved(session, args.targets[0], args)
@@ -179,8 +180,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"{args.plot}: cannot write: {exc.strerror}") from exc
         note("fit", f"wrote {args.plot}")
-    failed = any(v.level == "error" for run in forecast for v in run.forecast.verdicts) or any(
-        run.forecast.set_aside for run in forecast
+    # an error finding fails the run: a phase over the GPU, a server that cannot start, an
+    # override the release's tree rejects (memory/findings.py as_findings says them all)
+    failed = any(
+        f.level == "error" for run in forecast for f in memory_findings.as_findings(run.forecast)
     )
     return EXIT_FINDINGS if failed else EXIT_OK
 

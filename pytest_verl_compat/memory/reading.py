@@ -434,8 +434,9 @@ def role_layout(
     # sequences of one data-parallel rank: a mini-batch in an update, the step's batch in a
     # log-prob pass (verl/trainer/ppo/v1/trainer_base.py:1503, :1674-1675)
     batch = as_int(value_at(resolved, "data.train_batch_size"), 0) * n // dp
-    # a mini-batch larger than the step's batch is the whole batch (one split of it)
-    per_rank = (min(mini // dp, batch) if batch else mini // dp) if mini else 0
+    per_rank = mini // dp
+    if batch:  # a mini-batch larger than the step's batch is the whole batch (one split of it)
+        per_rank = min(per_rank, batch)
     within = facts.partitions_within_budget
     count, train_tokens = micro_batches(dynamic, train_budget, mbs, per_rank, seq, sp, within)
     _, infer_tokens = micro_batches(dynamic, infer_budget, infer_mbs, batch, seq, sp, within)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.model import COMPOSITION_REJECTION, Composition
 
 # Hydra's messages for an override whose key the tree does not have (hydra/_internal/
@@ -81,11 +82,7 @@ class SetAside:
         return f"delete it, or set the key that replaced it in verl {self.release}{near}"
 
 
-def _key_of(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _one(reason: str, fields: Sequence[str]) -> tuple[int, SetAside] | None:
+def _one(reason: str, fields: Sequence[str], release: str) -> tuple[int, SetAside] | None:
     """The override a rejection names and what takes its place, or None (another rejection)."""
     first = reason.splitlines()[0] if reason else ""
     for pattern, present in _PATTERNS:
@@ -94,12 +91,12 @@ def _one(reason: str, fields: Sequence[str]) -> tuple[int, SetAside] | None:
             continue
         key = match.group(1)
         for index, written in enumerate(fields):
-            if _key_of(written) != key:
+            if field_key(written) != key:
                 continue
             if present and written.startswith("+") and not written.startswith("++"):
-                return index, SetAside(written, key, first, applied=written[1:])
+                return index, SetAside(written, key, first, written[1:], release)
             if not present:
-                return index, SetAside(written, key, first)
+                return index, SetAside(written, key, first, release=release)
     return None
 
 
@@ -115,11 +112,10 @@ def compose_setting_aside(
     taken: list[SetAside] = []
     composition = compose(current)
     while not composition.composed and len(taken) < MAX_SET_ASIDE:
-        found = _one(composition.reason, current)
+        found = _one(composition.reason, current, release)
         if found is None:
             break
         index, aside = found
-        aside = dataclasses.replace(aside, release=release)
         replaced = (aside.applied,) if aside.applied else ()
         current = current[:index] + replaced + current[index + 1 :]
         taken.append(aside)
