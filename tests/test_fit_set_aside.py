@@ -121,6 +121,18 @@ def test_a_section_the_tree_does_not_have_is_refused_in_one_line(
     older = _launch(here, "older.sh", "critic.model.fsdp_config.param_offload=True")
     status, _, err = run(capsys, "fit", older, "--gpu", "H100")
     _one_line_error(status, err, "has no engine section critic.model.fsdp_config")
+    # Megatron's keys where the launch's own `+` keys make the section (router replay's override
+    # of the transformer config) are refused alike; on the Megatron tree they are set aside
+    own = (
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8",
+    )
+    status, out, err = run(capsys, "fit", _launch(here, "own.sh", *own), "--gpu", "H100")
+    _one_line_error(status, err, "has no engine section actor_rollout_ref.actor.megatron")
+    stale = "actor_rollout_ref.actor.megatron.grad_offload_before=True"
+    on_megatron = _launch(here, "megatron.sh", "model_engine=megatron", own[0], stale)
+    status, out, _ = run(capsys, "fit", on_megatron, "--gpu", "H100")
+    assert status == 1 and out.count("error[compose]") == 1 and "Megatron tp" in out
     # a block the tree lacks that is no engine's (DAPO's overlong buffer of early 2025): set aside
     block = _launch(here, "block.sh", "custom_reward_function.overlong_buffer.enable=True")
     status, out, _ = run(capsys, "fit", block, "--gpu", "H100")
@@ -174,25 +186,27 @@ def _fake(tree: set[str]) -> object:
     composes the tree (the values are not what these tests look at)."""
 
     def compose(fields: tuple[str, ...]) -> Composition:
+        known = set(tree)
+        for field in fields:
+            key = field.split("=", 1)[0]
+            if key.startswith("+") and key[1:] in known:
+                return Composition(
+                    COMPOSITION_REJECTION,
+                    reason=f"ConfigCompositionException: Could not append to config. An item is already at '{key[1:]}'.",
+                )
+            if not key.startswith("+") and key not in known:
+                return Composition(
+                    COMPOSITION_REJECTION,
+                    reason=f"ConfigCompositionException: Could not override '{key}'.",
+                )
+            known.add(key.lstrip("+"))  # as Hydra adds a `+` key, sections and all
         resolved: dict[str, object] = {}
-        for dotted in sorted(tree):
+        for dotted in sorted(known):
             *sections, leaf = dotted.split(".")
             node = resolved
             for part in sections:
                 node = node.setdefault(part, {})  # type: ignore[assignment]
             node[leaf] = None
-        for field in fields:
-            key = field.split("=", 1)[0]
-            if key.startswith("+") and key[1:] in tree:
-                return Composition(
-                    COMPOSITION_REJECTION,
-                    reason=f"ConfigCompositionException: Could not append to config. An item is already at '{key[1:]}'.",
-                )
-            if not key.startswith("+") and key not in tree:
-                return Composition(
-                    COMPOSITION_REJECTION,
-                    reason=f"ConfigCompositionException: Could not override '{key}'.",
-                )
         return Composition(COMPOSED, resolved=resolved)
 
     return compose
@@ -222,6 +236,24 @@ def test_only_an_absent_engine_section_is_refused() -> None:
     composition, _, aside = compose_setting_aside(compose, ("a.megatron.tp=2",))  # type: ignore[arg-type]
     assert not composition.composed and not aside
     assert "has no engine section a.megatron" in composition.reason
+
+
+def test_an_engine_section_the_launch_makes_itself_is_not_the_trees() -> None:
+    """``+a.megatron.extra=1`` makes a section the tree does not have: a key set aside in it is
+    refused as in a section no one made. The same launch on a tree with the section (its engine's
+    group selected), and a `+` section that is no engine's, are set aside and forecast."""
+    compose = _fake({"a.fsdp_config.param_offload"})
+    fields = ("+a.megatron.override.recompute=full", "a.megatron.tp=8")
+    composition, _, aside = compose_setting_aside(compose, fields)  # type: ignore[arg-type]
+    assert not composition.composed and not aside
+    assert "has no engine section a.megatron" in composition.reason
+    with_engine = _fake({"a.fsdp_config.param_offload", "a.megatron.override.method"})
+    composition, kept, aside = compose_setting_aside(with_engine, fields)  # type: ignore[arg-type]
+    assert composition.composed and [a.key for a in aside] == ["a.megatron.tp"]
+    assert kept == ("+a.megatron.override.recompute=full",)
+    own_block = ("+a.fsdp_config.extra.x=1", "a.fsdp_config.extra.y=2", "a.gone=3")
+    composition, _, aside = compose_setting_aside(compose, own_block)  # type: ignore[arg-type]
+    assert composition.composed and [a.key for a in aside] == ["a.fsdp_config.extra.y", "a.gone"]
 
 
 def test_the_closest_key_is_looked_for_in_the_section_then_above_it() -> None:

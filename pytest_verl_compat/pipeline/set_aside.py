@@ -10,7 +10,8 @@ release reads nothing of it) or applied as Hydra would have taken it (``+key=val
 tree has the key: the value is what the user asked for), and the rest composed again. Each one
 stays an error of the launch as written. Not set aside: a key of an engine section the tree does
 not have at that place (``actor.megatron.*`` on the FSDP tree, ``critic.model.fsdp_config.*`` of
-older trees), whose sizes and offloads would be lost, and anything else Hydra refuses (a config
+older trees; a section the launch's own ``+`` keys make is not the tree's), whose sizes and
+offloads would be lost, and anything else Hydra refuses (a config
 group option the tree lacks, a value of the wrong type): forecast without them, the launch would
 be another run.
 """
@@ -100,15 +101,12 @@ def _one(reason: str, fields: Sequence[str], release: str) -> tuple[int, SetAsid
     return None
 
 
-def compose_setting_aside(
-    compose: Callable[[tuple[str, ...]], Composition], fields: Sequence[str], release: str = ""
-) -> tuple[Composition, tuple[str, ...], tuple[SetAside, ...]]:
-    """``fields`` composed by ``compose`` with every override the tree rejects for its key set
-    aside (or applied as Hydra takes it): the composition, the overrides composed, and those set
-    aside in the order Hydra named them. The first rejection of any other kind (or past
-    ``MAX_SET_ASIDE``) is returned as it is, and so is a key of an engine section the tree lacks
-    (none set aside then)."""
-    current = tuple(fields)
+def _setting_aside(
+    compose: Callable[[tuple[str, ...]], Composition], fields: tuple[str, ...], release: str
+) -> tuple[Composition, tuple[str, ...], list[SetAside]]:
+    """Hydra's rejections of ``fields`` for their keys taken in turn (at most ``MAX_SET_ASIDE``):
+    the last composition, the overrides it composed, and what was set aside or applied."""
+    current = fields
     taken: list[SetAside] = []
     composition = compose(current)
     while not composition.composed and len(taken) < MAX_SET_ASIDE:
@@ -120,16 +118,52 @@ def compose_setting_aside(
         current = current[:index] + replaced + current[index + 1 :]
         taken.append(aside)
         composition = compose(current)
-    if not composition.composed:
+    return composition, current, taken
+
+
+def _adds(field: str) -> bool:
+    """``+a.b=v`` or ``++a.b=v``: a key the launch may add to the tree (a config group's ``+g/o=x``
+    selects one of the tree's own files, and is not counted)."""
+    return field.startswith("+") and "/" not in field_key(field)
+
+
+def _tree_mapping(
+    compose: Callable[[tuple[str, ...]], Composition],
+    composed: Composition,
+    fields: tuple[str, ...],
+) -> Mapping[str, Any]:
+    """The sections the tree itself has for this launch: ``fields`` composed without the keys the
+    launch adds (its group selections kept). A section made only by the launch's own ``+`` keys
+    (``+actor.megatron.override_transformer_config.*`` on the FSDP tree) is not the tree's. Where
+    the launch without them does not compose, the composition as it is."""
+    own = tuple(field for field in fields if not _adds(field))
+    if own == fields:
+        return composed.mapping
+    tree, _, _ = _setting_aside(compose, own, "")
+    return tree.mapping if tree.composed else composed.mapping
+
+
+def compose_setting_aside(
+    compose: Callable[[tuple[str, ...]], Composition], fields: Sequence[str], release: str = ""
+) -> tuple[Composition, tuple[str, ...], tuple[SetAside, ...]]:
+    """``fields`` composed by ``compose`` with every override the tree rejects for its key set
+    aside (or applied as Hydra takes it): the composition, the overrides composed, and those set
+    aside in the order Hydra named them. The first rejection of any other kind (or past
+    ``MAX_SET_ASIDE``) is returned as it is, and so is a key of an engine section the tree lacks
+    (none set aside then)."""
+    composition, current, taken = _setting_aside(compose, tuple(fields), release)
+    if not composition.composed or not taken:
         return composition, current, tuple(taken)
+    tree = _tree_mapping(compose, composition, current)
     for aside in taken:
-        missing = _first_absent(composition.mapping, aside.key.rpartition(".")[0])
+        missing = _first_absent(tree, aside.key.rpartition(".")[0])
         if missing and missing.rpartition(".")[2] in ENGINE_SECTIONS:
             # an engine's section the tree does not have there (Megatron's keys on the FSDP
-            # tree, the critic's fsdp_config of older trees): the sizes and offloads the launch
-            # asks for would be lost and the forecast be of another run; refused as Hydra did
-            tree = f"verl {release}'s tree" if release else "the tree"
-            reason = f"{aside.reason} ({tree} has no engine section {missing}: a launch for another engine or tree)"
+            # tree, the critic's fsdp_config of older trees), even where the launch's own `+`
+            # keys make one: the sizes and offloads the launch asks for would be lost and the
+            # forecast be of another run; refused as Hydra did
+            where = f"verl {release}'s tree" if release else "the tree"
+            reason = f"{aside.reason} ({where} has no engine section {missing}: a launch for another engine or tree)"
             return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
     taken = [dataclasses.replace(a, closest=_closest(a.key, composition.mapping)) for a in taken]
     return composition, current, tuple(taken)
