@@ -331,24 +331,34 @@ def test_an_oom_megatron_update_proposes_the_cpu_optimizer(
 
 
 @pytest.mark.parametrize("offload", [True, False])
-def test_megatrons_grad_buffer_comes_back_only_for_the_update(
+def test_megatrons_grad_buffer_comes_back_only_for_the_update_and_the_save(
     upstream_session: AuditSession, folder: Path, offload: bool
 ) -> None:
     """An offloaded Megatron model is loaded without its grad buffer for a forward
     (engine/base.py:319) and for the weight sync (megatron/transformer_impl.py:1022); a model
-    that never leaves the GPU keeps the buffer allocated through both."""
-    run = [*MEGATRON_RUN, f"actor_rollout_ref.actor.megatron.param_offload={offload}"]
+    that never leaves the GPU keeps the buffer allocated through both. The checkpoint save
+    loads it with the weights (megatron/transformer_impl.py:782-784, load_grad=True), and each
+    part cites Megatron's code, not FSDP's."""
+    run = [
+        *MEGATRON_RUN,
+        f"actor_rollout_ref.actor.megatron.param_offload={offload}",
+        "trainer.save_freq=10",
+    ]
     resolved = _resolved(upstream_session, folder, run, "ppo_megatron_trainer")
     request = Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
     result = forecast(resolved, request, with_fixes=False)
-    keys = {
-        phase.phase: {part.key for part in phase.parts}
+    parts = {
+        phase.phase: {part.key: part for part in phase.parts}
         for rank in result.ranks
         for phase in rank.phases
     }
     for phase in ("old-log-prob", "weight-sync"):
-        assert ("actor.grads.buffer" in keys[phase]) is not offload, (phase, sorted(keys[phase]))
-    assert "actor.grads" in keys["actor-update"]
+        assert ("actor.grads.buffer" in parts[phase]) is not offload, (phase, sorted(parts[phase]))
+    update, save = parts["actor-update"], parts["checkpoint-save"]
+    assert "megatron_utils.py:663-722" in update["actor.grads"].evidence
+    assert save["actor.grads.buffer"].bytes == update["actor.grads"].bytes
+    assert "megatron/transformer_impl.py:782-790" in save["actor.grads.buffer"].evidence
+    assert "megatron/transformer_impl.py" in save["actor.params"].evidence
 
 
 LORA_RANK = "actor_rollout_ref.model.lora_rank=16"  # the FSDP engine's spelling

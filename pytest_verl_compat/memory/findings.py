@@ -24,7 +24,7 @@ _WHY = {
     "critic-update": "the critic's update: states, activations, and every gradient unsharded between micro-batches while gradient sync waits for a mini-batch's last (verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730)",
     "actor-update": "the actor's update: weights, gradients, optimizer states, activations and logits of one micro-batch, and every gradient unsharded between micro-batches while gradient sync waits for a mini-batch's last (verl/workers/engine/fsdp/transformer_impl.py:686-698, :727-730, :1332-1371)",
     "sft-update": "the SFT engine's update on data.micro_batch_size_per_gpu or data.max_token_len_per_gpu (verl/trainer/sft_trainer.py; transformer_impl.py:686-698, :727-730)",
-    "checkpoint-save": "the engine loads its weights to save them (verl/workers/engine/fsdp/transformer_impl.py:839-865)",
+    "checkpoint-save": "the engine loads its weights to save them (verl/workers/engine/fsdp/transformer_impl.py:839-865), Megatron's with its gradient buffer (verl/workers/engine/megatron/transformer_impl.py:782-790, load_grad=True)",
 }
 _FIX = {
     "rollout-start": "lower gpu_memory_utilization, raise the rollout tensor_model_parallel_size or lower max_model_len",

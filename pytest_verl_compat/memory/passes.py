@@ -10,6 +10,7 @@ from pytest_verl_compat.memory import states as st
 from pytest_verl_compat.memory.layout import RoleLayout, RunLayout, ServerLayout
 from pytest_verl_compat.memory.parts import Part
 from pytest_verl_compat.memory.residency import (
+    EV_MEGATRON_GRADS,
     contexts,
     forced_offload,
     gib_text,
@@ -211,8 +212,10 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 f"{name}.grads",
                 f"{name} gradients",
                 s.grads,
-                f"{s.trainable:,} trainable params x fp32, sharded",
-                st.EV_FSDP2,
+                f"{s.trainable:,} trainable params x fp32 (Megatron's grad buffer), {where(role)}"
+                if megatron(role)
+                else f"{s.trainable:,} trainable params x fp32, sharded",
+                EV_MEGATRON_GRADS if megatron(role) else st.EV_FSDP2,
             )
         )
         parts.append(

@@ -41,6 +41,7 @@ from pytest_verl_compat.memory.residency import (
     contexts,
     gib_text,
     grad_buffer,
+    megatron,
     optimizer_kept,
     processes,
     resident,
@@ -58,6 +59,9 @@ EV_BUCKET = (
     "verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py:178"
 )
 EV_SAVE = "verl/workers/engine/fsdp/transformer_impl.py:839-865"
+# Megatron's save loads the model with its gradient buffer (load_grad=True) when it is offloaded,
+# and keeps it where it is not
+EV_SAVE_MEGATRON = "verl/workers/engine/megatron/transformer_impl.py:782-790"
 
 
 def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
@@ -270,9 +274,11 @@ def _kl_from_actor(layout: RunLayout) -> bool:
 def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: Part) -> PhasePeak:
     s = states_of(actor)
     parts = residents(layout, but="actor")
+    saves = EV_SAVE_MEGATRON if megatron(actor) else EV_SAVE
     parts.append(
-        Part("actor.params", "actor weights (loaded to save)", s.params, where(actor), EV_SAVE)
+        Part("actor.params", "actor weights (loaded to save)", s.params, where(actor), saves)
     )
+    parts.extend(grad_buffer(actor, "(loaded to save)", loaded=EV_SAVE_MEGATRON))
     parts.extend(optimizer_kept(actor))
     staging = s.largest_tensor if layout.hf_model_in_checkpoint else 2 * s.layer_unit
     parts.append(
@@ -283,7 +289,7 @@ def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: P
             "largest parameter gathered whole (hf_model)"
             if layout.hf_model_in_checkpoint
             else "per-unit copies of the sharded state dict",
-            EV_SAVE,
+            saves,
         )
     )
     return PhasePeak(CHECKPOINT, "actor", (*parts, *asleep, ctx))

@@ -51,15 +51,18 @@ def params_evidence(role: RoleLayout) -> str:
     return st.EV_MEGATRON if megatron(role) else st.EV_FSDP2
 
 
-def grad_buffer(role: RoleLayout, label: str) -> list[Part]:
+def grad_buffer(role: RoleLayout, label: str, loaded: str = "") -> list[Part]:
     """Megatron's DistributedDataParallel keeps its fp32 gradient buffer allocated with the
     weights: it leaves the GPU only with them (offload_megatron_model_to_cpu,
     verl/utils/megatron_utils.py:663-722), and an offloaded model comes back without it for a
     forward (verl/workers/engine/base.py:319, grad=False) and for the weight sync
-    (verl/workers/engine/megatron/transformer_impl.py:1022, load_grad=False): only the update
-    loads it."""
+    (verl/workers/engine/megatron/transformer_impl.py:1022, load_grad=False). The update and the
+    checkpoint save load it: ``loaded`` cites where, and the buffer is there however the model is
+    kept between calls."""
     s = states_of(role)
-    if not megatron(role) or role.spec.forward_only or not s.grads or not resident(role)[0]:
+    if not megatron(role) or role.spec.forward_only or not s.grads:
+        return []
+    if not loaded and not resident(role)[0]:
         return []
     return [
         Part(
@@ -67,7 +70,7 @@ def grad_buffer(role: RoleLayout, label: str) -> list[Part]:
             f"{role.role} gradient buffer {label}",
             s.grads,
             f"{s.trainable:,} trainable params x fp32 (Megatron's grad buffer), {where(role)}",
-            EV_MEGATRON_GRADS,
+            f"{loaded}; {EV_MEGATRON_GRADS}" if loaded else EV_MEGATRON_GRADS,
         )
     ]
 
