@@ -27,6 +27,7 @@ from fit_points import launch, merged
 from pytest_verl_compat.memory.forecast import forecast
 from pytest_verl_compat.memory.gpus import custom_gpu, find_gpu
 from pytest_verl_compat.memory.layout import RoleLayout
+from pytest_verl_compat.memory.models import from_table
 from pytest_verl_compat.memory.passes import compute_parts
 from pytest_verl_compat.memory.release_facts import (
     CRITIC_MICRO_BATCHES,
@@ -359,6 +360,41 @@ def test_megatrons_grad_buffer_comes_back_only_for_the_update_and_the_save(
     assert save["actor.grads.buffer"].bytes == update["actor.grads"].bytes
     assert "megatron/transformer_impl.py:782-790" in save["actor.grads.buffer"].evidence
     assert "megatron/transformer_impl.py" in save["actor.params"].evidence
+
+
+@pytest.mark.parametrize(("tp", "pp", "copies"), [(2, 1, 2), (1, 2, 1), (1, 1, 0)])
+def test_megatrons_weight_sync_holds_the_largest_tensor_as_the_bridge_gathers_it(
+    upstream_session: AuditSession, folder: Path, tp: int, pp: int, copies: int
+) -> None:
+    """Megatron-Bridge's export gathers each tensor's shards into tp_size new buffers and
+    concatenates them (two bf16 copies of the largest tensor, the embedding here), broadcasts a
+    tensor from its pipeline stage (one copy), and exports a tensor as it is on one rank; the
+    transfer bucket comes on top. A bucket fix never goes below the tensor the sender must fit."""
+    run = [
+        *(o for o in MEGATRON_RUN if "tensor_model_parallel_size" not in o),
+        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
+    ]
+    resolved = _resolved(upstream_session, folder, run, "ppo_megatron_trainer")
+    request = Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request, with_fixes=False)
+    sync = next(
+        phase for rank in result.ranks for phase in rank.phases if phase.phase == "weight-sync"
+    )
+    staging = next(part for part in sync.parts if part.key == "sync.staging")
+    choice = from_table(MODEL)
+    assert choice is not None
+    arch = choice.architecture
+    embedding = arch.vocab_size * arch.hidden_size
+    bucket = 2048 << 20  # verl 0.9.0's default update_weights_bucket_megabytes
+    assert staging.bytes == copies * embedding * 2 + bucket, staging
+    assert "Megatron-Bridge" in staging.evidence
+    from pytest_verl_compat.memory.fixes import candidates
+
+    big = _layout(upstream_session, folder, merged(run, [f"{BUCKET}=4096"]), "ppo_megatron_trainer")
+    # the embedding (0.27 GB in bf16) fits every halving to 512 MB, and no smaller one
+    ladders = [ladder for ladder in candidates({}, big, "weight-sync") if ladder[0][0][0] == BUCKET]
+    assert [rung[0][1] for rung in ladders[0]] == [2048, 1024, 512], ladders
 
 
 LORA_RANK = "actor_rollout_ref.model.lora_rank=16"  # the FSDP engine's spelling

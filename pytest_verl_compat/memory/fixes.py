@@ -23,7 +23,7 @@ from pytest_verl_compat.memory.parts import (
     WEIGHT_SYNC,
     Fix,
 )
-from pytest_verl_compat.memory.residency import states_of
+from pytest_verl_compat.memory.residency import states_of, stored_bytes
 from pytest_verl_compat.memory.runs import (
     NotForecastable,
     build_layout,
@@ -180,7 +180,7 @@ def _bucket_candidates(
     bucketed_weight_transfer.py:136-139)."""
     if actor is None:
         return
-    largest = states_of(actor).largest_tensor // max(actor.spec.model_dtype, 1) * server.dtype
+    largest = states_of(actor).largest_tensor // max(stored_bytes(actor), 1) * server.dtype
     key = f"{server.section}.{lay.BUCKET_KEY}"
     megabytes = server.bucket_bytes >> 20
     ladder: list[Change] = []

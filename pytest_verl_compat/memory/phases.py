@@ -110,7 +110,8 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
             )
         )
         bucket = layout.rollout.bucket_bytes
-        staging = s.largest_tensor * 3 // 2 + bucket
+        gathered, how, cited = _gathered_for_sync(actor, s.largest_tensor)
+        staging = gathered + bucket
         if layout.rollout.sync_summons_whole and s.summoned > staging:
             sync.append(
                 Part(
@@ -129,9 +130,8 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
                     "sync.staging",
                     "full tensor + transfer bucket",
                     staging,
-                    f"largest parameter gathered whole (fp32 then bf16) + {gib_text(bucket)} "
-                    f"bucket ({layout.rollout.section}.{BUCKET_KEY})",
-                    EV_BUCKET,
+                    f"{how} + {gib_text(bucket)} bucket ({layout.rollout.section}.{BUCKET_KEY})",
+                    f"{EV_BUCKET}{cited}",
                 )
             )
         phases.append(PhasePeak(WEIGHT_SYNC, "actor", (*sync, ctx)))
@@ -269,6 +269,41 @@ def serve_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
 def _kl_from_actor(layout: RunLayout) -> bool:
     """LoRA: the actor with its adapter switched off is the reference (trainer_base.py:317-322)."""
     return layout.reference_from_actor and layout.role("actor") is not None
+
+
+# Megatron's weight sync exports through Megatron-Bridge (engine/megatron.yaml:98-102: use_mbridge,
+# not the vanilla mbridge; megatron/transformer_impl.py:1028-1036 export_hf_weights): each tensor
+# is broadcast from its pipeline stage, its shards all-gathered into tp_size new buffers and
+# concatenated on the way out (the version read: Megatron-Bridge 2afd2d3; verl 0.9.0 pins none)
+EV_BRIDGE_EXPORT = (
+    "megatron/bridge/models/conversion/param_mapping.py@Megatron-Bridge 2afd2d3 "
+    "(MegatronParamMapping.gather_from_tp_ranks: tp_size empty_like buffers all-gathered; "
+    "ColumnParallelMapping/RowParallelMapping.megatron_to_hf: torch.cat; broadcast_from_pp_rank)"
+)
+
+
+def _gathered_for_sync(actor: RoleLayout, largest: int) -> tuple[int, str, str]:
+    """What the weight sync gathers of the largest tensor beside the bucket: bytes, how, evidence.
+    FSDP gathers a parameter whole at full precision and casts it to bf16 (1.5 x its fp32
+    bytes); Megatron-Bridge holds the tp_size gathered shards and their concatenation (2 x the
+    bf16 tensor), the stage's broadcast copy alone at tensor parallel 1 across stages, nothing
+    beyond the parameter itself on one rank."""
+    if not megatron(actor):
+        return largest * 3 // 2, "largest parameter gathered whole (fp32 then bf16)", ""
+    tp, pp = actor.spec.tp, actor.spec.pp
+    if tp > 1:
+        return (
+            2 * largest,
+            f"largest tensor gathered over tp {tp} and concatenated (2 x bf16)",
+            f"; {EV_BRIDGE_EXPORT}",
+        )
+    if pp > 1:
+        return (
+            largest,
+            f"largest tensor broadcast across {pp} pipeline stages (bf16)",
+            f"; {EV_BRIDGE_EXPORT}",
+        )
+    return 0, "tensors exported as they are (tp 1, pp 1)", f"; {EV_BRIDGE_EXPORT}"
 
 
 def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: Part) -> PhasePeak:

@@ -553,10 +553,25 @@ def megatron_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         layer_unit=layer * spec.param_dtype,
         layer_grad_unit=0,
         root_unit=0,
-        largest_tensor=0,
+        largest_tensor=_largest_exported(frozen + trainable) * spec.param_dtype,
         trainable=sum(t.numel for t in trainable),
         total=sum(t.numel for t in frozen + trainable),
     )
+
+
+def _largest_exported(tensors: list[Tensor]) -> int:
+    """The most elements of one tensor Megatron-Bridge's export gathers whole over tensor parallel
+    (``EV_BRIDGE_EXPORT``): a Hugging Face tensor, or a layer's gate and up projections together
+    (megatron.core's fused linear_fc1, split only once gathered). The routed experts are left out:
+    the export gathers one local expert from each expert-parallel rank, smaller than the
+    embedding for every model of the table (DeepSeek-V3: 8 x 29M elements, its embedding 927M)."""
+    largest = max((t.numel for t in tensors if t.kind != "experts"), default=0)
+    fused: dict[str, int] = {}
+    for t in tensors:
+        if t.kind == "linear" and t.name.endswith(("gate_proj.weight", "up_proj.weight")):
+            module = t.name.rsplit(".", 2)[0]
+            fused[module] = fused.get(module, 0) + t.numel
+    return max(largest, *fused.values()) if fused else largest
 
 
 @functools.lru_cache(maxsize=256)
