@@ -397,6 +397,38 @@ def test_megatrons_weight_sync_holds_the_largest_tensor_as_the_bridge_gathers_it
     assert [rung[0][1] for rung in ladders[0]] == [2048, 1024, 512], ladders
 
 
+@pytest.mark.parametrize("dist", [False, True])
+def test_megatrons_checkpoint_writes_hugging_face_weights_unless_dist_checkpointing(
+    upstream_session: AuditSession, folder: Path, dist: bool
+) -> None:
+    """Megatron's checkpoint manager saves ``model`` in Hugging Face format through
+    Megatron-Bridge unless use_dist_checkpointing (megatron_checkpoint_manager.py:245-249): its
+    staging is the bridge's gather of the largest tensor (two bf16 copies at tensor parallel 2);
+    the dist-checkpointing save keeps the per-unit rule."""
+    run = [
+        *MEGATRON_RUN,
+        "trainer.save_freq=10",
+        f"actor_rollout_ref.actor.megatron.use_dist_checkpointing={dist}",
+    ]
+    resolved = _resolved(upstream_session, folder, run, "ppo_megatron_trainer")
+    request = Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
+    result = forecast(resolved, request, with_fixes=False)
+    save = next(
+        phase for rank in result.ranks for phase in rank.phases if phase.phase == "checkpoint-save"
+    )
+    staging = next(part for part in save.parts if part.key == "checkpoint.staging")
+    choice = from_table(MODEL)
+    assert choice is not None
+    embedding = choice.architecture.vocab_size * choice.architecture.hidden_size
+    layout = _layout(upstream_session, folder, run, "ppo_megatron_trainer")
+    assert layout.hf_model_in_checkpoint is not dist
+    if dist:
+        assert staging.bytes == 2 * states_of(layout.role("actor")).layer_unit
+    else:
+        assert staging.bytes == 2 * embedding * 2, staging
+        assert "megatron_checkpoint_manager.py:245-249" in staging.evidence
+
+
 LORA_RANK = "actor_rollout_ref.model.lora_rank=16"  # the FSDP engine's spelling
 LORA_BLOCK = "actor_rollout_ref.model.lora.rank=16"  # the Megatron engine's
 WITH_KL = "actor_rollout_ref.actor.use_kl_loss=True"

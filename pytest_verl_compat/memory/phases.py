@@ -62,6 +62,11 @@ EV_SAVE = "verl/workers/engine/fsdp/transformer_impl.py:839-865"
 # Megatron's save loads the model with its gradient buffer (load_grad=True) when it is offloaded,
 # and keeps it where it is not
 EV_SAVE_MEGATRON = "verl/workers/engine/megatron/transformer_impl.py:782-790"
+# ... and writes its model in Hugging Face format unless use_dist_checkpointing (reading.saves_hf_model)
+EV_SAVE_HF_MEGATRON = (
+    "verl/utils/checkpoint/megatron_checkpoint_manager.py:245-249, :1000-1015 "
+    "(_save_model_as_hf_via_bridge: bridge.save_hf_weights)"
+)
 
 
 def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
@@ -315,18 +320,16 @@ def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: P
     )
     parts.extend(grad_buffer(actor, "(loaded to save)", loaded=EV_SAVE_MEGATRON))
     parts.extend(optimizer_kept(actor))
-    staging = s.largest_tensor if layout.hf_model_in_checkpoint else 2 * s.layer_unit
-    parts.append(
-        Part(
-            "checkpoint.staging",
-            "state-dict staging",
-            staging,
-            "largest parameter gathered whole (hf_model)"
-            if layout.hf_model_in_checkpoint
-            else "per-unit copies of the sharded state dict",
-            saves,
-        )
-    )
+    if layout.hf_model_in_checkpoint and megatron(actor):
+        # the model goes out in Hugging Face format through Megatron-Bridge, tensor by tensor
+        staging, how, cited = _gathered_for_sync(actor, s.largest_tensor)
+        how += " (Hugging Face weights through Megatron-Bridge)"
+        saves += f"; {EV_SAVE_HF_MEGATRON}{cited}"
+    elif layout.hf_model_in_checkpoint:
+        staging, how = s.largest_tensor, "largest parameter gathered whole (hf_model)"
+    else:
+        staging, how = 2 * s.layer_unit, "per-unit copies of the sharded state dict"
+    parts.append(Part("checkpoint.staging", "state-dict staging", staging, how, saves))
     return PhasePeak(CHECKPOINT, "actor", (*parts, *asleep, ctx))
 
 

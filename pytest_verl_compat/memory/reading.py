@@ -637,6 +637,7 @@ def rl_layout(
             resolved, "reward.reward_model.rollout", reward, lengths, world, facts
         )
     contents = value_at(resolved, "actor_rollout_ref.actor.checkpoint.save_contents", []) or []
+    trains = next((role for role in roles if role.role == "actor"), None)
     return RunLayout(
         kind=RL,
         world=world,
@@ -646,7 +647,7 @@ def rl_layout(
         lengths=lengths,
         n=n,
         saves_checkpoints=as_int(value_at(resolved, "trainer.save_freq"), -1) > 0,
-        hf_model_in_checkpoint="hf_model" in contents,
+        hf_model_in_checkpoint=saves_hf_model(resolved, contents, trains),
         reference_from_actor=need_reference_policy(resolved) and ref_in_actor(resolved),
     )
 
@@ -674,6 +675,19 @@ def serve_layout(
         saves_checkpoints=False,
         hf_model_in_checkpoint=False,
     )
+
+
+def saves_hf_model(resolved: Mapping[str, Any], contents: Any, actor: RoleLayout | None) -> bool:
+    """Whether a checkpoint writes the model in Hugging Face format: ``hf_model`` in its
+    contents, and for Megatron also ``model`` without use_dist_checkpointing, the engine's
+    default (verl/utils/checkpoint/megatron_checkpoint_manager.py:245-249: the model's weights go
+    out through Megatron-Bridge, every tensor gathered)."""
+    if "hf_model" in contents:
+        return True
+    if actor is None or actor.spec.strategy != "megatron" or "model" not in contents:
+        return False
+    engine = value_at(resolved, actor.engine_section, {}) or {}
+    return not (isinstance(engine, Mapping) and bool(engine.get("use_dist_checkpointing")))
 
 
 def sft_layout(
@@ -767,6 +781,7 @@ def sft_layout(
         lengths=lengths,
         n=1,
         saves_checkpoints=save_freq > 0 or save_freq == -1,
-        hf_model_in_checkpoint="hf_model"
-        in (value_at(resolved, "checkpoint.save_contents", []) or []),
+        hf_model_in_checkpoint=saves_hf_model(
+            resolved, value_at(resolved, "checkpoint.save_contents", []) or [], role
+        ),
     )
