@@ -120,7 +120,12 @@ def test_a_section_the_tree_does_not_have_is_refused_in_one_line(
     # the critic's engine section of older trees (critic.model.fsdp_config, now critic.fsdp)
     older = _launch(here, "older.sh", "critic.model.fsdp_config.param_offload=True")
     status, _, err = run(capsys, "fit", older, "--gpu", "H100")
-    _one_line_error(status, err, "has no engine section critic.model.fsdp_config")
+    _one_line_error(
+        status,
+        err,
+        "has no engine section critic.model.fsdp_config",
+        "the engine sections it has there: critic.fsdp",
+    )
     # Megatron's keys where the launch's own `+` keys make the section (router replay's override
     # of the transformer config) are refused alike; on the Megatron tree they are set aside
     own = (
@@ -236,6 +241,7 @@ def test_only_an_absent_engine_section_is_refused() -> None:
     composition, _, aside = compose_setting_aside(compose, ("a.megatron.tp=2",))  # type: ignore[arg-type]
     assert not composition.composed and not aside
     assert "has no engine section a.megatron" in composition.reason
+    assert "the engine sections it has there: a.fsdp_config" in composition.reason
 
 
 def test_an_engine_section_the_launch_makes_itself_is_not_the_trees() -> None:

@@ -163,10 +163,31 @@ def compose_setting_aside(
             # keys make one: the sizes and offloads the launch asks for would be lost and the
             # forecast be of another run; refused as Hydra did
             where = f"verl {release}'s tree" if release else "the tree"
-            reason = f"{aside.reason} ({where} has no engine section {missing}: a launch for another engine or tree)"
+            near = _engine_sections_near(tree, missing)
+            has = f"; the engine sections it has there: {', '.join(near)}" if near else ""
+            reason = f"{aside.reason} ({where} has no engine section {missing}: a launch for another engine or tree{has})"
             return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
     taken = [dataclasses.replace(a, closest=_closest(a.key, composition.mapping)) for a in taken]
     return composition, current, tuple(taken)
+
+
+def _engine_sections_near(mapping: Mapping[str, Any], missing: str) -> list[str]:
+    """The engine sections the tree has beside the absent ``missing`` or one level above it
+    (``critic.model.fsdp_config``: ``critic.fsdp``), nearest first, for the refusal to name."""
+    parts = missing.split(".")[:-1]
+    found: list[str] = []
+    for depth in range(len(parts), max(len(parts) - 2, 0), -1):
+        node: Any = mapping
+        for part in parts[:depth]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping):
+            prefix = ".".join(parts[:depth])
+            found += [
+                f"{prefix}.{name}"
+                for name in sorted(ENGINE_SECTIONS)
+                if isinstance(node.get(name), Mapping)
+            ]
+    return found
 
 
 def _first_absent(mapping: Mapping[str, Any], section: str) -> str:
