@@ -28,6 +28,7 @@ from pytest_verl_compat.memory.forecast import forecast
 from pytest_verl_compat.memory.gpus import custom_gpu, find_gpu
 from pytest_verl_compat.memory.layout import RoleLayout
 from pytest_verl_compat.memory.models import from_table
+from pytest_verl_compat.memory.parts import Part
 from pytest_verl_compat.memory.passes import compute_parts
 from pytest_verl_compat.memory.release_facts import (
     CRITIC_MICRO_BATCHES,
@@ -362,6 +363,24 @@ def test_megatrons_grad_buffer_comes_back_only_for_the_update_and_the_save(
     assert "megatron/transformer_impl.py" in save["actor.params"].evidence
 
 
+def _megatron_part(
+    session: AuditSession, folder: Path, overrides: list[str], phase: str, key: str
+) -> Part:
+    """One part of one phase of a Megatron run's forecast on 8 H100s."""
+    resolved = _resolved(session, folder, overrides, "ppo_megatron_trainer")
+    request = Request(gpu=find_gpu("H100"), facts=release_facts(session.version))
+    result = forecast(resolved, request, with_fixes=False)
+    peak = next(p for rank in result.ranks for p in rank.phases if p.phase == phase)
+    return next(part for part in peak.parts if part.key == key)
+
+
+def _embedding_elements() -> int:
+    """MODEL's embedding (tied: its head too), its largest tensor."""
+    choice = from_table(MODEL)
+    assert choice is not None
+    return choice.architecture.vocab_size * choice.architecture.hidden_size
+
+
 @pytest.mark.parametrize(("tp", "pp", "copies"), [(2, 1, 2), (1, 2, 1), (1, 1, 0)])
 def test_megatrons_weight_sync_holds_the_largest_tensor_as_the_bridge_gathers_it(
     upstream_session: AuditSession, folder: Path, tp: int, pp: int, copies: int
@@ -375,19 +394,9 @@ def test_megatrons_weight_sync_holds_the_largest_tensor_as_the_bridge_gathers_it
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
     ]
-    resolved = _resolved(upstream_session, folder, run, "ppo_megatron_trainer")
-    request = Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
-    result = forecast(resolved, request, with_fixes=False)
-    sync = next(
-        phase for rank in result.ranks for phase in rank.phases if phase.phase == "weight-sync"
-    )
-    staging = next(part for part in sync.parts if part.key == "sync.staging")
-    choice = from_table(MODEL)
-    assert choice is not None
-    arch = choice.architecture
-    embedding = arch.vocab_size * arch.hidden_size
+    staging = _megatron_part(upstream_session, folder, run, "weight-sync", "sync.staging")
     bucket = 2048 << 20  # verl 0.9.0's default update_weights_bucket_megabytes
-    assert staging.bytes == copies * embedding * 2 + bucket, staging
+    assert staging.bytes == copies * _embedding_elements() * 2 + bucket, staging
     assert "Megatron-Bridge" in staging.evidence
     from pytest_verl_compat.memory.fixes import candidates
 
@@ -410,22 +419,13 @@ def test_megatrons_checkpoint_writes_hugging_face_weights_unless_dist_checkpoint
         "trainer.save_freq=10",
         f"actor_rollout_ref.actor.megatron.use_dist_checkpointing={dist}",
     ]
-    resolved = _resolved(upstream_session, folder, run, "ppo_megatron_trainer")
-    request = Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
-    result = forecast(resolved, request, with_fixes=False)
-    save = next(
-        phase for rank in result.ranks for phase in rank.phases if phase.phase == "checkpoint-save"
-    )
-    staging = next(part for part in save.parts if part.key == "checkpoint.staging")
-    choice = from_table(MODEL)
-    assert choice is not None
-    embedding = choice.architecture.vocab_size * choice.architecture.hidden_size
+    staging = _megatron_part(upstream_session, folder, run, "checkpoint-save", "checkpoint.staging")
     layout = _layout(upstream_session, folder, run, "ppo_megatron_trainer")
     assert layout.hf_model_in_checkpoint is not dist
     if dist:
         assert staging.bytes == 2 * states_of(layout.role("actor")).layer_unit
     else:
-        assert staging.bytes == 2 * embedding * 2, staging
+        assert staging.bytes == 2 * _embedding_elements() * 2, staging
         assert "megatron_checkpoint_manager.py:245-249" in staging.evidence
 
 
