@@ -406,26 +406,31 @@ def test_megatrons_weight_sync_holds_the_largest_tensor_as_the_bridge_gathers_it
     assert [rung[0][1] for rung in ladders[0]] == [2048, 1024, 512], ladders
 
 
-@pytest.mark.parametrize("dist", [False, True])
+@pytest.mark.parametrize("save", ["bridge", "dist", "lora"])
 def test_megatrons_checkpoint_writes_hugging_face_weights_unless_dist_checkpointing(
-    upstream_session: AuditSession, folder: Path, dist: bool
+    upstream_session: AuditSession, folder: Path, save: str
 ) -> None:
     """Megatron's checkpoint manager saves ``model`` in Hugging Face format through
     Megatron-Bridge unless use_dist_checkpointing (megatron_checkpoint_manager.py:245-249): its
-    staging is the bridge's gather of the largest tensor (two bf16 copies at tensor parallel 2);
-    the dist-checkpointing save keeps the per-unit rule."""
+    staging is the bridge's gather of the largest tensor (two bf16 copies at tensor parallel 2),
+    and with LoRA the adapters alone (:1005-1007, save_hf_adapter); the dist-checkpointing save
+    keeps the per-unit rule."""
     run = [
         *MEGATRON_RUN,
         "trainer.save_freq=10",
-        f"actor_rollout_ref.actor.megatron.use_dist_checkpointing={dist}",
+        f"actor_rollout_ref.actor.megatron.use_dist_checkpointing={save == 'dist'}",
+        *(["actor_rollout_ref.model.lora.rank=16"] if save == "lora" else []),
     ]
     staging = _megatron_part(upstream_session, folder, run, "checkpoint-save", "checkpoint.staging")
     layout = _layout(upstream_session, folder, run, "ppo_megatron_trainer")
-    assert layout.hf_model_in_checkpoint is not dist
-    if dist:
-        assert staging.bytes == 2 * states_of(layout.role("actor")).layer_unit
-    else:
-        assert staging.bytes == 2 * _embedding_elements() * 2, staging
+    assert layout.hf_model_in_checkpoint is (save != "dist")
+    expected = {
+        "bridge": 2 * _embedding_elements() * 2,
+        "dist": 2 * states_of(layout.role("actor")).layer_unit,
+        "lora": 0,
+    }
+    assert staging.bytes == expected[save], staging
+    if save != "dist":
         assert "megatron_checkpoint_manager.py:245-249" in staging.evidence
 
 

@@ -65,7 +65,7 @@ EV_SAVE_MEGATRON = "verl/workers/engine/megatron/transformer_impl.py:782-790"
 # ... and writes its model in Hugging Face format unless use_dist_checkpointing (reading.saves_hf_model)
 EV_SAVE_HF_MEGATRON = (
     "verl/utils/checkpoint/megatron_checkpoint_manager.py:245-249, :1000-1015 "
-    "(_save_model_as_hf_via_bridge: bridge.save_hf_weights)"
+    "(_save_model_as_hf_via_bridge: bridge.save_hf_weights, save_hf_adapter with LoRA)"
 )
 
 
@@ -320,7 +320,11 @@ def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: P
     )
     parts.extend(grad_buffer(actor, "(loaded to save)", loaded=EV_SAVE_MEGATRON))
     parts.extend(optimizer_kept(actor))
-    if layout.hf_model_in_checkpoint and megatron(actor):
+    if layout.hf_model_in_checkpoint and megatron(actor) and actor.spec.lora_rank:
+        # with LoRA the bridge writes the adapters alone (save_hf_adapter)
+        staging, how = 0, "the LoRA adapters alone (Hugging Face adapter through Megatron-Bridge)"
+        saves += f"; {EV_SAVE_HF_MEGATRON}"
+    elif layout.hf_model_in_checkpoint and megatron(actor):
         # the model goes out in Hugging Face format through Megatron-Bridge, tensor by tensor
         staging, how, cited = _gathered_for_sync(actor, s.largest_tensor)
         how += " (Hugging Face weights through Megatron-Bridge)"
