@@ -171,50 +171,47 @@ def compose_setting_aside(
     return composition, current, tuple(taken)
 
 
+def _sections_along(
+    mapping: Mapping[str, Any], section: str
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """The sections of ``mapping`` along the dotted ``section``, from the root, as far as they
+    exist: (dotted prefix, node) pairs, the root's prefix "" first."""
+    chain: list[tuple[str, Mapping[str, Any]]] = [("", mapping)]
+    for part in section.split(".") if section else []:
+        below = chain[-1][1].get(part)
+        if not isinstance(below, Mapping):
+            break
+        chain.append((f"{chain[-1][0]}.{part}".lstrip("."), below))
+    return chain
+
+
 def _engine_sections_near(mapping: Mapping[str, Any], missing: str) -> list[str]:
     """The engine sections the tree has beside the absent ``missing`` or one level above it
     (``critic.model.fsdp_config``: ``critic.fsdp``), nearest first, for the refusal to name."""
-    parts = missing.split(".")[:-1]
-    found: list[str] = []
-    for depth in range(len(parts), max(len(parts) - 2, 0), -1):
-        node: Any = mapping
-        for part in parts[:depth]:
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if isinstance(node, Mapping):
-            prefix = ".".join(parts[:depth])
-            found += [
-                f"{prefix}.{name}"
-                for name in sorted(ENGINE_SECTIONS)
-                if isinstance(node.get(name), Mapping)
-            ]
-    return found
+    chain = _sections_along(mapping, missing.rpartition(".")[0])
+    return [
+        f"{prefix}.{name}"
+        for prefix, node in reversed(chain[1:][-2:])
+        for name in sorted(ENGINE_SECTIONS)
+        if isinstance(node.get(name), Mapping)
+    ]
 
 
 def _first_absent(mapping: Mapping[str, Any], section: str) -> str:
     """The shortest prefix of the dotted ``section`` that is not a section of ``mapping`` ("" when
     the whole of it is)."""
-    node: Any = mapping
     parts = section.split(".") if section else []
-    for depth, part in enumerate(parts, start=1):
-        node = node.get(part) if isinstance(node, Mapping) else None
-        if not isinstance(node, Mapping):
-            return ".".join(parts[:depth])
-    return ""
+    present = len(_sections_along(mapping, section)) - 1
+    return "" if present == len(parts) else ".".join(parts[: present + 1])
 
 
 def _closest(key: str, mapping: Mapping[str, Any]) -> str:
     """The key of the composed ``mapping`` whose name is closest to ``key``'s own (difflib's ratio,
     at least 0.75), in ``key``'s section or else the nearest section above it that has one
     (``actor_rollout_ref.actor.model_engine``: the top-level ``model_engine``); "" when none."""
-    *sections, name = key.split(".")
-    nodes: list[tuple[str, Mapping[str, Any]]] = [("", mapping)]
-    for part in sections:
-        below = nodes[-1][1].get(part)
-        if not isinstance(below, Mapping):
-            break
-        nodes.append((f"{nodes[-1][0]}{part}.", below))
-    for prefix, node in reversed(nodes):
+    section, _, name = key.rpartition(".")
+    for prefix, node in reversed(_sections_along(mapping, section)):
         close = difflib.get_close_matches(name, [str(k) for k in node], n=1, cutoff=0.75)
         if close:
-            return f"{prefix}{close[0]}"
+            return f"{prefix}.{close[0]}".lstrip(".")
     return ""
