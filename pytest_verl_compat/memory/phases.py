@@ -115,7 +115,7 @@ def rl_ranks(layout: RunLayout, capacity: int) -> tuple[RankKind, ...]:
             )
         )
         bucket = layout.rollout.bucket_bytes
-        gathered, how, cited = _gathered_for_sync(actor, s.largest_tensor)
+        gathered, how, cited = _gathered_largest(actor, s.largest_tensor)
         staging = gathered + bucket
         if layout.rollout.sync_summons_whole and s.summoned > staging:
             sync.append(
@@ -287,28 +287,22 @@ EV_BRIDGE_EXPORT = (
 )
 
 
-def _gathered_for_sync(actor: RoleLayout, largest: int) -> tuple[int, str, str]:
-    """What the weight sync gathers of the largest tensor beside the bucket: bytes, how, evidence.
-    FSDP gathers a parameter whole at full precision and casts it to bf16 (1.5 x its fp32
-    bytes); Megatron-Bridge holds the tp_size gathered shards and their concatenation (2 x the
-    bf16 tensor), the stage's broadcast copy alone at tensor parallel 1 across stages, nothing
-    beyond the parameter itself on one rank."""
+def _gathered_largest(actor: RoleLayout, largest: int) -> tuple[int, str, str]:
+    """What the weight sync (and Megatron's Hugging Face save) gathers of the largest tensor:
+    bytes, how, and the evidence to add. FSDP gathers a parameter whole at full precision and
+    casts it to bf16 (1.5 x its fp32 bytes); Megatron-Bridge holds the tp_size gathered shards
+    and their concatenation (2 x the bf16 tensor), the stage's broadcast copy alone at tensor
+    parallel 1 across stages, nothing beyond the parameter itself on one rank."""
     if not megatron(actor):
         return largest * 3 // 2, "largest parameter gathered whole (fp32 then bf16)", ""
     tp, pp = actor.spec.tp, actor.spec.pp
     if tp > 1:
-        return (
-            2 * largest,
-            f"largest tensor gathered over tp {tp} and concatenated (2 x bf16)",
-            f"; {EV_BRIDGE_EXPORT}",
-        )
-    if pp > 1:
-        return (
-            largest,
-            f"largest tensor broadcast across {pp} pipeline stages (bf16)",
-            f"; {EV_BRIDGE_EXPORT}",
-        )
-    return 0, "tensors exported as they are (tp 1, pp 1)", f"; {EV_BRIDGE_EXPORT}"
+        copies, how = 2, f"largest tensor gathered over tp {tp} and concatenated (2 x bf16)"
+    elif pp > 1:
+        copies, how = 1, f"largest tensor broadcast across {pp} pipeline stages (bf16)"
+    else:
+        copies, how = 0, "tensors exported as they are (tp 1, pp 1)"
+    return copies * largest, how, f"; {EV_BRIDGE_EXPORT}"
 
 
 def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: Part) -> PhasePeak:
@@ -326,7 +320,7 @@ def _checkpoint(layout: RunLayout, actor: RoleLayout, asleep: list[Part], ctx: P
         saves += f"; {EV_SAVE_HF_MEGATRON}"
     elif layout.hf_model_in_checkpoint and megatron(actor):
         # the model goes out in Hugging Face format through Megatron-Bridge, tensor by tensor
-        staging, how, cited = _gathered_for_sync(actor, s.largest_tensor)
+        staging, how, cited = _gathered_largest(actor, s.largest_tensor)
         how += " (Hugging Face weights through Megatron-Bridge)"
         saves += f"; {EV_SAVE_HF_MEGATRON}{cited}"
     elif layout.hf_model_in_checkpoint:
