@@ -117,13 +117,14 @@ def test_a_section_the_tree_does_not_have_is_refused_in_one_line(
         "has no engine section actor_rollout_ref.actor.megatron",
     )
     assert out == ""
-    # the critic's engine section of older trees (critic.model.fsdp_config, now critic.fsdp)
-    older = _launch(here, "older.sh", "critic.model.fsdp_config.param_offload=True")
-    status, _, err = run(capsys, "fit", older, "--gpu", "H100")
+    # an engine section of another tree without a shipped move (the critic's Megatron section on
+    # the FSDP tree) is refused alike, naming the ones the tree has there
+    critic = _launch(here, "critic.sh", "critic.megatron.tensor_model_parallel_size=2")
+    status, _, err = run(capsys, "fit", critic, "--gpu", "H100")
     _one_line_error(
         status,
         err,
-        "has no engine section critic.model.fsdp_config",
+        "has no engine section critic.megatron",
         "the engine sections it has there: critic.fsdp",
     )
     # Megatron's keys where the launch's own `+` keys make the section (router replay's override
@@ -146,6 +147,39 @@ def test_a_section_the_tree_does_not_have_is_refused_in_one_line(
     bad = _launch(here, "bad.sh", "actor@actor_rollout_ref.actor=nowhere_actor")
     status, _, err = run(capsys, "fit", bad, "--gpu", "H100")
     _one_line_error(status, err, "composition rejected")
+
+
+def test_a_section_an_earlier_release_mounted_elsewhere_is_forecast_at_its_new_place(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl 0.7's critic/dp_critic.yaml mounted the FSDP engine at ``critic.model.fsdp_config``;
+    0.8 on mount it at ``critic.fsdp`` (the shipped moved_mounts.json): the launch's critic
+    offloads are forecast there, to the byte as the launch written for 0.9.0, each still an
+    error; a key the new section lacks too is left out and said once, at its line."""
+    offloads = ("param_offload=True", "optimizer_offload=True")
+    older = _launch(here, "older.sh", *(f"critic.model.fsdp_config.{o}" for o in offloads))
+    current = _launch(here, "current.sh", *(f"critic.fsdp.{o}" for o in offloads))
+    status, out, err = run(capsys, "fit", older, "--gpu", "H100")
+    errors = [line for line in out.splitlines() if "error[compose]" in line]
+    assert len(errors) == 2, err
+    for error in errors:
+        assert "its section moved (`critic/dp_critic` mounts `engine/fsdp`" in error
+        assert "critic/dp_critic.yaml:14@0.7.1" in error and "dp_critic.yaml:14@0.9.0" in error
+    assert "the forecast applies `critic.fsdp.param_offload=True`" in errors[0]
+    _, plain, _ = run(capsys, "fit", current, "--gpu", "H100")
+    assert _tables(out) == _tables(plain)
+    status, payload_text, _ = run(capsys, "fit", older, "--gpu", "H100", "--format", "json")
+    payload = json.loads(payload_text)
+    jsonschema.validate(payload, _schema())
+    assert [(a["applied"], bool(a["moved"])) for a in payload["set_aside"]] == [
+        (f"critic.fsdp.{o}", True) for o in offloads
+    ]
+    stale = _launch(here, "stale_moved.sh", "critic.model.fsdp_config.grad_offload=True")
+    status, out, _ = run(capsys, "fit", stale, "--gpu", "H100")
+    assert status == 1
+    (error,) = [line for line in out.splitlines() if "error[compose]" in line]
+    assert error.startswith(f"{stale}:{FIRST_EXTRA_LINE}:3:"), error
+    assert "the key is not in the new section either" in error
 
 
 def test_json_lists_what_was_set_aside_and_follows_the_schema(
@@ -242,6 +276,36 @@ def test_only_an_absent_engine_section_is_refused() -> None:
     assert not composition.composed and not aside
     assert "has no engine section a.megatron" in composition.reason
     assert "the engine sections it has there: a.fsdp_config" in composition.reason
+
+
+def test_an_absent_engine_section_is_placed_only_where_each_key_has_a_new_place() -> None:
+    """With a relocation for ``a.model.fsdp_config`` (an engine section of an older tree), its
+    keys are applied at ``a.fsdp`` and the launch composed there; a key the relocation does not
+    cover (another engine's section) keeps the refusal, for all of them, as does no relocation."""
+    compose = _fake({"a.fsdp.param_offload", "a.model.path", "a.x"})
+
+    def relocating(key: str) -> tuple[str, str] | None:
+        old = "a.model.fsdp_config."
+        return ("a.fsdp." + key[len(old) :], "moved") if key.startswith(old) else None
+
+    fields = ("a.model.fsdp_config.param_offload=True", "a.x=1", "a.model.fsdp_config.gone=1")
+    composition, kept, aside = compose_setting_aside(compose, fields, "0.9.0", relocating)  # type: ignore[arg-type]
+    assert composition.composed
+    assert kept == ("a.fsdp.param_offload=True", "a.x=1")
+    assert [(a.key, a.applied, a.moved) for a in aside] == [
+        ("a.model.fsdp_config.param_offload", "a.fsdp.param_offload=True", "moved"),
+        ("a.model.fsdp_config.gone", "", "moved"),
+    ]
+    assert "its section moved (moved), and the forecast applies" in aside[0].said()
+    mixed = ("a.model.fsdp_config.param_offload=True", "a.megatron.tp=2")
+    composition, _, aside = compose_setting_aside(compose, mixed, "0.9.0", relocating)  # type: ignore[arg-type]
+    assert not composition.composed and not aside
+    assert "has no engine section a.megatron" in composition.reason
+    composition, _, aside = compose_setting_aside(compose, fields[:1], "0.9.0")  # type: ignore[arg-type]
+    assert (
+        not composition.composed
+        and "has no engine section a.model.fsdp_config" in composition.reason
+    )
 
 
 def test_an_engine_section_the_launch_makes_itself_is_not_the_trees() -> None:

@@ -15,19 +15,27 @@ from launch_scripts import launch_script
 from pytest_verl_compat.bash import read_launch
 from pytest_verl_compat.cli import main
 from pytest_verl_compat.model import Bindings
+from pytest_verl_compat.pipeline.defaults_mounts import Mount
 from pytest_verl_compat.pipeline.script_edits import FieldEdit, candidates, locate_edits
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.releases.wheels import release_tree
 from pytest_verl_compat.upstream.drift.evidence import (
     DEPRECATION_MESSAGE,
     MIGRATION_FUNCTION,
+    MOVED_MOUNT,
     MOVED_SUBTREE,
     WILDCARD,
     Move,
     MoveContext,
     deprecated_renames,
     function_assignments,
+    mount_moves,
     subtree_moves,
+)
+from pytest_verl_compat.upstream.drift.mounts import (
+    derive_moved_mounts,
+    dumps_moved_mounts,
+    moved_mounts_path,
 )
 
 INDEX = load_release_index()
@@ -179,6 +187,65 @@ def test_a_subtree_moves_only_when_its_defaults_match_one_new_subtree() -> None:
     assert subtree_moves(_context({"a": {"module": block}}, twice)) == []
     blank = {"path": None, "name": None}  # all-null defaults match by accident
     assert subtree_moves(_context({"a": {"x": blank}}, {"b": {"y": dict(blank)}})) == []
+
+
+def _mount(config: str, package: str, parent: str = "c/dp_c") -> Mount:
+    return Mount(config, package, parent, None, None)
+
+
+def test_a_mount_moves_only_where_the_same_parent_puts_the_same_config_elsewhere() -> None:
+    """critic/dp_critic's ``engine/fsdp`` at ``critic.model.fsdp_config`` (0.7.1) and at
+    ``critic.fsdp`` (0.8.0 on) is a move; the same config under another parent, at the same
+    package, or where the old section is still in the target's tree is not."""
+    source = {"c": {"model": {"fsdp_config": {"param_offload": False}, "path": "m"}}}
+    target = {"c": {"model": {"path": "m"}, "fsdp": {"param_offload": False, "new": 1}}}
+    moved = _context(source, target)
+    moved.source_mounts = [_mount("engine/fsdp", "c.model.fsdp_config")]
+    moved.target_mounts = [_mount("engine/fsdp", "c.fsdp")]
+    ((old, new, kind),) = [(m.old, m.new, m.kind) for m in mount_moves(moved)]
+    assert (old, new, kind) == (("c", "model", "fsdp_config"), ("c", "fsdp"), MOVED_MOUNT)
+    other_parent = _context(source, target)
+    other_parent.source_mounts = [_mount("engine/fsdp", "c.model.fsdp_config")]
+    other_parent.target_mounts = [_mount("engine/fsdp", "c.fsdp", parent="c/other")]
+    assert mount_moves(other_parent) == []
+    kept = _context(source, {**target, "c": {**target["c"], "model": source["c"]["model"]}})
+    kept.source_mounts, kept.target_mounts = moved.source_mounts, moved.target_mounts
+    assert mount_moves(kept) == []  # the old section is still there: nothing moved
+    same = _context(source, source)
+    same.source_mounts = same.target_mounts = moved.source_mounts
+    assert mount_moves(same) == []
+
+
+@pytest.mark.usefixtures("release_cache")
+def test_a_moved_mount_is_migrated_citing_both_trees_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = launch_script(tmp_path, "run.sh", "critic.model.fsdp_config.param_offload=True")
+    status, report = _report(tmp_path, capsys, str(script), "--from", "0.7.1")
+    assert status == 0, report
+    (edit,) = report["edits"]
+    assert (edit["key"], edit["new_key"], edit["kind"], edit["verified"]) == (
+        "critic.model.fsdp_config.param_offload",
+        "critic.fsdp.param_offload",
+        MOVED_MOUNT,
+        True,
+    )
+    for version, package in (("0.7.1", "model.fsdp_config"), (PINNED_VERSION, "fsdp")):
+        cited = f"{INDEX.config_dir}/critic/dp_critic.yaml:"
+        line = int(edit["evidence"].split(cited)[1 if version == "0.7.1" else 2].split("@")[0])
+        root = release_tree(version, fetch=False).root
+        text = (root / INDEX.config_dir / "critic" / "dp_critic.yaml").read_text()
+        assert text.splitlines()[line - 1].strip() == f"- ../engine@{package}: fsdp"
+
+
+@pytest.mark.usefixtures("release_cache")
+@pytest.mark.parametrize("version", INDEX.supported_versions)
+def test_the_shipped_moved_mounts_are_what_the_trees_give(version: str) -> None:
+    """data/releases/VERSION/moved_mounts.json (what ``fit`` places an older tree's engine keys
+    by) is current: re-derive with ``verl-compat release derive VERSION --only moved-mounts``."""
+    shipped = moved_mounts_path(version).read_text(encoding="utf-8")
+    assert dumps_moved_mounts(derive_moved_mounts(version)) == shipped
+    assert '"old": "critic.model.fsdp_config"' in shipped
 
 
 # --- where the edit is made ---------------------------------------------------------------------

@@ -503,6 +503,19 @@ def _examples(derivation: Derivation, context: DeriveContext) -> None:
     examples.main(["--upstream", context.upstream, "--release", context.version, "--audit"])
 
 
+def _moved_mounts(derivation: Derivation, context: DeriveContext) -> None:
+    """The sections this release's tree mounts elsewhere than an earlier release's did, shipped
+    for ``fit`` (``upstream/drift/mounts.py``)."""
+    from pytest_verl_compat.upstream.drift.mounts import (
+        derive_moved_mounts,
+        dumps_moved_mounts,
+        moved_mounts_path,
+    )
+
+    entries = derive_moved_mounts(context.version)
+    derivation.keep(moved_mounts_path(context.version), dumps_moved_mounts(entries))
+
+
 STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "files": _files,
     "lock": _lock,
@@ -516,6 +529,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "annotated-strings": _annotated_strings,
     "string-sentinels": _string_sentinels,
     "entry-points": _entry_points,
+    "moved-mounts": _moved_mounts,
     "census-reasons": _census_reasons,
     # The reads first: the census page shows where each check's key was traced (their index).
     "reads": _reads,

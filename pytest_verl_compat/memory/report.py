@@ -153,6 +153,7 @@ def json_payload(forecast: Forecast) -> dict[str, Any]:
         {
             "set_aside": [
                 {"written": a.written, "key": a.key, "applied": a.applied, "reason": a.reason}
+                | ({"moved": a.moved} if a.moved else {})
                 for a in forecast.set_aside
             ]
         }

@@ -18,6 +18,7 @@ import yaml
 
 from pytest_verl_compat.files.safe_input import InputError, load_yaml, read_bytes, read_text
 from pytest_verl_compat.model import COMPOSED, COMPOSITION_REJECTION, Composition
+from pytest_verl_compat.pipeline.defaults_mounts import Mount, mounts_of
 from pytest_verl_compat.pipeline.hydra_internals import (
     apply_value_overrides,
     config_groups,
@@ -26,6 +27,7 @@ from pytest_verl_compat.pipeline.hydra_internals import (
     deterministic_resolvers,
     grammar_parse_cache,
     libyaml_config_loading,
+    mounted_configs,
     parse_override,
 )
 from pytest_verl_compat.pipeline.memo import BASE as BASE_KIND
@@ -604,6 +606,18 @@ class Composer:
                         break
             _CONFIG_FILES[key] = files
         return _CONFIG_FILES[key]
+
+    def config_mounts(self, fields: Sequence[str]) -> list[Mount]:
+        """Every config of this tree the fields' composition merges, with the config whose
+        defaults list mounts it and that entry's line (Hydra's defaults list, as costly as a
+        compose: asked for only where a key of the launch has left the tree)."""
+        composer, overrides = self._for_argv(fields)
+        if composer is not self:
+            return composer.config_mounts(overrides)
+        groups = [line for line in overrides if "." not in line.split("=", 1)[0]]
+        with self._hydra():
+            listed = mounted_configs(self.config_name, [*self._searching(), *groups])
+        return mounts_of(listed, (self.config_dir, *self.search_path))
 
     def generated_difference(self, generated: Path) -> str | None:
         """Where the override-free composition differs from upstream's generated reference

@@ -184,6 +184,14 @@ def defaults_list(config_name: str, overrides: Sequence[str]) -> list[tuple[str,
     entry's keys replace an earlier one's, so the last file that defines a key is where its
     default is written. Hydra's own ``hydra/*`` configs are left out.
     """
+
+    return [(path, package) for path, package, _ in mounted_configs(config_name, overrides)]
+
+
+def mounted_configs(config_name: str, overrides: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(config path, package, parent) of every config the initialised Hydra merges, in merge
+    order: ``defaults_list`` with the config whose defaults list mounts each one (Hydra's
+    ``ResultDefault.parent``; ``critic/dp_critic`` mounts ``critic/../engine/fsdp``)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
@@ -192,7 +200,7 @@ def defaults_list(config_name: str, overrides: Sequence[str]) -> list[tuple[str,
     loader = hydra.config_loader
     result = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
     return [
-        (default.config_path, default.package or "")
+        (default.config_path, default.package or "", default.parent or "")
         for default in result.defaults
         if default.config_path is not None and not (default.package or "").split(".")[0] == "hydra"
     ]

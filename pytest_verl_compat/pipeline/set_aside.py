@@ -62,10 +62,24 @@ class SetAside:
     applied: str = ""
     release: str = ""  # the release whose tree rejected it
     closest: str = ""  # the tree's key with the closest name, in its section or above (_closest)
+    # Why ``applied`` is the key's new place where the tree lacks the key (an earlier release's
+    # tree had its section there: ``relocating``'s evidence); "" for a key Hydra refused to add.
+    moved: str = ""
 
     def said(self) -> str:
         """The finding's message: what the release does with the launch as written."""
         tree = f"verl {self.release}'s tree" if self.release else "the tree"
+        if self.moved:
+            then = (
+                f"the forecast applies `{self.applied}`"
+                if self.applied
+                else "the key is not in the new section either: the forecast is of the launch "
+                "without it"
+            )
+            return (
+                f"`{self.written}`: {tree} has no such key, so Hydra rejects the launch before "
+                f"any GPU is used; its section moved ({self.moved}), and {then}"
+            )
         if self.applied:
             return (
                 f"`{self.written}`: {tree} already has the key, so Hydra refuses to add it and "
@@ -143,32 +157,71 @@ def _tree_mapping(
     return tree.mapping if tree.composed else composed.mapping
 
 
+# Where a key of an engine section the tree lacks went: the dotted key it is now and the
+# evidence, or None (``upstream/drift/mounts.py`` relocation).
+Relocating = Callable[[str], tuple[str, str] | None]
+
+
 def compose_setting_aside(
-    compose: Callable[[tuple[str, ...]], Composition], fields: Sequence[str], release: str = ""
+    compose: Callable[[tuple[str, ...]], Composition],
+    fields: Sequence[str],
+    release: str = "",
+    relocating: Relocating | None = None,
 ) -> tuple[Composition, tuple[str, ...], tuple[SetAside, ...]]:
     """``fields`` composed by ``compose`` with every override the tree rejects for its key set
     aside (or applied as Hydra takes it): the composition, the overrides composed, and those set
     aside in the order Hydra named them. The first rejection of any other kind (or past
     ``MAX_SET_ASIDE``) is returned as it is, and so is a key of an engine section the tree lacks
-    (none set aside then)."""
+    (none set aside then), unless ``relocating`` names where each such key went: they are then
+    applied there and the launch composed again."""
     composition, current, taken = _setting_aside(compose, tuple(fields), release)
     if not composition.composed or not taken:
         return composition, current, tuple(taken)
     tree = _tree_mapping(compose, composition, current)
-    for aside in taken:
-        missing = _first_absent(tree, aside.key.rpartition(".")[0])
-        if missing and missing.rpartition(".")[2] in ENGINE_SECTIONS:
-            # an engine's section the tree does not have there (Megatron's keys on the FSDP
-            # tree, the critic's fsdp_config of older trees), even where the launch's own `+`
-            # keys make one: the sizes and offloads the launch asks for would be lost and the
-            # forecast be of another run; refused as Hydra did
-            where = f"verl {release}'s tree" if release else "the tree"
-            near = _engine_sections_near(tree, missing)
-            has = f"; the engine sections it has there: {', '.join(near)}" if near else ""
-            reason = f"{aside.reason} ({where} has no engine section {missing}: a launch for another engine or tree{has})"
-            return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
+    # an engine's section the tree does not have there (Megatron's keys on the FSDP tree, the
+    # critic's fsdp_config of older trees), even where the launch's own `+` keys make one: the
+    # sizes and offloads the launch asks for would be lost and the forecast be of another run
+    stranded = [(aside, section) for aside in taken if (section := _absent_engine(tree, aside))]
+    places = {
+        aside.written: place
+        for aside, _ in stranded
+        if relocating is not None and (place := relocating(aside.key)) is not None
+    }
+    unplaced = [(aside, section) for aside, section in stranded if aside.written not in places]
+    if stranded and not unplaced:  # each has a new place with evidence: the launch with them there
+        moved = [_placed(aside, *places[aside.written]) for aside, _ in stranded]
+        by_field = {aside.written: aside for aside in moved}
+        relocated = tuple(by_field[f].applied if f in by_field else f for f in fields)
+        composition, current, rest = compose_setting_aside(compose, relocated, release)
+        if not composition.composed:
+            return composition, current, rest
+        # a moved key its new section lacks as well is left out, and said once, where written
+        gone = {aside.written for aside in rest} & {aside.applied for aside in moved}
+        moved = [dataclasses.replace(a, applied="") if a.applied in gone else a for a in moved]
+        rest = tuple(aside for aside in rest if aside.written not in gone)
+        return composition, current, (*moved, *rest)
+    if unplaced:  # refused as Hydra did, at the first key with no new place
+        aside, missing = unplaced[0]
+        where = f"verl {release}'s tree" if release else "the tree"
+        near = _engine_sections_near(tree, missing)
+        has = f"; the engine sections it has there: {', '.join(near)}" if near else ""
+        reason = f"{aside.reason} ({where} has no engine section {missing}: a launch for another engine or tree{has})"
+        return Composition(COMPOSITION_REJECTION, reason=reason), tuple(fields), ()
     taken = [dataclasses.replace(a, closest=_closest(a.key, composition.mapping)) for a in taken]
     return composition, current, tuple(taken)
+
+
+def _absent_engine(tree: Mapping[str, Any], aside: SetAside) -> str:
+    """The engine section the tree lacks that ``aside``'s key sits in, or ""."""
+    missing = _first_absent(tree, aside.key.rpartition(".")[0])
+    return missing if missing and missing.rpartition(".")[2] in ENGINE_SECTIONS else ""
+
+
+def _placed(aside: SetAside, successor: str, evidence: str) -> SetAside:
+    """``aside`` applied at ``successor``, its key's place in the tree, with the evidence."""
+    prefix = aside.written[: len(aside.written) - len(aside.written.lstrip("+~"))]
+    value = aside.written[len(prefix) + len(aside.key) :]
+    return dataclasses.replace(aside, applied=f"{prefix}{successor}{value}", moved=evidence)
 
 
 def _sections_along(

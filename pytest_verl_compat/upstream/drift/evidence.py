@@ -15,6 +15,11 @@ Moves come only from evidence upstream gives, each kind one registered source:
 - ``moved-subtree``: a mapping of the source tree that is gone from the target tree, whose
   content (keys and resolved defaults, at least two leaves, one of them not null) is that of
   exactly one mapping new in the target tree.
+- ``moved-mount``: a config file of both trees whose defaults list names the same config at
+  another package (verl 0.8.0's ``critic/dp_critic.yaml`` mounts ``../engine@fsdp: fsdp`` where
+  0.7.1's mounted ``../engine@model.fsdp_config: fsdp``), read from Hydra's own defaults list of
+  each tree: Hydra composes the same file's keys at the new place, so every key under the old
+  package is the same key under the new one. Cites the entry's line in both trees.
 
 Nothing else is a successor: a key the target lacks without such evidence is reported as
 removed, with the source tree's line that defined it.
@@ -26,18 +31,20 @@ import ast
 import functools
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.files.safe_input import InputError, read_text
+from pytest_verl_compat.pipeline.defaults_mounts import Mount
 from pytest_verl_compat.releases.index import Release, ReleaseIndex
 
 WILDCARD = "*"
 MIGRATION_FUNCTION = "migration-function"
 DEPRECATION_MESSAGE = "deprecation-message"
 MOVED_SUBTREE = "moved-subtree"
+MOVED_MOUNT = "moved-mount"
 # A subtree must hold this many leaves to count as moved: `{enable: false}` is everywhere.
 MIN_SUBTREE_LEAVES = 2
 _DEPRECATED = re.compile(r"`(?P<old>\w+)`[^`]*\bdeprecated\b[^`]*`(?P<new>\w+)`")
@@ -103,6 +110,10 @@ class MoveContext:
     verl_root: Path | None
     pinned: str
     notes: list[str] = field(default_factory=list)
+    # Where each tree's defaults lists put its configs, for the launch's config-group selections
+    # (Composer.config_mounts); empty where the caller did not ask Hydra.
+    source_mounts: Sequence[Mount] = ()
+    target_mounts: Sequence[Mount] = ()
 
 
 MoveSource = Callable[[MoveContext], list[Move]]
@@ -475,3 +486,42 @@ def subtree_moves(context: MoveContext) -> list[Move]:
         for move in moves
         if not any(other is not move and move.old[: len(other.old)] == other.old for other in moves)
     ]
+
+
+# --- a config mounted at another package ---------------------------------------------------------
+
+
+def _cited(mount: Mount, config_dir: str, version: str) -> str:
+    if mount.line is None:
+        return f"verl {version}'s `{mount.parent}`"
+    return f"{config_dir}/{mount.parent}.yaml:{mount.line}@{version}"
+
+
+@move_source(MOVED_MOUNT)
+def mount_moves(context: MoveContext) -> list[Move]:
+    targets = {(mount.parent, mount.config): mount for mount in context.target_mounts}
+    moves = []
+    source, target = context.source.version, context.target.version
+    for mount in context.source_mounts:
+        now = targets.get((mount.parent, mount.config))
+        if now is None or now.package == mount.package or not (mount.package and now.package):
+            continue
+        old, new = tuple(mount.package.split(".")), tuple(now.package.split("."))
+        if not (
+            _has_path(context.source_base, old)
+            and not _has_path(context.target_base, old)
+            and _has_path(context.target_base, new)
+        ):
+            continue
+        moves.append(
+            Move(
+                old,
+                new,
+                MOVED_MOUNT,
+                f"`{mount.parent}` mounts `{mount.config}` at `{mount.package}` in verl {source} "
+                f"({_cited(mount, context.index.config_dir, source)}) and at `{now.package}` in "
+                f"{target} ({_cited(now, context.index.config_dir, target)}): Hydra composes the "
+                "same file's keys at the new place",
+            )
+        )
+    return moves

@@ -339,6 +339,12 @@ def migrate_script(
         session.release_files().root,
         session.pin.version,
     )
+    if any(
+        not item.group and not lookup(target_base.mapping, item.key)[0]
+        for item in explicit_keys(argv)
+    ):  # a key left the target's tree: where each tree mounts its configs may say where to
+        context.source_mounts = releases.composer(source).config_mounts(flags)
+        context.target_mounts = releases.composer(target).config_mounts(flags)
     moves = moves_between(context)
     plan = _plan(sides, moves, context.notes)
     migrated_text, new_argv, lines = _place(plan, path, text, bindings, argv)
