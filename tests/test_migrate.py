@@ -236,6 +236,14 @@ def test_a_moved_mount_is_migrated_citing_both_trees_lines(
         root = release_tree(version, fetch=False).root
         text = (root / INDEX.config_dir / "critic" / "dp_critic.yaml").read_text()
         assert text.splitlines()[line - 1].strip() == f"- ../engine@{package}: fsdp"
+    # a fork's top-level key (Search-R1's max_turns) is a value no tree has, not a config-group
+    # selection: it blocks the script, and the moved keys are still migrated
+    fork = launch_script(
+        tmp_path, "fork.sh", "critic.model.fsdp_config.param_offload=True", "max_turns=2"
+    )
+    status, report = _report(tmp_path, capsys, str(fork), "--from", "0.7.1")
+    assert status == 1 and [e["new_key"] for e in report["edits"]] == ["critic.fsdp.param_offload"]
+    assert [b["key"] for b in report["blocked"]] == ["max_turns"]
 
 
 @pytest.mark.usefixtures("release_cache")

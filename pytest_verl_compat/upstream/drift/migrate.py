@@ -311,7 +311,7 @@ def migrate_script(
         raise MigrateError(str(exc)) from exc
     releases = _Releases(session, index, (source, target))
     variables = bindings.variables
-    flags = selection(argv)
+    flags = _selecting(argv, releases.composer(source), releases.composer(target))
     source_base = releases.composer(source).compose(flags, variables)
     target_base = releases.composer(target).compose(flags, variables)
     if not source_base.composed or not target_base.composed:
@@ -408,6 +408,22 @@ def _report(
     }
 
 
+def _selecting(argv: Sequence[str], *composers: Composer) -> list[str]:
+    """The fields that pick the config (``selection``), less a top-level key that names no
+    config group of either tree (a fork's ``max_turns=2``): a value, which the base would
+    refuse, not a selection."""
+    overrides = set(split_hydra_argv(argv).overrides)
+    return [
+        field
+        for field in selection(argv)
+        if field not in overrides
+        or any(
+            composer.is_group(field.split("=", 1)[0].lstrip("+~").split("@")[0].split("/")[0])
+            for composer in composers
+        )
+    ]
+
+
 def _value(composition: Composition, key: str) -> str | None:
     if not composition.composed:
         return None
@@ -416,8 +432,9 @@ def _value(composition: Composition, key: str) -> str | None:
 
 
 def _quoted_key(reason: str) -> str:
-    """The first quoted dotted key of a Hydra message (``Could not override 'a.b'``)."""
-    match = re.search(r"'([A-Za-z_][\w\-]*(?:\.[\w\-]+)+)'", reason)
+    """The first quoted key of a Hydra message (``Could not override 'a.b'``, a top-level
+    ``'max_turns'``)."""
+    match = re.search(r"'([A-Za-z_][\w\-]*(?:\.[\w\-]+)*)'", reason)
     return match.group(1) if match else ""
 
 
