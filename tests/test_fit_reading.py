@@ -205,6 +205,54 @@ def test_the_v1_critic_takes_its_token_budget_for_both_passes(
     assert critic.train_tokens > 1024 and critic.infer_tokens > 4 * 1024
 
 
+def _global_sizes(run: list[str]) -> list[str]:
+    """The run with its actor, rollout and reference per-GPU sizes written as the global sizes
+    of a 2024-25 launch (per GPU x 8 GPUs)."""
+    out = []
+    for override in run:
+        key, _, value = override.partition("=")
+        if key.startswith("actor_rollout_ref.") and key.endswith("micro_batch_size_per_gpu"):
+            override = f"{key.removesuffix('_per_gpu')}={int(value) * 8}"
+        out.append(override)
+    return out
+
+
+def test_a_global_micro_batch_size_is_read_as_the_older_workers_divided_it(
+    upstream_session: AuditSession, folder: Path
+) -> None:
+    """A launch of verl's legacy workers gives ppo_micro_batch_size (global): 0.9.0 asserts the
+    per-GPU key at start (check's error), and the forecast reads the size the older workers
+    used, global // (GPUs / Ulysses size), saying so; the same run written per GPU forecasts the
+    same micro-batches without the note, and a launch with neither keeps the 1 it always read."""
+    facts = release_facts(upstream_session.version)
+    run = [*PPO_RUN, "actor_rollout_ref.actor.use_kl_loss=True"]  # a reference pass too
+    per_gpu = [_role(upstream_session, folder, run, r, facts=facts) for r in ("actor", "ref")]
+    old = _global_sizes(run)
+    global_ = [_role(upstream_session, folder, old, r, facts=facts) for r in ("actor", "ref")]
+    for written, read in zip(per_gpu, global_, strict=True):
+        assert (read.train_tokens, read.infer_tokens) == (
+            written.train_tokens,
+            written.infer_tokens,
+        )
+        assert not written.assumed
+    (said,) = global_[0].assumed[:1]
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size=16 is a global size" in said
+    assert "read as 2 per GPU, 16 over 8 data-parallel rank(s)" in said and "004c888" in said
+    ulysses = _role(
+        upstream_session,
+        folder,
+        [*old, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+        "actor",
+        facts=facts,
+    )
+    assert ulysses.train_tokens == 4 * 1024 // 2  # 16 // (8 / 2) = 4 sequences, split over 2
+    resolved = _resolved(upstream_session, folder, old)
+    request = Request(gpu=find_gpu("H100"), facts=facts)
+    assert any("is a global size" in a for a in forecast(resolved, request).assumptions)
+    neither = [o for o in run if "actor.ppo_micro_batch_size" not in o]
+    assert _role(upstream_session, folder, neither, "actor", facts=facts).train_tokens == 1024
+
+
 # A LoRA run on FSDP1 whose weight sync collects the adapters (lora.merge false): without
 # layered_summon, verl/utils/fsdp_utils.py:740 opens summon_full_params on the whole model.
 LORA_MODEL = "Qwen/Qwen2.5-14B-Instruct"

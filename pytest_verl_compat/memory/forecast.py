@@ -105,6 +105,8 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
             "from flash-linear-attention's GPU kernels, not measured; vLLM's cache holds their "
             "recurrent states in blocks shared with the attention layers' KV"
         )
+    for role in layout.roles:
+        assumptions.extend(said for said in role.assumed if said not in assumptions)
     for serving in (layout.rollout, layout.reward):
         if serving is None:
             continue

@@ -94,6 +94,8 @@ class RoleLayout:
     # the train budget (train_budget_key's value) that makes a rank's mini-batch one micro-batch:
     # its sequences (static) or their tokens per GPU (dynamic); 0 where not known
     whole_mini_batch: int = 0
+    # what the forecast read in place of a key the release needs (a deprecated global size)
+    assumed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
 
 def _engine_flags(
     engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
-) -> dict[str, bool]:
+) -> dict[str, Any]:  # each a bool; Any lets it spread into RoleLayout beside its other fields
     """The offload and model flags an RL role and the SFT engine read alike."""
     return {
         "param_offload": bool(engine.get("param_offload")),
@@ -373,6 +373,39 @@ def _budget_key(section: str, pass_name: str, dynamic: bool) -> str:
     return f"{section}.{pass_name}_{kind}"
 
 
+# verl's FSDP workers until mid-2025 divided a global micro-batch size by the data-parallel ranks
+# (GPUs over Ulysses size) into the *_per_gpu key: ActorRolloutRefWorker.__init__ and
+# CriticWorker.__init__, "normalize config", of
+# https://github.com/volcengine/verl/blob/004c888001c88628b98fbc5fdee9c3e9b8898800/verl/workers/fsdp_workers.py
+EV_GLOBAL_MICRO_BATCH = (
+    "verl's FSDP workers before the engine workers (volcengine/verl@004c888 "
+    "verl/workers/fsdp_workers.py, ActorRolloutRefWorker.__init__: ppo_micro_batch_size //= "
+    "world_size // ulysses_sequence_parallel_size)"
+)
+
+
+def _per_gpu(
+    section: Mapping[str, Any], prefix: str, key: str, data_parallel: int, assumed: list[str]
+) -> int:
+    """``{key}_per_gpu`` of the section; where it is unset and the deprecated global ``key`` is
+    set, the global size over the data-parallel ranks, as the workers that read it divided it
+    (said in ``assumed``: the release itself asserts the per-GPU key at start, a check error);
+    else 1."""
+    per_gpu = section.get(f"{key}_per_gpu")
+    given = section.get(key)
+    if per_gpu is not None or given is None:
+        return as_int(per_gpu, 1)
+    value = max(as_int(given, 1) // max(data_parallel, 1), 1)
+    said = (
+        f"{prefix}.{key}={given} is a global size, which verl's engine workers never divide "
+        f"(they need {prefix}.{key}_per_gpu: an error of check); read as {value} per GPU, "
+        f"{given} over {data_parallel} data-parallel rank(s), as {EV_GLOBAL_MICRO_BATCH}"
+    )
+    if said not in assumed:
+        assumed.append(said)
+    return value
+
+
 def role_layout(
     resolved: Mapping[str, Any],
     role: str,
@@ -392,6 +425,8 @@ def role_layout(
     seq = lengths.sequence
     prefix = "critic" if role == "critic" else f"actor_rollout_ref.{role}"
     rollout = "actor_rollout_ref.rollout"
+    assumed: list[str] = []
+    old_dp = max(world // max(sp, 1), 1)  # the old workers' divisor: GPUs over Ulysses size
     if role == "actor":
         dynamic = bool(section.get("use_dynamic_bsz"))
         train_key = _budget_key(prefix, "ppo", dynamic)
@@ -400,14 +435,28 @@ def role_layout(
         infer_budget = as_int(
             value_at(resolved, f"{rollout}.log_prob_max_token_len_per_gpu"), train_budget
         )
-        mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
-        infer_mbs = as_int(value_at(resolved, f"{rollout}.log_prob_micro_batch_size_per_gpu"), mbs)
+        mbs = (
+            _per_gpu(section, prefix, "ppo_micro_batch_size", old_dp, assumed) if not dynamic else 1
+        )
+        rollout_section = value_at(resolved, rollout, {})
+        infer_mbs = mbs
+        if not dynamic and (
+            rollout_section.get("log_prob_micro_batch_size_per_gpu") is not None
+            or rollout_section.get("log_prob_micro_batch_size") is not None
+        ):
+            infer_mbs = _per_gpu(
+                rollout_section, rollout, "log_prob_micro_batch_size", old_dp, assumed
+            )
         mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     elif role == "ref":
         dynamic = bool(section.get("log_prob_use_dynamic_bsz"))
         train_key = infer_key = _budget_key(prefix, "log_prob", dynamic)
         train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
-        mbs = infer_mbs = as_int(section.get("log_prob_micro_batch_size_per_gpu"), 1)
+        mbs = infer_mbs = (
+            _per_gpu(section, prefix, "log_prob_micro_batch_size", old_dp, assumed)
+            if not dynamic
+            else 1
+        )
         mini = 0
     elif facts.critic_splits_per_pass:
         # each pass on its own keys, as a release's fact says its critic splits them
@@ -416,8 +465,15 @@ def role_layout(
         infer_key = _budget_key(prefix, "forward", dynamic)
         train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET)
         infer_budget = as_int(section.get("forward_max_token_len_per_gpu"), train_budget)
-        mbs = as_int(section.get("ppo_micro_batch_size_per_gpu"), 1)
-        infer_mbs = as_int(section.get("forward_micro_batch_size_per_gpu"), mbs)
+        mbs = (
+            _per_gpu(section, prefix, "ppo_micro_batch_size", old_dp, assumed) if not dynamic else 1
+        )
+        infer_mbs = mbs
+        if not dynamic and (
+            section.get("forward_micro_batch_size_per_gpu") is not None
+            or section.get("forward_micro_batch_size") is not None
+        ):
+            infer_mbs = _per_gpu(section, prefix, "forward_micro_batch_size", old_dp, assumed)
         mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     else:  # the V1 critic runs both passes on ppo_infer_max_token_len_per_gpu (trainer_base.py:251-252)
         engine_dynamic = engine.get("use_dynamic_bsz")
@@ -474,6 +530,7 @@ def role_layout(
         train_budget_key=train_key,
         infer_budget_key=infer_key,
         dynamic=dynamic,
+        assumed=tuple(assumed),
     )
 
 
