@@ -177,6 +177,17 @@ def test_deprecated_global_micro_batch_fails_where_each_role_meets_it(
     # Without a reference policy the ref section is never read.
     no_ref = findings(session, grpo, *ref, "actor_rollout_ref.actor.use_kl_loss=False")
     assert not hits(no_ref, "error", "actor_rollout_ref.ref.log_prob_micro_batch_size"), no_ref
+    # the fix is what the older workers made of it: the global size over the data-parallel
+    # ranks, GPUs over Ulysses size (the forecast reads it alike, memory/batches.py)
+    actor = (*STATIC[:3], "actor_rollout_ref.actor.ppo_micro_batch_size=64", *STATIC[4:])
+    gpus = "trainer.n_gpus_per_node=8"
+    plain = findings(session, grpo, *actor, gpus)
+    assert hits(plain, "error", "over 8 GPUs it means 64 / 8 = 8 per GPU"), plain
+    ulysses = findings(
+        session, grpo, *actor, gpus, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+    )
+    said = "over 4 data-parallel ranks (8 GPUs, Ulysses 2) it means 64 / 4 = 16 per GPU"
+    assert hits(ulysses, "error", said), ulysses
 
 
 # --- Megatron layouts -------------------------------------------------------------------------

@@ -315,7 +315,17 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
         value = section.get(key)
         if value is None or section.get(dynamic):
             continue
-        per_gpu = max(int(value) // n_gpus, 1)
+        # what the workers that read it made of it: the global size over the data-parallel
+        # ranks, GPUs over Ulysses size (volcengine/verl@004c888 fsdp_workers.py "normalize
+        # config"; the forecast reads it so, memory/reading.py _per_gpu)
+        sp = sequence_parallel(resolved, "critic" if prefix == "critic" else "actor")
+        ranks = max(n_gpus // max(sp, 1), 1)
+        per_gpu = max(int(value) // ranks, 1)
+        over = (
+            f"{n_gpus} GPUs"
+            if ranks == n_gpus
+            else f"{ranks} data-parallel ranks ({n_gpus} GPUs, Ulysses {sp})"
+        )
         if prefix == "critic":
             fails = _critic_global_micro_batch(inp, section, int(value), n_gpus)
             if fails is None:
@@ -329,7 +339,7 @@ def deprecated_global_micro_batch(inp: CheckInput) -> Iterator[Hit]:
         yield Hit(
             f"{prefix}.{key}",
             f"the global micro-batch size {value} is deprecated: verl {inp.version} never converts it to "
-            f"a per-GPU size, and {fails}; over {n_gpus} GPUs it means {value} / {n_gpus} = {per_gpu} per GPU",
+            f"a per-GPU size, and {fails}; over {over} it means {value} / {ranks} = {per_gpu} per GPU",
             fix=f"set {prefix}.{key}_per_gpu={per_gpu} and remove {prefix}.{key}",
         )
 
