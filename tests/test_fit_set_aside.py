@@ -182,6 +182,32 @@ def test_a_section_an_earlier_release_mounted_elsewhere_is_forecast_at_its_new_p
     assert "the key is not in the new section either" in error
 
 
+def test_a_legacy_reward_model_is_said_not_forecast(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """reward_model.enable and reward_model.model.path compose on 0.9.0's tree (its legacy block)
+    but main_ppo never reads them (check's fields.legacy-reward-key): no reward model runs, and
+    the forecast says why it has none; the same keys under reward.reward_model forecast one."""
+    model = "Qwen/Qwen2.5-0.5B"
+    legacy = _launch(
+        here, "legacy_rm.sh", "reward_model.enable=True", f"reward_model.model.path={model}"
+    )
+    current = _launch(
+        here,
+        "current_rm.sh",
+        "reward.reward_model.enable=True",
+        f"reward.reward_model.model_path={model}",
+        "reward.reward_model.rollout.name=vllm",
+    )
+    _, out, _ = run(capsys, "fit", legacy, "--gpu", "H100")
+    (said,) = [line for line in out.splitlines() if "legacy reward keys" in line]
+    assert said.startswith("assumes: reward_model.enable, reward_model.model.path:"), said
+    assert "reward_model.enable is reward.reward_model.enable" in said
+    assert "reward model" not in _tables(out)
+    _, out, _ = run(capsys, "fit", current, "--gpu", "H100")
+    assert "legacy reward keys" not in out and "reward model" in _tables(out)
+
+
 def test_json_lists_what_was_set_aside_and_follows_the_schema(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

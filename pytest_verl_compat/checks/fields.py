@@ -19,10 +19,11 @@ def field_key(field: str) -> str:
 
 # The function that copies the legacy reward keys into reward.*
 # (verl/experimental/reward_loop/reward_loop.py:39); an entry point that calls it reads them.
-_MIGRATES_LEGACY_REWARD = "migrate_legacy_reward_impl"
+MIGRATES_LEGACY_REWARD = "migrate_legacy_reward_impl"
 
 
-def _legacy_replacement(key: str) -> str | None:
+def legacy_reward_replacement(key: str) -> str | None:
+    """The reward.* key a legacy top-level reward key (``reward_model.enable``) would be, or None."""
     return next(
         (new for old, new in LEGACY_REWARD_KEYS.items() if key == old or key.startswith(old + ".")),
         None,
@@ -47,11 +48,11 @@ def _legacy_replacement(key: str) -> str | None:
     ),
 )
 def legacy_reward_key(inp: CheckInput) -> Iterator[Hit]:
-    if _MIGRATES_LEGACY_REWARD in inp.entry_calls:
+    if MIGRATES_LEGACY_REWARD in inp.entry_calls:
         return  # the entry point migrates them (fully_async_main.py:237)
     for field in inp.explicit_fields:
         key = field_key(field)
-        replacement = _legacy_replacement(key)
+        replacement = legacy_reward_replacement(key)
         if replacement:
             yield Hit(
                 key,
@@ -114,7 +115,7 @@ def no_effect(inp: CheckInput) -> Iterator[Hit]:
     under = _leaves_under(inp.leaves) if inp.explicit_fields else {}
     for field in inp.explicit_fields:
         key = field_key(field)
-        if _legacy_replacement(key):
+        if legacy_reward_replacement(key):
             continue  # the legacy-key error says more
         if _feature_on(inp.resolved, key):
             continue  # its block is switched on, so the selected code path reads it

@@ -79,6 +79,9 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         where = request.script or case.launch or case.id
         # the key the refusal names, where one decides it (UnknownModel, NotForecastable)
         raise NotForecastCase(f"{where}: {exc}", str(exc), getattr(exc, "key", "")) from exc
+    ignored = _ignored_reward_model(outcome.fields.fields, entry, session.version)
+    if ignored:
+        result = dataclasses.replace(result, assumptions=(*result.assumptions, ignored))
     if not aside:
         return result
     said = (
@@ -86,6 +89,29 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         f"({', '.join(a.key for a in aside)}; each an error below)"
     )
     return dataclasses.replace(result, set_aside=aside, assumptions=(said, *result.assumptions))
+
+
+def _ignored_reward_model(fields: Any, entry: Any, version: str) -> str:
+    """What the forecast leaves out for the launch's legacy reward_model.* keys, which the
+    release's main_ppo never migrates to reward.* (check's fields.legacy-reward-key): no reward
+    model runs, so none is forecast; "" where the launch sets none or its entry migrates them."""
+    from pytest_verl_compat.checks.fields import MIGRATES_LEGACY_REWARD, legacy_reward_replacement
+    from pytest_verl_compat.checks.fields import field_key as key_of
+
+    if entry is not None and MIGRATES_LEGACY_REWARD in entry.calls:
+        return ""
+    keys = [
+        key_of(field)
+        for field in fields
+        if key_of(field).startswith("reward_model.") and legacy_reward_replacement(key_of(field))
+    ]
+    if not keys:
+        return ""
+    moved = ", ".join(f"{key} is {legacy_reward_replacement(key)}" for key in keys)
+    return (
+        f"{', '.join(keys)}: legacy reward keys verl {version}'s main_ppo never reads (an error "
+        f"of check, fields.legacy-reward-key), so no reward model they ask for is forecast ({moved})"
+    )
 
 
 def _composed(
