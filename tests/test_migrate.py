@@ -244,6 +244,14 @@ def test_a_moved_mount_is_migrated_citing_both_trees_lines(
     status, report = _report(tmp_path, capsys, str(fork), "--from", "0.7.1")
     assert status == 1 and [e["new_key"] for e in report["edits"]] == ["critic.fsdp.param_offload"]
     assert [b["key"] for b in report["blocked"]] == ["max_turns"]
+    # a key of the moved section that the new one lacks (0.7's grad_offload) is not added with
+    # `+` there: it is reported removed, citing the move
+    gone = launch_script(tmp_path, "gone.sh", "critic.model.fsdp_config.grad_offload=True")
+    status, report = _report(tmp_path, capsys, str(gone), "--from", "0.7.1")
+    assert status == 1 and report["edits"] == []
+    (blocked,) = report["blocked"]
+    assert (blocked["key"], blocked["why"]) == ("critic.model.fsdp_config.grad_offload", "removed")
+    assert "`critic.fsdp.grad_offload` is not in verl" in blocked["evidence"]
 
 
 @pytest.mark.usefixtures("release_cache")

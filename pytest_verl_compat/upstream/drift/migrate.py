@@ -31,6 +31,7 @@ from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_r
 from pytest_verl_compat.releases.wheels import release_tree
 from pytest_verl_compat.upstream.drift.evidence import (
     DEPRECATION_MESSAGE,
+    MOVED_MOUNT,
     Move,
     MoveContext,
     moves_between,
@@ -213,6 +214,17 @@ def _plan(sides: _Sides, moves: list[Move], notes: list[str]) -> _Plan:
             continue
         successor = move.successor(item.key)
         assert successor is not None
+        if move.kind == MOVED_MOUNT and not lookup(target_base, successor)[0]:
+            # the section moved, but its new config has no such key (0.7's fsdp_config.grad_offload)
+            plan.removed.append(
+                {
+                    "key": item.key,
+                    "field": field_,
+                    "why": "removed",
+                    "evidence": f"{move.evidence}; `{successor}` is not in verl {sides.target}'s tree",
+                }
+            )
+            continue
         unset = [
             k
             for k in move.required_keys(item.key)
