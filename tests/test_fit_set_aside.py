@@ -190,7 +190,13 @@ def test_a_legacy_reward_model_is_said_not_forecast(
     the forecast says why it has none; the same keys under reward.reward_model forecast one."""
     model = "Qwen/Qwen2.5-0.5B"
     legacy = _launch(
-        here, "legacy_rm.sh", "reward_model.enable=True", f"reward_model.model.path={model}"
+        here,
+        "legacy_rm.sh",
+        "reward_model.enable=True",
+        f"reward_model.model.path={model}",
+        # an engine section 0.9.0's legacy block lacks, which no reader of main_ppo's would read:
+        # set aside, not refused as another engine's
+        "reward_model.model.fsdp_config.param_offload=True",
     )
     current = _launch(
         here,
@@ -204,6 +210,8 @@ def test_a_legacy_reward_model_is_said_not_forecast(
     assert said.startswith("assumes: reward_model.enable, reward_model.model.path:"), said
     assert "reward_model.enable is reward.reward_model.enable" in said
     assert "reward model" not in _tables(out)
+    (error,) = [line for line in out.splitlines() if "error[compose]" in line]
+    assert "reward_model.model.fsdp_config.param_offload" in error
     _, out, _ = run(capsys, "fit", current, "--gpu", "H100")
     assert "legacy reward keys" not in out and "reward model" in _tables(out)
 
@@ -332,6 +340,16 @@ def test_an_absent_engine_section_is_placed_only_where_each_key_has_a_new_place(
         not composition.composed
         and "has no engine section a.model.fsdp_config" in composition.reason
     )
+
+
+def test_an_engine_section_of_a_block_the_release_never_reads_is_set_aside() -> None:
+    compose = _fake({"r.model.path", "a.x"})
+    fields = ("r.model.fsdp_config.param_offload=True", "a.x=1")
+    composition, kept, aside = compose_setting_aside(compose, fields, "0.9.0", unread=("r",))  # type: ignore[arg-type]
+    assert composition.composed and kept == ("a.x=1",)
+    assert [a.key for a in aside] == ["r.model.fsdp_config.param_offload"]
+    composition, _, _ = compose_setting_aside(compose, fields, "0.9.0")  # type: ignore[arg-type]
+    assert "has no engine section r.model.fsdp_config" in composition.reason
 
 
 def test_an_engine_section_the_launch_makes_itself_is_not_the_trees() -> None:

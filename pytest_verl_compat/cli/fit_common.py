@@ -91,6 +91,18 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     return dataclasses.replace(result, set_aside=aside, assumptions=(said, *result.assumptions))
 
 
+def _unread_sections(entry: Any) -> tuple[str, ...]:
+    """The legacy top-level reward block, which only migrate_legacy_reward_impl reads
+    (verl/experimental/reward_loop/reward_loop.py:39-86, called by fully_async_main.py:237 and
+    not by main_ppo): its keys, an old reward model's fsdp_config among them, are set aside
+    losing nothing, unless the launch's entry point migrates them."""
+    from pytest_verl_compat.checks.fields import MIGRATES_LEGACY_REWARD
+
+    if entry is not None and MIGRATES_LEGACY_REWARD in entry.calls:
+        return ()
+    return ("reward_model",)
+
+
 def _ignored_reward_model(fields: Any, entry: Any, version: str) -> str:
     """What the forecast leaves out for the launch's legacy reward_model.* keys, which the
     release's main_ppo never migrates to reward.* (check's fields.legacy-reward-key): no reward
@@ -137,6 +149,7 @@ def _composed(
         fields,
         session.version,
         _relocating(session),
+        _unread_sections(session.entry_point(outcome.fields)),
     )
     if not composition.composed:
         past = (

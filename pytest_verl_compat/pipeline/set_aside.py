@@ -167,13 +167,16 @@ def compose_setting_aside(
     fields: Sequence[str],
     release: str = "",
     relocating: Relocating | None = None,
+    unread: tuple[str, ...] = (),
 ) -> tuple[Composition, tuple[str, ...], tuple[SetAside, ...]]:
     """``fields`` composed by ``compose`` with every override the tree rejects for its key set
     aside (or applied as Hydra takes it): the composition, the overrides composed, and those set
     aside in the order Hydra named them. The first rejection of any other kind (or past
     ``MAX_SET_ASIDE``) is returned as it is, and so is a key of an engine section the tree lacks
     (none set aside then), unless ``relocating`` names where each such key went: they are then
-    applied there and the launch composed again."""
+    applied there and the launch composed again. A key under one of the ``unread`` sections
+    (a legacy block the release's entry point never reads) loses nothing when set aside, engine
+    section or not."""
     composition, current, taken = _setting_aside(compose, tuple(fields), release)
     if not composition.composed or not taken:
         return composition, current, tuple(taken)
@@ -181,7 +184,12 @@ def compose_setting_aside(
     # an engine's section the tree does not have there (Megatron's keys on the FSDP tree, the
     # critic's fsdp_config of older trees), even where the launch's own `+` keys make one: the
     # sizes and offloads the launch asks for would be lost and the forecast be of another run
-    stranded = [(aside, section) for aside in taken if (section := _absent_engine(tree, aside))]
+    stranded = [
+        (aside, section)
+        for aside in taken
+        if (section := _absent_engine(tree, aside))
+        and not any(aside.key.startswith(f"{prefix}.") for prefix in unread)
+    ]
     places = {
         aside.written: place
         for aside, _ in stranded
@@ -192,7 +200,9 @@ def compose_setting_aside(
         moved = [_placed(aside, *places[aside.written]) for aside, _ in stranded]
         by_field = {aside.written: aside for aside in moved}
         relocated = tuple(by_field[f].applied if f in by_field else f for f in fields)
-        composition, current, rest = compose_setting_aside(compose, relocated, release)
+        composition, current, rest = compose_setting_aside(
+            compose, relocated, release, unread=unread
+        )
         if not composition.composed:
             return composition, current, rest
         # a moved key its new section lacks as well is left out, and said once, where written
