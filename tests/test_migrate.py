@@ -167,6 +167,17 @@ def test_a_deprecation_without_the_copy_is_not_evidence(tmp_path: Path) -> None:
     assert found == {("old", "new", "Base")}  # inherited; `gone` has no copy into `kept`
 
 
+def _one_edit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, source: str
+) -> dict[str, Any]:
+    """The one edit ``migrate --from source`` makes to a launch that sets ``field``."""
+    script = launch_script(tmp_path, "run.sh", field)
+    status, report = _report(tmp_path, capsys, str(script), "--from", source)
+    assert status == 0, report
+    (edit,) = report["edits"]
+    return dict(edit)
+
+
 def _context(source: dict[str, Any], target: dict[str, Any]) -> MoveContext:
     return MoveContext(
         INDEX.releases[0], INDEX.releases[1], source, target, INDEX, None, PINNED_VERSION
@@ -220,10 +231,7 @@ def test_a_mount_moves_only_where_the_same_parent_puts_the_same_config_elsewhere
 def test_a_moved_mount_is_migrated_citing_both_trees_lines(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = launch_script(tmp_path, "run.sh", "critic.model.fsdp_config.param_offload=True")
-    status, report = _report(tmp_path, capsys, str(script), "--from", "0.7.1")
-    assert status == 0, report
-    (edit,) = report["edits"]
+    edit = _one_edit(tmp_path, capsys, "critic.model.fsdp_config.param_offload=True", "0.7.1")
     assert (edit["key"], edit["new_key"], edit["kind"], edit["verified"]) == (
         "critic.model.fsdp_config.param_offload",
         "critic.fsdp.param_offload",
@@ -408,10 +416,7 @@ def test_a_removed_key_is_reported_with_its_evidence_never_guessed(
 
 @pytest.mark.usefixtures("release_cache")
 def test_a_moved_subtree_is_migrated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = launch_script(tmp_path, "run.sh", "reward_manager.module.path=/home/verl/manager.py")
-    status, report = _report(tmp_path, capsys, str(script), "--from", "0.7.0")
-    assert status == 0, report
-    (edit,) = report["edits"]
+    edit = _one_edit(tmp_path, capsys, "reward_manager.module.path=/home/verl/manager.py", "0.7.0")
     assert (edit["key"], edit["new_key"], edit["kind"]) == (
         "reward_manager.module.path",
         "reward.reward_manager.module.path",

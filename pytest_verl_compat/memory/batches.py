@@ -45,26 +45,32 @@ EV_GLOBAL_MICRO_BATCH = (
 )
 
 
-def _per_gpu(
-    section: Mapping[str, Any], prefix: str, key: str, data_parallel: int, assumed: list[str]
-) -> int:
-    """``{key}_per_gpu`` of the section; where it is unset and the deprecated global ``key`` is
-    set, the global size over the data-parallel ranks, as the workers that read it divided it
-    (said in ``assumed``: the release itself asserts the per-GPU key at start, a check error);
-    else 1."""
-    per_gpu = section.get(f"{key}_per_gpu")
-    given = section.get(key)
-    if per_gpu is not None or given is None:
-        return as_int(per_gpu, 1)
-    value = max(as_int(given, 1) // max(data_parallel, 1), 1)
-    said = (
-        f"{prefix}.{key}={given} is a global size, which verl's engine workers never divide "
-        f"(they need {prefix}.{key}_per_gpu: an error of check); read as {value} per GPU, "
-        f"{given} over {data_parallel} data-parallel rank(s), as {EV_GLOBAL_MICRO_BATCH}"
-    )
-    if said not in assumed:
-        assumed.append(said)
-    return value
+@dataclass
+class _Sizes:
+    """A role's per-GPU micro-batch sizes as it reads them (``of``), and what it assumed."""
+
+    dynamic: bool
+    data_parallel: int  # the older workers' divisor of a global size: GPUs over Ulysses size
+    assumed: list[str]
+
+    def of(self, section: Mapping[str, Any], prefix: str, key: str, default: int) -> int:
+        """``{key}_per_gpu`` of the section, else ``default``; in static mode, where only the
+        deprecated global ``key`` is set, the global size over the data-parallel ranks, as the
+        workers that read it divided it (said in ``assumed``: the release itself asserts the
+        per-GPU key at start, a check error)."""
+        per_gpu = section.get(f"{key}_per_gpu")
+        given = section.get(key)
+        if per_gpu is not None or given is None or self.dynamic:
+            return as_int(per_gpu, default)
+        value = max(as_int(given, 1) // max(self.data_parallel, 1), 1)
+        said = (
+            f"{prefix}.{key}={given} is a global size, which verl's engine workers never divide "
+            f"(they need {prefix}.{key}_per_gpu: an error of check); read as {value} per GPU, "
+            f"{given} over {self.data_parallel} data-parallel rank(s), as {EV_GLOBAL_MICRO_BATCH}"
+        )
+        if said not in self.assumed:
+            self.assumed.append(said)
+        return value
 
 
 def role_batches(
@@ -89,30 +95,17 @@ def role_batches(
         infer_budget = as_int(
             value_at(resolved, f"{rollout}.log_prob_max_token_len_per_gpu"), train_budget
         )
-        mbs = (
-            _per_gpu(section, prefix, "ppo_micro_batch_size", data_parallel, assumed)
-            if not dynamic
-            else 1
-        )
+        sizes = _Sizes(dynamic, data_parallel, assumed)
+        mbs = sizes.of(section, prefix, "ppo_micro_batch_size", 1)
         rollout_section = value_at(resolved, rollout, {})
-        infer_mbs = mbs
-        if not dynamic and (
-            rollout_section.get("log_prob_micro_batch_size_per_gpu") is not None
-            or rollout_section.get("log_prob_micro_batch_size") is not None
-        ):
-            infer_mbs = _per_gpu(
-                rollout_section, rollout, "log_prob_micro_batch_size", data_parallel, assumed
-            )
+        infer_mbs = sizes.of(rollout_section, rollout, "log_prob_micro_batch_size", mbs)
         mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     elif role == "ref":
         dynamic = bool(section.get("log_prob_use_dynamic_bsz"))
         train_key = infer_key = _budget_key(prefix, "log_prob", dynamic)
         train_budget = infer_budget = as_int(section.get("log_prob_max_token_len_per_gpu"), 16384)
-        mbs = infer_mbs = (
-            _per_gpu(section, prefix, "log_prob_micro_batch_size", data_parallel, assumed)
-            if not dynamic
-            else 1
-        )
+        sizes = _Sizes(dynamic, data_parallel, assumed)
+        mbs = infer_mbs = sizes.of(section, prefix, "log_prob_micro_batch_size", 1)
         mini = 0
     elif facts.critic_splits_per_pass:
         # each pass on its own keys, as a release's fact says its critic splits them
@@ -121,19 +114,9 @@ def role_batches(
         infer_key = _budget_key(prefix, "forward", dynamic)
         train_budget = as_int(section.get("ppo_max_token_len_per_gpu"), CRITIC_DEFAULT_BUDGET)
         infer_budget = as_int(section.get("forward_max_token_len_per_gpu"), train_budget)
-        mbs = (
-            _per_gpu(section, prefix, "ppo_micro_batch_size", data_parallel, assumed)
-            if not dynamic
-            else 1
-        )
-        infer_mbs = mbs
-        if not dynamic and (
-            section.get("forward_micro_batch_size_per_gpu") is not None
-            or section.get("forward_micro_batch_size") is not None
-        ):
-            infer_mbs = _per_gpu(
-                section, prefix, "forward_micro_batch_size", data_parallel, assumed
-            )
+        sizes = _Sizes(dynamic, data_parallel, assumed)
+        mbs = sizes.of(section, prefix, "ppo_micro_batch_size", 1)
+        infer_mbs = sizes.of(section, prefix, "forward_micro_batch_size", mbs)
         mini = as_int(section.get("ppo_mini_batch_size"), 1) * n
     else:  # the V1 critic runs both passes on ppo_infer_max_token_len_per_gpu (trainer_base.py:251-252)
         engine_dynamic = engine.get("use_dynamic_bsz")
