@@ -155,6 +155,54 @@ def test_report_the_corpus_score(
     assert hits, "no report forecasts as it ran"
 
 
+# How a 2024-25 launch wrote what the corpus writes in 0.9.0's keys: the critic's engine section
+# before 0.8 (critic/dp_critic.yaml's mount) and global micro-batch sizes (the older workers
+# divided them by GPUs / Ulysses size).
+OLD_SPELLING = (("critic.fsdp.", "critic.model.fsdp_config."),)
+GLOBAL_SIZES = (
+    "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size",
+)
+
+
+def _as_its_verl_wrote_it(overrides: list[str], gpus: int) -> list[str]:
+    old = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        for new, before in OLD_SPELLING:
+            key = key.replace(new, before)
+        if key.removesuffix("_per_gpu") in GLOBAL_SIZES and key.endswith("_per_gpu"):
+            key, value = key.removesuffix("_per_gpu"), str(int(value) * gpus)
+        old.append(f"{key}={value}")
+    return old
+
+
+def test_a_report_quoted_in_its_verls_keys_forecasts_as_its_translation(
+    upstream_session: Any, tmp_path_factory: pytest.TempPathFactory, outcomes: dict[str, Outcome]
+) -> None:
+    """A held-out report may quote its launch as its verl took it: searchr1-111's in Search-R1's
+    own keys (critic.model.fsdp_config.*, global micro-batch sizes over its 8 GPUs) forecasts the
+    same peak and phases as the entry written in 0.9.0's keys."""
+    case = CASES["searchr1-111-qwen2.5-7b-8xh100"]
+    quoted = _as_its_verl_wrote_it(case.overrides, int(case.entry["gpus"]))
+    assert any(o.startswith("critic.model.fsdp_config.") for o in quoted)
+    assert any(o.startswith("actor_rollout_ref.actor.ppo_micro_batch_size=") for o in quoted)
+    outcome = forecast_entry(
+        upstream_session,
+        tmp_path_factory.mktemp("quoted"),
+        case.entry,
+        quoted,
+        facts=_behaviour(case.entry["defaults"]),
+    )
+    translated = outcomes[case.id]
+    assert (outcome.phases, outcome.peak_phase, outcome.peak_gib) == (
+        translated.phases,
+        translated.peak_phase,
+        translated.peak_gib,
+    )
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="the corpus scores below the issue's 90% (see test_report_the_corpus_score and "

@@ -55,7 +55,7 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
     outcome = session.outcome(case)
-    composition, fields, aside = _composed(session, case, outcome)
+    composition, fields, aside = composed_for_forecast(session, case, outcome)
     try:
         facts = release_facts(session.version)
     except ReleaseFactsError as exc:
@@ -126,7 +126,7 @@ def _ignored_reward_model(fields: Any, entry: Any, version: str) -> str:
     )
 
 
-def _composed(
+def composed_for_forecast(
     session: Any, case: Any, outcome: Any
 ) -> tuple[Any, tuple[str, ...], tuple[Any, ...]]:
     """The case's composition, its overrides and none set aside; or, where the release's tree
