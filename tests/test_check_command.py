@@ -77,6 +77,29 @@ def test_a_finding_points_at_the_script_text_that_set_its_key(
     ]
 
 
+def test_a_key_whose_section_moved_is_told_where_it_went_not_to_add_it(
+    scripts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hydra's rejection of critic.model.fsdp_config.* (verl 0.7's spelling) advises a `+` key
+    nothing would read; the finding's fix names critic.fsdp.*, with the moved-mount evidence.
+    A rejected key with no such move (the FSDP engine's removed grad_offload) gets no fix."""
+    text = (scripts / "runs/good.sh").read_text()
+    anchor = "actor_rollout_ref.rollout.n=${rollout_n}"
+    for name, key in (
+        ("moved.sh", "critic.model.fsdp_config.param_offload"),
+        ("gone.sh", "actor_rollout_ref.actor.fsdp_config.grad_offload"),
+    ):
+        script = scripts / "runs" / name
+        script.write_text(text.replace(anchor, f"{anchor} {key}=True"))
+        _, out, _ = run(capsys, "check", str(script), NO_UPSTREAM, "--format", "json")
+        (finding,) = [f for f in json.loads(out)["files"][0]["findings"] if f["rule"] == "compose"]
+        if name == "moved.sh":
+            assert finding["fix"].startswith("write critic.fsdp.param_offload instead")
+            assert "critic/dp_critic.yaml:14@0.7.1" in finding["evidence"]
+        else:
+            assert (finding["fix"], finding["evidence"]) == ("", "")
+
+
 def test_a_set_argument_is_located_on_the_command_line(
     scripts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

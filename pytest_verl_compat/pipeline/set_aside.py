@@ -97,6 +97,13 @@ class SetAside:
         return f"delete it, or set the key that replaced it in verl {self.release}{near}"
 
 
+def rejected_key(reason: str) -> str:
+    """The dotted key a rejection names as one the tree does not have, or "" (another kind)."""
+    first = reason.splitlines()[0] if reason else ""
+    match = next((m for pattern in _ABSENT if (m := pattern.search(first))), None)
+    return match.group(1) if match else ""
+
+
 def _one(reason: str, fields: Sequence[str], release: str) -> tuple[int, SetAside] | None:
     """The override a rejection names and what takes its place, or None (another rejection)."""
     first = reason.splitlines()[0] if reason else ""

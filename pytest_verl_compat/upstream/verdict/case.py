@@ -237,12 +237,29 @@ def upstream_question(session: AuditSession, case: Case) -> ChecksQuestion | str
     )
 
 
+def _moved_place(session: AuditSession, reason: str) -> tuple[str, str]:
+    """(fix, evidence) for a rejected key whose section an earlier release's tree mounted
+    elsewhere (verl 0.7's critic.model.fsdp_config is critic.fsdp): where to write it, in place
+    of Hydra's "use +key", which would add a key nothing reads; ("", "") for any other."""
+    from pytest_verl_compat.pipeline.set_aside import rejected_key
+    from pytest_verl_compat.upstream.drift.mounts import relocation
+
+    key = rejected_key(reason)
+    place = relocation(session.version, key) if key else None
+    if place is None:
+        return "", ""
+    successor, evidence = place
+    return f"write {successor} instead, not a `+` key nothing reads: its section moved", evidence
+
+
 def check_case(session: AuditSession, case: Case, ask: Asker | None) -> CaseCheck:
     """The case's findings and verdicts; ``ask`` None leaves upstream's own checks out."""
     report = session.compile(case)
     if report is None:
         reason = session.outcome(case).composition.reason
-        finding = Finding("error", COMPOSITION, reason, check=COMPOSE)
+        finding = Finding(
+            "error", COMPOSITION, reason, *_moved_place(session, reason), check=COMPOSE
+        )
         return CaseCheck((finding,), False, False, reason, composed=False)
     answer: EarlyAnswer | str | None = None
     if ask is not None:
