@@ -91,38 +91,40 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
     return dataclasses.replace(result, set_aside=aside, assumptions=(said, *result.assumptions))
 
 
-def _unread_sections(entry: Any) -> tuple[str, ...]:
-    """The legacy top-level reward block, which only migrate_legacy_reward_impl reads
-    (verl/experimental/reward_loop/reward_loop.py:39-86, called by fully_async_main.py:237 and
-    not by main_ppo): its keys, an old reward model's fsdp_config among them, are set aside
-    losing nothing, unless the launch's entry point migrates them."""
+def _migrates_legacy_reward(entry: Any) -> bool:
+    """Whether the launch's entry point copies the legacy reward_model.* keys into reward.*
+    (migrate_legacy_reward_impl: fully_async_main.py:237 calls it, main_ppo does not)."""
     from pytest_verl_compat.checks.fields import MIGRATES_LEGACY_REWARD
 
-    if entry is not None and MIGRATES_LEGACY_REWARD in entry.calls:
-        return ()
-    return ("reward_model",)
+    return entry is not None and MIGRATES_LEGACY_REWARD in entry.calls
+
+
+def _unread_sections(entry: Any) -> tuple[str, ...]:
+    """The legacy top-level reward block, which only migrate_legacy_reward_impl reads
+    (verl/experimental/reward_loop/reward_loop.py:39-86): its keys, an old reward model's
+    fsdp_config among them, are set aside losing nothing, unless the entry point migrates them."""
+    return () if _migrates_legacy_reward(entry) else ("reward_model",)
 
 
 def _ignored_reward_model(fields: Any, entry: Any, version: str) -> str:
     """What the forecast leaves out for the launch's legacy reward_model.* keys, which the
     release's main_ppo never migrates to reward.* (check's fields.legacy-reward-key): no reward
     model runs, so none is forecast; "" where the launch sets none or its entry migrates them."""
-    from pytest_verl_compat.checks.fields import MIGRATES_LEGACY_REWARD, legacy_reward_replacement
-    from pytest_verl_compat.checks.fields import field_key as key_of
+    from pytest_verl_compat.checks.fields import field_key, legacy_reward_replacement
 
-    if entry is not None and MIGRATES_LEGACY_REWARD in entry.calls:
+    if _migrates_legacy_reward(entry):
         return ""
-    keys = [
-        key_of(field)
-        for field in fields
-        if key_of(field).startswith("reward_model.") and legacy_reward_replacement(key_of(field))
-    ]
-    if not keys:
+    moved = {
+        key: new
+        for key in map(field_key, fields)
+        if key.startswith("reward_model.") and (new := legacy_reward_replacement(key))
+    }
+    if not moved:
         return ""
-    moved = ", ".join(f"{key} is {legacy_reward_replacement(key)}" for key in keys)
+    said = ", ".join(f"{key} is {new}" for key, new in moved.items())
     return (
-        f"{', '.join(keys)}: legacy reward keys verl {version}'s main_ppo never reads (an error "
-        f"of check, fields.legacy-reward-key), so no reward model they ask for is forecast ({moved})"
+        f"{', '.join(moved)}: legacy reward keys verl {version}'s main_ppo never reads (an error "
+        f"of check, fields.legacy-reward-key), so no reward model they ask for is forecast ({said})"
     )
 
 

@@ -184,7 +184,6 @@ def defaults_list(config_name: str, overrides: Sequence[str]) -> list[tuple[str,
     entry's keys replace an earlier one's, so the last file that defines a key is where its
     default is written. Hydra's own ``hydra/*`` configs are left out.
     """
-
     return [(path, package) for path, package, _ in mounted_configs(config_name, overrides)]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.bash import LaunchReadError, read_launch
+from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.files.safe_input import BoundedLoader, InputError, read_text
 from pytest_verl_compat.model import Case, Composition
 from pytest_verl_compat.pipeline.compile import compile_resolved
@@ -430,7 +431,7 @@ def _selecting(argv: Sequence[str], *composers: Composer) -> list[str]:
         for field in selection(argv)
         if field not in overrides
         or any(
-            composer.is_group(field.split("=", 1)[0].lstrip("+~").split("@")[0].split("/")[0])
+            composer.is_group(field_key(field).split("@")[0].split("/")[0])
             for composer in composers
         )
     ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +23,11 @@ from pytest_verl_compat.files.safe_input import InputError, load_json_file
 from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.releases.index import ReleaseError, ReleaseIndex, load_release_index
 from pytest_verl_compat.releases.wheels import release_tree
-from pytest_verl_compat.upstream.drift.evidence import MoveContext, mount_moves
+from pytest_verl_compat.upstream.drift.evidence import MOVED_MOUNT, Move, MoveContext, mount_moves
 
 CONFIG_NAME = "ppo_trainer"
 ENGINE_GROUP = "model_engine"
 FILE_NAME = "moved_mounts.json"
-
-
-@dataclass(frozen=True)
-class MovedMount:
-    """``old`` (a dotted section of release ``since``'s tree) is ``new`` in this release's."""
-
-    old: str
-    new: str
-    since: str
-    evidence: str
-
-    def successor(self, key: str) -> str | None:
-        if key == self.old or key.startswith(f"{self.old}."):
-            return self.new + key[len(self.old) :]
-        return None
 
 
 def moved_mounts_path(version: str, index: ReleaseIndex | None = None) -> Path:
@@ -99,7 +83,7 @@ def dumps_moved_mounts(entries: Sequence[dict[str, str]]) -> str:
 
 
 @functools.cache
-def moved_mounts(version: str) -> tuple[MovedMount, ...]:
+def moved_mounts(version: str) -> tuple[Move, ...]:
     """The shipped moves into ``version``'s tree; none for a release without the file."""
     try:
         path = moved_mounts_path(version)
@@ -112,7 +96,12 @@ def moved_mounts(version: str) -> tuple[MovedMount, ...]:
     except InputError:
         return ()
     return tuple(
-        MovedMount(str(e["old"]), str(e["new"]), str(e["since"]), str(e["evidence"]))
+        Move(
+            tuple(str(e["old"]).split(".")),
+            tuple(str(e["new"]).split(".")),
+            MOVED_MOUNT,
+            str(e["evidence"]),
+        )
         for e in raw
         if isinstance(e, dict)
     )
