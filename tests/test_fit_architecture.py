@@ -365,6 +365,16 @@ def test_a_context_variant_changes_the_context_alone() -> None:
         ("/data/DeepSeek-R1-Distill-Qwen-14B", 131072),
         ("Qwen/Qwen3-30B-A3B-Instruct-2507", 262144),
         ("meta-llama/Meta-Llama-3-8B-Instruct", 8192),
+        # the 1.5B base model reads 131072, its Instruct model 32768 (search:14205754419,
+        # search:52839071726)
+        ("Qwen/Qwen2.5-1.5B", 131072),
+        ("/models/Qwen2.5-1.5B-Instruct", 32768),
+        ("Qwen/Qwen2.5-72B", 131072),
+        ("Qwen/Qwen2-7B", 131072),
+        ("Qwen/Qwen3-4B", 40960),
+        ("Qwen/Qwen3-4B-Instruct-2507", 262144),
+        ("/data/Qwen3-4B-Base", 32768),
+        ("meta-llama/Llama-2-7b-chat-hf", 4096),
     ],
 )
 def test_a_model_is_listed_with_its_own_context(repo: str, context: int) -> None:
