@@ -565,6 +565,49 @@ def test_only_vllm_refuses_to_start_short_of_one_max_model_len_sequence(
     assert ("error[memory.rollout-start]" in out) == (server == "vllm"), out
 
 
+@pytest.mark.parametrize(
+    ("model", "max_model_len", "starts"),
+    [
+        ("Qwen/Qwen2.5-1.5B", None, False),
+        ("Qwen/Qwen2.5-1.5B-Instruct", None, True),
+        ("Qwen/Qwen2.5-1.5B", 32768, True),
+    ],
+)
+def test_a_base_models_longer_context_is_the_sequence_vllm_must_hold(
+    here: Path,
+    capsys: pytest.CaptureFixture[str],
+    model: str,
+    max_model_len: int | None,
+    starts: bool,
+) -> None:
+    """Without rollout.max_model_len verl gives vLLM the model's max_position_embeddings
+    (vllm_async_server.py:953-955): Qwen2.5-1.5B's 131,072 (its base config.json) on an RTX 4090
+    at gpu_memory_utilization 0.25 does not fit the KV cache left, the Instruct model's 32,768
+    does, and so does the base model with a max_model_len set."""
+    args = [
+        "--set", f"actor_rollout_ref.model.path={model}",
+        "--set", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "--set", "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
+    ]  # fmt: skip
+    if max_model_len is not None:
+        args += ["--set", f"actor_rollout_ref.rollout.max_model_len={max_model_len}"]
+    status, out, err = run(
+        capsys, "fit", _script(GRPO), "--gpu", "RTX4090", "--format", "json", *args
+    )
+    assert status in (0, 1), err
+    payload = json.loads(out)
+    cache = payload["rollout_kv_cache"]
+    assert (cache["kv_bytes"] >= cache["one_sequence_bytes"]) == starts, cache
+    refused = [
+        f["message"]
+        for f in payload["findings"]
+        if f["rule"] == "memory.rollout-start" and "cannot start" in f["message"]
+    ]
+    assert bool(refused) != starts, refused
+    if refused:
+        assert "131,072 tokens" in refused[0], refused
+
+
 @pytest.mark.parametrize("pp", ["2", "1"])
 def test_a_megatron_pipeline_update_peaks_on_its_first_stage_without_the_logits(
     here: Path, capsys: pytest.CaptureFixture[str], pp: str
