@@ -36,3 +36,18 @@ def test_the_verdict_fails_a_case_that_does_not_fit_only_when_asked(
     assert "actor update on the trainer GPUs peaks at" in small.stdout.str()
     large = run(pytester, *selection, "--verl-corpus-gpu", "H200")
     large.assert_outcomes(passed=1)
+
+
+def test_the_docs_gpu_table_is_the_data() -> None:
+    """docs/fit.md lists every GPU type of data/gpus.yaml with its usable GiB, and no other."""
+    from pathlib import Path
+
+    from pytest_verl_compat.memory.gpus import gpu_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "fit.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.split("## GPUs", 1)[1].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and cells[1].replace(".", "").isdigit():
+            rows[cells[0]] = float(cells[1])
+    assert rows == {name: round(gpu.usable_gib, 2) for name, gpu in gpu_table().items()}

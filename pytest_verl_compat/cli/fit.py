@@ -250,7 +250,7 @@ def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--gpu",
         metavar="TYPE",
-        help="the GPU type (H100-80GB, H200, H20, A100-80GB, A100-40GB, L40S, A6000, A10, RTX4090, RTX3090, MI300X, Ascend-910B, ...)",
+        help="the GPU type (H100-80GB, H200, H20, B200, A100-80GB, A100-40GB, L40S, L20, A40, A6000, A10, L4, RTX4090, RTX3090, V100-32GB, MI300X, Ascend-910B, ...)",
     )
     fit.add_argument(
         "--gpu-memory",
