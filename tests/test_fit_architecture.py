@@ -416,6 +416,67 @@ def test_a_cache_like_path_of_no_listed_model_is_not_found(path: str) -> None:
     assert from_table(path) is None
 
 
+@pytest.mark.parametrize(
+    ("path", "repo", "context"),
+    [
+        ("/data/qwen2_5_7b_instruct", "Qwen/Qwen2.5-7B-Instruct", 32768),
+        ("/models/Qwen2.5-7B_Instruct", "Qwen/Qwen2.5-7B-Instruct", 32768),
+        ("/models/qwen2_5_1_5b", "Qwen/Qwen2.5-1.5B", 131072),
+        ("/ckpt/llama_3_1_8b_instruct", "meta-llama/Llama-3.1-8B-Instruct", 131072),
+        ("/m/deepseek_r1_distill_qwen_7b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 131072),
+    ],
+)
+def test_a_folder_spelling_a_listed_model_with_other_separators_is_that_model(
+    path: str, repo: str, context: int
+) -> None:
+    """Case, dots, dashes and underscores aside, a folder named as one listed model is that model
+    (its own context included); a spelling two models with other numbers share would match none."""
+    from pytest_verl_compat.memory.models import from_table
+
+    found = from_table(path)
+    assert found is not None and repo in found.where
+    assert found.architecture.max_position_embeddings == context
+
+
+def test_no_two_listed_models_with_other_numbers_share_a_spelling() -> None:
+    import yaml
+
+    from pytest_verl_compat.memory.models import TABLE_FILE, _variants, spelled
+
+    data = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
+    seen: dict[str, Any] = {}
+    for entry in data["models"]:
+        for repo, (_, config, _) in _variants(entry):
+            spelling = spelled(repo.rsplit("/", 1)[-1])
+            assert seen.setdefault(spelling, config) == config, repo
+
+
+@pytest.mark.parametrize(
+    ("path", "nearest"),
+    [
+        ("/ckpt/Qwen2.5-7B-Instruct-GRPO-step200", "Qwen/Qwen2.5-7B-Instruct"),
+        ("/ckpt/qwen3-8b-sft-v2", "Qwen/Qwen3-8B"),
+        ("/ckpt/my-policy", None),
+    ],
+)
+def test_an_unknown_model_names_the_tables_nearest_and_never_takes_it(
+    path: str, nearest: str | None
+) -> None:
+    """A fine-tune's folder is not a listed model: the one-line refusal suggests the listed models
+    its name starts with (or nearly spells), for --model-config, and no forecast takes one."""
+    from pytest_verl_compat.memory.models import UnknownModel, choose_model, from_table
+
+    assert from_table(path) is None
+    with pytest.raises(UnknownModel) as caught:
+        choose_model(path)
+    message = str(caught.value)
+    assert "\n" not in message and "--model-config" in message
+    if nearest is None:
+        assert "nearest" not in message, message
+    else:
+        assert f"the table's nearest: {nearest}" in message, message
+
+
 SLIDING_CASES: dict[str, dict[str, Any]] = {
     "gemma2": {"model_type": "gemma2", "sliding_window": 64},
     "gemma3_text": {"model_type": "gemma3_text", "sliding_window": 64},

@@ -7,7 +7,9 @@ handed to transformers, never fetched.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,51 @@ def table_entries() -> list[TableEntry]:
     return out
 
 
+# A local folder's name spells a repository's with other separators (qwen2_5_7b_instruct,
+# Qwen2.5-7B_Instruct): compared without them, a name matches only where one model has it.
+_SEPARATORS = re.compile(r"[._\-\s]+")
+
+
+def spelled(name: str) -> str:
+    """A model name without case or separators, as two spellings of one repository compare."""
+    return _SEPARATORS.sub("", name.lower())
+
+
+@functools.cache
+def _names_by_spelling() -> dict[str, tuple[str, tuple[str, Mapping[str, Any], str]]]:
+    """The table's model names (as listed) and numbers by their last component's spelling; a
+    spelling that models with other numbers share is left out (ambiguous)."""
+    data: Any = load_yaml_file(TABLE_FILE, "architecture table")
+    found: dict[str, tuple[str, tuple[str, Mapping[str, Any], str]]] = {}
+    ambiguous: set[str] = set()
+    for entry in data["models"]:
+        for repo, value in _variants(entry):
+            spelling = spelled(repo.rsplit("/", 1)[-1])
+            if spelling in found and found[spelling][1][1] != value[1]:
+                ambiguous.add(spelling)
+            found.setdefault(spelling, (repo, value))
+    return {k: v for k, v in found.items() if k not in ambiguous}
+
+
+def closest_in_table(name: str, n: int = 3) -> list[str]:
+    """The table's models nearest ``name``'s last component, for an unknown model's message:
+    those whose name it starts with (a fine-tune's folder: Qwen2.5-7B-Instruct-GRPO-step200),
+    longest first, then difflib's close matches. Suggestions, never a choice."""
+    parts = _repository_parts(name)
+    if not parts:
+        return []
+    table = _names_by_spelling()
+    mine = spelled(parts[-1])
+    prefixes = sorted((k for k in table if mine.startswith(k)), key=len, reverse=True)
+    near = difflib.get_close_matches(mine, list(table), n=n, cutoff=0.8)
+    out: list[str] = []
+    for spelling in (*prefixes, *near):
+        repo = table[spelling][0]
+        if repo not in out:
+            out.append(repo)
+    return out[:n]
+
+
 # Hugging Face's cache keeps a repository under models--{org}--{name}/snapshots/{revision}
 # (huggingface_hub's repo_folder_name); ModelScope's writes a name's dots as "___"
 # (~/.cache/modelscope/hub/Qwen/Qwen2___5-7B-Instruct).
@@ -148,8 +195,11 @@ def from_table(name: str) -> ModelChoice | None:
     """The shipped entry for a model path or repository id (its last one or two components)."""
     parts = _repository_parts(name)
     keys = ["/".join(parts[-2:]).lower(), parts[-1].lower()] if parts else []
-    for key in keys:
-        hit = _table().get(key)
+    hits = [_table().get(key) for key in keys]
+    if parts:
+        listed = _names_by_spelling().get(spelled(parts[-1]))
+        hits.append(listed[1] if listed else None)
+    for hit in hits:
         if hit is not None:
             repo, config, verified = hit
             url = f"https://huggingface.co/{repo}/blob/main/config.json"
@@ -208,7 +258,13 @@ def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoi
     shipped = from_table(path)
     if shipped is not None:
         return shipped
+    near = closest_in_table(path)
+    hint = (
+        f" (the table's nearest: {', '.join(near)}; a fine-tune has its base model's numbers)"
+        if near
+        else ""
+    )
     raise UnknownModel(
         f"model {path!r}: no local config.json, not in the Hugging Face cache and not in the "
-        "shipped table; give --model-config PATH (its config.json)"
+        f"shipped table; give --model-config PATH (its config.json){hint}"
     )
