@@ -565,6 +565,28 @@ def test_only_vllm_refuses_to_start_short_of_one_max_model_len_sequence(
     assert ("error[memory.rollout-start]" in out) == (server == "vllm"), out
 
 
+def test_a_fine_tunes_folder_is_forecast_as_the_listed_model_it_names(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fine-tune's folder that is not here is refused, naming the table's nearest model;
+    --model-config with that model's name forecasts the run as the launch of the model itself."""
+    tuned = "--set", "actor_rollout_ref.model.path=/ckpt/Qwen2.5-7B-Instruct-GRPO-step200"
+    status, _, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", *tuned)
+    assert status == 2 and "the table's nearest: Qwen/Qwen2.5-7B-Instruct" in err, err
+    named = ("--model-config", "Qwen/Qwen2.5-7B-Instruct")
+    status, out, err = run(
+        capsys, "fit", _script(GRPO), "--gpu", "H100", "--format", "json", *tuned, *named
+    )
+    assert status in (0, 1), err
+    listed = "--set", "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct"
+    _, same, _ = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--format", "json", *listed)
+    assert json.loads(out)["ranks"] == json.loads(same)["ranks"]
+    status, _, err = run(
+        capsys, "fit", _script(GRPO), "--gpu", "H100", *tuned, "--model-config", "Qwen/NoSuch-7B"
+    )
+    assert status == 2 and "not found" in err, err
+
+
 @pytest.mark.parametrize(
     ("model", "max_model_len", "starts"),
     [

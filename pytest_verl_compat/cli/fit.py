@@ -121,7 +121,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.plot}: the picture must be .png or .svg")
     session = open_session(args)
     if args.model_config and not Path(args.model_config).expanduser().exists():
-        raise UsageError(f"{args.model_config}: model config not found")
+        from pytest_verl_compat.memory.models import model_by_name
+
+        if model_by_name(args.model_config) is None:
+            raise UsageError(
+                f"{args.model_config}: model config not found (a config.json, its folder, or a "
+                "model the table or the Hugging Face cache knows by name)"
+            )
     if is_resolved_target(args.targets[0]):  # nargs=1: one target
         # a run's resolved configuration (the run that ran out of memory, say): its case as
         # compile prepares it, each finding at its key's line of the file
@@ -260,8 +266,9 @@ def add_fit_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     fit.add_argument(
         "--model-config",
-        metavar="PATH",
-        help="the actor model's config.json (or its folder), read as JSON only",
+        metavar="PATH|MODEL",
+        help="the actor model's config.json (or its folder), read as JSON only; or a model the "
+        "shipped table or the Hugging Face cache knows by name (a fine-tune's base model)",
     )
     fit.add_argument(
         "--set", action="append", type=override_value, metavar="KEY=VALUE", help="an extra override"

@@ -234,6 +234,17 @@ def _hub_cache_config(repo_id: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
+def model_by_name(name: str) -> ModelChoice | None:
+    """A model named by repository id (or a path naming one): the Hugging Face cache's
+    config.json, else the shipped table's entry; None when neither knows it."""
+    cached = _hub_cache_config(name)
+    if cached is not None:
+        return ModelChoice(
+            _architecture(_config_file(cached), name, str(cached)), HF_CACHE, str(cached)
+        )
+    return from_table(name)
+
+
 def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoice:
     """The model of a run: ``given`` (--model-config), a local folder, the cache, the table.
 
@@ -242,6 +253,11 @@ def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoi
     """
     if given is not None:
         where = str(given)
+        if not Path(given).expanduser().exists():
+            # a model named rather than a file: the one a fine-tune was trained from, say
+            named = model_by_name(where)
+            if named is not None:
+                return named
         config = _config_file(Path(given).expanduser())
         return ModelChoice(_architecture(config, where, where), GIVEN, where)
     if not path:
@@ -250,21 +266,18 @@ def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoi
     if (local / "config.json").is_file():
         where = str(local / "config.json")
         return ModelChoice(_architecture(_config_file(local), path, where), LOCAL, where)
-    cached = _hub_cache_config(path)
-    if cached is not None:
-        return ModelChoice(
-            _architecture(_config_file(cached), path, str(cached)), HF_CACHE, str(cached)
-        )
-    shipped = from_table(path)
-    if shipped is not None:
-        return shipped
+    named = model_by_name(path)
+    if named is not None:
+        return named
     near = closest_in_table(path)
     hint = (
-        f" (the table's nearest: {', '.join(near)}; a fine-tune has its base model's numbers)"
+        f" (the table's nearest: {', '.join(near)}; a fine-tune has its base model's numbers: "
+        f"--model-config {near[0]})"
         if near
         else ""
     )
     raise UnknownModel(
         f"model {path!r}: no local config.json, not in the Hugging Face cache and not in the "
-        f"shipped table; give --model-config PATH (its config.json){hint}"
+        f"shipped table; give --model-config PATH (its config.json) or the name of a model the "
+        f"table lists{hint}"
     )
