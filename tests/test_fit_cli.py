@@ -331,6 +331,34 @@ def test_check_with_a_gpu_adds_the_memory_findings_and_without_one_is_unchanged(
     assert run(capsys, "check", _script(GRPO), "--no-upstream-checks", "--format", "sarif") == plain
 
 
+@pytest.mark.parametrize("given", ["file", "name"])
+def test_check_with_a_gpu_forecasts_with_the_model_config_it_was_given(
+    here: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str
+) -> None:
+    """check --gpu --model-config forecasts a fine-tune's run with the model given (a config.json
+    or a listed model's name) as fit does, where without it the run is not forecast; before, the
+    note asked for the --model-config it had been given."""
+    tuned = ("--set", "actor_rollout_ref.model.path=/ckpt/my-policy-step100")
+    base = ("check", _script(GRPO), "--no-upstream-checks", "--gpu", "RTX4090", *tuned)
+    _, out, _ = run(capsys, *base)
+    assert "info[memory.not-forecast]" in out and "error[memory." not in out, out
+    if given == "file":
+        config = tmp_path / "config.json"
+        facts = {
+            "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "intermediate_size": 12288, "vocab_size": 151936, "tie_word_embeddings": False,
+            "max_position_embeddings": 40960,
+        }  # fmt: skip
+        config.write_text(json.dumps(facts))
+        model = str(config)
+    else:
+        model = "Qwen/Qwen3-8B"
+    status, out, err = run(capsys, *base, "--model-config", model)
+    assert status == 1, err
+    assert "not-forecast" not in out and "error[memory.actor-update]" in out, out
+
+
 def test_check_with_a_gpu_notes_a_script_it_cannot_forecast_and_checks_the_others(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -49,6 +49,7 @@ from pytest_verl_compat.cli.common import (
     add_bindings_flags,
     case_for_target,
     flag_bindings,
+    given_model_facts,
     open_session,
     override_value,
     say,
@@ -488,12 +489,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         gpu = choose_gpu(args.gpu, args.gpu_memory, args.settings_gpu)
     session = open_session(args)
     if args.model_config:
-        from pytest_verl_compat.pipeline.model_facts import read_model_facts
-
-        try:
-            session.model_facts_override = read_model_facts(args.model_config)
-        except InputError as exc:
-            raise UsageError(str(exc)) from exc
+        session.model_facts_override = given_model_facts(args.model_config)
     if args.targets.count(STDIN) > 1:
         raise UsageError("standard input (-) can be read once")
     listed = targets(args, session)
@@ -665,9 +661,10 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model-config",
-        metavar="PATH",
-        help="the actor model's config.json (or its folder): checks heads, experts, context length "
-        "and tokenizer against the layout; read as JSON only, never run",
+        metavar="PATH|MODEL",
+        help="the actor model's config.json (or its folder), or a model the shipped table or the "
+        "Hugging Face cache knows by name: checks heads, experts, context length and tokenizer "
+        "against the layout, and --gpu forecasts with it; read as JSON only, never run",
     )
     parser.add_argument(
         "--no-upstream-checks",

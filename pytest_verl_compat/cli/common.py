@@ -163,6 +163,32 @@ def existing_file(path: str, what: str = "file") -> Path:
     return found
 
 
+MODEL_NOT_FOUND = (
+    "cannot read the model config: not found (a config.json, its folder, or a model the shipped "
+    "table or the Hugging Face cache knows by name)"
+)
+
+
+def given_model_facts(given: str) -> Any:
+    """``--model-config``'s model facts: a config.json or its folder, else a model the Hugging
+    Face cache or the shipped table knows by name (a fine-tune's base model); one line if none."""
+    from pytest_verl_compat.pipeline.model_facts import read_model_facts
+
+    if not Path(given).expanduser().exists():
+        from pytest_verl_compat.checks.model_facts import facts_from_config
+        from pytest_verl_compat.memory.models import config_by_name
+
+        named = config_by_name(given)
+        if named is None:
+            raise UsageError(f"{given}: {MODEL_NOT_FOUND}")
+        # the name is the facts' source: check --gpu's forecast takes the model it names
+        return facts_from_config(named[1], given)
+    try:
+        return read_model_facts(given)
+    except InputError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def open_session(args: argparse.Namespace) -> AuditSession:
     manifest = getattr(args, "manifest", None)
     if manifest is not None:

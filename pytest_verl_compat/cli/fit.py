@@ -21,6 +21,7 @@ from typing import Any
 from pytest_verl_compat.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
+    MODEL_NOT_FOUND,
     UsageError,
     add_bindings_flags,
     open_session,
@@ -124,10 +125,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         from pytest_verl_compat.memory.models import model_by_name
 
         if model_by_name(args.model_config) is None:
-            raise UsageError(
-                f"{args.model_config}: model config not found (a config.json, its folder, or a "
-                "model the table or the Hugging Face cache knows by name)"
-            )
+            raise UsageError(f"{args.model_config}: {MODEL_NOT_FOUND}")
     if is_resolved_target(args.targets[0]):  # nargs=1: one target
         # a run's resolved configuration (the run that ran out of memory, say): its case as
         # compile prepares it, each finding at its key's line of the file

@@ -179,7 +179,11 @@ def memory_check(session: Any, case: Any, gpu: Any) -> list[Any]:
     from pytest_verl_compat.pipeline.compile import in_release
 
     try:
-        found = memory_findings.as_findings(forecast_case(session, case, Request(gpu=gpu)))
+        # check --model-config's model (its facts' source: a config.json or a model's name), as
+        # fit takes its own
+        given = session.model_facts_override
+        request = Request(gpu=gpu, model_config=given.source if given is not None else None)
+        found = memory_findings.as_findings(forecast_case(session, case, request))
     except NotForecastCase as exc:
         # one script the forecast cannot model says so and the others are still checked (the
         # plugin's --verl-corpus-gpu makes it a note the same way)

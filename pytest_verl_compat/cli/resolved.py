@@ -39,6 +39,7 @@ from pytest_verl_compat.cli.common import (
     EXIT_USAGE,
     UsageError,
     existing_file,
+    given_model_facts,
     open_session,
     say,
 )
@@ -113,12 +114,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     chosen = selection(args)
     session = open_session(args)
     if args.model_config:
-        from pytest_verl_compat.pipeline.model_facts import read_model_facts
-
-        try:
-            session.model_facts_override = read_model_facts(args.model_config)
-        except InputError as exc:
-            raise UsageError(str(exc)) from exc
+        session.model_facts_override = given_model_facts(args.model_config)
     prepared = prepare_resolved(session, args.resolved, args)
     if prepared.case is not None and args.tree:
         _say_other_trees(session, prepared, args.tree)

@@ -193,18 +193,27 @@ def _repository_parts(name: str) -> list[str]:
 
 def from_table(name: str) -> ModelChoice | None:
     """The shipped entry for a model path or repository id (its last one or two components)."""
+    hit = _table_hit(name)
+    if hit is None:
+        return None
+    repo, config, verified = hit
+    url = f"https://huggingface.co/{repo}/blob/main/config.json"
+    return ModelChoice(architecture_from_config(config, repo, url), TABLE, url, verified)
+
+
+def _table_hit(name: str) -> tuple[str, Mapping[str, Any], str] | None:
+    """The table's (repository, numbers, how checked) for a name: its last two components, its
+    last one, then its last one's spelling."""
     parts = _repository_parts(name)
-    keys = ["/".join(parts[-2:]).lower(), parts[-1].lower()] if parts else []
-    hits = [_table().get(key) for key in keys]
-    if parts:
-        listed = _names_by_spelling().get(spelled(parts[-1]))
-        hits.append(listed[1] if listed else None)
-    for hit in hits:
-        if hit is not None:
-            repo, config, verified = hit
-            url = f"https://huggingface.co/{repo}/blob/main/config.json"
-            return ModelChoice(architecture_from_config(config, repo, url), TABLE, url, verified)
-    return None
+    if not parts:
+        return None
+    listed = _names_by_spelling().get(spelled(parts[-1]))
+    hits = (
+        _table().get("/".join(parts[-2:]).lower()),
+        _table().get(parts[-1].lower()),
+        listed[1] if listed else None,
+    )
+    return next((hit for hit in hits if hit is not None), None)
 
 
 def _hub_cache_config(repo_id: str) -> Path | None:
@@ -243,6 +252,18 @@ def model_by_name(name: str) -> ModelChoice | None:
             _architecture(_config_file(cached), name, str(cached)), HF_CACHE, str(cached)
         )
     return from_table(name)
+
+
+def config_by_name(name: str) -> tuple[str, Mapping[str, Any]] | None:
+    """(where, the config.json numbers) of a model named as ``model_by_name`` finds it: for
+    ``check --model-config MODEL``, whose checks read a config mapping."""
+    cached = _hub_cache_config(name)
+    if cached is not None:
+        return str(cached), _config_file(cached)
+    hit = _table_hit(name)
+    if hit is None:
+        return None
+    return f"https://huggingface.co/{hit[0]}/blob/main/config.json", hit[1]
 
 
 def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoice:
