@@ -207,13 +207,11 @@ def _table_hit(name: str) -> tuple[str, Mapping[str, Any], str] | None:
     parts = _repository_parts(name)
     if not parts:
         return None
-    listed = _names_by_spelling().get(spelled(parts[-1]))
-    hits = (
-        _table().get("/".join(parts[-2:]).lower()),
-        _table().get(parts[-1].lower()),
-        listed[1] if listed else None,
-    )
-    return next((hit for hit in hits if hit is not None), None)
+    hit = _table().get("/".join(parts[-2:]).lower()) or _table().get(parts[-1].lower())
+    if hit is None:  # the spellings are read only when the names miss
+        listed = _names_by_spelling().get(spelled(parts[-1]))
+        hit = listed[1] if listed else None
+    return hit
 
 
 def _hub_cache_config(repo_id: str) -> Path | None:
