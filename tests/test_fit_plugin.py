@@ -51,3 +51,40 @@ def test_the_docs_gpu_table_is_the_data() -> None:
         if line.startswith("| ") and len(cells) == 3 and cells[1].replace(".", "").isdigit():
             rows[cells[0]] = float(cells[1])
     assert rows == {name: round(gpu.usable_gib, 2) for name, gpu in gpu_table().items()}
+
+
+@pytest.mark.parametrize(
+    ("printed", "gpu"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
+        ("NVIDIA A800-SXM4-80GB", "A100-80GB"),
+        ("Tesla V100-SXM2-32GB", "V100-32GB"),
+        ("Tesla V100-SXM2-16GB", "V100-16GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX4090"),
+        ("NVIDIA RTX A6000", "A6000"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX6000-Ada"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("Tesla T4", "T4"),
+    ],
+)
+def test_a_gpu_is_found_by_the_name_its_tools_print(printed: str, gpu: str) -> None:
+    """--gpu takes a device's name as nvidia-smi, rocm-smi and torch.cuda.get_device_name print
+    it: the vendor, product line, form factor and memory generation name no other type."""
+    from pytest_verl_compat.memory.gpus import find_gpu
+
+    assert find_gpu(printed).name == gpu
+
+
+def test_no_two_gpu_types_share_a_name() -> None:
+    """Every name and alias of the table, compared as --gpu compares them, names one type."""
+    from pytest_verl_compat.files.safe_input import load_yaml_file
+    from pytest_verl_compat.memory.gpus import GPUS_FILE, _normal
+
+    named: dict[str, str] = {}
+    for name, entry in load_yaml_file(GPUS_FILE, "GPU table")["gpus"].items():
+        for alias in (name, *entry.get("aliases", ())):
+            assert named.setdefault(_normal(str(alias)), name) == name, alias

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,18 @@ class Gpu:
         return f"{self.name} ({self.usable_gib:.2f} GiB usable)"
 
 
+# Words a device's name carries as nvidia-smi, rocm-smi and torch.cuda.get_device_name print it
+# ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB", "NVIDIA GeForce RTX
+# 4090", "AMD Instinct MI300X") that name no other type: the vendor, the product line, the board
+# form factor and the memory generation. What is left is the type's name.
+_NOT_THE_TYPE = re.compile(
+    r"\b(nvidia|amd|instinct|tesla|geforce|quadro|sxm[2-6]?|pcie|hbm[23]e?|nvlink)\b"
+)
+
+
 def _normal(name: str) -> str:
-    return "".join(ch for ch in name.lower() if ch.isalnum())
+    words = _NOT_THE_TYPE.sub(" ", re.sub(r"[^a-z0-9]+", " ", name.lower()))
+    return "".join(ch for ch in words if ch.isalnum())
 
 
 @functools.cache
