@@ -100,8 +100,9 @@ NOT_FORECAST_PAGE = RuleDoc(
     "findings stand.",
     "the forecast counts only what it can cite from upstream's code and the model's own numbers; "
     "where it cannot, it refuses in one line rather than guess",
-    "for an unknown model give --model-config PATH (its config.json); otherwise the message names "
-    "what it could not read",
+    "for an unknown model give --model-config PATH (its config.json) or MODEL (the name of a model "
+    "the shipped table or the Hugging Face cache knows, a fine-tune's base model); otherwise the "
+    "message names what it could not read",
     None,
     SOURCE,
 )
