@@ -88,3 +88,18 @@ def test_no_two_gpu_types_share_a_name() -> None:
     for name, entry in load_yaml_file(GPUS_FILE, "GPU table")["gpus"].items():
         for alias in (name, *entry.get("aliases", ())):
             assert named.setdefault(_normal(str(alias)), name) == name, alias
+
+
+@pytest.mark.parametrize(
+    ("given", "gpu", "count"), [("8xH100", "H100", 8), ("4 * A100 80GB", "A100 80GB", 4)]
+)
+def test_a_gpu_count_is_refused_as_the_launchs_to_give(given: str, gpu: str, count: int) -> None:
+    """Reports write machines as "8xH100": --gpu names the device, the count is the launch's, so a
+    counted name is one line saying which type to give and which key sets the count."""
+    from pytest_verl_compat.memory.gpus import UnknownGpu, find_gpu
+
+    with pytest.raises(UnknownGpu) as caught:
+        find_gpu(given)
+    message = str(caught.value)
+    assert f"give --gpu {gpu}" in message and f"trainer.n_gpus_per_node={count}" in message
+    find_gpu(gpu)  # the type alone is known
