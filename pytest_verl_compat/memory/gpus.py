@@ -82,14 +82,15 @@ _COUNTED = re.compile(r"^\s*(\d+)\s*[x*\u00d7]\s*(\S.*)$", re.IGNORECASE)
 def find_gpu(name: str) -> Gpu:
     """The GPU type named (case, dashes and spaces ignored; aliases such as H800 for H100-80GB)."""
     key = _aliases().get(_normal(name))
-    counted = _COUNTED.match(name)
-    if key is None and counted and _aliases().get(_normal(counted.group(2))):
+    counted = _COUNTED.match(name) if key is None else None
+    if counted and _normal(counted.group(2)) in _aliases():
         # the count is the launch's, never the option's: a forecast of other GPUs than the
         # launch asks for would be of another run
+        kind = counted.group(2).strip()
         raise UnknownGpu(
-            f"--gpu names one device type ({counted.group(2).strip()}), not how many: the launch's "
+            f"--gpu names one device type ({kind}), not how many: the launch's "
             "trainer.n_gpus_per_node x trainer.nnodes (torchrun's --nproc_per_node for SFT) is "
-            f"the count; give --gpu {counted.group(2).strip()} and, for other counts, --set "
+            f"the count; give --gpu {kind} and, for other counts, --set "
             f"trainer.n_gpus_per_node={counted.group(1)}"
         )
     if key is None:

@@ -87,14 +87,29 @@ def _variants(entry: Mapping[str, Any]) -> list[tuple[str, tuple[str, Mapping[st
 
 
 @functools.cache
+def _table_data() -> Any:
+    """The shipped table file, read once."""
+    return load_yaml_file(TABLE_FILE, "architecture table")
+
+
+@functools.cache
+def _listed() -> tuple[tuple[str, tuple[str, Mapping[str, Any], str]], ...]:
+    """Every model the table lists (each entry's repository, aliases and context variants) with
+    its numbers, in the table's order."""
+    return tuple(model for entry in _table_data()["models"] for model in _variants(entry))
+
+
+def _config_url(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+@functools.cache
 def _table() -> dict[str, tuple[str, Mapping[str, Any], str]]:
     """The shipped table by lower-case repository id and by its last component."""
-    data: Any = load_yaml_file(TABLE_FILE, "architecture table")
     found: dict[str, tuple[str, Mapping[str, Any], str]] = {}
-    for entry in data["models"]:
-        for repo, value in _variants(entry):
-            found.setdefault(repo.lower(), value)
-            found.setdefault(repo.rsplit("/", 1)[-1].lower(), value)
+    for repo, value in _listed():
+        found.setdefault(repo.lower(), value)
+        found.setdefault(repo.rsplit("/", 1)[-1].lower(), value)
     return found
 
 
@@ -111,11 +126,11 @@ class TableEntry:
 
 def table_entries() -> list[TableEntry]:
     """Every entry of the shipped table, in the table's order."""
-    data: Any = load_yaml_file(TABLE_FILE, "architecture table")
     out = []
-    for entry in data["models"]:
-        url = f"https://huggingface.co/{entry['repo']}/blob/main/config.json"
-        arch = architecture_from_config(entry["config"], str(entry["repo"]), url)
+    for entry in _table_data()["models"]:
+        arch = architecture_from_config(
+            entry["config"], str(entry["repo"]), _config_url(entry["repo"])
+        )
         out.append(
             TableEntry(
                 str(entry["repo"]),
@@ -142,15 +157,13 @@ def spelled(name: str) -> str:
 def _names_by_spelling() -> dict[str, tuple[str, tuple[str, Mapping[str, Any], str]]]:
     """The table's model names (as listed) and numbers by their last component's spelling; a
     spelling that models with other numbers share is left out (ambiguous)."""
-    data: Any = load_yaml_file(TABLE_FILE, "architecture table")
     found: dict[str, tuple[str, tuple[str, Mapping[str, Any], str]]] = {}
     ambiguous: set[str] = set()
-    for entry in data["models"]:
-        for repo, value in _variants(entry):
-            spelling = spelled(repo.rsplit("/", 1)[-1])
-            if spelling in found and found[spelling][1][1] != value[1]:
-                ambiguous.add(spelling)
-            found.setdefault(spelling, (repo, value))
+    for repo, value in _listed():
+        spelling = spelled(repo.rsplit("/", 1)[-1])
+        if spelling in found and found[spelling][1][1] != value[1]:
+            ambiguous.add(spelling)
+        found.setdefault(spelling, (repo, value))
     return {k: v for k, v in found.items() if k not in ambiguous}
 
 
@@ -197,7 +210,7 @@ def from_table(name: str) -> ModelChoice | None:
     if hit is None:
         return None
     repo, config, verified = hit
-    url = f"https://huggingface.co/{repo}/blob/main/config.json"
+    url = _config_url(repo)
     return ModelChoice(architecture_from_config(config, repo, url), TABLE, url, verified)
 
 
@@ -261,7 +274,7 @@ def config_by_name(name: str) -> tuple[str, Mapping[str, Any]] | None:
     hit = _table_hit(name)
     if hit is None:
         return None
-    return f"https://huggingface.co/{hit[0]}/blob/main/config.json", hit[1]
+    return _config_url(hit[0]), hit[1]
 
 
 def choose_model(path: str | None, given: str | Path | None = None) -> ModelChoice:
