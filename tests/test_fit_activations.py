@@ -647,3 +647,36 @@ def test_activation_offload_keeps_what_the_formula_says(version: str) -> None:
             arch_head = architecture_from_config(config_head, family, "tiny config")
             expected = layers_backward_bytes(arch_head, tokens, checkpointing, offloaded=True)
             _check(backward, expected, f"{case}-backward")
+
+
+def _loss_peak(shifted: bool, training: bool) -> float:
+    """The peak of live storages, in units of the bf16 logits, while torch's cross entropy takes
+    a bf16 model's logits under bf16 autocast (as fsdp_sft_trainer.py:381-401@0.7.0 computes its
+    loss; CPU autocast casts cross_entropy to fp32 as CUDA's does), shifted first where the
+    samples are padded."""
+    batch, seq, width, vocab = 2, 256, 16, 4096
+    hidden = torch.randn(batch, seq, width, dtype=torch.bfloat16, requires_grad=training)
+    head = torch.randn(vocab, width, dtype=torch.bfloat16)
+    labels = torch.randint(0, vocab, (batch * (seq - 1 if shifted else seq),))
+    meter = _Live({hidden.untyped_storage().data_ptr(), head.untyped_storage().data_ptr()})
+    with (
+        torch.enable_grad() if training else torch.no_grad(),
+        meter,
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        logits = hidden @ head.t()
+        scored = logits[..., :-1, :].contiguous() if shifted else logits
+        loss = torch.nn.CrossEntropyLoss(reduction="none")(scored.view(-1, vocab), labels)
+        if training:
+            loss.sum().backward()
+    return max(meter.timeline) / (batch * seq * vocab * 2)
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+@pytest.mark.parametrize("training", [True, False])
+def test_the_fp32_loss_holds_the_copies_the_forecast_counts(shifted: bool, training: bool) -> None:
+    from pytest_verl_compat.memory.activations import logits_cost
+
+    expected = logits_cost(training, False, False, False, fp32_loss=True, shifted=shifted).copies
+    measured = _loss_peak(shifted, training)
+    assert expected * 0.98 <= measured <= expected * 1.02, (measured, expected)

@@ -829,3 +829,29 @@ def test_check_with_a_gpu_forecasts_each_way_of_a_script(
     errors = [line for line in out.splitlines() if "error[memory.actor-update]" in line]
     assert status == 1 and len(errors) == 1, out
     assert errors[0].endswith('[when [ "$(hostname)" = big-node ] (line 2) is true]'), errors[0]
+
+
+@pytest.mark.parametrize(("strategy", "on_host"), [("fsdp2", True), ("fsdp", False)])
+def test_the_new_trainers_offload_policy_holds_only_on_fsdp2(
+    here: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    strategy: str,
+    on_host: bool,
+) -> None:
+    """verl 0.9.0's engine builds FSDP2's CPUOffloadPolicy for engine.offload_policy
+    (transformer_impl.py:440-443) and gives FSDP1's training engine none (:404-415): the shards,
+    gradients and optimizer states leave the GPU on FSDP2 only."""
+    keys = (
+        "model.path=Qwen/Qwen2.5-7B-Instruct data.use_dynamic_bsz=False "
+        f"engine.strategy={strategy} engine.offload_policy=True"
+    )
+    script = tmp_path / "sft.sh"
+    script.write_text(
+        "torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer " + keys + "\n", encoding="utf-8"
+    )
+    status, out, err = run(capsys, "fit", str(script), "--gpu", "H100", "--format", "json")
+    assert status == 0, err
+    keys_held = {part["key"] for part in _phase(json.loads(out), "sft-update")["parts"]}  # type: ignore[union-attr]
+    for name in ("actor.params", "actor.optimizer"):
+        assert (name not in keys_held) is on_host, (strategy, name)

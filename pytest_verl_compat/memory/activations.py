@@ -367,6 +367,8 @@ def logits_cost(
     compiled: bool = True,
     temperature_copy: bool = True,
     grad_in_place: bool = False,
+    fp32_loss: bool = False,
+    shifted: bool = False,
 ) -> LogitsCost:
     """How many tokens x vocab tensors are alive at the peak of the log-prob computation.
 
@@ -391,6 +393,8 @@ def logits_cost(
     """
     if fused:
         return LogitsCost(0.0, "fused kernels: logits never materialised")
+    if fp32_loss:
+        return _fp32_loss_cost(training, shifted)
     if not entropy:
         extra = 0.0
     elif chunked:
@@ -413,6 +417,18 @@ def logits_cost(
     if training and in_place:
         how += ", log-prob gradient in place"
     return LogitsCost(copies, f"{copies:g} {'copy' if copies == 1 else 'copies'} ({how})")
+
+
+def _fp32_loss_cost(training: bool, shifted: bool) -> LogitsCost:
+    """torch's cross entropy under bf16 autocast (the old SFT trainer's loss,
+    fsdp_sft_trainer.py:381-401@0.7.0), in units of the bf16 logits: the logits, their shifted
+    contiguous copy where the samples are padded, the fp32 cast and the fp32 log_softmax it saves
+    (two units each) in the forward; in the backward the saved log_softmax, its gradient and the
+    input's gradient, all fp32 (measured in tests/test_fit_retired.py)."""
+    kept = 1.0 + (1.0 if shifted else 0.0)
+    copies = kept + (6.0 if training else 4.0)
+    how = "torch's cross entropy in fp32 under autocast" + (", shifted copy" if shifted else "")
+    return LogitsCost(copies, f"{copies:g} copies ({how})")
 
 
 def megatron_logits_cost(training: bool, entropy: bool, fused: bool) -> LogitsCost:

@@ -91,6 +91,9 @@ class RoleLayout:
     sync_key: str = ""
     # the log-probs' backward writes into the saved logits when no entropy is taken
     logprob_grad_in_place: bool = False
+    # the loss is torch's cross entropy under bf16 autocast: an fp32 log_softmax saved and fp32
+    # gradients beside it (the old SFT trainer's), not flash-attn's
+    fp32_loss: bool = False
     # the train budget (train_budget_key's value) that makes a rank's mini-batch one micro-batch:
     # its sequences (static) or their tokens per GPU (dynamic); 0 where not known
     whole_mini_batch: int = 0

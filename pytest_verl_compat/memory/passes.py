@@ -84,6 +84,9 @@ def _logits_part(role: RoleLayout, training: bool, entropy: bool) -> Part:
             role.compiled,
             role.temperature_copy,
             role.logprob_grad_in_place,
+            fp32_loss=role.fp32_loss,
+            # the old SFT trainer shifts the padded logits into a contiguous copy for the loss
+            shifted=role.fp32_loss and not role.remove_padding,
         )
     tokens = role.train_tokens if training else role.infer_tokens
     vocab = arch.vocab_size // (role.spec.tp if megatron(role) else 1)
@@ -178,6 +181,24 @@ def _stage_text(role: RoleLayout, stage: act.Stage) -> str:
     return f", {which} of {role.spec.pp} pipeline stages ({layers}, {flight}{head})"
 
 
+# torch's FSDP2 copies the reduce-scattered gradient to the host under CPUOffloadPolicy (FSDP1's
+# _offload_grad under CPUOffload(offload_params=True)); the optimizer's states follow its params
+EV_HOST_STATES = "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:711@torch-2.13.0"
+
+
+def _host_states(role: RoleLayout) -> Part:
+    """The sharded gradients and optimizer states under FSDP's CPU offload policy: on the host,
+    said as a part of no GPU bytes so the table shows where they went."""
+    return Part(
+        f"{role.role}.grads",
+        f"{role.role} gradients and optimizer states",
+        0,
+        "on the host (FSDP's CPU offload policy: each sharded gradient is copied there after its "
+        "reduce-scatter, and the optimizer steps there)",
+        EV_HOST_STATES,
+    )
+
+
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
     """The role's own parts while it runs a pass (training: an update)."""
     arch = role.model.architecture
@@ -206,7 +227,13 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         if role.spec.strategy in ("megatron", "mindspeed")
         else 1
     )
-    if training:
+    # FSDP's CPU offload policy (FSDP2's CPUOffloadPolicy, FSDP1's CPUOffload(offload_params=True))
+    # copies each sharded gradient to the host as its reduce-scatter ends, and the optimizer
+    # steps there: the sharded gradients and the optimizer states never stay on the GPU
+    on_host = role.offload_policy and not megatron(role)
+    if training and on_host:
+        parts.append(_host_states(role))
+    if training and not on_host:
         parts.append(
             Part(
                 f"{name}.grads",
@@ -233,6 +260,7 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
                 + (f"; {st.EV_OPTIMIZER_ON_HOST}" if role.spec.optimizer_on_host else ""),
             )
         )
+    if training:
         if role.micro_batches > 1 and s.accumulated:
             parts.append(
                 Part(

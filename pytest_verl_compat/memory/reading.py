@@ -54,6 +54,7 @@ from pytest_verl_compat.memory.layout import (
 from pytest_verl_compat.memory.models import ModelChoice
 from pytest_verl_compat.memory.release_facts import (
     DYNAMIC_MICRO_BATCHES,
+    LOGPROB_BACKWARD,
     TEMPERATURE_COPY,
     ReleaseFacts,
 )
@@ -143,13 +144,19 @@ def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
 
 
 def _engine_flags(
-    engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
+    engine: Mapping[str, Any],
+    model_section: Mapping[str, Any],
+    strategy: str,
+    facts: ReleaseFacts,
 ) -> dict[str, Any]:  # each a bool; Any lets it spread into RoleLayout beside its other fields
     """The offload and model flags an RL role and the SFT engine read alike."""
     return {
         "param_offload": bool(engine.get("param_offload")),
         "optimizer_offload": bool(engine.get("optimizer_offload")),
-        "offload_policy": bool(engine.get("offload_policy")),
+        # an offload policy only where the release's engine builds one for the strategy
+        # (transformer_impl.py:438-443 for FSDP2; FSDP1's training engine takes none, :404-415)
+        "offload_policy": bool(engine.get("offload_policy"))
+        and strategy in facts.host_offload_strategies,
         "checkpointing": _checkpointing(engine, model_section, strategy),
         "remove_padding": bool(model_section.get("use_remove_padding")),
         "sequence_parallel": _sequence_parallel(engine, strategy),
@@ -412,7 +419,7 @@ def role_layout(
         optim_section=f"{prefix}.optim",
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section, spec.strategy),
+        **_engine_flags(engine, model_section, spec.strategy, facts),
         sp=sp,
         train_tokens=train_tokens,
         infer_tokens=infer_tokens,
@@ -428,6 +435,7 @@ def role_layout(
         if megatron
         else f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
         logprob_grad_in_place=facts.logprob_grad_in_place and not megatron,
+        fp32_loss=facts.logprob_loss_in_fp32 and not megatron,
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, engine_path(resolved, role)),
         whole_mini_batch=whole_mini_batch(dynamic, per_rank, seq, sp),
@@ -708,7 +716,7 @@ def sft_layout(
         optim_section=SFT_OPTIM,
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section, spec.strategy),
+        **_engine_flags(engine, model_section, spec.strategy, facts),
         sp=sp,
         train_tokens=tokens,
         infer_tokens=tokens,
@@ -720,7 +728,11 @@ def sft_layout(
         temperature_copy=copies_logits(facts, SFT_TEMPERATURE, strategy),
         entropy_every_pass=False,  # the SFT engine computes no entropy
         logprob_grad_in_place=facts.logprob_grad_in_place and strategy not in MEGATRON_STRATEGIES,
-        logits_evidence=f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
+        fp32_loss=facts.logprob_loss_in_fp32 and strategy not in MEGATRON_STRATEGIES,
+        # the old SFT trainer's own loss, where its facts say so (not the engine's log-probs)
+        logits_evidence=facts.evidence(LOGPROB_BACKWARD)
+        if facts.logprob_loss_in_fp32
+        else f"{EV_LOGITS}; {facts.evidence(TEMPERATURE_COPY)}",
         tokens_evidence=_tokens_evidence(dynamic, facts),
         sync_key=_sync_key(engine, "engine"),
         whole_mini_batch=whole_mini_batch(dynamic, per_rank, seq, sp),

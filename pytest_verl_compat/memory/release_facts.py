@@ -29,6 +29,12 @@ DYNAMIC_MICRO_BATCHES = "dynamic_micro_batches"
 HYBRID_REPLICAS = "separate_async_hybrid_replicas"
 BATCHED_TOKENS = "chunked_prefill_off_batched_tokens"
 FUSED_BACKENDS = "fused_kernel_backends"
+# The training engine's FSDP strategies that keep a role's shards, gradients and optimizer
+# states on the host when the configuration asks for an offload policy (engine.offload_policy):
+# 0.9.0 builds FSDP2's CPUOffloadPolicy and gives FSDP1 none; the old SFT trainer's FSDP1
+# CPUOffload (its cpu_offload with offload_params) is carried to that key
+HOST_OFFLOAD = "host_offload_strategies"
+LIST_FACTS = (FUSED_BACKENDS, HOST_OFFLOAD)
 ENTROPY_PASSES = "entropy_passes"
 CRITIC_MICRO_BATCHES = "critic_micro_batches"
 LOGPROB_BACKWARD = "logprob_backward"
@@ -56,7 +62,9 @@ VALUES: dict[str, tuple[str, ...]] = {
     CRITIC_MICRO_BATCHES: ("infer-budget", "per-pass"),
     # the log-probs' cross entropy (flash-attn's) writes the logits' gradient into the saved
     # logits unless the pass also takes the entropy of them, or always into a new tensor
-    LOGPROB_BACKWARD: ("in-place-unless-entropy", "new-tensor"),
+    # (or, torch-autocast-fp32, torch's cross entropy under bf16 autocast: the logits cast to
+    # fp32, their log_softmax saved in fp32, its gradient and the input's fp32 beside it)
+    LOGPROB_BACKWARD: ("in-place-unless-entropy", "new-tensor", "torch-autocast-fp32"),
     # the vLLM the release pins sizes its KV cache before it captures its CUDA graphs (they sit
     # outside gpu_memory_utilization's share), or after subtracting their profiled estimate
     # (inside the share: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS's default from vLLM 0.21.0)
@@ -163,6 +171,11 @@ class ReleaseFacts:
         return bool(self.value(LOGPROB_BACKWARD) == "in-place-unless-entropy")
 
     @property
+    def logprob_loss_in_fp32(self) -> bool:
+        """Whether the log-probs' loss is torch's cross entropy under bf16 autocast (fp32 copies)."""
+        return bool(self.value(LOGPROB_BACKWARD) == "torch-autocast-fp32")
+
+    @property
     def vllm_graphs_in_share(self) -> bool:
         """Whether vLLM's CUDA graphs come out of the gpu_memory_utilization share."""
         return bool(self.value(VLLM_CUDA_GRAPHS) == "inside-share")
@@ -170,6 +183,10 @@ class ReleaseFacts:
     @property
     def fused_backends(self) -> tuple[str, ...]:
         return tuple(str(v) for v in self.value(FUSED_BACKENDS))
+
+    @property
+    def host_offload_strategies(self) -> tuple[str, ...]:
+        return tuple(str(v) for v in self.value(HOST_OFFLOAD))
 
 
 def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
@@ -179,7 +196,7 @@ def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
     if not release or not isinstance(entries, Mapping):
         raise ReleaseFactsError(f"{origin}: expected `release` and a `facts` mapping")
     facts: dict[str, Fact] = {}
-    for name in (*VALUES, FUSED_BACKENDS):
+    for name in (*VALUES, *LIST_FACTS):
         entry = entries.get(name)
         if not isinstance(entry, Mapping) or "value" not in entry:
             raise ReleaseFactsError(f"{origin}: facts.{name} is missing (value, means, where)")
@@ -189,8 +206,8 @@ def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
             raise ReleaseFactsError(
                 f"{origin}: facts.{name} is {value!r}; expected one of {', '.join(allowed)}"
             )
-        if name == FUSED_BACKENDS and not isinstance(value, list):
-            raise ReleaseFactsError(f"{origin}: facts.{name} must be a list of backend names")
+        if name in LIST_FACTS and not isinstance(value, list):
+            raise ReleaseFactsError(f"{origin}: facts.{name} must be a list of names")
         facts[name] = Fact(
             value=tuple(value) if isinstance(value, list) else value,
             means=str(entry.get("means") or ""),
