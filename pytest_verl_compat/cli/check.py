@@ -69,6 +69,7 @@ from pytest_verl_compat.model import (
 from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.pipeline.entry_points import UnknownEntryPoint
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, display_path, set_positions
+from pytest_verl_compat.pipeline.retired import retired_entry
 from pytest_verl_compat.pipeline.snapshot import write_atomic
 from pytest_verl_compat.pipeline.suppress import (
     Selection,
@@ -196,6 +197,9 @@ class Prepared:
     ways: list[tuple[Way, Prepared]] = dataclasses.field(default_factory=list)
     # Where the first condition the ways part at is (the note about the ways points there).
     parted: Location | None = None
+    # A launch of an entry point the release no longer has but an earlier one did (its case,
+    # beside the result that says so): fit forecasts it as the trainer that replaced it.
+    retired: Case | None = None
 
     def cases(self) -> list[Case]:
         """The cases to ask upstream about: this one's, or each way's."""
@@ -357,8 +361,11 @@ def prepare_case(
                 "error", "<launch>", str(cause), fix, check=LAUNCH_UNKNOWN_ENTRY,
                 location=_launch_line(session, case, label),
             )  # fmt: skip
+            retired = case if retired_entry(cause.module) is not None else None
             return Prepared(
-                target, result=FileResult(label, "checked", [unknown], valid=False, case=named)
+                target,
+                result=FileResult(label, "checked", [unknown], valid=False, case=named),
+                retired=retired,
             )
         if isinstance(cause, LaunchReadError):
             finding = _launch_finding(cause, label, case.bindings)

@@ -28,6 +28,7 @@ from pytest_verl_compat.cli.common import (
     override_value,
 )
 from pytest_verl_compat.cli.fit_common import choose_gpu, forecast_case
+from pytest_verl_compat.cli.fit_retired import forecast_retired
 from pytest_verl_compat.cli.output import note
 from pytest_verl_compat.releases.lines import cite
 
@@ -88,18 +89,25 @@ class WayForecast:
     refusal: str = ""
 
 
-def _forecasts(session: Any, prepared: Any, request: Any, label: str) -> list[WayForecast]:
+def _forecasts(
+    session: Any, prepared: Any, request: Any, label: str, extra: tuple[str, ...]
+) -> list[WayForecast]:
     """Each way of the script forecast alone: one, with no condition, unless it goes several ways
     at tests only its run decides (``check``'s ways)."""
     parts = prepared.ways or [(None, prepared)]
     out = []
     for way, part in parts:
         when = way.said() if way is not None else ""
-        if part.result is not None:
+        if part.result is not None and part.retired is None:
             out.append(WayForecast(when, refusal=_refusal(part, label)))
             continue
-        assert part.case is not None, "a prepared target has a case, a result or ways"
         try:
+            if part.retired is not None:
+                # an entry point of an earlier release: what that release would run
+                retired = forecast_retired(session, part.retired, request, extra)
+                out.append(WayForecast(when, retired))
+                continue
+            assert part.case is not None, "a prepared target has a case, a result or ways"
             out.append(WayForecast(when, forecast_case(session, part.case, request), part.locator))
         except UsageError as exc:
             if way is None:
@@ -139,7 +147,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="verl-compat-fit-") as scratch:
             prepared = prepare(session, listed[0], args, Path(scratch))
     request = Request(gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=label)
-    runs = _forecasts(session, prepared, request, label)
+    runs = _forecasts(session, prepared, request, label, tuple(args.set or ()))
     forecast = [run for run in runs if run.forecast is not None]
     if not forecast:
         raise UsageError(

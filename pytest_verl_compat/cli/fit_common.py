@@ -42,16 +42,23 @@ class NotForecastCase(UsageError):
         self.key = key
 
 
+def forecast_mapping(mapping: Any, request: Any, where: str) -> Any:
+    """The forecast of a resolved mapping for ``request``; what it cannot model is a one-line
+    NotForecastCase naming ``where`` (the script as the user named it)."""
+    from pytest_verl_compat.memory.architecture import UnsupportedModel
+    from pytest_verl_compat.memory.forecast import NotForecastable, forecast
+    from pytest_verl_compat.memory.models import UnknownModel
+
+    try:
+        return forecast(mapping, request)
+    except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
+        # the key the refusal names, where one decides it (UnknownModel, NotForecastable)
+        raise NotForecastCase(f"{where}: {exc}", str(exc), getattr(exc, "key", "")) from exc
+
+
 def forecast_case(session: Any, case: Any, request: Any) -> Any:
     """The forecast of a composed case; input it cannot read is a one-line UsageError."""
-    from pytest_verl_compat.memory.architecture import UnsupportedModel
-    from pytest_verl_compat.memory.forecast import (
-        NotForecastable,
-        forecast,
-        own_rollout_pool,
-        trains,
-    )
-    from pytest_verl_compat.memory.models import UnknownModel
+    from pytest_verl_compat.memory.forecast import own_rollout_pool, trains
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
     outcome = session.outcome(case)
@@ -72,13 +79,10 @@ def forecast_case(session: Any, case: Any, request: Any) -> Any:
         rollout_pool=own_rollout_pool(entry),
         followers=session.composer(outcome.fields).key_followers(fields),
     )
-    try:
-        result = forecast(composition.mapping, request)
-    except (UnknownModel, UnsupportedModel, NotForecastable, InputError) as exc:
-        # the script as the user named it (fit's label, else the launch's path), not the case id
-        where = request.script or case.launch or case.id
-        # the key the refusal names, where one decides it (UnknownModel, NotForecastable)
-        raise NotForecastCase(f"{where}: {exc}", str(exc), getattr(exc, "key", "")) from exc
+    # the script as the user named it (fit's label, else the launch's path), not the case id
+    result = forecast_mapping(
+        composition.mapping, request, request.script or case.launch or case.id
+    )
     ignored = _ignored_reward_model(outcome.fields.fields, entry, session.version)
     if ignored:
         result = dataclasses.replace(result, assumptions=(*result.assumptions, ignored))

@@ -1,0 +1,134 @@
+"""``fit`` on a launch of an entry point the checked release no longer has: the forecast of what
+the last release that had it would run (``pipeline/retired.py``), said as such.
+
+Scripts of earlier releases keep running ``torchrun -m verl.trainer.fsdp_sft_trainer``; their
+out-of-memory reports are the ones a user brings. The launch is composed on that trainer's own
+tree (its defaults, not the replacement's), carried key by key to the checked release's SFT
+trainer, and forecast with the old trainer's behaviour where no key decides."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pytest_verl_compat.cli.common import UsageError
+from pytest_verl_compat.cli.fit_common import NotForecastCase, forecast_mapping
+
+
+def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ...] = ()) -> Any:
+    """The forecast of ``case``, whose launch runs a retired entry point, with ``extra``
+    overrides after its own (--set); what cannot be forecast is one line naming the script."""
+    from pytest_verl_compat.memory.release_facts import ReleaseFactsError, facts_from_mapping
+    from pytest_verl_compat.pipeline.compose import Composer
+    from pytest_verl_compat.pipeline.retired import (
+        REMOVE_PADDING_KEY,
+        RETIRED_FILE,
+        Untranslatable,
+        retired_entry,
+        translate,
+    )
+    from pytest_verl_compat.releases.index import ReleaseError
+    from pytest_verl_compat.releases.wheels import release_tree
+
+    fields = session.read_fields(case)
+    fields = dataclasses.replace(fields, fields=(*fields.fields, *extra))
+    entry = retired_entry(fields.module)
+    assert entry is not None, "a retired case's launch runs a retired entry point"
+    where = request.script or case.launch or case.id
+    said = f"{entry.module} (removed in verl {entry.removed_in})"
+    try:
+        tree = release_tree(entry.last_release)
+    except ReleaseError as exc:
+        raise UsageError(
+            f"{where}: {said} is forecast on verl {entry.last_release}'s tree, which is not "
+            f"here: {exc}"
+        ) from exc
+    variables = dict(fields.environment(case.bindings))
+    legacy = Composer(tree.config_dir, entry.config_name).compose(fields.fields, variables)
+    if not legacy.composed:
+        raise UsageError(
+            f"{where}: {said}: verl {entry.last_release}'s {entry.config_name} tree rejects the "
+            f"launch: {legacy.reason}"
+        )
+    try:
+        translation = translate(entry, legacy.mapping)
+    except Untranslatable as exc:
+        raise NotForecastCase(f"{where}: {exc}", str(exc), exc.key) from exc
+    carried = dataclasses.replace(fields, module=entry.forecast_as, fields=translation.overrides)
+    composition = session.compose_variant(carried, case.bindings)
+    if not composition.composed:
+        raise UsageError(
+            f"{where}: {said}: verl {session.version}'s {entry.forecast_as} tree rejects the "
+            f"keys carried to it: {composition.reason}"
+        )
+    try:
+        facts = facts_from_mapping(
+            {"release": entry.last_release, "facts": entry.behaviour},
+            f"{RETIRED_FILE.name}: {entry.module}",
+        )
+    except ReleaseFactsError as exc:
+        raise UsageError(str(exc)) from exc
+    given_lengths = request.lengths
+    request = dataclasses.replace(
+        request,
+        world=fields.world_size,
+        facts=facts,
+        lengths=None if translation.padded else request.lengths,
+        followers=session.composer(carried).key_followers(carried.fields),
+    )
+    result = forecast_mapping(composition.mapping, request, where)
+    assumptions = [
+        f"the launch runs {said}, which verl {session.version} does not have: forecast as verl "
+        f"{entry.last_release}'s trainer, the last with it (its {entry.config_name}.yaml "
+        f"defaults, its code's behaviour) on {entry.forecast_as}'s keys: {_moves(entry)}"
+    ]
+    if translation.padded and given_lengths is not None:
+        padding = next(move for move in entry.moves if move.to == REMOVE_PADDING_KEY)
+        assumptions.append(
+            "every sample is padded to data.max_length without remove-padding and a Ulysses size "
+            f"above 1, so --lengths is not used ({entry.evidence(padding)})"
+        )
+    assumptions.append(
+        "findings name the launch's own keys, and only changes it can make: a key of "
+        f"{entry.forecast_as} it has no key for is left out of them"
+    )
+    return dataclasses.replace(
+        result,
+        assumptions=(*assumptions, *result.assumptions),
+        verdicts=tuple(_in_launch_keys(v, entry) for v in result.verdicts),
+    )
+
+
+def _in_launch_keys(verdict: Any, entry: Any) -> Any:
+    """A verdict in the old launch's keys: each key the old tree has under another name (a
+    move that copies one key) renamed, every fix changing a key it lacks dropped."""
+    names = {
+        move.to: move.sources[0]
+        for move in entry.moves
+        if move.rule == "copy" and len(move.sources) == 1
+    }
+    keys = tuple(names[key] for key in verdict.keys if key in names)
+    fixes = tuple(
+        dataclasses.replace(fix, keys=tuple((names[k], v) for k, v in fix.keys))
+        for fix in verdict.fixes
+        if all(k in names for k, _ in fix.keys)
+    )
+    return dataclasses.replace(verdict, keys=keys or verdict.keys, fixes=fixes)
+
+
+def _moves(entry: Any) -> str:
+    """The keys carried under another name or set by the old trainer's code, each with its line
+    (a key read under the same name on both trees goes unsaid)."""
+    from pytest_verl_compat.pipeline.retired import hydra_value
+
+    said = []
+    for move in entry.moves:
+        if move.rule == "copy" and move.sources == (move.to,):
+            continue
+        what = (
+            f"{move.to}={hydra_value(move.value)}"
+            if not move.sources
+            else f"{move.to} from {' and '.join(move.sources)}"
+        )
+        said.append(f"{what} ({entry.evidence(move)})")
+    return "; ".join(said)

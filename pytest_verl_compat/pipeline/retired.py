@@ -1,0 +1,219 @@
+"""Entry points a supported release no longer has, and the launch of one carried to the trainer
+that replaced it, for the memory forecast (``data/retired_entry_points.yaml``).
+
+A launch of ``verl.trainer.fsdp_sft_trainer`` (removed in verl 0.7.1) is composed on the tree of
+the last release that had it, so its defaults are that trainer's; each key the old trainer reads
+for memory is then set on the checked release's SFT tree under the key that does the same there
+(``translate``), each move citing the old trainer's line. ``check`` still reports the module as
+unknown to the release: only ``fit`` forecasts it this way, and says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_verl_compat.files.safe_input import load_yaml_file
+from pytest_verl_compat.releases.index import DATA
+
+RETIRED_FILE = DATA / "retired_entry_points.yaml"
+# The checked tree's key whose value says whether samples are packed or padded to max_length.
+REMOVE_PADDING_KEY = "model.use_remove_padding"
+
+
+class Untranslatable(ValueError):
+    """A launch the old trainer would run in a way the forecast does not carry (one line, naming
+    the key)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class KeyMove:
+    """One key of the checked tree, set from the old tree's keys (``rule``) as the old trainer's
+    statement at ``where`` reads them."""
+
+    to: str
+    rule: str
+    sources: tuple[str, ...]
+    value: Any
+    where: str
+    statement: str
+
+
+@dataclass(frozen=True)
+class RetiredEntry:
+    module: str
+    last_release: str
+    removed_in: str
+    config_name: str
+    forecast_as: str
+    file: str
+    moves: tuple[KeyMove, ...]
+    behaviour: Mapping[str, Any]
+
+    def evidence(self, move: KeyMove) -> str:
+        return f"{move.where}@{self.last_release}"
+
+
+@dataclass(frozen=True)
+class Translation:
+    """The overrides of the checked tree, and whether every sample is padded to max_length."""
+
+    overrides: tuple[str, ...]
+    padded: bool
+
+
+def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
+    moves = tuple(
+        KeyMove(
+            to=str(m["to"]),
+            rule=str(m["rule"]),
+            sources=tuple(str(s) for s in m.get("from") or ()),
+            value=m.get("value"),
+            where=str(m["where"]),
+            statement=str(m["statement"]),
+        )
+        for m in raw["keys"]
+    )
+    unknown = sorted({m.rule for m in moves} - set(RULES))
+    if unknown:
+        raise ValueError(f"{RETIRED_FILE.name}: unknown rules {', '.join(unknown)}")
+    return RetiredEntry(
+        module=str(raw["module"]),
+        last_release=str(raw["last_release"]),
+        removed_in=str(raw["removed_in"]),
+        config_name=str(raw["config_name"]),
+        forecast_as=str(raw["forecast_as"]),
+        file=str(raw["file"]),
+        moves=moves,
+        behaviour=raw["behaviour"],
+    )
+
+
+@functools.cache
+def retired_entries() -> dict[str, RetiredEntry]:
+    raw: Any = load_yaml_file(RETIRED_FILE, what="retired entry points")
+    return {entry.module: entry for entry in map(_entry, raw["retired"])}
+
+
+def retired_entry(module: str | None) -> RetiredEntry | None:
+    return retired_entries().get(module or "")
+
+
+def _at(mapping: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _count(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _copy(move: KeyMove, values: list[Any]) -> Any:
+    return values[0]
+
+
+def _constant(move: KeyMove, values: list[Any]) -> Any:
+    return move.value
+
+
+def _save_at_end(move: KeyMove, values: list[Any]) -> Any:
+    freq = _count(values[0])
+    return freq if freq > 0 else -1
+
+
+def _fsdp1_offload(move: KeyMove, values: list[Any]) -> Any:
+    cpu_offload, offload_params, strategy = values
+    if not cpu_offload:
+        return False
+    if strategy != "fsdp":
+        # fully_shard takes FSDP1's CPUOffload as its offload_policy (:325-339), which is not
+        # FSDP2's CPUOffloadPolicy: what the shards do then is not read from the code
+        raise Untranslatable(
+            f"{move.sources[0]}=true with model.strategy={strategy}: the old trainer hands "
+            "FSDP1's CPUOffload to FSDP2's fully_shard, which is not an offload policy there; "
+            "not forecast (model.strategy=fsdp offloads)",
+            move.sources[0],
+        )
+    return bool(offload_params)
+
+
+def _sequence_parallel(move: KeyMove, values: list[Any]) -> Any:
+    size, remove_padding = _count(values[0]), bool(values[1])
+    if size > 1 and not remove_padding:
+        raise Untranslatable(
+            f"{move.sources[0]}={size} without use_remove_padding=True: the old trainer refuses "
+            f"to start ({move.where})",
+            move.sources[0],
+        )
+    return size
+
+
+def _remove_padding(move: KeyMove, values: list[Any]) -> Any:
+    return bool(values[0]) and _count(values[1]) > 1
+
+
+RULES: dict[str, Callable[[KeyMove, list[Any]], Any]] = {
+    "copy": _copy,
+    "constant": _constant,
+    "save_at_end": _save_at_end,
+    "fsdp1_offload": _fsdp1_offload,
+    "sequence_parallel": _sequence_parallel,
+    "remove_padding": _remove_padding,
+}
+
+
+def hydra_value(value: Any) -> str:
+    """A resolved value as a Hydra override's value: strings quoted (a path may hold what the
+    grammar reads otherwise), lists and mappings element by element."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} has no override form")
+        return repr(value)
+    if isinstance(value, str):
+        if "${" in value:
+            raise ValueError(f"{value!r} would be read as an interpolation")
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return (
+            "{" + ",".join(f"{json.dumps(str(k))}:{hydra_value(v)}" for k, v in value.items()) + "}"
+        )
+    raise ValueError(f"{value!r} has no override form")
+
+
+def translate(entry: RetiredEntry, legacy: Mapping[str, Any]) -> Translation:
+    """The checked tree's overrides for a launch composed on the old tree (``legacy``: its
+    resolved mapping). ``++`` sets a key the checked tree may lack (0.9.0's engine has no
+    use_no_sync_for_gradient_accumulation; its code then defers the sync)."""
+    overrides, values = [], {}
+    for move in entry.moves:
+        value = RULES[move.rule](move, [_at(legacy, source) for source in move.sources])
+        values[move.to] = value
+        try:
+            overrides.append(f"++{move.to}={hydra_value(value)}")
+        except ValueError as exc:
+            source = move.sources[0] if move.sources else move.to
+            raise Untranslatable(f"{source}: {exc}", source) from exc
+    return Translation(tuple(overrides), padded=not values.get(REMOVE_PADDING_KEY, False))
