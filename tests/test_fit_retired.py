@@ -247,3 +247,22 @@ def test_a_module_no_release_had_is_still_refused(
     script = _script(tmp_path, module="verl.trainer.fsdp_sft_trainerx")
     status, _, err = run(capsys, "fit", script, "--gpu", "H100")
     _one_line(status, err, "has no entry point verl.trainer.fsdp_sft_trainerx")
+
+
+def test_a_default_earlier_releases_had_otherwise_is_said_with_its_forecast(
+    here: Path, tmp_path: Path, release_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl 0.4.0 and earlier left gradient checkpointing off (sft_trainer.yaml:35@0.4.0): a
+    launch that leaves the key out is forecast with 0.7.0's default, and told what its update
+    peaks at without it; a launch that sets it is not."""
+    status, out, err = run(capsys, "fit", _script(tmp_path), "--gpu", "H100", "--brief")
+    assert status == 0, err
+    (said,) = [line for line in out.splitlines() if "verl 0.4.0 and earlier had false" in line]
+    without = float(said.split("peaks at ")[1].split(" GiB")[0])
+    (update,) = [line for line in out.splitlines() if line.strip().startswith("SFT update")]
+    assert without > float(update.split()[2]) * 1.5
+    keys = f"{OLD_KEYS} model.enable_gradient_checkpointing=False"
+    status, out, _ = run(capsys, "fit", _script(tmp_path, keys), "--gpu", "H100", "--brief")
+    assert "verl 0.4.0 and earlier" not in out
+    (update,) = [line for line in out.splitlines() if line.strip().startswith("SFT update")]
+    assert abs(float(update.split()[2]) - without) < 0.01

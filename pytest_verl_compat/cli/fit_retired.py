@@ -18,23 +18,81 @@ from pytest_verl_compat.cli.fit_common import NotForecastCase, forecast_mapping
 def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ...] = ()) -> Any:
     """The forecast of ``case``, whose launch runs a retired entry point, with ``extra``
     overrides after its own (--set); what cannot be forecast is one line naming the script."""
+    from pytest_verl_compat.checks.fields import field_key
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, facts_from_mapping
-    from pytest_verl_compat.pipeline.compose import Composer
     from pytest_verl_compat.pipeline.retired import (
         REMOVE_PADDING_KEY,
         RETIRED_FILE,
-        Untranslatable,
+        hydra_value,
         retired_entry,
-        translate,
     )
-    from pytest_verl_compat.releases.index import ReleaseError
-    from pytest_verl_compat.releases.wheels import release_tree
 
     fields = session.read_fields(case)
     fields = dataclasses.replace(fields, fields=(*fields.fields, *extra))
     entry = retired_entry(fields.module)
     assert entry is not None, "a retired case's launch runs a retired entry point"
     where = request.script or case.launch or case.id
+    try:
+        facts = facts_from_mapping(
+            {"release": entry.last_release, "facts": entry.behaviour},
+            f"{RETIRED_FILE.name}: {entry.module}",
+        )
+    except ReleaseFactsError as exc:
+        raise UsageError(str(exc)) from exc
+    given_lengths = request.lengths
+    request = dataclasses.replace(request, world=fields.world_size, facts=facts)
+    result, padded = _carried_forecast(session, case, entry, fields, request, where)
+    said = f"{entry.module} (removed in verl {entry.removed_in})"
+    assumptions = [
+        f"the launch runs {said}, which verl {session.version} does not have: forecast as verl "
+        f"{entry.last_release}'s trainer, the last with it (its {entry.config_name}.yaml "
+        f"defaults, its code's behaviour) on {entry.forecast_as}'s keys: {_moves(entry)}"
+    ]
+    launched = {field_key(field) for field in fields.fields}
+    for default in entry.earlier:
+        if default.key in launched:
+            continue
+        value = hydra_value(default.value)
+        other, _ = _carried_forecast(
+            session,
+            case,
+            entry,
+            dataclasses.replace(fields, fields=(*fields.fields, f"{default.key}={value}")),
+            request,
+            where,
+        )
+        assumptions.append(
+            f"the launch leaves {default.key} to verl {entry.last_release}'s default; "
+            f"{default.releases} had {value} ({default.where}), with which the run peaks at "
+            f"{_peak(other)}: set it as the run had it"
+        )
+    if padded and given_lengths is not None:
+        padding = next(move for move in entry.moves if move.to == REMOVE_PADDING_KEY)
+        assumptions.append(
+            "every sample is padded to data.max_length without remove-padding and a Ulysses size "
+            f"above 1, so --lengths is not used ({entry.evidence(padding)})"
+        )
+    assumptions.append(
+        "findings name the launch's own keys, and only changes it can make: a key of "
+        f"{entry.forecast_as} it has no key for is left out of them"
+    )
+    return dataclasses.replace(
+        result,
+        assumptions=(*assumptions, *result.assumptions),
+        verdicts=tuple(_in_launch_keys(v, entry) for v in result.verdicts),
+    )
+
+
+def _carried_forecast(
+    session: Any, case: Any, entry: Any, fields: Any, request: Any, where: str
+) -> tuple[Any, bool]:
+    """The launch composed on the old tree, carried to the checked release's trainer and
+    forecast; and whether every sample is padded to max_length there."""
+    from pytest_verl_compat.pipeline.compose import Composer
+    from pytest_verl_compat.pipeline.retired import Untranslatable, translate
+    from pytest_verl_compat.releases.index import ReleaseError
+    from pytest_verl_compat.releases.wheels import release_tree
+
     said = f"{entry.module} (removed in verl {entry.removed_in})"
     try:
         tree = release_tree(entry.last_release)
@@ -61,42 +119,21 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
             f"{where}: {said}: verl {session.version}'s {entry.forecast_as} tree rejects the "
             f"keys carried to it: {composition.reason}"
         )
-    try:
-        facts = facts_from_mapping(
-            {"release": entry.last_release, "facts": entry.behaviour},
-            f"{RETIRED_FILE.name}: {entry.module}",
-        )
-    except ReleaseFactsError as exc:
-        raise UsageError(str(exc)) from exc
-    given_lengths = request.lengths
     request = dataclasses.replace(
         request,
-        world=fields.world_size,
-        facts=facts,
         lengths=None if translation.padded else request.lengths,
         followers=session.composer(carried).key_followers(carried.fields),
     )
-    result = forecast_mapping(composition.mapping, request, where)
-    assumptions = [
-        f"the launch runs {said}, which verl {session.version} does not have: forecast as verl "
-        f"{entry.last_release}'s trainer, the last with it (its {entry.config_name}.yaml "
-        f"defaults, its code's behaviour) on {entry.forecast_as}'s keys: {_moves(entry)}"
-    ]
-    if translation.padded and given_lengths is not None:
-        padding = next(move for move in entry.moves if move.to == REMOVE_PADDING_KEY)
-        assumptions.append(
-            "every sample is padded to data.max_length without remove-padding and a Ulysses size "
-            f"above 1, so --lengths is not used ({entry.evidence(padding)})"
-        )
-    assumptions.append(
-        "findings name the launch's own keys, and only changes it can make: a key of "
-        f"{entry.forecast_as} it has no key for is left out of them"
-    )
-    return dataclasses.replace(
-        result,
-        assumptions=(*assumptions, *result.assumptions),
-        verdicts=tuple(_in_launch_keys(v, entry) for v in result.verdicts),
-    )
+    return forecast_mapping(composition.mapping, request, where), translation.padded
+
+
+def _peak(result: Any) -> str:
+    """The highest phase of a forecast, as fit says it."""
+    from pytest_verl_compat.memory.parts import PHASE_TITLES, gib
+
+    phase = max((p for rank in result.ranks for p in rank.phases), key=lambda p: p.total)
+    share = f", {phase.total / result.capacity:.0%} of the GPU" if result.capacity else ""
+    return f"{gib(phase.total):.2f} GiB in the {PHASE_TITLES[phase.phase]}{share}"
 
 
 def _in_launch_keys(verdict: Any, entry: Any) -> Any:

@@ -48,6 +48,16 @@ class KeyMove:
 
 
 @dataclass(frozen=True)
+class EarlierDefault:
+    """A default of the old tree that earlier releases with the same trainer had otherwise."""
+
+    key: str
+    value: Any
+    releases: str
+    where: str
+
+
+@dataclass(frozen=True)
 class RetiredEntry:
     module: str
     last_release: str
@@ -57,6 +67,7 @@ class RetiredEntry:
     file: str
     moves: tuple[KeyMove, ...]
     behaviour: Mapping[str, Any]
+    earlier: tuple[EarlierDefault, ...] = ()
 
     def evidence(self, move: KeyMove) -> str:
         return f"{move.where}@{self.last_release}"
@@ -94,6 +105,10 @@ def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
         file=str(raw["file"]),
         moves=moves,
         behaviour=raw["behaviour"],
+        earlier=tuple(
+            EarlierDefault(str(d["key"]), d["value"], str(d["releases"]), str(d["where"]))
+            for d in raw.get("earlier_defaults") or ()
+        ),
     )
 
 
