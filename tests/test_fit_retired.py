@@ -266,3 +266,55 @@ def test_a_default_earlier_releases_had_otherwise_is_said_with_its_forecast(
     assert "verl 0.4.0 and earlier" not in out
     (update,) = [line for line in out.splitlines() if line.strip().startswith("SFT update")]
     assert abs(float(update.split()[2]) - without) < 0.01
+
+
+DAPO = """python3 -m {module} \\
+    data.train_files=/d/train.parquet data.val_files=/d/test.parquet \\
+    data.max_prompt_length=2048 data.max_response_length=8192 data.train_batch_size=64 \\
+    data.gen_batch_size=96 \\
+    algorithm.adv_estimator=grpo algorithm.filter_groups.enable=True \\
+    algorithm.filter_groups.metric=acc algorithm.filter_groups.max_num_gen_batches=10 \\
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-7B \\
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=16 \\
+    actor_rollout_ref.actor.use_dynamic_bsz=True \\
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \\
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.8 \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \\
+    {extra} trainer.n_gpus_per_node=8 trainer.nnodes=1 $@
+"""
+
+
+def _dapo(tmp_path: Path, module: str, extra: str = "", name: str = "dapo.sh") -> str:
+    path = tmp_path / name
+    path.write_text(DAPO.format(module=module, extra=extra), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("module", ["recipe.dapo.main_dapo", "recipe.dapo.src.main_dapo"])
+def test_a_dapo_recipe_launch_is_forecast_as_main_ppo_with_its_overrides(
+    here: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], module: str
+) -> None:
+    """The recipe's trainer builds main_ppo's workers and its config is ppo_trainer's with DAPO's
+    keys, which verl 0.9.0's main_ppo reads itself (algorithm.filter_groups, data.gen_batch_size):
+    the forecast is the same launch's as main_ppo's, part for part."""
+    entry = retired_entry(module)
+    assert entry is not None and entry.forecast_as == "verl.trainer.main_ppo"
+    assert all(where.startswith("https://github.com/") and said for where, said in entry.shown_by)
+    recipe = _payload(capsys, _dapo(tmp_path, module))
+    same = _payload(capsys, _dapo(tmp_path, "verl.trainer.main_ppo", name="ppo.sh"))
+    assert recipe["assumptions"][0].startswith(f"the launch runs {module}, DAPO's")
+    assert recipe["ranks"] == same["ranks"]
+    assert recipe["findings"] == same["findings"]
+
+
+def test_a_dapo_key_the_release_lacks_is_set_aside_and_said(
+    here: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recipe's own reward keys (reward_model.overlong_buffer) are legacy reward keys verl
+    0.9.0's main_ppo never reads: said, not a refusal; the forecast is the rest's."""
+    extra = "reward_model.reward_manager=dapo reward_model.overlong_buffer.enable=True"
+    script = _dapo(tmp_path, "recipe.dapo.main_dapo", extra)
+    status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--brief")
+    assert status in (0, 1) and "Traceback" not in err, err
+    assert "reward_model.reward_manager" in out and "recipe.dapo.main_dapo" in out

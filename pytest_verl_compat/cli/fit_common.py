@@ -58,10 +58,15 @@ def forecast_mapping(mapping: Any, request: Any, where: str) -> Any:
 
 def forecast_case(session: Any, case: Any, request: Any) -> Any:
     """The forecast of a composed case; input it cannot read is a one-line UsageError."""
+    return forecast_outcome(session, case, session.outcome(case), request)
+
+
+def forecast_outcome(session: Any, case: Any, outcome: Any, request: Any) -> Any:
+    """The forecast of ``case`` as ``outcome`` reads and composes it (its own, or its launch
+    carried to another entry point)."""
     from pytest_verl_compat.memory.forecast import own_rollout_pool, trains
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, release_facts
 
-    outcome = session.outcome(case)
     composition, fields, aside = composed_for_forecast(session, case, outcome)
     try:
         facts = release_facts(session.version)

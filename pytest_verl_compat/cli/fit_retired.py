@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from pytest_verl_compat.cli.common import UsageError
-from pytest_verl_compat.cli.fit_common import NotForecastCase, forecast_mapping
+from pytest_verl_compat.cli.fit_common import NotForecastCase, forecast_mapping, forecast_outcome
 
 
 def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ...] = ()) -> Any:
@@ -21,6 +21,7 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
     from pytest_verl_compat.checks.fields import field_key
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, facts_from_mapping
     from pytest_verl_compat.pipeline.retired import (
+        AS_LAUNCHED,
         REMOVE_PADDING_KEY,
         RETIRED_FILE,
         hydra_value,
@@ -32,6 +33,8 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
     entry = retired_entry(fields.module)
     assert entry is not None, "a retired case's launch runs a retired entry point"
     where = request.script or case.launch or case.id
+    if entry.carried == AS_LAUNCHED:
+        return _as_launched(session, case, entry, fields, request)
     try:
         facts = facts_from_mapping(
             {"release": entry.last_release, "facts": entry.behaviour},
@@ -81,6 +84,26 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
         assumptions=(*assumptions, *result.assumptions),
         verdicts=tuple(_in_launch_keys(v, entry) for v in result.verdicts),
     )
+
+
+def _as_launched(session: Any, case: Any, entry: Any, fields: Any, request: Any) -> Any:
+    """A recipe's launch forecast as the replacement's own: its overrides composed on the
+    checked release's tree, each key the tree lacks set aside and said, as for any old launch."""
+    from pytest_verl_compat.pipeline.audit import CaseOutcome
+    from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE
+
+    module = None if entry.forecast_as == PINNED_ENTRY_MODULE else entry.forecast_as
+    carried = dataclasses.replace(fields, module=module)
+    outcome = CaseOutcome(carried, "launch", session.compose_variant(carried, case.bindings))
+    result = forecast_outcome(session, case, outcome, request)
+    cited = "; ".join(f"{statement} ({where})" for where, statement in entry.shown_by)
+    said = (
+        f"the launch runs {entry.module}, {entry.what}, which verl {session.version} does not "
+        f"have; its trainer builds {entry.forecast_as}'s workers and its config is "
+        f"{entry.forecast_as}'s with keys of its own ({cited}): forecast as {entry.forecast_as} "
+        "with the launch's overrides"
+    )
+    return dataclasses.replace(result, assumptions=(said, *result.assumptions))
 
 
 def _carried_forecast(

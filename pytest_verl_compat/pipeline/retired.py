@@ -14,7 +14,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_verl_compat.files.safe_input import load_yaml_file
@@ -57,17 +57,29 @@ class EarlierDefault:
     where: str
 
 
+# How a retired entry point's launch is carried (the data file's ``carried``).
+OWN_TREE = "own-tree"
+AS_LAUNCHED = "as-launched"
+
+
 @dataclass(frozen=True)
 class RetiredEntry:
     module: str
-    last_release: str
-    removed_in: str
-    config_name: str
+    carried: str  # OWN_TREE or AS_LAUNCHED
     forecast_as: str
-    file: str
-    moves: tuple[KeyMove, ...]
-    behaviour: Mapping[str, Any]
+    # OWN_TREE: the last release with the module, its config and file, the keys carried, the old
+    # trainer's behaviour, and defaults earlier releases had otherwise
+    last_release: str = ""
+    removed_in: str = ""
+    config_name: str = ""
+    file: str = ""
+    moves: tuple[KeyMove, ...] = ()
+    behaviour: Mapping[str, Any] = field(default_factory=dict)
     earlier: tuple[EarlierDefault, ...] = ()
+    # AS_LAUNCHED: what the module is, and the (address, statement) pairs that make its launch
+    # the replacement's
+    what: str = ""
+    shown_by: tuple[tuple[str, str], ...] = ()
 
     def evidence(self, move: KeyMove) -> str:
         return f"{move.where}@{self.last_release}"
@@ -82,6 +94,12 @@ class Translation:
 
 
 def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
+    module, carried, forecast_as = str(raw["module"]), str(raw["carried"]), str(raw["forecast_as"])
+    if carried == AS_LAUNCHED:
+        shown_by = tuple((str(e["where"]), str(e["statement"])) for e in raw["evidence"])
+        return RetiredEntry(module, carried, forecast_as, what=str(raw["what"]), shown_by=shown_by)
+    if carried != OWN_TREE:
+        raise ValueError(f"{RETIRED_FILE.name}: {module}: carried is {carried!r}")
     moves = tuple(
         KeyMove(
             to=str(m["to"]),
@@ -97,11 +115,12 @@ def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
     if unknown:
         raise ValueError(f"{RETIRED_FILE.name}: unknown rules {', '.join(unknown)}")
     return RetiredEntry(
-        module=str(raw["module"]),
+        module,
+        carried,
+        forecast_as,
         last_release=str(raw["last_release"]),
         removed_in=str(raw["removed_in"]),
         config_name=str(raw["config_name"]),
-        forecast_as=str(raw["forecast_as"]),
         file=str(raw["file"]),
         moves=moves,
         behaviour=raw["behaviour"],
