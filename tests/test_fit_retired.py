@@ -18,6 +18,7 @@ import pytest
 from pytest_verl_compat import cli
 from pytest_verl_compat.memory.release_facts import Fact, facts_from_mapping
 from pytest_verl_compat.pipeline.retired import (
+    OWN_TREE,
     RETIRED_FILE,
     hydra_value,
     retired_entries,
@@ -73,10 +74,16 @@ def _one_line(status: int, err: str, *words: str) -> None:
         assert word in lines[0], (word, lines[0])
 
 
+def _own_tree() -> list[Any]:
+    found = [e for e in retired_entries().values() if e.carried == OWN_TREE]
+    assert found
+    return found
+
+
 def test_each_move_and_behaviour_is_the_statement_at_its_lines_of_the_last_release(
     release_cache: Path,
 ) -> None:
-    for entry in retired_entries().values():
+    for entry in _own_tree():
         root = release_tree(entry.last_release, fetch=False).root
         assert not (root / entry.file.replace(".py", "")).exists()
         assert (root / entry.file).is_file(), entry.file
@@ -91,7 +98,7 @@ def test_each_move_and_behaviour_is_the_statement_at_its_lines_of_the_last_relea
 
 
 def test_the_module_is_gone_from_the_release_after_its_last(release_cache: Path) -> None:
-    for entry in retired_entries().values():
+    for entry in _own_tree():
         after = release_tree(entry.removed_in, fetch=False).root
         assert not (after / entry.file).exists(), entry.module
         assert (after / "verl" / "trainer" / "sft_trainer.py").is_file()

@@ -100,17 +100,22 @@ def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
         return RetiredEntry(module, carried, forecast_as, what=str(raw["what"]), shown_by=shown_by)
     if carried != OWN_TREE:
         raise ValueError(f"{RETIRED_FILE.name}: {module}: carried is {carried!r}")
+    release = str(raw["last_release"])
     moves = tuple(
         KeyMove(
             to=str(m["to"]),
             rule=str(m["rule"]),
             sources=tuple(str(s) for s in m.get("from") or ()),
             value=m.get("value"),
-            where=str(m["where"]),
+            where=_own_line(m["where"], release, module),
             statement=str(m["statement"]),
         )
         for m in raw["keys"]
     )
+    behaviour = {
+        name: {**fact, "where": _own_line(fact["where"], release, module)}
+        for name, fact in raw["behaviour"].items()
+    }
     unknown = sorted({m.rule for m in moves} - set(RULES))
     if unknown:
         raise ValueError(f"{RETIRED_FILE.name}: unknown rules {', '.join(unknown)}")
@@ -118,17 +123,26 @@ def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
         module,
         carried,
         forecast_as,
-        last_release=str(raw["last_release"]),
+        last_release=release,
         removed_in=str(raw["removed_in"]),
         config_name=str(raw["config_name"]),
         file=str(raw["file"]),
         moves=moves,
-        behaviour=raw["behaviour"],
+        behaviour=behaviour,
         earlier=tuple(
             EarlierDefault(str(d["key"]), d["value"], str(d["releases"]), str(d["where"]))
             for d in raw.get("earlier_defaults") or ()
         ),
     )
+
+
+def _own_line(where: Any, release: str, module: str) -> str:
+    """A line of the last release's files, written ``file.py:N@VERSION`` in the data (so every
+    citation says its release), as the release's own files are searched: without the suffix."""
+    text, mark, version = str(where).partition("@")
+    if not mark or version != release:
+        raise ValueError(f"{RETIRED_FILE.name}: {module}: {where} is not cited @{release}")
+    return text
 
 
 @functools.cache
