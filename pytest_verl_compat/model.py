@@ -375,3 +375,14 @@ def line_spans(lines: list[int]) -> str:
         else:
             runs.append([line, line])
     return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def dotted_value(mapping: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted path of a nested mapping (a resolved configuration), None where
+    any part is missing."""
+    node: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node

@@ -18,6 +18,9 @@ from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
 from pytest_verl_compat.memory.reading import UnreadableRun
 from pytest_verl_compat.memory.release_facts import ReleaseFacts, ReleaseFactsError
 
+# the one dotted lookup, defined with the shared words; the forecast's modules import it from here
+from pytest_verl_compat.model import dotted_value as dotted_value
+
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.entry_points import EntryPoint
 
@@ -53,16 +56,6 @@ class Request:
     # each key and the leaves of the composition that copy it by interpolation (the session's
     # Composer.key_followers): a fix that sets the key sets them too, as composing it again would
     followers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-
-def dotted_value(mapping: Mapping[str, Any], dotted: str) -> Any:
-    """The value at a dotted path of a nested mapping, None where any part is missing."""
-    node: Any = mapping
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
 
 
 def _model_path(resolved: Mapping[str, Any], section: str) -> str | None:

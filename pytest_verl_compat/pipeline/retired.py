@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_verl_compat.files.safe_input import load_yaml_file
+from pytest_verl_compat.model import dotted_value
 from pytest_verl_compat.releases.index import DATA
 
 RETIRED_FILE = DATA / "retired_entry_points.yaml"
@@ -155,15 +156,6 @@ def retired_entry(module: str | None) -> RetiredEntry | None:
     return retired_entries().get(module or "")
 
 
-def _at(mapping: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = mapping
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
-
-
 def _count(value: Any) -> int:
     try:
         return int(value)
@@ -257,7 +249,7 @@ def translate(entry: RetiredEntry, legacy: Mapping[str, Any]) -> Translation:
     use_no_sync_for_gradient_accumulation; its code then defers the sync)."""
     overrides, values = [], {}
     for move in entry.moves:
-        value = RULES[move.rule](move, [_at(legacy, source) for source in move.sources])
+        value = RULES[move.rule](move, [dotted_value(legacy, source) for source in move.sources])
         values[move.to] = value
         try:
             overrides.append(f"++{move.to}={hydra_value(value)}")
