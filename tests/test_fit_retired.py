@@ -311,6 +311,10 @@ def test_a_dapo_recipe_launch_is_forecast_as_main_ppo_with_its_overrides(
     recipe = _payload(capsys, _dapo(tmp_path, module))
     same = _payload(capsys, _dapo(tmp_path, "verl.trainer.main_ppo", name="ppo.sh"))
     assert recipe["assumptions"][0].startswith(f"the launch runs {module}, DAPO's")
+    # what the recipe's trainer did otherwise is said with it
+    assert ("reference log-prob pass is not forecast" in recipe["assumptions"][0]) is (
+        module == "recipe.dapo.src.main_dapo"
+    )
     assert recipe["ranks"] == same["ranks"]
     assert recipe["findings"] == same["findings"]
 

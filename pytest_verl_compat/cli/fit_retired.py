@@ -101,7 +101,7 @@ def _as_launched(session: Any, case: Any, entry: Any, fields: Any, request: Any)
         f"the launch runs {entry.module}, {entry.what}, which verl {session.version} does not "
         f"have; its trainer builds {entry.forecast_as}'s workers and its config is "
         f"{entry.forecast_as}'s with keys of its own ({cited}): forecast as {entry.forecast_as} "
-        "with the launch's overrides"
+        "with the launch's overrides" + (f"; but {entry.differs}" if entry.differs else "")
     )
     return dataclasses.replace(result, assumptions=(said, *result.assumptions))
 

@@ -81,6 +81,7 @@ class RetiredEntry:
     # the replacement's
     what: str = ""
     shown_by: tuple[tuple[str, str], ...] = ()
+    differs: str = ""  # what its trainer did that the replacement's does not, said with it
 
     def evidence(self, move: KeyMove) -> str:
         return f"{move.where}@{self.last_release}"
@@ -98,7 +99,14 @@ def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
     module, carried, forecast_as = str(raw["module"]), str(raw["carried"]), str(raw["forecast_as"])
     if carried == AS_LAUNCHED:
         shown_by = tuple((str(e["where"]), str(e["statement"])) for e in raw["evidence"])
-        return RetiredEntry(module, carried, forecast_as, what=str(raw["what"]), shown_by=shown_by)
+        return RetiredEntry(
+            module,
+            carried,
+            forecast_as,
+            what=str(raw["what"]),
+            shown_by=shown_by,
+            differs=str(raw.get("differs") or ""),
+        )
     if carried != OWN_TREE:
         raise ValueError(f"{RETIRED_FILE.name}: {module}: carried is {carried!r}")
     release = str(raw["last_release"])
