@@ -149,12 +149,14 @@ def test_a_micro_batch_too_large_is_an_error_with_exit_1(
     here: Path, tmp_path: Path, release_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     keys = OLD_KEYS + " data.micro_batch_size_per_gpu=64 model.enable_gradient_checkpointing=False"
-    status, out, _ = run(capsys, "fit", _script(tmp_path, keys), "--gpu", "H100", "--brief")
+    script = _script(tmp_path, keys)
+    status, out, _ = run(capsys, "fit", script, "--gpu", "H100", "--brief")
     assert status == 1 and "error[memory.sft-update]" in out
     # the finding names the old launch's keys and only changes it can make (no engine.*, which
-    # its tree lacks)
+    # its tree lacks), located at the script's line that sets its first key
     (error,) = [line for line in out.splitlines() if "error[memory.sft-update]" in line]
     assert "data.micro_batch_size_per_gpu=" in error and "engine." not in error
+    assert error.startswith(f"{script}:5:"), error
     # --set reaches the old launch as it reaches a new one
     status, out, _ = run(
         capsys,

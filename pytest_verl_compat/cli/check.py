@@ -362,10 +362,16 @@ def prepare_case(
                 location=_launch_line(session, case, label),
             )  # fmt: skip
             retired = case if retired_entry(cause.module) is not None else None
+            # fit forecasts a retired entry point's launch: its findings located at the script's
+            # keys, as a composed launch's are
+            fields = session.read_fields(case) if retired is not None else None
             return Prepared(
                 target,
                 result=FileResult(label, "checked", [unknown], valid=False, case=named),
                 retired=retired,
+                locator=Locator(label, text, fields, set_positions(args.argv, overrides))
+                if fields is not None
+                else None,
             )
         if isinstance(cause, LaunchReadError):
             finding = _launch_finding(cause, label, case.bindings)

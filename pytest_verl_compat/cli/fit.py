@@ -105,7 +105,7 @@ def _forecasts(
             if part.retired is not None:
                 # an entry point of an earlier release: what that release would run
                 retired = forecast_retired(session, part.retired, request, extra)
-                out.append(WayForecast(when, retired))
+                out.append(WayForecast(when, retired, part.locator))
                 continue
             assert part.case is not None, "a prepared target has a case, a result or ways"
             out.append(WayForecast(when, forecast_case(session, part.case, request), part.locator))
