@@ -331,3 +331,30 @@ def test_a_dapo_key_the_release_lacks_is_set_aside_and_said(
     status, out, err = run(capsys, "fit", script, "--gpu", "H100", "--brief")
     assert status in (0, 1) and "Traceback" not in err, err
     assert "reward_model.reward_manager" in out and "recipe.dapo.main_dapo" in out
+
+
+def test_a_key_the_old_trainer_never_reads_is_said(
+    here: Path, tmp_path: Path, release_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.micro_batch_size (the old global size) is read nowhere in 0.7.0's trainer, which
+    splits by data.micro_batch_size_per_gpu (fsdp_sft_trainer.py:484@0.7.0): a launch setting it
+    is told, and forecast at the per-GPU size; one setting the per-GPU size is not told."""
+    import re
+
+    for entry in _own_tree():
+        source = (release_tree(entry.last_release, fetch=False).root / entry.file).read_text()
+        root = release_tree(entry.last_release, fetch=False).root
+        for unread in entry.unread:
+            assert Fact(None, "", unread.where, unread.statement).found_in(root), unread.key
+            leaf = unread.key.rsplit(".", 1)[1]
+            assert not re.search(rf"\b{leaf}\b(?!_)", source), unread.key
+            assert unread.instead.rsplit(".", 1)[1] in source
+    status, out, err = run(
+        capsys, "fit", _script(tmp_path, f"{OLD_KEYS} data.micro_batch_size=64"), "--gpu", "H100"
+    )
+    assert status == 0, err
+    assert "sets data.micro_batch_size, which verl 0.7.0's trainer never reads" in out
+    assert "4,096 tokens/micro-batch" in out  # the per-GPU default, 4 samples of 1,024
+    keys = f"{OLD_KEYS} data.micro_batch_size_per_gpu=2"
+    status, out, _ = run(capsys, "fit", _script(tmp_path, keys, name="per_gpu.sh"), "--gpu", "H100")
+    assert "never reads" not in out and "2,048 tokens/micro-batch" in out

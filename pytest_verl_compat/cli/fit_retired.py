@@ -52,6 +52,13 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
         f"defaults, its code's behaviour) on {entry.forecast_as}'s keys: {_moves(entry)}"
     ]
     launched = {field_key(field) for field in fields.fields}
+    for unread in entry.unread:
+        if unread.key in launched:
+            assumptions.append(
+                f"the launch sets {unread.key}, which verl {entry.last_release}'s trainer never "
+                f"reads: its micro-batches are {unread.instead} "
+                f"({unread.where}@{entry.last_release}), forecast as that key says"
+            )
     for default in entry.earlier:
         if default.key in launched:
             continue

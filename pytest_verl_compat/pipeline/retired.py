@@ -49,6 +49,16 @@ class KeyMove:
 
 
 @dataclass(frozen=True)
+class UnreadKey:
+    """A key of the old tree its trainer never reads, and the key it reads in its place."""
+
+    key: str
+    instead: str
+    where: str  # the line that reads ``instead``, without the release
+    statement: str
+
+
+@dataclass(frozen=True)
 class EarlierDefault:
     """A default of the old tree that earlier releases with the same trainer had otherwise."""
 
@@ -77,6 +87,7 @@ class RetiredEntry:
     moves: tuple[KeyMove, ...] = ()
     behaviour: Mapping[str, Any] = field(default_factory=dict)
     earlier: tuple[EarlierDefault, ...] = ()
+    unread: tuple[UnreadKey, ...] = ()
     # AS_LAUNCHED: what the module is, and the (address, statement) pairs that make its launch
     # the replacement's
     what: str = ""
@@ -141,6 +152,15 @@ def _entry(raw: Mapping[str, Any]) -> RetiredEntry:
         earlier=tuple(
             EarlierDefault(str(d["key"]), d["value"], str(d["releases"]), str(d["where"]))
             for d in raw.get("earlier_defaults") or ()
+        ),
+        unread=tuple(
+            UnreadKey(
+                str(u["key"]),
+                str(u["instead"]),
+                _own_line(u["where"], release, module),
+                str(u["statement"]),
+            )
+            for u in raw.get("unread") or ()
         ),
     )
 
