@@ -198,7 +198,8 @@ class Prepared:
     # Where the first condition the ways part at is (the note about the ways points there).
     parted: Location | None = None
     # A launch of an entry point the release no longer has but an earlier one did (its case,
-    # beside the result that says so): fit forecasts it as the trainer that replaced it.
+    # beside the result that says so; its read fields are the locator's): fit forecasts it as
+    # the trainer that replaced it.
     retired: Case | None = None
 
     def cases(self) -> list[Case]:
@@ -362,16 +363,19 @@ def prepare_case(
                 location=_launch_line(session, case, label),
             )  # fmt: skip
             retired = case if retired_entry(cause.module) is not None else None
-            # fit forecasts a retired entry point's launch: its findings located at the script's
-            # keys, as a composed launch's are
-            fields = session.read_fields(case) if retired is not None else None
+            # fit forecasts a retired entry point's launch from these fields (the --set overrides
+            # after the script's), its findings located at the script's keys as a composed
+            # launch's are
+            locator = None
+            if retired is not None:
+                read = session.read_fields(case)
+                fields = dataclasses.replace(read, fields=(*read.fields, *overrides))
+                locator = Locator(label, text, fields, set_positions(args.argv, overrides))
             return Prepared(
                 target,
                 result=FileResult(label, "checked", [unknown], valid=False, case=named),
                 retired=retired,
-                locator=Locator(label, text, fields, set_positions(args.argv, overrides))
-                if fields is not None
-                else None,
+                locator=locator,
             )
         if isinstance(cause, LaunchReadError):
             finding = _launch_finding(cause, label, case.bindings)

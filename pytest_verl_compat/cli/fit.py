@@ -89,9 +89,7 @@ class WayForecast:
     refusal: str = ""
 
 
-def _forecasts(
-    session: Any, prepared: Any, request: Any, label: str, extra: tuple[str, ...]
-) -> list[WayForecast]:
+def _forecasts(session: Any, prepared: Any, request: Any, label: str) -> list[WayForecast]:
     """Each way of the script forecast alone: one, with no condition, unless it goes several ways
     at tests only its run decides (``check``'s ways)."""
     parts = prepared.ways or [(None, prepared)]
@@ -104,7 +102,8 @@ def _forecasts(
         try:
             if part.retired is not None:
                 # an entry point of an earlier release: what that release would run
-                retired = forecast_retired(session, part.retired, request, extra)
+                assert part.locator is not None, "a retired launch's fields are its locator's"
+                retired = forecast_retired(session, part.retired, part.locator.fields, request)
                 out.append(WayForecast(when, retired, part.locator))
                 continue
             assert part.case is not None, "a prepared target has a case, a result or ways"
@@ -147,7 +146,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="verl-compat-fit-") as scratch:
             prepared = prepare(session, listed[0], args, Path(scratch))
     request = Request(gpu=gpu, model_config=args.model_config, lengths=args.lengths, script=label)
-    runs = _forecasts(session, prepared, request, label, tuple(args.set or ()))
+    runs = _forecasts(session, prepared, request, label)
     forecast = [run for run in runs if run.forecast is not None]
     if not forecast:
         raise UsageError(

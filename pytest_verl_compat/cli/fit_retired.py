@@ -11,25 +11,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.cli.common import UsageError
 from pytest_verl_compat.cli.fit_common import NotForecastCase, forecast_mapping, forecast_outcome
+from pytest_verl_compat.pipeline.audit import CaseOutcome
+from pytest_verl_compat.pipeline.compose import Composer
+from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE
+from pytest_verl_compat.pipeline.retired import (
+    AS_LAUNCHED,
+    REMOVE_PADDING_KEY,
+    RETIRED_FILE,
+    RetiredEntry,
+    Untranslatable,
+    hydra_value,
+    retired_entry,
+    translate,
+)
+from pytest_verl_compat.releases.index import ReleaseError
+from pytest_verl_compat.releases.wheels import release_tree
 
 
-def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ...] = ()) -> Any:
-    """The forecast of ``case``, whose launch runs a retired entry point, with ``extra``
-    overrides after its own (--set); what cannot be forecast is one line naming the script."""
-    from pytest_verl_compat.checks.fields import field_key
+def forecast_retired(session: Any, case: Any, fields: Any, request: Any) -> Any:
+    """The forecast of ``case``, whose launch runs a retired entry point, from its read
+    ``fields`` (the --set overrides among them); what cannot be forecast is one line naming the
+    script."""
     from pytest_verl_compat.memory.release_facts import ReleaseFactsError, facts_from_mapping
-    from pytest_verl_compat.pipeline.retired import (
-        AS_LAUNCHED,
-        REMOVE_PADDING_KEY,
-        RETIRED_FILE,
-        hydra_value,
-        retired_entry,
-    )
 
-    fields = session.read_fields(case)
-    fields = dataclasses.replace(fields, fields=(*fields.fields, *extra))
     entry = retired_entry(fields.module)
     assert entry is not None, "a retired case's launch runs a retired entry point"
     where = request.script or case.launch or case.id
@@ -44,10 +51,10 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
         raise UsageError(str(exc)) from exc
     given_lengths = request.lengths
     request = dataclasses.replace(request, world=fields.world_size, facts=facts)
-    result, padded = _carried_forecast(session, case, entry, fields, request, where)
-    said = f"{entry.module} (removed in verl {entry.removed_in})"
+    old_tree = _old_tree(entry, where)
+    result, padded = _carried_forecast(session, case, entry, old_tree, fields, request, where)
     assumptions = [
-        f"the launch runs {said}, which verl {session.version} does not have: forecast as verl "
+        f"the launch runs {entry.said}, which verl {session.version} does not have: forecast as verl "
         f"{entry.last_release}'s trainer, the last with it (its {entry.config_name}.yaml "
         f"defaults, its code's behaviour) on {entry.forecast_as}'s keys: {_moves(entry)}"
     ]
@@ -67,6 +74,7 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
             session,
             case,
             entry,
+            old_tree,
             dataclasses.replace(fields, fields=(*fields.fields, f"{default.key}={value}")),
             request,
             where,
@@ -86,19 +94,17 @@ def forecast_retired(session: Any, case: Any, request: Any, extra: tuple[str, ..
         "findings name the launch's own keys, and only changes it can make: a key of "
         f"{entry.forecast_as} it has no key for is left out of them"
     )
+    names = entry.launch_names()
     return dataclasses.replace(
         result,
         assumptions=(*assumptions, *result.assumptions),
-        verdicts=tuple(_in_launch_keys(v, entry) for v in result.verdicts),
+        verdicts=tuple(_in_launch_keys(v, names) for v in result.verdicts),
     )
 
 
-def _as_launched(session: Any, case: Any, entry: Any, fields: Any, request: Any) -> Any:
+def _as_launched(session: Any, case: Any, entry: RetiredEntry, fields: Any, request: Any) -> Any:
     """A recipe's launch forecast as the replacement's own: its overrides composed on the
     checked release's tree, each key the tree lacks set aside and said, as for any old launch."""
-    from pytest_verl_compat.pipeline.audit import CaseOutcome
-    from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE
-
     module = None if entry.forecast_as == PINNED_ENTRY_MODULE else entry.forecast_as
     carried = dataclasses.replace(fields, module=module)
     outcome = CaseOutcome(carried, "launch", session.compose_variant(carried, case.bindings))
@@ -113,29 +119,34 @@ def _as_launched(session: Any, case: Any, entry: Any, fields: Any, request: Any)
     return dataclasses.replace(result, assumptions=(said, *result.assumptions))
 
 
-def _carried_forecast(
-    session: Any, case: Any, entry: Any, fields: Any, request: Any, where: str
-) -> tuple[Any, bool]:
-    """The launch composed on the old tree, carried to the checked release's trainer and
-    forecast; and whether every sample is padded to max_length there."""
-    from pytest_verl_compat.pipeline.compose import Composer
-    from pytest_verl_compat.pipeline.retired import Untranslatable, translate
-    from pytest_verl_compat.releases.index import ReleaseError
-    from pytest_verl_compat.releases.wheels import release_tree
-
-    said = f"{entry.module} (removed in verl {entry.removed_in})"
+def _old_tree(entry: RetiredEntry, where: str) -> Composer:
+    """The composer of the last release's own config, its files fetched or cached once."""
     try:
         tree = release_tree(entry.last_release)
     except ReleaseError as exc:
         raise UsageError(
-            f"{where}: {said} is forecast on verl {entry.last_release}'s tree, which is not "
-            f"here: {exc}"
+            f"{where}: {entry.said} is forecast on verl {entry.last_release}'s tree, which is "
+            f"not here: {exc}"
         ) from exc
+    return Composer(tree.config_dir, entry.config_name)
+
+
+def _carried_forecast(
+    session: Any,
+    case: Any,
+    entry: RetiredEntry,
+    old_tree: Composer,
+    fields: Any,
+    request: Any,
+    where: str,
+) -> tuple[Any, bool]:
+    """The launch composed on the old tree, carried to the checked release's trainer and
+    forecast; and whether every sample is padded to max_length there."""
     variables = dict(fields.environment(case.bindings))
-    legacy = Composer(tree.config_dir, entry.config_name).compose(fields.fields, variables)
+    legacy = old_tree.compose(fields.fields, variables)
     if not legacy.composed:
         raise UsageError(
-            f"{where}: {said}: verl {entry.last_release}'s {entry.config_name} tree rejects the "
+            f"{where}: {entry.said}: verl {entry.last_release}'s {entry.config_name} tree rejects the "
             f"launch: {legacy.reason}"
         )
     try:
@@ -146,7 +157,7 @@ def _carried_forecast(
     composition = session.compose_variant(carried, case.bindings)
     if not composition.composed:
         raise UsageError(
-            f"{where}: {said}: verl {session.version}'s {entry.forecast_as} tree rejects the "
+            f"{where}: {entry.said}: verl {session.version}'s {entry.forecast_as} tree rejects the "
             f"keys carried to it: {composition.reason}"
         )
     request = dataclasses.replace(
@@ -166,14 +177,9 @@ def _peak(result: Any) -> str:
     return f"{gib(phase.total):.2f} GiB in the {PHASE_TITLES[phase.phase]}{share}"
 
 
-def _in_launch_keys(verdict: Any, entry: Any) -> Any:
-    """A verdict in the old launch's keys: each key the old tree has under another name (a
-    move that copies one key) renamed, every fix changing a key it lacks dropped."""
-    names = {
-        move.to: move.sources[0]
-        for move in entry.moves
-        if move.rule == "copy" and len(move.sources) == 1
-    }
+def _in_launch_keys(verdict: Any, names: dict[str, str]) -> Any:
+    """A verdict in the old launch's keys (``names``: RetiredEntry.launch_names): each key the
+    old tree has under another name renamed, every fix changing a key it lacks dropped."""
     keys = tuple(names[key] for key in verdict.keys if key in names)
     fixes = tuple(
         dataclasses.replace(fix, keys=tuple((names[k], v) for k, v in fix.keys))
@@ -183,11 +189,9 @@ def _in_launch_keys(verdict: Any, entry: Any) -> Any:
     return dataclasses.replace(verdict, keys=keys or verdict.keys, fixes=fixes)
 
 
-def _moves(entry: Any) -> str:
+def _moves(entry: RetiredEntry) -> str:
     """The keys carried under another name or set by the old trainer's code, each with its line
     (a key read under the same name on both trees goes unsaid)."""
-    from pytest_verl_compat.pipeline.retired import hydra_value
-
     said = []
     for move in entry.moves:
         if move.rule == "copy" and move.sources == (move.to,):

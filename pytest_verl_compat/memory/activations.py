@@ -424,7 +424,7 @@ def _fp32_loss_cost(training: bool, shifted: bool) -> LogitsCost:
     fsdp_sft_trainer.py:381-401@0.7.0), in units of the bf16 logits: the logits, their shifted
     contiguous copy where the samples are padded, the fp32 cast and the fp32 log_softmax it saves
     (two units each) in the forward; in the backward the saved log_softmax, its gradient and the
-    input's gradient, all fp32 (measured in tests/test_fit_retired.py)."""
+    input's gradient, all fp32 (measured in tests/test_fit_activations.py)."""
     kept = 1.0 + (1.0 if shifted else 0.0)
     copies = kept + (6.0 if training else 4.0)
     how = "torch's cross entropy in fp32 under autocast" + (", shifted copy" if shifted else "")

@@ -186,17 +186,47 @@ def _stage_text(role: RoleLayout, stage: act.Stage) -> str:
 EV_HOST_STATES = "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:711@torch-2.13.0"
 
 
-def _host_states(role: RoleLayout) -> Part:
-    """The sharded gradients and optimizer states under FSDP's CPU offload policy: on the host,
-    said as a part of no GPU bytes so the table shows where they went."""
-    return Part(
-        f"{role.role}.grads",
-        f"{role.role} gradients and optimizer states",
-        0,
-        "on the host (FSDP's CPU offload policy: each sharded gradient is copied there after its "
-        "reduce-scatter, and the optimizer steps there)",
-        EV_HOST_STATES,
-    )
+def _state_parts(role: RoleLayout) -> list[Part]:
+    """An update's gradients and optimizer states. Under FSDP's CPU offload policy (FSDP2's
+    CPUOffloadPolicy, FSDP1's CPUOffload(offload_params=True)) each sharded gradient is copied to
+    the host as its reduce-scatter ends and the optimizer steps there: one part of no GPU bytes
+    says where they went (in the JSON and the evidence; the text lists parts that hold bytes)."""
+    name, s = role.role, states_of(role)
+    if role.offload_policy and not megatron(role):
+        return [
+            Part(
+                f"{name}.grads",
+                f"{name} gradients and optimizer states",
+                0,
+                "on the host (FSDP's CPU offload policy: each sharded gradient is copied there "
+                "after its reduce-scatter, and the optimizer steps there)",
+                EV_HOST_STATES,
+            )
+        ]
+    return [
+        Part(
+            f"{name}.grads",
+            f"{name} gradients",
+            s.grads,
+            f"{s.trainable:,} trainable params x fp32 (Megatron's grad buffer), {where(role)}"
+            if megatron(role)
+            else f"{s.trainable:,} trainable params x fp32, sharded",
+            EV_MEGATRON_GRADS if megatron(role) else st.EV_FSDP2,
+        ),
+        Part(
+            f"{name}.optimizer",
+            f"{name} optimizer states",
+            s.optimizer,
+            (
+                f"fp32 master + {st.optimizer_states(role.spec.optimizer)} states per trainable param, distributed optimizer"
+                + _on_host(role)
+                if megatron(role)
+                else f"{st.optimizer_states(role.spec.optimizer)} states x fp32 per trainable param, sharded"
+            ),
+            st.EV_OPTIMIZER
+            + (f"; {st.EV_OPTIMIZER_ON_HOST}" if role.spec.optimizer_on_host else ""),
+        ),
+    ]
 
 
 def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]:
@@ -227,40 +257,8 @@ def compute_parts(role: RoleLayout, training: bool, entropy: bool) -> list[Part]
         if role.spec.strategy in ("megatron", "mindspeed")
         else 1
     )
-    # FSDP's CPU offload policy (FSDP2's CPUOffloadPolicy, FSDP1's CPUOffload(offload_params=True))
-    # copies each sharded gradient to the host as its reduce-scatter ends, and the optimizer
-    # steps there: the sharded gradients and the optimizer states never stay on the GPU
-    on_host = role.offload_policy and not megatron(role)
-    if training and on_host:
-        parts.append(_host_states(role))
-    if training and not on_host:
-        parts.append(
-            Part(
-                f"{name}.grads",
-                f"{name} gradients",
-                s.grads,
-                f"{s.trainable:,} trainable params x fp32 (Megatron's grad buffer), {where(role)}"
-                if megatron(role)
-                else f"{s.trainable:,} trainable params x fp32, sharded",
-                EV_MEGATRON_GRADS if megatron(role) else st.EV_FSDP2,
-            )
-        )
-        parts.append(
-            Part(
-                f"{name}.optimizer",
-                f"{name} optimizer states",
-                s.optimizer,
-                (
-                    f"fp32 master + {st.optimizer_states(role.spec.optimizer)} states per trainable param, distributed optimizer"
-                    + _on_host(role)
-                    if megatron(role)
-                    else f"{st.optimizer_states(role.spec.optimizer)} states x fp32 per trainable param, sharded"
-                ),
-                st.EV_OPTIMIZER
-                + (f"; {st.EV_OPTIMIZER_ON_HOST}" if role.spec.optimizer_on_host else ""),
-            )
-        )
     if training:
+        parts.extend(_state_parts(role))
         if role.micro_batches > 1 and s.accumulated:
             parts.append(
                 Part(

@@ -154,7 +154,7 @@ def _engine_flags(
         "param_offload": bool(engine.get("param_offload")),
         "optimizer_offload": bool(engine.get("optimizer_offload")),
         # an offload policy only where the release's engine builds one for the strategy
-        # (transformer_impl.py:438-443 for FSDP2; FSDP1's training engine takes none, :404-415)
+        # (transformer_impl.py:440-443 for FSDP2; FSDP1's training engine takes none, :404-415)
         "offload_policy": bool(engine.get("offload_policy"))
         and strategy in facts.host_offload_strategies,
         "checkpointing": _checkpointing(engine, model_section, strategy),

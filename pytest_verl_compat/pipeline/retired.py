@@ -97,6 +97,19 @@ class RetiredEntry:
     def evidence(self, move: KeyMove) -> str:
         return f"{move.where}@{self.last_release}"
 
+    @property
+    def said(self) -> str:
+        """The module as the forecast names it: with the release that removed it."""
+        return f"{self.module} (removed in verl {self.removed_in})"
+
+    def launch_names(self) -> dict[str, str]:
+        """The old tree's name of each key of the checked tree that one copy move fills."""
+        return {
+            move.to: move.sources[0]
+            for move in self.moves
+            if move.rule == "copy" and len(move.sources) == 1
+        }
+
 
 @dataclass(frozen=True)
 class Translation:
