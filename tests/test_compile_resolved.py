@@ -29,6 +29,7 @@ from pytest_verl_compat.checks.model_facts import ModelFacts
 from pytest_verl_compat.memory import findings as memory_findings  # registers the memory.* pages
 from pytest_verl_compat.model import Case, Finding
 from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.pipeline.hydra_internals import override_literal
 from pytest_verl_compat.pipeline.profile import load_profile
 from pytest_verl_compat.pipeline.resolved import changed_fields
 from pytest_verl_compat.upstream.oracle.client import UpstreamOracle
@@ -207,6 +208,24 @@ def test_without_overrides_the_changed_leaves_are_the_keys_the_run_set(
     written = {f.split("=", 1)[0].lstrip("+~") for f in session.outcome(case).fields.fields}
     assert derived and derived <= written, sorted(derived - written)
     assert session.compile(resolved) is not None
+
+
+@pytest.mark.parametrize("name", ["grpo,v2", "1e-4", "C:\\runs\\", "it's"])
+def test_a_derived_leaf_is_not_a_key_whatever_the_name_it_derives_from(
+    session: AuditSession, name: str, tmp_path: Path
+) -> None:
+    """trainer.default_local_dir derives from the experiment's name; a name Hydra's grammar
+    would read otherwise unquoted (a comma, a float's spelling, a backslash, a quote) is written
+    back as Hydra reads it, so the derived leaf is still seen as derived."""
+    assert session.manifest is not None
+    case = session.with_overrides(
+        dataclasses.replace(session.manifest.case("grpo"), id=f"grpo+name{next(_counter)}"),
+        (f"trainer.experiment_name={override_literal(name)}",),
+    )
+    resolved = resolved_twin(session, case, tmp_path / "run", overrides=False)
+    keys = {f.split("=", 1)[0] for f in session.outcome(resolved).fields.fields}
+    assert "trainer.experiment_name" in keys
+    assert "trainer.default_local_dir" not in keys
 
 
 def test_changed_fields_skip_a_copy_made_by_interpolation() -> None:

@@ -20,7 +20,6 @@ from pytest_verl_compat.memory.release_facts import Fact, facts_from_mapping
 from pytest_verl_compat.pipeline.retired import (
     OWN_TREE,
     RETIRED_FILE,
-    hydra_value,
     retired_entries,
     retired_entry,
 )
@@ -102,13 +101,6 @@ def test_the_module_is_gone_from_the_release_after_its_last(release_cache: Path)
         after = release_tree(entry.removed_in, fetch=False).root
         assert not (after / entry.file).exists(), entry.module
         assert (after / "verl" / "trainer" / "sft_trainer.py").is_file()
-
-
-def test_values_are_written_as_hydra_reads_them() -> None:
-    assert hydra_value("/data/Qwen2.5-7B it's") == "'/data/Qwen2.5-7B it\\'s'"
-    assert hydra_value([1, True, None, "x"]) == "[1,true,null,'x']"
-    with pytest.raises(ValueError):
-        hydra_value("${oc.env:HOME}")
 
 
 def test_an_old_sft_launch_is_forecast_as_the_last_release_with_its_trainer(

@@ -17,13 +17,13 @@ from pytest_verl_compat.cli.fit_common import NotForecastCase, forecast_mapping,
 from pytest_verl_compat.pipeline.audit import CaseOutcome
 from pytest_verl_compat.pipeline.compose import Composer
 from pytest_verl_compat.pipeline.entry_points import PINNED_ENTRY_MODULE
+from pytest_verl_compat.pipeline.hydra_internals import override_literal
 from pytest_verl_compat.pipeline.retired import (
     AS_LAUNCHED,
     REMOVE_PADDING_KEY,
     RETIRED_FILE,
     RetiredEntry,
     Untranslatable,
-    hydra_value,
     retired_entry,
     translate,
 )
@@ -69,7 +69,7 @@ def forecast_retired(session: Any, case: Any, fields: Any, request: Any) -> Any:
     for default in entry.earlier:
         if default.key in launched:
             continue
-        value = hydra_value(default.value)
+        value = override_literal(default.value)
         other, _ = _carried_forecast(
             session,
             case,
@@ -197,7 +197,7 @@ def _moves(entry: RetiredEntry) -> str:
         if move.rule == "copy" and move.sources == (move.to,):
             continue
         what = (
-            f"{move.to}={hydra_value(move.value)}"
+            f"{move.to}={override_literal(move.value)}"
             if not move.sources
             else f"{move.to} from {' and '.join(move.sources)}"
         )

@@ -65,6 +65,35 @@ def parse_override(line: str) -> Any:
     return parsed
 
 
+def override_literal(value: Any) -> str:
+    """``value`` as a Hydra override writes it, so that Hydra's grammar reads back exactly
+    ``value``: strings quoted by Hydra's own ``QuotedString`` (a backslash is escaped only where it
+    precedes a quote, as the grammar reads it), mapping keys escaped by Hydra's own escaper.
+    ValueError for what no override holds: a string Hydra would resolve as an interpolation
+    (``${``), a key or value of another type."""
+    from hydra._internal.grammar.utils import escape_special_characters
+    from hydra.core.override_parser.types import Quote, QuotedString
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)  # the grammar reads inf, -inf and nan as floats too
+    if isinstance(value, str):
+        if "${" in value:
+            raise ValueError(f"{value!r} would be read as an interpolation")
+        return QuotedString(text=value, quote=Quote.single).with_quotes()
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(override_literal(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        if not all(isinstance(key, str) for key in value):
+            raise ValueError(f"{value!r}: an override's mapping keys are strings")
+        pairs = (f"{escape_special_characters(k)}:{override_literal(v)}" for k, v in value.items())
+        return "{" + ",".join(pairs) + "}"
+    raise ValueError(f"{value!r} has no override form")
+
+
 def _cached_grammar_parse(value: str, *args: Any, **kwargs: Any) -> Any:
     key = (value, args, tuple(sorted(kwargs.items())))
     tree = _PARSE_TREES.get(key)

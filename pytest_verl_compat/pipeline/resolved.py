@@ -28,6 +28,7 @@ from pytest_verl_compat.model import (
     InputPin,
 )
 from pytest_verl_compat.pipeline.compose import Composer, iter_leaves
+from pytest_verl_compat.pipeline.hydra_internals import override_literal
 from pytest_verl_compat.pipeline.targets import target_rejection
 
 # What Hydra writes into a run's output folder (``hydra.output_subdir``).
@@ -113,6 +114,16 @@ def changed_fields(
     file's order: the keys a run without ``overrides.yaml`` set. A leaf the tree copies from
     another by interpolation (``${..strategy}``) is that other key's setting when it holds the
     same value, so it is not listed again; a leaf the tree does not have is listed."""
+    return tuple(
+        f"{prefix}{path}={_render(value)}"
+        for prefix, path, value in _changed_leaves(resolved, base, sources)
+    )
+
+
+def _changed_leaves(
+    resolved: Mapping[str, Any], base: Mapping[str, Any], sources: Mapping[str, str]
+) -> list[tuple[str, str, Any]]:
+    """(``+`` or "", path, value) of each leaf ``changed_fields`` lists."""
     ours, theirs = _shape(resolved), _shape(base)
     changed = {
         path: value
@@ -124,9 +135,8 @@ def changed_fields(
         source = sources.get(path)
         if source is not None and source in changed and _same_value(changed[source], value):
             continue
-        prefix = "" if path in theirs else "+"
-        out.append(f"{prefix}{path}={_render(value)}")
-    return tuple(out)
+        out.append(("" if path in theirs else "+", path, value))
+    return out
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -331,21 +341,29 @@ def _derived_fields(
     derives by an interpolation from the others (``trainer.default_local_dir`` from the
     experiment's name), found by composing the others and seeing the same value there."""
     base = composer.compose(groups, {}).mapping
-    changed = changed_fields(mapping, base, composer.interpolation_sources())
+    leaves = _changed_leaves(mapping, base, composer.interpolation_sources())
+    changed = tuple(f"{prefix}{path}={_render(value)}" for prefix, path, value in leaves)
     derived = composer.interpolated_leaves()
-    if not any(field.split("=", 1)[0] in derived for field in changed):
+    if not any(path in derived for _, path, _ in leaves):
         return changed
-    plain = [f for f in changed if f.split("=", 1)[0] not in derived]
+    try:
+        # the others written as Hydra reads them back (a name with a comma, a string "1e-4"),
+        # not as the message text renders them
+        plain = [
+            f"{prefix}{path}={override_literal(value)}"
+            for prefix, path, value in leaves
+            if path not in derived
+        ]
+    except ValueError:
+        return changed
     composed = composer.compose([*groups, *plain], {})
     if not composed.composed:
         return changed  # values Hydra's grammar does not take back: every changed leaf is kept
     theirs, ours = _shape(composed.mapping), _shape(mapping)
     return tuple(
-        f
-        for f in changed
-        if (key := f.split("=", 1)[0]) not in derived
-        or key not in theirs
-        or not _same_value(ours.get(key), theirs[key])
+        text
+        for text, (_, key, _) in zip(changed, leaves, strict=True)
+        if key not in derived or key not in theirs or not _same_value(ours.get(key), theirs[key])
     )
 
 

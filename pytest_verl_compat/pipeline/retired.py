@@ -11,14 +11,13 @@ unknown to the release: only ``fit`` forecasts it this way, and says so.
 from __future__ import annotations
 
 import functools
-import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_verl_compat.files.safe_input import load_yaml_file
 from pytest_verl_compat.model import dotted_value
+from pytest_verl_compat.pipeline.hydra_internals import override_literal
 from pytest_verl_compat.releases.index import DATA
 
 RETIRED_FILE = DATA / "retired_entry_points.yaml"
@@ -258,32 +257,6 @@ RULES: dict[str, Callable[[KeyMove, list[Any]], Any]] = {
 }
 
 
-def hydra_value(value: Any) -> str:
-    """A resolved value as a Hydra override's value: strings quoted (a path may hold what the
-    grammar reads otherwise), lists and mappings element by element."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} has no override form")
-        return repr(value)
-    if isinstance(value, str):
-        if "${" in value:
-            raise ValueError(f"{value!r} would be read as an interpolation")
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return (
-            "{" + ",".join(f"{json.dumps(str(k))}:{hydra_value(v)}" for k, v in value.items()) + "}"
-        )
-    raise ValueError(f"{value!r} has no override form")
-
-
 def translate(entry: RetiredEntry, legacy: Mapping[str, Any]) -> Translation:
     """The checked tree's overrides for a launch composed on the old tree (``legacy``: its
     resolved mapping). ``++`` sets a key the checked tree may lack (0.9.0's engine has no
@@ -293,7 +266,7 @@ def translate(entry: RetiredEntry, legacy: Mapping[str, Any]) -> Translation:
         value = RULES[move.rule](move, [dotted_value(legacy, source) for source in move.sources])
         values[move.to] = value
         try:
-            overrides.append(f"++{move.to}={hydra_value(value)}")
+            overrides.append(f"++{move.to}={override_literal(value)}")
         except ValueError as exc:
             source = move.sources[0] if move.sources else move.to
             raise Untranslatable(f"{source}: {exc}", source) from exc

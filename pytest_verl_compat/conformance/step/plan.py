@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from pytest_verl_compat.pipeline.hydra_internals import override_literal
 from pytest_verl_compat.pipeline.manifest import embedded_root
 from pytest_verl_compat.pipeline.profile import pattern_regex
 from reference_trainer.config import ReferenceTrainerConfig
@@ -548,20 +549,4 @@ def hydra_overrides(leaves: Mapping[str, Any]) -> Iterator[str]:
         else:
             merged[path] = value
     for path, value in merged.items():
-        yield f"{path}={_hydra_value(value)}"
-
-
-def _hydra_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no Hydra literal for {value!r}")
+        yield f"{path}={override_literal(value)}"
