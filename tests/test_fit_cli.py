@@ -173,6 +173,18 @@ def test_an_sft_launch_takes_torchruns_world(
             ("--gpu", "H100", "--set", "actor_rollout_ref.model.target_modules=5"),
             ("model.target_modules=5", "a module name or a list of them"),
         ),
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.actor.checkpoint.save_contents=-1"),
+            ("actor.checkpoint.save_contents=-1", "a content name or a list of them"),
+        ),
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.actor.fsdp_config.model_dtype=bf61"),
+            ("actor.fsdp_config.model_dtype='bf61'", "PrecisionType"),
+        ),
+        (
+            ("--gpu", "H100", "--set", "actor_rollout_ref.rollout.dtype=bf16"),
+            ("rollout.dtype='bf16'", "auto, bfloat16"),
+        ),
     ],
 )
 def test_input_it_cannot_use_is_one_line(

@@ -37,6 +37,7 @@ from pytest_verl_compat.memory.release_facts import (
 )
 from pytest_verl_compat.memory.residency import states_of
 from pytest_verl_compat.memory.runs import Request, build_layout
+from pytest_verl_compat.memory.values import UnreadableRun, precision_bytes, server_dtype_bytes
 from pytest_verl_compat.pipeline.audit import AuditSession
 
 MODEL = "Qwen/Qwen2.5-0.5B"
@@ -952,3 +953,44 @@ def test_a_micro_batch_holds_no_more_than_the_ranks_share_of_the_batch(
         "actor",
     )
     assert (two.train_tokens, two.infer_tokens) == (2 * sequence, 2 * sequence)
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        *[(None, 4), ("fp32", 4), ("float32", 4), (32, 4), ("32", 4)],
+        *[("bf16", 2), ("bfloat16", 2), ("fp16", 2), ("float16", 2), (16, 2), (16.0, 2)],
+    ],
+)
+def test_the_fsdp_engines_dtypes_are_the_names_precision_type_takes(value: Any, size: int) -> None:
+    assert precision_bytes({"model_dtype": value}, "model_dtype", 4, "engine") == size
+
+
+@pytest.mark.parametrize("value", ["half", "float", "bf61", "fp8", True, ["bf16"]])
+def test_a_name_precision_type_refuses_is_one_line_at_its_key(value: Any) -> None:
+    with pytest.raises(UnreadableRun, match="PrecisionType") as raised:
+        precision_bytes({"param_dtype": value}, "param_dtype", 2, "a.fsdp_config.mixed_precision")
+    assert raised.value.key == "a.fsdp_config.mixed_precision.param_dtype"
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        (None, 2),
+        ("auto", 2),
+        ("bfloat16", 2),
+        ("float16", 2),
+        ("half", 2),
+        ("float32", 4),
+        ("float", 4),
+    ],
+)
+def test_the_rollout_servers_dtype_is_a_name_vllm_takes(value: Any, size: int) -> None:
+    assert server_dtype_bytes({"dtype": value}, "r") == size
+
+
+@pytest.mark.parametrize("value", ["bf16", "fp32", 16, "int8"])
+def test_a_dtype_the_server_refuses_is_one_line_at_its_key(value: Any) -> None:
+    with pytest.raises(UnreadableRun, match="auto, bfloat16") as raised:
+        server_dtype_bytes({"dtype": value}, "actor_rollout_ref.rollout")
+    assert raised.value.key == "actor_rollout_ref.rollout.dtype"

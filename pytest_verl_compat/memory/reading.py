@@ -9,7 +9,6 @@ code decides what no key does, its facts (``release_facts``) say how."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +67,13 @@ from pytest_verl_compat.memory.states import (
     EngineSpec,
     dtype_bytes,
 )
+from pytest_verl_compat.memory.values import (
+    UnreadableRun,
+    names,
+    number,
+    precision_bytes,
+    server_dtype_bytes,
+)
 
 # The SFT trainer's log-prob temperature (verl/trainer/sft_trainer.py:348).
 SFT_TEMPERATURE = 1.0
@@ -79,30 +85,6 @@ SFT_OPTIM = "optim"
 EV_MEGATRON_LOGITS = (
     f"verl/workers/engine/megatron/transformer_impl.py:1191, :1197, :1221; {EV_MEGATRON_CE}"
 )
-
-
-class UnreadableRun(ValueError):
-    """A configuration the forecast cannot model (one line naming the key and value); ``key``:
-    that key, dotted, where one decides it."""
-
-    def __init__(self, message: str, key: str = "") -> None:
-        super().__init__(message)
-        self.key = key
-
-
-def number(section: Mapping[str, Any], key: str, default: float, where: str) -> float:
-    """``section[key]`` as a finite number (``default`` when unset); anything else is an
-    UnreadableRun naming ``where.key``, never a traceback (a quoted value, ``abc``, ``inf``)."""
-    value = section.get(key)
-    if value is None:
-        return default
-    try:
-        found = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        found = math.nan
-    if not math.isfinite(found):
-        raise UnreadableRun(f"{where}.{key}={value!r}: expected a finite number", f"{where}.{key}")
-    return found
 
 
 NO_SYNC_KEY = "use_no_sync_for_gradient_accumulation"
@@ -209,21 +191,6 @@ def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
     return bool(model.get("use_fused_kernels")) and str(backend) in facts.fused_backends
 
 
-def _names(section: Mapping[str, Any], key: str, default: Any, where: str) -> tuple[str, ...]:
-    """A module name or a list of them (peft's and Megatron-Bridge's targets); anything else is
-    an UnreadableRun naming ``where.key``."""
-    value = section.get(key, default)
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise UnreadableRun(
-        f"{where}.{key}={value!r}: expected a module name or a list of them", f"{where}.{key}"
-    )
-
-
 def lora_modules(
     model: Any, strategy: str, where: str = "actor_rollout_ref.model"
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -237,12 +204,12 @@ def lora_modules(
         lora = lora if isinstance(lora, Mapping) else {}
         inner = f"{where}.lora"
         return (
-            _names(lora, "target_modules", MEGATRON_DEFAULT_TARGETS, inner),
-            _names(lora, "exclude_modules", None, inner),
+            names(lora, "target_modules", MEGATRON_DEFAULT_TARGETS, inner),
+            names(lora, "exclude_modules", None, inner),
         )
     return (
-        _names(model, "target_modules", ALL_LINEAR, where),
-        _names(model, "exclude_modules", None, where),
+        names(model, "target_modules", ALL_LINEAR, where),
+        names(model, "exclude_modules", None, where),
     )
 
 
@@ -271,20 +238,18 @@ def engine_spec(
     # the engine's own spelling of the rank: a rank in the other one trains the whole model
     rank = engine_lora_rank(model, strategy) if isinstance(model, Mapping) else 0
     targets_t, exclude_t = lora_modules(model, strategy, model_key)
-    mixed = engine.get("mixed_precision") or {}
     optim = role_section(resolved, role).get("optim") or {}
+    # training engines default to fp32 weights, forward-only to bf16 (transformer_impl.py:237-242)
+    model_dtype, param_dtype, reduce_dtype = _precisions(
+        engine, strategy, engine_path(resolved, role), 2 if forward_only else 4
+    )
     spec = EngineSpec(
         strategy=strategy,
         world=world,
         fsdp_size=as_int(engine.get("fsdp_size"), -1),
-        # training engines default to fp32 weights, forward-only to bf16 (transformer_impl.py:237-242)
-        model_dtype=dtype_bytes(engine.get("model_dtype"), 2 if forward_only else 4),
-        param_dtype=dtype_bytes(
-            mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
-        ),
-        reduce_dtype=dtype_bytes(
-            mixed.get("reduce_dtype") if isinstance(mixed, Mapping) else None, 4
-        ),
+        model_dtype=model_dtype,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
         forward_only=forward_only,
         value_head=value_head,
         lora_rank=0 if role == "critic" else rank,
@@ -296,6 +261,27 @@ def engine_spec(
         defer_sync=defer_sync(engine),
     )
     return spec, engine
+
+
+def _precisions(
+    engine: Mapping[str, Any], strategy: str, where: str, model_default: int
+) -> tuple[int, int, int]:
+    """EngineSpec's dtypes (model_dtype, param_dtype, reduce_dtype), read as the FSDP
+    engine reads them (``precision_bytes``); another engine's are read as given, unread there."""
+    mixed = engine.get("mixed_precision") or {}
+    mixed = mixed if isinstance(mixed, Mapping) else {}
+    if strategy in FSDP_STRATEGIES:
+        inner = f"{where}.mixed_precision"
+        return (
+            precision_bytes(engine, "model_dtype", model_default, where),
+            precision_bytes(mixed, "param_dtype", 2, inner),
+            precision_bytes(mixed, "reduce_dtype", 4, inner),
+        )
+    return (
+        dtype_bytes(engine.get("model_dtype"), model_default),
+        dtype_bytes(mixed.get("param_dtype"), 2),
+        dtype_bytes(mixed.get("reduce_dtype"), 4),
+    )
 
 
 def _megatron_fields(
@@ -556,10 +542,10 @@ def server_layout(
         max_num_batched_tokens=batched,
         enforce_eager=bool(rollout.get("enforce_eager")),
         free_cache_engine=bool(rollout.get("free_cache_engine", True)),
-        dtype=dtype_bytes(rollout.get("dtype"), 2),
+        dtype=server_dtype_bytes(rollout, section),
         kv_dtype=1
         if isinstance(kv, str) and kv.startswith("fp8")
-        else dtype_bytes(rollout.get("dtype"), 2),
+        else server_dtype_bytes(rollout, section),
         colocated=_colocated(resolved, section, standalone_gpus, facts, pool),
         standalone_gpus=standalone_gpus,
         keeps_weights_asleep=_adapter_served(resolved, name),
@@ -605,7 +591,7 @@ def rl_layout(
         reward_server = server_layout(
             resolved, "reward.reward_model.rollout", reward, lengths, world, facts
         )
-    contents = value_at(resolved, "actor_rollout_ref.actor.checkpoint.save_contents", []) or []
+    contents = _save_contents(resolved, "actor_rollout_ref.actor.checkpoint")
     trains = next((role for role in roles if role.role == "actor"), None)
     return RunLayout(
         kind=RL,
@@ -646,6 +632,13 @@ def serve_layout(
     )
 
 
+def _save_contents(resolved: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """What a checkpoint saves (``where.save_contents``: names); another value is one line."""
+    section = value_at(resolved, where, {})
+    section = section if isinstance(section, Mapping) else {}
+    return names(section, "save_contents", (), where, noun="content name")
+
+
 def saves_hf_model(resolved: Mapping[str, Any], contents: Any, actor: RoleLayout | None) -> bool:
     """Whether a checkpoint writes the model in Hugging Face format: ``hf_model`` in its
     contents, and for Megatron also ``model`` without use_dist_checkpointing, the engine's
@@ -684,15 +677,14 @@ def sft_layout(
     )
     rank = engine_lora_rank(model_section, strategy) if isinstance(model_section, Mapping) else 0
     targets, exclude = lora_modules(model_section, strategy, "model")
-    mixed = engine.get("mixed_precision") or {}
+    model_dtype, param_dtype, reduce_dtype = _precisions(engine, strategy, "engine", 4)
     spec = EngineSpec(
         strategy=strategy,
         world=world,
         fsdp_size=as_int(engine.get("fsdp_size"), -1),
-        model_dtype=dtype_bytes(engine.get("model_dtype"), 4),
-        param_dtype=dtype_bytes(
-            mixed.get("param_dtype") if isinstance(mixed, Mapping) else None, 2
-        ),
+        model_dtype=model_dtype,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
         lora_rank=rank,
         lora_targets=targets,
         lora_exclude=exclude,
@@ -755,6 +747,6 @@ def sft_layout(
         n=1,
         saves_checkpoints=save_freq > 0 or save_freq == -1,
         hf_model_in_checkpoint=saves_hf_model(
-            resolved, value_at(resolved, "checkpoint.save_contents", []) or [], role
+            resolved, _save_contents(resolved, "checkpoint"), role
         ),
     )

@@ -15,8 +15,8 @@ from pytest_verl_compat.memory import rollout as srv
 from pytest_verl_compat.memory.gpus import Gpu
 from pytest_verl_compat.memory.models import ModelChoice, UnknownModel, choose_model
 from pytest_verl_compat.memory.parts import SERVER_START, RankKind, Verdict, gib
-from pytest_verl_compat.memory.reading import UnreadableRun
 from pytest_verl_compat.memory.release_facts import ReleaseFacts, ReleaseFactsError
+from pytest_verl_compat.memory.values import UnreadableRun
 
 # the one dotted lookup, defined with the shared words; the forecast's modules import it from here
 from pytest_verl_compat.model import dotted_value as dotted_value

@@ -1,0 +1,91 @@
+"""How the forecast reads one configuration value: a number, a dtype, a name or a list of names.
+
+A value it cannot read is an UnreadableRun naming the dotted key and the value, one line, never a
+traceback: a quoted number, ``abc``, ``inf``, a dtype verl or the rollout server refuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+class UnreadableRun(ValueError):
+    """A configuration the forecast cannot model (one line naming the key and value); ``key``:
+    that key, dotted, where one decides it."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def number(section: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """``section[key]`` as a finite number (``default`` when unset); anything else is an
+    UnreadableRun naming ``where.key``, never a traceback (a quoted value, ``abc``, ``inf``)."""
+    value = section.get(key)
+    if value is None:
+        return default
+    try:
+        found = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        found = math.nan
+    if not math.isfinite(found):
+        raise UnreadableRun(f"{where}.{key}={value!r}: expected a finite number", f"{where}.{key}")
+    return found
+
+
+# verl's PrecisionType names, by bytes per element: what the FSDP engine takes for model_dtype and
+# mixed_precision's dtypes (PrecisionType.to_dtype, verl/utils/torch_dtypes.py:20-22 and 61-69,
+# from transformer_impl.py:245 and :374-375); any other value raises when the engine is built.
+PRECISION_NAMES = ((2, (16, "16", "fp16", "float16")), (4, (32, "32", "fp32", "float32")), (2, ("bf16", "bfloat16")))  # fmt: skip
+# vLLM's and SGLang's dtype names: vLLM's _STR_DTYPE_TO_TORCH_DTYPE, and "auto" (the model's own).
+SERVER_DTYPE_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4}
+
+
+def precision_bytes(section: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    """Bytes per element of a dtype verl's FSDP engine reads with PrecisionType (``default`` when
+    unset); a name it refuses is an UnreadableRun naming ``where.key``."""
+    value = section.get(key)
+    if value is None:
+        return default
+    for size, names in PRECISION_NAMES:
+        if not isinstance(value, bool) and value in names:
+            return size
+    raise UnreadableRun(
+        f"{where}.{key}={value!r}: verl's PrecisionType takes fp32, bf16 or fp16 (or 32, 16); "
+        "another name raises when the engine is built (verl/utils/torch_dtypes.py:61-69)",
+        f"{where}.{key}",
+    )
+
+
+def server_dtype_bytes(section: Mapping[str, Any], where: str) -> int:
+    """Bytes per element of the rollout server's weights and cache (``dtype``: auto, bfloat16, ...);
+    a name the server refuses is an UnreadableRun naming ``where.dtype``."""
+    value = section.get("dtype")
+    if value is None or value == "auto":
+        return 2
+    if isinstance(value, str) and value in SERVER_DTYPE_BYTES:
+        return SERVER_DTYPE_BYTES[value]
+    raise UnreadableRun(
+        f"{where}.dtype={value!r}: the rollout server takes auto, bfloat16, float16 (half) or "
+        "float32 (float)",
+        f"{where}.dtype",
+    )
+
+
+def names(
+    section: Mapping[str, Any], key: str, default: Any, where: str, noun: str = "module name"
+) -> tuple[str, ...]:
+    """A name or a list of them (peft's and Megatron-Bridge's target modules, a checkpoint's
+    contents); anything else is an UnreadableRun naming ``where.key``."""
+    value = section.get(key, default)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise UnreadableRun(
+        f"{where}.{key}={value!r}: expected a {noun} or a list of them", f"{where}.{key}"
+    )
