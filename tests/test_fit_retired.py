@@ -174,6 +174,15 @@ def test_a_micro_batch_too_large_is_an_error_with_exit_1(
         ("model.fsdp_config.cpu_offload=True", ("model.strategy=fsdp2", "not forecast")),
         # a key the old tree does not have
         ("model.partial_pretrian=x", ("verl 0.7.0's sft_trainer tree rejects", "partial_pretrian")),
+        # a value the forecast cannot read, named by the launch's key, not the one it moved to
+        (
+            "ulysses_sequence_parallel_size=-1 use_remove_padding=True",
+            ("ulysses_sequence_parallel_size (carried to engine.ulysses_sequence_parallel_size)",),
+        ),
+        (
+            "model.fsdp_config.model_dtype=half",
+            ("model.fsdp_config.model_dtype (carried to engine.model_dtype)", "PrecisionType"),
+        ),
     ],
 )
 def test_what_the_old_trainer_refuses_or_the_forecast_does_not_carry_is_one_line(
@@ -195,6 +204,7 @@ def test_near_identical_valid_launches_of_those_are_forecast(
         "ulysses_sequence_parallel_size=2 use_remove_padding=True",
         "model.strategy=fsdp model.fsdp_config.cpu_offload=True model.fsdp_config.offload_params=True",
         "model.fsdp_config.cpu_offload=False",
+        "model.fsdp_config.model_dtype=bf16",
     ):
         status, _, err = run(
             capsys, "fit", _script(tmp_path, f"{OLD_KEYS} {keys}"), "--gpu", "H100"

@@ -165,7 +165,20 @@ def _carried_forecast(
         lengths=None if translation.padded else request.lengths,
         followers=session.composer(carried).key_followers(carried.fields),
     )
-    return forecast_mapping(composition.mapping, request, where), translation.padded
+    try:
+        return forecast_mapping(composition.mapping, request, where), translation.padded
+    except NotForecastCase as exc:
+        raise _in_launch_terms(exc, entry, where) from exc
+
+
+def _in_launch_terms(exc: NotForecastCase, entry: RetiredEntry, where: str) -> NotForecastCase:
+    """A refusal at a key the launch sets under its old name (or decides through it), named by
+    that name: the user wrote ulysses_sequence_parallel_size, not engine.*'s."""
+    source = next((m.sources[0] for m in entry.moves if m.to == exc.key and m.sources), None)
+    if source is None or source == exc.key:
+        return exc
+    reason = exc.reason.replace(exc.key, f"{source} (carried to {exc.key})", 1)
+    return NotForecastCase(f"{where}: {reason}", reason, source)
 
 
 def _peak(result: Any) -> str:
