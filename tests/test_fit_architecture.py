@@ -232,6 +232,23 @@ def test_tensors_are_the_ones_transformers_builds(case: str) -> None:
     assert [(t.name, t.shape) for t in arch.tensors()] == built
 
 
+@pytest.mark.parametrize(
+    ("case", "key"),
+    [
+        *[("llama", "num_key_value_heads"), ("qwen2", "num_key_value_heads")],
+        *[("qwen3", "num_key_value_heads"), ("llama", "head_dim"), ("mistral", "head_dim")],
+    ],
+)
+def test_a_null_count_takes_the_default_transformers_gives_it(case: str, key: str) -> None:
+    """A config.json writing null where a count has a default (a key-value head count, a head
+    size): transformers reads it as absent, and so does the forecast. (Where transformers 5
+    refuses the null, Mistral's head count and Qwen's head size, the model does not load.)"""
+    config = {**_config(case), key: None}
+    arch = architecture_from_config(config, case, "tiny")
+    built = [(_text_name(name), tuple(p.shape)) for name, p in _build(config).named_parameters()]
+    assert [(t.name, t.shape) for t in arch.tensors()] == built
+
+
 @pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2"])
 def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
     config = _config(case)

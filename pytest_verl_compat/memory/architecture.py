@@ -391,7 +391,10 @@ def bounded(value: Any, key: str, where: str) -> int:
 
 
 def _int(config: Mapping[str, Any], key: str, source: str, default: int | None = None) -> int:
-    value = _value(config, key, default)
+    # null takes the default as absent does: transformers' configs write
+    # `if num_key_value_heads is None: num_key_value_heads = num_attention_heads`
+    value = _value(config, key)
+    value = default if value is None else value
     if value is None:
         raise UnsupportedModel(f"{source}: config.json has no {key}")
     return bounded(value, key, source)
