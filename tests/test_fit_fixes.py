@@ -1,7 +1,8 @@
 """A proposed fix is what the user gets by applying it: every fix a forecast proposes for verl
 0.9.0's example scripts on a small GPU composes with Hydra as written (its keys exist, ``+`` where
 the tree lacks them) and the forecast of that composition gives the phase the peak the fix
-promised. Interpolation is the trap: the reference's Megatron param_offload copies the actor's
+promised, and ``check`` finds no error in it the script did not have (a halved token budget
+never goes below the longest sequence, which verl asserts). Interpolation is the trap: the reference's Megatron param_offload copies the actor's
 (ref/megatron_ref.yaml:39), so a fix that offloads the actor offloads the reference too, as
 composing again does; the composer hands the forecast those copies (``Composer.key_followers``).
 
@@ -21,6 +22,7 @@ from pytest_verl_compat.cli.fit_common import forecast_case
 from pytest_verl_compat.memory.forecast import Request
 from pytest_verl_compat.memory.gpus import find_gpu
 from pytest_verl_compat.pipeline.audit import AuditSession
+from pytest_verl_compat.upstream.verdict.case import check_case
 
 EXAMPLES = (
     "grpo_trainer/run_qwen3_8b_fsdp.sh",
@@ -41,6 +43,7 @@ def test_each_proposed_fix_composes_and_forecasts_what_it_promised(
     script = upstream_checkout / "examples" / example
     case = dataclasses.replace(upstream_session.case_for_script(script), id=example)
     result = forecast_case(upstream_session, case, Request(gpu=find_gpu(GPU)))
+    errors = _errors(upstream_session, case)
     checked = 0
     for verdict in result.verdicts:
         for index, fix in enumerate(verdict.fixes):
@@ -59,5 +62,11 @@ def test_each_proposed_fix_composes_and_forecasts_what_it_promised(
                 if phase.phase == verdict.phase
             )
             assert abs(peak - fix.after) <= TOLERANCE, (verdict.phase, overrides, peak, fix.after)
+            assert _errors(upstream_session, fixed) <= errors, overrides
             checked += 1
     assert checked, f"{example}: no fix proposed on {GPU}, so nothing was checked"
+
+
+def _errors(session: AuditSession, case: object) -> set[str]:
+    """The rules of check's error findings (its static checks: upstream's own run apart)."""
+    return {f.rule for f in check_case(session, case, None).findings if f.level == "error"}  # type: ignore[arg-type]

@@ -58,6 +58,8 @@ def _render(resolved: Mapping[str, Any], key: str, value: Any) -> tuple[str, str
 
 
 def _halvings(key: str, value: Any, floor: int) -> Iterator[list[Change]]:
+    """``value`` halved up to five times, never below ``floor``, the floor itself the last rung
+    where a halving would pass it."""
     try:
         current = int(value)
     except (TypeError, ValueError):
@@ -66,10 +68,29 @@ def _halvings(key: str, value: Any, floor: int) -> Iterator[list[Change]]:
     for _ in range(5):
         current //= 2
         if current < floor:
+            previous = ladder[-1][0][1] if ladder else int(value)
+            if previous > floor:
+                ladder.append(((key, floor),))
             break
         ladder.append(((key, current),))
     if ladder:
         yield ladder
+
+
+def _budget_floor(resolved: Mapping[str, Any], role: lay.RoleLayout) -> int:
+    """The least per-GPU token budget verl runs with: rearrange_micro_batches asserts the budget
+    times the sequence-parallel size is at least the longest sequence (seqlen_balancing.py:384,
+    check's batch.token-budget-below-sequence), a prompt and a response at their limits (an SFT
+    sample at data.max_length)."""
+    data = dotted_value(resolved, "data")
+    data = data if isinstance(data, Mapping) else {}
+    if role.section == "engine":
+        longest = lay.as_int(data.get("max_length"))
+    else:
+        longest = lay.as_int(data.get("max_prompt_length")) + lay.as_int(
+            data.get("max_response_length")
+        )
+    return max(lay.ceil_div(longest, max(role.sp, 1)), 1)
 
 
 def _both_offloads(engine: str) -> list[Change]:
@@ -80,7 +101,7 @@ def _role_candidates(
     resolved: Mapping[str, Any], role: lay.RoleLayout, training: bool
 ) -> Iterator[list[Change]]:
     key = role.train_budget_key if training else role.infer_budget_key
-    floor = 1 if key.endswith("micro_batch_size_per_gpu") else 1024
+    floor = 1 if key.endswith("micro_batch_size_per_gpu") else _budget_floor(resolved, role)
     current = dotted_value(resolved, key) or (role.train_tokens if training else role.infer_tokens)
     yield from _halvings(key, current, floor)
     if role.role == "critic":
