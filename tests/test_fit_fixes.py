@@ -6,7 +6,8 @@ never goes below the longest sequence, which verl asserts). Interpolation is the
 (ref/megatron_ref.yaml:39), so a fix that offloads the actor offloads the reference too, as
 composing again does; the composer hands the forecast those copies (``Composer.key_followers``).
 
-The examples are chosen by class (FSDP and Megatron RL, a VL model, LoRA, SFT on Megatron), not
+The examples are chosen by class (FSDP and Megatron RL, a VL model, LoRA, SFT on Megatron, FSDP
+without remove-padding), not
 as the ones that once failed; each must propose at least one fix on the GPU, or the test proves
 nothing about it.
 """
@@ -31,6 +32,8 @@ EXAMPLES = (
     "ppo_trainer/run_qwen3_8b_megatron.sh",
     "tuning/lora/run_qwen3_8b_fsdp.sh",
     "sft/gsm8k/run_qwen_megatron_fsdp.sh",
+    # FSDP without remove-padding: a Ulysses fix turns remove-padding on too
+    "grpo_trainer/run_qwen2_5_32b_fsdp.sh",
 )
 GPU = "RTX4090"
 TOLERANCE = 2**20  # the forecast is in bytes; a MiB covers nothing but rounding

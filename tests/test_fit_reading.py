@@ -994,3 +994,48 @@ def test_a_dtype_the_server_refuses_is_one_line_at_its_key(value: Any) -> None:
     with pytest.raises(UnreadableRun, match="auto, bfloat16") as raised:
         server_dtype_bytes({"dtype": value}, "actor_rollout_ref.rollout")
     assert raised.value.key == "actor_rollout_ref.rollout.dtype"
+
+
+ROLLOUT_TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+@pytest.mark.parametrize(("tp", "dp", "proposed"), [(2, 1, True), (4, 1, True), (4, 2, False)])
+def test_a_larger_rollout_tensor_parallel_is_proposed_only_where_replicas_divide_the_gpus(
+    upstream_session: AuditSession, folder: Path, tp: int, dp: int, proposed: bool
+) -> None:
+    """Rollout replicas of tensor x pipeline x data parallel GPUs must divide the run's 8 GPUs
+    (engine_workers.py:650-655; check's parallel.rollout-replicas): doubling tp 4 with data
+    parallel 2 makes a replica of 16, which verl refuses, so it is not offered."""
+    from pytest_verl_compat.memory.fixes import candidates
+
+    run = merged(
+        FSDP_RUN, [f"{ROLLOUT_TP}={tp}", f"actor_rollout_ref.rollout.data_parallel_size={dp}"]
+    )
+    # 32 heads: every tensor-parallel size up to 32 splits them
+    resolved = _resolved(upstream_session, folder, run, model_entry={"model": "Qwen/Qwen3-8B"})
+    layout = build_layout(
+        resolved, Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
+    )
+    ladders = list(candidates(resolved, layout, "rollout"))
+    assert ([((ROLLOUT_TP, tp * 2),)] in ladders) is proposed
+
+
+@pytest.mark.parametrize("padding", [True, False])
+def test_a_ulysses_fix_turns_remove_padding_on_where_it_is_off(
+    upstream_session: AuditSession, folder: Path, padding: bool
+) -> None:
+    """verl refuses Ulysses sequence parallel without remove-padding (check's
+    validate.sequence-parallel-needs-remove-padding): the fix that doubles it sets both."""
+    from pytest_verl_compat.memory.fixes import candidates
+
+    run = merged(FSDP_RUN, [f"actor_rollout_ref.model.use_remove_padding={padding}"])
+    resolved = _resolved(upstream_session, folder, run)
+    layout = build_layout(
+        resolved, Request(gpu=find_gpu("H100"), facts=release_facts(upstream_session.version))
+    )
+    sp = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    (fix,) = [
+        ladder for ladder in candidates(resolved, layout, "actor-update") if ladder[0][0][0] == sp
+    ]
+    extra = () if padding else (("actor_rollout_ref.model.use_remove_padding", True),)
+    assert fix == [((sp, 2), *extra)]

@@ -165,7 +165,10 @@ def _role_candidates(
         heads = role.model.architecture.num_attention_heads
         sp = role.sp * 2
         if sp <= 8 and heads % sp == 0 and role.spec.world % sp == 0:
-            yield [((sp_key, sp),)]
+            # verl refuses Ulysses without remove-padding (check's
+            # validate.sequence-parallel-needs-remove-padding): the fix turns both on
+            padding = () if role.remove_padding else ((f"{model}.use_remove_padding", True),)
+            yield [((sp_key, sp), *padding)]
     if role.role != "critic" and not role.chunked_entropy and role.spec.strategy in FSDP_STRATEGIES:
         yield [((f"{engine}.entropy_from_logits_with_chunking", True),)]
 
@@ -173,7 +176,9 @@ def _role_candidates(
 UTILIZATIONS = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 
 
-def _server_candidates(layout: lay.RunLayout, which: str) -> Iterator[list[Change]]:
+def _server_candidates(
+    resolved: Mapping[str, Any], layout: lay.RunLayout, which: str
+) -> Iterator[list[Change]]:
     server = layout.rollout if which == "rollout" else layout.reward
     if server is None:
         return
@@ -189,7 +194,13 @@ def _server_candidates(layout: lay.RunLayout, which: str) -> Iterator[list[Chang
     ):
         yield _both_offloads(actor.engine_section)
     tp = server.tp * 2
-    if tp <= layout.world and server.model.architecture.num_attention_heads % tp == 0:
+    # replicas of tensor x pipeline x data parallel GPUs must divide the run's GPUs (check's
+    # parallel.rollout-replicas: engine_workers.py:650-655 asserts it)
+    pp = max(
+        lay.as_int(dotted_value(resolved, f"{server.section}.pipeline_model_parallel_size"), 1), 1
+    )
+    replica = tp * pp * server.dp
+    if layout.world % replica == 0 and server.model.architecture.num_attention_heads % tp == 0:
         yield [((f"{server.section}.tensor_model_parallel_size", tp),)]
 
 
@@ -238,9 +249,9 @@ def candidates(
             yield [((f"{layout.rollout.section}.layered_summon", True),)]
         if phase == WEIGHT_SYNC and layout.rollout is not None:
             yield from _bucket_candidates(layout.rollout, layout.role("actor"))
-        yield from _server_candidates(layout, "rollout")
+        yield from _server_candidates(resolved, layout, "rollout")
     elif phase == REWARD:
-        yield from _server_candidates(layout, "reward")
+        yield from _server_candidates(resolved, layout, "reward")
     elif phase == CHECKPOINT and actor is not None and not actor.param_offload:
         yield _both_offloads(actor.engine_section)
 
