@@ -37,7 +37,12 @@ from pytest_verl_compat.memory.release_facts import (
 )
 from pytest_verl_compat.memory.residency import states_of
 from pytest_verl_compat.memory.runs import Request, build_layout
-from pytest_verl_compat.memory.values import UnreadableRun, precision_bytes, server_dtype_bytes
+from pytest_verl_compat.memory.values import (
+    UnreadableRun,
+    fraction,
+    precision_bytes,
+    server_dtype_bytes,
+)
 from pytest_verl_compat.pipeline.audit import AuditSession
 
 MODEL = "Qwen/Qwen2.5-0.5B"
@@ -1039,3 +1044,16 @@ def test_a_ulysses_fix_turns_remove_padding_on_where_it_is_off(
     ]
     extra = () if padding else (("actor_rollout_ref.model.use_remove_padding", True),)
     assert fix == [((sp, 2), *extra)]
+
+
+@pytest.mark.parametrize("value", [None, 0.05, 0.5, 1, 1.0, "0.9"])
+def test_a_share_of_the_gpu_is_read_in_zero_to_one(value: Any) -> None:
+    share = fraction({"gpu_memory_utilization": value}, "gpu_memory_utilization", 0.5, "r")
+    assert 0 < share <= 1
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -0.1, 1.01, 2, 1e300])
+def test_a_share_the_server_refuses_is_one_line_at_its_key(value: Any) -> None:
+    with pytest.raises(UnreadableRun, match=r"in \(0, 1\]") as raised:
+        fraction({"gpu_memory_utilization": value}, "gpu_memory_utilization", 0.5, "a.rollout")
+    assert raised.value.key == "a.rollout.gpu_memory_utilization"

@@ -69,6 +69,7 @@ from pytest_verl_compat.memory.states import (
 )
 from pytest_verl_compat.memory.values import (
     UnreadableRun,
+    fraction,
     names,
     number,
     precision_bytes,
@@ -536,7 +537,7 @@ def server_layout(
         tp=max(as_int(rollout.get("tensor_model_parallel_size"), 1), 1),
         dp=max(as_int(rollout.get("data_parallel_size"), 1), 1),
         ep=max(as_int(rollout.get("expert_parallel_size"), 1), 1),
-        gpu_memory_utilization=number(rollout, "gpu_memory_utilization", 0.5, section),
+        gpu_memory_utilization=fraction(rollout, "gpu_memory_utilization", 0.5, section),
         max_model_len=max_len,
         max_num_seqs=as_int(rollout.get("max_num_seqs"), 256),
         max_num_batched_tokens=batched,

@@ -35,6 +35,20 @@ def number(section: Mapping[str, Any], key: str, default: float, where: str) -> 
     return found
 
 
+def fraction(section: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    """``section[key]`` as a share of the GPU, in (0, 1] (``default`` when unset): the rollout
+    server refuses another (vLLM's CacheConfig declares gpu_memory_utilization with gt=0, le=1,
+    vllm/config/cache.py); anything else is an UnreadableRun naming ``where.key``."""
+    found = number(section, key, default, where)
+    if not 0 < found <= 1:
+        raise UnreadableRun(
+            f"{where}.{key}={section.get(key)!r}: expected a share of the GPU in (0, 1], which "
+            "the rollout server refuses otherwise",
+            f"{where}.{key}",
+        )
+    return found
+
+
 # verl's PrecisionType names, by bytes per element: what the FSDP engine takes for model_dtype and
 # mixed_precision's dtypes (PrecisionType.to_dtype, verl/utils/torch_dtypes.py:20-22 and 61-69,
 # from transformer_impl.py:245 and :374-375); any other value raises when the engine is built.
