@@ -15,6 +15,7 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     model_fit,
     off_path,
     parallel,
+    precision,
     run_loop,
     sft,
     types,

@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.precision import precision_size
+
 
 class UnreadableRun(ValueError):
     """A configuration the forecast cannot model (one line naming the key and value); ``key``:
@@ -49,28 +51,25 @@ def fraction(section: Mapping[str, Any], key: str, default: float, where: str) -
     return found
 
 
-# verl's PrecisionType names, by bytes per element: what the FSDP engine takes for model_dtype and
-# mixed_precision's dtypes (PrecisionType.to_dtype, verl/utils/torch_dtypes.py:20-22 and 61-69,
-# from transformer_impl.py:245 and :374-375); any other value raises when the engine is built.
-PRECISION_NAMES = ((2, (16, "16", "fp16", "float16")), (4, (32, "32", "fp32", "float32")), (2, ("bf16", "bfloat16")))  # fmt: skip
 # vLLM's and SGLang's dtype names: vLLM's _STR_DTYPE_TO_TORCH_DTYPE, and "auto" (the model's own).
 SERVER_DTYPE_BYTES = {"half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4}
 
 
 def precision_bytes(section: Mapping[str, Any], key: str, default: int, where: str) -> int:
     """Bytes per element of a dtype verl's FSDP engine reads with PrecisionType (``default`` when
-    unset); a name it refuses is an UnreadableRun naming ``where.key``."""
+    unset; the names: checks/precision.py); a name it refuses is an UnreadableRun naming
+    ``where.key``."""
     value = section.get(key)
     if value is None:
         return default
-    for size, names in PRECISION_NAMES:
-        if not isinstance(value, bool) and value in names:
-            return size
-    raise UnreadableRun(
-        f"{where}.{key}={value!r}: verl's PrecisionType takes fp32, bf16 or fp16 (or 32, 16); "
-        "another name raises when the engine is built (verl/utils/torch_dtypes.py:61-69)",
-        f"{where}.{key}",
-    )
+    size = precision_size(value)
+    if size is None:
+        raise UnreadableRun(
+            f"{where}.{key}={value!r}: verl's PrecisionType takes fp32, bf16 or fp16 (or 32, 16); "
+            "another name raises when the engine is built (verl/utils/torch_dtypes.py:61-69)",
+            f"{where}.{key}",
+        )
+    return size
 
 
 def server_dtype_bytes(section: Mapping[str, Any], where: str) -> int:
