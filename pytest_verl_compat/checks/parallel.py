@@ -19,7 +19,6 @@ from typing import Any
 from pytest_verl_compat.checks.examples import MEGATRON
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
-    FSDP_STRATEGIES,
     ROLE_NAMES,
     data_parallel,
     engine_path,
@@ -71,7 +70,7 @@ def _layout_paths(resolved: Mapping[str, Any], role: str) -> str:
                 "context_parallel_size",
             )
         )
-    if role_strategy(resolved, role) in FSDP_STRATEGIES:
+    if role_strategy(resolved, role) in ("fsdp", "fsdp2"):
         return ulysses_path(role)
     return engine_path(resolved, role)
 
