@@ -21,6 +21,7 @@ from pytest_verl_compat.checks.examples import MICRO, STATIC
 from pytest_verl_compat.checks.fields import field_key
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
+    FSDP_STRATEGIES,
     data_parallel,
     model_parallel_sizes,
     need_critic,
@@ -247,7 +248,7 @@ def critic_batch_settings_ignored(inp: CheckInput) -> Iterator[Hit]:
 )
 def critic_sequence_parallel_ignored(inp: CheckInput) -> Iterator[Hit]:
     critic = inp.resolved["critic"]
-    if not need_critic(inp.resolved) or critic.get("strategy") not in ("fsdp", "fsdp2"):
+    if not need_critic(inp.resolved) or critic.get("strategy") not in FSDP_STRATEGIES:
         return
     legacy = int(critic.get("ulysses_sequence_parallel_size") or 1)
     engine_sp = model_parallel_sizes(inp.resolved, "critic")["sequence parallel"]

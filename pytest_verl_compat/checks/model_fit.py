@@ -11,6 +11,7 @@ from pytest_verl_compat.checks.examples import MEGATRON, QWEN7B
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, ModelFacts
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
+    FSDP_STRATEGIES,
     ROLE_NAMES,
     engine_path,
     engine_roles,
@@ -52,7 +53,7 @@ def _megatron_role_facts(inp: CheckInput) -> Iterator[tuple[str, ModelFacts, str
 )
 def ulysses_heads(inp: CheckInput) -> Iterator[Hit]:
     for role, facts in _role_facts(inp):
-        if role_strategy(inp.resolved, role) not in ("fsdp", "fsdp2"):
+        if role_strategy(inp.resolved, role) not in FSDP_STRATEGIES:
             continue
         sp = model_parallel_sizes(inp.resolved, role)["sequence parallel"]
         heads, kv = facts.num_attention_heads, facts.num_key_value_heads

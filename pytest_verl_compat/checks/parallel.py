@@ -19,6 +19,7 @@ from typing import Any
 from pytest_verl_compat.checks.examples import MEGATRON
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
+    FSDP_STRATEGIES,
     ROLE_NAMES,
     data_parallel,
     engine_path,
@@ -70,7 +71,7 @@ def _layout_paths(resolved: Mapping[str, Any], role: str) -> str:
                 "context_parallel_size",
             )
         )
-    if role_strategy(resolved, role) in ("fsdp", "fsdp2"):
+    if role_strategy(resolved, role) in FSDP_STRATEGIES:
         return ulysses_path(role)
     return engine_path(resolved, role)
 

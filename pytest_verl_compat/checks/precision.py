@@ -13,8 +13,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.registry import SFT, CheckInput, Example, Hit, check
-from pytest_verl_compat.checks.roles import engine_path, engine_roles, role_engine, role_strategy
+from pytest_verl_compat.checks.roles import (
+    FSDP_STRATEGIES,
+    engine_path,
+    engine_roles,
+    role_engine,
+    role_strategy,
+)
 from pytest_verl_compat.checks.sft import SFT_BASE, engine_strategy
+from pytest_verl_compat.model import dotted_value
 
 # PrecisionType's names by bytes per element (verl/utils/torch_dtypes.py:20-22, 61-69): membership
 # by ==, so 16.0 is 16 as it is there.
@@ -23,7 +30,6 @@ PRECISION_NAMES: tuple[tuple[int, tuple[Any, ...]], ...] = (
     (4, (32, "32", "fp32", "float32")),
     (2, ("bf16", "bfloat16")),
 )
-FSDP_ENGINES = ("fsdp", "fsdp2")
 # The keys the FSDP engine reads with PrecisionType, under its engine section.
 PRECISION_KEYS = (
     "model_dtype",
@@ -51,9 +57,7 @@ def precision_size(value: Any) -> int | None:
 
 def _refused(engine: Mapping[str, Any], where: str, version: str) -> Iterator[Hit]:
     for key in PRECISION_KEYS:
-        head, _, leaf = key.rpartition(".")
-        section = engine.get(head) if head else engine
-        value = section.get(leaf) if isinstance(section, Mapping) else None
+        value = dotted_value(engine, key)
         if value is not None and precision_size(value) is None:
             yield Hit(
                 f"{where}.{key}",
@@ -77,7 +81,7 @@ def _refused(engine: Mapping[str, Any], where: str, version: str) -> Iterator[Hi
 )
 def unknown_dtype(inp: CheckInput) -> Iterator[Hit]:
     for role in engine_roles(inp.resolved):
-        if role_strategy(inp.resolved, role) in FSDP_ENGINES:
+        if role_strategy(inp.resolved, role) in FSDP_STRATEGIES:
             yield from _refused(
                 role_engine(inp.resolved, role), engine_path(inp.resolved, role), inp.version
             )
@@ -94,5 +98,5 @@ def unknown_dtype(inp: CheckInput) -> Iterator[Hit]:
 )
 def sft_unknown_dtype(inp: CheckInput) -> Iterator[Hit]:
     engine = inp.resolved.get("engine")
-    if isinstance(engine, Mapping) and (engine_strategy(engine) or "fsdp") in FSDP_ENGINES:
+    if isinstance(engine, Mapping) and (engine_strategy(engine) or "fsdp") in FSDP_STRATEGIES:
         yield from _refused(engine, "engine", inp.version)

@@ -87,15 +87,21 @@ def actor_strategy(resolved: Mapping[str, Any]) -> str:
     return role_strategy(resolved, "actor")
 
 
+# verl's two families of training engine: FSDP (1 and 2, its fsdp_config section) and Megatron
+# (and MindSpeed, Megatron on Ascend, composed under its own key).
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+MEGATRON_STRATEGIES = ("megatron", "mindspeed")
+
+
 def is_megatron(resolved: Mapping[str, Any], role: str = "actor") -> bool:
     """Megatron-engine roles (mindspeed composes the megatron engine too, under its own key)."""
-    return role_strategy(resolved, role) in ("megatron", "mindspeed")
+    return role_strategy(resolved, role) in MEGATRON_STRATEGIES
 
 
 def engine_key(resolved: Mapping[str, Any], role: str = "actor") -> str:
     """The key of the role's engine section (``fsdp_config`` for actor and ref, ``fsdp`` for the critic)."""
     strategy = role_strategy(resolved, role)
-    if strategy in ("fsdp", "fsdp2"):
+    if strategy in FSDP_STRATEGIES:
         return "fsdp" if role == "critic" else "fsdp_config"
     return strategy
 
@@ -157,7 +163,7 @@ def model_parallel_sizes(resolved: Mapping[str, Any], role: str = "actor") -> di
     section = role_section(resolved, role)
     strategy = role_strategy(resolved, role)
     engine = role_engine(resolved, role)
-    if strategy in ("megatron", "mindspeed"):
+    if strategy in MEGATRON_STRATEGIES:
         return {
             "tensor parallel": _size(engine, "tensor_model_parallel_size"),
             "pipeline parallel": _size(engine, "pipeline_model_parallel_size"),

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from pytest_verl_compat.checks.roles import FSDP_STRATEGIES, MEGATRON_STRATEGIES
 from pytest_verl_compat.memory import layout as lay
 from pytest_verl_compat.memory.parts import (
     ACTOR_UPDATE,
@@ -30,7 +31,6 @@ from pytest_verl_compat.memory.runs import (
     dotted_value,
     phase_total,
 )
-from pytest_verl_compat.memory.states import FSDP_STRATEGIES, MEGATRON_STRATEGIES
 
 MAX_FIXES = 3
 Change = tuple[tuple[str, Any], ...]

@@ -14,6 +14,8 @@ from typing import Any
 
 from pytest_verl_compat.checks.lora import engine_lora_rank
 from pytest_verl_compat.checks.roles import (
+    FSDP_STRATEGIES,
+    MEGATRON_STRATEGIES,
     ROLE_SECTIONS,
     engine_path,
     gpu_count,
@@ -60,9 +62,7 @@ from pytest_verl_compat.memory.release_facts import (
 from pytest_verl_compat.memory.states import (
     ALL_LINEAR,
     FORECAST_STRATEGIES,
-    FSDP_STRATEGIES,
     MEGATRON_DEFAULT_TARGETS,
-    MEGATRON_STRATEGIES,
     TORCH_OPTIM,
     EngineSpec,
     dtype_bytes,

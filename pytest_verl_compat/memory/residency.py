@@ -9,6 +9,7 @@ reference policy's FSDP engine always keeps its shards on the host (transformer_
 
 from __future__ import annotations
 
+from pytest_verl_compat.checks.roles import FSDP_STRATEGIES
 from pytest_verl_compat.memory import states as st
 from pytest_verl_compat.memory.layout import RoleLayout, RunLayout
 from pytest_verl_compat.memory.parts import GIB, Part, gib
@@ -77,9 +78,7 @@ def grad_buffer(role: RoleLayout, label: str, loaded: str = "") -> list[Part]:
 
 def forced_offload(role: RoleLayout) -> bool:
     """FSDP's forward-only engine (the reference) keeps its shards on the host, always."""
-    return role.offload_policy or (
-        role.spec.forward_only and role.spec.strategy in st.FSDP_STRATEGIES
-    )
+    return role.offload_policy or (role.spec.forward_only and role.spec.strategy in FSDP_STRATEGIES)
 
 
 def resident(role: RoleLayout) -> tuple[bool, bool]:

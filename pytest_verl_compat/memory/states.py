@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pytest_verl_compat.checks.roles import FSDP_STRATEGIES, MEGATRON_STRATEGIES
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.tensor import Tensor
 from pytest_verl_compat.memory.vision import in_tower
@@ -44,8 +45,6 @@ EV_MEGATRON = "verl/workers/engine/megatron/transformer_impl.py:272-345"
 
 # The engines the forecast models: FSDP (1 and 2) counted as torch shards, Megatron (and
 # MindSpeed, Megatron on Ascend) as megatron.core does; any other strategy is not forecast.
-FSDP_STRATEGIES = ("fsdp", "fsdp2")
-MEGATRON_STRATEGIES = ("megatron", "mindspeed")
 FORECAST_STRATEGIES = (*FSDP_STRATEGIES, *MEGATRON_STRATEGIES)
 
 DTYPE_BYTES = {

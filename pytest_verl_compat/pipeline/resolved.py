@@ -114,10 +114,12 @@ def changed_fields(
     file's order: the keys a run without ``overrides.yaml`` set. A leaf the tree copies from
     another by interpolation (``${..strategy}``) is that other key's setting when it holds the
     same value, so it is not listed again; a leaf the tree does not have is listed."""
-    return tuple(
-        f"{prefix}{path}={_render(value)}"
-        for prefix, path, value in _changed_leaves(resolved, base, sources)
-    )
+    return _as_fields(_changed_leaves(resolved, base, sources))
+
+
+def _as_fields(leaves: Sequence[tuple[str, str, Any]]) -> tuple[str, ...]:
+    """``KEY=VALUE`` (``+KEY=VALUE`` for a leaf the tree lacks) of each changed leaf."""
+    return tuple(f"{prefix}{path}={_render(value)}" for prefix, path, value in leaves)
 
 
 def _changed_leaves(
@@ -342,7 +344,7 @@ def _derived_fields(
     experiment's name), found by composing the others and seeing the same value there."""
     base = composer.compose(groups, {}).mapping
     leaves = _changed_leaves(mapping, base, composer.interpolation_sources())
-    changed = tuple(f"{prefix}{path}={_render(value)}" for prefix, path, value in leaves)
+    changed = _as_fields(leaves)
     derived = composer.interpolated_leaves()
     if not any(path in derived for _, path, _ in leaves):
         return changed
