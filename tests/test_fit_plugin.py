@@ -91,6 +91,46 @@ def test_no_two_gpu_types_share_a_name() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "sizes"),
+    [
+        ("A100", ("A100-80GB (79.25 GiB usable)", "A100-40GB (39.50 GiB usable)")),
+        ("a800", ("A800-80GB (79.25 GiB usable)", "A800-40GB (39.50 GiB usable)")),
+        ("V100", ("V100-32GB (31.74 GiB usable)", "V100-16GB (15.78 GiB usable)")),
+    ],
+)
+def test_a_name_sold_in_two_sizes_is_refused_naming_both(
+    given: str, sizes: tuple[str, ...]
+) -> None:
+    """A bare A100 is an 80 GB or a 40 GB device: taking it for the larger would forecast "fits"
+    for a run on the smaller, so --gpu names both sizes in one line; each size's name, and the
+    names the tools print, are found."""
+    from pytest_verl_compat.memory.gpus import UnknownGpu, find_gpu
+
+    with pytest.raises(UnknownGpu) as caught:
+        find_gpu(given)
+    message = str(caught.value)
+    assert all(size in message for size in sizes), message
+    for size in sizes:
+        find_gpu(size.split(" (")[0])
+    assert find_gpu("NVIDIA A100-PCIE-40GB").name == "A100-40GB"
+    assert find_gpu("NVIDIA A800 80GB PCIe").name == "A100-80GB"
+
+
+def test_every_ambiguous_name_is_no_types_name_and_lists_two_sizes() -> None:
+    """The table's ambiguous names: none is a type's name or alias (it would never be refused),
+    and each lists at least two names, each of a different type."""
+    from pytest_verl_compat.files.safe_input import load_yaml_file
+    from pytest_verl_compat.memory.gpus import GPUS_FILE, _aliases, _normal
+
+    ambiguous = load_yaml_file(GPUS_FILE, "GPU table")["ambiguous"]
+    assert ambiguous
+    for name, sizes in ambiguous.items():
+        assert _normal(name) not in _aliases(), name
+        kinds = [_aliases()[_normal(size)] for size in sizes]
+        assert len(set(kinds)) == len(kinds) >= 2, name
+
+
+@pytest.mark.parametrize(
     ("given", "gpu", "count"), [("8xH100", "H100", 8), ("4 * A100 80GB", "A100 80GB", 4)]
 )
 def test_a_gpu_count_is_refused_as_the_launchs_to_give(given: str, gpu: str, count: int) -> None:

@@ -75,6 +75,16 @@ def _aliases() -> dict[str, str]:
     return found
 
 
+@functools.cache
+def _ambiguous() -> dict[str, tuple[str, ...]]:
+    """Names more than one type goes by (the table's ``ambiguous``), each with its sizes' names."""
+    data: Any = load_yaml_file(GPUS_FILE, "GPU table")
+    return {
+        _normal(str(name)): tuple(str(kind) for kind in kinds)
+        for name, kinds in (data.get("ambiguous") or {}).items()
+    }
+
+
 # A count before the type, as reports write their machines ("8xH100", "8 x A100 80GB").
 _COUNTED = re.compile(r"^\s*(\d+)\s*[x*\u00d7]\s*(\S.*)$", re.IGNORECASE)
 
@@ -82,6 +92,16 @@ _COUNTED = re.compile(r"^\s*(\d+)\s*[x*\u00d7]\s*(\S.*)$", re.IGNORECASE)
 def find_gpu(name: str) -> Gpu:
     """The GPU type named (case, dashes and spaces ignored; aliases such as H800 for H100-80GB)."""
     key = _aliases().get(_normal(name))
+    kinds = _ambiguous().get(_normal(name)) if key is None else None
+    if kinds:
+        table, aliases = gpu_table(), _aliases()
+        each = " or ".join(
+            f"{kind} ({table[aliases[_normal(kind)]].usable_gib:.2f} GiB usable)" for kind in kinds
+        )
+        raise UnknownGpu(
+            f"--gpu {name.strip()} names more than one type: {each}; give the one the run has "
+            "(torch.cuda.get_device_name and nvidia-smi print it with its size)"
+        )
     counted = _COUNTED.match(name) if key is None else None
     if counted and _normal(counted.group(2)) in _aliases():
         # the count is the launch's, never the option's: a forecast of other GPUs than the
