@@ -295,3 +295,66 @@ def test_the_log_prob_gradient_goes_into_the_saved_logits_only_without_entropy()
     # the entropy needs the saved logits intact: its gradient and the cross entropy's are new
     assert copies(True, True, False) == copies(True, False, False) == 3
     assert copies(True, True, True) == 3
+
+
+@pytest.mark.parametrize(
+    ("version", "key"),
+    [(v, k) for v in RELEASES for k in sorted(release_facts(v).tree_keys)],
+)
+def test_each_tree_key_is_the_value_at_its_line_of_its_releases_tree(
+    version: str, key: str
+) -> None:
+    """A release's ``tree_keys`` (keys its tree gives a value where an earlier release's code
+    decided alone) hold the line of its own config tree that gives it, and that value."""
+    fact = release_facts(version).tree_keys[key]
+    assert fact.found_in(release_root(version)), f"{fact.statement!r} not at {fact.where}"
+    tree = yaml.safe_load((release_root(version) / fact.where.split(":")[0]).read_text())
+    assert tree[key] == fact.value
+
+
+def _findings(payload: dict[str, Any], phase: str) -> dict[str, Any]:
+    return next(f for f in payload["findings"] if f["phase"] == phase)
+
+
+@needs_release()
+def test_a_run_that_only_the_releases_deferred_sync_sinks_names_the_release_that_syncs(
+    upstream_checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl 0.9.0's engine keeps every gradient unsharded between micro-batches, with no key to
+    stop it (transformer_impl.py:683-698), so no fix of its keys saves a 32B run on 16 H100s;
+    0.9.1's tree syncs every micro-batch. The finding names 0.9.1 with the phase without the
+    unsharded gradients, the rest as 0.9.0 has it; the release forecast on its own tree gives no
+    such remedy, and neither does a phase of 0.9.0 without them (its Megatron engine)."""
+    from importlib import resources
+
+    import jsonschema
+
+    schema = json.loads(
+        resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
+    )
+    script = upstream_checkout / "examples" / "grpo_trainer" / "run_qwen2_5_32b_fsdp.sh"
+    payload = _fit_json(script, "0.9.0", capsys)
+    jsonschema.validate(payload, schema)
+    finding = _findings(payload, "actor-update")
+    parts = _actor_update(payload)
+    phase_total = sum(part["bytes"] for part in parts.values())
+    remedy = finding["release_remedy"]
+    assert remedy == {
+        "release": "0.9.1",
+        "key": NO_SYNC,
+        "value": False,
+        "evidence": "verl/trainer/config/engine/fsdp.yaml:61@0.9.1",
+        "after_bytes": phase_total - parts["actor.accumulated"]["bytes"],
+        "phase_fits": True,
+        "fits": True,
+    }
+    assert all(not fix["phase_fits"] for fix in finding["fixes"]), finding["fixes"]
+    assert cli.main(["fit", str(script), "--gpu", "H100", "--release", "0.9.0"]) == 1
+    assert "on verl 0.9.1 (use_no_sync_for_gradient_accumulation: false" in capsys.readouterr().out
+    if release_ready("0.9.1"):
+        later = _fit_json(script, "0.9.1", capsys)
+        assert all("release_remedy" not in f for f in later["findings"])
+    megatron = upstream_checkout / "examples" / "grpo_trainer" / "run_qwen3_8b_megatron.sh"
+    other = _fit_json(megatron, "0.9.0", capsys)
+    assert _findings(other, "actor-update")["level"] == "error"
+    assert all("release_remedy" not in f for f in other["findings"])

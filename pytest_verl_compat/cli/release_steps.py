@@ -222,6 +222,12 @@ def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
                 f"memory fact {name}: `{fact.statement}` is not at {fact.where} in "
                 f"{context.version} (data/releases/{context.version}/memory.yaml)"
             )
+    for key, fact in sorted(facts.tree_keys.items()):
+        if not fact.found_in(root):
+            derivation.person.append(
+                f"memory tree key {key}: `{fact.statement}` is not at {fact.where} in "
+                f"{context.version} (data/releases/{context.version}/memory.yaml)"
+            )
 
 
 def _statements(derivation: Derivation, context: DeriveContext) -> None:

@@ -23,7 +23,10 @@ from pytest_verl_compat.memory.parts import (
     VALUES,
     WEIGHT_SYNC,
     Fix,
+    ReleaseRemedy,
 )
+from pytest_verl_compat.memory.reading import NO_SYNC_KEY
+from pytest_verl_compat.memory.release_facts import later_tree_key
 from pytest_verl_compat.memory.residency import states_of, stored_bytes
 from pytest_verl_compat.memory.runs import (
     NotForecastable,
@@ -297,3 +300,38 @@ def fixes_for(
             found.append(best)
     found.sort(key=lambda f: (not f.fits, f.after))
     return tuple(found[:MAX_FIXES])
+
+
+def release_remedy(
+    resolved: Mapping[str, Any], request: Any, rank: str, phase: str, capacity: int, margin: float
+) -> ReleaseRemedy | None:
+    """Where the release forecast for defers gradient sync without a key (0.9.0's engine) and a
+    later supported release's tree gives the key (``release_facts.later_tree_key``): that release,
+    with the phase's peak under the tree's value, when it is lower. No key of the release forecast
+    for does it, so it is not a fix: the user upgrades or keeps the peak."""
+    facts = request.facts
+    later = later_tree_key(facts.release, NO_SYNC_KEY) if facts is not None else None
+    if later is None:
+        return None
+    version, fact = later
+    layout = build_layout(resolved, request)
+    deferring = [
+        role
+        for role in layout.roles
+        if role.spec.defer_sync and not role.sync_key and role.micro_batches > 1
+    ]
+    if not deferring:
+        return None
+    judged = replace(request, margin=margin)
+    before = phase_total(resolved, judged, rank, phase)[0]
+    changed = copy.deepcopy(dict(resolved))
+    try:
+        for role in deferring:
+            _set(changed, f"{role.engine_section}.{NO_SYNC_KEY}", fact.value)
+        after, fits = phase_total(changed, judged, rank, phase)
+    except (NotForecastable, ValueError, KeyError):
+        return None
+    if after >= before:
+        return None
+    evidence = fact.evidence(version)
+    return ReleaseRemedy(version, NO_SYNC_KEY, fact.value, evidence, after, fits, after <= capacity)

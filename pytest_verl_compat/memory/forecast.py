@@ -8,7 +8,7 @@ from typing import Any
 
 from pytest_verl_compat.memory import layout as lay
 from pytest_verl_compat.memory import passes
-from pytest_verl_compat.memory.fixes import fixes_for, phase_keys
+from pytest_verl_compat.memory.fixes import fixes_for, phase_keys, release_remedy
 from pytest_verl_compat.memory.gpus import smallest_and_largest
 from pytest_verl_compat.memory.parts import (
     PHASE_TITLES,
@@ -77,8 +77,11 @@ def verdicts(
             )
             keys = _keys_of(phase, layout)
             fixes = fixes_for(resolved, request, rank.name, phase.phase, capacity, margin)
+            remedy = release_remedy(resolved, request, rank.name, phase.phase, capacity, margin)
             out.append(
-                Verdict(level, rank.name, phase.phase, total, capacity, message, keys, fixes)
+                Verdict(
+                    level, rank.name, phase.phase, total, capacity, message, keys, fixes, remedy
+                )
             )
     return tuple(out)
 

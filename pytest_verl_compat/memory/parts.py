@@ -4,7 +4,7 @@ forecast of a run. Plain dataclasses; the report and the picture read only these
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_verl_compat.pipeline.set_aside import SetAside
@@ -113,6 +113,34 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class ReleaseRemedy:
+    """A later release whose tree gives a key the value that lowers the phase, where the release
+    forecast for decides without a key: the phase's peak under that value (the rest of the run
+    as the release forecast for has it)."""
+
+    release: str
+    key: str  # the key as the later release's tree names it (its leaf)
+    value: Any
+    evidence: str  # the tree's line, with the release
+    after: int
+    fits: bool  # the whole run fits under the value
+    phase_fits: bool
+
+    def outcome(self) -> str:
+        """What is still wrong on that release ("" when nothing is)."""
+        if not self.phase_fits:
+            return "still over"
+        return "" if self.fits else "other phases still over"
+
+    def text(self) -> str:
+        value = "true" if self.value is True else "false" if self.value is False else self.value
+        return (
+            f"on verl {self.release} ({self.key}: {value} in its tree, {self.evidence}; "
+            f"fit --release {self.release})"
+        )
+
+
+@dataclass(frozen=True)
 class Verdict:
     """One phase on one kind of rank against the capacity: error, warning or fine."""
 
@@ -124,6 +152,7 @@ class Verdict:
     message: str
     keys: tuple[str, ...]
     fixes: tuple[Fix, ...] = ()
+    remedy: ReleaseRemedy | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_text
-from pytest_verl_compat.releases.index import RELEASE_DATA
+from pytest_verl_compat.releases.index import RELEASE_DATA, load_release_index
 
 FACTS_FILE = "memory.yaml"
 
@@ -117,9 +117,11 @@ class Fact:
 
 
 METADATA_FILE = "METADATA"
-# A line of the release's source, or of its distribution's METADATA (the pins of its extras).
+# A line of the release's source (its code or its config tree), or of its distribution's METADATA
+# (the pins of its extras).
 _WHERE = re.compile(
-    r"(?P<file>[\w/]+\.py|verl-[\w.]+\.dist-info/METADATA):(?P<start>\d+)(?:-(?P<end>\d+))?"
+    r"(?P<file>[\w/]+\.(?:py|yaml)|verl-[\w.]+\.dist-info/METADATA)"
+    r":(?P<start>\d+)(?:-(?P<end>\d+))?"
 )
 
 
@@ -134,6 +136,10 @@ class ReleaseFacts:
 
     release: str
     facts: Mapping[str, Fact] = field(default_factory=dict)
+    # keys the release's config tree gives a value where an earlier release's code decided
+    # without a key (its memory.yaml's ``tree_keys``): a forecast for an earlier release names
+    # this one, with the phase under that value (``fixes.release_remedy``)
+    tree_keys: Mapping[str, Fact] = field(default_factory=dict)
 
     def value(self, name: str) -> Any:
         return self.facts[name].value
@@ -217,7 +223,45 @@ def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
     unknown = sorted(set(entries) - set(facts))
     if unknown:
         raise ReleaseFactsError(f"{origin}: unknown facts {', '.join(unknown)}")
-    return ReleaseFacts(release, facts)
+    return ReleaseFacts(release, facts, _tree_keys(raw.get("tree_keys"), origin))
+
+
+def _tree_keys(raw: Any, origin: str) -> dict[str, Fact]:
+    """A release's ``tree_keys``: each key its tree adds, the value the tree gives it, and the
+    tree's line that says so."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ReleaseFactsError(f"{origin}: tree_keys must map a key to its value and line")
+    keys: dict[str, Fact] = {}
+    for key, entry in raw.items():
+        if not isinstance(entry, Mapping) or "value" not in entry or not entry.get("where"):
+            raise ReleaseFactsError(f"{origin}: tree_keys.{key} is missing (value, means, where)")
+        keys[str(key)] = Fact(
+            value=entry["value"],
+            means=str(entry.get("means") or ""),
+            where=str(entry["where"]),
+            statement=str(entry.get("statement") or ""),
+        )
+    return keys
+
+
+def later_tree_key(release: str, key: str) -> tuple[str, Fact] | None:
+    """The first supported release after ``release`` whose tree gives ``key`` a value, with
+    that value's fact (None when no later release does, or ``release`` is not a version)."""
+    if not _is_version(release):
+        return None
+    for version in load_release_index().supported_versions:
+        if _version_tuple(version) <= _version_tuple(release):
+            continue
+        fact = release_facts(version).tree_keys.get(key)
+        if fact is not None:
+            return version, fact
+    return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 @functools.cache

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_verl_compat.memory.layout import SERVE
-from pytest_verl_compat.memory.parts import PHASE_TITLES, Forecast, gib
+from pytest_verl_compat.memory.parts import PHASE_TITLES, Forecast, ReleaseRemedy, gib
 
 SCHEMA_VERSION = 1
 BAR = 24
@@ -77,7 +77,7 @@ def verdict_lines(forecast: Forecast) -> list[str]:
     for v in forecast.verdicts:
         fixes = "; ".join(
             f"{f.text()} -> {_gib(f.after)} GiB" + (f" ({f.outcome()})" if f.outcome() else "")
-            for f in v.fixes
+            for f in (*v.fixes, *((v.remedy,) if v.remedy else ()))
         )
         tail = f" (change {', '.join(v.keys)}" + (f"; e.g. {fixes}" if fixes else "") + ")"
         out.append(f"{v.level}[memory.{v.phase}] {v.keys[0] if v.keys else ''}: {v.message}{tail}")
@@ -146,6 +146,7 @@ def json_payload(forecast: Forecast) -> dict[str, Any]:
                     for f in v.fixes
                 ],
             }
+            | (_remedy(v.remedy) if v.remedy else {})
             for v in forecast.verdicts
         ],
         "rollout_kv_cache": dict(sorted(forecast.server.items())),
@@ -160,6 +161,20 @@ def json_payload(forecast: Forecast) -> dict[str, Any]:
         if forecast.set_aside
         else {}
     )
+
+
+def _remedy(remedy: ReleaseRemedy) -> dict[str, Any]:
+    return {
+        "release_remedy": {
+            "release": remedy.release,
+            "key": remedy.key,
+            "value": remedy.value,
+            "evidence": remedy.evidence,
+            "after_bytes": remedy.after,
+            "phase_fits": remedy.phase_fits,
+            "fits": remedy.fits,
+        }
+    }
 
 
 def dumps(payload: dict[str, Any]) -> str:
