@@ -65,8 +65,34 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma": {"head_dim": 16},
     "gemma2": {"head_dim": 16},
     "gemma3_text": {"head_dim": 16},
+    # a window wider than the sequences, as flash attention keeps the same tensors either way
+    "gpt_oss": {
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 4096,
+    },
 }
 LENGTHS = (64, 192)
+
+
+def _attention_without_sinks(module: Any, q: Any, k: Any, v: Any, mask: Any, **kwargs: Any) -> Any:
+    """gpt-oss's attention as verl runs it: on flash_attention_2 (model.override_config's default,
+    verl/workers/config/model.py:185), to which transformers passes the heads' sinks only where
+    the kernel takes them (modeling_flash_attention_utils.py:649-653@transformers-5.10.4), and
+    flash-attn 2 does not; so torch's attention without the sinks, as for the other families."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs.pop("s_aux", None)
+    return sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+
+
+# gpt-oss's model class refuses "sdpa" by name (it would drop the sinks): the same function,
+# registered under a name of its own with sdpa's masks
+NO_SINK = "attention_without_sinks"
+transformers.AttentionInterface.register(NO_SINK, _attention_without_sinks)
+transformers.AttentionMaskInterface.register(NO_SINK, transformers.masking_utils.sdpa_mask)
+ATTENTION = {"gpt_oss": NO_SINK}
 ERRORS: dict[str, float] = {}
 
 
@@ -78,7 +104,8 @@ def _model(
         config["vocab_size"] = vocab
     hf = transformers.AutoConfig.for_model(family, **config)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
+    attention = ATTENTION.get(family, "sdpa")
+    model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation=attention)
     model = model.to(torch.bfloat16).train()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -573,6 +600,7 @@ ao.SynchronizedGroupOffloadHandler.reload = staticmethod(reload)
 
 BASE = BASE_CONFIG
 FAMILIES = FAMILY_CONFIGS
+ATTENTION = {}  # every family here takes torch's sdpa
 HELPERS
 
 def _offloaded_model(family, checkpointing, vocab=None):

@@ -53,6 +53,10 @@ TINY: dict[str, dict[str, Any]] = {
     "gemma": {"head_dim": 16},
     "gemma2": {"head_dim": 16},
     "gemma3_text": {"head_dim": 16},
+    # gpt-oss: biased attention with a sink per head, routed experts with biases (intermediate_size
+    # is their width); GptOssConfig's own defaults where config.json is silent
+    "gpt_oss": {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "gpt_oss-defaults": {"model_type": "gpt_oss"},
     "deepseek_v3": {
         "num_key_value_heads": 4,
         "moe_intermediate_size": 16,
@@ -289,6 +293,7 @@ def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
         "qwen3_next",
         "qwen3_5",
         "qwen3_5_moe",
+        "gpt_oss",
     ],
 )
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
@@ -314,6 +319,7 @@ MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
         ("deepseek_v3", "all-linear"),
         ("deepseek_v3", ["q_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
         ("qwen3_vl_moe", MOE_TARGETS),  # transformers converts no checkpoint for it: modules only
+        ("gpt_oss", MOE_TARGETS),  # its own experts: peft adapts the attention's modules alone
     ],
 )
 def test_moe_lora_targets_keep_transformers_4s_meaning_as_peft_does(

@@ -867,3 +867,53 @@ def test_the_new_trainers_offload_policy_holds_only_on_fsdp2(
     keys_held = {part["key"] for part in _phase(json.loads(out), "sft-update")["parts"]}  # type: ignore[union-attr]
     for name in ("actor.params", "actor.optimizer"):
         assert (name not in keys_held) is on_host, (strategy, name)
+
+
+GPT_OSS = "examples/grpo_trainer/run_gpt_oss_20b_fsdp.sh"
+
+
+def test_gpt_oss_is_forecast_on_fsdp_and_refused_in_one_line_on_megatron(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl 0.9.0's gpt-oss example trains the bf16 copy it makes of openai/gpt-oss-20b: the
+    table knows it by its folder's name, and its every-other-layer window is vLLM's. Under
+    Megatron verl builds megatron-core's own gpt-oss layer, which the forecast does not count:
+    one line at the strategy's key, as for the SFT engine; the MXFP4 checkpoint itself is not
+    in the table, and its refusal names the bf16 copy."""
+    status, out, err = run(
+        capsys,
+        "fit",
+        _script(GPT_OSS),
+        "--gpu",
+        "H100",
+        "--set",
+        "actor_rollout_ref.rollout.name=vllm",
+    )
+    assert status == 1, err
+    assert "lmsys/gpt-oss-20b-bf16 (shipped table" in out
+    assert "20,914,757,184 params" in out
+    megatron = "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
+    path = "actor_rollout_ref.model.path=lmsys/gpt-oss-20b-bf16"
+    status, _, err = run(capsys, "fit", _script(megatron), "--gpu", "H100", "--set", path)
+    _one_line_error(
+        status, err, "actor_rollout_ref.actor.megatron.strategy=megatron", "gpt-oss", "FSDP"
+    )
+    status, _, err = run(
+        capsys,
+        "fit",
+        _script(SFT),
+        "--arg",
+        "8",
+        "--arg",
+        "/tmp/save",
+        "--gpu",
+        "H100",
+        "--set",
+        "model.path=lmsys/gpt-oss-20b-bf16",
+        "--set",
+        "engine=megatron",
+    )
+    _one_line_error(status, err, "engine.strategy=megatron", "gpt-oss")
+    path = "actor_rollout_ref.model.path=openai/gpt-oss-20b"
+    status, _, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--set", path)
+    _one_line_error(status, err, "openai/gpt-oss-20b", "lmsys/gpt-oss-20b-bf16")

@@ -51,6 +51,7 @@ MODELS = [
     "meta-llama/Llama-3.1-70B-Instruct",
     "google/gemma-2-9b-it",
     "deepseek-ai/DeepSeek-V3",
+    "lmsys/gpt-oss-20b-bf16",
 ]
 
 
@@ -143,6 +144,9 @@ def _vllm_sliding_max_bytes(window: int, batched: int, max_model_len: int, page:
         ("google/gemma-3-12b-it", 48, 40, 8),  # 5 local layers to 1 global: groups of 8
         ("google/gemma-2-9b-it", 42, 21, 21),  # alternating: groups of 21
         ("mistralai/Mistral-7B-Instruct-v0.1", 32, 32, 32),  # every layer slides: one group
+        # vLLM's gpt-oss slides on even layers (sliding_window if layer_idx % 2 == 0, its
+        # models/gpt_oss.py): alternating from the first, as the config's layer_types
+        ("lmsys/gpt-oss-120b-bf16", 36, 18, 18),
     ],
 )
 def test_one_sequence_of_a_sliding_window_model_is_vllms(

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_verl_compat.memory.architecture import HYBRID, QK_NORM, SANDWICH_NORM, Architecture
+from pytest_verl_compat.memory.architecture import (
+    GPT_OSS,
+    HYBRID,
+    QK_NORM,
+    SANDWICH_NORM,
+    Architecture,
+)
 
 EV_CHECKPOINTING = "verl/workers/engine/fsdp/transformer_impl.py:299-300"
 # Megatron recomputes what override_transformer_config asks (recompute_granularity, null by
@@ -44,6 +50,9 @@ EV_LOGPROBS = "verl/utils/torch_functional.py:73-107"
 # Families whose RMSNorm scales by (1 + weight) in fp32 and keeps the fp32 product (Qwen3-Next's
 # and Qwen3.5's RMSNorm is Gemma's).
 GEMMA_NORM = frozenset({"gemma", "gemma2", "gemma3_text"}) | HYBRID
+# Families whose RMSNorm multiplies its weight into the fp32 normalised value and keeps that
+# product's fp32 input (transformers' GptOssRMSNorm: (self.weight * hidden_states).to(dtype)).
+FP32_NORM_PRODUCT = GEMMA_NORM | GPT_OSS
 # Gated DeltaNet layers run flash-linear-attention's kernels on a GPU (transformers' fast path;
 # its CPU fallback saves other tensors), so what they keep is stated from those kernels, not
 # measured: the input projections' shared input; the short convolution's input and its output
@@ -67,7 +76,7 @@ WORKSPACE_ALLOWANCE = 0.10
 def _norm(arch: Architecture, width: int, consumer: bool, c: int) -> int:
     """One RMSNorm over ``width`` per token: fp32 input and rsqrt, then the bf16 (Llama) or fp32
     (Gemma) normalised value; a following linear keeps its own bf16 input too."""
-    kept = 4 * width + 4 + (4 * width if arch.family in GEMMA_NORM else c * width)
+    kept = 4 * width + 4 + (4 * width if arch.family in FP32_NORM_PRODUCT else c * width)
     return kept + (c * width if consumer else 0)
 
 
@@ -117,6 +126,12 @@ def _mlp(arch: Architecture, index: int, c: int) -> int:
     if not arch.is_moe_layer(index):
         return 4 * c * arch.intermediate_size  # gate out, act out, up out, down's input
     k, width, h = arch.num_experts_per_tok, arch.moe_intermediate_size, arch.hidden_size
+    if arch.family in GPT_OSS:
+        # GptOssTopKRouter's softmax over the top-k logits (its output, in the compute dtype);
+        # per routed token the grouped experts' indices (one more: the biases' gather), the
+        # gathered token, gate_up, the clamped gate and up, the gate's sigmoid, up + 1, the
+        # gated product, its product with up + 1 (down's input) and the experts' output
+        return k * (41 + 2 * c + 2 * c * h + 7 * c * width)
     # transformers 5's grouped experts: fp32 router probabilities, int64 routing indices, the
     # gathered tokens, gate_up, act, product and the experts' output per routed token
     routed = 4 * arch.num_experts + k * (33 + c + 2 * c * h + 4 * c * width)
@@ -189,6 +204,7 @@ def head_bytes(
     under checkpointing the position ids (int64) too."""
     rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
     rotary = rotary // 4 if arch.family in HYBRID else rotary  # partial_rotary_factor 0.25
+    rotary = rotary // 2 if arch.family in GPT_OSS else rotary  # GptOss's cos and sin: half
     head = head_only_bytes(arch, c) if with_head else 0
     return 8 + 2 * c * rotary + head + (8 if checkpointing else 0)
 
@@ -285,6 +301,11 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
     shared expert in a MoE layer)."""
     if not arch.is_moe_layer(index):
         return 2 * c * arch.intermediate_size
+    if arch.family in GPT_OSS:
+        # the clamped gate's backward: gate_up's gradient (two wide) beside the product's, and
+        # the gathered token's gradient, per routed token
+        k = arch.num_experts_per_tok
+        return c * k * (3 * arch.moe_intermediate_size + arch.hidden_size)
     experts = arch.num_experts_per_tok + arch.n_shared_experts
     return 2 * c * (arch.moe_intermediate_size * experts + arch.shared_expert_intermediate_size)
 
@@ -345,6 +366,12 @@ def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
     MLP (gate, up and their product alive at once) and the residual and norm copies."""
     h = arch.hidden_size
     width = arch.intermediate_size
+    if arch.family in GPT_OSS:
+        # per routed token at the gate: gate_up (two wide), the clamped gate and up, the
+        # sigmoid's input and output, the gated product, up + 1, their product and the grouped
+        # kernel's copy (nine wide, measured), and the gathered token
+        k = arch.num_experts_per_tok
+        return tokens * (c * k * (9 * arch.moe_intermediate_size + h) + 9 * h)
     if arch.is_moe:
         k = arch.num_experts_per_tok
         width = max(width if arch.first_k_dense_replace else 0, 2 * k * arch.moe_intermediate_size)

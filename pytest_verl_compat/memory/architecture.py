@@ -31,7 +31,9 @@ DENSE_FAMILIES = frozenset(
         "qwen3_5_text",
     }
 )
-MOE_FAMILIES = frozenset({"qwen3_moe", "deepseek_v3", "kimi_k2", "qwen3_next", "qwen3_5_moe_text"})
+MOE_FAMILIES = frozenset(
+    {"qwen3_moe", "deepseek_v3", "kimi_k2", "qwen3_next", "qwen3_5_moe_text", "gpt_oss"}
+)
 FAMILIES = DENSE_FAMILIES | MOE_FAMILIES
 # Hybrid families: most layers are Gated DeltaNet linear attention (layer_types, or every
 # full_attention_interval-th layer full), the rest gated full attention (q_proj twice as wide: the
@@ -42,18 +44,30 @@ HYBRID = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 SPLIT_IN_PROJ = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
 # MoE families whose block builds its router before its experts.
 ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
+# gpt-oss (transformers' GptOss*): every layer a MoE of experts with biases, stored (experts, in,
+# out) as GptOssExperts builds them (gate_up_proj interleaves gate and up), routed by a
+# GptOssTopKRouter (weight and bias, built before the experts); the experts' width is
+# intermediate_size and their count num_local_experts; each attention head has a learned sink
+# (self_attn.sinks)
+GPT_OSS = frozenset({"gpt_oss"})
+# What a family's config class gives a key config.json leaves out, where it is not the generic
+# default (GptOssConfig: biased attention, 128 experts, 4 per token)
+CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt_oss": {"attention_bias": True, "num_local_experts": 128, "num_experts_per_tok": 4},
+}
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 # Which layers attend in a sliding window, as transformers' config classes lay them out when
 # config.json gives no layer_types (vLLM reads the layer_types they build: models/gemma2.py:159,
-# gemma3.py:158, llama.py:185-204@vllm-0.24.0): Gemma 2 every other layer from the first
-# (Gemma2Config), Gemma 3 all but every sliding_window_pattern-th (Gemma3TextConfig, default 6),
+# gemma3.py:158, llama.py:185-204@vllm-0.24.0): Gemma 2 and gpt-oss every other layer from the
+# first (Gemma2Config, GptOssConfig), Gemma 3 all but every sliding_window_pattern-th (Gemma3TextConfig, default 6),
 # Qwen's from max_window_layers on when use_sliding_window (Qwen2Config, Qwen3Config); a
 # Mistral config has no layer_types and vLLM gives every layer the model's window
 # (cache_config.sliding_window, layers/attention/attention.py:229-234@vllm-0.24.0).
-WINDOW_BY_DEFAULT = {"gemma2": 4096, "gemma3_text": 4096}  # the config classes' sliding_window
-EVERY_OTHER_SLIDES = frozenset({"gemma2"})
+# the config classes' sliding_window
+WINDOW_BY_DEFAULT = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}
+EVERY_OTHER_SLIDES = frozenset({"gemma2", "gpt_oss"})
 PATTERN_SLIDES = frozenset({"gemma3_text"})
 QWEN_SLIDES = frozenset({"qwen2", "qwen3", "mimo"})
 ALL_SLIDE = frozenset({"mistral"})
@@ -84,6 +98,7 @@ HEAD_DIM_BY_DEFAULT = {
     "gemma": 256,
     "gemma2": 256,
     "gemma3_text": 256,
+    "gpt_oss": 64,
 }
 # Multimodal configs keep the language model's numbers under text_config.
 TEXT_KEYS = ("text_config", "llm_config")
@@ -244,6 +259,8 @@ class Architecture:
             )
             yield Tensor(f"{prefix}.o_proj.weight", (h, heads * self.v_head_dim), unit, "linear")
             return
+        if self.family in GPT_OSS:  # the attention's own parameter, before its projections
+            yield Tensor(f"{prefix}.sinks", (heads,), unit, "bias")
         q = heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         bias = self.attention_bias or self.family in QKV_BIAS
@@ -272,6 +289,16 @@ class Architecture:
                 yield Tensor(f"{prefix}.down_proj.bias", (h,), unit, "bias")
             return
         experts, width = self.num_experts, self.moe_intermediate_size
+        if self.family in GPT_OSS:
+            yield Tensor(f"{prefix}.router.weight", (experts, h), unit, "router")
+            yield Tensor(f"{prefix}.router.bias", (experts,), unit, "router")
+            yield Tensor(f"{prefix}.experts.gate_up_proj", (experts, h, 2 * width), unit, "experts")
+            yield Tensor(
+                f"{prefix}.experts.gate_up_proj_bias", (experts, 2 * width), unit, "experts"
+            )
+            yield Tensor(f"{prefix}.experts.down_proj", (experts, width, h), unit, "experts")
+            yield Tensor(f"{prefix}.experts.down_proj_bias", (experts, h), unit, "experts")
+            return
         router = Tensor(f"{prefix}.gate.weight", (experts, h), unit, "router")
         if self.family in ROUTER_FIRST:
             yield router
@@ -479,6 +506,8 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         vision = vision_from_config(config, declared, source)
     except VisionConfigError as exc:
         raise UnsupportedModel(str(exc)) from exc
+    if family in CONFIG_DEFAULTS:
+        config = {**CONFIG_DEFAULTS[family], **config}
     if family not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModel(
@@ -491,7 +520,11 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
     head_dim = _count(config, "head_dim", source) or HEAD_DIM_BY_DEFAULT.get(
         family, hidden // heads
     )
-    experts = _count(config, "num_experts", source) or _count(config, "n_routed_experts", source)
+    experts = (
+        _count(config, "num_experts", source)
+        or _count(config, "n_routed_experts", source)
+        or _count(config, "num_local_experts", source)
+    )
     window = _count(config, "sliding_window", source, WINDOW_BY_DEFAULT.get(family, 0)) or None
     attention_bias = bool(_value(config, "attention_bias", False))
     layers = _int(config, "num_hidden_layers", source)
@@ -517,7 +550,9 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         mlp_bias=family in MLP_BIAS and bool(_value(config, "mlp_bias", False)),
         num_experts=experts,
         num_experts_per_tok=_count(config, "num_experts_per_tok", source),
-        moe_intermediate_size=_count(config, "moe_intermediate_size", source),
+        moe_intermediate_size=_count(config, "intermediate_size", source)
+        if family in GPT_OSS
+        else _count(config, "moe_intermediate_size", source),
         n_shared_experts=_count(config, "n_shared_experts", source),
         first_k_dense_replace=_count(config, "first_k_dense_replace", source),
         q_lora_rank=_count(config, "q_lora_rank", source) or None,

@@ -31,6 +31,7 @@ from pytest_verl_compat.checks.roles import (
 )
 from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
+from pytest_verl_compat.memory.architecture import GPT_OSS
 from pytest_verl_compat.memory.batches import role_batches
 from pytest_verl_compat.memory.layout import (
     BUCKET_DEFAULT_MB,
@@ -360,6 +361,18 @@ def padded_tokens(engine: Mapping[str, Any], strategy: str, tokens: int, sp: int
     return ceil_div(ceil_div(tokens * sp, bucket) * bucket, sp)
 
 
+def _refuse_unmodelled_layer(strategy: str, model: ModelChoice, key: str) -> None:
+    """gpt-oss under Megatron is built from megatron-core's own gpt-oss layer
+    (verl/models/mcore/registry.py:135): what its sinks and clamped SwiGLU keep under Transformer
+    Engine is not counted, so the forecast says so at the strategy's key."""
+    if strategy in MEGATRON_STRATEGIES and model.architecture.family in GPT_OSS:
+        raise UnreadableRun(
+            f"{key}={strategy}: the forecast counts gpt-oss on the FSDP engines only "
+            "(megatron-core's gpt-oss layer is not modelled)",
+            key,
+        )
+
+
 def role_layout(
     resolved: Mapping[str, Any],
     role: str,
@@ -374,6 +387,7 @@ def role_layout(
     spec, engine = engine_spec(
         resolved, role, world, forward_only=forward_only, value_head=role == "critic"
     )
+    _refuse_unmodelled_layer(spec.strategy, model, f"{engine_path(resolved, role)}.strategy")
     sp = sequence_parallel(resolved, role)
     dp = max(world // max(sp * spec.tp * spec.pp, 1), 1)
     seq = lengths.sequence
@@ -671,6 +685,7 @@ def sft_layout(
             f"{', '.join(FORECAST_STRATEGIES)} engines only",
             "engine.strategy",
         )
+    _refuse_unmodelled_layer(strategy, model, "engine.strategy")
     sp = max(
         as_int(engine.get("ulysses_sequence_parallel_size"), 1),
         as_int(engine.get("context_parallel_size"), 1),
