@@ -2,7 +2,8 @@
 optimizer states that the release's own FSDP engine (strategy fsdp and fsdp2) holds on rank 0, at
 several world sizes, equal the forecast byte for byte, with LoRA, with offload, in hybrid
 sharding (fsdp_size < world), and the unsharded gradients held between micro-batches with
-gradient sync deferred or not.
+gradient sync deferred or not; for a tiny Qwen2 and, with its stacked experts, biases and sinks,
+a tiny gpt-oss.
 
 The engine runs in the release's own environment (`conformance/step/memory_states.py`, a fake
 process group of each world size), configured as Hydra composes the release's own tree (0.9.1's
@@ -16,6 +17,7 @@ buffers and the distributed optimizer's on ``torch.cuda.current_device()``
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -57,6 +59,12 @@ CASES: list[tuple[int, str, str, dict[str, Any]]] = [
     (8, "fsdp", "actor", {"fsdp_size": 2}),
     (8, "fsdp", "actor", {}),
     (8, "fsdp", "actor", {"lora_rank": 8, "fsdp_size": 4}),
+    # gpt-oss: stacked experts with biases, a router with a bias, a sink per head; FSDP2 shards
+    # the 4 experts' tensors by their first dimension over 8 ranks (padded), FSDP1 flattens them
+    (2, "fsdp2", "actor", {"model": "gpt_oss"}),
+    (8, "fsdp2", "actor", {"model": "gpt_oss"}),
+    (3, "fsdp", "actor", {"model": "gpt_oss"}),
+    (2, "fsdp2", "critic", {"model": "gpt_oss"}),
 ]
 # With a tree that has the no-sync key: each value set explicitly, both FSDP versions, a trained
 # role each, LoRA and hybrid sharding once.
@@ -116,12 +124,68 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     critic.config.architectures = ["Qwen2ForTokenClassification"]
     critic.save_pretrained(folder / "critic")
     tokenizer.save_pretrained(folder / "critic")
+    # a tiny gpt-oss of the same vocabulary, its own critic the same body with a score head
+    import torch
+    import transformers
+
+    gpt_oss = transformers.AutoConfig.for_model(
+        "gpt_oss", **GPT_OSS_TINY, vocab_size=len(tokenizer)
+    )
+    torch.manual_seed(0)
+    for name, auto in (
+        ("gpt_oss", transformers.AutoModelForCausalLM),
+        ("gpt_oss_critic", transformers.AutoModelForTokenClassification),
+    ):
+        auto.from_config(gpt_oss if name == "gpt_oss" else _with_labels(gpt_oss)).save_pretrained(
+            folder / name
+        )
+        tokenizer.save_pretrained(folder / name)
     return {
         "model_dir": str(folder / "policy"),
         "critic_dir": str(folder / "critic"),
         "vocab": len(tokenizer),
         "config": json.loads((folder / "policy" / "config.json").read_text()),
+        "models": {
+            "gpt_oss": {
+                "model_dir": str(folder / "gpt_oss"),
+                "critic_dir": str(folder / "gpt_oss_critic"),
+                "config": json.loads((folder / "gpt_oss" / "config.json").read_text()),
+            }
+        },
     }
+
+
+GPT_OSS_TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+
+def _with_labels(config: Any) -> Any:
+    labelled = copy.deepcopy(config)
+    labelled.num_labels = 1
+    return labelled
+
+
+def _model_of(tiny: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The case's model: the tiny Qwen2, or another the case names (``model``)."""
+    return tiny["models"][settings["model"]] if "model" in settings else tiny
+
+
+def _asked(world: int, strategy: str, role: str, settings: dict[str, Any], tiny: Any) -> Any:
+    """A case as the oracle takes it: the named model's folders in place of its name."""
+    asked = {"world": world, "strategy": strategy, "role": role, **settings}
+    if "model" in settings:
+        model = _model_of(tiny, settings)
+        del asked["model"]
+        asked.update(model_dir=model["model_dir"], critic_dir=model["critic_dir"])
+    return asked
 
 
 _MEASURED: dict[str, dict[str, dict[str, Any]]] = {}
@@ -139,10 +203,7 @@ def _measured(version: str, tiny: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "model_dir": tiny["model_dir"],
         "critic_dir": tiny["critic_dir"],
         "vocab": tiny["vocab"],
-        "cases": [
-            {"world": world, "strategy": strategy, "role": role, **settings}
-            for world, strategy, role, settings in cases
-        ],
+        "cases": [_asked(*case, tiny) for case in cases],
     }
     run = release_runner(version)(
         "pytest_verl_compat.conformance.step.memory_states", stdin=json.dumps(request), timeout=900
@@ -168,9 +229,10 @@ def _measured(version: str, tiny: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_model_states_equal_verl_byte_for_byte(
     version: str, case: tuple[int, str, str, dict[str, Any]], tiny_models: dict[str, Any]
 ) -> None:
-    world, _, role, _ = case
+    world, _, role, settings = case
     got = _measured(version, tiny_models)[_case_id(case)]
-    arch = architecture_from_config(tiny_models["config"], "tiny", "config.json")
+    config = _model_of(tiny_models, settings)["config"]
+    arch = architecture_from_config(config, "tiny", "config.json")
     # the forecast's reader on the sections the release's tree composed
     spec, _ = engine_spec(
         got["config"], role, world, forward_only=role == "ref", value_head=role == "critic"
