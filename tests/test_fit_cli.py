@@ -415,6 +415,10 @@ def test_the_gpu_setting_of_pyproject_applies_to_check(
     (here / "pyproject.toml").write_text("[tool.verl-compat]\ngpu = 80\n")
     status, _, err = run(capsys, "check", _script(GRPO), "--no-upstream-checks")
     assert status == 2 and "gpu must be a GPU type name" in err
+    # a name sold in two sizes is refused as the setting it came from
+    (here / "pyproject.toml").write_text('[tool.verl-compat]\ngpu = "A100"\n')
+    status, _, err = run(capsys, "fit", _script(GRPO), "--brief")
+    _one_line_error(status, err, "[tool.verl-compat] gpu: GPU type 'A100'", "A100-40GB")
 
 
 def test_json_is_the_same_bytes_across_hash_seeds(here: Path) -> None:

@@ -23,7 +23,9 @@ def choose_gpu(name: str | None, gib: float | None, setting: str | None) -> Any:
         if name or setting:
             return find_gpu(str(name or setting))
     except UnknownGpu as exc:
-        raise UsageError(str(exc)) from exc
+        # a type from the settings file is said as the setting it is
+        where = "" if name else "[tool.verl-compat] gpu: "
+        raise UsageError(f"{where}{exc}") from exc
     return None
 
 

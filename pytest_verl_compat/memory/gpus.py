@@ -99,7 +99,7 @@ def find_gpu(name: str) -> Gpu:
             f"{kind} ({table[aliases[_normal(kind)]].usable_gib:.2f} GiB usable)" for kind in kinds
         )
         raise UnknownGpu(
-            f"--gpu {name.strip()} names more than one type: {each}; give the one the run has "
+            f"GPU type {name.strip()!r} names more than one type: {each}; give the one the run has "
             "(torch.cuda.get_device_name and nvidia-smi print it with its size)"
         )
     counted = _COUNTED.match(name) if key is None else None
