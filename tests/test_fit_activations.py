@@ -77,10 +77,13 @@ LENGTHS = (64, 192)
 
 
 def _attention_without_sinks(module: Any, q: Any, k: Any, v: Any, mask: Any, **kwargs: Any) -> Any:
-    """gpt-oss's attention as verl runs it: on flash_attention_2 (model.override_config's default,
-    verl/workers/config/model.py:185), to which transformers passes the heads' sinks only where
-    the kernel takes them (modeling_flash_attention_utils.py:649-653@transformers-5.10.4), and
-    flash-attn 2 does not; so torch's attention without the sinks, as for the other families."""
+    """gpt-oss's attention as flash attention keeps it: verl asks for flash_attention_2
+    (model.override_config's default, verl/workers/config/model.py:185), which transformers
+    replaces for gpt-oss with the vllm-flash-attn3 kernel that takes the heads' sinks
+    (_compatible_flash_implementations, modeling_utils.py:1903-1917 and
+    modeling_flash_attention_utils.py:649-653@transformers-5.10.4). Its backward keeps q, k, v,
+    the output and the log-sum-exp, the sinks a parameter; torch's attention keeps the same
+    tensors on a CPU, without the sinks, as for the other families."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     kwargs.pop("s_aux", None)
