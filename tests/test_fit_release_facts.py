@@ -358,3 +358,13 @@ def test_a_run_that_only_the_releases_deferred_sync_sinks_names_the_release_that
     other = _fit_json(megatron, "0.9.0", capsys)
     assert _findings(other, "actor-update")["level"] == "error"
     assert all("release_remedy" not in f for f in other["findings"])
+    # the SFT trainer's engine defers the same way: its update without the unsharded gradients
+    sft = upstream_checkout / "examples" / "sft" / "gsm8k" / "run_qwen3_8b_fsdp.sh"
+    args = ["fit", str(sft), "--arg", "8", "--arg", "/tmp/save", "--gpu", "A100-40GB"]
+    args += ["--set", "model.lora_rank=0", "--set", "model.path=Qwen/Qwen2.5-14B-Instruct"]
+    assert cli.main([*args, "--release", "0.9.0", "--format", "json"]) == 1
+    payload = json.loads(capsys.readouterr().out)
+    update = next(p for r in payload["ranks"] for p in r["phases"] if p["phase"] == "sft-update")
+    accumulated = next(p["bytes"] for p in update["parts"] if p["key"].endswith(".accumulated"))
+    remedy = _findings(payload, "sft-update")["release_remedy"]
+    assert remedy["after_bytes"] == update["total_bytes"] - accumulated > 0
