@@ -921,3 +921,27 @@ def test_gpt_oss_is_forecast_on_fsdp_and_refused_in_one_line_on_megatron(
     path = "actor_rollout_ref.model.path=openai/gpt-oss-20b"
     status, _, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--set", path)
     _one_line_error(status, err, "openai/gpt-oss-20b", "lmsys/gpt-oss-20b-bf16")
+
+
+def test_an_mxfp4_checkpoint_is_refused_and_its_bf16_copy_forecast(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """openai's gpt-oss config.json declares its MXFP4 quantization: counted at two bytes its
+    experts would be four times what vLLM loads, so it is one line naming the key; the same
+    numbers without it (the dequantized copy verl's example makes) are forecast."""
+    from pytest_verl_compat.memory.models import config_by_name
+
+    found = config_by_name("lmsys/gpt-oss-20b-bf16")
+    assert found is not None
+    numbers = dict(found[1])
+    folder = here / "gpt-oss-20b"
+    folder.mkdir()
+    quantized = {**numbers, "quantization_config": {"quant_method": "mxfp4"}}
+    (folder / "config.json").write_text(json.dumps(quantized))
+    args = ["fit", _script(GPT_OSS), "--gpu", "H100", "--model-config", str(folder)]
+    status, _, err = run(capsys, *args)
+    _one_line_error(status, err, "quantization_config.quant_method=mxfp4", "-120b-bf16")
+    (folder / "config.json").write_text(json.dumps(numbers))
+    status, out, err = run(capsys, *args)
+    assert status in (0, 1), err
+    assert "20,914,757,184 params" in out

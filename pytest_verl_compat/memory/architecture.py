@@ -50,6 +50,9 @@ ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
 # intermediate_size and their count num_local_experts; each attention head has a learned sink
 # (self_attn.sinks)
 GPT_OSS = frozenset({"gpt_oss"})
+# Checkpoint quantizations whose weights the forecast does not count (MXFP4's four-bit blocks):
+# a config.json declaring one is refused in one line, never counted at the compute dtype.
+UNCOUNTED_QUANTIZATION = frozenset({"mxfp4"})
 # What a family's config class gives a key config.json leaves out, where it is not the generic
 # default (GptOssConfig: biased attention, 128 experts, 4 per token)
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -506,6 +509,16 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         vision = vision_from_config(config, declared, source)
     except VisionConfigError as exc:
         raise UnsupportedModel(str(exc)) from exc
+    quantized = _value(config, "quantization_config")
+    method = quantized.get("quant_method") if isinstance(quantized, Mapping) else None
+    if method in UNCOUNTED_QUANTIZATION:
+        # openai's gpt-oss checkpoints: MXFP4 experts, which vLLM serves at about half a byte and
+        # verl's example dequantizes before it trains (run_gpt_oss_20b_fsdp.sh:37-60@0.9.0)
+        raise UnsupportedModel(
+            f"{source}: quantization_config.quant_method={method}: the forecast counts a "
+            "dequantized model, not MXFP4 weights; give its bf16 copy's config.json with "
+            "--model-config (the table lists lmsys/gpt-oss-20b-bf16 and -120b-bf16)"
+        )
     if family in CONFIG_DEFAULTS:
         config = {**CONFIG_DEFAULTS[family], **config}
     if family not in FAMILIES:
