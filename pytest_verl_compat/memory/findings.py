@@ -82,8 +82,8 @@ def rule_pages() -> tuple[RuleDoc, ...]:
                 f"The forecast peak of the {PHASE_TITLES[phase]} on some GPU of the run exceeds the "
                 "GPU's memory (a warning when it is above 90% of it); the finding names the keys "
                 "to change and the forecast after each fix, found by forecasting again, and, "
-                "where only a later release's tree key would lower it (0.9.0's deferred gradient "
-                "sync), that release with the forecast under its value.",
+                "where only a later release's tree key would lower it (gradient sync deferred by "
+                "an engine with no key for it), that release with the forecast under its value.",
                 _WHY[phase],
                 _FIX[phase],
                 example,
