@@ -211,21 +211,17 @@ def _memory_facts(derivation: Derivation, context: DeriveContext) -> None:
         return
     root = context.files().root
     installed = installed_root(context.version)
-    for name, fact in sorted(facts.facts.items()):
+    cited = [("memory fact", name, fact) for name, fact in sorted(facts.facts.items())]
+    cited += [("memory tree key", key, fact) for key, fact in sorted(facts.tree_keys.items())]
+    for what, name, fact in cited:
         if fact.cites_metadata and installed is None:
             derivation.person.append(
-                f"memory fact {name}: cites the METADATA of verl {context.version}, whose "
+                f"{what} {name}: cites the METADATA of verl {context.version}, whose "
                 "environment is not built (`verl-compat release env VERSION` builds it)"
             )
         elif not fact.found_in(root, installed):
             derivation.person.append(
-                f"memory fact {name}: `{fact.statement}` is not at {fact.where} in "
-                f"{context.version} (data/releases/{context.version}/memory.yaml)"
-            )
-    for key, fact in sorted(facts.tree_keys.items()):
-        if not fact.found_in(root):
-            derivation.person.append(
-                f"memory tree key {key}: `{fact.statement}` is not at {fact.where} in "
+                f"{what} {name}: `{fact.statement}` is not at {fact.where} in "
                 f"{context.version} (data/releases/{context.version}/memory.yaml)"
             )
 

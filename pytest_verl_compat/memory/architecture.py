@@ -64,11 +64,12 @@ SLIDING_ATTENTION = "sliding_attention"
 # Which layers attend in a sliding window, as transformers' config classes lay them out when
 # config.json gives no layer_types (vLLM reads the layer_types they build: models/gemma2.py:159,
 # gemma3.py:158, llama.py:185-204@vllm-0.24.0): Gemma 2 and gpt-oss every other layer from the
-# first (Gemma2Config, GptOssConfig), Gemma 3 all but every sliding_window_pattern-th (Gemma3TextConfig, default 6),
+# first (Gemma2Config, GptOssConfig; vLLM's gpt_oss.py slides on even layers), Gemma 3 all but
+# every sliding_window_pattern-th (Gemma3TextConfig, default 6),
 # Qwen's from max_window_layers on when use_sliding_window (Qwen2Config, Qwen3Config); a
 # Mistral config has no layer_types and vLLM gives every layer the model's window
 # (cache_config.sliding_window, layers/attention/attention.py:229-234@vllm-0.24.0).
-# the config classes' sliding_window
+# The config classes' sliding_window.
 WINDOW_BY_DEFAULT = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}
 EVERY_OTHER_SLIDES = frozenset({"gemma2", "gpt_oss"})
 PATTERN_SLIDES = frozenset({"gemma3_text"})

@@ -143,7 +143,7 @@ def as_findings(forecast: Forecast) -> list[Finding]:
     for v in forecast.verdicts:
         fixes = "; ".join(
             f"{f.text()} -> {gib(f.after):.2f} GiB" + (f", {f.outcome()}" if f.outcome() else "")
-            for f in (*v.fixes, *((v.remedy,) if v.remedy else ()))
+            for f in v.suggestions
         )
         fix = f"e.g. {fixes}" if fixes else f"change {', '.join(v.keys)}"
         out.append(

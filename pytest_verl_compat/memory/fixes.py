@@ -281,17 +281,10 @@ def fixes_for(
     for ladder in candidates(resolved, layout, phase):
         best: Fix | None = None
         for change in ladder:
-            changed = copy.deepcopy(dict(resolved))
-            try:
-                for key, value in change:
-                    _set(changed, key, value)
-                    # the leaves that copy the key by interpolation move with it, where they are
-                    for follower in request.followers.get(key, ()):
-                        if dotted_value(changed, follower) is not None:
-                            _set(changed, follower, value)
-                total, fits = phase_total(changed, judged, rank, phase)
-            except (NotForecastable, ValueError, KeyError):
+            after = _forecast_after(resolved, judged, rank, phase, change)
+            if after is None:
                 continue
+            total, fits = after
             rendered = tuple(_render(resolved, k, v) for k, v in change)
             best = Fix(rendered, total, total <= capacity and fits, total <= capacity)
             if total <= margin * capacity:
@@ -302,36 +295,61 @@ def fixes_for(
     return tuple(found[:MAX_FIXES])
 
 
+def _forecast_after(
+    resolved: Mapping[str, Any], judged: Any, rank: str, phase: str, change: Change
+) -> tuple[int, bool] | None:
+    """The phase's peak with ``change`` applied, and whether the whole run then fits; None where
+    the changed configuration is not forecast."""
+    changed = copy.deepcopy(dict(resolved))
+    try:
+        for key, value in change:
+            _set(changed, key, value)
+            # the leaves that copy the key by interpolation move with it, where they are
+            for follower in judged.followers.get(key, ()):
+                if dotted_value(changed, follower) is not None:
+                    _set(changed, follower, value)
+        return phase_total(changed, judged, rank, phase)
+    except (NotForecastable, ValueError, KeyError):
+        return None
+
+
 def release_remedy(
-    resolved: Mapping[str, Any], request: Any, rank: str, phase: str, capacity: int, margin: float
+    resolved: Mapping[str, Any],
+    request: Any,
+    layout: lay.RunLayout,
+    rank: str,
+    phase: str,
+    before: int,
+    capacity: int,
+    margin: float,
 ) -> ReleaseRemedy | None:
     """Where the release forecast for defers gradient sync without a key (0.9.0's engine) and a
     later supported release's tree gives the key (``release_facts.later_tree_key``): that release,
-    with the phase's peak under the tree's value, when it is lower. No key of the release forecast
-    for does it, so it is not a fix: the user upgrades or keeps the peak."""
+    with the phase's peak (``before`` now) under the tree's value, when it is lower. No key of the
+    release forecast for does it, so it is not a fix: the user upgrades or keeps the peak."""
     facts = request.facts
     later = later_tree_key(facts.release, NO_SYNC_KEY) if facts is not None else None
     if later is None:
         return None
     version, fact = later
-    layout = build_layout(resolved, request)
-    deferring = [
-        role
+    change = tuple(
+        (f"{role.engine_section}.{NO_SYNC_KEY}", fact.value)
         for role in layout.roles
         if role.spec.defer_sync and not role.sync_key and role.micro_batches > 1
-    ]
-    if not deferring:
+    )
+    if not change:
         return None
-    judged = replace(request, margin=margin)
-    before = phase_total(resolved, judged, rank, phase)[0]
-    changed = copy.deepcopy(dict(resolved))
-    try:
-        for role in deferring:
-            _set(changed, f"{role.engine_section}.{NO_SYNC_KEY}", fact.value)
-        after, fits = phase_total(changed, judged, rank, phase)
-    except (NotForecastable, ValueError, KeyError):
+    after = _forecast_after(resolved, replace(request, margin=margin), rank, phase, change)
+    if after is None or after[0] >= before:
         return None
-    if after >= before:
-        return None
-    evidence = fact.evidence(version)
-    return ReleaseRemedy(version, NO_SYNC_KEY, fact.value, evidence, after, fits, after <= capacity)
+    total, fits = after
+    return ReleaseRemedy(
+        (),
+        total,
+        fits,
+        total <= capacity,
+        release=version,
+        key=NO_SYNC_KEY,
+        value=fact.value,
+        evidence=fact.evidence(version),
+    )

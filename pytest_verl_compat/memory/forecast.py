@@ -77,7 +77,9 @@ def verdicts(
             )
             keys = _keys_of(phase, layout)
             fixes = fixes_for(resolved, request, rank.name, phase.phase, capacity, margin)
-            remedy = release_remedy(resolved, request, rank.name, phase.phase, capacity, margin)
+            remedy = release_remedy(
+                resolved, request, layout, rank.name, phase.phase, total, capacity, margin
+            )
             out.append(
                 Verdict(
                     level, rank.name, phase.phase, total, capacity, message, keys, fixes, remedy

@@ -51,9 +51,15 @@ def _normal(name: str) -> str:
 
 
 @functools.cache
+def _data() -> Any:
+    """data/gpus.yaml, read once."""
+    return load_yaml_file(GPUS_FILE, "GPU table")
+
+
+@functools.cache
 def gpu_table() -> dict[str, Gpu]:
     """Every GPU type of the table by its name, in the table's order."""
-    data: Any = load_yaml_file(GPUS_FILE, "GPU table")
+    data = _data()
     table: dict[str, Gpu] = {}
     for name, entry in data["gpus"].items():
         table[name] = Gpu(
@@ -67,7 +73,7 @@ def gpu_table() -> dict[str, Gpu]:
 
 @functools.cache
 def _aliases() -> dict[str, str]:
-    data: Any = load_yaml_file(GPUS_FILE, "GPU table")
+    data = _data()
     found: dict[str, str] = {}
     for name, entry in data["gpus"].items():
         for alias in (name, *entry.get("aliases", ())):
@@ -78,10 +84,9 @@ def _aliases() -> dict[str, str]:
 @functools.cache
 def _ambiguous() -> dict[str, tuple[str, ...]]:
     """Names more than one type goes by (the table's ``ambiguous``), each with its sizes' names."""
-    data: Any = load_yaml_file(GPUS_FILE, "GPU table")
     return {
         _normal(str(name)): tuple(str(kind) for kind in kinds)
-        for name, kinds in (data.get("ambiguous") or {}).items()
+        for name, kinds in (_data().get("ambiguous") or {}).items()
     }
 
 

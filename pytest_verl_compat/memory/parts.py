@@ -113,24 +113,16 @@ class Fix:
 
 
 @dataclass(frozen=True)
-class ReleaseRemedy:
+class ReleaseRemedy(Fix):
     """A later release whose tree gives a key the value that lowers the phase, where the release
-    forecast for decides without a key: the phase's peak under that value (the rest of the run
-    as the release forecast for has it)."""
+    forecast for decides without a key: no key of that release changes (``keys`` is empty), the
+    phase's peak is under the later tree's value, the rest of the run as the release forecast for
+    has it."""
 
-    release: str
-    key: str  # the key as the later release's tree names it (its leaf)
-    value: Any
-    evidence: str  # the tree's line, with the release
-    after: int
-    fits: bool  # the whole run fits under the value
-    phase_fits: bool
-
-    def outcome(self) -> str:
-        """What is still wrong on that release ("" when nothing is)."""
-        if not self.phase_fits:
-            return "still over"
-        return "" if self.fits else "other phases still over"
+    release: str = ""
+    key: str = ""  # the key as the later release's tree names it (its leaf)
+    value: Any = None
+    evidence: str = ""  # the tree's line, with the release
 
     def text(self) -> str:
         value = "true" if self.value is True else "false" if self.value is False else self.value
@@ -153,6 +145,11 @@ class Verdict:
     keys: tuple[str, ...]
     fixes: tuple[Fix, ...] = ()
     remedy: ReleaseRemedy | None = None
+
+    @property
+    def suggestions(self) -> tuple[Fix, ...]:
+        """The fixes, then the later release's remedy where there is one: what a finding offers."""
+        return (*self.fixes, self.remedy) if self.remedy else self.fixes
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version  # pytest's own dependency
+
 from pytest_verl_compat.files.safe_input import InputError, load_yaml_file, read_text
 from pytest_verl_compat.releases.index import RELEASE_DATA, load_release_index
 
@@ -214,12 +216,7 @@ def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
             )
         if name in LIST_FACTS and not isinstance(value, list):
             raise ReleaseFactsError(f"{origin}: facts.{name} must be a list of names")
-        facts[name] = Fact(
-            value=tuple(value) if isinstance(value, list) else value,
-            means=str(entry.get("means") or ""),
-            where=str(entry.get("where") or ""),
-            statement=str(entry.get("statement") or ""),
-        )
+        facts[name] = _fact(entry, tuple(value) if isinstance(value, list) else value)
     unknown = sorted(set(entries) - set(facts))
     if unknown:
         raise ReleaseFactsError(f"{origin}: unknown facts {', '.join(unknown)}")
@@ -237,13 +234,17 @@ def _tree_keys(raw: Any, origin: str) -> dict[str, Fact]:
     for key, entry in raw.items():
         if not isinstance(entry, Mapping) or "value" not in entry or not entry.get("where"):
             raise ReleaseFactsError(f"{origin}: tree_keys.{key} is missing (value, means, where)")
-        keys[str(key)] = Fact(
-            value=entry["value"],
-            means=str(entry.get("means") or ""),
-            where=str(entry["where"]),
-            statement=str(entry.get("statement") or ""),
-        )
+        keys[str(key)] = _fact(entry, entry["value"])
     return keys
+
+
+def _fact(entry: Mapping[str, Any], value: Any) -> Fact:
+    return Fact(
+        value=value,
+        means=str(entry.get("means") or ""),
+        where=str(entry.get("where") or ""),
+        statement=str(entry.get("statement") or ""),
+    )
 
 
 def later_tree_key(release: str, key: str) -> tuple[str, Fact] | None:
@@ -252,16 +253,12 @@ def later_tree_key(release: str, key: str) -> tuple[str, Fact] | None:
     if not _is_version(release):
         return None
     for version in load_release_index().supported_versions:
-        if _version_tuple(version) <= _version_tuple(release):
+        if Version(version) <= Version(release):
             continue
         fact = release_facts(version).tree_keys.get(key)
         if fact is not None:
             return version, fact
     return None
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 
 
 @functools.cache

@@ -77,7 +77,7 @@ def verdict_lines(forecast: Forecast) -> list[str]:
     for v in forecast.verdicts:
         fixes = "; ".join(
             f"{f.text()} -> {_gib(f.after)} GiB" + (f" ({f.outcome()})" if f.outcome() else "")
-            for f in (*v.fixes, *((v.remedy,) if v.remedy else ()))
+            for f in v.suggestions
         )
         tail = f" (change {', '.join(v.keys)}" + (f"; e.g. {fixes}" if fixes else "") + ")"
         out.append(f"{v.level}[memory.{v.phase}] {v.keys[0] if v.keys else ''}: {v.message}{tail}")
