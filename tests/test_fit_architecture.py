@@ -201,6 +201,34 @@ TINY["qwen3_5_moe"] = {
 }
 
 
+# GLM-4: a fused gate_up_proj, four norms, o_proj unbiased whatever attention_bias says (Glm4Config
+# biases q/k/v by default); its padding id is within a tiny vocabulary
+TINY["glm4"] = {"head_dim": 16, "pad_token_id": 0}
+TINY["glm4-defaults"] = {"model_type": "glm4", "pad_token_id": 0}
+TINY["glm4-unbiased"] = {"model_type": "glm4", "attention_bias": False, "pad_token_id": 0}
+# GLM-4.1V: GLM-4's layer with q/k/v always biased under text_config, and its own tower
+GLM4V_TOWER = {
+    "depth": 2,
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_heads": 2,
+    "out_hidden_size": 32,
+    "patch_size": 14,
+    "image_size": 56,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
+TINY["glm4v"] = {
+    "text_config": {**BASE, "partial_rotary_factor": 0.5, "attention_bias": False},
+    "vision_config": GLM4V_TOWER,
+}
+TINY["glm4v-tower-qkv-bias"] = {
+    "model_type": "glm4v",
+    "text_config": dict(BASE),
+    "vision_config": {**GLM4V_TOWER, "attention_bias": True},
+}
+
+
 def _config(case: str) -> dict[str, Any]:
     extra = dict(TINY[case])
     family = extra.pop("model_type", case)
@@ -253,7 +281,7 @@ def test_a_null_count_takes_the_default_transformers_gives_it(case: str, key: st
     assert [(t.name, t.shape) for t in arch.tensors()] == built
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "gemma2", "glm4"])
 def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
     config = _config(case)
     arch = architecture_from_config(config, case, "tiny")
@@ -294,6 +322,8 @@ def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
         "qwen3_5",
         "qwen3_5_moe",
         "gpt_oss",
+        "glm4",
+        "glm4v",
     ],
 )
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
@@ -334,6 +364,17 @@ def test_moe_lora_targets_keep_transformers_4s_meaning_as_peft_does(
     trainable = _peft_trainable(config, targets)
     listed = (targets,) if isinstance(targets, str) else tuple(targets)
     _, adapters = model_tensors(arch, EngineSpec("fsdp2", 1, lora_rank=4, lora_targets=listed))
+    assert sum(t.numel for t in adapters) == trainable
+
+
+def test_a_module_list_adapts_the_modules_the_model_has() -> None:
+    """Llama's module names on GLM-4, whose MLP fuses gate and up into gate_up_proj: peft adapts
+    q/k/v/o and down_proj, and so does the forecast."""
+    config = _config("glm4")
+    arch = architecture_from_config(config, "glm4", "tiny")
+    trainable = _peft_trainable(config, MOE_TARGETS)
+    spec = EngineSpec("fsdp2", 1, lora_rank=4, lora_targets=tuple(MOE_TARGETS))
+    _, adapters = model_tensors(arch, spec)
     assert sum(t.numel for t in adapters) == trainable
 
 

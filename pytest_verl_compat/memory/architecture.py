@@ -29,6 +29,8 @@ DENSE_FAMILIES = frozenset(
         "mimo",
         "seed_oss",
         "qwen3_5_text",
+        "glm4",
+        "glm4v_text",
     }
 )
 MOE_FAMILIES = frozenset(
@@ -50,6 +52,12 @@ ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
 # intermediate_size and their count num_local_experts; each attention head has a learned sink
 # (self_attn.sinks)
 GPT_OSS = frozenset({"gpt_oss"})
+# GLM-4 (transformers' Glm4DecoderLayer, and GLM-4.1V's language model, Glm4vTextDecoderLayer):
+# one fused gate_up_proj (2 x intermediate_size wide) where Llama has gate_proj and up_proj, four
+# norms per layer (input_layernorm, post_attention_layernorm, post_self_attn_layernorm,
+# post_mlp_layernorm, in that order), an o_proj without a bias whatever attention_bias says, and
+# a partial rotary embedding applied interleaved (partial_rotary_factor of each head).
+GLM_LAYER = frozenset({"glm4", "glm4v_text"})
 # Checkpoint quantizations whose weights the forecast does not count (MXFP4's four-bit blocks):
 # a config.json declaring one is refused in one line, never counted at the compute dtype.
 UNCOUNTED_QUANTIZATION = frozenset({"mxfp4"})
@@ -57,7 +65,12 @@ UNCOUNTED_QUANTIZATION = frozenset({"mxfp4"})
 # default (GptOssConfig: biased attention, 128 experts, 4 per token)
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_oss": {"attention_bias": True, "num_local_experts": 128, "num_experts_per_tok": 4},
+    "glm4": {"attention_bias": True},  # Glm4Config
 }
+# The share of each head the rotary embedding turns, where config.json does not say
+# (Glm4Config's rope_parameters: 0.5; Glm4vTextConfig gives none, 1.0, and GLM-4.1V's config.json
+# says 0.5). Read for GLM_LAYER only: the other families' rotary widths are fixed in activations.py.
+PARTIAL_ROTARY_BY_DEFAULT = {"glm4": 0.5, "glm4v_text": 1.0}
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -77,15 +90,23 @@ QWEN_SLIDES = frozenset({"qwen2", "qwen3", "mimo"})
 ALL_SLIDE = frozenset({"mistral"})
 # Families with an RMSNorm on each head's queries and keys.
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
-# Families with four norms per decoder layer (around attention and around the MLP).
-SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
+# Families with four norms per decoder layer (around attention and around the MLP), and their
+# names in the order the layer registers them.
+SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"}) | GLM_LAYER
+NORM_NAMES = {
+    "gemma2": ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    "gemma3_text": ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    "glm4": ("post_self_attn_layernorm", "post_mlp_layernorm"),
+    "glm4v_text": ("post_self_attn_layernorm", "post_mlp_layernorm"),
+}
 # Families whose model class builds num_nextn_predict_layers multi-token-prediction layers beside
 # the decoder (XiaomiMiMo's remote MiMoModel: a Qwen2 attention and MLP, four norms and a 2h x h
 # input projection each); the forecast does not count them and says so.
 MTP_UNCOUNTED = frozenset({"mimo"})
 # Families whose q/k/v projections carry a bias whatever the config says (MiMo's remote model
-# class builds transformers' Qwen2Attention: modeling_mimo.py imports it from modeling_qwen2).
-QKV_BIAS = frozenset({"qwen2", "mimo"})
+# class builds transformers' Qwen2Attention: modeling_mimo.py imports it from modeling_qwen2;
+# Glm4vTextAttention builds them with bias=True).
+QKV_BIAS = frozenset({"qwen2", "mimo", "glm4v_text"})
 # Families whose o_proj bias has a key of its own (Seed-OSS: attention_bias is q/k/v's only,
 # transformers' SeedOssAttention builds o_proj with attention_out_bias); elsewhere o_proj
 # follows attention_bias (Llama) or has none (QKV_BIAS).
@@ -103,6 +124,7 @@ HEAD_DIM_BY_DEFAULT = {
     "gemma2": 256,
     "gemma3_text": 256,
     "gpt_oss": 64,
+    "glm4": 128,
 }
 # Multimodal configs keep the language model's numbers under text_config.
 TEXT_KEYS = ("text_config", "llm_config")
@@ -115,6 +137,7 @@ ALIASES = {
     "qwen3_vl_moe": "qwen3_moe",
     "qwen3_5": "qwen3_5_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
+    "glm4v": "glm4v_text",
 }
 
 
@@ -171,6 +194,8 @@ class Architecture:
     vision: VisionTower | None = None
     # A VL family whose tower the forecast does not model: its model_type (language model only).
     vision_uncounted: str = ""
+    # The head width the rotary embedding turns (GLM_LAYER's partial rotary; 0: the whole head)
+    rotary_dim: int = 0
     # Multi-token-prediction layers the model class builds beside its decoder (MiMo's
     # num_nextn_predict_layers): not counted (MTP_UNCOUNTED)
     mtp_uncounted: int = 0
@@ -284,6 +309,10 @@ class Architecture:
         h = self.hidden_size
         if not self.is_moe_layer(index):
             width = self.intermediate_size
+            if self.family in GLM_LAYER:
+                yield Tensor(f"{prefix}.gate_up_proj.weight", (2 * width, h), unit, "linear")
+                yield Tensor(f"{prefix}.down_proj.weight", (h, width), unit, "linear")
+                return
             for proj, shape in (("gate_proj", (width, h)), ("up_proj", (width, h))):
                 yield Tensor(f"{prefix}.{proj}.weight", shape, unit, "linear")
                 if self.mlp_bias:
@@ -333,9 +362,7 @@ class Architecture:
         else:
             yield from self._attention(f"{prefix}.self_attn", unit)
         yield from self._mlp(f"{prefix}.mlp", unit, index)
-        norms = ["input_layernorm", "post_attention_layernorm"]
-        if self.family in SANDWICH_NORM:
-            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        norms = ("input_layernorm", "post_attention_layernorm", *NORM_NAMES.get(self.family, ()))
         for norm in norms:
             yield Tensor(f"{prefix}.{norm}.weight", (h,), unit, "norm")
 
@@ -502,6 +529,23 @@ def _linear_dims(config: Mapping[str, Any], family: str, source: str) -> dict[st
     return dims
 
 
+def _rotary_dim(config: Mapping[str, Any], family: str, head_dim: int, source: str) -> int:
+    """GLM_LAYER's rotary width: int(head_dim x partial_rotary_factor), the factor from
+    config.json (top level, text_config, or their rope_parameters / rope_scaling) or the config
+    class's (transformers' compute_default_rope_parameters); 0 for the other families."""
+    if family not in GLM_LAYER:
+        return 0
+    factor = _value(config, "partial_rotary_factor")
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = _value(config, key)
+        if factor is None and isinstance(rope, Mapping):
+            factor = rope.get("partial_rotary_factor")
+    factor = PARTIAL_ROTARY_BY_DEFAULT[family] if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise UnsupportedModel(f"{source}: partial_rotary_factor must be in (0, 1], got {factor!r}")
+    return int(head_dim * factor)
+
+
 def architecture_from_config(config: Mapping[str, Any], name: str, source: str) -> Architecture:
     """The architecture of a parsed config.json; raises ``UnsupportedModel`` naming the key."""
     declared = str(_value(config, "model_type", "") or "")
@@ -560,7 +604,7 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         attention_bias=attention_bias,
         out_bias=bool(_value(config, OUT_BIAS_KEY[family], False))
         if family in OUT_BIAS_KEY
-        else attention_bias and family not in QKV_BIAS,
+        else attention_bias and family not in QKV_BIAS | GLM_LAYER,
         mlp_bias=family in MLP_BIAS and bool(_value(config, "mlp_bias", False)),
         num_experts=experts,
         num_experts_per_tok=_count(config, "num_experts_per_tok", source),
@@ -581,6 +625,7 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         **_linear_dims(config, family, source),
         vision=vision,
         vision_uncounted=declared if vision is None and "vision_config" in config else "",
+        rotary_dim=_rotary_dim(config, family, head_dim, source),
         mtp_uncounted=_count(config, "num_nextn_predict_layers", source)
         if family in MTP_UNCOUNTED
         else 0,

@@ -12,7 +12,14 @@ Two layouts, as transformers 5 builds them from ``vision_config``:
   embedding of ``num_position_embeddings``, blocks of two LayerNorms, ``qkv``, ``proj`` and a
   two-layer MLP (``linear_fc1``, ``linear_fc2``) with biases, a merger (a LayerNorm over
   ``hidden_size``, ``linear_fc1``, ``linear_fc2``) and one more merger per
-  ``deepstack_visual_indexes`` entry, its LayerNorm after the 2x2 shuffle.
+  ``deepstack_visual_indexes`` entry, its LayerNorm after the 2x2 shuffle;
+- GLM-4.1V (``Glm4vVisionModel``): a learned position embedding of (``image_size`` /
+  ``patch_size``)² positions, the Conv3d patch embedding with a bias, blocks of two RMSNorms, a
+  fused ``qkv`` (biased when ``attention_bias``) and a ``proj`` without bias and a gated MLP
+  ``out_hidden_size`` wide without biases, then a merger over ``out_hidden_size`` (``proj``, a
+  LayerNorm, a gated MLP of ``intermediate_size``, no biases), an RMSNorm after the patch
+  embedding, a Conv2d downsample of ``spatial_merge_size``² patches to ``out_hidden_size`` and a
+  last RMSNorm, in the order ``Glm4vVisionModel.__init__`` registers them.
 
 Each block is an FSDP unit (the models' ``_no_split_modules`` name their vision blocks); the
 embeddings and the mergers sit in the root unit. tests/test_fit_architecture.py checks every
@@ -49,6 +56,7 @@ TOWER_LAYOUTS = {
     "qwen3_5": "qwen3_vl",
     "qwen3_5_moe": "qwen3_vl",
     "gemma3": "siglip",
+    "glm4v": "glm4v",
 }
 VISION_FAMILIES = frozenset(TOWER_LAYOUTS)
 # Towers whose norms are LayerNorms (a weight and a bias; Qwen2.5-VL's are RMSNorms).
@@ -79,12 +87,16 @@ class VisionTower:
     temporal_patch_size: int
     in_channels: int
     spatial_merge_size: int
-    num_position_embeddings: int = 0  # Qwen3-VL's learned position embedding
+    num_position_embeddings: int = 0  # Qwen3-VL's (GLM-4.1V's) learned position embedding
+    attention_bias: bool = False  # GLM-4.1V's qkv bias (vision_config.attention_bias)
     deepstack_mergers: int = 0  # Qwen3-VL: one merger per deepstack_visual_indexes entry
 
     def tensors(self) -> Iterator[Tensor]:
         if self.layout == "siglip":
             yield from self._siglip()
+            return
+        if self.layout == "glm4v":
+            yield from self._glm4v()
             return
         h = self.hidden_size
         qwen3 = self.layout == "qwen3_vl"
@@ -162,6 +174,46 @@ class VisionTower:
         yield Tensor(f"{PROJECTOR}.mm_input_projection_weight", shape, "root", EMBED)
         yield Tensor(f"{PROJECTOR}.mm_soft_emb_norm.weight", (h,), "root", "norm")
 
+    def _glm4v(self) -> Iterator[Tensor]:
+        """GLM-4.1V's tower (``Glm4vVisionModel``; its blocks' MLP is out_hidden_size wide,
+        Glm4VisionMlp, and the merger's intermediate_size)."""
+        h, out, wide = self.hidden_size, self.out_hidden_size, self.intermediate_size
+        shape = (self.num_position_embeddings, h)
+        yield Tensor(f"{PREFIX}.embeddings.position_embedding.weight", shape, "root", EMBED)
+        kernel = (self.in_channels, self.temporal_patch_size, self.patch_size, self.patch_size)
+        yield Tensor(f"{PREFIX}.patch_embed.proj.weight", (h, *kernel), "root", EMBED)
+        yield Tensor(f"{PREFIX}.patch_embed.proj.bias", (h,), "root", "bias")
+        for index in range(self.depth):
+            unit, block = f"{UNIT}{index}", f"{PREFIX}.blocks.{index}"
+            for norm in ("norm1", "norm2"):
+                yield Tensor(f"{block}.{norm}.weight", (h,), unit, "norm")
+            yield Tensor(f"{block}.attn.qkv.weight", (3 * h, h), unit, "linear")
+            if self.attention_bias:
+                yield Tensor(f"{block}.attn.qkv.bias", (3 * h,), unit, "bias")
+            mlp = (("mlp.gate_proj", out, h), ("mlp.up_proj", out, h), ("mlp.down_proj", h, out))
+            yield from self._plain_linears(block, unit, (("attn.proj", h, h), *mlp))
+        merger = f"{PREFIX}.merger"
+        yield from self._plain_linears(merger, "root", (("proj", out, out),))
+        yield from self._layer_norm(f"{merger}.post_projection_norm", "root", out)
+        yield from self._plain_linears(
+            merger,
+            "root",
+            (("gate_proj", wide, out), ("up_proj", wide, out), ("down_proj", out, wide)),
+        )
+        yield Tensor(f"{PREFIX}.post_conv_layernorm.weight", (h,), "root", "norm")
+        merge = self.spatial_merge_size
+        yield Tensor(f"{PREFIX}.downsample.weight", (out, h, merge, merge), "root", EMBED)
+        yield Tensor(f"{PREFIX}.downsample.bias", (out,), "root", "bias")
+        yield Tensor(f"{PREFIX}.post_layernorm.weight", (h,), "root", "norm")
+
+    @staticmethod
+    def _plain_linears(
+        prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...]
+    ) -> Iterator[Tensor]:
+        """nn.Linear layers without biases."""
+        for name, rows, cols in shapes:
+            yield Tensor(f"{prefix}.{name}.weight", (rows, cols), unit, "linear")
+
     @staticmethod
     def _layer_norm(prefix: str, unit: str, width: int) -> Iterator[Tensor]:
         yield Tensor(f"{prefix}.weight", (width,), unit, "norm")
@@ -209,6 +261,8 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
     qwen3 = layout == "qwen3_vl"
     if layout == "siglip":
         return _siglip_tower(config, vision, number, source)
+    if layout == "glm4v":
+        return _glm4v_tower(vision, number)
     if layout == "qwen2_vl":
         # the tower is embed_dim wide, its MLP embed_dim x mlp_ratio; hidden_size is the merger's
         # output (transformers' Qwen2VLVisionConfig)
@@ -261,6 +315,26 @@ def _siglip_tower(
         in_channels=number("num_channels", default=3),
         spatial_merge_size=1,
         num_position_embeddings=(image // patch) ** 2,  # SiglipVisionEmbeddings.num_patches
+    )
+
+
+def _glm4v_tower(vision: Mapping[str, Any], number: Callable[..., int]) -> VisionTower:
+    """GLM-4.1V's tower; Glm4vVisionConfig's defaults for the patch, image and merge sizes where
+    vision_config is silent."""
+    patch = number("patch_size", default=14)
+    return VisionTower(
+        layout="glm4v",
+        depth=number("depth"),
+        hidden_size=number("hidden_size"),
+        intermediate_size=number("intermediate_size"),
+        out_hidden_size=number("out_hidden_size"),
+        patch_size=patch,
+        temporal_patch_size=number("temporal_patch_size", default=2),
+        in_channels=number("in_channels", default=3),
+        spatial_merge_size=number("spatial_merge_size", default=2),
+        # Glm4vVisionEmbeddings: num_positions = (image_size // patch_size) ** 2
+        num_position_embeddings=(number("image_size", default=336) // patch) ** 2,
+        attention_bias=vision.get("attention_bias") is True,
     )
 
 
