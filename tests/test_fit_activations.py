@@ -65,6 +65,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma": {"head_dim": 16},
     "gemma2": {"head_dim": 16},
     "gemma3_text": {"head_dim": 16},
+    # GLM-4: a fused gate_up_proj, four norms, a rotary of half of each head applied interleaved
+    "glm4": {"head_dim": 16, "pad_token_id": 0},
     # a window wider than the sequences, as flash attention keeps the same tensors either way
     "gpt_oss": {
         "head_dim": 16,
@@ -95,7 +97,26 @@ def _attention_without_sinks(module: Any, q: Any, k: Any, v: Any, mask: Any, **k
 NO_SINK = "attention_without_sinks"
 transformers.AttentionInterface.register(NO_SINK, _attention_without_sinks)
 transformers.AttentionMaskInterface.register(NO_SINK, transformers.masking_utils.sdpa_mask)
-ATTENTION = {"gpt_oss": NO_SINK}
+
+
+def _attention_sequence_major(module: Any, q: Any, k: Any, v: Any, mask: Any, **kwargs: Any) -> Any:
+    """Torch's attention on q, k and v laid out as flash attention takes them: transformers'
+    flash path hands the kernel (batch, sequence, heads, dim) tensors made contiguous
+    (integrations/flash_attention.py:56-58, modeling_flash_attention_utils.py:511-513@
+    transformers-5.10.4; verl's GLM-4.1V patch the same, verl/models/transformers/glm4v.py:188-190).
+    GLM's rotary concatenates each head's rotated and passed halves, laying q and k out head
+    first: the kernel keeps their contiguous copies, and its output is o_proj's input itself.
+    Torch's CPU kernel on the head-first tensors would keep another copy for o_proj instead."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    return sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+
+
+SEQUENCE_MAJOR = "attention_sequence_major"  # a name with "flash" in it is taken for a kernel
+transformers.AttentionInterface.register(SEQUENCE_MAJOR, _attention_sequence_major)
+transformers.AttentionMaskInterface.register(SEQUENCE_MAJOR, transformers.masking_utils.sdpa_mask)
+ATTENTION = {"gpt_oss": NO_SINK, "glm4": SEQUENCE_MAJOR}
 ERRORS: dict[str, float] = {}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_verl_compat.memory.architecture import (
+    GLM_LAYER,
     GPT_OSS,
     HYBRID,
     QK_NORM,
@@ -93,6 +94,10 @@ def _attention(arch: Architecture, c: int) -> int:
         return kept
     hd = arch.head_dim
     kept = c * heads * hd + 2 * c * kv * hd + c * heads * hd + 4 * heads
+    if arch.family in GLM_LAYER:
+        # GLM's apply_rotary_pos_emb interleaves cos and sin afresh in every layer
+        # (repeat_interleave of their first half), which the rotation's products keep
+        kept += 2 * c * arch.rotary_dim
     if arch.family in QK_NORM:
         per_head = 8 * hd if arch.family in GEMMA_NORM else (4 + c) * hd
         kept += (per_head + 4) * (heads + kv)
@@ -124,7 +129,9 @@ def _shared_expert(arch: Architecture, c: int) -> int:
 
 def _mlp(arch: Architecture, index: int, c: int) -> int:
     if not arch.is_moe_layer(index):
-        return 4 * c * arch.intermediate_size  # gate out, act out, up out, down's input
+        # gate out, act out, up out, down's input (GLM's fused gate_up output holds the first
+        # and the third)
+        return 4 * c * arch.intermediate_size
     k, width, h = arch.num_experts_per_tok, arch.moe_intermediate_size, arch.hidden_size
     if arch.family in GPT_OSS:
         # GptOssTopKRouter's softmax over the top-k logits (its output, in the compute dtype);
@@ -205,6 +212,10 @@ def head_bytes(
     rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
     rotary = rotary // 4 if arch.family in HYBRID else rotary  # partial_rotary_factor 0.25
     rotary = rotary // 2 if arch.family in GPT_OSS else rotary  # GptOss's cos and sin: half
+    if arch.family in GLM_LAYER:
+        # the layers keep interleaved copies of their own; the model's cos and sin are kept as
+        # the checkpointed layers' inputs only
+        rotary = arch.rotary_dim if checkpointing else 0
     head = head_only_bytes(arch, c) if with_head else 0
     return 8 + 2 * c * rotary + head + (8 if checkpointing else 0)
 
@@ -310,6 +321,14 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
     return 2 * c * (arch.moe_intermediate_size * experts + arch.shared_expert_intermediate_size)
 
 
+def _layer_norm_backward(arch: Architecture, c: int) -> int:
+    """Per token, GLM's post_mlp_layernorm backward, the first a layer's backward runs: with
+    the layer's saved tensors all alive, the norm's gradient in the compute dtype, four fp32
+    copies of the width and two fp32 scalars (measured, as the final norm's; the families whose
+    norm leads into the next layer have none)."""
+    return (16 + c) * arch.hidden_size + 8 if arch.family in GLM_LAYER else 0
+
+
 def layers_backward_bytes(
     arch: Architecture,
     tokens: int,
@@ -337,7 +356,7 @@ def layers_backward_bytes(
         (
             (_layer(arch, i, c, megatron, whole) if checkpointing else 0)
             + c * arch.hidden_size * whole
-            + _mlp_gradients(arch, i, c)
+            + max(_mlp_gradients(arch, i, c), _layer_norm_backward(arch, c))
             for i in stage.layers
         ),
         default=0,
@@ -375,7 +394,9 @@ def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
     if arch.is_moe:
         k = arch.num_experts_per_tok
         width = max(width if arch.first_k_dense_replace else 0, 2 * k * arch.moe_intermediate_size)
-    return tokens * (3 * c * width + 9 * h)
+    # GLM's fused gate_up output (two wide) beside the activation and the product: four
+    wide = 4 if arch.family in GLM_LAYER else 3
+    return tokens * (wide * c * width + 9 * h)
 
 
 @dataclass(frozen=True)
