@@ -65,6 +65,11 @@ CASES: list[tuple[int, str, str, dict[str, Any]]] = [
     (8, "fsdp2", "actor", {"model": "gpt_oss"}),
     (3, "fsdp", "actor", {"model": "gpt_oss"}),
     (2, "fsdp2", "critic", {"model": "gpt_oss"}),
+    # GLM-4: one fused gate_up_proj (80 rows: padded over 3 ranks by FSDP2, flattened by FSDP1,
+    # adapted whole by LoRA), four norms per layer
+    (3, "fsdp2", "actor", {"model": "glm4"}),
+    (3, "fsdp", "actor", {"model": "glm4", "lora_rank": 4}),
+    (2, "fsdp2", "critic", {"model": "glm4"}),
 ]
 # With a tree that has the no-sync key: each value set explicitly, both FSDP versions, a trained
 # role each, LoRA and hybrid sharding once.
@@ -124,34 +129,33 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     critic.config.architectures = ["Qwen2ForTokenClassification"]
     critic.save_pretrained(folder / "critic")
     tokenizer.save_pretrained(folder / "critic")
-    # a tiny gpt-oss of the same vocabulary, its own critic the same body with a score head
+    # tiny models of other families of the same vocabulary, each its own critic the same body
+    # with a score head
     import torch
     import transformers
 
-    gpt_oss = transformers.AutoConfig.for_model(
-        "gpt_oss", **GPT_OSS_TINY, vocab_size=len(tokenizer)
-    )
-    torch.manual_seed(0)
-    for name, auto in (
-        ("gpt_oss", transformers.AutoModelForCausalLM),
-        ("gpt_oss_critic", transformers.AutoModelForTokenClassification),
-    ):
-        auto.from_config(gpt_oss if name == "gpt_oss" else _with_labels(gpt_oss)).save_pretrained(
-            folder / name
-        )
-        tokenizer.save_pretrained(folder / name)
+    models = {}
+    for family, settings in OTHER_TINY.items():
+        config = transformers.AutoConfig.for_model(family, **settings, vocab_size=len(tokenizer))
+        torch.manual_seed(0)
+        for name, auto in (
+            (family, transformers.AutoModelForCausalLM),
+            (f"{family}_critic", transformers.AutoModelForTokenClassification),
+        ):
+            built = config if name == family else _with_labels(config)
+            auto.from_config(built).save_pretrained(folder / name)
+            tokenizer.save_pretrained(folder / name)
+        models[family] = {
+            "model_dir": str(folder / family),
+            "critic_dir": str(folder / f"{family}_critic"),
+            "config": json.loads((folder / family / "config.json").read_text()),
+        }
     return {
         "model_dir": str(folder / "policy"),
         "critic_dir": str(folder / "critic"),
         "vocab": len(tokenizer),
         "config": json.loads((folder / "policy" / "config.json").read_text()),
-        "models": {
-            "gpt_oss": {
-                "model_dir": str(folder / "gpt_oss"),
-                "critic_dir": str(folder / "gpt_oss_critic"),
-                "config": json.loads((folder / "gpt_oss" / "config.json").read_text()),
-            }
-        },
+        "models": models,
     }
 
 
@@ -165,6 +169,16 @@ GPT_OSS_TINY = {
     "num_local_experts": 4,
     "num_experts_per_tok": 2,
 }
+GLM4_TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 40,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "pad_token_id": 0,
+}
+OTHER_TINY = {"gpt_oss": GPT_OSS_TINY, "glm4": GLM4_TINY}
 
 
 def _with_labels(config: Any) -> Any:
@@ -260,9 +274,10 @@ def test_a_lora_weight_sync_gathers_what_the_forecast_says(
     """The adapters' weight sync without layered_summon, run on the release's engine: FSDP1's
     summon_full_params holds every unit unsharded at full precision at once, byte for byte the
     forecast's ``summoned``; FSDP2 gathers tensor by tensor and never unshards the model."""
-    world, strategy, role, _ = case
+    world, strategy, role, settings = case
     got = _measured(version, tiny_models)[_case_id(case)]
-    arch = architecture_from_config(tiny_models["config"], "tiny", "config.json")
+    config = _model_of(tiny_models, settings)["config"]
+    arch = architecture_from_config(config, "tiny", "config.json")
     spec, _ = engine_spec(got["config"], role, world, forward_only=False, value_head=False)
     forecast = fsdp_states(arch, spec)
     if strategy == "fsdp":
