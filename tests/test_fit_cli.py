@@ -377,14 +377,14 @@ def test_check_with_a_gpu_notes_a_script_it_cannot_forecast_and_checks_the_other
     """A folder checked with a GPU (the pyproject setting makes that every CI run) holds a script
     whose model the forecast has no numbers for: that script gets one info naming the key that
     names the model, the others their memory findings; before, the whole check stopped (exit 2)."""
-    unknown = _script("examples/grpo_trainer/run_glm4_1v_9b_fsdp.sh")
+    unknown = _script("examples/grpo_trainer/run_minicpm_o_2_6_fsdp.sh")
     status, out, err = run(
         capsys, "check", unknown, _script(GRPO), "--no-upstream-checks", "--gpu", "RTX4090"
     )
     assert status == 1, err  # GRPO's memory errors on an RTX 4090, not a usage error
     noted = [line for line in out.splitlines() if "info[memory.not-forecast]" in line]
     assert len(noted) == 1 and noted[0].startswith(unknown), out
-    assert "actor_rollout_ref.model.path: not forecast: model 'zai-org/GLM-4.1V-9B" in noted[0]
+    assert "actor_rollout_ref.model.path: not forecast: model 'openbmb/MiniCPM-o-2_6" in noted[0]
     assert any(
         line.startswith(_script(GRPO)) and "error[memory." in line for line in out.splitlines()
     ), out
@@ -921,6 +921,28 @@ def test_gpt_oss_is_forecast_on_fsdp_and_refused_in_one_line_on_megatron(
     path = "actor_rollout_ref.model.path=openai/gpt-oss-20b"
     status, _, err = run(capsys, "fit", _script(GRPO), "--gpu", "H100", "--set", path)
     _one_line_error(status, err, "openai/gpt-oss-20b", "lmsys/gpt-oss-20b-bf16")
+
+
+GLM4V = "examples/grpo_trainer/run_glm4_1v_9b_fsdp.sh"
+
+
+def test_glm_4_1v_is_forecast_with_its_tower_and_refused_in_one_line_on_megatron(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verl 0.9.0's GLM-4.1V example: the table's GLM-4.1V-9B-Thinking, language model and tower
+    (10.29B parameters, about the 10.3B its checkpoint holds), each phase forecast. verl's Megatron
+    registry has no GLM-4 layer and the forecast counts none: one line at the strategy's key."""
+    status, out, err = run(capsys, "fit", _script(GLM4V), "--gpu", "H100")
+    assert status == 0, err
+    assert "zai-org/GLM-4.1V-9B-Thinking (shipped table" in out
+    assert "10,292,777,472 params" in out
+    assert "vision tower's weights, gradients and optimizer states are counted" in out
+    megatron = "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
+    path = "actor_rollout_ref.model.path=zai-org/GLM-4.1V-9B-Thinking"
+    status, _, err = run(capsys, "fit", _script(megatron), "--gpu", "H100", "--set", path)
+    _one_line_error(
+        status, err, "actor_rollout_ref.actor.megatron.strategy=megatron", "GLM-4", "FSDP"
+    )
 
 
 def test_an_mxfp4_checkpoint_is_refused_and_its_bf16_copy_forecast(

@@ -31,7 +31,7 @@ from pytest_verl_compat.checks.roles import (
 )
 from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
-from pytest_verl_compat.memory.architecture import GPT_OSS
+from pytest_verl_compat.memory.architecture import GLM_LAYER, GPT_OSS
 from pytest_verl_compat.memory.batches import role_batches
 from pytest_verl_compat.memory.layout import (
     BUCKET_DEFAULT_MB,
@@ -361,14 +361,24 @@ def padded_tokens(engine: Mapping[str, Any], strategy: str, tokens: int, sp: int
     return ceil_div(ceil_div(tokens * sp, bucket) * bucket, sp)
 
 
+# Families whose Megatron layer the forecast does not count (megatron_layer_bytes is Transformer
+# Engine's Llama-style layer): gpt-oss is built from megatron-core's own gpt-oss layer
+# (verl/models/mcore/registry.py:135), its sinks and clamped SwiGLU; GLM-4's and GLM-4.1V's
+# post-attention and post-MLP norms and partial rotary are not in that layer either (and verl's
+# registry, registry.py:119-136, lists neither Glm4ForCausalLM nor Glm4vForConditionalGeneration).
+MEGATRON_UNMODELLED = {family: "gpt-oss" for family in GPT_OSS} | {
+    family: "GLM-4" for family in GLM_LAYER
+}
+
+
 def _refuse_unmodelled_layer(strategy: str, model: ModelChoice, key: str) -> None:
-    """gpt-oss under Megatron is built from megatron-core's own gpt-oss layer
-    (verl/models/mcore/registry.py:135): what its sinks and clamped SwiGLU keep under Transformer
-    Engine is not counted, so the forecast says so at the strategy's key."""
-    if strategy in MEGATRON_STRATEGIES and model.architecture.family in GPT_OSS:
+    """A family whose Megatron layer is not counted (MEGATRON_UNMODELLED) is one line at the
+    strategy's key."""
+    name = MEGATRON_UNMODELLED.get(model.architecture.family)
+    if strategy in MEGATRON_STRATEGIES and name:
         raise UnreadableRun(
-            f"{key}={strategy}: the forecast counts gpt-oss on the FSDP engines only "
-            "(megatron-core's gpt-oss layer is not modelled)",
+            f"{key}={strategy}: the forecast counts {name} on the FSDP engines only "
+            f"(a Megatron {name} layer is not modelled)",
             key,
         )
 
