@@ -67,6 +67,19 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"head_dim": 16},
     # GLM-4: a fused gate_up_proj, four norms, a rotary of half of each head applied interleaved
     "glm4": {"head_dim": 16, "pad_token_id": 0},
+    # GLM-4.5: DeepSeek V3's MoE (sigmoid router, a shared expert, a leading dense layer) under a
+    # biased attention with q/k norms and half of each head rotated
+    "glm4_moe": {
+        "head_dim": 16,
+        "moe_intermediate_size": 48,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+        "attention_bias": True,
+        "use_qk_norm": True,
+        "pad_token_id": 0,
+    },
     # a window wider than the sequences, as flash attention keeps the same tensors either way
     "gpt_oss": {
         "head_dim": 16,
@@ -116,7 +129,7 @@ def _attention_sequence_major(module: Any, q: Any, k: Any, v: Any, mask: Any, **
 SEQUENCE_MAJOR = "attention_sequence_major"  # a name with "flash" in it is taken for a kernel
 transformers.AttentionInterface.register(SEQUENCE_MAJOR, _attention_sequence_major)
 transformers.AttentionMaskInterface.register(SEQUENCE_MAJOR, transformers.masking_utils.sdpa_mask)
-ATTENTION = {"gpt_oss": NO_SINK, "glm4": SEQUENCE_MAJOR}
+ATTENTION = {"gpt_oss": NO_SINK, "glm4": SEQUENCE_MAJOR, "glm4_moe": SEQUENCE_MAJOR}
 ERRORS: dict[str, float] = {}
 
 

@@ -229,6 +229,21 @@ TINY["glm4v-tower-qkv-bias"] = {
 }
 
 
+# GLM-4.5: DeepSeek V3's MoE block under a Llama attention (q/k/v biased by attention_bias, o_proj
+# never), an optional q/k norm, a leading dense layer
+GLM4_MOE = {
+    "head_dim": 16,
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "pad_token_id": 0,
+}
+TINY["glm4_moe"] = {**GLM4_MOE, "attention_bias": True}
+TINY["glm4_moe-qk-norm"] = {"model_type": "glm4_moe", **GLM4_MOE, "use_qk_norm": True}
+
+
 def _config(case: str) -> dict[str, Any]:
     extra = dict(TINY[case])
     family = extra.pop("model_type", case)
@@ -350,6 +365,8 @@ MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
         ("deepseek_v3", ["q_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
         ("qwen3_vl_moe", MOE_TARGETS),  # transformers converts no checkpoint for it: modules only
         ("gpt_oss", MOE_TARGETS),  # its own experts: peft adapts the attention's modules alone
+        ("glm4_moe", "all-linear"),
+        ("glm4_moe", MOE_TARGETS),
     ],
 )
 def test_moe_lora_targets_keep_transformers_4s_meaning_as_peft_does(

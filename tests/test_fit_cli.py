@@ -926,12 +926,13 @@ def test_gpt_oss_is_forecast_on_fsdp_and_refused_in_one_line_on_megatron(
 GLM4V = "examples/grpo_trainer/run_glm4_1v_9b_fsdp.sh"
 
 
-def test_glm_4_1v_is_forecast_with_its_tower_and_refused_in_one_line_on_megatron(
+def test_glm_4_1v_is_forecast_with_its_tower_and_its_dense_layer_refused_on_megatron(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """verl 0.9.0's GLM-4.1V example: the table's GLM-4.1V-9B-Thinking, language model and tower
     (10.29B parameters, about the 10.3B its checkpoint holds), each phase forecast. verl's Megatron
-    registry has no GLM-4 layer and the forecast counts none: one line at the strategy's key."""
+    registry has no GLM-4 dense layer and the forecast counts none: one line at the strategy's
+    key. GLM-4.5's MoE model is in the registry, and forecast under Megatron."""
     status, out, err = run(capsys, "fit", _script(GLM4V), "--gpu", "H100")
     assert status == 0, err
     assert "zai-org/GLM-4.1V-9B-Thinking (shipped table" in out
@@ -943,6 +944,11 @@ def test_glm_4_1v_is_forecast_with_its_tower_and_refused_in_one_line_on_megatron
     _one_line_error(
         status, err, "actor_rollout_ref.actor.megatron.strategy=megatron", "GLM-4", "FSDP"
     )
+    # GLM-4.5's MoE model is in verl's Megatron registry (Glm4MoeForCausalLM) and forecast there
+    path = "actor_rollout_ref.model.path=zai-org/GLM-4.5-Air"
+    status, out, err = run(capsys, "fit", _script(megatron), "--gpu", "H100", "--set", path)
+    assert status in (0, 1), err
+    assert "106,852,245,504 params" in out and "Megatron tp 2 pp 2 ep 1" in out
 
 
 def test_an_mxfp4_checkpoint_is_refused_and_its_bf16_copy_forecast(

@@ -21,8 +21,8 @@ from pytest_verl_compat.memory.architecture import (
     GLM_LAYER,
     GPT_OSS,
     HYBRID,
-    QK_NORM,
     SANDWICH_NORM,
+    SIGMOID_ROUTER,
     Architecture,
 )
 
@@ -98,7 +98,7 @@ def _attention(arch: Architecture, c: int) -> int:
         # GLM's apply_rotary_pos_emb interleaves cos and sin afresh in every layer
         # (repeat_interleave of their first half), which the rotation's products keep
         kept += 2 * c * arch.rotary_dim
-    if arch.family in QK_NORM:
+    if arch.qk_norm:
         per_head = 8 * hd if arch.family in GEMMA_NORM else (4 + c) * hd
         kept += (per_head + 4) * (heads + kv)
     return kept
@@ -127,6 +127,18 @@ def _shared_expert(arch: Architecture, c: int) -> int:
     return 4 * c * width + 2 * c if width else 0
 
 
+def _router(arch: Architecture) -> int:
+    """Per token, what a MoE layer's router keeps for backward: Qwen's softmax probabilities
+    (fp32); DeepSeek V3's (SIGMOID_ROUTER) its linear's fp32 input, the sigmoid's output and the
+    scores it picks from (fp32), the groups' mask (bool), the indices of each group's top two, of
+    the picked groups and of the experts (int64), and the picked weights and their sum (fp32)."""
+    experts = arch.num_experts
+    if arch.family not in SIGMOID_ROUTER:
+        return 4 * experts
+    groups = 16 * arch.n_group + 8 * arch.topk_group
+    return 4 * arch.hidden_size + 9 * experts + groups + 12 * arch.num_experts_per_tok + 4
+
+
 def _mlp(arch: Architecture, index: int, c: int) -> int:
     if not arch.is_moe_layer(index):
         # gate out, act out, up out, down's input (GLM's fused gate_up output holds the first
@@ -141,7 +153,7 @@ def _mlp(arch: Architecture, index: int, c: int) -> int:
         return k * (41 + 2 * c + 2 * c * h + 7 * c * width)
     # transformers 5's grouped experts: fp32 router probabilities, int64 routing indices, the
     # gathered tokens, gate_up, act, product and the experts' output per routed token
-    routed = 4 * arch.num_experts + k * (33 + c + 2 * c * h + 4 * c * width)
+    routed = _router(arch) + k * (33 + c + 2 * c * h + 4 * c * width)
     shared = 4 * c * width * arch.n_shared_experts
     return routed + shared + _shared_expert(arch, c)
 
@@ -177,7 +189,7 @@ def megatron_layer_bytes(arch: Architecture, index: int, c: int = 2, replicated:
     kv = arch.num_key_value_heads * arch.head_dim
     norms = 2 * (2 * c * h + 4) * replicated
     attention = c * (q + 2 * kv) + c * q + 4 * heads + _gated_query(arch, c)
-    if arch.family in QK_NORM:
+    if arch.qk_norm:
         attention += c * (q + kv) + 4 * (heads + arch.num_key_value_heads)
     if arch.is_linear_layer(index):
         attention = linear_attention_bytes(arch, c)
@@ -216,6 +228,8 @@ def head_bytes(
         # the layers keep interleaved copies of their own; the model's cos and sin are kept as
         # the checkpointed layers' inputs only
         rotary = arch.rotary_dim if checkpointing else 0
+    elif arch.rotary_dim:  # a partial rotary's cos and sin (GLM-4.5's half of each head)
+        rotary = arch.rotary_dim
     head = head_only_bytes(arch, c) if with_head else 0
     return 8 + 2 * c * rotary + head + (8 if checkpointing else 0)
 
@@ -317,8 +331,16 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
         # the gathered token's gradient, per routed token
         k = arch.num_experts_per_tok
         return c * k * (3 * arch.moe_intermediate_size + arch.hidden_size)
-    experts = arch.num_experts_per_tok + arch.n_shared_experts
-    return 2 * c * (arch.moe_intermediate_size * experts + arch.shared_expert_intermediate_size)
+    k, h, w = arch.num_experts_per_tok, arch.hidden_size, arch.moe_intermediate_size
+    if arch.family in SIGMOID_ROUTER:
+        # the fp32 routing weights made the weighted output fp32: at its backward three fp32
+        # tensors per routed token (the gradient reaching it, its reordered copy, the product's),
+        # the shared experts' backward already done and their saved tensors freed; later, at the
+        # down projection's, the fp32 gradient and its compute-dtype cast (measured)
+        tail = 3 * 4 * h * k - 4 * c * w * arch.n_shared_experts
+        return max(tail, (4 + c) * h * k)
+    experts = k + arch.n_shared_experts
+    return 2 * c * (w * experts + arch.shared_expert_intermediate_size)
 
 
 def _layer_norm_backward(arch: Architecture, c: int) -> int:
@@ -391,6 +413,15 @@ def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
         # kernel's copy (nine wide, measured), and the gathered token
         k = arch.num_experts_per_tok
         return tokens * (c * k * (9 * arch.moe_intermediate_size + h) + 9 * h)
+    if arch.family in SIGMOID_ROUTER:
+        # per routed token, the larger of the up projection's moment (the gathered token,
+        # gate_up, the activation and the product) and the tail's: the fp32 routing weights make
+        # the weighted output fp32, and its reordered copy too, beside the down projection's
+        # output and the gathered token (measured)
+        k, w = arch.num_experts_per_tok, arch.moe_intermediate_size
+        routed = tokens * (k * max(c * h + 4 * c * w, 8 * h + 2 * c * h) + 9 * h)
+        dense = tokens * (3 * c * width + 9 * h) if arch.first_k_dense_replace else 0
+        return max(routed, dense)
     if arch.is_moe:
         k = arch.num_experts_per_tok
         width = max(width if arch.first_k_dense_replace else 0, 2 * k * arch.moe_intermediate_size)

@@ -34,7 +34,15 @@ DENSE_FAMILIES = frozenset(
     }
 )
 MOE_FAMILIES = frozenset(
-    {"qwen3_moe", "deepseek_v3", "kimi_k2", "qwen3_next", "qwen3_5_moe_text", "gpt_oss"}
+    {
+        "qwen3_moe",
+        "deepseek_v3",
+        "kimi_k2",
+        "qwen3_next",
+        "qwen3_5_moe_text",
+        "gpt_oss",
+        "glm4_moe",
+    }
 )
 FAMILIES = DENSE_FAMILIES | MOE_FAMILIES
 # Hybrid families: most layers are Gated DeltaNet linear attention (layer_types, or every
@@ -58,6 +66,18 @@ GPT_OSS = frozenset({"gpt_oss"})
 # post_mlp_layernorm, in that order), an o_proj without a bias whatever attention_bias says, and
 # a partial rotary embedding applied interleaved (partial_rotary_factor of each head).
 GLM_LAYER = frozenset({"glm4", "glm4v_text"})
+# GLM-4.5/4.6/4.7 (transformers' Glm4MoeForCausalLM): DeepSeek V3's MoE block (leading dense
+# layers, routed experts with a sigmoid router, shared experts) under a Llama attention whose
+# q/k/v follow attention_bias, o_proj unbiased, an optional q/k norm (use_qk_norm) and half of
+# each head rotated (not interleaved); two norms per layer. Its MTP layer
+# (num_nextn_predict_layers) is not built by transformers, nor trained by verl.
+GLM_MOE = frozenset({"glm4_moe"})
+# Families whose router is DeepSeek V3's (transformers' DeepseekV3TopkRouter, Glm4MoeTopkRouter):
+# a linear of the fp32 hidden state, sigmoid scores with a correction bias, top-k within the best
+# topk_group of n_group expert groups, fp32 routing weights.
+SIGMOID_ROUTER = frozenset({"deepseek_v3", "kimi_k2"}) | GLM_MOE
+# Families whose o_proj has no bias whatever attention_bias says.
+UNBIASED_OUT = GLM_LAYER | GLM_MOE
 # Checkpoint quantizations whose weights the forecast does not count (MXFP4's four-bit blocks):
 # a config.json declaring one is refused in one line, never counted at the compute dtype.
 UNCOUNTED_QUANTIZATION = frozenset({"mxfp4"})
@@ -69,8 +89,9 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # The share of each head the rotary embedding turns, where config.json does not say
 # (Glm4Config's rope_parameters: 0.5; Glm4vTextConfig gives none, 1.0, and GLM-4.1V's config.json
-# says 0.5). Read for GLM_LAYER only: the other families' rotary widths are fixed in activations.py.
-PARTIAL_ROTARY_BY_DEFAULT = {"glm4": 0.5, "glm4v_text": 1.0}
+# says 0.5; Glm4MoeConfig 0.5). Read for these families only: the others' rotary widths are fixed
+# in activations.py.
+PARTIAL_ROTARY_BY_DEFAULT = {"glm4": 0.5, "glm4v_text": 1.0, "glm4_moe": 0.5}
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -90,6 +111,8 @@ QWEN_SLIDES = frozenset({"qwen2", "qwen3", "mimo"})
 ALL_SLIDE = frozenset({"mistral"})
 # Families with an RMSNorm on each head's queries and keys.
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
+# Families with the q/k norms where a config key asks for them (Glm4MoeConfig.use_qk_norm).
+QK_NORM_KEY = {"glm4_moe": "use_qk_norm"}
 # Families with four norms per decoder layer (around attention and around the MLP), and their
 # names in the order the layer registers them.
 SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"}) | GLM_LAYER
@@ -169,6 +192,9 @@ class Architecture:
     moe_intermediate_size: int = 0
     n_shared_experts: int = 0
     first_k_dense_replace: int = 0
+    # DeepSeek V3's grouped routing (SIGMOID_ROUTER): expert groups, and the groups a token picks
+    n_group: int = 1
+    topk_group: int = 1
     # Qwen3-Next/Qwen3.5: one shared expert of this width, scaled by a sigmoid gate (0: none)
     shared_expert_intermediate_size: int = 0
     # Hybrid families: each layer's attention ("linear_attention" or "full_attention"; empty: all
@@ -194,8 +220,10 @@ class Architecture:
     vision: VisionTower | None = None
     # A VL family whose tower the forecast does not model: its model_type (language model only).
     vision_uncounted: str = ""
-    # The head width the rotary embedding turns (GLM_LAYER's partial rotary; 0: the whole head)
+    # The head width the rotary embedding turns (PARTIAL_ROTARY_BY_DEFAULT's families; 0: the
+    # whole head)
     rotary_dim: int = 0
+    qk_norm: bool = False  # an RMSNorm on each head's queries and keys (QK_NORM, QK_NORM_KEY)
     # Multi-token-prediction layers the model class builds beside its decoder (MiMo's
     # num_nextn_predict_layers): not counted (MTP_UNCOUNTED)
     mtp_uncounted: int = 0
@@ -301,7 +329,7 @@ class Architecture:
         yield Tensor(f"{prefix}.o_proj.weight", (h, q), unit, "linear")
         if self.out_bias:
             yield Tensor(f"{prefix}.o_proj.bias", (h,), unit, "bias")
-        if self.family in QK_NORM:
+        if self.qk_norm:
             yield Tensor(f"{prefix}.q_norm.weight", (self.head_dim,), unit, "norm")
             yield Tensor(f"{prefix}.k_norm.weight", (self.head_dim,), unit, "norm")
 
@@ -530,10 +558,11 @@ def _linear_dims(config: Mapping[str, Any], family: str, source: str) -> dict[st
 
 
 def _rotary_dim(config: Mapping[str, Any], family: str, head_dim: int, source: str) -> int:
-    """GLM_LAYER's rotary width: int(head_dim x partial_rotary_factor), the factor from
-    config.json (top level, text_config, or their rope_parameters / rope_scaling) or the config
-    class's (transformers' compute_default_rope_parameters); 0 for the other families."""
-    if family not in GLM_LAYER:
+    """The rotary width of PARTIAL_ROTARY_BY_DEFAULT's families: int(head_dim x
+    partial_rotary_factor), the factor from config.json (top level, text_config, or their
+    rope_parameters / rope_scaling) or the config class's (transformers'
+    compute_default_rope_parameters); 0 for the other families."""
+    if family not in PARTIAL_ROTARY_BY_DEFAULT:
         return 0
     factor = _value(config, "partial_rotary_factor")
     for key in ("rope_parameters", "rope_scaling"):
@@ -604,7 +633,7 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         attention_bias=attention_bias,
         out_bias=bool(_value(config, OUT_BIAS_KEY[family], False))
         if family in OUT_BIAS_KEY
-        else attention_bias and family not in QKV_BIAS | GLM_LAYER,
+        else attention_bias and family not in QKV_BIAS | UNBIASED_OUT,
         mlp_bias=family in MLP_BIAS and bool(_value(config, "mlp_bias", False)),
         num_experts=experts,
         num_experts_per_tok=_count(config, "num_experts_per_tok", source),
@@ -613,6 +642,8 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         else _count(config, "moe_intermediate_size", source),
         n_shared_experts=_count(config, "n_shared_experts", source),
         first_k_dense_replace=_count(config, "first_k_dense_replace", source),
+        n_group=_count(config, "n_group", source, 1) or 1,
+        topk_group=_count(config, "topk_group", source, 1) or 1,
         q_lora_rank=_count(config, "q_lora_rank", source) or None,
         kv_lora_rank=_count(config, "kv_lora_rank", source),
         qk_nope_head_dim=_count(config, "qk_nope_head_dim", source),
@@ -626,6 +657,8 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         vision=vision,
         vision_uncounted=declared if vision is None and "vision_config" in config else "",
         rotary_dim=_rotary_dim(config, family, head_dim, source),
+        qk_norm=family in QK_NORM
+        or (family in QK_NORM_KEY and _value(config, QK_NORM_KEY[family]) is True),
         mtp_uncounted=_count(config, "num_nextn_predict_layers", source)
         if family in MTP_UNCOUNTED
         else 0,

@@ -139,13 +139,13 @@ def _ceil(a: int, b: int) -> int:
 # peft 0.21.2 in the releases' environments (beside transformers 5.10.4) keeps transformers 4's
 # meaning of a LoRA target for the MoE model types transformers 5 converts from Qwen2-MoE's
 # checkpoint layout (transformers' _MODEL_TO_CONVERSION_PATTERN: qwen3_moe, qwen3_next,
-# deepseek_v3): the v4 names below become parameter targets (peft/utils/
+# deepseek_v3, glm4_moe): the v4 names below become parameter targets (peft/utils/
 # transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING and _convert_peft_config_moe),
 # so the router's gate.weight (rank r) and the routed experts' stacked gate_up_proj (rank 2r, the
 # fused gate and up) and down_proj (rank r) are adapted per expert, and an nn.Linear of those
 # names (a shared expert's, a dense layer's) is no longer adapted as a module. "all-linear"
 # counts every one of those names (their v4 modules were nn.Linear).
-PEFT_V4_MOE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen3_next", "deepseek_v3"})
+PEFT_V4_MOE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen3_next", "deepseek_v3", "glm4_moe"})
 PEFT_V4_MOE_NAMES = {
     "gate": "gate.weight",
     "gate_proj": "gate_up_proj",
