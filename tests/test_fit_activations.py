@@ -67,6 +67,24 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"head_dim": 16},
     # GLM-4: a fused gate_up_proj, four norms, a rotary of half of each head applied interleaved
     "glm4": {"head_dim": 16, "pad_token_id": 0},
+    # DeepSeek V3: multi-head latent attention (queries through a low rank, keys and values from
+    # one latent, a decoupled rotary part), its MoE block after a leading dense layer
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 48,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 8,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+        "pad_token_id": 0,
+    },
     # GLM-4.5: DeepSeek V3's MoE (sigmoid router, a shared expert, a leading dense layer) under a
     # biased attention with q/k norms and half of each head rotated
     "glm4_moe": {
@@ -129,7 +147,30 @@ def _attention_sequence_major(module: Any, q: Any, k: Any, v: Any, mask: Any, **
 SEQUENCE_MAJOR = "attention_sequence_major"  # a name with "flash" in it is taken for a kernel
 transformers.AttentionInterface.register(SEQUENCE_MAJOR, _attention_sequence_major)
 transformers.AttentionMaskInterface.register(SEQUENCE_MAJOR, transformers.masking_utils.sdpa_mask)
-ATTENTION = {"gpt_oss": NO_SINK, "glm4": SEQUENCE_MAJOR, "glm4_moe": SEQUENCE_MAJOR}
+
+
+def _attention_values_padded(module: Any, q: Any, k: Any, v: Any, mask: Any, **kwargs: Any) -> Any:
+    """DeepSeek V3's multi-head latent attention as its flash path runs it: its values, narrower
+    than its queries and keys, padded to their width before the kernel and its output cut back
+    after (modeling_deepseek_v3.py:456-475@transformers-5.10.4, under flash attention only), q,
+    k and v laid out as the flash path hands them (``_attention_sequence_major``). Torch's CPU
+    kernel on unequal widths would fall back to the math path and keep the fp32 score matrix,
+    which flash attention never holds."""
+    width = v.shape[-1]
+    v = torch.nn.functional.pad(v, [0, q.shape[-1] - width])
+    out, weights = _attention_sequence_major(module, q, k, v, mask, **kwargs)
+    return out[..., :width], weights
+
+
+VALUES_PADDED = "attention_values_padded"
+transformers.AttentionInterface.register(VALUES_PADDED, _attention_values_padded)
+transformers.AttentionMaskInterface.register(VALUES_PADDED, transformers.masking_utils.sdpa_mask)
+ATTENTION = {
+    "gpt_oss": NO_SINK,
+    "glm4": SEQUENCE_MAJOR,
+    "glm4_moe": SEQUENCE_MAJOR,
+    "deepseek_v3": VALUES_PADDED,
+}
 ERRORS: dict[str, float] = {}
 
 
