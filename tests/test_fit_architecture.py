@@ -640,3 +640,28 @@ def test_an_implausible_tower_depth_is_one_line() -> None:
     config["vision_config"] = {**config["vision_config"], "depth": 10**9}
     with pytest.raises(UnsupportedModel, match=r"vision_config\.depth"):
         architecture_from_config(config, "m", "config.json")
+
+
+@pytest.mark.parametrize(
+    ("case", "key"),
+    [
+        ("glm4v", "image_size"),
+        ("glm4v", "temporal_patch_size"),
+        ("glm4v", "spatial_merge_size"),
+        ("qwen2_5_vl", "in_channels"),
+    ],
+)
+@pytest.mark.parametrize("value", ["abc", -1, 0, 3.5, [1, 2]])
+def test_a_tower_number_given_wrong_is_refused_not_defaulted(
+    case: str, key: str, value: Any
+) -> None:
+    """A vision_config key the config class defaults, given as no count: one line naming it
+    (its default would forecast a tower the checkpoint is not); left out, the default."""
+    from pytest_verl_compat.memory.architecture import UnsupportedModel
+
+    config = _config(case)
+    config["vision_config"] = {**config["vision_config"], key: value}
+    with pytest.raises(UnsupportedModel, match=rf"vision_config\.{key} must be an integer"):
+        architecture_from_config(config, "m", "config.json")
+    config["vision_config"] = {k: v for k, v in config["vision_config"].items() if k != key}
+    assert architecture_from_config(config, "m", "config.json").vision is not None

@@ -247,11 +247,12 @@ def vision_from_config(config: Mapping[str, Any], family: str, source: str) -> V
         raise VisionConfigError(f"{source}: a {family} config.json needs its vision_config")
 
     def number(key: str, *aliases: str, default: int | None = None) -> int:
-        for name in (key, *aliases):
-            value = vision.get(name)
-            if is_count(value, key, 1):
-                return value
-        if default is not None:
+        """The first of the names vision_config gives; the config class's default only where it
+        gives none (a value it gives that is no count is refused, never replaced)."""
+        given = [vision[name] for name in (key, *aliases) if vision.get(name) is not None]
+        if given and is_count(given[0], key, 1):
+            return given[0]
+        if default is not None and not given:
             return default
         raise VisionConfigError(
             f"{source}: vision_config.{key} must be an integer from 1 to {most_of(key):,}"
