@@ -205,6 +205,53 @@ def test_sglang_claims_its_static_fraction_of_the_memory_free_at_its_start(held_
     assert isinstance(sglang.model, ModelChoice)
 
 
+def _sglang_0_5_8_tokens(rest: int, cell_per_layer: int, layers: int, full: int) -> tuple[int, int]:
+    """SGLang 0.5.8's pool, transcribed: max_total_num_tokens = rest // cell_size over every
+    layer (model_runner_kv_cache_mixin.py:46-144), then, for a hybrid sliding-window model,
+    full = int(tokens x layers / (0.8 x sliding + full)) and sliding = int(full x 0.8)
+    (set_num_tokens_hybrid_swa, :206-246), page_size 1."""
+    tokens = rest // (cell_per_layer * layers)
+    if full == layers:
+        return tokens, 0
+    full_tokens = int(tokens * layers / (0.8 * (layers - full) + full))
+    return full_tokens, int(full_tokens * 0.8)
+
+
+def _sglang_0_5_12_tokens(
+    rest: int, cell_per_layer: int, layers: int, full: int
+) -> tuple[int, int]:
+    """SGLang 0.5.12's, transcribed (pool_configurator.py:182-186, HybridSWAPoolConfigurator
+    :225-281): the cell of the full layers plus 0.8 x the sliding ones', then 0.8 x that."""
+    if full == layers:
+        return int(rest // (cell_per_layer * layers)), 0
+    cell = cell_per_layer * full + 0.8 * cell_per_layer * (layers - full)
+    full_tokens = int(rest // cell)
+    return full_tokens, int(full_tokens * 0.8)
+
+
+@pytest.mark.parametrize(
+    ("repo", "tp"),
+    [("Qwen/Qwen3-8B", 2), ("lmsys/gpt-oss-20b-bf16", 2), ("lmsys/gpt-oss-120b-bf16", 8)],
+)
+def test_sglang_counts_its_pool_in_tokens_as_sglang_does(repo: str, tp: int) -> None:
+    """SGLang's KV pool is tokens, not vLLM's blocks: what its share leaves over the bytes one
+    token takes in every layer; gpt-oss (a hybrid sliding-window model to SGLang) gets a pool for
+    its full-attention layers and one of 0.8 x its tokens for its sliding layers. Equal to SGLang
+    0.5.12's arithmetic (verl 0.9.1's), and within a token per layer of 0.5.8's (verl 0.9.0's),
+    which splits the same total."""
+    server = dataclasses.replace(_server(repo, tp, 0.6, 8192), name="sglang")
+    arch = server.model.architecture
+    memory = server_memory(server, find_gpu("H100").usable_bytes)
+    per_layer = arch.kv_bytes_per_token_layer(tp, 2)
+    layers = arch.num_hidden_layers
+    full = layers - (len(arch.sliding_layers) if arch.family == "gpt_oss" else 0)
+    expected = _sglang_0_5_12_tokens(memory.kv_bytes, per_layer, layers, full)
+    assert (memory.kv_tokens, memory.window_tokens) == expected
+    older = _sglang_0_5_8_tokens(memory.kv_bytes, per_layer, layers, full)
+    assert abs(older[0] - expected[0]) <= layers and abs(older[1] - expected[1]) <= layers
+    assert memory.block_size == 1 and (memory.window_tokens > 0) == (full < layers)
+
+
 def test_cuda_graphs_sit_outside_the_share_before_vllm_0_21() -> None:
     """vLLM 0.18 (verl 0.9.0's) captures its CUDA graphs after it has sized and allocated the KV
     cache (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is off by default): the graphs do not shrink

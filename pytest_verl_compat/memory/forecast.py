@@ -145,6 +145,8 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
             "blocks": mem.blocks, "block_size": mem.block_size, "page_bytes": mem.page, "kv_tokens": mem.kv_tokens,
             "one_sequence_bytes": mem.one_sequence_bytes,
         }  # fmt: skip
+        if mem.window_tokens:
+            server["window_tokens"] = mem.window_tokens
     return Forecast(
         script=request.script,
         kind=layout.kind,

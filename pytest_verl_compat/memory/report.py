@@ -48,13 +48,24 @@ def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
         s = forecast.server
         lines += [
             "",
-            f"rollout KV cache per GPU: {int(s['blocks']):,} blocks of {int(s['block_size'])} tokens "
-            f"({int(s['kv_tokens']):,} tokens, {_gib(int(s['kv_bytes']))} GiB) after "
+            f"rollout KV cache per GPU: {_pool_text(s)} after "
             f"{_gib(int(s['weights']))} GiB of weights and {_gib(int(s['overhead']))} GiB of profiled "
             f"activations and non-torch allocations{_graphs_where(s)}; one max_model_len sequence "
             f"needs {_gib(int(s['one_sequence_bytes']))} GiB",
         ]
     return lines
+
+
+def _pool_text(server: Mapping[str, int | float]) -> str:
+    """The KV cache as its server counts it: vLLM's blocks, SGLang's tokens (a block of one
+    token), SGLang's sliding-window pool beside its full layers'."""
+    tokens, kv = int(server["kv_tokens"]), _gib(int(server["kv_bytes"]))
+    if int(server["block_size"]) == 1:
+        window = int(server.get("window_tokens", 0))
+        if window:
+            return f"{tokens:,} tokens in the full-attention layers and {window:,} in the sliding-window layers' pool ({kv} GiB)"
+        return f"{tokens:,} tokens ({kv} GiB)"
+    return f"{int(server['blocks']):,} blocks of {int(server['block_size'])} tokens ({tokens:,} tokens, {kv} GiB)"
 
 
 def _graphs_where(server: Mapping[str, int | float]) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pytest_verl_compat.memory.architecture import Architecture
+from pytest_verl_compat.memory.architecture import GPT_OSS, Architecture
 from pytest_verl_compat.memory.layout import ServerLayout
 from pytest_verl_compat.memory.residency import gib_text
 from pytest_verl_compat.memory.vision import EMBED as VISION_EMBED
@@ -52,6 +52,19 @@ EV_SGLANG = "verl/workers/rollout/sglang_rollout/async_sglang_server.py:298 (:31
 SGLANG_SHARE = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:138-140@sglang-0.5.8, :70-72@sglang-0.5.12 (rest = post_model_load_memory - pre_model_load_memory * (1 - mem_fraction_static), free memory by torch.cuda.mem_get_info)"
 VLLM_PROFILE = "vllm/v1/worker/gpu_model_runner.py:5456-5528@vllm-0.18.0, :6239-6310@0.24.0 (profile_run: the encoder outputs cached, _dummy_run, then _dummy_sampler_run beside its hidden states); vllm/model_executor/models/qwen2.py:292-312 (the decoder layer holds hidden_states and residual), layers/layernorm.py:72-90 (fused_add_rms_norm in place); layers/fused_moe/fused_moe.py:1979-1994@0.18.0 (TritonExperts.workspace_shapes)"
 SGLANG_NO_POOL = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:327-329@sglang-0.5.8, pool_configurator.py:52-53@sglang-0.5.12 (max_total_num_tokens <= 0: 'Not enough memory')"
+# SGLang's pool counts tokens (page_size 1 unless a backend asks more: server_args.py:1917-1919@
+# sglang-0.5.8; verl asks fa3 before 0.5.12 and flashinfer from it, async_sglang_server.py:270-278
+# @0.9.0, :289-297@0.9.1): the bytes one token takes in every layer with a KV cache (its cell,
+# kv heads per rank x (head_dim + v_head_dim) x layers x dtype) divide what its share leaves
+# (model_runner_kv_cache_mixin.py:46-144@sglang-0.5.8, pool_configurator.py:125-186@0.5.12). A
+# hybrid sliding-window model (is_hybrid_swa_model: gpt-oss, model_config.py:1220-1228@0.5.8)
+# gets two pools: the full-attention layers hold as many tokens as the cell of full layers plus
+# swa_full_tokens_ratio (0.8) x the sliding layers allows, the sliding layers 0.8 x that
+# (pool_configurator.py:196-281@0.5.12; 0.5.8 splits the same total,
+# model_runner_kv_cache_mixin.py:206-246).
+SGLANG_POOL = "sglang/srt/model_executor/pool_configurator.py:125-186, :196-281@sglang-0.5.12; model_runner_kv_cache_mixin.py:46-144, :206-246@sglang-0.5.8"
+SGLANG_SWA_FAMILIES = GPT_OSS
+SWA_FULL_TOKENS_RATIO = 0.8  # server_args.py:325@sglang-0.5.8 (swa_full_tokens_ratio)
 VLLM_REQUESTED = "vllm/v1/worker/gpu_worker.py Worker.init_device (requested_memory = total_memory * gpu_memory_utilization; ValueError when less is free)"
 VLLM_PAGE = "vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes (2 * block_size * num_kv_heads * head_size * dtype_size); MLAAttentionSpec.real_page_size_bytes"
 VLLM_BLOCKS = (
@@ -323,6 +336,7 @@ class ServerMemory:
     asleep: int  # what stays on the GPU while the server sleeps
     sleeps: bool
     graphs: int  # its CUDA graphs (in the share or outside it), kept while it sleeps
+    window_tokens: int = 0  # SGLang's sliding-window pool, beside kv_tokens (its full layers')
 
     @property
     def concurrent_sequences(self) -> float:
@@ -368,6 +382,10 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
         window = window_cache(arch, server.max_num_batched_tokens)
         blocks = max(kv, 0) // page // window.group_size
         one = window.blocks_for(server.max_model_len) * page * window.group_size
+    window_tokens = 0
+    if server.name == "sglang":
+        pool = sglang_pool(arch, server, max(kv, 0))
+        blocks, block_size, page, window_tokens, one = pool
     sleeps = server.free_cache_engine
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
     asleep = graphs + kept if sleeps else share + outside
@@ -385,9 +403,30 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
         page=page,
         kv_tokens=blocks * block_size,
         one_sequence_bytes=one,
+        window_tokens=window_tokens,
         asleep=asleep,
         sleeps=sleeps,
     )
+
+
+def sglang_pool(
+    arch: Architecture, server: ServerLayout, kv: int
+) -> tuple[int, int, int, int, int]:
+    """SGLang's token pool (SGLANG_POOL) of ``kv`` bytes: its tokens as blocks of one token, the
+    bytes of one token in one layer, the sliding-window pool's tokens (0 without one), and the
+    KV of one max_model_len sequence (a sliding layer keeps its window's tokens)."""
+    per_token = page_bytes(arch, server.tp, server.kv_dtype, block_size=1)
+    if not per_token:
+        return 0, 1, 0, 0, 0
+    sliding = len(arch.sliding_layers) if arch.family in SGLANG_SWA_FAMILIES else 0
+    full = arch.full_attention_layers - sliding
+    cell = per_token * full + SWA_FULL_TOKENS_RATIO * per_token * sliding
+    tokens = int(kv // cell) if cell else 0
+    window = int(tokens * SWA_FULL_TOKENS_RATIO) if sliding else 0
+    length = server.max_model_len
+    in_window = min(length, arch.sliding_window or length)
+    one = per_token * (full * length + sliding * in_window)
+    return tokens, 1, per_token, window, one
 
 
 def graphs_evidence(server: ServerLayout) -> str:
