@@ -207,16 +207,12 @@ TINY["glm4"] = {"head_dim": 16, "pad_token_id": 0}
 TINY["glm4-defaults"] = {"model_type": "glm4", "pad_token_id": 0}
 TINY["glm4-unbiased"] = {"model_type": "glm4", "attention_bias": False, "pad_token_id": 0}
 # GLM-4.1V: GLM-4's layer with q/k/v always biased under text_config, and its own tower
+# (Qwen2.5-VL's tiny numbers, and an image of 4 x 4 patches for its position embedding)
 GLM4V_TOWER = {
-    "depth": 2,
-    "hidden_size": 16,
-    "intermediate_size": 24,
-    "num_heads": 2,
-    "out_hidden_size": 32,
-    "patch_size": 14,
+    **{
+        k: v for k, v in TINY["qwen2_5_vl"]["vision_config"].items() if k != "fullatt_block_indexes"
+    },
     "image_size": 56,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
 }
 TINY["glm4v"] = {
     "text_config": {**BASE, "partial_rotary_factor": 0.5, "attention_bias": False},

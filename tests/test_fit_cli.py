@@ -874,6 +874,17 @@ def test_the_new_trainers_offload_policy_holds_only_on_fsdp2(
 
 
 GPT_OSS = "examples/grpo_trainer/run_gpt_oss_20b_fsdp.sh"
+MEGATRON = "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
+
+
+def _refused_under_megatron(capsys: pytest.CaptureFixture[str], repo: str, family: str) -> None:
+    """verl's Megatron example with ``repo``: one line at the strategy's key naming the family
+    and the engines that count it."""
+    path = f"actor_rollout_ref.model.path={repo}"
+    status, _, err = run(capsys, "fit", _script(MEGATRON), "--gpu", "H100", "--set", path)
+    _one_line_error(
+        status, err, "actor_rollout_ref.actor.megatron.strategy=megatron", family, "FSDP"
+    )
 
 
 def test_gpt_oss_is_forecast_on_fsdp_and_refused_in_one_line_on_megatron(
@@ -896,12 +907,7 @@ def test_gpt_oss_is_forecast_on_fsdp_and_refused_in_one_line_on_megatron(
     assert status == 1, err
     assert "lmsys/gpt-oss-20b-bf16 (shipped table" in out
     assert "20,914,757,184 params" in out
-    megatron = "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
-    path = "actor_rollout_ref.model.path=lmsys/gpt-oss-20b-bf16"
-    status, _, err = run(capsys, "fit", _script(megatron), "--gpu", "H100", "--set", path)
-    _one_line_error(
-        status, err, "actor_rollout_ref.actor.megatron.strategy=megatron", "gpt-oss", "FSDP"
-    )
+    _refused_under_megatron(capsys, "lmsys/gpt-oss-20b-bf16", "gpt-oss")
     status, _, err = run(
         capsys,
         "fit",
@@ -938,15 +944,10 @@ def test_glm_4_1v_is_forecast_with_its_tower_and_its_dense_layer_refused_on_mega
     assert "zai-org/GLM-4.1V-9B-Thinking (shipped table" in out
     assert "10,292,777,472 params" in out
     assert "vision tower's weights, gradients and optimizer states are counted" in out
-    megatron = "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
-    path = "actor_rollout_ref.model.path=zai-org/GLM-4.1V-9B-Thinking"
-    status, _, err = run(capsys, "fit", _script(megatron), "--gpu", "H100", "--set", path)
-    _one_line_error(
-        status, err, "actor_rollout_ref.actor.megatron.strategy=megatron", "GLM-4", "FSDP"
-    )
+    _refused_under_megatron(capsys, "zai-org/GLM-4.1V-9B-Thinking", "GLM-4")
     # GLM-4.5's MoE model is in verl's Megatron registry (Glm4MoeForCausalLM) and forecast there
     path = "actor_rollout_ref.model.path=zai-org/GLM-4.5-Air"
-    status, out, err = run(capsys, "fit", _script(megatron), "--gpu", "H100", "--set", path)
+    status, out, err = run(capsys, "fit", _script(MEGATRON), "--gpu", "H100", "--set", path)
     assert status in (0, 1), err
     assert "106,852,245,504 params" in out and "Megatron tp 2 pp 2 ep 1" in out
 

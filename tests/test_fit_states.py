@@ -186,19 +186,13 @@ GLM4_TINY = {
     "pad_token_id": 0,
 }
 GLM4_MOE_TINY = {
-    "hidden_size": 32,
-    "intermediate_size": 40,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
+    **GLM4_TINY,
     "moe_intermediate_size": 16,
     "n_routed_experts": 4,
     "n_shared_experts": 1,
     "num_experts_per_tok": 2,
     "first_k_dense_replace": 1,
     "attention_bias": True,
-    "pad_token_id": 0,
 }
 OTHER_TINY = {"gpt_oss": GPT_OSS_TINY, "glm4": GLM4_TINY, "glm4_moe": GLM4_MOE_TINY}
 

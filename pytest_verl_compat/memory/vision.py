@@ -191,28 +191,17 @@ class VisionTower:
             if self.attention_bias:
                 yield Tensor(f"{block}.attn.qkv.bias", (3 * h,), unit, "bias")
             mlp = (("mlp.gate_proj", out, h), ("mlp.up_proj", out, h), ("mlp.down_proj", h, out))
-            yield from self._plain_linears(block, unit, (("attn.proj", h, h), *mlp))
+            yield from self._linears(block, unit, (("attn.proj", h, h), *mlp), bias=False)
         merger = f"{PREFIX}.merger"
-        yield from self._plain_linears(merger, "root", (("proj", out, out),))
+        yield from self._linears(merger, "root", (("proj", out, out),), bias=False)
         yield from self._layer_norm(f"{merger}.post_projection_norm", "root", out)
-        yield from self._plain_linears(
-            merger,
-            "root",
-            (("gate_proj", wide, out), ("up_proj", wide, out), ("down_proj", out, wide)),
-        )
+        mlp = (("gate_proj", wide, out), ("up_proj", wide, out), ("down_proj", out, wide))
+        yield from self._linears(merger, "root", mlp, bias=False)
         yield Tensor(f"{PREFIX}.post_conv_layernorm.weight", (h,), "root", "norm")
         merge = self.spatial_merge_size
         yield Tensor(f"{PREFIX}.downsample.weight", (out, h, merge, merge), "root", EMBED)
         yield Tensor(f"{PREFIX}.downsample.bias", (out,), "root", "bias")
         yield Tensor(f"{PREFIX}.post_layernorm.weight", (h,), "root", "norm")
-
-    @staticmethod
-    def _plain_linears(
-        prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...]
-    ) -> Iterator[Tensor]:
-        """nn.Linear layers without biases."""
-        for name, rows, cols in shapes:
-            yield Tensor(f"{prefix}.{name}.weight", (rows, cols), unit, "linear")
 
     @staticmethod
     def _layer_norm(prefix: str, unit: str, width: int) -> Iterator[Tensor]:
@@ -221,12 +210,13 @@ class VisionTower:
 
     @staticmethod
     def _linears(
-        prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...]
+        prefix: str, unit: str, shapes: tuple[tuple[str, int, int], ...], bias: bool = True
     ) -> Iterator[Tensor]:
-        """nn.Linear layers with biases, each its weight then its bias."""
+        """nn.Linear layers, each its weight then (``bias``) its bias."""
         for name, rows, cols in shapes:
             yield Tensor(f"{prefix}.{name}.weight", (rows, cols), unit, "linear")
-            yield Tensor(f"{prefix}.{name}.bias", (rows,), unit, "bias")
+            if bias:
+                yield Tensor(f"{prefix}.{name}.bias", (rows,), unit, "bias")
 
 
 def in_tower(name: str) -> bool:
