@@ -148,7 +148,8 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             (f"{family}_critic", transformers.AutoModelForTokenClassification),
         ):
             built = config if name == family else _with_labels(config)
-            if name != family and type(config) not in auto._model_mapping:
+            critics = transformers.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+            if name != family and type(config) not in critics:
                 continue  # no token-classification class (Glm4Moe): no critic verl could build
             auto.from_config(built).save_pretrained(folder / name)
             tokenizer.save_pretrained(folder / name)

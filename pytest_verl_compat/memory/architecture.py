@@ -113,15 +113,15 @@ ALL_SLIDE = frozenset({"mistral"})
 QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
 # Families with the q/k norms where a config key asks for them (Glm4MoeConfig.use_qk_norm).
 QK_NORM_KEY = {"glm4_moe": "use_qk_norm"}
-# Families with four norms per decoder layer (around attention and around the MLP), and their
-# names in the order the layer registers them.
-SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"}) | GLM_LAYER
+# Families with four norms per decoder layer (around attention and around the MLP): the two
+# beyond input_layernorm and post_attention_layernorm, in the order the layer registers them.
 NORM_NAMES = {
-    "gemma2": ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
-    "gemma3_text": ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
-    "glm4": ("post_self_attn_layernorm", "post_mlp_layernorm"),
-    "glm4v_text": ("post_self_attn_layernorm", "post_mlp_layernorm"),
+    **dict.fromkeys(
+        ("gemma2", "gemma3_text"), ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+    ),
+    **dict.fromkeys(GLM_LAYER, ("post_self_attn_layernorm", "post_mlp_layernorm")),
 }
+SANDWICH_NORM = frozenset(NORM_NAMES)
 # Families whose model class builds num_nextn_predict_layers multi-token-prediction layers beside
 # the decoder (XiaomiMiMo's remote MiMoModel: a Qwen2 attention and MLP, four norms and a 2h x h
 # input projection each); the forecast does not count them and says so.

@@ -172,6 +172,7 @@ class ServerEngine:
     # KV and recurrent states (VLLM_HYBRID) or full and sliding-window attention (VLLM_SLIDING)
     hybrid_pool: bool
     evidence: str  # where its share comes from
+    token_pool: bool = False  # its pool counts tokens, not blocks (SGLANG_POOL)
     no_pool_error: str = ""  # what it raises when its weights leave no cache, where not vLLM's
 
 
@@ -186,8 +187,9 @@ SGLANG_ENGINE = ServerEngine(
     share_of_free=True,
     profile_in_share=False,
     refuses_short_of_one_sequence=False,  # a longer request is refused per request
-    hybrid_pool=False,  # SGLang's pools for a hybrid's states and sliding windows: not modelled
+    hybrid_pool=False,  # vLLM's: SGLang's own sliding-window pool is its token pool's
     evidence=f"{EV_SGLANG}; {SGLANG_SHARE}",
+    token_pool=True,
     no_pool_error="SGLang raises 'Not enough memory'",  # SGLANG_NO_POOL
 )
 # The other engines (TRT-LLM, HF) are forecast with vLLM's share arithmetic, without its checks.
@@ -368,12 +370,10 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
     kv = share - weights - overhead
     block_size = BLOCK_SIZE
     page = page_bytes(arch, server.tp, server.kv_dtype)
-    # the layers with a KV cache (a hybrid's attention layers; SGLang's state pool of its linear
-    # layers is not modelled)
-    layers = arch.full_attention_layers
-    blocks = max(kv, 0) // page // layers if page else 0
-    one = _cdiv(server.max_model_len, BLOCK_SIZE) * page * layers
-    if arch.layer_types and engine.hybrid_pool:
+    window_tokens = 0
+    if engine.token_pool:
+        blocks, block_size, page, window_tokens, one = sglang_pool(arch, server, max(kv, 0))
+    elif arch.layer_types and engine.hybrid_pool:
         cache = hybrid_cache(arch, server.tp, server.kv_dtype, server.dtype, server.prefix_caching)
         block_size, page = cache.block_size, cache.page
         blocks = max(kv, 0) // page // cache.group_size
@@ -382,10 +382,11 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
         window = window_cache(arch, server.max_num_batched_tokens)
         blocks = max(kv, 0) // page // window.group_size
         one = window.blocks_for(server.max_model_len) * page * window.group_size
-    window_tokens = 0
-    if server.name == "sglang":
-        pool = sglang_pool(arch, server, max(kv, 0))
-        blocks, block_size, page, window_tokens, one = pool
+    else:
+        # the layers with a KV cache (a hybrid's attention layers, its states not modelled)
+        layers = arch.full_attention_layers
+        blocks = max(kv, 0) // page // layers if page else 0
+        one = _cdiv(server.max_model_len, BLOCK_SIZE) * page * layers
     sleeps = server.free_cache_engine
     kept = weights if server.keeps_weights_asleep else 0  # SGLang's level-1 sleep (adapters)
     asleep = graphs + kept if sleeps else share + outside

@@ -187,9 +187,8 @@ class VisionTower:
             unit, block = f"{UNIT}{index}", f"{PREFIX}.blocks.{index}"
             for norm in ("norm1", "norm2"):
                 yield Tensor(f"{block}.{norm}.weight", (h,), unit, "norm")
-            yield Tensor(f"{block}.attn.qkv.weight", (3 * h, h), unit, "linear")
-            if self.attention_bias:
-                yield Tensor(f"{block}.attn.qkv.bias", (3 * h,), unit, "bias")
+            qkv = (("attn.qkv", 3 * h, h),)
+            yield from self._linears(block, unit, qkv, bias=self.attention_bias)
             mlp = (("mlp.gate_proj", out, h), ("mlp.up_proj", out, h), ("mlp.down_proj", h, out))
             yield from self._linears(block, unit, (("attn.proj", h, h), *mlp), bias=False)
         merger = f"{PREFIX}.merger"
