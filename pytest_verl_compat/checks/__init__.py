@@ -11,6 +11,7 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     algorithm,
     batch,
     fields,
+    lora_targets,
     micro_batch,
     model_fit,
     off_path,

@@ -24,6 +24,9 @@ class ModelFacts:
     """Numbers read from one model's config.json (None: the config does not say)."""
 
     source: str
+    # The config's own model_type (a multimodal config's, not its text_config's): what peft and
+    # transformers key their per-architecture code on.
+    model_type: str | None = None
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
     num_experts: int | None = None
@@ -67,8 +70,10 @@ def facts_from_config(
         beyond = tuple(
             sorted(((t, i) for t, i in tokenizer_ids.items() if i >= vocab), key=lambda x: x[1])
         )
+    model_type = config.get("model_type")
     return ModelFacts(
         source=source,
+        model_type=model_type if isinstance(model_type, str) and model_type else None,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         num_experts=experts,

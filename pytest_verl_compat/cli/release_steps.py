@@ -9,6 +9,7 @@ census entry nobody explained, a case the release judges otherwise than the mani
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,6 +441,20 @@ def _census_reasons(derivation: Derivation, context: DeriveContext) -> None:
     derivation.person.append(f"{target}: confirm each reason holds in {context.version}")
 
 
+def _lora_routers(derivation: Derivation, context: DeriveContext) -> None:
+    """The MoE routers whose LoRA the release's environment cannot run (its peft wraps them, its
+    transformers reads through them), found in that environment
+    (``data/releases/VERSION/lora_routers.json``)."""
+    from pytest_verl_compat.releases.lora_routers import PROBE, dumps_routers, routers_path
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
+
+    run = release_runner(context.version)(PROBE)
+    if run.returncode != 0:
+        derivation.person.append(f"lora routers: the probe failed: {run.stderr_tail(3)}")
+        return
+    derivation.keep(routers_path(context.version), dumps_routers(json.loads(run.stdout)))
+
+
 def _census(derivation: Derivation, context: DeriveContext) -> None:
     page = CENSUS_PAGES / context.version / "checks.md"
     mode = "--write" if derivation.write else "--check"
@@ -525,6 +540,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "profile": _profile,
     "rule-citations": _rule_citations,
     "memory-facts": _memory_facts,
+    "lora-routers": _lora_routers,
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,

@@ -1,0 +1,132 @@
+"""LoRA's targets against the model: a router peft wraps and the model then reads through.
+
+Which model types are affected is a fact of the release's environment (its peft and
+transformers), derived there and kept as data (``releases/lora_routers.py``); the check matches the
+role's LoRA targets as peft matches them. Fires only when the caller could read the model's
+config.json (``CheckInput.model_facts``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pytest_verl_compat.checks.lora import engine_lora_rank
+from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL
+from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
+from pytest_verl_compat.checks.roles import (
+    FSDP_STRATEGIES,
+    ROLE_NAMES,
+    engine_roles,
+    role_strategy,
+)
+from pytest_verl_compat.releases.lora_routers import WrappedRouter, wrapped_routers
+
+# peft's shorthand for every linear layer (peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND);
+# peft compares it lower-cased (tuners_utils.py:2438-2442@peft-0.21.2), and its v4-to-v5
+# conversion counts the router among v4's linears (transformers_weight_conversion.py:364-372).
+ALL_LINEAR = "all-linear"
+# Where a router sits in the module tree, for a regex target (peft full-matches a string target
+# against each module's name, tuners_utils.py check_target_module_exists): a causal LM's layers
+# and a multimodal model's language model's, at a first, a later and a deep layer.
+ROUTER_KEYS = tuple(
+    f"{prefix}.layers.{layer}.mlp.{{router}}"
+    for prefix in ("model", "model.language_model")
+    for layer in (1, 3, 10)
+)
+
+
+def _names_router(model: Mapping[str, Any], router: WrappedRouter) -> str | None:
+    """The model section's key whose value makes peft target the router, if any: the target
+    modules (all-linear, a regex matching the router's name, a list with the router's name as
+    itself or as a suffix: transformers_weight_conversion.py:442-449@peft-0.21.2) or the target
+    parameters (the router's weight)."""
+    targets = model.get("target_modules")
+    if isinstance(targets, str):
+        if targets.lower() == ALL_LINEAR:
+            return "target_modules"
+        try:
+            pattern = re.compile(targets)
+        except re.error:
+            return None
+        if any(pattern.fullmatch(key.format(router=router.target)) for key in ROUTER_KEYS):
+            return "target_modules"
+    elif isinstance(targets, list | tuple):
+        if any(str(t) == router.target or str(t).endswith(f".{router.target}") for t in targets):
+            return "target_modules"
+    parameters = model.get("target_parameters")
+    if isinstance(parameters, list | tuple) and any(
+        str(p) == router.parameter or str(p).endswith(f".{router.parameter}") for p in parameters
+    ):
+        return "target_parameters"
+    return None
+
+
+def _role_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(role, its model section's path, the section) per FSDP role that trains a LoRA adapter it
+    builds itself (an adapter loaded from lora_adapter_path brings its own targets)."""
+    for role in engine_roles(inp.resolved):
+        path = CRITIC_MODEL if role == "critic" else ACTOR_MODEL
+        model: Any = inp.resolved
+        for part in path.split("."):
+            model = model.get(part) if isinstance(model, Mapping) else None
+        strategy = role_strategy(inp.resolved, role)
+        if (
+            isinstance(model, Mapping)
+            and strategy in FSDP_STRATEGIES
+            and engine_lora_rank(model, strategy)
+            and not model.get("lora_adapter_path")
+        ):
+            yield role, path, model
+
+
+@check(
+    "model.lora-router",
+    level="error",
+    evidence=(
+        "peft/utils/transformers_weight_conversion.py:340@peft-0.21.2 (LoRA's `gate` target, and "
+        "all-linear, become the router's parameter target: peft wraps the router) and "
+        "transformers/models/glm4_moe/modeling_glm4_moe.py:391@transformers-5.10.4 (the MoE block "
+        "reads the router's e_score_correction_bias, which the wrapper lacks), as the release's "
+        "environment resolves them (data/releases/VERSION/lora_routers.json); the FSDP engine "
+        "hands the model section's targets to peft at verl/workers/engine/fsdp/transformer_impl.py:339-349"
+    ),
+    summary=(
+        "LoRA (FSDP engine) whose targets take in the MoE router of a model whose MoE block "
+        "reads an attribute of that router (DeepSeek V3, GLM-4.5, ...): peft wraps the router and "
+        "the first forward fails. Needs the model's config.json."
+    ),
+    fix="list the LoRA targets without the router, e.g. "
+    "target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+    example=Example(
+        fires=("actor_rollout_ref.model.lora_rank=16",),
+        twin=(
+            "actor_rollout_ref.model.lora_rank=16",
+            "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+        ),
+        model={"model_type": "glm4_moe"},
+    ),
+)
+def lora_router(inp: CheckInput) -> Iterator[Hit]:
+    routers = wrapped_routers(inp.version)
+    for role, path, model in _role_models(inp):
+        facts = inp.model_facts.get(path)
+        router = routers.get(facts.model_type or "") if facts is not None else None
+        if facts is None or router is None:
+            continue
+        key = _names_router(model, router)
+        if key is None:
+            continue
+        yield Hit(
+            f"{path}.{key}",
+            f"LoRA's targets take in the MoE router ({router.target}) of {facts.source} "
+            f"({router.model_type}): peft wraps it ({router.mapped.where}@peft-"
+            f"{router.versions.get('peft', '?')}) and the model reads its {router.attribute} "
+            f"through the wrapper ({router.read.where}@transformers-"
+            f"{router.versions.get('transformers', '?')}: `{router.read.statement}`); the "
+            f"{ROLE_NAMES[role]}'s first forward fails with an AttributeError in verl "
+            f"{inp.version}'s environment ({router.environment})",
+            fix=f"set {path}.target_modules to a list without {router.target!r} "
+            "(e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj])",
+        )
