@@ -235,6 +235,19 @@ def test_quiet_on_megatron_whose_lora_is_not_peft(
     assert not [f for f in found if "LoRA's targets take in" in f], found
 
 
+def test_the_sft_trainer_meets_it_on_the_same_engine(session: AuditSession, tmp_path: Path) -> None:
+    """verl.trainer.sft_trainer builds the FSDP engine from its own model section."""
+    case = session.manifest.case("sft_gsm8k")  # type: ignore[union-attr]
+    assert case is not None
+    model = _model(tmp_path, "glm4_moe")
+    base = (f"model.path={model}", "model.lora_rank=16")
+    fired = findings(session, case, *base)
+    fixed = findings(session, case, *base, "model.target_modules=[q_proj,k_proj,v_proj,o_proj]")
+    assert [f for f in fired if f.startswith("error:model.target_modules:")], fired
+    assert "SFT trainer's first forward" in next(f for f in fired if "LoRA's targets" in f)
+    assert not [f for f in fixed if "LoRA's targets take in" in f], fixed
+
+
 def test_no_record_no_finding() -> None:
     """A release whose environment was never asked has no routers: the check stands on nothing."""
     assert wrapped_routers("0.0.0") == {}

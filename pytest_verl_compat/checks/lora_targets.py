@@ -13,14 +13,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.lora import engine_lora_rank
-from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL
-from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
+from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, SFT_MODEL
+from pytest_verl_compat.checks.registry import SFT, CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
     FSDP_STRATEGIES,
     ROLE_NAMES,
     engine_roles,
     role_strategy,
 )
+from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.releases.lora_routers import WrappedRouter, wrapped_routers
 
 # peft's shorthand for every linear layer (peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND);
@@ -63,22 +64,35 @@ def _names_router(model: Mapping[str, Any], router: WrappedRouter) -> str | None
     return None
 
 
-def _role_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """(role, its model section's path, the section) per FSDP role that trains a LoRA adapter it
-    builds itself (an adapter loaded from lora_adapter_path brings its own targets)."""
-    for role in engine_roles(inp.resolved):
-        path = CRITIC_MODEL if role == "critic" else ACTOR_MODEL
+def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(who trains it, its model section's path, the section) per FSDP engine that trains a LoRA
+    adapter it builds itself (an adapter loaded from lora_adapter_path brings its own targets):
+    an RL run's actor and critic, or the SFT trainer's model (the same engine,
+    verl/trainer/sft_trainer.py:141-168)."""
+    if inp.family == SFT:
+        engine = inp.resolved.get("engine")
+        strategy = engine_strategy(engine) if isinstance(engine, Mapping) else ""
+        trained = [("SFT trainer", SFT_MODEL, strategy)]
+    else:
+        trained = [
+            (
+                ROLE_NAMES[role],
+                CRITIC_MODEL if role == "critic" else ACTOR_MODEL,
+                role_strategy(inp.resolved, role),
+            )
+            for role in engine_roles(inp.resolved)
+        ]
+    for who, path, strategy in trained:
         model: Any = inp.resolved
         for part in path.split("."):
             model = model.get(part) if isinstance(model, Mapping) else None
-        strategy = role_strategy(inp.resolved, role)
         if (
             isinstance(model, Mapping)
             and strategy in FSDP_STRATEGIES
             and engine_lora_rank(model, strategy)
             and not model.get("lora_adapter_path")
         ):
-            yield role, path, model
+            yield who, path, model
 
 
 @check(
@@ -107,10 +121,11 @@ def _role_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, Any]]
         ),
         model={"model_type": "glm4_moe"},
     ),
+    family=None,
 )
 def lora_router(inp: CheckInput) -> Iterator[Hit]:
     routers = wrapped_routers(inp.version)
-    for role, path, model in _role_models(inp):
+    for who, path, model in _trained_models(inp):
         facts = inp.model_facts.get(path)
         router = routers.get(facts.model_type or "") if facts is not None else None
         if facts is None or router is None:
@@ -125,7 +140,7 @@ def lora_router(inp: CheckInput) -> Iterator[Hit]:
             f"{router.versions.get('peft', '?')}) and the model reads its {router.attribute} "
             f"through the wrapper ({router.read.where}@transformers-"
             f"{router.versions.get('transformers', '?')}: `{router.read.statement}`); the "
-            f"{ROLE_NAMES[role]}'s first forward fails with an AttributeError in verl "
+            f"{who}'s first forward fails with an AttributeError in verl "
             f"{inp.version}'s environment ({router.environment})",
             fix=f"set {path}.target_modules to a list without {router.target!r} "
             "(e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj])",

@@ -17,6 +17,8 @@ EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "num_moe_
 # CheckInput.model_facts keys: the model sections whose config a check may know.
 ACTOR_MODEL = "actor_rollout_ref.model"
 CRITIC_MODEL = "critic.model"
+# The SFT trainer's one model (its tree's top-level section).
+SFT_MODEL = "model"
 
 
 @dataclass(frozen=True)

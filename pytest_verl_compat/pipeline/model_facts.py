@@ -15,10 +15,12 @@ from typing import Any
 from pytest_verl_compat.checks.model_facts import (
     ACTOR_MODEL,
     CRITIC_MODEL,
+    SFT_MODEL,
     ModelFacts,
     facts_from_config,
     tokenizer_ids,
 )
+from pytest_verl_compat.checks.registry import SFT, family_of
 from pytest_verl_compat.files.safe_input import InputError, load_json_file
 
 CONFIG_LIMIT = 1024 * 1024  # config.json files are a few KB
@@ -62,16 +64,20 @@ def local_model_facts(
 ) -> dict[str, ModelFacts]:
     """The facts of every model section whose path is a local folder with a config.json.
 
-    ``actor_override`` (``verl-compat check --model-config``) stands for the actor's model. An
-    unreadable config found this way is skipped: the run would meet it first, not the checks.
+    ``actor_override`` (``verl-compat check --model-config``) stands for the actor's model (the
+    SFT trainer's, in its tree). An unreadable config found this way is skipped: the run would
+    meet it first, not the checks.
     """
     facts: dict[str, ModelFacts] = {}
+    trained = SFT_MODEL if family_of(resolved) == SFT else ACTOR_MODEL
     sections = {
         ACTOR_MODEL: resolved.get("actor_rollout_ref", {}).get("model"),
         CRITIC_MODEL: resolved.get("critic", {}).get("model"),
     }
+    if trained == SFT_MODEL:
+        sections = {SFT_MODEL: resolved.get("model")}
     for key, section in sections.items():
-        if key == ACTOR_MODEL and actor_override is not None:
+        if key == trained and actor_override is not None:
             facts[key] = actor_override
             continue
         folder = _local_model(section)
