@@ -98,6 +98,35 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "use_qk_norm": True,
         "pad_token_id": 0,
     },
+    # Hy3: a sigmoid router over the fp32 hidden state, its weights fp32, a shared expert added
+    # in fp32, q/k norms, the first layer dense
+    "hy_v3": {
+        "head_dim": 16,
+        "moe_intermediate_size": 48,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+    },
+    # the shared experts wider than the routed one: their MLP's moment is the no-grad peak
+    "hy_v3-shared": {
+        "model_type": "hy_v3",
+        "head_dim": 16,
+        "moe_intermediate_size": 96,
+        "num_experts": 8,
+        "num_experts_per_tok": 1,
+        "num_shared_experts": 2,
+        "mlp_layer_types": ["sparse", "sparse"],
+    },
+    "glm4_moe-shared": {
+        "model_type": "glm4_moe",
+        "head_dim": 16,
+        "moe_intermediate_size": 96,
+        "n_routed_experts": 8,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 1,
+        "first_k_dense_replace": 0,
+        "pad_token_id": 0,
+    },
     # a window wider than the sequences, as flash attention keeps the same tensors either way
     "gpt_oss": {
         "head_dim": 16,
@@ -174,10 +203,9 @@ ATTENTION = {
 ERRORS: dict[str, float] = {}
 
 
-def _model(
-    family: str, checkpointing: bool, vocab: int | None = None
-) -> tuple[Any, dict[str, Any]]:
-    config = dict(BASE, **FAMILIES[family])
+def _model(case: str, checkpointing: bool, vocab: int | None = None) -> tuple[Any, dict[str, Any]]:
+    config = dict(BASE, **FAMILIES[case])
+    family = config.pop("model_type", case)  # a case of another shape names its family
     if vocab is not None:
         config["vocab_size"] = vocab
     hf = transformers.AutoConfig.for_model(family, **config)

@@ -238,6 +238,16 @@ GLM4_MOE = {
 }
 TINY["glm4_moe"] = {**GLM4_MOE, "attention_bias": True}
 TINY["glm4_moe-qk-norm"] = {"model_type": "glm4_moe", **GLM4_MOE, "use_qk_norm": True}
+# Hy3: q/k norms always, the router built first, shared experts counted by num_shared_experts,
+# the MLP per layer from mlp_layer_types (the first layer dense when it is absent)
+HY_V3 = {"head_dim": 16, "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2}
+TINY["hy_v3"] = {**HY_V3, "num_hidden_layers": 3, "num_shared_experts": 2, "attention_bias": True}
+TINY["hy_v3-layer-types"] = {
+    "model_type": "hy_v3",
+    **HY_V3,
+    "num_hidden_layers": 3,
+    "mlp_layer_types": ["dense", "dense", "sparse"],
+}
 
 
 def _config(case: str) -> dict[str, Any]:
@@ -335,6 +345,7 @@ def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
         "gpt_oss",
         "glm4",
         "glm4v",
+        "hy_v3",
     ],
 )
 def test_lora_adapters_are_the_ones_peft_adds(case: str) -> None:
@@ -363,6 +374,7 @@ MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
         ("gpt_oss", MOE_TARGETS),  # its own experts: peft adapts the attention's modules alone
         ("glm4_moe", "all-linear"),
         ("glm4_moe", MOE_TARGETS),
+        ("hy_v3", MOE_TARGETS),  # not a type transformers converts: its linears alone
     ],
 )
 def test_moe_lora_targets_keep_transformers_4s_meaning_as_peft_does(
@@ -661,3 +673,20 @@ def test_a_tower_number_given_wrong_is_refused_not_defaulted(
         architecture_from_config(config, "m", "config.json")
     config["vision_config"] = {k: v for k, v in config["vision_config"].items() if k != key}
     assert architecture_from_config(config, "m", "config.json").vision is not None
+
+
+@pytest.mark.parametrize(
+    "layer_types",
+    [
+        ["dense", "sparse", "dense"],  # transformers builds it; the forecast counts a dense prefix
+        ["dense", "sparse"],  # not one entry per layer
+        ["dense", {"kind": "sparse"}, "sparse"],
+        "dense",
+    ],
+)
+def test_mlp_layer_types_the_forecast_cannot_lay_out_are_one_line(layer_types: Any) -> None:
+    from pytest_verl_compat.memory.architecture import UnsupportedModel
+
+    config = {**_config("hy_v3"), "mlp_layer_types": layer_types}
+    with pytest.raises(UnsupportedModel, match="mlp_layer_types"):
+        architecture_from_config(config, "m", "config.json")

@@ -75,6 +75,10 @@ CASES: list[tuple[int, str, str, dict[str, Any]]] = [
     # (on 0.9.0: an AttributeError under FSDP2, an unallocated flat parameter under FSDP1)
     (2, "fsdp2", "actor", {"model": "glm4_moe"}),
     (3, "fsdp", "actor", {"model": "glm4_moe"}),
+    # Hy3: the router built before the experts, its correction bias a buffer of the block (not
+    # sharded, not trained), a shared expert; LoRA's all-linear adapts its nn.Linear modules only
+    (2, "fsdp2", "actor", {"model": "hy_v3"}),
+    (3, "fsdp", "actor", {"model": "hy_v3", "lora_rank": 4}),
 ]
 # With a tree that has the no-sync key: each value set explicitly, both FSDP versions, a trained
 # role each, LoRA and hybrid sharding once.
@@ -195,7 +199,19 @@ GLM4_MOE_TINY = {
     "first_k_dense_replace": 1,
     "attention_bias": True,
 }
-OTHER_TINY = {"gpt_oss": GPT_OSS_TINY, "glm4": GLM4_TINY, "glm4_moe": GLM4_MOE_TINY}
+HY_V3_TINY = {
+    **{key: value for key, value in GLM4_TINY.items() if key != "pad_token_id"},
+    "moe_intermediate_size": 16,
+    "num_experts": 4,
+    "num_shared_experts": 1,
+    "num_experts_per_tok": 2,
+}
+OTHER_TINY = {
+    "gpt_oss": GPT_OSS_TINY,
+    "glm4": GLM4_TINY,
+    "glm4_moe": GLM4_MOE_TINY,
+    "hy_v3": HY_V3_TINY,
+}
 
 
 def _with_labels(config: Any) -> Any:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pytest_verl_compat.memory.architecture import (
     GLM_LAYER,
     GPT_OSS,
+    GROUPLESS_ROUTER,
     HYBRID,
     SANDWICH_NORM,
     SIGMOID_ROUTER,
@@ -135,7 +136,7 @@ def _router(arch: Architecture) -> int:
     experts = arch.num_experts
     if arch.family not in SIGMOID_ROUTER:
         return 4 * experts
-    groups = 16 * arch.n_group + 8 * arch.topk_group
+    groups = 0 if arch.family in GROUPLESS_ROUTER else 16 * arch.n_group + 8 * arch.topk_group
     return 4 * arch.hidden_size + 9 * experts + groups + 12 * arch.num_experts_per_tok + 4
 
 
@@ -338,7 +339,8 @@ def _mlp_gradients(arch: Architecture, index: int, c: int) -> int:
         # the shared experts' backward already done and their saved tensors freed; later, at the
         # down projection's, the fp32 gradient and its compute-dtype cast (measured)
         tail = 3 * 4 * h * k - 4 * c * w * arch.n_shared_experts
-        return max(tail, (4 + c) * h * k)
+        # (the shared experts' own backward first: their product's gradient and its factors')
+        return max(tail, (4 + c) * h * k, 2 * c * w * arch.n_shared_experts)
     experts = k + arch.n_shared_experts
     return 2 * c * (w * experts + arch.shared_expert_intermediate_size)
 
@@ -421,7 +423,11 @@ def inference_bytes(arch: Architecture, tokens: int, c: int = 2) -> int:
         k, w = arch.num_experts_per_tok, arch.moe_intermediate_size
         routed = tokens * (k * max(c * h + 4 * c * w, 8 * h + 2 * c * h) + 9 * h)
         dense = tokens * (3 * c * width + 9 * h) if arch.first_k_dense_replace else 0
-        return max(routed, dense)
+        # the shared experts run after the routed ones: their MLP's three intermediates beside
+        # the routed output in fp32, the layer's copies and the router's scores (measured; the
+        # larger moment only where the shared experts are wide against the routed ones)
+        shared = tokens * (3 * c * w * arch.n_shared_experts + 13 * h + 4 * arch.num_experts)
+        return max(routed, dense, shared)
     if arch.is_moe:
         k = arch.num_experts_per_tok
         width = max(width if arch.first_k_dense_replace else 0, 2 * k * arch.moe_intermediate_size)

@@ -42,6 +42,7 @@ MOE_FAMILIES = frozenset(
         "qwen3_5_moe_text",
         "gpt_oss",
         "glm4_moe",
+        "hy_v3",
     }
 )
 FAMILIES = DENSE_FAMILIES | MOE_FAMILIES
@@ -52,8 +53,15 @@ HYBRID = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 # Hybrid families whose linear attention splits its input projection (in_proj_qkv, _z, _b, _a);
 # Qwen3-Next fuses them (in_proj_qkvz, in_proj_ba).
 SPLIT_IN_PROJ = frozenset({"qwen3_5_text", "qwen3_5_moe_text"})
+# Hy3 (transformers' HYV3ForCausalLM): a Llama attention with q/k norms whose o_proj follows
+# attention_bias; each layer's MLP dense or a MoE block as mlp_layer_types says (the first layer
+# dense when it does not: HYV3Config.__post_init__), the block built router first (the sigmoid
+# router's correction bias a buffer of the block), then its stacked experts and
+# num_shared_experts shared experts of moe_intermediate_size each, added to the routed output in
+# fp32 (enable_moe_fp32_combine). Its MTP layer is not built by transformers, nor trained by verl.
+HY_V3 = frozenset({"hy_v3"})
 # MoE families whose block builds its router before its experts.
-ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"})
+ROUTER_FIRST = frozenset({"qwen3_next", "qwen3_5_moe_text"}) | HY_V3
 # gpt-oss (transformers' GptOss*): every layer a MoE of experts with biases, stored (experts, in,
 # out) as GptOssExperts builds them (gate_up_proj interleaves gate and up), routed by a
 # GptOssTopKRouter (weight and bias, built before the experts); the experts' width is
@@ -74,8 +82,10 @@ GLM_LAYER = frozenset({"glm4", "glm4v_text"})
 GLM_MOE = frozenset({"glm4_moe"})
 # Families whose router is DeepSeek V3's (transformers' DeepseekV3TopkRouter, Glm4MoeTopkRouter):
 # a linear of the fp32 hidden state, sigmoid scores with a correction bias, top-k within the best
-# topk_group of n_group expert groups, fp32 routing weights.
-SIGMOID_ROUTER = frozenset({"deepseek_v3", "kimi_k2"}) | GLM_MOE
+# topk_group of n_group expert groups, fp32 routing weights; and Hy3's (HYV3TopKRouter), the same
+# without expert groups (GROUPLESS_ROUTER).
+GROUPLESS_ROUTER = HY_V3
+SIGMOID_ROUTER = frozenset({"deepseek_v3", "kimi_k2"}) | GLM_MOE | GROUPLESS_ROUTER
 # Families whose o_proj has no bias whatever attention_bias says.
 UNBIASED_OUT = GLM_LAYER | GLM_MOE
 # Checkpoint quantizations whose weights the forecast does not count (MXFP4's four-bit blocks):
@@ -86,7 +96,18 @@ UNCOUNTED_QUANTIZATION = frozenset({"mxfp4"})
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt_oss": {"attention_bias": True, "num_local_experts": 128, "num_experts_per_tok": 4},
     "glm4": {"attention_bias": True},  # Glm4Config
+    "hy_v3": {
+        "num_experts": 192,
+        "num_experts_per_tok": 8,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 1536,
+    },
 }
+# The key of a family's shared-expert count where it is not DeepSeek V3's n_shared_experts.
+SHARED_EXPERTS_KEY = {"hy_v3": "num_shared_experts"}
+# Families whose MLP per layer is config.json's mlp_layer_types ("dense" or "sparse"), not
+# first_k_dense_replace, with this many leading dense layers when it gives none.
+MLP_LAYER_TYPES_DENSE = {"hy_v3": 1}
 # The share of each head the rotary embedding turns, where config.json does not say
 # (Glm4Config's rope_parameters: 0.5; Glm4vTextConfig gives none, 1.0, and GLM-4.1V's config.json
 # says 0.5; Glm4MoeConfig 0.5). Read for these families only: the others' rotary widths are fixed
@@ -110,7 +131,7 @@ PATTERN_SLIDES = frozenset({"gemma3_text"})
 QWEN_SLIDES = frozenset({"qwen2", "qwen3", "mimo"})
 ALL_SLIDE = frozenset({"mistral"})
 # Families with an RMSNorm on each head's queries and keys.
-QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID
+QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"}) | HYBRID | HY_V3
 # Families with the q/k norms where a config key asks for them (Glm4MoeConfig.use_qk_norm).
 QK_NORM_KEY = {"glm4_moe": "use_qk_norm"}
 # Families with four norms per decoder layer (around attention and around the MLP): the two
@@ -148,6 +169,7 @@ HEAD_DIM_BY_DEFAULT = {
     "gemma3_text": 256,
     "gpt_oss": 64,
     "glm4": 128,
+    "hy_v3": 128,
 }
 # Multimodal configs keep the language model's numbers under text_config.
 TEXT_KEYS = ("text_config", "llm_config")
@@ -540,6 +562,32 @@ def _sliding_layers(
     return tuple(range(layers)) if family in ALL_SLIDE else ()
 
 
+def _leading_dense(config: Mapping[str, Any], family: str, layers: int, source: str) -> int:
+    """The dense layers before the first MoE layer: first_k_dense_replace, or for the families
+    that read mlp_layer_types (MLP_LAYER_TYPES_DENSE) its leading "dense" entries, which must be
+    all its dense ones (a dense layer between MoE layers is not a layout the forecast counts)."""
+    if family not in MLP_LAYER_TYPES_DENSE:
+        return _count(config, "first_k_dense_replace", source)
+    given = _value(config, "mlp_layer_types")
+    if given is None:
+        return min(MLP_LAYER_TYPES_DENSE[family], layers)
+    if not (
+        isinstance(given, list)
+        and len(given) == layers
+        and all(kind in ("dense", "sparse") for kind in given)
+    ):
+        raise UnsupportedModel(
+            f"{source}: mlp_layer_types must list the {layers} layers' MLP, each dense or sparse"
+        )
+    dense = given.index("sparse") if "sparse" in given else layers
+    if "dense" in given[dense:]:
+        raise UnsupportedModel(
+            f"{source}: mlp_layer_types has a dense layer after a sparse one (layer "
+            f"{given.index('dense', dense)}): the forecast counts leading dense layers only"
+        )
+    return dense
+
+
 def _linear_dims(config: Mapping[str, Any], family: str, source: str) -> dict[str, int]:
     """The Gated DeltaNet's heads and widths (a hybrid family's config.json must give them)."""
     if family not in HYBRID:
@@ -640,8 +688,8 @@ def architecture_from_config(config: Mapping[str, Any], name: str, source: str) 
         moe_intermediate_size=_count(config, "intermediate_size", source)
         if family in GPT_OSS
         else _count(config, "moe_intermediate_size", source),
-        n_shared_experts=_count(config, "n_shared_experts", source),
-        first_k_dense_replace=_count(config, "first_k_dense_replace", source),
+        n_shared_experts=_count(config, SHARED_EXPERTS_KEY.get(family, "n_shared_experts"), source),
+        first_k_dense_replace=_leading_dense(config, family, layers, source),
         n_group=_count(config, "n_group", source, 1) or 1,
         topk_group=_count(config, "topk_group", source, 1) or 1,
         q_lora_rank=_count(config, "q_lora_rank", source) or None,
