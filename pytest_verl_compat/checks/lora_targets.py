@@ -8,7 +8,6 @@ config.json (``CheckInput.model_facts``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from pytest_verl_compat.checks.roles import (
     role_strategy,
 )
 from pytest_verl_compat.checks.sft import engine_strategy
+from pytest_verl_compat.files.patterns import fullmatches
 from pytest_verl_compat.releases.lora_routers import WrappedRouter, wrapped_routers
 
 # peft's shorthand for every linear layer (peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND);
@@ -47,11 +47,7 @@ def _names_router(model: Mapping[str, Any], router: WrappedRouter) -> str | None
     if isinstance(targets, str):
         if targets.lower() == ALL_LINEAR:
             return "target_modules"
-        try:
-            pattern = re.compile(targets)
-        except re.error:
-            return None
-        if any(pattern.fullmatch(key.format(router=router.target)) for key in ROUTER_KEYS):
+        if any(fullmatches(targets, key.format(router=router.target)) for key in ROUTER_KEYS):
             return "target_modules"
     elif isinstance(targets, list | tuple):
         if any(str(t) == router.target or str(t).endswith(f".{router.target}") for t in targets):

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_verl_compat.checks.roles import FSDP_STRATEGIES, MEGATRON_STRATEGIES
+from pytest_verl_compat.files.patterns import fullmatches
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.tensor import Tensor
 from pytest_verl_compat.memory.vision import in_tower
@@ -281,7 +282,7 @@ def _megatron_name(parent: str, module: str) -> str:
 def _wildcard(pattern: str, name: str) -> bool:
     """Megatron-Bridge's wildcard_match (peft/utils.py@megatron-bridge-0.3.1): '*' is any run of
     characters, the rest a regular expression as written, anchored at both ends."""
-    return re.match("^" + pattern.replace("*", "(.*)") + "$", name) is not None
+    return fullmatches(pattern.replace("*", "(.*)"), name)
 
 
 def _megatron_module(
