@@ -78,7 +78,11 @@ def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, An
             )
             for role in engine_roles(inp.resolved)
         ]
+    seen: set[str] = set()
     for who, path, strategy in trained:
+        if path in seen:  # a reference worker of its own builds the actor's model, no adapter
+            continue
+        seen.add(path)
         model: Any = inp.resolved
         for part in path.split("."):
             model = model.get(part) if isinstance(model, Mapping) else None

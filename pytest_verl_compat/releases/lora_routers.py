@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_verl_compat.files.safe_input import InputError, read_bytes
+from pytest_verl_compat.files.safe_input import InputError, read_bytes, read_text
 from pytest_verl_compat.releases.index import RELEASE_DATA
 
 ROUTERS_FILE = "lora_routers.json"
@@ -35,8 +35,8 @@ class Citation:
     def found_in(self, site_packages: Path) -> bool:
         file, _, line = self.where.rpartition(":")
         try:
-            lines = (site_packages / file).read_text(encoding="utf-8").splitlines()
-        except OSError:
+            lines = read_text(site_packages / file, what="installed source").splitlines()
+        except (InputError, OSError):
             return False
         return (
             line.isdigit()
