@@ -18,12 +18,14 @@ from check_findings import findings
 from corpus_facts import release_ready
 from release_python import run_in_release
 
+from pytest_verl_compat.checks.model_facts import Citation
 from pytest_verl_compat.memory.release_facts import installed_root
 from pytest_verl_compat.model import Case
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.releases.lora_routers import (
     PROBE,
+    found_in,
     routers_from_mapping,
     routers_path,
     wrapped_routers,
@@ -77,10 +79,11 @@ def test_each_statement_is_at_its_line_of_the_release_environment(version: str) 
     routers = wrapped_routers(version)
     assert {"deepseek_v3", "glm4_moe"} <= set(routers), sorted(routers)
     for model_type, router in routers.items():
-        assert router.read.found_in(site), f"{router.read}, but should be in {site} [{model_type}]"
-        assert router.mapped.found_in(site), (
-            f"{router.mapped}, but should be in {site} [{model_type}]"
-        )
+        for cited in (router.read, router.mapped):
+            assert found_in(cited, site), f"{cited}, but should be in {site} [{model_type}]"
+            file, _, line = cited.where.rpartition(":")
+            moved = Citation(f"{file}:{int(line) + 1}", cited.statement)
+            assert not found_in(moved, site), f"{moved} found, but is not there [{model_type}]"
 
 
 @pytest.mark.parametrize("version", RELEASES)

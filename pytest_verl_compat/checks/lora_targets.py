@@ -1,7 +1,8 @@
 """LoRA's targets against the model: a router peft wraps and the model then reads through.
 
 Which model types are affected is a fact of the release's environment (its peft and
-transformers), derived there and kept as data (``releases/lora_routers.py``); the check matches the
+transformers), derived there and kept as data (``releases/lora_routers.py``, handed to the checks
+as ``CheckInput.wrapped_routers``); the check matches the
 role's LoRA targets as peft matches them. Fires only when the caller could read the model's
 config.json (``CheckInput.model_facts``).
 """
@@ -12,7 +13,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_verl_compat.checks.lora import engine_lora_rank
-from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, SFT_MODEL
+from pytest_verl_compat.checks.model_facts import (
+    ACTOR_MODEL,
+    CRITIC_MODEL,
+    SFT_MODEL,
+    WrappedRouter,
+)
 from pytest_verl_compat.checks.registry import SFT, CheckInput, Example, Hit, check
 from pytest_verl_compat.checks.roles import (
     FSDP_STRATEGIES,
@@ -22,7 +28,6 @@ from pytest_verl_compat.checks.roles import (
 )
 from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.files.patterns import fullmatches
-from pytest_verl_compat.releases.lora_routers import WrappedRouter, wrapped_routers
 
 # peft's shorthand for every linear layer (peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND);
 # peft compares it lower-cased (tuners_utils.py:2438-2442@peft-0.21.2), and its v4-to-v5
@@ -124,7 +129,7 @@ def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, An
     family=None,
 )
 def lora_router(inp: CheckInput) -> Iterator[Hit]:
-    routers = wrapped_routers(inp.version)
+    routers = inp.wrapped_routers
     for who, path, model in _trained_models(inp):
         facts = inp.model_facts.get(path)
         router = routers.get(facts.model_type or "") if facts is not None else None

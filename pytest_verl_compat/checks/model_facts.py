@@ -38,6 +38,37 @@ class ModelFacts:
     tokens_beyond_vocab: tuple[tuple[str, int], ...] | None = None
 
 
+@dataclass(frozen=True)
+class Citation:
+    """A statement of a release environment's installed files at ``where``
+    (``path/under/site-packages.py:LINE``)."""
+
+    where: str
+    statement: str
+
+
+@dataclass(frozen=True)
+class WrappedRouter:
+    """A model type whose MoE block reads ``attribute`` from its router, which the release
+    environment's peft wraps when the LoRA targets name the router (``target``) or its weight
+    (``parameter``): found in that environment (``releases/lora_routers.py``)."""
+
+    model_type: str
+    parameter: str  # the router's weight as peft's parameter target ("gate.weight")
+    attribute: str  # what the block reads from the router and the wrapper lacks
+    read: Citation  # the block's read, in transformers' modeling file
+    mapped: Citation  # peft's line mapping the v4 target to the parameter
+    versions: Mapping[str, str]  # the environment's transformers and peft
+
+    @property
+    def target(self) -> str:
+        return self.parameter.rsplit(".", 1)[0]
+
+    @property
+    def environment(self) -> str:
+        return ", ".join(f"{name} {version}" for name, version in sorted(self.versions.items()))
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from pytest_verl_compat.checks.model_facts import ModelFacts
+from pytest_verl_compat.checks.model_facts import ModelFacts, WrappedRouter
 from pytest_verl_compat.model import Finding, LeafVerdict, Level
 
 # The case every example starts from unless it names another: the embedded manifest's GRPO script.
@@ -91,6 +91,9 @@ class CheckInput:
     # The module the launch runs (``python -m MODULE``); None where no launch was read (a resolved
     # file), taken as main_ppo's.
     entry_module: str | None = None
+    # The MoE routers the release's environment cannot train LoRA around, by model type
+    # (``releases.lora_routers``, given by the pipeline; none: the checks that read it are quiet).
+    wrapped_routers: Mapping[str, WrappedRouter] = field(default_factory=dict)
 
     @property
     def version(self) -> str:

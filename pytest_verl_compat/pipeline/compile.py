@@ -20,6 +20,7 @@ from pytest_verl_compat.model import (
 from pytest_verl_compat.pipeline.compose import iter_leaves
 from pytest_verl_compat.pipeline.profile import Profile, load_profile
 from pytest_verl_compat.releases.lines import cite, cites_only_gone
+from pytest_verl_compat.releases.lora_routers import wrapped_routers
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -141,6 +142,7 @@ def compile_resolved(
             entry_calls,
             lambda evidence: not cites_only_gone(evidence, profile.version),
             entry_module,
+            wrapped_routers(profile.version),
         )
     )
     # The checks cite the lines of the release the project's texts are written for; the

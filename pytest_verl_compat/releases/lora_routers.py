@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_verl_compat.checks.model_facts import Citation, WrappedRouter
 from pytest_verl_compat.files.safe_input import InputError, read_bytes, read_text
 from pytest_verl_compat.releases.index import RELEASE_DATA
 
@@ -25,45 +25,16 @@ PROBE = "pytest_verl_compat.upstream.probes.lora_routers_probe"
 MAX_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
-class Citation:
-    """A statement of the environment's files at ``where`` (a path under site-packages:LINE)."""
-
-    where: str
-    statement: str
-
-    def found_in(self, site_packages: Path) -> bool:
-        file, _, line = self.where.rpartition(":")
-        try:
-            lines = read_text(site_packages / file, what="installed source").splitlines()
-        except (InputError, OSError):
-            return False
-        return (
-            line.isdigit()
-            and 0 < int(line) <= len(lines)
-            and lines[int(line) - 1].strip() == self.statement
-        )
-
-
-@dataclass(frozen=True)
-class WrappedRouter:
-    """A model type whose MoE block reads ``attribute`` from its router, which peft wraps when
-    the LoRA targets name ``target`` (the router's v4 module name) or ``parameter``."""
-
-    model_type: str
-    parameter: str  # the router's weight as peft's parameter target ("gate.weight")
-    attribute: str  # what the block reads from the router and the wrapper lacks
-    read: Citation  # the block's read, in transformers' modeling file
-    mapped: Citation  # peft's line mapping the v4 target to the parameter
-    versions: Mapping[str, str]  # the environment's transformers and peft
-
-    @property
-    def target(self) -> str:
-        return self.parameter.rsplit(".", 1)[0]
-
-    @property
-    def environment(self) -> str:
-        return ", ".join(f"{name} {version}" for name, version in sorted(self.versions.items()))
+def found_in(citation: Citation, site_packages: Path) -> bool:
+    """Whether the cited line of the environment's files (under its ``site_packages``) is the
+    statement."""
+    file, _, line = citation.where.rpartition(":")
+    try:
+        lines = read_text(site_packages / file, what="installed source").splitlines()
+    except (InputError, OSError):
+        return False
+    number = int(line) if line.isdigit() else 0
+    return 0 < number <= len(lines) and lines[number - 1].strip() == citation.statement
 
 
 def routers_path(version: str) -> Path:
