@@ -210,6 +210,7 @@ def test_names_the_key_that_targets_the_router(session: AuditSession, tmp_path: 
         ("glm4_moe", (LORA, "actor_rollout_ref.model.target_modules='.*(q_proj|v_proj)'")),
         ("glm4_moe", (LORA, "actor_rollout_ref.model.target_modules=[q_proj,gate_proj,up_proj]")),
         ("glm4_moe", (LORA, "actor_rollout_ref.model.lora_adapter_path=/adapters/glm")),
+        ("glm4_moe", (LORA, "actor_rollout_ref.model.lora_adapter_path=''")),  # not null: loaded
         ("qwen3_moe", (LORA,)),  # its block only calls its router
         ("qwen2", (LORA,)),
     ],

@@ -67,7 +67,8 @@ def _names_router(model: Mapping[str, Any], router: WrappedRouter) -> str | None
 
 def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
     """(who trains it, its model section's path, the section) per FSDP engine that trains a LoRA
-    adapter it builds itself (an adapter loaded from lora_adapter_path brings its own targets):
+    adapter it builds itself (an adapter loaded from any lora_adapter_path but null brings its
+    own targets, verl/workers/engine/fsdp/transformer_impl.py:323-324):
     an RL run's actor and critic, or the SFT trainer's model (the same engine,
     verl/trainer/sft_trainer.py:141-168)."""
     if inp.family == SFT:
@@ -95,7 +96,7 @@ def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, An
             isinstance(model, Mapping)
             and strategy in FSDP_STRATEGIES
             and engine_lora_rank(model, strategy)
-            and not model.get("lora_adapter_path")
+            and model.get("lora_adapter_path") is None
         ):
             yield who, path, model
 
