@@ -2,9 +2,8 @@
 
 Which model types are affected is a fact of the release's environment (its peft and
 transformers), derived there and kept as data (``releases/lora_routers.py``, handed to the checks
-as ``CheckInput.wrapped_routers``); the check matches the
-role's LoRA targets as peft matches them. Fires only when the caller could read the model's
-config.json (``CheckInput.model_facts``).
+as ``CheckInput.wrapped_routers``); the check matches the role's LoRA targets as peft matches
+them. Fires only when the caller could read the model's config.json (``CheckInput.model_facts``).
 """
 
 from __future__ import annotations
@@ -76,6 +75,8 @@ def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, An
         strategy = engine_strategy(engine) if isinstance(engine, Mapping) else ""
         trained = [("SFT trainer", SFT_MODEL, strategy)]
     else:
+        # a reference worker of its own runs only where the actor trains no adapter
+        # (roles.ref_in_actor), so only the actor and the critic build one
         trained = [
             (
                 ROLE_NAMES[role],
@@ -83,12 +84,9 @@ def _trained_models(inp: CheckInput) -> Iterator[tuple[str, str, Mapping[str, An
                 role_strategy(inp.resolved, role),
             )
             for role in engine_roles(inp.resolved)
+            if role != "ref"
         ]
-    seen: set[str] = set()
     for who, path, strategy in trained:
-        if path in seen:  # a reference worker of its own builds the actor's model, no adapter
-            continue
-        seen.add(path)
         model: Any = inp.resolved
         for part in path.split("."):
             model = model.get(part) if isinstance(model, Mapping) else None

@@ -79,7 +79,7 @@ def derive() -> dict[str, Any]:
     from peft.utils import transformers_weight_conversion as conversion
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
-    provided = {name for name in dir(ParamWrapper)}
+    provided = set(dir(ParamWrapper))
     mappings = conversion._MOE_TARGET_MODULE_MAPPING
     conversion_file = inspect.getsourcefile(conversion) or ""
     routers: dict[str, Any] = {}
