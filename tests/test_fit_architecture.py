@@ -690,3 +690,97 @@ def test_mlp_layer_types_the_forecast_cannot_lay_out_are_one_line(layer_types: A
     config = {**_config("hy_v3"), "mlp_layer_types": layer_types}
     with pytest.raises(UnsupportedModel, match="mlp_layer_types"):
         architecture_from_config(config, "m", "config.json")
+
+
+# --- LoRA targets peft refuses (memory/lora_build.py) -----------------------------------------
+
+REFUSAL_TARGETS: tuple[dict[str, Any], ...] = (
+    {"target_modules": ["q_proj", "v_proj"]},
+    {"target_modules": MOE_TARGETS},
+    {"target_modules": ["query_key_value", "dense"]},  # another architecture's names
+    {"target_modules": ["mlp"]},  # a block, not a layer
+    {"target_modules": ["self_attn", "q_proj"]},
+    {"target_modules": ["input_layernorm"]},
+    {"target_modules": ["gate"]},  # a MoE router, or a dense model's nothing
+    {"target_modules": ["experts"]},
+    {"target_modules": ["router"]},
+    {"target_modules": ["q_proj", "gate_proj", "down_proj"]},  # half of a fused pair
+    {"target_modules": ["lm_head"]},
+    {"target_modules": ["embed_tokens"]},
+    {"target_modules": ["conv1d"]},
+    {"target_modules": []},
+    {"target_modules": r".*\.(q|v)_proj"},
+    {"target_modules": ".*attention.*"},
+    {"target_modules": ".*attn"},
+    {"target_modules": ["q_proj"], "exclude_modules": ["q_proj"]},
+    {"target_modules": ["q_proj", "v_proj"], "exclude_modules": r".*layers\.0\..*"},
+    {"target_modules": ["foo"], "target_parameters": ["mlp.experts.down_proj"]},
+)
+
+
+def _peft_refuses(config: dict[str, Any], section: dict[str, Any]) -> str:
+    """What peft raises wrapping the tiny model as verl's FSDP engine asks it to
+    (transformer_impl.py:340-349), or "" where it builds the adapter."""
+    peft = pytest.importorskip("peft")
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    vl = "vision_config" in config
+    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
+    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
+    lora = peft.LoraConfig(
+        task_type=peft.TaskType.CAUSAL_LM,
+        r=4,
+        lora_alpha=8,
+        target_modules=section.get("target_modules"),
+        target_parameters=section.get("target_parameters"),
+        exclude_modules=section.get("exclude_modules"),
+        bias="none",
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peft.get_peft_model(model, lora)
+    except (ValueError, AttributeError, TypeError) as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    return ""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "llama",
+        "qwen2-tied",
+        "qwen3_moe",
+        "deepseek_v3",
+        "glm4",
+        "glm4_moe",
+        "gpt_oss",
+        "hy_v3",
+        "qwen3_next",
+        "qwen3_5_moe",
+        "qwen2_5_vl",
+        "gemma3",
+    ],
+)
+def test_lora_targets_peft_refuses_are_the_ones_the_forecast_refuses(case: str) -> None:
+    """Twenty target settings on a tiny model of each family, wrapped by peft (the releases'
+    0.21.2) as verl's engine wraps it: the forecast says peft refuses exactly where it raises
+    (a module LoRA cannot wrap, nothing targeted, half a fused pair, a grouped convolution at a
+    rank its groups do not divide), and where peft builds it says nothing."""
+    from pytest_verl_compat.memory.lora_build import adapter_refusal
+
+    config = _config(case)
+    arch = architecture_from_config(config, case, "tiny")
+    wrong, refused = [], 0
+    for section in REFUSAL_TARGETS:
+        raised = _peft_refuses(config, section)
+        said = adapter_refusal(
+            arch, {"lora_rank": 4, **section}, "fsdp2", "actor", "actor_rollout_ref.model"
+        )
+        if said is not None and not raised:
+            wrong.append(f"{section}: the forecast refuses, peft builds it")
+        elif raised and said is None:
+            wrong.append(f"{section}: peft raises {raised}, the forecast says nothing")
+        refused += bool(raised)
+    assert not wrong, "\n".join(wrong)
+    # each family meets both outcomes: the settings are not all one way on it
+    assert 0 < refused < len(REFUSAL_TARGETS)

@@ -974,3 +974,52 @@ def test_an_mxfp4_checkpoint_is_refused_and_its_bf16_copy_forecast(
     status, out, err = run(capsys, *args)
     assert status in (0, 1), err
     assert "20,914,757,184 params" in out
+
+
+LORA = "examples/tuning/lora/run_qwen3_8b_fsdp.sh"
+ACTOR_TARGETS = "actor_rollout_ref.model.target_modules"
+
+
+@pytest.mark.parametrize(
+    ("script", "sets", "key"),
+    [
+        (LORA, (f"{ACTOR_TARGETS}=[query_key_value,dense]",), ACTOR_TARGETS),
+        (LORA, (f"{ACTOR_TARGETS}=[self_attn,q_proj]",), ACTOR_TARGETS),
+        (
+            SFT,
+            ("model.lora_rank=8", "model.target_modules=[mlp]"),
+            "model.target_modules",
+        ),
+        (
+            PPO,
+            ("critic.model.lora_rank=8", "critic.model.target_modules=[lm_head]"),
+            "critic.model.target_modules",
+        ),
+    ],
+)
+def test_lora_targets_peft_refuses_are_an_error_naming_the_key(
+    here: Path, capsys: pytest.CaptureFixture[str], script: str, sets: tuple[str, ...], key: str
+) -> None:
+    """A role's LoRA targets peft refuses to build (another architecture's names, a block, the
+    critic's output layer its value head does not have): fit exits 1 with the key, in text and
+    in JSON that follows the schema, and check --gpu says the same error; the twin with the
+    model's own layer names, or with the adapter loaded from a path, is no finding."""
+    schema = json.loads(
+        resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
+    )
+    args = ["--gpu", "H100", *(["--arg", "8", "--arg", "/tmp/save"] if script == SFT else [])]
+    options = [word for s in sets for word in ("--set", s)]
+    status, out, _ = run(capsys, "fit", _script(script), *args, *options, "--format", "json")
+    payload = json.loads(out)
+    jsonschema.validate(payload, schema)
+    assert status == 1
+    assert [r["key"] for r in payload["adapter_refused"]] == [key]
+    assert "peft" in payload["adapter_refused"][0]["message"]
+    status, out, _ = run(capsys, "check", _script(script), "--no-upstream-checks", *args, *options)
+    assert status == 1 and f"error[model.lora-targets] {key}:" in out
+    targets = key.rsplit(".", 1)[0]
+    for twin in (f"{key}=[q_proj,v_proj]", f"{targets}.lora_adapter_path=/adapters/one"):
+        status, out, _ = run(
+            capsys, "fit", _script(script), *args, *options, "--set", twin, "--format", "json"
+        )
+        assert "adapter_refused" not in json.loads(out), twin

@@ -22,7 +22,7 @@ _counter = itertools.count()
 
 def test_every_phase_has_a_page_and_the_examples_name_a_gpu() -> None:
     phases = {memory_findings.rule_id(phase) for phase in PHASES}
-    assert set(RULES) == phases | {memory_findings.NOT_FORECAST}
+    assert set(RULES) == phases | {memory_findings.NOT_FORECAST, memory_findings.LORA_TARGETS}
     assert RULES[memory_findings.NOT_FORECAST].level == "info"
     for rule in WITH_EXAMPLES:
         example = RULES[rule].example

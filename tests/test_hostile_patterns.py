@@ -85,3 +85,36 @@ def test_fit_with_an_endless_megatron_lora_target(upstream_checkout: Path) -> No
     )
     assert done.returncode in (0, 1), done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("pattern", [ENDLESS, BACKTRACKS])
+def test_fit_with_an_endless_fsdp_lora_target(
+    upstream_checkout: Path, tmp_path: Path, pattern: str, model_type: str
+) -> None:
+    """The forecast judges whether peft builds the adapter from a pattern target (on a MoE type
+    peft converts, it first resolves the pattern against every name): one it cannot decide is
+    left unjudged, never an error, and never a hang."""
+    config = {"model_type": model_type, "num_attention_heads": 32, "num_key_value_heads": 8}
+    if model_type == "qwen3_moe":
+        config |= {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 768}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    script = upstream_checkout / "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
+    started = time.monotonic()
+    done = _run(
+        [
+            "fit",
+            str(script),
+            "--gpu",
+            "H100",
+            "--model-config",
+            str(tmp_path / "config.json"),
+            "--set",
+            "actor_rollout_ref.model.lora_rank=32",
+            "--set",
+            f"actor_rollout_ref.model.target_modules='{pattern}'",
+        ]
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "model.lora-targets" not in done.stdout
+    assert time.monotonic() - started < 60

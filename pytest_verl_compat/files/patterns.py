@@ -17,12 +17,17 @@ from __future__ import annotations
 MATCH_SECONDS = 0.05
 
 
-def fullmatches(pattern: str, name: str) -> bool:
-    """Whether ``pattern`` matches all of ``name`` (False when it does not compile, or is not
-    decided within ``MATCH_SECONDS``)."""
+def fullmatch_decided(pattern: str, name: str) -> bool | None:
+    """Whether ``pattern`` matches all of ``name``; None when it does not compile, or is not
+    decided within ``MATCH_SECONDS`` (a caller that must not guess says nothing then)."""
     import regex  # 28 ms to import: only where a script writes a pattern
 
     try:
         return regex.fullmatch(pattern, name, timeout=MATCH_SECONDS) is not None
     except (regex.error, TimeoutError, ValueError, RecursionError):
-        return False
+        return None
+
+
+def fullmatches(pattern: str, name: str) -> bool:
+    """Whether ``pattern`` matches all of ``name`` (False when it is not decided)."""
+    return fullmatch_decided(pattern, name) is True

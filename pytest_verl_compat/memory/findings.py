@@ -122,7 +122,41 @@ def not_forecast(reason: str, key: str) -> Finding:
     )
 
 
-for _page in (*rule_pages(), NOT_FORECAST_PAGE):
+LORA_TARGETS = "model.lora-targets"
+LORA_TARGETS_PAGE = RuleDoc(
+    LORA_TARGETS,
+    "error",
+    "A role's LoRA targets (model.target_modules, with exclude_modules and target_parameters) "
+    "make peft refuse to build the adapter, so the run stops at its engine's build: they name a "
+    "module LoRA cannot wrap (a layer, an mlp or self_attn block, a norm, a MoE router or stacked "
+    "experts, a linear attention's depthwise conv1d at a rank its groups do not divide), or no "
+    "module of the model at all, or one of a MoE model's fused gate_proj and up_proj without the "
+    "other. Decided on the model's module tree as the forecast builds it "
+    "(the names transformers gives), matching the targets as peft does.",
+    "verl's FSDP engine passes the section's targets to get_peft_model as written "
+    "(verl/workers/engine/fsdp/transformer_impl.py:340-349); peft raises ValueError for a module "
+    "it cannot wrap (peft/tuners/lora/model.py:557-561@peft-0.21.2), NoMatchingPeftModuleError "
+    "when nothing is targeted (tuners_utils.py:1051-1086) and ValueError for half a fused pair "
+    "(utils/transformers_weight_conversion.py:461-469)",
+    "name the model's own linear layers (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+    "down_proj on most decoders) or all-linear",
+    Example(
+        fires=(
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.target_modules=[query_key_value,dense]",
+        ),
+        twin=(
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+        ),
+        base="grpo",
+        options=("--gpu", EXAMPLE_GPU),
+    ),
+    SOURCE,
+)
+
+
+for _page in (*rule_pages(), NOT_FORECAST_PAGE, LORA_TARGETS_PAGE):
     register_rule(_page)
 
 
@@ -139,6 +173,10 @@ def as_findings(forecast: Forecast) -> list[Finding]:
     out = [
         Finding("error", a.key, a.said(), a.fix(), SET_ASIDE_WHY, check=COMPOSE_RULE)
         for a in forecast.set_aside
+    ]
+    out += [
+        Finding("error", r.key, r.message, r.fix, LORA_TARGETS_PAGE.why, check=LORA_TARGETS)
+        for r in forecast.refused
     ]
     for v in forecast.verdicts:
         fixes = "; ".join(

@@ -10,6 +10,7 @@ from pytest_verl_compat.memory import layout as lay
 from pytest_verl_compat.memory import passes
 from pytest_verl_compat.memory.fixes import fixes_for, phase_keys, release_remedy
 from pytest_verl_compat.memory.gpus import smallest_and_largest
+from pytest_verl_compat.memory.lora_build import refusals
 from pytest_verl_compat.memory.parts import (
     PHASE_TITLES,
     Forecast,
@@ -161,4 +162,5 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
         verdicts=tuple(found),
         assumptions=tuple(assumptions),
         server=server,
+        refused=refusals(resolved, layout),
     )

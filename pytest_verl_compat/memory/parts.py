@@ -153,6 +153,18 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class AdapterRefusal:
+    """peft refusing to build a role's LoRA adapter (``memory/lora_build.py``): the run stops at
+    its engine's build, before any phase; ``key`` decides it."""
+
+    role: str
+    key: str
+    message: str
+    fix: str
+    evidence: str
+
+
+@dataclass(frozen=True)
 class Forecast:
     """Everything the report and the picture show."""
 
@@ -172,3 +184,6 @@ class Forecast:
     # the launch's overrides its release's tree rejected, left out of (or applied to) what was
     # forecast: each an error of the launch as written (``pipeline/set_aside.py``)
     set_aside: tuple[SetAside, ...] = ()
+    # the roles whose LoRA adapter peft refuses to build: the run stops before its first phase,
+    # and the phases are what it would hold had the adapter been built from what the targets match
+    refused: tuple[AdapterRefusal, ...] = ()
