@@ -93,9 +93,19 @@ def test_fit_with_an_endless_fsdp_lora_target(
     upstream_checkout: Path, tmp_path: Path, pattern: str, model_type: str
 ) -> None:
     """The forecast judges whether peft builds the adapter from a pattern target (on a MoE type
-    peft converts, it first resolves the pattern against every name): one it cannot decide is
-    left unjudged, never an error, and never a hang."""
-    config = {"model_type": model_type, "num_attention_heads": 32, "num_key_value_heads": 8}
+    peft converts, after resolving the pattern against every name): neither pattern matches a
+    module name (decided at once under the bounded match), so the run adapts nothing, an error,
+    said in a moment; never a hang."""
+    config = {
+        "model_type": model_type,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 1000,
+    }
     if model_type == "qwen3_moe":
         config |= {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 768}
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -116,5 +126,7 @@ def test_fit_with_an_endless_fsdp_lora_target(
         ]
     )
     assert "Traceback" not in done.stderr, done.stderr
-    assert "model.lora-targets" not in done.stdout
+    assert done.returncode == 1, done.stderr
+    assert "error[model.lora-targets] actor_rollout_ref.model.target_modules" in done.stdout
+    assert "names no module" in done.stdout
     assert time.monotonic() - started < 60
