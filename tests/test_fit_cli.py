@@ -978,6 +978,7 @@ def test_an_mxfp4_checkpoint_is_refused_and_its_bf16_copy_forecast(
 
 LORA = "examples/tuning/lora/run_qwen3_8b_fsdp.sh"
 ACTOR_TARGETS = "actor_rollout_ref.model.target_modules"
+CRITIC = "critic.model.lora_rank"
 
 
 @pytest.mark.parametrize(
@@ -990,20 +991,17 @@ ACTOR_TARGETS = "actor_rollout_ref.model.target_modules"
             ("model.lora_rank=8", "model.target_modules=[mlp]"),
             "model.target_modules",
         ),
-        (
-            PPO,
-            ("critic.model.lora_rank=8", "critic.model.target_modules=[lm_head]"),
-            "critic.model.target_modules",
-        ),
+        # a LoRA critic: its token-classification model is no causal LM for peft's adapter
+        (PPO, ("critic.model.lora_rank=8", "critic.model.target_modules=[q_proj,v_proj]"), CRITIC),
     ],
 )
 def test_lora_targets_peft_refuses_are_an_error_naming_the_key(
     here: Path, capsys: pytest.CaptureFixture[str], script: str, sets: tuple[str, ...], key: str
 ) -> None:
-    """A role's LoRA targets peft refuses to build (another architecture's names, a block, the
-    critic's output layer its value head does not have): fit exits 1 with the key, in text and
-    in JSON that follows the schema, and check --gpu says the same error; the twin with the
-    model's own layer names, or with the adapter loaded from a path, is no finding."""
+    """A role's LoRA adapter peft refuses to build (another architecture's names, a block, a
+    critic): fit exits 1 with the key, in text and in JSON that follows the schema, and check
+    --gpu says the same error once; the twin with the model's own layer names (the critic: none)
+    or with the adapter loaded from a path is no finding."""
     schema = json.loads(
         resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
     )
@@ -1013,12 +1011,15 @@ def test_lora_targets_peft_refuses_are_an_error_naming_the_key(
     payload = json.loads(out)
     jsonschema.validate(payload, schema)
     assert status == 1
-    assert [r["key"] for r in payload["adapter_refused"]] == [key]
+    rule = "model.critic-lora" if key == CRITIC else "model.lora-targets"
+    assert [(r["rule"], r["key"]) for r in payload["adapter_refused"]] == [(rule, key)]
     assert "peft" in payload["adapter_refused"][0]["message"]
     status, out, _ = run(capsys, "check", _script(script), "--no-upstream-checks", *args, *options)
-    assert status == 1 and f"error[model.lora-targets] {key}:" in out
-    targets = key.rsplit(".", 1)[0]
-    for twin in (f"{key}=[q_proj,v_proj]", f"{targets}.lora_adapter_path=/adapters/one"):
+    assert status == 1 and out.count(f"error[{rule}] {key}:") == 1, out
+    section = key.rsplit(".", 1)[0]
+    twins = [f"{section}.lora_adapter_path=/adapters/one"]
+    twins.append("critic.model.lora_rank=0" if key == CRITIC else f"{key}=[q_proj,v_proj]")
+    for twin in twins:
         status, out, _ = run(
             capsys, "fit", _script(script), *args, *options, "--set", twin, "--format", "json"
         )

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from corpus_facts import release_ready, release_root
+from tiny_qwen2 import save_policy_and_critic
 
 from pytest_verl_compat.conformance.step.memory_states import ANSWER_MARK
 from pytest_verl_compat.memory.architecture import architecture_from_config
@@ -122,22 +123,8 @@ PARAMS = [
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from reference_trainer.tiny import (
-        build_tiny_policy,
-        build_tiny_tokenizer,
-        build_tiny_value_model,
-    )
-
     folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = build_tiny_tokenizer()
-    policy = build_tiny_policy(tokenizer, 0)
-    policy.config.architectures = ["Qwen2ForCausalLM"]
-    policy.save_pretrained(folder / "policy")
-    tokenizer.save_pretrained(folder / "policy")
-    critic = build_tiny_value_model(policy.config, 2)
-    critic.config.architectures = ["Qwen2ForTokenClassification"]
-    critic.save_pretrained(folder / "critic")
-    tokenizer.save_pretrained(folder / "critic")
+    request, tokenizer = save_policy_and_critic(folder)
     # tiny models of other families of the same vocabulary, each its own critic the same body
     # with a score head
     import torch
@@ -163,9 +150,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "config": json.loads((folder / family / "config.json").read_text()),
         }
     return {
-        "model_dir": str(folder / "policy"),
-        "critic_dir": str(folder / "critic"),
-        "vocab": len(tokenizer),
+        **request,
         "config": json.loads((folder / "policy" / "config.json").read_text()),
         "models": models,
     }

@@ -14,14 +14,13 @@ import json
 from pathlib import Path
 
 import pytest
-from check_findings import findings
+from check_findings import findings, manifest_case, model_folder
 from corpus_facts import release_ready
 from release_python import run_in_release
 
 from pytest_verl_compat.checks.model_facts import Citation
 from pytest_verl_compat.memory.release_facts import installed_root
-from pytest_verl_compat.model import Case
-from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.pipeline.audit import AuditSession
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.releases.lora_routers import (
     PROBE,
@@ -148,27 +147,15 @@ def test_the_claim_runs_in_the_release_environment(version: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def session(upstream_checkout: Path) -> AuditSession:
-    return AuditSession.start(AuditOptions(upstream=str(upstream_checkout)))
-
-
-def _grpo(session: AuditSession) -> Case:
-    case = session.manifest.case("grpo")  # type: ignore[union-attr]
-    assert case is not None
-    return case
-
-
-def _model(tmp_path: Path, model_type: str) -> str:
-    folder = tmp_path / model_type
-    folder.mkdir(exist_ok=True)
-    config = {"model_type": model_type, "num_attention_heads": 16, "num_key_value_heads": 4}
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(folder)
+def session(upstream_session: AuditSession) -> AuditSession:
+    return upstream_session
 
 
 def _fired(session: AuditSession, tmp_path: Path, model_type: str, *overrides: str) -> list[str]:
-    model = _model(tmp_path, model_type)
-    found = findings(session, _grpo(session), f"actor_rollout_ref.model.path={model}", *overrides)
+    model = model_folder(tmp_path, model_type)
+    found = findings(
+        session, manifest_case(session, "grpo"), f"actor_rollout_ref.model.path={model}", *overrides
+    )
     return [f for f in found if RULE in f or "LoRA's targets take in" in f]
 
 
@@ -228,7 +215,7 @@ def test_quiet_on_megatron_whose_lora_is_not_peft(
     case = session.case_for_script(
         upstream_checkout / "examples/grpo_trainer/run_qwen3_8b_megatron.sh"
     )
-    model = _model(tmp_path, "glm4_moe")
+    model = model_folder(tmp_path, "glm4_moe")
     found = findings(
         session,
         case,
@@ -241,9 +228,8 @@ def test_quiet_on_megatron_whose_lora_is_not_peft(
 
 def test_the_sft_trainer_meets_it_on_the_same_engine(session: AuditSession, tmp_path: Path) -> None:
     """verl.trainer.sft_trainer builds the FSDP engine from its own model section."""
-    case = session.manifest.case("sft_gsm8k")  # type: ignore[union-attr]
-    assert case is not None
-    model = _model(tmp_path, "glm4_moe")
+    case = manifest_case(session, "sft_gsm8k")
+    model = model_folder(tmp_path, "glm4_moe")
     base = (f"model.path={model}", "model.lora_rank=16")
     fired = findings(session, case, *base)
     fixed = findings(session, case, *base, "model.target_modules=[q_proj,k_proj,v_proj,o_proj]")

@@ -1,8 +1,10 @@
-"""LoRA's targets against the model: a router peft wraps and the model then reads through.
+"""LoRA against the model: a router peft wraps and the model then reads through; a critic
+peft's causal-LM wrapper cannot wrap.
 
 Which model types are affected is a fact of the release's environment (its peft and
-transformers), derived there and kept as data (``releases/lora_routers.py``, handed to the checks
-as ``CheckInput.wrapped_routers``); the check matches the role's LoRA targets as peft matches
+transformers), derived there and kept as data (``releases/lora_routers.py`` and
+``releases/value_heads.py``, handed to the checks as ``CheckInput.wrapped_routers`` and
+``CheckInput.value_heads``); the check matches the role's LoRA targets as peft matches
 them. Fires only when the caller could read the model's config.json (``CheckInput.model_facts``).
 """
 
@@ -16,6 +18,7 @@ from pytest_verl_compat.checks.model_facts import (
     ACTOR_MODEL,
     CRITIC_MODEL,
     SFT_MODEL,
+    ValueHeads,
     WrappedRouter,
 )
 from pytest_verl_compat.checks.registry import SFT, CheckInput, Example, Hit, check
@@ -149,3 +152,72 @@ def lora_router(inp: CheckInput) -> Iterator[Hit]:
             fix=f"set {path}.target_modules to a list without {router.target!r} "
             "(e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj])",
         )
+
+
+CRITIC_LORA = "model.critic-lora"
+
+
+@check(
+    CRITIC_LORA,
+    level="error",
+    evidence=(
+        "verl/workers/engine/fsdp/transformer_impl.py:271-285 (the critic's model is "
+        "load_valuehead_model's: AutoModelForTokenClassification, verl/utils/model.py:640-648) "
+        "and transformer_impl.py:339-349 (LoRA wraps it with task_type CAUSAL_LM); "
+        "peft/peft_model.py:2083@peft-0.21.2 (PeftModelForCausalLM reads the model's "
+        "prepare_inputs_for_generation, which a token-classification model lacks), as the "
+        "release's environment resolves them (data/releases/VERSION/value_heads.json)"
+    ),
+    summary=(
+        "A LoRA critic on the FSDP engine (critic.model.lora_rank > 0): verl loads the critic as "
+        "a token-classification model and asks peft for a causal-LM adapter, whose wrapper reads "
+        "a generation method the model does not have; the critic's engine fails when it starts. "
+        "Needs the critic model's config.json (the actor's, when the critic reads it)."
+    ),
+    fix="train the critic in full (critic.model.lora_rank=0); the actor's LoRA is unaffected",
+    example=Example(
+        fires=(
+            "algorithm.adv_estimator=gae",
+            "critic.model.path=${actor_rollout_ref.model.path}",
+            "critic.model.lora_rank=8",
+        ),
+        twin=(
+            "algorithm.adv_estimator=gae",
+            "critic.model.path=${actor_rollout_ref.model.path}",
+            "actor_rollout_ref.model.lora_rank=8",
+        ),
+        model={"model_type": "qwen2"},
+    ),
+    family=None,
+)
+def critic_lora(inp: CheckInput) -> Iterator[Hit]:
+    heads = inp.value_heads
+    if heads is None:
+        return
+    for _, path, _ in _trained_models(inp):
+        facts = inp.model_facts.get(path)
+        loaded = heads.model_types.get(facts.model_type or "") if facts is not None else None
+        if path != CRITIC_MODEL or facts is None or loaded is None:
+            continue
+        yield Hit(
+            f"{path}.lora_rank",
+            critic_lora_said(heads, inp.version, facts.source, facts.model_type or ""),
+            fix=CRITIC_LORA_FIX.format(path=path),
+        )
+
+
+CRITIC_LORA_FIX = "set {path}.lora_rank=0 (the critic trains in full)"
+
+
+def critic_lora_said(heads: ValueHeads, version: str, source: str, model_type: str) -> str:
+    """Why a LoRA critic of ``model_type`` (read from ``source``) cannot start in ``version``."""
+    loaded = heads.model_types[model_type]
+    return (
+        f"a LoRA critic: verl {version} loads {source} ({model_type}) as {loaded} "
+        "(verl/utils/model.py:640-648) and asks peft for a causal-LM adapter "
+        "(verl/workers/engine/fsdp/transformer_impl.py:339-349), whose wrapper reads the model's "
+        f"prepare_inputs_for_generation ({heads.read.where}@peft-"
+        f"{heads.versions.get('peft', '?')}: `{heads.read.statement}`), which {loaded} does not "
+        "have: the critic's engine fails with an AttributeError when it starts, in the release's "
+        f"environment ({heads.environment})"
+    )

@@ -47,6 +47,12 @@ class Citation:
     statement: str
 
 
+def environment_of(versions: Mapping[str, str]) -> str:
+    """A release environment's packages as a finding names them ("peft 0.21.2, transformers
+    5.10.4")."""
+    return ", ".join(f"{name} {version}" for name, version in sorted(versions.items()))
+
+
 @dataclass(frozen=True)
 class WrappedRouter:
     """A model type whose MoE block reads ``attribute`` from its router, which the release
@@ -66,7 +72,22 @@ class WrappedRouter:
 
     @property
     def environment(self) -> str:
-        return ", ".join(f"{name} {version}" for name, version in sorted(self.versions.items()))
+        return environment_of(self.versions)
+
+
+@dataclass(frozen=True)
+class ValueHeads:
+    """The model types a release environment loads as token-classification critics that peft's
+    causal-LM wrapper cannot wrap: it reads ``read`` (a generation method) from the model, which
+    their classes lack (``releases/value_heads.py``)."""
+
+    model_types: Mapping[str, str]  # model type -> its token-classification class
+    read: Citation  # peft's read of the method, in PeftModelForCausalLM.__init__
+    versions: Mapping[str, str]  # the environment's transformers and peft
+
+    @property
+    def environment(self) -> str:
+        return environment_of(self.versions)
 
 
 def _int(value: Any) -> int | None:

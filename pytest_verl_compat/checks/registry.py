@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from pytest_verl_compat.checks.model_facts import ModelFacts, WrappedRouter
+from pytest_verl_compat.checks.model_facts import ModelFacts, ValueHeads, WrappedRouter
 from pytest_verl_compat.model import Finding, LeafVerdict, Level
 
 # The case every example starts from unless it names another: the embedded manifest's GRPO script.
@@ -94,6 +94,9 @@ class CheckInput:
     # The MoE routers the release's environment cannot train LoRA around, by model type
     # (``releases.lora_routers``, given by the pipeline; none: the checks that read it are quiet).
     wrapped_routers: Mapping[str, WrappedRouter] = field(default_factory=dict)
+    # The critics the release's environment cannot build LoRA on (``releases.value_heads``, given
+    # by the pipeline; None: the check that reads it is quiet).
+    value_heads: ValueHeads | None = None
 
     @property
     def version(self) -> str:

@@ -442,7 +442,10 @@ def finish(
             # composed without the overrides the tree rejects: each is said at its own line
             # (memory_check's compose errors), Hydra's first rejection no longer alone
             found = [f for f in found if f.rule != COMPOSE]
-        found = [*found, *memory]
+        # a finding check's own rules already gave (a LoRA critic is both a check and a
+        # refusal the forecast meets) is said once
+        said = {(f.rule, f.path) for f in found}
+        found = [*found, *(f for f in memory if (f.rule, f.path) not in said)]
     located = [f for f in locator.located(found) if chosen.reports(f.rule)]
     launcher = locator.launcher()
     silenced = 0

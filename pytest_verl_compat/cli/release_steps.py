@@ -441,18 +441,38 @@ def _census_reasons(derivation: Derivation, context: DeriveContext) -> None:
     derivation.person.append(f"{target}: confirm each reason holds in {context.version}")
 
 
+def _environment_record(
+    derivation: Derivation, context: DeriveContext, probe: str, path: Path, what: str
+) -> None:
+    """Keep what ``probe`` finds in the release's environment (sandboxed) at ``path``, as sorted
+    JSON; a probe that fails is the person's to look at."""
+    from pytest_verl_compat.releases.lora_routers import dumps_routers
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
+
+    run = release_runner(context.version)(probe)
+    if run.returncode != 0:
+        derivation.person.append(f"{what}: the probe failed: {run.stderr_tail(3)}")
+        return
+    derivation.keep(path, dumps_routers(json.loads(run.stdout)))
+
+
 def _lora_routers(derivation: Derivation, context: DeriveContext) -> None:
     """The MoE routers whose LoRA the release's environment cannot run (its peft wraps them, its
     transformers reads through them), found in that environment
     (``data/releases/VERSION/lora_routers.json``)."""
-    from pytest_verl_compat.releases.lora_routers import PROBE, dumps_routers, routers_path
-    from pytest_verl_compat.upstream.oracle.runner import release_runner
+    from pytest_verl_compat.releases.lora_routers import PROBE, routers_path
 
-    run = release_runner(context.version)(PROBE)
-    if run.returncode != 0:
-        derivation.person.append(f"lora routers: the probe failed: {run.stderr_tail(3)}")
-        return
-    derivation.keep(routers_path(context.version), dumps_routers(json.loads(run.stdout)))
+    _environment_record(derivation, context, PROBE, routers_path(context.version), "lora routers")
+
+
+def _value_heads(derivation: Derivation, context: DeriveContext) -> None:
+    """The critics whose LoRA the release's environment cannot build (its peft's causal-LM
+    wrapper reads a generation method its transformers' token-classification models lack),
+    found in that environment (``data/releases/VERSION/value_heads.json``)."""
+    from pytest_verl_compat.releases.value_heads import PROBE, value_heads_path
+
+    path = value_heads_path(context.version)
+    _environment_record(derivation, context, PROBE, path, "value heads")
 
 
 def _census(derivation: Derivation, context: DeriveContext) -> None:
@@ -541,6 +561,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "rule-citations": _rule_citations,
     "memory-facts": _memory_facts,
     "lora-routers": _lora_routers,
+    "value-heads": _value_heads,
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,

@@ -7,7 +7,7 @@ CLI and the plugin, the only layers that import ``memory``).
 
 from __future__ import annotations
 
-from pytest_verl_compat.checks.registry import Example, RuleDoc, register_rule
+from pytest_verl_compat.checks.registry import Example, RuleDoc, register_rule, rule_docs
 from pytest_verl_compat.memory.parts import PHASE_TITLES, PHASES, Forecast, gib
 from pytest_verl_compat.model import COMPOSE_RULE, Finding
 
@@ -174,8 +174,9 @@ def as_findings(forecast: Forecast) -> list[Finding]:
         Finding("error", a.key, a.said(), a.fix(), SET_ASIDE_WHY, check=COMPOSE_RULE)
         for a in forecast.set_aside
     ]
+    pages = rule_docs()
     out += [
-        Finding("error", r.key, r.message, r.fix, LORA_TARGETS_PAGE.why, check=LORA_TARGETS)
+        Finding("error", r.key, r.message, r.fix, pages[r.rule].why, check=r.rule)
         for r in forecast.refused
     ]
     for v in forecast.verdicts:

@@ -162,5 +162,5 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
         verdicts=tuple(found),
         assumptions=tuple(assumptions),
         server=server,
-        refused=refusals(resolved, layout),
+        refused=refusals(resolved, layout, request.facts.release if request.facts else ""),
     )

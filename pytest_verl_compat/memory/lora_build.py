@@ -16,6 +16,10 @@ LoRA cannot wrap (peft 0.21.2, both releases' environment pin):
   ``gate_proj`` and ``up_proj`` without the other: ``ValueError: Cannot convert PEFT target(s)``
   (utils/transformers_weight_conversion.py:461-469).
 
+A critic is refused before its targets are read where the release's environment loads it as a
+token-classification model, which peft's causal-LM wrapper cannot wrap at all (check's
+``model.critic-lora``, ``releases/value_heads.py``).
+
 A target is matched as peft matches it (check_target_module_exists, tuners_utils.py:2337-2412): a
 list entry equals a module's name or is its dotted suffix, a string is full-matched. The module
 tree is the forecast's own (``Architecture.tensors``, tested equal to transformers' build): every
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_verl_compat.checks.lora import engine_lora_rank
+from pytest_verl_compat.checks.lora_targets import CRITIC_LORA, CRITIC_LORA_FIX, critic_lora_said
 from pytest_verl_compat.checks.roles import MEGATRON_STRATEGIES
 from pytest_verl_compat.files.patterns import fullmatch_decided
 from pytest_verl_compat.memory.architecture import Architecture
@@ -44,6 +49,7 @@ from pytest_verl_compat.memory.states import (
     PEFT_V4_MOE_MODEL_TYPES,
     PEFT_V4_MOE_NAMES,
 )
+from pytest_verl_compat.releases.value_heads import value_heads
 
 EV_BUILD = "verl/workers/engine/fsdp/transformer_impl.py:340-349"
 EV_UNSUPPORTED = "peft/tuners/lora/model.py:557-561@peft-0.21.2"
@@ -311,8 +317,9 @@ MODEL_SECTIONS = {
 }
 
 
-def refusals(resolved: Mapping[str, Any], layout: Any) -> tuple[AdapterRefusal, ...]:
-    """peft's refusals of the run's LoRA adapters, one per role that trains one."""
+def refusals(resolved: Mapping[str, Any], layout: Any, version: str) -> tuple[AdapterRefusal, ...]:
+    """peft's refusals of the run's LoRA adapters in ``version``'s environment, one per role
+    that trains one."""
     out = []
     by_role = {role.role: role for role in layout.roles}
     for name, where in MODEL_SECTIONS.get(layout.kind, ()):
@@ -320,7 +327,34 @@ def refusals(resolved: Mapping[str, Any], layout: Any) -> tuple[AdapterRefusal, 
         model = value_at(resolved, where, None)
         if role is None or not isinstance(model, Mapping):
             continue
-        refused = adapter_refusal(role.model.architecture, model, role.spec.strategy, name, where)
+        arch, strategy = role.model.architecture, role.spec.strategy
+        refused = (
+            _critic_refusal(arch, model, strategy, where, version) if name == "critic" else None
+        ) or adapter_refusal(arch, model, strategy, name, where)
         if refused is not None:
             out.append(refused)
     return tuple(out)
+
+
+def _critic_refusal(
+    arch: Architecture, model: Mapping[str, Any], strategy: str, where: str, version: str
+) -> AdapterRefusal | None:
+    """A LoRA critic of a model the release's environment loads as a token-classification
+    model, which peft's causal-LM wrapper cannot wrap (check's model.critic-lora)."""
+    heads = value_heads(version)
+    if (
+        heads is None
+        or arch.model_type not in heads.model_types
+        or strategy in MEGATRON_STRATEGIES
+        or engine_lora_rank(model, strategy) == 0
+        or model.get("lora_adapter_path") is not None
+    ):
+        return None
+    return AdapterRefusal(
+        "critic",
+        f"{where}.lora_rank",
+        critic_lora_said(heads, version, arch.name, arch.model_type),
+        CRITIC_LORA_FIX.format(path=where),
+        heads.read.where,
+        CRITIC_LORA,
+    )

@@ -162,6 +162,7 @@ class AdapterRefusal:
     message: str
     fix: str
     evidence: str
+    rule: str = "model.lora-targets"  # the rule that says it (a LoRA critic: model.critic-lora)
 
 
 @dataclass(frozen=True)
@@ -186,4 +187,5 @@ class Forecast:
     set_aside: tuple[SetAside, ...] = ()
     # the roles whose LoRA adapter peft refuses to build: the run stops before its first phase,
     # and the phases are what it would hold had the adapter been built from what the targets match
+    # (a LoRA critic's: the critic trained in full, as the forecast counts every critic)
     refused: tuple[AdapterRefusal, ...] = ()

@@ -179,6 +179,7 @@ def json_payload(forecast: Forecast) -> dict[str, Any]:
                 "adapter_refused": [
                     {
                         "role": r.role,
+                        "rule": r.rule,
                         "key": r.key,
                         "message": r.message,
                         "fix": r.fix,

@@ -21,6 +21,7 @@ from pytest_verl_compat.pipeline.compose import iter_leaves
 from pytest_verl_compat.pipeline.profile import Profile, load_profile
 from pytest_verl_compat.releases.lines import cite, cites_only_gone
 from pytest_verl_compat.releases.lora_routers import wrapped_routers
+from pytest_verl_compat.releases.value_heads import value_heads
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -143,6 +144,7 @@ def compile_resolved(
             lambda evidence: not cites_only_gone(evidence, profile.version),
             entry_module,
             wrapped_routers(profile.version),
+            value_heads(profile.version),
         )
     )
     # The checks cite the lines of the release the project's texts are written for; the

@@ -49,11 +49,16 @@ def read_model_facts(path: str | Path) -> ModelFacts:
     return facts_from_config(config, str(config_path), ids)
 
 
-def _local_model(section: Any) -> Path | None:
-    """verl reads the config from model.hf_config_path when set, else model.path."""
+def _config_source(section: Any) -> Any:
+    """Where verl reads a model section's config from: hf_config_path when set, else path."""
     if not isinstance(section, Mapping):
         return None
-    value = section.get("hf_config_path") or section.get("path")
+    return section.get("hf_config_path") or section.get("path")
+
+
+def _local_model(section: Any) -> Path | None:
+    """The local folder of a section's config (``_config_source``), if it holds config.json."""
+    value = _config_source(section)
     if isinstance(value, str) and value and (Path(value) / "config.json").is_file():
         return Path(value)
     return None
@@ -65,7 +70,7 @@ def local_model_facts(
     """The facts of every model section whose path is a local folder with a config.json.
 
     ``actor_override`` (``verl-compat check --model-config``) stands for the actor's model (the
-    SFT trainer's, in its tree). An unreadable config found this way is skipped: the run would
+    SFT trainer's, in its tree), and for the critic's where it reads the same config. An unreadable config found this way is skipped: the run would
     meet it first, not the checks.
     """
     facts: dict[str, ModelFacts] = {}
@@ -77,7 +82,10 @@ def local_model_facts(
     if trained == SFT_MODEL:
         sections = {SFT_MODEL: resolved.get("model")}
     for key, section in sections.items():
-        if key == trained and actor_override is not None:
+        if actor_override is not None and (
+            key == trained or _config_source(section) == _config_source(sections[trained])
+        ):
+            # the critic reads the actor's model (critic.model.path defaults to the actor's)
             facts[key] = actor_override
             continue
         folder = _local_model(section)

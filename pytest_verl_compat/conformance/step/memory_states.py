@@ -111,6 +111,8 @@ def _compose(request: dict[str, Any]) -> Any:
         "+critic.model.override_config.attn_implementation=eager",
         f"actor_rollout_ref.model.lora_rank={request.get('lora_rank', 0)}",
         f"actor_rollout_ref.model.lora_alpha={request.get('lora_alpha', 16)}",
+        f"critic.model.lora_rank={request.get('lora_rank', 0)}",
+        f"critic.model.lora_alpha={request.get('lora_alpha', 16)}",
         f"{ACTOR}.strategy={strategy}",
         "actor_rollout_ref.ref.strategy=" + strategy,
         f"critic.strategy={strategy}",

@@ -32,7 +32,7 @@ KEY_ROUTERS = "model_types"
 PACKAGES = ("transformers", "peft")
 
 
-def _site_path(path: str) -> str:
+def site_path(path: str) -> str:
     """A file of the environment as its path under site-packages."""
     parts = Path(path).parts
     return "/".join(parts[len(parts) - 1 - parts[::-1].index("site-packages") + 1 :])
@@ -104,7 +104,7 @@ def derive() -> dict[str, Any]:
             "parameter": parameter,
             "pattern": pattern,
             "attribute": name,
-            "where": f"{_site_path(path)}:{line}",
+            "where": f"{site_path(path)}:{line}",
             "statement": statement,
         }
         if pattern not in target:
@@ -113,7 +113,7 @@ def derive() -> dict[str, Any]:
                 ("_MOE_TARGET_MODULE_MAPPING", f'"{pattern}": {{', f'"gate": "{parameter}"'),
             )
             target[pattern] = {
-                "where": f"{_site_path(conversion_file)}:{number}",
+                "where": f"{site_path(conversion_file)}:{number}",
                 "statement": text,
             }
     return {
@@ -123,10 +123,15 @@ def derive() -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    json.dump(derive(), sys.stdout, indent=1, sort_keys=True)
+def print_answer(answer: dict[str, Any]) -> int:
+    """A probe's answer on stdout: sorted, indented JSON (what ``release derive`` keeps)."""
+    json.dump(answer, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
     return 0
+
+
+def main() -> int:
+    return print_answer(derive())
 
 
 if __name__ == "__main__":
