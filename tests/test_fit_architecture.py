@@ -784,3 +784,23 @@ def test_lora_targets_peft_refuses_are_the_ones_the_forecast_refuses(case: str) 
     assert not wrong, "\n".join(wrong)
     # each family meets both outcomes: the settings are not all one way on it
     assert 0 < refused < len(REFUSAL_TARGETS)
+
+
+def test_a_tower_the_forecast_does_not_count_leaves_unknown_names_unjudged() -> None:
+    """A VL model whose tower the forecast does not count lacks that tower's module names: a
+    target naming none of the names it knows may be the tower's, so it is not judged; one naming
+    a block it knows is still peft's refusal."""
+    import dataclasses
+
+    from pytest_verl_compat.memory.lora_build import adapter_refusal
+
+    arch = architecture_from_config(_config("llama"), "llama", "tiny")
+    uncounted = dataclasses.replace(arch, vision_uncounted="some_vl")
+    for model, refused in (
+        ({"target_modules": ["qkv"]}, False),
+        ({"target_modules": ".*visual.*qkv"}, False),
+        ({"target_modules": ["mlp"]}, True),
+    ):
+        said = adapter_refusal(uncounted, {"lora_rank": 4, **model}, "fsdp2", "actor", "m")
+        assert (said is not None) == refused, model
+    assert adapter_refusal(arch, {"lora_rank": 4, "target_modules": ["qkv"]}, "fsdp2", "a", "m")

@@ -49,6 +49,7 @@ from pytest_verl_compat.memory.states import (
     PEFT_V4_MOE_MODEL_TYPES,
     PEFT_V4_MOE_NAMES,
 )
+from pytest_verl_compat.memory.vision import TOWER_PREFIXES
 from pytest_verl_compat.releases.value_heads import value_heads
 
 EV_BUILD = "verl/workers/engine/fsdp/transformer_impl.py:340-349"
@@ -75,7 +76,9 @@ class ModuleTree:
     # a grouped convolution's groups (a linear attention's depthwise conv1d: one per channel);
     # peft wraps it only at a LoRA rank the groups divide (tuners/lora/layer.py:1565-1570)
     groups: dict[str, int]
-    exact: bool  # names as transformers gives them (else only the last parts are reliable)
+    # every module, named as transformers names it (else: a tower the forecast does not count,
+    # whose modules are missing; only the last parts of the others' names are reliable)
+    exact: bool
 
 
 def module_tree(arch: Architecture, value_head: bool = False) -> ModuleTree:
@@ -89,7 +92,7 @@ def module_tree(arch: Architecture, value_head: bool = False) -> ModuleTree:
     groups = {}
     for tensor in tensors:
         name = tensor.name
-        if vl and name.startswith("model.") and not name.startswith(_TOWER):
+        if vl and name.startswith("model.") and not name.startswith(TOWER_PREFIXES):
             name = "model.language_model." + name[len("model.") :]
         parameters.append(name)
         module, _, leaf = name.rpartition(".")
@@ -103,9 +106,6 @@ def module_tree(arch: Architecture, value_head: bool = False) -> ModuleTree:
     if arch.tie_word_embeddings and not value_head:
         wrapped["lm_head"] = True  # the module is there; its weight is the embedding's
     return ModuleTree(wrapped, tuple(parameters), groups, exact=not arch.vision_uncounted)
-
-
-_TOWER = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
 def _names(value: Any) -> tuple[str, ...] | None:
@@ -276,6 +276,8 @@ def adapter_refusal(
     # (_inject_parameters, tuners_utils.py:1224-1256@peft-0.21.2)
     if matched or any(_listed(parameters, name) for name in tree.parameters):
         return None
+    if not tree.exact:
+        return None  # a tower the forecast does not count may hold the modules named
     reason = "leaves no module once exclude_modules is applied" if named else "names no module"
     return AdapterRefusal(
         role,
@@ -304,7 +306,7 @@ def _wrapped_leaves(tree: ModuleTree) -> list[str]:
     leaves = (
         name.rsplit(".", 1)[-1]
         for name, wraps in tree.wrapped.items()
-        if wraps and not name.startswith(_TOWER) and ".layers." in name
+        if wraps and not name.startswith(TOWER_PREFIXES) and ".layers." in name
     )
     return list(dict.fromkeys(leaves))
 
