@@ -64,3 +64,25 @@ def needs_release(version: str = PINNED_VERSION):  # type: ignore[no-untyped-def
     return pytest.mark.skipif(
         not release_ready(version), reason=f"the environment of verl {version} is not built"
     )
+
+
+def skip_unless_built(version: str) -> None:
+    """Skip the running test where ``version``'s environment is not built (``needs_release``
+    for a test parametrized by release)."""
+    import pytest
+
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+
+
+def environment_pins(version: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The versions ``version``'s environment lock pins for the packages ``names``."""
+    from pytest_verl_compat.releases.index import RELEASE_DATA
+
+    pins = {}
+    for path in (RELEASE_DATA / version).glob("environment-*.txt"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            name, _, rest = line.partition("==")
+            if name in names:
+                pins[name] = rest.split()[0]
+    return pins

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from check_findings import findings, manifest_case, model_folder
-from corpus_facts import release_ready
+from corpus_facts import environment_pins, skip_unless_built
 from tiny_qwen2 import save_policy_and_critic
 
 from pytest_verl_compat.checks.model_facts import Citation
@@ -39,14 +39,9 @@ GAE = "algorithm.adv_estimator=gae"
 CRITIC_LORA = "critic.model.lora_rank=8"
 
 
-def _needs(version: str) -> None:
-    if not release_ready(version):
-        pytest.skip(f"the environment of verl {version} is not built")
-
-
 @pytest.mark.parametrize("version", RELEASES)
 def test_shipped_value_heads_are_derived_again_in_the_release_environment(version: str) -> None:
-    _needs(version)
+    skip_unless_built(version)
     run = release_runner(version)(PROBE)
     assert run.returncode == 0, run.stderr_tail(20)
     shipped = value_heads_path(version).read_text(encoding="utf-8")
@@ -55,7 +50,7 @@ def test_shipped_value_heads_are_derived_again_in_the_release_environment(versio
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_statement_is_at_its_line_of_the_release_environment(version: str) -> None:
-    _needs(version)
+    skip_unless_built(version)
     site = installed_root(version)
     heads = value_heads(version)
     assert site is not None and heads is not None
@@ -69,12 +64,7 @@ def test_the_statement_is_at_its_line_of_the_release_environment(version: str) -
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_recorded_versions_are_the_release_environment_pins(version: str) -> None:
-    pins = {}
-    for path in value_heads_path(version).parent.glob("environment-*.txt"):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            name, _, rest = line.partition("==")
-            if name in ("peft", "transformers"):
-                pins[name] = rest.split()[0]
+    pins = environment_pins(version, ("peft", "transformers"))
     heads = value_heads(version)
     assert heads is not None and dict(heads.versions) == pins, (heads, pins)
 
@@ -102,7 +92,7 @@ def _critic_engine(version: str, tiny: dict[str, Any], lora_rank: int) -> Any:
 def test_the_claim_runs_on_verls_critic_engine(version: str, tiny_critic: dict[str, Any]) -> None:
     """A LoRA rank makes verl's critic engine fail to start with the recorded AttributeError; the
     same critic trained in full starts."""
-    _needs(version)
+    skip_unless_built(version)
     heads = value_heads(version)
     assert heads is not None
     failed = _critic_engine(version, tiny_critic, 4)

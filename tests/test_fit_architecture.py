@@ -5,6 +5,7 @@ The table's published sizes (model cards) agree within 2%."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -261,14 +262,16 @@ def _config(case: str) -> dict[str, Any]:
 BUILT_AS = {"mimo": "qwen2"}
 
 
-def _build(config: dict[str, Any], auto: Any = None) -> Any:
+def _build(config: dict[str, Any], auto: Any = None, *, weights: bool = False) -> Any:
+    """The model transformers builds from ``config``: on the meta device, or with its weights
+    (what peft wraps)."""
     settings = {k: v for k, v in config.items() if k != "model_type"}
     family = BUILT_AS.get(config["model_type"], config["model_type"])
     hf = transformers.AutoConfig.for_model(family, **settings)
     if auto is None:
         vl = "vision_config" in config
         auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
-    with torch.device("meta"):
+    with contextlib.nullcontext() if weights else torch.device("meta"):
         return auto.from_config(hf)
 
 
@@ -314,10 +317,7 @@ def test_the_critic_is_the_body_and_a_score_head(case: str) -> None:
 def _peft_trainable(config: dict[str, Any], targets: str | list[str]) -> int:
     """Trainable elements of the tiny model peft wraps with LoRA rank 4 on ``targets``."""
     peft = pytest.importorskip("peft")
-    settings = {k: v for k, v in config.items() if k != "model_type"}
-    vl = "vision_config" in config
-    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
-    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
+    model = _build(config, weights=True)
     with warnings.catch_warnings():
         # peft's rank and alpha patterns for a converted MoE name gate_up_proj, which a module
         # target list no longer holds once it is a parameter target: peft says so and goes on
@@ -722,10 +722,7 @@ def _peft_refuses(config: dict[str, Any], section: dict[str, Any]) -> str:
     """What peft raises wrapping the tiny model as verl's FSDP engine asks it to
     (transformer_impl.py:340-349), or "" where it builds the adapter."""
     peft = pytest.importorskip("peft")
-    settings = {k: v for k, v in config.items() if k != "model_type"}
-    vl = "vision_config" in config
-    auto = transformers.AutoModelForImageTextToText if vl else transformers.AutoModelForCausalLM
-    model = auto.from_config(transformers.AutoConfig.for_model(config["model_type"], **settings))
+    model = _build(config, weights=True)
     lora = peft.LoraConfig(
         task_type=peft.TaskType.CAUSAL_LM,
         r=4,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from check_findings import findings, manifest_case, model_folder
-from corpus_facts import release_ready
+from corpus_facts import environment_pins, skip_unless_built
 from release_python import run_in_release
 
 from pytest_verl_compat.checks.model_facts import Citation
@@ -57,14 +57,9 @@ QWEN3_MOE = {**TINY, "num_experts": 8}
 ATTENTION_AND_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _needs(version: str) -> None:
-    if not release_ready(version):
-        pytest.skip(f"the environment of verl {version} is not built")
-
-
 @pytest.mark.parametrize("version", RELEASES)
 def test_shipped_routers_are_derived_again_in_the_release_environment(version: str) -> None:
-    _needs(version)
+    skip_unless_built(version)
     run = release_runner(version)(PROBE)
     assert run.returncode == 0, run.stderr_tail(20)
     assert json.loads(run.stdout) == json.loads(routers_path(version).read_text(encoding="utf-8"))
@@ -72,7 +67,7 @@ def test_shipped_routers_are_derived_again_in_the_release_environment(version: s
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_each_statement_is_at_its_line_of_the_release_environment(version: str) -> None:
-    _needs(version)
+    skip_unless_built(version)
     site = installed_root(version)
     assert site is not None
     routers = wrapped_routers(version)
@@ -87,12 +82,7 @@ def test_each_statement_is_at_its_line_of_the_release_environment(version: str) 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_recorded_versions_are_the_release_environment_pins(version: str) -> None:
-    pins = {}
-    for path in (routers_path(version).parent).glob("environment-*.txt"):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            name, _, rest = line.partition("==")
-            if name in ("peft", "transformers"):
-                pins[name] = rest.split()[0]
+    pins = environment_pins(version, ("peft", "transformers"))
     for router in wrapped_routers(version).values():
         assert dict(router.versions) == pins, f"versions={router.versions}, but should be {pins}"
 
@@ -130,7 +120,7 @@ print(json.dumps(result))
 def test_the_claim_runs_in_the_release_environment(version: str) -> None:
     """The release's default target (all-linear) on a tiny GLM-4.5 fails where the data says,
     the finding's fix runs, and a MoE whose block only calls its router runs with the default."""
-    _needs(version)
+    skip_unless_built(version)
     source = (
         f"GLM4_MOE = {GLM4_MOE!r}\nQWEN3_MOE = {QWEN3_MOE!r}\nLISTED = {ATTENTION_AND_MLP!r}\n"
         + CLAIM

@@ -195,9 +195,8 @@ def critic_lora(inp: CheckInput) -> Iterator[Hit]:
     if heads is None:
         return
     for _, path, _ in _trained_models(inp):
-        facts = inp.model_facts.get(path)
-        loaded = heads.model_types.get(facts.model_type or "") if facts is not None else None
-        if path != CRITIC_MODEL or facts is None or loaded is None:
+        facts = inp.model_facts.get(path) if path == CRITIC_MODEL else None
+        if facts is None or facts.model_type not in heads.model_types:
             continue
         yield Hit(
             f"{path}.lora_rank",

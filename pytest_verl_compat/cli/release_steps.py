@@ -446,14 +446,13 @@ def _environment_record(
 ) -> None:
     """Keep what ``probe`` finds in the release's environment (sandboxed) at ``path``, as sorted
     JSON; a probe that fails is the person's to look at."""
-    from pytest_verl_compat.releases.lora_routers import dumps_routers
     from pytest_verl_compat.upstream.oracle.runner import release_runner
 
     run = release_runner(context.version)(probe)
     if run.returncode != 0:
         derivation.person.append(f"{what}: the probe failed: {run.stderr_tail(3)}")
         return
-    derivation.keep(path, dumps_routers(json.loads(run.stdout)))
+    derivation.keep(path, json.dumps(json.loads(run.stdout), indent=1, sort_keys=True) + "\n")
 
 
 def _lora_routers(derivation: Derivation, context: DeriveContext) -> None:

@@ -8,7 +8,7 @@ CLI and the plugin, the only layers that import ``memory``).
 from __future__ import annotations
 
 from pytest_verl_compat.checks.registry import Example, RuleDoc, register_rule, rule_docs
-from pytest_verl_compat.memory.parts import PHASE_TITLES, PHASES, Forecast, gib
+from pytest_verl_compat.memory.parts import LORA_TARGETS, PHASE_TITLES, PHASES, Forecast, gib
 from pytest_verl_compat.model import COMPOSE_RULE, Finding
 
 SOURCE = "the memory forecast (verl-compat fit, or check --gpu TYPE)"
@@ -122,7 +122,6 @@ def not_forecast(reason: str, key: str) -> Finding:
     )
 
 
-LORA_TARGETS = "model.lora-targets"
 LORA_TARGETS_PAGE = RuleDoc(
     LORA_TARGETS,
     "error",
@@ -174,7 +173,7 @@ def as_findings(forecast: Forecast) -> list[Finding]:
         Finding("error", a.key, a.said(), a.fix(), SET_ASIDE_WHY, check=COMPOSE_RULE)
         for a in forecast.set_aside
     ]
-    pages = rule_docs()
+    pages = rule_docs() if forecast.refused else {}  # the pages' why, for the refusals alone
     out += [
         Finding("error", r.key, r.message, r.fix, pages[r.rule].why, check=r.rule)
         for r in forecast.refused

@@ -39,10 +39,11 @@ from typing import Any
 
 from pytest_verl_compat.checks.lora import engine_lora_rank
 from pytest_verl_compat.checks.lora_targets import CRITIC_LORA, CRITIC_LORA_FIX, critic_lora_said
+from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, SFT_MODEL
 from pytest_verl_compat.checks.roles import MEGATRON_STRATEGIES
 from pytest_verl_compat.files.patterns import fullmatch_decided
 from pytest_verl_compat.memory.architecture import Architecture
-from pytest_verl_compat.memory.layout import value_at
+from pytest_verl_compat.memory.layout import RL, SFT, RunLayout, value_at
 from pytest_verl_compat.memory.parts import AdapterRefusal
 from pytest_verl_compat.memory.states import (
     ALL_LINEAR,
@@ -209,13 +210,12 @@ def adapter_refusal(
         targets, moved, alone = _converted(listed, arch)
         if alone:
             other = next(name for name in FUSED_PAIR if name != alone)
-            return AdapterRefusal(
+            return _refused(
                 role,
                 key,
                 f"{said} names {alone} without {other}: {arch.model_type}'s experts fuse them into "
-                f"one gate_up_proj, and peft refuses to convert one of them alone (ValueError: "
-                f"Cannot convert PEFT target(s), {EV_FUSED}) when verl's engine builds the adapter "
-                f"({EV_BUILD}), before the first step",
+                "one gate_up_proj, and peft refuses to convert one of them alone (ValueError: "
+                "Cannot convert PEFT target(s)",
                 f"add {other} to {key}, or leave out {alone}",
                 EV_FUSED,
             )
@@ -232,7 +232,7 @@ def adapter_refusal(
             parameters = (*parameters, *moved)
     exclude = model.get("exclude_modules")
     targeted = _matcher(targets, tree)
-    excluded = _matcher(exclude, tree) if exclude else _NOTHING
+    excluded = _matcher(exclude, tree) if exclude else _nothing_excluded
     if targeted is None or excluded is None:
         return None
     fix = (
@@ -250,24 +250,22 @@ def adapter_refusal(
             continue
         grouped = tree.groups.get(name, 1)
         if wraps and rank % grouped:
-            return AdapterRefusal(
+            return _refused(
                 role,
                 key,
                 f"{said} names {name}, a convolution of {grouped} groups, at LoRA rank {rank}: "
-                f"peft wraps a grouped convolution only at a rank its groups divide (ValueError: "
-                f"Targeting a Conv1d with groups={grouped}, {EV_GROUPS}) when verl's engine builds "
-                f"the adapter ({EV_BUILD}), before the first step",
+                "peft wraps a grouped convolution only at a rank its groups divide (ValueError: "
+                f"Targeting a Conv1d with groups={grouped}",
                 f"leave {name.rsplit('.', 1)[-1]} out of {key}",
                 EV_GROUPS,
             )
         if not wraps:
-            return AdapterRefusal(
+            return _refused(
                 role,
                 key,
                 f"{said} names {name}, which is not a linear, embedding or convolution layer of "
                 f"{arch.name}: peft refuses to wrap it (ValueError: Target module ... is not "
-                f"supported, {EV_UNSUPPORTED}) when verl's engine builds the adapter "
-                f"({EV_BUILD}), before the first step",
+                "supported",
                 fix,
                 EV_UNSUPPORTED,
             )
@@ -279,18 +277,24 @@ def adapter_refusal(
     if not tree.exact:
         return None  # a tower the forecast does not count may hold the modules named
     reason = "leaves no module once exclude_modules is applied" if named else "names no module"
-    return AdapterRefusal(
+    return _refused(
         role,
         key,
         f"{said} {reason} of {arch.name} that LoRA can wrap: peft adapts nothing and refuses "
-        f"(NoMatchingPeftModuleError, {EV_NOTHING}) when verl's engine builds the adapter "
-        f"({EV_BUILD}), before the first step",
+        "(NoMatchingPeftModuleError",
         f"{fix}; or narrow {where}.exclude_modules" if named else fix,
         EV_NOTHING,
     )
 
 
-def _NOTHING(name: str) -> bool:
+def _refused(role: str, key: str, why: str, fix: str, evidence: str) -> AdapterRefusal:
+    """The refusal said as every one is: ``why`` (its open parenthesis naming what peft raises)
+    closed by the peft line that raises it, and when."""
+    when = f"when verl's engine builds the adapter ({EV_BUILD}), before the first step"
+    return AdapterRefusal(role, key, f"{why}, {evidence}) {when}", fix, evidence)
+
+
+def _nothing_excluded(name: str) -> bool:
     return False
 
 
@@ -314,12 +318,14 @@ def _wrapped_leaves(tree: ModuleTree) -> list[str]:
 # (role, its model section) per kind of run: the roles whose engine builds a LoRA adapter (a
 # reference of its own runs only where the actor trains none, roles.ref_in_actor)
 MODEL_SECTIONS = {
-    "rl": (("actor", "actor_rollout_ref.model"), ("critic", "critic.model")),
-    "sft": (("actor", "model"),),
+    RL: (("actor", ACTOR_MODEL), ("critic", CRITIC_MODEL)),
+    SFT: (("actor", SFT_MODEL),),
 }
 
 
-def refusals(resolved: Mapping[str, Any], layout: Any, version: str) -> tuple[AdapterRefusal, ...]:
+def refusals(
+    resolved: Mapping[str, Any], layout: RunLayout, version: str
+) -> tuple[AdapterRefusal, ...]:
     """peft's refusals of the run's LoRA adapters in ``version``'s environment, one per role
     that trains one."""
     out = []

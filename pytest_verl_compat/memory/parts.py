@@ -152,6 +152,11 @@ class Verdict:
         return (*self.fixes, self.remedy) if self.remedy else self.fixes
 
 
+# The rule of a LoRA adapter peft refuses to build for its targets (a LoRA critic's is check's
+# model.critic-lora).
+LORA_TARGETS = "model.lora-targets"
+
+
 @dataclass(frozen=True)
 class AdapterRefusal:
     """peft refusing to build a role's LoRA adapter (``memory/lora_build.py``): the run stops at
@@ -162,7 +167,7 @@ class AdapterRefusal:
     message: str
     fix: str
     evidence: str
-    rule: str = "model.lora-targets"  # the rule that says it (a LoRA critic: model.critic-lora)
+    rule: str = LORA_TARGETS  # the rule that says it
 
 
 @dataclass(frozen=True)

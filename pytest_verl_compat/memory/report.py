@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -97,101 +98,81 @@ def verdict_lines(forecast: Forecast) -> list[str]:
 
 def json_payload(forecast: Forecast) -> dict[str, Any]:
     """The forecast as data/fit.schema.json describes it (bytes as integers, keys sorted)."""
-    return (
-        {
-            "schema_version": SCHEMA_VERSION,
-            "script": forecast.script,
-            "kind": forecast.kind,
-            "model": {"name": forecast.model, "origin": forecast.model_origin},
-            "gpu": {
-                "name": forecast.gpu,
-                "capacity_bytes": forecast.capacity,
-                "assumed": forecast.capacity_assumed,
-            },
-            "margin": forecast.margin,
-            "world": forecast.world,
-            "assumptions": list(forecast.assumptions),
-            "ranks": [
-                {
-                    "name": rank.name,
-                    "count": rank.count,
-                    "description": rank.description,
-                    "phases": [
-                        {
-                            "phase": phase.phase,
-                            "title": PHASE_TITLES[phase.phase],
-                            "role": phase.role,
-                            "total_bytes": phase.total,
-                            "parts": [
-                                {
-                                    "key": p.key,
-                                    "label": p.label,
-                                    "bytes": p.bytes,
-                                    "formula": p.formula,
-                                    "evidence": p.evidence,
-                                }
-                                for p in phase.parts
-                            ],
-                        }
-                        for phase in rank.phases
-                    ],
-                }
-                for rank in forecast.ranks
-            ],
-            "findings": [
-                {
-                    "level": v.level,
-                    "rule": f"memory.{v.phase}",
-                    "rank": v.rank,
-                    "phase": v.phase,
-                    "total_bytes": v.total,
-                    "capacity_bytes": v.capacity,
-                    "message": v.message,
-                    "keys": list(v.keys),
-                    "fixes": [
-                        {
-                            "set": [f"{k}={val}" for k, val in f.keys],
-                            "after_bytes": f.after,
-                            "phase_fits": f.phase_fits,
-                            "fits": f.fits,
-                        }
-                        for f in v.fixes
-                    ],
-                }
-                | (_remedy(v.remedy) if v.remedy else {})
-                for v in forecast.verdicts
-            ],
-            "rollout_kv_cache": dict(sorted(forecast.server.items())),
-        }
-        | (
+    payload: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "script": forecast.script,
+        "kind": forecast.kind,
+        "model": {"name": forecast.model, "origin": forecast.model_origin},
+        "gpu": {
+            "name": forecast.gpu,
+            "capacity_bytes": forecast.capacity,
+            "assumed": forecast.capacity_assumed,
+        },
+        "margin": forecast.margin,
+        "world": forecast.world,
+        "assumptions": list(forecast.assumptions),
+        "ranks": [
             {
-                "set_aside": [
-                    {"written": a.written, "key": a.key, "applied": a.applied, "reason": a.reason}
-                    | ({"moved": a.moved} if a.moved else {})
-                    for a in forecast.set_aside
-                ]
-            }
-            if forecast.set_aside
-            else {}
-        )
-        | (
-            {
-                "adapter_refused": [
+                "name": rank.name,
+                "count": rank.count,
+                "description": rank.description,
+                "phases": [
                     {
-                        "role": r.role,
-                        "rule": r.rule,
-                        "key": r.key,
-                        "message": r.message,
-                        "fix": r.fix,
-                        "evidence": r.evidence,
+                        "phase": phase.phase,
+                        "title": PHASE_TITLES[phase.phase],
+                        "role": phase.role,
+                        "total_bytes": phase.total,
+                        "parts": [
+                            {
+                                "key": p.key,
+                                "label": p.label,
+                                "bytes": p.bytes,
+                                "formula": p.formula,
+                                "evidence": p.evidence,
+                            }
+                            for p in phase.parts
+                        ],
                     }
-                    for r in forecast.refused
-                ]
+                    for phase in rank.phases
+                ],
             }
-            if forecast.refused
-            else {}
-        )
-    )
+            for rank in forecast.ranks
+        ],
+        "findings": [
+            {
+                "level": v.level,
+                "rule": f"memory.{v.phase}",
+                "rank": v.rank,
+                "phase": v.phase,
+                "total_bytes": v.total,
+                "capacity_bytes": v.capacity,
+                "message": v.message,
+                "keys": list(v.keys),
+                "fixes": [
+                    {
+                        "set": [f"{k}={val}" for k, val in f.keys],
+                        "after_bytes": f.after,
+                        "phase_fits": f.phase_fits,
+                        "fits": f.fits,
+                    }
+                    for f in v.fixes
+                ],
+            }
+            | (_remedy(v.remedy) if v.remedy else {})
+            for v in forecast.verdicts
+        ],
+        "rollout_kv_cache": dict(sorted(forecast.server.items())),
+    }
+    # the optional sections, only where the forecast has them
+    if forecast.set_aside:
+        payload["set_aside"] = [
+            {"written": a.written, "key": a.key, "applied": a.applied, "reason": a.reason}
+            | ({"moved": a.moved} if a.moved else {})
+            for a in forecast.set_aside
+        ]
+    if forecast.refused:
+        payload["adapter_refused"] = [dataclasses.asdict(r) for r in forecast.refused]
+    return payload
 
 
 def _remedy(remedy: ReleaseRemedy) -> dict[str, Any]:

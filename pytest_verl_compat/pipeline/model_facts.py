@@ -70,8 +70,8 @@ def local_model_facts(
     """The facts of every model section whose path is a local folder with a config.json.
 
     ``actor_override`` (``verl-compat check --model-config``) stands for the actor's model (the
-    SFT trainer's, in its tree), and for the critic's where it reads the same config. An unreadable config found this way is skipped: the run would
-    meet it first, not the checks.
+    SFT trainer's, in its tree), and for the critic's where it reads the same config. An
+    unreadable config found this way is skipped: the run would meet it first, not the checks.
     """
     facts: dict[str, ModelFacts] = {}
     trained = SFT_MODEL if family_of(resolved) == SFT else ACTOR_MODEL
@@ -82,10 +82,11 @@ def local_model_facts(
     if trained == SFT_MODEL:
         sections = {SFT_MODEL: resolved.get("model")}
     for key, section in sections.items():
+        source = _config_source(section)
         if actor_override is not None and (
-            key == trained or _config_source(section) == _config_source(sections[trained])
+            key == trained or (source is not None and source == _config_source(sections[trained]))
         ):
-            # the critic reads the actor's model (critic.model.path defaults to the actor's)
+            # a critic reading the actor's config (critic.model.path=$MODEL in verl's PPO examples)
             facts[key] = actor_override
             continue
         folder = _local_model(section)

@@ -69,7 +69,3 @@ def wrapped_routers(version: str) -> Mapping[str, WrappedRouter]:
         return routers_from_mapping(json.loads(read_bytes(path, MAX_BYTES, "LoRA routers")))
     except (InputError, ValueError, KeyError, TypeError, AttributeError):
         return {}
-
-
-def dumps_routers(raw: Mapping[str, Any]) -> str:
-    return json.dumps(raw, indent=1, sort_keys=True) + "\n"
