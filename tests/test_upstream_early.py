@@ -19,7 +19,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from corpus_facts import PINNED_VERSION, needs_release, release_ready, release_root
+from corpus_facts import (
+    PINNED_VERSION,
+    needs_release,
+    release_ready,
+    release_root,
+    skip_unless_built,
+)
 from hostile_canary import Canary
 
 from pytest_verl_compat.checks import CHECKS
@@ -327,6 +333,73 @@ def test_v1_pads_the_batch_so_make_iterator_passes(
     """trainer_base.py _get_required_batch_multiple: V1 pads 12 rows to 16, two mini-batches of 8."""
     answer = ask(oracle, edited(grpo, {**SMALL, f"{ARR}.actor.ppo_mini_batch_size": 8}))
     assert not [f for f in answer.failures if "make_iterator" in f.phase], answer.failures
+
+
+# verl refuses a vLLM LoRA rank above vLLM's largest (get_vllm_max_lora_rank, called by
+# validate_config: verl/utils/config.py:190-200@0.9.0, :205-215@0.9.1); the vLLM module it imports
+# is stood in for, and the stand-in's rule must be a finding, not the sandbox's stop.
+LORA_RANK = f"{ARR}.model.lora_rank"
+VLLM_RANK_FIRES = {
+    "lora_rank": {LORA_RANK: 1024},
+    "lora.rank": {f"{ARR}.model.lora.rank": 513},
+}
+VLLM_RANK_TWINS = {
+    "largest": {LORA_RANK: 512},
+    "rounded up": {LORA_RANK: 48},
+    "merged": {LORA_RANK: 1024, f"{ARR}.model.lora.merge": True},
+    "sglang": {LORA_RANK: 1024, f"{ARR}.rollout.name": "sglang"},
+}
+
+
+@pytest.mark.parametrize("version", ["0.9.0", "0.9.1"])
+def test_the_stand_ins_vllm_lora_ranks_are_verls_own_list(version: str) -> None:
+    """The stand-in applies the ranks each release's get_vllm_max_lora_rank falls back to
+    (vLLM 0.18.0's and 0.24.0's MaxLoRARanks are the same list)."""
+    import ast
+
+    from pytest_verl_compat.checks.upstream_names import VLLM_LORA_RANKS
+
+    skip_unless_built(version)
+    path = release_root(version) / "verl/workers/rollout/vllm_rollout/utils.py"
+    function = next(
+        node
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef) and node.name == "get_vllm_max_lora_rank"
+    )
+    literal = next(
+        node.slice
+        for node in ast.walk(function)
+        if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Literal"
+    )
+    assert tuple(ast.literal_eval(literal)) == VLLM_LORA_RANKS
+
+
+@needs_verl
+@pytest.mark.parametrize("name", sorted(VLLM_RANK_FIRES))
+def test_a_vllm_lora_rank_above_vllms_largest_fails_validate_config(
+    name: str, oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    edits = VLLM_RANK_FIRES[name]
+    answer = ask(oracle, edited(grpo, edits))
+    assert answer.verdict == "fails", answer
+    fired = [
+        f for f in answer.failures if "lora_rank must be less than or equal to 512" in f.message
+    ]
+    assert fired, answer.failures
+    assert fired[0].where.startswith("verl/utils/config.py:"), fired[0]
+    assert "get_vllm_max_lora_rank(lora_rank)" in upstream_line(fired[0].where)
+    assert set(fired[0].keys) & set(edits), fired[0].keys
+    assert not answer.notes, answer.notes  # not filed as the sandbox's
+
+
+@needs_verl
+@pytest.mark.parametrize("name", sorted(VLLM_RANK_TWINS))
+def test_a_vllm_lora_rank_verl_accepts_passes_validate_config(
+    name: str, oracle: UpstreamOracle, grpo: dict[str, Any]
+) -> None:
+    answer = ask(oracle, edited(grpo, VLLM_RANK_TWINS[name]))
+    assert not [f for f in answer.failures if "lora_rank" in f.message], answer.failures
+    assert not [n for n in answer.notes if "lora" in str(n)], answer.notes
 
 
 @needs_verl

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
+# The LoRA ranks vLLM serves (vllm/config/lora.py:24@vllm-0.18.0, :26@vllm-0.24.0, MaxLoRARanks;
+# verl's own fallback list too, verl/workers/rollout/vllm_rollout/utils.py:92@0.9.0): verl asks
+# vLLM for the smallest that holds the adapter's rank and refuses a rank above the largest
+# (get_vllm_max_lora_rank, utils.py:81-100@0.9.0).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 # The asynchronous trainers' entry points: their own configs, their own task runners
 # (verl/experimental/fully_async_policy/fully_async_main.py, one_step_off_policy/main_ppo.py).
 FULLY_ASYNC_MODULE = "verl.experimental.fully_async_policy.fully_async_main"

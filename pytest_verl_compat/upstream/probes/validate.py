@@ -3,8 +3,10 @@
 Runs inside the oracle process (``oracle.py``), one resolved mapping per question. Two parts of upstream validation need what a laptop does not
 have, and are replaced by labelled stand-ins:
 
-- the vLLM LoRA rank check imports vllm; the stand-in applies the same allowed ranks that
-  ``get_vllm_max_lora_rank`` falls back to when vllm is absent (1, 8, ..., 512);
+- the vLLM LoRA rank check imports vllm; the stand-in applies vLLM's allowed ranks
+  (``MaxLoRARanks``, 1, 8, ..., 512: vllm/config/lora.py:24@vllm-0.18.0, :26@vllm-0.24.0, the
+  list ``get_vllm_max_lora_rank`` also falls back to), and a rank above them is vLLM's rule at
+  the verl line that asks (a ``LibraryCheck``: a finding, not the sandbox's stop);
 - the critic's model config is loaded from the model hub; the stand-in keeps the critic's model
   section a plain mapping, which keeps every batch-size check of ``CriticConfig.validate``.
 """
@@ -20,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_verl_compat.checks.upstream_names import VLLM_LORA_RANKS
 from pytest_verl_compat.pipeline.entry_points import (
     FULLY_ASYNC_MODULE,
     ONE_STEP_OFF_MODULE,
@@ -28,6 +31,7 @@ from pytest_verl_compat.pipeline.entry_points import (
 from pytest_verl_compat.pipeline.targets import foreign_targets, tree_targets
 from pytest_verl_compat.upstream.oracle.client import ENTRY_MODULE
 from pytest_verl_compat.upstream.probes import records
+from pytest_verl_compat.upstream.probes.boundary import LibraryCheck
 from pytest_verl_compat.upstream.probes.config_load import VALIDATE_CONFIG
 from pytest_verl_compat.upstream.probes.phases import run_all
 
@@ -38,7 +42,6 @@ STAND_INS = (
     "vllm LoRA rank: allowed ranks 1, 8, 16, 32, 64, 128, 256, 320, 512 (upstream's fallback list)",
     "critic model config: not loaded from the model hub; batch checks run on the critic section",
 )
-ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The probes of each entry point besides main_ppo, by module: each module's ``run_entry(mapping,
 # world_size, explicit, entry=…)`` answers its questions. Named, not imported here, so that
 # main_ppo's answers are keyed by main_ppo's code alone (``pipeline.answers.ENTRY_CODE`` keys these).
@@ -53,11 +56,15 @@ ENTRY_PROBES = {
 def _stand_in_lora_rank(lora_rank: int) -> int:
     if lora_rank <= 0:
         raise AssertionError(f"lora_rank must be greater than 0, get {lora_rank}")
-    if lora_rank > ALLOWED_LORA_RANKS[-1]:
-        raise ValueError(
-            f"lora_rank must be less than or equal to {ALLOWED_LORA_RANKS[-1]}, but got {lora_rank}"
+    if lora_rank > VLLM_LORA_RANKS[-1]:
+        # verl raises this ValueError itself (vllm_rollout/utils.py:95-96@0.9.0, :97-98@0.9.1)
+        # from vLLM's list: a rule of the run, which a plain raise here would file as the
+        # sandbox's (stand_ins.sandbox_failure: raised inside a stand-in)
+        raise LibraryCheck(
+            f"vLLM max_lora_rank: lora_rank must be less than or equal to "
+            f"{VLLM_LORA_RANKS[-1]}, but got {lora_rank}"
         )
-    return next(rank for rank in ALLOWED_LORA_RANKS if lora_rank <= rank)
+    return next(rank for rank in VLLM_LORA_RANKS if lora_rank <= rank)
 
 
 def install_stand_ins() -> None:
