@@ -1024,3 +1024,42 @@ def test_lora_targets_peft_refuses_are_an_error_naming_the_key(
             capsys, "fit", _script(script), *args, *options, "--set", twin, "--format", "json"
         )
         assert "adapter_refused" not in json.loads(out), twin
+
+
+@pytest.mark.parametrize(
+    ("sets", "rank"),
+    [
+        ((), 64),  # the example's rank
+        (("actor_rollout_ref.model.lora_rank=48",), 64),  # vLLM's next rank
+        (("actor_rollout_ref.model.lora.merge=True",), 0),  # merged: vLLM serves no adapter
+        (("actor_rollout_ref.rollout.name=sglang",), 0),  # SGLang: not vLLM's slots
+    ],
+)
+def test_vllms_lora_slots_are_in_the_servers_weights(
+    here: Path, capsys: pytest.CaptureFixture[str], sets: tuple[str, ...], rank: int
+) -> None:
+    """The LoRA example's vLLM server loads LoRA slots of the rank verl asks for with its
+    weights: the JSON (valid under the schema) names their bytes and the text says them; the
+    merged and SGLang twins have none."""
+    from pytest_verl_compat.memory.models import from_table
+    from pytest_verl_compat.memory.vllm_lora import slot_bytes
+
+    options = [word for s in sets for word in ("--set", s)]
+    status, out, _ = run(
+        capsys, "fit", _script(LORA), "--gpu", "H100", *options, "--format", "json"
+    )
+    payload = json.loads(out)
+    jsonschema.validate(
+        payload,
+        json.loads(
+            resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
+        ),
+    )
+    server = payload["rollout_kv_cache"]
+    choice = from_table("Qwen/Qwen3-8B")
+    assert choice is not None
+    tp = 2  # the example's rollout tensor-parallel size
+    assert server.get("lora_slots", 0) == slot_bytes(choice.architecture, rank, tp, 0, 2)
+    status, text, _ = run(capsys, "fit", _script(LORA), "--gpu", "H100", *options)
+    assert status == 0, text  # it fits an H100 either way
+    assert ("of them vLLM's LoRA slots" in text) == bool(rank), text

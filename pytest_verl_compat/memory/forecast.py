@@ -148,6 +148,8 @@ def forecast(resolved: Mapping[str, Any], request: Request, *, with_fixes: bool 
         }  # fmt: skip
         if mem.window_tokens:
             server["window_tokens"] = mem.window_tokens
+        if mem.lora_slots:
+            server["lora_slots"] = mem.lora_slots
     return Forecast(
         script=request.script,
         kind=layout.kind,

@@ -132,6 +132,10 @@ class ServerLayout:
     # rollout.quantization: the engine's online fp8 (rollout.FP8_WEIGHTS) or another method the
     # forecast counts in the rollout dtype (rollout.quantization_assumption says so); None: none
     quantization: str | None = None
+    # the rank of vLLM's LoRA slots for the actor's adapter (vllm_lora.served_rank; 0: none) and
+    # whether they are fully sharded (lora.fully_sharded_loras)
+    lora_rank: int = 0
+    lora_sharded: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,17 @@ def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
         lines += [
             "",
             f"rollout KV cache per GPU: {_pool_text(s)} after "
-            f"{_gib(int(s['weights']))} GiB of weights and {_gib(int(s['overhead']))} GiB of profiled "
+            f"{_gib(int(s['weights']))} GiB of weights{_lora_slots(s)} and {_gib(int(s['overhead']))} GiB of profiled "
             f"activations and non-torch allocations{_graphs_where(s)}; one max_model_len sequence "
             f"needs {_gib(int(s['one_sequence_bytes']))} GiB",
         ]
     return lines
+
+
+def _lora_slots(server: Mapping[str, int | float]) -> str:
+    """vLLM's LoRA slots, which its weights include (vllm_lora)."""
+    slots = int(server.get("lora_slots", 0))
+    return f" ({_gib(slots)} GiB of them vLLM's LoRA slots)" if slots else ""
 
 
 def _pool_text(server: Mapping[str, int | float]) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from pytest_verl_compat.memory import vllm_lora
 from pytest_verl_compat.memory.architecture import GPT_OSS, Architecture
 from pytest_verl_compat.memory.layout import ServerLayout
 from pytest_verl_compat.memory.residency import gib_text
@@ -339,6 +340,7 @@ class ServerMemory:
     sleeps: bool
     graphs: int  # its CUDA graphs (in the share or outside it), kept while it sleeps
     window_tokens: int = 0  # SGLang's sliding-window pool, beside kv_tokens (its full layers')
+    lora_slots: int = 0  # vLLM's LoRA slots, counted in weights (vllm_lora)
 
     @property
     def concurrent_sequences(self) -> float:
@@ -355,7 +357,17 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
     SGLang's of what is free (``ServerEngine``)."""
     arch, engine = server.model.architecture, engine_of(server)
     ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
+    # vLLM's LoRA slots load with the weights (vllm_lora.EV_LOAD): its model memory holds both
+    lora_slots = vllm_lora.slot_bytes(
+        arch,
+        server.lora_rank,
+        server.tp,
+        ep_ranks if server.ep > 1 else 0,
+        server.dtype,
+        server.lora_sharded,
+    )
     weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype, server.quantization)
+    weights += lora_slots
     free = max(capacity - held, 0)
     share = int(server.gpu_memory_utilization * (free if engine.share_of_free else capacity))
     graphs = 0 if server.enforce_eager else CUDA_GRAPHS
@@ -407,6 +419,7 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
         window_tokens=window_tokens,
         asleep=asleep,
         sleeps=sleeps,
+        lora_slots=lora_slots,
     )
 
 
