@@ -13,7 +13,7 @@ import json
 import shutil
 
 import pytest
-from corpus_facts import needs_release
+from corpus_facts import needs_release, skip_unless_built
 
 from pytest_verl_compat.cli import recorded_answers
 from pytest_verl_compat.conformance.plan import ConformanceCase
@@ -44,6 +44,25 @@ def test_every_question_of_the_default_audit_has_its_recorded_answer(
     asked = recorded_answers.questions(session)
     assert {kind: len(asked[kind]) > 0 for kind in RECORDED} == dict.fromkeys(RECORDED, True)
     assert recorded_answers.stale(session) == [], "run `verl-compat audit --write`"
+
+
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath:UserWarning")
+def test_the_other_releases_recorded_answers_are_asked_now() -> None:
+    """golden/releases/0.9.1/answers/ too: its corpus answers and its examples' answers under the
+    keys check asks now (d066d08 moved the oracle-code digest and left four of them stale: every
+    check --release 0.9.1 asked verl again, and nothing said so)."""
+    from pytest_verl_compat.pipeline.answers import CHECKS as CHECK_KIND
+    from pytest_verl_compat.pipeline.answers import EXAMPLES_PART
+    from pytest_verl_compat.upstream.verdict.examples import example_cases
+    from pytest_verl_compat.upstream.verdict.examples import recorded_answers as examples_answers
+
+    skip_unless_built("0.9.1")
+    other = AuditSession.start(AuditOptions(release="0.9.1"))
+    assert recorded_answers.stale(other) == [], "run `verl-compat audit --write --release 0.9.1`"
+    upstream = json.loads((other.golden_dir / "examples" / "upstream.json").read_text())
+    now = examples_answers(other, example_cases(other), upstream)
+    recorded = load_recorded(recorded_path(other.golden_dir, CHECK_KIND, EXAMPLES_PART))
+    assert now and set(now) == set(recorded), "re-record the examples' answers for 0.9.1"
 
 
 def test_a_changed_question_is_stale(session: AuditSession, tmp_path) -> None:  # type: ignore[no-untyped-def]
