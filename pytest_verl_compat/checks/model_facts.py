@@ -90,6 +90,24 @@ class ValueHeads:
         return environment_of(self.versions)
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """One argument verl hands SGLang: its statement and what it gives for each class of value
+    (a value SGLang receives, or ``raises: …``: verl's own refusal)."""
+
+    read: Citation
+    renders: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SglangLora:
+    """How a release hands SGLang the actor's LoRA (``releases/sglang_lora.py``)."""
+
+    rank: Rendering  # max_lora_rank, by the spelling the rank is set in (lora_rank, lora.rank)
+    targets: Rendering  # lora_target_modules, by target_class
+    sglang: str  # the SGLang release the sglang extra pins
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

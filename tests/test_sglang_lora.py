@@ -1,0 +1,147 @@
+"""SGLang serving the actor's LoRA adapter (``rollout.sglang-lora``).
+
+What each release hands SGLang is its own server code, run in its environment: derived there
+again and equal to the shipped record, each statement at its line of the release's files. The
+check then fires, per release, exactly on the values SGLang (or verl itself) refuses at the
+server's start, and stays quiet on their near-identical valid twins: 0.9.0 hands
+``target_modules`` on as written (a string, ``all-linear`` included, is refused by SGLang) and
+the rank from ``lora_rank`` only; 0.9.1 translates ``all-linear`` and refuses a pattern or null.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from check_findings import findings, manifest_case
+from corpus_facts import release_root, skip_unless_built
+
+from pytest_verl_compat.checks.sglang_lora import served_rank_spelling, target_class
+from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
+from pytest_verl_compat.releases.index import load_release_index
+from pytest_verl_compat.releases.sglang_lora import PROBE, sglang_lora, sglang_lora_path
+from pytest_verl_compat.upstream.oracle.runner import release_runner
+
+RELEASES = load_release_index().supported_versions
+RULE = "rollout.sglang-lora"
+MODEL = "actor_rollout_ref.model"
+SGLANG = "actor_rollout_ref.rollout.name=sglang"
+RANK = f"{MODEL}.lora_rank=8"
+TARGETS = f"{MODEL}.target_modules"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_shipped_record_is_derived_again_in_the_release_environment(version: str) -> None:
+    skip_unless_built(version)
+    run = release_runner(version)(PROBE)
+    assert run.returncode == 0, run.stderr_tail(20)
+    assert json.loads(run.stdout) == json.loads(sglang_lora_path(version).read_text())
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_each_statement_is_at_its_line_of_the_release(version: str) -> None:
+    record = sglang_lora(version)
+    assert record is not None
+    for rendering in (record.rank, record.targets):
+        file, _, line = rendering.read.where.rpartition(":")
+        lines = (release_root(version) / file).read_text(encoding="utf-8").splitlines()
+        assert lines[int(line) - 1].strip() == rendering.read.statement, rendering.read
+    assert record.sglang  # the sglang extra's pin
+
+
+@pytest.fixture(scope="module")
+def sessions(upstream_session: AuditSession) -> dict[str, AuditSession]:
+    return {
+        version: upstream_session
+        if version == upstream_session.pin.version
+        else AuditSession.start(AuditOptions(release=version))
+        for version in RELEASES
+    }
+
+
+def _fired(session: AuditSession, *overrides: str) -> list[str]:
+    found = findings(session, manifest_case(session, "grpo"), *overrides)
+    return sorted(f.split(": ", 1)[0] for f in found if f"[{RULE}]" in f or "hands SGLang" in f)
+
+
+TARGET = f"error:{TARGETS}"
+# (overrides, the findings on 0.9.0, on 0.9.1): each key a finding names.
+CASES = {
+    "all-linear (the default)": ((SGLANG, RANK), [TARGET], []),
+    "a pattern": ((SGLANG, RANK, f"{TARGETS}=.*_proj"), [TARGET], [TARGET]),
+    "null": ((SGLANG, RANK, f"{TARGETS}=null"), [TARGET], [TARGET]),
+    "a list": ((SGLANG, RANK, f"{TARGETS}=[q_proj,v_proj]"), [], []),
+    "the Megatron spelling": (
+        (SGLANG, f"{MODEL}.lora.rank=8", f"{TARGETS}=[q_proj,v_proj]"),
+        [f"error:{MODEL}.lora.rank"],
+        [],
+    ),
+    "both spellings": (
+        (SGLANG, RANK, f"{MODEL}.lora.rank=8", f"{TARGETS}=[q_proj,v_proj]"),
+        [],
+        [],
+    ),
+    "merged into the weights": ((SGLANG, RANK, f"{MODEL}.lora.merge=True"), [], []),
+    "vLLM": ((RANK,), [], []),
+    "no LoRA": ((SGLANG,), [], []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("version", RELEASES)
+def test_fires_where_the_release_and_sglang_refuse_and_not_on_the_twins(
+    sessions: dict[str, AuditSession], version: str, name: str
+) -> None:
+    overrides, on_090, on_091 = CASES[name]
+    expected = {"0.9.0": on_090, "0.9.1": on_091}[version]
+    assert _fired(sessions[version], *overrides) == expected
+
+
+def test_a_finding_names_the_releases_own_line_and_what_is_refused(
+    sessions: dict[str, AuditSession],
+) -> None:
+    (old,) = [
+        f
+        for f in findings(sessions["0.9.0"], manifest_case(sessions["0.9.0"], "grpo"), SGLANG, RANK)
+        if "hands SGLang" in f
+    ]
+    assert "async_sglang_server.py:330@0.9.0" in old and "'all-linear'" in old
+    assert "NotImplementedError" in old and "SGLang 0.5.8" in old
+    pattern = f"{TARGETS}=.*proj"
+    (new,) = [
+        f
+        for f in findings(
+            sessions["0.9.1"], manifest_case(sessions["0.9.1"], "grpo"), SGLANG, RANK, pattern
+        )
+        if "hands SGLang" in f
+    ]
+    assert "async_sglang_server.py:349@0.9.1" in new
+    assert "ValueError: SGLang cannot serve a regex `target_modules` ('.*proj')" in new
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [("all-linear", "all-linear"), ("All-Linear", "pattern"), (None, "null"), (["q_proj"], "list")],
+)
+def test_a_value_is_of_the_class_the_record_renders(value: object, kind: str) -> None:
+    assert target_class(value) == kind
+
+
+@pytest.mark.parametrize(
+    ("model", "spelling"),
+    [
+        ({"lora_rank": 8, "lora": {"rank": 0}}, "lora_rank"),
+        ({"lora_rank": 0, "lora": {"rank": 8}}, "lora.rank"),
+        ({"lora_rank": 8, "lora": {"rank": 8, "merge": True}}, None),
+        ({"lora_rank": 0, "lora": {"rank": 0}}, None),
+        ({"lora_rank": True}, None),
+    ],
+)
+def test_the_adapter_is_served_as_verl_decides(
+    model: dict[str, object], spelling: str | None
+) -> None:
+    assert served_rank_spelling(model) == spelling
+
+
+def test_no_record_no_finding() -> None:
+    assert sglang_lora("0.0.0") is None
