@@ -1027,23 +1027,40 @@ def test_lora_targets_peft_refuses_are_an_error_naming_the_key(
 
 
 @pytest.mark.parametrize(
-    ("sets", "rank"),
+    ("sets", "server"),
     [
-        ((), 64),  # the example's rank
-        (("actor_rollout_ref.model.lora_rank=48",), 64),  # vLLM's next rank
-        (("actor_rollout_ref.model.lora.merge=True",), 0),  # merged: vLLM serves no adapter
-        (("actor_rollout_ref.rollout.name=sglang",), 0),  # SGLang: not vLLM's slots
+        ((), "vllm"),  # the example's rank, 64
+        (("actor_rollout_ref.model.lora_rank=48",), "vllm"),  # vLLM's next rank, 64
+        (("actor_rollout_ref.model.lora.merge=True",), ""),  # merged: no adapter served
+        (("actor_rollout_ref.rollout.name=sglang",), "sglang"),  # SGLang's pool of 8 slots
+        (
+            (
+                "actor_rollout_ref.rollout.name=sglang",
+                "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+                "+actor_rollout_ref.rollout.engine_kwargs.sglang.max_loras_per_batch=2",
+            ),
+            "sglang-listed",
+        ),
     ],
 )
-def test_vllms_lora_slots_are_in_the_servers_weights(
-    here: Path, capsys: pytest.CaptureFixture[str], sets: tuple[str, ...], rank: int
+def test_the_servers_lora_slots_are_in_its_weights(
+    here: Path, capsys: pytest.CaptureFixture[str], sets: tuple[str, ...], server: str
 ) -> None:
-    """The LoRA example's vLLM server loads LoRA slots of the rank verl asks for with its
-    weights: the JSON (valid under the schema) names their bytes and the text says them; the
-    merged and SGLang twins have none."""
+    """The LoRA example's rollout server loads LoRA slots with its weights, vLLM's of the rank
+    verl asks for, SGLang's pool of its slots over the targets verl hands it: the JSON (valid
+    under the schema) names their bytes and the text says them; the merged twin has none."""
     from pytest_verl_compat.memory.models import from_table
-    from pytest_verl_compat.memory.vllm_lora import slot_bytes
+    from pytest_verl_compat.memory.server_lora import sglang_pool_bytes, slot_bytes
 
+    choice = from_table("Qwen/Qwen3-8B")
+    assert choice is not None
+    arch, tp = choice.architecture, 2  # the example's rollout tensor-parallel size
+    expected = {
+        "vllm": slot_bytes(arch, 64, tp, 0, 2),
+        "": 0,
+        "sglang": sglang_pool_bytes(arch, 64, tp, 0, 2, ("all",), 8),
+        "sglang-listed": sglang_pool_bytes(arch, 64, tp, 0, 2, ("q_proj", "v_proj"), 2),
+    }[server]
     options = [word for s in sets for word in ("--set", s)]
     status, out, _ = run(
         capsys, "fit", _script(LORA), "--gpu", "H100", *options, "--format", "json"
@@ -1055,11 +1072,7 @@ def test_vllms_lora_slots_are_in_the_servers_weights(
             resources.files("pytest_verl_compat").joinpath("data/fit.schema.json").read_text()
         ),
     )
-    server = payload["rollout_kv_cache"]
-    choice = from_table("Qwen/Qwen3-8B")
-    assert choice is not None
-    tp = 2  # the example's rollout tensor-parallel size
-    assert server.get("lora_slots", 0) == slot_bytes(choice.architecture, rank, tp, 0, 2)
+    assert payload["rollout_kv_cache"].get("lora_slots", 0) == expected
     status, text, _ = run(capsys, "fit", _script(LORA), "--gpu", "H100", *options)
     assert status == 0, text  # it fits an H100 either way
-    assert ("of them vLLM's LoRA slots" in text) == bool(rank), text
+    assert ("of them its LoRA slots" in text) == bool(expected), text

@@ -132,10 +132,16 @@ class ServerLayout:
     # rollout.quantization: the engine's online fp8 (rollout.FP8_WEIGHTS) or another method the
     # forecast counts in the rollout dtype (rollout.quantization_assumption says so); None: none
     quantization: str | None = None
-    # the rank of vLLM's LoRA slots for the actor's adapter (vllm_lora.served_rank; 0: none) and
-    # whether they are fully sharded (lora.fully_sharded_loras)
+    # the rank of the server's LoRA slots for the actor's adapter (0: none; server_lora), whether
+    # vLLM's are fully sharded (lora.fully_sharded_loras), and SGLang's targets (what verl hands
+    # it as lora_target_modules) and slots (max_loras_per_batch)
     lora_rank: int = 0
     lora_sharded: bool = False
+    lora_targets: tuple[str, ...] = ()
+    lora_pool_slots: int = 0
+    lora_experts: bool = (
+        True  # SGLang's pool holds per-expert slots (server_lora.SGLANG_EXPERT_SLOTS)
+    )
 
 
 @dataclass(frozen=True)

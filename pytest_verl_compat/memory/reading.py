@@ -30,7 +30,7 @@ from pytest_verl_compat.checks.roles import (
     sequence_parallel,
 )
 from pytest_verl_compat.checks.sft import engine_strategy
-from pytest_verl_compat.memory import vllm_lora
+from pytest_verl_compat.memory import server_lora
 from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
 from pytest_verl_compat.memory.architecture import GLM_LAYER, GPT_OSS
 from pytest_verl_compat.memory.batches import role_batches
@@ -580,20 +580,8 @@ def server_layout(
         prefix_caching=bool(rollout.get("enable_prefix_caching", True)),
         bucket_bytes=as_int(value_at(rollout, BUCKET_KEY), BUCKET_DEFAULT_MB) << 20,
         quantization=_quantization(rollout),
-        **_vllm_lora(resolved, section, name),
+        **server_lora.server_fields(resolved, section, name, facts.release),
     )
-
-
-def _vllm_lora(resolved: Mapping[str, Any], section: str, name: str) -> dict[str, Any]:
-    """vLLM's LoRA slots for the actor's adapter, which verl's vLLM server reads from the
-    actor's model section (vllm_lora.EV_ARGS); other servers and sections have none here."""
-    model = value_at(resolved, "actor_rollout_ref.model", {})
-    if name != "vllm" or section != "actor_rollout_ref.rollout" or not isinstance(model, Mapping):
-        return {}
-    return {
-        "lora_rank": vllm_lora.served_rank(model),
-        "lora_sharded": vllm_lora.fully_sharded(model),
-    }
 
 
 def _quantization(rollout: Mapping[str, Any]) -> str | None:

@@ -58,9 +58,9 @@ def text_lines(forecast: Forecast, parts: bool = True) -> list[str]:
 
 
 def _lora_slots(server: Mapping[str, int | float]) -> str:
-    """vLLM's LoRA slots, which its weights include (vllm_lora)."""
+    """The server's LoRA slots, which its weights include (server_lora)."""
     slots = int(server.get("lora_slots", 0))
-    return f" ({_gib(slots)} GiB of them vLLM's LoRA slots)" if slots else ""
+    return f" ({_gib(slots)} GiB of them its LoRA slots)" if slots else ""
 
 
 def _pool_text(server: Mapping[str, int | float]) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pytest_verl_compat.memory import vllm_lora
+from pytest_verl_compat.memory import server_lora
 from pytest_verl_compat.memory.architecture import GPT_OSS, Architecture
 from pytest_verl_compat.memory.layout import ServerLayout
 from pytest_verl_compat.memory.residency import gib_text
@@ -340,7 +340,7 @@ class ServerMemory:
     sleeps: bool
     graphs: int  # its CUDA graphs (in the share or outside it), kept while it sleeps
     window_tokens: int = 0  # SGLang's sliding-window pool, beside kv_tokens (its full layers')
-    lora_slots: int = 0  # vLLM's LoRA slots, counted in weights (vllm_lora)
+    lora_slots: int = 0  # the server's LoRA slots, counted in weights (server_lora)
 
     @property
     def concurrent_sequences(self) -> float:
@@ -357,15 +357,9 @@ def server_memory(server: ServerLayout, capacity: int, held: int = 0) -> ServerM
     SGLang's of what is free (``ServerEngine``)."""
     arch, engine = server.model.architecture, engine_of(server)
     ep_ranks = server.tp * server.dp if server.ep > 1 else server.tp
-    # vLLM's LoRA slots load with the weights (vllm_lora.EV_LOAD): its model memory holds both
-    lora_slots = vllm_lora.slot_bytes(
-        arch,
-        server.lora_rank,
-        server.tp,
-        ep_ranks if server.ep > 1 else 0,
-        server.dtype,
-        server.lora_sharded,
-    )
+    # vLLM's LoRA slots load with the weights (server_lora.EV_LOAD), SGLang's pool right after
+    # them (EV_SGLANG_ORDER): the share holds both as it holds the weights
+    lora_slots = server_lora.lora_bytes(server, ep_ranks if server.ep > 1 else 0)
     weights = weights_per_rank(arch, server.tp, ep_ranks, server.dtype, server.quantization)
     weights += lora_slots
     free = max(capacity - held, 0)

@@ -1,6 +1,6 @@
-"""vLLM's LoRA slots, which a vLLM server serving the actor's adapter allocates with its weights:
-the forecast's count equals vLLM's own layer shapes, the KV cache shrinks by them, and the rank
-is the one verl asks vLLM for.
+"""A rollout server's LoRA slots, which vLLM allocates with its weights and SGLang right after
+them when verl serves the actor's adapter: the forecast's count equals each engine's own buffer
+shapes, the KV cache shrinks by them, and the rank is the one verl asks for.
 
 The independent side is vLLM's layers as its model files build them (vllm-project/vllm 0.18.0,
 the same in 0.24.0), transcribed here: llama.py / qwen2.py / qwen3.py build each decoder layer
@@ -23,7 +23,7 @@ from pytest_verl_compat.checks.upstream_names import VLLM_LORA_RANKS
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.models import from_table
 from pytest_verl_compat.memory.rollout import server_memory
-from pytest_verl_compat.memory.vllm_lora import served_rank, slot_bytes
+from pytest_verl_compat.memory.server_lora import served_rank, sglang_pool_bytes, slot_bytes
 
 GIB = 1 << 30
 
@@ -134,3 +134,91 @@ def test_slots_can_leave_a_server_short_of_one_sequence() -> None:
     lora = server_memory(dataclasses.replace(base, lora_rank=128), 80 * GIB)
     assert plain.kv_bytes >= plain.one_sequence_bytes
     assert lora.kv_bytes < lora.one_sequence_bytes
+
+
+# --- SGLang's LoRA memory pool ------------------------------------------------------------------
+
+
+def _sglang_pool(
+    a: Architecture, rank: int, tp: int, modules: set[str], slots: int, experts: bool
+) -> int:
+    """Elements of SGLang 0.5.12's pool, transcribed from LoRAMemoryPool.get_lora_A_shape /
+    get_lora_B_shape / init_buffers (sglang/srt/lora/mem_pool.py): per layer and module
+    ``A: (slots, R * stacked, in)``, ``B: (slots, out, R)``, a row-parallel input and a
+    column-parallel output split over TP (K/V heads replicated past their count), fused experts
+    ``(slots, experts, ...)`` per expert; the embedding ``A: (slots, R, vocab)``,
+    ``B: (slots, hidden, R)``, the head ``A: (slots, R, hidden)``, ``B: (slots, vocab/tp, R)``."""
+    h, hd = a.hidden_size, a.head_dim
+    q, kv = a.num_attention_heads * hd, max(1, a.num_key_value_heads // tp) * hd
+    layer = 0
+    if "qkv_proj" in modules:
+        layer += 3 * rank * h + (q // tp + 2 * kv) * rank
+    if "o_proj" in modules:
+        layer += rank * (q // tp) + h * rank
+    if a.num_experts:
+        width, e = a.moe_intermediate_size // tp, a.num_experts
+        if experts and "gate_up_proj" in modules:
+            layer += e * (2 * rank * h + 2 * width * rank)
+        if experts and "down_proj" in modules:
+            layer += e * (rank * width + h * rank)
+    else:
+        inter = a.intermediate_size // tp
+        if "gate_up_proj" in modules:
+            layer += 2 * rank * h + 2 * inter * rank
+        if "down_proj" in modules:
+            layer += rank * inter + h * rank
+    total = a.num_hidden_layers * layer
+    if "embed_tokens" in modules:
+        total += rank * a.vocab_size + h * rank
+    if "lm_head" in modules:
+        total += rank * h + -(-a.vocab_size // tp) * rank
+    return slots * total
+
+
+ALL_SGLANG = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "embed_tokens", "lm_head"}
+SGLANG_TARGETS = {
+    ("all",): ALL_SGLANG,
+    ("q_proj", "v_proj"): {"qkv_proj"},
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"): ALL_SGLANG
+    - {"embed_tokens", "lm_head"},
+    ("model.layers.0.mlp.down_proj", "lm_head"): {"down_proj", "lm_head"},
+}
+
+
+@pytest.mark.parametrize("experts", [True, False])
+@pytest.mark.parametrize("targets", sorted(SGLANG_TARGETS))
+@pytest.mark.parametrize("tp", [1, 2, 8])
+@pytest.mark.parametrize(
+    "repo",
+    [
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "Qwen/Qwen3-30B-A3B",
+    ],
+)
+def test_sglangs_pool_is_its_buffer_shapes(
+    repo: str, tp: int, targets: tuple[str, ...], experts: bool
+) -> None:
+    a = _arch(repo)
+    want = _sglang_pool(a, 16, tp, SGLANG_TARGETS[targets], 8, experts) * 2
+    assert sglang_pool_bytes(a, 16, tp, 0, 2, targets, 8, experts) == want
+
+
+def test_sglangs_pool_shrinks_the_kv_pool_as_its_weights_do() -> None:
+    base = dataclasses.replace(_server("Qwen/Qwen3-8B", 2, 0.6, 8192), name="sglang")
+    served = dataclasses.replace(base, lora_rank=64, lora_targets=("all",), lora_pool_slots=8)
+    plain, lora = server_memory(base, 80 * GIB), server_memory(served, 80 * GIB)
+    pool = sglang_pool_bytes(base.model.architecture, 64, 2, 0, 2, ("all",), 8)
+    assert lora.lora_slots == pool > 2 * GIB  # eight slots of every module and both embeddings
+    assert lora.weights == plain.weights + pool
+    assert lora.kv_bytes == plain.kv_bytes - pool
+
+
+@pytest.mark.parametrize(("release", "experts"), [("0.9.0", False), ("0.9.1", True)])
+def test_sglangs_expert_slots_follow_the_releases_sglang(release: str, experts: bool) -> None:
+    from pytest_verl_compat.memory.server_lora import SGLANG_EXPERT_SLOTS
+    from pytest_verl_compat.releases.sglang_lora import sglang_lora
+
+    record = sglang_lora(release)
+    assert record is not None and SGLANG_EXPERT_SLOTS[record.sglang] is experts
