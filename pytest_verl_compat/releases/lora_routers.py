@@ -11,18 +11,16 @@ reads it says nothing there.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import Citation, WrappedRouter
-from pytest_verl_compat.files.safe_input import InputError, read_bytes, read_text
-from pytest_verl_compat.releases.index import RELEASE_DATA
+from pytest_verl_compat.files.safe_input import InputError, read_text
+from pytest_verl_compat.releases.environment_records import load_record, record_path
 
 ROUTERS_FILE = "lora_routers.json"
 PROBE = "pytest_verl_compat.upstream.probes.lora_routers_probe"
-MAX_BYTES = 1 << 20
 
 
 def found_in(citation: Citation, site_packages: Path) -> bool:
@@ -38,7 +36,7 @@ def found_in(citation: Citation, site_packages: Path) -> bool:
 
 
 def routers_path(version: str) -> Path:
-    return RELEASE_DATA / version / ROUTERS_FILE
+    return record_path(version, ROUTERS_FILE)
 
 
 def routers_from_mapping(raw: Mapping[str, Any]) -> dict[str, WrappedRouter]:
@@ -62,10 +60,4 @@ def routers_from_mapping(raw: Mapping[str, Any]) -> dict[str, WrappedRouter]:
 def wrapped_routers(version: str) -> Mapping[str, WrappedRouter]:
     """The release's wrapped routers by model type (none when the release has no record, or an
     unreadable one: the check then has nothing to stand on)."""
-    path = routers_path(version)
-    if not path.is_file():
-        return {}
-    try:
-        return routers_from_mapping(json.loads(read_bytes(path, MAX_BYTES, "LoRA routers")))
-    except (InputError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    return load_record(version, ROUTERS_FILE, routers_from_mapping, "LoRA routers", {})

@@ -11,22 +11,19 @@ says nothing there.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import Citation, Rendering, SglangLora
-from pytest_verl_compat.files.safe_input import InputError, read_bytes
-from pytest_verl_compat.releases.index import RELEASE_DATA
+from pytest_verl_compat.releases.environment_records import load_record, record_path
 
 SGLANG_LORA_FILE = "sglang_lora.json"
 PROBE = "pytest_verl_compat.upstream.probes.sglang_lora_probe"
-MAX_BYTES = 1 << 20
 
 
 def sglang_lora_path(version: str) -> Path:
-    return RELEASE_DATA / version / SGLANG_LORA_FILE
+    return record_path(version, SGLANG_LORA_FILE)
 
 
 def _rendering(raw: Mapping[str, Any]) -> Rendering:
@@ -48,10 +45,4 @@ def sglang_lora_from_mapping(raw: Mapping[str, Any]) -> SglangLora:
 def sglang_lora(version: str) -> SglangLora | None:
     """The release's record (None when it has none, or an unreadable one: the check then has
     nothing to stand on)."""
-    path = sglang_lora_path(version)
-    if not path.is_file():
-        return None
-    try:
-        return sglang_lora_from_mapping(json.loads(read_bytes(path, MAX_BYTES, "sglang lora")))
-    except (InputError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    return load_record(version, SGLANG_LORA_FILE, sglang_lora_from_mapping, "sglang lora", None)

@@ -11,22 +11,19 @@ has no such fact: the check that reads it says nothing there.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import Citation, ValueHeads
-from pytest_verl_compat.files.safe_input import InputError, read_bytes
-from pytest_verl_compat.releases.index import RELEASE_DATA
+from pytest_verl_compat.releases.environment_records import load_record, record_path
 
 VALUE_HEADS_FILE = "value_heads.json"
 PROBE = "pytest_verl_compat.upstream.probes.value_heads_probe"
-MAX_BYTES = 1 << 20
 
 
 def value_heads_path(version: str) -> Path:
-    return RELEASE_DATA / version / VALUE_HEADS_FILE
+    return record_path(version, VALUE_HEADS_FILE)
 
 
 def value_heads_from_mapping(raw: Mapping[str, Any]) -> ValueHeads:
@@ -42,11 +39,4 @@ def value_heads_from_mapping(raw: Mapping[str, Any]) -> ValueHeads:
 def value_heads(version: str) -> ValueHeads | None:
     """The release's critics peft cannot wrap for LoRA (None when the release has no record, or
     an unreadable one: the check then has nothing to stand on)."""
-    path = value_heads_path(version)
-    if not path.is_file():
-        return None
-    try:
-        raw = json.loads(read_bytes(path, MAX_BYTES, "value heads"))
-        return value_heads_from_mapping(raw)
-    except (InputError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    return load_record(version, VALUE_HEADS_FILE, value_heads_from_mapping, "value heads", None)
