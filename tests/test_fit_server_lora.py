@@ -218,7 +218,7 @@ def test_sglangs_pool_shrinks_the_kv_pool_as_its_weights_do() -> None:
 @pytest.mark.parametrize(("release", "experts"), [("0.9.0", False), ("0.9.1", True)])
 def test_sglangs_expert_slots_follow_the_releases_sglang(release: str, experts: bool) -> None:
     from pytest_verl_compat.memory.server_lora import SGLANG_EXPERT_SLOTS
-    from pytest_verl_compat.releases.sglang_lora import sglang_lora
+    from pytest_verl_compat.releases.sglang_server import sglang_server
 
-    record = sglang_lora(release)
+    record = sglang_server(release)
     assert record is not None and SGLANG_EXPERT_SLOTS[record.sglang] is experts

@@ -19,6 +19,7 @@ from pytest_verl_compat.checks import (  # noqa: F401  (importing a family regis
     precision,
     run_loop,
     sft,
+    sglang_attention,
     sglang_lora,
     types,
     upstream_validation,

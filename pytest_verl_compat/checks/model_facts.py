@@ -36,6 +36,10 @@ class ModelFacts:
     vocab_size: int | None = None
     # Tokens the tokenizer can produce whose id is >= vocab_size (from tokenizer.json), if read.
     tokens_beyond_vocab: tuple[tuple[str, int], ...] | None = None
+    # The config's architectures[0], the class a server builds (SGLang's model_arch), and
+    # whether it sets a sliding_window_pattern.
+    architecture: str | None = None
+    sliding_window_pattern: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,12 +104,15 @@ class Rendering:
 
 
 @dataclass(frozen=True)
-class SglangLora:
-    """How a release hands SGLang the actor's LoRA (``releases/sglang_lora.py``)."""
+class SglangServer:
+    """What a release hands SGLang: the actor's LoRA and the attention backend
+    (``releases/sglang_server.py``)."""
 
     rank: Rendering  # max_lora_rank, by the spelling the rank is set in (lora_rank, lora.rank)
     targets: Rendering  # lora_target_modules, by target_class
     sglang: str  # the SGLang release the sglang extra pins
+    attention: Citation  # where verl picks an attention backend when engine_kwargs names none
+    default_attention: str  # what it picks for that SGLang on a CUDA GPU
 
 
 def _int(value: Any) -> int | None:
@@ -143,6 +150,8 @@ def facts_from_config(
             sorted(((t, i) for t, i in tokenizer_ids.items() if i >= vocab), key=lambda x: x[1])
         )
     model_type = config.get("model_type")
+    architectures = config.get("architectures")
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
     return ModelFacts(
         source=source,
         model_type=model_type if isinstance(model_type, str) and model_type else None,
@@ -152,6 +161,8 @@ def facts_from_config(
         max_position_embeddings=_int(_lookup(config, "max_position_embeddings")),
         vocab_size=vocab,
         tokens_beyond_vocab=beyond,
+        architecture=first if isinstance(first, str) and first else None,
+        sliding_window_pattern=_lookup(config, "sliding_window_pattern") is not None,
     )
 
 

@@ -18,7 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from pytest_verl_compat.checks.model_facts import ModelFacts, SglangLora, ValueHeads, WrappedRouter
+from pytest_verl_compat.checks.model_facts import (
+    ModelFacts,
+    SglangServer,
+    ValueHeads,
+    WrappedRouter,
+)
 from pytest_verl_compat.model import Finding, LeafVerdict, Level
 
 # The case every example starts from unless it names another: the embedded manifest's GRPO script.
@@ -97,9 +102,9 @@ class CheckInput:
     # The critics the release's environment cannot build LoRA on (``releases.value_heads``, given
     # by the pipeline; None: the check that reads it is quiet).
     value_heads: ValueHeads | None = None
-    # How the release hands SGLang the actor's LoRA (``releases.sglang_lora``, given by the
+    # How the release hands SGLang the actor's LoRA (``releases.sglang_server``, given by the
     # pipeline; None: the check that reads it is quiet).
-    sglang_lora: SglangLora | None = None
+    sglang_server: SglangServer | None = None
 
     @property
     def version(self) -> str:

@@ -3,8 +3,8 @@ refuses at the server's start for some values of the LoRA keys.
 
 What a release hands SGLang is that release's own code (its server module's
 ``"max_lora_rank": …`` and ``"lora_target_modules": …``), evaluated in the release's
-environment on each class of value (``upstream/probes/sglang_lora_probe.py``) and kept as data
-(``releases/sglang_lora.py``, handed to the check as ``CheckInput.sglang_lora``). What SGLang then
+environment on each class of value (``upstream/probes/sglang_server_probe.py``) and kept as data
+(``releases/sglang_server.py``, handed to the check as ``CheckInput.sglang_lora``). What SGLang then
 does with them is SGLang's code, cited:
 
 - a string as ``lora_target_modules`` becomes the set of its characters
@@ -73,7 +73,7 @@ def _where(inp: CheckInput, read: Citation) -> str:
     level="error",
     evidence=(
         "what the release hands SGLang as max_lora_rank and lora_target_modules, its own server "
-        "code evaluated in its environment (data/releases/VERSION/sglang_lora.json); sglang "
+        "code evaluated in its environment (data/releases/VERSION/sglang_server.json); sglang "
         f"{SGLANG_SETS} (a string becomes the set of its characters), {SGLANG_POOL} (the LoRA pool "
         f"sizes no module of that name), {SGLANG_ASSERTS} (rank and targets required)"
     ),
@@ -101,7 +101,7 @@ def _where(inp: CheckInput, read: Citation) -> str:
     ),
 )
 def sglang_lora(inp: CheckInput) -> Iterator[Hit]:
-    record = inp.sglang_lora
+    record = inp.sglang_server
     model = dotted_value(inp.resolved, MODEL)
     name = dotted_value(inp.resolved, ROLLOUT_NAME)
     if record is None or name != "sglang" or not isinstance(model, Mapping):

@@ -474,13 +474,13 @@ def _value_heads(derivation: Derivation, context: DeriveContext) -> None:
     _environment_record(derivation, context, PROBE, path, "value heads")
 
 
-def _sglang_lora(derivation: Derivation, context: DeriveContext) -> None:
+def _sglang_server(derivation: Derivation, context: DeriveContext) -> None:
     """What the release hands SGLang as the actor's LoRA rank and target modules, its own server
-    code evaluated in its environment (``data/releases/VERSION/sglang_lora.json``)."""
-    from pytest_verl_compat.releases.sglang_lora import PROBE, sglang_lora_path
+    code evaluated in its environment (``data/releases/VERSION/sglang_server.json``)."""
+    from pytest_verl_compat.releases.sglang_server import PROBE, sglang_server_path
 
-    path = sglang_lora_path(context.version)
-    _environment_record(derivation, context, PROBE, path, "sglang lora")
+    path = sglang_server_path(context.version)
+    _environment_record(derivation, context, PROBE, path, "sglang server")
 
 
 def _census(derivation: Derivation, context: DeriveContext) -> None:
@@ -570,7 +570,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "memory-facts": _memory_facts,
     "lora-routers": _lora_routers,
     "value-heads": _value_heads,
-    "sglang-lora": _sglang_lora,
+    "sglang-server": _sglang_server,
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,

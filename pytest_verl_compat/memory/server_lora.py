@@ -46,7 +46,7 @@ from pytest_verl_compat.checks.upstream_names import VLLM_LORA_RANKS
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.layout import ServerLayout, as_int, value_at
 from pytest_verl_compat.memory.tensor import Tensor
-from pytest_verl_compat.releases.sglang_lora import sglang_lora
+from pytest_verl_compat.releases.sglang_server import sglang_server
 
 EV_ARGS = (
     "verl/workers/rollout/vllm_rollout/vllm_async_server.py:370-388 (:417-434 in 0.9.1); "
@@ -123,7 +123,7 @@ SGLANG_KNOWN = frozenset(
 EMBEDDINGS = ("embed_tokens", "lm_head")
 SGLANG_SLOTS = 8  # max_loras_per_batch's default
 # Whether the pool of an SGLang release (the pin of the verl release's sglang extra, recorded in
-# data/releases/<v>/sglang_lora.json) holds per-expert slots for fused experts: 0.5.12's
+# data/releases/<v>/sglang_server.json) holds per-expert slots for fused experts: 0.5.12's
 # init_buffers allocates gate_up_proj_moe and down_proj_moe per local expert (mem_pool.py:
 # 478-528@sglang-0.5.12); 0.5.8's pool has no MoE buffers (mem_pool.py:203-245@sglang-0.5.8), its
 # adapters reach the experts not at all. An SGLang not listed is taken as the later one.
@@ -268,7 +268,7 @@ def server_fields(
 
 def _sglang_pin(release: str) -> str:
     """The SGLang the release's sglang extra pins ("" where it has no record)."""
-    record = sglang_lora(release)
+    record = sglang_server(release)
     return record.sglang if record is not None else ""
 
 

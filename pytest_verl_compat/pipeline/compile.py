@@ -21,7 +21,7 @@ from pytest_verl_compat.pipeline.compose import iter_leaves
 from pytest_verl_compat.pipeline.profile import Profile, load_profile
 from pytest_verl_compat.releases.lines import cite, cites_only_gone
 from pytest_verl_compat.releases.lora_routers import wrapped_routers
-from pytest_verl_compat.releases.sglang_lora import sglang_lora
+from pytest_verl_compat.releases.sglang_server import sglang_server
 from pytest_verl_compat.releases.value_heads import value_heads
 
 
@@ -146,7 +146,7 @@ def compile_resolved(
             entry_module,
             wrapped_routers(profile.version),
             value_heads(profile.version),
-            sglang_lora(profile.version),
+            sglang_server(profile.version),
         )
     )
     # The checks cite the lines of the release the project's texts are written for; the

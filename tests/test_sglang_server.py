@@ -1,4 +1,5 @@
-"""SGLang serving the actor's LoRA adapter (``rollout.sglang-lora``).
+"""What verl hands SGLang: the actor's LoRA adapter (``rollout.sglang-lora``) and the attention
+backend (``rollout.sglang-attention``).
 
 What each release hands SGLang is its own server code, run in its environment: derived there
 again and equal to the shipped record, each statement at its line of the release's files. The
@@ -11,6 +12,7 @@ the rank from ``lora_rank`` only; 0.9.1 translates ``all-linear`` and refuses a 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from check_findings import findings, manifest_case
@@ -19,7 +21,7 @@ from corpus_facts import release_root, skip_unless_built
 from pytest_verl_compat.checks.sglang_lora import served_rank_spelling, target_class
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.releases.index import load_release_index
-from pytest_verl_compat.releases.sglang_lora import PROBE, sglang_lora, sglang_lora_path
+from pytest_verl_compat.releases.sglang_server import PROBE, sglang_server, sglang_server_path
 from pytest_verl_compat.upstream.oracle.runner import release_runner
 
 RELEASES = load_release_index().supported_versions
@@ -35,17 +37,17 @@ def test_the_shipped_record_is_derived_again_in_the_release_environment(version:
     skip_unless_built(version)
     run = release_runner(version)(PROBE)
     assert run.returncode == 0, run.stderr_tail(20)
-    assert json.loads(run.stdout) == json.loads(sglang_lora_path(version).read_text())
+    assert json.loads(run.stdout) == json.loads(sglang_server_path(version).read_text())
 
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_each_statement_is_at_its_line_of_the_release(version: str) -> None:
-    record = sglang_lora(version)
+    record = sglang_server(version)
     assert record is not None
-    for rendering in (record.rank, record.targets):
-        file, _, line = rendering.read.where.rpartition(":")
+    for read in (record.rank.read, record.targets.read, record.attention):
+        file, _, line = read.where.rpartition(":")
         lines = (release_root(version) / file).read_text(encoding="utf-8").splitlines()
-        assert lines[int(line) - 1].strip() == rendering.read.statement, rendering.read
+        assert lines[int(line) - 1].strip() == read.statement, read
     assert record.sglang  # the sglang extra's pin
 
 
@@ -144,4 +146,80 @@ def test_the_adapter_is_served_as_verl_decides(
 
 
 def test_no_record_no_finding() -> None:
-    assert sglang_lora("0.0.0") is None
+    assert sglang_server("0.0.0") is None
+
+
+# --- the attention backend ----------------------------------------------------------------------
+
+BACKEND = "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend"
+NAME_KEY = "actor_rollout_ref.rollout.name"
+
+
+def _config(folder: Path, architecture: str, **extra: object) -> str:
+    model = folder / architecture
+    model.mkdir(exist_ok=True)
+    config = {"architectures": [architecture], "num_attention_heads": 16, "num_key_value_heads": 4}
+    (model / "config.json").write_text(json.dumps({**config, **extra}), encoding="utf-8")
+    return f"actor_rollout_ref.model.path={model}"
+
+
+def _attention(session: AuditSession, *overrides: str) -> list[str]:
+    found = findings(session, manifest_case(session, "grpo"), *overrides)
+    return [
+        f.split(": ", 1)[0] for f in found if "rollout server stops at start" in f and "SGLang" in f
+    ]
+
+
+# (architecture, its config's extra keys, overrides, the findings on 0.9.0, on 0.9.1)
+ATTENTION = {
+    "gpt-oss, verl's pick": ("GptOssForCausalLM", {}, (SGLANG,), [], [f"error:{NAME_KEY}"]),
+    "gpt-oss, flashinfer named": (
+        "GptOssForCausalLM",
+        {},
+        (SGLANG, f"+{BACKEND}=flashinfer"),
+        [f"error:{BACKEND}"],
+        [f"error:{BACKEND}"],
+    ),
+    "gpt-oss, triton named": ("GptOssForCausalLM", {}, (SGLANG, f"+{BACKEND}=triton"), [], []),
+    "gpt-oss on vLLM": ("GptOssForCausalLM", {}, (), [], []),
+    "Olmo 2, verl's pick": ("Olmo2ForCausalLM", {}, (SGLANG,), [], [f"error:{NAME_KEY}"]),
+    "Llama 4, verl's pick": (
+        "Llama4ForConditionalGeneration",
+        {},
+        (SGLANG,),
+        [],
+        [f"error:{NAME_KEY}"],
+    ),
+    "Exaone 4 with sliding windows": (
+        "Exaone4ForCausalLM",
+        {"sliding_window_pattern": 4},
+        (SGLANG,),
+        [],
+        [f"error:{NAME_KEY}"],
+    ),
+    "Exaone 4 without": ("Exaone4ForCausalLM", {}, (SGLANG,), [], []),
+    "Qwen3, verl's pick": ("Qwen3ForCausalLM", {}, (SGLANG,), [], []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION))
+@pytest.mark.parametrize("version", RELEASES)
+def test_an_attention_backend_sglang_refuses_for_the_architecture(
+    sessions: dict[str, AuditSession], tmp_path: Path, version: str, name: str
+) -> None:
+    architecture, extra, overrides, on_090, on_091 = ATTENTION[name]
+    model = _config(tmp_path, architecture, **extra)
+    expected = {"0.9.0": on_090, "0.9.1": on_091}[version]
+    assert _attention(sessions[version], model, *overrides) == expected
+
+
+def test_without_the_models_config_nothing_is_said(sessions: dict[str, AuditSession]) -> None:
+    assert _attention(sessions["0.9.1"], SGLANG) == []
+
+
+def test_verls_pick_is_the_releases_own_for_its_sglang() -> None:
+    picks = {version: sglang_server(version) for version in RELEASES}
+    assert {v: (r.sglang, r.default_attention) for v, r in picks.items() if r} == {
+        "0.9.0": ("0.5.8", "fa3"),
+        "0.9.1": ("0.5.12", "flashinfer"),
+    }

@@ -1,9 +1,10 @@
-"""What a release hands SGLang when it serves the actor's LoRA as an adapter: its own expressions
-for SGLang's ``max_lora_rank`` and ``lora_target_modules``, evaluated on each class of value a
-configuration may hold.
+"""What a release hands SGLang: its own expressions for SGLang's ``max_lora_rank`` and
+``lora_target_modules`` (when it serves the actor's LoRA as an adapter), evaluated on each class
+of value a configuration may hold, and the attention backend it picks when the configuration
+names none, for the SGLang its sglang extra pins on a CUDA GPU.
 
-Run as ``python -I -m pytest_verl_compat.upstream.probes.sglang_lora_probe`` in a release's
-environment (``verl-compat release derive VERSION --only sglang-lora``); prints JSON.
+Run as ``python -I -m pytest_verl_compat.upstream.probes.sglang_server_probe`` in a release's
+environment (``verl-compat release derive VERSION --only sglang-server``); prints JSON.
 
 verl's SGLang server module imports SGLang at its top, which a release's environment here does not
 install, so the module is read, not imported: the dict entries it builds SGLang's server
@@ -11,7 +12,9 @@ arguments with (``"max_lora_rank": …``, ``"lora_target_modules": …``) are fo
 their expressions evaluated by Python on a model config holding each sample, with the names they
 call taken from the module's own imports (``verl.workers.rollout.sglang_rollout.utils``, which
 imports no SGLang). A value the expression passes on is recorded as it comes out; a value it
-refuses, as its exception.
+refuses, as its exception. The attention backend's default is the module's own ``if
+attention_backend is None:`` block, run with SGLang's version the pin, ``torch.version.hip``
+None (CUDA) and ``packaging.version``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from typing import Any
 from pytest_verl_compat.upstream.probes.lora_routers_probe import print_answer, site_path
 
 SERVER_MODULE = "verl.workers.rollout.sglang_rollout.async_sglang_server"
-# The JSON keys of the answer (pytest_verl_compat/releases/sglang_lora.py reads them).
+# The JSON keys of the answer (pytest_verl_compat/releases/sglang_server.py reads them).
 KEY_RANK = "max_lora_rank"
 KEY_TARGETS = "lora_target_modules"
 KEY_WHERE = "where"
 KEY_STATEMENT = "statement"
 KEY_RENDERS = "renders"
 KEY_SGLANG = "sglang"  # the SGLang release the verl release's sglang extra pins
+KEY_ATTENTION = "attention_backend"  # the backend verl picks when engine_kwargs names none
+KEY_DEFAULT = "default"
 VALUE = "{value}"  # the configuration's value: handed on as written, or quoted in a refusal
 RAISES = "raises: "  # the prefix of a refusal, then the exception's type and message
 # One sample per class of value the check tells apart (checks/sglang_lora.py target_class).
@@ -101,6 +106,40 @@ def _sglang_pin() -> str:
     return ""
 
 
+def _picks_when_unset(node: ast.AST) -> bool:
+    """``if attention_backend is None:``"""
+    test = getattr(node, "test", None)
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == KEY_ATTENTION
+        and isinstance(test.ops[0], ast.Is)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    )
+
+
+def _default_attention(tree: ast.Module, lines: list[str], origin: str, pin: str) -> dict[str, Any]:
+    """The backend the module's own default block picks for SGLang ``pin`` on a CUDA GPU."""
+    from packaging import version
+
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.If) and _picks_when_unset(n))
+    code = compile(ast.Module(body=[node], type_ignores=[]), "<verl>", "exec")
+    scope: dict[str, Any] = {
+        KEY_ATTENTION: None,
+        "torch": SimpleNamespace(version=SimpleNamespace(hip=None)),
+        "sglang": SimpleNamespace(__version__=pin),
+        "version": version,
+    }
+    exec(code, {"__builtins__": __builtins__}, scope)  # verl's own block (sandboxed, as above)
+    return {
+        KEY_WHERE: f"{site_path(origin)}:{node.lineno}",
+        KEY_STATEMENT: lines[node.lineno - 1].strip(),
+        KEY_DEFAULT: scope[KEY_ATTENTION],
+    }
+
+
 def derive() -> dict[str, Any]:
     spec = importlib.util.find_spec(SERVER_MODULE)
     assert spec is not None and spec.origin is not None, SERVER_MODULE
@@ -111,6 +150,7 @@ def derive() -> dict[str, Any]:
     entries = _entries(tree)
     base = {"lora_rank": 16, "lora": {"rank": 0}, "target_modules": "all-linear"}
     answer: dict[str, Any] = {KEY_SGLANG: _sglang_pin()}
+    answer[KEY_ATTENTION] = _default_attention(tree, lines, spec.origin, answer[KEY_SGLANG])
     samples: dict[str, dict[str, tuple[dict[str, Any], Any]]] = {
         KEY_TARGETS: {n: ({**base, "target_modules": v}, v) for n, v in TARGET_SAMPLES.items()},
         KEY_RANK: {n: ({**base, **v}, None) for n, v in RANK_SAMPLES.items()},
