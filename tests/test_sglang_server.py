@@ -182,6 +182,8 @@ ATTENTION = {
     ),
     "gpt-oss, triton named": ("GptOssForCausalLM", {}, (SGLANG, f"+{BACKEND}=triton"), [], []),
     "gpt-oss on vLLM": ("GptOssForCausalLM", {}, (), [], []),
+    # not a backend's name: verl hands it on as it is, and this check does not judge it
+    "gpt-oss, a number named": ("GptOssForCausalLM", {}, (SGLANG, f"+{BACKEND}=123"), [], []),
     "Olmo 2, verl's pick": ("Olmo2ForCausalLM", {}, (SGLANG,), [], [f"error:{NAME_KEY}"]),
     "Llama 4, verl's pick": (
         "Llama4ForConditionalGeneration",

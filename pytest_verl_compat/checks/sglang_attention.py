@@ -112,7 +112,10 @@ def sglang_attention(inp: CheckInput) -> Iterator[Hit]:
     if dotted_value(inp.resolved, ROLLOUT_NAME) != "sglang":
         return
     named = dotted_value(inp.resolved, BACKEND_KEY)
-    backend = named if isinstance(named, str) and named else record.default_attention
+    if named is not None and not isinstance(named, str):
+        return  # not a backend's name: verl hands it on, SGLang's own type check says what
+    # verl picks one only when the key is unset (its engine_kwargs.pop(..., None) is None)
+    backend = record.default_attention if named is None else named
     for rule in ACCEPTED.get(record.sglang, ()):
         if facts.architecture not in rule.architectures or not rule.refuses(backend):
             continue
@@ -120,7 +123,7 @@ def sglang_attention(inp: CheckInput) -> Iterator[Hit]:
             continue
         chosen = (
             f"{BACKEND_KEY} is {backend!r}"
-            if backend is named
+            if named is not None
             else f"verl {inp.version} picks {backend!r} for SGLang {record.sglang} when "
             f"{BACKEND_KEY} is unset ({record.attention.where}@{inp.version})"
         )
@@ -130,7 +133,7 @@ def sglang_attention(inp: CheckInput) -> Iterator[Hit]:
             else f"refuses {', '.join(sorted(rule.refused))}"
         )
         yield Hit(
-            BACKEND_KEY if backend is named else ROLLOUT_NAME,
+            BACKEND_KEY if named is not None else ROLLOUT_NAME,
             f"{chosen}; SGLang {record.sglang} {accepts} for {facts.architecture} "
             f"({rule.where}@sglang-{record.sglang}, read from {facts.source}): the rollout "
             "server stops at start",
