@@ -94,3 +94,25 @@ def test_unresolved_interpolations_and_missing_values_are_listed(
     assert "reward.reward_model.rollout.name: ???" in check.missing
     report = compile_resolved(mapping, case_id="x", profile=load_profile())
     assert report.accepted  # the compiler itself does not resolve; the check stops such files first
+
+
+def test_an_empty_mapping_the_run_filled_is_not_a_missing_leaf(upstream_checkout: Path) -> None:
+    """rollout.engine_kwargs.sglang is ``{}`` in the tree; a run that adds a key under it (verl's
+    own scripts add +…sglang.attention_backend) still has it. A non-empty section the file
+    dropped is still missing (the twin)."""
+    composer = Composer(upstream_checkout / "verl/trainer/config", "ppo_trainer")
+    mapping = json.loads((GOLDEN / "compose" / "grpo.json").read_text())["resolved"]
+    engine = mapping["actor_rollout_ref"]["rollout"]["engine_kwargs"]
+    assert engine["sglang"] == {}
+    engine["sglang"] = {"attention_backend": "triton"}
+    check = check_resolved(mapping, composer, "verl 0.9.0")
+    assert check.pinned.missing == []
+    assert check.pinned.extra == [
+        "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend"
+    ]
+    del mapping["actor_rollout_ref"]["rollout"]["engine_kwargs"]["vllm"]
+    mapping["trainer"].pop("project_name")
+    dropped = check_resolved(mapping, composer, "verl 0.9.0")
+    assert "trainer.project_name" in dropped.pinned.missing
+    # an empty mapping the file lost entirely is missing too
+    assert "actor_rollout_ref.rollout.engine_kwargs.vllm" in dropped.pinned.missing

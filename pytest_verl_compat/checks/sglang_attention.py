@@ -93,9 +93,9 @@ ACCEPTED: dict[str, tuple[Accepted, ...]] = {
     ),
     summary=(
         "SGLang serving a model whose architecture does not accept the attention backend verl "
-        "hands it: verl 0.9.1 picks flashinfer for SGLang 0.5.12, which gpt-oss, Llama 4, Olmo 2 "
-        "and sliding-window Exaone 4 refuse; the rollout server stops at start. Needs the actor "
-        "model's config.json."
+        "hands it: with none named, verl picks flashinfer for SGLang 0.5.12 and later, which "
+        "gpt-oss, Llama 4, Olmo 2 and sliding-window Exaone 4 refuse; the rollout server stops "
+        "at start. Needs the actor model's config.json."
     ),
     fix=f"name an accepted backend in {BACKEND_KEY} (fa3 on Hopper, triton elsewhere)",
     example=Example(

@@ -79,9 +79,10 @@ def _where(inp: CheckInput, read: Citation) -> str:
     ),
     summary=(
         "SGLang serving the actor's LoRA adapter with arguments it refuses when the server "
-        "starts: verl 0.9.0 hands it target_modules as written (a string, all-linear included, "
-        "becomes the set of its characters) and lora_rank alone as the rank (the Megatron "
-        "spelling lora.rank gives 0); 0.9.1 translates all-linear and refuses a pattern or null."
+        "starts, as the checked release hands them: target_modules as written (a string, "
+        "all-linear included, becomes the set of its characters) or lora_rank alone as the rank "
+        "(the Megatron spelling lora.rank gives 0); a release that translates all-linear may "
+        "refuse a pattern or null itself."
     ),
     fix=(
         "list the module names (actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,"

@@ -202,7 +202,16 @@ class TreeMatch:
 
 def match_tree(resolved: Mapping[str, Any], base: Mapping[str, Any], label: str) -> TreeMatch:
     ours, theirs = _shape(resolved), _shape(base)
-    match = TreeMatch(label, sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours)))
+    # An empty mapping of the tree (rollout.engine_kwargs.sglang: {}) that the file fills with
+    # keys (+…sglang.attention_backend=…) is there: its keys are the run's own, not a leaf lost.
+    filled = {
+        path
+        for path, value in theirs.items()
+        if value == {} and path not in ours and any(p.startswith(f"{path}.") for p in ours)
+    }
+    match = TreeMatch(
+        label, sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours) - filled)
+    )
     for path in sorted(set(ours) & set(theirs)):
         a, b = _kind(ours[path]), _kind(theirs[path])
         # null defaults accept any value, and a value may be set back to null.
