@@ -9,6 +9,7 @@ census entry nobody explained, a case the release judges otherwise than the mani
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_verl_compat.pipeline.snapshot import write_atomic
+from pytest_verl_compat.releases.environment_records import RECORDS, EnvironmentRecord
 from pytest_verl_compat.releases.index import (
     Release,
     ReleaseError,
@@ -442,45 +444,19 @@ def _census_reasons(derivation: Derivation, context: DeriveContext) -> None:
 
 
 def _environment_record(
-    derivation: Derivation, context: DeriveContext, probe: str, path: Path, what: str
+    record: EnvironmentRecord, derivation: Derivation, context: DeriveContext
 ) -> None:
-    """Keep what ``probe`` finds in the release's environment (sandboxed) at ``path``, as sorted
-    JSON; a probe that fails is the person's to look at."""
+    """Keep what ``record``'s probe finds in the release's environment (sandboxed) at its path,
+    as sorted JSON; a probe that fails is the person's to look at
+    (``releases/environment_records.py`` says what each record holds)."""
     from pytest_verl_compat.upstream.oracle.runner import release_runner
 
-    run = release_runner(context.version)(probe)
+    run = release_runner(context.version)(record.probe)
     if run.returncode != 0:
-        derivation.person.append(f"{what}: the probe failed: {run.stderr_tail(3)}")
+        derivation.person.append(f"{record.step}: the probe failed: {run.stderr_tail(3)}")
         return
+    path = record.path(context.version)
     derivation.keep(path, json.dumps(json.loads(run.stdout), indent=1, sort_keys=True) + "\n")
-
-
-def _lora_routers(derivation: Derivation, context: DeriveContext) -> None:
-    """The MoE routers whose LoRA the release's environment cannot run (its peft wraps them, its
-    transformers reads through them), found in that environment
-    (``data/releases/VERSION/lora_routers.json``)."""
-    from pytest_verl_compat.releases.lora_routers import PROBE, routers_path
-
-    _environment_record(derivation, context, PROBE, routers_path(context.version), "lora routers")
-
-
-def _value_heads(derivation: Derivation, context: DeriveContext) -> None:
-    """The critics whose LoRA the release's environment cannot build (its peft's causal-LM
-    wrapper reads a generation method its transformers' token-classification models lack),
-    found in that environment (``data/releases/VERSION/value_heads.json``)."""
-    from pytest_verl_compat.releases.value_heads import PROBE, value_heads_path
-
-    path = value_heads_path(context.version)
-    _environment_record(derivation, context, PROBE, path, "value heads")
-
-
-def _sglang_server(derivation: Derivation, context: DeriveContext) -> None:
-    """What the release hands SGLang as the actor's LoRA rank and target modules, its own server
-    code evaluated in its environment (``data/releases/VERSION/sglang_server.json``)."""
-    from pytest_verl_compat.releases.sglang_server import PROBE, sglang_server_path
-
-    path = sglang_server_path(context.version)
-    _environment_record(derivation, context, PROBE, path, "sglang server")
 
 
 def _census(derivation: Derivation, context: DeriveContext) -> None:
@@ -568,9 +544,7 @@ STEPS: dict[str, Callable[[Derivation, Any], None]] = {
     "profile": _profile,
     "rule-citations": _rule_citations,
     "memory-facts": _memory_facts,
-    "lora-routers": _lora_routers,
-    "value-heads": _value_heads,
-    "sglang-server": _sglang_server,
+    **{record.step: functools.partial(_environment_record, record) for record in RECORDS},
     "statements": _statements,
     "environment": _environment,
     "patch-points": _patch_points,

@@ -17,10 +17,9 @@ from typing import Any
 
 from pytest_verl_compat.checks.model_facts import Citation, WrappedRouter
 from pytest_verl_compat.files.safe_input import InputError, read_text
-from pytest_verl_compat.releases.environment_records import load_record, record_path
+from pytest_verl_compat.releases.environment_records import LORA_ROUTERS
 
-ROUTERS_FILE = "lora_routers.json"
-PROBE = "pytest_verl_compat.upstream.probes.lora_routers_probe"
+PROBE = LORA_ROUTERS.probe
 
 
 def found_in(citation: Citation, site_packages: Path) -> bool:
@@ -36,7 +35,7 @@ def found_in(citation: Citation, site_packages: Path) -> bool:
 
 
 def routers_path(version: str) -> Path:
-    return record_path(version, ROUTERS_FILE)
+    return LORA_ROUTERS.path(version)
 
 
 def routers_from_mapping(raw: Mapping[str, Any]) -> dict[str, WrappedRouter]:
@@ -60,4 +59,4 @@ def routers_from_mapping(raw: Mapping[str, Any]) -> dict[str, WrappedRouter]:
 def wrapped_routers(version: str) -> Mapping[str, WrappedRouter]:
     """The release's wrapped routers by model type (none when the release has no record, or an
     unreadable one: the check then has nothing to stand on)."""
-    return load_record(version, ROUTERS_FILE, routers_from_mapping, "LoRA routers", {})
+    return LORA_ROUTERS.load(version, routers_from_mapping, {})

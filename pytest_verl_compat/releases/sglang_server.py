@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import Citation, Rendering, SglangServer
-from pytest_verl_compat.releases.environment_records import load_record, record_path
+from pytest_verl_compat.releases.environment_records import SGLANG_SERVER
 
-SGLANG_SERVER_FILE = "sglang_server.json"
-PROBE = "pytest_verl_compat.upstream.probes.sglang_server_probe"
+PROBE = SGLANG_SERVER.probe
 
 
 def sglang_server_path(version: str) -> Path:
-    return record_path(version, SGLANG_SERVER_FILE)
+    return SGLANG_SERVER.path(version)
 
 
 def _rendering(raw: Mapping[str, Any]) -> Rendering:
@@ -48,6 +47,4 @@ def sglang_server_from_mapping(raw: Mapping[str, Any]) -> SglangServer:
 def sglang_server(version: str) -> SglangServer | None:
     """The release's record (None when it has none, or an unreadable one: the check then has
     nothing to stand on)."""
-    return load_record(
-        version, SGLANG_SERVER_FILE, sglang_server_from_mapping, "sglang server", None
-    )
+    return SGLANG_SERVER.load(version, sglang_server_from_mapping, None)

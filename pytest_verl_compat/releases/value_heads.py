@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_verl_compat.checks.model_facts import Citation, ValueHeads
-from pytest_verl_compat.releases.environment_records import load_record, record_path
+from pytest_verl_compat.releases.environment_records import VALUE_HEADS
 
-VALUE_HEADS_FILE = "value_heads.json"
-PROBE = "pytest_verl_compat.upstream.probes.value_heads_probe"
+PROBE = VALUE_HEADS.probe
 
 
 def value_heads_path(version: str) -> Path:
-    return record_path(version, VALUE_HEADS_FILE)
+    return VALUE_HEADS.path(version)
 
 
 def value_heads_from_mapping(raw: Mapping[str, Any]) -> ValueHeads:
@@ -39,4 +38,4 @@ def value_heads_from_mapping(raw: Mapping[str, Any]) -> ValueHeads:
 def value_heads(version: str) -> ValueHeads | None:
     """The release's critics peft cannot wrap for LoRA (None when the release has no record, or
     an unreadable one: the check then has nothing to stand on)."""
-    return load_record(version, VALUE_HEADS_FILE, value_heads_from_mapping, "value heads", None)
+    return VALUE_HEADS.load(version, value_heads_from_mapping, None)
