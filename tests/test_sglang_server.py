@@ -18,7 +18,8 @@ import pytest
 from check_findings import findings, manifest_case
 from corpus_facts import release_root, skip_unless_built
 
-from pytest_verl_compat.checks.sglang_lora import served_rank_spelling, target_class
+from pytest_verl_compat.checks.lora import served_rank_spelling
+from pytest_verl_compat.checks.sglang_lora import target_class
 from pytest_verl_compat.pipeline.audit import AuditOptions, AuditSession
 from pytest_verl_compat.releases.index import load_release_index
 from pytest_verl_compat.releases.sglang_server import PROBE, sglang_server, sglang_server_path

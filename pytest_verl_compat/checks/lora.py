@@ -21,10 +21,32 @@ ENGINE_LORA_RANK = {
 }
 
 
+def positive_count(value: Any) -> int:
+    """``value`` where it is a positive integer (a bool is not), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def lora_rank_at(model: Mapping[str, Any], spelling: str) -> int:
+    """The LoRA rank a model section holds in one spelling (``lora_rank``, ``lora.rank``; 0:
+    none)."""
+    node: Any = model
+    for part in spelling.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return positive_count(node)
+
+
 def engine_lora_rank(model: Mapping[str, Any], strategy: str) -> int:
     """The LoRA rank the ``strategy`` engine trains a model section with (0: the whole model);
     a rank written in another engine's spelling is never read by this one."""
-    node: Any = model
-    for part in ENGINE_LORA_RANK.get(strategy, "lora_rank").split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node if isinstance(node, int) and not isinstance(node, bool) and node > 0 else 0
+    return lora_rank_at(model, ENGINE_LORA_RANK.get(strategy, "lora_rank"))
+
+
+def served_rank_spelling(model: Mapping[str, Any]) -> str | None:
+    """The spelling the actor's LoRA rank is set in when a rollout server serves it as an
+    adapter (verl's lora_served_as_adapter, sglang_rollout/utils.py:29-43, and vLLM's
+    lora_as_adapter, vllm_async_server.py:207-210: either rank above 0 and lora.merge false),
+    else None."""
+    lora = model.get("lora")
+    if isinstance(lora, Mapping) and bool(lora.get("merge", False)):
+        return None
+    return next((s for s in ("lora_rank", "lora.rank") if lora_rank_at(model, s)), None)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
+from pytest_verl_compat.checks.sglang_lora import ROLLOUT_NAME
 from pytest_verl_compat.model import dotted_value
 
 BACKEND_KEY = "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend"
-ROLLOUT_NAME = "actor_rollout_ref.rollout.name"
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.model_facts import Citation
+from pytest_verl_compat.checks.lora import served_rank_spelling
+from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, Citation
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.model import dotted_value
 
-MODEL = "actor_rollout_ref.model"
+MODEL = ACTOR_MODEL
 ROLLOUT_NAME = "actor_rollout_ref.rollout.name"
 RAISES = "raises: "  # a refusal's prefix in the record (the probe's RAISES)
 VALUE = "{value}"  # the configuration's value, handed on or quoted in a refusal (the probe's VALUE)
@@ -44,23 +45,6 @@ def target_class(value: Any) -> str:
     if isinstance(value, str):
         return "all-linear" if value == ALL_LINEAR else "pattern"
     return "list"
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def served_rank_spelling(model: Mapping[str, Any]) -> str | None:
-    """The spelling the actor's LoRA rank is set in when SGLang serves it as an adapter (verl's
-    lora_served_as_adapter: either rank above 0 and lora.merge false; sglang_rollout/utils.py:29-43),
-    else None."""
-    lora = model.get("lora")
-    lora = lora if isinstance(lora, Mapping) else {}
-    if bool(lora.get("merge", False)):
-        return None
-    if _count(model.get("lora_rank")) > 0:
-        return "lora_rank"
-    return "lora.rank" if _count(lora.get("rank")) > 0 else None
 
 
 def _where(inp: CheckInput, read: Citation) -> str:

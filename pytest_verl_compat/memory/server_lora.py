@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.sglang_lora import served_rank_spelling
+from pytest_verl_compat.checks.lora import lora_rank_at, positive_count, served_rank_spelling
 from pytest_verl_compat.checks.upstream_names import VLLM_LORA_RANKS
 from pytest_verl_compat.memory.architecture import Architecture
-from pytest_verl_compat.memory.layout import ServerLayout, as_int, value_at
+from pytest_verl_compat.memory.layout import ServerLayout, value_at
 from pytest_verl_compat.memory.tensor import Tensor
 from pytest_verl_compat.releases.sglang_server import sglang_server
 
@@ -136,23 +136,15 @@ def served_rank(model: Mapping[str, Any]) -> int:
     served, or merged into the weights): ``lora.rank`` first, then ``lora_rank``, raised to the
     smallest of vLLM's ranks that holds it (a rank above them all: upstream refuses it at
     validate_config, the largest is counted)."""
-    lora = model.get("lora")
-    lora = lora if isinstance(lora, Mapping) else {}
-    if bool(lora.get("merge", False)):
+    if served_rank_spelling(model) is None:
         return 0
-    rank = _count(lora.get("rank")) or _count(model.get("lora_rank"))
-    if rank <= 0:
-        return 0
+    rank = lora_rank_at(model, "lora.rank") or lora_rank_at(model, "lora_rank")
     return next((r for r in VLLM_LORA_RANKS if rank <= r), VLLM_LORA_RANKS[-1])
 
 
 def fully_sharded(model: Mapping[str, Any]) -> bool:
     lora = model.get("lora")
     return isinstance(lora, Mapping) and bool(lora.get("fully_sharded_loras", False))
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _linear_slot(t: Tensor, arch: Architecture, rank: int, tp: int, sharded: bool) -> int:
@@ -252,16 +244,14 @@ def server_fields(
         return {"lora_rank": served_rank(model), "lora_sharded": fully_sharded(model)}
     if name != "sglang" or served_rank_spelling(model) is None:
         return {}
-    lora = model.get("lora")
-    nested = as_int(lora.get("rank")) if isinstance(lora, Mapping) else 0
     kwargs = value_at(resolved, f"{section}.engine_kwargs.sglang", {})
     slots = kwargs.get("max_loras_per_batch") if isinstance(kwargs, Mapping) else None
     return {
         # verl 0.9.1 hands either spelling (lora_rank_of); 0.9.0 lora_rank alone, whose 0 SGLang
         # refuses (checks/sglang_lora.py)
-        "lora_rank": max(as_int(model.get("lora_rank")), nested),
+        "lora_rank": max(lora_rank_at(model, "lora_rank"), lora_rank_at(model, "lora.rank")),
         "lora_targets": sglang_targets(model.get("target_modules")),
-        "lora_pool_slots": slots if _count(slots) > 0 else SGLANG_SLOTS,
+        "lora_pool_slots": positive_count(slots) or SGLANG_SLOTS,
         "lora_experts": SGLANG_EXPERT_SLOTS.get(_sglang_pin(release), True),
     }
 
