@@ -28,11 +28,11 @@ def manifest_case(session: AuditSession, case_id: str) -> Case:
     return case
 
 
-def model_folder(folder: Path, model_type: str) -> str:
+def model_folder(folder: Path, model_type: str, **more: object) -> str:
     """A local model folder whose config.json declares ``model_type`` (and the head counts the
-    checks read): what the checks find at a model path."""
+    checks read, and ``more`` keys): what the checks find at a model path."""
     model = folder / model_type
     model.mkdir(exist_ok=True)
     config = {"model_type": model_type, "num_attention_heads": 16, "num_key_value_heads": 4}
-    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (model / "config.json").write_text(json.dumps({**config, **more}), encoding="utf-8")
     return str(model)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from check_findings import findings, manifest_case
+from check_findings import findings, manifest_case, model_folder
 from corpus_facts import release_root, skip_unless_built
 
 from pytest_verl_compat.checks.lora import served_rank_spelling
@@ -157,10 +157,7 @@ NAME_KEY = "actor_rollout_ref.rollout.name"
 
 
 def _config(folder: Path, architecture: str, **extra: object) -> str:
-    model = folder / architecture
-    model.mkdir(exist_ok=True)
-    config = {"architectures": [architecture], "num_attention_heads": 16, "num_key_value_heads": 4}
-    (model / "config.json").write_text(json.dumps({**config, **extra}), encoding="utf-8")
+    model = model_folder(folder, architecture, architectures=[architecture], **extra)
     return f"actor_rollout_ref.model.path={model}"
 
 
