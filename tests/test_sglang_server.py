@@ -223,3 +223,46 @@ def test_verls_pick_is_the_releases_own_for_its_sglang() -> None:
         "0.9.0": ("0.5.8", "fa3"),
         "0.9.1": ("0.5.12", "flashinfer"),
     }
+
+
+# A model named to --model-config that the shipped table knows carries its model_type, not its
+# architectures: the check takes the class transformers builds for that model_type.
+NAMED = {
+    "gpt-oss by name, verl's pick": ("lmsys/gpt-oss-20b-bf16", (SGLANG,), [f"error:{NAME_KEY}"]),
+    "gpt-oss by name, triton named": ("lmsys/gpt-oss-20b-bf16", (SGLANG, f"+{BACKEND}=triton"), []),
+    "gpt-oss by name on vLLM": ("lmsys/gpt-oss-20b-bf16", (), []),
+    "Qwen3 by name, verl's pick": ("Qwen/Qwen3-8B", (SGLANG,), []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_a_model_named_by_the_table_is_judged_by_its_model_types_class(name: str) -> None:
+    from pytest_verl_compat.cli.common import given_model_facts
+
+    model, overrides, expected = NAMED[name]
+    session = AuditSession.start(AuditOptions(release="0.9.1"))
+    session.model_facts_override = given_model_facts(model)
+    assert session.model_facts_override.architecture is None  # the table has no architectures
+    assert _attention(session, *overrides) == expected
+
+
+def test_each_model_types_class_is_the_one_transformers_builds_for_it() -> None:
+    from transformers.models.auto import modeling_auto
+
+    from pytest_verl_compat.checks.sglang_attention import ACCEPTED, CLASS_OF_MODEL_TYPE
+
+    mapped: dict[str, set[str]] = {}
+    for name in dir(modeling_auto):
+        mapping = getattr(modeling_auto, name)
+        if name.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
+            for model_type, classes in mapping.items():
+                for cls in classes if isinstance(classes, tuple) else (classes,):
+                    mapped.setdefault(model_type, set()).add(cls)
+    refused = {a for rules in ACCEPTED.values() for rule in rules for a in rule.architectures}
+    for model_type, cls in CLASS_OF_MODEL_TYPE.items():
+        assert cls in mapped.get(model_type, set()), model_type
+        assert cls in refused, cls
+    # every refused class transformers names has its model_type here (one of them, for llama4)
+    for cls in refused:
+        types = {t for t, classes in mapped.items() if cls in classes}
+        assert not types or types & set(CLASS_OF_MODEL_TYPE), cls

@@ -6,7 +6,9 @@ for the SGLang it runs (``fa3`` below SGLang 0.5.12, ``flashinfer`` from it, on 
 release's own code, run in its environment for its pinned SGLang (``releases/sglang_server.py``,
 ``CheckInput.sglang_server``). SGLang's ``ServerArgs._handle_model_specific_adjustments`` then
 asserts, per architecture (the config's ``architectures[0]``), the backends it accepts
-(``ACCEPTED``, cited per SGLang release). Needs the actor model's config.json.
+(``ACCEPTED``, cited per SGLang release). Needs the actor model's config.json, or its model_type
+where the facts give no architecture (a model named to ``--model-config`` that the shipped table
+knows: ``CLASS_OF_MODEL_TYPE``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,20 @@ class Accepted:
 
 GPT_OSS_0_5_12 = frozenset({"triton", "trtllm_mha", "fa3", "fa4", "ascend", "intel_xpu", "aiter"})
 LLAMA4 = ("Llama4ForConditionalGeneration", "Llama4ForCausalLM")
+# The class a checkpoint of these model_types names first in its architectures, for facts that
+# carry the model_type alone (the shipped table's numbers): transformers' auto mappings give each
+# one class of ACCEPTED (llama4 also its text-only Llama4ForCausalLM, refused alike), and verl's
+# actor is that class. SGLang's ExaoneMoEForCausalLM is no class transformers names, so an
+# exaone_moe config is judged by its own architectures only.
+CLASS_OF_MODEL_TYPE = {
+    "gpt_oss": "GptOssForCausalLM",
+    "llama4": "Llama4ForConditionalGeneration",
+    "llama4_text": "Llama4ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
+}
 # By the SGLang release a verl release's sglang extra pins (its record's ``sglang``).
 ACCEPTED: dict[str, tuple[Accepted, ...]] = {
     "0.5.12": (
@@ -95,7 +111,8 @@ ACCEPTED: dict[str, tuple[Accepted, ...]] = {
         "SGLang serving a model whose architecture does not accept the attention backend verl "
         "hands it: with none named, verl picks flashinfer for SGLang 0.5.12 and later, which "
         "gpt-oss, Llama 4, Olmo 2 and sliding-window Exaone 4 refuse; the rollout server stops "
-        "at start. Needs the actor model's config.json."
+        "at start. Needs the actor model's config.json, or --model-config naming a model the "
+        "shipped table knows."
     ),
     fix=f"name an accepted backend in {BACKEND_KEY} (fa3 on Hopper, triton elsewhere)",
     example=Example(
@@ -107,7 +124,13 @@ ACCEPTED: dict[str, tuple[Accepted, ...]] = {
 def sglang_attention(inp: CheckInput) -> Iterator[Hit]:
     record = inp.sglang_server
     facts = inp.model_facts.get(ACTOR_MODEL)
-    if record is None or facts is None or facts.architecture is None:
+    if record is None or facts is None:
+        return
+    architecture, read = facts.architecture, f"read from {facts.source}"
+    if architecture is None:
+        architecture = CLASS_OF_MODEL_TYPE.get(str(facts.model_type))
+        read = f"the class of its model_type {facts.model_type!r}, read from {facts.source}"
+    if architecture is None:
         return
     if dotted_value(inp.resolved, ROLLOUT_NAME) != "sglang":
         return
@@ -117,7 +140,7 @@ def sglang_attention(inp: CheckInput) -> Iterator[Hit]:
     # verl picks one only when the key is unset (its engine_kwargs.pop(..., None) is None)
     backend = record.default_attention if named is None else named
     for rule in ACCEPTED.get(record.sglang, ()):
-        if facts.architecture not in rule.architectures or not rule.refuses(backend):
+        if architecture not in rule.architectures or not rule.refuses(backend):
             continue
         if rule.sliding_only and not facts.sliding_window_pattern:
             continue
@@ -134,7 +157,7 @@ def sglang_attention(inp: CheckInput) -> Iterator[Hit]:
         )
         yield Hit(
             BACKEND_KEY if named is not None else ROLLOUT_NAME,
-            f"{chosen}; SGLang {record.sglang} {accepts} for {facts.architecture} "
-            f"({rule.where}@sglang-{record.sglang}, read from {facts.source}): the rollout "
+            f"{chosen}; SGLang {record.sglang} {accepts} for {architecture} "
+            f"({rule.where}@sglang-{record.sglang}, {read}): the rollout "
             "server stops at start",
         )
