@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.lora import engine_lora_rank
+from pytest_verl_compat.checks.lora import engine_lora_rank, served_rank_spelling
 from pytest_verl_compat.checks.roles import (
     FSDP_STRATEGIES,
     MEGATRON_STRATEGIES,
@@ -496,14 +496,10 @@ def _colocated(
 
 
 def _adapters_unmerged(resolved: Mapping[str, Any]) -> bool:
-    """The actor trains LoRA adapters the weight sync sends as adapters (lora.merge false)."""
+    """The actor trains LoRA adapters the weight sync sends as adapters (lora.merge false), as
+    the rollout servers' own test reads them (``served_rank_spelling``)."""
     model = value_at(resolved, "actor_rollout_ref.model", {})
-    if not isinstance(model, Mapping):
-        return False
-    lora = model.get("lora")
-    lora = lora if isinstance(lora, Mapping) else {}
-    rank = max(as_int(model.get("lora_rank")), as_int(lora.get("rank")))
-    return rank > 0 and not bool(lora.get("merge", False))
+    return isinstance(model, Mapping) and served_rank_spelling(model) is not None
 
 
 def _adapter_served(resolved: Mapping[str, Any], name: str) -> bool:
