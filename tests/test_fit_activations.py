@@ -30,6 +30,7 @@ import weakref
 from typing import Any
 
 import pytest
+from tiny_configs import DEEPSEEK_V3_MLA
 
 from pytest_verl_compat.memory.activations import (
     inference_bytes,
@@ -67,24 +68,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"head_dim": 16},
     # GLM-4: a fused gate_up_proj, four norms, a rotary of half of each head applied interleaved
     "glm4": {"head_dim": 16, "pad_token_id": 0},
-    # DeepSeek V3: multi-head latent attention (queries through a low rank, keys and values from
-    # one latent, a decoupled rotary part), its MoE block after a leading dense layer
-    "deepseek_v3": {
-        "num_key_value_heads": 4,
-        "moe_intermediate_size": 48,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 16,
-        "kv_lora_rank": 8,
-        "qk_nope_head_dim": 8,
-        "qk_rope_head_dim": 4,
-        "v_head_dim": 8,
-        "pad_token_id": 0,
-    },
+    # DeepSeek V3: multi-head latent attention, its MoE block after a leading dense layer
+    "deepseek_v3": {**DEEPSEEK_V3_MLA, "moe_intermediate_size": 48, "pad_token_id": 0},
     # GLM-4.5: DeepSeek V3's MoE (sigmoid router, a shared expert, a leading dense layer) under a
     # biased attention with q/k norms and half of each head rotated
     "glm4_moe": {

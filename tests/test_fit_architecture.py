@@ -10,6 +10,7 @@ import warnings
 from typing import Any
 
 import pytest
+from tiny_configs import DEEPSEEK_V3_MLA
 
 from pytest_verl_compat.memory.architecture import architecture_from_config
 from pytest_verl_compat.memory.models import table_entries
@@ -58,36 +59,13 @@ TINY: dict[str, dict[str, Any]] = {
     # is their width); GptOssConfig's own defaults where config.json is silent
     "gpt_oss": {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2},
     "gpt_oss-defaults": {"model_type": "gpt_oss"},
-    "deepseek_v3": {
-        "num_key_value_heads": 4,
-        "moe_intermediate_size": 16,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 16,
-        "kv_lora_rank": 8,
-        "qk_nope_head_dim": 8,
-        "qk_rope_head_dim": 4,
-        "v_head_dim": 8,
-    },
+    "deepseek_v3": {**DEEPSEEK_V3_MLA, "moe_intermediate_size": 16},
     "deepseek_v3-no-q-lora": {
+        **DEEPSEEK_V3_MLA,
         "model_type": "deepseek_v3",
-        "num_key_value_heads": 4,
         "moe_intermediate_size": 16,
-        "n_routed_experts": 4,
         "n_shared_experts": 2,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "first_k_dense_replace": 1,
         "q_lora_rank": None,
-        "kv_lora_rank": 8,
-        "qk_nope_head_dim": 8,
-        "qk_rope_head_dim": 4,
-        "v_head_dim": 8,
     },
     "qwen2_5_vl": {
         "vision_config": {
