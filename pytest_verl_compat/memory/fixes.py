@@ -160,11 +160,15 @@ def _role_candidates(
     if fsdp and role.role != "ref":
         if not (role.param_offload and role.optimizer_offload):
             yield _both_offloads(engine)
-        if training and not role.activation_offload:
-            # the FSDP engine's activation offload (passes._offloads_activations)
+        if training and not role.activation_offload and not role.spec.label:
+            # the FSDP engine's activation offload (passes._offloads_activations); an engine read
+            # as FSDP (VeOmni) offloads its own way, which the forecast does not count
             yield [((f"{model}.enable_activation_offload", True),)]
         in_engine = role.role == "critic" or role.section == "engine"
-        sp_key = f"{engine if in_engine else role.section}.ulysses_sequence_parallel_size"
+        sp_key = (
+            role.ulysses_key
+            or f"{engine if in_engine else role.section}.ulysses_sequence_parallel_size"
+        )
         heads = role.model.architecture.num_attention_heads
         sp = role.sp * 2
         if sp <= 8 and heads % sp == 0 and role.spec.world % sp == 0:

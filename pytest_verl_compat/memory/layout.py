@@ -99,6 +99,9 @@ class RoleLayout:
     whole_mini_batch: int = 0
     # what the forecast read in place of a key the release needs (a deprecated global size)
     assumed: tuple[str, ...] = ()
+    # the key that sets the role's Ulysses size where it is not the FSDP engine's (VeOmni's
+    # ulysses_parallel_size); empty: the FSDP key (fixes.py)
+    ulysses_key: str = ""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pytest_verl_compat.checks.roles import (
     sequence_parallel,
 )
 from pytest_verl_compat.checks.sft import engine_strategy
-from pytest_verl_compat.memory import server_lora
+from pytest_verl_compat.memory import server_lora, veomni
 from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
 from pytest_verl_compat.memory.architecture import GLM_LAYER, GPT_OSS
 from pytest_verl_compat.memory.batches import role_batches
@@ -216,16 +216,22 @@ def lora_modules(
     )
 
 
+# The engines the forecast reads: its strategies, and VeOmni read as the FSDP2 it builds.
+FORECAST_ENGINES = (*FORECAST_STRATEGIES, veomni.VEOMNI)
+
+
+def _unforecast_engine(strategy: str, key: str) -> UnreadableRun:
+    return UnreadableRun(
+        f"{key}={strategy}: the forecast models {', '.join(FORECAST_ENGINES)} engines only", key
+    )
+
+
 def engine_spec(
     resolved: Mapping[str, Any], role: str, world: int, *, forward_only: bool, value_head: bool
 ) -> tuple[EngineSpec, Mapping[str, Any]]:
     strategy = role_strategy(resolved, role)
-    if strategy not in FORECAST_STRATEGIES:
-        key = f"{engine_path(resolved, role)}.strategy"
-        raise UnreadableRun(
-            f"{key}={strategy}: the forecast models {', '.join(FORECAST_STRATEGIES)} engines only",
-            key,
-        )
+    if strategy not in FORECAST_ENGINES:
+        raise _unforecast_engine(strategy, f"{engine_path(resolved, role)}.strategy")
     if not isinstance(value_at(resolved, engine_path(resolved, role), None), Mapping):
         # the strategy's section comes with the engine's config group (ppo_trainer.yaml's
         # defaults: ``${model_engine}_actor``); read without it, every engine key would default
@@ -238,6 +244,12 @@ def engine_spec(
     engine = role_engine(resolved, role)
     model_key = "critic.model" if role == "critic" else "actor_rollout_ref.model"
     model = value_at(resolved, model_key, {})
+    own: dict[str, Any] = {}
+    if veomni.is_veomni(strategy):
+        if role != "critic" and isinstance(model, Mapping):
+            veomni.refuse_lora(engine_lora_rank(model, "fsdp"), f"{ROLE_SECTIONS[role]}.strategy")
+        own = veomni.spec_fields(engine)
+        engine, strategy = veomni.fsdp2_reading(engine, world), veomni.AS_STRATEGY
     # the engine's own spelling of the rank: a rank in the other one trains the whole model
     rank = engine_lora_rank(model, strategy) if isinstance(model, Mapping) else 0
     targets_t, exclude_t = lora_modules(model, strategy, model_key)
@@ -261,7 +273,7 @@ def engine_spec(
         **optimizer_class(optim),
         distributed_optimizer=bool(engine.get("use_distributed_optimizer", True)),
         **_megatron_fields(strategy, engine, optim),
-        defer_sync=defer_sync(engine),
+        **({"defer_sync": defer_sync(engine)} | own),
     )
     return spec, engine
 
@@ -431,7 +443,13 @@ def role_layout(
         optim_section=f"{prefix}.optim",
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section, spec.strategy, facts),
+        **veomni.role_flags(
+            spec,
+            _engine_flags(engine, model_section, spec.strategy, facts),
+            facts,
+            engine_path(resolved, role),
+            batches.assumed,
+        ),
         sp=sp,
         train_tokens=train_tokens,
         infer_tokens=infer_tokens,
@@ -454,7 +472,6 @@ def role_layout(
         train_budget_key=train_key,
         infer_budget_key=infer_key,
         dynamic=dynamic,
-        assumed=batches.assumed,
     )
 
 
@@ -687,12 +704,14 @@ def sft_layout(
     data = value_at(resolved, "data", {})
     model_section = value_at(resolved, "model", {})
     strategy = engine_strategy(engine) or "fsdp"
-    if strategy not in FORECAST_STRATEGIES:
-        raise UnreadableRun(
-            f"engine.strategy={strategy}: the forecast models "
-            f"{', '.join(FORECAST_STRATEGIES)} engines only",
-            "engine.strategy",
-        )
+    if strategy not in FORECAST_ENGINES:
+        raise _unforecast_engine(strategy, "engine.strategy")
+    own: dict[str, Any] = {}
+    if veomni.is_veomni(strategy):
+        if isinstance(model_section, Mapping):
+            veomni.refuse_lora(engine_lora_rank(model_section, "fsdp"), "engine.strategy")
+        own = veomni.spec_fields(engine)
+        engine, strategy = veomni.fsdp2_reading(engine, world), veomni.AS_STRATEGY
     _refuse_unmodelled_layer(strategy, model, "engine.strategy")
     sp = max(
         as_int(engine.get("ulysses_sequence_parallel_size"), 1),
@@ -714,7 +733,7 @@ def sft_layout(
         lora_exclude=exclude,
         **optimizer_class(value_at(resolved, SFT_OPTIM, {})),
         **_megatron_fields(strategy, engine, value_at(resolved, SFT_OPTIM, {}) or {}),
-        defer_sync=defer_sync(engine),
+        **({"defer_sync": defer_sync(engine)} | own),
     )
     dynamic = bool(data.get("use_dynamic_bsz"))
     budget = as_int(data.get("max_token_len_per_gpu"), 8192)
@@ -732,7 +751,12 @@ def sft_layout(
         optim_section=SFT_OPTIM,
         spec=spec,
         model=model,
-        **_engine_flags(engine, model_section, spec.strategy, facts),
+        **veomni.role_flags(
+            spec,
+            _engine_flags(engine, model_section, spec.strategy, facts),
+            facts,
+            "engine",
+        ),
         sp=sp,
         train_tokens=tokens,
         infer_tokens=tokens,

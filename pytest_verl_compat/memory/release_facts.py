@@ -41,6 +41,10 @@ ENTROPY_PASSES = "entropy_passes"
 CRITIC_MICRO_BATCHES = "critic_micro_batches"
 LOGPROB_BACKWARD = "logprob_backward"
 VLLM_CUDA_GRAPHS = "vllm_cuda_graphs"
+VEOMNI_ENGINE = "veomni_engine"
+# Facts only a release with the code has (the older releases the recorded runs used, as
+# classes, have no VeOmni engine): absent, the forecast refuses what needs them in one line.
+OPTIONAL_FACTS = (VEOMNI_ENGINE,)
 VALUES: dict[str, tuple[str, ...]] = {
     # the log-prob pass divides the logits by the temperature: out of place always, out of
     # place unless the temperature is a scalar 1.0, or in place (no second tensor)
@@ -71,6 +75,8 @@ VALUES: dict[str, tuple[str, ...]] = {
     # outside gpu_memory_utilization's share), or after subtracting their profiled estimate
     # (inside the share: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS's default from vLLM 0.21.0)
     VLLM_CUDA_GRAPHS: ("outside-share", "inside-share"),
+    # the VeOmni engine: VeOmni builds the model with FSDP2, read as memory/veomni.py says
+    VEOMNI_ENGINE: ("fsdp2",),
 }
 
 
@@ -189,6 +195,11 @@ class ReleaseFacts:
         return bool(self.value(VLLM_CUDA_GRAPHS) == "inside-share")
 
     @property
+    def veomni_evidence(self) -> str | None:
+        """The release's line that has VeOmni build its VeOmni engine, or None without one."""
+        return self.evidence(VEOMNI_ENGINE) if VEOMNI_ENGINE in self.facts else None
+
+    @property
     def fused_backends(self) -> tuple[str, ...]:
         return tuple(str(v) for v in self.value(FUSED_BACKENDS))
 
@@ -206,6 +217,8 @@ def facts_from_mapping(raw: Mapping[str, Any], origin: str) -> ReleaseFacts:
     facts: dict[str, Fact] = {}
     for name in (*VALUES, *LIST_FACTS):
         entry = entries.get(name)
+        if entry is None and name in OPTIONAL_FACTS:
+            continue
         if not isinstance(entry, Mapping) or "value" not in entry:
             raise ReleaseFactsError(f"{origin}: facts.{name} is missing (value, means, where)")
         value = entry["value"]

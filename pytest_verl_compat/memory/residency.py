@@ -35,7 +35,9 @@ def where(role: RoleLayout) -> str:
     spec = role.spec
     if spec.strategy in ("megatron", "mindspeed"):
         return f"Megatron tp {spec.tp} pp {spec.pp} ep {spec.ep}"
-    return f"{spec.strategy.upper()} shards over {spec.shard}"
+    engine = f"{spec.strategy.upper()} ({spec.label})" if spec.label else spec.strategy.upper()
+    ep = f", experts over ep {spec.ep}" if spec.ep > 1 else ""
+    return f"{engine} shards over {spec.shard}{ep}"
 
 
 def megatron(role: RoleLayout) -> bool:
@@ -77,8 +79,12 @@ def grad_buffer(role: RoleLayout, label: str, loaded: str = "") -> list[Part]:
 
 
 def forced_offload(role: RoleLayout) -> bool:
-    """FSDP's forward-only engine (the reference) keeps its shards on the host, always."""
-    return role.offload_policy or (role.spec.forward_only and role.spec.strategy in FSDP_STRATEGIES)
+    """FSDP's forward-only engine (the reference) keeps its shards on the host, always (verl's
+    engine; VeOmni's keeps them on the GPU: ``EngineSpec.forward_only_on_host``)."""
+    spec = role.spec
+    return role.offload_policy or (
+        spec.forward_only and spec.forward_only_on_host and spec.strategy in FSDP_STRATEGIES
+    )
 
 
 def resident(role: RoleLayout) -> tuple[bool, bool]:

@@ -102,6 +102,14 @@ class EngineSpec:
     # FSDP skips gradient sync on all but a mini-batch's last micro-batch (no_sync), keeping
     # unsharded gradients between them (use_no_sync_for_gradient_accumulation, read as upstream)
     defer_sync: bool = True
+    # An engine read as the strategy it builds (memory/veomni.py): its own name, for the report
+    label: str = ""
+    # FSDP2's root module (embeddings, final norm, lm_head) kept gathered from forward to
+    # backward, as VeOmni wraps it (the strategy's other layers reshard)
+    root_gathered: bool = False
+    # a forward-only FSDP role's shards live on the host (verl's FSDP engine builds it a
+    # CPUOffloadPolicy, transformer_impl.py:440-443); VeOmni's build keeps them on the GPU
+    forward_only_on_host: bool = True
 
     @property
     def shard(self) -> int:
@@ -370,6 +378,24 @@ def _fsdp2_shard(tensor: Tensor, shard: int) -> int:
     return rows * rest
 
 
+def _expert_shard(tensor: Tensor, shard: int, ep: int) -> int:
+    """Elements of rank 0's shard of stacked experts split over ``ep`` expert-parallel ranks
+    (experts, dim 0) and then over the rest of the shard group on dim 1 (VeOmni's ExtraParallel
+    FSDP2: ``Shard(1)`` over the ep_fsdp mesh, veomni/distributed/torch_parallelize.py:535, :554@veomni-0.1.12)."""
+    if len(tensor.shape) < 2:
+        return _ceil(_ceil(tensor.shape[0], ep), max(shard // ep, 1))
+    experts, cols = _ceil(tensor.shape[0], ep), _ceil(tensor.shape[1], max(shard // ep, 1))
+    rest = tensor.numel // (tensor.shape[0] * tensor.shape[1]) if tensor.numel else 0
+    return experts * cols * rest
+
+
+def _gathered(tensor: Tensor, ep: int) -> int:
+    """Elements a unit gathers of one tensor: a rank's own experts under expert parallel."""
+    if ep > 1 and tensor.kind == "experts":
+        return _ceil(tensor.shape[0], ep) * (tensor.numel // tensor.shape[0])
+    return tensor.numel
+
+
 def _fsdp1_units(tensors: Iterable[Tensor]) -> dict[str, int]:
     """Elements per FSDP1 unit (one FlatParameter each)."""
     units: dict[str, int] = {}
@@ -382,7 +408,12 @@ def sharded_elements(tensors: list[Tensor], spec: EngineSpec) -> int:
     """Elements of rank 0's shards of ``tensors`` under the role's FSDP strategy."""
     shard = spec.shard
     if spec.strategy == "fsdp2":
-        return sum(_fsdp2_shard(t, shard) for t in tensors)
+        return sum(
+            _expert_shard(t, shard, spec.ep)
+            if spec.ep > 1 and t.kind == "experts"
+            else _fsdp2_shard(t, shard)
+            for t in tensors
+        )
     # FSDP1 flattens each unit and pads it to a multiple of the group (torch _flat_param.py)
     return sum(_ceil(numel, shard) for numel in _fsdp1_units(tensors).values())
 
@@ -432,7 +463,7 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     accumulated = trainable_numel * accumulate_dtype
     layer = max(
         (
-            sum(t.numel for t in every if t.unit == f"layers.{i}")
+            sum(_gathered(t, spec.ep) for t in every if t.unit == f"layers.{i}")
             for i in range(arch.num_hidden_layers)
         ),
         default=0,
@@ -441,7 +472,7 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
     layer_grad = max(
         (
             sum(
-                t.numel
+                _gathered(t, spec.ep)
                 for t in trainable
                 if t.unit == f"layers.{i}" or f".layers.{i}." in f".{t.name}"
             )
@@ -470,7 +501,7 @@ def fsdp_states(arch: Architecture, spec: EngineSpec) -> ModelStates:
         # FSDP1's root unit (embedding, final norm, lm_head) is not resharded after forward; FSDP2
         # wraps embed_tokens and lm_head on their own unless tied (fsdp_utils.py:537-558).
         root_unit=root * spec.param_dtype
-        if spec.strategy == "fsdp" or arch.tie_word_embeddings
+        if spec.strategy == "fsdp" or spec.root_gathered or arch.tie_word_embeddings
         else 0,
         largest_tensor=largest * spec.model_dtype,
         trainable=trainable_numel,
