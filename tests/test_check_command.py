@@ -11,9 +11,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from cli_in_process import run
 from corpus_facts import PINNED_VERSION
 
-from pytest_verl_compat import cli
 from pytest_verl_compat.model import ExplicitFields, Finding
 from pytest_verl_compat.pipeline.locate import Locator, TreeIndex, set_positions
 from pytest_verl_compat.pipeline.suppress import Selection, apply_directives, directives
@@ -26,12 +26,6 @@ SARIF_SCHEMA_SHA256 = "c3b4bb2d6093897483348925aaa73af03b3e3f4bd4ca38cef26dcb421
 GRPO = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
 NO_UPSTREAM = "--no-upstream-checks"
 SARIF = ("--format", "sarif", NO_UPSTREAM)
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    status = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 @pytest.fixture

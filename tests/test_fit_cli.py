@@ -15,21 +15,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 from cli_child import run_cli
-
-from pytest_verl_compat import cli
+from cli_in_process import run
 
 GRPO = "examples/grpo_trainer/run_qwen3_8b_fsdp.sh"
 SFT = "examples/sft/gsm8k/run_qwen3_8b_fsdp.sh"
 PPO = "examples/ppo_trainer/run_qwen3_8b_fsdp.sh"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        status = cli.main(list(args))
-    except SystemExit as exc:  # argparse's own usage errors
-        status = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def _script(name: str) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_in_process import run
 
-from pytest_verl_compat import cli
 from pytest_verl_compat.memory.release_facts import Fact, facts_from_mapping
 from pytest_verl_compat.pipeline.retired import (
     OWN_TREE,
@@ -42,15 +42,6 @@ def _script(tmp_path: Path, keys: str = OLD_KEYS, module: str = OLD, name: str =
     path = tmp_path / name
     path.write_text(LAUNCH.format(module=module, keys=keys), encoding="utf-8")
     return str(path)
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        status = cli.main(list(args))
-    except SystemExit as exc:
-        status = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def _payload(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

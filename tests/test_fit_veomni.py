@@ -18,8 +18,8 @@ import math
 from pathlib import Path
 
 import pytest
+from cli_in_process import run
 
-from pytest_verl_compat import cli
 from pytest_verl_compat.memory import veomni
 from pytest_verl_compat.memory.architecture import architecture_from_config
 from pytest_verl_compat.memory.release_facts import facts_from_mapping, release_facts
@@ -28,15 +28,6 @@ from pytest_verl_compat.memory.states import EngineSpec, fsdp_states, model_tens
 VL_MOE = "verl-v0.9.0/examples/grpo_trainer/run_qwen3_vl_30b_moe_veomni.sh"
 OPD = "verl-v0.9.0/examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh"
 ACTOR = "actor_rollout_ref.actor"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        status = cli.main(list(args))
-    except SystemExit as exc:
-        status = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 @pytest.mark.parametrize(

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_in_process import run
 from corpus_facts import PINNED_VERSION, needs_release, release_root
 from no_effect_reads import ROLE_READS, role_copies_out, role_reads_outside
 
-from pytest_verl_compat import cli
 from pytest_verl_compat.checks import off_path
 from pytest_verl_compat.model import Finding, Level
 from pytest_verl_compat.releases.index import load_release_index
@@ -44,12 +44,6 @@ RESHARD = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
 FSDP_ENGINE = "verl.workers.engine.fsdp.transformer_impl.FSDPEngine"
 MEGATRON_ENGINE = "verl.workers.engine.megatron.transformer_impl.MegatronEngine"
 RESHARD_READ = "verl/workers/engine/fsdp/transformer_impl.py:401"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    status = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def _script(tmp_path: Path, upstream: Path, example: str, after: str, lines: list[str]) -> Path:
