@@ -215,3 +215,28 @@ def test_facts_without_the_engine_are_read_and_say_so() -> None:
         },
     }
     assert facts_from_mapping(raw, "class").veomni_evidence is None
+
+
+def test_veomnis_own_activation_offload_is_said_and_not_counted(
+    here: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    offload = "actor_rollout_ref.model.enable_activation_offload=True"
+    status, plain, err = run(capsys, "fit", OPD, "--gpu", "H100")
+    assert status in (0, 1), err
+    status, out, err = run(capsys, "fit", OPD, "--gpu", "H100", "--set", offload)
+    assert status in (0, 1), err
+    assert _lines(out, "activation offload") and not _lines(plain, "activation offload")
+    phases = [line for line in out.splitlines() if line.startswith("  actor update")]
+    assert phases == [line for line in plain.splitlines() if line.startswith("  actor update")]
+
+
+def test_the_engines_async_activation_offload_is_said() -> None:
+    view = veomni.fsdp2_reading({veomni.ASYNC_OFFLOAD: True}, 8)
+    spec = EngineSpec(veomni.AS_STRATEGY, 8, label="VeOmni")
+    flags = {"activation_offload": False}
+    read = veomni.role_flags(spec, view, flags, release_facts("0.9.1"), "engine")
+    assert veomni.ACTIVATION_OFFLOAD_ASSUMED in read["assumed"]
+    quiet = veomni.role_flags(
+        spec, veomni.fsdp2_reading({}, 8), flags, release_facts("0.9.1"), "engine"
+    )
+    assert veomni.ACTIVATION_OFFLOAD_ASSUMED not in quiet["assumed"]

@@ -445,6 +445,7 @@ def role_layout(
         model=model,
         **veomni.role_flags(
             spec,
+            engine,
             _engine_flags(engine, model_section, spec.strategy, facts),
             facts,
             engine_path(resolved, role),
@@ -753,6 +754,7 @@ def sft_layout(
         model=model,
         **veomni.role_flags(
             spec,
+            engine,
             _engine_flags(engine, model_section, spec.strategy, facts),
             facts,
             "engine",

@@ -70,9 +70,12 @@ def assumption(release_evidence: str) -> str:
 
 
 ACTIVATION_OFFLOAD_ASSUMED = (
-    "VeOmni's own activation offload (model.enable_activation_offload) is not modelled: the "
-    "activations are counted as kept on the GPU"
+    "VeOmni's own activation offload (model.enable_activation_offload, or the engine's "
+    "enable_async_activation_offload) is not modelled: the activations are counted as kept on "
+    "the GPU"
 )
+# The VeOmni reading's own key (no FSDP2 engine reads it): its stream-based activation offload.
+ASYNC_OFFLOAD = "enable_async_activation_offload"
 
 
 def is_veomni(strategy: str) -> bool:
@@ -115,6 +118,7 @@ def fsdp2_reading(engine: Mapping[str, Any], world: int) -> dict[str, Any]:
         reshard_after_forward=True,
         ulysses_sequence_parallel_size=max(as_int(engine.get(ULYSSES_KEY), 1), 1),
     )
+    view[ASYNC_OFFLOAD] = bool(engine.get(ASYNC_OFFLOAD))
     return view
 
 
@@ -143,14 +147,15 @@ def spec_fields(engine: Mapping[str, Any]) -> dict[str, Any]:
 
 def role_flags(
     spec: EngineSpec,
+    engine: Mapping[str, Any],
     flags: dict[str, Any],
     facts: ReleaseFacts,
     engine_section: str,
     assumed: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """RoleLayout's engine flags and assumptions, with what an engine read as another strategy
-    (``spec.label``: VeOmni, its section at ``engine_section``) does not share with it; the
-    release's facts say it has that engine."""
+    (``spec.label``: VeOmni, its section at ``engine_section``, ``engine`` as read) does not
+    share with it; the release's facts say it has that engine."""
     if not spec.label:
         return {**flags, "assumed": assumed}
     evidence = facts.veomni_evidence
@@ -161,7 +166,7 @@ def role_flags(
             key,
         )
     assumed = (*assumed, assumption(evidence))
-    if flags["activation_offload"]:
+    if flags["activation_offload"] or engine.get(ASYNC_OFFLOAD):
         assumed = (*assumed, ACTIVATION_OFFLOAD_ASSUMED)
     return {
         **flags,
