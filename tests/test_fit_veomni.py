@@ -8,12 +8,17 @@ builds, with what differs from verl's own FSDP2 engine, each beside its near-ide
 - the root module gathered through backward; no unsharded no-sync gradients;
 - the engine's own Ulysses key in the fixes, no FSDP activation offload offered;
 - a LoRA rank (the engine builds no adapters) and a release without the engine are one line.
-The VeOmni lines are veomni 0.1.12's; byte-exact states against VeOmni's own build are not
-measured here (verl pins no VeOmni).
+The VeOmni lines are veomni 0.1.12's (verl pins none). Against the real thing: verl's own
+``VeOmniEngineWithLMHead``, built in each release's environment with that VeOmni (a wheel fetched
+by its hash, tests/veomni_wheel.py) on a fake process group, holds on rank 0 exactly the
+parameter bytes and dtype the forecast reads, for the whole world, experts over expert parallel,
+HSDP under Ulysses and bf16 without mixed precision; and only its root module stays gathered
+after a forward.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -240,3 +245,73 @@ def test_the_engines_async_activation_offload_is_said() -> None:
         spec, veomni.fsdp2_reading({}, 8), flags, release_facts("0.9.1"), "engine"
     )
     assert veomni.ACTIVATION_OFFLOAD_ASSUMED not in quiet["assumed"]
+
+
+# --- verl's own VeOmni engine, built in each release's environment --------------------------
+
+ENGINE_CASES = {
+    "whole world": (8, {}),
+    "experts over ep 4": (8, {"expert_parallel_size": 4}),
+    "HSDP: fsdp_size 2 x Ulysses 2": (8, {"ulysses_parallel_size": 2, "fsdp_size": 2}),
+    "bf16, ep 2, Ulysses 2": (
+        8,
+        {"mixed_precision": False, "expert_parallel_size": 2, "ulysses_parallel_size": 2},
+    ),
+}
+# the tree's mixed_precision default (engine/veomni.yaml; the config class's own is false) and the
+# kernels a CPU run takes
+CPU_KEYS = {"mixed_precision": True, "attn_implementation": "sdpa", "moe_implementation": "eager"}
+_ENGINE_STATES: dict[str, dict[str, dict]] = {}
+
+
+def _engine_states(version: str, cache: Path) -> dict[str, dict]:
+    if version in _ENGINE_STATES:
+        return _ENGINE_STATES[version]
+    from corpus_facts import release_ready
+    from veomni_wheel import veomni_folder
+
+    from pytest_verl_compat.upstream.oracle.runner import release_runner
+    from pytest_verl_compat.upstream.probes.veomni_states_probe import ANSWER_MARK
+
+    if not release_ready(version):
+        pytest.skip(f"the environment of verl {version} is not built")
+    cases = [
+        {"world": world, "engine": {**CPU_KEYS, **keys}} for world, keys in ENGINE_CASES.values()
+    ]
+    request = {"veomni": str(veomni_folder(cache)), "config": MOE, "cases": cases}
+    run = release_runner(version)(
+        "pytest_verl_compat.upstream.probes.veomni_states_probe",
+        stdin=json.dumps(request),
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr_tail(30)
+    lines = reversed(run.stdout.splitlines())
+    answer = next(line for line in lines if line.startswith(ANSWER_MARK))
+    results = json.loads(answer[len(ANSWER_MARK) :])
+    _ENGINE_STATES[version] = dict(zip(ENGINE_CASES, results, strict=True))
+    return _ENGINE_STATES[version]
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_CASES))
+@pytest.mark.parametrize("version", ["0.9.0", "0.9.1"])
+def test_the_forecast_holds_what_verls_veomni_engine_holds(
+    request: pytest.FixtureRequest, version: str, name: str
+) -> None:
+    from pytest_verl_compat.memory.reading import engine_spec
+
+    measured = _engine_states(version, request.config.cache.mkdir("veomni"))[name]
+    world, keys = ENGINE_CASES[name]
+    resolved = {
+        "actor_rollout_ref": {
+            "actor": {"strategy": "veomni", "veomni": {**CPU_KEYS, **keys}},
+            "model": {},
+        }
+    }
+    spec, _ = engine_spec(resolved, "actor", world, forward_only=False, value_head=False)
+    arch = architecture_from_config(MOE, "tiny", "test")
+    assert fsdp_states(arch, spec).params == measured["params"]
+    assert measured["dtypes"] == [{4: "float32", 2: "bfloat16"}[spec.model_dtype]]
+    if "gathered_after_forward" in measured:
+        # the root module alone stays gathered after a forward; the layers reshard
+        assert measured["gathered_after_forward"] == ["<root>"]
+        assert spec.root_gathered

@@ -11,8 +11,9 @@ without a GPU never loads the layer). The modules hold one concern each:
 - ``states``, ``activations``, ``rollout``: model states per engine, what a pass keeps, the
   rollout server's share and KV cache;
 - ``release_facts``: what a release's code decides where no key does (data per release);
-- ``layout``, ``reading``, ``residency``, ``passes``, ``phases``: a run as roles and ranks, and
-  each phase's parts;
+- ``layout``, ``reading``, ``engine_flags``, ``veomni``, ``residency``, ``passes``, ``phases``: a
+  run as roles and ranks (an engine's flags, VeOmni read as the FSDP2 it builds), and each
+  phase's parts;
 - ``runs``, ``fixes``, ``forecast``: verdicts against the GPU and changes forecast again;
 - ``findings``, ``report``, ``plot``: memory.* findings, text and JSON, the picture.
 """

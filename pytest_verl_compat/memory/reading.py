@@ -34,6 +34,7 @@ from pytest_verl_compat.memory import server_lora, veomni
 from pytest_verl_compat.memory.activations import EV_LOGITS, EV_MEGATRON_CE
 from pytest_verl_compat.memory.architecture import GLM_LAYER, GPT_OSS
 from pytest_verl_compat.memory.batches import role_batches
+from pytest_verl_compat.memory.engine_flags import fused, role_flags
 from pytest_verl_compat.memory.layout import (
     BUCKET_DEFAULT_MB,
     BUCKET_KEY,
@@ -126,72 +127,6 @@ def _tokens_evidence(dynamic: bool, facts: ReleaseFacts) -> str:
     if not dynamic:
         return EV_MICRO_BATCHES
     return f"{EV_MICRO_BATCHES}; {facts.evidence(DYNAMIC_MICRO_BATCHES)}"
-
-
-def _engine_flags(
-    engine: Mapping[str, Any],
-    model_section: Mapping[str, Any],
-    strategy: str,
-    facts: ReleaseFacts,
-) -> dict[str, Any]:  # each a bool; Any lets it spread into RoleLayout beside its other fields
-    """The offload and model flags an RL role and the SFT engine read alike."""
-    return {
-        "param_offload": bool(engine.get("param_offload")),
-        "optimizer_offload": bool(engine.get("optimizer_offload")),
-        # an offload policy only where the release's engine builds one for the strategy
-        # (transformer_impl.py:440-443 for FSDP2; FSDP1's training engine takes none, :404-415)
-        "offload_policy": bool(engine.get("offload_policy"))
-        and strategy in facts.host_offload_strategies,
-        "checkpointing": _checkpointing(engine, model_section, strategy),
-        "remove_padding": bool(model_section.get("use_remove_padding")),
-        "sequence_parallel": _sequence_parallel(engine, strategy),
-        # the FSDP engine reads the model's flag (transformer_impl.py:458-460); Megatron's not
-        "activation_offload": strategy in FSDP_STRATEGIES
-        and bool(model_section.get("enable_activation_offload")),
-        # FSDP1's SHARD_GRAD_OP and FSDP2's reshard_after_forward=False when false
-        # (transformer_impl.py:401, :450); the tree's default is true
-        "reshard_after_forward": strategy not in FSDP_STRATEGIES
-        or engine.get("reshard_after_forward", True) is not False,
-    }
-
-
-def _sequence_parallel(engine: Mapping[str, Any], strategy: str) -> bool:
-    """Megatron's sequence_parallel as its engine builds the model: override_transformer_config
-    last (verl/workers/engine/megatron/transformer_impl.py:364-365), else the engine's key
-    (:354, default True in engine/megatron.yaml:32); the legacy mbridge (vanilla_mbridge) reads
-    no engine key and sets it whenever tensor parallelism is on (mbridge's
-    LLMBridge._build_base_config: ``"sequence_parallel": self.mpu.tp_size > 1``). Not Megatron:
-    True (nothing to split)."""
-    if strategy not in MEGATRON_STRATEGIES:
-        return True
-    override = engine.get("override_transformer_config")
-    if isinstance(override, Mapping) and override.get("sequence_parallel") is not None:
-        return bool(override.get("sequence_parallel"))
-    if engine.get("vanilla_mbridge"):
-        return True
-    value = engine.get("sequence_parallel", True)
-    return True if value is None else bool(value)
-
-
-def _checkpointing(
-    engine: Mapping[str, Any], model_section: Mapping[str, Any], strategy: str
-) -> bool:
-    """Whether a training pass keeps only layer boundaries: the model's flag for the FSDP engine;
-    for Megatron, full recompute in override_transformer_config (the engine hands it to the
-    Megatron config and never reads enable_gradient_checkpointing; selective recompute of the
-    attention core keeps the layers' other activations, null recomputes nothing)."""
-    if strategy not in MEGATRON_STRATEGIES:
-        return bool(model_section.get("enable_gradient_checkpointing"))
-    override = engine.get("override_transformer_config")
-    override = override if isinstance(override, Mapping) else {}
-    return override.get("recompute_granularity") == "full"
-
-
-def _fused(model: Mapping[str, Any], facts: ReleaseFacts) -> bool:
-    """model.use_fused_kernels takes effect for the backends the release patches."""
-    options = model.get("fused_kernel_options") if isinstance(model, Mapping) else None
-    backend = options.get("impl_backend", "torch") if isinstance(options, Mapping) else "torch"
-    return bool(model.get("use_fused_kernels")) and str(backend) in facts.fused_backends
 
 
 def lora_modules(
@@ -443,13 +378,8 @@ def role_layout(
         optim_section=f"{prefix}.optim",
         spec=spec,
         model=model,
-        **veomni.role_flags(
-            spec,
-            engine,
-            _engine_flags(engine, model_section, spec.strategy, facts),
-            facts,
-            engine_path(resolved, role),
-            batches.assumed,
+        **role_flags(
+            spec, engine, model_section, facts, engine_path(resolved, role), batches.assumed
         ),
         sp=sp,
         train_tokens=train_tokens,
@@ -458,7 +388,7 @@ def role_layout(
         entropy_train=bool(section.get("calculate_entropy"))
         or number(section, "entropy_coeff", 0.0, prefix) != 0.0,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
-        fused_kernels=_fused(model_section, facts),
+        fused_kernels=fused(model_section, facts),
         compiled=bool(engine.get("use_torch_compile", True)) and not megatron,
         temperature_copy=copies_logits(facts, temperature, spec.strategy),
         entropy_every_pass=facts.entropy_every_pass,
@@ -752,20 +682,14 @@ def sft_layout(
         optim_section=SFT_OPTIM,
         spec=spec,
         model=model,
-        **veomni.role_flags(
-            spec,
-            engine,
-            _engine_flags(engine, model_section, spec.strategy, facts),
-            facts,
-            "engine",
-        ),
+        **role_flags(spec, engine, model_section, facts, "engine"),
         sp=sp,
         train_tokens=tokens,
         infer_tokens=tokens,
         micro_batches=count,
         entropy_train=False,
         chunked_entropy=bool(engine.get("entropy_from_logits_with_chunking")),
-        fused_kernels=_fused(model_section, facts),
+        fused_kernels=fused(model_section, facts),
         compiled=bool(engine.get("use_torch_compile", True)),
         temperature_copy=copies_logits(facts, SFT_TEMPERATURE, strategy),
         entropy_every_pass=False,  # the SFT engine computes no entropy
