@@ -23,28 +23,15 @@ memory it sees) answer zero, and the kernels are VeOmni's eager ones with torch'
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from typing import Any
 
+# The model-state oracle's fake process group of rank 0 (its module is oracle code: imported, not
+# copied, and not changed, which would move every recorded conformance answer's key)
+from pytest_verl_compat.conformance.step.memory_states import _fake_group as join_fake_group
+
 ANSWER_MARK = "veomni-states: "
-
-
-def _fake_group(world: int) -> None:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    for key, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29500",
-    }.items():
-        os.environ[key] = value
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
 def _no_gpu_memory_queries() -> None:
@@ -95,7 +82,7 @@ def _case(case: dict[str, Any], model_dir: str, vocab: int) -> dict[str, Any]:
     from verl.workers.config import HFModelConfig, VeOmniEngineConfig, VeOmniOptimizerConfig
     from verl.workers.engine.veomni.transformer_impl import VeOmniEngineWithLMHead
 
-    _fake_group(case["world"])
+    join_fake_group(case["world"])
     try:
         engine = VeOmniEngineWithLMHead(
             model_config=HFModelConfig(path=model_dir),
