@@ -23,15 +23,22 @@ memory it sees) answer zero, and the kernels are VeOmni's eager ones with torch'
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from typing import Any
 
-# The model-state oracle's fake process group of rank 0 (its module is oracle code: imported, not
-# copied, and not changed, which would move every recorded conformance answer's key)
-from pytest_verl_compat.conformance.step.memory_states import _fake_group as join_fake_group
-
 ANSWER_MARK = "veomni-states: "
+
+
+def join_fake_group(world: int) -> None:
+    """Rank 0 of a fake group of ``world`` ranks, as a launcher would describe it."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world))
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
 def _no_gpu_memory_queries() -> None:
