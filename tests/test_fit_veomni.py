@@ -315,3 +315,6 @@ def test_the_forecast_holds_what_verls_veomni_engine_holds(
         # the root module alone stays gathered after a forward; the layers reshard
         assert measured["gathered_after_forward"] == ["<root>"]
         assert spec.root_gathered
+        # the sharded gradients the step takes, and AdamW's two states per parameter
+        states = fsdp_states(arch, spec)
+        assert (measured["grads"], measured["optimizer"]) == (states.grads, states.optimizer)

@@ -12,8 +12,9 @@ builds verl's ``VeOmniEngineWithLMHead`` from the tiny model saved with random w
 ``HFModelConfig`` of its folder, the case's engine config, an optimizer config) and calls its
 ``initialize()``, as the worker does. It answers, per case: the bytes of rank 0's parameter
 shards and their dtype; and, for a case without expert parallel (a forward's all-to-all of
-routed tokens needs real peers), after one forward of the engine's module, which FSDP units
-still hold their gathered parameters.
+routed tokens needs real peers), after one forward of the engine's module which FSDP units still
+hold their gathered parameters, then, after its backward and the optimizer's step, the bytes of
+the gradient shards and of the optimizer's states.
 
 The CPU stand-ins are those of a run without a GPU: torch.cuda's memory queries (verl logs the
 memory it sees) answer zero, and the kernels are VeOmni's eager ones with torch's SDPA attention
@@ -69,17 +70,37 @@ def _held(module: Any) -> dict[str, Any]:
     }
 
 
-def _gathered_after_forward(module: Any, vocab: int) -> list[str]:
+def _bytes(tensors: Any) -> int:
+    from torch.distributed.tensor import DTensor
+
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def _step(engine: Any, vocab: int) -> dict[str, Any]:
+    """One forward (which FSDP units then still hold their gathered parameters), its backward
+    and the optimizer's step: the gradient shards it steps on and its states after it (the 0-dim
+    ``step`` counters left out)."""
     import torch
     from torch.distributed.fsdp import FSDPModule
 
-    module(input_ids=torch.randint(0, vocab, (1, 16)))
+    module = engine.module
+    logits = module(input_ids=torch.randint(0, vocab, (1, 16))).logits
     gathered = []
     for name, sub in module.named_modules():
         group = sub._get_fsdp_state()._fsdp_param_group if isinstance(sub, FSDPModule) else None
         if group is not None and group.is_unsharded:
             gathered.append(name or "<root>")
-    return gathered
+    logits.float().sum().backward()
+    grads = _bytes(p.grad for p in module.parameters() if p.grad is not None)
+    engine.optimizer.step()
+    states = [
+        value
+        for state in engine.optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    ]
+    return {"gathered_after_forward": gathered, "grads": grads, "optimizer": _bytes(states)}
 
 
 def _case(case: dict[str, Any], model_dir: str, vocab: int) -> dict[str, Any]:
@@ -100,7 +121,7 @@ def _case(case: dict[str, Any], model_dir: str, vocab: int) -> dict[str, Any]:
         engine.initialize()
         answer = {"case": case, **_held(engine.module)}
         if int(case["engine"].get("expert_parallel_size", 1)) == 1:
-            answer["gathered_after_forward"] = _gathered_after_forward(engine.module, vocab)
+            answer.update(_step(engine, vocab))
         return answer
     finally:
         dist.destroy_process_group()
