@@ -12,8 +12,9 @@ The VeOmni lines are veomni 0.1.12's (verl pins none). Against the real thing: v
 ``VeOmniEngineWithLMHead``, built in each release's environment with that VeOmni (a wheel fetched
 by its hash, tests/veomni_wheel.py) on a fake process group, holds on rank 0 exactly the
 parameter bytes and dtype the forecast reads, for the whole world, experts over expert parallel,
-HSDP under Ulysses and bf16 without mixed precision; and only its root module stays gathered
-after a forward.
+HSDP under Ulysses and bf16 without mixed precision; without expert parallel (whose backward
+needs real peers), only its root module stays gathered after a forward, and after a backward and
+the optimizer's step its gradient shards and AdamW states are the forecast's bytes.
 """
 
 from __future__ import annotations
