@@ -319,3 +319,18 @@ def test_the_forecast_holds_what_verls_veomni_engine_holds(
         # the sharded gradients the step takes, and AdamW's two states per parameter
         states = fsdp_states(arch, spec)
         assert (measured["grads"], measured["optimizer"]) == (states.grads, states.optimizer)
+
+
+def test_a_veomni_critic_is_forecast_as_the_actor_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launch = LAUNCH.replace("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=gae")
+    script = tmp_path / "ppo.sh"
+    script.write_text(
+        launch + "critic.model.path=Qwen/Qwen3-30B-A3B " + ENGINES["veomni"] + "\n",
+        encoding="utf-8",
+    )
+    status, out, err = run(capsys, "fit", str(script), "--gpu", "H100")
+    assert status in (0, 1), err
+    assert any("FSDP2 (VeOmni)" in line for line in _lines(out, "critic weights"))
+    assert _lines(out, "critic update") and not _lines(out, "unsharded grads")
