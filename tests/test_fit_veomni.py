@@ -334,3 +334,31 @@ def test_a_veomni_critic_is_forecast_as_the_actor_is(
     assert status in (0, 1), err
     assert any("FSDP2 (VeOmni)" in line for line in _lines(out, "critic weights"))
     assert _lines(out, "critic update") and not _lines(out, "unsharded grads")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("expert_parallel_size", "3", "does not divide the 8 ranks of VeOmni's shard group"),
+        ("expert_parallel_size", "16", "does not divide the 8 ranks of VeOmni's shard group"),
+        ("ulysses_parallel_size", "0", "expected a positive integer"),
+        ("ulysses_parallel_size", "abc", "expected an integer"),
+    ],
+)
+def test_an_engine_size_veomni_cannot_lay_out_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, value: str, said: str
+) -> None:
+    script = tmp_path / "veomni.sh"
+    script.write_text(LAUNCH + ENGINES["veomni"] + "\n", encoding="utf-8")
+    dotted = f"{ACTOR}.veomni.{key}"
+    status, out, err = run(
+        capsys, "fit", str(script), "--gpu", "H100", "--set", f"{dotted}={value}"
+    )
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, (out, err)
+    assert dotted in lines[0] and said in lines[0] and "Traceback" not in err
+    # its valid twin: expert parallel over 8 (the shard group) is forecast
+    status, out, err = run(
+        capsys, "fit", str(script), "--gpu", "H100", "--set", f"{ACTOR}.veomni.{key}=8"
+    )
+    assert status in (0, 1), err

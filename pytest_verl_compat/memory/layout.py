@@ -195,6 +195,7 @@ POSITIVE_KEYS = frozenset(
         "data_parallel_size",
         "expert_parallel_size",
         "ulysses_sequence_parallel_size",
+        "ulysses_parallel_size",  # the VeOmni engine's Ulysses size
     }
 )
 # Keys the forecast reads as counts, wherever they sit in the mapping (by their last name).

@@ -184,7 +184,8 @@ def engine_spec(
         if role != "critic" and isinstance(model, Mapping):
             veomni.refuse_lora(engine_lora_rank(model, "fsdp"), f"{ROLE_SECTIONS[role]}.strategy")
         own = veomni.spec_fields(engine)
-        engine, strategy = veomni.fsdp2_reading(engine, world), veomni.AS_STRATEGY
+        engine = veomni.fsdp2_reading(engine, world, engine_path(resolved, role))
+        strategy = veomni.AS_STRATEGY
     # the engine's own spelling of the rank: a rank in the other one trains the whole model
     rank = engine_lora_rank(model, strategy) if isinstance(model, Mapping) else 0
     targets_t, exclude_t = lora_modules(model, strategy, model_key)
@@ -642,7 +643,7 @@ def sft_layout(
         if isinstance(model_section, Mapping):
             veomni.refuse_lora(engine_lora_rank(model_section, "fsdp"), "engine.strategy")
         own = veomni.spec_fields(engine)
-        engine, strategy = veomni.fsdp2_reading(engine, world), veomni.AS_STRATEGY
+        engine, strategy = veomni.fsdp2_reading(engine, world, "engine"), veomni.AS_STRATEGY
     _refuse_unmodelled_layer(strategy, model, "engine.strategy")
     sp = max(
         as_int(engine.get("ulysses_sequence_parallel_size"), 1),

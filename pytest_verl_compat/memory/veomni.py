@@ -94,9 +94,21 @@ def shard_group_size(engine: Mapping[str, Any], world: int) -> int:
     return fsdp * sp
 
 
-def fsdp2_reading(engine: Mapping[str, Any], world: int) -> dict[str, Any]:
-    """A VeOmni engine section spelled as the FSDP2 engine's keys the forecast reads (the keys the
-    two engines share are kept; no no-sync key: VeOmni never defers, which the caller sets)."""
+def fsdp2_reading(engine: Mapping[str, Any], world: int, where: str = "") -> dict[str, Any]:
+    """A VeOmni engine section (at ``where``) spelled as the FSDP2 engine's keys the forecast
+    reads (the keys the two engines share are kept; no no-sync key: VeOmni never defers, which
+    the caller sets). Expert parallel that does not divide the shard group is one line: VeOmni
+    lays its expert mesh (ep_fsdp, ep) over that group (parallel_state.py, init_parallel_state)."""
+    group = shard_group_size(engine, world)
+    shard = world if group < 0 else group
+    ep = max(as_int(engine.get("expert_parallel_size"), 1), 1)
+    if shard % ep:
+        key = f"{where}.expert_parallel_size" if where else "expert_parallel_size"
+        raise UnreadableRun(
+            f"{key}={ep} does not divide the {shard} ranks of VeOmni's shard group: its expert "
+            "mesh cannot be built",
+            key,
+        )
     mixed = engine.get("mixed_precision", True)
     mixed = True if mixed is None else bool(mixed)
     shared = (
@@ -111,7 +123,7 @@ def fsdp2_reading(engine: Mapping[str, Any], world: int) -> dict[str, Any]:
     view: dict[str, Any] = {key: engine[key] for key in shared if key in engine}
     view.update(
         strategy=AS_STRATEGY,
-        fsdp_size=shard_group_size(engine, world),
+        fsdp_size=group,
         model_dtype="fp32" if mixed else "bf16",
         mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32" if mixed else "bf16"},
         offload_policy=bool(engine.get("enable_fsdp_offload")),
