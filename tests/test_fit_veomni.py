@@ -44,7 +44,7 @@ ACTOR = "actor_rollout_ref.actor"
         (16, 2, 8, -1),  # fsdp_size the whole data-parallel size: no replicas
         (16, 2, 4, 8),  # HSDP: 4 shards x Ulysses 2, replicated twice
         (16, 1, 4, 4),
-        (16, 2, 3, -1),  # not a divisor: verl raises at start; read as the whole world
+        (16, 2, 3, -1),  # not a divisor: verl raises at start (fsdp2_reading says so in one line)
     ],
 )
 def test_the_shard_group_is_the_data_parallel_shards_times_ulysses(
@@ -343,6 +343,7 @@ def test_a_veomni_critic_is_forecast_as_the_actor_is(
         ("expert_parallel_size", "16", "does not divide the 8 ranks of VeOmni's shard group"),
         ("ulysses_parallel_size", "0", "expected a positive integer"),
         ("ulysses_parallel_size", "abc", "expected an integer"),
+        ("fsdp_size", "3", "does not divide the data-parallel size 8"),
     ],
 )
 def test_an_engine_size_veomni_cannot_lay_out_is_one_line(

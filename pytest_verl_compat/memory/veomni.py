@@ -97,17 +97,27 @@ def shard_group_size(engine: Mapping[str, Any], world: int) -> int:
 def fsdp2_reading(engine: Mapping[str, Any], world: int, where: str = "") -> dict[str, Any]:
     """A VeOmni engine section (at ``where``) spelled as the FSDP2 engine's keys the forecast
     reads (the keys the two engines share are kept; no no-sync key: VeOmni never defers, which
-    the caller sets). Expert parallel that does not divide the shard group is one line: VeOmni
+    the caller sets). An fsdp_size that does not divide the data-parallel size is one line, as
+    verl's engine raises on it; so is expert parallel that does not divide the shard group: VeOmni
     lays its expert mesh (ep_fsdp, ep) over that group (parallel_state.py, init_parallel_state)."""
+    prefix = f"{where}." if where else ""
+    sp = max(as_int(engine.get(ULYSSES_KEY), 1), 1)
+    dp, fsdp = max(world // sp, 1), as_int(engine.get("fsdp_size"), -1)
+    if 0 < fsdp < dp and dp % fsdp:
+        # VeOmniEngine.__init__ raises "Data parallel size (..) must be divisible by fsdp_size"
+        raise UnreadableRun(
+            f"{prefix}fsdp_size={fsdp} does not divide the data-parallel size {dp} (the GPUs "
+            f"over {ULYSSES_KEY}): the VeOmni engine raises before it builds the model",
+            f"{prefix}fsdp_size",
+        )
     group = shard_group_size(engine, world)
     shard = world if group < 0 else group
     ep = max(as_int(engine.get("expert_parallel_size"), 1), 1)
     if shard % ep:
-        key = f"{where}.expert_parallel_size" if where else "expert_parallel_size"
         raise UnreadableRun(
-            f"{key}={ep} does not divide the {shard} ranks of VeOmni's shard group: its expert "
-            "mesh cannot be built",
-            key,
+            f"{prefix}expert_parallel_size={ep} does not divide the {shard} ranks of VeOmni's "
+            "shard group: its expert mesh cannot be built",
+            f"{prefix}expert_parallel_size",
         )
     mixed = engine.get("mixed_precision", True)
     mixed = True if mixed is None else bool(mixed)
