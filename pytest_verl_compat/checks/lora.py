@@ -20,6 +20,11 @@ ENGINE_LORA_RANK = {
     "mindspeed": "lora.rank",
 }
 
+# peft's shorthand for every linear layer (peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND);
+# peft compares it lower-cased (tuners_utils.py:2438-2442@peft-0.21.2), and its v4-to-v5
+# conversion counts the router among v4's linears (transformers_weight_conversion.py:364-372).
+ALL_LINEAR = "all-linear"
+
 
 def positive_count(value: Any) -> int:
     """``value`` where it is a positive integer (a bool is not), else 0."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.lora import engine_lora_rank
+from pytest_verl_compat.checks.lora import ALL_LINEAR, engine_lora_rank
 from pytest_verl_compat.checks.model_facts import (
     ACTOR_MODEL,
     CRITIC_MODEL,
@@ -31,10 +31,6 @@ from pytest_verl_compat.checks.roles import (
 from pytest_verl_compat.checks.sft import engine_strategy
 from pytest_verl_compat.files.patterns import fullmatches
 
-# peft's shorthand for every linear layer (peft/utils/constants.py INCLUDE_LINEAR_LAYERS_SHORTHAND);
-# peft compares it lower-cased (tuners_utils.py:2438-2442@peft-0.21.2), and its v4-to-v5
-# conversion counts the router among v4's linears (transformers_weight_conversion.py:364-372).
-ALL_LINEAR = "all-linear"
 # Where a router sits in the module tree, for a regex target (peft full-matches a string target
 # against each module's name, tuners_utils.py check_target_module_exists): a causal LM's layers
 # and a multimodal model's language model's, at a first, a later and a deep layer.

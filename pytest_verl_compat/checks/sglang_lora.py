@@ -4,7 +4,7 @@ refuses at the server's start for some values of the LoRA keys.
 What a release hands SGLang is that release's own code (its server module's
 ``"max_lora_rank": …`` and ``"lora_target_modules": …``), evaluated in the release's
 environment on each class of value (``upstream/probes/sglang_server_probe.py``) and kept as data
-(``releases/sglang_server.py``, handed to the check as ``CheckInput.sglang_lora``). What SGLang then
+(``releases/sglang_server.py``, handed to the check as ``CheckInput.sglang_server``). What SGLang then
 does with them is SGLang's code, cited:
 
 - a string as ``lora_target_modules`` becomes the set of its characters
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.lora import served_rank_spelling
+from pytest_verl_compat.checks.lora import ALL_LINEAR, served_rank_spelling
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, Citation
 from pytest_verl_compat.checks.registry import CheckInput, Example, Hit, check
 from pytest_verl_compat.model import dotted_value
@@ -32,7 +32,6 @@ MODEL = ACTOR_MODEL
 ROLLOUT_NAME = "actor_rollout_ref.rollout.name"
 RAISES = "raises: "  # a refusal's prefix in the record (the probe's RAISES)
 VALUE = "{value}"  # the configuration's value, handed on or quoted in a refusal (the probe's VALUE)
-ALL_LINEAR = "all-linear"
 SGLANG_SETS = "server_args.py:5063-5064@sglang-0.5.8, :7511-7512@sglang-0.5.12"
 SGLANG_POOL = "lora/utils.py:94-97@sglang-0.5.8, :169-172@sglang-0.5.12"
 SGLANG_ASSERTS = "server_args.py:5083-5085@sglang-0.5.8, :7519-7521@sglang-0.5.12"
@@ -43,7 +42,7 @@ def target_class(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, str):
-        return "all-linear" if value == ALL_LINEAR else "pattern"
+        return ALL_LINEAR if value == ALL_LINEAR else "pattern"
     return "list"
 
 

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_verl_compat.checks.lora import engine_lora_rank
+from pytest_verl_compat.checks.lora import ALL_LINEAR, engine_lora_rank
 from pytest_verl_compat.checks.lora_targets import CRITIC_LORA, CRITIC_LORA_FIX, critic_lora_said
 from pytest_verl_compat.checks.model_facts import ACTOR_MODEL, CRITIC_MODEL, SFT_MODEL
 from pytest_verl_compat.checks.roles import MEGATRON_STRATEGIES
@@ -46,7 +46,6 @@ from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.layout import RL, SFT, RunLayout, value_at
 from pytest_verl_compat.memory.parts import AdapterRefusal
 from pytest_verl_compat.memory.states import (
-    ALL_LINEAR,
     PEFT_V4_MOE_MODEL_TYPES,
     PEFT_V4_MOE_NAMES,
 )

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.lora import engine_lora_rank, served_rank_spelling
+from pytest_verl_compat.checks.lora import ALL_LINEAR, engine_lora_rank, served_rank_spelling
 from pytest_verl_compat.checks.roles import (
     FSDP_STRATEGIES,
     MEGATRON_STRATEGIES,
@@ -63,7 +63,6 @@ from pytest_verl_compat.memory.release_facts import (
     ReleaseFacts,
 )
 from pytest_verl_compat.memory.states import (
-    ALL_LINEAR,
     FORECAST_STRATEGIES,
     MEGATRON_DEFAULT_TARGETS,
     TORCH_OPTIM,

@@ -41,7 +41,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_verl_compat.checks.lora import lora_rank_at, positive_count, served_rank_spelling
+from pytest_verl_compat.checks.lora import (
+    ALL_LINEAR,
+    lora_rank_at,
+    positive_count,
+    served_rank_spelling,
+)
 from pytest_verl_compat.checks.upstream_names import VLLM_LORA_RANKS
 from pytest_verl_compat.memory.architecture import Architecture
 from pytest_verl_compat.memory.layout import ServerLayout, value_at
@@ -266,7 +271,7 @@ def sglang_targets(value: Any) -> tuple[str, ...]:
     """What verl 0.9.1 hands SGLang as lora_target_modules for the actor's target_modules:
     ("all",) for all-linear, a list as it is (sglang_rollout/utils.py:93-102@0.9.1); a pattern or
     null stop the server (checks/sglang_lora.py): nothing is counted."""
-    if value == "all-linear":
+    if value == ALL_LINEAR:
         return (SGLANG_ALL,)
     if isinstance(value, list | tuple):
         return tuple(str(v) for v in value)

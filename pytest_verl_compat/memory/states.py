@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pytest_verl_compat.checks.lora import ALL_LINEAR
 from pytest_verl_compat.checks.roles import FSDP_STRATEGIES, MEGATRON_STRATEGIES
 from pytest_verl_compat.files.patterns import fullmatches
 from pytest_verl_compat.memory.architecture import Architecture
@@ -161,7 +162,6 @@ PEFT_V4_MOE_NAMES = {
     "up_proj": "gate_up_proj",
     "down_proj": "down_proj",
 }
-ALL_LINEAR = "all-linear"
 
 
 def _peft_moe_targets(arch: Architecture, spec: EngineSpec) -> set[str]:
