@@ -180,11 +180,10 @@ def engine_spec(
     model = value_at(resolved, model_key, {})
     own: dict[str, Any] = {}
     if veomni.is_veomni(strategy):
-        if role != "critic" and isinstance(model, Mapping):
-            veomni.refuse_lora(engine_lora_rank(model, "fsdp"), f"{ROLE_SECTIONS[role]}.strategy")
-        own = veomni.spec_fields(engine)
-        engine = veomni.fsdp2_reading(engine, world, engine_path(resolved, role))
-        strategy = veomni.AS_STRATEGY
+        trained = model if role != "critic" else None  # the critic's model takes no LoRA
+        engine, strategy, own = veomni.read_engine(
+            engine, trained, world, engine_path(resolved, role), f"{ROLE_SECTIONS[role]}.strategy"
+        )
     # the engine's own spelling of the rank: a rank in the other one trains the whole model
     rank = engine_lora_rank(model, strategy) if isinstance(model, Mapping) else 0
     targets_t, exclude_t = lora_modules(model, strategy, model_key)
@@ -639,10 +638,9 @@ def sft_layout(
         raise _unforecast_engine(strategy, "engine.strategy")
     own: dict[str, Any] = {}
     if veomni.is_veomni(strategy):
-        if isinstance(model_section, Mapping):
-            veomni.refuse_lora(engine_lora_rank(model_section, "fsdp"), "engine.strategy")
-        own = veomni.spec_fields(engine)
-        engine, strategy = veomni.fsdp2_reading(engine, world, "engine"), veomni.AS_STRATEGY
+        engine, strategy, own = veomni.read_engine(
+            engine, model_section, world, "engine", "engine.strategy"
+        )
     _refuse_unmodelled_layer(strategy, model, "engine.strategy")
     sp = max(
         as_int(engine.get("ulysses_sequence_parallel_size"), 1),

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_verl_compat.checks.lora import engine_lora_rank
 from pytest_verl_compat.memory.layout import as_int
 from pytest_verl_compat.memory.release_facts import ReleaseFacts
 from pytest_verl_compat.memory.states import EngineSpec
@@ -142,6 +143,17 @@ def fsdp2_reading(engine: Mapping[str, Any], world: int, where: str = "") -> dic
     )
     view[ASYNC_OFFLOAD] = bool(engine.get(ASYNC_OFFLOAD))
     return view
+
+
+def read_engine(
+    engine: Mapping[str, Any], model: Any, world: int, where: str, strategy_key: str
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """A VeOmni engine section at ``where`` as the forecast reads it: its FSDP2 reading, the
+    strategy it is read as, and EngineSpec's fields of its own; a LoRA rank in the trained
+    ``model`` section (None: a model that takes none) is one line at ``strategy_key``."""
+    if isinstance(model, Mapping):
+        refuse_lora(engine_lora_rank(model, "fsdp"), strategy_key)
+    return fsdp2_reading(engine, world, where), AS_STRATEGY, spec_fields(engine)
 
 
 def refuse_lora(rank: int, key: str) -> None:
